@@ -1,0 +1,42 @@
+# Two commands do all setup on a fresh machine with Python 3.11+:
+#   make run   - create .venv if missing, install, run the embedded demo
+#   make test  - create/update .venv, install with test extras, lint, type-check, run the suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: run test lint typecheck pytest bench clean install
+
+$(BIN)/python:
+	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "edgegw needs Python 3.11+"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet -e '.[test,dev]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/edgegw demo
+
+lint: $(STAMP)
+	$(BIN)/ruff check edge_gateway cli tests bench
+	$(BIN)/ruff format --check edge_gateway cli tests bench
+
+typecheck: $(STAMP)
+	$(BIN)/mypy --strict edge_gateway
+
+pytest: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+test: lint typecheck pytest
+
+bench: $(STAMP)
+	$(BIN)/python bench/journal.py --quick
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,34 @@
+"""edgegw: a geo-replication gateway for often-disconnected edge clusters.
+
+Layers (imports go one way)::
+
+    format (sans-IO encodings) <- journal / bucket / protocol <- shipper / mirror
+        <- gateway <- api / cli
+"""
+
+from edge_gateway.errors import (
+    ClosedError,
+    ConfigError,
+    CorruptData,
+    EdgeGatewayError,
+    Fenced,
+    InvalidInput,
+    InvalidName,
+    JournalFull,
+    Unavailable,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ClosedError",
+    "ConfigError",
+    "CorruptData",
+    "EdgeGatewayError",
+    "Fenced",
+    "InvalidInput",
+    "InvalidName",
+    "JournalFull",
+    "Unavailable",
+    "__version__",
+]

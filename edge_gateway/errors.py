@@ -1,0 +1,74 @@
+"""The project's error tree.
+
+Every error edgegw raises on purpose derives from :class:`EdgeGatewayError`.
+Foreign exceptions (``struct.error``, ``zstd.ZstdError``, ``botocore`` errors,
+``OSError`` from a full disk) are translated at the boundary where they occur,
+so callers only ever handle these kinds::
+
+    EdgeGatewayError
+    ├── InvalidInput          the caller passed something wrong; do not retry
+    │   ├── InvalidName       a topic or region name breaks the naming rules
+    │   └── ConfigError       a configuration key is missing or wrong
+    ├── CorruptData           bytes on disk or in the bucket fail a check
+    │                         (CRC, length, magic, version, structure)
+    ├── Unavailable           a dependency is away (bucket, metadata server);
+    │   │                     retry later with backoff
+    │   └── JournalFull       the journal's disk budget is exhausted; retry
+    │                         after shipping frees space
+    ├── Fenced                another writer claimed this region with a higher
+    │                         epoch; stop writing, never retry
+    └── ClosedError           the resource was closed by its owner
+
+The split follows SlateDB's error kinds (unavailable, invalid, data, fenced,
+closed): each tells the caller *what to do*, not what went wrong inside.
+"""
+
+from __future__ import annotations
+
+
+class EdgeGatewayError(Exception):
+    """Base class of every error edgegw raises on purpose."""
+
+
+class InvalidInput(EdgeGatewayError, ValueError):
+    """The caller passed something wrong; retrying the same call cannot help."""
+
+
+class InvalidName(InvalidInput):
+    """A topic or region name breaks the naming rules (see ``edge_gateway.names``)."""
+
+
+class ConfigError(InvalidInput):
+    """A configuration key is missing or has a bad value; the message names the key."""
+
+
+class CorruptData(EdgeGatewayError):
+    """Bytes failed an integrity or structure check.
+
+    ``where`` names the place (a file and byte position, a bucket key, "batch");
+    decoders raise only this, never ``struct.error`` or ``IndexError``.
+    """
+
+    def __init__(self, message: str, *, where: str | None = None) -> None:
+        self.where = where
+        super().__init__(f"{where}: {message}" if where else message)
+
+
+class Unavailable(EdgeGatewayError):
+    """A dependency is unreachable or overloaded; retry later with backoff."""
+
+
+class JournalFull(Unavailable):
+    """The journal's disk budget is exhausted.
+
+    Nothing already acknowledged is touched; appends succeed again once the
+    shipper confirms data and segments can be deleted.
+    """
+
+
+class Fenced(EdgeGatewayError):
+    """Another writer owns this region's log with a higher epoch; stop writing."""
+
+
+class ClosedError(EdgeGatewayError):
+    """The resource was closed by its owner and can no longer be used."""

@@ -1,0 +1,491 @@
+"""Record batch encoding, version 1 (sans-IO).
+
+One encoding is used everywhere records travel: journal entries, blocks of
+shipped log objects and the binary produce/fetch API. The layout is
+column-wise, so a whole batch encodes and decodes with ``array``/``bytes``
+operations instead of a Python loop of small ``struct`` calls. The byte-level
+specification is in ``docs/format.md`` ("Record batch"); the short form::
+
+    offset size field
+    0      4    length          u32 total bytes of the batch, header included
+    4      1    version         u8 = 1
+    5      1    flags           u8 bit0 KEYS, bit1 HEADERS; other bits must be 0
+    6      2    reserved        u16 = 0
+    8      8    base_offset     i64 offset of the first record (not under the CRC)
+    16     4    crc             u32 CRC32C of bytes [0, 8) ++ [20, length)
+    20     4    count           u32 number of records, >= 1
+    24     8    min_timestamp   i64 ms
+    32     8    max_timestamp   i64 ms
+    40          columns, little-endian, no padding:
+                timestamps      count x i64
+                key_lengths     count x i32 (-1 = null key)        if KEYS
+                value_lengths   count x i32
+                header_lengths  count x i32 (bytes of header blob) if HEADERS
+                key bytes, value bytes, header blobs (each concatenated)
+
+Records in a batch have contiguous offsets ``base_offset .. base_offset +
+count - 1`` (offsets are gap-free per partition). ``base_offset`` stays outside
+the CRC so the journal can assign offsets at append without rehashing the
+batch; every container (journal entry, log-object block) has a CRC of its own
+that covers it.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Final
+
+import crc32c
+
+from edge_gateway.errors import CorruptData, InvalidInput
+
+VERSION: Final = 1
+FLAG_KEYS: Final = 0x01
+FLAG_HEADERS: Final = 0x02
+_KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS
+
+_HEADER = struct.Struct("<IBBHqIIqq")
+HEADER_SIZE: Final = _HEADER.size  # 40
+_BASE_OFFSET = struct.Struct("<q")
+_BASE_OFFSET_POS: Final = 8
+_CRC_POS: Final = 16
+_CRC_END: Final = 20
+
+#: Upper bound of one batch; larger inputs are refused before any allocation.
+MAX_BATCH_BYTES: Final = 256 * 1024 * 1024
+_MAX_I32: Final = 2**31 - 1
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+_BIG_ENDIAN: Final = sys.byteorder == "big"
+_HEADER_ENTRY = struct.Struct("<H")
+_HEADER_VALUE = struct.Struct("<I")
+
+Headers = Sequence[tuple[str, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One record: the unit producers write and consumers read."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The fixed 40-byte header of a batch, decoded and checked for structure."""
+
+    length: int
+    flags: int
+    base_offset: int
+    crc: int
+    count: int
+    min_timestamp: int
+    max_timestamp: int
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.count - 1
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+def _le(arr: array[int]) -> bytes:
+    if _BIG_ENDIAN:  # pragma: no cover - little-endian machines only in CI
+        arr = array(arr.typecode, arr)
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def _from_le(typecode: str, data: bytes | memoryview) -> array[int]:
+    arr = array(typecode)
+    arr.frombytes(data)
+    if _BIG_ENDIAN:  # pragma: no cover
+        arr.byteswap()
+    return arr
+
+
+def _encode_header_blob(headers: Headers) -> bytes:
+    parts: list[bytes] = []
+    for name, value in headers:
+        if not isinstance(name, str) or not isinstance(value, bytes | bytearray):
+            raise InvalidInput("record headers must be (str, bytes) pairs")
+        raw = name.encode("utf-8")
+        if len(raw) > 0xFFFF:
+            raise InvalidInput("a record header name is longer than 65535 bytes")
+        parts += (_HEADER_ENTRY.pack(len(raw)), raw, _HEADER_VALUE.pack(len(value)), value)
+    return b"".join(parts)
+
+
+def encode_batch(
+    values: Sequence[bytes],
+    *,
+    keys: Sequence[bytes | None] | None = None,
+    timestamps: Sequence[int] | int,
+    headers: Sequence[Headers] | None = None,
+    base_offset: int = 0,
+) -> bytes:
+    """Encode records into one batch.
+
+    ``values[i]``, ``keys[i]``, ``timestamps[i]`` and ``headers[i]`` describe
+    record ``i``. ``timestamps`` may be one int shared by all records. Keys
+    and headers are optional columns: omitted, they cost nothing.
+    """
+    count = len(values)
+    if count == 0:
+        raise InvalidInput("a batch holds at least one record")
+    try:
+        value_lengths = array("i", map(len, values))
+        value_data = b"".join(values)
+    except TypeError as exc:
+        raise InvalidInput("record values must be bytes") from exc
+    except OverflowError as exc:
+        raise InvalidInput("a record value is larger than 2 GiB") from exc
+
+    if isinstance(timestamps, int):
+        ts = array("q", (timestamps,)) * count
+        min_ts = max_ts = timestamps
+    else:
+        if len(timestamps) != count:
+            raise InvalidInput(f"{len(timestamps)} timestamps for {count} records")
+        try:
+            ts = array("q", timestamps)
+        except (TypeError, OverflowError) as exc:
+            raise InvalidInput("timestamps must be 64-bit integers (ms)") from exc
+        min_ts, max_ts = min(ts), max(ts)
+
+    flags = 0
+    columns = [_le(ts)]
+    tail = [value_data]
+    if keys is not None:
+        if len(keys) != count:
+            raise InvalidInput(f"{len(keys)} keys for {count} records")
+        try:
+            key_lengths = array("i", [-1 if k is None else len(k) for k in keys])
+            key_data = b"".join([k for k in keys if k])
+        except (TypeError, OverflowError) as exc:
+            raise InvalidInput("record keys must be bytes or None") from exc
+        flags |= FLAG_KEYS
+        columns.append(_le(key_lengths))
+        tail.insert(0, key_data)
+    columns.append(_le(value_lengths))
+    if headers is not None and any(headers):
+        if len(headers) != count:
+            raise InvalidInput(f"{len(headers)} header lists for {count} records")
+        blobs = [_encode_header_blob(h) if h else b"" for h in headers]
+        flags |= FLAG_HEADERS
+        columns.append(_le(array("i", map(len, blobs))))
+        tail.append(b"".join(blobs))
+
+    body = b"".join(columns + tail)
+    length = HEADER_SIZE + len(body)
+    if length > MAX_BATCH_BYTES:
+        raise InvalidInput(f"batch of {length} bytes exceeds the limit of {MAX_BATCH_BYTES}")
+    if not _I64_MIN <= base_offset <= _I64_MAX:
+        raise InvalidInput("base_offset out of range")
+    head = bytearray(
+        _HEADER.pack(length, VERSION, flags, 0, base_offset, 0, count, min_ts, max_ts)
+    )
+    crc = crc32c.crc32c(head[:_BASE_OFFSET_POS])
+    crc = crc32c.crc32c(head[_CRC_END:], value=crc)
+    crc = crc32c.crc32c(body, value=crc)
+    struct.pack_into("<I", head, _CRC_POS, crc)
+    return bytes(head) + body
+
+
+def encode_records(records: Sequence[Record]) -> bytes:
+    """Encode :class:`Record` objects; their offsets must be contiguous."""
+    if not records:
+        raise InvalidInput("a batch holds at least one record")
+    base = records[0].offset
+    for i, r in enumerate(records):
+        if r.offset != base + i:
+            raise InvalidInput("records of one batch must have contiguous offsets")
+    keys = [r.key for r in records]
+    has_headers = any(r.headers for r in records)
+    return encode_batch(
+        [r.value for r in records],
+        keys=keys if any(k is not None for k in keys) else None,
+        timestamps=[r.timestamp for r in records],
+        headers=[r.headers for r in records] if has_headers else None,
+        base_offset=base,
+    )
+
+
+def batch_crc(buf: bytes | bytearray | memoryview, pos: int, length: int) -> int:
+    """CRC32C of a batch at ``buf[pos:pos+length]``, skipping base_offset and crc."""
+    view = memoryview(buf)
+    crc = crc32c.crc32c(view[pos : pos + _BASE_OFFSET_POS])
+    return int(crc32c.crc32c(view[pos + _CRC_END : pos + length], value=crc))
+
+
+def read_header(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, where: str = "batch"
+) -> BatchHeader:
+    """Decode and check the fixed header of the batch at ``buf[pos:]``.
+
+    Checks structure only (lengths, version, flags), not the CRC; the whole
+    batch must be present in ``buf``.
+    """
+    avail = len(buf) - pos
+    if avail < HEADER_SIZE:
+        raise CorruptData(f"truncated: {avail} bytes, a batch header needs {HEADER_SIZE}", where=where)
+    length, version, flags, reserved, base, crc, count, min_ts, max_ts = _HEADER.unpack_from(
+        buf, pos
+    )
+    if version != VERSION:
+        raise CorruptData(
+            f"unsupported batch format version {version} (this reader knows {VERSION})",
+            where=where,
+        )
+    if flags & ~_KNOWN_FLAGS or reserved:
+        raise CorruptData(f"unknown flags 0x{flags:02x}/reserved 0x{reserved:04x}", where=where)
+    if length < HEADER_SIZE or length > MAX_BATCH_BYTES:
+        raise CorruptData(f"bad batch length {length}", where=where)
+    if length > avail:
+        raise CorruptData(f"truncated: batch of {length} bytes, {avail} present", where=where)
+    columns = 3 + (flags & FLAG_KEYS) + ((flags & FLAG_HEADERS) >> 1)
+    # timestamps take 8 bytes, every other column 4: (columns + 1) * 4 per record
+    if count < 1 or HEADER_SIZE + count * (columns + 1) * 4 > length:
+        raise CorruptData(f"record count {count} does not fit a batch of {length} bytes", where=where)
+    if min_ts > max_ts:
+        raise CorruptData("min_timestamp > max_timestamp", where=where)
+    return BatchHeader(length, flags, base, crc, count, min_ts, max_ts)
+
+
+class RecordBatch:
+    """A decoded batch: columns held as arrays, records materialised on demand."""
+
+    __slots__ = ("_headers", "_keys", "_values", "header", "raw", "timestamps")
+
+    def __init__(
+        self,
+        header: BatchHeader,
+        raw: bytes,
+        timestamps: array[int],
+        keys: list[bytes | None] | None,
+        values: list[bytes],
+        headers: list[tuple[tuple[str, bytes], ...]] | None,
+    ) -> None:
+        self.header = header
+        self.raw = raw
+        self.timestamps = timestamps
+        self._keys = keys
+        self._values = values
+        self._headers = headers
+
+    @property
+    def base_offset(self) -> int:
+        return self.header.base_offset
+
+    @property
+    def count(self) -> int:
+        return self.header.count
+
+    @property
+    def next_offset(self) -> int:
+        return self.header.next_offset
+
+    @property
+    def values(self) -> list[bytes]:
+        return self._values
+
+    @property
+    def keys(self) -> list[bytes | None]:
+        return self._keys if self._keys is not None else [None] * self.count
+
+    @property
+    def headers(self) -> list[tuple[tuple[str, bytes], ...]]:
+        return self._headers if self._headers is not None else [()] * self.count
+
+    def records(self, start_offset: int | None = None) -> list[Record]:
+        """The records, optionally only those at or after ``start_offset``."""
+        first = 0 if start_offset is None else max(0, start_offset - self.base_offset)
+        base = self.base_offset
+        keys, headers = self.keys, self.headers
+        return [
+            Record(base + i, self.timestamps[i], keys[i], self._values[i], headers[i])
+            for i in range(first, self.count)
+        ]
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"RecordBatch(base_offset={self.base_offset}, count={self.count})"
+
+
+def _decode_header_blob(blob: bytes, where: str) -> tuple[tuple[str, bytes], ...]:
+    out: list[tuple[str, bytes]] = []
+    pos, end = 0, len(blob)
+    while pos < end:
+        if pos + 2 > end:
+            raise CorruptData("record header entry truncated", where=where)
+        (nlen,) = _HEADER_ENTRY.unpack_from(blob, pos)
+        pos += 2
+        if pos + nlen + 4 > end:
+            raise CorruptData("record header name overruns its blob", where=where)
+        try:
+            name = blob[pos : pos + nlen].decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptData("record header name is not UTF-8", where=where) from None
+        pos += nlen
+        (vlen,) = _HEADER_VALUE.unpack_from(blob, pos)
+        pos += 4
+        if pos + vlen > end:
+            raise CorruptData("record header value overruns its blob", where=where)
+        out.append((name, blob[pos : pos + vlen]))
+        pos += vlen
+    return tuple(out)
+
+
+def _split(data: bytes, lengths: array[int], start: int) -> list[bytes]:
+    ends = list(accumulate(lengths, initial=start))
+    return [data[a:b] for a, b in zip(ends, ends[1:], strict=False)]
+
+
+def decode_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, where: str = "batch", verify: bool = True
+) -> RecordBatch:
+    """Decode the batch at ``buf[pos:]``, checking its CRC unless ``verify=False``.
+
+    Raises :class:`CorruptData` (and nothing else) for any malformed input.
+    """
+    h = read_header(buf, pos, where=where)
+    if verify:
+        actual = batch_crc(buf, pos, h.length)
+        if actual != h.crc:
+            raise CorruptData(f"CRC mismatch (stored {h.crc:08x}, computed {actual:08x})", where=where)
+    raw = bytes(memoryview(buf)[pos : pos + h.length])
+    n = h.count
+    cur = HEADER_SIZE
+    ts = _from_le("q", raw[cur : cur + 8 * n])
+    cur += 8 * n
+    key_lengths = None
+    if h.flags & FLAG_KEYS:
+        key_lengths = _from_le("i", raw[cur : cur + 4 * n])
+        cur += 4 * n
+    value_lengths = _from_le("i", raw[cur : cur + 4 * n])
+    cur += 4 * n
+    header_lengths = None
+    if h.flags & FLAG_HEADERS:
+        header_lengths = _from_le("i", raw[cur : cur + 4 * n])
+        cur += 4 * n
+
+    if min(value_lengths) < 0:
+        raise CorruptData("negative value length", where=where)
+    data_len = sum(value_lengths)
+    if key_lengths is not None:
+        if min(key_lengths) < -1:
+            raise CorruptData("key length below -1", where=where)
+        data_len += sum(key_lengths) + key_lengths.count(-1)
+    if header_lengths is not None:
+        if min(header_lengths) < 0:
+            raise CorruptData("negative header length", where=where)
+        data_len += sum(header_lengths)
+    if cur + data_len != h.length:
+        raise CorruptData(
+            f"column lengths add up to {cur + data_len} bytes, batch has {h.length}", where=where
+        )
+    if min(ts) != h.min_timestamp or max(ts) != h.max_timestamp:
+        raise CorruptData("timestamps disagree with header min/max", where=where)
+
+    keys: list[bytes | None] | None = None
+    if key_lengths is not None:
+        present = array("i", [max(k, 0) for k in key_lengths])
+        keys = list(_split(raw, present, cur))
+        cur += sum(present)
+        for i, k in enumerate(key_lengths):
+            if k < 0:
+                keys[i] = None
+    values = _split(raw, value_lengths, cur)
+    cur += sum(value_lengths)
+    headers = None
+    if header_lengths is not None:
+        headers = [
+            _decode_header_blob(b, where) if b else () for b in _split(raw, header_lengths, cur)
+        ]
+    return RecordBatch(h, raw, ts, keys, values, headers)
+
+
+def with_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) -> bytes:
+    """A copy of ``batch`` with its base offset set (the CRC stays valid)."""
+    out = bytearray(batch)
+    _BASE_OFFSET.pack_into(out, _BASE_OFFSET_POS, base_offset)
+    return bytes(out)
+
+
+def base_offset_bytes(base_offset: int) -> bytes:
+    """The 8 bytes that go at ``[8, 16)`` of a batch to set its base offset."""
+    return _BASE_OFFSET.pack(base_offset)
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, where: str = "block", verify: bool = True
+) -> Iterator[RecordBatch]:
+    """Decode a concatenation of batches (a log-object block, a fetch response)."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        batch = decode_batch(buf, pos, where=f"{where}+{pos}", verify=verify)
+        pos += batch.header.length
+        yield batch
+
+
+NEED_DATA: Final = object()
+"""Returned by :meth:`BatchReader.next_batch` when more bytes are needed."""
+
+
+class BatchReader:
+    """Incremental decoder: feed bytes in any pieces, take whole batches out.
+
+    Like h11's ``receive_data``/``next_event``: :meth:`feed` never raises,
+    :meth:`next_batch` returns a :class:`RecordBatch` or :data:`NEED_DATA`, and
+    raises :class:`CorruptData` as soon as the bytes seen cannot be a batch
+    (so a hostile length cannot make it buffer forever).
+    """
+
+    def __init__(self, *, max_batch_bytes: int = MAX_BATCH_BYTES, where: str = "stream") -> None:
+        self._buf = bytearray()
+        self._max = max_batch_bytes
+        self._where = where
+        self._consumed = 0
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self._buf += data
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buf)
+
+    def next_batch(self) -> RecordBatch | object:
+        if len(self._buf) < 8:
+            return NEED_DATA
+        length, version, flags = struct.unpack_from("<IBB", self._buf)
+        where = f"{self._where}+{self._consumed}"
+        if version != VERSION:
+            raise CorruptData(f"unsupported batch format version {version}", where=where)
+        if flags & ~_KNOWN_FLAGS:
+            raise CorruptData(f"unknown flags 0x{flags:02x}", where=where)
+        if length < HEADER_SIZE or length > self._max:
+            raise CorruptData(f"bad batch length {length} (limit {self._max})", where=where)
+        if len(self._buf) < length:
+            return NEED_DATA
+        batch = decode_batch(self._buf, 0, where=where)
+        del self._buf[:length]
+        self._consumed += length
+        return batch
+
+    def at_boundary(self) -> bool:
+        """True when no partial batch is buffered (a clean end of stream)."""
+        return not self._buf
