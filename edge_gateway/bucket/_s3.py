@@ -1,0 +1,606 @@
+"""A bucket on any S3-compatible store, through boto3.
+
+boto3 blocks, so every call to it runs in a worker thread
+(``trio.to_thread.run_sync``) under one :class:`trio.CapacityLimiter` per
+bucket, sized like the client's connection pool. Worker threads are never
+abandoned on cancellation: a request that started completes (bounded by the
+client's timeouts and retries) before the cancelled task unwinds.
+
+botocore's exceptions are translated here, and only here (:meth:`S3Bucket._translate`):
+
+=====================================================  ==========================
+store answer                                           raised
+=====================================================  ==========================
+412, ``PreconditionFailed``                            :class:`PreconditionFailed`
+404, ``NoSuchKey``                                     :class:`NotFound`
+``NoSuchBucket``                                       :class:`ConfigError`
+403, ``AccessDenied``, bad or expired credentials      :class:`AccessDenied`
+5xx, 409 (conflicting conditional write), 429,         :class:`BucketUnavailable`
+throttling codes, ``RequestTimeout``, ``NoSuchUpload``
+connection refused/reset, timeouts, truncated bodies   :class:`BucketUnavailable`
+other 4xx, parameter validation                        :class:`InvalidRequest`
+=====================================================  ==========================
+
+Objects larger than ``multipart_threshold`` go up as a multipart upload whose
+parts are sent in parallel; the create-only condition is applied to
+CompleteMultipartUpload (``If-None-Match: *``), which is what makes the whole
+upload one atomic create. boto3's transfer manager is not used because it
+cannot pass ``IfNoneMatch`` to CompleteMultipartUpload and runs its own
+thread pool outside our limiter.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import trio
+
+from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo, validate_prefix
+from edge_gateway.bucket._errors import (
+    AccessDenied,
+    BucketUnavailable,
+    InvalidRequest,
+    NotFound,
+    PreconditionFailed,
+)
+from edge_gateway.errors import ConfigError, EdgeGatewayError
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+    from mypy_boto3_s3.type_defs import CompletedPartTypeDef
+
+_log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+MIB: Final = 1024 * 1024
+#: S3's smallest part (all parts but the last), largest part and part count.
+MIN_PART_SIZE: Final = 5 * MIB
+MAX_PART_SIZE: Final = 5 * 1024 * MIB
+MAX_PARTS: Final = 10_000
+#: S3's largest single PUT.
+MAX_PUT_SIZE: Final = 5 * 1024 * MIB
+#: An abort after a failed multipart upload runs shielded, for at most this long.
+_ABORT_TIMEOUT: Final = 10.0
+
+_UNAVAILABLE_CODES: Final = frozenset(
+    {
+        "BandwidthLimitExceeded",
+        "ConditionalRequestConflict",
+        "EC2ThrottledException",
+        "InternalError",
+        "NoSuchUpload",
+        "OperationAborted",
+        "PriorRequestNotComplete",
+        "RequestLimitExceeded",
+        "RequestThrottled",
+        "RequestThrottledException",
+        "RequestTimeout",
+        "RequestTimeoutException",
+        "ServiceUnavailable",
+        "SlowDown",
+        "Throttling",
+        "ThrottlingException",
+        "TooManyRequestsException",
+    }
+)
+_ACCESS_CODES: Final = frozenset(
+    {
+        "AccessDenied",
+        "AccountProblem",
+        "AllAccessDisabled",
+        "ExpiredToken",
+        "InvalidAccessKeyId",
+        "InvalidToken",
+        "RequestTimeTooSkewed",
+        "SignatureDoesNotMatch",
+        "TokenRefreshRequired",
+    }
+)
+# botocore exceptions that mean "the network or the store is away".
+_UNAVAILABLE_BOTOCORE: Final = (
+    botocore.exceptions.HTTPClientError,  # connection closed, read timeout, streaming error
+    botocore.exceptions.ConnectionError,  # refused, connect timeout, DNS, TLS, proxy
+    botocore.exceptions.IncompleteReadError,
+    botocore.exceptions.ChecksumError,  # a response corrupted in transit
+    botocore.exceptions.CapacityNotAvailableError,  # adaptive mode's client-side throttle
+    botocore.exceptions.CredentialRetrievalError,  # IMDS / STS / SSO unreachable
+    botocore.exceptions.MetadataRetrievalError,
+    botocore.exceptions.TokenRetrievalError,
+)
+_CREDENTIAL_BOTOCORE: Final = (
+    botocore.exceptions.NoCredentialsError,
+    botocore.exceptions.PartialCredentialsError,
+    botocore.exceptions.NoAuthTokenError,
+    botocore.exceptions.UnauthorizedSSOTokenError,
+)
+_CONFIG_BOTOCORE: Final = (
+    botocore.exceptions.NoRegionError,
+    botocore.exceptions.ProfileNotFound,
+    botocore.exceptions.InvalidConfigError,
+    botocore.exceptions.UnknownEndpointError,
+    botocore.exceptions.InvalidRetryConfigurationError,
+    botocore.exceptions.InvalidS3AddressingStyleError,
+    botocore.exceptions.ConfigParseError,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class S3Config:
+    """How to reach one bucket (and a prefix in it) on an S3-compatible store.
+
+    Field names are the configuration keys (see ``docs/bucket.md``). Without
+    ``access_key``/``secret_key`` the standard AWS credential chain applies
+    (environment, ``profile``/shared files, container and instance roles).
+    """
+
+    bucket: str
+    #: Every key is stored under this prefix ("" for the bucket's root); a
+    #: missing trailing "/" is added.
+    prefix: str = ""
+    #: ``None`` for AWS; ``http(s)://host:port`` for MinIO, R2, Ceph, moto.
+    endpoint_url: str | None = None
+    region: str | None = None
+    #: Path-style addressing (``endpoint/bucket/key``), needed by most
+    #: self-hosted stores; otherwise botocore chooses (virtual-hosted on AWS).
+    path_style: bool = False
+    access_key: str | None = None
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
+    #: A named profile of the shared AWS config files.
+    profile: str | None = None
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    #: botocore's retry mode; ``adaptive`` also rate-limits the client when throttled.
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    #: Attempts per request, the first included (1 = no retries).
+    max_attempts: int = 5
+    #: Requests in flight at once (worker threads and pooled connections).
+    max_concurrency: int = 16
+    #: Objects larger than this go up as multipart uploads.
+    multipart_threshold: int = 16 * MIB
+    #: Size of each part but the last; raised automatically beyond 10,000 parts.
+    part_size: int = 8 * MIB
+    #: ``when_supported`` sends a CRC32 with every upload (boto3's default);
+    #: ``when_required`` only where the API demands one, for stores that
+    #: reject boto3's checksum headers.
+    checksums: Literal["when_supported", "when_required"] = "when_supported"
+    #: Keys per ListObjectsV2 page (S3's maximum is 1000).
+    list_page_size: int = 1000
+
+    def __post_init__(self) -> None:
+        def bad(key: str, why: str) -> ConfigError:
+            return ConfigError(f"bucket config {key!r}: {why}")
+
+        if not isinstance(self.bucket, str) or not 3 <= len(self.bucket) <= 255:
+            raise bad("bucket", f"needs a bucket name of 3 to 255 characters, got {self.bucket!r}")
+        if "/" in self.bucket:
+            raise bad("bucket", f"{self.bucket!r} must be a bucket name, not a path (use 'prefix')")
+        if self.prefix:
+            try:
+                validate_prefix(self.prefix)
+            except InvalidRequest as exc:
+                raise bad("prefix", str(exc)) from None
+            if self.prefix.startswith("/"):
+                raise bad("prefix", "must not start with '/'")
+        if (self.access_key is None) != (self.secret_key is None):
+            raise bad("access_key", "access_key and secret_key go together (or neither)")
+        if self.session_token is not None and self.access_key is None:
+            raise bad("session_token", "needs access_key and secret_key")
+        if self.endpoint_url is not None and not self.endpoint_url.startswith(
+            ("http://", "https://")
+        ):
+            raise bad("endpoint_url", f"must start with http:// or https://, got {self.endpoint_url!r}")
+        for key in ("connect_timeout", "read_timeout"):
+            if not getattr(self, key) > 0:
+                raise bad(key, "must be > 0 seconds")
+        if self.retry_mode not in ("standard", "adaptive"):
+            raise bad("retry_mode", f"must be 'standard' or 'adaptive', got {self.retry_mode!r}")
+        if self.max_attempts < 1:
+            raise bad("max_attempts", "must be >= 1 (1 = no retries)")
+        if self.max_concurrency < 1:
+            raise bad("max_concurrency", "must be >= 1")
+        if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
+            raise bad("part_size", f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PART_SIZE} (5 GiB)")
+        if not MIN_PART_SIZE <= self.multipart_threshold <= MAX_PUT_SIZE:
+            raise bad("multipart_threshold", f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PUT_SIZE} (5 GiB)")
+        if self.checksums not in ("when_supported", "when_required"):
+            raise bad("checksums", "must be 'when_supported' or 'when_required'")
+        if not 1 <= self.list_page_size <= 1000:
+            raise bad("list_page_size", "must be between 1 and 1000")
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix as stored: empty, or ending with ``/``."""
+        if self.prefix and not self.prefix.endswith("/"):
+            return self.prefix + "/"
+        return self.prefix
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object]) -> S3Config:
+        """Build a config from a mapping of config keys (e.g. a parsed TOML table).
+
+        Unknown keys raise :class:`ConfigError` naming them, so typos are not
+        silently ignored.
+        """
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown bucket config keys {unknown}; known: {sorted(known)}")
+        if "bucket" not in values:
+            raise ConfigError("bucket config 'bucket' is required")
+        try:
+            return cls(**values)  # type: ignore[arg-type]
+        except TypeError as exc:
+            raise ConfigError(f"bucket config: {exc}") from None
+
+
+def _make_client(config: S3Config) -> S3Client:
+    """Build the boto3 client (blocking: reads shared config files)."""
+    session = boto3.session.Session(
+        aws_access_key_id=config.access_key,
+        aws_secret_access_key=config.secret_key,
+        aws_session_token=config.session_token,
+        region_name=config.region,
+        profile_name=config.profile,
+    )
+    client_config = botocore.config.Config(
+        connect_timeout=config.connect_timeout,
+        read_timeout=config.read_timeout,
+        retries={"mode": config.retry_mode, "total_max_attempts": config.max_attempts},
+        max_pool_connections=config.max_concurrency,
+        s3={"addressing_style": "path" if config.path_style else "auto"},
+        request_checksum_calculation=config.checksums,
+        response_checksum_validation=config.checksums,
+        user_agent_extra="edgegw",
+    )
+    return session.client("s3", endpoint_url=config.endpoint_url, config=client_config)
+
+
+class S3Bucket(Bucket):
+    """A :class:`Bucket` on an S3-compatible store.
+
+    Open with :meth:`open` (builds the boto3 client in a worker thread) and
+    close with :meth:`aclose` (closes its connection pool).
+    """
+
+    def __init__(self, config: S3Config, client: S3Client) -> None:
+        """Wrap an existing client; the bucket owns it and closes it on ``aclose``."""
+        super().__init__()
+        self._config = config
+        self._client = client
+        self._prefix = config.key_prefix
+        self._limiter = trio.CapacityLimiter(config.max_concurrency)
+
+    @classmethod
+    async def open(cls, config: S3Config) -> S3Bucket:
+        """Create the client for ``config``; no request is sent yet."""
+        try:
+            client = await trio.to_thread.run_sync(_make_client, config)
+        except botocore.exceptions.BotoCoreError as exc:
+            raise ConfigError(f"bucket config for {config.bucket!r}: {exc}") from exc
+        return cls(config, client)
+
+    @property
+    def config(self) -> S3Config:
+        """The configuration this bucket was opened with."""
+        return self._config
+
+    @property
+    def name(self) -> str:
+        """``s3://bucket/prefix``."""
+        return f"s3://{self._config.bucket}/{self._prefix}"
+
+    def describe(self) -> str:
+        """Names bucket, prefix and endpoint for messages."""
+        where = self._config.endpoint_url or f"AWS ({self._config.region or 'default region'})"
+        return f"S3 bucket {self._config.bucket!r} (prefix {self._prefix!r}) at {where}"
+
+    # -- hooks --------------------------------------------------------------
+
+    async def _put(
+        self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
+    ) -> ObjectInfo:
+        full_key = self._full_key(key)
+        # If-Match goes on a single PUT even for large objects: CAS is meant
+        # for small state objects, and not every store (moto among them)
+        # checks If-Match on CompleteMultipartUpload.
+        if if_match is None and len(data) > self._config.multipart_threshold:
+            return await self._put_multipart(key, full_key, data, if_none_match=if_none_match)
+        if len(data) > MAX_PUT_SIZE:
+            raise InvalidRequest(
+                f"put of {len(data)} bytes with if_match exceeds S3's single-PUT limit", key=key
+            )
+        kwargs: dict[str, Any] = {"Bucket": self._config.bucket, "Key": full_key, "Body": data}
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match is not None:
+            kwargs["IfMatch"] = if_match
+        response = await self._run("put", key, lambda: self._client.put_object(**kwargs))
+        return ObjectInfo(key, len(data), response["ETag"], _response_date(response))
+
+    async def _get(self, key: str, start: int, end: int | None) -> GetResult:
+        full_key = self._full_key(key)
+        if end is not None and start == end:
+            # HTTP cannot ask for zero bytes ("bytes=5-4" means the whole object).
+            info = await self._head(key)
+            return GetResult(key, b"", min(start, info.size), info.size, info.etag, info.last_modified)
+        kwargs: dict[str, Any] = {"Bucket": self._config.bucket, "Key": full_key}
+        if start > 0 or end is not None:
+            kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+
+        def call() -> tuple[Mapping[str, Any], bytes] | None:
+            try:
+                response = self._client.get_object(**kwargs)
+            except botocore.exceptions.ClientError as exc:
+                if _status(exc) == 416:
+                    return None  # the range starts at or past the end
+                raise
+            body = response["Body"]
+            try:
+                return response, body.read()
+            finally:
+                body.close()
+
+        answer = await self._run("get", key, call)
+        if answer is None:
+            info = await self._head(key)
+            return GetResult(key, b"", min(start, info.size), info.size, info.etag, info.last_modified)
+        response, data = answer
+        content_range = response.get("ContentRange")
+        if content_range:
+            first, size = _parse_content_range(content_range, key)
+        else:
+            # No Range sent, or a store that ignored it and sent everything:
+            # cut the range out here.
+            size = len(data)
+            first = min(start, size)
+            data = data[first : size if end is None else min(end, size)]
+        return GetResult(key, data, first, size, response["ETag"], response["LastModified"])
+
+    async def _head(self, key: str) -> ObjectInfo:
+        full_key = self._full_key(key)
+        response = await self._run(
+            "head",
+            key,
+            lambda: self._client.head_object(Bucket=self._config.bucket, Key=full_key),
+        )
+        return ObjectInfo(key, response["ContentLength"], response["ETag"], response["LastModified"])
+
+    async def _list(
+        self, prefix: str, *, start_after: str | None, limit: int | None
+    ) -> builtins.list[ObjectInfo]:
+        out: builtins.list[ObjectInfo] = []
+        token: str | None = None
+        # One worker-thread call per page, so a long listing neither holds a
+        # limiter slot throughout nor ignores cancellation between pages.
+        while True:
+            kwargs: dict[str, Any] = {
+                "Bucket": self._config.bucket,
+                "Prefix": self._prefix + prefix,
+                "MaxKeys": self._config.list_page_size
+                if limit is None
+                else min(self._config.list_page_size, limit - len(out)),
+            }
+            if token is not None:
+                kwargs["ContinuationToken"] = token
+            elif start_after is not None:
+                kwargs["StartAfter"] = self._prefix + start_after
+            page = await self._run("list", None, lambda: self._client.list_objects_v2(**kwargs))
+            cut = len(self._prefix)
+            for item in page.get("Contents", []):
+                out.append(
+                    ObjectInfo(item["Key"][cut:], item["Size"], item["ETag"], item["LastModified"])
+                )
+            if not page.get("IsTruncated") or (limit is not None and len(out) >= limit):
+                return out if limit is None else out[:limit]
+            token = page["NextContinuationToken"]
+
+    async def _delete(self, key: str) -> None:
+        full_key = self._full_key(key)
+        await self._run(
+            "delete",
+            key,
+            lambda: self._client.delete_object(Bucket=self._config.bucket, Key=full_key),
+        )
+
+    async def _aclose(self) -> None:
+        # Closing only releases pooled sockets: no I/O worth a thread, and it
+        # must happen even if the caller is being cancelled.
+        self._client.close()
+
+    # -- multipart --------------------------------------------------------------
+
+    async def _put_multipart(
+        self, key: str, full_key: str, data: bytes, *, if_none_match: bool
+    ) -> ObjectInfo:
+        bucket = self._config.bucket
+        with_checksums = self._config.checksums == "when_supported"
+        # Like s3transfer: when checksums are on, declare CRC32 for the
+        # upload and hand each part's checksum back on completion (AWS
+        # requires that once the upload declared an algorithm).
+        create_kwargs: dict[str, Any] = {"Bucket": bucket, "Key": full_key}
+        if with_checksums:
+            create_kwargs["ChecksumAlgorithm"] = "CRC32"
+        created = await self._run(
+            "put", key, lambda: self._client.create_multipart_upload(**create_kwargs)
+        )
+        upload_id = created["UploadId"]
+        try:
+            part_size = max(self._config.part_size, math.ceil(len(data) / MAX_PARTS))
+            count = math.ceil(len(data) / part_size)
+            parts: builtins.list[CompletedPartTypeDef] = [{} for _ in range(count)]
+            failures: builtins.list[EdgeGatewayError] = []
+
+            async def upload_part(index: int, nursery: trio.Nursery) -> None:
+                def call() -> CompletedPartTypeDef:
+                    # Slice inside the thread: the copy stays off the event loop.
+                    body = data[index * part_size : (index + 1) * part_size]
+                    kwargs: dict[str, Any] = {
+                        "Bucket": bucket,
+                        "Key": full_key,
+                        "UploadId": upload_id,
+                        "PartNumber": index + 1,
+                        "Body": body,
+                    }
+                    if with_checksums:
+                        kwargs["ChecksumAlgorithm"] = "CRC32"
+                    response = self._client.upload_part(**kwargs)
+                    part: CompletedPartTypeDef = {"PartNumber": index + 1, "ETag": response["ETag"]}
+                    if with_checksums and "ChecksumCRC32" in response:
+                        part["ChecksumCRC32"] = response["ChecksumCRC32"]
+                    return part
+
+                try:
+                    parts[index] = await self._run("put", key, call)
+                except EdgeGatewayError as exc:
+                    # One failed part fails the upload: stop the others and
+                    # report this error itself rather than an ExceptionGroup.
+                    failures.append(exc)
+                    nursery.cancel_scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                for index in range(count):
+                    nursery.start_soon(upload_part, index, nursery)
+            if failures:
+                raise failures[0]
+
+            complete_kwargs: dict[str, Any] = {
+                "Bucket": bucket,
+                "Key": full_key,
+                "UploadId": upload_id,
+                "MultipartUpload": {"Parts": parts},
+            }
+            if if_none_match:
+                complete_kwargs["IfNoneMatch"] = "*"
+            response = await self._run(
+                "put", key, lambda: self._client.complete_multipart_upload(**complete_kwargs)
+            )
+        except BaseException:
+            # Parts of an upload that never completes are billed until
+            # aborted; abort even when cancelled, but briefly.
+            with trio.move_on_after(_ABORT_TIMEOUT, shield=True):
+                await self._abort(key, full_key, upload_id)
+            raise
+        return ObjectInfo(key, len(data), response["ETag"], _response_date(response))
+
+    async def _abort(self, key: str, full_key: str, upload_id: str) -> None:
+        try:
+            await self._run(
+                "put",
+                key,
+                lambda: self._client.abort_multipart_upload(
+                    Bucket=self._config.bucket, Key=full_key, UploadId=upload_id
+                ),
+            )
+        except EdgeGatewayError as exc:
+            # Never hide the error that made us abort. NoSuchUpload here means
+            # the upload already completed (a lost response) or was aborted;
+            # for anything else a lifecycle rule on the bucket is the backstop.
+            _log.warning("abort of multipart upload of %r in %s failed: %s", key, self.name, exc)
+
+    # -- thread boundary ----------------------------------------------------------
+
+    def _full_key(self, key: str) -> str:
+        full = self._prefix + key
+        if len(full.encode("utf-8")) > 1024:
+            raise InvalidRequest(
+                f"key {key!r} with prefix {self._prefix!r} exceeds S3's 1024 bytes", key=key
+            )
+        return full
+
+    async def _run(self, operation: str, key: str | None, fn: Callable[[], _T]) -> _T:
+        """Call blocking boto3 code in a worker thread; translate its exceptions."""
+        try:
+            return await trio.to_thread.run_sync(fn, limiter=self._limiter)
+        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
+            raise self._translate(exc, operation, key) from exc
+
+    def _translate(
+        self,
+        exc: botocore.exceptions.ClientError | botocore.exceptions.BotoCoreError,
+        operation: str,
+        key: str | None,
+    ) -> EdgeGatewayError:
+        what = f"{operation} of key {key!r}" if key is not None else operation
+        where = self.describe()
+        if isinstance(exc, botocore.exceptions.ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = _status(exc)
+            detail = f"{code or status}: {error.get('Message', '') or 'no message'}"
+            message = f"{what} on {where}: HTTP {status} {detail}"
+            if code == "NoSuchBucket":
+                return ConfigError(
+                    f"bucket config 'bucket': {self._config.bucket!r} does not exist at "
+                    f"{self._config.endpoint_url or 'AWS'} ({what})"
+                )
+            if code == "NoSuchUpload":
+                return BucketUnavailable(
+                    f"{message} (the multipart upload is gone: aborted by a lifecycle rule, "
+                    "or completed by an earlier attempt whose response was lost; "
+                    "the outcome is unknown)",
+                    key=key,
+                )
+            if status == 412 or code == "PreconditionFailed":
+                return PreconditionFailed(message, key=key)
+            if status == 404 or code in ("NoSuchKey", "NotFound"):
+                return NotFound(message, key=key)
+            if status == 403 or code in _ACCESS_CODES:
+                return AccessDenied(message, key=key)
+            if status >= 500 or status in (409, 429) or code in _UNAVAILABLE_CODES:
+                return BucketUnavailable(message, key=key)
+            if 400 <= status < 500:
+                return InvalidRequest(message, key=key)
+            return BucketUnavailable(message, key=key)
+        message = f"{what} on {where}: {type(exc).__name__}: {exc}"
+        if isinstance(exc, _UNAVAILABLE_BOTOCORE):
+            return BucketUnavailable(message, key=key)
+        if isinstance(exc, _CREDENTIAL_BOTOCORE):
+            return AccessDenied(message, key=key)
+        if isinstance(exc, _CONFIG_BOTOCORE):
+            return ConfigError(message)
+        if isinstance(exc, botocore.exceptions.ParamValidationError | botocore.exceptions.ValidationError):
+            return InvalidRequest(message, key=key)
+        # Unknown botocore failures are treated as transient: the caller
+        # keeps its data and retries with backoff, and the message (logged
+        # by the retry loop) names the exception.
+        return BucketUnavailable(message, key=key)
+
+
+def _status(exc: botocore.exceptions.ClientError) -> int:
+    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _parse_content_range(value: str, key: str) -> tuple[int, int]:
+    """``bytes 5-9/10`` → (first byte, total size)."""
+    try:
+        unit, _, rest = value.partition(" ")
+        span, _, total = rest.partition("/")
+        first = int(span.partition("-")[0])
+        size = int(total)
+    except ValueError:
+        raise BucketUnavailable(f"unparsable Content-Range {value!r}", key=key) from None
+    if unit != "bytes":
+        raise BucketUnavailable(f"unexpected Content-Range unit in {value!r}", key=key)
+    return first, size
+
+
+def _response_date(response: Mapping[str, Any]) -> datetime:
+    """The server's ``Date`` header: PUT responses carry no Last-Modified."""
+    date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
+    if date:
+        try:
+            return parsedate_to_datetime(date).astimezone(UTC)
+        except (TypeError, ValueError):
+            pass
+    return datetime.now(UTC)

@@ -1,0 +1,271 @@
+"""Journal entry and segment encodings, version 1 (sans-IO).
+
+A journal segment file is a 16-byte segment header followed by entries::
+
+    segment header: magic "EGWJ" | u8 version=1 | 3 bytes zero | u64 base_lsn
+
+    entry:
+    offset size field
+    0      4    length          u32 total bytes of the entry, this field included
+    4      4    crc             u32 CRC32C of bytes [8, length)
+    8      8    lsn             u64 journal sequence number (global, +1 per entry)
+    16     1    kind            u8 1 DATA, 2 MIRROR, 3 CHECKPOINT
+    17     1    flags           u8 bit0 END_OF_SOURCE_OBJECT (MIRROR only)
+    18     2    topic_len       u16
+    20     4    partition       u32
+    24     8    base_offset     i64 offset of the first record
+    32     4    count           u32 records in the batch (0 for markers/checkpoints)
+    36     8    append_time     i64 wall-clock ms at append
+    44          topic           utf-8, topic_len bytes
+                MIRROR only:    u16 region_len | region | u64 source_seq | u64 source_epoch
+                payload         DATA/MIRROR: one record batch (empty for a MIRROR marker
+                                with count 0); CHECKPOINT: UTF-8 JSON state snapshot
+
+Every segment begins with a CHECKPOINT entry holding the next offset of every
+partition and the mirror progress of every source region at the moment the
+segment was opened, so a journal whose old segments were deleted still knows
+where each partition continues.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Final
+
+import crc32c
+
+from edge_gateway.errors import CorruptData, InvalidInput
+from edge_gateway.format import batch as _batch
+
+SEGMENT_MAGIC: Final = b"EGWJ"
+SEGMENT_VERSION: Final = 1
+_SEGMENT_HEADER = struct.Struct("<4sB3xQ")
+SEGMENT_HEADER_SIZE: Final = _SEGMENT_HEADER.size  # 16
+
+KIND_DATA: Final = 1
+KIND_MIRROR: Final = 2
+KIND_CHECKPOINT: Final = 3
+_KINDS: Final = (KIND_DATA, KIND_MIRROR, KIND_CHECKPOINT)
+FLAG_END_OF_SOURCE_OBJECT: Final = 0x01
+
+ENTRY_HEADER = struct.Struct("<IIQBBHIqIq")
+ENTRY_HEADER_SIZE: Final = ENTRY_HEADER.size  # 44
+_SOURCE_TAIL = struct.Struct("<QQ")
+_U16 = struct.Struct("<H")
+#: Largest entry the journal writes or accepts when reading.
+MAX_ENTRY_BYTES: Final = _batch.MAX_BATCH_BYTES + 64 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class SourceCoords:
+    """Where a mirrored batch came from: the source region's log entry."""
+
+    region: str
+    seq: int
+    epoch: int
+    #: True on the last journal entry written for this source log entry, so a
+    #: reader of the journal knows the whole source entry was applied.
+    end_of_object: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded journal entry. ``payload`` is the batch (or checkpoint JSON)."""
+
+    lsn: int
+    kind: int
+    topic: str
+    partition: int
+    base_offset: int
+    count: int
+    append_time: int
+    source: SourceCoords | None
+    payload: bytes
+    length: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+def encode_segment_header(base_lsn: int) -> bytes:
+    return _SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, base_lsn)
+
+
+def decode_segment_header(buf: bytes, *, where: str) -> int:
+    """Check a segment header and return its base LSN."""
+    if len(buf) < SEGMENT_HEADER_SIZE:
+        raise CorruptData("segment header truncated", where=where)
+    magic, version, base_lsn = _SEGMENT_HEADER.unpack_from(buf)
+    if magic != SEGMENT_MAGIC:
+        raise CorruptData(f"not a journal segment (magic {magic!r})", where=where)
+    if version != SEGMENT_VERSION:
+        raise CorruptData(f"unsupported segment version {version}", where=where)
+    return int(base_lsn)
+
+
+ENTRY_REST = struct.Struct("<QBBHIqIq")  # the entry header after length and crc
+_REST = ENTRY_REST
+ENTRY_LEN_CRC = struct.Struct("<II")
+
+
+def encode_entry_rest(
+    *,
+    lsn: int,
+    kind: int,
+    topic: bytes,
+    partition: int,
+    base_offset: int,
+    count: int,
+    append_time: int,
+    source: SourceCoords | None = None,
+) -> bytes:
+    """The bytes of an entry from offset 8 up to its payload.
+
+    The writer computes the CRC over these bytes followed by the payload and
+    prepends :data:`ENTRY_LEN_CRC` ``(length, crc)``, so a large payload is
+    never copied (see :func:`encode_entry` for the whole thing at once).
+    """
+    flags = 0
+    rest = _REST.pack(lsn, kind, 0, len(topic), partition, base_offset, count, append_time)
+    if kind == KIND_MIRROR:
+        if source is None:
+            raise InvalidInput("a mirror entry needs source coordinates")
+        region = source.region.encode("utf-8")
+        if source.end_of_object:
+            flags |= FLAG_END_OF_SOURCE_OBJECT
+        rest = _REST.pack(lsn, kind, flags, len(topic), partition, base_offset, count, append_time)
+        return rest + topic + _U16.pack(len(region)) + region + _SOURCE_TAIL.pack(
+            source.seq, source.epoch
+        )
+    return rest + topic
+
+
+def entry_crc(rest: bytes, *payload: bytes | memoryview) -> int:
+    """The CRC32C an entry stores: over bytes [8, length)."""
+    crc = crc32c.crc32c(rest)
+    for part in payload:
+        crc = crc32c.crc32c(part, value=crc)
+    return int(crc)
+
+
+def encode_entry(
+    *,
+    lsn: int,
+    kind: int,
+    topic: bytes,
+    partition: int,
+    base_offset: int,
+    count: int,
+    append_time: int,
+    payload: bytes,
+    source: SourceCoords | None = None,
+) -> bytes:
+    """A whole entry (for tests, tools and small entries)."""
+    rest = encode_entry_rest(
+        lsn=lsn, kind=kind, topic=topic, partition=partition, base_offset=base_offset,
+        count=count, append_time=append_time, source=source,
+    )
+    length = 8 + len(rest) + len(payload)
+    if length > MAX_ENTRY_BYTES:
+        raise InvalidInput(f"journal entry of {length} bytes exceeds {MAX_ENTRY_BYTES}")
+    return ENTRY_LEN_CRC.pack(length, entry_crc(rest, payload)) + rest + payload
+
+
+def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:
+    """The length field of the entry at ``pos`` (no checks)."""
+    return int(struct.unpack_from("<I", buf, pos)[0])
+
+
+def decode_entry(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, where: str = "entry", verify: bool = True
+) -> Entry:
+    """Decode the entry at ``buf[pos:]``; raise :class:`CorruptData` if it is not whole and valid."""
+    avail = len(buf) - pos
+    if avail < ENTRY_HEADER_SIZE:
+        raise CorruptData(f"truncated entry header ({avail} bytes)", where=where)
+    (length, crc, lsn, kind, flags, topic_len, partition, base_offset, count, append_time) = (
+        ENTRY_HEADER.unpack_from(buf, pos)
+    )
+    if length < ENTRY_HEADER_SIZE + topic_len or length > MAX_ENTRY_BYTES:
+        raise CorruptData(f"bad entry length {length}", where=where)
+    if length > avail:
+        raise CorruptData(f"truncated entry: {length} bytes, {avail} present", where=where)
+    view = memoryview(buf)[pos : pos + length]
+    if verify:
+        actual = crc32c.crc32c(view[8:])
+        if actual != crc:
+            raise CorruptData(f"entry CRC mismatch (stored {crc:08x}, computed {actual:08x})", where=where)
+    if kind not in _KINDS:
+        raise CorruptData(f"unknown entry kind {kind}", where=where)
+    cur = ENTRY_HEADER_SIZE
+    try:
+        topic = bytes(view[cur : cur + topic_len]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptData("topic is not UTF-8", where=where) from None
+    cur += topic_len
+    source = None
+    if kind == KIND_MIRROR:
+        if cur + 2 > length:
+            raise CorruptData("mirror entry truncated before its source", where=where)
+        (rlen,) = _U16.unpack_from(view, cur)
+        cur += 2
+        if cur + rlen + _SOURCE_TAIL.size > length:
+            raise CorruptData("mirror source overruns the entry", where=where)
+        try:
+            region = bytes(view[cur : cur + rlen]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorruptData("source region is not UTF-8", where=where) from None
+        cur += rlen
+        seq, epoch = _SOURCE_TAIL.unpack_from(view, cur)
+        cur += _SOURCE_TAIL.size
+        source = SourceCoords(region, seq, epoch, bool(flags & FLAG_END_OF_SOURCE_OBJECT))
+    elif flags:
+        raise CorruptData(f"flags 0x{flags:02x} on a non-mirror entry", where=where)
+    payload = bytes(view[cur:])
+    if kind != KIND_CHECKPOINT and (count > 0 or payload):
+        h = _batch.read_header(payload, 0, where=where)
+        if h.length != len(payload) or h.count != count or h.base_offset != base_offset:
+            raise CorruptData("entry header disagrees with its batch", where=where)
+    return Entry(
+        lsn, kind, topic, partition, base_offset, count, append_time, source, payload, length
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    """State at the start of a segment: where every partition and source stands."""
+
+    #: (topic, partition) -> next offset
+    next_offsets: dict[tuple[str, int], int]
+    #: source region -> coordinates of the last mirror entry applied from it
+    sources: dict[str, SourceCoords]
+
+    def encode(self) -> bytes:
+        doc: dict[str, Any] = {
+            "v": 1,
+            "partitions": [[t, p, o] for (t, p), o in sorted(self.next_offsets.items())],
+            "sources": {
+                r: [s.seq, s.epoch, s.end_of_object] for r, s in sorted(self.sources.items())
+            },
+        }
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, payload: bytes, *, where: str) -> Checkpoint:
+        try:
+            doc = json.loads(payload)
+            if doc.get("v") != 1:
+                raise CorruptData(f"unsupported checkpoint version {doc.get('v')!r}", where=where)
+            offsets = {(str(t), int(p)): int(o) for t, p, o in doc["partitions"]}
+            sources = {
+                str(r): SourceCoords(str(r), int(s), int(e), bool(end))
+                for r, (s, e, end) in doc["sources"].items()
+            }
+        except CorruptData:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise CorruptData(f"malformed checkpoint: {exc}", where=where) from None
+        return cls(offsets, sources)

@@ -1,0 +1,1050 @@
+"""The local write-ahead journal: one log for every topic and partition of a site.
+
+Invariants (the tests check each one):
+
+* Entries have consecutive LSNs; a segment holds a contiguous LSN range and is
+  named after its first LSN.
+* Per partition, offsets are assigned at append and are gap-free (a mirror
+  partition may skip forward only when the caller says so, for a source gap).
+* An entry is visible to readers once written to the OS; ``durable_lsn`` says
+  how far an fsync has covered. Appends with ``fsync=always`` return only when
+  covered.
+* A torn or corrupt tail of the active segment is truncated on open (and
+  logged with its byte position); corruption anywhere else stops the open
+  with an error naming the segment and position. A corrupt entry is never
+  served.
+* A segment is deleted only when every entry in it is below the caller's
+  safe LSN (the shipper's confirmed watermark) *and* the retention policy
+  allows; a full disk budget makes appends fail with ``JournalFull`` and never
+  touches acknowledged data.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import os
+import struct
+import time
+from array import array
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final, NamedTuple, NoReturn
+
+import crc32c
+import trio
+
+from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, JournalFull
+from edge_gateway.format import batch as fbatch
+from edge_gateway.format import entry as fentry
+from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
+from edge_gateway.journal._config import FsyncPolicy, JournalConfig
+from edge_gateway.journal._index import SegmentIndex
+from edge_gateway.names import validate_topic
+
+log = logging.getLogger("edgegw.journal")
+
+_SEGMENT_SUFFIX: Final = ".wal"
+_INDEX_SUFFIX: Final = ".idx"
+_MAX_PARTITION: Final = 2**31 - 1
+_READ_FD_CACHE: Final = 32
+_SMALL_WRITE: Final = 16 * 1024  # below this, one concatenated write beats writev
+_BATCH_PEEK = struct.Struct("<IBBH12xI")  # length, version, flags, reserved, count
+_I64 = struct.Struct("<q")
+_REST = fentry.ENTRY_REST
+_LEN_CRC = fentry.ENTRY_LEN_CRC
+_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
+
+
+class OffsetOutOfRange(InvalidInput):
+    """The requested offset is below the earliest one the journal still holds."""
+
+    def __init__(self, topic: str, partition: int, offset: int, earliest: int) -> None:
+        self.earliest = earliest
+        super().__init__(
+            f"{topic}/{partition}: offset {offset} is no longer in the journal "
+            f"(earliest available {earliest})"
+        )
+
+
+class Appended(NamedTuple):
+    """Where an append landed."""
+
+    lsn: int
+    base_offset: int
+    count: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.count
+
+
+@dataclass(frozen=True, slots=True)
+class JournalStats:
+    """A snapshot of the journal's counters (see :meth:`Journal.statistics`)."""
+
+    segments: int
+    bytes: int
+    max_bytes: int
+    first_lsn: int
+    next_lsn: int
+    durable_lsn: int
+    safe_lsn: int
+    partitions: int
+    appends: int
+    appended_bytes: int
+    fsyncs: int
+    fsync_seconds_total: float
+    fsync_seconds_max: float
+    full_rejections: int
+    truncated_bytes_on_open: int
+    open_seconds: float
+
+
+@dataclass(slots=True)
+class _Segment:
+    base_lsn: int
+    path: Path
+    size: int
+    last_append_time: int
+    positions: array[int] = field(default_factory=lambda: array("q"))
+    fd: int | None = None  # the write fd (active segment only)
+
+    @property
+    def end_lsn(self) -> int:
+        """One past the last LSN in this segment."""
+        return self.base_lsn + len(self.positions)
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(_INDEX_SUFFIX)
+
+
+@dataclass(slots=True)
+class _Partition:
+    topic: str
+    partition: int
+    next_offset: int = 0
+    lsns: array[int] = field(default_factory=lambda: array("q"))
+    offsets: array[int] = field(default_factory=lambda: array("q"))
+    lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
+    waiters: int = 0
+
+    @property
+    def first_offset(self) -> int:
+        return self.offsets[0] if self.offsets else self.next_offset
+
+
+def _segment_name(base_lsn: int) -> str:
+    return f"{base_lsn:020d}{_SEGMENT_SUFFIX}"
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Journal:
+    """One write-ahead log for all topics and partitions of a site.
+
+    Open it with :func:`open_journal`. Appends and reads are synchronous calls
+    on the event-loop thread (a write to the OS page cache takes microseconds);
+    only fsync runs in a worker thread. Waiting is explicit:
+    :meth:`wait_durable`, :meth:`wait_for`, :meth:`wait_appended`.
+    """
+
+    def __init__(self, path: Path, config: JournalConfig) -> None:
+        self.path = path
+        self.config = config
+        self._segments: list[_Segment] = []
+        self._segment_bases: list[int] = []
+        self._partitions: dict[tuple[str, int], _Partition] = {}
+        self._sources: dict[str, SourceCoords] = {}
+        self._topic_bytes: dict[str, bytes] = {}
+        self._next_lsn = 1
+        self._durable_lsn = 0
+        self._safe_lsn = 0
+        self._total_bytes = 0
+        self._unsynced_bytes = 0
+        self._flusher_idle = False
+        self._append_waiters = 0
+        self._last_yield_ms = 0
+        self._segment_bytes = config.segment_bytes
+        self._max_bytes = config.max_bytes
+        self._fsync_bytes = config.fsync_bytes
+        self._flushing = False
+        self._closed = False
+        self._broken: str | None = None
+        self._deferred_close: list[int] = []
+        self._read_fds: OrderedDict[int, int] = OrderedDict()
+        self._durable_lot = trio.lowlevel.ParkingLot()
+        self._dirty_lot = trio.lowlevel.ParkingLot()
+        self._urgent_lot = trio.lowlevel.ParkingLot()
+        self._append_lot = trio.lowlevel.ParkingLot()
+        self._fsync_limiter = trio.CapacityLimiter(1)
+        # counters
+        self._rolls = 0
+        self._lsn_at_open = 1
+        self._appended_bytes = 0
+        self._fsyncs = 0
+        self._fsync_total = 0.0
+        self._fsync_max = 0.0
+        self._full_rejections = 0
+        self._truncated_on_open = 0
+        self._open_seconds = 0.0
+
+    # ------------------------------------------------------------------ open
+
+    @classmethod
+    def open_sync(cls, path: str | os.PathLike[str], config: JournalConfig | None = None) -> Journal:
+        """Open (or create) the journal in ``path`` and recover its state.
+
+        Blocking; :func:`open_journal` runs it in a worker thread and starts
+        the background flusher.
+        """
+        t0 = time.perf_counter()
+        j = cls(Path(path), config or JournalConfig())
+        j.path.mkdir(parents=True, exist_ok=True)
+        j._recover()
+        j._lsn_at_open = j._next_lsn
+        j._open_seconds = time.perf_counter() - t0
+        return j
+
+    def _recover(self) -> None:
+        files = sorted(self.path.glob(f"*{_SEGMENT_SUFFIX}"))
+        bases: list[tuple[int, Path]] = []
+        for f in files:
+            try:
+                bases.append((int(f.stem), f))
+            except ValueError:
+                raise CorruptData("unexpected file in journal directory", where=str(f)) from None
+        # A segment created by a roll that crashed before its checkpoint became
+        # durable holds nothing acknowledged: drop it (only ever the last one).
+        while bases:
+            base, f = bases[-1]
+            if f.stat().st_size >= fentry.SEGMENT_HEADER_SIZE + fentry.ENTRY_HEADER_SIZE:
+                break
+            log.warning("journal: removing empty segment %s left by an interrupted roll", f)
+            f.unlink()
+            f.with_suffix(_INDEX_SUFFIX).unlink(missing_ok=True)
+            bases.pop()
+        if not bases:
+            self._start_segment(self._next_lsn, Checkpoint({}, {}))
+            return
+        expected = bases[0][0]
+        for i, (base, f) in enumerate(bases):
+            if base != expected:
+                raise CorruptData(
+                    f"segments are not contiguous: expected LSN {expected}, file starts at {base}",
+                    where=str(f),
+                )
+            last = i == len(bases) - 1
+            seg = self._load_segment(base, f, last=last)
+            expected = seg.end_lsn
+        active = self._segments[-1]
+        self._next_lsn = active.end_lsn
+        self._durable_lsn = self._next_lsn - 1
+        active.fd = os.open(active.path, os.O_RDWR | os.O_APPEND)
+        self._total_bytes += sum(s.size for s in self._segments)
+        self._total_bytes += sum(
+            s.index_path.stat().st_size for s in self._segments[:-1] if s.index_path.exists()
+        )
+
+    def _load_segment(self, base: int, path: Path, *, last: bool) -> _Segment:
+        if not last:
+            idx_path = path.with_suffix(_INDEX_SUFFIX)
+            size = path.stat().st_size
+            try:
+                idx = SegmentIndex.decode(idx_path.read_bytes(), where=str(idx_path))
+                if idx.base_lsn != base or idx.size != size:
+                    raise CorruptData("index does not match its segment", where=str(idx_path))
+            except (OSError, CorruptData) as exc:
+                log.info("journal: rebuilding index of %s (%s)", path, exc)
+            else:
+                seg = _Segment(base, path, size, idx.last_append_time, idx.positions)
+                self._add_segment(seg)
+                for (topic, partition), (lsns, offsets) in idx.partitions.items():
+                    p = self._partition(topic, partition)
+                    p.lsns.extend(lsns)
+                    p.offsets.extend(offsets)
+                return seg
+        seg, checkpoint = self._scan_segment(base, path, last=last)
+        if not last:
+            self._write_index(seg)
+        del checkpoint
+        return seg
+
+    def _scan_segment(self, base: int, path: Path, *, last: bool) -> tuple[_Segment, Checkpoint | None]:
+        """Parse every entry of a segment, verifying CRCs, and index it."""
+        where = str(path)
+        buf = path.read_bytes()
+        size = len(buf)
+        if size == 0:
+            raise CorruptData("empty segment", where=where)
+        if fentry.decode_segment_header(buf[: fentry.SEGMENT_HEADER_SIZE], where=where) != base:
+            raise CorruptData("segment header LSN does not match its file name", where=where)
+        seg = _Segment(base, path, size, 0)
+        pos = fentry.SEGMENT_HEADER_SIZE
+        lsn = base
+        checkpoint: Checkpoint | None = None
+        positions = seg.positions
+        partitions = self._partitions
+        while pos < size:
+            try:
+                e = fentry.decode_entry(buf, pos, where=f"{where}@{pos}")
+                if e.lsn != lsn:
+                    raise CorruptData(
+                        f"LSN {e.lsn} where {lsn} was expected", where=f"{where}@{pos}"
+                    )
+            except CorruptData as exc:
+                if last and not self._valid_entry_follows(buf, pos, lsn):
+                    log.warning(
+                        "journal: truncating torn tail of %s at byte %d (%d bytes): %s",
+                        path, pos, size - pos, exc,
+                    )
+                    self._truncated_on_open += size - pos
+                    with open(path, "r+b") as wf:
+                        wf.truncate(pos)
+                        os.fsync(wf.fileno())
+                    seg.size = pos
+                    break
+                raise CorruptData(
+                    f"corrupt entry in the middle of the journal: {exc}", where=f"{where}@{pos}"
+                ) from None
+            if lsn == base:
+                if e.kind != fentry.KIND_CHECKPOINT:
+                    raise CorruptData("segment does not start with a checkpoint", where=where)
+                checkpoint = Checkpoint.decode(e.payload, where=f"{where}@{pos}")
+                if last:
+                    self._apply_checkpoint(checkpoint)
+            positions.append(pos)
+            seg.last_append_time = max(seg.last_append_time, e.append_time)
+            if e.count:
+                p = partitions.get((e.topic, e.partition)) or self._partition(e.topic, e.partition)
+                p.lsns.append(lsn)
+                p.offsets.append(e.base_offset)
+                if e.next_offset > p.next_offset:
+                    p.next_offset = e.next_offset
+            if e.source is not None:
+                self._sources[e.source.region] = e.source
+            pos += e.length
+            lsn += 1
+        if not positions:
+            raise CorruptData("segment has no valid checkpoint entry", where=where)
+        self._add_segment(seg)
+        return seg, checkpoint
+
+    @staticmethod
+    def _valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
+        """Whether any whole, valid entry with an LSN >= ``lsn`` starts after ``pos``.
+
+        If one does, the bad bytes at ``pos`` are corruption in the middle,
+        not a torn tail, and must not be truncated away.
+        """
+        size = len(buf)
+        candidates = []
+        if pos + 4 <= size:
+            n = fentry.peek_length(buf, pos)
+            if fentry.ENTRY_HEADER_SIZE <= n and pos + n < size:
+                candidates.append(pos + n)
+        for start in candidates + list(range(pos + 1, size - fentry.ENTRY_HEADER_SIZE + 1)):
+            if start + 16 > size:
+                break
+            cand_lsn = int.from_bytes(buf[start + 8 : start + 16], "little")
+            if not lsn <= cand_lsn < lsn + (1 << 32):
+                continue
+            try:
+                fentry.decode_entry(buf, start)
+            except CorruptData:
+                continue
+            return True
+        return False
+
+    def _apply_checkpoint(self, cp: Checkpoint) -> None:
+        for (topic, partition), next_offset in cp.next_offsets.items():
+            p = self._partition(topic, partition)
+            p.next_offset = max(p.next_offset, next_offset)
+        for region, coords in cp.sources.items():
+            self._sources.setdefault(region, coords)
+
+    def _add_segment(self, seg: _Segment) -> None:
+        self._active = seg
+        self._segments.append(seg)
+        self._segment_bases.append(seg.base_lsn)
+
+    def _partition(self, topic: str, partition: int) -> _Partition:
+        key = (topic, partition)
+        p = self._partitions.get(key)
+        if p is None:
+            p = self._partitions[key] = _Partition(topic, partition)
+        return p
+
+    def _write_index(self, seg: _Segment) -> None:
+        idx = SegmentIndex(seg.base_lsn, seg.size, seg.last_append_time, seg.positions)
+        for key, p in self._partitions.items():
+            lo = bisect.bisect_left(p.lsns, seg.base_lsn)
+            hi = bisect.bisect_left(p.lsns, seg.end_lsn)
+            if hi > lo:
+                idx.partitions[key] = (p.lsns[lo:hi], p.offsets[lo:hi])
+        data = idx.encode()
+        tmp = seg.index_path.with_suffix(".idx.tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, seg.index_path)
+        self._total_bytes += len(data)
+
+    # --------------------------------------------------------------- segments
+
+    def _start_segment(self, base_lsn: int, checkpoint: Checkpoint) -> None:
+        """Create a segment whose first entry is ``checkpoint``, durably."""
+        path = self.path / _segment_name(base_lsn)
+        payload = checkpoint.encode()
+        now = _now_ms()
+        entry = fentry.encode_entry(
+            lsn=base_lsn, kind=fentry.KIND_CHECKPOINT, topic=b"", partition=0,
+            base_offset=0, count=0, append_time=now, payload=payload,
+        )
+        data = fentry.encode_segment_header(base_lsn) + entry
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+            _fsync_dir(self.path)
+        except OSError:
+            os.close(fd)
+            path.unlink(missing_ok=True)
+            raise
+        seg = _Segment(base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd)
+        self._add_segment(seg)
+        self._next_lsn = base_lsn + 1
+        self._durable_lsn = base_lsn
+        self._total_bytes += len(data)
+
+    def _roll(self) -> None:
+        """Seal the active segment (fsync + index file) and start the next one."""
+        old = self._segments[-1]
+        assert old.fd is not None
+        os.fsync(old.fd)
+        self._durable_lsn = self._next_lsn - 1
+        self._unsynced_bytes = 0
+        self._write_index(old)
+        if self._flushing:
+            self._deferred_close.append(old.fd)  # a worker thread may be fsyncing it
+        else:
+            os.close(old.fd)
+        old.fd = None
+        cp = Checkpoint(
+            {key: p.next_offset for key, p in self._partitions.items()}, dict(self._sources)
+        )
+        self._start_segment(self._next_lsn, cp)
+        self._rolls += 1
+
+    # ----------------------------------------------------------------- append
+
+    def _topic_key(self, topic: str) -> bytes:
+        raw = self._topic_bytes.get(topic)
+        if raw is None:
+            validate_topic(topic)
+            raw = self._topic_bytes[topic] = topic.encode()
+        return raw
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError("journal is closed")
+        if self._broken is not None:
+            raise ClosedError(f"journal stopped after a write failure: {self._broken}")
+
+    def append_nowait(
+        self, topic: str, partition: int, batch: bytes | bytearray | memoryview
+    ) -> Appended:
+        """Append an encoded batch; offsets are assigned here, gap-free.
+
+        Returns once the entry is written to the OS: it is readable at once and
+        survives a crash of this process. With ``fsync=always`` use
+        :meth:`append`, which also waits for the fsync.
+        """
+        # The hot path of the whole gateway: kept flat on purpose.
+        if self._closed or self._broken is not None:
+            self._check_open()
+        topic_raw = self._topic_bytes.get(topic) or self._topic_key(topic)
+        p = self._partitions.get((topic, partition))
+        if p is None:
+            if not isinstance(partition, int) or not 0 <= partition <= _MAX_PARTITION:
+                raise InvalidInput(f"partition {partition!r} out of range")
+            p = self._partition(topic, partition)
+        n = len(batch)
+        try:
+            length, version, flags, reserved, count = _BATCH_PEEK.unpack_from(batch)
+        except struct.error:
+            length = -1
+        if length != n or version != fbatch.VERSION or flags & ~3 or reserved or count < 1:
+            fbatch.read_header(batch, 0, where=f"append to {topic}/{partition}")
+            raise InvalidInput(f"batch length field {length} but {n} bytes given")
+        length = fentry.ENTRY_HEADER_SIZE + len(topic_raw) + n
+        if (
+            self._active.size + length > self._segment_bytes
+            or self._total_bytes + length > self._max_bytes
+        ):
+            self._reserve(length)
+        lsn = self._next_lsn
+        base = p.next_offset
+        now = time.time_ns() // 1_000_000
+        rest = _REST.pack(lsn, fentry.KIND_DATA, 0, len(topic_raw), partition, base, count, now)
+        if n <= _SMALL_WRITE:
+            body = rest + topic_raw + batch[:8] + _I64.pack(base) + batch[16:]
+            self._emit([_LEN_CRC.pack(length, crc32c.crc32c(body)) + body], length, now)
+        else:
+            view = memoryview(batch)
+            parts: list[bytes | memoryview] = [rest + topic_raw, view[:8], _I64.pack(base), view[16:]]
+            crc = 0
+            for part in parts:
+                crc = crc32c.crc32c(part, value=crc)
+            self._emit([_LEN_CRC.pack(length, crc), *parts], length, now)
+        p.lsns.append(lsn)
+        p.offsets.append(base)
+        p.next_offset = base + count
+        if p.waiters:
+            p.lot.unpark_all()
+        return Appended(lsn, base, count)
+
+    async def append(self, topic: str, partition: int, batch: bytes | bytearray | memoryview) -> Appended:
+        """Append an encoded batch and wait until it is as durable as the policy asks."""
+        res = self.append_nowait(topic, partition, batch)
+        await self._after_append(res.lsn)
+        return res
+
+    async def _after_append(self, lsn: int) -> None:
+        if self.config.fsync is FsyncPolicy.ALWAYS:
+            await self.wait_durable(lsn)
+        elif (now := _now_ms()) - self._last_yield_ms >= self.config.fsync_interval_ms:
+            # A producer that never blocks would starve the interval flusher
+            # (and the delivery of a finished fsync): yield once per interval.
+            self._last_yield_ms = now
+            await trio.lowlevel.checkpoint()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def append_mirror(
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray | memoryview | None,
+        source: SourceCoords,
+        *,
+        allow_gap: bool = False,
+    ) -> Appended:
+        """Append a batch mirrored from another region, keeping its source offsets.
+
+        ``batch`` keeps the base offset it had at the source; it must continue
+        the local partition exactly (or, with ``allow_gap``, skip forward over
+        data the source no longer has). ``batch=None`` writes a marker that
+        only records progress through ``source`` (an entry with nothing
+        subscribed, a fence entry). The entry records ``source`` so mirror
+        progress is recovered from the journal with the data, atomically.
+        """
+        self._check_open()
+        topic_raw = self._topic_key(topic) if batch is not None else b""
+        if batch is None:
+            lsn = self._write(fentry.KIND_MIRROR, b"", 0, 0, 0, (), 0, source)
+            self._sources[source.region] = source
+            res = Appended(lsn, 0, 0)
+        else:
+            h = fbatch.read_header(batch, 0, where=f"mirror to {topic}/{partition}")
+            if h.length != len(batch):
+                raise InvalidInput(f"batch length field {h.length} but {len(batch)} bytes given")
+            p = self._partitions.get((topic, partition)) or self._partition(topic, partition)
+            if h.base_offset < p.next_offset:
+                raise InvalidInput(
+                    f"{topic}/{partition}: mirrored offset {h.base_offset} is already present "
+                    f"(next is {p.next_offset})"
+                )
+            if h.base_offset > p.next_offset and not allow_gap:
+                raise InvalidInput(
+                    f"{topic}/{partition}: mirrored offset {h.base_offset} leaves a gap "
+                    f"after {p.next_offset}"
+                )
+            lsn = self._write(
+                fentry.KIND_MIRROR, topic_raw, partition, h.base_offset, h.count,
+                (memoryview(batch),), len(batch), source,
+            )
+            self._sources[source.region] = source
+            self._index(p, lsn, h.base_offset, h.next_offset)
+            res = Appended(lsn, h.base_offset, h.count)
+        await self._after_append(res.lsn)
+        return res
+
+    def _index(self, p: _Partition, lsn: int, base: int, next_offset: int) -> None:
+        p.lsns.append(lsn)
+        p.offsets.append(base)
+        p.next_offset = next_offset
+        if p.waiters:
+            p.lot.unpark_all()
+
+    def _reserve(self, length: int) -> None:
+        """Make room for an entry of ``length`` bytes: roll the segment, check the budget."""
+        if length > fentry.MAX_ENTRY_BYTES:
+            raise InvalidInput(f"journal entry of {length} bytes exceeds {fentry.MAX_ENTRY_BYTES}")
+        seg = self._segments[-1]
+        if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
+            self._roll()
+        if self._total_bytes + length > self._max_bytes:
+            self._delete_segments(need=length)
+            if self._total_bytes + length > self._max_bytes:
+                self._full_rejections += 1
+                raise JournalFull(
+                    f"journal disk budget full: {self._total_bytes} of {self._max_bytes} "
+                    f"bytes used, {length} more needed; data is deleted only after it is "
+                    f"shipped (safe LSN {self._safe_lsn}, oldest segment ends at LSN "
+                    f"{self._segments[0].end_lsn - 1})"
+                )
+
+    def _emit(self, parts: list[bytes | memoryview], length: int, now: int) -> None:
+        """Write one encoded entry at the end of the active segment and account for it."""
+        seg = self._active
+        try:
+            written = os.writev(seg.fd, parts)  # type: ignore[arg-type]
+        except OSError as exc:
+            self._write_failed(seg, exc)
+        if written != length:  # short write: finish it byte-exactly
+            self._finish_short_write(seg, parts, written)
+        seg.positions.append(seg.size)
+        seg.size += length
+        seg.last_append_time = now
+        self._total_bytes += length
+        self._next_lsn += 1
+        self._appended_bytes += length
+        self._unsynced_bytes += length
+        if self._flusher_idle:
+            self._flusher_idle = False
+            self._dirty_lot.unpark_all()
+        elif self._unsynced_bytes >= self._fsync_bytes and self._urgent_lot:
+            self._urgent_lot.unpark_all()
+        if self._append_waiters:
+            self._append_lot.unpark_all()
+
+    def _write(
+        self,
+        kind: int,
+        topic_raw: bytes,
+        partition: int,
+        base_offset: int,
+        count: int,
+        payload: tuple[bytes | memoryview, ...],
+        payload_len: int,
+        source: SourceCoords | None,
+    ) -> int:
+        """Write one entry of any kind (the general path; data appends inline it)."""
+        now = time.time_ns() // 1_000_000
+        probe = fentry.encode_entry_rest(
+            lsn=0, kind=kind, topic=topic_raw, partition=partition, base_offset=base_offset,
+            count=count, append_time=now, source=source,
+        )
+        length = 8 + len(probe) + payload_len
+        self._reserve(length)
+        lsn = self._next_lsn
+        rest = fentry.encode_entry_rest(
+            lsn=lsn, kind=kind, topic=topic_raw, partition=partition, base_offset=base_offset,
+            count=count, append_time=now, source=source,
+        )
+        head = fentry.ENTRY_LEN_CRC.pack(length, fentry.entry_crc(rest, *payload))
+        self._emit([head, rest, *payload], length, now)
+        return lsn
+
+    def _finish_short_write(self, seg: _Segment, parts: list[bytes | memoryview], done: int) -> None:
+        assert seg.fd is not None
+        data = b"".join(parts)[done:]
+        try:
+            while data:
+                data = data[os.write(seg.fd, data) :]
+        except OSError as exc:
+            self._write_failed(seg, exc)
+
+    def _write_failed(self, seg: _Segment, exc: OSError) -> NoReturn:
+        """Roll back a partly written entry, so the next one does not land after garbage."""
+        assert seg.fd is not None
+        try:
+            os.ftruncate(seg.fd, seg.size)
+        except OSError as exc2:
+            self._broken = f"{seg.path}: write failed ({exc}) and rollback failed ({exc2})"
+            log.error("journal: %s", self._broken)
+            raise ClosedError(self._broken) from exc
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            self._full_rejections += 1
+            raise JournalFull(f"disk full writing {seg.path}: {exc.strerror}") from exc
+        raise exc
+
+    # ------------------------------------------------------------ durability
+
+    @property
+    def next_lsn(self) -> int:
+        """The LSN the next entry will get."""
+        return self._next_lsn
+
+    @property
+    def durable_lsn(self) -> int:
+        """Every entry with an LSN up to this one is on stable storage."""
+        return self._durable_lsn
+
+    async def wait_durable(self, lsn: int) -> None:
+        """Wait until entry ``lsn`` is fsynced; concurrent waiters share one fsync."""
+        while self._durable_lsn < lsn:
+            self._check_open()
+            if self._flushing:
+                await self._durable_lot.park()
+            else:
+                await self._flush()
+
+    async def flush(self) -> None:
+        """Fsync everything appended so far."""
+        await self.wait_durable(self._next_lsn - 1)
+
+    async def _flush(self) -> None:
+        # The leader of a group commit: one fsync covers every entry written
+        # before it started; waiters that arrive meanwhile park and the next
+        # of them leads the following round.
+        self._flushing = True
+        target = self._next_lsn - 1
+        fd = self._segments[-1].fd
+        assert fd is not None
+        self._unsynced_bytes = 0
+        try:
+            t0 = time.perf_counter()
+            if self.config.fsync_inline:
+                _fdatasync(fd)
+            else:
+                await trio.to_thread.run_sync(_fdatasync, fd, limiter=self._fsync_limiter)
+            dt = time.perf_counter() - t0
+            self._fsyncs += 1
+            self._fsync_total += dt
+            self._fsync_max = max(self._fsync_max, dt)
+            if target > self._durable_lsn:
+                self._durable_lsn = target
+        except OSError as exc:
+            self._broken = f"fsync failed: {exc}"
+            log.error("journal: %s", self._broken)
+            raise ClosedError(self._broken) from exc
+        finally:
+            self._flushing = False
+            for dfd in self._deferred_close:
+                os.close(dfd)
+            self._deferred_close.clear()
+            self._durable_lot.unpark_all()
+
+    async def _interval_flusher(self) -> None:
+        interval = self.config.fsync_interval_ms / 1000
+        while True:
+            if self._durable_lsn >= self._next_lsn - 1:
+                self._flusher_idle = True
+                await self._dirty_lot.park()
+            if self._unsynced_bytes < self.config.fsync_bytes:
+                with trio.move_on_after(interval):
+                    await self._urgent_lot.park()
+            if self._durable_lsn < self._next_lsn - 1 and not self._flushing:
+                await self._flush()
+            else:
+                await trio.sleep(0)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The journal's background work: the interval flusher and time-based retention."""
+        async with trio.open_nursery() as nursery:
+            if self.config.fsync is FsyncPolicy.INTERVAL:
+                nursery.start_soon(self._interval_flusher)
+            nursery.start_soon(self._retention_ticker)
+            task_status.started()
+
+    async def _retention_ticker(self, period: float = 5.0) -> None:
+        while True:
+            await trio.sleep(period)
+            self._delete_segments()
+
+    # -------------------------------------------------------------- deletion
+
+    def set_safe_lsn(self, lsn: int) -> None:
+        """Entries below ``lsn`` are confirmed elsewhere (shipped) and may be deleted.
+
+        Deletion still waits for the retention policy. The watermark only moves
+        forward.
+        """
+        if lsn > self._safe_lsn:
+            self._safe_lsn = min(lsn, self._durable_lsn + 1)
+            self._delete_segments()
+
+    @property
+    def safe_lsn(self) -> int:
+        return self._safe_lsn
+
+    def _delete_segments(self, need: int = 0) -> int:
+        """Delete the oldest sealed segments the watermark and retention allow."""
+        deleted = 0
+        now = _now_ms()
+        keep_bytes = self.config.effective_retention_bytes
+        while len(self._segments) > 1:
+            seg = self._segments[0]
+            if seg.end_lsn > self._safe_lsn:
+                break
+            expired = now - seg.last_append_time >= self.config.retention_ms
+            pressure = self._total_bytes > keep_bytes or (
+                need and self._total_bytes + need > self.config.max_bytes
+            )
+            if not (expired or pressure):
+                break
+            self._drop_oldest()
+            deleted += 1
+        return deleted
+
+    def _drop_oldest(self) -> None:
+        seg = self._segments.pop(0)
+        self._segment_bases.pop(0)
+        fd = self._read_fds.pop(seg.base_lsn, None)
+        if fd is not None:
+            os.close(fd)
+        freed = seg.size
+        try:
+            freed += seg.index_path.stat().st_size
+        except FileNotFoundError:
+            pass
+        seg.path.unlink(missing_ok=True)
+        seg.index_path.unlink(missing_ok=True)
+        self._total_bytes -= freed
+        for p in self._partitions.values():
+            k = bisect.bisect_left(p.lsns, seg.end_lsn)
+            if k:
+                del p.lsns[:k]
+                del p.offsets[:k]
+        log.info("journal: deleted segment %s (LSN %d-%d)", seg.path.name, seg.base_lsn, seg.end_lsn - 1)
+
+    # ------------------------------------------------------------------ read
+
+    def _read_fd(self, seg: _Segment) -> int:
+        if seg.fd is not None:
+            return seg.fd
+        fd = self._read_fds.get(seg.base_lsn)
+        if fd is None:
+            fd = os.open(seg.path, os.O_RDONLY)
+            self._read_fds[seg.base_lsn] = fd
+            if len(self._read_fds) > _READ_FD_CACHE:
+                _, old = self._read_fds.popitem(last=False)
+                os.close(old)
+        else:
+            self._read_fds.move_to_end(seg.base_lsn)
+        return fd
+
+    def _locate(self, lsn: int) -> tuple[_Segment, int]:
+        i = bisect.bisect_right(self._segment_bases, lsn) - 1
+        if i < 0 or lsn >= self._segments[i].end_lsn:
+            raise InvalidInput(f"LSN {lsn} is not in the journal")
+        return self._segments[i], i
+
+    def read_entry(self, lsn: int) -> Entry:
+        """Read and verify the entry with this LSN."""
+        self._check_open()
+        seg, _ = self._locate(lsn)
+        i = lsn - seg.base_lsn
+        pos = seg.positions[i]
+        end = seg.positions[i + 1] if i + 1 < len(seg.positions) else seg.size
+        data = os.pread(self._read_fd(seg), end - pos, pos)
+        return fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 1024 * 1024,
+    ) -> list[Entry]:
+        """Entries of one partition from ``offset`` on, oldest first.
+
+        The first entry may start before ``offset`` (batches are not split;
+        see :meth:`RecordBatch.records`). At least one entry is returned when
+        data exists at ``offset``, however large. An empty list means nothing
+        at or after ``offset`` yet (see :meth:`wait_for`).
+        """
+        self._check_open()
+        p = self._partitions.get((topic, partition))
+        if p is None or offset >= p.next_offset:
+            return []
+        if offset < p.first_offset:
+            raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
+        i = max(bisect.bisect_right(p.offsets, offset) - 1, 0)
+        out: list[Entry] = []
+        records = size = 0
+        n = len(p.lsns)
+        while i < n:
+            e = self.read_entry(p.lsns[i])
+            i += 1
+            if e.next_offset <= offset:  # a mirror gap before ``offset``
+                continue
+            out.append(e)
+            records += e.next_offset - max(offset, e.base_offset)
+            size += len(e.payload)
+            if records >= max_records or size >= max_bytes:
+                break
+        return out
+
+    def read_entries(
+        self, from_lsn: int, *, max_bytes: int = 8 * 1024 * 1024, durable_only: bool = True
+    ) -> list[Entry]:
+        """Entries in LSN order from ``from_lsn`` (for the shipper), up to ``max_bytes``.
+
+        Checkpoint entries are skipped. With ``durable_only`` only fsynced
+        entries are returned, so nothing leaves the machine that a power loss
+        could take back.
+        """
+        self._check_open()
+        end_lsn = (self._durable_lsn + 1) if durable_only else self._next_lsn
+        out: list[Entry] = []
+        lsn = max(from_lsn, self._segments[0].base_lsn)
+        size = 0
+        while lsn < end_lsn and (size < max_bytes or not out):
+            seg, _ = self._locate(lsn)
+            i = lsn - seg.base_lsn
+            last = min(seg.end_lsn, end_lsn) - seg.base_lsn
+            start = seg.positions[i]
+            # one pread for a run of entries, bounded by max_bytes
+            j = i
+            while j < last and (seg.positions[j] - start < max_bytes - size or j == i):
+                j += 1
+            stop = seg.positions[j] if j < len(seg.positions) else seg.size
+            data = os.pread(self._read_fd(seg), stop - start, start)
+            cur = 0
+            for _ in range(i, j):
+                e = fentry.decode_entry(data, cur, where=f"{seg.path}@{start + cur}")
+                cur += e.length
+                if e.kind != fentry.KIND_CHECKPOINT:
+                    out.append(e)
+                    size += e.length
+            lsn = seg.base_lsn + j
+        return out
+
+    # ----------------------------------------------------------------- waits
+
+    async def wait_for(self, topic: str, partition: int, offset: int) -> None:
+        """Wait until the partition holds a record at ``offset`` (no polling)."""
+        p = self._partitions.get((topic, partition)) or self._partition(topic, partition)
+        while p.next_offset <= offset:
+            self._check_open()
+            p.waiters += 1
+            try:
+                await p.lot.park()
+            finally:
+                p.waiters -= 1
+
+    async def wait_appended(self, lsn: int) -> None:
+        """Wait until an entry with LSN ``lsn`` has been written."""
+        while self._next_lsn <= lsn:
+            self._check_open()
+            self._append_waiters += 1
+            try:
+                await self._append_lot.park()
+            finally:
+                self._append_waiters -= 1
+
+    # ------------------------------------------------------------- queries
+
+    def next_offset(self, topic: str, partition: int) -> int:
+        p = self._partitions.get((topic, partition))
+        return p.next_offset if p else 0
+
+    def first_offset(self, topic: str, partition: int) -> int:
+        p = self._partitions.get((topic, partition))
+        return p.first_offset if p else 0
+
+    def partitions(self) -> list[tuple[str, int]]:
+        """Every (topic, partition) that has ever held data."""
+        return sorted(k for k, p in self._partitions.items() if p.next_offset > 0)
+
+    def source_progress(self) -> dict[str, SourceCoords]:
+        """Per source region, the coordinates of the last mirrored entry applied."""
+        return dict(self._sources)
+
+    def statistics(self) -> JournalStats:
+        return JournalStats(
+            segments=len(self._segments),
+            bytes=self._total_bytes,
+            max_bytes=self.config.max_bytes,
+            first_lsn=self._segments[0].base_lsn if self._segments else 0,
+            next_lsn=self._next_lsn,
+            durable_lsn=self._durable_lsn,
+            safe_lsn=self._safe_lsn,
+            partitions=len(self._partitions),
+            appends=self._next_lsn - self._lsn_at_open - self._rolls,
+            appended_bytes=self._appended_bytes,
+            fsyncs=self._fsyncs,
+            fsync_seconds_total=self._fsync_total,
+            fsync_seconds_max=self._fsync_max,
+            full_rejections=self._full_rejections,
+            truncated_bytes_on_open=self._truncated_on_open,
+            open_seconds=self._open_seconds,
+        )
+
+    # ----------------------------------------------------------------- close
+
+    def close_sync(self) -> None:
+        """Fsync and close every file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            active = self._segments[-1] if self._segments else None
+            if active is not None and active.fd is not None:
+                if self._broken is None:
+                    os.fsync(active.fd)
+                    self._durable_lsn = self._next_lsn - 1
+                os.close(active.fd)
+                active.fd = None
+        finally:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()
+            for lot in (self._durable_lot, self._append_lot, self._dirty_lot, self._urgent_lot):
+                lot.unpark_all()
+            for p in self._partitions.values():
+                p.lot.unpark_all()
+
+    async def aclose(self) -> None:
+        """Wait for an fsync in flight, then fsync and close. Always releases."""
+        with trio.CancelScope(shield=True):
+            while self._flushing:
+                await self._durable_lot.park()
+        self.close_sync()
+
+
+@asynccontextmanager
+async def open_journal(
+    path: str | os.PathLike[str], config: JournalConfig | None = None
+) -> AsyncIterator[Journal]:
+    """Open the journal (recovery runs in a worker thread) with its background tasks.
+
+    For embedding and tests; the gateway instead starts :meth:`Journal.run`
+    in its own nursery.
+    """
+    journal = await trio.to_thread.run_sync(Journal.open_sync, path, config)
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(journal.run)
+            try:
+                yield journal
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # Surface the body's own exception, not a group of one.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    finally:
+        await journal.aclose()
