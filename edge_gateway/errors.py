@@ -51,6 +51,7 @@ class CorruptData(EdgeGatewayError):
 
     def __init__(self, message: str, *, where: str | None = None) -> None:
         self.where = where
+        self.reason = message
         super().__init__(f"{where}: {message}" if where else message)
 
 

@@ -12,7 +12,7 @@ specification is in ``docs/format.md`` ("Record batch"); the short form::
     5      1    flags           u8 bit0 KEYS, bit1 HEADERS; other bits must be 0
     6      2    reserved        u16 = 0
     8      8    base_offset     i64 offset of the first record (not under the CRC)
-    16     4    crc             u32 CRC32C of bytes [20, length)
+    16     4    crc             u32 CRC32C of bytes [4, 8) ++ [20, length)
     20     4    count           u32 number of records, >= 1
     24     8    min_timestamp   i64 ms
     32     8    max_timestamp   i64 ms
@@ -24,12 +24,15 @@ specification is in ``docs/format.md`` ("Record batch"); the short form::
                 key bytes, value bytes, header blobs (each concatenated)
 
 Records in a batch have contiguous offsets ``base_offset .. base_offset +
-count - 1`` (offsets are gap-free per partition). The CRC covers everything
-from ``count`` on; the first 20 bytes stay outside it (as in Kafka's batch
-format) so the journal can assign ``base_offset`` at append without rehashing
-the batch. They are still checked: version and flags must be known, and
-``length`` must equal exactly what the columns add up to. Every container
-(journal entry, log-object block) has a CRC of its own over all of it.
+count - 1`` (offsets are gap-free per partition). The CRC covers version,
+flags and reserved and everything from ``count`` on; ``length`` and
+``base_offset`` stay outside it (as in Kafka's batch format) so the journal can
+assign ``base_offset`` at append without rehashing the batch. ``length`` is
+still checked: it bounds the CRC'd range and must equal exactly what the
+columns add up to. The flags must be under the CRC: flipping KEYS<->HEADERS
+keeps the column count, and with no null keys the column arithmetic still adds
+up, so only the CRC tells such a batch from a different, valid one. Every
+container (journal entry, log-object block) has a CRC of its own over all of it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import sys
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from typing import Final
 
 import crc32c
@@ -58,6 +61,7 @@ _CRC = struct.Struct("<I")
 _BASE_OFFSET_POS: Final = 8
 _CRC_POS: Final = 16
 _CRC_END: Final = 20
+_VERSION_POS: Final = 4
 
 #: Upper bound of one batch; larger inputs are refused before any allocation.
 MAX_BATCH_BYTES: Final = 256 * 1024 * 1024
@@ -205,10 +209,9 @@ def encode_batch(
         raise InvalidInput(f"batch of {length} bytes exceeds the limit of {MAX_BATCH_BYTES}")
     if not _I64_MIN <= base_offset <= _I64_MAX:
         raise InvalidInput("base_offset out of range")
-    head = bytearray(
-        _HEADER.pack(length, VERSION, flags, 0, base_offset, 0, count, min_ts, max_ts)
-    )
-    crc = crc32c.crc32c(body, value=crc32c.crc32c(head[_CRC_END:]))
+    head = bytearray(_HEADER.pack(length, VERSION, flags, 0, base_offset, 0, count, min_ts, max_ts))
+    crc = crc32c.crc32c(head[_VERSION_POS:_BASE_OFFSET_POS])
+    crc = crc32c.crc32c(body, value=crc32c.crc32c(head[_CRC_END:], value=crc))
     struct.pack_into("<I", head, _CRC_POS, crc)
     return bytes(head) + body
 
@@ -216,6 +219,8 @@ def encode_batch(
 _ONE_HEAD = struct.Struct("<IBBHqI")  # the batch header up to the CRC
 _ONE_NOKEY = struct.Struct("<Iqqqi")  # count, min/max ts, ts column, value length
 _ONE_KEY = struct.Struct("<Iqqqii")  # ... key length, value length
+# CRC32C of bytes [4, 8) (version, flags, reserved) by flags, to seed the CRC.
+_PREFIX_CRC: Final = {f: crc32c.crc32c(struct.pack("<BBH", VERSION, f, 0)) for f in (0, FLAG_KEYS)}
 
 
 def encode_record(
@@ -229,8 +234,11 @@ def encode_record(
     """Encode a one-record batch; the same bytes as :func:`encode_batch`, faster."""
     if headers or not isinstance(value, bytes) or not isinstance(key, bytes | None):
         return encode_batch(
-            [value], keys=None if key is None else [key], timestamps=[timestamp],
-            headers=[headers] if headers else None, base_offset=base_offset,
+            [value],
+            keys=None if key is None else [key],
+            timestamps=[timestamp],
+            headers=[headers] if headers else None,
+            base_offset=base_offset,
         )
     try:
         if key is None:
@@ -243,7 +251,8 @@ def encode_record(
         length = _CRC_END + len(tail)
         if length > MAX_BATCH_BYTES:
             raise InvalidInput(f"batch of {length} bytes exceeds the limit of {MAX_BATCH_BYTES}")
-        return _ONE_HEAD.pack(length, VERSION, flags, 0, base_offset, crc32c.crc32c(tail)) + tail
+        crc = crc32c.crc32c(tail, value=_PREFIX_CRC[flags])
+        return _ONE_HEAD.pack(length, VERSION, flags, 0, base_offset, crc) + tail
     except struct.error as exc:
         raise InvalidInput(f"record out of range: {exc}") from None
 
@@ -268,8 +277,10 @@ def encode_records(records: Sequence[Record]) -> bytes:
 
 
 def batch_crc(buf: bytes | bytearray | memoryview, pos: int, length: int) -> int:
-    """CRC32C of the batch at ``buf[pos:pos+length]``: over bytes [20, length)."""
-    return int(crc32c.crc32c(memoryview(buf)[pos + _CRC_END : pos + length]))
+    """CRC32C of the batch at ``buf[pos:pos+length]``: over [4, 8) ++ [20, length)."""
+    view = memoryview(buf)
+    crc = crc32c.crc32c(view[pos + _VERSION_POS : pos + _BASE_OFFSET_POS])
+    return int(crc32c.crc32c(view[pos + _CRC_END : pos + length], value=crc))
 
 
 def read_header(
@@ -282,7 +293,9 @@ def read_header(
     """
     avail = len(buf) - pos
     if avail < HEADER_SIZE:
-        raise CorruptData(f"truncated: {avail} bytes, a batch header needs {HEADER_SIZE}", where=where)
+        raise CorruptData(
+            f"truncated: {avail} bytes, a batch header needs {HEADER_SIZE}", where=where
+        )
     length, version, flags, reserved, base, crc, count, min_ts, max_ts = _HEADER.unpack_from(
         buf, pos
     )
@@ -300,7 +313,9 @@ def read_header(
     columns = 2 + (flags & FLAG_KEYS) + ((flags & FLAG_HEADERS) >> 1)
     # timestamps take 8 bytes, every other column 4: (columns + 1) * 4 per record
     if count < 1 or HEADER_SIZE + count * (columns + 1) * 4 > length:
-        raise CorruptData(f"record count {count} does not fit a batch of {length} bytes", where=where)
+        raise CorruptData(
+            f"record count {count} does not fit a batch of {length} bytes", where=where
+        )
     if min_ts > max_ts:
         raise CorruptData("min_timestamp > max_timestamp", where=where)
     return BatchHeader(length, flags, base, crc, count, min_ts, max_ts)
@@ -394,7 +409,7 @@ def _decode_header_blob(blob: bytes, where: str) -> tuple[tuple[str, bytes], ...
 
 def _split(data: bytes, lengths: array[int], start: int) -> list[bytes]:
     ends = list(accumulate(lengths, initial=start))
-    return [data[a:b] for a, b in zip(ends, ends[1:], strict=False)]
+    return [data[a:b] for a, b in pairwise(ends)]
 
 
 def decode_batch(
@@ -408,7 +423,9 @@ def decode_batch(
     if verify:
         actual = batch_crc(buf, pos, h.length)
         if actual != h.crc:
-            raise CorruptData(f"CRC mismatch (stored {h.crc:08x}, computed {actual:08x})", where=where)
+            raise CorruptData(
+                f"CRC mismatch (stored {h.crc:08x}, computed {actual:08x})", where=where
+            )
     raw = bytes(memoryview(buf)[pos : pos + h.length])
     n = h.count
     cur = HEADER_SIZE

@@ -137,8 +137,12 @@ def encode_entry_rest(
         if source.end_of_object:
             flags |= FLAG_END_OF_SOURCE_OBJECT
         rest = _REST.pack(lsn, kind, flags, len(topic), partition, base_offset, count, append_time)
-        return rest + topic + _U16.pack(len(region)) + region + _SOURCE_TAIL.pack(
-            source.seq, source.epoch
+        return (
+            rest
+            + topic
+            + _U16.pack(len(region))
+            + region
+            + _SOURCE_TAIL.pack(source.seq, source.epoch)
         )
     return rest + topic
 
@@ -165,8 +169,14 @@ def encode_entry(
 ) -> bytes:
     """A whole entry (for tests, tools and small entries)."""
     rest = encode_entry_rest(
-        lsn=lsn, kind=kind, topic=topic, partition=partition, base_offset=base_offset,
-        count=count, append_time=append_time, source=source,
+        lsn=lsn,
+        kind=kind,
+        topic=topic,
+        partition=partition,
+        base_offset=base_offset,
+        count=count,
+        append_time=append_time,
+        source=source,
     )
     length = 8 + len(rest) + len(payload)
     if length > MAX_ENTRY_BYTES:
@@ -182,7 +192,7 @@ def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:
 def decode_entry(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, where: str = "entry", verify: bool = True
 ) -> Entry:
-    """Decode the entry at ``buf[pos:]``; raise :class:`CorruptData` if it is not whole and valid."""
+    """Decode the entry at ``buf[pos:]``; raise :class:`CorruptData` unless whole and valid."""
     avail = len(buf) - pos
     if avail < ENTRY_HEADER_SIZE:
         raise CorruptData(f"truncated entry header ({avail} bytes)", where=where)
@@ -197,7 +207,9 @@ def decode_entry(
     if verify:
         actual = crc32c.crc32c(view[8:])
         if actual != crc:
-            raise CorruptData(f"entry CRC mismatch (stored {crc:08x}, computed {actual:08x})", where=where)
+            raise CorruptData(
+                f"entry CRC mismatch (stored {crc:08x}, computed {actual:08x})", where=where
+            )
     if kind not in _KINDS:
         raise CorruptData(f"unknown entry kind {kind}", where=where)
     cur = ENTRY_HEADER_SIZE

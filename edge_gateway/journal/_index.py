@@ -63,7 +63,11 @@ class SegmentIndex:
     def encode(self) -> bytes:
         parts = [
             _HEAD.pack(
-                _MAGIC, _VERSION, self.base_lsn, len(self.positions), self.size,
+                _MAGIC,
+                _VERSION,
+                self.base_lsn,
+                len(self.positions),
+                self.size,
                 self.last_append_time,
             ),
             _arr_bytes(self.positions),

@@ -22,6 +22,7 @@ Invariants (the tests check each one):
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import logging
 import os
@@ -37,6 +38,7 @@ from typing import Final, NamedTuple, NoReturn
 
 import crc32c
 import trio
+import trio.lowlevel
 
 from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, JournalFull
 from edge_gateway.format import batch as fbatch
@@ -76,7 +78,8 @@ class Appended(NamedTuple):
 
     lsn: int
     base_offset: int
-    count: int
+    # shadows tuple.count on purpose: a NamedTuple is the cheapest result object
+    count: int  # type: ignore[assignment]
 
     @property
     def next_offset(self) -> int:
@@ -207,7 +210,9 @@ class Journal:
     # ------------------------------------------------------------------ open
 
     @classmethod
-    def open_sync(cls, path: str | os.PathLike[str], config: JournalConfig | None = None) -> Journal:
+    def open_sync(
+        cls, path: str | os.PathLike[str], config: JournalConfig | None = None
+    ) -> Journal:
         """Open (or create) the journal in ``path`` and recover its state.
 
         Blocking; :func:`open_journal` runs it in a worker thread and starts
@@ -285,7 +290,9 @@ class Journal:
         del checkpoint
         return seg
 
-    def _scan_segment(self, base: int, path: Path, *, last: bool) -> tuple[_Segment, Checkpoint | None]:
+    def _scan_segment(
+        self, base: int, path: Path, *, last: bool
+    ) -> tuple[_Segment, Checkpoint | None]:
         """Parse every entry of a segment, verifying CRCs, and index it."""
         where = str(path)
         buf = path.read_bytes()
@@ -311,7 +318,10 @@ class Journal:
                 if last and not self._valid_entry_follows(buf, pos, lsn):
                     log.warning(
                         "journal: truncating torn tail of %s at byte %d (%d bytes): %s",
-                        path, pos, size - pos, exc,
+                        path,
+                        pos,
+                        size - pos,
+                        exc,
                     )
                     self._truncated_on_open += size - pos
                     with open(path, "r+b") as wf:
@@ -320,7 +330,10 @@ class Journal:
                     seg.size = pos
                     break
                 raise CorruptData(
-                    f"corrupt entry in the middle of the journal: {exc}", where=f"{where}@{pos}"
+                    f"corrupt entry in the middle of the journal ({exc.reason}); the entries "
+                    "after it are intact, so this is damage, not a torn write: restore the "
+                    "segment or move it aside",
+                    where=f"{where}@{pos}",
                 ) from None
             if lsn == base:
                 if e.kind != fentry.KIND_CHECKPOINT:
@@ -334,8 +347,7 @@ class Journal:
                 p = partitions.get((e.topic, e.partition)) or self._partition(e.topic, e.partition)
                 p.lsns.append(lsn)
                 p.offsets.append(e.base_offset)
-                if e.next_offset > p.next_offset:
-                    p.next_offset = e.next_offset
+                p.next_offset = max(p.next_offset, e.next_offset)
             if e.source is not None:
                 self._sources[e.source.region] = e.source
             pos += e.length
@@ -356,7 +368,7 @@ class Journal:
         candidates = []
         if pos + 4 <= size:
             n = fentry.peek_length(buf, pos)
-            if fentry.ENTRY_HEADER_SIZE <= n and pos + n < size:
+            if n >= fentry.ENTRY_HEADER_SIZE and pos + n < size:
                 candidates.append(pos + n)
         for start in candidates + list(range(pos + 1, size - fentry.ENTRY_HEADER_SIZE + 1)):
             if start + 16 > size:
@@ -414,8 +426,14 @@ class Journal:
         payload = checkpoint.encode()
         now = _now_ms()
         entry = fentry.encode_entry(
-            lsn=base_lsn, kind=fentry.KIND_CHECKPOINT, topic=b"", partition=0,
-            base_offset=0, count=0, append_time=now, payload=payload,
+            lsn=base_lsn,
+            kind=fentry.KIND_CHECKPOINT,
+            topic=b"",
+            partition=0,
+            base_offset=0,
+            count=0,
+            append_time=now,
+            payload=payload,
         )
         data = fentry.encode_segment_header(base_lsn) + entry
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
@@ -508,7 +526,12 @@ class Journal:
             self._emit([_LEN_CRC.pack(length, crc32c.crc32c(body)) + body], length, now)
         else:
             view = memoryview(batch)
-            parts: list[bytes | memoryview] = [rest + topic_raw, view[:8], _I64.pack(base), view[16:]]
+            parts: list[bytes | memoryview] = [
+                rest + topic_raw,
+                view[:8],
+                _I64.pack(base),
+                view[16:],
+            ]
             crc = 0
             for part in parts:
                 crc = crc32c.crc32c(part, value=crc)
@@ -520,7 +543,9 @@ class Journal:
             p.lot.unpark_all()
         return Appended(lsn, base, count)
 
-    async def append(self, topic: str, partition: int, batch: bytes | bytearray | memoryview) -> Appended:
+    async def append(
+        self, topic: str, partition: int, batch: bytes | bytearray | memoryview
+    ) -> Appended:
         """Append an encoded batch and wait until it is as durable as the policy asks."""
         res = self.append_nowait(topic, partition, batch)
         await self._after_append(res.lsn)
@@ -577,8 +602,14 @@ class Journal:
                     f"after {p.next_offset}"
                 )
             lsn = self._write(
-                fentry.KIND_MIRROR, topic_raw, partition, h.base_offset, h.count,
-                (memoryview(batch),), len(batch), source,
+                fentry.KIND_MIRROR,
+                topic_raw,
+                partition,
+                h.base_offset,
+                h.count,
+                (memoryview(batch),),
+                len(batch),
+                source,
             )
             self._sources[source.region] = source
             self._index(p, lsn, h.base_offset, h.next_offset)
@@ -649,21 +680,35 @@ class Journal:
         """Write one entry of any kind (the general path; data appends inline it)."""
         now = time.time_ns() // 1_000_000
         probe = fentry.encode_entry_rest(
-            lsn=0, kind=kind, topic=topic_raw, partition=partition, base_offset=base_offset,
-            count=count, append_time=now, source=source,
+            lsn=0,
+            kind=kind,
+            topic=topic_raw,
+            partition=partition,
+            base_offset=base_offset,
+            count=count,
+            append_time=now,
+            source=source,
         )
         length = 8 + len(probe) + payload_len
         self._reserve(length)
         lsn = self._next_lsn
         rest = fentry.encode_entry_rest(
-            lsn=lsn, kind=kind, topic=topic_raw, partition=partition, base_offset=base_offset,
-            count=count, append_time=now, source=source,
+            lsn=lsn,
+            kind=kind,
+            topic=topic_raw,
+            partition=partition,
+            base_offset=base_offset,
+            count=count,
+            append_time=now,
+            source=source,
         )
         head = fentry.ENTRY_LEN_CRC.pack(length, fentry.entry_crc(rest, *payload))
         self._emit([head, rest, *payload], length, now)
         return lsn
 
-    def _finish_short_write(self, seg: _Segment, parts: list[bytes | memoryview], done: int) -> None:
+    def _finish_short_write(
+        self, seg: _Segment, parts: list[bytes | memoryview], done: int
+    ) -> None:
         assert seg.fd is not None
         data = b"".join(parts)[done:]
         try:
@@ -716,6 +761,11 @@ class Journal:
         # before it started; waiters that arrive meanwhile park and the next
         # of them leads the following round.
         self._flushing = True
+        if self.config.fsync_inline:
+            # Let every runnable appender write first, so this one blocking
+            # fsync covers them all (with a worker thread the same happens
+            # while the thread runs).
+            await trio.lowlevel.checkpoint()
         target = self._next_lsn - 1
         fd = self._segments[-1].fd
         assert fd is not None
@@ -730,8 +780,7 @@ class Journal:
             self._fsyncs += 1
             self._fsync_total += dt
             self._fsync_max = max(self._fsync_max, dt)
-            if target > self._durable_lsn:
-                self._durable_lsn = target
+            self._durable_lsn = max(self._durable_lsn, target)
         except OSError as exc:
             self._broken = f"fsync failed: {exc}"
             log.error("journal: %s", self._broken)
@@ -755,7 +804,7 @@ class Journal:
             if self._durable_lsn < self._next_lsn - 1 and not self._flushing:
                 await self._flush()
             else:
-                await trio.sleep(0)
+                await trio.lowlevel.checkpoint()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The journal's background work: the interval flusher and time-based retention."""
@@ -812,10 +861,8 @@ class Journal:
         if fd is not None:
             os.close(fd)
         freed = seg.size
-        try:
+        with contextlib.suppress(FileNotFoundError):
             freed += seg.index_path.stat().st_size
-        except FileNotFoundError:
-            pass
         seg.path.unlink(missing_ok=True)
         seg.index_path.unlink(missing_ok=True)
         self._total_bytes -= freed
@@ -824,7 +871,9 @@ class Journal:
             if k:
                 del p.lsns[:k]
                 del p.offsets[:k]
-        log.info("journal: deleted segment %s (LSN %d-%d)", seg.path.name, seg.base_lsn, seg.end_lsn - 1)
+        log.info(
+            "journal: deleted segment %s (LSN %d-%d)", seg.path.name, seg.base_lsn, seg.end_lsn - 1
+        )
 
     # ------------------------------------------------------------------ read
 

@@ -1,0 +1,405 @@
+"""The journal with real files: append/read, recovery, budget, retention, mirror entries."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import trio
+
+from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, InvalidName, JournalFull
+from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
+from edge_gateway.journal import (
+    FsyncPolicy,
+    Journal,
+    JournalConfig,
+    OffsetOutOfRange,
+    SourceCoords,
+    open_journal,
+)
+
+SMALL = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024)
+
+
+def value(topic: str, partition: int, offset: int) -> bytes:
+    return f"{topic}/{partition}/{offset}:".encode() + bytes([offset % 251]) * (offset % 97)
+
+
+def batch_for(topic: str, partition: int, first: int, n: int) -> bytes:
+    return encode_batch(
+        [value(topic, partition, first + i) for i in range(n)],
+        keys=[None if i % 3 else f"k{i}".encode() for i in range(n)],
+        timestamps=[1_700_000_000_000 + first + i for i in range(n)],
+    )
+
+
+def all_records(j: Journal, topic: str, partition: int) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    offset = j.first_offset(topic, partition)
+    while True:
+        entries = j.read(topic, partition, offset, max_records=1000)
+        if not entries:
+            return out
+        for e in entries:
+            for r in decode_batch(e.payload).records(offset):
+                out.append((r.offset, r.value))
+                offset = r.offset + 1
+
+
+def segment_files(path: Path) -> list[Path]:
+    return sorted(path.glob("*.wal"))
+
+
+async def test_append_assigns_gap_free_offsets_per_partition(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        a = await j.append("t", 0, batch_for("t", 0, 0, 5))
+        b = await j.append("t", 1, batch_for("t", 1, 0, 3))
+        c = await j.append("t", 0, batch_for("t", 0, 5, 2))
+        assert (a.base_offset, a.count, b.base_offset, c.base_offset) == (0, 5, 0, 5)
+        assert c.lsn == b.lsn + 1 == a.lsn + 2
+        assert j.next_offset("t", 0) == 7
+        assert j.partitions() == [("t", 0), ("t", 1)]
+        recs = all_records(j, "t", 0)
+        assert recs == [(o, value("t", 0, o)) for o in range(7)]
+
+
+async def test_read_honours_limits_and_mid_batch_offsets(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for first in range(0, 100, 10):
+            await j.append("t", 0, batch_for("t", 0, first, 10))
+        entries = j.read("t", 0, 35, max_records=12)
+        assert [e.base_offset for e in entries] == [30, 40]
+        assert decode_batch(entries[0].payload).records(35)[0].offset == 35
+        # At least one entry however small max_bytes is.
+        assert len(j.read("t", 0, 0, max_bytes=1)) == 1
+        assert j.read("t", 0, 100) == []
+        assert j.read("other", 0, 0) == []
+
+
+async def test_reopen_restores_everything_across_segment_rolls(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(300):
+            await j.append("t", i % 4, batch_for("t", i % 4, j.next_offset("t", i % 4), 7))
+        expected = {p: all_records(j, "t", p) for p in range(4)}
+        next_lsn = j.next_lsn
+    assert len(segment_files(tmp_path)) >= 3
+    j2 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        assert j2.next_lsn == next_lsn
+        for p in range(4):
+            assert j2.next_offset("t", p) == 525
+            assert all_records(j2, "t", p) == expected[p]
+        res = j2.append_nowait("t", 0, batch_for("t", 0, 525, 1))
+        assert res.base_offset == 525
+    finally:
+        j2.close_sync()
+
+
+@pytest.mark.parametrize("damage", ["delete", "garble"])
+async def test_index_files_are_rebuilt_when_missing_or_bad(tmp_path: Path, damage: str) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(200):
+            await j.append("t", i % 2, batch_for("t", i % 2, j.next_offset("t", i % 2), 5))
+        expected = all_records(j, "t", 1)
+    idx = sorted(tmp_path.glob("*.idx"))
+    assert idx
+    for f in idx:
+        if damage == "delete":
+            f.unlink()
+        else:
+            raw = bytearray(f.read_bytes())
+            raw[len(raw) // 2] ^= 0xFF
+            f.write_bytes(bytes(raw))
+    j2 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        assert all_records(j2, "t", 1) == expected
+    finally:
+        j2.close_sync()
+    assert len(list(tmp_path.glob("*.idx"))) == len(idx)  # rewritten
+
+
+@pytest.mark.parametrize("damage", ["truncate", "garble", "zeros"])
+async def test_torn_tail_is_truncated_and_appends_continue(tmp_path: Path, damage: str) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(10):
+            await j.append("t", 0, batch_for("t", 0, i * 3, 3))
+        expected = all_records(j, "t", 0)
+        await j.append("t", 0, batch_for("t", 0, 30, 3))  # the entry we tear
+    last = segment_files(tmp_path)[-1]
+    raw = bytearray(last.read_bytes())
+    torn_entry_len = len(raw) - int(Journal.open_sync(tmp_path, SMALL)._segments[-1].positions[-1])
+    good_size = len(raw) - torn_entry_len
+    if damage == "truncate":
+        raw = raw[: good_size + torn_entry_len // 2]
+    elif damage == "garble":
+        raw[good_size + 20] ^= 0x55
+    else:
+        raw += bytes(4096)
+    last.write_bytes(bytes(raw))
+
+    j2 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        stats = j2.statistics()
+        assert stats.truncated_bytes_on_open > 0
+        assert last.stat().st_size == (
+            good_size + torn_entry_len if damage == "zeros" else good_size
+        )
+        if damage == "zeros":
+            assert j2.next_offset("t", 0) == 33
+        else:
+            assert j2.next_offset("t", 0) == 30
+            assert all_records(j2, "t", 0) == expected
+        res = j2.append_nowait("t", 0, batch_for("t", 0, j2.next_offset("t", 0), 2))
+        assert res.base_offset == j2.next_offset("t", 0) - 2
+    finally:
+        j2.close_sync()
+    j3 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        assert j3.statistics().truncated_bytes_on_open == 0
+    finally:
+        j3.close_sync()
+
+
+async def test_corruption_in_the_middle_is_an_error_naming_segment_and_offset(
+    tmp_path: Path,
+) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(20):
+            await j.append("t", 0, batch_for("t", 0, i * 2, 2))
+        pos = j._segments[-1].positions[5]
+    last = segment_files(tmp_path)[-1]
+    raw = bytearray(last.read_bytes())
+    raw[pos + 30] ^= 0x01
+    last.write_bytes(bytes(raw))
+    with pytest.raises(CorruptData) as info:
+        Journal.open_sync(tmp_path, SMALL)
+    assert last.name in str(info.value)
+    assert f"@{pos}" in str(info.value)
+    assert last.stat().st_size == len(raw)  # nothing truncated
+
+
+async def test_corrupt_sealed_segment_is_never_served(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(200):
+            await j.append("t", 0, batch_for("t", 0, i * 10, 10))
+        assert len(j._segments) >= 2
+        first_seg = j._segments[0]
+        pos = first_seg.positions[3]
+    raw = bytearray(first_seg.path.read_bytes())
+    raw[pos + 50] ^= 0x10
+    first_seg.path.write_bytes(bytes(raw))
+    # With its index file the sealed segment is not rescanned at open: the
+    # damage is caught by the CRC check on read.
+    j2 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        with pytest.raises(CorruptData, match=first_seg.path.name):
+            all_records(j2, "t", 0)
+    finally:
+        j2.close_sync()
+    # Without it, the scan at open finds the damage and names the place.
+    first_seg.path.with_suffix(".idx").unlink()
+    with pytest.raises(CorruptData, match=rf"{first_seg.path.name}@{pos}"):
+        Journal.open_sync(tmp_path, SMALL)
+
+
+async def test_bad_names_and_partitions_are_refused_before_touching_disk(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        before = {p: p.stat().st_size for p in tmp_path.iterdir()}
+        for bad in ["", "a/b", "..", "x" * 201, "sp ace", "a..b"]:
+            with pytest.raises(InvalidName):
+                await j.append(bad, 0, batch_for("t", 0, 0, 1))
+        with pytest.raises(InvalidInput):
+            await j.append("t", -1, batch_for("t", 0, 0, 1))
+        with pytest.raises(CorruptData):
+            await j.append("t", 0, b"not a batch at all, clearly")
+        with pytest.raises(InvalidInput):
+            await j.append("t", 0, batch_for("t", 0, 0, 1) + b"extra")
+        assert {p: p.stat().st_size for p in tmp_path.iterdir()} == before
+        assert j.next_lsn == 2
+
+
+async def test_journal_full_then_shipping_frees_space(tmp_path: Path) -> None:
+    cfg = JournalConfig(
+        segment_bytes=64 * 1024, max_bytes=256 * 1024, retention_ms=3_600_000, retention_bytes=0
+    )
+    acked: list[tuple[int, int]] = []
+    async with open_journal(tmp_path, cfg) as j:
+        while j.statistics().bytes + 4096 < cfg.max_bytes:
+            res = await j.append("t", 0, batch_for("t", 0, j.next_offset("t", 0), 20))
+            acked.append((res.base_offset, res.count))
+        with pytest.raises(JournalFull, match="budget full"):
+            await j.append("t", 0, encode_record(b"x" * 5000, timestamp=1))
+        stats = j.statistics()
+        assert stats.full_rejections == 1
+        assert stats.bytes <= cfg.max_bytes
+        # Everything acknowledged is still there, byte for byte.
+        assert all_records(j, "t", 0) == [
+            (o, value("t", 0, o)) for o in range(sum(c for _, c in acked))
+        ]
+        # The shipper confirms the first half: those segments go, appends resume.
+        half_lsn = j.statistics().next_lsn // 2
+        j.set_safe_lsn(half_lsn)
+        assert j.statistics().bytes < stats.bytes
+        res = await j.append("t", 0, batch_for("t", 0, j.next_offset("t", 0), 20))
+        assert res.base_offset == sum(c for _, c in acked)
+        first = j.first_offset("t", 0)
+        assert first > 0
+        with pytest.raises(OffsetOutOfRange):
+            j.read("t", 0, 0)
+        assert all_records(j, "t", 0)[0][0] == first
+
+
+async def test_segments_wait_for_both_watermark_and_retention(tmp_path: Path) -> None:
+    cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=10**9)
+    async with open_journal(tmp_path, cfg) as j:
+        for i in range(300):
+            await j.append("t", 0, batch_for("t", 0, i * 10, 10))
+        n = len(segment_files(tmp_path))
+        assert n >= 4
+        j.set_safe_lsn(j.next_lsn)  # shipped, but retention keeps them
+        assert len(segment_files(tmp_path)) == n
+    cfg0 = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=0)
+    j2 = Journal.open_sync(tmp_path, cfg0)
+    try:
+        j2.set_safe_lsn(j2._segments[2].base_lsn)  # only the first two are shipped
+        assert len(segment_files(tmp_path)) == n - 2
+        assert j2.next_offset("t", 0) == 3000
+    finally:
+        j2.close_sync()
+
+
+async def test_disk_full_error_rolls_back_the_partial_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        await j.append("t", 0, batch_for("t", 0, 0, 3))
+        real_writev = os.writev
+
+        def short_then_enospc(fd: int, parts: list[bytes]) -> int:
+            data = b"".join(parts)
+            os.write(fd, data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "writev", short_then_enospc)
+        with pytest.raises(JournalFull, match="disk full"):
+            await j.append("t", 0, batch_for("t", 0, 3, 3))
+        monkeypatch.setattr(os, "writev", real_writev)
+        res = await j.append("t", 0, batch_for("t", 0, 3, 3))
+        assert res.base_offset == 3
+    j2 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        assert j2.statistics().truncated_bytes_on_open == 0
+        assert all_records(j2, "t", 0) == [(o, value("t", 0, o)) for o in range(6)]
+    finally:
+        j2.close_sync()
+
+
+async def test_wait_for_wakes_on_append_without_polling(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        woke: list[int] = []
+
+        async def reader() -> None:
+            await j.wait_for("t", 3, 0)
+            woke.append(j.next_offset("t", 3))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reader)
+            await trio.testing.wait_all_tasks_blocked()
+            assert woke == []
+            await j.append("t", 3, batch_for("t", 3, 0, 2))
+        assert woke == [2]
+
+
+async def test_group_commit_shares_fsyncs(tmp_path: Path) -> None:
+    cfg = JournalConfig(fsync=FsyncPolicy.ALWAYS, segment_bytes=1 << 20, max_bytes=1 << 26)
+    async with open_journal(tmp_path, cfg) as j:
+
+        async def writer(p: int) -> None:
+            for i in range(50):
+                res = await j.append("t", p, encode_record(b"x" * 100, timestamp=i))
+                assert j.durable_lsn >= res.lsn
+
+        async with trio.open_nursery() as nursery:
+            for p in range(8):
+                nursery.start_soon(writer, p)
+        stats = j.statistics()
+        assert stats.appends == 400
+        assert stats.fsyncs < stats.appends
+
+
+async def test_read_entries_in_lsn_order_for_the_shipper(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(100):
+            await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 4))
+        await j.flush()
+        entries = j.read_entries(1, max_bytes=1 << 30)
+        assert [e.lsn for e in entries] == sorted(e.lsn for e in entries)
+        assert sum(e.count for e in entries) == 400
+        page = j.read_entries(entries[10].lsn, max_bytes=2000)
+        assert page[0].lsn == entries[10].lsn
+        assert 1 <= len(page) < 90
+
+
+async def test_mirror_entries_keep_source_offsets_and_progress(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        src = SourceCoords("north", seq=7, epoch=2)
+        b = encode_batch([b"a", b"b"], timestamps=1, base_offset=0)
+        res = await j.append_mirror("north.t", 0, b, src)
+        assert (res.base_offset, res.count) == (0, 2)
+        with pytest.raises(InvalidInput, match="already present"):
+            await j.append_mirror("north.t", 0, b, src)
+        gap = encode_batch([b"z"], timestamps=1, base_offset=10)
+        with pytest.raises(InvalidInput, match="gap"):
+            await j.append_mirror("north.t", 0, gap, src)
+        await j.append_mirror("north.t", 0, gap, SourceCoords("north", 8, 2), allow_gap=True)
+        await j.append_mirror("north.t", 0, None, SourceCoords("north", 9, 3))
+        assert j.next_offset("north.t", 0) == 11
+        assert j.source_progress()["north"] == SourceCoords("north", 9, 3)
+        # a read across the gap skips it
+        assert [r.offset for r in decode_batch(j.read("north.t", 0, 5)[0].payload).records()] == [
+            10
+        ]
+    j2 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        assert j2.source_progress()["north"] == SourceCoords("north", 9, 3)
+        e = j2.read("north.t", 0, 0)[0]
+        assert e.source == SourceCoords("north", 7, 2)
+    finally:
+        j2.close_sync()
+
+
+async def test_progress_survives_deletion_of_old_segments(tmp_path: Path) -> None:
+    cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=0)
+    async with open_journal(tmp_path, cfg) as j:
+        await j.append_mirror(
+            "south.t", 0, encode_batch([b"m"], timestamps=1), SourceCoords("south", 3, 1)
+        )
+        for i in range(200):
+            await j.append("t", 0, batch_for("t", 0, i * 5, 5))
+        await j.flush()
+        j.set_safe_lsn(j.next_lsn)
+        assert j._segments[0].base_lsn > 1  # the segment with the mirror entry is gone
+    j2 = Journal.open_sync(tmp_path, cfg)
+    try:
+        assert j2.source_progress()["south"].seq == 3
+        assert j2.next_offset("south.t", 0) == 1
+        assert j2.next_offset("t", 0) == 1000
+    finally:
+        j2.close_sync()
+
+
+async def test_closed_journal_refuses_work(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        pass
+    with pytest.raises(ClosedError):
+        j.append_nowait("t", 0, batch_for("t", 0, 0, 1))
+    with pytest.raises(ClosedError):
+        j.read("t", 0, 0)
+
+
+async def test_body_exception_is_not_wrapped_in_a_group(tmp_path: Path) -> None:
+    with pytest.raises(KeyError):
+        async with open_journal(tmp_path, SMALL):
+            raise KeyError("mine")
