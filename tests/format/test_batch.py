@@ -76,6 +76,12 @@ def record_lists(draw: st.DrawFn, max_records: int = 12) -> list[Record]:
     ]
 
 
+# The batch of test_golden_vector; TAMPERS index into its bytes (see GOLDEN_HEX).
+GOLDEN_RECORDS = [
+    Record(5, 1000, b"k", b"v1", (("h", b"x"),)),
+    Record(6, 1002, None, b"", ()),
+]
+
 batches_st = record_lists().map(encode_records)
 batch_lists = st.lists(record_lists(max_records=5).map(encode_records), min_size=1, max_size=4)
 
@@ -535,6 +541,32 @@ def test_single_byte_flip(raw: bytes, data: st.DataObject) -> None:
         only_corrupt(decoded.records)
 
 
+@pytest.mark.parametrize(
+    "records",
+    [
+        pytest.param(GOLDEN_RECORDS, id="golden"),
+        pytest.param([Record(0, 1, b"k", b""), Record(1, 2, b"", b"")], id="keys-no-values"),
+        pytest.param([Record(0, 0, None, b"")], id="smallest"),
+    ],
+)
+def test_every_single_bit_flip(records: list[Record]) -> None:
+    # Exhaustive over bits: outside base_offset each flip must be refused, in
+    # a stream too (where a longer length may also just wait for more bytes).
+    raw = encode_records(records)
+    for pos in range(len(raw)):
+        for bit in range(8):
+            bad = bytearray(raw)
+            bad[pos] ^= 1 << bit
+            if 8 <= pos < 16:
+                assert decode_batch(bad).values == [r.value for r in records]
+                continue
+            assert isinstance(only_corrupt(partial(decode_batch, bad)), CorruptData), (pos, bit)
+            reader = BatchReader()
+            reader.feed(bad + raw)
+            first = only_corrupt(reader.next_batch)
+            assert first is NEED_DATA or isinstance(first, CorruptData), (pos, bit)
+
+
 @SLOW
 @given(batch_lists, st.data())
 def test_truncation(raws: list[bytes], data: st.DataObject) -> None:
@@ -620,13 +652,6 @@ def test_structure_validation_fuzz(raw: bytes) -> None:
         # re-encodes to records that decode the same.
         records = got.records()
         assert decode_batch(encode_records(records)).records() == records
-
-
-# The golden batch of test_golden_vector; the offsets below index into it.
-GOLDEN_RECORDS = [
-    Record(5, 1000, b"k", b"v1", (("h", b"x"),)),
-    Record(6, 1002, None, b"", ()),
-]
 
 
 def _u32(pos: int, value: int) -> Callable[[bytearray], None]:
@@ -909,7 +934,7 @@ GOLDEN_HEX = (
     "03"  # 5   flags KEYS|HEADERS
     "0000"  # 6   reserved
     "0500000000000000"  # 8   base_offset 5 (outside the CRC)
-    "5c577b43"  # 16  crc32c of [0, 8) ++ [20, 91)
+    "7f721cd5"  # 16  crc32c of [4, 8) ++ [20, 91)
     "02000000"  # 20  count 2
     "e803000000000000"  # 24  min_timestamp 1000
     "ea03000000000000"  # 32  max_timestamp 1002
@@ -947,7 +972,7 @@ def test_golden_vector() -> None:
     golden = bytes.fromhex(GOLDEN_HEX)
     assert decode_batch(golden).records() == GOLDEN_RECORDS
     assert _crc32c_reference(b"123456789") == 0xE3069283
-    assert struct.unpack_from("<I", golden, 16)[0] == _crc32c_reference(golden[:8] + golden[20:])
+    assert struct.unpack_from("<I", golden, 16)[0] == _crc32c_reference(golden[4:8] + golden[20:])
     assert crc32c.crc32c(b"123456789") == 0xE3069283
 
 
@@ -960,7 +985,7 @@ def test_golden_vector_without_optional_columns() -> None:
         "00"  # 5   flags: none
         "0000"  # 6   reserved
         "feffffffffffffff"  # 8   base_offset -2
-        "855b54f0"  # 16  crc32c of [0, 8) ++ [20, 54)
+        "76d56448"  # 16  crc32c of [4, 8) ++ [20, 54)
         "01000000"  # 20  count 1
         "ffffffffffffffff"  # 24  min_timestamp -1
         "ffffffffffffffff"  # 32  max_timestamp -1
@@ -968,4 +993,4 @@ def test_golden_vector_without_optional_columns() -> None:
         "02000000"  # 48  value_lengths[0] 2
         "6162"  # 52  value bytes "ab"
     )
-    assert struct.unpack_from("<I", raw, 16)[0] == _crc32c_reference(raw[:8] + raw[20:])
+    assert struct.unpack_from("<I", raw, 16)[0] == _crc32c_reference(raw[4:8] + raw[20:])

@@ -1,0 +1,1 @@
+"""The ``edgegw`` command line (typer). One module per command."""

@@ -1,0 +1,35 @@
+"""The ``edgegw`` typer application: registers one module per command."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import typer
+
+from edgegw_cli import demo, inspect_cmd
+
+app = typer.Typer(
+    name="edgegw",
+    help="Geo-replication gateway for often-disconnected edge clusters.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+app.command("demo")(demo.demo)
+app.command("inspect")(inspect_cmd.inspect)
+
+
+@app.callback()
+def _main(
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def main() -> None:
+    app()
