@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from edgegw_cli import demo, inspect_cmd
+from edgegw_cli import demo, inspect_cmd, sync
 
 app = typer.Typer(
     name="edgegw",
@@ -18,6 +18,7 @@ app = typer.Typer(
 )
 app.command("demo")(demo.demo)
 app.command("inspect")(inspect_cmd.inspect)
+app.command("sync")(sync.sync)
 
 
 @app.callback()

@@ -59,6 +59,7 @@ _BATCH_PEEK = struct.Struct("<IBBH12xI")  # length, version, flags, reserved, co
 _I64 = struct.Struct("<q")
 _REST = fentry.ENTRY_REST
 _LEN_CRC = fentry.ENTRY_LEN_CRC
+_NO_WATCH: Final = 2**63
 _fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
 
 
@@ -182,6 +183,8 @@ class Journal:
         self._unsynced_bytes = 0
         self._flusher_idle = False
         self._append_waiters = 0
+        self._bytes_watch = _NO_WATCH
+        self._bytes_lot = trio.lowlevel.ParkingLot()
         self._last_yield_ms = 0
         self._segment_bytes = config.segment_bytes
         self._max_bytes = config.max_bytes
@@ -211,22 +214,60 @@ class Journal:
 
     @classmethod
     def open_sync(
-        cls, path: str | os.PathLike[str], config: JournalConfig | None = None
+        cls,
+        path: str | os.PathLike[str],
+        config: JournalConfig | None = None,
+        *,
+        start: Checkpoint | None = None,
+        start_lsn: int = 1,
     ) -> Journal:
         """Open (or create) the journal in ``path`` and recover its state.
 
         Blocking; :func:`open_journal` runs it in a worker thread and starts
-        the background flusher.
+        the background flusher. ``start`` and ``start_lsn`` apply only when the
+        directory holds no journal yet: a restore continues the LSNs and
+        offsets that the bucket already has, so nothing is ever reused.
         """
         t0 = time.perf_counter()
         j = cls(Path(path), config or JournalConfig())
         j.path.mkdir(parents=True, exist_ok=True)
-        j._recover()
+        if start_lsn < 1:
+            raise InvalidInput("start_lsn must be >= 1")
+        j._next_lsn = start_lsn
+        j._recover(start or Checkpoint({}, {}))
         j._lsn_at_open = j._next_lsn
         j._open_seconds = time.perf_counter() - t0
         return j
 
-    def _recover(self) -> None:
+    @property
+    def is_new(self) -> bool:
+        """True while the journal holds nothing but its first checkpoint."""
+        return len(self._segments) == 1 and len(self._segments[0].positions) == 1
+
+    def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
+        """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
+
+        Used when a new (or wiped) gateway continues a region log that already
+        has data: LSNs and offsets continue where the bucket's log ends.
+        """
+        self._check_open()
+        if not self.is_new:
+            raise InvalidInput("only a journal that holds no entries can be reset")
+        if self._flushing:
+            raise InvalidInput("cannot reset a journal while an fsync is in flight")
+        old = self._segments.pop()
+        self._segment_bases.pop()
+        if old.fd is not None:
+            os.close(old.fd)
+        old.path.unlink()
+        self._total_bytes -= old.size
+        self._partitions.clear()
+        self._sources.clear()
+        self._start_segment(start_lsn, start)
+        self._apply_checkpoint(start)
+        self._lsn_at_open = self._next_lsn
+
+    def _recover(self, start: Checkpoint) -> None:
         files = sorted(self.path.glob(f"*{_SEGMENT_SUFFIX}"))
         bases: list[tuple[int, Path]] = []
         for f in files:
@@ -245,7 +286,8 @@ class Journal:
             f.with_suffix(_INDEX_SUFFIX).unlink(missing_ok=True)
             bases.pop()
         if not bases:
-            self._start_segment(self._next_lsn, Checkpoint({}, {}))
+            self._start_segment(self._next_lsn, start)
+            self._apply_checkpoint(start)
             return
         expected = bases[0][0]
         for i, (base, f) in enumerate(bases):
@@ -665,6 +707,8 @@ class Journal:
             self._urgent_lot.unpark_all()
         if self._append_waiters:
             self._append_lot.unpark_all()
+        if self._appended_bytes >= self._bytes_watch:
+            self._bytes_lot.unpark_all()
 
     def _write(
         self,
@@ -993,6 +1037,21 @@ class Journal:
             finally:
                 p.waiters -= 1
 
+    @property
+    def appended_bytes(self) -> int:
+        """Bytes of entries appended since open (a running total)."""
+        return self._appended_bytes
+
+    async def wait_appended_bytes(self, total: int) -> None:
+        """Wait until :attr:`appended_bytes` reaches ``total`` (one wake-up, not one per append)."""
+        while self._appended_bytes < total:
+            self._check_open()
+            self._bytes_watch = min(self._bytes_watch, total)
+            try:
+                await self._bytes_lot.park()
+            finally:
+                self._bytes_watch = _NO_WATCH
+
     async def wait_appended(self, lsn: int) -> None:
         """Wait until an entry with LSN ``lsn`` has been written."""
         while self._next_lsn <= lsn:
@@ -1060,7 +1119,10 @@ class Journal:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
-            for lot in (self._durable_lot, self._append_lot, self._dirty_lot, self._urgent_lot):
+            for lot in (
+                self._durable_lot, self._append_lot, self._dirty_lot, self._urgent_lot,
+                self._bytes_lot,
+            ):
                 lot.unpark_all()
             for p in self._partitions.values():
                 p.lot.unpark_all()

@@ -1,0 +1,170 @@
+"""Reading a region's log in the bucket: keys, headers, the head, manifests, GC boundary.
+
+I/O helpers shared by the shipper (which writes its own region's log), the
+tailers (which read other regions' logs), ``edgegw restore`` and the pipeline.
+The decisions live in :mod:`edge_gateway.protocol.log` and the encodings in
+:mod:`edge_gateway.format`; this module only fetches and decodes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from edge_gateway.bucket import Bucket, NotFound
+from edge_gateway.errors import CorruptData
+from edge_gateway.format import logobject
+from edge_gateway.format.logobject import LogObjectHeader
+from edge_gateway.format.manifest import Manifest
+from edge_gateway.protocol.log import HeadSearch
+
+#: First ranged GET of a log object: holds the index of all but huge objects,
+#: and the whole object when it is small.
+HEADER_READ_BYTES = 64 * 1024
+_GC_VERSION = 1
+
+
+def region_prefix(prefix: str, region: str) -> str:
+    return f"{prefix}regions/{region}/"
+
+
+def log_key(prefix: str, region: str, seq: int) -> str:
+    return f"{region_prefix(prefix, region)}log/{seq:020d}.egw"
+
+
+def manifest_key(prefix: str, region: str, last_seq: int) -> str:
+    return f"{region_prefix(prefix, region)}manifest/{last_seq:020d}.json"
+
+
+def gc_boundary_key(prefix: str, region: str) -> str:
+    return f"{region_prefix(prefix, region)}gc-boundary.json"
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderRead:
+    header: LogObjectHeader
+    #: the object's first bytes as read (at least the header; all of a small object)
+    prefix: bytes
+    #: the whole object's size
+    size: int
+
+
+async def read_header(bucket: Bucket, key: str) -> HeaderRead:
+    """The header of the log object at ``key``, with the bytes read so far (from 0).
+
+    One ranged GET in the usual case; a second only when the index is larger
+    than :data:`HEADER_READ_BYTES`.
+    """
+    res = await bucket.get(key, start=0, end=HEADER_READ_BYTES)
+    data = res.data
+    need = logobject.header_length_hint(data[:12], where=key)
+    if need > len(data):
+        more = await bucket.get(key, start=len(data), end=need)
+        data += more.data
+    header = logobject.decode_header(data[:need], where=key)
+    return HeaderRead(header, data, res.size)
+
+
+async def exists(bucket: Bucket, key: str) -> bool:
+    try:
+        await bucket.head(key)
+    except NotFound:
+        return False
+    return True
+
+
+async def find_head(bucket: Bucket, prefix: str, region: str, known: int = 0) -> int:
+    """The highest seq in the region's log (0 if empty), by galloping HEADs above ``known``."""
+    search = HeadSearch(known)
+    while (probe := search.next_probe()) is not None:
+        search.record(probe, await exists(bucket, log_key(prefix, region, probe)))
+    return search.head
+
+
+async def read_gc_boundary(bucket: Bucket, prefix: str, region: str) -> int:
+    """The highest seq ever deleted from the region's log (0 if none)."""
+    key = gc_boundary_key(prefix, region)
+    try:
+        res = await bucket.get(key)
+    except NotFound:
+        return 0
+    try:
+        doc = json.loads(res.data)
+        value = doc["highest_deleted_seq"]
+        if doc.get("version") != _GC_VERSION or not isinstance(value, int) or value < 0:
+            raise ValueError(f"bad document {doc!r}")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptData(f"malformed GC boundary: {exc}", where=key) from None
+    return value
+
+
+def encode_gc_boundary(highest_deleted_seq: int) -> bytes:
+    return json.dumps({"version": _GC_VERSION, "highest_deleted_seq": highest_deleted_seq}).encode()
+
+
+async def latest_manifest(bucket: Bucket, prefix: str, region: str) -> Manifest | None:
+    """The newest manifest of the region (one LIST of the manifest folder)."""
+    folder = f"{region_prefix(prefix, region)}manifest/"
+    infos = await bucket.list(folder)
+    for info in reversed(infos):
+        if not info.key.endswith(".json"):
+            continue
+        res = await bucket.get(info.key)
+        return Manifest.decode(res.data, where=info.key)
+    return None
+
+
+@dataclass(slots=True)
+class LogState:
+    """What a reader or a restarting writer knows about a region's log."""
+
+    head: int = 0
+    head_header: LogObjectHeader | None = None
+    gc_boundary: int = 0
+    manifest: Manifest | None = None
+    #: headers of the entries after the newest manifest, in seq order
+    tail: list[tuple[LogObjectHeader, int]] = field(default_factory=list)
+    #: (topic, partition) -> next offset after the head
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @property
+    def head_epoch(self) -> int:
+        return self.head_header.epoch if self.head_header else 0
+
+    @property
+    def head_last_lsn(self) -> int:
+        return self.head_header.last_lsn if self.head_header else 0
+
+    @property
+    def max_epoch(self) -> int:
+        epochs = [h.epoch for h, _ in self.tail]
+        if self.manifest is not None:
+            epochs.append(self.manifest.epoch)
+        return max(epochs, default=0)
+
+
+async def load_log_state(bucket: Bucket, prefix: str, region: str) -> LogState:
+    """Head, newest manifest and the headers after it: what a writer needs to continue."""
+    state = LogState()
+    state.gc_boundary = await read_gc_boundary(bucket, prefix, region)
+    state.manifest = await latest_manifest(bucket, prefix, region)
+    known = state.gc_boundary
+    if state.manifest is not None:
+        known = max(known, state.manifest.last_seq)
+        state.next_offsets = dict(state.manifest.next_offsets)
+    state.head = await find_head(bucket, prefix, region, known)
+    start = (state.manifest.last_seq + 1) if state.manifest is not None else state.gc_boundary + 1
+    for seq in range(start, state.head + 1):
+        key = log_key(prefix, region, seq)
+        read = await read_header(bucket, key)
+        header = read.header
+        if header.seq != seq or header.region != region:
+            raise CorruptData(f"entry claims seq {header.seq} of region {header.region!r}", where=key)
+        state.tail.append((header, read.size))
+        for b in header.blocks:
+            state.next_offsets[(b.topic, b.partition)] = b.last_offset + 1
+    if state.tail:
+        state.head_header = state.tail[-1][0]
+    elif state.head:
+        state.head_header = (await read_header(bucket, log_key(prefix, region, state.head))).header
+    return state

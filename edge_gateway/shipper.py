@@ -1,0 +1,471 @@
+"""The shipper: journal -> one multi-partition log object per flush -> the region's log.
+
+Protocol and failure cases: ``docs/protocol.md``. In short, per flush:
+
+1. take the durable journal entries after the shipped watermark (up to
+   ``max_object_bytes``), keep the DATA ones (mirror entries belong to other
+   regions' logs), and build ONE object: a header with the index, then a
+   zstd block per (topic, partition) made of the journal's batches as they are;
+2. create it as ``log/<next seq>`` with a create-only PUT: that PUT is the commit;
+3. move the journal's safe LSN past it, so segments can be deleted, and wake
+   ``ack=shipped`` waiters;
+4. every ``manifest_interval`` (or ``manifest_every`` entries) also create a
+   manifest covering the entries since the previous one.
+
+A flush happens when the oldest unshipped entry has waited ``flush_interval``
+or ``max_object_bytes`` are pending; an idle gateway makes no requests. While
+the bucket is away, the shipper retries the same object with exponential
+backoff and jitter and the journal keeps accepting; afterwards the backlog
+ships as full-size objects, in LSN order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import trio
+
+from edge_gateway.bucket import Bucket, BucketUnavailable, PreconditionFailed, verify_conditional_create
+from edge_gateway.errors import ConfigError, CorruptData, Fenced, InvalidInput
+from edge_gateway.format import entry as fentry
+from edge_gateway.format import logobject
+from edge_gateway.format.entry import Checkpoint
+from edge_gateway.format.logobject import LogObjectBuilder, LogObjectHeader
+from edge_gateway.format.manifest import Manifest, ManifestEntry
+from edge_gateway.journal import Journal
+from edge_gateway.names import validate_region
+from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
+from edge_gateway.regionlog import (
+    LogState,
+    load_log_state,
+    log_key,
+    manifest_key,
+    read_gc_boundary,
+    read_header,
+)
+
+log = logging.getLogger("edgegw.shipper")
+
+MiB = 1024 * 1024
+
+
+class Diverged(Fenced):
+    """Another writer continued this region's log while this journal holds unshipped data."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShipperConfig:
+    flush_interval_ms: int = 250
+    max_object_bytes: int = 8 * MiB
+    manifest_interval_ms: int = 10_000
+    manifest_every: int = 100
+    compression_level: int = 3
+    retry_base_s: float = 0.1
+    retry_cap_s: float = 30.0
+    #: After a pause longer than this between two commits, re-read the GC
+    #: boundary after the next create (see docs/protocol.md, "GC boundary").
+    gc_check_after_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        if self.flush_interval_ms <= 0:
+            raise ConfigError("shipper.flush_interval_ms must be > 0")
+        if self.max_object_bytes < 64 * 1024:
+            raise ConfigError("shipper.max_object_bytes must be at least 64 KiB")
+        if not 1 <= self.compression_level <= 22:
+            raise ConfigError("shipper.compression_level must be 1..22")
+        if self.manifest_every < 1 or self.manifest_interval_ms <= 0:
+            raise ConfigError("shipper.manifest_every and manifest_interval_ms must be positive")
+
+
+@dataclass(frozen=True, slots=True)
+class ShipperStats:
+    claimed: bool
+    epoch: int
+    next_seq: int
+    shipped_lsn: int
+    objects: int
+    fences: int
+    manifests: int
+    records: int
+    journal_bytes: int
+    wire_bytes: int
+    retries: int
+    last_ship_ms: int
+    last_error: str | None
+    upload_seconds_total: float
+
+
+class Shipper:
+    """Ships one region's journal to its log in the bucket. Single writer, fenced by epoch."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        bucket: Bucket,
+        region: str,
+        *,
+        config: ShipperConfig | None = None,
+        prefix: str = "",
+        state_path: str | os.PathLike[str] | None = None,
+        clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.journal = journal
+        self.bucket = bucket
+        self.region = validate_region(region)
+        self.config = config or ShipperConfig()
+        self.prefix = prefix
+        self._state_path = Path(state_path) if state_path else journal.path / "shipper.json"
+        self._clock = clock
+        self._rand = random.Random()
+        self._claimed = False
+        self._epoch = 0
+        self._next_seq = 1
+        self._ship_from = 1  # first journal LSN not shipped yet
+        self._shipped_lsn = 0
+        self._gc_boundary = 0
+        self._low_watermark = 1
+        self._next_offsets: dict[tuple[str, int], int] = {}
+        self._pending_manifest: list[ManifestEntry] = []
+        self._schedule = ManifestSchedule(
+            interval_ms=self.config.manifest_interval_ms, max_entries=self.config.manifest_every
+        )
+        self._last_commit_mono = time.monotonic()
+        self._shipped_lot = trio.lowlevel.ParkingLot()
+        self._appended_bytes_at_ship = 0
+        # counters
+        self._objects = self._fences = self._manifests = self._records = 0
+        self._journal_bytes = self._wire_bytes = self._retries = 0
+        self._last_ship_ms = 0
+        self._last_error: str | None = None
+        self._upload_s = 0.0
+
+    # ------------------------------------------------------------- claim
+
+    def _load_writer_state(self) -> int | None:
+        try:
+            doc = json.loads(self._state_path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise CorruptData(f"unreadable shipper state: {exc}", where=str(self._state_path)) from None
+        if doc.get("region") != self.region:
+            raise ConfigError(
+                f"this journal belongs to region {doc.get('region')!r}, not {self.region!r}"
+            )
+        epoch = doc.get("epoch")
+        if not isinstance(epoch, int):
+            raise CorruptData("shipper state has no epoch", where=str(self._state_path))
+        return epoch
+
+    def _save_writer_state(self, epoch: int) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        data = json.dumps({"region": self.region, "epoch": epoch}).encode()
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self._state_path)
+        dfd = os.open(self._state_path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    async def claim(self) -> None:
+        """Verify the bucket, find the log head, reconcile with the journal, claim an epoch.
+
+        Raises :class:`Fenced`/:class:`Diverged` when this gateway must not
+        write, ``UnsupportedStore`` for a bucket without conditional creates,
+        ``BucketUnavailable`` when the bucket is away (retry later).
+        """
+        await verify_conditional_create(self.bucket, self.prefix)
+        while True:
+            state = await load_log_state(self.bucket, self.prefix, self.region)
+            self._reconcile(state)
+            epoch = max(state.head_epoch, state.max_epoch, self._load_writer_state() or 0) + 1
+            # Write-ahead: remember the epoch we are about to claim, so a crash
+            # right after the fence lands still recognises the head as ours.
+            await trio.to_thread.run_sync(self._save_writer_state, epoch)
+            seq = state.head + 1
+            fence = logobject.encode_fence(
+                self.region, epoch, seq, self._shipped_lsn, self._clock()
+            )
+            try:
+                await self.bucket.put(log_key(self.prefix, self.region, seq), fence, if_none_match=True)
+            except PreconditionFailed:
+                log.info("shipper: seq %d was taken while claiming; looking again", seq)
+                continue
+            break
+        self._epoch = epoch
+        self._next_seq = seq + 1
+        self._gc_boundary = state.gc_boundary
+        self._low_watermark = state.gc_boundary + 1
+        self._next_offsets = dict(state.next_offsets)
+        self._pending_manifest = [ManifestEntry.from_header(h, size) for h, size in state.tail]
+        fence_header = logobject.decode_header(fence, where="fence")
+        self._pending_manifest.append(ManifestEntry.from_header(fence_header, len(fence)))
+        self._schedule.first_seq = (state.manifest.last_seq + 1) if state.manifest else self._low_watermark
+        self._schedule.committed(len(self._pending_manifest))
+        self._fences += 1
+        self._claimed = True
+        self._last_commit_mono = time.monotonic()
+        log.info(
+            "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %d)",
+            self.region, epoch, seq, self._shipped_lsn,
+        )
+
+    def _reconcile(self, state: LogState) -> None:
+        """Line the journal up with the log head: no gap, no duplicate, no reused offset."""
+        j = self.journal
+        journal_last = j.next_lsn - 1
+        head_lsn = state.head_last_lsn
+        ours = self._load_writer_state()
+        head_is_ours = state.head == 0 or (ours is not None and state.head_epoch <= ours)
+        if j.is_new and (not head_is_ours or head_lsn > journal_last or state.head):
+            if state.head:
+                # A new or wiped gateway continues the region's log: LSNs and
+                # offsets resume where the bucket's log ends.
+                j.reset_empty(Checkpoint(dict(state.next_offsets), {}), head_lsn + 1)
+                log.info(
+                    "shipper: empty journal continues the log of %s at LSN %d (%d partitions)",
+                    self.region, head_lsn + 1, len(state.next_offsets),
+                )
+            self._ship_from = j.next_lsn
+            self._shipped_lsn = j.next_lsn - 1
+            return
+        if not head_is_ours:
+            raise Diverged(
+                f"region {self.region}'s log was continued by another writer (epoch "
+                f"{state.head_epoch}, ours {ours}) while this journal holds data up to LSN "
+                f"{journal_last}; its unshipped records cannot be merged. Stop the other writer, "
+                "or run `edgegw restore` to start this gateway from the bucket (discarding "
+                "local unshipped data)."
+            )
+        if head_lsn > journal_last:
+            raise Diverged(
+                f"region {self.region}'s log covers journal LSNs up to {head_lsn} but the local "
+                f"journal ends at {journal_last}: the journal lost data. Run `edgegw restore`."
+            )
+        first_lsn = j.statistics().first_lsn
+        if head_lsn + 1 < first_lsn:
+            raise CorruptData(
+                f"the journal starts at LSN {first_lsn} but only LSNs up to {head_lsn} were "
+                "shipped: unshipped segments are missing"
+            )
+        self._ship_from = head_lsn + 1
+        self._shipped_lsn = head_lsn
+        j.set_safe_lsn(head_lsn + 1)
+
+    # ------------------------------------------------------------- ship
+
+    @property
+    def shipped_lsn(self) -> int:
+        """Every journal entry up to this LSN is committed to the bucket (or needs no shipping)."""
+        return self._shipped_lsn
+
+    async def wait_shipped(self, lsn: int) -> None:
+        """Wait until the journal entry ``lsn`` is committed to the bucket."""
+        while self._shipped_lsn < lsn:
+            await self._shipped_lot.park()
+
+    def pending(self) -> bool:
+        return self.journal.next_lsn > self._ship_from
+
+    async def ship_once(self) -> bool:
+        """Ship up to ``max_object_bytes`` of durable entries as one object. False if none."""
+        if not self._claimed:
+            raise InvalidInput("claim() first")
+        j = self.journal
+        if j.durable_lsn < j.next_lsn - 1:
+            await j.wait_durable(j.next_lsn - 1)
+        entries = j.read_entries(self._ship_from, max_bytes=self.config.max_object_bytes)
+        if not entries:
+            return False
+        first_lsn, last_lsn = self._ship_from, entries[-1].lsn
+        data = [e for e in entries if e.kind == fentry.KIND_DATA]
+        if data:
+            builder = LogObjectBuilder()
+            for e in data:
+                builder.add_batch(e.topic, e.partition, e.payload)
+            await self._commit(builder, first_lsn, last_lsn)
+            self._records += sum(e.count for e in data)
+            self._journal_bytes += sum(e.length for e in data)
+        self._advance(last_lsn)
+        return True
+
+    def _advance(self, last_lsn: int) -> None:
+        self._ship_from = last_lsn + 1
+        self._shipped_lsn = last_lsn
+        self.journal.set_safe_lsn(last_lsn + 1)
+        self._shipped_lot.unpark_all()
+
+    async def _commit(self, builder: LogObjectBuilder, first_lsn: int, last_lsn: int) -> None:
+        seq, epoch = self._next_seq, self._epoch
+        created = self._clock()
+        level = self.config.compression_level
+        obj = await trio.to_thread.run_sync(
+            lambda: builder.build(
+                region=self.region, epoch=epoch, seq=seq, first_lsn=first_lsn,
+                last_lsn=last_lsn, created_ms=created, level=level,
+            )
+        )
+        key = log_key(self.prefix, self.region, seq)
+        backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                await self.bucket.put(key, obj, if_none_match=True)
+                break
+            except PreconditionFailed:
+                theirs = (await read_header(self.bucket, key)).header
+                outcome = classify_conflict(
+                    our_epoch=epoch, our_first_lsn=first_lsn, our_last_lsn=last_lsn,
+                    their_epoch=theirs.epoch, their_first_lsn=theirs.first_lsn,
+                    their_last_lsn=theirs.last_lsn,
+                )
+                if outcome is Conflict.OURS:
+                    log.info("shipper: %s was already ours (a lost response); committed", key)
+                    break
+                if outcome is Conflict.FENCED:
+                    raise Fenced(
+                        f"region {self.region}: {key} was written with epoch {theirs.epoch}; "
+                        f"this gateway (epoch {epoch}) has been replaced and stops writing"
+                    ) from None
+                raise CorruptData(
+                    f"a lower-epoch writer ({theirs.epoch}) created {key} after our claim",
+                    where=key,
+                ) from None
+            except BucketUnavailable as exc:
+                self._retries += 1
+                self._last_error = str(exc)
+                delay = backoff.next_delay(self._rand.random())
+                log.warning("shipper: %s not committed (%s); retrying in %.2fs", key, exc, delay)
+                await trio.sleep(delay)
+            finally:
+                self._upload_s += time.perf_counter() - t0
+        await self._after_create(seq)
+        header = logobject.decode_header(obj, where=key)
+        self._next_seq = seq + 1
+        self._objects += 1
+        self._wire_bytes += len(obj)
+        self._last_ship_ms = self._clock()
+        self._last_error = None
+        for b in header.blocks:
+            self._next_offsets[(b.topic, b.partition)] = b.last_offset + 1
+        self._pending_manifest.append(ManifestEntry.from_header(header, len(obj)))
+        self._schedule.committed()
+        await self._maybe_write_manifest()
+
+    async def _after_create(self, seq: int) -> None:
+        """After a stall, make sure the create did not re-create a seq that GC deleted."""
+        now = time.monotonic()
+        stalled = (now - self._last_commit_mono) * 1000 > self.config.gc_check_after_ms
+        self._last_commit_mono = now
+        if not stalled:
+            return
+        boundary = await read_gc_boundary(self.bucket, self.prefix, self.region)
+        self._gc_boundary = max(self._gc_boundary, boundary)
+        if boundary >= seq:
+            raise Fenced(
+                f"region {self.region}: seq {seq} was created after GC had already deleted up "
+                f"to seq {boundary}; this writer stalled past GC and must stop"
+            )
+
+    async def _maybe_write_manifest(self, *, force: bool = False) -> None:
+        now = self._clock()
+        if not self._pending_manifest or not (force or self._schedule.due(now)):
+            return
+        entries = list(self._pending_manifest)
+        manifest = Manifest(
+            region=self.region,
+            epoch=self._epoch,
+            first_seq=entries[0].seq,
+            last_seq=entries[-1].seq,
+            low_watermark=self._low_watermark,
+            created_ms=now,
+            entries=tuple(entries),
+            next_offsets=dict(self._next_offsets),
+        )
+        key = manifest_key(self.prefix, self.region, manifest.last_seq)
+        try:
+            await self.bucket.put(key, manifest.encode(), if_none_match=True)
+        except PreconditionFailed:
+            log.info("shipper: manifest %s already exists", key)
+        except BucketUnavailable as exc:
+            log.warning("shipper: manifest %s not written yet (%s)", key, exc)
+            return
+        self._manifests += 1
+        del self._pending_manifest[: len(entries)]
+        self._schedule.written(manifest.last_seq, now)
+
+    # ------------------------------------------------------------- loops
+
+    async def ship_pending(
+        self, progress: Callable[[int, int], None] | None = None
+    ) -> int:
+        """Ship everything appended so far (``edgegw sync``). Returns objects shipped."""
+        target = self.journal.next_lsn - 1
+        shipped = 0
+        while self._shipped_lsn < target:
+            if not await self.ship_once():
+                break
+            shipped += 1
+            if progress is not None:
+                progress(self._shipped_lsn, target)
+        await self._maybe_write_manifest(force=True)
+        return shipped
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Claim (retrying while the bucket is away), then ship for ever."""
+        task_status.started()
+        backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
+        while not self._claimed:
+            try:
+                await self.claim()
+            except BucketUnavailable as exc:
+                self._last_error = f"claim: {exc}"
+                delay = backoff.next_delay(self._rand.random())
+                log.warning("shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay)
+                await trio.sleep(delay)
+        flush_s = self.config.flush_interval_ms / 1000
+        while True:
+            if not self.pending():
+                await self.journal.wait_appended(self._ship_from)
+            # The oldest pending entry sets the deadline; a full object goes now.
+            first = self.journal.read_entries(self._ship_from, max_bytes=1, durable_only=False)
+            deadline = trio.current_time() + flush_s
+            if first:
+                age_s = max(0.0, (self._clock() - first[0].append_time) / 1000)
+                deadline = trio.current_time() + max(0.0, flush_s - age_s)
+            full_at = self._appended_bytes_at_ship + self.config.max_object_bytes
+            with trio.move_on_at(deadline):
+                await self.journal.wait_appended_bytes(full_at)
+            await self.ship_once()
+            self._appended_bytes_at_ship = self.journal.appended_bytes
+            if not self.pending():
+                await self._maybe_write_manifest()
+
+    def statistics(self) -> ShipperStats:
+        return ShipperStats(
+            claimed=self._claimed,
+            epoch=self._epoch,
+            next_seq=self._next_seq,
+            shipped_lsn=self._shipped_lsn,
+            objects=self._objects,
+            fences=self._fences,
+            manifests=self._manifests,
+            records=self._records,
+            journal_bytes=self._journal_bytes,
+            wire_bytes=self._wire_bytes,
+            retries=self._retries,
+            last_ship_ms=self._last_ship_ms,
+            last_error=self._last_error,
+            upload_seconds_total=self._upload_s,
+        )

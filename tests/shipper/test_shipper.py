@@ -1,0 +1,248 @@
+"""The shipper against real buckets: local directory and S3 over HTTP (moto's server)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from edge_gateway.bucket import Bucket, FaultyBucket, LocalBucket, S3Bucket, S3Config, UnsupportedStore
+from edge_gateway.errors import Fenced
+from edge_gateway.format import logobject
+from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.manifest import Manifest
+from edge_gateway.journal import Journal, JournalConfig, SourceCoords
+from edge_gateway.regionlog import find_head, log_key, read_header
+from edge_gateway.shipper import Diverged, Shipper, ShipperConfig
+
+FAST = ShipperConfig(flush_interval_ms=20, manifest_every=3, retry_base_s=0.01, retry_cap_s=0.05)
+JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=0)
+
+
+def value(p: int, o: int) -> bytes:
+    return f"rec-{p}-{o}".encode() * 3
+
+
+def produce(j: Journal, topic: str, partitions: int, batches: int, size: int = 10) -> None:
+    for _ in range(batches):
+        for p in range(partitions):
+            first = j.next_offset(topic, p)
+            j.append_nowait(
+                topic, p,
+                encode_batch([value(p, first + i) for i in range(size)], timestamps=first),
+            )
+
+
+async def log_records(bucket: Bucket, region: str) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
+    """Every record in the region's log, by partition, in log order (checks everything)."""
+    head = await find_head(bucket, "", region)
+    out: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
+    epochs: list[int] = []
+    for seq in range(1, head + 1):
+        key = log_key("", region, seq)
+        data = (await bucket.get(key)).data
+        header = logobject.decode_header(data[: logobject.header_length_hint(data[:12], where=key)], where=key)
+        assert header.seq == seq
+        epochs.append(header.epoch)
+        for b in header.blocks:
+            raw = logobject.decode_block(b, data[b.offset : b.offset + b.stored_length], where=key)
+            for batch in logobject.iter_block_batches(b, raw, where=key):
+                out.setdefault((b.topic, b.partition), []).extend(
+                    (r.offset, r.value) for r in batch.records()
+                )
+    assert epochs == sorted(epochs), "epochs went down"
+    return out
+
+
+def expected(partitions: int, count: int, topic: str = "t") -> dict[tuple[str, int], list[tuple[int, bytes]]]:
+    return {(topic, p): [(o, value(p, o)) for o in range(count)] for p in range(partitions)}
+
+
+@pytest.fixture(params=["local", "s3"])
+async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
+    if request.param == "s3":
+        endpoint = request.getfixturevalue("moto_endpoint")
+        name = request.getfixturevalue("s3_bucket_name")
+        b: Bucket = await S3Bucket.open(
+            S3Config(bucket=name, endpoint_url=endpoint, path_style=True, region="us-east-1",
+                     access_key="testing", secret_key="testing")
+        )
+    else:
+        b = await LocalBucket.open(tmp_path / "bucket")
+    try:
+        yield b
+    finally:
+        await b.aclose()
+
+
+async def test_ship_round_trip_with_manifests(bucket: Bucket, tmp_path: Path) -> None:
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        produce(j, "t", 4, 5)
+        s = Shipper(j, bucket, "north", config=FAST)
+        await s.claim()
+        assert await s.ship_pending() >= 1
+        assert await log_records(bucket, "north") == expected(4, 50)
+        assert s.shipped_lsn == j.next_lsn - 1
+        assert j.safe_lsn == j.next_lsn
+        infos = await bucket.list("regions/north/manifest/")
+        assert infos
+        m = Manifest.decode((await bucket.get(infos[-1].key)).data, where="m")
+        assert m.last_seq == await find_head(bucket, "", "north")
+        assert m.next_offsets[("t", 0)] == 50
+    finally:
+        j.close_sync()
+
+
+async def test_restart_continues_without_gap_or_duplicate(bucket: Bucket, tmp_path: Path) -> None:
+    for round_ in range(3):
+        j = Journal.open_sync(tmp_path / "j", JCFG)
+        try:
+            produce(j, "t", 3, 2)
+            s = Shipper(j, bucket, "north", config=FAST)
+            await s.claim()
+            assert s.statistics().epoch == round_ + 1
+            await s.ship_pending()
+        finally:
+            j.close_sync()
+    assert await log_records(bucket, "north") == expected(3, 60)
+
+
+async def test_lost_response_counts_as_committed(tmp_path: Path) -> None:
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        s = Shipper(j, bucket, "north", config=FAST)
+        await s.claim()
+        produce(j, "t", 2, 1)
+        bucket.fail_next(1, after_commit=True, operations=["put"])
+        await s.ship_pending()
+        assert s.statistics().retries == 1
+        produce(j, "t", 2, 1)
+        await s.ship_pending()
+        assert await log_records(bucket, "north") == expected(2, 20)
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+async def test_outage_then_everything_arrives_in_order(tmp_path: Path) -> None:
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        s = Shipper(j, bucket, "north", config=FAST)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            produce(j, "t", 2, 3)
+            with trio.fail_after(10):
+                await s.wait_shipped(j.next_lsn - 1)
+            bucket.outage = True
+            produce(j, "t", 2, 5)  # the journal keeps accepting
+            await trio.sleep(0.2)
+            assert s.shipped_lsn < j.next_lsn - 1
+            assert s.statistics().retries > 0
+            bucket.outage = False
+            with trio.fail_after(10):
+                await s.wait_shipped(j.next_lsn - 1)
+            nursery.cancel_scope.cancel()
+        assert await log_records(bucket, "north") == expected(2, 80)
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+async def test_idle_shipper_makes_no_requests(tmp_path: Path) -> None:
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        s = Shipper(j, bucket, "north", config=FAST)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            produce(j, "t", 1, 1)
+            with trio.fail_after(10):
+                await s.wait_shipped(j.next_lsn - 1)
+            await trio.sleep(0.1)
+            before = bucket.statistics().requests
+            await trio.sleep(0.5)
+            assert bucket.statistics().requests == before
+            nursery.cancel_scope.cancel()
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+async def test_mirror_entries_are_not_shipped(tmp_path: Path) -> None:
+    bucket = await LocalBucket.open(tmp_path / "b")
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        s = Shipper(j, bucket, "north", config=FAST)
+        await s.claim()
+        await j.append_mirror("south.t", 0, encode_batch([b"m"], timestamps=1), SourceCoords("south", 1, 1))
+        produce(j, "t", 1, 1)
+        await s.ship_pending()
+        assert await log_records(bucket, "north") == expected(1, 10)
+        assert s.shipped_lsn == j.next_lsn - 1
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+async def test_second_writer_fences_the_first(tmp_path: Path) -> None:
+    bucket = await LocalBucket.open(tmp_path / "b")
+    ja = Journal.open_sync(tmp_path / "a", JCFG)
+    jb = Journal.open_sync(tmp_path / "bj", JCFG)
+    try:
+        a = Shipper(ja, bucket, "north", config=FAST)
+        await a.claim()
+        produce(ja, "t", 2, 2)
+        await a.ship_pending()
+        # A new, empty gateway for the same region continues the log ...
+        b = Shipper(jb, bucket, "north", config=FAST)
+        await b.claim()
+        assert jb.next_offset("t", 0) == 20
+        produce(jb, "t", 2, 1)
+        await b.ship_pending()
+        # ... and the old one is fenced at its next commit.
+        produce(ja, "t", 2, 1)
+        with pytest.raises(Fenced):
+            await a.ship_pending()
+        records = await log_records(bucket, "north")
+        assert records == expected(2, 30)
+        # The fenced journal cannot simply come back: it holds unshipped data.
+        with pytest.raises(Diverged):
+            await Shipper(ja, bucket, "north", config=FAST).claim()
+    finally:
+        ja.close_sync()
+        jb.close_sync()
+        await bucket.aclose()
+
+
+async def test_store_without_conditional_create_is_refused(tmp_path: Path) -> None:
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    bucket.honor_conditions = False
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        with pytest.raises(UnsupportedStore, match="fencing"):
+            await Shipper(j, bucket, "north", config=FAST).claim()
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+async def test_header_is_read_with_one_ranged_get(tmp_path: Path) -> None:
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        s = Shipper(j, bucket, "north", config=FAST)
+        await s.claim()
+        produce(j, "t", 50, 1)
+        await s.ship_pending()
+        before = bucket.statistics().gets
+        read = await read_header(bucket, log_key("", "north", 2))
+        assert bucket.statistics().gets == before + 1
+        assert len(read.header.blocks) == 50
+    finally:
+        j.close_sync()
+        await bucket.aclose()
