@@ -159,7 +159,9 @@ async def load_log_state(bucket: Bucket, prefix: str, region: str) -> LogState:
         read = await read_header(bucket, key)
         header = read.header
         if header.seq != seq or header.region != region:
-            raise CorruptData(f"entry claims seq {header.seq} of region {header.region!r}", where=key)
+            raise CorruptData(
+                f"entry claims seq {header.seq} of region {header.region!r}", where=key
+            )
         state.tail.append((header, read.size))
         for b in header.blocks:
             state.next_offsets[(b.topic, b.partition)] = b.last_offset + 1

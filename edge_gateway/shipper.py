@@ -32,12 +32,17 @@ from pathlib import Path
 
 import trio
 
-from edge_gateway.bucket import Bucket, BucketUnavailable, PreconditionFailed, verify_conditional_create
+from edge_gateway.bucket import (
+    Bucket,
+    BucketUnavailable,
+    PreconditionFailed,
+    verify_conditional_create,
+)
 from edge_gateway.errors import ConfigError, CorruptData, Fenced, InvalidInput
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.format.logobject import LogObjectBuilder, LogObjectHeader
+from edge_gateway.format.logobject import LogObjectBuilder
 from edge_gateway.format.manifest import Manifest, ManifestEntry
 from edge_gateway.journal import Journal
 from edge_gateway.names import validate_region
@@ -154,7 +159,9 @@ class Shipper:
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise CorruptData(f"unreadable shipper state: {exc}", where=str(self._state_path)) from None
+            raise CorruptData(
+                f"unreadable shipper state: {exc}", where=str(self._state_path)
+            ) from None
         if doc.get("region") != self.region:
             raise ConfigError(
                 f"this journal belongs to region {doc.get('region')!r}, not {self.region!r}"
@@ -198,7 +205,9 @@ class Shipper:
                 self.region, epoch, seq, self._shipped_lsn, self._clock()
             )
             try:
-                await self.bucket.put(log_key(self.prefix, self.region, seq), fence, if_none_match=True)
+                await self.bucket.put(
+                    log_key(self.prefix, self.region, seq), fence, if_none_match=True
+                )
             except PreconditionFailed:
                 log.info("shipper: seq %d was taken while claiming; looking again", seq)
                 continue
@@ -211,14 +220,19 @@ class Shipper:
         self._pending_manifest = [ManifestEntry.from_header(h, size) for h, size in state.tail]
         fence_header = logobject.decode_header(fence, where="fence")
         self._pending_manifest.append(ManifestEntry.from_header(fence_header, len(fence)))
-        self._schedule.first_seq = (state.manifest.last_seq + 1) if state.manifest else self._low_watermark
+        self._schedule.first_seq = (
+            (state.manifest.last_seq + 1) if state.manifest else self._low_watermark
+        )
         self._schedule.committed(len(self._pending_manifest))
         self._fences += 1
         self._claimed = True
         self._last_commit_mono = time.monotonic()
         log.info(
             "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %d)",
-            self.region, epoch, seq, self._shipped_lsn,
+            self.region,
+            epoch,
+            seq,
+            self._shipped_lsn,
         )
 
     def _reconcile(self, state: LogState) -> None:
@@ -235,7 +249,9 @@ class Shipper:
                 j.reset_empty(Checkpoint(dict(state.next_offsets), {}), head_lsn + 1)
                 log.info(
                     "shipper: empty journal continues the log of %s at LSN %d (%d partitions)",
-                    self.region, head_lsn + 1, len(state.next_offsets),
+                    self.region,
+                    head_lsn + 1,
+                    len(state.next_offsets),
                 )
             self._ship_from = j.next_lsn
             self._shipped_lsn = j.next_lsn - 1
@@ -312,8 +328,13 @@ class Shipper:
         level = self.config.compression_level
         obj = await trio.to_thread.run_sync(
             lambda: builder.build(
-                region=self.region, epoch=epoch, seq=seq, first_lsn=first_lsn,
-                last_lsn=last_lsn, created_ms=created, level=level,
+                region=self.region,
+                epoch=epoch,
+                seq=seq,
+                first_lsn=first_lsn,
+                last_lsn=last_lsn,
+                created_ms=created,
+                level=level,
             )
         )
         key = log_key(self.prefix, self.region, seq)
@@ -326,8 +347,11 @@ class Shipper:
             except PreconditionFailed:
                 theirs = (await read_header(self.bucket, key)).header
                 outcome = classify_conflict(
-                    our_epoch=epoch, our_first_lsn=first_lsn, our_last_lsn=last_lsn,
-                    their_epoch=theirs.epoch, their_first_lsn=theirs.first_lsn,
+                    our_epoch=epoch,
+                    our_first_lsn=first_lsn,
+                    our_last_lsn=last_lsn,
+                    their_epoch=theirs.epoch,
+                    their_first_lsn=theirs.first_lsn,
                     their_last_lsn=theirs.last_lsn,
                 )
                 if outcome is Conflict.OURS:
@@ -407,9 +431,7 @@ class Shipper:
 
     # ------------------------------------------------------------- loops
 
-    async def ship_pending(
-        self, progress: Callable[[int, int], None] | None = None
-    ) -> int:
+    async def ship_pending(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Ship everything appended so far (``edgegw sync``). Returns objects shipped."""
         target = self.journal.next_lsn - 1
         shipped = 0
@@ -423,8 +445,18 @@ class Shipper:
         return shipped
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Claim (retrying while the bucket is away), then ship for ever."""
-        task_status.started()
+        """Claim (retrying while the bucket is away), then ship for ever.
+
+        A gateway that has claimed its region before (its journal holds a
+        writer state) reports ready at once and claims in the background, so
+        a site starts and journals while its link is down. A journal that
+        never met the bucket must learn the region's log first — otherwise
+        its offsets could reuse ones already in the bucket — so the first
+        start of a gateway waits for the bucket before reporting ready.
+        """
+        met_bucket = self._load_writer_state() is not None
+        if met_bucket:
+            task_status.started()
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
         while not self._claimed:
             try:
@@ -432,8 +464,12 @@ class Shipper:
             except BucketUnavailable as exc:
                 self._last_error = f"claim: {exc}"
                 delay = backoff.next_delay(self._rand.random())
-                log.warning("shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay)
+                log.warning(
+                    "shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay
+                )
                 await trio.sleep(delay)
+        if not met_bucket:
+            task_status.started()
         flush_s = self.config.flush_interval_ms / 1000
         while True:
             if not self.pending():

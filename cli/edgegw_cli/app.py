@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from edgegw_cli import demo, inspect_cmd, sync
+from edgegw_cli import demo, inspect_cmd, restore, sync
 
 app = typer.Typer(
     name="edgegw",
@@ -19,6 +19,7 @@ app = typer.Typer(
 app.command("demo")(demo.demo)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("sync")(sync.sync)
+app.command("restore")(restore.restore)
 
 
 @app.callback()

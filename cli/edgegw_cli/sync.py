@@ -16,7 +16,10 @@ from edgegw_cli._common import console, fail, reason
 
 
 async def open_bucket(
-    bucket_dir: Path | None, s3_bucket: str | None, s3_endpoint: str | None, s3_prefix: str,
+    bucket_dir: Path | None,
+    s3_bucket: str | None,
+    s3_endpoint: str | None,
+    s3_prefix: str,
     s3_path_style: bool,
 ) -> tuple[Bucket, str]:
     """The bucket the options name, and the key prefix to use in it."""
@@ -57,24 +60,32 @@ def sync(
         )
         try:
             shipper = Shipper(
-                journal, bucket, region, prefix=prefix,
+                journal,
+                bucket,
+                region,
+                prefix=prefix,
                 config=ShipperConfig(max_object_bytes=flush_bytes),
             )
             await shipper.claim()
             first = shipper.shipped_lsn
             target = journal.next_lsn - 1
             with Progress(
-                TextColumn("[bold]shipping[/]"), BarColumn(),
+                TextColumn("[bold]shipping[/]"),
+                BarColumn(),
                 TextColumn("{task.completed}/{task.total} entries"),
                 TextColumn("{task.fields[objects]} objects, {task.fields[mb]:.1f} MB"),
-                TimeRemainingColumn(), console=console, transient=False,
+                TimeRemainingColumn(),
+                console=console,
+                transient=False,
             ) as progress:
                 task = progress.add_task("ship", total=max(target - first, 0), objects=0, mb=0.0)
 
                 def update(shipped: int, _target: int) -> None:
                     st = shipper.statistics()
                     progress.update(
-                        task, completed=shipped - first, objects=st.objects,
+                        task,
+                        completed=shipped - first,
+                        objects=st.objects,
                         mb=st.wire_bytes / 1e6,
                     )
 
@@ -90,4 +101,6 @@ def sync(
         objects, records, wire = trio.run(run)
     except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
-    console.print(f"shipped {records:,} records in {objects} objects ({wire / 1e6:.2f} MB on the wire)")
+    console.print(
+        f"shipped {records:,} records in {objects} objects ({wire / 1e6:.2f} MB on the wire)"
+    )

@@ -271,9 +271,7 @@ class Bucket(abc.ABC):
         """
         validate_key(key)
         if not isinstance(data, bytes):
-            raise InvalidRequest(
-                f"put data must be bytes, got {type(data).__name__}", key=key
-            )
+            raise InvalidRequest(f"put data must be bytes, got {type(data).__name__}", key=key)
         if if_none_match and if_match is not None:
             raise InvalidRequest("if_none_match and if_match are exclusive", key=key)
         if if_match is not None and (not isinstance(if_match, str) or not if_match):

@@ -45,7 +45,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Final, TypeVar, TypeVarTuple
@@ -72,7 +72,6 @@ _ETAG_CACHE_SIZE: Final = 4096
 _STALE_TMP_SECONDS: Final = 3600.0
 #: A concurrent delete may remove an empty directory between our mkdir and link.
 _LINK_ATTEMPTS: Final = 5
-
 
 
 class LocalBucket(Bucket):
@@ -150,9 +149,7 @@ class LocalBucket(Bucket):
 
     # -- thread boundary ------------------------------------------------------
 
-    async def _in_thread(
-        self, fn: Callable[[*_Ts], _T], *args: *_Ts, key: str | None
-    ) -> _T:
+    async def _in_thread(self, fn: Callable[[*_Ts], _T], *args: *_Ts, key: str | None) -> _T:
         """Run blocking ``fn`` in a worker thread, translating ``OSError``.
 
         Not abandoned on cancellation: a write that started finishes (or
@@ -172,7 +169,9 @@ class LocalBucket(Bucket):
         if exc.errno in (errno.EACCES, errno.EPERM):
             return AccessDenied(message, key=key)
         if exc.errno == errno.ENAMETOOLONG:
-            return InvalidRequest(message + " (a key segment is too long for the filesystem)", key=key)
+            return InvalidRequest(
+                message + " (a key segment is too long for the filesystem)", key=key
+            )
         # Everything else (ENOSPC, EIO, EROFS, a stale NFS handle, ...) is the
         # disk or mount failing: like an unreachable store, the caller keeps
         # its data and retries later; the message says what happened.
@@ -236,6 +235,8 @@ class LocalBucket(Bucket):
                         "the key already exists",
                         key=key,
                     ) from None
+                except NotADirectoryError:
+                    raise self._conflict(key) from None
                 except FileNotFoundError:
                     # A delete removed an emptied parent directory between
                     # our mkdir and link: make it again.
@@ -262,7 +263,7 @@ class LocalBucket(Bucket):
                 self._makedirs(target.parent, key=key)
                 try:
                     os.replace(tmp, target)
-                except IsADirectoryError:
+                except (IsADirectoryError, NotADirectoryError):
                     raise self._conflict(key) from None
             _fsync_dir(target.parent)
         finally:
@@ -284,7 +285,9 @@ class LocalBucket(Bucket):
             os.close(fd)
         return GetResult(key, data, first, size, etag, _mtime(st))
 
-    def _list_sync(self, prefix: str, start_after: str | None, limit: int | None) -> list[ObjectInfo]:
+    def _list_sync(
+        self, prefix: str, start_after: str | None, limit: int | None
+    ) -> list[ObjectInfo]:
         # Walk only the directory the prefix's complete segments name, prune
         # subtrees that cannot hold a match, then sort the full keys: a
         # per-directory sort would put "a/b" before "a-c", S3 puts it after.
@@ -302,7 +305,9 @@ class LocalBucket(Bucket):
                 continue  # deleted since the walk
         return infos
 
-    def _collect(self, directory: str, prefix: str, start_after: str | None, out: list[str]) -> None:
+    def _collect(
+        self, directory: str, prefix: str, start_after: str | None, out: list[str]
+    ) -> None:
         path = self._path(directory) if directory else self._objects
         try:
             entries = list(os.scandir(path))
@@ -319,7 +324,11 @@ class LocalBucket(Bucket):
                 if not (below.startswith(prefix) or prefix.startswith(below)):
                     continue
                 # Every key below is > below; if start_after is past them all, skip.
-                if start_after is not None and start_after > below and not start_after.startswith(below):
+                if (
+                    start_after is not None
+                    and start_after > below
+                    and not start_after.startswith(below)
+                ):
                     continue
                 self._collect(key, prefix, start_after, out)
             elif key.startswith(prefix) and (start_after is None or key > start_after):
@@ -370,6 +379,8 @@ class LocalBucket(Bucket):
         while not path.exists():
             missing.append(path)
             path = path.parent
+        if not path.is_dir():
+            raise self._conflict(key or str(directory))
         for path in reversed(missing):
             try:
                 path.mkdir()
@@ -452,7 +463,9 @@ def _pread_exactly(fd: int, length: int, offset: int, key: str) -> bytes:
         if not chunk:
             # Objects are never written in place; a short file was changed
             # behind the bucket's back.
-            raise CorruptData(f"file ended at {offset + got}, expected {offset + length}", where=key)
+            raise CorruptData(
+                f"file ended at {offset + got}, expected {offset + length}", where=key
+            )
         parts.append(chunk)
         got += len(chunk)
     return b"".join(parts)
@@ -476,7 +489,5 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _unlink_quietly(path: Path) -> None:
-    try:
+    with suppress(FileNotFoundError):
         os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
 
 import boto3
@@ -134,6 +135,30 @@ _CONFIG_BOTOCORE: Final = (
 )
 
 
+_OPTIONAL_STR: Final = (str, type(None))
+_NUMBER: Final = (int, float)
+_FIELD_TYPES: Final[dict[str, tuple[type, ...]]] = {
+    "bucket": (str,),
+    "prefix": (str,),
+    "endpoint_url": _OPTIONAL_STR,
+    "region": _OPTIONAL_STR,
+    "path_style": (bool,),
+    "access_key": _OPTIONAL_STR,
+    "secret_key": _OPTIONAL_STR,
+    "session_token": _OPTIONAL_STR,
+    "profile": _OPTIONAL_STR,
+    "connect_timeout": _NUMBER,
+    "read_timeout": _NUMBER,
+    "retry_mode": (str,),
+    "max_attempts": (int,),
+    "max_concurrency": (int,),
+    "multipart_threshold": (int,),
+    "part_size": (int,),
+    "checksums": (str,),
+    "list_page_size": (int,),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class S3Config:
     """How to reach one bucket (and a prefix in it) on an S3-compatible store.
@@ -181,7 +206,14 @@ class S3Config:
         def bad(key: str, why: str) -> ConfigError:
             return ConfigError(f"bucket config {key!r}: {why}")
 
-        if not isinstance(self.bucket, str) or not 3 <= len(self.bucket) <= 255:
+        # Values may come from a parsed config file: check types first, so
+        # that the error names the key instead of failing on a comparison.
+        for key, kinds in _FIELD_TYPES.items():
+            value = getattr(self, key)
+            if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+                names = " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+                raise bad(key, f"must be {names}, got {value!r}")
+        if not 3 <= len(self.bucket) <= 255:
             raise bad("bucket", f"needs a bucket name of 3 to 255 characters, got {self.bucket!r}")
         if "/" in self.bucket:
             raise bad("bucket", f"{self.bucket!r} must be a bucket name, not a path (use 'prefix')")
@@ -199,7 +231,9 @@ class S3Config:
         if self.endpoint_url is not None and not self.endpoint_url.startswith(
             ("http://", "https://")
         ):
-            raise bad("endpoint_url", f"must start with http:// or https://, got {self.endpoint_url!r}")
+            raise bad(
+                "endpoint_url", f"must start with http:// or https://, got {self.endpoint_url!r}"
+            )
         for key in ("connect_timeout", "read_timeout"):
             if not getattr(self, key) > 0:
                 raise bad(key, "must be > 0 seconds")
@@ -210,9 +244,14 @@ class S3Config:
         if self.max_concurrency < 1:
             raise bad("max_concurrency", "must be >= 1")
         if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
-            raise bad("part_size", f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PART_SIZE} (5 GiB)")
+            raise bad(
+                "part_size", f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PART_SIZE} (5 GiB)"
+            )
         if not MIN_PART_SIZE <= self.multipart_threshold <= MAX_PUT_SIZE:
-            raise bad("multipart_threshold", f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PUT_SIZE} (5 GiB)")
+            raise bad(
+                "multipart_threshold",
+                f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PUT_SIZE} (5 GiB)",
+            )
         if self.checksums not in ("when_supported", "when_required"):
             raise bad("checksums", "must be 'when_supported' or 'when_required'")
         if not 1 <= self.list_page_size <= 1000:
@@ -286,7 +325,8 @@ class S3Bucket(Bucket):
         """Create the client for ``config``; no request is sent yet."""
         try:
             client = await trio.to_thread.run_sync(_make_client, config)
-        except botocore.exceptions.BotoCoreError as exc:
+        except (botocore.exceptions.BotoCoreError, ValueError) as exc:
+            # A missing profile, an unparsable shared config file, a bad endpoint.
             raise ConfigError(f"bucket config for {config.bucket!r}: {exc}") from exc
         return cls(config, client)
 
@@ -332,8 +372,7 @@ class S3Bucket(Bucket):
         full_key = self._full_key(key)
         if end is not None and start == end:
             # HTTP cannot ask for zero bytes ("bytes=5-4" means the whole object).
-            info = await self._head(key)
-            return GetResult(key, b"", min(start, info.size), info.size, info.etag, info.last_modified)
+            return await self._empty_read(key, start)
         kwargs: dict[str, Any] = {"Bucket": self._config.bucket, "Key": full_key}
         if start > 0 or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
@@ -353,8 +392,7 @@ class S3Bucket(Bucket):
 
         answer = await self._run("get", key, call)
         if answer is None:
-            info = await self._head(key)
-            return GetResult(key, b"", min(start, info.size), info.size, info.etag, info.last_modified)
+            return await self._empty_read(key, start)
         response, data = answer
         content_range = response.get("ContentRange")
         if content_range:
@@ -367,6 +405,11 @@ class S3Bucket(Bucket):
             data = data[first : size if end is None else min(end, size)]
         return GetResult(key, data, first, size, response["ETag"], response["LastModified"])
 
+    async def _empty_read(self, key: str, start: int) -> GetResult:
+        """A read of no bytes: the object's size and etag come from a HEAD."""
+        info = await self._head(key)
+        return GetResult(key, b"", min(start, info.size), info.size, info.etag, info.last_modified)
+
     async def _head(self, key: str) -> ObjectInfo:
         full_key = self._full_key(key)
         response = await self._run(
@@ -374,7 +417,9 @@ class S3Bucket(Bucket):
             key,
             lambda: self._client.head_object(Bucket=self._config.bucket, Key=full_key),
         )
-        return ObjectInfo(key, response["ContentLength"], response["ETag"], response["LastModified"])
+        return ObjectInfo(
+            key, response["ContentLength"], response["ETag"], response["LastModified"]
+        )
 
     async def _list(
         self, prefix: str, *, start_after: str | None, limit: int | None
@@ -395,7 +440,7 @@ class S3Bucket(Bucket):
                 kwargs["ContinuationToken"] = token
             elif start_after is not None:
                 kwargs["StartAfter"] = self._prefix + start_after
-            page = await self._run("list", None, lambda: self._client.list_objects_v2(**kwargs))
+            page = await self._run("list", None, partial(self._client.list_objects_v2, **kwargs))
             cut = len(self._prefix)
             for item in page.get("Contents", []):
                 out.append(
@@ -569,7 +614,9 @@ class S3Bucket(Bucket):
             return AccessDenied(message, key=key)
         if isinstance(exc, _CONFIG_BOTOCORE):
             return ConfigError(message)
-        if isinstance(exc, botocore.exceptions.ParamValidationError | botocore.exceptions.ValidationError):
+        if isinstance(
+            exc, botocore.exceptions.ValidationError | botocore.exceptions.ParamValidationError
+        ):
             return InvalidRequest(message, key=key)
         # Unknown botocore failures are treated as transient: the caller
         # keeps its data and retries with backoff, and the message (logged

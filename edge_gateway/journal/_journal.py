@@ -805,16 +805,17 @@ class Journal:
         # before it started; waiters that arrive meanwhile park and the next
         # of them leads the following round.
         self._flushing = True
-        if self.config.fsync_inline:
-            # Let every runnable appender write first, so this one blocking
-            # fsync covers them all (with a worker thread the same happens
-            # while the thread runs).
-            await trio.lowlevel.checkpoint()
-        target = self._next_lsn - 1
-        fd = self._segments[-1].fd
-        assert fd is not None
-        self._unsynced_bytes = 0
         try:
+            if self.config.fsync_inline:
+                # Let every runnable appender write first, so this one blocking
+                # fsync covers them all (with a worker thread the same happens
+                # while the thread runs). Inside the try: a leader cancelled
+                # here must still hand over (finally) or every waiter hangs.
+                await trio.lowlevel.checkpoint()
+            target = self._next_lsn - 1
+            fd = self._segments[-1].fd
+            assert fd is not None
+            self._unsynced_bytes = 0
             t0 = time.perf_counter()
             if self.config.fsync_inline:
                 _fdatasync(fd)
@@ -1120,7 +1121,10 @@ class Journal:
                 os.close(fd)
             self._read_fds.clear()
             for lot in (
-                self._durable_lot, self._append_lot, self._dirty_lot, self._urgent_lot,
+                self._durable_lot,
+                self._append_lot,
+                self._dirty_lot,
+                self._urgent_lot,
                 self._bytes_lot,
             ):
                 lot.unpark_all()

@@ -22,7 +22,7 @@ specified in ``docs/protocol.md``. In short:
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from edge_gateway.errors import CorruptData, Fenced
 
@@ -142,11 +142,10 @@ class Backoff:
     base_s: float = 0.1
     cap_s: float = 30.0
     attempt: int = 0
-    _rand: list[float] = field(default_factory=list)
 
     def next_delay(self, rand: float) -> float:
         """The next delay for a uniform random ``rand`` in [0, 1)."""
-        ceiling = min(self.cap_s, self.base_s * (2**self.attempt))
+        ceiling = min(self.cap_s, self.base_s * (2.0**self.attempt))
         self.attempt += 1
         return ceiling * rand
 

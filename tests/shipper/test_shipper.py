@@ -8,7 +8,14 @@ from pathlib import Path
 import pytest
 import trio
 
-from edge_gateway.bucket import Bucket, FaultyBucket, LocalBucket, S3Bucket, S3Config, UnsupportedStore
+from edge_gateway.bucket import (
+    Bucket,
+    FaultyBucket,
+    LocalBucket,
+    S3Bucket,
+    S3Config,
+    UnsupportedStore,
+)
 from edge_gateway.errors import Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
@@ -30,12 +37,15 @@ def produce(j: Journal, topic: str, partitions: int, batches: int, size: int = 1
         for p in range(partitions):
             first = j.next_offset(topic, p)
             j.append_nowait(
-                topic, p,
+                topic,
+                p,
                 encode_batch([value(p, first + i) for i in range(size)], timestamps=first),
             )
 
 
-async def log_records(bucket: Bucket, region: str) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
+async def log_records(
+    bucket: Bucket, region: str
+) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
     """Every record in the region's log, by partition, in log order (checks everything)."""
     head = await find_head(bucket, "", region)
     out: dict[tuple[str, int], list[tuple[int, bytes]]] = {}
@@ -43,7 +53,9 @@ async def log_records(bucket: Bucket, region: str) -> dict[tuple[str, int], list
     for seq in range(1, head + 1):
         key = log_key("", region, seq)
         data = (await bucket.get(key)).data
-        header = logobject.decode_header(data[: logobject.header_length_hint(data[:12], where=key)], where=key)
+        header = logobject.decode_header(
+            data[: logobject.header_length_hint(data[:12], where=key)], where=key
+        )
         assert header.seq == seq
         epochs.append(header.epoch)
         for b in header.blocks:
@@ -56,7 +68,9 @@ async def log_records(bucket: Bucket, region: str) -> dict[tuple[str, int], list
     return out
 
 
-def expected(partitions: int, count: int, topic: str = "t") -> dict[tuple[str, int], list[tuple[int, bytes]]]:
+def expected(
+    partitions: int, count: int, topic: str = "t"
+) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
     return {(topic, p): [(o, value(p, o)) for o in range(count)] for p in range(partitions)}
 
 
@@ -66,8 +80,14 @@ async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
         endpoint = request.getfixturevalue("moto_endpoint")
         name = request.getfixturevalue("s3_bucket_name")
         b: Bucket = await S3Bucket.open(
-            S3Config(bucket=name, endpoint_url=endpoint, path_style=True, region="us-east-1",
-                     access_key="testing", secret_key="testing")
+            S3Config(
+                bucket=name,
+                endpoint_url=endpoint,
+                path_style=True,
+                region="us-east-1",
+                access_key="testing",
+                secret_key="testing",
+            )
         )
     else:
         b = await LocalBucket.open(tmp_path / "bucket")
@@ -179,7 +199,9 @@ async def test_mirror_entries_are_not_shipped(tmp_path: Path) -> None:
     try:
         s = Shipper(j, bucket, "north", config=FAST)
         await s.claim()
-        await j.append_mirror("south.t", 0, encode_batch([b"m"], timestamps=1), SourceCoords("south", 1, 1))
+        await j.append_mirror(
+            "south.t", 0, encode_batch([b"m"], timestamps=1), SourceCoords("south", 1, 1)
+        )
         produce(j, "t", 1, 1)
         await s.ship_pending()
         assert await log_records(bucket, "north") == expected(1, 10)
@@ -224,7 +246,7 @@ async def test_store_without_conditional_create_is_refused(tmp_path: Path) -> No
     bucket.honor_conditions = False
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
-        with pytest.raises(UnsupportedStore, match="fencing"):
+        with pytest.raises(UnsupportedStore, match="cannot be fenced"):
             await Shipper(j, bucket, "north", config=FAST).claim()
     finally:
         j.close_sync()

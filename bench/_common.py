@@ -1,0 +1,288 @@
+"""Helpers shared by the benchmarks in ``bench/``: workload data, statistics, output.
+
+Every benchmark prints a readable table, each figure next to a baseline measured
+in the same run, and ends with exactly one line holding a JSON object with its
+figures (so CI and people read the same run). Scratch data goes to a directory
+under ``bench/out/`` (git-ignored, on the project's disk, never tmpfs) and is
+removed at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+#: Throughputs are reported in MB/s with MB = 10**6 bytes (as disk vendors do).
+MB = 1_000_000
+
+BENCH_DIR = Path(__file__).resolve().parent
+OUT_DIR = BENCH_DIR / "out"
+
+#: Telemetry timestamps start here, so generated data is the same on every run.
+EPOCH_MS = int(datetime(2026, 11, 22, 10, 0, tzinfo=UTC).timestamp() * 1000)
+_SITES = ("north", "south", "east", "west")
+
+
+# ----------------------------------------------------------------- workload
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """One reference telemetry record (the workloads guide): key = sensor id."""
+
+    key: bytes
+    value: bytes
+    timestamp: int
+
+
+def _iso_ms(ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ms // 1000)) + f".{ms % 1000:03d}Z"
+
+
+def telemetry(
+    n: int, *, seed: int = 42, sensors: int = 64, rate_per_s: float = 1000.0
+) -> list[Telemetry]:
+    """``n`` reference telemetry records (JSON, ~150-200 bytes), deterministic from ``seed``.
+
+    Each sensor's readings drift slowly (a random walk) with noise on top, so
+    compression figures look like a real site's; sensors report round-robin at
+    ``rate_per_s`` records per second in total.
+    """
+    rng = random.Random(seed)
+    # per sensor: temperature, humidity, vibration (the slowly drifting level)
+    levels = [
+        [rng.uniform(17.0, 25.0), rng.uniform(35.0, 60.0), rng.uniform(0.005, 0.02)]
+        for _ in range(sensors)
+    ]
+    step_ms = 1000.0 / rate_per_s
+    out: list[Telemetry] = []
+    for seq in range(n):
+        s = seq % sensors
+        level = levels[s]
+        level[0] += rng.gauss(0.0, 0.01)
+        level[1] = min(95.0, max(5.0, level[1] + rng.gauss(0.0, 0.05)))
+        level[2] = max(0.0, level[2] + rng.gauss(0.0, 0.0002))
+        ts = EPOCH_MS + int(seq * step_ms)
+        sensor_id = f"s-{s:05d}"
+        doc = {
+            "sensor_id": sensor_id,
+            "site": _SITES[s % len(_SITES)],
+            "ts": _iso_ms(ts),
+            "temperature": round(level[0] + rng.gauss(0.0, 0.05), 2),
+            "humidity": round(level[1] + rng.gauss(0.0, 0.3), 1),
+            "vibration": round(max(0.0, level[2] + rng.gauss(0.0, 0.002)), 3),
+            "seq": seq,
+        }
+        out.append(Telemetry(sensor_id.encode(), json.dumps(doc).encode(), ts))
+    return out
+
+
+def fixed_size_values(n: int, size: int = 100, *, seed: int = 7) -> list[bytes]:
+    """``n`` compact telemetry-like JSON values of exactly ``size`` bytes each.
+
+    The JSON is padded with whitespace before its closing brace, so every value
+    is still valid JSON; ``size`` must be at least about 80.
+    """
+    out = []
+    for t in telemetry(n, seed=seed):
+        doc = json.loads(t.value)
+        compact = json.dumps(
+            {
+                "id": doc["sensor_id"],
+                "ts": t.timestamp,
+                "t": doc["temperature"],
+                "h": doc["humidity"],
+                "seq": doc["seq"],
+            },
+            separators=(",", ":"),
+        ).encode()
+        if len(compact) > size:
+            raise ValueError(f"values of {size} bytes are too small for a telemetry record")
+        out.append(compact[:-1] + b" " * (size - len(compact)) + b"}")
+    return out
+
+
+# --------------------------------------------------------------- statistics
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0-100) with linear interpolation; NaN when empty."""
+    if not values:
+        return math.nan
+    s = sorted(values)
+    k = (len(s) - 1) * q / 100.0
+    lo = math.floor(k)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50.0)
+
+
+def ratio(value: float | None, baseline: float | None) -> float | None:
+    """``value / baseline``, or None when either is missing or the baseline is 0."""
+    if value is None or baseline is None or not baseline or math.isnan(value + baseline):
+        return None
+    return value / baseline
+
+
+# ------------------------------------------------------------ scratch space
+
+
+def filesystem_of(path: Path) -> tuple[str, str, str]:
+    """(device, filesystem type, mount point) holding ``path``, from /proc/mounts."""
+    best = ("?", "?", "/")
+    target = str(path.resolve())
+    try:
+        with open("/proc/mounts", encoding="utf-8") as fh:
+            for line in fh:
+                dev, mnt, fstype, *_ = line.split()
+                inside = target == mnt or target.startswith(mnt.rstrip("/") + "/")
+                if inside and len(mnt) >= len(best[2]):
+                    best = (dev, fstype, mnt)
+    except OSError:
+        pass
+    return best
+
+
+@contextmanager
+def scratch_dir(prefix: str, parent: Path | None = None) -> Iterator[Path]:
+    """A fresh directory under ``parent`` (default ``bench/out``), removed afterwards.
+
+    Refuses tmpfs/ramfs: a disk benchmark in RAM measures nothing.
+    """
+    parent = OUT_DIR if parent is None else parent
+    parent.mkdir(parents=True, exist_ok=True)
+    _, fstype, mnt = filesystem_of(parent)
+    if fstype in ("tmpfs", "ramfs"):
+        raise SystemExit(f"{parent} is on {fstype} ({mnt}); pick a directory on a real disk")
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=parent))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------------------------- output
+
+
+def progress(message: str) -> None:
+    """A progress note on stderr (stdout is kept for the table and the JSON line)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def verdict(ok: bool) -> str:
+    return "PASS" if ok else "SHORT"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of a result table: a figure, its baseline and (optionally) a target."""
+
+    name: str
+    value: float | None
+    unit: str
+    baseline_name: str = ""
+    baseline: float | None = None
+    target: str = ""
+    ok: bool | None = None  # None: no target, no verdict
+    #: Ratio to show instead of value / baseline (e.g. against twice the baseline).
+    ratio_override: float | None = None
+
+
+def fmt_num(x: float | None) -> str:
+    """A number in a compact, readable form: 3,120,000 / 41.7 / 0.0123."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    ax = abs(x)
+    if ax >= 100_000:
+        return f"{x:,.0f}"
+    if ax >= 100:
+        return f"{x:,.0f}" if ax >= 1000 else f"{x:.0f}"
+    if ax >= 10:
+        return f"{x:.1f}"
+    if ax >= 0.1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def render_table(title: str, rows: Sequence[Row | str]) -> str:
+    """Rows as aligned text; a plain string is a section heading."""
+    header = ("figure", "value", "unit", "baseline (same run)", "base", "ratio", "target", "")
+    lines: list[tuple[str, ...] | str] = [header]
+    for row in rows:
+        if isinstance(row, str):
+            lines.append(row)
+            continue
+        r = row.ratio_override if row.ratio_override is not None else ratio(row.value, row.baseline)
+        lines.append(
+            (
+                row.name,
+                fmt_num(row.value),
+                row.unit,
+                row.baseline_name,
+                fmt_num(row.baseline) if row.baseline_name else "",
+                f"{r:.2f}x" if r is not None else "",
+                row.target,
+                "" if row.ok is None else verdict(row.ok),
+            )
+        )
+    cells = [ln for ln in lines if isinstance(ln, tuple)]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
+    right = {1, 4, 5}
+    out = [title, "=" * len(title)]
+    for ln in lines:
+        if isinstance(ln, str):
+            out.append(f"-- {ln}")
+            continue
+        out.append(
+            "  ".join(
+                c.rjust(w) if i in right else c.ljust(w)
+                for i, (c, w) in enumerate(zip(ln, widths, strict=True))
+            ).rstrip()
+        )
+    return "\n".join(out)
+
+
+def _clean(obj: object) -> object:
+    if isinstance(obj, float):
+        if math.isnan(obj) or math.isinf(obj):
+            return None
+        return float(f"{obj:.4g}") if abs(obj) < 1000 else round(obj, 1)
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def emit_json(figures: dict[str, object]) -> None:
+    """Print ``figures`` as one JSON line (floats rounded, NaN as null); call it last."""
+    sys.stderr.flush()
+    print(json.dumps(_clean(figures), sort_keys=True, allow_nan=False), flush=True)
+
+
+def machine_info(path: Path) -> dict[str, object]:
+    dev, fstype, mnt = filesystem_of(path)
+    return {
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "fs": fstype,
+        "device": dev,
+        "mount": mnt,
+    }

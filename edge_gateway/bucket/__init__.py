@@ -1,0 +1,63 @@
+"""Object storage behind one small async interface (see ``docs/bucket.md``).
+
+:class:`Bucket` is the interface: ``put`` (with atomic create-only and
+compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
+``delete``. Backends:
+
+* :class:`S3Bucket` — any S3-compatible store through boto3 (AWS, MinIO, R2,
+  Ceph, moto's server), configured by :class:`S3Config`;
+* :class:`LocalBucket` — a local or shared-mount directory, the embedded default;
+* :class:`FaultyBucket` — wraps either and injects outages, latency, errors
+  and lost responses, for tests.
+
+:func:`verify_conditional_create` refuses stores that ignore create-only puts,
+because fencing depends on them.
+"""
+
+from edge_gateway.bucket._base import (
+    MAX_KEY_BYTES,
+    OPERATIONS,
+    Bucket,
+    BucketStatistics,
+    GetResult,
+    ObjectInfo,
+    validate_key,
+    validate_prefix,
+)
+from edge_gateway.bucket._errors import (
+    AccessDenied,
+    BucketError,
+    BucketUnavailable,
+    InvalidRequest,
+    NotFound,
+    PreconditionFailed,
+    UnsupportedStore,
+)
+from edge_gateway.bucket._faulty import FaultyBucket
+from edge_gateway.bucket._local import LocalBucket
+from edge_gateway.bucket._probe import probe_key, verify_conditional_create
+from edge_gateway.bucket._s3 import S3Bucket, S3Config
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "OPERATIONS",
+    "AccessDenied",
+    "Bucket",
+    "BucketError",
+    "BucketStatistics",
+    "BucketUnavailable",
+    "FaultyBucket",
+    "GetResult",
+    "InvalidRequest",
+    "LocalBucket",
+    "NotFound",
+    "ObjectInfo",
+    "PreconditionFailed",
+    "S3Bucket",
+    "S3Config",
+    "UnsupportedStore",
+    "probe_key",
+    "verify_conditional_create",
+    "validate_key",
+    "validate_prefix",
+]

@@ -1,0 +1,892 @@
+"""Log object encoding, version 1 (sans-IO).
+
+Each shipper flush writes ONE object, ``regions/<region>/log/<seq:020d>.egw``,
+holding slices of many partitions; the object *is* the region's log entry
+``seq``. The byte-level specification is in ``docs/log-object.md``; the short
+form (little-endian, CRC-32C)::
+
+    header:
+    offset size field
+    0      4    magic           "EGWL"
+    4      1    version         u8 = 1
+    5      1    flags           u8 bit0 FENCE (no blocks); other bits must be 0
+    6      2    reserved        u16 = 0
+    8      4    header_length   u32 bytes of the header, its CRC included
+    12     8    epoch           u64 writer's epoch
+    20     8    seq             u64 log sequence number of this entry
+    28     8    first_lsn       u64 journal LSNs shipped: first_lsn..last_lsn inclusive,
+    36     8    last_lsn        u64 empty (first_lsn = last_lsn + 1) for a fence
+    44     8    created_ms      i64
+    52     2    region_len      u16, then the region (UTF-8)
+           4    n_blocks        u32, then n_blocks index entries:
+                  u16 topic_len | topic | u32 partition
+                  i64 first_offset | i64 last_offset | u32 record_count
+                  i64 min_ts | i64 max_ts | u64 offset | u32 stored_length
+                  u32 raw_length | u8 codec (0 none, 1 zstd) | u32 crc (of the stored bytes)
+           4    header_crc      CRC-32C of bytes [0, header_length - 4)
+    blocks: back to back from header_length, in index order
+
+A block's raw content is the partition's record batches (``batch.py``)
+concatenated as the journal holds them; the shipper never re-encodes records.
+
+The index comes first because the shipper builds the whole object before its
+one PUT: a reader GETs the first :data:`FIRST_GET_BYTES` (the index, and all of
+a small object), asks :func:`header_length_hint` whether the header is longer,
+then GETs only the ranges :func:`plan_ranges` picks for the partitions it needs.
+
+Every decoder here raises :class:`~edge_gateway.errors.CorruptData` and nothing
+else on bad input; encoders raise :class:`~edge_gateway.errors.InvalidInput`.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Final, Protocol
+
+import crc32c
+import zstandard as zstd
+
+from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
+from edge_gateway.format import batch as _batch
+from edge_gateway.format.batch import RecordBatch
+from edge_gateway.names import validate_region, validate_topic
+
+MAGIC: Final = b"EGWL"
+VERSION: Final = 1
+FLAG_FENCE: Final = 0x01
+_KNOWN_FLAGS: Final = FLAG_FENCE
+CODEC_NONE: Final = 0
+CODEC_ZSTD: Final = 1
+_CODECS: Final = (CODEC_NONE, CODEC_ZSTD)
+
+_PREFIX = struct.Struct("<4sBBHI")
+#: Bytes :func:`header_length_hint` needs to learn the header's length.
+PREFIX_BYTES: Final = _PREFIX.size  # 12
+_FIXED = struct.Struct("<4sBBHIQQQQqH")  # everything up to and including region_len
+_FIXED_SIZE: Final = _FIXED.size  # 54
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_BLOCK = struct.Struct("<IqqIqqQIIBI")  # an index entry after its topic
+_BLOCK_FIXED: Final = 2 + _BLOCK.size  # 63: topic_len + the fields above
+#: Smallest index entry: a one-character topic.
+MIN_INDEX_ENTRY_BYTES: Final = _BLOCK_FIXED + 1  # 64
+#: Smallest header: a one-character region, no blocks.
+MIN_HEADER_BYTES: Final = _FIXED_SIZE + 1 + 4 + 4  # 63
+#: Largest header a reader accepts (about 260,000 index entries).
+MAX_HEADER_BYTES: Final = 16 * 1024 * 1024
+#: Largest raw (decompressed) block: a block holds whole batches and is split
+#: before it outgrows the builder's limit, so one batch is the worst case.
+MAX_BLOCK_RAW_BYTES: Final = _batch.MAX_BATCH_BYTES
+#: The builder starts a new block for a partition past this many raw bytes.
+DEFAULT_MAX_BLOCK_BYTES: Final = 64 * 1024 * 1024
+DEFAULT_LEVEL: Final = 3
+#: Size of a reader's first ranged GET: holds the index of all but huge objects.
+FIRST_GET_BYTES: Final = 64 * 1024
+#: Neighbouring wanted blocks closer than this are fetched with one GET.
+DEFAULT_COALESCE_GAP: Final = 64 * 1024
+#: A plan that would fetch more than this fraction of an object fetches it whole.
+DEFAULT_WHOLE_OBJECT_FRACTION: Final = 0.5
+
+_ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
+_MIN_LEVEL: Final = -(1 << 17)
+# Each record costs at least 12 bytes of columns (i64 timestamp, i32 value
+# length), each batch 40 bytes of header: a bound of the records in a block.
+_MIN_RECORD_BYTES: Final = 12
+
+_U32_MAX: Final = 2**32 - 1
+_U64_MAX: Final = 2**64 - 1
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True, slots=True)
+class BlockIndex:
+    """One index entry: where a partition's slice lies in the object and what it holds."""
+
+    topic: str
+    partition: int
+    #: Offsets of the first and last record, inclusive.
+    first_offset: int
+    last_offset: int
+    record_count: int
+    min_ts: int
+    max_ts: int
+    #: Byte position of the stored block from the start of the object.
+    offset: int
+    stored_length: int
+    raw_length: int
+    codec: int
+    #: CRC-32C of the stored (compressed) bytes.
+    crc: int
+
+    @property
+    def end(self) -> int:
+        """The byte position just past the stored block."""
+        return self.offset + self.stored_length
+
+    @property
+    def next_offset(self) -> int:
+        """The offset that follows this block in its partition."""
+        return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class LogObjectHeader:
+    """The decoded header of a log object: the entry's coordinates and its index."""
+
+    version: int
+    flags: int
+    header_length: int
+    epoch: int
+    seq: int
+    #: Journal LSNs shipped in this entry, inclusive; empty when
+    #: ``first_lsn == last_lsn + 1`` (then ``last_lsn`` is the highest LSN
+    #: shipped so far).
+    first_lsn: int
+    last_lsn: int
+    created_ms: int
+    region: str
+    blocks: tuple[BlockIndex, ...]
+
+    @property
+    def is_fence(self) -> bool:
+        return bool(self.flags & FLAG_FENCE)
+
+    @property
+    def total_length(self) -> int:
+        """Size of the whole object: the end of the last block, or the header alone."""
+        return self.blocks[-1].end if self.blocks else self.header_length
+
+
+class HasBlocks(Protocol):
+    """What :func:`plan_ranges` needs: a header, or a manifest entry."""
+
+    @property
+    def blocks(self) -> tuple[BlockIndex, ...]: ...
+
+    @property
+    def total_length(self) -> int: ...
+
+
+# --------------------------------------------------------------------------
+# validation shared by the decoder, the encoder and the manifest
+
+
+def header_size(region: str, topics: Iterable[str]) -> int:
+    """Bytes of the header for ``region`` and one index entry per topic in ``topics``."""
+    size = _FIXED_SIZE + len(region.encode("utf-8")) + 4 + 4
+    for topic in topics:
+        size += _BLOCK_FIXED + len(topic.encode("utf-8"))
+    return size
+
+
+def _int_in(value: int, lo: int, hi: int) -> bool:
+    return type(value) is int and lo <= value <= hi
+
+
+def _check_block(b: BlockIndex, where: str) -> None:
+    what = f"block {b.topic!r}/{b.partition} at {b.offset}"
+    if not (
+        _int_in(b.partition, 0, _U32_MAX)
+        and _int_in(b.first_offset, _I64_MIN, _I64_MAX)
+        and _int_in(b.last_offset, _I64_MIN, _I64_MAX)
+        and _int_in(b.record_count, 0, _U32_MAX)
+        and _int_in(b.min_ts, _I64_MIN, _I64_MAX)
+        and _int_in(b.max_ts, _I64_MIN, _I64_MAX)
+        and _int_in(b.offset, 0, _U64_MAX)
+        and _int_in(b.stored_length, 0, _U32_MAX)
+        and _int_in(b.raw_length, 0, _U32_MAX)
+        and _int_in(b.codec, 0, 0xFF)
+        and _int_in(b.crc, 0, _U32_MAX)
+    ):
+        raise CorruptData(f"{what}: a field is out of range", where=where)
+    if b.first_offset > b.last_offset:
+        raise CorruptData(f"{what}: first_offset {b.first_offset} > last_offset", where=where)
+    if b.record_count != b.last_offset - b.first_offset + 1:
+        raise CorruptData(
+            f"{what}: record_count {b.record_count} for offsets {b.first_offset}..{b.last_offset}",
+            where=where,
+        )
+    if b.min_ts > b.max_ts:
+        raise CorruptData(f"{what}: min_ts > max_ts", where=where)
+    if b.codec not in _CODECS:
+        raise CorruptData(f"{what}: unknown codec {b.codec}", where=where)
+    if not _batch.HEADER_SIZE <= b.raw_length <= MAX_BLOCK_RAW_BYTES:
+        raise CorruptData(f"{what}: raw_length {b.raw_length} out of bounds", where=where)
+    if _batch.HEADER_SIZE + b.record_count * _MIN_RECORD_BYTES > b.raw_length:
+        raise CorruptData(
+            f"{what}: {b.record_count} records cannot fit in {b.raw_length} bytes", where=where
+        )
+    if b.codec == CODEC_NONE and b.stored_length != b.raw_length:
+        raise CorruptData(f"{what}: uncompressed but stored_length != raw_length", where=where)
+    if not 0 < b.stored_length <= b.raw_length:
+        raise CorruptData(
+            f"{what}: stored_length {b.stored_length} for raw_length {b.raw_length}", where=where
+        )
+
+
+def validate_header(header: LogObjectHeader, *, where: str) -> None:
+    """Check every rule of the format that does not need the bytes.
+
+    :func:`decode_header` runs it on what it parsed, :func:`encode_header` on
+    what it is asked to write and ``Manifest.decode`` on each entry, so the
+    three agree on what a valid log entry is. Raises :class:`CorruptData`.
+    """
+    h = header
+    if h.version != VERSION:
+        raise CorruptData(
+            f"unsupported log object version {h.version} (this reader knows {VERSION})",
+            where=where,
+        )
+    if not _int_in(h.flags, 0, 0xFF):
+        raise CorruptData(f"flags {h.flags!r} out of range", where=where)
+    if h.flags & ~_KNOWN_FLAGS:
+        raise CorruptData(f"unknown flags 0x{h.flags:02x}", where=where)
+    if not (
+        _int_in(h.epoch, 0, _U64_MAX)
+        and _int_in(h.seq, 0, _U64_MAX)
+        and _int_in(h.first_lsn, 0, _U64_MAX)
+        and _int_in(h.last_lsn, 0, _U64_MAX)
+        and _int_in(h.created_ms, _I64_MIN, _I64_MAX)
+    ):
+        raise CorruptData("a header field is out of range", where=where)
+    try:
+        validate_region(h.region)
+    except InvalidName as exc:
+        raise CorruptData(str(exc), where=where) from None
+    if h.first_lsn < 1:
+        raise CorruptData("first_lsn is 0; journal LSNs start at 1", where=where)
+    if h.first_lsn > h.last_lsn + 1:
+        raise CorruptData(f"LSN range {h.first_lsn}..{h.last_lsn} is negative", where=where)
+    if h.blocks and h.first_lsn > h.last_lsn:
+        raise CorruptData("an entry with blocks has an empty LSN range", where=where)
+    if h.is_fence and (h.blocks or h.first_lsn != h.last_lsn + 1):
+        raise CorruptData("a fence entry must have no blocks and an empty LSN range", where=where)
+    checked: set[str] = set()
+    for b in h.blocks:
+        if b.topic not in checked:
+            try:
+                validate_topic(b.topic)
+            except InvalidName as exc:
+                raise CorruptData(str(exc), where=where) from None
+            checked.add(b.topic)
+    expected = header_size(h.region, (b.topic for b in h.blocks))
+    if h.header_length != expected or expected > MAX_HEADER_BYTES:
+        raise CorruptData(
+            f"header_length {h.header_length} for a header of {expected} bytes", where=where
+        )
+    pos = h.header_length
+    prev: BlockIndex | None = None
+    for b in h.blocks:
+        _check_block(b, where)
+        if b.offset != pos:
+            raise CorruptData(
+                f"block {b.topic!r}/{b.partition} at {b.offset}, expected at {pos} "
+                "(blocks follow the header back to back)",
+                where=where,
+            )
+        pos = b.end
+        if prev is not None:
+            if (prev.topic, prev.partition) > (b.topic, b.partition):
+                raise CorruptData("blocks are not sorted by (topic, partition)", where=where)
+            if (prev.topic, prev.partition) == (b.topic, b.partition) and (
+                b.first_offset != prev.last_offset + 1
+            ):
+                raise CorruptData(
+                    f"blocks of {b.topic!r}/{b.partition} are not contiguous "
+                    f"({prev.last_offset} then {b.first_offset})",
+                    where=where,
+                )
+        prev = b
+
+
+# --------------------------------------------------------------------------
+# encoding
+
+
+def encode_header(header: LogObjectHeader) -> bytes:
+    """The header bytes of ``header`` (which must be valid, else :class:`InvalidInput`)."""
+    try:
+        validate_header(header, where="log object header")
+    except CorruptData as exc:
+        raise InvalidInput(exc.reason) from None
+    h = header
+    region = h.region.encode("utf-8")
+    parts = [
+        _FIXED.pack(
+            MAGIC,
+            h.version,
+            h.flags,
+            0,
+            h.header_length,
+            h.epoch,
+            h.seq,
+            h.first_lsn,
+            h.last_lsn,
+            h.created_ms,
+            len(region),
+        ),
+        region,
+        _U32.pack(len(h.blocks)),
+    ]
+    for b in h.blocks:
+        topic = b.topic.encode("utf-8")
+        parts += (
+            _U16.pack(len(topic)),
+            topic,
+            _BLOCK.pack(
+                b.partition,
+                b.first_offset,
+                b.last_offset,
+                b.record_count,
+                b.min_ts,
+                b.max_ts,
+                b.offset,
+                b.stored_length,
+                b.raw_length,
+                b.codec,
+                b.crc,
+            ),
+        )
+    body = b"".join(parts)
+    return body + _U32.pack(crc32c.crc32c(body))
+
+
+def encode_fence(region: str, epoch: int, seq: int, last_lsn: int, created_ms: int) -> bytes:
+    """A fence entry: claims the log for ``epoch`` and ships nothing.
+
+    ``last_lsn`` is the highest LSN shipped so far (0 if none); the entry's
+    LSN range is the empty ``last_lsn + 1 .. last_lsn``.
+    """
+    return _encode_empty(region, epoch, seq, last_lsn + 1, last_lsn, created_ms, FLAG_FENCE)
+
+
+def _encode_empty(
+    region: str, epoch: int, seq: int, first_lsn: int, last_lsn: int, created_ms: int, flags: int
+) -> bytes:
+    validate_region(region)  # InvalidName is an InvalidInput
+    header = LogObjectHeader(
+        VERSION,
+        flags,
+        header_size(region, ()),
+        epoch,
+        seq,
+        first_lsn,
+        last_lsn,
+        created_ms,
+        region,
+        (),
+    )
+    return encode_header(header)
+
+
+# ZstdCompressor objects are not thread-safe, and the shipper may build in a
+# worker thread: keep one per thread and level, reused across flushes.
+_tls = threading.local()
+
+
+def _compressor(level: int, threads: int) -> zstd.ZstdCompressor:
+    cache: dict[tuple[int, int], zstd.ZstdCompressor] | None = getattr(_tls, "cctx", None)
+    if cache is None:
+        cache = _tls.cctx = {}
+    cctx = cache.get((level, threads))
+    if cctx is None:
+        cctx = cache[(level, threads)] = zstd.ZstdCompressor(level=level, threads=threads)
+    return cctx
+
+
+def _decompressor() -> zstd.ZstdDecompressor:
+    dctx: zstd.ZstdDecompressor | None = getattr(_tls, "dctx", None)
+    if dctx is None:
+        dctx = _tls.dctx = zstd.ZstdDecompressor()
+    return dctx
+
+
+@dataclass(slots=True)
+class _Slice:
+    """Batches of one partition collected for one block."""
+
+    batches: list[bytes]
+    first_offset: int
+    next_offset: int
+    min_ts: int
+    max_ts: int
+    raw_length: int
+
+
+class LogObjectBuilder:
+    """Collects record batches per partition and builds one log object.
+
+    Batches of a partition must come in offset order with no gap (checked with
+    each batch's header); a failed :meth:`add_batch` or :meth:`add` leaves the
+    builder unchanged. A partition's slice is one block, split into several
+    consecutive blocks only past ``max_block_bytes`` of raw batches.
+    """
+
+    def __init__(self, *, max_block_bytes: int = DEFAULT_MAX_BLOCK_BYTES) -> None:
+        if not _int_in(max_block_bytes, _batch.HEADER_SIZE, MAX_BLOCK_RAW_BYTES):
+            raise InvalidInput(
+                f"max_block_bytes must be within {_batch.HEADER_SIZE}..{MAX_BLOCK_RAW_BYTES}"
+            )
+        self._max_block_bytes = max_block_bytes
+        self._slices: dict[tuple[str, int], list[_Slice]] = {}
+        self._raw_bytes = 0
+        self._batch_count = 0
+        self._record_count = 0
+
+    @property
+    def raw_bytes(self) -> int:
+        """Bytes of batches added so far (before compression)."""
+        return self._raw_bytes
+
+    @property
+    def batch_count(self) -> int:
+        return self._batch_count
+
+    @property
+    def record_count(self) -> int:
+        return self._record_count
+
+    def next_offset(self, topic: str, partition: int) -> int | None:
+        """The offset the next batch of the partition must start at (None: none added)."""
+        slices = self._slices.get((topic, partition))
+        return slices[-1].next_offset if slices else None
+
+    def add_batch(self, topic: str, partition: int, batch: Buffer) -> None:
+        """Add one record batch (exactly one, as the journal stores it)."""
+        self.add(topic, partition, (batch,))
+
+    def add(self, topic: str, partition: int, batches: Iterable[Buffer]) -> None:
+        """Add a partition's batches, in offset order, all or none."""
+        validate_topic(topic)
+        if not _int_in(partition, 0, _U32_MAX):
+            raise InvalidInput(f"partition must be an int in 0..{_U32_MAX}, got {partition!r}")
+        slices = self._slices.get((topic, partition), [])
+        expected = slices[-1].next_offset if slices else None
+        checked: list[tuple[bytes, _batch.BatchHeader]] = []
+        for raw in batches:
+            if not isinstance(raw, bytes | bytearray | memoryview):
+                raise InvalidInput(f"a batch must be bytes, got {type(raw).__name__}")
+            data = bytes(raw)
+            try:
+                h = _batch.read_header(data, 0, where=f"{topic}/{partition}")
+            except CorruptData as exc:
+                raise InvalidInput(f"not a record batch: {exc}") from None
+            if h.length != len(data):
+                raise InvalidInput(
+                    f"{topic}/{partition}: a batch of {h.length} bytes in {len(data)} bytes"
+                )
+            if expected is not None and h.base_offset != expected:
+                raise InvalidInput(
+                    f"{topic}/{partition}: batch at offset {h.base_offset}, expected {expected} "
+                    "(offsets of a partition must be contiguous)"
+                )
+            expected = h.next_offset
+            checked.append((data, h))
+        if not checked:
+            return
+        # Everything is checked: from here on nothing can fail, so the builder
+        # never holds half of a call's batches.
+        for data, h in checked:
+            cur = slices[-1] if slices else None
+            if cur is None or cur.raw_length + h.length > self._max_block_bytes:
+                slices.append(
+                    _Slice(
+                        [data],
+                        h.base_offset,
+                        h.next_offset,
+                        h.min_timestamp,
+                        h.max_timestamp,
+                        h.length,
+                    )
+                )
+                continue
+            cur.batches.append(data)
+            cur.next_offset = h.next_offset
+            cur.min_ts = min(cur.min_ts, h.min_timestamp)
+            cur.max_ts = max(cur.max_ts, h.max_timestamp)
+            cur.raw_length += h.length
+        self._slices[(topic, partition)] = slices
+        self._raw_bytes += sum(len(d) for d, _ in checked)
+        self._batch_count += len(checked)
+        self._record_count += sum(h.count for _, h in checked)
+
+    def build(
+        self,
+        region: str,
+        epoch: int,
+        seq: int,
+        first_lsn: int,
+        last_lsn: int,
+        created_ms: int,
+        level: int = DEFAULT_LEVEL,
+        *,
+        threads: int = 0,
+    ) -> bytes:
+        """The whole object: the header (with the index) followed by the blocks.
+
+        Each block is one zstd frame at ``level``, or stored as is when zstd
+        does not make it smaller. ``threads`` > 0 (or -1: one per CPU) lets
+        zstd split big blocks (several MiB) across threads; the default keeps
+        the output a pure function of the input. An entry with no batches is
+        allowed (LSNs holding nothing to ship); its range may be empty.
+        """
+        validate_region(region)  # InvalidName is an InvalidInput
+        if not _int_in(level, _MIN_LEVEL, zstd.MAX_COMPRESSION_LEVEL):
+            raise InvalidInput(f"zstd level must be within {_MIN_LEVEL}..22, got {level!r}")
+        if not _int_in(threads, -1, 256):
+            raise InvalidInput(f"threads must be within -1..256, got {threads!r}")
+        if not _int_in(first_lsn, 1, _U64_MAX) or not _int_in(last_lsn, 0, _U64_MAX):
+            raise InvalidInput("LSNs must be u64, first_lsn >= 1")
+        if not self._slices:
+            return _encode_empty(region, epoch, seq, first_lsn, last_lsn, created_ms, 0)
+        cctx = _compressor(level, threads)
+        keys = sorted(self._slices)
+        hlen = header_size(region, (t for t, p in keys for _ in self._slices[(t, p)]))
+        if hlen > MAX_HEADER_BYTES:
+            raise InvalidInput(
+                f"{len(keys)} partitions need a header of {hlen} bytes; "
+                f"the limit is {MAX_HEADER_BYTES}"
+            )
+        blocks: list[BlockIndex] = []
+        stored: list[bytes] = []
+        pos = hlen
+        for topic, partition in keys:
+            for s in self._slices[(topic, partition)]:
+                raw = s.batches[0] if len(s.batches) == 1 else b"".join(s.batches)
+                packed = cctx.compress(raw)
+                codec = CODEC_ZSTD
+                if len(packed) >= len(raw):
+                    packed, codec = raw, CODEC_NONE
+                blocks.append(
+                    BlockIndex(
+                        topic,
+                        partition,
+                        s.first_offset,
+                        s.next_offset - 1,
+                        s.next_offset - s.first_offset,
+                        s.min_ts,
+                        s.max_ts,
+                        pos,
+                        len(packed),
+                        len(raw),
+                        codec,
+                        crc32c.crc32c(packed),
+                    )
+                )
+                stored.append(packed)
+                pos += len(packed)
+        header = LogObjectHeader(
+            VERSION,
+            0,
+            hlen,
+            epoch,
+            seq,
+            first_lsn,
+            last_lsn,
+            created_ms,
+            region,
+            tuple(blocks),
+        )
+        return b"".join([encode_header(header), *stored])
+
+
+# --------------------------------------------------------------------------
+# decoding
+
+
+def _check_prefix(buf: Buffer, where: str) -> int:
+    magic, version, flags, reserved, header_length = _PREFIX.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise CorruptData(f"not a log object (magic {bytes(magic)!r})", where=where)
+    if version != VERSION:
+        raise CorruptData(
+            f"unsupported log object version {version} (this reader knows {VERSION})",
+            where=where,
+        )
+    if flags & ~_KNOWN_FLAGS or reserved:
+        raise CorruptData(f"unknown flags 0x{flags:02x}/reserved 0x{reserved:04x}", where=where)
+    if not MIN_HEADER_BYTES <= header_length <= MAX_HEADER_BYTES:
+        raise CorruptData(f"bad header_length {header_length}", where=where)
+    return int(header_length)
+
+
+def header_length_hint(prefix: Buffer, *, where: str = "log object") -> int:
+    """How many bytes from the start of the object :func:`decode_header` needs.
+
+    ``prefix`` is the start of the object (any length). With fewer than
+    :data:`PREFIX_BYTES` bytes it returns :data:`PREFIX_BYTES` (after
+    checking the magic bytes present); then it returns the header length read
+    from the first 12 bytes, checked against the magic, version, flags and
+    :data:`MAX_HEADER_BYTES`. A reader that got fewer bytes than this from its
+    first GET issues one more for the rest of the header.
+    """
+    n = min(len(prefix), PREFIX_BYTES)
+    if bytes(prefix[: min(n, 4)]) != MAGIC[: min(n, 4)]:
+        raise CorruptData(f"not a log object (magic {bytes(prefix[:4])!r})", where=where)
+    if n < PREFIX_BYTES:
+        return PREFIX_BYTES
+    return _check_prefix(prefix, where)
+
+
+def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) -> LogObjectHeader:
+    """Decode and validate the header at the start of ``buf``.
+
+    ``buf`` may hold more than the header (the first GET, the whole object).
+    With ``object_size`` (the object's size from the GET), it must equal the
+    end of the last block. Raises :class:`CorruptData` for any violation of
+    ``docs/log-object.md``, with ``where`` (the bucket key) in the message.
+    """
+    if len(buf) < PREFIX_BYTES:
+        raise CorruptData(f"truncated: {len(buf)} bytes, a header needs more", where=where)
+    hlen = _check_prefix(buf, where)
+    if len(buf) < hlen:
+        raise CorruptData(f"truncated: header of {hlen} bytes, {len(buf)} present", where=where)
+    view = memoryview(buf)[:hlen]
+    end = hlen - 4
+    (stored_crc,) = _U32.unpack_from(view, end)
+    actual = crc32c.crc32c(view[:end])
+    if actual != stored_crc:
+        raise CorruptData(
+            f"header CRC mismatch (stored {stored_crc:08x}, computed {actual:08x})", where=where
+        )
+    (_, version, flags, _, _, epoch, seq, first_lsn, last_lsn, created_ms, rlen) = (
+        _FIXED.unpack_from(view, 0)
+    )
+    pos = _FIXED_SIZE
+    if pos + rlen + 4 > end:
+        raise CorruptData("region overruns the header", where=where)
+    region = _utf8(view[pos : pos + rlen], "region", where)
+    pos += rlen
+    (n_blocks,) = _U32.unpack_from(view, pos)
+    pos += 4
+    if n_blocks * MIN_INDEX_ENTRY_BYTES > end - pos:
+        raise CorruptData(
+            f"{n_blocks} index entries cannot fit in a header of {hlen} bytes", where=where
+        )
+    blocks: list[BlockIndex] = []
+    topics: dict[bytes, str] = {}
+    for _ in range(n_blocks):
+        if pos + 2 > end:
+            raise CorruptData("index entry overruns the header", where=where)
+        (tlen,) = _U16.unpack_from(view, pos)
+        pos += 2
+        if pos + tlen + _BLOCK.size > end:
+            raise CorruptData("index entry overruns the header", where=where)
+        raw_topic = bytes(view[pos : pos + tlen])
+        topic = topics.get(raw_topic)
+        if topic is None:
+            topic = topics[raw_topic] = _utf8(raw_topic, "topic", where)
+        pos += tlen
+        blocks.append(BlockIndex(topic, *_BLOCK.unpack_from(view, pos)))
+        pos += _BLOCK.size
+    if pos != end:
+        raise CorruptData(f"{end - pos} unexpected bytes after the index", where=where)
+    header = LogObjectHeader(
+        version,
+        flags,
+        hlen,
+        epoch,
+        seq,
+        first_lsn,
+        last_lsn,
+        created_ms,
+        region,
+        tuple(blocks),
+    )
+    validate_header(header, where=where)
+    if object_size is not None and object_size != header.total_length:
+        raise CorruptData(
+            f"object is {object_size} bytes, its index describes {header.total_length}",
+            where=where,
+        )
+    return header
+
+
+def _utf8(data: Buffer, what: str, where: str) -> str:
+    try:
+        return bytes(data).decode("utf-8")
+    except UnicodeDecodeError:
+        raise CorruptData(f"{what} is not UTF-8", where=where) from None
+
+
+def decode_block(index: BlockIndex, stored: Buffer, *, where: str) -> bytes:
+    """The raw batches of a block from its stored bytes, checked against ``index``.
+
+    Checks the length and CRC first, then decompresses into at most
+    ``raw_length`` bytes: a frame that claims or produces any other size is
+    refused before it can allocate more.
+    """
+    what = f"block {index.topic}/{index.partition} at {index.offset}"
+    if len(stored) != index.stored_length:
+        raise CorruptData(
+            f"{what}: {len(stored)} bytes, the index says {index.stored_length}", where=where
+        )
+    actual = crc32c.crc32c(stored)
+    if actual != index.crc:
+        raise CorruptData(
+            f"{what}: CRC mismatch (stored {index.crc:08x}, computed {actual:08x})", where=where
+        )
+    if index.codec == CODEC_NONE:
+        raw = bytes(stored)
+    elif index.codec == CODEC_ZSTD:
+        raw = _unzstd(stored, index.raw_length, what, where)
+    else:
+        raise CorruptData(f"{what}: unknown codec {index.codec}", where=where)
+    if len(raw) != index.raw_length:
+        raise CorruptData(
+            f"{what}: {len(raw)} raw bytes, the index says {index.raw_length}", where=where
+        )
+    return raw
+
+
+def _unzstd(stored: Buffer, raw_length: int, what: str, where: str) -> bytes:
+    if bytes(stored[:4]) != _ZSTD_MAGIC:
+        raise CorruptData(f"{what}: not a zstd frame", where=where)
+    try:
+        params = zstd.get_frame_parameters(stored)
+        # python-zstandard sizes its output by the frame's declared content
+        # size and ignores max_output_size then: check it before decompressing.
+        if params.content_size not in (raw_length, zstd.CONTENTSIZE_UNKNOWN):
+            raise CorruptData(
+                f"{what}: zstd frame declares {params.content_size} bytes, "
+                f"the index says {raw_length}",
+                where=where,
+            )
+        raw = _decompressor().decompress(stored, max_output_size=raw_length, allow_extra_data=False)
+    except zstd.ZstdError as exc:
+        raise CorruptData(f"{what}: zstd: {exc}", where=where) from None
+    return bytes(raw)
+
+
+def iter_block_batches(
+    index: BlockIndex, raw: Buffer, *, where: str = "block", verify: bool = True
+) -> Iterator[RecordBatch]:
+    """Decode the batches of a block (from :func:`decode_block`), checked against ``index``.
+
+    The batches' offsets must run exactly ``first_offset..last_offset`` with
+    no gap, and their timestamps span exactly ``min_ts..max_ts``. Being a
+    generator, it raises at the first bad batch, after yielding the good ones
+    before it; the last checks run when the iteration ends.
+    """
+    what = f"block {index.topic}/{index.partition} at {index.offset}"
+    if len(raw) != index.raw_length:
+        raise CorruptData(
+            f"{what}: {len(raw)} raw bytes, the index says {index.raw_length}", where=where
+        )
+    pos, end = 0, len(raw)
+    expected = index.first_offset
+    lo: int | None = None
+    hi: int | None = None
+    while pos < end:
+        b = _batch.decode_batch(raw, pos, where=f"{where} {what}+{pos}", verify=verify)
+        h = b.header
+        if h.base_offset != expected or h.last_offset > index.last_offset:
+            raise CorruptData(
+                f"{what}: batch with offsets {h.base_offset}..{h.last_offset} where "
+                f"{expected}..{index.last_offset} remain",
+                where=where,
+            )
+        if h.min_timestamp < index.min_ts or h.max_timestamp > index.max_ts:
+            raise CorruptData(f"{what}: batch timestamps outside min_ts..max_ts", where=where)
+        lo = h.min_timestamp if lo is None else min(lo, h.min_timestamp)
+        hi = h.max_timestamp if hi is None else max(hi, h.max_timestamp)
+        expected = h.next_offset
+        pos += h.length
+        yield b
+    if expected != index.last_offset + 1:
+        raise CorruptData(
+            f"{what}: batches end at offset {expected - 1}, the index says {index.last_offset}",
+            where=where,
+        )
+    if (lo, hi) != (index.min_ts, index.max_ts):
+        raise CorruptData(
+            f"{what}: batch timestamps span {lo}..{hi}, the index says "
+            f"{index.min_ts}..{index.max_ts}",
+            where=where,
+        )
+
+
+# --------------------------------------------------------------------------
+# ranged reads
+
+
+def plan_ranges(
+    header: HasBlocks,
+    wanted: Callable[[str, int], bool] | Container[tuple[str, int]],
+    *,
+    coalesce_gap: int = DEFAULT_COALESCE_GAP,
+    whole_object_fraction: float = DEFAULT_WHOLE_OBJECT_FRACTION,
+    have: int = 0,
+) -> list[tuple[int, int]]:
+    """The byte ranges ``[start, end)`` to GET for the blocks of the wanted partitions.
+
+    ``wanted`` is a predicate ``(topic, partition) -> bool`` or a container of
+    ``(topic, partition)`` pairs; ``header`` a :class:`LogObjectHeader` or a
+    manifest entry. Bytes ``[0, have)`` are already in hand (the first GET)
+    and never planned again. Wanted blocks separated by less than
+    ``coalesce_gap`` bytes share one range (one request costs more than a few
+    KiB of transfer). When the ranges would cover more than
+    ``whole_object_fraction`` of the bytes still missing, the plan is the
+    whole rest of the object in one range. An empty plan means nothing to fetch.
+    """
+    if not _int_in(coalesce_gap, 0, _U64_MAX):
+        raise InvalidInput(f"coalesce_gap must be a non-negative int, got {coalesce_gap!r}")
+    if not 0.0 <= whole_object_fraction <= 1.0:
+        raise InvalidInput(f"whole_object_fraction must be within 0..1: {whole_object_fraction}")
+    if not _int_in(have, 0, _U64_MAX):
+        raise InvalidInput(f"have must be a non-negative int, got {have!r}")
+    pick: Callable[[str, int], bool]
+    if callable(wanted):
+        pick = wanted
+    else:
+        container = wanted
+
+        def pick(topic: str, partition: int) -> bool:
+            return (topic, partition) in container
+
+    total = header.total_length
+    ranges: list[list[int]] = []
+    for b in header.blocks:
+        start, stop = max(b.offset, have), b.end
+        if start >= stop or not pick(b.topic, b.partition):
+            continue
+        if ranges and start - ranges[-1][1] < coalesce_gap:
+            ranges[-1][1] = stop
+        else:
+            ranges.append([start, stop])
+    if not ranges:
+        return []
+    planned = sum(stop - start for start, stop in ranges)
+    if planned > whole_object_fraction * (total - have):
+        return [(have, total)]
+    return [(start, stop) for start, stop in ranges]
+
+
+def slice_block(
+    index: BlockIndex, fetched: Iterable[tuple[int, Buffer]], *, where: str
+) -> memoryview:
+    """The stored bytes of a block out of fetched ranges ``(start, data)``.
+
+    A range that should hold the block but stops short (the object is shorter
+    than its index says) raises :class:`CorruptData`, as does a block no range
+    covers.
+    """
+    for start, data in fetched:
+        if start <= index.offset and index.end <= start + len(data):
+            return memoryview(data)[index.offset - start : index.end - start]
+    raise CorruptData(
+        f"block {index.topic}/{index.partition} [{index.offset}, {index.end}) "
+        "is not within the bytes read (object truncated?)",
+        where=where,
+    )
+
+
+def blocks_for(header: HasBlocks, topic: str, partition: int) -> Sequence[BlockIndex]:
+    """The blocks of one partition, in offset order."""
+    return [b for b in header.blocks if b.topic == topic and b.partition == partition]

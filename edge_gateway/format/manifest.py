@@ -1,0 +1,486 @@
+"""Manifest encoding, version 1 (sans-IO), and the bucket keys of a region's log.
+
+Every ``manifest_interval`` the writer creates
+``regions/<region>/manifest/<last_seq:020d>.json``: a summary of the log
+entries ``first_seq..last_seq`` (each entry's LSN range and block index, copied
+from its header) plus every partition's next offset, so new or lagging
+readers, the pipeline and GC plan from manifests instead of GETting every
+header. The specification is in ``docs/log-object.md`` ("Manifest"); the
+document, compact JSON with sorted keys::
+
+    {"format": "edgegw-manifest", "version": 1, "region": str, "epoch": int,
+     "first_seq": int, "last_seq": int, "low_watermark": int, "created_ms": int,
+     "entries": [{"seq": int, "epoch": int, "first_lsn": int, "last_lsn": int,
+                  "fence": bool, "header_length": int, "size": int,
+                  "blocks": [[topic, partition, first_offset, last_offset,
+                              record_count, min_ts, max_ts, offset,
+                              stored_length, raw_length, codec, crc], ...]}, ...],
+     "next_offsets": [[topic, partition, next_offset], ...]}
+
+:meth:`Manifest.decode` applies every rule of the log object format to each
+entry (through :func:`~edge_gateway.format.logobject.validate_header`) and
+raises only :class:`~edge_gateway.errors.CorruptData`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, NoReturn
+
+from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
+from edge_gateway.format.logobject import (
+    FLAG_FENCE,
+    MAX_HEADER_BYTES,
+    BlockIndex,
+    LogObjectHeader,
+    validate_header,
+)
+from edge_gateway.format.logobject import VERSION as LOG_OBJECT_VERSION
+from edge_gateway.names import validate_region, validate_topic
+
+FORMAT: Final = "edgegw-manifest"
+VERSION: Final = 1
+#: Most entries one manifest may cover.
+MAX_ENTRIES: Final = 100_000
+#: Largest manifest document a reader accepts.
+MAX_DOCUMENT_BYTES: Final = 64 * 1024 * 1024
+LOG_SUFFIX: Final = ".egw"
+MANIFEST_SUFFIX: Final = ".json"
+
+_U32_MAX: Final = 2**32 - 1
+_U64_MAX: Final = 2**64 - 1
+_I64_MIN: Final = -(2**63)
+_I64_MAX: Final = 2**63 - 1
+
+_TOP_KEYS: Final = frozenset(
+    {
+        "format",
+        "version",
+        "region",
+        "epoch",
+        "first_seq",
+        "last_seq",
+        "low_watermark",
+        "created_ms",
+        "entries",
+        "next_offsets",
+    }
+)
+_ENTRY_KEYS: Final = frozenset(
+    {"seq", "epoch", "first_lsn", "last_lsn", "fence", "header_length", "size", "blocks"}
+)
+# (lo, hi) of each field of a block row after the topic, in order.
+_BLOCK_RANGES: Final = (
+    (0, _U32_MAX),  # partition
+    (_I64_MIN, _I64_MAX),  # first_offset
+    (_I64_MIN, _I64_MAX),  # last_offset
+    (0, _U32_MAX),  # record_count
+    (_I64_MIN, _I64_MAX),  # min_ts
+    (_I64_MIN, _I64_MAX),  # max_ts
+    (0, _U64_MAX),  # offset
+    (0, _U32_MAX),  # stored_length
+    (0, _U32_MAX),  # raw_length
+    (0, 0xFF),  # codec
+    (0, _U32_MAX),  # crc
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ManifestEntry:
+    """One log entry as a manifest records it: its header minus region and time."""
+
+    seq: int
+    epoch: int
+    first_lsn: int
+    last_lsn: int
+    fence: bool
+    header_length: int
+    #: Size of the whole log object in bytes (the end of its last block).
+    size: int
+    blocks: tuple[BlockIndex, ...] = ()
+
+    @classmethod
+    def from_header(cls, header: LogObjectHeader, size: int) -> ManifestEntry:
+        """The entry for a log object with ``header`` that is ``size`` bytes long."""
+        if size != header.total_length:
+            raise InvalidInput(
+                f"log entry {header.seq}: size {size}, its header describes {header.total_length}"
+            )
+        return cls(
+            header.seq,
+            header.epoch,
+            header.first_lsn,
+            header.last_lsn,
+            header.is_fence,
+            header.header_length,
+            size,
+            header.blocks,
+        )
+
+    def to_block_index(self) -> tuple[BlockIndex, ...]:
+        """The entry's block index, as in its log object's header."""
+        return self.blocks
+
+    @property
+    def total_length(self) -> int:
+        """Same as :attr:`size`; lets :func:`~.logobject.plan_ranges` take an entry."""
+        return self.size
+
+    def to_header(self, region: str, created_ms: int = 0) -> LogObjectHeader:
+        """The log object header this entry summarises (``created_ms`` is not recorded)."""
+        return LogObjectHeader(
+            LOG_OBJECT_VERSION,
+            FLAG_FENCE if self.fence else 0,
+            self.header_length,
+            self.epoch,
+            self.seq,
+            self.first_lsn,
+            self.last_lsn,
+            created_ms,
+            region,
+            self.blocks,
+        )
+
+    def _to_doc(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "epoch": self.epoch,
+            "first_lsn": self.first_lsn,
+            "last_lsn": self.last_lsn,
+            "fence": self.fence,
+            "header_length": self.header_length,
+            "size": self.size,
+            "blocks": [
+                [
+                    b.topic,
+                    b.partition,
+                    b.first_offset,
+                    b.last_offset,
+                    b.record_count,
+                    b.min_ts,
+                    b.max_ts,
+                    b.offset,
+                    b.stored_length,
+                    b.raw_length,
+                    b.codec,
+                    b.crc,
+                ]
+                for b in self.blocks
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Manifest:
+    """A summary of the log entries ``first_seq..last_seq`` of one region."""
+
+    region: str
+    #: Epoch of the writer that wrote the manifest (no entry has a higher one).
+    epoch: int
+    first_seq: int
+    last_seq: int
+    #: Oldest log seq still in the bucket when the manifest was written.
+    low_watermark: int
+    created_ms: int
+    #: One per seq, ``first_seq`` to ``last_seq`` in order.
+    entries: tuple[ManifestEntry, ...]
+    #: (topic, partition) -> next offset after ``last_seq``, for every
+    #: partition the log has ever shipped.
+    next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @classmethod
+    def covering(
+        cls,
+        *,
+        region: str,
+        epoch: int,
+        entries: Sequence[ManifestEntry],
+        low_watermark: int,
+        created_ms: int,
+        previous_offsets: Mapping[tuple[str, int], int] | None = None,
+    ) -> Manifest:
+        """A manifest of ``entries``, its next offsets carried on from the
+        previous manifest's ``previous_offsets`` and advanced by the entries' blocks."""
+        if not entries:
+            raise InvalidInput("a manifest covers at least one log entry")
+        offsets = dict(previous_offsets or {})
+        for entry in entries:
+            for b in entry.blocks:
+                offsets[(b.topic, b.partition)] = b.last_offset + 1
+        return cls(
+            region,
+            epoch,
+            entries[0].seq,
+            entries[-1].seq,
+            low_watermark,
+            created_ms,
+            tuple(entries),
+            offsets,
+        )
+
+    def encode(self) -> bytes:
+        """Compact, deterministic JSON (sorted keys); :class:`InvalidInput` if invalid."""
+        try:
+            doc = self._to_doc()
+            _parse(doc, "manifest")
+        except CorruptData as exc:
+            raise InvalidInput(f"invalid manifest: {exc.reason}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise InvalidInput(f"invalid manifest: {exc}") from None
+        return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("ascii")
+
+    @classmethod
+    def decode(cls, data: bytes | bytearray | memoryview, *, where: str) -> Manifest:
+        """Decode and validate a manifest document; raises only :class:`CorruptData`."""
+        if len(data) > MAX_DOCUMENT_BYTES:
+            raise CorruptData(
+                f"manifest of {len(data)} bytes exceeds the limit of {MAX_DOCUMENT_BYTES}",
+                where=where,
+            )
+        try:
+            text = bytes(data).decode("utf-8")
+            doc = json.loads(
+                text,
+                object_pairs_hook=_no_duplicates,
+                parse_float=_no_float,
+                parse_constant=_no_constant,
+            )
+        except (ValueError, RecursionError) as exc:
+            # ValueError covers JSONDecodeError, UnicodeDecodeError and ints
+            # beyond Python's digit limit; RecursionError deep nesting.
+            raise CorruptData(f"manifest is not valid JSON: {exc}", where=where) from None
+        return _parse(doc, where)
+
+    def _to_doc(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": VERSION,
+            "region": self.region,
+            "epoch": self.epoch,
+            "first_seq": self.first_seq,
+            "last_seq": self.last_seq,
+            "low_watermark": self.low_watermark,
+            "created_ms": self.created_ms,
+            "entries": [e._to_doc() for e in self.entries],
+            "next_offsets": [[t, p, o] for (t, p), o in sorted(self.next_offsets.items())],
+        }
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        raise ValueError("duplicate key in an object")
+    return doc
+
+
+def _no_float(text: str) -> NoReturn:
+    raise ValueError(f"non-integer number {text[:32]!r}")
+
+
+def _no_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not allowed")
+
+
+# --------------------------------------------------------------------------
+# validation
+
+
+def _fail(message: str, where: str) -> NoReturn:
+    raise CorruptData(message, where=where)
+
+
+def _int(value: object, lo: int, hi: int, what: str, where: str) -> int:
+    # type() rather than isinstance(): JSON true/false are bools, and bool is an int.
+    if type(value) is not int:
+        _fail(f"{what} must be an integer, got {type(value).__name__}", where)
+    if not lo <= value <= hi:
+        _fail(f"{what} {value} out of range {lo}..{hi}", where)
+    return value
+
+
+def _list(value: object, what: str, where: str) -> list[Any]:
+    if type(value) is not list:
+        _fail(f"{what} must be a list, got {type(value).__name__}", where)
+    return value
+
+
+def _object(value: object, keys: frozenset[str], what: str, where: str) -> dict[str, Any]:
+    if type(value) is not dict:
+        _fail(f"{what} must be an object, got {type(value).__name__}", where)
+    if value.keys() != keys:
+        missing, extra = sorted(keys - value.keys()), sorted(value.keys() - keys)
+        _fail(f"{what}: missing keys {missing}, unknown keys {extra}", where)
+    return value
+
+
+def _name(value: object, check: Any, what: str, where: str) -> str:
+    try:
+        return str(check(value))
+    except InvalidName as exc:
+        _fail(f"{what}: {exc}", where)
+
+
+def _block(row: object, what: str, where: str) -> BlockIndex:
+    fields = _list(row, what, where)
+    if len(fields) != 1 + len(_BLOCK_RANGES):
+        _fail(f"{what} has {len(fields)} fields, expected {1 + len(_BLOCK_RANGES)}", where)
+    topic = _name(fields[0], validate_topic, f"{what} topic", where)
+    values = [
+        _int(v, lo, hi, f"{what} field {i + 1}", where)
+        for i, (v, (lo, hi)) in enumerate(zip(fields[1:], _BLOCK_RANGES, strict=True))
+    ]
+    return BlockIndex(topic, *values)
+
+
+def _parse(doc: object, where: str) -> Manifest:
+    if type(doc) is not dict:
+        _fail(f"manifest must be a JSON object, got {type(doc).__name__}", where)
+    if doc.get("format") != FORMAT:
+        _fail(f"not a manifest (format {doc.get('format')!r})", where)
+    version = doc.get("version")
+    if type(version) is not int or version != VERSION:
+        _fail(f"unsupported manifest version {version!r} (this reader knows {VERSION})", where)
+    doc = _object(doc, _TOP_KEYS, "manifest", where)
+    region = _name(doc["region"], validate_region, "region", where)
+    epoch = _int(doc["epoch"], 0, _U64_MAX, "epoch", where)
+    first_seq = _int(doc["first_seq"], 0, _U64_MAX, "first_seq", where)
+    last_seq = _int(doc["last_seq"], first_seq, _U64_MAX, "last_seq", where)
+    low_watermark = _int(doc["low_watermark"], 0, first_seq, "low_watermark", where)
+    created_ms = _int(doc["created_ms"], _I64_MIN, _I64_MAX, "created_ms", where)
+    raw_entries = _list(doc["entries"], "entries", where)
+    if len(raw_entries) > MAX_ENTRIES:
+        _fail(f"{len(raw_entries)} entries exceed the limit of {MAX_ENTRIES}", where)
+    if len(raw_entries) != last_seq - first_seq + 1:
+        _fail(f"{len(raw_entries)} entries for seqs {first_seq}..{last_seq}", where)
+
+    entries: list[ManifestEntry] = []
+    # (topic, partition) -> offset after its last block in these entries
+    shipped: dict[tuple[str, int], int] = {}
+    for i, raw in enumerate(raw_entries):
+        what = f"entries[{i}]"
+        e = _object(raw, _ENTRY_KEYS, what, where)
+        seq = _int(e["seq"], 0, _U64_MAX, f"{what}.seq", where)
+        if seq != first_seq + i:
+            _fail(f"{what} has seq {seq}, expected {first_seq + i} (seqs are contiguous)", where)
+        fence = e["fence"]
+        if type(fence) is not bool:
+            _fail(f"{what}.fence must be a boolean, got {type(fence).__name__}", where)
+        entry_epoch = _int(e["epoch"], 0, epoch, f"{what}.epoch (<= the manifest's)", where)
+        rows = _list(e["blocks"], f"{what}.blocks", where)
+        blocks = tuple(_block(r, f"{what}.blocks[{j}]", where) for j, r in enumerate(rows))
+        entry = ManifestEntry(
+            seq,
+            entry_epoch,
+            _int(e["first_lsn"], 0, _U64_MAX, f"{what}.first_lsn", where),
+            _int(e["last_lsn"], 0, _U64_MAX, f"{what}.last_lsn", where),
+            fence,
+            _int(e["header_length"], 0, MAX_HEADER_BYTES, f"{what}.header_length", where),
+            _int(e["size"], 0, _U64_MAX, f"{what}.size", where),
+            blocks,
+        )
+        header = entry.to_header(region)
+        try:
+            validate_header(header, where=where)
+        except CorruptData as exc:
+            _fail(f"{what} (log entry {seq}): {exc.reason}", where)
+        if entry.size != header.total_length:
+            _fail(f"{what}.size {entry.size}, its blocks end at {header.total_length}", where)
+        for b in blocks:
+            shipped[(b.topic, b.partition)] = b.last_offset + 1
+        entries.append(entry)
+
+    next_offsets: dict[tuple[str, int], int] = {}
+    prev: tuple[str, int] | None = None
+    for j, row in enumerate(_list(doc["next_offsets"], "next_offsets", where)):
+        what = f"next_offsets[{j}]"
+        triple = _list(row, what, where)
+        if len(triple) != 3:
+            _fail(f"{what} has {len(triple)} fields, expected 3", where)
+        key = (
+            _name(triple[0], validate_topic, f"{what} topic", where),
+            _int(triple[1], 0, _U32_MAX, f"{what} partition", where),
+        )
+        if prev is not None and key <= prev:
+            _fail(f"{what}: next_offsets are not sorted by (topic, partition)", where)
+        prev = key
+        next_offsets[key] = _int(triple[2], _I64_MIN, _I64_MAX, f"{what} offset", where)
+    for key, offset in shipped.items():
+        if next_offsets.get(key) != offset:
+            _fail(
+                f"next offset of {key[0]}/{key[1]} is {next_offsets.get(key)}, "
+                f"but its last block in this manifest ends before {offset}",
+                where,
+            )
+    return Manifest(
+        region, epoch, first_seq, last_seq, low_watermark, created_ms, tuple(entries), next_offsets
+    )
+
+
+# --------------------------------------------------------------------------
+# bucket keys
+
+_LOG_KEY = re.compile(r"regions/([A-Za-z0-9_-]+)/log/([0-9]{20})\.egw")
+_MANIFEST_KEY = re.compile(r"regions/([A-Za-z0-9_-]+)/manifest/([0-9]{20})\.json")
+
+
+def _prefix(prefix: str) -> str:
+    if not isinstance(prefix, str):
+        raise InvalidInput(f"key prefix must be a string, got {type(prefix).__name__}")
+    return prefix if not prefix or prefix.endswith("/") else prefix + "/"
+
+
+def _seq(seq: int) -> int:
+    if type(seq) is not int or not 0 <= seq <= _U64_MAX:
+        raise InvalidInput(f"seq must be an int in 0..{_U64_MAX}, got {seq!r}")
+    return seq
+
+
+def log_prefix(prefix: str, region: str) -> str:
+    """``<prefix>/regions/<region>/log/``: what every log key of the region starts with."""
+    return f"{_prefix(prefix)}regions/{validate_region(region)}/log/"
+
+
+def manifest_prefix(prefix: str, region: str) -> str:
+    """``<prefix>/regions/<region>/manifest/``."""
+    return f"{_prefix(prefix)}regions/{validate_region(region)}/manifest/"
+
+
+def log_key(prefix: str, region: str, seq: int) -> str:
+    """``<prefix>/regions/<region>/log/<seq:020d>.egw`` (``prefix`` may be empty)."""
+    return f"{log_prefix(prefix, region)}{_seq(seq):020d}{LOG_SUFFIX}"
+
+
+def manifest_key(prefix: str, region: str, last_seq: int) -> str:
+    """``<prefix>/regions/<region>/manifest/<last_seq:020d>.json``."""
+    return f"{manifest_prefix(prefix, region)}{_seq(last_seq):020d}{MANIFEST_SUFFIX}"
+
+
+def _parse_key(key: str, prefix: str, pattern: re.Pattern[str], kind: str) -> tuple[str, int]:
+    p = _prefix(prefix)
+    if not isinstance(key, str) or not key.startswith(p):
+        raise CorruptData(f"not a {kind} key under {p!r}", where=str(key))
+    m = pattern.fullmatch(key, len(p))
+    if m is None:
+        raise CorruptData(f"not a {kind} key", where=key)
+    region, digits = m.group(1, 2)
+    seq = int(digits)
+    if seq > _U64_MAX:
+        raise CorruptData(f"{kind} seq {seq} out of range", where=key)
+    try:
+        validate_region(region)
+    except InvalidName as exc:
+        raise CorruptData(str(exc), where=key) from None
+    return region, seq
+
+
+def parse_log_key(key: str, prefix: str = "") -> tuple[str, int]:
+    """``(region, seq)`` of a log key; :class:`CorruptData` if ``key`` is not one."""
+    return _parse_key(key, prefix, _LOG_KEY, "log")
+
+
+def parse_manifest_key(key: str, prefix: str = "") -> tuple[str, int]:
+    """``(region, last_seq)`` of a manifest key; :class:`CorruptData` if it is not one."""
+    return _parse_key(key, prefix, _MANIFEST_KEY, "manifest")

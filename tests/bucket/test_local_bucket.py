@@ -1,0 +1,156 @@
+"""LocalBucket specifics: on-disk layout, durability mechanics, several openers."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import trio
+
+from edge_gateway.bucket import (
+    InvalidRequest,
+    LocalBucket,
+    NotFound,
+    PreconditionFailed,
+    verify_conditional_create,
+)
+
+
+@pytest.fixture
+async def local(tmp_path: Path) -> AsyncIterator[LocalBucket]:
+    bucket = await LocalBucket.open(tmp_path / "b")
+    try:
+        yield bucket
+    finally:
+        await bucket.aclose()
+
+
+def _files(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+async def test_layout_objects_are_plain_files(local: LocalBucket) -> None:
+    await local.put("regions/r1/log/00000000000000000001.eglog", b"entry", if_none_match=True)
+    await local.put("regions/r1/cursors/r2.json", b"{}")
+    path = local.root / "objects" / "regions" / "r1" / "log" / "00000000000000000001.eglog"
+    assert path.read_bytes() == b"entry"
+    # Nothing left in tmp/, including after a refused create.
+    with pytest.raises(PreconditionFailed):
+        await local.put("regions/r1/log/00000000000000000001.eglog", b"x", if_none_match=True)
+    assert _files(local.root / "tmp") == []
+    assert local.name == local.root.as_uri()
+    assert str(local.root) in local.describe()
+
+
+async def test_etag_is_quoted_md5_like_s3_single_part(local: LocalBucket) -> None:
+    info = await local.put("k", b"content")
+    assert info.etag == f'"{hashlib.md5(b"content").hexdigest()}"'
+    # S3 accepts If-Match with or without the quotes; so does the local bucket.
+    await local.put("k", b"next", if_match=info.etag.strip('"'))
+    with pytest.raises(PreconditionFailed):
+        await local.put("k", b"again", if_match=info.etag.strip('"'))
+
+
+async def test_etag_follows_files_changed_behind_its_back(local: LocalBucket) -> None:
+    # Another tool replaces the file (a new inode): the etag must follow the content.
+    info = await local.put("k", b"one")
+    assert (await local.head("k")).etag == info.etag
+    replacement = local.root / "replacement"
+    replacement.write_bytes(b"two")
+    os.replace(replacement, local.root / "objects" / "k")
+    head = await local.head("k")
+    assert head.etag == f'"{hashlib.md5(b"two").hexdigest()}"'
+    with pytest.raises(PreconditionFailed):
+        await local.put("k", b"three", if_match=info.etag)
+
+
+async def test_object_and_directory_cannot_share_a_key(local: LocalBucket) -> None:
+    await local.put("a/b", b"x")
+    with pytest.raises(InvalidRequest, match="cannot hold both"):
+        await local.put("a", b"y")
+    with pytest.raises(InvalidRequest, match="cannot hold both"):
+        await local.put("a", b"y", if_none_match=True)
+    await local.put("c", b"x")
+    with pytest.raises(InvalidRequest, match="cannot hold both"):
+        await local.put("c/d", b"y")
+    with pytest.raises(NotFound):
+        await local.put("a", b"y", if_match='"abc"')
+
+
+async def test_objects_survive_reopening(tmp_path: Path) -> None:
+    async with await LocalBucket.open(tmp_path / "b") as first:
+        info = await first.put("log/1", b"durable", if_none_match=True)
+    async with await LocalBucket.open(tmp_path / "b") as second:
+        got = await second.get("log/1")
+        assert (got.data, got.etag) == (b"durable", info.etag)
+        with pytest.raises(PreconditionFailed):
+            await second.put("log/1", b"again", if_none_match=True)
+
+
+async def test_open_removes_only_stale_temporary_files(tmp_path: Path) -> None:
+    async with await LocalBucket.open(tmp_path / "b"):
+        pass
+    tmp = tmp_path / "b" / "tmp"
+    stale, fresh = tmp / "stale.tmp", tmp / "fresh.tmp"
+    stale.write_bytes(b"crashed writer")
+    fresh.write_bytes(b"another process writing now")
+    old = time.time() - 2 * 3600
+    os.utime(stale, (old, old))
+    async with await LocalBucket.open(tmp_path / "b"):
+        pass
+    assert not stale.exists()
+    assert fresh.exists()
+
+
+async def test_two_openers_of_one_directory_race_safely(tmp_path: Path) -> None:
+    # Two bucket objects stand in for two processes sharing a directory:
+    # create-only relies on link(2), CAS on flock(2), neither on in-process locks.
+    async with (
+        await LocalBucket.open(tmp_path / "b") as one,
+        await LocalBucket.open(tmp_path / "b") as two,
+    ):
+        base = await one.put("state.json", b"0")
+        won: list[str] = []
+
+        async def create(bucket: LocalBucket, tag: str) -> None:
+            try:
+                await bucket.put("log/1", tag.encode(), if_none_match=True)
+                won.append(tag)
+            except PreconditionFailed:
+                pass
+
+        async def swap(bucket: LocalBucket, tag: str) -> None:
+            try:
+                await bucket.put("state.json", tag.encode(), if_match=base.etag)
+                won.append("cas-" + tag)
+            except PreconditionFailed:
+                pass
+
+        async with trio.open_nursery() as nursery:
+            for index in range(4):
+                nursery.start_soon(create, one, f"one-{index}")
+                nursery.start_soon(create, two, f"two-{index}")
+                nursery.start_soon(swap, one, f"one-{index}")
+                nursery.start_soon(swap, two, f"two-{index}")
+        creates = [tag for tag in won if not tag.startswith("cas-")]
+        swaps = [tag for tag in won if tag.startswith("cas-")]
+        assert len(creates) == 1
+        assert len(swaps) == 1
+        assert (await two.get("log/1")).data == creates[0].encode()
+        assert (await one.get("state.json")).data == swaps[0].removeprefix("cas-").encode()
+
+
+async def test_overlong_segment_is_invalid(local: LocalBucket) -> None:
+    # Valid for S3 (under 1024 bytes) but longer than a file name may be.
+    with pytest.raises(InvalidRequest, match="too long"):
+        await local.put("x" * 300, b"v")
+
+
+async def test_probe_on_local(local: LocalBucket) -> None:
+    await verify_conditional_create(local, "regions/r1")
+    assert await local.list() == []
+    assert _files(local.root / "objects") == []

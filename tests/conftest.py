@@ -1,0 +1,56 @@
+"""Fixtures shared by the whole suite.
+
+``moto_endpoint`` starts one moto S3 server for the session (lazily: only
+tests that ask for it, directly or through ``s3_bucket_name``, pay for it);
+``s3_bucket_name`` gives each test a fresh, empty bucket on it, so tests are
+isolated without restarting the server.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import boto3
+import botocore.config
+import pytest
+from _moto import ACCESS_KEY, REGION, SECRET_KEY, start_moto_server
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a moto S3 server running for the session."""
+    server = start_moto_server(tmp_path_factory.mktemp("moto") / "moto.log")
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_admin(moto_endpoint: str) -> Iterator[S3Client]:
+    """A plain boto3 client on the moto server, for setting up and inspecting buckets."""
+    client = boto3.client(
+        "s3",
+        endpoint_url=moto_endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=botocore.config.Config(s3={"addressing_style": "path"}),
+    )
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def s3_bucket_name(s3_admin: S3Client) -> str:
+    """A new, empty bucket on the moto server, unique to the test."""
+    name = f"edgegw-test-{uuid.uuid4().hex[:16]}"
+    s3_admin.create_bucket(Bucket=name)
+    return name
