@@ -15,7 +15,9 @@ from edge_gateway.errors import (
     InvalidInput,
     InvalidName,
     JournalFull,
+    ReadOnlyTopic,
     Unavailable,
+    UnknownTopic,
 )
 
 __version__ = "0.1.0"
@@ -29,6 +31,8 @@ __all__ = [
     "InvalidInput",
     "InvalidName",
     "JournalFull",
+    "ReadOnlyTopic",
     "Unavailable",
+    "UnknownTopic",
     "__version__",
 ]

@@ -8,7 +8,9 @@ so callers only ever handle these kinds::
     EdgeGatewayError
     ├── InvalidInput          the caller passed something wrong; do not retry
     │   ├── InvalidName       a topic or region name breaks the naming rules
-    │   └── ConfigError       a configuration key is missing or wrong
+    │   ├── ConfigError       a configuration key is missing or wrong
+    │   ├── UnknownTopic      no such topic here (and auto_create is off)
+    │   └── ReadOnlyTopic     a mirror topic, or a topic homed in another region
     ├── CorruptData           bytes on disk or in the bucket fail a check
     │                         (CRC, length, magic, version, structure)
     ├── Unavailable           a dependency is away (bucket, metadata server);
@@ -40,6 +42,14 @@ class InvalidName(InvalidInput):
 
 class ConfigError(InvalidInput):
     """A configuration key is missing or has a bad value; the message names the key."""
+
+
+class UnknownTopic(InvalidInput):
+    """The topic does not exist on this gateway."""
+
+
+class ReadOnlyTopic(InvalidInput):
+    """Writes were sent to a mirror topic or to a topic homed in another region."""
 
 
 class CorruptData(EdgeGatewayError):

@@ -7,7 +7,7 @@ import sys
 
 import typer
 
-from edgegw_cli import demo, inspect_cmd, restore, sync
+from edgegw_cli import demo, init_cmd, inspect_cmd, restore, serve, sync
 
 app = typer.Typer(
     name="edgegw",
@@ -16,6 +16,8 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+app.command("serve")(serve.serve)
+app.command("init")(init_cmd.init)
 app.command("demo")(demo.demo)
 app.command("inspect")(inspect_cmd.inspect)
 app.command("sync")(sync.sync)

@@ -1,0 +1,36 @@
+"""``edgegw init``: write a commented starter config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from edgegw_cli._common import console, fail
+
+
+def init(
+    region: str = typer.Option(..., "--region", "-r", help="This site's region name."),
+    path: Path = typer.Option(Path("edgegw.toml"), "--config", "-c", help="File to write."),
+    data_dir: str = typer.Option("edgegw-data", "--data-dir", help="Data directory to set."),
+    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+) -> None:
+    """Write a commented starter config with every key at its default.
+
+    Example: edgegw init --region factory-7 --config /etc/edgegw/edgegw.toml
+    """
+    from edge_gateway.config import parse_config, starter_config
+    from edge_gateway.errors import InvalidInput
+
+    try:
+        text = starter_config(region, data_dir)
+    except InvalidInput as exc:
+        raise fail(str(exc)) from None
+    import tomllib
+
+    parse_config(tomllib.loads(text))  # the starter must always be valid
+    if path.exists() and not force:
+        raise fail(f"{path} exists (use --force to overwrite)")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    console.print(f"wrote {path}; start the gateway with: edgegw serve --config {path}")

@@ -1,0 +1,554 @@
+"""The gateway's configuration: one TOML file, validated at start.
+
+Every key, its default and its meaning is listed in ``docs/configuration.md``;
+``edgegw init`` writes a commented starter file. Loading is strict: an unknown
+key, a wrong type or an out-of-range value raises :class:`ConfigError` naming
+the key (``journal.fsync: 'sometimes' is not one of ...``), before anything
+touches the disk or the network.
+
+Any key of a section can be overridden from the environment as
+``EDGEGW_<SECTION>_<KEY>`` (``EDGEGW_BUCKET_SECRET_KEY``,
+``EDGEGW_API_TOKEN``), top-level keys as ``EDGEGW_<KEY>``; that is the way to
+pass secrets without writing them into the file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import ipaddress
+import os
+import re
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from edge_gateway.bucket import S3Config
+from edge_gateway.errors import ConfigError, EdgeGatewayError
+from edge_gateway.journal import JournalConfig
+from edge_gateway.names import mirror_topic, validate_region, validate_topic
+from edge_gateway.shipper import ShipperConfig
+
+__all__ = [
+    "ApiConfig",
+    "BucketConfig",
+    "GatewayConfig",
+    "LogConfig",
+    "MirrorConfig",
+    "TopicConfig",
+    "load_config",
+    "parse_config",
+]
+
+ENV_PREFIX = "EDGEGW_"
+DEFAULT_PORT = 8470
+_SIZE = re.compile(r"^\s*(\d+)\s*(B|KiB|MiB|GiB|TiB|KB|MB|GB|TB)?\s*$")
+_UNITS = {
+    None: 1,
+    "B": 1,
+    "KiB": 1 << 10,
+    "MiB": 1 << 20,
+    "GiB": 1 << 30,
+    "TiB": 1 << 40,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BucketConfig:
+    """Where the shared bucket is: a local directory (the default) or S3."""
+
+    #: ``local`` (a directory; the embedded default) or ``s3``.
+    type: Literal["local", "s3"] = "local"
+    #: Local bucket directory; default ``<data_dir>/bucket``.
+    path: str = ""
+    #: Every key under this prefix (both types).
+    prefix: str = ""
+    # --- s3 only (see docs/bucket.md) ---
+    bucket: str = ""
+    endpoint_url: str = ""
+    region: str = ""
+    path_style: bool = False
+    access_key: str = ""
+    secret_key: str = field(default="", repr=False)
+    session_token: str = field(default="", repr=False)
+    profile: str = ""
+    connect_timeout: float = 5.0
+    read_timeout: float = 30.0
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+    max_attempts: int = 5
+    max_concurrency: int = 16
+    multipart_threshold: int = 16 << 20
+    part_size: int = 8 << 20
+
+    def __post_init__(self) -> None:
+        if self.type == "s3" and not self.bucket:
+            raise ConfigError("bucket.bucket: required when bucket.type = 's3'")
+
+    def s3_config(self) -> S3Config:
+        def opt(value: str) -> str | None:
+            return value or None
+
+        return S3Config(
+            bucket=self.bucket,
+            prefix=self.prefix,
+            endpoint_url=opt(self.endpoint_url),
+            region=opt(self.region),
+            path_style=self.path_style,
+            access_key=opt(self.access_key),
+            secret_key=opt(self.secret_key),
+            session_token=opt(self.session_token),
+            profile=opt(self.profile),
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            retry_mode=self.retry_mode,
+            max_attempts=self.max_attempts,
+            max_concurrency=self.max_concurrency,
+            multipart_threshold=self.multipart_threshold,
+            part_size=self.part_size,
+        )
+
+    def describe(self, data_dir: Path) -> str:
+        if self.type == "local":
+            return f"local directory {self.local_path(data_dir)}"
+        where = self.endpoint_url or "AWS"
+        return f"s3://{self.bucket}/{self.prefix} at {where}"
+
+    def local_path(self, data_dir: Path) -> Path:
+        return Path(self.path) if self.path else data_dir / "bucket"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """The local produce/consume API (and ``/metrics``)."""
+
+    #: ``host:port``; port 0 picks a free one (written to ``<data_dir>/api.addr``).
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    #: Bearer token clients must send; required when ``listen`` is not loopback.
+    token: str = field(default="", repr=False)
+    #: Largest request body accepted (413 above).
+    max_body_bytes: int = 16 << 20
+    #: Upper bound on a fetch's long-poll ``wait_ms``.
+    max_wait_ms: int = 60_000
+    #: Serve ``/metrics`` without the token (Prometheus scrapers often have none).
+    public_metrics: bool = True
+
+    def __post_init__(self) -> None:
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"api.listen: {self.listen!r} is not host:port")
+        if not self.is_loopback and not self.token:
+            raise ConfigError(
+                f"api.token: required when api.listen ({self.listen}) is not a loopback "
+                "address (set it in the file or in EDGEGW_API_TOKEN)"
+            )
+        if self.max_body_bytes < 1024:
+            raise ConfigError("api.max_body_bytes must be at least 1 KiB")
+        if self.max_wait_ms < 0:
+            raise ConfigError("api.max_wait_ms must be >= 0")
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorConfig:
+    """How this gateway tails other regions' logs."""
+
+    #: Ask for the next log entry this often while data flows ...
+    poll_interval_ms: int = 100
+    #: ... backing off up to this when a source is idle.
+    max_poll_interval_ms: int = 2_000
+    #: When a source deleted data this region still needs: stop (``fail``) or
+    #: jump to the earliest available entry and record the gap (``skip``).
+    gap_policy: Literal["fail", "skip"] = "fail"
+    #: Log objects fetched ahead while catching up.
+    prefetch: int = 8
+    #: Publish ``regions/<src>/cursors/<region>.json`` this often.
+    cursor_interval_ms: int = 10_000
+
+    def __post_init__(self) -> None:
+        if self.poll_interval_ms <= 0 or self.max_poll_interval_ms < self.poll_interval_ms:
+            raise ConfigError("mirror.poll_interval_ms must be > 0 and <= max_poll_interval_ms")
+        if self.prefetch < 1:
+            raise ConfigError("mirror.prefetch must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
+class LogConfig:
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    #: ``text`` for people, ``json`` (one object per line) for log collectors.
+    format: Literal["text", "json"] = "text"
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """One topic of the fleet's static topology."""
+
+    name: str
+    #: The region whose gateway accepts writes for it.
+    home: str
+    partitions: int = 1
+    #: Regions that mirror it: a list, or ``["*"]`` for every other region.
+    subscribers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_topic(self.name)
+        validate_region(self.home)
+        if not 1 <= self.partitions <= 100_000:
+            raise ConfigError(f"topics[{self.name}].partitions must be 1..100000")
+        for s in self.subscribers:
+            if s != "*":
+                validate_region(s)
+
+    def subscribed_by(self, region: str) -> bool:
+        return region != self.home and ("*" in self.subscribers or region in self.subscribers)
+
+
+@dataclass(frozen=True, slots=True)
+class GatewayConfig:
+    """Everything ``edgegw serve`` needs; see ``docs/configuration.md``."""
+
+    region: str
+    data_dir: Path = Path("edgegw-data")
+    #: Producing to an unknown topic creates it, homed here, with
+    #: ``default_partitions`` partitions (otherwise: 404).
+    auto_create: bool = False
+    default_partitions: int = 1
+    #: Seconds to flush and finish in-flight uploads on SIGTERM before exiting.
+    shutdown_grace_s: float = 10.0
+    journal: JournalConfig = field(default_factory=JournalConfig)
+    shipper: ShipperConfig = field(default_factory=ShipperConfig)
+    bucket: BucketConfig = field(default_factory=BucketConfig)
+    mirror: MirrorConfig = field(default_factory=MirrorConfig)
+    api: ApiConfig = field(default_factory=ApiConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+    topics: tuple[TopicConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        validate_region(self.region)
+        if not 1 <= self.default_partitions <= 100_000:
+            raise ConfigError("default_partitions must be 1..100000")
+        if self.shutdown_grace_s < 0:
+            raise ConfigError("shutdown_grace_s must be >= 0")
+        seen: set[str] = set()
+        for t in self.topics:
+            if t.name in seen:
+                raise ConfigError(f"topics: {t.name!r} is defined twice")
+            seen.add(t.name)
+
+    @property
+    def journal_path(self) -> Path:
+        return self.data_dir / "journal"
+
+    def local_topics(self) -> dict[str, TopicConfig]:
+        """Topics homed here (writable)."""
+        return {t.name: t for t in self.topics if t.home == self.region}
+
+    def mirrored_topics(self) -> dict[str, TopicConfig]:
+        """Local mirror topic name (``<home>.<topic>``) → the source topic."""
+        return {
+            mirror_topic(t.home, t.name): t for t in self.topics if t.subscribed_by(self.region)
+        }
+
+    def sources(self) -> dict[str, list[str]]:
+        """Source region → the topics this region mirrors from it."""
+        out: dict[str, list[str]] = {}
+        for t in self.topics:
+            if t.subscribed_by(self.region):
+                out.setdefault(t.home, []).append(t.name)
+        return out
+
+
+# --------------------------------------------------------------- loading
+
+
+def load_config(
+    path: str | os.PathLike[str], env: Mapping[str, str] | None = None
+) -> GatewayConfig:
+    """Read, override from the environment, validate. Raises :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such config file (create one with `edgegw init`)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read: {exc}") from None
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML: {exc}") from None
+    return parse_config(doc, env=os.environ if env is None else env, base_dir=p.parent)
+
+
+def parse_config(
+    doc: Mapping[str, Any],
+    *,
+    env: Mapping[str, str] | None = None,
+    base_dir: Path | None = None,
+) -> GatewayConfig:
+    """Build a :class:`GatewayConfig` from a parsed TOML document."""
+    data = dict(doc)
+    env = env or {}
+    sections = {f.name: f for f in dataclasses.fields(GatewayConfig) if _is_section(f.name)}
+    # Environment overrides, applied before validation so errors name the key.
+    for f in dataclasses.fields(GatewayConfig):
+        if f.name == "topics":
+            continue
+        if f.name in sections:
+            cls = _section_class(f.name)
+            sub_hints = typing.get_type_hints(cls)
+            table = dict(_table(data.get(f.name, {}), f.name))
+            for sub in dataclasses.fields(cls):
+                name = f"{ENV_PREFIX}{f.name.upper()}_{sub.name.upper()}"
+                if name in env:
+                    table[sub.name] = _from_env(env[name], sub_hints[sub.name])
+            if table:
+                data[f.name] = table
+        else:
+            name = f"{ENV_PREFIX}{f.name.upper()}"
+            if name in env:
+                data[f.name] = _from_env(env[name], typing.get_type_hints(GatewayConfig)[f.name])
+    if "region" not in data:
+        raise ConfigError("region: required (this gateway's region name)")
+    kwargs: dict[str, Any] = {}
+    hints = typing.get_type_hints(GatewayConfig)
+    for key, value in data.items():
+        if key == "topics":
+            kwargs["topics"] = _topics(value)
+        elif key in sections:
+            kwargs[key] = _build(_section_class(key), _table(value, key), key)
+        elif key in hints:
+            kwargs[key] = _convert(value, hints[key], key)
+        else:
+            raise ConfigError(f"{key}: unknown key{_suggest(key, hints)}")
+    data_dir = kwargs.get("data_dir")
+    if isinstance(data_dir, Path) and not data_dir.is_absolute() and base_dir is not None:
+        kwargs["data_dir"] = base_dir / data_dir
+    cfg: GatewayConfig = _construct(GatewayConfig, kwargs, "")
+    return cfg
+
+
+_SECTIONS: dict[str, type[Any]] = {
+    "journal": JournalConfig,
+    "shipper": ShipperConfig,
+    "bucket": BucketConfig,
+    "mirror": MirrorConfig,
+    "api": ApiConfig,
+    "log": LogConfig,
+}
+
+
+def _is_section(name: str) -> bool:
+    return name in _SECTIONS
+
+
+def _section_class(name: str) -> type[Any]:
+    return _SECTIONS[name]
+
+
+def _table(value: object, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where}: must be a table ([{where}])")
+    return value
+
+
+def _topics(value: object) -> tuple[TopicConfig, ...]:
+    if not isinstance(value, list):
+        raise ConfigError("topics: must be an array of tables ([[topics]])")
+    out = []
+    for i, row in enumerate(value):
+        where = f"topics[{i}]"
+        table = _table(row, where)
+        if "subscribers" in table and isinstance(table["subscribers"], str):
+            table = {**table, "subscribers": [table["subscribers"]]}
+        out.append(_build(TopicConfig, table, where))
+    return tuple(out)
+
+
+def _build(cls: type[Any], table: Mapping[str, Any], where: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in table.items():
+        if key not in names:
+            raise ConfigError(f"{where}.{key}: unknown key{_suggest(key, names)}")
+        kwargs[key] = _convert(value, hints[key], f"{where}.{key}")
+    return _construct(cls, kwargs, where)
+
+
+def _construct(cls: type[Any], kwargs: dict[str, Any], where: str) -> Any:
+    try:
+        return cls(**kwargs)
+    except ConfigError:
+        raise
+    except TypeError as exc:  # a required key is missing
+        missing = re.findall(r"'(\w+)'", str(exc))
+        key = f"{where}.{missing[0]}" if where and missing else (missing[0] if missing else where)
+        raise ConfigError(f"{key}: required") from None
+    except EdgeGatewayError as exc:  # InvalidName and friends
+        raise ConfigError(f"{where or 'config'}: {exc}") from None
+
+
+def _convert(value: object, hint: Any, key: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (types.UnionType, typing.Union):
+        options = [a for a in args if a is not type(None)]
+        return _convert(value, options[0], key)
+    if origin is Literal:
+        if value not in args:
+            choices = ", ".join(repr(a) for a in args)
+            raise ConfigError(f"{key}: {value!r} is not one of {choices}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}: must be a list")
+        return tuple(_convert(v, args[0], f"{key}[{i}]") for i, v in enumerate(value))
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            choices = ", ".join(str(m.value) for m in hint)
+            raise ConfigError(f"{key}: {value!r} is not one of {choices}") from None
+    if hint is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{key}: must be true or false, not {value!r}")
+        return value
+    if hint is int:
+        if isinstance(value, str) and key.endswith("bytes"):
+            return _size(value, key)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{key}: must be an integer, not {value!r}")
+        return value
+    if hint is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{key}: must be a number, not {value!r}")
+        return float(value)
+    if hint is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{key}: must be a string, not {value!r}")
+        return value
+    if hint is Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{key}: must be a path string")
+        return Path(value).expanduser()
+    raise ConfigError(f"{key}: unsupported setting")  # pragma: no cover - a new field type
+
+
+def _size(text: str, key: str) -> int:
+    m = _SIZE.match(text)
+    if not m:
+        raise ConfigError(f"{key}: {text!r} is not a size (like 4096, '64MiB' or '2GB')")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _from_env(text: str, hint: Any) -> object:
+    """An environment value: as is for strings and paths, else in TOML scalar syntax."""
+    if hint in (str, Path) or typing.get_origin(hint) is Literal:
+        return text
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _suggest(key: str, names: typing.Iterable[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(key, list(names), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def starter_config(region: str, data_dir: str = "edgegw-data") -> str:
+    """A commented starter file (``edgegw init``); every key shows its default."""
+    validate_region(region)
+    return _STARTER.format(region=region, data_dir=data_dir, port=DEFAULT_PORT)
+
+
+_STARTER = """\
+# edgegw gateway configuration. Every key is documented in docs/configuration.md;
+# commented-out keys show their defaults. Secrets can come from the environment:
+# EDGEGW_<SECTION>_<KEY>, e.g. EDGEGW_BUCKET_SECRET_KEY, EDGEGW_API_TOKEN.
+
+# This site's region name (letters, digits, '-', '_'; unique in the fleet).
+region = "{region}"
+# Journal, group offsets, shipper state (and the local bucket by default).
+data_dir = "{data_dir}"
+# Producing to an unknown topic creates it here with default_partitions.
+# auto_create = false
+# default_partitions = 1
+# shutdown_grace_s = 10.0
+
+[journal]
+# fsync = "interval"          # always | interval | never
+# fsync_interval_ms = 5.0
+# segment_bytes = "64MiB"
+# max_bytes = "4GiB"          # disk budget: produce gets 503 journal_full beyond it
+# retention_ms = 86400000     # keep shipped data for local readers this long
+
+[shipper]
+# flush_interval_ms = 250     # the oldest unshipped record waits at most this long
+# max_object_bytes = "8MiB"
+# manifest_interval_ms = 10000
+# manifest_every = 100
+# compression_level = 3
+
+[bucket]
+# The shared bucket all regions ship to. The default is a local directory
+# (<data_dir>/bucket): enough for one machine and for trying edgegw out.
+type = "local"
+# path = ""
+# prefix = ""
+# For S3 (AWS, MinIO, R2, Ceph):
+# type = "s3"
+# bucket = "edgegw-fleet"
+# endpoint_url = "https://minio.example:9000"
+# region = "eu-west-1"
+# path_style = true
+# access_key = ""             # or the standard AWS credential chain
+# secret_key = ""             # better: EDGEGW_BUCKET_SECRET_KEY
+
+[mirror]
+# poll_interval_ms = 100
+# max_poll_interval_ms = 2000
+# gap_policy = "fail"         # fail | skip
+# prefetch = 8
+
+[api]
+# listen = "127.0.0.1:{port}"  # a token is required on a non-loopback address
+# token = ""                   # better: EDGEGW_API_TOKEN
+# max_body_bytes = "16MiB"
+
+[log]
+# level = "info"
+# format = "text"             # text | json
+
+# The fleet's topics (static topology; the metadata server replaces this).
+[[topics]]
+name = "telemetry"
+home = "{region}"
+partitions = 4
+subscribers = []              # regions that mirror it, or ["*"]
+"""

@@ -1,0 +1,573 @@
+"""The gateway: one object that owns the journal, the shipper, the tailers and the API.
+
+:class:`Gateway` is also the in-process API for embedding edgegw in a Python
+program (a function runtime, a device agent): ``produce``, ``fetch``,
+consumer-group offsets and ``status`` are plain async methods; the HTTP API in
+``edge_gateway.api`` is a thin layer over them.
+
+Lifecycle (``run``): open the bucket, the journal and the group store; start
+the journal, the shipper, the tailers and the API with ``nursery.start``, each
+reporting ready; then wait for :meth:`request_shutdown` (SIGTERM/SIGINT in
+``edgegw serve``). Shutdown stops accepting requests, then — shielded and
+bounded by ``shutdown_grace_s`` — flushes the journal and ships what is
+pending, then closes everything. A fatal error in any task (``Fenced``, a
+corrupt journal) cancels the rest and propagates out of ``run``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import crc32c
+import trio
+
+from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket
+from edge_gateway.config import GatewayConfig, TopicConfig
+from edge_gateway.errors import (
+    ClosedError,
+    InvalidInput,
+    ReadOnlyTopic,
+    Unavailable,
+    UnknownTopic,
+)
+from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
+from edge_gateway.groups import CommittedOffset, GroupStore
+from edge_gateway.journal import Journal, open_journal
+from edge_gateway.names import validate_topic
+from edge_gateway.shipper import Shipper
+
+__all__ = ["FetchResult", "Gateway", "ProduceRecord", "ProduceResult", "TopicInfo"]
+
+log = logging.getLogger("edgegw.gateway")
+
+Ack = Literal["local", "shipped"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceRecord:
+    """One record to produce. ``partition`` None: by key hash, or round robin if no key."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: Headers = ()
+    timestamp: int | None = None
+    partition: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResult:
+    """Where each produced record landed: ``offsets[i]`` is record ``i``'s."""
+
+    topic: str
+    partitions: list[int]
+    offsets: list[int]
+    #: The journal LSN of the last entry written (``ack=shipped`` waits for it).
+    last_lsn: int
+    shipped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResult:
+    topic: str
+    partition: int
+    records: list[Record]
+    #: The offset to fetch next.
+    next_offset: int
+    #: The partition's next offset to be written (the high watermark).
+    high_watermark: int
+    #: The raw batches covering the records (the binary fetch format); the
+    #: first may start before the requested offset.
+    batches: list[bytes] = field(repr=False, default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    name: str
+    #: ``local`` (homed here, writable) or ``mirror`` (read-only copy).
+    kind: Literal["local", "mirror"]
+    home: str
+    partitions: int
+    #: For mirrors: the topic's name in its home region.
+    source_topic: str
+    #: Per partition: first offset still in the journal, next offset.
+    first_offsets: list[int]
+    next_offsets: list[int]
+    #: Per partition (local topics): the next offset not yet in the bucket.
+    shipped_offsets: list[int]
+    subscribers: tuple[str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "kind": self.kind,
+            "home": self.home,
+            "partitions": [
+                {
+                    "partition": p,
+                    "first_offset": self.first_offsets[p],
+                    "next_offset": self.next_offsets[p],
+                    **(
+                        {
+                            "shipped_offset": self.shipped_offsets[p],
+                            "unshipped": self.next_offsets[p] - self.shipped_offsets[p],
+                        }
+                        if self.kind == "local"
+                        else {}
+                    ),
+                }
+                for p in range(self.partitions)
+            ],
+            "source_topic": self.source_topic,
+            "subscribers": list(self.subscribers),
+        }
+
+
+@dataclass(slots=True)
+class _Topic:
+    name: str
+    kind: Literal["local", "mirror"]
+    home: str
+    partitions: int
+    source_topic: str
+    subscribers: tuple[str, ...]
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Gateway:
+    """One region's gateway. Use ``async with trio.open_nursery() as n: await n.start(gw.run)``."""
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.region = config.region
+        self._topics: dict[str, _Topic] = {}
+        for t in config.topics:
+            self._add_topic(t)
+        self._journal: Journal | None = None
+        self._shipper: Shipper | None = None
+        self._bucket: Bucket | None = None
+        self._groups: GroupStore | None = None
+        self._round_robin = itertools.count()
+        self._shutdown = trio.Event()
+        self._accepting = False
+        self._started_ms = 0
+        self._api_addr: tuple[str, int] | None = None
+        self._task_errors: dict[str, str] = {}
+        #: Extra long-lived tasks (API server, tailers) started after the core.
+        self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
+
+    # ------------------------------------------------------------ topology
+
+    def _add_topic(self, t: TopicConfig) -> None:
+        if t.home == self.region:
+            self._topics[t.name] = _Topic(
+                t.name, "local", t.home, t.partitions, t.name, t.subscribers
+            )
+        elif t.subscribed_by(self.region):
+            name = f"{t.home}.{t.name}"
+            self._topics[name] = _Topic(name, "mirror", t.home, t.partitions, t.name, ())
+
+    def _topics_path(self) -> Path:
+        return self.config.data_dir / "topics.json"
+
+    def _load_auto_topics(self) -> None:
+        try:
+            doc = json.loads(self._topics_path().read_text())
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring unreadable %s: %s", self._topics_path(), exc)
+            return
+        for row in doc.get("auto_created", []):
+            name, partitions = row["name"], int(row["partitions"])
+            if name not in self._topics:
+                self._add_topic(TopicConfig(name=name, home=self.region, partitions=partitions))
+
+    def _save_auto_topics(self) -> None:
+        configured = {t.name for t in self.config.topics}
+        rows = [
+            {"name": t.name, "partitions": t.partitions}
+            for t in self._topics.values()
+            if t.kind == "local" and t.name not in configured
+        ]
+        path = self._topics_path()
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w") as fh:
+            json.dump({"auto_created": rows}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+    def _writable(self, topic: str) -> _Topic:
+        t = self._topics.get(topic)
+        if t is None:
+            validate_topic(topic)
+            if "." in topic and topic.split(".", 1)[0] != self.region:
+                raise ReadOnlyTopic(
+                    f"topic {topic!r} is not homed in region {self.region!r}; produce to it "
+                    f"in region {topic.split('.', 1)[0]!r}"
+                )
+            if not self.config.auto_create:
+                raise UnknownTopic(
+                    f"unknown topic {topic!r} (define it in the config, or set auto_create = true)"
+                )
+            self._add_topic(
+                TopicConfig(name=topic, home=self.region, partitions=self.config.default_partitions)
+            )
+            self._save_auto_topics()
+            log.info("auto-created topic %s (%d partitions)", topic, self.config.default_partitions)
+            t = self._topics[topic]
+        if t.kind != "local":
+            raise ReadOnlyTopic(
+                f"topic {topic!r} is a read-only mirror of {t.source_topic!r} homed in region "
+                f"{t.home!r}; produce to it there"
+            )
+        return t
+
+    def _readable(self, topic: str) -> _Topic:
+        t = self._topics.get(topic)
+        if t is None:
+            validate_topic(topic)
+            raise UnknownTopic(f"unknown topic {topic!r}")
+        return t
+
+    # ------------------------------------------------------------ components
+
+    @property
+    def journal(self) -> Journal:
+        if self._journal is None:
+            raise ClosedError("the gateway is not running")
+        return self._journal
+
+    @property
+    def shipper(self) -> Shipper:
+        if self._shipper is None:
+            raise ClosedError("the gateway is not running")
+        return self._shipper
+
+    @property
+    def bucket(self) -> Bucket:
+        if self._bucket is None:
+            raise ClosedError("the gateway is not running")
+        return self._bucket
+
+    @property
+    def groups(self) -> GroupStore:
+        if self._groups is None:
+            raise ClosedError("the gateway is not running")
+        return self._groups
+
+    @property
+    def api_address(self) -> tuple[str, int] | None:
+        return self._api_addr
+
+    def add_service(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
+        """Run ``fn(gateway, task_status=...)`` as a long-lived task once the core is up."""
+        self._services.append((name, fn))
+
+    async def open_bucket(self) -> Bucket:
+        cfg = self.config.bucket
+        if cfg.type == "local":
+            return await LocalBucket.open(cfg.local_path(self.config.data_dir))
+        return await S3Bucket.open(cfg.s3_config())
+
+    @property
+    def key_prefix(self) -> str:
+        """The prefix the log protocol adds to keys (S3 buckets apply theirs themselves)."""
+        cfg = self.config.bucket
+        return cfg.prefix if cfg.type == "local" else ""
+
+    # ------------------------------------------------------------ lifecycle
+
+    @property
+    def shutdown_requested(self) -> bool:
+        return self._shutdown.is_set()
+
+    def request_shutdown(self) -> None:
+        """Begin a graceful shutdown (what SIGTERM does in ``edgegw serve``)."""
+        self._accepting = False
+        self._shutdown.set()
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        cfg = self.config
+        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        self._load_auto_topics()
+        async with AsyncExitStack() as stack:
+            self._bucket = await self.open_bucket()
+            stack.push_async_callback(self._bucket.aclose)
+            journal = await stack.enter_async_context(open_journal(cfg.journal_path, cfg.journal))
+            self._journal = journal
+            self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
+            stack.callback(self._groups.close)
+            self._shipper = Shipper(
+                journal, self._bucket, self.region, config=cfg.shipper, prefix=self.key_prefix
+            )
+            try:
+                async with trio.open_nursery() as core:
+                    await core.start(journal.run)
+                    async with trio.open_nursery() as workers:
+                        await workers.start(self._shipper.run)
+                        for name, fn in self._services:
+                            await workers.start(self._guard, name, fn)
+                        self._accepting = True
+                        self._started_ms = _now_ms()
+                        log.info(
+                            "gateway %s ready: %d topics, bucket %s",
+                            self.region,
+                            len(self._topics),
+                            cfg.bucket.describe(cfg.data_dir),
+                        )
+                        task_status.started(self)
+                        await self._shutdown.wait()
+                        self._accepting = False
+                        workers.cancel_scope.cancel()
+                    await self._drain()
+                    core.cancel_scope.cancel()
+            finally:
+                self._accepting = False
+                self._journal = None
+                self._shipper = None
+
+    async def _guard(
+        self,
+        name: str,
+        fn: Callable[..., Awaitable[Any]],
+        *,
+        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await fn(self, task_status=task_status)
+        except Exception as exc:
+            self._task_errors[name] = f"{type(exc).__name__}: {exc}"
+            log.exception("%s failed", name)
+            raise
+
+    async def _drain(self) -> None:
+        """Flush and ship what is pending, shielded, within the grace period."""
+        grace = self.config.shutdown_grace_s
+        with trio.move_on_after(grace, shield=True) as scope:
+            await self.journal.flush()
+            shipper = self.shipper
+            if shipper.statistics().claimed and shipper.pending():
+                log.info("shutdown: shipping pending data (up to %.0fs)", grace)
+                await shipper.ship_pending()
+        if scope.cancelled_caught:
+            log.warning(
+                "shutdown: grace period of %.0fs ended with data unshipped; it ships at next start",
+                grace,
+            )
+
+    # ------------------------------------------------------------ produce
+
+    def _check_accepting(self) -> None:
+        if not self._accepting:
+            raise Unavailable("the gateway is shutting down or not started")
+
+    def _partition_of(self, t: _Topic, rec: ProduceRecord, sticky: int) -> int:
+        if rec.partition is not None:
+            if not 0 <= rec.partition < t.partitions:
+                raise InvalidInput(
+                    f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {rec.partition}"
+                )
+            return rec.partition
+        if rec.key is not None:
+            return int(crc32c.crc32c(rec.key)) % t.partitions
+        return sticky
+
+    async def produce(
+        self, topic: str, records: Sequence[ProduceRecord], *, ack: Ack = "local"
+    ) -> ProduceResult:
+        """Journal records; returns after local durability (``ack='shipped'``: after the bucket)."""
+        self._check_accepting()
+        t = self._writable(topic)
+        if not records:
+            raise InvalidInput("nothing to produce: no records")
+        sticky = next(self._round_robin) % t.partitions
+        now = _now_ms()
+        by_partition: dict[int, list[int]] = {}
+        parts = []
+        for i, rec in enumerate(records):
+            p = self._partition_of(t, rec, sticky)
+            parts.append(p)
+            by_partition.setdefault(p, []).append(i)
+        offsets = [0] * len(records)
+        journal = self.journal
+        last_lsn = 0
+        for p, idx in by_partition.items():
+            rs = [records[i] for i in idx]
+            batch = encode_batch(
+                [r.value for r in rs],
+                keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
+                timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
+                headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+            )
+            res = await journal.append(t.name, p, batch)
+            last_lsn = max(last_lsn, res.lsn)
+            for k, i in enumerate(idx):
+                offsets[i] = res.base_offset + k
+        if ack == "shipped":
+            await self.shipper.wait_shipped(last_lsn)
+        return ProduceResult(t.name, parts, offsets, last_lsn, ack == "shipped")
+
+    async def produce_batch(
+        self, topic: str, partition: int, batch: bytes, *, ack: Ack = "local"
+    ) -> ProduceResult:
+        """Journal an encoded batch (the binary produce format) as is."""
+        self._check_accepting()
+        t = self._writable(topic)
+        if not 0 <= partition < t.partitions:
+            raise InvalidInput(
+                f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
+            )
+        res = await self.journal.append(t.name, partition, batch)
+        if ack == "shipped":
+            await self.shipper.wait_shipped(res.lsn)
+        return ProduceResult(
+            t.name,
+            [partition] * res.count,
+            list(range(res.base_offset, res.base_offset + res.count)),
+            res.lsn,
+            ack == "shipped",
+        )
+
+    # ------------------------------------------------------------ fetch
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 500,
+        max_bytes: int = 1 << 20,
+        wait_ms: int = 0,
+    ) -> FetchResult:
+        """Records from ``offset``; with ``wait_ms``, wait that long for the first one."""
+        t = self._readable(topic)
+        if not 0 <= partition < t.partitions:
+            raise InvalidInput(
+                f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
+            )
+        if offset < 0 or max_records < 1 or max_bytes < 1:
+            raise InvalidInput("offset must be >= 0, max_records and max_bytes >= 1")
+        journal = self.journal
+        if wait_ms > 0 and journal.next_offset(t.name, partition) <= offset:
+            with trio.move_on_after(wait_ms / 1000):
+                await journal.wait_for(t.name, partition, offset)
+        entries = journal.read(
+            t.name, partition, offset, max_records=max_records, max_bytes=max_bytes
+        )
+        records: list[Record] = []
+        batches: list[bytes] = []
+        for e in entries:
+            batches.append(e.payload)
+            for b in iter_batches(e.payload, where=f"{t.name}/{partition}@{e.lsn}", verify=False):
+                records.extend(b.records(offset))
+        records = records[:max_records]
+        next_offset = records[-1].offset + 1 if records else offset
+        return FetchResult(
+            t.name,
+            partition,
+            records,
+            next_offset,
+            journal.next_offset(t.name, partition),
+            batches,
+        )
+
+    # ------------------------------------------------------------ groups
+
+    async def commit_offsets(self, group: str, offsets: Sequence[tuple[str, int, int, str]]) -> int:
+        """Store (topic, partition, next offset, metadata) rows for ``group`` durably."""
+        for topic, partition, _offset, _ in offsets:
+            t = self._readable(topic)
+            if not 0 <= partition < t.partitions:
+                raise InvalidInput(f"topic {topic!r} has no partition {partition}")
+        return await self.groups.commit(group, offsets, _now_ms())
+
+    async def fetch_offsets(self, group: str, topic: str | None = None) -> list[CommittedOffset]:
+        if topic is not None:
+            self._readable(topic)
+        return await self.groups.fetch(group, topic)
+
+    # ------------------------------------------------------------ status
+
+    def topics(self) -> list[TopicInfo]:
+        return [self.describe_topic(name) for name in sorted(self._topics)]
+
+    def describe_topic(self, topic: str) -> TopicInfo:
+        t = self._readable(topic)
+        journal = self.journal
+        shipped = self.shipper.shipped_offsets() if t.kind == "local" else {}
+        firsts, nexts, ships = [], [], []
+        for p in range(t.partitions):
+            nxt = journal.next_offset(t.name, p)
+            nexts.append(nxt)
+            firsts.append(journal.first_offset(t.name, p) if nxt else 0)
+            ships.append(min(shipped.get((t.name, p), 0), nxt))
+        return TopicInfo(
+            t.name,
+            t.kind,
+            t.home,
+            t.partitions,
+            t.source_topic,
+            firsts,
+            nexts,
+            ships,
+            t.subscribers,
+        )
+
+    def status(self) -> dict[str, Any]:
+        """Everything ``edgegw status`` shows, as JSON-ready data."""
+        j = self.journal.statistics()
+        s = self.shipper.statistics()
+        return {
+            "region": self.region,
+            "version": _version(),
+            "started_ms": self._started_ms,
+            "accepting": self._accepting,
+            "bucket": self.config.bucket.describe(self.config.data_dir),
+            "journal": {
+                "bytes": j.bytes,
+                "max_bytes": j.max_bytes,
+                "segments": j.segments,
+                "next_lsn": j.next_lsn,
+                "durable_lsn": j.durable_lsn,
+                "appends": j.appends,
+                "fsyncs": j.fsyncs,
+                "full_rejections": j.full_rejections,
+            },
+            "shipper": {
+                "claimed": s.claimed,
+                "epoch": s.epoch,
+                "next_seq": s.next_seq,
+                "shipped_lsn": s.shipped_lsn,
+                "pending_lsns": max(0, j.next_lsn - 1 - s.shipped_lsn),
+                "objects": s.objects,
+                "manifests": s.manifests,
+                "wire_bytes": s.wire_bytes,
+                "retries": s.retries,
+                "last_ship_ms": s.last_ship_ms,
+                "last_error": s.last_error,
+            },
+            "errors": dict(self._task_errors),
+            "topics": [t.to_json() for t in self.topics()],
+        }
+
+
+def _version() -> str:
+    from edge_gateway import __version__
+
+    return __version__

@@ -1,0 +1,171 @@
+"""`edgegw serve` as a real process: SIGTERM and kill -9 under load lose nothing acknowledged."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from edge_gateway.config import load_config
+from edge_gateway.journal import open_journal
+
+EDGEGW = Path(sys.executable).parent / "edgegw"
+
+
+def write_config(tmp_path: Path, **journal: object) -> Path:
+    extra = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in journal.items())
+    path = tmp_path / "edgegw.toml"
+    path.write_text(
+        f"""
+region = "north"
+data_dir = "{tmp_path / "data"}"
+shutdown_grace_s = 20.0
+[journal]
+{extra}
+[shipper]
+flush_interval_ms = 50
+[api]
+listen = "127.0.0.1:0"
+[[topics]]
+name = "t"
+home = "north"
+partitions = 3
+"""
+    )
+    return path
+
+
+class Server:
+    def __init__(self, config: Path) -> None:
+        self.addr_file = load_config(config, env={}).data_dir / "api.addr"
+        self.addr_file.unlink(missing_ok=True)
+        self.proc = subprocess.Popen(
+            [str(EDGEGW), "serve", "--config", str(config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not self.addr_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError(f"serve did not start: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+            time.sleep(0.05)
+        self.url = f"http://{self.addr_file.read_text().strip()}"
+
+    def stop(self, sig: int) -> tuple[int, str]:
+        self.proc.send_signal(sig)
+        code = self.proc.wait(timeout=60)
+        err = self.proc.stderr.read() if self.proc.stderr else ""
+        return code, err
+
+
+class Producer(threading.Thread):
+    """Produces until stopped or the server goes away; remembers what was acknowledged."""
+
+    def __init__(self, url: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.url = url
+        self.rnd = random.Random(seed)
+        self.acked: dict[int, dict[int, str]] = {}
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(base_url=self.url, timeout=10) as client:
+            n = 0
+            while not self.stopping.is_set():
+                values = [f"v{self.rnd.random()}-{n + i}" for i in range(self.rnd.randrange(1, 20))]
+                n += len(values)
+                try:
+                    r = client.post(
+                        "/v1/topics/t/records",
+                        json={"records": [{"value": v} for v in values]},
+                    )
+                except httpx.HTTPError:
+                    return
+                if r.status_code != 200:
+                    return
+                for v, o in zip(values, r.json()["offsets"], strict=True):
+                    self.acked.setdefault(o["partition"], {})[o["offset"]] = v
+
+
+def journal_contents(data_dir: Path) -> dict[int, dict[int, bytes]]:
+    async def read() -> dict[int, dict[int, bytes]]:
+        out: dict[int, dict[int, bytes]] = {}
+        cfg = load_config(data_dir.parent / "edgegw.toml", env={})
+        async with open_journal(data_dir / "journal", cfg.journal) as j:
+            for p in range(3):
+                offset = 0
+                while offset < j.next_offset("t", p):
+                    from edge_gateway.format.batch import iter_batches
+
+                    for e in j.read("t", p, offset):
+                        for b in iter_batches(e.payload):
+                            for r in b.records(offset):
+                                out.setdefault(p, {})[r.offset] = r.value
+                                offset = r.offset + 1
+        return out
+
+    return trio.run(read)
+
+
+def check(acked: dict[int, dict[int, str]], stored: dict[int, dict[int, bytes]]) -> None:
+    for p, records in acked.items():
+        for offset, value in records.items():
+            assert stored.get(p, {}).get(offset) == value.encode(), f"lost {p}/{offset}"
+    for p, records in stored.items():
+        assert sorted(records) == list(range(len(records))), f"gap in partition {p}"
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_exits_0_and_ships_everything(tmp_path: Path) -> None:
+    config = write_config(tmp_path)
+    server = Server(config)
+    producer = Producer(server.url, 1)
+    producer.start()
+    time.sleep(1.5)
+    code, err = server.stop(signal.SIGTERM)
+    producer.stopping.set()
+    producer.join(timeout=30)
+    assert code == 0, err
+    assert sum(len(v) for v in producer.acked.values()) > 0
+    check(producer.acked, journal_contents(tmp_path / "data"))
+    # the drain shipped it all: the shipper state says so after a restart
+    server = Server(config)
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        deadline = time.monotonic() + 30
+        while True:
+            topic = client.get("/v1/topics/t").json()
+            if all(p["unshipped"] == 0 for p in topic["partitions"]):
+                break
+            assert time.monotonic() < deadline, topic
+            time.sleep(0.1)
+    assert server.stop(signal.SIGINT)[0] == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fsync", ["always", "interval"])
+def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, fsync: str) -> None:
+    config = write_config(tmp_path, fsync=fsync)
+    acked: dict[int, dict[int, str]] = {}
+    rnd = random.Random(fsync)
+    for i in range(4):
+        server = Server(config)
+        producer = Producer(server.url, i)
+        producer.start()
+        time.sleep(rnd.uniform(0.3, 1.2))
+        os.kill(server.proc.pid, signal.SIGKILL)
+        server.proc.wait(timeout=30)
+        producer.join(timeout=30)
+        for p, records in producer.acked.items():
+            acked.setdefault(p, {}).update(records)
+    check(acked, journal_contents(tmp_path / "data"))
