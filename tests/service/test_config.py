@@ -127,3 +127,11 @@ def test_every_key_is_documented() -> None:
             if f"`{section}.{f.name}`" not in doc:
                 missing.append(f"{section}.{f.name}")
     assert not missing, f"undocumented config keys: {missing}"
+
+
+@pytest.mark.parametrize(
+    "path", sorted((Path(__file__).parents[2] / "deploy" / "configs").glob("*.toml")), ids=str
+)
+def test_sample_configs_are_valid(path: Path) -> None:
+    cfg = load_config(path, env={})
+    assert cfg.topics
