@@ -15,29 +15,19 @@ from edge_gateway.bucket import Bucket, NotFound
 from edge_gateway.errors import CorruptData
 from edge_gateway.format import logobject
 from edge_gateway.format.logobject import LogObjectHeader
-from edge_gateway.format.manifest import Manifest
+from edge_gateway.format.manifest import (
+    Manifest,
+    gc_boundary_key,
+    log_key,
+    manifest_prefix,
+    parse_manifest_key,
+)
 from edge_gateway.protocol.log import HeadSearch
 
 #: First ranged GET of a log object: holds the index of all but huge objects,
 #: and the whole object when it is small.
-HEADER_READ_BYTES = 64 * 1024
+HEADER_READ_BYTES = logobject.FIRST_GET_BYTES
 _GC_VERSION = 1
-
-
-def region_prefix(prefix: str, region: str) -> str:
-    return f"{prefix}regions/{region}/"
-
-
-def log_key(prefix: str, region: str, seq: int) -> str:
-    return f"{region_prefix(prefix, region)}log/{seq:020d}.egw"
-
-
-def manifest_key(prefix: str, region: str, last_seq: int) -> str:
-    return f"{region_prefix(prefix, region)}manifest/{last_seq:020d}.json"
-
-
-def gc_boundary_key(prefix: str, region: str) -> str:
-    return f"{region_prefix(prefix, region)}gc-boundary.json"
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +51,7 @@ async def read_header(bucket: Bucket, key: str) -> HeaderRead:
     if need > len(data):
         more = await bucket.get(key, start=len(data), end=need)
         data += more.data
-    header = logobject.decode_header(data[:need], where=key)
+    header = logobject.decode_header(data[:need], where=key, object_size=res.size)
     return HeaderRead(header, data, res.size)
 
 
@@ -104,13 +94,15 @@ def encode_gc_boundary(highest_deleted_seq: int) -> bytes:
 
 async def latest_manifest(bucket: Bucket, prefix: str, region: str) -> Manifest | None:
     """The newest manifest of the region (one LIST of the manifest folder)."""
-    folder = f"{region_prefix(prefix, region)}manifest/"
+    folder = manifest_prefix(prefix, region)
     infos = await bucket.list(folder)
     for info in reversed(infos):
-        if not info.key.endswith(".json"):
-            continue
+        try:
+            _, last_seq = parse_manifest_key(info.key, prefix)
+        except CorruptData:
+            continue  # not a manifest (a stray file in the folder)
         res = await bucket.get(info.key)
-        return Manifest.decode(res.data, where=info.key)
+        return Manifest.decode(res.data, where=info.key, region=region, last_seq=last_seq)
     return None
 
 

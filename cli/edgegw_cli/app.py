@@ -19,7 +19,7 @@ app = typer.Typer(
 app.command("serve")(serve.serve)
 app.command("init")(init_cmd.init)
 app.command("demo")(demo.demo)
-app.command("inspect")(inspect_cmd.inspect)
+app.add_typer(inspect_cmd.app, name="inspect")
 app.command("sync")(sync.sync)
 app.command("restore")(restore.restore)
 

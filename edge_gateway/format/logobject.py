@@ -873,13 +873,28 @@ def slice_block(
 ) -> memoryview:
     """The stored bytes of a block out of fetched ranges ``(start, data)``.
 
-    A range that should hold the block but stops short (the object is shorter
-    than its index says) raises :class:`CorruptData`, as does a block no range
-    covers.
+    One range usually holds the whole block (a zero-copy view of it is
+    returned). A block may also be split across ranges that meet or overlap
+    — the first GET ``[0, have)`` and a planned range starting at ``have``
+    (:func:`plan_ranges` never fetches bytes in hand again) — and is then
+    joined into a copy. A range that should hold the block but stops short
+    (the object is shorter than its index says) raises :class:`CorruptData`,
+    as does a block the ranges do not cover without a hole.
     """
-    for start, data in fetched:
-        if start <= index.offset and index.end <= start + len(data):
-            return memoryview(data)[index.offset - start : index.end - start]
+    pieces = sorted(((start, memoryview(data).cast("B")) for start, data in fetched),
+                    key=lambda piece: piece[0])  # fmt: skip
+    for start, view in pieces:
+        if start <= index.offset and index.end <= start + len(view):
+            return view[index.offset - start : index.end - start]
+    joined = bytearray()
+    pos = index.offset
+    for start, view in pieces:
+        stop = min(start + len(view), index.end)
+        if start <= pos < stop:
+            joined += view[pos - start : stop - start]
+            pos = stop
+    if pos == index.end and index.stored_length:
+        return memoryview(bytes(joined))
     raise CorruptData(
         f"block {index.topic}/{index.partition} [{index.offset}, {index.end}) "
         "is not within the bytes read (object truncated?)",

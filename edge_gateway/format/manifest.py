@@ -18,8 +18,11 @@ document, compact JSON with sorted keys::
      "next_offsets": [[topic, partition, next_offset], ...]}
 
 :meth:`Manifest.decode` applies every rule of the log object format to each
-entry (through :func:`~edge_gateway.format.logobject.validate_header`) and
-raises only :class:`~edge_gateway.errors.CorruptData`.
+entry (through :func:`~edge_gateway.format.logobject.validate_header`), and
+across entries: seqs contiguous from ``first_seq``, journal LSNs growing,
+each partition's offsets gap-free, ``next_offsets`` matching the last block
+of every partition shipped. It raises only
+:class:`~edge_gateway.errors.CorruptData`, with a one-line message.
 """
 
 from __future__ import annotations
@@ -72,20 +75,23 @@ _TOP_KEYS: Final = frozenset(
 _ENTRY_KEYS: Final = frozenset(
     {"seq", "epoch", "first_lsn", "last_lsn", "fence", "header_length", "size", "blocks"}
 )
-# (lo, hi) of each field of a block row after the topic, in order.
-_BLOCK_RANGES: Final = (
-    (0, _U32_MAX),  # partition
-    (_I64_MIN, _I64_MAX),  # first_offset
-    (_I64_MIN, _I64_MAX),  # last_offset
-    (0, _U32_MAX),  # record_count
-    (_I64_MIN, _I64_MAX),  # min_ts
-    (_I64_MIN, _I64_MAX),  # max_ts
-    (0, _U64_MAX),  # offset
-    (0, _U32_MAX),  # stored_length
-    (0, _U32_MAX),  # raw_length
-    (0, 0xFF),  # codec
-    (0, _U32_MAX),  # crc
+# Name and (lo, hi) of each field of a block row after the topic, in order:
+# the fields of BlockIndex, with the ranges of the log object's index entry.
+_BLOCK_FIELDS: Final = (
+    ("partition", 0, _U32_MAX),
+    ("first_offset", _I64_MIN, _I64_MAX),
+    ("last_offset", _I64_MIN, _I64_MAX),
+    ("record_count", 0, _U32_MAX),
+    ("min_ts", _I64_MIN, _I64_MAX),
+    ("max_ts", _I64_MIN, _I64_MAX),
+    ("offset", 0, _U64_MAX),
+    ("stored_length", 0, _U32_MAX),
+    ("raw_length", 0, _U32_MAX),
+    ("codec", 0, 0xFF),
+    ("crc", 0, _U32_MAX),
 )
+#: Range of a next offset: the offset after a block's last (an i64), so up to 2**63.
+_NEXT_OFFSET_MAX: Final = _I64_MAX + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -203,13 +209,26 @@ class Manifest:
         previous_offsets: Mapping[tuple[str, int], int] | None = None,
     ) -> Manifest:
         """A manifest of ``entries``, its next offsets carried on from the
-        previous manifest's ``previous_offsets`` and advanced by the entries' blocks."""
+        previous manifest's ``previous_offsets`` and advanced by the entries' blocks.
+
+        ``entries`` are the log entries after the previous manifest, in seq
+        order; a partition that ``previous_offsets`` knows must continue at its
+        next offset (:class:`InvalidInput` otherwise: a gap or an overlap
+        between two manifests). Partitions the entries do not touch keep their
+        previous next offset. The other rules are checked by :meth:`encode`.
+        """
         if not entries:
             raise InvalidInput("a manifest covers at least one log entry")
         offsets = dict(previous_offsets or {})
         for entry in entries:
             for b in entry.blocks:
-                offsets[(b.topic, b.partition)] = b.last_offset + 1
+                key = (b.topic, b.partition)
+                if key in offsets and offsets[key] != b.first_offset:
+                    raise InvalidInput(
+                        f"log entry {entry.seq}: {b.topic}/{b.partition} starts at offset "
+                        f"{b.first_offset}, but the partition continues at {offsets[key]}"
+                    )
+                offsets[key] = b.last_offset + 1
         return cls(
             region,
             epoch,
@@ -233,11 +252,24 @@ class Manifest:
         return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode("ascii")
 
     @classmethod
-    def decode(cls, data: bytes | bytearray | memoryview, *, where: str) -> Manifest:
-        """Decode and validate a manifest document; raises only :class:`CorruptData`."""
-        if len(data) > MAX_DOCUMENT_BYTES:
+    def decode(
+        cls,
+        data: bytes | bytearray | memoryview,
+        *,
+        where: str,
+        region: str | None = None,
+        last_seq: int | None = None,
+    ) -> Manifest:
+        """Decode and validate a manifest document; raises only :class:`CorruptData`.
+
+        ``region`` and ``last_seq``, when given (a reader takes them from the
+        key with :func:`parse_manifest_key`), must match the document's: a
+        manifest copied under another region's or seq's key is refused.
+        """
+        size = memoryview(data).nbytes
+        if size > MAX_DOCUMENT_BYTES:
             raise CorruptData(
-                f"manifest of {len(data)} bytes exceeds the limit of {MAX_DOCUMENT_BYTES}",
+                f"manifest of {size} bytes exceeds the limit of {MAX_DOCUMENT_BYTES}",
                 where=where,
             )
         try:
@@ -251,8 +283,20 @@ class Manifest:
         except (ValueError, RecursionError) as exc:
             # ValueError covers JSONDecodeError, UnicodeDecodeError and ints
             # beyond Python's digit limit; RecursionError deep nesting.
-            raise CorruptData(f"manifest is not valid JSON: {exc}", where=where) from None
-        return _parse(doc, where)
+            raise CorruptData(
+                f"manifest is not valid JSON: {_clip(str(exc))}", where=where
+            ) from None
+        manifest = _parse(doc, where)
+        if region is not None and manifest.region != region:
+            raise CorruptData(
+                f"manifest of region {manifest.region!r} under region {region!r}'s key",
+                where=where,
+            )
+        if last_seq is not None and manifest.last_seq != last_seq:
+            raise CorruptData(
+                f"manifest ends at seq {manifest.last_seq}, its key says {last_seq}", where=where
+            )
+        return manifest
 
     def _to_doc(self) -> dict[str, Any]:
         return {
@@ -288,31 +332,62 @@ def _no_constant(name: str) -> NoReturn:
 # validation
 
 
+_JSON_TYPES: Final = {
+    dict: "object",
+    list: "array",
+    str: "string",
+    int: "integer",
+    bool: "boolean",
+    type(None): "null",
+}
+
+
 def _fail(message: str, where: str) -> NoReturn:
     raise CorruptData(message, where=where)
+
+
+def _clip(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def _show(value: object) -> str:
+    """A short description of a JSON value for an error message.
+
+    Never ``repr`` of a container: a hostile document could make it huge, or
+    nest it deep enough for ``repr`` to overflow the stack.
+    """
+    if isinstance(value, str | int | bool) or value is None:
+        text = repr(value) if type(value) is not int else str(value)
+        return _clip(text, 40)
+    return f"an {_JSON_TYPES.get(type(value), type(value).__name__)}"
+
+
+def _type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), type(value).__name__)
 
 
 def _int(value: object, lo: int, hi: int, what: str, where: str) -> int:
     # type() rather than isinstance(): JSON true/false are bools, and bool is an int.
     if type(value) is not int:
-        _fail(f"{what} must be an integer, got {type(value).__name__}", where)
+        _fail(f"{what} must be an integer, got {_type(value)}", where)
     if not lo <= value <= hi:
-        _fail(f"{what} {value} out of range {lo}..{hi}", where)
+        _fail(f"{what} {_show(value)} out of range {lo}..{hi}", where)
     return value
 
 
 def _list(value: object, what: str, where: str) -> list[Any]:
     if type(value) is not list:
-        _fail(f"{what} must be a list, got {type(value).__name__}", where)
+        _fail(f"{what} must be an array, got {_type(value)}", where)
     return value
 
 
 def _object(value: object, keys: frozenset[str], what: str, where: str) -> dict[str, Any]:
     if type(value) is not dict:
-        _fail(f"{what} must be an object, got {type(value).__name__}", where)
+        _fail(f"{what} must be an object, got {_type(value)}", where)
     if value.keys() != keys:
-        missing, extra = sorted(keys - value.keys()), sorted(value.keys() - keys)
-        _fail(f"{what}: missing keys {missing}, unknown keys {extra}", where)
+        missing = sorted(keys - value.keys())
+        extra = [_show(k) for k in sorted(value.keys() - keys)[:5]]
+        _fail(f"{what}: missing keys {missing}, unknown keys [{', '.join(extra)}]", where)
     return value
 
 
@@ -325,30 +400,32 @@ def _name(value: object, check: Any, what: str, where: str) -> str:
 
 def _block(row: object, what: str, where: str) -> BlockIndex:
     fields = _list(row, what, where)
-    if len(fields) != 1 + len(_BLOCK_RANGES):
-        _fail(f"{what} has {len(fields)} fields, expected {1 + len(_BLOCK_RANGES)}", where)
+    if len(fields) != 1 + len(_BLOCK_FIELDS):
+        _fail(f"{what} has {len(fields)} fields, expected {1 + len(_BLOCK_FIELDS)}", where)
     topic = _name(fields[0], validate_topic, f"{what} topic", where)
     values = [
-        _int(v, lo, hi, f"{what} field {i + 1}", where)
-        for i, (v, (lo, hi)) in enumerate(zip(fields[1:], _BLOCK_RANGES, strict=True))
+        _int(v, lo, hi, f"{what} {name}", where)
+        for v, (name, lo, hi) in zip(fields[1:], _BLOCK_FIELDS, strict=True)
     ]
     return BlockIndex(topic, *values)
 
 
 def _parse(doc: object, where: str) -> Manifest:
     if type(doc) is not dict:
-        _fail(f"manifest must be a JSON object, got {type(doc).__name__}", where)
+        _fail(f"manifest must be a JSON object, got {_type(doc)}", where)
     if doc.get("format") != FORMAT:
-        _fail(f"not a manifest (format {doc.get('format')!r})", where)
+        _fail(f"not a manifest (format {_show(doc.get('format'))})", where)
     version = doc.get("version")
     if type(version) is not int or version != VERSION:
-        _fail(f"unsupported manifest version {version!r} (this reader knows {VERSION})", where)
+        _fail(f"unsupported manifest version {_show(version)} (this reader knows {VERSION})", where)
     doc = _object(doc, _TOP_KEYS, "manifest", where)
     region = _name(doc["region"], validate_region, "region", where)
     epoch = _int(doc["epoch"], 0, _U64_MAX, "epoch", where)
-    first_seq = _int(doc["first_seq"], 0, _U64_MAX, "first_seq", where)
-    last_seq = _int(doc["last_seq"], first_seq, _U64_MAX, "last_seq", where)
-    low_watermark = _int(doc["low_watermark"], 0, first_seq, "low_watermark", where)
+    # Log seqs start at 1; the oldest entry still in the bucket is at most
+    # the first one this manifest covers.
+    first_seq = _int(doc["first_seq"], 1, _U64_MAX, "first_seq", where)
+    last_seq = _int(doc["last_seq"], first_seq, _U64_MAX, "last_seq (>= first_seq)", where)
+    low_watermark = _int(doc["low_watermark"], 1, first_seq, "low_watermark (<= first_seq)", where)
     created_ms = _int(doc["created_ms"], _I64_MIN, _I64_MAX, "created_ms", where)
     raw_entries = _list(doc["entries"], "entries", where)
     if len(raw_entries) > MAX_ENTRIES:
@@ -359,6 +436,7 @@ def _parse(doc: object, where: str) -> Manifest:
     entries: list[ManifestEntry] = []
     # (topic, partition) -> offset after its last block in these entries
     shipped: dict[tuple[str, int], int] = {}
+    prev_lsn = 0  # last_lsn of the previous entry
     for i, raw in enumerate(raw_entries):
         what = f"entries[{i}]"
         e = _object(raw, _ENTRY_KEYS, what, where)
@@ -367,7 +445,7 @@ def _parse(doc: object, where: str) -> Manifest:
             _fail(f"{what} has seq {seq}, expected {first_seq + i} (seqs are contiguous)", where)
         fence = e["fence"]
         if type(fence) is not bool:
-            _fail(f"{what}.fence must be a boolean, got {type(fence).__name__}", where)
+            _fail(f"{what}.fence must be a boolean, got {_type(fence)}", where)
         entry_epoch = _int(e["epoch"], 0, epoch, f"{what}.epoch (<= the manifest's)", where)
         rows = _list(e["blocks"], f"{what}.blocks", where)
         blocks = tuple(_block(r, f"{what}.blocks[{j}]", where) for j, r in enumerate(rows))
@@ -388,8 +466,25 @@ def _parse(doc: object, where: str) -> Manifest:
             _fail(f"{what} (log entry {seq}): {exc.reason}", where)
         if entry.size != header.total_length:
             _fail(f"{what}.size {entry.size}, its blocks end at {header.total_length}", where)
+        # Journal LSNs only grow along the log: an entry ships LSNs after the
+        # previous entry's (an empty range first_lsn = last_lsn + 1 included).
+        if entry.first_lsn <= prev_lsn:
+            _fail(
+                f"{what} (log entry {seq}) starts at LSN {entry.first_lsn}, "
+                f"but the previous entry shipped up to LSN {prev_lsn}",
+                where,
+            )
+        prev_lsn = entry.last_lsn
+        # Offsets of a partition are gap-free along the log.
         for b in blocks:
-            shipped[(b.topic, b.partition)] = b.last_offset + 1
+            key = (b.topic, b.partition)
+            if key in shipped and shipped[key] != b.first_offset:
+                _fail(
+                    f"{what} (log entry {seq}): {b.topic}/{b.partition} starts at offset "
+                    f"{b.first_offset}, but the previous entries end before {shipped[key]}",
+                    where,
+                )
+            shipped[key] = b.last_offset + 1
         entries.append(entry)
 
     next_offsets: dict[tuple[str, int], int] = {}
@@ -406,7 +501,7 @@ def _parse(doc: object, where: str) -> Manifest:
         if prev is not None and key <= prev:
             _fail(f"{what}: next_offsets are not sorted by (topic, partition)", where)
         prev = key
-        next_offsets[key] = _int(triple[2], _I64_MIN, _I64_MAX, f"{what} offset", where)
+        next_offsets[key] = _int(triple[2], _I64_MIN, _NEXT_OFFSET_MAX, f"{what} offset", where)
     for key, offset in shipped.items():
         if next_offsets.get(key) != offset:
             _fail(
@@ -438,14 +533,28 @@ def _seq(seq: int) -> int:
     return seq
 
 
+def region_prefix(prefix: str, region: str) -> str:
+    """``<prefix>/regions/<region>/``: what every key of the region starts with.
+
+    ``prefix`` may be empty; a missing trailing ``/`` is added. ``region`` must
+    be a valid region name (:class:`~edge_gateway.errors.InvalidName` otherwise).
+    """
+    return f"{_prefix(prefix)}regions/{validate_region(region)}/"
+
+
 def log_prefix(prefix: str, region: str) -> str:
     """``<prefix>/regions/<region>/log/``: what every log key of the region starts with."""
-    return f"{_prefix(prefix)}regions/{validate_region(region)}/log/"
+    return f"{region_prefix(prefix, region)}log/"
 
 
 def manifest_prefix(prefix: str, region: str) -> str:
     """``<prefix>/regions/<region>/manifest/``."""
-    return f"{_prefix(prefix)}regions/{validate_region(region)}/manifest/"
+    return f"{region_prefix(prefix, region)}manifest/"
+
+
+def gc_boundary_key(prefix: str, region: str) -> str:
+    """``<prefix>/regions/<region>/gc-boundary.json``: the highest seq ever deleted."""
+    return f"{region_prefix(prefix, region)}gc-boundary.json"
 
 
 def log_key(prefix: str, region: str, seq: int) -> str:

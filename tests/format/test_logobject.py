@@ -937,3 +937,38 @@ def test_mutated_blocks_raise_only_corrupt(data: st.DataObject) -> None:
         return list(iter_block_batches(index, decode_block(index, stored, where=KEY), where=KEY))
 
     only_corrupt(run)
+
+
+@FAST
+@given(st.integers(0, 40_000), st.integers(0, 2000))
+def test_block_split_by_the_first_get_is_joined(have: int, overlap: int) -> None:
+    """A block that straddles the end of the first GET: the planned range starts
+    at ``have``, and slice_block joins the two pieces (regression: it used to
+    want one range holding the whole block)."""
+    rnd = random.Random(3)
+    builder = LogObjectBuilder()
+    expected = {}
+    for p in range(4):
+        records = [Record(0, 5, None, rnd.randbytes(9000))]
+        builder.add_batch("t", p, encode_records(records))
+        expected[p] = records
+    obj = builder.build("r1", 1, 1, 1, 4, 0)
+    h = decode_header(obj, where=KEY, object_size=len(obj))
+    first = obj[: max(have, h.header_length)]
+    ranges = plan_ranges(h, lambda t, p: True, coalesce_gap=0, whole_object_fraction=1.0,
+                         have=len(first))  # fmt: skip
+    # Stores may also answer with overlapping ranges: start some earlier.
+    fetched = [(0, first)] + [
+        (max(a - overlap, 0), obj[max(a - overlap, 0) : b]) for a, b in ranges
+    ]
+    for b in h.blocks:
+        raw = decode_block(b, slice_block(b, fetched, where=KEY), where=KEY)
+        assert [r for batch in iter_block_batches(b, raw) for r in batch.records()] == expected[
+            b.partition
+        ]
+    # A hole between the pieces is still an error.
+    split = next((b for b in h.blocks if b.offset < len(first) < b.end), None)
+    if split is not None:
+        holed = [(0, first), (len(first) + 1, obj[len(first) + 1 :])]
+        with pytest.raises(CorruptData, match="not within the bytes read"):
+            slice_block(split, holed, where=KEY)

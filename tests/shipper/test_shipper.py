@@ -19,9 +19,9 @@ from edge_gateway.bucket import (
 from edge_gateway.errors import Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.format.manifest import Manifest
+from edge_gateway.format.manifest import Manifest, log_key
 from edge_gateway.journal import Journal, JournalConfig, SourceCoords
-from edge_gateway.regionlog import find_head, log_key, read_header
+from edge_gateway.regionlog import find_head, read_header
 from edge_gateway.shipper import Diverged, Shipper, ShipperConfig
 
 FAST = ShipperConfig(flush_interval_ms=20, manifest_every=3, retry_base_s=0.01, retry_cap_s=0.05)

@@ -1,0 +1,165 @@
+"""Fuzz the log object decoders (``edge_gateway.format.logobject``).
+
+The property: for any bytes, ``header_length_hint``, ``decode_header``,
+``slice_block``, ``decode_block`` and ``iter_block_batches`` either succeed or
+raise ``CorruptData``; nothing else escapes. A header they accept re-encodes
+to the same bytes.
+
+With atheris installed this is a libFuzzer target::
+
+    python fuzz/fuzz_logobject.py -max_total_time=60
+
+Without it, a plain mutation loop runs over a seed corpus of valid objects::
+
+    python fuzz/fuzz_logobject.py [iterations] [seed]
+
+The first input byte picks a mode: bit 0 recomputes the header CRC and bit 1
+every block CRC the (parsable) index names, so mutations reach the structure
+checks, zstd and the batch decoder behind the CRCs, which a random flip
+otherwise never gets past.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import struct
+import sys
+
+import crc32c
+
+from edge_gateway.errors import CorruptData
+from edge_gateway.format.batch import Record, encode_batch, encode_records
+from edge_gateway.format.logobject import (
+    PREFIX_BYTES,
+    LogObjectBuilder,
+    decode_block,
+    decode_header,
+    encode_fence,
+    encode_header,
+    header_length_hint,
+    iter_block_batches,
+    slice_block,
+)
+
+KEY = "regions/r1/log/00000000000000000007.egw"
+
+
+def _seeds() -> list[bytes]:
+    b1 = LogObjectBuilder()
+    b1.add_batch("t", 0, encode_batch([b"a", b"bc"], timestamps=[1, 2]))
+    b1.add_batch("u.v", 3, encode_batch([b"x" * 200] * 3, keys=[None, b"", b"k"], timestamps=5))
+    b2 = LogObjectBuilder(max_block_bytes=64)
+    b2.add(
+        "t",
+        1,
+        [
+            encode_records([Record(10, 7, b"k", b"v", (("h", b"x"),))]),
+            encode_records([Record(11, 9, None, b"w")]),
+        ],
+    )
+    return [
+        encode_fence("r1", 2, 7, 41, 1_700_000_000_000),
+        b1.build("r1", 1, 7, 1, 2, 0),
+        b1.build("r1", 1, 7, 1, 2, 0, level=-5),
+        b2.build("west_2", 3, 8, 5, 6, -1),
+    ]
+
+
+SEEDS = _seeds()
+
+
+def _fix_header_crc(buf: bytearray) -> None:
+    if len(buf) >= PREFIX_BYTES:
+        (hlen,) = struct.unpack_from("<I", buf, 8)
+        if 4 <= hlen <= len(buf):
+            struct.pack_into("<I", buf, hlen - 4, crc32c.crc32c(bytes(buf[: hlen - 4])))
+
+
+def _fix_block_crcs(buf: bytearray) -> None:
+    """Recompute each block CRC in the index, then the header CRC over it."""
+    try:
+        h = decode_header(bytes(buf), where=KEY)
+    except CorruptData:
+        return
+    pos = 54 + len(h.region.encode()) + 4
+    for b in h.blocks:
+        pos += 2 + len(b.topic.encode())
+        stored = bytes(buf[b.offset : b.end])
+        struct.pack_into("<I", buf, pos + 57, crc32c.crc32c(stored))
+        pos += 61
+    _fix_header_crc(buf)
+
+
+def fuzz_one_input(data: bytes) -> None:
+    if not data:
+        return
+    mode, buf = data[0], bytearray(data[1:])
+    if mode & 1:
+        _fix_header_crc(buf)
+    if mode & 2:
+        _fix_block_crcs(buf)
+    obj = bytes(buf)
+    with contextlib.suppress(CorruptData):
+        header_length_hint(obj[: mode % 16])
+    try:
+        h = decode_header(obj, where=KEY, object_size=len(obj) if mode & 4 else None)
+    except CorruptData:
+        return
+    assert encode_header(h) == obj[: h.header_length]
+    for b in h.blocks:
+        with contextlib.suppress(CorruptData):
+            raw = decode_block(b, slice_block(b, [(0, obj)], where=KEY), where=KEY)
+            for batch in iter_block_batches(b, raw, where=KEY):
+                batch.records()
+
+
+def _mutate(rng: random.Random, data: bytes) -> bytes:
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(5)
+        pos = rng.randrange(len(buf) + 1)
+        if op == 0 and buf:
+            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
+        elif op == 1 and buf:
+            buf[pos % len(buf)] = rng.choice([0, 1, 0x7F, 0x80, 0xFF])
+        elif op == 2:
+            del buf[pos : pos + rng.randint(1, 64)]
+        elif op == 3:
+            buf[pos:pos] = rng.randbytes(rng.randint(1, 8))
+        elif len(buf) >= 8:
+            # An interesting u32/i64 over a length, offset or count field.
+            at = rng.randrange(len(buf) - 7)
+            value = rng.choice([0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, -(2**63), -1])
+            if rng.random() < 0.5:
+                struct.pack_into("<Q", buf, at, value % 2**64)
+            else:
+                struct.pack_into("<I", buf, at, value % 2**32)
+    return bytes(buf)
+
+
+def _plain_loop(iterations: int, seed: int) -> None:
+    rng = random.Random(seed)
+    corpus = [bytes([mode]) + s for s in SEEDS for mode in range(8)]
+    for i in range(iterations):
+        data = _mutate(rng, rng.choice(corpus))
+        fuzz_one_input(data)
+        if i % 4096 == 0 and len(corpus) < 256:
+            corpus.append(data)
+    print(f"fuzz_logobject: {iterations} inputs, seed {seed}, no unexpected exception")
+
+
+def main() -> None:
+    try:
+        import atheris
+    except ImportError:
+        iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
+        seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+        _plain_loop(iterations, seed)
+        return
+    atheris.Setup(sys.argv, fuzz_one_input)
+    atheris.Fuzz()
+
+
+if __name__ == "__main__":
+    main()
