@@ -37,6 +37,7 @@ __all__ = [
     "ApiConfig",
     "BucketConfig",
     "GatewayConfig",
+    "GcSettings",
     "LogConfig",
     "MirrorConfig",
     "TopicConfig",
@@ -81,9 +82,9 @@ class BucketConfig:
     session_token: str = field(default="", repr=False)
     profile: str = ""
     connect_timeout: float = 5.0
-    read_timeout: float = 30.0
+    read_timeout: float = 10.0
     retry_mode: Literal["standard", "adaptive"] = "standard"
-    max_attempts: int = 5
+    max_attempts: int = 3
     max_concurrency: int = 16
     multipart_threshold: int = 16 << 20
     part_size: int = 8 << 20
@@ -196,6 +197,27 @@ class MirrorConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GcSettings:
+    """Deleting this region's old log objects from the bucket (home side)."""
+
+    enabled: bool = True
+    #: How often to look for deletable objects.
+    interval_ms: int = 600_000
+    #: Nothing younger than this is deleted (the pipeline and late readers use it).
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    #: Keep objects until every subscribed region has mirrored them ...
+    retain_until_mirrored: bool = True
+    #: ... but never longer than this: a dead reader cannot fill the bucket forever.
+    age_cap_ms: int = 30 * 24 * 3600 * 1000
+
+    def __post_init__(self) -> None:
+        if self.interval_ms <= 0:
+            raise ConfigError("gc.interval_ms must be > 0")
+        if self.retention_ms < 0 or self.age_cap_ms < self.retention_ms:
+            raise ConfigError("gc.retention_ms must be >= 0 and <= gc.age_cap_ms")
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     #: ``text`` for people, ``json`` (one object per line) for log collectors.
@@ -242,6 +264,7 @@ class GatewayConfig:
     shipper: ShipperConfig = field(default_factory=ShipperConfig)
     bucket: BucketConfig = field(default_factory=BucketConfig)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
+    gc: GcSettings = field(default_factory=GcSettings)
     api: ApiConfig = field(default_factory=ApiConfig)
     log: LogConfig = field(default_factory=LogConfig)
     topics: tuple[TopicConfig, ...] = ()
@@ -271,6 +294,16 @@ class GatewayConfig:
         return {
             mirror_topic(t.home, t.name): t for t in self.topics if t.subscribed_by(self.region)
         }
+
+    def subscribers(self) -> list[str] | None:
+        """Regions that mirror something homed here; ``None`` when a topic says ``*``."""
+        out: set[str] = set()
+        for t in self.topics:
+            if t.home == self.region:
+                if "*" in t.subscribers:
+                    return None
+                out.update(t.subscribers)
+        return sorted(out)
 
     def sources(self) -> dict[str, list[str]]:
         """Source region → the topics this region mirrors from it."""
@@ -355,6 +388,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "shipper": ShipperConfig,
     "bucket": BucketConfig,
     "mirror": MirrorConfig,
+    "gc": GcSettings,
     "api": ApiConfig,
     "log": LogConfig,
 }
@@ -513,7 +547,7 @@ data_dir = "{data_dir}"
 # max_object_bytes = "8MiB"
 # manifest_interval_ms = 10000
 # manifest_every = 100
-# compression_level = 3
+# compression_level = 1
 
 [bucket]
 # The shared bucket all regions ship to. The default is a local directory
@@ -535,6 +569,13 @@ type = "local"
 # max_poll_interval_ms = 2000
 # gap_policy = "fail"         # fail | skip
 # prefetch = 8
+
+[gc]
+# enabled = true
+# interval_ms = 600000
+# retention_ms = 604800000     # keep objects in the bucket at least 7 days ...
+# retain_until_mirrored = true # ... and until every subscriber mirrored them ...
+# age_cap_ms = 2592000000      # ... but at most 30 days
 
 [api]
 # listen = "127.0.0.1:{port}"  # a token is required on a non-loopback address

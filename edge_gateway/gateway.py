@@ -34,6 +34,7 @@ from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket
 from edge_gateway.config import GatewayConfig, TopicConfig
 from edge_gateway.errors import (
     ClosedError,
+    EdgeGatewayError,
     InvalidInput,
     ReadOnlyTopic,
     Unavailable,
@@ -42,6 +43,8 @@ from edge_gateway.errors import (
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import Journal, open_journal
+from edge_gateway.mirror import Tailer, TailerConfig
+from edge_gateway.mirror.gc import GcConfig, collect_garbage
 from edge_gateway.names import validate_topic
 from edge_gateway.shipper import Shipper
 
@@ -158,6 +161,10 @@ class Gateway:
         self._shipper: Shipper | None = None
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
+        self._tailers: dict[str, Tailer] = {}
+        self._gc_runs = 0
+        self._gc_deleted = 0
+        self._gc_last_error: str | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
         self._accepting = False
@@ -269,8 +276,42 @@ class Gateway:
         return self._groups
 
     @property
+    def tailers(self) -> dict[str, Tailer]:
+        """Source region → its tailer (empty until the gateway runs)."""
+        return dict(self._tailers)
+
+    def tailer_config(self) -> TailerConfig:
+        m = self.config.mirror
+        return TailerConfig(
+            poll_interval_s=m.poll_interval_ms / 1000,
+            max_poll_interval_s=m.max_poll_interval_ms / 1000,
+            gap_policy=m.gap_policy,  # type: ignore[arg-type]
+            prefetch_objects=m.prefetch,
+            cursor_interval_s=m.cursor_interval_ms / 1000,
+        )
+
+    def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:
+        tcfg = self.tailer_config()
+        return {
+            source: Tailer(
+                journal, bucket, source, topics, self.region, tcfg, prefix=self.key_prefix
+            )
+            for source, topics in sorted(self.config.sources().items())
+        }
+
+    @property
     def api_address(self) -> tuple[str, int] | None:
         return self._api_addr
+
+    @property
+    def accepting(self) -> bool:
+        """True while produce requests are accepted (False starting or shutting down)."""
+        return self._accepting
+
+    @property
+    def started_ms(self) -> int:
+        """Wall-clock ms when the gateway became ready (0 before)."""
+        return self._started_ms
 
     def add_service(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
         """Run ``fn(gateway, task_status=...)`` as a long-lived task once the core is up."""
@@ -320,6 +361,11 @@ class Gateway:
                     await core.start(journal.run)
                     async with trio.open_nursery() as workers:
                         await workers.start(self._shipper.run)
+                        self._tailers = self.make_tailers(journal, self._bucket)
+                        for tailer in self._tailers.values():
+                            await workers.start(tailer.run)
+                        if cfg.gc.enabled:
+                            workers.start_soon(self._gc_loop)
                         for name, fn in self._services:
                             await workers.start(self._guard, name, fn)
                         self._accepting = True
@@ -354,6 +400,36 @@ class Gateway:
             self._task_errors[name] = f"{type(exc).__name__}: {exc}"
             log.exception("%s failed", name)
             raise
+
+    async def _gc_loop(self) -> None:
+        """Delete this region's log objects that retention and every subscriber allow."""
+        g = self.config.gc
+        gcfg = GcConfig(retention_ms=g.retention_ms, age_cap_ms=g.age_cap_ms)
+        subscribers = self.config.subscribers() if g.retain_until_mirrored else []
+        while True:
+            await trio.sleep(g.interval_ms / 1000)
+            try:
+                res = await collect_garbage(
+                    self.bucket, self.region, subscribers, gcfg, prefix=self.key_prefix
+                )
+            except (Unavailable, EdgeGatewayError) as exc:
+                self._gc_last_error = f"{type(exc).__name__}: {exc}"
+                log.warning("bucket gc: %s (retrying next interval)", exc)
+                continue
+            self._gc_runs += 1
+            self._gc_deleted += res.deleted_entries
+            self._gc_last_error = None
+            if res.deleted_entries or res.overridden:
+                log.info(
+                    "bucket gc: deleted %d log objects and %d manifests (boundary %d -> %d)%s",
+                    res.deleted_entries,
+                    res.deleted_manifests,
+                    res.boundary_before,
+                    res.boundary_after,
+                    f"; age cap overrode readers {', '.join(res.overridden)}"
+                    if res.overridden
+                    else "",
+                )
 
     async def _drain(self) -> None:
         """Flush and ship what is pending, shielded, within the grace period."""
@@ -562,9 +638,37 @@ class Gateway:
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
             },
+            "mirrors": {src: _tailer_json(t) for src, t in self._tailers.items()},
+            "gc": {
+                "runs": self._gc_runs,
+                "deleted_entries": self._gc_deleted,
+                "last_error": self._gc_last_error,
+            },
             "errors": dict(self._task_errors),
             "topics": [t.to_json() for t in self.topics()],
         }
+
+
+def _tailer_json(t: Tailer) -> dict[str, Any]:
+    s = t.statistics()
+    return {
+        "state": s.state,
+        "next_seq": s.next_seq,
+        "known_head": s.known_head,
+        "entries_behind": s.entries_behind,
+        "bytes_behind": s.bytes_behind,
+        "eta_s": s.eta_s,
+        "entries": s.entries,
+        "records": s.records,
+        "accepted_epoch": s.accepted_epoch,
+        "gaps": [str(g) for g in s.gaps],
+        "quarantined": [
+            {"key": q.key, "seq": q.seq, "reason": q.reason, "attempts": q.attempts}
+            for q in s.quarantined
+        ],
+        "last_error": s.last_error,
+        "stopped_by": s.stopped_by,
+    }
 
 
 def _version() -> str:

@@ -48,25 +48,26 @@ class Server:
     def __init__(self, config: Path) -> None:
         self.addr_file = load_config(config, env={}).data_dir / "api.addr"
         self.addr_file.unlink(missing_ok=True)
-        self.proc = subprocess.Popen(
-            [str(EDGEGW), "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        # A file, not a pipe: a chatty server must never block on a full pipe.
+        self.log = config.parent / "serve.log"
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(EDGEGW), "serve", "--config", str(config)],
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         deadline = time.monotonic() + 60
         while not self.addr_file.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.proc.kill()
-                raise AssertionError(f"serve did not start: {self.proc.stderr.read()}")  # type: ignore[union-attr]
+                raise AssertionError(f"serve did not start: {self.log.read_text()}")
             time.sleep(0.05)
         self.url = f"http://{self.addr_file.read_text().strip()}"
 
     def stop(self, sig: int) -> tuple[int, str]:
         self.proc.send_signal(sig)
         code = self.proc.wait(timeout=60)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        return code, err
+        return code, self.log.read_text()
 
 
 class Producer(threading.Thread):

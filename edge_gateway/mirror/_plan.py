@@ -1,0 +1,507 @@
+"""The tailer's decisions, sans-IO: what an entry of a source log means for the mirror.
+
+:class:`SourceState` follows one source region's log for one reader. The I/O
+side (:class:`~edge_gateway.mirror.Tailer`) feeds it what it learned about
+the next entry (an :class:`EntryInfo`, from the object's header or from a
+manifest) and the mirror's per-partition next offsets; it answers with an
+:class:`EntryPlan` — skip the entry, record progress only, or append these
+blocks — and, once the blocks are fetched and decoded, with the exact list of
+:class:`MirrorAppend` to write. Every check that needs no bytes lives here,
+so it is tested without a bucket or a journal.
+
+Invariants (``docs/mirroring.md`` has the protocol):
+
+* entries are applied strictly in seq order, each exactly once;
+* an entry whose epoch is lower than one already accepted is skipped (a
+  zombie writer's), but still advances the position;
+* a writer's first entry in a new epoch is its fence, so a data entry that
+  raises the epoch right after an entry this reader accepted is impossible
+  and refused;
+* per mirror partition, offsets continue the local partition exactly; the
+  only offsets below it that are tolerated are those of the entry being
+  resumed after a crash (duplicates, dropped whole batches at a time);
+* offsets jumping forward are *gaps*: data the source no longer has. Where a
+  partition (or the whole mirror) starts is not a gap of the mirror, and is
+  only recorded.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from edge_gateway.errors import CorruptData, EdgeGatewayError, InvalidInput
+from edge_gateway.format.batch import RecordBatch
+from edge_gateway.format.entry import SourceCoords
+from edge_gateway.format.logobject import BlockIndex, LogObjectHeader
+from edge_gateway.format.manifest import ManifestEntry
+from edge_gateway.names import mirror_topic
+
+
+class GapPolicy(enum.StrEnum):
+    """What a tailer does when the source no longer has data the mirror needs.
+
+    * ``fail`` (default): stop mirroring this source with :class:`SourceGap`;
+      an operator decides (the mirror stays exact up to the gap).
+    * ``skip``: continue at the earliest data available, with the gap's exact
+      range logged and kept in the tailer's statistics.
+    """
+
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+class GapKind(enum.StrEnum):
+    """Why offsets or entries are missing from a mirror."""
+
+    #: Log entries were deleted (GC) before this reader applied them.
+    LOG = "log"
+    #: A partition's offsets jump forward in the source log.
+    PARTITION = "partition"
+    #: Where the mirror of a source, or of a newly seen partition, starts: the
+    #: earlier data was gone (or not subscribed) before this mirror began.
+    #: Not a loss of this mirror, so no policy applies; it is still recorded.
+    START = "start"
+
+
+@dataclass(frozen=True, slots=True)
+class Gap:
+    """A range of the source that the mirror does not hold.
+
+    For ``LOG`` gaps ``first_seq..last_seq`` are the deleted entries
+    (inclusive). For ``PARTITION`` and ``START`` gaps of a partition, both
+    seqs name the entry where the jump showed and
+    ``[first_offset, end_offset)`` are the missing offsets of ``topic`` (the
+    source topic) and ``partition``.
+    """
+
+    kind: GapKind
+    source: str
+    first_seq: int
+    last_seq: int
+    topic: str | None = None
+    partition: int | None = None
+    first_offset: int | None = None
+    end_offset: int | None = None
+
+    def describe(self) -> str:
+        """One line for logs and error messages."""
+        if self.topic is None:
+            return (
+                f"{self.kind} gap in region {self.source}'s log: entries "
+                f"{self.first_seq}..{self.last_seq} are gone"
+            )
+        return (
+            f"{self.kind} gap in {self.source}:{self.topic}/{self.partition}: offsets "
+            f"{self.first_offset}..{(self.end_offset or 0) - 1} are missing "
+            f"(seen at entry {self.first_seq})"
+        )
+
+
+class SourceGap(EdgeGatewayError):
+    """The source no longer has data this mirror needs, and the gap policy is ``fail``.
+
+    The tailer of this source stops (its ``run`` raises this); other sources
+    go on. Nothing of the entry that showed the gap was applied. Retrying
+    cannot help: the data is gone. An operator either accepts the loss
+    (``gap_policy = "skip"``, and restarts) or rebuilds the mirror.
+    """
+
+    def __init__(self, gap: Gap) -> None:
+        self.gap = gap
+        super().__init__(
+            f"mirror of region {gap.source} stopped: {gap.describe()}; the gap policy is "
+            "'fail' (set gap_policy='skip' to continue from the earliest data available)"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EntryInfo:
+    """What a reader knows of a log entry before fetching its blocks."""
+
+    key: str
+    seq: int
+    epoch: int
+    region: str
+    fence: bool
+    #: Size of the whole object (the end of its last block).
+    size: int
+    header_length: int
+    blocks: tuple[BlockIndex, ...]
+    #: True when the info came from a manifest (no header was read).
+    planned: bool = False
+
+    @property
+    def total_length(self) -> int:
+        """Same as :attr:`size`; lets :func:`~edge_gateway.format.logobject.plan_ranges` take it."""
+        return self.size
+
+    @classmethod
+    def from_header(cls, key: str, header: LogObjectHeader) -> EntryInfo:
+        return cls(
+            key,
+            header.seq,
+            header.epoch,
+            header.region,
+            header.is_fence,
+            header.total_length,
+            header.header_length,
+            header.blocks,
+        )
+
+    @classmethod
+    def from_manifest(cls, key: str, region: str, entry: ManifestEntry) -> EntryInfo:
+        return cls(
+            key,
+            entry.seq,
+            entry.epoch,
+            region,
+            entry.fence,
+            entry.size,
+            entry.header_length,
+            entry.blocks,
+            planned=True,
+        )
+
+
+class Action(enum.Enum):
+    """What applying an entry amounts to."""
+
+    #: Append the planned blocks' batches.
+    APPLY = "apply"
+    #: Nothing to append (a fence, nothing subscribed, everything already
+    #: mirrored): only the position advances.
+    PROGRESS = "progress"
+    #: The entry's epoch is below one already accepted (a zombie's): skipped.
+    STALE = "stale"
+
+
+@dataclass(frozen=True, slots=True)
+class BlockPlan:
+    """A subscribed block of an entry and how to append it."""
+
+    index: BlockIndex
+    #: The local mirror topic (``<source>.<topic>``).
+    topic: str
+    #: Batches that end below this offset are already in the mirror (an
+    #: entry resumed after a crash) and are dropped.
+    skip_below: int
+    #: The block's first new batch skips forward over a recorded gap.
+    allow_gap: bool
+
+
+@dataclass(frozen=True, slots=True)
+class EntryPlan:
+    """The decision for one entry (see :meth:`SourceState.plan`)."""
+
+    info: EntryInfo
+    action: Action
+    blocks: tuple[BlockPlan, ...] = ()
+    #: Gaps this entry shows (START or PARTITION), in block order.
+    gaps: tuple[Gap, ...] = ()
+    #: The entry is the one a crash interrupted: some of it is applied already.
+    resumed: bool = False
+
+    @property
+    def partition_gaps(self) -> tuple[Gap, ...]:
+        """The gaps the gap policy decides on (START gaps are not losses)."""
+        return tuple(g for g in self.gaps if g.kind is GapKind.PARTITION)
+
+
+@dataclass(frozen=True, slots=True)
+class MirrorAppend:
+    """One batch to append to a mirror partition, with its source offsets."""
+
+    topic: str
+    partition: int
+    batch: bytes
+    base_offset: int
+    count: int
+    allow_gap: bool
+
+
+class SourceState:
+    """Where a reader stands in one source region's log, and the rules for moving on.
+
+    Built from the journal's last recorded coordinates for the source
+    (``Journal.source_progress()``): ``None`` for a source never mirrored
+    (then :meth:`start_at` says where its log begins). ``subscribed(topic)``
+    says whether a source topic is mirrored.
+    """
+
+    def __init__(
+        self,
+        source: str,
+        subscribed: Callable[[str], bool],
+        progress: SourceCoords | None = None,
+    ) -> None:
+        self.source = source
+        self._subscribed = subscribed
+        #: Nothing from this source was ever applied (no progress recorded).
+        self.fresh = progress is None
+        if progress is None:
+            self.next_seq = 0  # unknown until start_at()
+            self.accepted_epoch = 0
+            self.resume_inside = False
+            self.anchored = False
+        else:
+            if progress.region != source:
+                raise InvalidInput(f"progress of region {progress.region!r} given for {source!r}")
+            if progress.seq < 0 or progress.epoch < 0:
+                raise InvalidInput(f"impossible progress {progress!r}")
+            self.next_seq = progress.seq + 1 if progress.end_of_object else progress.seq
+            #: Highest epoch accepted so far (the journal records it with progress).
+            self.accepted_epoch = progress.epoch
+            #: The entry at ``next_seq`` is partly applied (a crash between its batches).
+            self.resume_inside = not progress.end_of_object
+            #: The entry before ``next_seq`` was processed by this reader, so
+            #: an epoch change at ``next_seq`` must come with a fence.
+            #: (Epoch 0 is recorded after a gap: nothing is known then.)
+            self.anchored = progress.seq > 0 and progress.epoch > 0
+
+    @property
+    def started(self) -> bool:
+        return self.next_seq > 0
+
+    def subscribed(self, topic: str) -> bool:
+        return self._subscribed(topic)
+
+    def start_at(self, seq: int) -> Gap | None:
+        """Position a fresh reader at ``seq``, the oldest entry the log still has.
+
+        Returns the START gap when earlier entries are gone (recorded, not a
+        loss of this mirror).
+        """
+        if self.started:
+            raise InvalidInput(f"reader of {self.source} already started at {self.next_seq}")
+        if seq < 1:
+            raise InvalidInput(f"log seqs start at 1, not {seq}")
+        self.next_seq = seq
+        self.anchored = False
+        if seq > 1:
+            return Gap(GapKind.START, self.source, 1, seq - 1)
+        return None
+
+    def log_gap(self, oldest: int) -> Gap:
+        """The gap if the reader must skip to ``oldest`` because entries below it are deleted.
+
+        Does not move the reader; call :meth:`skip_to` to accept the gap.
+        """
+        if oldest <= self.next_seq:
+            raise InvalidInput(f"no gap: next seq {self.next_seq}, oldest available {oldest}")
+        kind = GapKind.START if self.fresh else GapKind.LOG
+        return Gap(kind, self.source, self.next_seq, oldest - 1)
+
+    def skip_to(self, oldest: int) -> SourceCoords:
+        """Move past deleted entries to ``oldest`` (a gap the policy accepted).
+
+        Returns the coordinates to record in the journal so a restart starts
+        at ``oldest`` too. The accepted epoch is forgotten (recorded as 0):
+        the fence of the epoch that follows the gap may be among the deleted
+        entries, so the next entry's epoch cannot be checked against the
+        entries before the gap.
+        """
+        if oldest <= self.next_seq:
+            raise InvalidInput(f"cannot skip back from {self.next_seq} to {oldest}")
+        self.next_seq = oldest
+        self.accepted_epoch = 0
+        self.resume_inside = False
+        self.anchored = False
+        return SourceCoords(self.source, oldest - 1, 0, True)
+
+    def plan(self, info: EntryInfo, local_next: Callable[[str, int], int]) -> EntryPlan:
+        """Decide what to do with the entry at :attr:`next_seq`.
+
+        ``local_next(mirror_topic, partition)`` is the mirror partition's next
+        offset (0 if it never held data). Raises :class:`CorruptData` for an
+        entry that cannot belong at this place of the log; the state is
+        unchanged then.
+        """
+        where = info.key
+        if not self.started:
+            raise InvalidInput("start_at() first: the reader does not know where the log begins")
+        if info.seq != self.next_seq:
+            raise CorruptData(f"entry claims seq {info.seq}, expected {self.next_seq}", where=where)
+        if info.region != self.source:
+            raise CorruptData(
+                f"entry of region {info.region!r} in the log of {self.source!r}", where=where
+            )
+        if info.epoch == 0:
+            raise CorruptData("impossible epoch 0 (writers claim epochs from 1)", where=where)
+        if self.resume_inside and info.epoch != self.accepted_epoch:
+            raise CorruptData(
+                f"entry was partly applied with epoch {self.accepted_epoch} and now has "
+                f"epoch {info.epoch}: log entries are immutable",
+                where=where,
+            )
+        if info.epoch < self.accepted_epoch:
+            return EntryPlan(info, Action.STALE)
+        if (
+            info.epoch > self.accepted_epoch
+            and not info.fence
+            and self.anchored
+            and self.accepted_epoch > 0
+        ):
+            raise CorruptData(
+                f"impossible epoch: raised from {self.accepted_epoch} to {info.epoch} by a data "
+                "entry (a writer's first entry in an epoch is its fence)",
+                where=where,
+            )
+        if info.fence:
+            return EntryPlan(info, Action.PROGRESS, resumed=self.resume_inside)
+        blocks: list[BlockPlan] = []
+        gaps: list[Gap] = []
+        expected: dict[tuple[str, int], int] = {}
+        for b in info.blocks:
+            if not self._subscribed(b.topic):
+                continue
+            local = mirror_topic(self.source, b.topic)
+            key = (b.topic, b.partition)
+            exp = expected.get(key)
+            first_here = exp is None
+            if exp is None:
+                exp = local_next(local, b.partition)
+            what = f"{b.topic}/{b.partition} offsets {b.first_offset}..{b.last_offset}"
+            allow_gap = False
+            if b.first_offset > exp:
+                # A partition the mirror never held starts wherever the log
+                # first shows it; any other jump is data the source lost.
+                start = first_here and exp == 0
+                gaps.append(
+                    Gap(
+                        GapKind.START if start else GapKind.PARTITION,
+                        self.source,
+                        info.seq,
+                        info.seq,
+                        b.topic,
+                        b.partition,
+                        exp,
+                        b.first_offset,
+                    )
+                )
+                allow_gap = True
+            elif b.last_offset < exp:
+                if not self.resume_inside:
+                    raise CorruptData(
+                        f"{what} go backwards: the mirror already holds up to {exp - 1}",
+                        where=where,
+                    )
+                expected[key] = exp  # applied before the crash: nothing to fetch
+                continue
+            elif b.first_offset < exp and not self.resume_inside:
+                raise CorruptData(
+                    f"{what} overlap the mirror, which holds up to {exp - 1}", where=where
+                )
+            blocks.append(BlockPlan(b, local, exp, allow_gap))
+            expected[key] = b.last_offset + 1
+        action = Action.APPLY if blocks else Action.PROGRESS
+        return EntryPlan(info, action, tuple(blocks), tuple(gaps), resumed=self.resume_inside)
+
+    def assemble(
+        self, plan: EntryPlan, batches: Mapping[BlockIndex, Sequence[RecordBatch]]
+    ) -> tuple[list[MirrorAppend], int]:
+        """The appends for ``plan`` from its blocks' decoded batches, and the duplicates dropped.
+
+        ``batches`` maps each planned block to its batches (checked by
+        ``iter_block_batches`` against the index). A batch that straddles the
+        point where a crash interrupted the entry cannot come from the same
+        entry and raises :class:`CorruptData`.
+        """
+        out: list[MirrorAppend] = []
+        dropped = 0
+        for bp in plan.blocks:
+            got = batches.get(bp.index)
+            if got is None:
+                raise InvalidInput(
+                    f"no batches given for block {bp.index.topic}/{bp.index.partition}"
+                )
+            first = True
+            for batch in got:
+                if batch.next_offset <= bp.skip_below:
+                    dropped += 1
+                    continue
+                if batch.base_offset < bp.skip_below:
+                    raise CorruptData(
+                        f"batch {batch.base_offset}..{batch.next_offset - 1} of "
+                        f"{bp.index.topic}/{bp.index.partition} straddles offset "
+                        f"{bp.skip_below}, where this entry's application was interrupted",
+                        where=plan.info.key,
+                    )
+                out.append(
+                    MirrorAppend(
+                        bp.topic,
+                        bp.index.partition,
+                        batch.raw,
+                        batch.base_offset,
+                        batch.count,
+                        bp.allow_gap and first,
+                    )
+                )
+                first = False
+        return out, dropped
+
+    def coords(self, plan: EntryPlan, *, end_of_object: bool) -> SourceCoords:
+        """The source coordinates to record with an append (or marker) of ``plan``.
+
+        The epoch recorded is the highest accepted, so a restart keeps
+        refusing what this reader refused (a stale entry records the
+        accepted epoch, not its own).
+        """
+        epoch = max(self.accepted_epoch, plan.info.epoch)
+        return SourceCoords(self.source, plan.info.seq, epoch, end_of_object)
+
+    def entered(self, plan: EntryPlan) -> None:
+        """Some of ``plan``'s appends are in the journal: a retry resumes inside it."""
+        self.accepted_epoch = max(self.accepted_epoch, plan.info.epoch)
+        self.resume_inside = True
+        self.fresh = False
+
+    def applied(self, plan: EntryPlan) -> None:
+        """All of ``plan`` is in the journal: move to the next entry."""
+        if plan.info.seq != self.next_seq:
+            raise InvalidInput(f"applied seq {plan.info.seq}, expected {self.next_seq}")
+        if plan.action is not Action.STALE:
+            self.accepted_epoch = max(self.accepted_epoch, plan.info.epoch)
+        self.next_seq = plan.info.seq + 1
+        self.resume_inside = False
+        self.anchored = True
+        self.fresh = False
+
+    def position(self) -> SourceCoords | None:
+        """Coordinates of the last entry fully processed (``None`` before any)."""
+        if self.fresh or not self.started:
+            return None
+        if self.resume_inside:
+            return SourceCoords(self.source, self.next_seq, self.accepted_epoch, False)
+        return SourceCoords(self.source, self.next_seq - 1, self.accepted_epoch, True)
+
+
+class PollSchedule:
+    """Idle polling: start at ``base_s``, multiply by ``factor`` while idle, cap at ``max_s``."""
+
+    def __init__(self, base_s: float, max_s: float, factor: float = 2.0) -> None:
+        self.base_s = base_s
+        self.max_s = max_s
+        self.factor = factor
+        self.current_s = base_s
+
+    def idle(self) -> float:
+        """The wait before the next poll after one that found nothing; backs off."""
+        delay = self.current_s
+        self.current_s = min(self.max_s, self.current_s * self.factor)
+        return delay
+
+    def reset(self) -> None:
+        """New data arrived: poll at the base interval again."""
+        self.current_s = self.base_s
+
+
+def retry_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
+    """Exponential backoff with equal jitter: in ``[c/2, c)`` for ``c = min(cap, base·2^n)``.
+
+    Equal rather than full jitter: a quarantined entry must not be retried
+    at once by a draw near zero.
+    """
+    ceiling = min(cap_s, base_s * (2.0 ** min(attempt, 62)))
+    return ceiling * (0.5 + 0.5 * rand)

@@ -1,0 +1,893 @@
+"""The tailer: follows one source region's log and mirrors its topics into the local journal.
+
+Protocol and every failure case: ``docs/mirroring.md``. In short:
+
+* The tailer asks for ``log/<next seq>``: a 404 means nothing new (no LIST
+  while following). Polling starts at ``poll_interval_s`` and backs off while
+  idle up to ``max_poll_interval_s``; :meth:`Tailer.wake` (a relayed head)
+  polls at once.
+* Per entry: one ranged GET of the first 64 KiB (header and index, and all
+  of a small object), then only the byte ranges of subscribed partitions;
+  every block is CRC-checked and decoded *before* anything is appended. Each
+  batch is appended with its source offsets and the entry's coordinates; the
+  last append of an entry carries ``end_of_object``. Progress is therefore
+  recovered from the journal itself: a crash between two batches of an entry
+  resumes inside it, dropping the batches already present by offset.
+* Far behind, the tailer plans from the source's manifests (no header reads)
+  and prefetches several objects at once, bounded in count and bytes, while
+  applying strictly in order.
+* Deleted entries (GC) are gaps: policy ``fail`` stops this source with
+  :class:`SourceGap`, ``skip`` continues after it and records the range.
+  Corrupt or hostile entries are quarantined and retried with backoff;
+  nothing of them is applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from edge_gateway.bucket import Bucket, BucketUnavailable, NotFound
+from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.format import logobject
+from edge_gateway.format.batch import RecordBatch
+from edge_gateway.format.logobject import BlockIndex
+from edge_gateway.format.manifest import (
+    Manifest,
+    log_key,
+    manifest_key,
+    manifest_prefix,
+    parse_manifest_key,
+)
+from edge_gateway.journal import Journal
+from edge_gateway.mirror._config import TailerConfig
+from edge_gateway.mirror._plan import (
+    Action,
+    EntryInfo,
+    EntryPlan,
+    Gap,
+    GapKind,
+    GapPolicy,
+    PollSchedule,
+    SourceGap,
+    SourceState,
+    retry_delay,
+)
+from edge_gateway.mirror.cursor import Cursor, publish_cursor
+from edge_gateway.names import validate_region, validate_topic
+from edge_gateway.regionlog import find_head, read_gc_boundary, read_header
+
+log = logging.getLogger("edgegw.mirror")
+
+#: Gaps kept in statistics (the log has them all).
+_MAX_GAPS_KEPT = 1000
+#: Window of the apply-rate estimate behind the ETA.
+_RATE_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedEntry:
+    """An entry (or other object) the tailer refused as corrupt; it is retried with backoff."""
+
+    key: str
+    seq: int
+    reason: str
+    attempts: int
+    first_seen_ms: int
+    last_seen_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class TailerStats:
+    """A snapshot of a tailer (see :meth:`Tailer.statistics`)."""
+
+    source: str
+    reader: str
+    #: starting, following, idle, catching-up, retrying, quarantined, stopped
+    state: str
+    next_seq: int
+    accepted_epoch: int
+    #: Highest seq known to exist (manifests, HEADs, relayed heads, reads).
+    known_head: int
+    entries_behind: int
+    #: Estimated from the sizes of the entries seen so far.
+    bytes_behind: int
+    #: Seconds to catch up at the recent apply rate (``None``: unknown or idle).
+    eta_s: float | None
+    entries: int
+    entries_with_data: int
+    fences: int
+    stale_skipped: int
+    #: Entries resumed after an interruption between their batches.
+    entries_resumed: int
+    records: int
+    batches: int
+    duplicates_dropped: int
+    bytes_fetched: int
+    header_reads: int
+    planned_entries: int
+    polls: int
+    empty_polls: int
+    poll_interval_s: float
+    catch_ups: int
+    #: Most bytes held by prefetched objects at once (bounded by prefetch_bytes,
+    #: or by one object larger than that).
+    prefetch_peak_bytes: int
+    #: Most objects fetched ahead at once (bounded by prefetch_objects).
+    prefetch_peak_objects: int
+    retries: int
+    last_error: str | None
+    gaps: tuple[Gap, ...]
+    quarantined: tuple[QuarantinedEntry, ...]
+    quarantine_events: int
+    cursor_through_seq: int
+    stopped_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CatchUpResult:
+    """What :meth:`Tailer.catch_up` did."""
+
+    entries: int
+    records: int
+    #: The next seq to apply (everything below is mirrored).
+    next_seq: int
+
+
+@dataclass(slots=True)
+class _Fetched:
+    info: EntryInfo
+    batches: dict[BlockIndex, list[RecordBatch]]
+
+
+@dataclass(slots=True)
+class _FetchPlan:
+    info: EntryInfo
+    #: bytes from offset 0 already read (the first GET), or empty
+    have: bytes
+    ranges: list[tuple[int, int]]
+    wanted: tuple[BlockIndex, ...]
+    cost: int
+
+
+@dataclass(slots=True)
+class _Slot:
+    seq: int
+    cost: int = 0
+    #: The entry was planned from a manifest (no header read).
+    planned: bool = False
+    fetched: _Fetched | None = None
+    error: Exception | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class _Unconfirmed(Exception):
+    """A manifest-planned entry would be skipped or show a gap: confirm from its header first."""
+
+
+class _ByteBudget:
+    """Bytes held by prefetched objects (one larger than the budget still passes, alone)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.used = 0
+        self.peak = 0
+        self._lot = trio.lowlevel.ParkingLot()
+
+    async def acquire(self, n: int) -> None:
+        while self.used and self.used + n > self.capacity:
+            await self._lot.park()
+        self.used += n
+        self.peak = max(self.peak, self.used)
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._lot.unpark_all()
+
+
+class Tailer:
+    """Mirrors the topics of one source region into the local journal, exactly once, in order.
+
+    ``topics`` lists the source topics to mirror (``None``: all of them);
+    ``local_region`` names this gateway (the reader, for cursors). Start
+    :meth:`run` in the gateway's nursery, or call :meth:`catch_up` to pull
+    up to the current head and return (``edgegw sync``). One tailer per
+    source and journal: two would race on the same mirror partitions.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        bucket: Bucket,
+        source_region: str,
+        topics: Iterable[str] | None,
+        local_region: str,
+        config: TailerConfig | None = None,
+        *,
+        prefix: str = "",
+        clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.journal = journal
+        self.bucket = bucket
+        self.source = validate_region(source_region)
+        self.local_region = validate_region(local_region)
+        if self.source == self.local_region:
+            raise InvalidInput(f"region {self.source} cannot mirror its own log")
+        self.topics = None if topics is None else frozenset(validate_topic(t) for t in topics)
+        self.config = config or TailerConfig()
+        self.prefix = prefix
+        self._clock = clock
+        self._rand = random.Random()
+        self._state = SourceState(
+            self.source, self._subscribed, journal.source_progress().get(self.source)
+        )
+        self._started = False
+        self._poll = PollSchedule(self.config.poll_interval_s, self.config.max_poll_interval_s)
+        self._wake = trio.Event()
+        self._known_head = 0
+        self._last_gap_check: float | None = None
+        self._last_catch_up_check: float | None = None
+        self._pending_marker_plan: EntryPlan | None = None
+        self._markers_pending = 0
+        self._next_cursor_at = 0.0
+        self._published_through = 0
+        self._status = "starting"
+        self._stopped_by: str | None = None
+        self._quarantine: dict[str, QuarantinedEntry] = {}
+        self._quarantine_attempt = 0
+        self._gaps: deque[Gap] = deque(maxlen=_MAX_GAPS_KEPT)
+        self._avg_entry_bytes = 0.0
+        self._rate: deque[tuple[float, int]] = deque()
+        # counters
+        self._entries = self._with_data = self._fences = self._stale = self._resumed = 0
+        self._records = self._batches = self._dropped = 0
+        self._bytes_fetched = self._header_reads = self._planned = 0
+        self._polls = self._empty_polls = self._catch_ups = self._retries = 0
+        self._quarantine_events = 0
+        self._prefetch_peak_bytes = self._prefetch_peak_objects = 0
+        self._last_error: str | None = None
+
+    # ------------------------------------------------------------ public API
+
+    def wake(self, head_seq: int | None = None) -> None:
+        """Poll now (the metadata server relayed that the source's head is ``head_seq``)."""
+        if head_seq is not None and head_seq > self._known_head:
+            self._known_head = head_seq
+        self._wake.set()
+
+    async def catch_up(self) -> CatchUpResult:
+        """Apply everything up to the source's current head, then return.
+
+        Raises what stops it: ``BucketUnavailable``, :class:`CorruptData`
+        (the entry is recorded in the quarantine list), :class:`SourceGap`.
+        """
+        records_before = self._records
+        entries = await self._pull()
+        await self._publish_cursor(force=True)
+        return CatchUpResult(entries, self._records - records_before, self._state.next_seq)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Follow the source for ever; ready at once (it works offline, retrying).
+
+        Returns only by raising: :class:`SourceGap` (policy ``fail``), or an
+        error of the local journal (closed, or a mirror partition that was
+        written by someone else). Bucket outages and corrupt entries are
+        retried with backoff, never raised.
+        """
+        task_status.started()
+        cfg = self.config
+        unavailable = 0
+        while True:
+            try:
+                n = await self._pull()
+            except SourceGap as exc:
+                self._status = "stopped"
+                self._stopped_by = str(exc)
+                log.error("mirror: %s", exc)
+                raise
+            except Unavailable as exc:
+                self._status = "retrying"
+                self._retries += 1
+                self._last_error = str(exc)
+                delay = retry_delay(
+                    unavailable, cfg.retry_base_s, cfg.retry_cap_s, self._rand.random()
+                )
+                unavailable += 1
+                log.warning("mirror %s: %s; retrying in %.2fs", self.source, exc, delay)
+                await trio.sleep(delay)
+                continue
+            except CorruptData as exc:
+                self._status = "quarantined"
+                self._last_error = str(exc)
+                delay = retry_delay(
+                    self._quarantine_attempt,
+                    cfg.quarantine_retry_base_s,
+                    cfg.quarantine_retry_cap_s,
+                    self._rand.random(),
+                )
+                self._quarantine_attempt += 1
+                log.warning(
+                    "mirror %s: entry %d stays quarantined; next attempt in %.1fs",
+                    self.source,
+                    self._state.next_seq,
+                    delay,
+                )
+                await trio.sleep(delay)
+                continue
+            unavailable = 0
+            self._last_error = None
+            await self._publish_cursor()
+            if n:
+                self._poll.reset()
+            self._status = "idle"
+            delay = self._poll.idle()
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+            if self._wake.is_set():
+                self._wake = trio.Event()
+                self._poll.reset()
+
+    def statistics(self) -> TailerStats:
+        """A snapshot of progress, lag and trouble."""
+        behind = max(0, self._known_head - max(self._state.next_seq, 1) + 1)
+        bytes_behind = int(behind * self._avg_entry_bytes)
+        eta: float | None = None
+        if behind and len(self._rate) >= 2:
+            (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
+            if t1 > t0 and n1 > n0:
+                eta = behind / ((n1 - n0) / (t1 - t0))
+        return TailerStats(
+            source=self.source,
+            reader=self.local_region,
+            state=self._status,
+            next_seq=self._state.next_seq,
+            accepted_epoch=self._state.accepted_epoch,
+            known_head=self._known_head,
+            entries_behind=behind,
+            bytes_behind=bytes_behind,
+            eta_s=eta,
+            entries=self._entries,
+            entries_with_data=self._with_data,
+            fences=self._fences,
+            stale_skipped=self._stale,
+            entries_resumed=self._resumed,
+            records=self._records,
+            batches=self._batches,
+            duplicates_dropped=self._dropped,
+            bytes_fetched=self._bytes_fetched,
+            header_reads=self._header_reads,
+            planned_entries=self._planned,
+            polls=self._polls,
+            empty_polls=self._empty_polls,
+            poll_interval_s=self._poll.current_s,
+            catch_ups=self._catch_ups,
+            prefetch_peak_bytes=self._prefetch_peak_bytes,
+            prefetch_peak_objects=self._prefetch_peak_objects,
+            retries=self._retries,
+            last_error=self._last_error,
+            gaps=tuple(self._gaps),
+            quarantined=tuple(self._quarantine.values()),
+            quarantine_events=self._quarantine_events,
+            cursor_through_seq=self._published_through,
+            stopped_by=self._stopped_by,
+        )
+
+    # ------------------------------------------------------------ following
+
+    def _subscribed(self, topic: str) -> bool:
+        return self.topics is None or topic in self.topics
+
+    async def _start(self) -> None:
+        """Find where a fresh mirror begins: the oldest entry the source still has."""
+        if self._started:
+            return
+        if not self._state.started:
+            boundary = await read_gc_boundary(self.bucket, self.prefix, self.source)
+            self._last_gap_check = trio.current_time()
+            gap = self._state.start_at(boundary + 1)
+            if gap is not None:
+                self._record_gap(gap)
+        self._started = True
+
+    async def _pull(self) -> int:
+        """Apply entries until the next one does not exist yet; returns how many.
+
+        Every :class:`CorruptData` that stops it is recorded in the
+        quarantine list (keyed by the entry, or the object that was bad).
+        """
+        try:
+            return await self._pull_entries()
+        except CorruptData as exc:
+            self._quarantined(self._state.next_seq, exc)
+            raise
+
+    async def _pull_entries(self) -> int:
+        await self._start()
+        processed = 0
+        if self._catch_up_wanted(0):
+            processed += await self._catch_up_planned()
+        streak = 0
+        try:
+            while True:
+                seq = self._state.next_seq
+                self._polls += 1
+                self._status = "following"
+                try:
+                    fetched = await self._fetch(await self._prepare_unplanned(seq))
+                except NotFound:
+                    self._empty_polls += 1
+                    if await self._check_gap():
+                        continue
+                    break
+                await self._apply(fetched)
+                processed += 1
+                streak += 1
+                if self._catch_up_wanted(streak):
+                    # Entry after entry exists: far behind, plan from manifests.
+                    streak = 0
+                    processed += await self._catch_up_planned()
+        finally:
+            await self._flush_marker()
+        if self._quarantine:  # whatever was bad (an entry, the boundary) read fine now
+            log.info("mirror %s: quarantine cleared", self.source)
+            self._quarantine.clear()
+            self._quarantine_attempt = 0
+        self._known_head = max(self._known_head, self._state.next_seq - 1)
+        return processed
+
+    async def _check_gap(self) -> bool:
+        """On a 404 at the next seq: were entries deleted? Skips them if the policy allows.
+
+        Reads the GC boundary only when the entry should exist (a known head
+        beyond it), on the first poll, and every ``gap_check_interval_s``
+        while idle: an idle tailer costs one GET per poll, not two.
+        """
+        seq = self._state.next_seq
+        now = trio.current_time()
+        due = (
+            self._known_head >= seq
+            or self._last_gap_check is None
+            or now - self._last_gap_check >= self.config.gap_check_interval_s
+        )
+        if not due:
+            return False
+        self._last_gap_check = now
+        boundary = await read_gc_boundary(self.bucket, self.prefix, self.source)
+        if boundary < seq:
+            if self._known_head >= seq:
+                log.warning(
+                    "mirror %s: head %d was reported but entry %d does not exist and was not "
+                    "deleted; waiting for it",
+                    self.source,
+                    self._known_head,
+                    seq,
+                )
+                self._known_head = seq - 1
+            return False
+        gap = self._state.log_gap(boundary + 1)
+        if gap.kind is GapKind.LOG and self.config.gap_policy is GapPolicy.FAIL:
+            self._record_gap(gap)
+            raise SourceGap(gap)
+        await self._flush_marker()
+        fresh = self._state.fresh
+        coords = self._state.skip_to(boundary + 1)
+        self._record_gap(gap)
+        if not fresh:
+            # Persist the jump, so a restart does not meet (and count) it again.
+            await self.journal.append_mirror("", 0, None, coords)
+        return True
+
+    # ------------------------------------------------------------ fetching
+
+    async def _prepare_unplanned(self, seq: int) -> _FetchPlan:
+        """Read the entry's header (one ranged GET) and plan the ranges of subscribed blocks."""
+        key = log_key(self.prefix, self.source, seq)
+        read = await read_header(self.bucket, key)
+        self._header_reads += 1
+        self._bytes_fetched += len(read.prefix)
+        if read.size != read.header.total_length:
+            raise CorruptData(
+                f"object is {read.size} bytes, its index describes {read.header.total_length} "
+                "(truncated or padded)",
+                where=key,
+            )
+        self._known_head = max(self._known_head, seq)
+        return self._plan_fetch(EntryInfo.from_header(key, read.header), read.prefix)
+
+    def _plan_fetch(self, info: EntryInfo, have: bytes) -> _FetchPlan:
+        wanted: tuple[BlockIndex, ...] = ()
+        ranges: list[tuple[int, int]] = []
+        # A fence has no blocks; a stale entry is skipped whatever it holds.
+        if not info.fence and info.epoch >= self._state.accepted_epoch:
+            wanted = tuple(b for b in info.blocks if self._subscribed(b.topic))
+        if wanted:
+            ranges = logobject.plan_ranges(
+                info,
+                lambda topic, _p: self._subscribed(topic),
+                coalesce_gap=self.config.coalesce_gap,
+                whole_object_fraction=self.config.whole_object_fraction,
+                have=len(have),
+            )
+        # Fetched bytes, plus about twice the raw bytes: decoded batches keep
+        # their bytes and their records' values.
+        cost = len(have) + sum(e - s for s, e in ranges) + 2 * sum(b.raw_length for b in wanted)
+        return _FetchPlan(info, have, ranges, wanted, cost)
+
+    async def _fetch(self, plan: _FetchPlan) -> _Fetched:
+        """GET the planned ranges and decode every wanted block (CRCs, batch structure)."""
+        info = plan.info
+        pieces: list[tuple[int, bytes]] = [(0, plan.have)] if plan.have else []
+        for start, end in plan.ranges:
+            res = await self.bucket.get(info.key, start=start, end=end)
+            self._bytes_fetched += len(res.data)
+            if res.size != info.size:
+                raise CorruptData(
+                    f"object is {res.size} bytes, its "
+                    f"{'manifest entry' if info.planned else 'index'} says {info.size}",
+                    where=info.key,
+                )
+            pieces.append((start, res.data))
+        if not plan.wanted:
+            return _Fetched(info, {})
+        raw_total = sum(b.raw_length for b in plan.wanted)
+        if raw_total > self.config.decode_in_thread_bytes:
+            batches = await trio.to_thread.run_sync(_decode_blocks, info.key, plan.wanted, pieces)
+        else:
+            batches = _decode_blocks(info.key, plan.wanted, pieces)
+        return _Fetched(info, batches)
+
+    # ------------------------------------------------------------ applying
+
+    async def _apply(self, fetched: _Fetched) -> None:
+        """Apply one fetched entry: all of its new batches, or (on an error) none of it."""
+        state = self._state
+        plan = state.plan(fetched.info, self.journal.next_offset)
+        info = plan.info
+        if info.planned and (plan.action is Action.STALE or plan.partition_gaps):
+            # Data would be skipped on a manifest's word alone: ask the object.
+            raise _Unconfirmed(f"entry {info.seq}: {plan.action.value}, {len(plan.gaps)} gaps")
+        if plan.action is Action.STALE:
+            log.info(
+                "mirror %s: skipping entry %d of epoch %d (epoch %d accepted)",
+                self.source,
+                info.seq,
+                info.epoch,
+                state.accepted_epoch,
+            )
+            self._stale += 1
+            await self._progress_only(plan)
+            return
+        for gap in plan.partition_gaps:
+            if self.config.gap_policy is GapPolicy.FAIL:
+                self._record_gap(gap)
+                raise SourceGap(gap)
+        appends, dropped = state.assemble(plan, fetched.batches)
+        if plan.resumed:
+            self._resumed += 1
+            log.info(
+                "mirror %s: resuming entry %d after an interruption (%d batches already applied)",
+                self.source,
+                info.seq,
+                dropped,
+            )
+        self._dropped += dropped
+        for gap in plan.gaps:
+            self._record_gap(gap)
+        if info.fence:
+            self._fences += 1
+        if not appends:
+            await self._progress_only(plan)
+            return
+        # Data supersedes a pending progress marker: its coordinates are later.
+        self._pending_marker_plan = None
+        self._markers_pending = 0
+        mid = state.coords(plan, end_of_object=False)
+        last = state.coords(plan, end_of_object=True)
+        # Before the first append: an append may land and then be cancelled
+        # (or fail) while waiting for its fsync; a retry must resume inside.
+        state.entered(plan)
+        for i, a in enumerate(appends):
+            await self.journal.append_mirror(
+                a.topic,
+                a.partition,
+                a.batch,
+                last if i == len(appends) - 1 else mid,
+                allow_gap=a.allow_gap,
+            )
+            self._batches += 1
+            self._records += a.count
+        state.applied(plan)
+        self._with_data += 1
+        self._entry_done(info)
+
+    async def _progress_only(self, plan: EntryPlan) -> None:
+        """An entry with nothing to append: its progress marker is written lazily."""
+        self._state.applied(plan)
+        self._pending_marker_plan = plan
+        self._markers_pending += 1
+        self._entry_done(plan.info)
+        if self._markers_pending >= self.config.progress_every:
+            await self._flush_marker()
+
+    async def _flush_marker(self) -> None:
+        plan = self._pending_marker_plan
+        if plan is None:
+            return
+        coords = self._state.coords(plan, end_of_object=True)
+        await self.journal.append_mirror("", 0, None, coords)
+        self._pending_marker_plan = None
+        self._markers_pending = 0
+
+    def _entry_done(self, info: EntryInfo) -> None:
+        if self._quarantine:
+            for key, q in list(self._quarantine.items()):
+                if q.seq <= info.seq:
+                    log.info(
+                        "mirror %s: %s applied after %d attempts", self.source, key, q.attempts
+                    )
+                    del self._quarantine[key]
+            self._quarantine_attempt = 0 if not self._quarantine else self._quarantine_attempt
+        self._entries += 1
+        if info.planned:
+            self._planned += 1
+        n = self._entries
+        self._avg_entry_bytes += (info.size - self._avg_entry_bytes) / min(n, 100)
+        now = trio.current_time()
+        self._rate.append((now, n))
+        while self._rate and now - self._rate[0][0] > _RATE_WINDOW_S:
+            self._rate.popleft()
+
+    # ------------------------------------------------------------ catch-up
+
+    def _catch_up_wanted(self, streak: int) -> bool:
+        """Whether to look at the manifests (one LIST): never while merely following.
+
+        Yes on the first pull, when a relayed or observed head is far ahead,
+        and when ``streak`` entries in a row existed (at most every
+        ``catch_up_check_interval_s``).
+        """
+        cfg = self.config
+        last = self._last_catch_up_check
+        if last is None:
+            return True
+        if self._known_head - self._state.next_seq + 1 >= cfg.catch_up_threshold:
+            return True
+        return (
+            streak >= cfg.catch_up_threshold
+            and trio.current_time() - last >= cfg.catch_up_check_interval_s
+        )
+
+    async def _catch_up_planned(self) -> int:
+        """Far behind: plan from manifests (no header reads), prefetch, apply in order.
+
+        One LIST of the manifest folder (newer manifests only), a few HEADs
+        to find the head past the newest manifest, then a pipeline. Returns
+        the entries applied; the sequential loop does the rest.
+        """
+        self._last_catch_up_check = trio.current_time()
+        first = self._state.next_seq
+        folder = manifest_prefix(self.prefix, self.source)
+        after = manifest_key(self.prefix, self.source, first - 1)
+        manifests: list[tuple[int, str]] = []
+        for obj in await self.bucket.list(folder, start_after=after):
+            try:
+                _, last_seq = parse_manifest_key(obj.key, self.prefix)
+            except CorruptData:
+                continue  # not a manifest (a stray object in the folder)
+            manifests.append((last_seq, obj.key))
+        known = max((last for last, _ in manifests), default=0)
+        head = await find_head(self.bucket, self.prefix, self.source, max(known, first - 1))
+        # Measured now: replaces a relayed head that may have been wrong.
+        self._known_head = head
+        if head - first + 1 < self.config.catch_up_threshold:
+            return 0
+        self._catch_ups += 1
+        log.info(
+            "mirror %s: %d entries behind (%d..%d), catching up from %d manifests",
+            self.source,
+            head - first + 1,
+            first,
+            head,
+            len(manifests),
+        )
+        try:
+            return await self._pipeline(first, head, manifests)
+        except NotFound:
+            # An entry vanished under us (GC): the sequential loop checks the boundary.
+            return 0
+
+    async def _pipeline(self, first: int, last: int, manifests: Sequence[tuple[int, str]]) -> int:
+        cfg = self.config
+        send, recv = trio.open_memory_channel[_Slot](math.inf)
+        count = trio.Semaphore(cfg.prefetch_objects)
+        budget = _ByteBudget(cfg.prefetch_bytes)
+        applied = 0
+        error: Exception | None = None
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._launch, first, last, manifests, send, count, budget, nursery)
+            try:
+                async with recv:
+                    async for slot in recv:
+                        self._status = "catching-up"
+                        await slot.done.wait()
+                        try:
+                            await self._apply_slot(slot)
+                            applied += 1
+                        finally:
+                            budget.release(slot.cost)
+                            count.release()
+            except Exception as exc:  # noqa: BLE001 - re-raised below, outside the nursery
+                error = exc
+            nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return applied
+
+    async def _apply_slot(self, slot: _Slot) -> None:
+        """Apply a prefetched entry; one planned from a bad manifest is read again by header.
+
+        A manifest is a hint: if the object disagrees with it (size, CRC,
+        epoch, offsets), the entry is fetched again from its own header, and
+        only a failure then quarantines it.
+        """
+        try:
+            if slot.error is not None:
+                raise slot.error
+            assert slot.fetched is not None
+            await self._apply(slot.fetched)
+        except (CorruptData, _Unconfirmed) as exc:
+            if not slot.planned:
+                raise
+            log.warning(
+                "mirror %s: entry %d disagrees with its manifest (%s); reading its header",
+                self.source,
+                slot.seq,
+                exc,
+            )
+            await self._apply(await self._fetch(await self._prepare_unplanned(slot.seq)))
+
+    async def _launch(
+        self,
+        first: int,
+        last: int,
+        manifests: Sequence[tuple[int, str]],
+        send: trio.MemorySendChannel[_Slot],
+        count: trio.Semaphore,
+        budget: _ByteBudget,
+        nursery: trio.Nursery,
+    ) -> None:
+        """Start fetches in seq order, as far ahead as the count and byte budgets allow."""
+        limit = self.config.prefetch_objects
+        async with send:
+            mi = 0
+            loaded: tuple[int, Manifest | None] | None = None
+            for seq in range(first, last + 1):
+                await count.acquire()
+                slot = _Slot(seq)
+                try:
+                    while mi < len(manifests) and manifests[mi][0] < seq:
+                        mi += 1
+                    entry_info: EntryInfo | None = None
+                    if mi < len(manifests):
+                        if loaded is None or loaded[0] != mi:
+                            loaded = (mi, await self._load_manifest(*manifests[mi]))
+                        m = loaded[1]
+                        if m is not None and m.first_seq <= seq <= m.last_seq:
+                            entry = m.entries[seq - m.first_seq]
+                            key = log_key(self.prefix, self.source, seq)
+                            entry_info = EntryInfo.from_manifest(key, m.region, entry)
+                    if entry_info is not None:
+                        slot.planned = True
+                        plan = self._plan_fetch(entry_info, b"")
+                    else:
+                        plan = await self._prepare_unplanned(seq)
+                    slot.cost = plan.cost
+                    await budget.acquire(slot.cost)
+                    self._prefetch_peak_bytes = max(self._prefetch_peak_bytes, budget.peak)
+                    self._prefetch_peak_objects = max(
+                        self._prefetch_peak_objects, limit - count.value
+                    )
+                except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
+                    slot.error = exc
+                    slot.done.set()
+                    await send.send(slot)
+                    return
+                await send.send(slot)
+                nursery.start_soon(self._fetch_into, slot, plan)
+
+    async def _fetch_into(self, slot: _Slot, plan: _FetchPlan) -> None:
+        try:
+            slot.fetched = await self._fetch(plan)
+        except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
+            slot.error = exc
+        finally:
+            slot.done.set()
+
+    async def _load_manifest(self, last_seq: int, key: str) -> Manifest | None:
+        """A manifest of the source, or ``None`` (with a warning) when it cannot be used."""
+        res = await self.bucket.get(key)
+        self._bytes_fetched += len(res.data)
+        try:
+            return Manifest.decode(res.data, where=key, region=self.source, last_seq=last_seq)
+        except CorruptData as exc:
+            log.warning(
+                "mirror %s: ignoring manifest (%s); reading headers instead", self.source, exc
+            )
+            return None
+
+    # ------------------------------------------------------------ records
+
+    def _record_gap(self, gap: Gap) -> None:
+        self._gaps.append(gap)
+        if gap.kind is GapKind.START:
+            log.info("mirror %s: %s", self.source, gap.describe())
+        elif self.config.gap_policy is GapPolicy.SKIP:
+            log.warning("mirror %s: SKIPPED %s", self.source, gap.describe())
+        else:
+            log.error("mirror %s: %s", self.source, gap.describe())
+
+    def _quarantined(self, seq: int, exc: CorruptData) -> None:
+        # Keyed by the bad object: the entry, or e.g. the GC boundary document.
+        key = exc.where or log_key(self.prefix, self.source, seq)
+        now = self._clock()
+        self._quarantine_events += 1
+        old = self._quarantine.get(key)
+        if old is None:
+            log.error(
+                "mirror %s: QUARANTINED entry %d (%s): %s; nothing of it was applied, "
+                "retrying with backoff",
+                self.source,
+                seq,
+                key,
+                exc,
+            )
+            self._quarantine[key] = QuarantinedEntry(key, seq, str(exc), 1, now, now)
+        else:
+            self._quarantine[key] = QuarantinedEntry(
+                key, seq, str(exc), old.attempts + 1, old.first_seen_ms, now
+            )
+
+    async def _publish_cursor(self, *, force: bool = False) -> None:
+        """Publish how far the mirror is durable, every ``cursor_interval_s`` (if it moved)."""
+        interval = self.config.cursor_interval_s
+        if not interval:
+            return
+        now = trio.current_time()
+        if not force and now < self._next_cursor_at:
+            return
+        self._next_cursor_at = now + interval
+        progress = self.journal.source_progress().get(self.source)
+        if progress is None:
+            return
+        through = progress.seq if progress.end_of_object else progress.seq - 1
+        if through <= self._published_through:
+            return
+        # GC may delete what a cursor covers: it must be on disk first.
+        await self.journal.flush()
+        cursor = Cursor(self.source, self.local_region, through, progress.epoch, self._clock())
+        try:
+            await publish_cursor(self.bucket, self.prefix, cursor)
+        except BucketUnavailable as exc:
+            self._next_cursor_at = now  # try again after the next poll
+            log.info("mirror %s: cursor not published (%s)", self.source, exc)
+            return
+        self._published_through = through
+
+
+def _decode_blocks(
+    key: str, wanted: Sequence[BlockIndex], pieces: Sequence[tuple[int, bytes]]
+) -> dict[BlockIndex, list[RecordBatch]]:
+    """Check and decode every wanted block (pure; may run in a worker thread)."""
+    out: dict[BlockIndex, list[RecordBatch]] = {}
+    for b in wanted:
+        stored = logobject.slice_block(b, pieces, where=key)
+        raw = logobject.decode_block(b, stored, where=key)
+        out[b] = list(logobject.iter_block_batches(b, raw, where=key))
+    return out
