@@ -25,3 +25,10 @@ def fail(message: str, code: int = 1) -> typer.Exit:
 
 def reason(exc: EdgeGatewayError | OSError) -> str:
     return f"{type(exc).__name__}: {exc}"
+
+
+def leaf(exc: BaseException) -> BaseException:
+    """The first real exception inside (nested) exception groups."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-import logging
-import sys
-
 import typer
 
-from edgegw_cli import demo, init_cmd, inspect_cmd, restore, serve, sync
+from edgegw_cli import (
+    consume,
+    demo,
+    init_cmd,
+    inspect_cmd,
+    produce,
+    restore,
+    serve,
+    status,
+    sync,
+    topics,
+)
 
 app = typer.Typer(
     name="edgegw",
@@ -18,6 +26,10 @@ app = typer.Typer(
 )
 app.command("serve")(serve.serve)
 app.command("init")(init_cmd.init)
+app.command("status")(status.status)
+app.command("produce")(produce.produce)
+app.command("consume")(consume.consume)
+app.add_typer(topics.app, name="topics")
 app.command("demo")(demo.demo)
 app.add_typer(inspect_cmd.app, name="inspect")
 app.command("sync")(sync.sync)
@@ -28,11 +40,9 @@ app.command("restore")(restore.restore)
 def _main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
 ) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    from edge_gateway.logs import configure_logging
+
+    configure_logging("debug" if verbose else "info", "text")
 
 
 def main() -> None:

@@ -97,7 +97,7 @@ def _produce(site: Site, records: int) -> tuple[int, int]:
     readings = gen.take(records)
     by_partition: dict[int, list[tuple[bytes, bytes, int]]] = defaultdict(list)
     for r in readings:
-        by_partition[partition_for(r.key, site.partitions)].append((r.key, r.value, r.ts_ms))
+        by_partition[partition_for(r.key, site.partitions)].append((r.key, r.value, r.timestamp_ms))
     size = 0
     with httpx.Client(base_url=site.url, timeout=30) as client:
         for p, rows in by_partition.items():
@@ -262,18 +262,21 @@ def demo(
             + ", ".join(f"{s.region} at {s.url}" for s in sites)
         )
         produced: dict[str, tuple[int, int]] = {}
-        threads = [
-            threading.Thread(
-                target=lambda s=s: produced.__setitem__(s.region, _produce(s, records))
-            )
-            for s in sites
-        ]
+        errors: list[str] = []
+
+        def produce(site: Site) -> None:
+            try:
+                produced[site.region] = _produce(site, records)
+            except (httpx.HTTPError, typer.Exit) as exc:
+                errors.append(f"{site.region}: {exc}")
+
+        threads = [threading.Thread(target=produce, args=(s,)) for s in sites]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        if len(produced) != len(sites):
-            raise fail("producing failed; see the gateway logs in " + str(work_dir))
+        if errors or len(produced) != len(sites):
+            raise fail(f"producing failed ({'; '.join(errors)}); see the logs in {work_dir}")
         north, south = sites
         converge = {
             south.region: _wait_mirrored(north, south, 45),
@@ -294,17 +297,7 @@ def demo(
     finally:
         codes = {s.region: _stop(s) for s in sites}
     table = Table(title=f"edgegw demo: 2 regions, {records:,} telemetry records each")
-    for col in (
-        "region",
-        "topic",
-        "records",
-        "MB produced",
-        "log objects",
-        "MB in bucket",
-        "compression",
-        "mirrored by",
-        "caught up after",
-    ):
+    for col in ("home", "topic", "records", "MB", "objects", "MB stored", "ratio", "mirror", "lag"):
         table.add_column(col, justify="right" if col not in ("region", "topic") else "left")
     for site, other in ((north, south), (south, north)):
         n, size = produced[site.region]

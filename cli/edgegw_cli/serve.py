@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 import typer
 
-from edgegw_cli._common import err_console, fail, reason
+from edgegw_cli._common import err_console, fail, leaf, reason
 
 if TYPE_CHECKING:
     from edge_gateway.config import GatewayConfig
@@ -46,15 +46,16 @@ def serve(
     try:
         trio.run(_serve, cfg)
     except* Fenced as group:
-        msg = str(group.exceptions[0])
+        msg = str(leaf(group))
         log.error("fenced: %s", msg)
         err_console.print(f"[red]fenced:[/red] {msg}")
         raise typer.Exit(EXIT_FENCED) from None
     except* ConfigError as group:
-        err_console.print(f"[red]config error:[/red] {group.exceptions[0]}")
+        err_console.print(f"[red]config error:[/red] {leaf(group)}")
         raise typer.Exit(EXIT_CONFIG) from None
     except* (EdgeGatewayError, OSError) as group:
-        exc = group.exceptions[0]
+        exc = leaf(group)
+        assert isinstance(exc, EdgeGatewayError | OSError)
         log.error("fatal: %s", reason(exc))
         raise fail(reason(exc)) from None
 

@@ -10,9 +10,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
 from edge_gateway.errors import EdgeGatewayError
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal
+from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
-from edgegw_cli._common import console, fail, reason
+from edgegw_cli._common import console, fail, leaf, reason
 
 
 async def open_bucket(
@@ -34,73 +35,152 @@ async def open_bucket(
 
 
 def sync(
-    data_dir: Path = typer.Option(..., help="The gateway's data directory (holds journal/)."),
-    region: str = typer.Option(..., help="This site's region name."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="The gateway's config file (the usual way)."
+    ),
+    data_dir: Path | None = typer.Option(
+        None, help="Without --config: the data directory (holds journal/)."
+    ),
+    region: str | None = typer.Option(None, help="Without --config: this site's region."),
     bucket_dir: Path | None = typer.Option(None, help="A local-directory bucket."),
     s3_bucket: str | None = typer.Option(None, help="An S3 bucket name."),
     s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL (MinIO, R2, ...)."),
     s3_prefix: str = typer.Option("", help="Key prefix inside the bucket."),
     s3_path_style: bool = typer.Option(False, help="Path-style S3 addressing."),
     flush_bytes: int = typer.Option(8 * 1024 * 1024, help="Largest object to build."),
+    ship_only: bool = typer.Option(False, help="Ship, but do not pull the mirrored sources."),
 ) -> None:
-    """Ship everything the journal holds that the bucket does not, then exit.
+    """Ship everything pending, pull every subscribed source up to its head, then exit.
 
-    For sites that connect now and then: run it when the link is up.
-    Exit code 0 when everything is shipped; non-zero with a one-line reason.
+    For sites that connect now and then: run it when the link comes up (the
+    gateway must not be running: it owns the journal). With --config, the
+    sources to pull come from the topology; with --data-dir/--region and a
+    bucket option, it only ships. Exit code 0 when done; non-zero with a
+    one-line reason.
 
-    Example: edgegw sync --data-dir /var/lib/edgegw --region north --bucket-dir /mnt/shared
+    Example: edgegw sync --config /etc/edgegw/edgegw.toml
     """
+    from edge_gateway.config import GatewayConfig, load_config
+    from edge_gateway.gateway import Gateway
 
-    async def run() -> tuple[int, int, int]:
-        bucket, prefix = await open_bucket(
-            bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
-        )
-        journal = await trio.to_thread.run_sync(
-            Journal.open_sync, data_dir / "journal", JournalConfig()
-        )
+    if config is not None:
+        try:
+            cfg = load_config(config)
+        except EdgeGatewayError as exc:
+            raise fail(str(exc), code=2) from None
+    elif data_dir is not None and region is not None:
+        try:
+            cfg = GatewayConfig(region=region, data_dir=data_dir)
+        except EdgeGatewayError as exc:
+            raise fail(str(exc), code=2) from None
+    else:
+        raise fail("give --config, or --data-dir and --region with a bucket option", code=2)
+    gateway = Gateway(cfg)
+
+    async def run() -> None:
+        if config is None:
+            bucket, prefix = await open_bucket(
+                bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
+            )
+        else:
+            bucket, prefix = await gateway.open_bucket(), gateway.key_prefix
+        journal = await trio.to_thread.run_sync(Journal.open_sync, cfg.journal_path, cfg.journal)
         try:
             shipper = Shipper(
                 journal,
                 bucket,
-                region,
+                cfg.region,
                 prefix=prefix,
                 config=ShipperConfig(max_object_bytes=flush_bytes),
             )
-            await shipper.claim()
-            first = shipper.shipped_lsn
-            target = journal.next_lsn - 1
-            with Progress(
-                TextColumn("[bold]shipping[/]"),
-                BarColumn(),
-                TextColumn("{task.completed}/{task.total} entries"),
-                TextColumn("{task.fields[objects]} objects, {task.fields[mb]:.1f} MB"),
-                TimeRemainingColumn(),
-                console=console,
-                transient=False,
-            ) as progress:
-                task = progress.add_task("ship", total=max(target - first, 0), objects=0, mb=0.0)
-
-                def update(shipped: int, _target: int) -> None:
-                    st = shipper.statistics()
-                    progress.update(
-                        task,
-                        completed=shipped - first,
-                        objects=st.objects,
-                        mb=st.wire_bytes / 1e6,
-                    )
-
-                await shipper.ship_pending(update)
-                update(shipper.shipped_lsn, target)
-            st = shipper.statistics()
-            return st.objects, st.records, st.wire_bytes
+            await _ship(shipper)
+            if config is not None and not ship_only:
+                await _pull(gateway.make_tailers(journal, bucket))
+            await journal.flush()
         finally:
             journal.close_sync()
             await bucket.aclose()
 
     try:
-        objects, records, wire = trio.run(run)
-    except (EdgeGatewayError, OSError) as exc:
+        trio.run(run)
+    except* (EdgeGatewayError, OSError) as group:
+        exc = leaf(group)
+        assert isinstance(exc, EdgeGatewayError | OSError)
         raise fail(reason(exc)) from None
-    console.print(
-        f"shipped {records:,} records in {objects} objects ({wire / 1e6:.2f} MB on the wire)"
+
+
+def _progress(label: str) -> Progress:
+    return Progress(
+        TextColumn(f"[bold]{label:<8}[/]"),
+        TextColumn("{task.description:<10}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} entries"),
+        TextColumn("{task.fields[detail]}"),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
     )
+
+
+async def _ship(shipper: Shipper) -> None:
+    await shipper.claim()
+    first = shipper.shipped_lsn
+    target = shipper.journal.next_lsn - 1
+    with _progress("shipping") as progress:
+        task = progress.add_task(shipper.region, total=max(target - first, 0), detail="")
+
+        def update(shipped: int, _target: int) -> None:
+            st = shipper.statistics()
+            progress.update(
+                task,
+                completed=shipped - first,
+                detail=f"{st.objects} objects, {st.wire_bytes / 1e6:.1f} MB",
+            )
+
+        await shipper.ship_pending(update)
+        update(shipper.shipped_lsn, target)
+    st = shipper.statistics()
+    console.print(
+        f"shipped {st.records:,} records in {st.objects} objects "
+        f"({st.wire_bytes / 1e6:.2f} MB on the wire)"
+    )
+
+
+async def _pull(tailers: dict[str, Tailer]) -> None:
+    if not tailers:
+        return
+    with _progress("pulling") as progress:
+        tasks = {src: progress.add_task(src, total=None, detail="") for src in tailers}
+        results: dict[str, CatchUpResult] = {}
+
+        async def one(src: str, tailer: Tailer) -> None:
+            results[src] = await tailer.catch_up()
+
+        async def watch() -> None:
+            while True:
+                for src, tailer in tailers.items():
+                    st = tailer.statistics()
+                    progress.update(
+                        tasks[src],
+                        completed=st.entries,
+                        total=st.entries + st.entries_behind if st.known_head else None,
+                        detail=f"{st.records:,} records",
+                    )
+                await trio.sleep(0.1)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch)
+            async with trio.open_nursery() as pulls:
+                for src, tailer in tailers.items():
+                    pulls.start_soon(one, src, tailer)
+            nursery.cancel_scope.cancel()
+        for src, tailer in tailers.items():
+            st = tailer.statistics()
+            progress.update(
+                tasks[src], completed=st.entries, total=st.entries, detail=f"{st.records:,} records"
+            )
+    for src, res in sorted(results.items()):
+        console.print(
+            f"pulled {res.records:,} records in {res.entries} entries from {src} "
+            f"(next seq {res.next_seq})"
+        )

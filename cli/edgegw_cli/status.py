@@ -1,0 +1,113 @@
+"""``edgegw status``: what the running gateway is doing, as tables."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.table import Table
+
+from edge_gateway.errors import EdgeGatewayError
+from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
+from edgegw_cli._common import console, fail
+
+
+def _ago(ms: int | None) -> str:
+    if not ms:
+        return "never"
+    s = max(0.0, time.time() - ms / 1000)
+    return f"{s:.1f}s ago" if s < 120 else f"{s / 60:.0f} min ago"
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def status(
+    config: Path | None = CONFIG_OPTION,
+    url: str | None = URL_OPTION,
+    token: str | None = TOKEN_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print the raw status document."),
+) -> None:
+    """Per topic: head offsets, what is shipped, mirror lag; the shipper and each mirror.
+
+    Example: edgegw status --config /etc/edgegw/edgegw.toml
+    """
+    with connect(config, url, token) as client:
+        try:
+            doc = client.status()
+        except EdgeGatewayError as exc:
+            raise fail(str(exc)) from None
+    if as_json:
+        console.print_json(json.dumps(doc))
+        return
+    render(doc)
+
+
+def render(doc: dict[str, Any]) -> None:
+    j, s = doc["journal"], doc["shipper"]
+    head = Table(title=f"edgegw {doc['version']} — region {doc['region']}", show_header=False)
+    head.add_column("", style="bold")
+    head.add_column("")
+    head.add_row("state", "serving" if doc["accepting"] else "not accepting writes")
+    head.add_row("bucket", doc["bucket"])
+    head.add_row(
+        "journal",
+        f"{_mb(j['bytes'])} of {_mb(j['max_bytes'])} ({j['segments']} segments), "
+        f"next LSN {j['next_lsn']}",
+    )
+    claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
+    head.add_row("shipper", claim)
+    head.add_row(
+        "shipped",
+        f"{s['objects']} objects, {_mb(s['wire_bytes'])}, last {_ago(s['last_ship_ms'])}; "
+        f"{s['pending_lsns']} journal entries pending",
+    )
+    if s.get("last_error"):
+        head.add_row("ship error", f"[red]{s['last_error']}[/]")
+    for name, err in doc.get("errors", {}).items():
+        head.add_row(f"{name} failed", f"[red]{err}[/]")
+    console.print(head)
+
+    topics = Table(title="topics")
+    for col in ("topic", "kind", "home", "partitions", "records", "unshipped / lag"):
+        topics.add_column(col, justify="left" if col in ("topic", "kind", "home") else "right")
+    mirrors = doc.get("mirrors", {})
+    for t in doc["topics"]:
+        parts = t["partitions"]
+        records = sum(p["next_offset"] - p["first_offset"] for p in parts)
+        if t["kind"] == "local":
+            lag = str(sum(p.get("unshipped", 0) for p in parts))
+        else:
+            m = mirrors.get(t["home"], {})
+            lag = f"{m.get('entries_behind', '?')} entries" if m else "-"
+        topics.add_row(t["name"], t["kind"], t["home"], str(len(parts)), f"{records:,}", lag)
+    console.print(topics)
+
+    if mirrors:
+        table = Table(title="mirrors")
+        for col in ("source", "state", "next seq", "behind", "ETA", "records", "problems"):
+            table.add_column(
+                col, justify="left" if col in ("source", "state", "problems") else "right"
+            )
+        for src, m in sorted(mirrors.items()):
+            problems = [f"gap {g}" for g in m["gaps"]]
+            problems += [f"quarantined {q['key']}: {q['reason']}" for q in m["quarantined"]]
+            if m.get("stopped_by"):
+                problems.append(f"stopped: {m['stopped_by']}")
+            elif m.get("last_error"):
+                problems.append(m["last_error"])
+            eta = m.get("eta_s")
+            table.add_row(
+                src,
+                m["state"],
+                str(m["next_seq"]),
+                f"{m['entries_behind']} entries, {_mb(m['bytes_behind'])}",
+                f"{eta:.0f}s" if eta is not None else "-",
+                f"{m['records']:,}",
+                "[red]" + "; ".join(problems) + "[/]" if problems else "ok",
+            )
+        console.print(table)
