@@ -72,6 +72,10 @@ MAX_PARTS: Final = 10_000
 MAX_PUT_SIZE: Final = 5 * 1024 * MIB
 #: An abort after a failed multipart upload runs shielded, for at most this long.
 _ABORT_TIMEOUT: Final = 10.0
+#: botocore waits this long for ``100 Continue`` before sending a body anyway,
+#: and caps its retry backoff at this many seconds (standard mode).
+_EXPECT_CONTINUE_WAIT: Final = 1.0
+_BOTOCORE_MAX_BACKOFF: Final = 20.0
 
 _UNAVAILABLE_CODES: Final = frozenset(
     {
@@ -183,12 +187,19 @@ class S3Config:
     session_token: str | None = field(default=None, repr=False)
     #: A named profile of the shared AWS config files.
     profile: str | None = None
+    #: Seconds to establish a connection (per attempt).
     connect_timeout: float = 5.0
-    read_timeout: float = 30.0
+    #: Seconds of silence while waiting for (more of) a response, per attempt.
+    #: A store answers a PUT within a second or so; a silent link (a
+    #: blackhole) must surface as ``BucketUnavailable`` soon enough for the
+    #: shipper's own retry loop and for a bounded shutdown (worker threads are
+    #: never abandoned): see :attr:`max_request_seconds`.
+    read_timeout: float = 10.0
     #: botocore's retry mode; ``adaptive`` also rate-limits the client when throttled.
     retry_mode: Literal["standard", "adaptive"] = "standard"
-    #: Attempts per request, the first included (1 = no retries).
-    max_attempts: int = 5
+    #: Attempts per request, the first included (1 = no retries). The callers
+    #: (shipper, tailers) retry on their own with backoff, so a few are enough.
+    max_attempts: int = 3
     #: Requests in flight at once (worker threads and pooled connections).
     max_concurrency: int = 16
     #: Objects larger than this go up as multipart uploads.
@@ -256,6 +267,21 @@ class S3Config:
             raise bad("checksums", "must be 'when_supported' or 'when_required'")
         if not 1 <= self.list_page_size <= 1000:
             raise bad("list_page_size", "must be between 1 and 1000")
+
+    @property
+    def max_request_seconds(self) -> float:
+        """How long one request can take at most when the store stops answering.
+
+        Every attempt may wait ``connect_timeout``, then up to 1 s for
+        ``100 Continue`` (botocore sends ``Expect: 100-continue`` with
+        uploads), then ``read_timeout``; between attempts botocore's standard
+        backoff sleeps up to 1, 2, 4 … s (capped at 20). A store that keeps
+        trickling bytes can hold a request longer: the timeouts bound
+        silences, not transfers. With the defaults: 3 x 16 + 3 = 51 s.
+        """
+        per_attempt = self.connect_timeout + _EXPECT_CONTINUE_WAIT + self.read_timeout
+        backoff = sum(min(2.0**i, _BOTOCORE_MAX_BACKOFF) for i in range(self.max_attempts - 1))
+        return self.max_attempts * per_attempt + backoff
 
     @property
     def key_prefix(self) -> str:

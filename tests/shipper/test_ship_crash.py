@@ -15,7 +15,8 @@ import trio
 
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.format import logobject
-from edge_gateway.regionlog import find_head, log_key
+from edge_gateway.format.manifest import log_key
+from edge_gateway.regionlog import find_head
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ship_child import PARTITIONS, record_value

@@ -1,0 +1,574 @@
+"""Shipping benchmark: requests per flush, idle requests, backlog drain speed, compression.
+
+Usage::
+
+    .venv/bin/python bench/ship.py [--quick] [--dir PATH]
+
+Everything runs against moto's S3 server on loopback, started by the bench
+(``edge_gateway.testing.moto``); requests are counted at the server, from its
+access log, so botocore retries and multipart parts count too. Phases:
+
+* ``steady``  1000 partitions, each getting a batch of 5 telemetry records
+              every 250 ms (20,000 records/s), shipped with
+              ``flush_interval_ms=250`` for 20 s (6 s with --quick). Figure:
+              every write request the server saw (log objects, manifests,
+              anything) divided by the flushes (log objects committed). Baseline:
+              the per-partition approach (a connector or tiered storage writing
+              one object per partition per flush) needs one PUT per partition
+              with data in that flush -- counted exactly from the same flushes;
+              without --quick, the fullest such flush is also executed, to
+              show what it costs.
+* ``idle``    the same gateway, nothing produced: requests it makes in 10 s.
+* ``drain``   a backlog of 512 MiB (256 MiB with --quick) of journaled
+              telemetry JSON (``TelemetryGenerator``; 16 partitions, batches of
+              200 records), shipped by ``Shipper.ship_pending`` with the default
+              ShipperConfig. Figures: journal MB/s and wire MB/s (bytes PUT),
+              next to boto3's ``upload_fileobj`` (default TransferConfig) of
+              the same number of bytes to the same server. Drain and upload
+              run twice, alternating (other load on the machine drifts); the
+              best run of each is reported, every run is in the JSON.
+              ``ship_ratio`` = journal MB/s over upload MB/s (target >= 0.8);
+              ``wire_ratio`` = wire MB/s over upload MB/s (same bytes: how
+              close the shipper's PUTs, compression included, come to a raw
+              upload).
+* ``compression`` zstd ratio of that data as shipped (raw block bytes over
+              stored bytes, and journal bytes over wire bytes).
+
+Records of the backlog: a pool of TelemetryGenerator readings (more than twice
+``max_object_bytes``) replayed with fresh ``seq`` numbers and timestamps, so
+that generating 512 MiB does not take minutes; no log object (<= 8 MiB of
+journal) ever holds the same reading twice, so compression sees what fresh
+readings would give. The last line is one JSON object with every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import trio
+from _common import (
+    MB,
+    MiB,
+    Row,
+    emit_json,
+    machine_info,
+    progress,
+    render_table,
+    scratch_dir,
+)
+
+from edge_gateway.bucket import S3Bucket, S3Config
+from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.manifest import log_key
+from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, open_journal
+from edge_gateway.regionlog import read_header
+from edge_gateway.shipper import Shipper, ShipperConfig
+from edge_gateway.telemetry import TelemetryGenerator, partition_for
+from edge_gateway.testing.moto import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    LoggedRequest,
+    MotoServer,
+    start_moto_server,
+)
+
+REGION_NAME = "north"
+STEADY_TOPIC = "telemetry"
+STEADY_PARTITIONS = 1000
+STEADY_RECORDS_PER_BATCH = 5
+FLUSH_MS = 250
+TICK_S = 0.05  # the producer spreads each partition's batches over the flush interval
+IDLE_S = 10.0
+DRAIN_TOPIC = "telemetry"
+DRAIN_PARTITIONS = 16
+DRAIN_BATCH_RECORDS = 200
+DRAIN_RUNS = 2  # drain + raw upload, alternating; the best of each
+
+# Targets of the spec (docs: bench/ship.py).
+TARGET_PUTS_PER_FLUSH = 1.1
+TARGET_SHIP_RATIO = 0.8
+TARGET_COMPRESSION = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    quick: bool
+    steady_s: float
+    drain_bytes: int
+
+
+QUICK = Plan(quick=True, steady_s=6.0, drain_bytes=256 * MiB)
+FULL = Plan(quick=False, steady_s=20.0, drain_bytes=512 * MiB)
+
+
+# ------------------------------------------------------------------ plumbing
+
+
+def s3_config(server: MotoServer, bucket: str) -> S3Config:
+    """The gateway's S3 settings: defaults, except where moto lives."""
+    return S3Config(
+        bucket=bucket,
+        endpoint_url=server.endpoint,
+        region=REGION,
+        path_style=True,
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+    )
+
+
+def boto_client(server: MotoServer) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=server.endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=botocore.config.Config(s3={"addressing_style": "path"}),
+    )
+
+
+async def settled_position(server: MotoServer) -> int:
+    """The log position once the server has logged what it answered (it logs after replying)."""
+    await trio.sleep(0.3)
+    return server.log_position()
+
+
+def requests_of(server: MotoServer, bucket: str, since: int, until: int) -> list[LoggedRequest]:
+    return [r for r in server.requests(since=since, until=until) if r.bucket == bucket]
+
+
+def kind_of(request: LoggedRequest) -> str:
+    parts = request.key.split("/")
+    return parts[2] if len(parts) > 2 and parts[0] == "regions" else (parts[0] or "bucket")
+
+
+def telemetry_pool(n: int, seed: int = 42) -> list[tuple[bytes, bytes, int]]:
+    """``n`` TelemetryGenerator readings as (key, value, timestamp)."""
+    gen = TelemetryGenerator(site=REGION_NAME, sensors=200, seed=seed)
+    return [(r.key, r.value, r.timestamp_ms) for r in gen.take(n)]
+
+
+# -------------------------------------------------------------------- steady
+
+
+async def steady_and_idle(
+    root: Path, server: MotoServer, plan: Plan, during_idle: Callable[[], None]
+) -> dict[str, Any]:
+    """Phases ``steady`` and ``idle``; ``during_idle`` runs in a thread meanwhile."""
+    fig: dict[str, Any] = {}
+    admin = boto_client(server)
+    admin.create_bucket(Bucket="steady")
+    pool = telemetry_pool(20_000)
+    bucket = await S3Bucket.open(s3_config(server, "steady"))
+    before_claim = server.log_position()
+    async with open_journal(root / "steady", JournalConfig(retention_ms=0)) as j:
+        shipper = Shipper(j, bucket, REGION_NAME, config=ShipperConfig(flush_interval_ms=FLUSH_MS))
+        async with trio.open_nursery() as nursery:
+            await nursery.start(shipper.run)  # a first start claims before it reports ready
+            m0 = await settled_position(server)
+            claim = requests_of(server, "steady", before_claim, m0)
+            fig["claim_requests"] = len(claim)
+            objects0 = shipper.statistics().objects
+            client_puts0 = bucket.statistics().puts
+            progress(
+                f"  steady: {STEADY_PARTITIONS} partitions for {plan.steady_s:.0f} s "
+                f"(claim took {len(claim)} requests)"
+            )
+            t0 = trio.current_time()
+            groups = round(FLUSH_MS / 1000 / TICK_S)
+            per_group = STEADY_PARTITIONS // groups
+            tick = produced = 0
+            while trio.current_time() - t0 < plan.steady_s:
+                g = tick % groups
+                now_ms = time.time_ns() // 1_000_000
+                for p in range(g * per_group, (g + 1) * per_group):
+                    rows = [
+                        pool[(produced + k) % len(pool)] for k in range(STEADY_RECORDS_PER_BATCH)
+                    ]
+                    produced += STEADY_RECORDS_PER_BATCH
+                    j.append_nowait(
+                        STEADY_TOPIC,
+                        p,
+                        encode_batch(
+                            [v for _, v, _ in rows], keys=[k for k, _, _ in rows], timestamps=now_ms
+                        ),
+                    )
+                tick += 1
+                await trio.sleep_until(t0 + tick * TICK_S)
+            last_lsn = j.next_lsn - 1
+            with trio.fail_after(120):
+                await shipper.wait_shipped(last_lsn)
+            elapsed = trio.current_time() - t0
+            m1 = await settled_position(server)
+            stats = shipper.statistics()
+            window = requests_of(server, "steady", m0, m1)
+            flushes = stats.objects - objects0
+            writes = [r for r in window if r.is_write]
+            fig.update(
+                steady_seconds=elapsed,
+                records_produced=produced,
+                records_per_s=produced / elapsed,
+                flushes=flushes,
+                flushes_per_s=flushes / elapsed,
+                write_requests=len(writes),
+                read_requests=len(window) - len(writes),
+                log_puts=sum(1 for r in writes if kind_of(r) == "log"),
+                manifest_puts=sum(1 for r in writes if kind_of(r) == "manifest"),
+                puts_per_flush=len(writes) / flushes if flushes else None,
+                client_puts=bucket.statistics().puts - client_puts0,
+                retries=stats.retries,
+                steady_wire_mb_per_s=stats.wire_bytes / elapsed / MB,
+            )
+            progress(
+                f"  steady: {produced:,} records, {flushes} flushes, {len(writes)} write "
+                f"requests ({fig['log_puts']} log objects, {fig['manifest_puts']} manifests)"
+            )
+
+            # ---- idle: nothing produced; the gateway keeps running
+            progress(f"  idle: counting requests for {IDLE_S:.0f} s")
+            i0 = m1
+            idle_objects = shipper.statistics().objects
+            async with trio.open_nursery() as side:
+                # Meanwhile (other buckets, other processes): prepare the drain.
+                side.start_soon(trio.to_thread.run_sync, during_idle)
+                await trio.sleep(IDLE_S)
+                i1 = server.log_position()
+            idle = requests_of(server, "steady", i0, i1)
+            fig["idle_requests_per_10s"] = len(idle) * 10.0 / IDLE_S
+            fig["idle_objects"] = shipper.statistics().objects - idle_objects
+            nursery.cancel_scope.cancel()
+
+        # ---- the per-partition baseline for the same flushes
+        first_seq = stats.next_seq - flushes
+        per_flush: dict[int, int] = {}
+        for seq in range(first_seq, stats.next_seq):
+            read = await read_header(bucket, log_key("", REGION_NAME, seq))
+            per_flush[seq] = len({(b.topic, b.partition) for b in read.header.blocks})
+        fig["baseline_puts_per_flush"] = (
+            sum(per_flush.values()) / len(per_flush) if per_flush else None
+        )
+        # The fullest flush, split the baseline's way: one object per partition.
+        fullest = log_key("", REGION_NAME, max(per_flush, key=lambda k: per_flush[k]))
+        data = (await bucket.get(fullest)).data
+        header = (await read_header(bucket, fullest)).header
+        fig["_flush_blocks"] = [
+            (b.topic, b.partition, data[b.offset : b.end]) for b in header.blocks
+        ]
+    await bucket.aclose()
+
+    admin.close()
+    return fig
+
+
+async def baseline_flush(
+    server: MotoServer, blocks: list[tuple[str, int, bytes]]
+) -> dict[str, Any]:
+    """One flush of the per-partition baseline, executed: one PUT per partition's slice."""
+    fig: dict[str, Any] = {}
+    admin = boto_client(server)
+    admin.create_bucket(Bucket="baseline")
+    base = await S3Bucket.open(s3_config(server, "baseline"))
+    t = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for topic, partition, data in blocks:
+            nursery.start_soon(
+                lambda t_=topic, p_=partition, d_=data: base.put(
+                    f"{t_}/{p_:05d}/00000000000000000001.zst", d_, if_none_match=True
+                )
+            )
+    fig["baseline_flush_seconds"] = time.perf_counter() - t
+    fig["baseline_flush_objects"] = len(blocks)
+    await base.aclose()
+    admin.close()
+    return fig
+
+
+# --------------------------------------------------------------------- drain
+
+
+def generate_backlog(path: Path, target_bytes: int, partitions: int, pool_records: int) -> None:
+    """Fill a journal with ``target_bytes`` of telemetry (runs in a child process).
+
+    The pool is replayed in cycles; each cycle gives every reading a fresh
+    ``seq`` (its last field) and shifts its timestamp past the previous cycle.
+    Batches are appended round-robin over the partitions, as producers would.
+    """
+    pool = telemetry_pool(pool_records, seed=7)
+    size = len(pool)
+    heads = [v[: v.rindex(b'"seq": ') + 7] for _, v, _ in pool]
+    stamps = [ts for _, _, ts in pool]
+    span_ms = stamps[-1] - stamps[0] + 10
+    members: list[list[int]] = [[] for _ in range(partitions)]
+    for i, (key, _, _) in enumerate(pool):
+        members[partition_for(key, partitions)].append(i)
+    keys: list[list[bytes | None]] = [[pool[i][0] for i in m] for m in members]
+    j = Journal.open_sync(path, JournalConfig(fsync=FsyncPolicy.NEVER, retention_ms=0))
+    cycle = 0
+    step = DRAIN_BATCH_RECORDS
+    while j.appended_bytes < target_bytes:
+        base, shift = cycle * size, cycle * span_ms
+        batches: list[list[bytes]] = []
+        for q, m in enumerate(members):
+            values = [b"%s%d}" % (heads[i], base + i) for i in m]
+            ts = [stamps[i] + shift for i in m]
+            batches.append(
+                [
+                    encode_batch(
+                        values[a : a + step],
+                        keys=keys[q][a : a + step],
+                        timestamps=ts[a : a + step],
+                    )
+                    for a in range(0, len(m), step)
+                ]
+            )
+        for k in range(max(len(b) for b in batches)):
+            for q in range(partitions):
+                if k < len(batches[q]):
+                    j.append_nowait(DRAIN_TOPIC, q, batches[q][k])
+            if j.appended_bytes >= target_bytes:
+                break
+        cycle += 1
+    j.close_sync()
+
+
+def start_generator(path: Path, target_bytes: int) -> subprocess.Popen[bytes]:
+    # The pool is > 2 x max_object_bytes of readings (~210 B each).
+    pool_records = (2 * ShipperConfig().max_object_bytes) // 200 + 1
+    return subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--_generate",
+            str(path),
+            str(target_bytes),
+            str(DRAIN_PARTITIONS),
+            str(pool_records),
+        ]
+    )
+
+
+async def ship_backlog(j: Journal, server: MotoServer, name: str) -> dict[str, Any]:
+    """One drain of the whole journal into a fresh bucket (the claim is not timed)."""
+    boto_client(server).create_bucket(Bucket=name)
+    bucket = await S3Bucket.open(s3_config(server, name))
+    try:
+        # A fresh bucket: the journal ships from its first LSN again.
+        shipper = Shipper(j, bucket, REGION_NAME)
+        await shipper.claim()
+        written0 = bucket.statistics().bytes_written
+        mark = await settled_position(server)
+        t0 = time.perf_counter()
+        objects = await shipper.ship_pending()
+        elapsed = time.perf_counter() - t0
+        stats = shipper.statistics()
+        wire = bucket.statistics().bytes_written - written0
+        window = requests_of(server, name, mark, await settled_position(server))
+        fig: dict[str, Any] = {
+            "drain_seconds": elapsed,
+            "drain_objects": objects,
+            "drain_records": stats.records,
+            "journal_bytes": stats.journal_bytes,
+            "wire_bytes": wire,
+            "drain_write_requests": sum(1 for r in window if r.is_write),
+            "upload_seconds": stats.upload_seconds_total,
+            "ship_mb_per_s": stats.journal_bytes / elapsed / MB,
+            "wire_mb_per_s": wire / elapsed / MB,
+            "journal_to_wire_ratio": stats.journal_bytes / wire,
+        }
+        # Compression as shipped: raw block bytes over stored block bytes.
+        raw = stored = 0
+        for seq in range(stats.next_seq - objects, stats.next_seq):
+            h = (await read_header(bucket, log_key("", REGION_NAME, seq))).header
+            raw += sum(b.raw_length for b in h.blocks)
+            stored += sum(b.stored_length for b in h.blocks)
+        fig["compression_ratio"] = raw / stored
+        return fig
+    finally:
+        await bucket.aclose()
+
+
+def raw_upload(server: MotoServer, data: bytes, key: str) -> float:
+    """Seconds for boto3's upload_fileobj (default TransferConfig) of ``data``."""
+    client = boto_client(server)
+    try:
+        t = time.perf_counter()
+        client.upload_fileobj(io.BytesIO(data), "raw", key)
+        return time.perf_counter() - t
+    finally:
+        client.close()
+
+
+async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
+    """Drains and raw uploads alternate (the machine's load drifts); the best of each counts."""
+    fig: dict[str, Any] = {}
+    t = time.perf_counter()
+    # Default retention keeps the shipped segments, so the journal drains again.
+    async with open_journal(root / "drain", JournalConfig()) as j:
+        fig["journal_open_seconds"] = time.perf_counter() - t
+        progress(
+            f"  drain: {j.statistics().bytes / MiB:,.0f} MiB of journal, {DRAIN_RUNS} times, "
+            f"each followed by a raw upload of the same wire bytes"
+        )
+        boto_client(server).create_bucket(Bucket="raw")
+        runs: list[dict[str, Any]] = []
+        raw_seconds: list[float] = []
+        data = b""
+        for k in range(DRAIN_RUNS):
+            runs.append(await ship_backlog(j, server, f"drain-{k}"))
+            if not data:
+                data = os.urandom(runs[0]["wire_bytes"])
+            raw_seconds.append(await trio.to_thread.run_sync(raw_upload, server, data, f"up-{k}"))
+    best = max(runs, key=lambda r: r["ship_mb_per_s"])
+    fig.update(best)
+    fig["ship_mb_per_s_runs"] = [r["ship_mb_per_s"] for r in runs]
+    fig["raw_upload_seconds"] = min(raw_seconds)
+    fig["raw_upload_mb_per_s"] = len(data) / min(raw_seconds) / MB
+    fig["raw_upload_mb_per_s_runs"] = [len(data) / s / MB for s in raw_seconds]
+    fig["ship_ratio"] = fig["ship_mb_per_s"] / fig["raw_upload_mb_per_s"]
+    fig["wire_ratio"] = fig["wire_mb_per_s"] / fig["raw_upload_mb_per_s"]
+    return fig
+
+
+# ---------------------------------------------------------------------- main
+
+
+def report(fig: dict[str, Any], plan: Plan) -> tuple[list[Row | str], dict[str, bool]]:
+    targets = {
+        "puts_per_flush": (fig["puts_per_flush"] or 99) <= TARGET_PUTS_PER_FLUSH,
+        "idle_requests": fig["idle_requests_per_10s"] == 0,
+        "ship_ratio": fig["ship_ratio"] >= TARGET_SHIP_RATIO,
+        "compression": fig["compression_ratio"] >= TARGET_COMPRESSION,
+    }
+    drain_mib = fig["drain_mib"]
+    rows: list[Row | str] = [
+        f"steady: {STEADY_PARTITIONS} partitions, flush {FLUSH_MS} ms, "
+        f"{fig['records_per_s']:,.0f} records/s for {fig['steady_seconds']:.0f} s",
+        Row(
+            "write requests per flush",
+            fig["puts_per_flush"],
+            "PUT",
+            "one object per partition per flush",
+            fig["baseline_puts_per_flush"],
+            f"<= {TARGET_PUTS_PER_FLUSH}",
+            targets["puts_per_flush"],
+        ),
+        Row("flushes (log objects)", fig["flushes"], "", "manifests", fig["manifest_puts"]),
+        Row(
+            "one baseline flush, executed" + (" (full run only)" if plan.quick else ""),
+            fig.get("baseline_flush_seconds"),
+            "s",
+            "flush interval",
+            FLUSH_MS / 1000,
+        ),
+        Row(
+            "idle gateway, requests in 10 s",
+            fig["idle_requests_per_10s"],
+            "req",
+            target="= 0",
+            ok=targets["idle_requests"],
+        ),
+        f"drain: {drain_mib:.0f} MiB of journaled telemetry JSON"
+        + (" (quick)" if plan.quick else ""),
+        Row(
+            "journal data shipped",
+            fig["ship_mb_per_s"],
+            "MB/s",
+            "boto3 upload_fileobj, wire bytes",
+            fig["raw_upload_mb_per_s"],
+            f">= {TARGET_SHIP_RATIO}x",
+            targets["ship_ratio"],
+        ),
+        Row(
+            "bytes put on the wire",
+            fig["wire_mb_per_s"],
+            "MB/s",
+            "boto3 upload_fileobj, wire bytes",
+            fig["raw_upload_mb_per_s"],
+        ),
+        Row(
+            "time in PUTs (of the drain)", fig["upload_seconds"], "s", "drain", fig["drain_seconds"]
+        ),
+        "compression",
+        Row(
+            "zstd ratio (raw / stored blocks)",
+            fig["compression_ratio"],
+            "x",
+            target=f">= {TARGET_COMPRESSION:.0f}x",
+            ok=targets["compression"],
+        ),
+        Row("journal bytes / wire bytes", fig["journal_to_wire_ratio"], "x"),
+    ]
+    return rows, targets
+
+
+async def run_phases(root: Path, server: MotoServer, plan: Plan) -> dict[str, Any]:
+    fig: dict[str, Any] = {}
+    generator: list[subprocess.Popen[bytes]] = []
+
+    def start_backlog() -> None:
+        t = time.perf_counter()
+        generator.append(start_generator(root / "drain", plan.drain_bytes))
+        generator[0].wait()
+        fig["generate_seconds"] = time.perf_counter() - t
+
+    fig.update(await steady_and_idle(root, server, plan, start_backlog))
+    if not generator or generator[0].returncode != 0:
+        raise SystemExit("backlog generator failed")
+    blocks = fig.pop("_flush_blocks")
+    if not plan.quick:  # (45 s budget of --quick)
+        progress(f"  baseline: one flush executed as {len(blocks)} per-partition PUTs")
+        fig.update(await baseline_flush(server, blocks))
+    fig.update(await drain(root, server))
+    fig["drain_mib"] = fig["journal_bytes"] / MiB
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="short run (<= 45 s), for CI")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="parent of the scratch directory (not tmpfs)"
+    )
+    parser.add_argument("--_generate", nargs=4, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args._generate:
+        path, target, partitions, pool = args._generate
+        generate_backlog(Path(path), int(target), int(partitions), int(pool))
+        return 0
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    progress(f"ship bench ({'quick' if plan.quick else 'full'}): starting moto")
+    fig: dict[str, Any] = {"quick": plan.quick}
+    with scratch_dir("ship-", args.dir) as root:
+        fig.update(machine_info(root))
+        with start_moto_server(root / "moto.log") as server:
+            fig.update(trio.run(run_phases, root, server, plan))
+    fig["seconds"] = time.perf_counter() - started
+    rows, targets = report(fig, plan)
+    fig["targets"] = targets
+    fig["targets_met"] = all(targets.values())
+    title = (
+        f"edgegw ship bench ({'quick' if plan.quick else 'full'}; moto on loopback, "
+        f"{fig['cpus']} CPUs, Python {fig['python']}; MB = 10^6 bytes; {fig['seconds']:.0f} s)"
+    )
+    print(render_table(title, rows))
+    print()
+    print("targets: " + ", ".join(f"{k} {'PASS' if v else 'SHORT'}" for k, v in targets.items()))
+    emit_json(fig)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

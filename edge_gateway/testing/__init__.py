@@ -1,0 +1,34 @@
+"""Test and benchmark helpers that ship with the library (like ``trio.testing``).
+
+* :mod:`edge_gateway.testing.moto` starts moto's standalone S3 server in a
+  subprocess and reads its request log (moto is a test dependency; it is
+  started as ``python -m moto.server``, never imported).
+* :mod:`edge_gateway.testing.tcpproxy` is a TCP fault proxy (pass, latency,
+  refuse, blackhole, reset) for outage tests, benchmarks and scenarios.
+
+Nothing in the gateway imports this package.
+"""
+
+from edge_gateway.testing.moto import (
+    ACCESS_KEY,
+    REGION,
+    SECRET_KEY,
+    LoggedRequest,
+    MotoServer,
+    free_port,
+    start_moto_server,
+)
+from edge_gateway.testing.tcpproxy import ProxyMode, ProxyStats, TcpProxy
+
+__all__ = [
+    "ACCESS_KEY",
+    "REGION",
+    "SECRET_KEY",
+    "LoggedRequest",
+    "MotoServer",
+    "ProxyMode",
+    "ProxyStats",
+    "TcpProxy",
+    "free_port",
+    "start_moto_server",
+]

@@ -1,0 +1,306 @@
+"""The TCP fault proxy: every mode, from threads, from trio and from another process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import trio
+
+from edge_gateway.testing import ProxyMode, TcpProxy, free_port
+from edge_gateway.testing.moto import parse_request_line
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        try:
+            while data := sock.recv(65536):
+                self.server.received += len(data)  # type: ignore[attr-defined]
+                sock.sendall(data)
+            # Half-close seen: answer it with our own FIN after the echo.
+            sock.shutdown(socket.SHUT_WR)
+        except ConnectionResetError:
+            pass  # the proxy reset us: that is what several tests do
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+    received = 0  # bytes the upstream got, over all connections
+
+
+@pytest.fixture
+def echo_server() -> Iterator[_Server]:
+    server = _Server(("127.0.0.1", 0), _Echo)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+@pytest.fixture
+def echo(echo_server: _Server) -> tuple[str, int]:
+    host, port = echo_server.server_address[:2]
+    assert isinstance(host, str)
+    return host, port
+
+
+@pytest.fixture
+def proxy(echo: tuple[str, int]) -> Iterator[TcpProxy]:
+    with TcpProxy(*echo) as p:
+        yield p
+
+
+def connect(proxy: TcpProxy, timeout: float = 5.0) -> socket.socket:
+    return socket.create_connection(proxy.address, timeout=timeout)
+
+
+def recv_exactly(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise EOFError(f"EOF after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)
+
+
+def round_trip(sock: socket.socket, data: bytes) -> bytes:
+    sock.sendall(data)
+    return recv_exactly(sock, len(data))
+
+
+def exchange(proxy: TcpProxy, data: bytes) -> bytes:
+    """Connect, send, read the echo, close."""
+    with connect(proxy) as sock:
+        return round_trip(sock, data)
+
+
+def test_pass_forwards_both_ways_and_half_close(proxy: TcpProxy) -> None:
+    payload = os.urandom(3 * 1024 * 1024 + 17)  # more than the proxy's buffers
+    with connect(proxy) as sock:
+        sender = threading.Thread(target=sock.sendall, args=(payload,))
+        sender.start()
+        got = recv_exactly(sock, len(payload))
+        sender.join()
+        assert got == payload
+        sock.shutdown(socket.SHUT_WR)
+        assert sock.recv(10) == b""  # the upstream's FIN came through
+    stats = proxy.statistics()
+    assert stats.accepted == 1
+    assert stats.bytes_to_upstream == stats.bytes_to_client == len(payload)
+
+
+def test_many_connections(proxy: TcpProxy) -> None:
+    socks = [connect(proxy) for _ in range(20)]
+    try:
+        for i, s in enumerate(socks):
+            assert round_trip(s, f"hello {i}".encode()) == f"hello {i}".encode()
+        assert proxy.statistics().active == 20
+    finally:
+        for s in socks:
+            s.close()
+
+
+def test_refuse_resets_open_connections_and_refuses_new_ones(proxy: TcpProxy) -> None:
+    port = proxy.port
+    sock = connect(proxy)
+    assert round_trip(sock, b"x") == b"x"
+    proxy.set_mode(ProxyMode.REFUSE)
+    with pytest.raises(ConnectionResetError):
+        sock.recv(1)
+    sock.close()
+    with pytest.raises(ConnectionRefusedError):
+        connect(proxy)
+    proxy.set_mode("pass")
+    assert proxy.port == port
+    with connect(proxy) as sock2:
+        assert round_trip(sock2, b"back") == b"back"
+
+
+def test_blackhole_holds_bytes_until_healed(proxy: TcpProxy) -> None:
+    old = connect(proxy, timeout=0.3)
+    assert round_trip(old, b"a") == b"a"
+    proxy.set_mode(ProxyMode.BLACKHOLE)
+    new = connect(proxy, timeout=0.3)  # accepted: the client cannot tell
+    for s in (old, new):
+        s.sendall(b"ping")
+        with pytest.raises(TimeoutError):
+            s.recv(4)
+    proxy.set_mode(ProxyMode.PASS)
+    for s in (old, new):
+        s.settimeout(5)
+        assert recv_exactly(s, 4) == b"ping"
+        s.close()
+
+
+def test_blackholed_client_that_gives_up_is_dropped(proxy: TcpProxy) -> None:
+    proxy.set_mode(ProxyMode.BLACKHOLE)
+    sock = connect(proxy)
+    deadline = time.monotonic() + 5
+    while proxy.statistics().active != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    sock.close()
+    while proxy.statistics().active and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proxy.statistics().active == 0
+
+
+def test_drop_responses_delivers_requests_but_not_answers(
+    proxy: TcpProxy, echo_server: _Server
+) -> None:
+    proxy.set_mode(ProxyMode.DROP_RESPONSES)
+    with connect(proxy, timeout=0.3) as sock:
+        sock.sendall(b"commit")
+        with pytest.raises(TimeoutError):
+            sock.recv(6)
+        assert echo_server.received == 6  # the server acted on it
+        proxy.set_mode(ProxyMode.PASS)
+        sock.settimeout(5)
+        assert recv_exactly(sock, 6) == b"commit"
+
+
+def test_reset_mode_resets_open_and_new_connections(proxy: TcpProxy) -> None:
+    old = connect(proxy)
+    assert round_trip(old, b"a") == b"a"
+    proxy.set_mode(ProxyMode.RESET)
+    with pytest.raises(ConnectionResetError):
+        old.recv(1)
+    old.close()
+    for _ in range(3):
+        # The reset may even beat connect() back to the client.
+        with pytest.raises(ConnectionResetError):
+            exchange(proxy, b"x")
+    assert proxy.statistics().resets >= 4
+    proxy.set_mode(ProxyMode.PASS)
+    with connect(proxy) as s:
+        assert round_trip(s, b"ok") == b"ok"
+
+
+def test_reset_connections_is_one_shot(proxy: TcpProxy) -> None:
+    sock = connect(proxy)
+    assert round_trip(sock, b"a") == b"a"
+    assert proxy.reset_connections() == 1
+    with pytest.raises(ConnectionResetError):
+        sock.recv(1)
+    sock.close()
+    assert proxy.mode is ProxyMode.PASS
+    with connect(proxy) as s:
+        assert round_trip(s, b"b") == b"b"
+
+
+def test_latency_delays_each_direction(proxy: TcpProxy) -> None:
+    with connect(proxy) as sock:
+        assert round_trip(sock, b"warm") == b"warm"
+        proxy.set_mode(ProxyMode.LATENCY, latency=0.15)
+        t0 = time.monotonic()
+        assert round_trip(sock, b"slow") == b"slow"
+        # A lower bound only: the proxy holds each chunk at least this long.
+        assert time.monotonic() - t0 >= 0.3
+        proxy.set_mode(ProxyMode.PASS)
+        assert round_trip(sock, b"fast") == b"fast"
+
+
+def test_upstream_down_resets_the_client() -> None:
+    with TcpProxy("127.0.0.1", free_port()) as p, pytest.raises((ConnectionResetError, EOFError)):
+        exchange(p, b"x")
+
+
+def test_bad_arguments() -> None:
+    p = TcpProxy("127.0.0.1", 1)
+    with pytest.raises(ValueError, match="unknown proxy mode"):
+        TcpProxy("127.0.0.1", 1, mode="flaky")
+    with pytest.raises(ValueError, match="latency > 0"):
+        TcpProxy("127.0.0.1", 1, mode=ProxyMode.LATENCY)
+    with pytest.raises(RuntimeError, match="not started"):
+        p.set_mode("pass")
+    with pytest.raises(RuntimeError, match="not started"):
+        _ = p.port
+
+
+def test_start_in_refuse_mode(echo: tuple[str, int]) -> None:
+    with TcpProxy(*echo, mode="refuse") as p:
+        with pytest.raises(ConnectionRefusedError):
+            connect(p)
+        p.set_mode("pass")
+        with connect(p) as s:
+            assert round_trip(s, b"up") == b"up"
+
+
+async def test_usable_from_trio(proxy: TcpProxy) -> None:
+    stream = await trio.open_tcp_stream(*proxy.address)
+    async with stream:
+        await stream.send_all(b"trio")
+        assert await stream.receive_some(4) == b"trio"
+        proxy.set_mode(ProxyMode.BLACKHOLE)
+        await stream.send_all(b"held")
+        with trio.move_on_after(0.2) as scope:
+            await stream.receive_some(4)
+        assert scope.cancelled_caught
+        proxy.set_mode(ProxyMode.PASS)
+        with trio.fail_after(5):
+            assert await stream.receive_some(4) == b"held"
+
+
+def test_driven_from_another_process(echo: tuple[str, int]) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-m", "edge_gateway.testing.tcpproxy", f"{echo[0]}:{echo[1]}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None
+    assert child.stdout is not None
+    try:
+        port = int(child.stdout.readline())
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            assert round_trip(s, b"hi") == b"hi"
+        child.stdin.write("refuse\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok refuse"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        child.stdin.write("latency x\n")
+        child.stdin.flush()
+        assert child.stdout.readline().startswith("error")
+        child.stdin.write("pass\nquit\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "ok pass"
+        assert child.wait(timeout=10) == 0
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        child.stdin.close()
+        child.stdout.close()
+
+
+def test_moto_log_lines_parse() -> None:
+    line = (
+        '127.0.0.1 - - [22/Nov/2026 22:34:03] "\x1b[31m\x1b[1m'
+        'PUT /b/a/x%20y?partNumber=2 HTTP/1.1\x1b[0m" 412 -'
+    )
+    r = parse_request_line(line)
+    assert r is not None
+    assert (r.method, r.bucket, r.key, r.query, r.status) == (
+        "PUT",
+        "b",
+        "a/x y",
+        "partNumber=2",
+        412,
+    )
+    assert r.is_write
+    assert parse_request_line(" * Running on http://127.0.0.1:1") is None
