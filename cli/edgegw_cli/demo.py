@@ -11,14 +11,10 @@ prints a table and exits 0. No servers to install, under a minute.
 from __future__ import annotations
 
 import shutil
-import signal
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -28,67 +24,22 @@ from rich.table import Table
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.telemetry import TelemetryGenerator, partition_for
 from edgegw_cli._common import console, fail
+from edgegw_cli._fleet import (
+    BATCH_TYPE,
+    FleetTopic,
+    Site,
+    bucket_figures,
+    high_watermarks,
+    mirror_mismatches,
+    wait_mirrored,
+)
 
-BATCH_TYPE = "application/vnd.edgegw.batch"
 REGIONS = {"north": ("sensors", 4), "south": ("weather", 2)}
+TOPICS = [FleetTopic(topic, region, parts) for region, (topic, parts) in REGIONS.items()]
 
 
-@dataclass
-class Site:
-    region: str
-    topic: str
-    partitions: int
-    data_dir: Path
-    proc: subprocess.Popen[bytes] | None = None
-    url: str = ""
-    log_path: Path = field(default_factory=Path)
-
-
-def _config(site: Site, bucket: Path, flush_ms: int, poll_ms: int) -> str:
-    topics = "".join(
-        f'[[topics]]\nname = "{topic}"\nhome = "{region}"\npartitions = {parts}\n'
-        f'subscribers = ["*"]\n'
-        for region, (topic, parts) in REGIONS.items()
-    )
-    return (
-        f'region = "{site.region}"\ndata_dir = "{site.data_dir}"\n'
-        f"[shipper]\nflush_interval_ms = {flush_ms}\n"
-        f"[mirror]\npoll_interval_ms = {poll_ms}\nmax_poll_interval_ms = 500\n"
-        f'[bucket]\ntype = "local"\npath = "{bucket}"\n'
-        f'[api]\nlisten = "127.0.0.1:0"\n{topics}'
-    )
-
-
-def _start(site: Site, config: Path) -> None:
-    site.log_path = site.data_dir.parent / f"{site.region}.log"
-    with open(site.log_path, "wb") as log:
-        site.proc = subprocess.Popen(
-            [sys.executable, "-m", "edgegw_cli", "serve", "--config", str(config)],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-
-
-def _wait_ready(site: Site, timeout: float = 60.0) -> None:
-    addr = site.data_dir / "api.addr"
-    deadline = time.monotonic() + timeout
-    assert site.proc is not None
-    while not addr.exists():
-        if site.proc.poll() is not None or time.monotonic() > deadline:
-            raise fail(f"gateway {site.region} did not start; see {site.log_path}")
-        time.sleep(0.05)
-    site.url = "http://" + addr.read_text().strip()
-
-
-def _stop(site: Site) -> int:
-    if site.proc is None or site.proc.poll() is not None:
-        return site.proc.returncode if site.proc else 0
-    site.proc.send_signal(signal.SIGTERM)
-    try:
-        return site.proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        site.proc.kill()
-        return -9
+def _topic(site: Site) -> FleetTopic:
+    return next(t for t in TOPICS if t.home == site.region)
 
 
 def _produce(site: Site, records: int) -> tuple[int, int]:
@@ -97,7 +48,9 @@ def _produce(site: Site, records: int) -> tuple[int, int]:
     readings = gen.take(records)
     by_partition: dict[int, list[tuple[bytes, bytes, int]]] = defaultdict(list)
     for r in readings:
-        by_partition[partition_for(r.key, site.partitions)].append((r.key, r.value, r.timestamp_ms))
+        by_partition[partition_for(r.key, _topic(site).partitions)].append(
+            (r.key, r.value, r.timestamp_ms)
+        )
     size = 0
     with httpx.Client(base_url=site.url, timeout=30) as client:
         for p, rows in by_partition.items():
@@ -110,7 +63,7 @@ def _produce(site: Site, records: int) -> tuple[int, int]:
                 )
                 size += sum(len(v) for _, v, _ in chunk)
                 r = client.post(
-                    f"/v1/topics/{site.topic}/partitions/{p}/batches",
+                    f"/v1/topics/{_topic(site).name}/partitions/{p}/batches",
                     content=batch,
                     headers={"content-type": BATCH_TYPE},
                 )
@@ -119,59 +72,14 @@ def _produce(site: Site, records: int) -> tuple[int, int]:
     return len(readings), size
 
 
-def _high_watermarks(client: httpx.Client, topic: str) -> list[int]:
-    r = client.get(f"/v1/topics/{topic}")
-    r.raise_for_status()
-    return [p["next_offset"] for p in r.json()["partitions"]]
-
-
-def _all_records(client: httpx.Client, topic: str, partition: int) -> list[tuple[object, ...]]:
-    out: list[tuple[object, ...]] = []
-    offset = 0
-    while True:
-        r = client.get(
-            f"/v1/topics/{topic}/partitions/{partition}/records",
-            params={"offset": offset, "max_records": 5000},
-        )
-        r.raise_for_status()
-        doc = r.json()
-        for rec in doc["records"]:
-            out.append(
-                (
-                    rec["offset"],
-                    rec.get("key"),
-                    rec.get("value"),
-                    rec.get("value_b64"),
-                    rec["timestamp"],
-                )
-            )
-        if doc["next_offset"] >= doc["high_watermark"] or not doc["records"]:
-            return out
-        offset = doc["next_offset"]
-
-
-def _wait_mirrored(home: Site, other: Site, timeout: float) -> float:
-    """Seconds until ``other`` mirrors everything ``home`` holds of its topic."""
-    start = time.monotonic()
-    with (
-        httpx.Client(base_url=home.url, timeout=30) as h,
-        httpx.Client(base_url=other.url, timeout=30) as o,
-    ):
-        want = _high_watermarks(h, home.topic)
-        while _high_watermarks(o, f"{home.region}.{home.topic}") != want:
-            if time.monotonic() - start > timeout:
-                raise fail(f"{other.region} did not mirror {home.region}.{home.topic} in time")
-            time.sleep(0.05)
-    return time.monotonic() - start
-
-
 def _latency(home: Site, other: Site, count: int, rate: float) -> list[float]:
     """Produce ``count`` single records at ``home``; ms until each is readable at ``other``."""
-    mirror = f"{home.region}.{home.topic}"
+    topic = _topic(home).name
+    mirror = f"{home.region}.{topic}"
     acked: dict[int, float] = {}
     seen: dict[int, float] = {}
     with httpx.Client(base_url=other.url, timeout=30) as o:
-        start_offset = _high_watermarks(o, mirror)[0]
+        start_offset = high_watermarks(o, mirror)[0]
     done = threading.Event()
 
     def follow() -> None:
@@ -195,7 +103,7 @@ def _latency(home: Site, other: Site, count: int, rate: float) -> list[float]:
     with httpx.Client(base_url=home.url, timeout=30) as h:
         for i in range(count):
             r = h.post(
-                f"/v1/topics/{home.topic}/records",
+                f"/v1/topics/{topic}/records",
                 json={"records": [{"value": f"probe {i}", "partition": 0}]},
             )
             r.raise_for_status()
@@ -205,12 +113,6 @@ def _latency(home: Site, other: Site, count: int, rate: float) -> list[float]:
     done.set()
     follower.join(timeout=35)
     return [(seen[o] - t) * 1000 for o, t in acked.items() if o in seen]
-
-
-def _bucket_figures(bucket: Path, region: str) -> tuple[int, int]:
-    log = bucket / "objects" / "regions" / region / "log"
-    files = list(log.glob("*.egw")) if log.exists() else []
-    return len(files), sum(f.stat().st_size for f in files)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -240,23 +142,19 @@ def demo(
         shutil.rmtree(work_dir)
     work_dir.mkdir(parents=True)
     bucket = (work_dir / "bucket").resolve()
-    sites = [
-        Site(region, topic, parts, (work_dir / region).resolve())
-        for region, (topic, parts) in REGIONS.items()
-    ]
+    sites = [Site(region, (work_dir / region).resolve()) for region in REGIONS]
     console.print(
         "[bold]edgegw demo[/]: two gateways (north, south) sharing a local bucket at "
         f"{bucket}; each homes a topic the other mirrors"
     )
     t0 = time.monotonic()
+    north, south = sites
     try:
         for site in sites:
-            site.data_dir.mkdir(parents=True)
-            cfg = work_dir / f"{site.region}.toml"
-            cfg.write_text(_config(site, bucket, flush_ms, poll_ms))
-            _start(site, cfg)
+            site.write_config(bucket, TOPICS, flush_ms, poll_ms)
+            site.start()
         for site in sites:
-            _wait_ready(site)
+            site.wait_ready()
         console.print(
             f"gateways up in {time.monotonic() - t0:.1f}s: "
             + ", ".join(f"{s.region} at {s.url}" for s in sites)
@@ -277,34 +175,26 @@ def demo(
             t.join()
         if errors or len(produced) != len(sites):
             raise fail(f"producing failed ({'; '.join(errors)}); see the logs in {work_dir}")
-        north, south = sites
         converge = {
-            south.region: _wait_mirrored(north, south, 45),
-            north.region: _wait_mirrored(south, north, 45),
+            south.region: wait_mirrored(north, _topic(north).name, south, 45),
+            north.region: wait_mirrored(south, _topic(south).name, north, 45),
         }
-        mismatches = []
-        for home, other in ((north, south), (south, north)):
-            with (
-                httpx.Client(base_url=home.url, timeout=30) as h,
-                httpx.Client(base_url=other.url, timeout=30) as o,
-            ):
-                for p in range(home.partitions):
-                    if _all_records(h, home.topic, p) != _all_records(
-                        o, f"{home.region}.{home.topic}", p
-                    ):
-                        mismatches.append(f"{home.region}.{home.topic}/{p}")
+        mismatches = [
+            *mirror_mismatches(north, _topic(north).name, _topic(north).partitions, south),
+            *mirror_mismatches(south, _topic(south).name, _topic(south).partitions, north),
+        ]
         latencies = _latency(north, south, probes, rate=50)
     finally:
-        codes = {s.region: _stop(s) for s in sites}
+        codes = {s.region: s.stop() for s in sites}
     table = Table(title=f"edgegw demo: 2 regions, {records:,} telemetry records each")
     for col in ("home", "topic", "records", "MB", "objects", "MB stored", "ratio", "mirror", "lag"):
-        table.add_column(col, justify="right" if col not in ("region", "topic") else "left")
+        table.add_column(col, justify="right" if col not in ("home", "topic") else "left")
     for site, other in ((north, south), (south, north)):
         n, size = produced[site.region]
-        objects, wire = _bucket_figures(bucket, site.region)
+        objects, wire = bucket_figures(bucket, site.region)
         table.add_row(
             site.region,
-            site.topic,
+            _topic(site).name,
             f"{n:,}",
             f"{size / 1e6:.1f}",
             str(objects),

@@ -87,6 +87,8 @@ def journal(
     pos = fentry.SEGMENT_HEADER_SIZE
     shown = 0
     while pos < len(data) and shown < limit:
+        if fentry.is_zero_tail(data, pos):  # the preallocated tail of an active segment
+            break
         try:
             e = fentry.decode_entry(data, pos, where=f"{path}@{pos}")
         except CorruptData as exc:

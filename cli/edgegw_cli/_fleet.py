@@ -1,0 +1,190 @@
+"""Several real gateways on one machine: what `edgegw demo` and `edgegw scenario` drive.
+
+Each site is an `edgegw serve` process with its own data dir and config,
+sharing one local-directory bucket; the API binds a free port and the site's
+address is read from ``<data_dir>/api.addr``.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from edgegw_cli._common import fail
+
+BATCH_TYPE = "application/vnd.edgegw.batch"
+
+
+@dataclass(frozen=True)
+class FleetTopic:
+    name: str
+    home: str
+    partitions: int
+    subscribers: tuple[str, ...] = ("*",)
+
+    def toml(self) -> str:
+        subs = ", ".join(f'"{s}"' for s in self.subscribers)
+        return (
+            f'[[topics]]\nname = "{self.name}"\nhome = "{self.home}"\n'
+            f"partitions = {self.partitions}\nsubscribers = [{subs}]\n"
+        )
+
+
+@dataclass
+class Site:
+    region: str
+    data_dir: Path
+    config: Path = field(default_factory=Path)
+    proc: subprocess.Popen[bytes] | None = None
+    url: str = ""
+    log_path: Path = field(default_factory=Path)
+    paused: bool = False
+
+    def write_config(
+        self, bucket: Path, topics: Sequence[FleetTopic], flush_ms: int, poll_ms: int
+    ) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.config = self.data_dir.parent / f"{self.region}.toml"
+        self.log_path = self.data_dir.parent / f"{self.region}.log"
+        self.config.write_text(
+            f'region = "{self.region}"\ndata_dir = "{self.data_dir}"\n'
+            f"[shipper]\nflush_interval_ms = {flush_ms}\n"
+            f"[mirror]\npoll_interval_ms = {poll_ms}\nmax_poll_interval_ms = 500\n"
+            f'[bucket]\ntype = "local"\npath = "{bucket}"\n'
+            f'[api]\nlisten = "127.0.0.1:0"\n' + "".join(t.toml() for t in topics)
+        )
+
+    def start(self) -> None:
+        (self.data_dir / "api.addr").unlink(missing_ok=True)
+        self.url = ""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "edgegw_cli", "serve", "--config", str(self.config)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        addr = self.data_dir / "api.addr"
+        deadline = time.monotonic() + timeout
+        assert self.proc is not None
+        while not addr.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise fail(f"gateway {self.region} did not start; see {self.log_path}")
+            time.sleep(0.05)
+        self.url = "http://" + addr.read_text().strip()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM and wait: the graceful shutdown. Returns the exit code."""
+        if self.proc is None:
+            return 0
+        if self.paused:
+            self.resume()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -9
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """kill -9: no flush, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.paused = False
+
+    def pause(self) -> None:
+        """SIGSTOP: the gateway hangs (a frozen VM, a stuck disk) without dying."""
+        if self.running:
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.proc is not None and self.paused:
+            self.proc.send_signal(signal.SIGCONT)
+            self.paused = False
+
+
+def high_watermarks(client: httpx.Client, topic: str) -> list[int]:
+    r = client.get(f"/v1/topics/{topic}")
+    r.raise_for_status()
+    return [p["next_offset"] for p in r.json()["partitions"]]
+
+
+def all_records(client: httpx.Client, topic: str, partition: int) -> list[tuple[object, ...]]:
+    """Every record of a partition as comparable tuples (offset, key, value, timestamp)."""
+    out: list[tuple[object, ...]] = []
+    offset = 0
+    while True:
+        r = client.get(
+            f"/v1/topics/{topic}/partitions/{partition}/records",
+            params={"offset": offset, "max_records": 5000},
+        )
+        r.raise_for_status()
+        doc = r.json()
+        for rec in doc["records"]:
+            out.append(
+                (
+                    rec["offset"],
+                    rec.get("key"),
+                    rec.get("key_b64"),
+                    rec.get("value"),
+                    rec.get("value_b64"),
+                    rec["timestamp"],
+                    tuple(sorted((rec.get("headers") or {}).items())),
+                )
+            )
+        if doc["next_offset"] >= doc["high_watermark"] or not doc["records"]:
+            return out
+        offset = doc["next_offset"]
+
+
+def wait_mirrored(home: Site, topic: str, other: Site, timeout: float) -> float:
+    """Seconds until ``other`` mirrors everything ``home`` holds of ``topic``."""
+    start = time.monotonic()
+    with (
+        httpx.Client(base_url=home.url, timeout=30) as h,
+        httpx.Client(base_url=other.url, timeout=30) as o,
+    ):
+        want = high_watermarks(h, topic)
+        while high_watermarks(o, f"{home.region}.{topic}") != want:
+            if time.monotonic() - start > timeout:
+                raise fail(f"{other.region} did not mirror {home.region}.{topic} in {timeout}s")
+            time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def mirror_mismatches(home: Site, topic: str, partitions: int, other: Site) -> list[str]:
+    """Partitions where ``other``'s mirror differs from ``home``'s topic, record for record."""
+    bad = []
+    with (
+        httpx.Client(base_url=home.url, timeout=30) as h,
+        httpx.Client(base_url=other.url, timeout=30) as o,
+    ):
+        for p in range(partitions):
+            if all_records(h, topic, p) != all_records(o, f"{home.region}.{topic}", p):
+                bad.append(f"{other.region}:{home.region}.{topic}/{p}")
+    return bad
+
+
+def bucket_figures(bucket: Path, region: str) -> tuple[int, int]:
+    """(log objects, bytes) of a region's log in a local-directory bucket."""
+    log = bucket / "objects" / "regions" / region / "log"
+    files = list(log.glob("*.egw")) if log.exists() else []
+    return len(files), sum(f.stat().st_size for f in files)
