@@ -11,6 +11,7 @@ from edgegw_cli import (
     inspect_cmd,
     produce,
     restore,
+    scenario,
     serve,
     status,
     sync,
@@ -31,6 +32,7 @@ app.command("produce")(produce.produce)
 app.command("consume")(consume.consume)
 app.add_typer(topics.app, name="topics")
 app.command("demo")(demo.demo)
+app.add_typer(scenario.app, name="scenario")
 app.add_typer(inspect_cmd.app, name="inspect")
 app.command("sync")(sync.sync)
 app.command("restore")(restore.restore)
