@@ -21,10 +21,14 @@ phase they are compared with):
 * ``interval`` append throughput with ``fsync=interval``: 100-byte records in
                batches of 1, 100 and 1000, and ~64 KiB batches of telemetry;
 * ``always``   the same with ``fsync=always`` and one appender awaiting each
-               append (the 1-record run gives the append latency percentiles);
+               append (the 1-record run gives the append latency percentiles;
+               it alternates in 4 rounds with ``write(100 B) + fdatasync``, the
+               baseline of the p99 target, so both see the same disk weather);
 * ``group``    8 appender tasks with ``fsync=always``: group commit;
-* ``reopen``   a journal of >= 1 GiB (256 MiB with --quick): clean reopen, the
-               cost of scanning the active segment, a reopen without index files.
+* ``reopen``   a journal of >= 1 GiB (256 MiB with --quick): clean reopen,
+               reopen after a crash (active segment with its preallocated zero
+               tail), the cost of scanning the active segment, a reopen
+               without index files.
 
 Timed loops include encoding the batch from Python ``bytes`` (what a producer
 pays); the values are prepared before timing. Appends go round-robin to 8
@@ -76,6 +80,7 @@ BATCH_64K = 64 * KiB
 SEGMENT_BYTES = 64 * MiB  # the journal's default
 RAW_SYNC_EVERY_S = 0.005  # JournalConfig().fsync_interval_ms
 GROUP_TASKS = 8
+PAIR_ROUNDS = 4  # rounds of raw-fsync/journal alternation for the p99 target
 PHASES = ("raw", "cpu", "interval", "always", "group", "reopen")
 
 # targets
@@ -221,15 +226,15 @@ def make_shapes(values: list[bytes]) -> dict[str, Shape]:
 # --------------------------------------------------------------- baselines
 
 
-def raw_disk_write(directory: Path, plan: Plan) -> dict[str, float]:
-    """MB/s of 64 KiB ``os.write`` calls with an ``os.fdatasync`` every 5 ms."""
+def _raw_write_loop(directory: Path, seconds: float, max_bytes: int) -> tuple[int, float, int]:
+    """64 KiB ``os.write`` calls with an ``os.fdatasync`` every 5 ms: (bytes, seconds, syncs)."""
     path = directory / "raw-write.bin"
     buf = os.urandom(BATCH_64K)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         written = syncs = 0
         t0 = last_sync = time.perf_counter()
-        deadline = t0 + plan.raw_s
+        deadline = t0 + seconds
         while True:
             written += os.write(fd, buf)
             now = time.perf_counter()
@@ -237,13 +242,19 @@ def raw_disk_write(directory: Path, plan: Plan) -> dict[str, float]:
                 os.fdatasync(fd)
                 syncs += 1
                 last_sync = now = time.perf_counter()
-            if now >= deadline or written >= plan.phase_max_bytes:
+            if now >= deadline or written >= max_bytes:
                 break
         os.fdatasync(fd)
         elapsed = time.perf_counter() - t0
     finally:
         os.close(fd)
         path.unlink()
+    return written, elapsed, syncs
+
+
+def raw_disk_write(directory: Path, plan: Plan) -> dict[str, float]:
+    """MB/s of 64 KiB ``os.write`` calls with an ``os.fdatasync`` every 5 ms."""
+    written, elapsed, syncs = _raw_write_loop(directory, plan.raw_s, plan.phase_max_bytes)
     return {"raw_disk_mb_per_s": written / elapsed / MB, "raw_disk_syncs_per_s": syncs / elapsed}
 
 
@@ -285,8 +296,8 @@ def raw_disk_write_threaded(directory: Path, plan: Plan) -> dict[str, float]:
     return {"raw_disk_threaded_mb_per_s": written / elapsed / MB}
 
 
-def raw_fsync_latency(directory: Path, plan: Plan) -> dict[str, float]:
-    """Latency of ``os.write(100 bytes) + os.fdatasync`` on a growing file."""
+def _raw_fsync_loop(directory: Path, seconds: float, max_ops: int) -> tuple[list[float], float]:
+    """Latencies (us) of ``os.write(100 bytes) + os.fdatasync`` on a growing file, and seconds."""
     path = directory / "raw-fsync.bin"
     rec = os.urandom(VALUE_SIZE)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -296,8 +307,8 @@ def raw_fsync_latency(directory: Path, plan: Plan) -> dict[str, float]:
             os.write(fd, rec)
             os.fdatasync(fd)
         t0 = time.perf_counter()
-        deadline = t0 + plan.fsync_s
-        while len(lat) < plan.fsync_max_ops:
+        deadline = t0 + seconds
+        while len(lat) < max_ops:
             t = time.perf_counter_ns()
             os.write(fd, rec)
             os.fdatasync(fd)
@@ -308,6 +319,12 @@ def raw_fsync_latency(directory: Path, plan: Plan) -> dict[str, float]:
     finally:
         os.close(fd)
         path.unlink()
+    return lat, elapsed
+
+
+def raw_fsync_latency(directory: Path, plan: Plan) -> dict[str, float]:
+    """Latency of ``os.write(100 bytes) + os.fdatasync`` on a growing file."""
+    lat, elapsed = _raw_fsync_loop(directory, plan.fsync_s, plan.fsync_max_ops)
     return {
         "raw_fsync_p50_us": percentile(lat, 50),
         "raw_fsync_p99_us": percentile(lat, 99),
@@ -515,6 +532,54 @@ async def group_commit(
     )
 
 
+async def paired_latency_run(root: Path, plan: Plan, shape: Shape) -> dict[str, object]:
+    """``fsync=always`` one-record appends in rounds that alternate with raw write + fdatasync.
+
+    This disk's latency drifts within a minute (a VM on a shared host): a
+    baseline measured in its own phase can see other weather than the run,
+    which made the p99 ratio flip between 0.6 and 2.9. Alternating short
+    rounds of both (4 x 1/4 of each phase's time, order alternating) puts
+    both latency distributions in the same minute, so the p99 target
+    compares like with like. The separate ``raw`` phase still reports
+    ``raw_fsync_p99_us`` for the table.
+    """
+    lat: list[float] = []
+    raw_lat: list[float] = []
+    records = fsyncs = journal_appends = 0
+    seconds = 0.0
+    for r in range(PAIR_ROUNDS):
+        for which in ("raw", "journal") if r % 2 == 0 else ("journal", "raw"):
+            if which == "raw":
+                more, _ = _raw_fsync_loop(
+                    root, plan.fsync_s / PAIR_ROUNDS, plan.fsync_max_ops // PAIR_ROUNDS
+                )
+                raw_lat += more
+            else:
+                run = await append_run(
+                    root / f"always-{shape.name}-{r}",
+                    _config("always"),
+                    shape,
+                    seconds=plan.latency_s / PAIR_ROUNDS,
+                    max_bytes=plan.phase_max_bytes // PAIR_ROUNDS,
+                    max_ops=plan.latency_max_ops // PAIR_ROUNDS,
+                    timed=True,
+                )
+                lat += run.latencies_us
+                records += run.records
+                seconds += run.seconds
+                fsyncs += run.fsyncs
+                journal_appends += run.journal_appends
+    return {
+        "append_always_p50_us": percentile(lat, 50),
+        "append_always_p99_us": percentile(lat, 99),
+        "append_always_max_us": max(lat),
+        "always_records_per_s_100b_b1": records / seconds,
+        "always_fsyncs_per_append_b1": fsyncs / journal_appends,
+        "raw_fsync_p50_us_paired": percentile(raw_lat, 50),
+        "raw_fsync_p99_us_paired": percentile(raw_lat, 99),
+    }
+
+
 async def journal_phases(
     root: Path, plan: Plan, phases: set[str], shapes: dict[str, Shape]
 ) -> dict[str, object]:
@@ -557,23 +622,12 @@ async def journal_phases(
             f"p99 {fig['raw_fsync_p99_us']:.0f} us"
         )
     if "always" in phases:
-        r = await append_run(
-            root / "always-b1",
-            _config("always"),
-            shapes["b1"],
-            seconds=plan.latency_s,
-            max_bytes=plan.phase_max_bytes,
-            max_ops=plan.latency_max_ops,
-            timed=True,
-        )
-        fig["append_always_p50_us"] = percentile(r.latencies_us, 50)
-        fig["append_always_p99_us"] = percentile(r.latencies_us, 99)
-        fig["append_always_max_us"] = max(r.latencies_us)
-        fig["always_records_per_s_100b_b1"] = r.records_per_s
-        fig["always_fsyncs_per_append_b1"] = r.fsyncs_per_append
+        fig.update(await paired_latency_run(root, plan, shapes["b1"]))
         progress(
-            f"  always   {'100 B x 1':>18}: {r.records_per_s:>12,.0f} records/s  "
-            f"p50 {fig['append_always_p50_us']:.0f} us  p99 {fig['append_always_p99_us']:.0f} us"
+            f"  always   {'100 B x 1':>18}: {fig['always_records_per_s_100b_b1']:>12,.0f} "
+            f"records/s  p50 {fig['append_always_p50_us']:.0f} us  "
+            f"p99 {fig['append_always_p99_us']:.0f} us (raw in the same rounds: "
+            f"p50 {fig['raw_fsync_p50_us_paired']:.0f} p99 {fig['raw_fsync_p99_us_paired']:.0f})"
         )
         for name in ("b100", "b1000", "64k"):
             shape = shapes[name]
@@ -672,13 +726,16 @@ def reopen_phase(root: Path, plan: Plan, shapes: dict[str, Shape]) -> dict[str, 
             for _ in range(64):
                 j.append_nowait(TOPIC, i % PARTITIONS, encoded[i % len(encoded)])
                 i += 1
-            if j.statistics().bytes >= plan.reopen_bytes:
-                active = _active_segment(path)
-                if active.stat().st_size + 64 * biggest >= SEGMENT_BYTES:
-                    while active.stat().st_size + biggest < SEGMENT_BYTES:
-                        j.append_nowait(TOPIC, i % PARTITIONS, encoded[i % len(encoded)])
-                        i += 1
-                    break
+            # (the active segment's file is preallocated: its size says nothing)
+            st = j.statistics()
+            if (
+                st.bytes >= plan.reopen_bytes
+                and st.active_segment_bytes + 64 * biggest >= SEGMENT_BYTES
+            ):
+                while j.statistics().active_segment_bytes + biggest < SEGMENT_BYTES:
+                    j.append_nowait(TOPIC, i % PARTITIONS, encoded[i % len(encoded)])
+                    i += 1
+                break
     finally:
         j.close_sync()
     fill_s = time.perf_counter() - t0
@@ -705,6 +762,13 @@ def reopen_phase(root: Path, plan: Plan, shapes: dict[str, Shape]) -> dict[str, 
         reopen_first_s=clean[0],
         reopen_read_crc_s=clean_base_s,
     )
+
+    # after a crash: the active segment still has its preallocated zero tail
+    crashed = []
+    for _ in range(reps):
+        os.truncate(active, max(SEGMENT_BYTES, active_bytes))
+        crashed.append(_timed_open(path, cfg))
+    fig["reopen_after_crash_s"] = median(crashed)
 
     # roll, so the active segment holds one checkpoint and one entry
     j = Journal.open_sync(path, cfg)
@@ -797,6 +861,7 @@ def build_report(fig: dict[str, object]) -> tuple[list[Row | str], dict[str, boo
 
     raw_mb, raw_fsync_s = g("raw_disk_mb_per_s"), g("raw_fsync_per_s")
     raw_p50, raw_p99 = g("raw_fsync_p50_us"), g("raw_fsync_p99_us")
+    paired_p99 = g("raw_fsync_p99_us_paired")
     b1, b1000 = g("records_per_s_100b_b1"), g("records_per_s_100b_b1000")
     mb64, disk_ratio = g("mb_per_s_64k"), g("disk_ratio")
     p99 = g("append_always_p99_us")
@@ -857,18 +922,24 @@ def build_report(fig: dict[str, object]) -> tuple[list[Row | str], dict[str, boo
         ),
         Row("telemetry 64 KiB per append", g("records_per_s_64k"), "rec/s"),
         "fsync=always, one appender awaiting each append",
-        Row("1 record: latency p50", g("append_always_p50_us"), "us", "raw fsync p50", raw_p50),
+        Row(
+            "1 record: latency p50",
+            g("append_always_p50_us"),
+            "us",
+            "raw p50, same rounds",
+            g("raw_fsync_p50_us_paired"),
+        ),
         Row(
             "1 record: latency p99",
             p99,
             "us",
-            "raw fsync p99",
-            raw_p99,
+            "raw p99, same rounds",
+            paired_p99,
             f"<= {TARGET_P99_FACTOR:g}x raw p99",
             check(
                 "always_p99",
                 p99,
-                lambda v: raw_p99 is not None and v <= TARGET_P99_FACTOR * raw_p99,
+                lambda v: paired_p99 is not None and v <= TARGET_P99_FACTOR * paired_p99,
             ),
         ),
         Row(
@@ -959,6 +1030,13 @@ def build_report(fig: dict[str, object]) -> tuple[list[Row | str], dict[str, boo
             None,
             f"<= {TARGET_REOPEN_S_PER_GIB:g}",
             check("reopen", reopen, lambda v: v <= TARGET_REOPEN_S_PER_GIB),
+        ),
+        Row(
+            "reopen after a crash (zero tail)",
+            g("reopen_after_crash_s"),
+            "s",
+            "clean reopen",
+            g("reopen_s"),
         ),
         Row("reopen, active segment ~empty", g("reopen_index_only_s"), "s"),
         Row(

@@ -21,6 +21,10 @@ A journal segment file is a 16-byte segment header followed by entries::
                 payload         DATA/MIRROR: one record batch (empty for a MIRROR marker
                                 with count 0); CHECKPOINT: UTF-8 JSON state snapshot
 
+The active (last) segment is preallocated: its entries are followed by zero
+bytes up to the preallocated size, and a reader stops where only zeros remain
+(:func:`is_zero_tail`). Sealed segments end at their last entry.
+
 Every segment begins with a CHECKPOINT entry holding the next offset of every
 partition and the mirror progress of every source region at the moment the
 segment was opened, so a journal whose old segments were deleted still knows
@@ -30,6 +34,7 @@ where each partition continues.
 from __future__ import annotations
 
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any, Final
@@ -182,6 +187,18 @@ def encode_entry(
     if length > MAX_ENTRY_BYTES:
         raise InvalidInput(f"journal entry of {length} bytes exceeds {MAX_ENTRY_BYTES}")
     return ENTRY_LEN_CRC.pack(length, entry_crc(rest, payload)) + rest + payload
+
+
+_NONZERO = re.compile(rb"[^\x00]")
+
+
+def is_zero_tail(buf: bytes | bytearray | memoryview, pos: int) -> bool:
+    """True if ``buf[pos:]`` holds only zero bytes: the end of a segment's entries.
+
+    The active segment is preallocated, so the entries a crash leaves behind
+    are followed by zeros. No entry starts with a zero length field.
+    """
+    return _NONZERO.search(buf, pos) is None
 
 
 def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:

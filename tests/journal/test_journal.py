@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import struct
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from edge_gateway.journal import (
     SourceCoords,
     open_journal,
 )
+from edge_gateway.journal import _journal as journal_module
 
 SMALL = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024)
 
@@ -142,22 +145,27 @@ async def test_torn_tail_is_truncated_and_appends_continue(tmp_path: Path, damag
     j2 = Journal.open_sync(tmp_path, SMALL)
     try:
         stats = j2.statistics()
-        assert stats.truncated_bytes_on_open > 0
-        assert last.stat().st_size == (
-            good_size + torn_entry_len if damage == "zeros" else good_size
-        )
         if damage == "zeros":
+            # A zero-filled tail is what a crash leaves of the preallocated
+            # active segment: the end of the data, nothing torn.
+            assert stats.truncated_bytes_on_open == 0
             assert j2.next_offset("t", 0) == 33
         else:
+            assert stats.truncated_bytes_on_open > 0
             assert j2.next_offset("t", 0) == 30
             assert all_records(j2, "t", 0) == expected
         res = j2.append_nowait("t", 0, batch_for("t", 0, j2.next_offset("t", 0), 2))
         assert res.base_offset == j2.next_offset("t", 0) - 2
+        kept = good_size + (torn_entry_len if damage == "zeros" else 0)
+        appended = j2.statistics().bytes - stats.bytes
     finally:
         j2.close_sync()
+    # A clean close leaves the file ending at its last entry.
+    assert last.stat().st_size == kept + appended
     j3 = Journal.open_sync(tmp_path, SMALL)
     try:
         assert j3.statistics().truncated_bytes_on_open == 0
+        assert j3.next_offset("t", 0) == (35 if damage == "zeros" else 32)
     finally:
         j3.close_sync()
 
@@ -220,6 +228,25 @@ async def test_bad_names_and_partitions_are_refused_before_touching_disk(tmp_pat
         assert j.next_lsn == 2
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [("count", 40, "does not fit"), ("min_timestamp", 9, "min_timestamp > max_timestamp")],
+)
+async def test_append_refuses_batches_that_could_not_be_read_back(
+    tmp_path: Path, field: str, value: int, error: str
+) -> None:
+    # The append checks what a reader checks in a batch header, so an entry
+    # that was acknowledged can never stop a reopen as "corrupt".
+    raw = bytearray(encode_batch([b"abc", b"de"], timestamps=[5, 7]))
+    pos, fmt = {"count": (20, "<I"), "min_timestamp": (24, "<q")}[field]
+    struct.pack_into(fmt, raw, pos, value)
+    async with open_journal(tmp_path, SMALL) as j:
+        with pytest.raises(CorruptData, match=error):
+            await j.append("t", 0, bytes(raw))
+        assert j.next_lsn == 2
+        assert j.next_offset("t", 0) == 0
+
+
 async def test_journal_full_then_shipping_frees_space(tmp_path: Path) -> None:
     cfg = JournalConfig(
         segment_bytes=64 * 1024, max_bytes=256 * 1024, retention_ms=3_600_000, retention_bytes=0
@@ -270,28 +297,38 @@ async def test_segments_wait_for_both_watermark_and_retention(tmp_path: Path) ->
         j2.close_sync()
 
 
+@pytest.mark.parametrize("size", ["small", "large"])
 async def test_disk_full_error_rolls_back_the_partial_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: str
 ) -> None:
-    async with open_journal(tmp_path, SMALL) as j:
-        await j.append("t", 0, batch_for("t", 0, 0, 3))
-        real_writev = os.writev
+    # Without preallocation every entry goes out with one pwritev (with it,
+    # small entries are copied into preallocated space and cannot hit ENOSPC,
+    # but large ones still can, and must be rolled back the same way).
+    n = 3 if size == "small" else 400
+    cfg = (
+        SMALL
+        if size == "large"
+        else JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, preallocate=False)
+    )
 
-        def short_then_enospc(fd: int, parts: list[bytes]) -> int:
-            data = b"".join(parts)
-            os.write(fd, data[: len(data) // 2])
-            raise OSError(errno.ENOSPC, "No space left on device")
+    def short_then_enospc(fd: int, parts: list[bytes], pos: int) -> int:
+        data = b"".join(parts)
+        os.pwrite(fd, data[: len(data) // 2], pos)
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(os, "writev", short_then_enospc)
-        with pytest.raises(JournalFull, match="disk full"):
-            await j.append("t", 0, batch_for("t", 0, 3, 3))
-        monkeypatch.setattr(os, "writev", real_writev)
-        res = await j.append("t", 0, batch_for("t", 0, 3, 3))
-        assert res.base_offset == 3
-    j2 = Journal.open_sync(tmp_path, SMALL)
+    async with open_journal(tmp_path, cfg) as j:
+        await j.append("t", 0, batch_for("t", 0, 0, n))
+        with monkeypatch.context() as m:
+            m.setattr(journal_module, "_pwritev", short_then_enospc)
+            with pytest.raises(JournalFull, match="disk full"):
+                await j.append("t", 0, batch_for("t", 0, n, n))
+        res = await j.append("t", 0, batch_for("t", 0, n, n))
+        assert res.base_offset == n
+        res = await j.append("t", 0, batch_for("t", 0, 2 * n, 1))  # a small one after it
+    j2 = Journal.open_sync(tmp_path, cfg)
     try:
         assert j2.statistics().truncated_bytes_on_open == 0
-        assert all_records(j2, "t", 0) == [(o, value("t", 0, o)) for o in range(6)]
+        assert all_records(j2, "t", 0) == [(o, value("t", 0, o)) for o in range(2 * n + 1)]
     finally:
         j2.close_sync()
 
@@ -403,3 +440,93 @@ async def test_body_exception_is_not_wrapped_in_a_group(tmp_path: Path) -> None:
     with pytest.raises(KeyError):
         async with open_journal(tmp_path, SMALL):
             raise KeyError("mine")
+
+
+async def _wait_until(cond: Callable[[], bool]) -> None:
+    # durable_lsn has no event to wait on: poll it, bounded.
+    with trio.fail_after(10):
+        while not cond():  # noqa: ASYNC110
+            await trio.sleep(0.001)
+
+
+async def test_interval_flusher_fsyncs_without_being_asked(tmp_path: Path) -> None:
+    cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=1 << 26, fsync_interval_ms=5)
+    async with open_journal(tmp_path, cfg) as j:
+        for round_ in range(3):  # idle -> dirty -> idle, three times
+            res = await j.append("t", 0, encode_record(b"x", timestamp=round_))
+            await _wait_until(lambda: j.durable_lsn >= res.lsn)  # noqa: B023
+            await trio.sleep(0.02)
+        assert j.statistics().fsyncs >= 3
+
+
+async def test_fsync_bytes_cuts_the_interval_short(tmp_path: Path) -> None:
+    # An hour-long interval: only the byte threshold can trigger this fsync.
+    cfg = JournalConfig(
+        segment_bytes=1 << 22, max_bytes=1 << 26, fsync_interval_ms=3_600_000, fsync_bytes=1 << 16
+    )
+    async with open_journal(tmp_path, cfg) as j:
+        res = await j.append("t", 0, encode_record(b"x", timestamp=1))
+        await trio.sleep(0.05)
+        assert j.durable_lsn < res.lsn  # nothing forces it yet
+        for i in range(10):
+            res = await j.append("t", 0, encode_record(b"y" * 10_000, timestamp=i))
+        await _wait_until(lambda: j.durable_lsn >= res.lsn - 3)
+
+
+async def test_append_waiters_wake_and_a_cancelled_one_does_not_block_others(
+    tmp_path: Path,
+) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        woke: list[str] = []
+        start = j.appended_bytes
+
+        async def wait_bytes(name: str, total: int) -> None:
+            await j.wait_appended_bytes(total)
+            woke.append(name)
+
+        async def wait_lsn(lsn: int) -> None:
+            await j.wait_appended(lsn)
+            woke.append(f"lsn {lsn}")
+
+        async def doomed(*, task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                await j.wait_appended_bytes(start + 1)  # the nearest target of all
+                woke.append("doomed")
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(wait_bytes, "near", start + 50)
+                nursery.start_soon(wait_bytes, "far", start + 5_000)
+                nursery.start_soon(wait_lsn, j.next_lsn + 1)
+                scope = await nursery.start(doomed)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()  # its target must not be the only one watched for
+                await trio.testing.wait_all_tasks_blocked()
+                assert woke == []
+                await j.append("t", 0, encode_record(b"a" * 100, timestamp=1))
+                await trio.testing.wait_all_tasks_blocked()
+                assert woke == ["near"]
+                await j.append("t", 0, encode_record(b"b" * 6_000, timestamp=2))
+        assert sorted(woke) == sorted(["near", "far", f"lsn {j.next_lsn - 1}"])
+
+
+async def test_wait_appended_alone_wakes_on_the_entry(tmp_path: Path) -> None:
+    # No background flusher (whose idle state would also wake waiters): the
+    # waiter alone must make the append notice it.
+    j = Journal.open_sync(tmp_path, SMALL)
+    try:
+        woke: list[int] = []
+
+        async def waiter(lsn: int) -> None:
+            await j.wait_appended(lsn)
+            woke.append(lsn)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(waiter, j.next_lsn)
+                await trio.testing.wait_all_tasks_blocked()
+                j.append_nowait("t", 0, encode_record(b"a", timestamp=1))
+        assert woke == [j.next_lsn - 1]
+    finally:
+        j.close_sync()
