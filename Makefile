@@ -24,8 +24,8 @@ run: $(STAMP)
 	$(BIN)/edgegw demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check edge_gateway cli tests bench
-	$(BIN)/ruff format --check edge_gateway cli tests bench
+	$(BIN)/ruff check edge_gateway cli tests bench fuzz
+	$(BIN)/ruff format --check edge_gateway cli tests bench fuzz
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict edge_gateway

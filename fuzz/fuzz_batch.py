@@ -23,6 +23,7 @@ import contextlib
 import random
 import struct
 import sys
+from pathlib import Path
 
 from edge_gateway.errors import CorruptData
 from edge_gateway.format.batch import (
@@ -37,6 +38,9 @@ from edge_gateway.format.batch import (
     encode_records,
     iter_batches,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _harness
 
 SEEDS = [
     encode_batch([b""], timestamps=0),
@@ -109,27 +113,11 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
 
 
 def _plain_loop(iterations: int, seed: int) -> None:
-    rng = random.Random(seed)  # noqa: S311 - reproducible fuzzing, not secrets
     corpus = [bytes([mode]) + s for s in SEEDS for mode in range(4)]
-    for i in range(iterations):
-        data = _mutate(rng, rng.choice(corpus))
-        fuzz_one_input(data)
-        if i % 4096 == 0 and len(corpus) < 256:
-            corpus.append(data)
-    print(f"fuzz_batch: {iterations} inputs, seed {seed}, no unexpected exception")
-
-
-def main() -> None:
-    try:
-        import atheris
-    except ImportError:
-        iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-        seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-        _plain_loop(iterations, seed)
-        return
-    atheris.Setup(sys.argv, fuzz_one_input)
-    atheris.Fuzz()
+    _harness.plain_loop(
+        "fuzz_batch", fuzz_one_input, corpus, _mutate, iterations, seed, grow_every=4096
+    )
 
 
 if __name__ == "__main__":
-    main()
+    _harness.main(fuzz_one_input, _plain_loop)

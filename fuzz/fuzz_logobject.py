@@ -25,6 +25,7 @@ import contextlib
 import random
 import struct
 import sys
+from pathlib import Path
 
 import crc32c
 
@@ -41,6 +42,9 @@ from edge_gateway.format.logobject import (
     iter_block_batches,
     slice_block,
 )
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _harness
 
 KEY = "regions/r1/log/00000000000000000007.egw"
 
@@ -139,27 +143,11 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
 
 
 def _plain_loop(iterations: int, seed: int) -> None:
-    rng = random.Random(seed)
     corpus = [bytes([mode]) + s for s in SEEDS for mode in range(8)]
-    for i in range(iterations):
-        data = _mutate(rng, rng.choice(corpus))
-        fuzz_one_input(data)
-        if i % 4096 == 0 and len(corpus) < 256:
-            corpus.append(data)
-    print(f"fuzz_logobject: {iterations} inputs, seed {seed}, no unexpected exception")
-
-
-def main() -> None:
-    try:
-        import atheris
-    except ImportError:
-        iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-        seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-        _plain_loop(iterations, seed)
-        return
-    atheris.Setup(sys.argv, fuzz_one_input)
-    atheris.Fuzz()
+    _harness.plain_loop(
+        "fuzz_logobject", fuzz_one_input, corpus, _mutate, iterations, seed, grow_every=4096
+    )
 
 
 if __name__ == "__main__":
-    main()
+    _harness.main(fuzz_one_input, _plain_loop)

@@ -22,12 +22,16 @@ from __future__ import annotations
 import json
 import random
 import sys
+from pathlib import Path
 from typing import Any
 
 from edge_gateway.errors import CorruptData
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.logobject import LogObjectBuilder, decode_header, encode_fence
 from edge_gateway.format.manifest import Manifest, ManifestEntry
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _harness
 
 KEY = "regions/north/manifest/00000000000000000003.json"
 HOSTILE: list[Any] = [
@@ -123,30 +127,22 @@ def _mutate(rng: random.Random, data: bytes) -> bytes:
     return bytes(buf)
 
 
+def _mutate_or_hostile(rng: random.Random, data: bytes) -> bytes:
+    """Half byte-level mutations, half one hostile JSON value (a new mode byte)."""
+    return _mutate(rng, data) if rng.random() < 0.5 else bytes([rng.randrange(256)]) + data[1:]
+
+
 def _plain_loop(iterations: int, seed: int) -> None:
-    rng = random.Random(seed)
-    corpus = [bytes([mode]) + s for s in SEEDS for mode in range(0, 256, 7)]
-    for i in range(iterations):
-        data = rng.choice(corpus)
-        # Half byte-level mutations, half one hostile JSON value (a new mode byte).
-        data = _mutate(rng, data) if rng.random() < 0.5 else bytes([rng.randrange(256)]) + data[1:]
-        fuzz_one_input(data)
-        if i % 1024 == 0 and len(corpus) < 256:
-            corpus.append(data)
-    print(f"fuzz_manifest: {iterations} inputs, seed {seed}, no unexpected exception")
-
-
-def main() -> None:
-    try:
-        import atheris
-    except ImportError:
-        iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
-        seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-        _plain_loop(iterations, seed)
-        return
-    atheris.Setup(sys.argv, fuzz_one_input)
-    atheris.Fuzz()
+    _harness.plain_loop(
+        "fuzz_manifest",
+        fuzz_one_input,
+        [bytes([mode]) + s for s in SEEDS for mode in range(0, 256, 7)],
+        _mutate_or_hostile,
+        iterations,
+        seed,
+        grow_every=1024,
+    )
 
 
 if __name__ == "__main__":
-    main()
+    _harness.main(fuzz_one_input, _plain_loop)

@@ -1,0 +1,46 @@
+"""The loop every fuzz harness here shares.
+
+With atheris installed (``pip install atheris``) a harness runs under
+libFuzzer's coverage-guided search; without it, a seeded mutation loop over a
+small corpus, reproducible from its seed: ``python fuzz/fuzz_X.py [N] [SEED]``.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from collections.abc import Callable, Iterable
+
+Mutate = Callable[[random.Random, bytes], bytes]
+
+
+def plain_loop(
+    name: str,
+    fuzz_one_input: Callable[[bytes], None],
+    corpus: Iterable[bytes],
+    mutate: Mutate,
+    iterations: int,
+    seed: int,
+    *,
+    grow_every: int = 4096,
+) -> None:
+    rng = random.Random(seed)
+    pool = list(corpus)
+    for i in range(iterations):
+        data = mutate(rng, rng.choice(pool))
+        fuzz_one_input(data)
+        if i % grow_every == 0 and len(pool) < 256:
+            pool.append(data)
+    print(f"{name}: {iterations} inputs, seed {seed}, no unexpected exception")
+
+
+def main(fuzz_one_input: Callable[[bytes], None], loop: Callable[[int, int], None]) -> None:
+    try:
+        import atheris  # type: ignore[import-not-found]
+    except ImportError:
+        iterations = int(sys.argv[1]) if len(sys.argv) > 1 else 20_000
+        seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+        loop(iterations, seed)
+        return
+    atheris.Setup(sys.argv, fuzz_one_input)
+    atheris.Fuzz()
