@@ -140,6 +140,9 @@ class ApiConfig:
     max_wait_ms: int = 60_000
     #: Serve ``/metrics`` without the token (Prometheus scrapers often have none).
     public_metrics: bool = True
+    #: The HTTP server: ``hypercorn`` (default) or ``builtin`` (h11-based, about
+    #: 2.5x less CPU per request; see docs/api.md "Choosing the server").
+    server: Literal["hypercorn", "builtin"] = "hypercorn"
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -581,6 +584,7 @@ type = "local"
 # listen = "127.0.0.1:{port}"  # a token is required on a non-loopback address
 # token = ""                   # better: EDGEGW_API_TOKEN
 # max_body_bytes = "16MiB"
+# server = "hypercorn"         # or "builtin": less CPU per request (docs/api.md)
 
 [log]
 # level = "info"

@@ -1,0 +1,40 @@
+"""The local HTTP API that a site's producers and consumers use (``docs/api.md``).
+
+* :func:`serve_api` — the gateway service: hypercorn on trio, bound to
+  ``api.listen``; add it with ``gateway.add_service("api", serve_api)``;
+* :func:`create_app` — the ASGI app alone (a Starlette app over a gateway);
+* :mod:`edge_gateway.api.wire` — media types, headers and error codes,
+  shared with :mod:`edge_gateway.client`.
+
+The server parts load on first use, so that the client can import
+:mod:`edge_gateway.api.wire` without Starlette and hypercorn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from edge_gateway.api._app import ApiApp, ApiError, create_app
+    from edge_gateway.api._server import ADDR_FILE, serve_api
+
+__all__ = ["ADDR_FILE", "ApiApp", "ApiError", "create_app", "serve_api"]
+
+_LAZY = {
+    "ApiApp": "edge_gateway.api._app",
+    "ApiError": "edge_gateway.api._app",
+    "create_app": "edge_gateway.api._app",
+    "serve_api": "edge_gateway.api._server",
+    "ADDR_FILE": "edge_gateway.api._server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

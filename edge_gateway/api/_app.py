@@ -1,0 +1,613 @@
+"""The local HTTP API: a Starlette app over a :class:`Gateway` (routes in ``docs/api.md``).
+
+Layers, outermost first:
+
+1. :class:`ApiApp` (plain ASGI): times every request for the latency
+   histogram, keeps keep-alive connections usable after a refusal (see
+   :class:`_Exchange`), serves the two produce routes itself (the hot path:
+   no routing table walk, no request objects) and turns an exception that
+   escaped everything else into a logged traceback;
+2. Starlette for every other route, whose exception handlers map
+   :class:`ApiError` and the :mod:`edge_gateway.errors` tree to
+   ``{"error": {"code", "message"}}`` with the status codes of
+   :data:`edge_gateway.api.wire.ERROR_CODES` (:meth:`ApiApp._error_for`,
+   shared with the produce routes);
+3. the endpoints: each checks the bearer token (unless public), parses its
+   input with :mod:`edge_gateway.api._codec` and calls the gateway.
+
+Bodies are read chunk by chunk and refused with 413 as soon as they pass
+``api.max_body_bytes`` (or at once when Content-Length says so). Waits that
+can last (long-poll fetches, ``ack=shipped``) are registered so that a
+shutdown ends them at once instead of holding the graceful stop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import logging
+import math
+import re
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, Final
+from urllib.parse import parse_qsl
+
+import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
+
+from edge_gateway.api import _codec
+from edge_gateway.api.wire import (
+    BATCH_MEDIA_TYPE,
+    HIGH_WATERMARK_HEADER,
+    JSON_MEDIA_TYPE,
+    NEXT_OFFSET_HEADER,
+)
+from edge_gateway.errors import (
+    ClosedError,
+    CorruptData,
+    EdgeGatewayError,
+    Fenced,
+    InvalidInput,
+    InvalidName,
+    JournalFull,
+    ReadOnlyTopic,
+    Unavailable,
+    UnknownTopic,
+)
+from edge_gateway.format.batch import decode_batch, read_header
+from edge_gateway.gateway import Gateway, ProduceResult
+from edge_gateway.journal import OffsetOutOfRange
+from edge_gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from edge_gateway.metrics import GatewayMetrics, metrics_for
+
+__all__ = ["ApiApp", "ApiError", "create_app"]
+
+log = logging.getLogger("edgegw.api")
+
+MAX_FETCH_RECORDS: Final = 10_000
+MAX_FETCH_BYTES: Final = 64 << 20
+DEFAULT_FETCH_RECORDS: Final = 500
+DEFAULT_FETCH_BYTES: Final = 1 << 20
+
+
+class ApiError(Exception):
+    """An HTTP-level refusal with a stable code (401, 413, 415, ...)."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def _error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message, **extra}}, status, headers=headers
+    )
+
+
+class ApiApp:
+    """The ASGI application of one gateway's local API."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.config = gateway.config.api
+        self.metrics: GatewayMetrics = metrics_for(gateway)
+        self._token = self.config.token.encode() if self.config.token else None
+        self._stopping = False
+        #: Scopes of waits a shutdown interrupts (long polls, ack=shipped).
+        self._waits: set[trio.CancelScope] = set()
+        # Seconds until a refused produce may succeed: about one shipper flush.
+        flush_s = gateway.config.shipper.flush_interval_ms / 1000
+        self._retry_after = str(max(1, math.ceil(flush_s)))
+        self._routes: dict[Callable[..., Any], str] = {}
+        routes = [
+            self._route("/healthz", self.healthz, ["GET"], public=True),
+            self._route(
+                "/metrics", self.metrics_endpoint, ["GET"], public=self.config.public_metrics
+            ),
+            self._route("/v1/status", self.status, ["GET"]),
+            self._route("/v1/topics", self.list_topics, ["GET"]),
+            self._route("/v1/topics/{topic}", self.describe_topic, ["GET"]),
+            self._route(RECORDS_ROUTE, self.produce, ["POST"]),
+            self._route(BATCHES_ROUTE, self.produce_batch, ["POST"]),
+            self._route("/v1/topics/{topic}/partitions/{partition}/records", self.fetch, ["GET"]),
+            self._route("/v1/groups/{group}/offsets", self.commit_offsets, ["POST"]),
+            self._route("/v1/groups/{group}/offsets", self.fetch_offsets, ["GET"]),
+        ]
+        self.starlette = Starlette(
+            routes=routes,
+            exception_handlers={
+                ApiError: self._api_error,
+                EdgeGatewayError: self._gateway_error,
+                HTTPException: self._http_error,
+                Exception: _internal_error,
+            },
+        )
+
+    # ------------------------------------------------------------------ ASGI
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.starlette(scope, receive, send)
+            return
+        started = time.perf_counter()
+        x = _Exchange(scope, receive, send, self.config.max_body_bytes)
+        route = ""
+        try:
+            if scope["method"] == "POST":
+                route = await self._fast_produce(x)
+            if not route:
+                await self.starlette(scope, x.receive, x.send)
+        except Exception:
+            # Starlette has sent the JSON 500 (and re-raised, by design): log it here.
+            log.exception("internal error serving %s %s", scope["method"], scope["path"])
+            if not x.responded:
+                await _error_response(500, "internal", _INTERNAL_MESSAGE)(scope, x.receive, x.send)
+        finally:
+            if not route:
+                endpoint = scope.get("endpoint")
+                route = self._routes.get(endpoint, "unmatched") if endpoint else "unmatched"
+            self.metrics.observe_request(
+                route, scope["method"], x.status, time.perf_counter() - started
+            )
+
+    async def _fast_produce(self, x: _Exchange) -> str:
+        """The produce routes without Starlette's routing and request objects.
+
+        They carry the hot path (one request per record); the answers are the
+        same as through the Starlette routes, which stay for everything else.
+        Returns the route template served, or "" when the path is not one of them.
+        """
+        path = x.scope["path"]
+        m = _RECORDS_PATH.fullmatch(path)
+        if m is not None:
+            template = RECORDS_ROUTE
+        else:
+            m = _BATCHES_PATH.fullmatch(path)
+            if m is None:
+                return ""
+            template = BATCHES_ROUTE
+        headers = _headers_of(x.scope)
+        qs = x.scope["query_string"]
+        query = dict(parse_qsl(qs.decode("latin-1"), keep_blank_values=True)) if qs else {}
+        try:
+            self._check_token(headers.get("authorization"))
+            if template == RECORDS_ROUTE:
+                response = await self._produce(m[1], query, headers, x.receive)
+            else:
+                response = await self._produce_batch(m[1], m[2], query, headers, x.receive)
+        except (ApiError, EdgeGatewayError) as exc:
+            response = self._error_for(exc, path)
+        await response(x.scope, x.receive, x.send)
+        return template
+
+    def _route(
+        self,
+        path: str,
+        handler: Callable[[Request], Awaitable[Response]],
+        methods: list[str],
+        *,
+        public: bool = False,
+    ) -> Route:
+        if public:
+            endpoint = handler
+        else:
+
+            async def endpoint(request: Request) -> Response:
+                self._check_token(request.headers.get("authorization"))
+                return await handler(request)
+
+        self._routes[endpoint] = path
+        return Route(path, endpoint, methods=methods)
+
+    # -------------------------------------------------------------- shutdown
+
+    def begin_shutdown(self) -> None:
+        """End long polls and ``ack=shipped`` waits now (the server is stopping)."""
+        self._stopping = True
+        for scope in list(self._waits):
+            scope.cancel()
+
+    @contextlib.contextmanager
+    def _interruptible(self) -> Iterator[trio.CancelScope]:
+        with trio.CancelScope() as scope:
+            if self._stopping:
+                scope.cancel()
+            self._waits.add(scope)
+            try:
+                yield scope
+            finally:
+                self._waits.discard(scope)
+
+    # ---------------------------------------------------------------- errors
+
+    async def _api_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return self._error_for(exc, request.url.path)
+
+    async def _gateway_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, EdgeGatewayError)
+        return self._error_for(exc, request.url.path)
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return _error_response(404, "not_found", f"no such route: {request.url.path}")
+        if exc.status_code == 405:
+            return _error_response(
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed on {request.url.path}",
+                headers=dict(exc.headers or {}),
+            )
+        return _error_response(exc.status_code, "invalid_request", str(exc.detail))
+
+    def _error_for(self, exc: ApiError | EdgeGatewayError, path: str) -> Response:
+        """The error response for ``exc`` (codes and statuses: ``wire.ERROR_CODES``)."""
+        if isinstance(exc, ApiError):
+            return _error_response(exc.status, exc.code, exc.message, exc.headers)
+        message = str(exc)
+        if isinstance(exc, InvalidName):
+            return _error_response(400, "invalid_name", message)
+        if isinstance(exc, UnknownTopic):
+            return _error_response(404, "unknown_topic", message)
+        if isinstance(exc, ReadOnlyTopic):
+            return _error_response(409, "read_only_topic", message)
+        if isinstance(exc, OffsetOutOfRange):
+            return _error_response(
+                400, "offset_out_of_range", message, earliest_offset=exc.earliest
+            )
+        if isinstance(exc, InvalidInput):
+            return _error_response(400, "invalid_request", message)
+        retry = {"Retry-After": self._retry_after}
+        if isinstance(exc, JournalFull):
+            return _error_response(503, "journal_full", message, retry)
+        if isinstance(exc, Unavailable | ClosedError):
+            return _error_response(503, "unavailable", message, retry)
+        if isinstance(exc, Fenced):
+            return _error_response(503, "fenced", message)
+        if isinstance(exc, CorruptData):
+            log.error("corrupt data serving %s: %s", path, exc)
+            return _error_response(500, "corrupt_data", message)
+        log.error("unexpected gateway error serving %s: %r", path, exc)
+        return _error_response(500, "internal", _INTERNAL_MESSAGE)
+
+    # ---------------------------------------------------------------- inputs
+
+    def _check_token(self, authorization: str | None) -> None:
+        if self._token is None:
+            return
+        scheme, _, presented = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            presented.strip().encode("utf-8", "surrogateescape"), self._token
+        ):
+            raise ApiError(
+                401,
+                "unauthorized",
+                "missing or wrong bearer token (send 'Authorization: Bearer <api.token>')",
+                {"WWW-Authenticate": 'Bearer realm="edgegw"'},
+            )
+
+    @staticmethod
+    def _require_type(given: str | None, expected: str, *, optional: bool = False) -> None:
+        if given is None and optional:
+            return
+        media = (given or "").split(";", 1)[0].strip().lower()
+        if media != expected:
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"Content-Type must be {expected}, not {given or 'missing'}",
+            )
+
+    async def _body(self, content_length: str | None, receive: Receive) -> bytes:
+        """The request body, refused with 413 as soon as it passes ``api.max_body_bytes``."""
+        limit = self.config.max_body_bytes
+        if content_length is not None:
+            if not content_length.isdigit():
+                raise ApiError(400, "invalid_request", "bad Content-Length")
+            if int(content_length) > limit:
+                raise self._too_large(int(content_length))
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                raise ApiError(400, "invalid_request", "the client went away mid-body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise self._too_large(size)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def _too_large(self, size: int) -> ApiError:
+        return ApiError(
+            413,
+            "body_too_large",
+            f"request body of {size}+ bytes exceeds api.max_body_bytes "
+            f"({self.config.max_body_bytes}); send smaller batches",
+        )
+
+    # ------------------------------------------------------------- endpoints
+
+    async def healthz(self, request: Request) -> Response:
+        if self.gateway.accepting and not self._stopping:
+            return JSONResponse({"status": "ok", "region": self.gateway.region})
+        return _error_response(
+            503, "unavailable", "the gateway is starting or shutting down", {"Retry-After": "1"}
+        )
+
+    async def metrics_endpoint(self, request: Request) -> Response:
+        if not self.config.public_metrics:
+            self._check_token(request.headers.get("authorization"))
+        return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
+    async def status(self, request: Request) -> Response:
+        return JSONResponse(self.gateway.status())
+
+    async def list_topics(self, request: Request) -> Response:
+        return JSONResponse({"topics": [t.to_json() for t in self.gateway.topics()]})
+
+    async def describe_topic(self, request: Request) -> Response:
+        return JSONResponse(self.gateway.describe_topic(request.path_params["topic"]).to_json())
+
+    async def produce(self, request: Request) -> Response:
+        return await self._produce(
+            request.path_params["topic"], request.query_params, request.headers, request.receive
+        )
+
+    async def produce_batch(self, request: Request) -> Response:
+        p = request.path_params
+        return await self._produce_batch(
+            p["topic"], p["partition"], request.query_params, request.headers, request.receive
+        )
+
+    async def _produce(
+        self,
+        topic: str,
+        query: Mapping[str, str],
+        headers: Mapping[str, str],
+        receive: Receive,
+    ) -> Response:
+        ack = _codec.ack_param(query)
+        self._require_type(headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
+        records = _codec.produce_records(await self._body(headers.get("content-length"), receive))
+        res = await self.gateway.produce(topic, records)
+        return await self._produced(res, ack)
+
+    async def _produce_batch(
+        self,
+        topic: str,
+        partition_text: str,
+        query: Mapping[str, str],
+        headers: Mapping[str, str],
+        receive: Receive,
+    ) -> Response:
+        ack = _codec.ack_param(query)
+        partition = _codec.path_int(partition_text, "partition")
+        self._require_type(headers.get("content-type"), BATCH_MEDIA_TYPE)
+        body = await self._body(headers.get("content-length"), receive)
+        try:
+            # The journal checks structure only; the CRC and columns are checked here,
+            # so that nothing undecodable is ever journaled and shipped.
+            batch = decode_batch(body, where="request body")
+        except CorruptData as exc:
+            raise ApiError(400, "bad_batch", str(exc)) from None
+        if batch.header.length != len(body):
+            raise ApiError(
+                400,
+                "bad_batch",
+                f"request body: {len(body) - batch.header.length} bytes after the batch "
+                "(send exactly one batch per request)",
+            )
+        res = await self.gateway.produce_batch(topic, partition, body)
+        return await self._produced(res, ack)
+
+    async def _produced(self, res: ProduceResult, ack: _codec.Ack) -> Response:
+        offsets = [
+            {"partition": p, "offset": o} for p, o in zip(res.partitions, res.offsets, strict=True)
+        ]
+        if ack == "shipped":
+            done = False
+            with self._interruptible():
+                await self.gateway.shipper.wait_shipped(res.last_lsn)
+                done = True
+            if not done:
+                return _error_response(
+                    503,
+                    "unavailable",
+                    "the gateway is shutting down: the records are journaled (see offsets) "
+                    "but not confirmed shipped; they ship when it runs again",
+                    {"Retry-After": self._retry_after},
+                    offsets=offsets,
+                )
+        return JSONResponse({"topic": res.topic, "offsets": offsets, "shipped": ack == "shipped"})
+
+    async def fetch(self, request: Request) -> Response:
+        q = request.query_params
+        topic = request.path_params["topic"]
+        partition = _codec.path_int(request.path_params["partition"], "partition")
+        offset = _codec.int_param(q, "offset")
+        max_records = _codec.int_param(
+            q, "max_records", DEFAULT_FETCH_RECORDS, lo=1, hi=MAX_FETCH_RECORDS
+        )
+        max_bytes = _codec.int_param(q, "max_bytes", DEFAULT_FETCH_BYTES, lo=1, hi=MAX_FETCH_BYTES)
+        wait_ms = min(_codec.int_param(q, "wait_ms", 0), self.config.max_wait_ms)
+        binary = BATCH_MEDIA_TYPE in request.headers.get("accept", "")
+        gw = self.gateway
+        res = await gw.fetch(topic, partition, offset, max_records=max_records, max_bytes=max_bytes)
+        if not res.records and wait_ms > 0:
+            with self._interruptible():
+                res = await gw.fetch(
+                    topic,
+                    partition,
+                    offset,
+                    max_records=max_records,
+                    max_bytes=max_bytes,
+                    wait_ms=wait_ms,
+                )
+        if binary:
+            # Whole batches: the first may start before ``offset`` and the last may
+            # go past max_records; the next offset is where the last batch ends.
+            next_offset = read_header(res.batches[-1]).next_offset if res.batches else offset
+            return Response(
+                b"".join(res.batches),
+                media_type=BATCH_MEDIA_TYPE,
+                headers={
+                    NEXT_OFFSET_HEADER: str(max(next_offset, offset)),
+                    HIGH_WATERMARK_HEADER: str(res.high_watermark),
+                },
+            )
+        return JSONResponse(
+            {
+                "records": [_codec.record_json(r) for r in res.records],
+                "next_offset": res.next_offset,
+                "high_watermark": res.high_watermark,
+            }
+        )
+
+    async def commit_offsets(self, request: Request) -> Response:
+        self._require_type(request.headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
+        group = request.path_params["group"]
+        body = await self._body(request.headers.get("content-length"), request.receive)
+        rows = _codec.offset_rows(body)
+        committed = await self.gateway.commit_offsets(group, rows)
+        return JSONResponse({"group": group, "committed": committed})
+
+    async def fetch_offsets(self, request: Request) -> Response:
+        group = request.path_params["group"]
+        topic = request.query_params.get("topic") or None
+        rows = await self.gateway.fetch_offsets(group, topic)
+        return JSONResponse(
+            {
+                "group": group,
+                "offsets": [
+                    {
+                        "topic": r.topic,
+                        "partition": r.partition,
+                        "offset": r.offset,
+                        "metadata": r.metadata,
+                        "committed_ms": r.committed_ms,
+                    }
+                    for r in rows
+                ],
+            }
+        )
+
+
+class _Exchange:
+    """One request/response on its way through the app: status and body accounting.
+
+    When a response starts before the request body was read (a refusal), the
+    rest of a small body is read and dropped so the keep-alive connection
+    stays usable; otherwise the response says ``Connection: close``, because
+    hypercorn drops a connection whose request was not read to the end and a
+    client must not send its next request on it.
+    """
+
+    __slots__ = (
+        "_receive",
+        "_send",
+        "body_done",
+        "limit",
+        "received",
+        "responded",
+        "scope",
+        "status",
+    )
+
+    #: Seconds to wait for the rest of a refused body before giving up on the connection.
+    DRAIN_TIMEOUT_S = 2.0
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.limit = limit
+        self.status = 500
+        self.responded = False
+        self.received = 0
+        self.body_done = not _has_body(scope)
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            self.body_done = not message.get("more_body", False)
+        else:  # http.disconnect: nothing more will come
+            self.body_done = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+            self.responded = True
+            if not self.body_done and not await self._drain():
+                headers = [*message.get("headers", ()), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+        await self._send(message)
+
+    async def _drain(self) -> bool:
+        if self.status == 413 or _header(self.scope, b"expect") is not None:
+            return False  # too large, or a client waiting for "100 Continue"
+        with trio.move_on_after(self.DRAIN_TIMEOUT_S):
+            while not self.body_done:
+                if self.received > self.limit:
+                    return False
+                await self.receive()
+            return True
+        return False
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return bytes(value)
+    return None
+
+
+def _has_body(scope: Scope) -> bool:
+    length = _header(scope, b"content-length")
+    if length is not None:
+        return length.strip() != b"0"
+    return _header(scope, b"transfer-encoding") is not None
+
+
+_INTERNAL_MESSAGE: Final = "internal error; the gateway's log has the details"
+RECORDS_ROUTE: Final = "/v1/topics/{topic}/records"
+BATCHES_ROUTE: Final = "/v1/topics/{topic}/partitions/{partition}/batches"
+_RECORDS_PATH: Final = re.compile(r"/v1/topics/([^/]+)/records")
+_BATCHES_PATH: Final = re.compile(r"/v1/topics/([^/]+)/partitions/([^/]+)/batches")
+_WANTED: Final = frozenset({b"authorization", b"content-type", b"content-length"})
+
+
+def _headers_of(scope: Scope) -> dict[str, str]:
+    """The few request headers the produce routes read (names lower-case, as in ASGI)."""
+    return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
+
+
+async def _internal_error(request: Request, exc: Exception | None) -> Response:
+    return _error_response(500, "internal", _INTERNAL_MESSAGE)
+
+
+def create_app(gateway: Gateway) -> ApiApp:
+    """The ASGI app of ``gateway``'s local API (serve it with :func:`serve_api`)."""
+    return ApiApp(gateway)

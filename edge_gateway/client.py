@@ -1,0 +1,685 @@
+"""Python clients of a gateway's local HTTP API (``docs/api.md``).
+
+:class:`Client` is synchronous, :class:`AsyncClient` async (httpx; it runs
+under trio and asyncio alike). Both have the same methods::
+
+    with Client.from_data_dir("/var/lib/edgegw") as gw:     # reads api.addr
+        gw.produce("telemetry", [b'{"t": 21.5}'], key="sensor-7")
+        page = gw.fetch("telemetry", 0, offset=0, wait_ms=5000)
+        for r in page.records: ...
+        gw.commit_offsets("dashboards", {("telemetry", 0): page.next_offset})
+
+Errors are edgegw's own classes (:mod:`edge_gateway.errors`), chosen by the
+``code`` of the error response: ``unknown_topic`` -> :class:`UnknownTopic`,
+``read_only_topic`` -> :class:`ReadOnlyTopic`, ``journal_full`` ->
+:class:`JournalFull`, other 4xx -> :class:`InvalidInput` (and its
+subclasses), a refused connection, a timeout or a 503 ->
+:class:`Unavailable`. Each error carries a note with the HTTP status, the
+code and, when the gateway sent one, ``Retry-After``.
+
+The client imports neither trio nor boto3: only httpx and the sans-IO batch
+encoding (``edge_gateway.format.batch``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal, NamedTuple, Self
+from urllib.parse import quote
+
+import httpx
+
+from edge_gateway.api.wire import (
+    BATCH_MEDIA_TYPE,
+    HIGH_WATERMARK_HEADER,
+    JSON_MEDIA_TYPE,
+    NEXT_OFFSET_HEADER,
+    error_class,
+)
+from edge_gateway.errors import EdgeGatewayError, InvalidInput, Unavailable
+from edge_gateway.format.batch import Record, encode_batch, iter_batches
+
+__all__ = [
+    "DEFAULT_URL",
+    "AsyncClient",
+    "Client",
+    "FetchResponse",
+    "GroupOffset",
+    "OffsetOutOfRange",
+    "ProduceResponse",
+]
+
+DEFAULT_URL = "http://127.0.0.1:8470"
+Ack = Literal["local", "shipped"]
+Bytesish = bytes | bytearray | memoryview
+#: What ``produce`` takes per record: a value (bytes or text), the API's JSON
+#: form of a record (``{"value": ..., "key": ...}``), or any object with the
+#: attributes ``value`` and optionally ``key``, ``headers``, ``timestamp``,
+#: ``partition`` (``edge_gateway.gateway.ProduceRecord``, a fetched ``Record``).
+RecordLike = Bytesish | str | Mapping[str, Any] | Any
+
+
+class OffsetOutOfRange(InvalidInput):
+    """The fetch offset is below the earliest one the gateway still holds."""
+
+    def __init__(self, message: str, earliest: int) -> None:
+        super().__init__(message)
+        #: The first offset the partition still holds (resume from here).
+        self.earliest = earliest
+
+
+@dataclass(frozen=True, slots=True)
+class ProduceResponse:
+    topic: str
+    #: ``partitions[i]``/``offsets[i]``: where record ``i`` landed.
+    partitions: list[int]
+    offsets: list[int]
+    #: True when ``ack="shipped"``: the records are in the bucket.
+    shipped: bool
+
+
+@dataclass(frozen=True, slots=True)
+class FetchResponse:
+    topic: str
+    partition: int
+    records: list[Record]
+    #: The offset to fetch next.
+    next_offset: int
+    #: The partition's next offset to be written.
+    high_watermark: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupOffset:
+    topic: str
+    partition: int
+    #: The next offset the group will read.
+    offset: int
+    metadata: str
+    committed_ms: int
+
+
+class _Call(NamedTuple):
+    """One HTTP request, built without I/O (shared by both clients)."""
+
+    method: str
+    path: str
+    params: dict[str, str] | None = None
+    headers: dict[str, str] | None = None
+    content: bytes | None = None
+    timeout: float | None = None
+
+
+# ---------------------------------------------------------------- requests
+
+
+def _seg(name: str) -> str:
+    return quote(name, safe="")
+
+
+def _text_or_b64(data: Bytesish, field: str, doc: dict[str, Any]) -> None:
+    raw = bytes(data)
+    try:
+        doc[field] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        doc[f"{field}_b64"] = base64.b64encode(raw).decode("ascii")
+
+
+def _headers_doc(headers: Iterable[tuple[str, Bytesish | str]], doc: dict[str, Any]) -> None:
+    text: dict[str, str] = {}
+    binary: dict[str, str] = {}
+    for name, value in headers:
+        if isinstance(value, str):
+            text[name] = value
+            continue
+        raw = bytes(value)
+        try:
+            text[name] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            binary[name] = base64.b64encode(raw).decode("ascii")
+    if text:
+        doc["headers"] = text
+    if binary:
+        doc["headers_b64"] = binary
+
+
+def _record_doc(
+    item: RecordLike,
+    key: Bytesish | str | None,
+    partition: int | None,
+    headers: Iterable[tuple[str, Bytesish | str]] | None,
+    timestamp: int | None,
+) -> dict[str, Any]:
+    doc: dict[str, Any]
+    if isinstance(item, str):
+        doc = {"value": item}
+    elif isinstance(item, bytes | bytearray | memoryview):
+        doc = {}
+        _text_or_b64(item, "value", doc)
+    elif isinstance(item, Mapping):
+        doc = dict(item)
+    elif hasattr(item, "value"):
+        doc = {}
+        value = item.value
+        if isinstance(value, str):
+            doc["value"] = value
+        else:
+            _text_or_b64(value, "value", doc)
+        if getattr(item, "key", None) is not None:
+            _text_or_b64(item.key, "key", doc)
+        if getattr(item, "headers", None):
+            _headers_doc(item.headers, doc)
+        if getattr(item, "timestamp", None) is not None:
+            doc["timestamp"] = item.timestamp
+        if getattr(item, "partition", None) is not None:
+            doc["partition"] = item.partition
+    else:
+        raise InvalidInput(f"cannot produce a {type(item).__name__}: give bytes, str or a record")
+    if key is not None and "key" not in doc and "key_b64" not in doc:
+        if isinstance(key, str):
+            doc["key"] = key
+        else:
+            _text_or_b64(key, "key", doc)
+    if partition is not None and "partition" not in doc:
+        doc["partition"] = partition
+    if headers and "headers" not in doc and "headers_b64" not in doc:
+        _headers_doc(headers, doc)
+    if timestamp is not None and "timestamp" not in doc:
+        doc["timestamp"] = timestamp
+    return doc
+
+
+def _produce_call(
+    topic: str,
+    records: Iterable[RecordLike] | RecordLike,
+    key: Bytesish | str | None,
+    partition: int | None,
+    headers: Iterable[tuple[str, Bytesish | str]] | None,
+    timestamp: int | None,
+    ack: Ack,
+) -> _Call:
+    if isinstance(records, str | bytes | bytearray | memoryview | Mapping) or hasattr(
+        records, "value"
+    ):
+        records = [records]  # one record given alone
+    docs = [_record_doc(r, key, partition, headers, timestamp) for r in records]
+    body = json.dumps({"records": docs}, separators=(",", ":"), ensure_ascii=False)
+    return _Call(
+        "POST",
+        f"/v1/topics/{_seg(topic)}/records",
+        {"ack": ack} if ack != "local" else None,
+        {"content-type": JSON_MEDIA_TYPE},
+        body.encode("utf-8"),
+    )
+
+
+def _batch_call(
+    topic: str,
+    partition: int,
+    batch: Bytesish | Sequence[Bytesish | str],
+    keys: Sequence[Bytesish | None] | None,
+    timestamp: int | None,
+    ack: Ack,
+) -> _Call:
+    if isinstance(batch, bytes | bytearray | memoryview):
+        body = bytes(batch)
+    else:
+        import time
+
+        values = [v.encode("utf-8") if isinstance(v, str) else bytes(v) for v in batch]
+        body = encode_batch(
+            values,
+            keys=None if keys is None else [None if k is None else bytes(k) for k in keys],
+            timestamps=time.time_ns() // 1_000_000 if timestamp is None else timestamp,
+        )
+    return _Call(
+        "POST",
+        f"/v1/topics/{_seg(topic)}/partitions/{int(partition)}/batches",
+        {"ack": ack} if ack != "local" else None,
+        {"content-type": BATCH_MEDIA_TYPE},
+        body,
+    )
+
+
+def _fetch_call(
+    topic: str,
+    partition: int,
+    offset: int,
+    max_records: int | None,
+    max_bytes: int | None,
+    wait_ms: int,
+    binary: bool,
+    timeout: float,
+) -> _Call:
+    params = {"offset": str(int(offset))}
+    if max_records is not None:
+        params["max_records"] = str(int(max_records))
+    if max_bytes is not None:
+        params["max_bytes"] = str(int(max_bytes))
+    if wait_ms:
+        params["wait_ms"] = str(int(wait_ms))
+    return _Call(
+        "GET",
+        f"/v1/topics/{_seg(topic)}/partitions/{int(partition)}/records",
+        params,
+        {"accept": BATCH_MEDIA_TYPE} if binary else None,
+        None,
+        # a long poll must not time out before the gateway answers it
+        max(timeout, wait_ms / 1000 + 10.0),
+    )
+
+
+def _commit_call(
+    group: str,
+    offsets: Mapping[tuple[str, int], int]
+    | Iterable[tuple[str, int, int] | tuple[str, int, int, str]],
+) -> _Call:
+    rows: list[dict[str, Any]] = []
+    items: Iterable[tuple[Any, ...]]
+    if isinstance(offsets, Mapping):
+        items = [(t, p, o) for (t, p), o in offsets.items()]
+    else:
+        items = offsets
+    for row in items:
+        doc = {"topic": row[0], "partition": row[1], "offset": row[2]}
+        if len(row) > 3:
+            doc["metadata"] = row[3]
+        rows.append(doc)
+    body = json.dumps({"offsets": rows}, separators=(",", ":")).encode("utf-8")
+    return _Call(
+        "POST",
+        f"/v1/groups/{_seg(group)}/offsets",
+        None,
+        {"content-type": JSON_MEDIA_TYPE},
+        body,
+    )
+
+
+# ---------------------------------------------------------------- responses
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.status_code < 400:
+        return
+    code, message, extra = "", response.text[:500], {}
+    try:
+        doc = response.json()
+        err = doc["error"]
+        code, message = str(err["code"]), str(err["message"])
+        extra = err
+    except (ValueError, KeyError, TypeError):
+        pass
+    status = response.status_code
+    exc: EdgeGatewayError
+    if code == "offset_out_of_range" and isinstance(extra.get("earliest_offset"), int):
+        exc = OffsetOutOfRange(message, extra["earliest_offset"])
+    else:
+        exc = error_class(code, status)(message)
+    note = f"HTTP {status} {code or '(no code)'} from {response.request.method} {response.url}"
+    retry_after = response.headers.get("retry-after")
+    if retry_after:
+        note += f"; Retry-After: {retry_after} s"
+    exc.add_note(note)
+    raise exc
+
+
+def _json(response: httpx.Response) -> Any:
+    _raise_for(response)
+    return response.json()
+
+
+def _produced(response: httpx.Response) -> ProduceResponse:
+    doc = _json(response)
+    offsets = doc["offsets"]
+    return ProduceResponse(
+        doc["topic"],
+        [o["partition"] for o in offsets],
+        [o["offset"] for o in offsets],
+        bool(doc["shipped"]),
+    )
+
+
+def _bytes_of(doc: Mapping[str, Any], field: str) -> bytes | None:
+    text = doc.get(field)
+    if text is not None:
+        return str(text).encode("utf-8")
+    b64 = doc.get(f"{field}_b64")
+    if b64 is not None:
+        return base64.b64decode(b64)
+    return None
+
+
+def _fetched(response: httpx.Response, topic: str, partition: int, offset: int) -> FetchResponse:
+    _raise_for(response)
+    if response.headers.get("content-type", "").startswith(BATCH_MEDIA_TYPE):
+        next_offset = int(response.headers[NEXT_OFFSET_HEADER])
+        records = [
+            r
+            for b in iter_batches(response.content, where="fetch response")
+            for r in b.records(offset)
+            if r.offset < next_offset
+        ]
+        return FetchResponse(
+            topic,
+            partition,
+            records,
+            next_offset,
+            int(response.headers[HIGH_WATERMARK_HEADER]),
+        )
+    doc = response.json()
+    out = []
+    for r in doc["records"]:
+        headers = [(k, v.encode("utf-8")) for k, v in (r.get("headers") or {}).items()]
+        headers += [(k, base64.b64decode(v)) for k, v in (r.get("headers_b64") or {}).items()]
+        out.append(
+            Record(
+                r["offset"],
+                r["timestamp"],
+                _bytes_of(r, "key"),
+                _bytes_of(r, "value") or b"",
+                tuple(headers),
+            )
+        )
+    return FetchResponse(topic, partition, out, doc["next_offset"], doc["high_watermark"])
+
+
+def _group_offsets(response: httpx.Response) -> list[GroupOffset]:
+    doc = _json(response)
+    return [
+        GroupOffset(o["topic"], o["partition"], o["offset"], o["metadata"], o["committed_ms"])
+        for o in doc["offsets"]
+    ]
+
+
+def read_addr_file(data_dir: str | os.PathLike[str]) -> str:
+    """``http://host:port`` of the gateway whose data directory is ``data_dir``."""
+    path = Path(data_dir) / "api.addr"
+    try:
+        addr = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        raise Unavailable(f"{path} does not exist: is the gateway running?") from None
+    if not addr:
+        raise Unavailable(f"{path} is empty")
+    return f"http://{addr}"
+
+
+def _client_headers(token: str | None) -> dict[str, str]:
+    return {"authorization": f"Bearer {token}"} if token else {}
+
+
+def _unavailable(base_url: str, exc: httpx.TransportError) -> Unavailable:
+    return Unavailable(f"cannot reach the gateway at {base_url}: {type(exc).__name__}: {exc}")
+
+
+# ------------------------------------------------------------------ clients
+
+
+class Client:
+    """Synchronous client of one gateway's local API (one keep-alive connection pool)."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=_client_headers(token),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    @classmethod
+    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
+        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
+        return cls(read_addr_file(data_dir), **kwargs)
+
+    def _send(self, call: _Call) -> httpx.Response:
+        try:
+            return self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                headers=call.headers,
+                content=call.content,
+                timeout=call.timeout if call.timeout is not None else self.timeout,
+            )
+        except httpx.TransportError as exc:
+            raise _unavailable(self.base_url, exc) from exc
+
+    def produce(
+        self,
+        topic: str,
+        records: Iterable[RecordLike] | RecordLike,
+        *,
+        key: Bytesish | str | None = None,
+        partition: int | None = None,
+        headers: Iterable[tuple[str, Bytesish | str]] | None = None,
+        timestamp: int | None = None,
+        ack: Ack = "local",
+    ) -> ProduceResponse:
+        """Produce records (values, or record-like objects); ``key`` etc. apply to all."""
+        call = _produce_call(topic, records, key, partition, headers, timestamp, ack)
+        return _produced(self._send(call))
+
+    def produce_batch(
+        self,
+        topic: str,
+        partition: int,
+        batch: Bytesish | Sequence[Bytesish | str],
+        *,
+        keys: Sequence[Bytesish | None] | None = None,
+        timestamp: int | None = None,
+        ack: Ack = "local",
+    ) -> ProduceResponse:
+        """Produce one encoded batch (or values, encoded here) to one partition."""
+        return _produced(self._send(_batch_call(topic, partition, batch, keys, timestamp, ack)))
+
+    def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        wait_ms: int = 0,
+        binary: bool = False,
+    ) -> FetchResponse:
+        """Records from ``offset``; ``wait_ms`` long-polls for the first one."""
+        call = _fetch_call(
+            topic, partition, offset, max_records, max_bytes, wait_ms, binary, self.timeout
+        )
+        return _fetched(self._send(call), topic, partition, offset)
+
+    def topics(self) -> list[dict[str, Any]]:
+        topics: list[dict[str, Any]] = _json(self._send(_Call("GET", "/v1/topics")))["topics"]
+        return topics
+
+    def topic(self, name: str) -> dict[str, Any]:
+        doc: dict[str, Any] = _json(self._send(_Call("GET", f"/v1/topics/{_seg(name)}")))
+        return doc
+
+    def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = _json(self._send(_Call("GET", "/v1/status")))
+        return doc
+
+    def healthy(self) -> bool:
+        """True when the gateway answers /healthz with 200."""
+        try:
+            return self._send(_Call("GET", "/healthz")).status_code == 200
+        except Unavailable:
+            return False
+
+    def commit_offsets(
+        self,
+        group: str,
+        offsets: Mapping[tuple[str, int], int]
+        | Iterable[tuple[str, int, int] | tuple[str, int, int, str]],
+    ) -> int:
+        """Store the next offset to read per (topic, partition) for ``group``."""
+        committed: int = _json(self._send(_commit_call(group, offsets)))["committed"]
+        return committed
+
+    def fetch_offsets(self, group: str, topic: str | None = None) -> list[GroupOffset]:
+        params = {"topic": topic} if topic else None
+        return _group_offsets(self._send(_Call("GET", f"/v1/groups/{_seg(group)}/offsets", params)))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """Async client of one gateway's local API (httpx; under trio or asyncio)."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=_client_headers(token),
+            timeout=timeout,
+            transport=transport,
+        )
+
+    @classmethod
+    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
+        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
+        return cls(read_addr_file(data_dir), **kwargs)
+
+    async def _send(self, call: _Call) -> httpx.Response:
+        try:
+            return await self._http.request(
+                call.method,
+                call.path,
+                params=call.params,
+                headers=call.headers,
+                content=call.content,
+                timeout=call.timeout if call.timeout is not None else self.timeout,
+            )
+        except httpx.TransportError as exc:
+            raise _unavailable(self.base_url, exc) from exc
+
+    async def produce(
+        self,
+        topic: str,
+        records: Iterable[RecordLike] | RecordLike,
+        *,
+        key: Bytesish | str | None = None,
+        partition: int | None = None,
+        headers: Iterable[tuple[str, Bytesish | str]] | None = None,
+        timestamp: int | None = None,
+        ack: Ack = "local",
+    ) -> ProduceResponse:
+        """Produce records (values, or record-like objects); ``key`` etc. apply to all."""
+        call = _produce_call(topic, records, key, partition, headers, timestamp, ack)
+        return _produced(await self._send(call))
+
+    async def produce_batch(
+        self,
+        topic: str,
+        partition: int,
+        batch: Bytesish | Sequence[Bytesish | str],
+        *,
+        keys: Sequence[Bytesish | None] | None = None,
+        timestamp: int | None = None,
+        ack: Ack = "local",
+    ) -> ProduceResponse:
+        """Produce one encoded batch (or values, encoded here) to one partition."""
+        call = _batch_call(topic, partition, batch, keys, timestamp, ack)
+        return _produced(await self._send(call))
+
+    async def fetch(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        wait_ms: int = 0,
+        binary: bool = False,
+    ) -> FetchResponse:
+        """Records from ``offset``; ``wait_ms`` long-polls for the first one."""
+        call = _fetch_call(
+            topic, partition, offset, max_records, max_bytes, wait_ms, binary, self.timeout
+        )
+        return _fetched(await self._send(call), topic, partition, offset)
+
+    async def topics(self) -> list[dict[str, Any]]:
+        doc = _json(await self._send(_Call("GET", "/v1/topics")))
+        topics: list[dict[str, Any]] = doc["topics"]
+        return topics
+
+    async def topic(self, name: str) -> dict[str, Any]:
+        doc: dict[str, Any] = _json(await self._send(_Call("GET", f"/v1/topics/{_seg(name)}")))
+        return doc
+
+    async def status(self) -> dict[str, Any]:
+        doc: dict[str, Any] = _json(await self._send(_Call("GET", "/v1/status")))
+        return doc
+
+    async def healthy(self) -> bool:
+        """True when the gateway answers /healthz with 200."""
+        try:
+            return (await self._send(_Call("GET", "/healthz"))).status_code == 200
+        except Unavailable:
+            return False
+
+    async def commit_offsets(
+        self,
+        group: str,
+        offsets: Mapping[tuple[str, int], int]
+        | Iterable[tuple[str, int, int] | tuple[str, int, int, str]],
+    ) -> int:
+        """Store the next offset to read per (topic, partition) for ``group``."""
+        committed: int = _json(await self._send(_commit_call(group, offsets)))["committed"]
+        return committed
+
+    async def fetch_offsets(self, group: str, topic: str | None = None) -> list[GroupOffset]:
+        params = {"topic": topic} if topic else None
+        call = _Call("GET", f"/v1/groups/{_seg(group)}/offsets", params)
+        return _group_offsets(await self._send(call))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
