@@ -429,7 +429,13 @@ class Shipper:
             await self._commit(p.obj, p.seq, p.first_lsn, p.last_lsn)
             self._records += p.records
             self._journal_bytes += p.journal_bytes
+        # The commit is done: advance the watermark BEFORE anything else can
+        # wait (the manifest PUT below). A cancellation there (shutdown) must
+        # not leave a committed object looking unshipped, or the next drain
+        # would ship the same LSNs again under a new seq.
         self._advance(p.last_lsn)
+        if p.obj is not None:
+            await self._maybe_write_manifest()
 
     def _advance(self, last_lsn: int) -> None:
         self._ship_from = last_lsn + 1
@@ -464,7 +470,6 @@ class Shipper:
             self._next_offsets[(b.topic, b.partition)] = b.last_offset + 1
         self._pending_manifest.append(ManifestEntry.from_header(header, len(obj)))
         self._schedule.committed()
-        await self._maybe_write_manifest()
 
     async def _create(
         self, key: str, obj: bytes, epoch: int, first_lsn: int, last_lsn: int
