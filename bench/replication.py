@@ -1,0 +1,382 @@
+"""Replication between two gateway processes through moto's S3 server on loopback.
+
+Regions ``a`` and ``b`` run as real ``edgegw serve`` processes; topic ``t`` is
+homed at ``a`` and mirrored by ``b`` (flush 250 ms, poll 100 ms). Each gateway
+reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
+
+(a) end-to-end latency: single records produced at ``a`` at a steady rate, a
+    long-polling consumer at ``b`` on the mirror; latency = visible at b −
+    acknowledged at a (one process, one clock);
+(b) catch-up: a backlog produced at ``a`` while ``b`` is stopped; ``b`` starts
+    and mirrors it; MB/s of log objects until caught up, next to raw boto3
+    GETs of the same objects (8 threads, like the tailer's prefetch);
+(c) idle: requests per second ``b`` makes when nothing happens (S3 polling
+    mode, no metadata server), from moto's request log (``a`` has no sources,
+    so an idle ``a`` makes none);
+(d) resume: ``b``'s proxy refuses connections for 10 s while ``a`` produces;
+    then it passes again; seconds until ``b``'s mirror advances.
+
+Usage: python bench/replication.py [--quick]. Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+import botocore.config
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (
+    MB,
+    Row,
+    emit_json,
+    machine_info,
+    percentile,
+    progress,
+    ratio,
+    render_table,
+    scratch_dir,
+)
+from edgegw_cli._fleet import BATCH_TYPE, Site, high_watermarks
+
+from edge_gateway.format.batch import encode_batch
+from edge_gateway.telemetry import TelemetryGenerator
+from edge_gateway.testing.moto import start_moto_server
+from edge_gateway.testing.tcpproxy import TcpProxy
+
+BUCKET = "edgegw-bench"
+KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+PARTITIONS = 4
+
+
+def write_config(site: Site, proxy: TcpProxy) -> None:
+    site.data_dir.mkdir(parents=True, exist_ok=True)
+    site.config = site.data_dir.parent / f"{site.region}.toml"
+    site.log_path = site.data_dir.parent / f"{site.region}.log"
+    site.config.write_text(
+        f"""
+region = "{site.region}"
+data_dir = "{site.data_dir}"
+[shipper]
+flush_interval_ms = 250
+[mirror]
+poll_interval_ms = 100
+[bucket]
+type = "s3"
+bucket = "{BUCKET}"
+endpoint_url = "{proxy.url}"
+region = "us-east-1"
+path_style = true
+access_key = "testing"
+secret_key = "testing"
+connect_timeout = 1.0
+read_timeout = 5.0
+max_attempts = 2
+[gc]
+enabled = false
+[api]
+listen = "127.0.0.1:0"
+[log]
+level = "warning"
+[[topics]]
+name = "t"
+home = "a"
+partitions = {PARTITIONS}
+subscribers = ["b"]
+"""
+    )
+
+
+def latency(a: Site, b: Site, count: int, rate: float) -> list[float]:
+    acked: dict[int, float] = {}
+    seen: dict[int, float] = {}
+    with httpx.Client(base_url=b.url, timeout=30) as c:
+        start = high_watermarks(c, "a.t")[0]
+    stop = threading.Event()
+
+    def follow() -> None:
+        offset = start
+        with httpx.Client(base_url=b.url, timeout=30) as c:
+            deadline = None
+            while deadline is None or time.monotonic() < deadline:
+                if stop.is_set() and deadline is None:
+                    deadline = time.monotonic() + 15
+                if stop.is_set() and len(seen) >= len(acked):
+                    return
+                r = c.get(
+                    "/v1/topics/a.t/partitions/0/records",
+                    params={"offset": offset, "wait_ms": 500},
+                )
+                now = time.monotonic()
+                for rec in r.json()["records"]:
+                    seen.setdefault(rec["offset"], now)
+                    offset = rec["offset"] + 1
+
+    t = threading.Thread(target=follow, daemon=True)
+    t.start()
+    interval = 1 / rate
+    next_at = time.monotonic()
+    with httpx.Client(base_url=a.url, timeout=30) as c:
+        for i in range(count):
+            r = c.post(
+                "/v1/topics/t/records",
+                json={"records": [{"value": f"probe {i}", "partition": 0}]},
+            )
+            r.raise_for_status()
+            acked[r.json()["offsets"][0]["offset"]] = time.monotonic()
+            next_at += interval
+            time.sleep(max(0.0, next_at - time.monotonic()))
+    stop.set()
+    t.join(timeout=30)
+    return [(seen[o] - at) * 1000 for o, at in acked.items() if o in seen]
+
+
+def produce_backlog(a: Site, nbytes: int) -> int:
+    gen = TelemetryGenerator(site="a", sensors=500, seed=11)
+    produced = 0
+    with httpx.Client(base_url=a.url, timeout=60) as c:
+        p = 0
+        while produced < nbytes:
+            rs = gen.take(2000)
+            batch = encode_batch(
+                [r.value for r in rs],
+                keys=[r.key for r in rs],
+                timestamps=[r.timestamp_ms for r in rs],
+            )
+            r = c.post(
+                f"/v1/topics/t/partitions/{p}/batches",
+                content=batch,
+                headers={"content-type": BATCH_TYPE},
+            )
+            r.raise_for_status()
+            produced += sum(len(x.value) for x in rs)
+            p = (p + 1) % PARTITIONS
+    return produced
+
+
+def wait_shipped(site: Site, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=site.url, timeout=30) as c:
+        while True:
+            doc = c.get("/v1/topics/t").json()
+            if all(p["unshipped"] == 0 for p in doc["partitions"]):
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit("a did not ship its backlog in time")
+            time.sleep(0.1)
+
+
+def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
+    with (
+        httpx.Client(base_url=a.url, timeout=30) as ca,
+        httpx.Client(base_url=b.url, timeout=30) as cb,
+    ):
+        want = high_watermarks(ca, "t")
+        deadline = time.monotonic() + timeout
+        while high_watermarks(cb, "a.t") != want:
+            if time.monotonic() > deadline:
+                raise SystemExit("b did not catch up in time")
+            time.sleep(0.02)
+
+
+def log_objects(s3: Any, after_seq: int) -> list[tuple[str, int]]:
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=BUCKET, Prefix="regions/a/log/"
+    ):
+        for obj in page.get("Contents", []):
+            seq = int(obj["Key"].rsplit("/", 1)[1].split(".")[0])
+            if seq > after_seq:
+                out.append((obj["Key"], obj["Size"]))
+    return out
+
+
+def head_seq(s3: Any) -> int:
+    objs = log_objects(s3, 0)
+    return max((int(k.rsplit("/", 1)[1].split(".")[0]) for k, _ in objs), default=0)
+
+
+def raw_gets(s3: Any, keys: list[str]) -> float:
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short runs (under ~50 s)")
+    ap.add_argument("--dir", type=Path, default=None, help="scratch parent directory")
+    args = ap.parse_args()
+    probes, rate = (500, 100.0) if args.quick else (2000, 100.0)
+    backlog = (32 if args.quick else 256) * 1024 * 1024
+    idle_s = 5.0 if args.quick else 10.0
+    figures: dict[str, Any] = {"quick": args.quick, "probes": probes, "backlog_bytes": backlog}
+    with scratch_dir("replication-", args.dir) as root:
+        figures["machine"] = machine_info(root)
+        moto = start_moto_server(root / "moto.log")
+        s3 = boto3.client(
+            "s3",
+            endpoint_url=moto.endpoint,
+            region_name="us-east-1",
+            config=botocore.config.Config(s3={"addressing_style": "path"}),
+            **KEYS,
+        )
+        s3.create_bucket(Bucket=BUCKET)
+        proxy_a = TcpProxy("127.0.0.1", moto.port).start()
+        proxy_b = TcpProxy("127.0.0.1", moto.port).start()
+        a = Site("a", (root / "a").resolve())
+        b = Site("b", (root / "b").resolve())
+        write_config(a, proxy_a)
+        write_config(b, proxy_b)
+        try:
+            progress("starting gateways a and b ...")
+            a.start()
+            a.wait_ready()
+            b.start()
+            b.wait_ready()
+            progress(f"(a) end-to-end latency: {probes} records at {rate:.0f}/s ...")
+            lat = latency(a, b, probes, rate)
+            figures["e2e_samples"] = len(lat)
+            for q in (50, 90, 99):
+                figures[f"e2e_p{q}_ms"] = percentile(lat, q)
+
+            progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
+            wait_shipped(a)
+            before = head_seq(s3)
+            assert b.stop() == 0
+            produced = produce_backlog(a, backlog)
+            wait_shipped(a)
+            objects = log_objects(s3, before)
+            wire = sum(size for _, size in objects)
+            b.start()
+            b.wait_ready()
+            t0 = time.perf_counter()
+            wait_caught_up(a, b)
+            catchup_s = time.perf_counter() - t0
+            figures.update(
+                catchup_objects=len(objects),
+                catchup_wire_mb=wire / MB,
+                catchup_journal_mb=produced / MB,
+                catchup_s=catchup_s,
+                catchup_mb_per_s=wire / MB / catchup_s,
+                catchup_journal_mb_per_s=produced / MB / catchup_s,
+            )
+            raw_s = raw_gets(s3, [k for k, _ in objects])
+            figures["raw_get_mb_per_s"] = wire / MB / raw_s
+            figures["catchup_ratio"] = ratio(
+                figures["catchup_mb_per_s"], figures["raw_get_mb_per_s"]
+            )
+
+            progress(f"(c) idle requests at b over {idle_s:.0f}s ...")
+            time.sleep(3.0)  # let the last polls settle into the idle backoff
+            mark = moto.log_position()
+            time.sleep(idle_s)
+            reqs = moto.requests(since=mark)
+            gets = sum(1 for r in reqs if r.method in ("GET", "HEAD") and "list-type" not in r.path)
+            lists = sum(
+                1 for r in reqs if "list-type" in r.path or r.path.rstrip("/").endswith(BUCKET)
+            )
+            figures["idle_gets_per_s_per_source"] = gets / idle_s
+            figures["idle_lists_per_s"] = lists / idle_s
+            figures["idle_requests_total"] = len(reqs)
+
+            progress("(d) resume: b cut off from the bucket for 10 s while a produces ...")
+            stop = threading.Event()
+
+            def steady() -> None:
+                with httpx.Client(base_url=a.url, timeout=30) as c:
+                    i = 0
+                    while not stop.is_set():
+                        c.post("/v1/topics/t/records", json={"records": [{"value": f"r{i}"}]})
+                        i += 1
+                        time.sleep(0.02)
+
+            producer = threading.Thread(target=steady, daemon=True)
+            producer.start()
+            proxy_b.set_mode("refuse")
+            proxy_b.reset_connections()
+            time.sleep(10)
+            with httpx.Client(base_url=b.url, timeout=30) as cb:
+                at_restore = sum(high_watermarks(cb, "a.t"))
+                proxy_b.set_mode("pass")
+                t0 = time.perf_counter()
+                deadline = t0 + 120
+                while sum(high_watermarks(cb, "a.t")) <= at_restore:
+                    if time.perf_counter() > deadline:
+                        break
+                    time.sleep(0.01)
+                figures["resume_s"] = time.perf_counter() - t0
+            stop.set()
+            producer.join(timeout=10)
+        finally:
+            for site in (a, b):
+                site.stop()
+            proxy_a.stop()
+            proxy_b.stop()
+            moto.stop()
+
+    def ok(v: float | None, good: bool) -> bool | None:
+        return None if v is None else good
+
+    f = figures
+    rows: list[Row | str] = [
+        f"(a) end-to-end, a -> b, {f['e2e_samples']} records (flush 250 ms, poll 100 ms)",
+        Row(
+            "p50",
+            f["e2e_p50_ms"],
+            "ms",
+            target="<= 300 ms",
+            ok=ok(f["e2e_p50_ms"], f["e2e_p50_ms"] <= 300),
+        ),
+        Row("p90", f["e2e_p90_ms"], "ms"),
+        Row(
+            "p99",
+            f["e2e_p99_ms"],
+            "ms",
+            target="<= 600 ms",
+            ok=ok(f["e2e_p99_ms"], f["e2e_p99_ms"] <= 600),
+        ),
+        f"(b) catch-up: {f['catchup_objects']} objects, {f['catchup_journal_mb']:.0f} MB of records",
+        Row(
+            "catch-up (log objects)",
+            f["catchup_mb_per_s"],
+            "MB/s",
+            "raw boto3 GETs, 8 threads",
+            f["raw_get_mb_per_s"],
+            ">= 0.8x",
+            ok(f["catchup_ratio"], (f["catchup_ratio"] or 0) >= 0.8),
+        ),
+        Row("catch-up (records)", f["catchup_journal_mb_per_s"], "MB/s"),
+        "(c) idle b, S3 polling, no metadata server",
+        Row(
+            "GETs/HEADs per second",
+            f["idle_gets_per_s_per_source"],
+            "req/s",
+            target="<= 10",
+            ok=f["idle_gets_per_s_per_source"] <= 10,
+        ),
+        Row(
+            "LISTs per second",
+            f["idle_lists_per_s"],
+            "req/s",
+            target="0",
+            ok=f["idle_lists_per_s"] == 0,
+        ),
+        "(d) resume after 10 s cut off",
+        Row("time to advance", f["resume_s"], "s", target="<= 1.0 s", ok=f["resume_s"] <= 1.0),
+    ]
+    print(render_table("edgegw replication between two gateway processes", rows))
+    emit_json(figures)
+
+
+if __name__ == "__main__":
+    main()
