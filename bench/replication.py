@@ -5,7 +5,7 @@ homed at ``a`` and mirrored by ``b`` (flush 250 ms, poll 100 ms). Each gateway
 reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
 
 (a) end-to-end latency: single records produced at ``a`` at a steady rate, a
-    long-polling consumer at ``b`` on the mirror; latency = visible at b −
+    long-polling consumer at ``b`` on the mirror; latency = visible at b -
     acknowledged at a (one process, one clock);
 (b) catch-up: a backlog produced at ``a`` while ``b`` is stopped; ``b`` starts
     and mirrors it; MB/s of log objects until caught up, next to raw boto3
@@ -345,7 +345,8 @@ def main() -> None:
             target="<= 600 ms",
             ok=ok(f["e2e_p99_ms"], f["e2e_p99_ms"] <= 600),
         ),
-        f"(b) catch-up: {f['catchup_objects']} objects, {f['catchup_journal_mb']:.0f} MB of records",
+        f"(b) catch-up: {f['catchup_objects']} objects, "
+        f"{f['catchup_journal_mb']:.0f} MB of records",
         Row(
             "catch-up (log objects)",
             f["catchup_mb_per_s"],
