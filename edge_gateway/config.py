@@ -191,12 +191,17 @@ class MirrorConfig:
     prefetch: int = 8
     #: Publish ``regions/<src>/cursors/<region>.json`` this often.
     cursor_interval_ms: int = 10_000
+    #: While the bucket is unreachable, retry at most this far apart, so a
+    #: mirror moves again within about this long after the link returns.
+    retry_cap_ms: int = 1_000
 
     def __post_init__(self) -> None:
         if self.poll_interval_ms <= 0 or self.max_poll_interval_ms < self.poll_interval_ms:
             raise ConfigError("mirror.poll_interval_ms must be > 0 and <= max_poll_interval_ms")
         if self.prefetch < 1:
             raise ConfigError("mirror.prefetch must be >= 1")
+        if self.retry_cap_ms < 100:
+            raise ConfigError("mirror.retry_cap_ms must be >= 100")
 
 
 @dataclass(frozen=True, slots=True)

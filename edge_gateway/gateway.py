@@ -288,6 +288,7 @@ class Gateway:
             gap_policy=m.gap_policy,  # type: ignore[arg-type]
             prefetch_objects=m.prefetch,
             cursor_interval_s=m.cursor_interval_ms / 1000,
+            retry_cap_s=m.retry_cap_ms / 1000,
         )
 
     def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:

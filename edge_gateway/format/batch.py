@@ -345,22 +345,42 @@ def read_header(
 class RecordBatch:
     """A decoded batch: columns held as arrays, records materialised on demand."""
 
-    __slots__ = ("_headers", "_keys", "_values", "header", "raw", "timestamps")
+    __slots__ = (
+        "_headers",
+        "_key_lengths",
+        "_key_start",
+        "_keys",
+        "_value_lengths",
+        "_value_start",
+        "_values",
+        "header",
+        "raw",
+        "timestamps",
+    )
 
     def __init__(
         self,
         header: BatchHeader,
         raw: bytes,
         timestamps: array[int],
-        keys: list[bytes | None] | None,
-        values: list[bytes],
+        key_lengths: array[int] | None,
+        key_start: int,
+        value_lengths: array[int],
+        value_start: int,
         headers: list[tuple[tuple[str, bytes], ...]] | None,
     ) -> None:
+        # Keys and values are checked by decode_batch but split into bytes
+        # objects only when asked for: a reader that forwards whole batches
+        # (the mirror, a binary fetch) never pays for one object per record.
         self.header = header
         self.raw = raw
         self.timestamps = timestamps
-        self._keys = keys
-        self._values = values
+        self._key_lengths = key_lengths
+        self._key_start = key_start
+        self._value_lengths = value_lengths
+        self._value_start = value_start
+        self._keys: list[bytes | None] | None = None
+        self._values: list[bytes] | None = None
         self._headers = headers
 
     @property
@@ -377,11 +397,23 @@ class RecordBatch:
 
     @property
     def values(self) -> list[bytes]:
+        if self._values is None:
+            self._values = _split(self.raw, self._value_lengths, self._value_start)
         return self._values
 
     @property
     def keys(self) -> list[bytes | None]:
-        return self._keys if self._keys is not None else [None] * self.count
+        if self._key_lengths is None:
+            return [None] * self.count
+        if self._keys is None:
+            lengths = self._key_lengths
+            present = array("i", [max(k, 0) for k in lengths])
+            keys: list[bytes | None] = list(_split(self.raw, present, self._key_start))
+            for i, k in enumerate(lengths):
+                if k < 0:
+                    keys[i] = None
+            self._keys = keys
+        return self._keys
 
     @property
     def headers(self) -> list[tuple[tuple[str, bytes], ...]]:
@@ -391,9 +423,9 @@ class RecordBatch:
         """The records, optionally only those at or after ``start_offset``."""
         first = 0 if start_offset is None else max(0, start_offset - self.base_offset)
         base = self.base_offset
-        keys, headers = self.keys, self.headers
+        keys, values, headers = self.keys, self.values, self.headers
         return [
-            Record(base + i, self.timestamps[i], keys[i], self._values[i], headers[i])
+            Record(base + i, self.timestamps[i], keys[i], values[i], headers[i])
             for i in range(first, self.count)
         ]
 
@@ -481,22 +513,17 @@ def decode_batch(
     if min(ts) != h.min_timestamp or max(ts) != h.max_timestamp:
         raise CorruptData("timestamps disagree with header min/max", where=where)
 
-    keys: list[bytes | None] | None = None
+    key_start = cur
     if key_lengths is not None:
-        present = array("i", [max(k, 0) for k in key_lengths])
-        keys = list(_split(raw, present, cur))
-        cur += sum(present)
-        for i, k in enumerate(key_lengths):
-            if k < 0:
-                keys[i] = None
-    values = _split(raw, value_lengths, cur)
+        cur += sum(key_lengths) + key_lengths.count(-1)
+    value_start = cur
     cur += sum(value_lengths)
     headers = None
     if header_lengths is not None:
         headers = [
             _decode_header_blob(b, where) if b else () for b in _split(raw, header_lengths, cur)
         ]
-    return RecordBatch(h, raw, ts, keys, values, headers)
+    return RecordBatch(h, raw, ts, key_lengths, key_start, value_lengths, value_start, headers)
 
 
 def with_base_offset(batch: bytes | bytearray | memoryview, base_offset: int) -> bytes:
