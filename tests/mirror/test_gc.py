@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -105,15 +105,6 @@ async def test_cursor_round_trip_and_hostile_documents(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------
 # against a bucket
-
-
-@pytest.fixture
-async def bucket(tmp_path: Path) -> AsyncIterator[FaultyBucket]:
-    b = FaultyBucket(await LocalBucket.open(tmp_path / "bucket"))
-    try:
-        yield b
-    finally:
-        await b.aclose()
 
 
 @pytest.fixture

@@ -12,15 +12,13 @@ and unique. At the end the mirror equals the source log record for record.
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from _child import ChildProcess
 from _mirror_support import journal_records, log_records
 
 from edge_gateway.bucket import LocalBucket
@@ -31,45 +29,18 @@ HERE = Path(__file__).parent
 PARTITIONS = 3
 
 
-class Child:
-    """A child process whose stdout a thread drains (a full pipe would stall its event loop)."""
+class Child(ChildProcess):
+    """A source or mirror child; remembers the highest offset it reported per partition."""
 
     def __init__(self, script: str, *args: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(HERE / script), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
         self.reported: dict[int, int] = {}
-        self.lines: list[str] = []
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
+        super().__init__([sys.executable, str(HERE / script), *args])
 
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-            parts = line.split()
-            if len(parts) == 2 and parts[0].isdigit():
-                p, n = int(parts[0]), int(parts[1])
-                self.reported[p] = max(self.reported.get(p, 0), n)
-
-    def wait_for_output(self, timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while not self.lines and self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def stop(self, sig: int = signal.SIGKILL) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-        self._thread.join(timeout=30)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream:
-                stream.close()
-        return err
+    def on_line(self, line: str) -> None:
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            p, n = int(parts[0]), int(parts[1])
+            self.reported[p] = max(self.reported.get(p, 0), n)
 
 
 def check_mirror(path: Path, reported: dict[int, int]) -> tuple[bool, dict[int, int]]:

@@ -23,7 +23,7 @@ from _mirror_support import (
     produce,
 )
 
-from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, LocalBucket, ObjectInfo
+from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, ObjectInfo
 from edge_gateway.format.manifest import Manifest, ManifestEntry, parse_manifest_key
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
@@ -52,15 +52,6 @@ async def any_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIte
         endpoint = request.getfixturevalue("moto_endpoint")
         name = request.getfixturevalue("s3_bucket_name")
     b = await open_bucket(request.param, tmp_path, endpoint, name)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-
-
-@pytest.fixture
-async def bucket(tmp_path: Path) -> AsyncIterator[FaultyBucket]:
-    b = FaultyBucket(await LocalBucket.open(tmp_path / "bucket"))
     try:
         yield b
     finally:

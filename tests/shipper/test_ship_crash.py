@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import random
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from _child import ChildProcess
 
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.format import logobject
@@ -24,51 +23,23 @@ from ship_child import PARTITIONS, record_value
 CHILD = Path(__file__).parent / "ship_child.py"
 
 
-class Child:
-    """A shipping child process whose acknowledgements a thread drains continuously.
-
-    Draining in a thread matters: a child blocked on a full stdout pipe would
-    stall its event loop, shipper included.
-    """
+class Child(ChildProcess):
+    """A shipping child; remembers the acknowledged offsets per partition."""
 
     def __init__(self, data: Path, bucket: Path, region: str, seed: int, *extra: str) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, str(CHILD), str(data), str(bucket), region, str(seed), *extra],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
         self.acked: dict[int, int] = {}
-        self.lines = 0
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._drain, daemon=True)
-        self._thread.start()
+        super().__init__(
+            [sys.executable, str(CHILD), str(data), str(bucket), region, str(seed), *extra]
+        )
 
-    def _drain(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            p, first, count = map(int, line.split())
-            with self._lock:
-                self.acked[p] = max(self.acked.get(p, 0), first + count)
-                self.lines += 1
+    def on_line(self, line: str) -> None:
+        p, first, count = map(int, line.split())
+        self.acked[p] = max(self.acked.get(p, 0), first + count)
 
     def run_for(self, seconds: float) -> None:
         """Wait until the first acknowledgement, then ``seconds`` more."""
-        deadline = time.monotonic() + 30
-        while self.lines == 0 and self.proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self.wait_for_output()
         time.sleep(seconds)
-
-    def stop(self, sig: int = signal.SIGKILL) -> str:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        self.proc.wait(timeout=30)
-        self._thread.join(timeout=30)
-        err = self.proc.stderr.read() if self.proc.stderr else ""
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream:
-                stream.close()
-        return err
 
 
 async def bucket_records(bucket_dir: Path, region: str) -> dict[int, list[int]]:
