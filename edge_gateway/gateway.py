@@ -658,6 +658,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "known_head": s.known_head,
         "entries_behind": s.entries_behind,
         "bytes_behind": s.bytes_behind,
+        "seconds_behind": round(s.seconds_behind, 3),
         "eta_s": s.eta_s,
         "entries": s.entries,
         "records": s.records,

@@ -96,12 +96,12 @@ class MirrorLag:
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
-        """From a ``edge_gateway.mirror.TailerStats`` (which has no lag in seconds yet)."""
+        """From a ``edge_gateway.mirror.TailerStats``."""
         return cls(
             source=stats.source,
             entries_behind=stats.entries_behind,
             bytes_behind=stats.bytes_behind,
-            seconds_behind=getattr(stats, "seconds_behind", None),
+            seconds_behind=stats.seconds_behind,
             quarantined=len(stats.quarantined),
             gaps=len(stats.gaps),
             catch_up_eta_seconds=stats.eta_s,

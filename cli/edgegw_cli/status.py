@@ -105,7 +105,8 @@ def render(doc: dict[str, Any]) -> None:
                 src,
                 m["state"],
                 str(m["next_seq"]),
-                f"{m['entries_behind']} entries, {_mb(m['bytes_behind'])}",
+                f"{m['entries_behind']} entries, {_mb(m['bytes_behind'])}, "
+                f"{m.get('seconds_behind', 0):.0f}s",
                 f"{eta:.0f}s" if eta is not None else "-",
                 f"{m['records']:,}",
                 "[red]" + "; ".join(problems) + "[/]" if problems else "ok",

@@ -99,6 +99,9 @@ class TailerStats:
     entries_behind: int
     #: Estimated from the sizes of the entries seen so far.
     bytes_behind: int
+    #: Seconds since this mirror was last caught up with the source's known
+    #: head (0 when caught up): how stale its newest data may be.
+    seconds_behind: float
     #: Seconds to catch up at the recent apply rate (``None``: unknown or idle).
     eta_s: float | None
     entries: int
@@ -253,6 +256,7 @@ class Tailer:
         self._quarantine_events = 0
         self._prefetch_peak_bytes = self._prefetch_peak_objects = 0
         self._last_error: str | None = None
+        self._caught_up_at = time.monotonic()
 
     # ------------------------------------------------------------ public API
 
@@ -334,9 +338,15 @@ class Tailer:
                 self._wake = trio.Event()
                 self._poll.reset()
 
+    def _entries_behind(self) -> int:
+        behind = max(0, self._known_head - max(self._state.next_seq, 1) + 1)
+        if behind == 0:
+            self._caught_up_at = time.monotonic()
+        return behind
+
     def statistics(self) -> TailerStats:
         """A snapshot of progress, lag and trouble."""
-        behind = max(0, self._known_head - max(self._state.next_seq, 1) + 1)
+        behind = self._entries_behind()
         bytes_behind = int(behind * self._avg_entry_bytes)
         eta: float | None = None
         if behind and len(self._rate) >= 2:
@@ -352,6 +362,7 @@ class Tailer:
             known_head=self._known_head,
             entries_behind=behind,
             bytes_behind=bytes_behind,
+            seconds_behind=time.monotonic() - self._caught_up_at if behind else 0.0,
             eta_s=eta,
             entries=self._entries,
             entries_with_data=self._with_data,
@@ -635,6 +646,7 @@ class Tailer:
                     del self._quarantine[key]
             self._quarantine_attempt = 0 if not self._quarantine else self._quarantine_attempt
         self._entries += 1
+        self._entries_behind()  # notes the moment the mirror catches up
         if info.planned:
             self._planned += 1
         n = self._entries

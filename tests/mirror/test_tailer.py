@@ -104,6 +104,7 @@ async def test_mirror_equals_source_record_for_record(
     stats = tailer.statistics()
     assert stats.fences == 3
     assert stats.accepted_epoch == 3
+    assert (stats.entries_behind, stats.seconds_behind) == (0, 0.0)
     assert result.next_seq == stats.known_head + 1
     progress = journal.source_progress()["a"]
     assert (progress.seq, progress.end_of_object) == (stats.known_head, True)
