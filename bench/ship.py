@@ -22,23 +22,32 @@ access log, so botocore retries and multipart parts count too. Phases:
 * ``drain``   a backlog of 512 MiB (256 MiB with --quick) of journaled
               telemetry JSON (``TelemetryGenerator``; 16 partitions, batches of
               200 records), shipped by ``Shipper.ship_pending`` with the default
-              ShipperConfig. Figures: journal MB/s and wire MB/s (bytes PUT),
-              next to boto3's ``upload_fileobj`` (default TransferConfig) of
-              the same number of bytes to the same server. Drain and upload
-              run twice, alternating (other load on the machine drifts); the
-              best run of each is reported, every run is in the JSON.
-              ``ship_ratio`` = journal MB/s over upload MB/s (target >= 0.8);
-              ``wire_ratio`` = wire MB/s over upload MB/s (same bytes: how
-              close the shipper's PUTs, compression included, come to a raw
-              upload).
+              ShipperConfig (a first object of ``max_object_bytes``, then
+              objects of ``backlog_object_bytes``). Figures: wire MB/s (bytes
+              PUT over the drain's wall time, reading and compressing
+              included) and journal MB/s, next to boto3's ``upload_fileobj``
+              (default TransferConfig) of the same number of wire bytes to the
+              same server. Drain and upload run twice, alternating (other
+              load on the machine drifts); the best run of each is reported,
+              every run is in the JSON. ``ship_ratio`` = wire MB/s over raw
+              upload MB/s (the spec's definition; target >= 0.8): the same
+              bytes, so it says how close shipping -- reading, compressing,
+              one create per object -- comes to a bare upload of its output.
+              ``journal_ratio`` = journal MB/s over raw upload MB/s (data
+              drained per second of an upload of that size; compression
+              makes it exceed 1). ``drain_peak_rss_mib``: the process's peak
+              resident memory during the drain, above its resident memory
+              before it (Linux; the journal's page cache is not counted).
 * ``compression`` zstd ratio of that data as shipped (raw block bytes over
               stored bytes, and journal bytes over wire bytes).
 
 Records of the backlog: a pool of TelemetryGenerator readings (more than twice
-``max_object_bytes``) replayed with fresh ``seq`` numbers and timestamps, so
-that generating 512 MiB does not take minutes; no log object (<= 8 MiB of
-journal) ever holds the same reading twice, so compression sees what fresh
-readings would give. The last line is one JSON object with every figure.
+``max_object_bytes``, ~1 MiB per partition) replayed with fresh ``seq``
+numbers and timestamps, so that generating 512 MiB does not take minutes. A
+partition's block never holds the same reading twice within zstd's window at
+the default level (level 1: 512 KiB), so compression sees what fresh readings
+would give: the ratio of 8 MiB objects and of 16-64 MiB backlog objects is the
+same (14.2x). The last line is one JSON object with every figure.
 """
 
 from __future__ import annotations
@@ -369,9 +378,11 @@ async def ship_backlog(j: Journal, server: MotoServer, name: str) -> dict[str, A
         await shipper.claim()
         written0 = bucket.statistics().bytes_written
         mark = await settled_position(server)
+        rss0 = reset_peak_rss()
         t0 = time.perf_counter()
         objects = await shipper.ship_pending()
         elapsed = time.perf_counter() - t0
+        peak = _rss_kib("VmHWM")
         stats = shipper.statistics()
         wire = bucket.statistics().bytes_written - written0
         window = requests_of(server, name, mark, await settled_position(server))
@@ -386,6 +397,8 @@ async def ship_backlog(j: Journal, server: MotoServer, name: str) -> dict[str, A
             "ship_mb_per_s": stats.journal_bytes / elapsed / MB,
             "wire_mb_per_s": wire / elapsed / MB,
             "journal_to_wire_ratio": stats.journal_bytes / wire,
+            "wire_bytes_per_object": wire / objects,
+            "drain_peak_rss_mib": (peak - rss0) / 1024 if peak and rss0 else None,
         }
         # Compression as shipped: raw block bytes over stored block bytes.
         raw = stored = 0
@@ -397,6 +410,28 @@ async def ship_backlog(j: Journal, server: MotoServer, name: str) -> dict[str, A
         return fig
     finally:
         await bucket.aclose()
+
+
+def _rss_kib(field: str) -> int | None:
+    """A ``VmRSS``/``VmHWM`` figure of this process in KiB (Linux), else None."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_rss() -> int | None:
+    """Reset the kernel's peak-RSS mark (``VmHWM``) and return the current RSS in KiB."""
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+    except OSError:
+        return None
+    return _rss_kib("VmRSS")
 
 
 def raw_upload(server: MotoServer, data: bytes, key: str) -> float:
@@ -430,14 +465,17 @@ async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
             if not data:
                 data = os.urandom(runs[0]["wire_bytes"])
             raw_seconds.append(await trio.to_thread.run_sync(raw_upload, server, data, f"up-{k}"))
-    best = max(runs, key=lambda r: r["ship_mb_per_s"])
+    best = max(runs, key=lambda r: r["wire_mb_per_s"])
     fig.update(best)
+    fig["wire_mb_per_s_runs"] = [r["wire_mb_per_s"] for r in runs]
     fig["ship_mb_per_s_runs"] = [r["ship_mb_per_s"] for r in runs]
+    fig["drain_peak_rss_mib_runs"] = [r["drain_peak_rss_mib"] for r in runs]
     fig["raw_upload_seconds"] = min(raw_seconds)
     fig["raw_upload_mb_per_s"] = len(data) / min(raw_seconds) / MB
     fig["raw_upload_mb_per_s_runs"] = [len(data) / s / MB for s in raw_seconds]
-    fig["ship_ratio"] = fig["ship_mb_per_s"] / fig["raw_upload_mb_per_s"]
-    fig["wire_ratio"] = fig["wire_mb_per_s"] / fig["raw_upload_mb_per_s"]
+    # The spec: ship_ratio = wire MB/s / raw upload MB/s (the same bytes).
+    fig["ship_ratio"] = fig["wire_mb_per_s"] / fig["raw_upload_mb_per_s"]
+    fig["journal_ratio"] = fig["ship_mb_per_s"] / fig["raw_upload_mb_per_s"]
     return fig
 
 
@@ -482,24 +520,27 @@ def report(fig: dict[str, Any], plan: Plan) -> tuple[list[Row | str], dict[str, 
         f"drain: {drain_mib:.0f} MiB of journaled telemetry JSON"
         + (" (quick)" if plan.quick else ""),
         Row(
-            "journal data shipped",
-            fig["ship_mb_per_s"],
+            "ship_ratio: wire bytes shipped",
+            fig["wire_mb_per_s"],
             "MB/s",
-            "boto3 upload_fileobj, wire bytes",
+            "boto3 upload_fileobj, same bytes",
             fig["raw_upload_mb_per_s"],
             f">= {TARGET_SHIP_RATIO}x",
             targets["ship_ratio"],
         ),
         Row(
-            "bytes put on the wire",
-            fig["wire_mb_per_s"],
+            "journal data drained",
+            fig["ship_mb_per_s"],
             "MB/s",
             "boto3 upload_fileobj, wire bytes",
             fig["raw_upload_mb_per_s"],
         ),
+        Row("log objects of the drain", fig["drain_objects"], ""),
+        Row("wire bytes per object", fig["wire_bytes_per_object"] / MB, "MB"),
         Row(
             "time in PUTs (of the drain)", fig["upload_seconds"], "s", "drain", fig["drain_seconds"]
         ),
+        Row("peak memory of the drain (RSS)", fig["drain_peak_rss_mib"], "MiB"),
         "compression",
         Row(
             "zstd ratio (raw / stored blocks)",

@@ -3,9 +3,10 @@
 Protocol and failure cases: ``docs/protocol.md``. In short, per flush:
 
 1. take the durable journal entries after the shipped watermark (up to
-   ``max_object_bytes``), keep the DATA ones (mirror entries belong to other
-   regions' logs), and build ONE object: a header with the index, then a
-   zstd block per (topic, partition) made of the journal's batches as they are;
+   ``max_object_bytes``; up to ``backlog_object_bytes`` for a backlog), keep
+   the DATA ones (mirror entries belong to other regions' logs), and build
+   ONE object: a header with the index, then a zstd block per (topic,
+   partition) made of the journal's batches as they are;
 2. create it as ``log/<next seq>`` with a create-only PUT: that PUT is the commit;
 3. move the journal's safe LSN past it, so segments can be deleted, and wake
    ``ack=shipped`` waiters;
@@ -16,24 +17,33 @@ A flush happens when the oldest unshipped entry has waited ``flush_interval``
 or ``max_object_bytes`` are pending; an idle gateway makes no requests. While
 the bucket is away, the shipper retries the same object with exponential
 backoff and jitter and the journal keeps accepting; afterwards the backlog
-ships as full-size objects, in LSN order.
+ships as large objects, in LSN order.
 
 Objects shipped back to back (a backlog, ``ship_pending``) are pipelined: the
 next object is read and compressed (in a worker thread) while the previous
 one uploads. Creates stay strictly sequential -- object ``n + 1`` is created
 only once ``n`` is committed, so the log never has a hole -- and an object
 built ahead of a failed commit (``Fenced``) is dropped.
+
+Objects of a backlog are larger: the first object of a flush holds at most
+``max_object_bytes`` (so live traffic ships exactly as before), and the ones
+shipped back to back behind it -- only when at least ``max_object_bytes``
+more are pending -- grow to ``backlog_object_bytes``. Every PUT has a fixed
+cost (a round trip, the store's per-request work, a manifest entry), so a
+drain of many small objects is bound by request overhead rather than bytes;
+fewer, larger objects ship the same journal in fewer requests.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
@@ -63,6 +73,13 @@ from edge_gateway.regionlog import (
 log = logging.getLogger("edgegw.shipper")
 
 MiB = 1024 * 1024
+#: Upper bound of ``backlog_object_bytes``: an object is built in memory.
+MAX_BACKLOG_OBJECT_BYTES = 1024 * MiB
+#: Objects of a drain compressed at once, each in a worker thread (zstd
+#: releases the GIL). Compression is most of a drain's CPU time, so a second
+#: core nearly doubles its speed; more would hold more objects in memory for
+#: little gain on the small machines an edge site runs on.
+_BUILD_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +95,26 @@ class _Prepared:
     journal_bytes: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """The entries of the object for ``seq``: journal LSNs ``first_lsn..last_lsn``."""
+
+    seq: int
+    first_lsn: int
+    last_lsn: int
+    #: The DATA entries of the range (empty: mirror entries only, nothing to ship).
+    data: list[Entry]
+
+
+@dataclass(slots=True)
+class _Building:
+    """An object of a drain being built ahead of its commit."""
+
+    read: _Read
+    prepared: _Prepared | None = None
+    done: trio.Event = field(default_factory=trio.Event)
+
+
 class Diverged(Fenced):
     """Another writer continued this region's log while this journal holds unshipped data."""
 
@@ -85,7 +122,17 @@ class Diverged(Fenced):
 @dataclass(frozen=True, slots=True)
 class ShipperConfig:
     flush_interval_ms: int = 250
+    #: Journal bytes per object of a flush; a flush goes early once this
+    #: much is pending.
     max_object_bytes: int = 8 * MiB
+    #: Journal bytes per object when draining a backlog: objects shipped back
+    #: to back behind a full one grow up to this (fewer creates, each a round
+    #: trip). A drain holds the entries of up to two objects being built at
+    #: once, plus compressed objects waiting: bench/ship.py measured a peak of
+    #: 35-110 MiB above the resident memory at 16 MiB (110-180 at 32 MiB,
+    #: 250-270 at 64 MiB; 10-35 with 8 MiB objects). A value at or below
+    #: ``max_object_bytes`` keeps every object at ``max_object_bytes``.
+    backlog_object_bytes: int = 16 * MiB
     manifest_interval_ms: int = 10_000
     manifest_every: int = 100
     #: zstd level of the blocks. 1 is both faster and smaller than 3 on
@@ -103,6 +150,8 @@ class ShipperConfig:
             raise ConfigError("shipper.flush_interval_ms must be > 0")
         if self.max_object_bytes < 64 * 1024:
             raise ConfigError("shipper.max_object_bytes must be at least 64 KiB")
+        if not 0 < self.backlog_object_bytes <= MAX_BACKLOG_OBJECT_BYTES:
+            raise ConfigError("shipper.backlog_object_bytes must be within 1 B..1 GiB")
         if not 1 <= self.compression_level <= 22:
             raise ConfigError("shipper.compression_level must be 1..22")
         if self.manifest_every < 1 or self.manifest_interval_ms <= 0:
@@ -328,10 +377,10 @@ class Shipper:
         """Ship up to ``max_object_bytes`` of durable entries as one object. False if none."""
         if not self._claimed:
             raise InvalidInput("claim() first")
-        prepared = await self._prepare(self._ship_from, self._next_seq)
-        if prepared is None:
+        read = await self._read(self._ship_from, self._next_seq, self.config.max_object_bytes)
+        if read is None:
             return False
-        await self._publish(prepared)
+        await self._publish(await self._build(read))
         return True
 
     async def _ship_many(
@@ -341,84 +390,149 @@ class Shipper:
         next_due: Callable[[list[Entry]], bool] | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
-        """Ship objects back to back, building each next one while the previous uploads.
+        """Ship objects back to back, building the next ones while the previous uploads.
 
         Commits stay strictly in order: object ``n + 1`` is created only after
-        object ``n`` is committed; if that fails (``Fenced``, ...), the object
-        built ahead is dropped. The first object is always shipped; the next
+        object ``n`` is committed; if that fails (``Fenced``, ...), every
+        object built ahead is dropped. Entries are read in LSN order on this
+        thread; up to :data:`_BUILD_THREADS` objects are compressed at once in
+        worker threads, and at most one more than that is held in memory. The
+        first object is always shipped (up to ``max_object_bytes``); the next
         ones while their first LSN is at most ``until_lsn`` and ``next_due``
-        accepts their entries. Returns the number of objects shipped.
+        accepts their entries, each up to ``backlog_object_bytes``. Returns the
+        number of objects shipped.
         """
         if not self._claimed:
             raise InvalidInput("claim() first")
-        current = await self._prepare(self._ship_from, self._next_seq)
-        shipped = 0
-        while current is not None:
-            ahead: list[_Prepared | None] = []
-            more = until_lsn is None or current.last_lsn < until_lsn
+        cfg = self.config
+        first = await self._read(self._ship_from, self._next_seq, cfg.max_object_bytes)
+        if first is None:
+            return 0
+        # Memory of a drain: at most _BUILD_THREADS objects are being read or
+        # built (their entries in memory), and at most one more is read and
+        # not yet committed (built objects waiting to upload hold only their
+        # compressed bytes).
+        building = trio.Semaphore(_BUILD_THREADS)
+        in_memory = trio.Semaphore(_BUILD_THREADS + 1)
+        building.acquire_nowait()  # for ``first``
+        in_memory.acquire_nowait()
+        send, receive = trio.open_memory_channel[_Building](math.inf)
+        backlog_limit = max(cfg.max_object_bytes, cfg.backlog_object_bytes)
+
+        async def build(slot: _Building) -> None:
             try:
-                async with trio.open_nursery() as nursery:
-                    if more:
-                        nursery.start_soon(self._prepare_into, ahead, current, next_due)
-                    await self._publish(current)
-            except BaseExceptionGroup as group:
-                # Surface the commit's own error (Fenced, ...), not a group of one.
-                if len(group.exceptions) == 1:
-                    raise group.exceptions[0] from None
-                raise
-            shipped += 1
-            if progress is not None:
-                progress(self._shipped_lsn, until_lsn or self._shipped_lsn)
-            current = ahead[0] if ahead else None
+                slot.prepared = await self._build(slot.read)
+            finally:
+                building.release()
+            slot.done.set()
+
+        async def read_ahead(nursery: trio.Nursery) -> None:
+            async with send:
+                read: _Read | None = first
+                while read is not None:
+                    slot = _Building(read)
+                    nursery.start_soon(build, slot)
+                    send.send_nowait(slot)
+                    if until_lsn is not None and read.last_lsn >= until_lsn:
+                        return
+                    await in_memory.acquire()
+                    await building.acquire()
+                    seq = read.seq + (1 if read.data else 0)
+                    read = await self._read(read.last_lsn + 1, seq, backlog_limit, due=next_due)
+                    if read is None:
+                        building.release()
+                        in_memory.release()
+
+        shipped = 0
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read_ahead, nursery)
+                async for slot in receive:
+                    await slot.done.wait()
+                    assert slot.prepared is not None
+                    await self._publish(slot.prepared)
+                    slot.prepared = None
+                    in_memory.release()
+                    shipped += 1
+                    if progress is not None:
+                        progress(self._shipped_lsn, until_lsn or self._shipped_lsn)
+        except BaseExceptionGroup as group:
+            # Surface the commit's own error (Fenced, ...), not a group of one.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         return shipped
 
-    async def _prepare_into(
+    async def _read(
         self,
-        out: list[_Prepared | None],
-        previous: _Prepared,
-        due: Callable[[list[Entry]], bool] | None,
-    ) -> None:
-        seq = previous.seq + (1 if previous.obj is not None else 0)
-        out.append(await self._prepare(previous.last_lsn + 1, seq, due=due))
+        first_lsn: int,
+        seq: int,
+        limit: int,
+        *,
+        due: Callable[[list[Entry]], bool] | None = None,
+    ) -> _Read | None:
+        """The durable entries of the object for ``seq`` from ``first_lsn``; None: nothing
+        (due) to ship.
 
-    async def _prepare(
-        self, first_lsn: int, seq: int, *, due: Callable[[list[Entry]], bool] | None = None
-    ) -> _Prepared | None:
-        """Read up to ``max_object_bytes`` of durable entries from ``first_lsn`` and build
-        the object for ``seq`` (compression in a worker thread). None: nothing (due) to ship.
+        The object holds up to ``max_object_bytes`` of entries; when that much
+        is there and more is pending, it grows up to ``limit`` (a backlog).
         """
         j = self.journal
         if j.durable_lsn < j.next_lsn - 1:
             await j.wait_durable(j.next_lsn - 1)
-        entries = j.read_entries(first_lsn, max_bytes=self.config.max_object_bytes)
+        entries = await self._read_entries(first_lsn, limit)
         if not entries or (due is not None and not due(entries)):
             return None
-        last_lsn = entries[-1].lsn
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
-        if not data:
-            return _Prepared(seq, first_lsn, last_lsn, None, 0, 0)
+        return _Read(seq, first_lsn, entries[-1].lsn, data)
+
+    async def _read_entries(self, first_lsn: int, limit: int) -> list[Entry]:
+        """Up to ``limit`` bytes of durable entries from ``first_lsn``, in LSN order.
+
+        Beyond ``max_object_bytes`` the entries are read one ``max_object_bytes``
+        step at a time, letting other tasks run in between: reading and
+        checking a large object's entries takes tens of milliseconds that
+        must not stall the event loop (local produce and consume share it).
+        """
+        step = self.config.max_object_bytes
+        entries = self.journal.read_entries(first_lsn, max_bytes=min(step, limit))
+        size = sum(e.length for e in entries)
+        # A short read means nothing more is durable yet: no backlog.
+        while entries and step <= size < limit:
+            await trio.lowlevel.checkpoint()
+            more = self.journal.read_entries(entries[-1].lsn + 1, max_bytes=min(step, limit - size))
+            if not more:
+                break
+            entries.extend(more)
+            size += sum(e.length for e in more)
+        return entries
+
+    async def _build(self, read: _Read) -> _Prepared:
+        """Build the object of ``read`` (compression in a worker thread)."""
+        if not read.data:
+            return _Prepared(read.seq, read.first_lsn, read.last_lsn, None, 0, 0)
         builder = LogObjectBuilder()
-        for e in data:
+        for e in read.data:
             builder.add_batch(e.topic, e.partition, e.payload)
         epoch, created, level = self._epoch, self._clock(), self.config.compression_level
         obj = await trio.to_thread.run_sync(
             lambda: builder.build(
                 region=self.region,
                 epoch=epoch,
-                seq=seq,
-                first_lsn=first_lsn,
-                last_lsn=last_lsn,
+                seq=read.seq,
+                first_lsn=read.first_lsn,
+                last_lsn=read.last_lsn,
                 created_ms=created,
                 level=level,
             )
         )
         return _Prepared(
-            seq,
-            first_lsn,
-            last_lsn,
+            read.seq,
+            read.first_lsn,
+            read.last_lsn,
             obj,
-            sum(e.count for e in data),
-            sum(e.length for e in data),
+            sum(e.count for e in read.data),
+            sum(e.length for e in read.data),
         )
 
     async def _publish(self, p: _Prepared) -> None:
@@ -609,8 +723,9 @@ class Shipper:
             full_at = self._appended_bytes_at_ship + self.config.max_object_bytes
             with trio.move_on_at(deadline):
                 await self.journal.wait_appended_bytes(full_at)
-            # A backlog (after an outage, or a burst) ships as full objects
-            # back to back, each built while the previous one uploads.
+            # A backlog (after an outage, or a burst) ships back to back: a
+            # full object, then objects of up to backlog_object_bytes, each
+            # built while the previous one uploads.
             await self._ship_many(next_due=self._is_full)
             self._appended_bytes_at_ship = self.journal.appended_bytes
             if not self.pending():

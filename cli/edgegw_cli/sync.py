@@ -47,7 +47,11 @@ def sync(
     s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL (MinIO, R2, ...)."),
     s3_prefix: str = typer.Option("", help="Key prefix inside the bucket."),
     s3_path_style: bool = typer.Option(False, help="Path-style S3 addressing."),
-    flush_bytes: int = typer.Option(8 * 1024 * 1024, help="Largest object to build."),
+    flush_bytes: int | None = typer.Option(
+        None,
+        help="Largest object to build (default: the shipper's max_object_bytes, "
+        "and backlog_object_bytes behind a full object).",
+    ),
     ship_only: bool = typer.Option(False, help="Ship, but do not pull the mirrored sources."),
 ) -> None:
     """Ship everything pending, pull every subscribed source up to its head, then exit.
@@ -91,7 +95,9 @@ def sync(
                 bucket,
                 cfg.region,
                 prefix=prefix,
-                config=ShipperConfig(max_object_bytes=flush_bytes),
+                config=ShipperConfig()
+                if flush_bytes is None
+                else ShipperConfig(max_object_bytes=flush_bytes, backlog_object_bytes=flush_bytes),
             )
             await _ship(shipper)
             if config is not None and not ship_only:

@@ -44,6 +44,8 @@ OBJECT_BYTES = 64 * 1024  # small objects, so a backlog makes many of them
 CFG = ShipperConfig(
     flush_interval_ms=50,
     max_object_bytes=OBJECT_BYTES,
+    # Backlog objects stay small too, so a backlog still makes several.
+    backlog_object_bytes=2 * OBJECT_BYTES,
     manifest_every=5,
     retry_base_s=0.05,
     retry_cap_s=0.5,
