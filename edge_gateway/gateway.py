@@ -43,7 +43,7 @@ from edge_gateway.errors import (
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import Journal, open_journal
-from edge_gateway.mirror import Tailer, TailerConfig
+from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage
 from edge_gateway.names import validate_topic
 from edge_gateway.shipper import Shipper
@@ -364,7 +364,7 @@ class Gateway:
                         await workers.start(self._shipper.run)
                         self._tailers = self.make_tailers(journal, self._bucket)
                         for tailer in self._tailers.values():
-                            await workers.start(tailer.run)
+                            await workers.start(self._run_tailer, tailer)
                         if cfg.gc.enabled:
                             workers.start_soon(self._gc_loop)
                         for name, fn in self._services:
@@ -401,6 +401,16 @@ class Gateway:
             self._task_errors[name] = f"{type(exc).__name__}: {exc}"
             log.exception("%s failed", name)
             raise
+
+    async def _run_tailer(
+        self, tailer: Tailer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            await tailer.run(task_status=task_status)
+        except SourceGap:
+            # Only this source stops (gap policy "fail"): its status says
+            # "stopped" with the error, and everything else goes on.
+            return
 
     async def _gc_loop(self) -> None:
         """Delete this region's log objects that retention and every subscriber allow."""
@@ -663,13 +673,27 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "entries": s.entries,
         "records": s.records,
         "accepted_epoch": s.accepted_epoch,
-        "gaps": [str(g) for g in s.gaps],
+        "gaps": [_gap_json(g) for g in s.gaps],
         "quarantined": [
             {"key": q.key, "seq": q.seq, "reason": q.reason, "attempts": q.attempts}
             for q in s.quarantined
         ],
         "last_error": s.last_error,
         "stopped_by": s.stopped_by,
+    }
+
+
+def _gap_json(g: Gap) -> dict[str, Any]:
+    return {
+        "kind": str(g.kind),
+        "source": g.source,
+        "first_seq": g.first_seq,
+        "last_seq": g.last_seq,
+        "topic": g.topic,
+        "partition": g.partition,
+        "first_offset": g.first_offset,
+        "end_offset": g.end_offset,
+        "description": g.describe(),
     }
 
 

@@ -94,7 +94,7 @@ def render(doc: dict[str, Any]) -> None:
                 col, justify="left" if col in ("source", "state", "problems") else "right"
             )
         for src, m in sorted(mirrors.items()):
-            problems = [f"gap {g}" for g in m["gaps"]]
+            problems = [f"gap: {g['description']}" for g in m["gaps"]]
             problems += [f"quarantined {q['key']}: {q['reason']}" for q in m["quarantined"]]
             if m.get("stopped_by"):
                 problems.append(f"stopped: {m['stopped_by']}")

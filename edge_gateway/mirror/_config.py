@@ -19,6 +19,10 @@ class TailerConfig:
     poll_interval_s: float = 0.1
     #: ... and backs off (doubling) while nothing new comes, up to this bound.
     max_poll_interval_s: float = 5.0
+    #: Polls after new data that stay at ``poll_interval_s`` before backing
+    #: off: about a source's flush interval (250-800 ms) at the default, so a
+    #: source that ships steadily is never polled at a backed-off rate.
+    poll_hold: int = 8
     #: ``fail``: stop this source when data it needs is gone; ``skip``: continue
     #: after the gap, recording its exact range.
     gap_policy: GapPolicy = GapPolicy.FAIL
@@ -74,6 +78,8 @@ class TailerConfig:
             raise ConfigError("mirror.max_poll_interval_s must be >= mirror.poll_interval_s")
         if self.catch_up_check_interval_s < 0 or self.cursor_interval_s < 0:
             raise ConfigError("mirror intervals must be >= 0")
+        if self.poll_hold < 0:
+            raise ConfigError("mirror.poll_hold must be >= 0")
         for name in ("catch_up_threshold", "prefetch_objects", "progress_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"mirror.{name} must be >= 1")

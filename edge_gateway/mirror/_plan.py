@@ -478,16 +478,28 @@ class SourceState:
 
 
 class PollSchedule:
-    """Idle polling: start at ``base_s``, multiply by ``factor`` while idle, cap at ``max_s``."""
+    """Idle polling: ``base_s`` while data flows, then back off by ``factor`` up to ``max_s``.
 
-    def __init__(self, base_s: float, max_s: float, factor: float = 2.0) -> None:
+    The first ``hold`` polls after new data stay at ``base_s``: a source that
+    ships an object every few hundred milliseconds leaves empty polls between
+    its objects, and backing off on those would add up to one doubled
+    interval to the latency of every object. Only a source that stays quiet
+    longer than that is idle, and polled less and less often.
+    """
+
+    def __init__(self, base_s: float, max_s: float, factor: float = 2.0, hold: int = 0) -> None:
         self.base_s = base_s
         self.max_s = max_s
         self.factor = factor
+        self.hold = hold
         self.current_s = base_s
+        self._since_data = 0
 
     def idle(self) -> float:
         """The wait before the next poll after one that found nothing; backs off."""
+        self._since_data += 1
+        if self._since_data <= self.hold:
+            return self.base_s
         delay = self.current_s
         self.current_s = min(self.max_s, self.current_s * self.factor)
         return delay
@@ -495,6 +507,7 @@ class PollSchedule:
     def reset(self) -> None:
         """New data arrived: poll at the base interval again."""
         self.current_s = self.base_s
+        self._since_data = 0
 
 
 def retry_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:

@@ -232,7 +232,9 @@ class Tailer:
             self.source, self._subscribed, journal.source_progress().get(self.source)
         )
         self._started = False
-        self._poll = PollSchedule(self.config.poll_interval_s, self.config.max_poll_interval_s)
+        self._poll = PollSchedule(
+            self.config.poll_interval_s, self.config.max_poll_interval_s, hold=self.config.poll_hold
+        )
         self._wake = trio.Event()
         self._known_head = 0
         self._last_gap_check: float | None = None

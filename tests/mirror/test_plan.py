@@ -246,6 +246,13 @@ def test_poll_schedule_backs_off_and_snaps_back() -> None:
     assert p.idle() == 0.1
 
 
+def test_poll_schedule_holds_the_base_interval_after_data() -> None:
+    p = PollSchedule(0.1, 1.0, hold=3)
+    assert [p.idle() for _ in range(6)] == [0.1, 0.1, 0.1, 0.1, 0.2, 0.4]
+    p.reset()
+    assert [p.idle() for _ in range(5)] == [0.1, 0.1, 0.1, 0.1, 0.2]
+
+
 def test_retry_delay_is_bounded_and_never_zero() -> None:
     for attempt in range(100):
         for rand in (0.0, 0.5, 0.999):
