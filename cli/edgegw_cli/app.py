@@ -9,6 +9,8 @@ from edgegw_cli import (
     demo,
     init_cmd,
     inspect_cmd,
+    meta,
+    pipeline,
     produce,
     restore,
     scenario,
@@ -36,6 +38,9 @@ app.add_typer(scenario.app, name="scenario")
 app.add_typer(inspect_cmd.app, name="inspect")
 app.command("sync")(sync.sync)
 app.command("restore")(restore.restore)
+app.add_typer(pipeline.app, name="pipeline")
+app.add_typer(meta.serve_app, name="metadata")
+app.add_typer(meta.app, name="meta")
 
 
 @app.callback()

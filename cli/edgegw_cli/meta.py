@@ -1,0 +1,373 @@
+"""``edgegw metadata serve`` (the reference metadata server) and ``edgegw meta ...`` (its admin).
+
+``edgegw meta`` talks to a metadata server (``--metadata URL --token T``, or
+``EDGEGW_METADATA_URL`` / ``EDGEGW_METADATA_TOKEN``); the gateway-local
+``edgegw topics`` shows what one running gateway holds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+from pathlib import Path
+from typing import Any, NoReturn
+
+import trio
+import typer
+from rich.table import Table
+
+from edgegw_cli._common import console, fail
+
+serve_app = typer.Typer(help="The reference metadata server.", no_args_is_help=True)
+app = typer.Typer(
+    help="Fleet topics and regions on the metadata server (admin).", no_args_is_help=True
+)
+topics_app = typer.Typer(help="Topics of the fleet (routing).", no_args_is_help=True)
+regions_app = typer.Typer(help="Regions and their tokens.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+app.add_typer(regions_app, name="regions")
+
+log = logging.getLogger("edgegw.metadata")
+
+#: Exit codes of ``metadata serve``: 0 clean stop, 1 fatal, 2 bad options or database.
+EXIT_FATAL, EXIT_CONFIG = 1, 2
+
+METADATA_OPTION = typer.Option(
+    ...,
+    "--metadata",
+    envvar="EDGEGW_METADATA_URL",
+    help="The metadata server, e.g. http://127.0.0.1:8471 (or EDGEGW_METADATA_URL).",
+)
+META_TOKEN_OPTION = typer.Option(
+    None,
+    "--token",
+    envvar="EDGEGW_METADATA_TOKEN",
+    help="Admin (or region) bearer token (or EDGEGW_METADATA_TOKEN).",
+)
+
+
+# ------------------------------------------------------------------ serve
+
+
+@serve_app.command("serve")
+def serve(
+    db: Path = typer.Option(Path("meta.sqlite"), "--db", help="SQLite database (created)."),
+    listen: str = typer.Option("127.0.0.1:8471", "--listen", help="host:port (port 0: any)."),
+    admin_token: str | None = typer.Option(
+        None,
+        "--admin-token",
+        envvar="EDGEGW_METADATA_ADMIN_TOKEN",
+        help="Admin bearer token (stored hashed; or EDGEGW_METADATA_ADMIN_TOKEN).",
+    ),
+    tls_cert: Path | None = typer.Option(None, "--tls-cert", help="TLS certificate (PEM)."),
+    tls_key: Path | None = typer.Option(None, "--tls-key", help="TLS private key (PEM)."),
+    addr_file: Path | None = typer.Option(
+        None, "--addr-file", help="Write the bound URL here once listening."
+    ),
+    max_body_bytes: int = typer.Option(64 << 10, "--max-body-bytes", help="Largest body (413)."),
+) -> None:
+    """Serve topic routing, heartbeats and the head relay until SIGTERM.
+
+    Example: edgegw metadata serve --db meta.sqlite --listen 127.0.0.1:8471
+    """
+    from edge_gateway.errors import ConfigError, EdgeGatewayError
+    from edge_gateway.metadata.server import MetadataServerConfig
+
+    try:
+        config = MetadataServerConfig(
+            db=db,
+            listen=listen,
+            admin_token=admin_token or None,
+            certfile=tls_cert,
+            keyfile=tls_key,
+            addr_file=addr_file,
+            max_body_bytes=max_body_bytes,
+        )
+    except ConfigError as exc:
+        raise fail(str(exc), EXIT_CONFIG) from None
+    try:
+        trio.run(_serve, config)
+    except* ConfigError as group:
+        raise fail(str(_leaf(group)), EXIT_CONFIG) from None
+    except* (EdgeGatewayError, OSError) as group:
+        raise fail(f"{type(_leaf(group)).__name__}: {_leaf(group)}", EXIT_FATAL) from None
+
+
+async def _serve(config: Any) -> None:
+    from edge_gateway.metadata.server import serve_metadata
+
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            url = await nursery.start(serve_metadata, config)
+            console.print(f"metadata server listening on {url}", highlight=False)
+            async for signum in signals:
+                log.info("%s: stopping", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
+
+
+# ----------------------------------------------------------------- client
+
+
+class _Admin:
+    """A small synchronous client of the metadata API for the CLI."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=10.0)
+
+    def __enter__(self) -> _Admin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.http.close()
+
+    def call(self, method: str, path: str, body: object | None = None) -> Any:
+        import httpx
+
+        try:
+            r = self.http.request(method, path, json=body)
+        except httpx.HTTPError as exc:
+            _die(f"metadata server {self.url} is unreachable: {exc}")
+        if r.status_code >= 400:
+            try:
+                err = r.json()["error"]
+                _die(f"{err['message']} ({r.status_code} {err['code']})")
+            except (ValueError, KeyError, TypeError):
+                _die(f"metadata server answered {r.status_code}: {r.text[:200]}")
+        return r.json() if r.content else None
+
+
+def _die(message: str) -> NoReturn:
+    raise fail(message)
+
+
+def _subs(value: object) -> str:
+    if value == "*":
+        return "* (all)"
+    assert isinstance(value, list)
+    return ", ".join(value) or "-"
+
+
+def _parse_subscribers(text: str | None) -> list[str] | str | None:
+    if text is None:
+        return None
+    text = text.strip()
+    if text == "*":
+        return "*"
+    return [s.strip() for s in text.split(",") if s.strip()]
+
+
+def _topic_table(topics: list[dict[str, Any]], title: str) -> Table:
+    table = Table(title=title)
+    for col in ("topic", "home", "partitions", "retention_ms", "subscribers"):
+        table.add_column(col, justify="right" if col in ("partitions", "retention_ms") else "left")
+    for t in topics:
+        retention = t["retention_ms"]
+        table.add_row(
+            t["name"],
+            t["home"],
+            str(t["partitions"]),
+            "-" if retention is None else f"{retention:,}",
+            _subs(t["subscribers"]),
+        )
+    return table
+
+
+# ----------------------------------------------------------------- topics
+
+
+@topics_app.command("list")
+def topics_list(
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+) -> None:
+    """Every topic of the fleet, with its home and subscribers.
+
+    Example: edgegw meta topics list --metadata http://127.0.0.1:8471
+    """
+    with _Admin(metadata, token) as m:
+        doc = m.call("GET", "/v1/routing")
+    if as_json:
+        console.print_json(json.dumps(doc["topics"]))
+        return
+    console.print(_topic_table(doc["topics"], f"topics (routing version {doc['version']})"))
+
+
+@topics_app.command("describe")
+def topics_describe(
+    topic: str = typer.Argument(..., help="Topic name."),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """One topic's routing.
+
+    Example: edgegw meta topics describe telemetry
+    """
+    with _Admin(metadata, token) as m:
+        t = m.call("GET", f"/v1/topics/{_quote(topic)}")
+    console.print(_topic_table([t], t["name"]))
+
+
+@topics_app.command("create")
+def topics_create(
+    topic: str = typer.Argument(..., help="Topic name."),
+    home: str = typer.Option(..., "--home", help="The region that accepts writes."),
+    partitions: int = typer.Option(1, "--partitions", "-p", help="Partition count."),
+    subscribers: str | None = typer.Option(
+        None, "--subscribers", "-s", help="Comma-separated regions that mirror it, or '*'."
+    ),
+    retention_ms: int | None = typer.Option(None, "--retention-ms", help="Retention (ms)."),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Create a topic homed in one region.
+
+    Example: edgegw meta topics create telemetry --home north -p 4 -s south,east
+    """
+    body: dict[str, Any] = {"name": topic, "home": home, "partitions": partitions}
+    subs = _parse_subscribers(subscribers)
+    if subs is not None:
+        body["subscribers"] = subs
+    if retention_ms is not None:
+        body["retention_ms"] = retention_ms
+    with _Admin(metadata, token) as m:
+        t = m.call("POST", "/v1/topics", body)
+    console.print(_topic_table([t], f"created {t['name']}"))
+
+
+@topics_app.command("alter")
+def topics_alter(
+    topic: str = typer.Argument(..., help="Topic name."),
+    partitions: int | None = typer.Option(None, "--partitions", "-p", help="More partitions."),
+    subscribers: str | None = typer.Option(
+        None, "--subscribers", "-s", help="Comma-separated regions, '*', or '' for none."
+    ),
+    retention_ms: int | None = typer.Option(None, "--retention-ms", help="Retention (ms)."),
+    no_retention: bool = typer.Option(
+        False, "--no-retention", help="Use each gateway's own retention."
+    ),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Change partitions (grow only), subscribers or retention.
+
+    Example: edgegw meta topics alter telemetry -p 8 -s '*'
+    """
+    body: dict[str, Any] = {}
+    if partitions is not None:
+        body["partitions"] = partitions
+    subs = _parse_subscribers(subscribers)
+    if subs is not None:
+        body["subscribers"] = subs
+    if retention_ms is not None and no_retention:
+        _die("give --retention-ms or --no-retention, not both")
+    if retention_ms is not None:
+        body["retention_ms"] = retention_ms
+    if no_retention:
+        body["retention_ms"] = None
+    if not body:
+        _die("nothing to change: give --partitions, --subscribers or --retention-ms")
+    with _Admin(metadata, token) as m:
+        t = m.call("PATCH", f"/v1/topics/{_quote(topic)}", body)
+    console.print(_topic_table([t], f"altered {t['name']}"))
+
+
+@topics_app.command("delete")
+def topics_delete(
+    topic: str = typer.Argument(..., help="Topic name."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Remove a topic from the routing (gateways stop mirroring it; data stays).
+
+    Example: edgegw meta topics delete telemetry --yes
+    """
+    if not yes and not typer.confirm(f"delete topic {topic!r} from the routing table?"):
+        raise typer.Exit(1)
+    with _Admin(metadata, token) as m:
+        m.call("DELETE", f"/v1/topics/{_quote(topic)}")
+    console.print(f"deleted topic {topic}", highlight=False)
+
+
+# ---------------------------------------------------------------- regions
+
+
+@regions_app.command("list")
+def regions_list(
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Every region: status, last heartbeat, gateway version, head and lag.
+
+    Example: edgegw meta regions list
+    """
+    import time
+
+    with _Admin(metadata, token) as m:
+        regions = m.call("GET", "/v1/regions")["regions"]
+    table = Table(title="regions")
+    for col in ("region", "status", "last heartbeat", "version", "head seq", "lag"):
+        table.add_column(col)
+    now = time.time() * 1000
+    for r in regions:
+        beat = r["last_heartbeat_ms"]
+        lag = r["lag"] or {}
+        table.add_row(
+            r["id"],
+            r["status"],
+            "never" if beat is None else f"{max(0.0, (now - beat) / 1000):.1f} s ago",
+            r["gateway_version"] or "-",
+            "-" if r.get("head_seq") is None else str(r["head_seq"]),
+            ", ".join(f"{k}={v:g}" for k, v in sorted(lag.items())) or "-",
+        )
+    console.print(table)
+
+
+@regions_app.command("add")
+def regions_add(
+    region: str = typer.Argument(..., help="Region name."),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Register a region and print its token (shown once: store it now).
+
+    Example: edgegw meta regions add north
+    """
+    with _Admin(metadata, token) as m:
+        doc = m.call("POST", "/v1/regions", {"id": region})
+    typer.echo(f"region {doc['id']} added; its token (shown once):", err=True)
+    typer.echo(doc["token"])
+
+
+@regions_app.command("revoke")
+def regions_revoke(
+    region: str = typer.Argument(..., help="Region name."),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Revoke a region's token (its topics stay; `regions add` issues a new one).
+
+    Example: edgegw meta regions revoke north
+    """
+    with _Admin(metadata, token) as m:
+        m.call("DELETE", f"/v1/regions/{_quote(region)}")
+    console.print(f"revoked region {region}", highlight=False)
+
+
+def _quote(name: str) -> str:
+    from urllib.parse import quote
+
+    return quote(name, safe="")

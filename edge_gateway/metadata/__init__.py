@@ -1,0 +1,71 @@
+"""Topic routing: the reference metadata server and the gateway's metadata client.
+
+* :mod:`edge_gateway.metadata.routing` — the routing table (sans-IO) and
+  :func:`~edge_gateway.metadata.routing.topology`, which turns it into the
+  gateway's topology (``TopicConfig`` tuples);
+* :mod:`edge_gateway.metadata.client` — :class:`MetadataClient` (httpx,
+  async), :class:`HeadReporter` and :class:`RoutingCache`;
+* :mod:`edge_gateway.metadata.server` — the reference server (Starlette on
+  hypercorn/trio over SQLite), ``edgegw metadata serve``.
+
+The API is described in ``docs/metadata-api.md`` and
+``docs/metadata-openapi.json``. The server parts load on first use, so the
+gateway's client does not import Starlette or hypercorn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from edge_gateway.metadata.routing import BucketLocation, RoutingTable, TopicRoute, topology
+
+if TYPE_CHECKING:
+    from edge_gateway.metadata.client import (
+        CachedRouting,
+        HeadReporter,
+        HeadsUpdate,
+        MetadataClient,
+        MetadataRefused,
+        RoutingCache,
+        RoutingFetch,
+    )
+    from edge_gateway.metadata.server import MetadataServerConfig, serve_metadata
+
+__all__ = [
+    "BucketLocation",
+    "CachedRouting",
+    "HeadReporter",
+    "HeadsUpdate",
+    "MetadataClient",
+    "MetadataRefused",
+    "MetadataServerConfig",
+    "RoutingCache",
+    "RoutingFetch",
+    "RoutingTable",
+    "TopicRoute",
+    "serve_metadata",
+    "topology",
+]
+
+_LAZY = {
+    "CachedRouting": "edge_gateway.metadata.client",
+    "HeadReporter": "edge_gateway.metadata.client",
+    "HeadsUpdate": "edge_gateway.metadata.client",
+    "MetadataClient": "edge_gateway.metadata.client",
+    "MetadataRefused": "edge_gateway.metadata.client",
+    "RoutingCache": "edge_gateway.metadata.client",
+    "RoutingFetch": "edge_gateway.metadata.client",
+    "MetadataServerConfig": "edge_gateway.metadata.server",
+    "serve_metadata": "edge_gateway.metadata.server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,482 @@
+"""The metadata server's store: SQLite in WAL mode, versioned schema migrations.
+
+Every call is synchronous and short; the server runs them in one worker
+thread at a time (the store is not shared between threads concurrently).
+Each change runs in one ``BEGIN IMMEDIATE`` transaction, so two concurrent
+creations of the same topic cannot both succeed: the second one sees the row
+and gets :class:`Refused` (409 ``topic_exists``).
+
+The routing version (``meta.routing_version``) is bumped in the same
+transaction as every change to topics, regions or bucket locations, so a
+version always names exactly one routing table. Heartbeats do not bump it.
+
+Tokens are never stored: region tokens are ``egw_<id>_<secret>``, the id
+finds the row and the secret is checked against a salted scrypt hash; the
+admin token's hash lives in ``meta.admin_token``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+import sqlite3
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from edge_gateway.errors import ClosedError, ConfigError, InvalidInput
+from edge_gateway.metadata.routing import (
+    ALL,
+    BucketLocation,
+    RoutingTable,
+    TopicRoute,
+    parse_partitions,
+    parse_retention,
+    parse_subscribers,
+)
+from edge_gateway.names import validate_region, validate_topic
+
+__all__ = ["MIGRATIONS", "MetadataStore", "Refused", "hash_token", "verify_token"]
+
+#: Schema migrations; migration ``i`` brings ``PRAGMA user_version`` from ``i`` to ``i + 1``.
+#: Append only: never edit a migration that has shipped.
+MIGRATIONS: Final[tuple[str, ...]] = (
+    """
+    CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL) WITHOUT ROWID;
+    CREATE TABLE regions (
+        id TEXT PRIMARY KEY,
+        token_id TEXT UNIQUE,
+        token_hash TEXT,
+        created_ms INTEGER NOT NULL,
+        revoked_ms INTEGER,
+        last_heartbeat_ms INTEGER,
+        gateway_version TEXT,
+        lag_json TEXT
+    );
+    CREATE TABLE topics (
+        name TEXT PRIMARY KEY,
+        home TEXT NOT NULL REFERENCES regions(id),
+        partitions INTEGER NOT NULL CHECK (partitions >= 1),
+        retention_ms INTEGER,
+        subscribers TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+    );
+    CREATE TABLE buckets (name TEXT PRIMARY KEY, settings TEXT NOT NULL);
+    INSERT INTO meta (key, value) VALUES ('routing_version', '1');
+    """,
+)
+
+# scrypt cost: ~30 ms and 16 MiB per check. Verified tokens are cached by the
+# server, so this is paid once per token and process, not per request.
+_SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 1 << 14, 8, 1
+REGION_TOKEN_PREFIX: Final = "egw_"  # noqa: S105 - a prefix, not a secret
+
+
+class Refused(InvalidInput):
+    """A request the store refuses; ``status`` and ``code`` are the HTTP answer."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def hash_token(token: str) -> str:
+    """A salted scrypt hash of ``token``: ``scrypt$n$r$p$<salt hex>$<hash hex>``."""
+    salt = secrets.token_bytes(16)
+    digest = hashlib.scrypt(
+        token.encode("utf-8", "surrogateescape"), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P
+    )
+    return f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${salt.hex()}${digest.hex()}"
+
+
+def verify_token(token: str, stored: str) -> bool:
+    """Whether ``token`` matches ``stored`` (from :func:`hash_token`), compared in constant time."""
+    try:
+        scheme, n, r, p, salt, digest = stored.split("$")
+        if scheme != "scrypt":
+            return False
+        expected = bytes.fromhex(digest)
+        got = hashlib.scrypt(
+            token.encode("utf-8", "surrogateescape"),
+            salt=bytes.fromhex(salt),
+            n=int(n),
+            r=int(r),
+            p=int(p),
+            dklen=len(expected),
+        )
+    except ValueError:
+        return False
+    return hmac.compare_digest(got, expected)
+
+
+def split_region_token(token: str) -> str | None:
+    """The token id of a region token (``egw_<id>_<secret>``), or None."""
+    if not token.startswith(REGION_TOKEN_PREFIX):
+        return None
+    token_id, sep, secret = token[len(REGION_TOKEN_PREFIX) :].partition("_")
+    if not sep or not secret or len(token_id) != 16:
+        return None
+    return token_id
+
+
+class MetadataStore:
+    """Regions, topics and bucket locations in one SQLite file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise ConfigError(f"{path}: cannot open the metadata database: {exc}") from None
+        self._db: sqlite3.Connection | None = db
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=5000")
+            self._migrate(db)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise ConfigError(f"{path}: not a usable metadata database: {exc}") from None
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > len(MIGRATIONS):
+            raise ConfigError(
+                f"the metadata database has schema version {version}; this edgegw knows "
+                f"up to {len(MIGRATIONS)} (written by a newer edgegw?)"
+            )
+        for i in range(version, len(MIGRATIONS)):
+            # One transaction per migration: a crash leaves the previous version whole.
+            with _Tx(db):
+                for statement in _statements(MIGRATIONS[i]):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {i + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn().execute("PRAGMA user_version").fetchone()[0])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise ClosedError("the metadata store is closed")
+        return self._db
+
+    # ------------------------------------------------------------ plumbing
+
+    def _write(self) -> _Tx:
+        return _Tx(self._conn())
+
+    @staticmethod
+    def _bump(db: sqlite3.Connection) -> None:
+        db.execute(
+            "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
+            " WHERE key = 'routing_version'"
+        )
+
+    def routing_version(self) -> int:
+        row = (
+            self._conn().execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()
+        )
+        return int(row[0])
+
+    # ---------------------------------------------------------- admin token
+
+    def admin_token_hash(self) -> str | None:
+        row = self._conn().execute("SELECT value FROM meta WHERE key = 'admin_token'").fetchone()
+        return str(row[0]) if row else None
+
+    def set_admin_token_hash(self, hashed: str) -> None:
+        with self._write() as db:
+            db.execute(
+                "INSERT INTO meta (key, value) VALUES ('admin_token', ?)"
+                " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+                (hashed,),
+            )
+
+    # -------------------------------------------------------------- regions
+
+    def region_token(self, token_id: str) -> tuple[str, str] | None:
+        """(region, token hash) of an active region token id, or None."""
+        row = (
+            self._conn()
+            .execute(
+                "SELECT id, token_hash FROM regions WHERE token_id = ? AND revoked_ms IS NULL",
+                (token_id,),
+            )
+            .fetchone()
+        )
+        return (str(row[0]), str(row[1])) if row else None
+
+    def add_region(self, region: str, now_ms: int) -> str:
+        """Register ``region`` (or re-activate a revoked one); returns its new token."""
+        validate_region(region)
+        token_id = secrets.token_hex(8)
+        token = f"{REGION_TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+        hashed = hash_token(token)
+        with self._write() as db:
+            row = db.execute("SELECT revoked_ms FROM regions WHERE id = ?", (region,)).fetchone()
+            if row is not None and row[0] is None:
+                raise Refused(409, "region_exists", f"region {region!r} already exists")
+            if row is None:
+                db.execute(
+                    "INSERT INTO regions (id, token_id, token_hash, created_ms)"
+                    " VALUES (?, ?, ?, ?)",
+                    (region, token_id, hashed, now_ms),
+                )
+            else:
+                db.execute(
+                    "UPDATE regions SET token_id = ?, token_hash = ?, revoked_ms = NULL"
+                    " WHERE id = ?",
+                    (token_id, hashed, region),
+                )
+            self._bump(db)
+        return token
+
+    def revoke_region(self, region: str, now_ms: int) -> None:
+        """Invalidate ``region``'s token; its topics stay (the region can be re-added)."""
+        with self._write() as db:
+            row = db.execute("SELECT revoked_ms FROM regions WHERE id = ?", (region,)).fetchone()
+            if row is None:
+                raise _unknown_region(region)
+            if row[0] is None:
+                db.execute(
+                    "UPDATE regions SET revoked_ms = ?, token_id = NULL, token_hash = NULL"
+                    " WHERE id = ?",
+                    (now_ms, region),
+                )
+                self._bump(db)
+
+    def heartbeat(
+        self, region: str, gateway_version: str, lag: Mapping[str, float], now_ms: int
+    ) -> None:
+        with self._write() as db:
+            cur = db.execute(
+                "UPDATE regions SET last_heartbeat_ms = ?, gateway_version = ?, lag_json = ?"
+                " WHERE id = ? AND revoked_ms IS NULL",
+                (now_ms, gateway_version, json.dumps(dict(lag), sort_keys=True), region),
+            )
+            if cur.rowcount == 0:
+                raise _unknown_region(region)
+
+    def regions(self) -> list[dict[str, Any]]:
+        rows = self._conn().execute(
+            "SELECT id, created_ms, revoked_ms, last_heartbeat_ms, gateway_version, lag_json"
+            " FROM regions ORDER BY id"
+        )
+        return [_region_json(r) for r in rows]
+
+    def region(self, region: str) -> dict[str, Any]:
+        row = (
+            self._conn()
+            .execute(
+                "SELECT id, created_ms, revoked_ms, last_heartbeat_ms, gateway_version, lag_json"
+                " FROM regions WHERE id = ?",
+                (region,),
+            )
+            .fetchone()
+        )
+        if row is None:
+            raise _unknown_region(region)
+        return _region_json(row)
+
+    # --------------------------------------------------------------- topics
+
+    def create_topic(self, topic: TopicRoute, now_ms: int) -> None:
+        with self._write() as db:
+            self._check_regions(db, topic.home, topic.subscribers)
+            if db.execute("SELECT 1 FROM topics WHERE name = ?", (topic.name,)).fetchone():
+                raise Refused(409, "topic_exists", f"topic {topic.name!r} already exists")
+            db.execute(
+                "INSERT INTO topics (name, home, partitions, retention_ms, subscribers,"
+                " created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    topic.name,
+                    topic.home,
+                    topic.partitions,
+                    topic.retention_ms,
+                    _subs_text(topic.subscribers),
+                    now_ms,
+                    now_ms,
+                ),
+            )
+            self._bump(db)
+
+    def alter_topic(self, name: str, changes: Mapping[str, Any], now_ms: int) -> TopicRoute:
+        """Apply ``changes`` (partitions, retention_ms, subscribers); returns the new topic."""
+        extra = sorted(set(changes) - {"partitions", "retention_ms", "subscribers"})
+        if extra:
+            hint = " (a topic's home region cannot change)" if "home" in extra else ""
+            raise InvalidInput(f"cannot alter {', '.join(map(repr, extra))}{hint}")
+        with self._write() as db:
+            current = self._topic(db, name)
+            partitions = current.partitions
+            if "partitions" in changes:
+                partitions = parse_partitions(changes["partitions"])
+                if partitions < current.partitions:
+                    raise Refused(
+                        400,
+                        "partitions_shrink",
+                        f"topic {name!r} has {current.partitions} partitions; "
+                        f"partitions can only grow (asked for {partitions})",
+                    )
+            retention = current.retention_ms
+            if "retention_ms" in changes:
+                retention = parse_retention(changes["retention_ms"])
+            subscribers = current.subscribers
+            if "subscribers" in changes:
+                subscribers = parse_subscribers(changes["subscribers"], current.home)
+                self._check_regions(db, current.home, subscribers)
+            new = TopicRoute(name, current.home, partitions, retention, subscribers)
+            if new != current:
+                db.execute(
+                    "UPDATE topics SET partitions = ?, retention_ms = ?, subscribers = ?,"
+                    " updated_ms = ? WHERE name = ?",
+                    (partitions, retention, _subs_text(subscribers), now_ms, name),
+                )
+                self._bump(db)
+            return new
+
+    def delete_topic(self, name: str) -> None:
+        with self._write() as db:
+            if db.execute("DELETE FROM topics WHERE name = ?", (name,)).rowcount == 0:
+                raise _unknown_topic(name)
+            self._bump(db)
+
+    def topic(self, name: str) -> TopicRoute:
+        return self._topic(self._conn(), name)
+
+    def _topic(self, db: sqlite3.Connection, name: str) -> TopicRoute:
+        validate_topic(name)
+        row = db.execute(
+            "SELECT name, home, partitions, retention_ms, subscribers FROM topics WHERE name = ?",
+            (name,),
+        ).fetchone()
+        if row is None:
+            raise _unknown_topic(name)
+        return _topic_of(row)
+
+    def _check_regions(
+        self, db: sqlite3.Connection, home: str, subscribers: tuple[str, ...] | str
+    ) -> None:
+        wanted = [home] + ([] if subscribers == ALL else list(subscribers))
+        for region in wanted:
+            if db.execute("SELECT 1 FROM regions WHERE id = ?", (region,)).fetchone() is None:
+                raise _unknown_region(region)
+
+    # -------------------------------------------------------------- buckets
+
+    def put_bucket(self, name: str, settings: Mapping[str, Any]) -> bool:
+        """Create or replace a bucket location; True when it was created."""
+        text = json.dumps(dict(settings), sort_keys=True)
+        with self._write() as db:
+            row = db.execute("SELECT settings FROM buckets WHERE name = ?", (name,)).fetchone()
+            if row is not None and row[0] == text:
+                return False
+            db.execute(
+                "INSERT INTO buckets (name, settings) VALUES (?, ?)"
+                " ON CONFLICT (name) DO UPDATE SET settings = excluded.settings",
+                (name, text),
+            )
+            self._bump(db)
+            return row is None
+
+    def delete_bucket(self, name: str) -> None:
+        with self._write() as db:
+            if db.execute("DELETE FROM buckets WHERE name = ?", (name,)).rowcount == 0:
+                raise Refused(404, "unknown_bucket", f"no bucket location named {name!r}")
+            self._bump(db)
+
+    def bucket(self, name: str) -> BucketLocation:
+        row = (
+            self._conn()
+            .execute("SELECT name, settings FROM buckets WHERE name = ?", (name,))
+            .fetchone()
+        )
+        if row is None:
+            raise Refused(404, "unknown_bucket", f"no bucket location named {name!r}")
+        return BucketLocation(row[0], json.loads(row[1]))
+
+    # -------------------------------------------------------------- routing
+
+    def routing(self) -> RoutingTable:
+        """The current routing table (one consistent read)."""
+        with self._write() as db:  # a transaction: one snapshot of every table
+            version = int(
+                db.execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()[0]
+            )
+            regions = tuple(
+                r[0]
+                for r in db.execute("SELECT id FROM regions WHERE revoked_ms IS NULL ORDER BY id")
+            )
+            topics = tuple(
+                _topic_of(r)
+                for r in db.execute(
+                    "SELECT name, home, partitions, retention_ms, subscribers"
+                    " FROM topics ORDER BY name"
+                )
+            )
+            buckets = tuple(
+                BucketLocation(r[0], json.loads(r[1]))
+                for r in db.execute("SELECT name, settings FROM buckets ORDER BY name")
+            )
+        return RoutingTable(version, regions, topics, buckets)
+
+
+class _Tx:
+    """``with store._write() as db``: BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.db.execute("BEGIN IMMEDIATE")
+        return self.db
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+def _statements(script: str) -> list[str]:
+    return [s.strip() for s in script.split(";") if s.strip()]
+
+
+def _subs_text(subscribers: tuple[str, ...] | str) -> str:
+    return ALL if subscribers == ALL else json.dumps(list(subscribers))
+
+
+def _topic_of(row: tuple[Any, ...]) -> TopicRoute:
+    name, home, partitions, retention, subs = row
+    subscribers: tuple[str, ...] | str = ALL if subs == ALL else tuple(json.loads(subs))
+    return TopicRoute(name, home, partitions, retention, subscribers)  # type: ignore[arg-type]
+
+
+def _region_json(row: tuple[Any, ...]) -> dict[str, Any]:
+    rid, created, revoked, beat, version, lag = row
+    return {
+        "id": rid,
+        "status": "revoked" if revoked is not None else "active",
+        "created_ms": created,
+        "revoked_ms": revoked,
+        "last_heartbeat_ms": beat,
+        "gateway_version": version,
+        "lag": json.loads(lag) if lag else None,
+    }
+
+
+def _unknown_region(region: str) -> Refused:
+    return Refused(404, "unknown_region", f"unknown region {region!r} (add it first)")
+
+
+def _unknown_topic(name: str) -> Refused:
+    return Refused(404, "unknown_topic", f"unknown topic {name!r}")

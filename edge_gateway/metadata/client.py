@@ -1,0 +1,419 @@
+"""The gateway's client of the metadata server (httpx, async; runs under trio).
+
+* :class:`MetadataClient` — one method per call: :meth:`~MetadataClient.fetch_routing`
+  (ETag: answers *unchanged* on 304), :meth:`~MetadataClient.heartbeat`,
+  :meth:`~MetadataClient.report_head`, :meth:`~MetadataClient.wait_heads`;
+* :class:`HeadReporter` — fire-and-forget head reports: ``report_nowait(seq)``
+  right after each commit never blocks or fails; a background task sends the
+  latest seq, one request at a time (coalesced), and retries with backoff;
+* :class:`RoutingCache` — the last routing table on disk (written atomically),
+  loaded when the server is unreachable; :func:`refresh_routing` combines both.
+
+Errors (``edge_gateway.errors``): a refused connection, a timeout or a 5xx
+→ :class:`Unavailable` (retry later, run from the cache); a 4xx →
+:class:`MetadataRefused` (an :class:`InvalidInput` carrying the HTTP status
+and the server's error code); a malformed answer → :class:`CorruptData`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+import trio
+
+from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.metadata.routing import RoutingTable
+from edge_gateway.names import validate_region
+
+__all__ = [
+    "CachedRouting",
+    "HeadReporter",
+    "HeadsUpdate",
+    "MetadataClient",
+    "MetadataRefused",
+    "RoutingCache",
+    "RoutingFetch",
+    "RoutingSnapshot",
+    "refresh_routing",
+]
+
+log = logging.getLogger("edgegw.metadata.client")
+
+CACHE_FORMAT = 1
+
+
+class MetadataRefused(InvalidInput):
+    """The metadata server refused a request (4xx); ``status`` and ``code`` say why."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"metadata server: {message} ({status} {code})")
+        self.status = status
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingFetch:
+    """An answer of :meth:`MetadataClient.fetch_routing`."""
+
+    #: False when the server answered 304 (``table`` is the one held before).
+    changed: bool
+    table: RoutingTable
+    etag: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsUpdate:
+    """Heads that moved after ``since`` (empty when the wait ran out)."""
+
+    #: Pass as ``since`` to the next :meth:`MetadataClient.wait_heads`.
+    version: int
+    heads: dict[str, int]
+
+
+class MetadataClient:
+    """Calls of one gateway (or tool) to the metadata server.
+
+    ``region`` is needed for heartbeats and head reports (a region token may
+    only act as its own region). The client remembers the last routing table
+    and its ETag, so :meth:`fetch_routing` is one cheap 304 while nothing
+    changes; :meth:`prime` seeds both from a :class:`RoutingCache`.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        region: str | None = None,
+        timeout_s: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.region = validate_region(region) if region is not None else None
+        self._timeout_s = timeout_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout_s),
+            transport=transport,
+        )
+        self._table: RoutingTable | None = None
+        self._etag: str | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    @property
+    def table(self) -> RoutingTable | None:
+        """The last routing table fetched (or primed)."""
+        return self._table
+
+    def prime(self, table: RoutingTable, etag: str | None) -> None:
+        """Start from a cached table: the next fetch answers *unchanged* if it still holds."""
+        self._table = table
+        self._etag = etag
+
+    # ---------------------------------------------------------------- calls
+
+    async def fetch_routing(self) -> RoutingFetch:
+        """The routing table; sends ``If-None-Match`` when a table is held."""
+        headers = {"If-None-Match": self._etag} if self._etag and self._table else {}
+        r = await self._request("GET", "/v1/routing", headers=headers)
+        if r.status_code == 304 and self._table is not None:
+            return RoutingFetch(False, self._table, self._etag)
+        table = _parse(RoutingTable.from_json, self._json(r), self.url + "/v1/routing")
+        self._table = table
+        self._etag = r.headers.get("etag")
+        return RoutingFetch(True, table, self._etag)
+
+    async def heartbeat(
+        self,
+        *,
+        gateway_version: str,
+        lag: Mapping[str, float] | None = None,
+        head_seq: int | None = None,
+    ) -> int:
+        """Report liveness and lag figures; returns the server's routing version.
+
+        A routing version above :attr:`table`'s says a fetch will find changes.
+        """
+        body: dict[str, Any] = {"gateway_version": gateway_version, "lag": dict(lag or {})}
+        if head_seq is not None:
+            body["head_seq"] = head_seq
+        doc = self._json(await self._request("POST", self._region_path("heartbeat"), json=body))
+        version = doc.get("routing_version")
+        if not isinstance(version, int):
+            raise CorruptData("heartbeat answer without routing_version", where=self.url)
+        return version
+
+    async def report_head(self, seq: int) -> int:
+        """Report this region's latest committed log seq; returns the head the server holds."""
+        r = await self._request("POST", self._region_path("head"), json={"seq": seq})
+        head = self._json(r).get("seq")
+        if not isinstance(head, int):
+            raise CorruptData("head answer without seq", where=self.url)
+        return head
+
+    async def wait_heads(
+        self, since: int, regions: Iterable[str] | None = None, wait_ms: int = 0
+    ) -> HeadsUpdate:
+        """Heads of ``regions`` (default all) that moved after version ``since``.
+
+        The server answers as soon as one moves, or after ``wait_ms`` with no
+        heads. Start with ``since=0`` (every known head), then pass the
+        answer's ``version``.
+        """
+        params: dict[str, str] = {"since": str(since), "wait_ms": str(wait_ms)}
+        if regions is not None:
+            params["regions"] = ",".join(validate_region(r) for r in regions)
+        r = await self._request(
+            "GET",
+            "/v1/heads",
+            params=params,
+            timeout=httpx.Timeout(self._timeout_s + wait_ms / 1000),
+        )
+        doc = self._json(r)
+        version, heads = doc.get("version"), doc.get("heads")
+        if not isinstance(version, int) or not isinstance(heads, dict):
+            raise CorruptData("malformed heads answer", where=self.url + "/v1/heads")
+        if not all(isinstance(k, str) and isinstance(v, int) for k, v in heads.items()):
+            raise CorruptData("malformed heads answer", where=self.url + "/v1/heads")
+        return HeadsUpdate(version, heads)
+
+    # ------------------------------------------------------------- plumbing
+
+    def _region_path(self, what: str) -> str:
+        if self.region is None:
+            raise InvalidInput(f"MetadataClient needs region= to send a {what}")
+        return f"/v1/regions/{quote(self.region, safe='')}/{what}"
+
+    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            r = await self._http.request(method, path, **kwargs)
+        except httpx.TimeoutException as exc:
+            raise Unavailable(f"metadata server {self.url}: timed out ({exc!r})") from None
+        except httpx.TransportError as exc:
+            raise Unavailable(f"metadata server {self.url} is unreachable: {exc}") from None
+        if r.status_code >= 500:
+            raise Unavailable(f"metadata server {self.url} answered {r.status_code}")
+        if r.status_code >= 400:
+            code, message = "error", r.text[:200]
+            try:
+                err = r.json()["error"]
+                code, message = str(err["code"]), str(err["message"])
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise MetadataRefused(r.status_code, code, message)
+        return r
+
+    def _json(self, r: httpx.Response) -> dict[str, Any]:
+        try:
+            doc = r.json()
+        except ValueError:
+            raise CorruptData("answer is not JSON", where=str(r.url)) from None
+        if not isinstance(doc, dict):
+            raise CorruptData("answer is not a JSON object", where=str(r.url))
+        return doc
+
+
+def _parse(fn: Any, doc: object, where: str) -> Any:
+    try:
+        return fn(doc)
+    except InvalidInput as exc:
+        raise CorruptData(str(exc), where=where) from None
+
+
+# ------------------------------------------------------------ head reporter
+
+
+@dataclass(frozen=True, slots=True)
+class HeadReporterStatistics:
+    latest: int | None
+    sent: int | None
+    reports: int
+    failures: int
+
+
+class HeadReporter:
+    """Fire-and-forget, coalesced head reports.
+
+    :meth:`report_nowait` is called right after each commit: it only records
+    the seq (O(1), never raises, never blocks). :meth:`run` (a long-lived
+    task) sends the latest recorded seq, one request at a time, so a burst of
+    commits becomes one report; failures are logged and retried with a
+    backoff capped at ``retry_cap_s``. The relay is a hint: nothing depends
+    on a report arriving.
+    """
+
+    def __init__(self, client: MetadataClient, *, retry_cap_s: float = 5.0) -> None:
+        self.client = client
+        self.retry_cap_s = retry_cap_s
+        self._latest: int | None = None
+        self._sent: int | None = None
+        self._wake = trio.Event()
+        self._reports = 0
+        self._failures = 0
+
+    def report_nowait(self, seq: int) -> None:
+        if self._latest is None or seq > self._latest:
+            self._latest = seq
+            self._wake.set()
+
+    def statistics(self) -> HeadReporterStatistics:
+        return HeadReporterStatistics(self._latest, self._sent, self._reports, self._failures)
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        task_status.started()
+        delay = 0.1
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            seq = self._latest
+            if seq is None or (self._sent is not None and seq <= self._sent):
+                continue
+            try:
+                await self.client.report_head(seq)
+            except (Unavailable, InvalidInput, CorruptData) as exc:
+                self._failures += 1
+                log.debug("head report of seq %d failed: %s", seq, exc)
+                self._wake.set()  # try again (with the latest seq by then)
+                await trio.sleep(delay)
+                delay = min(self.retry_cap_s, delay * 2)
+                continue
+            delay = 0.1
+            self._sent = seq
+            self._reports += 1
+
+
+# --------------------------------------------------------------- the cache
+
+
+@dataclass(frozen=True, slots=True)
+class CachedRouting:
+    table: RoutingTable
+    etag: str | None
+    #: When it was fetched from the server (ms since the epoch).
+    cached_ms: int
+
+
+class RoutingCache:
+    """The last routing table on disk, so a gateway starts and runs while the server is away.
+
+    :meth:`save` writes a temporary file, fsyncs it and renames it over the
+    old one (then fsyncs the directory): a crash leaves the old or the new
+    table, never a torn one. The calls block briefly; call them from a
+    worker thread in async code.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def save(self, table: RoutingTable, etag: str | None, *, now_ms: int | None = None) -> None:
+        doc = {
+            "format": CACHE_FORMAT,
+            "cached_ms": int(time.time() * 1000) if now_ms is None else now_ms,
+            "etag": etag,
+            "table": table.to_json(),
+        }
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(self.path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def load(self) -> CachedRouting | None:
+        """The cached table, or None when there is none; :class:`CorruptData` if unreadable."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        where = str(self.path)
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError):
+            raise CorruptData("routing cache is not JSON", where=where) from None
+        if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+            raise CorruptData("routing cache has an unknown format", where=where)
+        cached_ms, etag = doc.get("cached_ms"), doc.get("etag")
+        if not isinstance(cached_ms, int) or not (etag is None or isinstance(etag, str)):
+            raise CorruptData("routing cache: bad cached_ms or etag", where=where)
+        return CachedRouting(
+            _parse(RoutingTable.from_json, doc.get("table"), where), etag, cached_ms
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSnapshot:
+    """What :func:`refresh_routing` found."""
+
+    table: RoutingTable
+    #: True when the table differs from the one the client held before.
+    changed: bool
+    #: None when it came from the server now; else when the cached table was fetched.
+    cached_ms: int | None
+    #: Why the server was not used (when running from the cache).
+    error: str | None = None
+
+    def describe(self) -> str:
+        """``metadata: version 7`` or ``metadata: cached since 2026-11-23 10:00:00Z (...)``."""
+        if self.cached_ms is None:
+            return f"metadata: version {self.table.version}"
+        when = time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(self.cached_ms / 1000))
+        return f"metadata: cached since {when} (version {self.table.version})"
+
+
+async def refresh_routing(client: MetadataClient, cache: RoutingCache) -> RoutingSnapshot:
+    """Fetch the routing table (saving changes to ``cache``), or fall back to ``cache``.
+
+    On the first call the client is primed from the cache, so an unchanged
+    table costs one 304. Raises :class:`Unavailable` only when the server is
+    unreachable *and* there is no cache; :class:`MetadataRefused` (a bad
+    token, say) is never hidden behind the cache.
+    """
+    if client.table is None:
+        cached = await trio.to_thread.run_sync(cache.load)
+        if cached is not None:
+            client.prime(cached.table, cached.etag)
+    before = client.table
+    try:
+        fetch = await client.fetch_routing()
+    except Unavailable as exc:
+        cached = await trio.to_thread.run_sync(cache.load)
+        if cached is None:
+            raise
+        changed = before is None or cached.table != before
+        return RoutingSnapshot(cached.table, changed, cached.cached_ms, str(exc))
+    if fetch.changed:
+        await trio.to_thread.run_sync(cache.save, fetch.table, fetch.etag)
+    changed = before is None or fetch.table != before
+    return RoutingSnapshot(fetch.table, changed, None)

@@ -1,0 +1,776 @@
+"""The reference metadata server: topic routing, heartbeats and the head relay.
+
+``edgegw metadata serve --db meta.sqlite --listen 127.0.0.1:8471`` runs
+:func:`serve_metadata`: a Starlette app (:class:`MetadataApp`) served by
+hypercorn on trio, over a :class:`~edge_gateway.metadata._db.MetadataStore`
+(SQLite, WAL). Routes, bodies and errors: ``docs/metadata-api.md`` and
+``docs/metadata-openapi.json`` (generated from :mod:`._openapi`).
+
+Who may do what:
+
+* the **admin** token: everything;
+* a **region** token (issued by ``POST /v1/regions``): every read, and
+  heartbeats and head reports *as that region only* (403 otherwise);
+* no token: ``/healthz`` and ``/openapi.json`` only — except in *open mode*
+  (no admin token configured, loopback only), where a request without a
+  token acts as admin. The server refuses to listen on a non-loopback
+  address without an admin token.
+
+The routing table is kept in memory (re-read after each change) and served
+with ``ETag: "<version>"``; ``If-None-Match`` with the current version gets
+304. The head relay is memory only: it is a hint for idle tailers, never
+trusted for correctness, and gateways report again after every commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import ipaddress
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
+
+import trio
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
+from edge_gateway.metadata._db import (
+    MetadataStore,
+    Refused,
+    hash_token,
+    split_region_token,
+    verify_token,
+)
+from edge_gateway.metadata.routing import (
+    TopicRoute,
+    parse_bucket_settings,
+    validate_bucket_name,
+)
+from edge_gateway.names import validate_region, validate_topic
+
+if TYPE_CHECKING:
+    from hypercorn.config import Config as HypercornConfig
+
+__all__ = ["HeadRelay", "MetadataApp", "MetadataServerConfig", "serve_metadata"]
+
+log = logging.getLogger("edgegw.metadata")
+
+DEFAULT_PORT: Final = 8471
+GRACEFUL_TIMEOUT_S: Final = 3.0
+_GATEWAY_VERSION_MAX: Final = 100
+_LAG_FIELDS_MAX: Final = 100
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataServerConfig:
+    """How ``edgegw metadata serve`` runs."""
+
+    db: Path
+    #: ``host:port`` (``[v6]:port``); port 0 picks a free one.
+    listen: str = f"127.0.0.1:{DEFAULT_PORT}"
+    #: Stored hashed in the database; given once, it stays valid across restarts.
+    admin_token: str | None = field(default=None, repr=False)
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    #: Write the bound URL here once listening (atomically).
+    addr_file: Path | None = None
+    max_body_bytes: int = 64 << 10
+    #: Upper bound on ``GET /v1/heads``'s ``wait_ms``.
+    max_wait_ms: int = 60_000
+
+    def __post_init__(self) -> None:
+        host, _, port = self.listen.rpartition(":")
+        if not host or not port.isdigit() or int(port) > 65535:
+            raise ConfigError(f"--listen: {self.listen!r} is not host:port")
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ConfigError("TLS needs both a certificate and a key file")
+        if self.admin_token is not None and len(self.admin_token) < 16:
+            raise ConfigError("the admin token must be at least 16 characters long")
+        if self.max_body_bytes < 1024:
+            raise ConfigError("max_body_bytes must be at least 1 KiB")
+
+    @property
+    def host(self) -> str:
+        return self.listen.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.listen.rpartition(":")[2])
+
+    @property
+    def is_loopback(self) -> bool:
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
+
+
+class ApiError(Exception):
+    """An HTTP refusal with a stable code."""
+
+    def __init__(
+        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+def error_response(
+    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
+
+
+# ------------------------------------------------------------------ heads
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsUpdate:
+    """An answer of :meth:`HeadRelay.wait_heads`: heads that moved after ``since``."""
+
+    version: int
+    heads: dict[str, int]
+
+
+class HeadRelay:
+    """Each region's latest committed log seq, with a version that grows on every move.
+
+    Versions start at the server's start time in microseconds, so after a
+    restart they are above any version a client saw before: a client's
+    ``since`` from the previous run then gets every known head at once.
+    """
+
+    def __init__(self) -> None:
+        self.version = time.time_ns() // 1000
+        #: region -> (seq, version at which it last moved)
+        self._heads: dict[str, tuple[int, int]] = {}
+        self._moved = trio.Event()
+        self._closed = False
+
+    def report(self, region: str, seq: int) -> tuple[int, int]:
+        """Record ``region``'s head; coalesced: a seq not above the known one changes nothing.
+
+        Returns (head seq, relay version).
+        """
+        current = self._heads.get(region)
+        if current is not None and seq <= current[0]:
+            return current[0], self.version
+        self.version += 1
+        self._heads[region] = (seq, self.version)
+        self._moved.set()
+        self._moved = trio.Event()
+        return seq, self.version
+
+    def heads_since(self, since: int, regions: frozenset[str] | None) -> HeadsUpdate:
+        if since > self.version:  # a version from the future: another server run
+            since = 0
+        heads = {
+            r: seq
+            for r, (seq, v) in self._heads.items()
+            if v > since and (regions is None or r in regions)
+        }
+        return HeadsUpdate(self.version, heads)
+
+    async def wait_heads(
+        self, since: int, regions: frozenset[str] | None, timeout_s: float
+    ) -> HeadsUpdate:
+        """Heads of ``regions`` that moved after ``since``; waits up to ``timeout_s`` for one."""
+        with trio.move_on_after(timeout_s):
+            while True:
+                update = self.heads_since(since, regions)
+                if update.heads or self._closed:
+                    return update
+                await self._moved.wait()
+        return self.heads_since(since, regions)
+
+    def close(self) -> None:
+        """End every wait now (the server is stopping)."""
+        self._closed = True
+        self._moved.set()
+
+
+# -------------------------------------------------------------------- app
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who sent a request: the admin, or one region."""
+
+    admin: bool
+    region: str | None = None
+
+    def describe(self) -> str:
+        return "admin" if self.admin else f"region {self.region!r}"
+
+
+_ADMIN: Final = Principal(admin=True)
+_T = TypeVar("_T")
+Handler = Callable[[Request, Principal], Awaitable[Response]]
+
+
+class MetadataApp:
+    """The metadata server's ASGI app over an open :class:`MetadataStore`."""
+
+    def __init__(self, store: MetadataStore, config: MetadataServerConfig) -> None:
+        self.store = store
+        self.config = config
+        self.heads = HeadRelay()
+        self._db_limiter = trio.CapacityLimiter(1)
+        # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
+        self._hash_limiter = trio.CapacityLimiter(2)
+        #: sha256(token) -> principal, for tokens verified since the last credential change.
+        self._verified: dict[bytes, Principal] = {}
+        self._token_generation = 0
+        self._admin_hash = store.admin_token_hash()
+        self._routing = store.routing()
+        self._routing_body = _json_bytes(self._routing.to_json())
+        self.routes: list[Route] = [
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/openapi.json", self.openapi, methods=["GET"]),
+            self._route("/v1/routing", "GET", self.get_routing),
+            self._route("/v1/topics", "GET", self.list_topics),
+            self._route("/v1/topics", "POST", self.create_topic, admin=True),
+            self._route("/v1/topics/{topic}", "GET", self.get_topic),
+            self._route("/v1/topics/{topic}", "PATCH", self.alter_topic, admin=True),
+            self._route("/v1/topics/{topic}", "DELETE", self.delete_topic, admin=True),
+            self._route("/v1/regions", "GET", self.list_regions),
+            self._route("/v1/regions", "POST", self.add_region, admin=True),
+            self._route("/v1/regions/{region}", "GET", self.get_region),
+            self._route("/v1/regions/{region}", "DELETE", self.revoke_region, admin=True),
+            self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
+            self._route("/v1/regions/{region}/head", "POST", self.report_head),
+            self._route("/v1/heads", "GET", self.wait_heads),
+            self._route("/v1/buckets", "GET", self.list_buckets),
+            self._route("/v1/buckets/{bucket}", "GET", self.get_bucket),
+            self._route("/v1/buckets/{bucket}", "PUT", self.put_bucket, admin=True),
+            self._route("/v1/buckets/{bucket}", "DELETE", self.delete_bucket, admin=True),
+        ]
+        self.starlette = Starlette(
+            routes=_merge_methods(self.routes),
+            exception_handlers={
+                ApiError: self._api_error,
+                InvalidInput: self._invalid_input,
+                ClosedError: self._closed,
+                HTTPException: self._http_error,
+                Exception: self._internal,
+            },
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # lifespan: Starlette answers startup/shutdown
+            await self.starlette(scope, receive, send)
+            return
+        # hypercorn drops a connection whose request body was not read to the end
+        # (a 413, or a refusal before the body was read): say so in the response,
+        # so the client does not send its next request on that connection.
+        body_done = scope["method"] in ("GET", "HEAD", "DELETE") and not any(
+            k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"]
+        )
+
+        async def tracked_receive() -> Any:
+            nonlocal body_done
+            message = await receive()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_done = True
+            return message
+
+        async def tracked_send(message: Any) -> None:
+            if message["type"] == "http.response.start" and not body_done:
+                headers = [*message.get("headers", ()), (b"connection", b"close")]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.starlette(scope, tracked_receive, tracked_send)
+
+    @property
+    def open_mode(self) -> bool:
+        """No admin token: requests without a token act as admin (loopback only)."""
+        return self._admin_hash is None
+
+    def begin_shutdown(self) -> None:
+        self.heads.close()
+
+    # ------------------------------------------------------------ plumbing
+
+    def _route(self, path: str, method: str, handler: Handler, *, admin: bool = False) -> Route:
+        async def endpoint(request: Request) -> Response:
+            who = await self._authenticate(request.headers.get("authorization"))
+            if admin and not who.admin:
+                raise ApiError(
+                    403, "forbidden", f"{method} {path} needs the admin token, not {who.describe()}"
+                )
+            return await handler(request, who)
+
+        endpoint.__name__ = handler.__name__
+        return Route(path, endpoint, methods=[method])
+
+    async def _db(self, fn: Callable[..., _T], *args: Any) -> _T:
+        return await trio.to_thread.run_sync(
+            lambda: fn(*args), limiter=self._db_limiter, abandon_on_cancel=False
+        )
+
+    async def _changed(self) -> None:
+        """Re-read the routing table after a change (and forget verified tokens)."""
+        self._routing = await self._db(self.store.routing)
+        self._routing_body = _json_bytes(self._routing.to_json())
+
+    async def _authenticate(self, authorization: str | None) -> Principal:
+        if not authorization:
+            if self.open_mode:
+                return _ADMIN
+            raise _unauthorized("this server needs a bearer token")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token or len(token) > 512:
+            raise _unauthorized("send 'Authorization: Bearer <token>'")
+        key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
+        known = self._verified.get(key)
+        if known is not None:
+            return known
+        generation = self._token_generation
+        who = await self._verify(token)
+        if who is None:
+            raise _unauthorized("unknown or revoked token")
+        # Remember it only if no region was added or revoked meanwhile (else a
+        # token revoked during the check would stay valid in the cache).
+        if generation == self._token_generation:
+            if len(self._verified) > 10_000:
+                self._verified.clear()
+            self._verified[key] = who
+        return who
+
+    async def _verify(self, token: str) -> Principal | None:
+        token_id = split_region_token(token)
+        if token_id is not None:
+            found = await self._db(self.store.region_token, token_id)
+            if found is not None:
+                region, stored = found
+                if await self._check_hash(token, stored):
+                    return Principal(admin=False, region=region)
+            return None
+        admin_hash = self._admin_hash
+        if admin_hash is not None and await self._check_hash(token, admin_hash):
+            return _ADMIN
+        return None
+
+    async def _check_hash(self, token: str, stored: str) -> bool:
+        return await trio.to_thread.run_sync(
+            verify_token, token, stored, limiter=self._hash_limiter
+        )
+
+    def _forget_tokens(self) -> None:
+        self._token_generation += 1
+        self._verified.clear()
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        media = request.headers.get("content-type")
+        if media is not None and media.split(";", 1)[0].strip().lower() != "application/json":
+            raise ApiError(
+                415, "unsupported_media_type", f"Content-Type must be application/json, not {media}"
+            )
+        limit = self.config.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise ApiError(400, "invalid_request", "bad Content-Length")
+            if int(length) > limit:
+                raise _too_large(int(length), limit)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise _too_large(size, limit)
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if not body:
+            raise ApiError(400, "invalid_json", "the request needs a JSON object body")
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise ApiError(400, "invalid_json", f"the body is not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ApiError(400, "invalid_json", "the body must be a JSON object")
+        return doc
+
+    # -------------------------------------------------------------- errors
+
+    async def _api_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ApiError)
+        return error_response(exc.status, exc.code, exc.message, exc.headers)
+
+    async def _invalid_input(self, request: Request, exc: Exception) -> Response:
+        if isinstance(exc, Refused):
+            return error_response(exc.status, exc.code, str(exc))
+        code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
+        return error_response(400, code, str(exc))
+
+    async def _closed(self, request: Request, exc: Exception) -> Response:
+        return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
+
+    async def _http_error(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        if exc.status_code == 404:
+            return error_response(404, "not_found", f"no such route: {request.url.path}")
+        if exc.status_code == 405:
+            return error_response(
+                405,
+                "method_not_allowed",
+                f"{request.method} is not allowed on {request.url.path}",
+                dict(exc.headers or {}),
+            )
+        return error_response(exc.status_code, "invalid_request", str(exc.detail))
+
+    async def _internal(self, request: Request, exc: Exception) -> Response:
+        log.error("internal error serving %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(500, "internal", "internal error (see the server's log)")
+
+    # ------------------------------------------------------------ endpoints
+
+    async def healthz(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok", "routing_version": self._routing.version})
+
+    async def openapi(self, request: Request) -> Response:
+        from edge_gateway.metadata._openapi import openapi_document
+
+        return JSONResponse(openapi_document())
+
+    async def get_routing(self, request: Request, who: Principal) -> Response:
+        etag = f'"{self._routing.version}"'
+        headers = {"ETag": etag, "Cache-Control": "no-cache"}
+        if _etag_matches(request.headers.get("if-none-match"), etag):
+            return Response(status_code=304, headers=headers)
+        return Response(self._routing_body, media_type="application/json", headers=headers)
+
+    async def list_topics(self, request: Request, who: Principal) -> Response:
+        return JSONResponse({"topics": [t.to_json() for t in self._routing.topics]})
+
+    async def get_topic(self, request: Request, who: Principal) -> Response:
+        topic = await self._db(self.store.topic, request.path_params["topic"])
+        return JSONResponse(topic.to_json())
+
+    async def create_topic(self, request: Request, who: Principal) -> Response:
+        doc = await self._json_body(request)
+        doc.setdefault("partitions", 1)
+        doc.setdefault("subscribers", [])
+        doc.setdefault("retention_ms", None)
+        topic = TopicRoute.from_json(doc)
+        await self._db(self.store.create_topic, topic, _now_ms())
+        await self._changed()
+        log.info("topic %s created (home %s) by %s", topic.name, topic.home, who.describe())
+        return JSONResponse(topic.to_json(), 201, headers={"Location": f"/v1/topics/{topic.name}"})
+
+    async def alter_topic(self, request: Request, who: Principal) -> Response:
+        name = validate_topic(request.path_params["topic"])
+        doc = await self._json_body(request)
+        topic = await self._db(self.store.alter_topic, name, doc, _now_ms())
+        await self._changed()
+        return JSONResponse(topic.to_json())
+
+    async def delete_topic(self, request: Request, who: Principal) -> Response:
+        name = validate_topic(request.path_params["topic"])
+        await self._db(self.store.delete_topic, name)
+        await self._changed()
+        log.info("topic %s deleted by %s", name, who.describe())
+        return Response(status_code=204)
+
+    async def list_regions(self, request: Request, who: Principal) -> Response:
+        return JSONResponse({"regions": await self._with_heads(await self._db(self.store.regions))})
+
+    async def get_region(self, request: Request, who: Principal) -> Response:
+        region = validate_region(request.path_params["region"])
+        row = await self._db(self.store.region, region)
+        return JSONResponse((await self._with_heads([row]))[0])
+
+    async def _with_heads(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        heads = self.heads.heads_since(0, None).heads
+        return [{**r, "head_seq": heads.get(r["id"])} for r in rows]
+
+    async def add_region(self, request: Request, who: Principal) -> Response:
+        doc = await self._json_body(request)
+        if set(doc) - {"id"}:
+            raise InvalidInput(f"unknown field(s) {sorted(set(doc) - {'id'})}")
+        region = validate_region(doc.get("id"))
+        token = await self._db(self.store.add_region, region, _now_ms())
+        self._forget_tokens()
+        await self._changed()
+        log.info("region %s added by %s", region, who.describe())
+        return JSONResponse(
+            {"id": region, "token": token}, 201, headers={"Location": f"/v1/regions/{region}"}
+        )
+
+    async def revoke_region(self, request: Request, who: Principal) -> Response:
+        region = validate_region(request.path_params["region"])
+        await self._db(self.store.revoke_region, region, _now_ms())
+        self._forget_tokens()
+        await self._changed()
+        log.info("region %s revoked by %s", region, who.describe())
+        return Response(status_code=204)
+
+    def _as_region(self, request: Request, who: Principal) -> str:
+        region = validate_region(request.path_params["region"])
+        if not who.admin and who.region != region:
+            raise ApiError(403, "forbidden", f"{who.describe()} cannot act as region {region!r}")
+        if region not in self._routing.regions:
+            raise Refused(404, "unknown_region", f"unknown or revoked region {region!r}")
+        return region
+
+    async def heartbeat(self, request: Request, who: Principal) -> Response:
+        region = self._as_region(request, who)
+        doc = await self._json_body(request)
+        extra = set(doc) - {"gateway_version", "lag", "head_seq"}
+        if extra:
+            raise InvalidInput(f"heartbeat: unknown field(s) {sorted(extra)}")
+        version = doc.get("gateway_version", "")
+        if not isinstance(version, str) or len(version) > _GATEWAY_VERSION_MAX:
+            raise InvalidInput(
+                f"heartbeat: gateway_version must be a string of at most {_GATEWAY_VERSION_MAX}"
+            )
+        lag = _lag(doc.get("lag", {}))
+        head = doc.get("head_seq")
+        if head is not None:
+            self.heads.report(region, _seq(head))
+        await self._db(self.store.heartbeat, region, version, lag, _now_ms())
+        return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
+
+    async def report_head(self, request: Request, who: Principal) -> Response:
+        region = self._as_region(request, who)
+        doc = await self._json_body(request)
+        if set(doc) != {"seq"}:
+            raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
+        seq, version = self.heads.report(region, _seq(doc["seq"]))
+        return JSONResponse({"region": region, "seq": seq, "version": version})
+
+    async def wait_heads(self, request: Request, who: Principal) -> Response:
+        q = request.query_params
+        since = _int_param(q.get("since"), "since", 0, 2**62, default=0)
+        wait_ms = _int_param(q.get("wait_ms"), "wait_ms", 0, self.config.max_wait_ms, default=0)
+        listed = q.get("regions")
+        regions = None
+        if listed:
+            regions = frozenset(validate_region(r) for r in listed.split(",") if r)
+        update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+        return JSONResponse({"version": update.version, "heads": update.heads})
+
+    async def list_buckets(self, request: Request, who: Principal) -> Response:
+        return JSONResponse({"buckets": [b.to_json() for b in self._routing.buckets]})
+
+    async def get_bucket(self, request: Request, who: Principal) -> Response:
+        name = validate_bucket_name(request.path_params["bucket"])
+        return JSONResponse((await self._db(self.store.bucket, name)).to_json())
+
+    async def put_bucket(self, request: Request, who: Principal) -> Response:
+        name = validate_bucket_name(request.path_params["bucket"])
+        settings = parse_bucket_settings(await self._json_body(request))
+        created = await self._db(self.store.put_bucket, name, settings)
+        await self._changed()
+        return JSONResponse({"name": name, **settings}, 201 if created else 200)
+
+    async def delete_bucket(self, request: Request, who: Principal) -> Response:
+        name = validate_bucket_name(request.path_params["bucket"])
+        await self._db(self.store.delete_bucket, name)
+        await self._changed()
+        return Response(status_code=204)
+
+
+def create_app(store: MetadataStore, config: MetadataServerConfig) -> MetadataApp:
+    return MetadataApp(store, config)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _merge_methods(routes: list[Route]) -> list[Route]:
+    """One Starlette route per path with every method (so 405 lists them all)."""
+    by_path: dict[str, dict[str, Callable[..., Any]]] = {}
+    for r in routes:
+        for m in r.methods or ():
+            if m != "HEAD":
+                by_path.setdefault(r.path, {})[m] = r.endpoint
+    out = []
+    for path, handlers in by_path.items():
+
+        def make(handlers: dict[str, Callable[..., Any]]) -> Callable[[Request], Awaitable[Any]]:
+            async def dispatch(request: Request) -> Any:
+                method = "GET" if request.method == "HEAD" else request.method
+                return await handlers[method](request)
+
+            return dispatch
+
+        out.append(Route(path, make(handlers), methods=sorted(handlers)))
+    return out
+
+
+def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
+    """(path, method) pairs the app serves (for the OpenAPI check)."""
+    return {(r.path, m) for r in app.routes for m in (r.methods or ()) if m != "HEAD"}
+
+
+def _json_bytes(doc: object) -> bytes:
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _etag_matches(header: str | None, etag: str) -> bool:
+    if not header:
+        return False
+    for candidate in header.split(","):
+        c = candidate.strip()
+        if c == "*" or c.removeprefix("W/") == etag:
+            return True
+    return False
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "unauthorized", message, {"WWW-Authenticate": 'Bearer realm="edgegw"'})
+
+
+def _too_large(size: int, limit: int) -> ApiError:
+    return ApiError(
+        413, "body_too_large", f"request body of {size}+ bytes exceeds the limit of {limit}"
+    )
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _seq(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidInput(f"seq must be an integer >= 0, not {value!r}")
+    return value
+
+
+def _lag(value: object) -> dict[str, float]:
+    if not isinstance(value, dict) or len(value) > _LAG_FIELDS_MAX:
+        raise InvalidInput(f"heartbeat: lag must be an object of at most {_LAG_FIELDS_MAX} numbers")
+    out: dict[str, float] = {}
+    for k, v in value.items():
+        if len(k) > 200 or isinstance(v, bool) or not isinstance(v, int | float):
+            raise InvalidInput(f"heartbeat: lag[{k[:50]!r}] must be a number")
+        if not math.isfinite(v):  # NaN/inf are not JSON
+            raise InvalidInput(f"heartbeat: lag[{k[:50]!r}] must be finite")
+        out[k] = float(v)
+    return out
+
+
+def _int_param(text: str | None, name: str, lo: int, hi: int, *, default: int) -> int:
+    if text is None or text == "":
+        return default
+    if not text.isdigit() or len(text) > 20 or not lo <= int(text) <= hi:
+        raise InvalidInput(f"{name} must be an integer in {lo}..{hi}, not {text[:30]!r}")
+    return int(text)
+
+
+# ---------------------------------------------------------------- serving
+
+
+def _hypercorn_config(config: MetadataServerConfig) -> HypercornConfig:
+    from hypercorn.config import Config
+
+    cfg = Config()
+    cfg.bind = [config.listen]
+    cfg.worker_class = "trio"
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger("edgegw.metadata.server")
+    cfg.graceful_timeout = GRACEFUL_TIMEOUT_S
+    cfg.include_server_header = False
+    if config.certfile is not None and config.keyfile is not None:
+        cfg.certfile = str(config.certfile)
+        cfg.keyfile = str(config.keyfile)
+    return cfg
+
+
+def open_store(config: MetadataServerConfig) -> MetadataStore:
+    """Open (create, migrate) the database; store the admin token's hash when given.
+
+    Raises :class:`ConfigError` when the server would listen on a
+    non-loopback address with no admin token.
+    """
+    store = MetadataStore(config.db)
+    try:
+        if config.admin_token is not None:
+            stored = store.admin_token_hash()
+            if stored is None or not verify_token(config.admin_token, stored):
+                store.set_admin_token_hash(hash_token(config.admin_token))
+        if not config.is_loopback and store.admin_token_hash() is None:
+            raise ConfigError(
+                f"--listen {config.listen} is not a loopback address: an admin token is "
+                "required (--admin-token or EDGEGW_METADATA_ADMIN_TOKEN)"
+            )
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+async def serve_metadata(
+    config: MetadataServerConfig,
+    *,
+    task_status: trio.TaskStatus[str] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the metadata API until cancelled; reports ready with the bound URL.
+
+    Cancelling stops gracefully: head long polls end at once, in-flight
+    requests get up to :data:`GRACEFUL_TIMEOUT_S`; the address file is removed.
+    """
+    from hypercorn.trio import serve
+
+    store = await trio.to_thread.run_sync(open_store, config)
+    try:
+        app = MetadataApp(store, config)
+        stop = trio.Event()
+        server_scope = trio.CancelScope(shield=True)
+        async with trio.open_nursery() as nursery:
+
+            async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                with server_scope:
+                    await serve(
+                        cast(Any, app),
+                        _hypercorn_config(config),
+                        shutdown_trigger=stop.wait,
+                        task_status=task_status,
+                    )
+
+            binds: list[str] = await nursery.start(run)
+            url = binds[0]
+            try:
+                if config.addr_file is not None:
+                    await trio.to_thread.run_sync(_write_addr, config.addr_file, url)
+                mode = " (open mode: no admin token; loopback only)" if app.open_mode else ""
+                log.info("metadata server listening on %s%s", url, mode)
+                task_status.started(url)
+                await trio.sleep_forever()
+            finally:
+                app.begin_shutdown()
+                stop.set()
+                server_scope.deadline = trio.current_time() + GRACEFUL_TIMEOUT_S + 2.0
+                if config.addr_file is not None:
+                    with contextlib.suppress(OSError):
+                        config.addr_file.unlink()
+    finally:
+        store.close()
+
+
+def _write_addr(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(text + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,56 @@
+"""A real `edgegw metadata serve` process for tests (its URL comes from --addr-file)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+EDGEGW = Path(sys.executable).parent / "edgegw"
+ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+
+
+class MetaServer:
+    """``edgegw metadata serve`` on port 0; ``url`` once it listens."""
+
+    def __init__(
+        self,
+        db: Path,
+        *,
+        admin_token: str | None = ADMIN_TOKEN,
+        listen: str = "127.0.0.1:0",
+        extra: tuple[str, ...] = (),
+    ) -> None:
+        self.db = db
+        self.addr_file = db.with_suffix(".addr")
+        self.addr_file.unlink(missing_ok=True)
+        self.log = db.with_suffix(".log")
+        argv = [str(EDGEGW), "metadata", "serve", "--db", str(db), "--listen", listen]
+        argv += ["--addr-file", str(self.addr_file), *extra]
+        if admin_token is not None:
+            argv += ["--admin-token", admin_token]
+        # Output to a file, not a pipe: a chatty server must never block on a full pipe.
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not self.addr_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.proc.kill()
+                self.proc.wait(timeout=30)
+                raise AssertionError(f"metadata serve did not start: {self.log.read_text()}")
+            time.sleep(0.02)
+        self.url = self.addr_file.read_text().strip()
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=30)
+
+
+def http(url: str, token: str | None = ADMIN_TOKEN) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=30)

@@ -1,0 +1,33 @@
+"""Fixtures of the metadata tests: one server process per module, with two regions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from _meta_support import MetaServer, http
+
+
+@dataclass
+class Fleet:
+    server: MetaServer
+    url: str
+    #: region -> its token
+    tokens: dict[str, str]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """A running server with regions ``north`` and ``south`` (tokens in ``tokens``)."""
+    server = MetaServer(tmp_path_factory.mktemp("meta") / "meta.sqlite")
+    try:
+        tokens = {}
+        with http(server.url) as c:
+            for region in ("north", "south"):
+                r = c.post("/v1/regions", json={"id": region})
+                assert r.status_code == 201, r.text
+                tokens[region] = r.json()["token"]
+        yield Fleet(server, server.url, tokens)
+    finally:
+        server.stop()

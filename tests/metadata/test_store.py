@@ -1,0 +1,123 @@
+"""The SQLite store alone: migrations, token hashes, topic rules, routing versions."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from edge_gateway.errors import ConfigError, InvalidInput
+from edge_gateway.metadata._db import (
+    MIGRATIONS,
+    MetadataStore,
+    Refused,
+    hash_token,
+    split_region_token,
+    verify_token,
+)
+from edge_gateway.metadata.routing import TopicRoute
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> MetadataStore:
+    s = MetadataStore(tmp_path / "m.sqlite")
+    s.add_region("north", 1)
+    s.add_region("south", 2)
+    return s
+
+
+def test_wal_and_schema_version(tmp_path: Path) -> None:
+    s = MetadataStore(tmp_path / "m.sqlite")
+    assert s.schema_version == len(MIGRATIONS)
+    s.close()
+    db = sqlite3.connect(tmp_path / "m.sqlite")
+    assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
+    db.close()
+    with pytest.raises(ConfigError, match="newer edgegw"):
+        MetadataStore(tmp_path / "m.sqlite")
+
+
+def test_not_a_database(tmp_path: Path) -> None:
+    (tmp_path / "junk").write_bytes(b"not sqlite at all" * 100)
+    with pytest.raises(ConfigError, match="not a usable metadata database"):
+        MetadataStore(tmp_path / "junk")
+
+
+def test_token_hashes() -> None:
+    stored = hash_token("s3cret-token-value")
+    assert "s3cret" not in stored
+    assert verify_token("s3cret-token-value", stored)
+    assert not verify_token("s3cret-token-valuf", stored)
+    assert not verify_token("x", "garbage")
+    assert not verify_token("x", "scrypt$a$b$c$d$e")
+    assert hash_token("same") != hash_token("same")  # salted
+    assert split_region_token("egw_0123456789abcdef_secret") == "0123456789abcdef"
+    assert split_region_token("egw_short_secret") is None
+    assert split_region_token("admin") is None
+
+
+def test_region_tokens(store: MetadataStore) -> None:
+    with pytest.raises(Refused) as exc:
+        store.add_region("north", 3)
+    assert (exc.value.status, exc.value.code) == (409, "region_exists")
+    token = store.add_region("east", 3)
+    token_id = split_region_token(token)
+    assert token_id is not None
+    found = store.region_token(token_id)
+    assert found is not None
+    assert found[0] == "east"
+    assert verify_token(token, found[1])
+    store.revoke_region("east", 4)
+    assert store.region_token(token_id) is None
+    assert store.region("east")["status"] == "revoked"
+    assert "east" not in store.routing().regions
+    again = store.add_region("east", 5)  # re-activated with a new token
+    assert again != token
+    assert store.region("east")["status"] == "active"
+
+
+def test_topic_rules_and_versions(store: MetadataStore) -> None:
+    v0 = store.routing_version()
+    store.create_topic(TopicRoute("t", "north", 2, None, ("south",)), 10)
+    assert store.routing_version() == v0 + 1
+    with pytest.raises(Refused, match="already exists"):
+        store.create_topic(TopicRoute("t", "south", 1, None, ()), 11)
+    with pytest.raises(Refused) as exc:
+        store.create_topic(TopicRoute("u", "mars", 1, None, ()), 11)
+    assert exc.value.code == "unknown_region"
+    with pytest.raises(Refused) as exc:
+        store.alter_topic("t", {"partitions": 1}, 12)
+    assert exc.value.code == "partitions_shrink"
+    with pytest.raises(InvalidInput, match="home region cannot change"):
+        store.alter_topic("t", {"home": "south"}, 12)
+    assert store.routing_version() == v0 + 1  # refusals change nothing
+    new = store.alter_topic("t", {"partitions": 5, "subscribers": "*", "retention_ms": 1000}, 13)
+    assert (new.partitions, new.subscribers, new.retention_ms) == (5, "*", 1000)
+    assert store.topic("t") == new
+    assert store.routing_version() == v0 + 2
+    store.alter_topic("t", {"partitions": 5}, 14)  # no change, no new version
+    assert store.routing_version() == v0 + 2
+    store.heartbeat("north", "0.1.0", {"lag_s": 1.0}, 15)
+    assert store.routing_version() == v0 + 2
+    table = store.routing()
+    assert table.version == v0 + 2
+    assert table.topic("t") == new
+    store.delete_topic("t")
+    with pytest.raises(Refused, match="unknown topic"):
+        store.topic("t")
+    with pytest.raises(Refused, match="unknown topic"):
+        store.delete_topic("t")
+
+
+def test_buckets(store: MetadataStore) -> None:
+    v = store.routing_version()
+    assert store.put_bucket("default", {"type": "local", "path": "/srv"})
+    assert not store.put_bucket("default", {"type": "local", "path": "/srv"})
+    assert store.routing_version() == v + 1
+    assert not store.put_bucket("default", {"type": "local", "path": "/other"})
+    assert store.bucket("default").settings == {"type": "local", "path": "/other"}
+    store.delete_bucket("default")
+    with pytest.raises(Refused):
+        store.delete_bucket("default")
