@@ -1,0 +1,208 @@
+"""Pipeline benchmark: bucket -> committed Iceberg table, next to Spark on JSON-lines files.
+
+N 200-byte JSON telemetry records (two regions, four partitions each) are
+shipped into a local-directory bucket by the real journal and shipper. Then,
+in one Spark session on local[2] (both sides warmed up on a small data set
+first):
+
+* **job**: ``run_job`` end to end — plan from manifests, read the log
+  objects with the ``edgegw`` data source, decode the JSON values with a
+  schema, write Parquet partitioned by date and region, commit to Iceberg
+  (SQLite catalog). Rows/s = N / wall time of the run.
+* **baseline**: Spark reading the same values from JSON-lines files (schema
+  given) and writing the same partitioned Parquet layout.
+
+``--quick``: 200k records (≤ 60 s). Default: 2M. Last line: one JSON object
+with ``rows_per_s``, ``json_baseline_rows_per_s``, ``ratio_vs_json``.
+Targets on local[2]: rows_per_s ≥ 500,000; ratio_vs_json ≥ 1.0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import trio
+from _common import (
+    EPOCH_MS,
+    Row,
+    emit_json,
+    machine_info,
+    progress,
+    ratio,
+    render_table,
+    scratch_dir,
+    verdict,
+)
+
+from edge_gateway.bucket import LocalBucket
+from edge_gateway.format.batch import encode_batch
+from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.shipper import Shipper, ShipperConfig
+
+DDL = (
+    "sensor_id string, site string, ts bigint, temperature double, humidity double, "
+    "vibration double, seq bigint, fw string, status string, note string"
+)
+REGIONS = ("north", "south")
+PARTITIONS = 4
+BATCH = 1000
+SIZE = 200
+
+
+def values(region: str, partition: int, start: int, n: int) -> list[bytes]:
+    out = []
+    for seq in range(start, start + n):
+        s = (seq * 7 + partition) % 512
+        head = (
+            f'{{"sensor_id":"s-{s:05d}","site":"{region}","ts":{EPOCH_MS + seq},'
+            f'"temperature":{17 + (seq % 800) / 100:.2f},"humidity":{40 + (seq % 300) / 10:.1f},'
+            f'"vibration":{(seq % 97) / 1000:.3f},"seq":{seq},"fw":"edge-1.4.2","status":"ok",'
+            '"note":"'
+        )
+        pad = SIZE - len(head) - 2
+        out.append((head + "abcdefghijklmnopqrstuvwxyz0123456789"[seq % 36] * pad + '"}').encode())
+    return out
+
+
+async def ship(bucket_dir: Path, journal_root: Path, region: str, n: int) -> None:
+    bucket = await LocalBucket.open(bucket_dir)
+    cfg = JournalConfig(segment_bytes=64 << 20, max_bytes=8 << 30, retention_ms=0)
+    j = Journal.open_sync(journal_root / region, cfg)
+    shipper = Shipper(j, bucket, region, config=ShipperConfig())
+    try:
+        await shipper.claim()
+        per_partition = n // PARTITIONS
+        for p in range(PARTITIONS):
+            for start in range(0, per_partition, BATCH):
+                count = min(BATCH, per_partition - start)
+                vals = values(region, p, start, count)
+                stamps = [EPOCH_MS + start + i for i in range(count)]
+                j.append_nowait("telemetry", p, encode_batch(vals, timestamps=stamps))
+                if j.next_lsn % 200 == 0:
+                    await shipper.ship_pending()
+        await shipper.ship_pending()
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+def prepare(root: Path, n: int) -> tuple[Path, Path]:
+    bucket, jsonl = root / "bucket", root / "jsonl"
+    jsonl.mkdir(parents=True, exist_ok=True)
+    per_region = n // len(REGIONS)
+    for region in REGIONS:
+        trio.run(ship, bucket, root / "journal", region, per_region)
+        # the same values as JSON lines, for the baseline
+        with open(jsonl / f"{region}.json", "wb") as out:
+            for p in range(PARTITIONS):
+                for start in range(0, per_region // PARTITIONS, BATCH):
+                    count = min(BATCH, per_region // PARTITIONS - start)
+                    out.write(b"\n".join(values(region, p, start, count)) + b"\n")
+    return bucket, jsonl
+
+
+def run_pipeline(spark: object, bucket: Path, warehouse: Path) -> tuple[float, int]:
+    from edge_gateway.pipeline._store import BucketSpec
+    from edge_gateway.pipeline.job import JobConfig, run_job
+    from edge_gateway.pipeline.tables import Output
+
+    cfg = JobConfig(BucketSpec(str(bucket)), Output(warehouse), json_topics={"telemetry": DDL})
+    started = time.perf_counter()
+    plan = run_job(spark, cfg)
+    elapsed = time.perf_counter() - started
+    res = plan.topics["telemetry"]
+    assert res.committed, res
+    assert res.rejects == 0, res
+    return elapsed, res.rows
+
+
+def run_baseline(spark: object, jsonl: Path, out: Path) -> tuple[float, int]:
+    from pyspark.sql import functions as F
+
+    started = time.perf_counter()
+    df = spark.read.schema(DDL).json(str(jsonl))  # type: ignore[attr-defined]
+    df = df.withColumn("timestamp", F.timestamp_millis("ts")).withColumn(
+        "date", F.to_date("timestamp")
+    )
+    df.write.mode("overwrite").partitionBy("date", "site").parquet(str(out))
+    elapsed = time.perf_counter() - started
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(str(out), format="parquet", partitioning="hive").count_rows()
+    return elapsed, rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="200k records, <= 60 s")
+    parser.add_argument("--records", type=int, default=None)
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+    n = args.records or (200_000 if args.quick else 2_000_000)
+    started = time.perf_counter()
+    fig: dict[str, object] = {"records": n, "record_bytes": SIZE, "master": args.master}
+    with scratch_dir("pipeline-") as root:
+        fig.update(machine_info(root))
+        progress(f"shipping {n} records into a local-directory bucket ...")
+        t = time.perf_counter()
+        bucket, jsonl = prepare(root, n)
+        small_bucket, small_jsonl = prepare(root / "warmup", 8_000)
+        fig["ship_seconds"] = time.perf_counter() - t
+        progress("starting Spark ...")
+        from edge_gateway.pipeline.session import make_session
+
+        t = time.perf_counter()
+        spark = make_session(args.master, conf={"spark.sql.shuffle.partitions": "4"})
+        fig["session_seconds"] = time.perf_counter() - t
+        try:
+            progress("warming up ...")
+            run_pipeline(spark, small_bucket, root / "warmup" / "wh")
+            run_baseline(spark, small_jsonl, root / "warmup" / "json-out")
+            progress("pipeline job ...")
+            job_s, job_rows = run_pipeline(spark, bucket, root / "wh")
+            progress("JSON-lines baseline ...")
+            base_s, base_rows = run_baseline(spark, jsonl, root / "json-out")
+        finally:
+            spark.stop()
+    assert job_rows == n, (job_rows, n)
+    assert base_rows == n, (base_rows, n)
+    fig["job_seconds"] = job_s
+    fig["json_baseline_seconds"] = base_s
+    fig["rows_per_s"] = n / job_s
+    fig["json_baseline_rows_per_s"] = n / base_s
+    fig["ratio_vs_json"] = ratio(n / job_s, n / base_s)
+    targets = {
+        "rows_per_s": n / job_s >= 500_000,
+        "ratio_vs_json": (n / job_s) / (n / base_s) >= 1.0,
+    }
+    fig["targets"] = targets
+    fig["targets_met"] = all(targets.values())
+    fig["seconds"] = time.perf_counter() - started
+    rows = [
+        Row(
+            "job: bucket -> Iceberg (JSON decoded)",
+            n / job_s,
+            "rows/s",
+            "Spark JSON lines -> Parquet",
+            n / base_s,
+            ">= 500,000; >= 1.0x",
+            targets["rows_per_s"] and targets["ratio_vs_json"],
+        ),
+    ]
+    title = (
+        f"edgegw pipeline bench ({n} records of {SIZE} B, {args.master}, "
+        f"{os.cpu_count()} CPUs; {fig['seconds']:.0f} s)"
+    )
+    print(render_table(title, rows))
+    print()
+    print("targets: " + ", ".join(f"{k} {verdict(v)}" for k, v in targets.items()))
+    emit_json(fig)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""``edgegw pipeline run|compact``: the analytics pipeline (needs the ``pipeline`` extra).
+
+PySpark, pyarrow and pyiceberg are imported inside the commands only, so the
+rest of the CLI starts without them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+from rich.table import Table
+
+from edge_gateway.errors import EdgeGatewayError
+from edgegw_cli._common import console, fail, reason
+
+app = typer.Typer(help="Bucket -> Iceberg/Parquet tables with PySpark.", no_args_is_help=True)
+
+
+def _imports() -> None:
+    try:
+        import pyarrow  # noqa: F401
+        import pyiceberg  # noqa: F401
+        import pyspark  # noqa: F401
+    except ImportError as exc:
+        raise fail(
+            f"the pipeline needs the 'pipeline' extra (pip install 'edgegw[pipeline]'): {exc}",
+            code=2,
+        ) from None
+
+
+def _parse_kv(items: list[str], what: str) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not key:
+            raise fail(f"{what}: {item!r} is not NAME[=VALUE]", code=2)
+        out[key.strip()] = value.strip() if sep else None
+    return out
+
+
+@app.command("run")
+def run(
+    bucket: str = typer.Option(..., help="A local-directory bucket, or s3://bucket[/prefix]."),
+    warehouse: Path = typer.Option(..., help="Directory of the tables (and the SQLite catalog)."),
+    master: str = typer.Option("local[*]", help="Spark master: local[*], spark://host:7077, ..."),
+    catalog: str | None = typer.Option(
+        None, help="Catalog URL: sqlite:///... (default: <warehouse>/catalog.db) or a REST URL."
+    ),
+    namespace: str = typer.Option("edgegw", help="Iceberg namespace of the tables."),
+    iceberg: bool = typer.Option(True, help="Iceberg tables; --no-iceberg: plain Parquet."),
+    region: list[str] = typer.Option([], help="Regions to read (default: all). Repeatable."),
+    topic: list[str] = typer.Option([], help="Topics to read (default: all). Repeatable."),
+    json_topic: list[str] = typer.Option(
+        [],
+        "--json",
+        help="Decode a topic's JSON values: TOPIC=DDL ('a int, b string') or TOPIC (infer "
+        "once). Repeatable.",
+    ),
+    endpoint_url: str | None = typer.Option(None, help="S3 endpoint (MinIO, R2, moto, ...)."),
+    s3_region: str | None = typer.Option(None, help="S3 signing region."),
+    access_key: str | None = typer.Option(None, envvar="EDGEGW_S3_ACCESS_KEY"),
+    secret_key: str | None = typer.Option(None, envvar="EDGEGW_S3_SECRET_KEY"),
+    path_style: bool | None = typer.Option(None, "--path-style/--virtual-host-style"),
+    conf: list[str] = typer.Option([], help="Extra Spark conf KEY=VALUE. Repeatable."),
+    max_partition_mb: int = typer.Option(64, help="Raw MiB of batches per read task."),
+    dry_run: bool = typer.Option(False, help="Print the plan (log ranges to read) and exit."),
+) -> None:
+    """Read every (region, topic)'s new records and commit them to a table per topic, exactly once.
+
+    Example: edgegw pipeline run --bucket /srv/edgegw/bucket --warehouse /srv/tables
+    """
+    _imports()
+    from edge_gateway.pipeline._store import BucketSpec
+    from edge_gateway.pipeline.job import JobConfig, run_job
+    from edge_gateway.pipeline.tables import Output
+
+    try:
+        cfg = JobConfig(
+            bucket=BucketSpec(
+                bucket,
+                endpoint_url=endpoint_url,
+                region=s3_region,
+                access_key=access_key,
+                secret_key=secret_key,
+                path_style=path_style,
+            ),
+            output=Output(warehouse, iceberg=iceberg, catalog_uri=catalog, namespace=namespace),
+            regions=tuple(region) or None,
+            topics=tuple(topic) or None,
+            json_topics=_parse_kv(json_topic, "--json"),
+            max_partition_bytes=max_partition_mb * 1024 * 1024,
+        )
+        spark_conf = {k: v or "" for k, v in _parse_kv(conf, "--conf").items()}
+        if dry_run:
+            spark = None
+        else:
+            from edge_gateway.pipeline.session import make_session
+
+            console.print(f"starting Spark ({master})", highlight=False)
+            spark = make_session(master, conf=spark_conf)
+        try:
+            plan = run_job(
+                spark,
+                cfg,
+                progress=lambda msg: console.print(msg, highlight=False, soft_wrap=True),
+                dry_run=dry_run,
+            )
+        finally:
+            if spark is not None:
+                spark.stop()
+    except EdgeGatewayError as exc:
+        raise fail(reason(exc)) from None
+
+    table = Table(title="plan" if dry_run else "pipeline run")
+    for column in ("topic", "regions (seqs)", "records", "bytes"):
+        table.add_column(column)
+    if not dry_run:
+        for column in ("rows", "rejects", "files", "seconds", "committed"):
+            table.add_column(column)
+    for res in plan.topics.values():
+        ranges = ", ".join(f"{r} {a}..{b}" for r, (a, b) in sorted(res.ranges.items())) or "-"
+        cells = [res.topic, ranges, str(res.planned_records), str(res.planned_bytes)]
+        if not dry_run:
+            cells += [
+                str(res.rows),
+                str(res.rejects),
+                str(res.files),
+                f"{res.seconds:.1f}",
+                "yes" if res.committed else "-",
+            ]
+        table.add_row(*cells)
+    console.print(table)
+    if dry_run:
+        for r, p in sorted(plan.regions.items()):
+            console.print(
+                f"{r}: log {p.first_seq}..{p.last_seq}, {len(p.slices)} objects, "
+                f"{p.records} records, {p.stored_bytes} bytes",
+                highlight=False,
+            )
+
+
+@app.command("compact")
+def compact(
+    warehouse: Path = typer.Option(..., help="Directory of the tables."),
+    catalog: str | None = typer.Option(None, help="Catalog URL (default: the warehouse's SQLite)."),
+    namespace: str = typer.Option("edgegw", help="Iceberg namespace of the tables."),
+    table: list[str] = typer.Option([], help="Tables to compact (default: all). Repeatable."),
+    target_file_mb: int = typer.Option(128, help="Files below this size count as small."),
+    min_files: int = typer.Option(
+        2, help="Rewrite a partition with at least this many small files."
+    ),
+) -> None:
+    """Rewrite small data files of each table partition into larger ones (Iceberg tables).
+
+    Example: edgegw pipeline compact --warehouse /srv/tables
+    """
+    _imports()
+    from edge_gateway.pipeline.compact import compact_table
+    from edge_gateway.pipeline.tables import open_catalog, warehouse_lock
+
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    summary = Table(title="compaction")
+    for column in ("table", "partitions", "files before", "files after", "rows"):
+        summary.add_column(column)
+    try:
+        with warehouse_lock(warehouse):
+            cat = open_catalog(warehouse, catalog)
+            names = table or [ident[-1] for ident in cat.list_tables(namespace)]
+            for name in names:
+                res = compact_table(
+                    cat.load_table((namespace, name)),
+                    target_bytes=target_file_mb * 1024 * 1024,
+                    min_files=min_files,
+                )
+                summary.add_row(
+                    name, str(res.partitions), str(res.files_before), str(res.files_after),
+                    str(res.rows),
+                )  # fmt: skip
+    except EdgeGatewayError as exc:
+        raise fail(reason(exc)) from None
+    console.print(summary)

@@ -1,0 +1,247 @@
+"""Planning a read of regions' logs: which log-object slices hold which records (no Spark).
+
+The driver plans from each region's manifests plus the headers of the few
+entries after the newest one (``docs/log-object.md``, "Manifest"): it never
+LISTs the log nor GETs every header. A plan is bounded by an inclusive seq
+range per region, so a read of the same plan returns the same rows, however
+far the log has grown since — what makes the job's commits exactly once.
+
+Readers' epoch rule (``docs/protocol.md``, "Readers"): an entry whose epoch
+is below one already accepted is skipped (a zombie writer's). Fence entries
+carry no data.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from edge_gateway.errors import CorruptData, InvalidInput
+from edge_gateway.format import logobject
+from edge_gateway.format.logobject import BlockIndex
+from edge_gateway.format.manifest import (
+    Manifest,
+    gc_boundary_key,
+    log_key,
+    manifest_prefix,
+    parse_manifest_key,
+)
+from edge_gateway.names import validate_region
+from edge_gateway.pipeline._store import BucketReader, NotFoundError
+from edge_gateway.protocol.log import HeadSearch
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSlice:
+    """The wanted blocks of one log object (a partition of a Spark read holds several)."""
+
+    region: str
+    seq: int
+    key: str
+    #: size of the whole object
+    size: int
+    blocks: tuple[BlockIndex, ...]
+
+    @property
+    def total_length(self) -> int:
+        """The object's size (lets :func:`logobject.plan_ranges` take a slice)."""
+        return self.size
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(b.stored_length for b in self.blocks)
+
+    @property
+    def raw_bytes(self) -> int:
+        return sum(b.raw_length for b in self.blocks)
+
+    @property
+    def records(self) -> int:
+        return sum(b.record_count for b in self.blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class RegionPlan:
+    """What to read of one region: entries ``first_seq..last_seq`` (empty if first > last)."""
+
+    region: str
+    first_seq: int
+    last_seq: int
+    slices: tuple[ObjectSlice, ...]
+    #: entries skipped by the epoch rule
+    skipped_seqs: tuple[int, ...] = ()
+
+    @property
+    def records(self) -> int:
+        return sum(s.records for s in self.slices)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(s.stored_bytes for s in self.slices)
+
+    def topics(self) -> set[str]:
+        return {b.topic for s in self.slices for b in s.blocks}
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    seq: int
+    epoch: int
+    size: int
+    blocks: tuple[BlockIndex, ...]
+
+
+def read_gc_boundary(reader: BucketReader, region: str, prefix: str = "") -> int:
+    """The highest seq ever deleted from the region's log (0 if none)."""
+    key = gc_boundary_key(prefix, region)
+    try:
+        data, _ = reader.get(key)
+    except NotFoundError:
+        return 0
+    try:
+        value = json.loads(data)["highest_deleted_seq"]
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(value)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptData(f"malformed GC boundary: {exc}", where=key) from None
+    return value
+
+
+def read_log_header(reader: BucketReader, key: str) -> tuple[logobject.LogObjectHeader, int]:
+    """The header of a log object and the object's size (one ranged GET, rarely two)."""
+    data, size = reader.get(key, 0, logobject.FIRST_GET_BYTES)
+    need = logobject.header_length_hint(data[: logobject.PREFIX_BYTES], where=key)
+    if need > len(data):
+        more, _ = reader.get(key, len(data), need)
+        data += more
+    return logobject.decode_header(data[:need], where=key, object_size=size), size
+
+
+def find_head(reader: BucketReader, region: str, known: int = 0, prefix: str = "") -> int:
+    """The highest seq of the region's log (0 if empty), galloping HEADs above ``known``."""
+    search = HeadSearch(known)
+    while (probe := search.next_probe()) is not None:
+        search.record(probe, reader.exists(log_key(prefix, region, probe)))
+    return search.head
+
+
+def _manifests(reader: BucketReader, region: str, prefix: str) -> list[tuple[int, str]]:
+    out = []
+    for key in reader.list(manifest_prefix(prefix, region)):
+        try:
+            _, last_seq = parse_manifest_key(key, prefix)
+        except CorruptData:
+            continue  # a stray file in the folder
+        out.append((last_seq, key))
+    return sorted(out)
+
+
+def plan_region(
+    reader: BucketReader,
+    region: str,
+    *,
+    first_seq: int = 1,
+    last_seq: int | None = None,
+    wanted: Callable[[str], bool] = lambda _topic: True,
+    prefix: str = "",
+) -> RegionPlan:
+    """Plan the read of entries ``first_seq..last_seq`` of ``region`` (to the head if None).
+
+    Entries below the GC boundary are gone: a plan that needs them raises
+    :class:`CorruptData`, except a fresh start (``first_seq == 1``), which
+    starts at the oldest entry still in the bucket.
+    """
+    validate_region(region)
+    if first_seq < 1 or (last_seq is not None and last_seq < 0):
+        raise InvalidInput(f"bad seq range {first_seq}..{last_seq} for region {region}")
+    boundary = read_gc_boundary(reader, region, prefix)
+    if first_seq <= boundary:
+        if first_seq != 1:
+            raise CorruptData(
+                f"entries {first_seq}..{boundary} were deleted before the pipeline read them",
+                where=gc_boundary_key(prefix, region),
+            )
+        first_seq = boundary + 1
+    entries: dict[int, _Entry] = {}
+    covered = boundary
+    for m_last, key in _manifests(reader, region, prefix):
+        if m_last < first_seq:
+            covered = max(covered, m_last)  # exists (or was collected): a lower bound of the head
+            continue
+        if last_seq is not None and covered >= last_seq:
+            break
+        data, _ = reader.get(key)
+        manifest = Manifest.decode(data, where=key, region=region, last_seq=m_last)
+        for e in manifest.entries:
+            entries[e.seq] = _Entry(e.seq, e.epoch, e.size, e.blocks)
+        covered = max(covered, m_last)
+    if last_seq is None:
+        last_seq = find_head(reader, region, covered, prefix)
+    # the epoch accepted before first_seq: from the manifest entries we hold
+    epoch = max((e.epoch for s, e in entries.items() if s < first_seq), default=0)
+    slices: list[ObjectSlice] = []
+    skipped: list[int] = []
+    for seq in range(first_seq, last_seq + 1):
+        key = log_key(prefix, region, seq)
+        entry = entries.get(seq)
+        if entry is None:
+            try:
+                header, size = read_log_header(reader, key)
+            except NotFoundError:
+                raise CorruptData(
+                    f"log entry {seq} of {region} is missing (plan up to {last_seq})", where=key
+                ) from None
+            if header.seq != seq or header.region != region:
+                raise CorruptData(
+                    f"entry claims seq {header.seq} of region {header.region!r}", where=key
+                )
+            entry = _Entry(seq, header.epoch, size, header.blocks)
+        if entry.epoch < epoch:
+            skipped.append(seq)
+            continue
+        epoch = entry.epoch
+        blocks = tuple(b for b in entry.blocks if wanted(b.topic))
+        if blocks:
+            slices.append(ObjectSlice(region, seq, key, entry.size, blocks))
+    return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped))
+
+
+def list_regions(reader: BucketReader, prefix: str = "") -> list[str]:
+    """Regions with a log or manifest in the bucket (one LIST of ``regions/``)."""
+    base = f"{prefix.rstrip('/') + '/' if prefix else ''}regions/"
+    out: set[str] = set()
+    for key in reader.list(base):
+        region = key[len(base) :].split("/", 1)[0]
+        try:
+            out.add(validate_region(region))
+        except InvalidInput:
+            continue
+    return sorted(out)
+
+
+def split_slices(
+    slices: list[ObjectSlice], *, target_raw_bytes: int, min_parts: int = 1
+) -> Iterator[list[ObjectSlice]]:
+    """Group slices into read tasks of about ``target_raw_bytes`` of raw batches each.
+
+    A slice may be split between tasks by block; the target shrinks so that
+    there are at least ``min_parts`` tasks when there is enough data.
+    """
+    total = sum(s.raw_bytes for s in slices)
+    target = max(1, min(target_raw_bytes, -(-total // max(1, min_parts))))
+    group: list[ObjectSlice] = []
+    size = 0
+    for s in slices:
+        pending: list[BlockIndex] = []
+        for b in s.blocks:
+            pending.append(b)
+            size += b.raw_length
+            if size >= target:
+                group.append(ObjectSlice(s.region, s.seq, s.key, s.size, tuple(pending)))
+                yield group
+                group, pending, size = [], [], 0
+        if pending:
+            group.append(ObjectSlice(s.region, s.seq, s.key, s.size, tuple(pending)))
+    if group:
+        yield group

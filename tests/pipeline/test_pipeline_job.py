@@ -1,0 +1,190 @@
+"""``edgegw pipeline run`` in-process on the shared session: Iceberg and Parquet, incremental."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+from _pipeline_support import T0, Rows, Site, local_site, merge
+
+from edge_gateway.pipeline._store import BucketSpec
+from edge_gateway.pipeline.compact import compact_table
+from edge_gateway.pipeline.job import JobConfig, run_job
+from edge_gateway.pipeline.tables import POSITIONS, Output, open_catalog
+
+
+def job(bucket: Path, warehouse: Path, **kw: Any) -> JobConfig:
+    iceberg = kw.pop("iceberg", True)
+    return JobConfig(BucketSpec(str(bucket)), Output(warehouse, iceberg=iceberg), **kw)
+
+
+def iceberg_rows(warehouse: Path, topic: str) -> Rows:
+    table = open_catalog(warehouse, None).load_table(("edgegw", topic))
+    data = table.scan().to_arrow().to_pylist()
+    return _rows(data)
+
+
+def _rows(data: list[dict[str, Any]]) -> Rows:
+    out: Rows = {}
+    for r in data:
+        key = (r["region"], r["topic"], r["partition"], r["offset"])
+        assert key not in out, f"duplicate row {key}"
+        ts = r["timestamp"]
+        if ts.tzinfo is None:
+            ts = ts.replace(tzinfo=UTC)
+        out[key] = (
+            round(ts.timestamp() * 1000),
+            r["key"],
+            r["value"],
+            tuple((h["key"], h["value"]) for h in r["headers"]),
+        )
+    return out
+
+
+def spark_rows(spark: Any, warehouse: Path, topic: str) -> Rows:
+    """The table read back by Spark itself, from the data files the catalog lists."""
+    table = open_catalog(warehouse, None).load_table(("edgegw", topic))
+    files = [t.file.file_path for t in table.scan().plan_files()]
+    df = spark.read.parquet(*files)
+    return _rows([r.asDict(recursive=True) for r in df.collect()])
+
+
+def test_round_trip_and_incremental_iceberg(spark: Any, tmp_path: Path) -> None:
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    north = local_site("north", tmp_path, bucket)
+    south = local_site("south", tmp_path, bucket)
+    north.ship("telemetry", 2, 3, headers=True)
+    south.ship("telemetry", 1, 2, day=1)
+    north.ship("events", 1, 1)
+    plan = run_job(spark, job(bucket, wh))
+    assert {t: r.committed for t, r in plan.topics.items()} == {"events": True, "telemetry": True}
+    expected = merge(north, south)
+    for topic in ("telemetry", "events"):
+        want = {k: v for k, v in expected.items() if k[1] == topic}
+        assert iceberg_rows(wh, topic) == want
+        assert spark_rows(spark, wh, topic) == want
+    table = open_catalog(wh, None).load_table(("edgegw", "telemetry"))
+    assert [f.name for f in table.spec().fields] == ["date", "region"]
+    files = [t.file for t in table.scan().plan_files()]
+    assert {(f.partition[0], f.partition[1]) for f in files} == {
+        (T0 // 86_400_000, "north"),
+        (T0 // 86_400_000 + 1, "south"),
+    }
+    # timestamps are microseconds in the files, not INT96
+    schema = pq.read_schema(files[0].file_path.removeprefix("file://"))
+    assert str(schema.field("timestamp").type) == "timestamp[us, tz=UTC]"
+    positions = json.loads(table.properties[POSITIONS])
+    assert set(positions) == {"north", "south"}
+
+    # nothing new: nothing appended
+    snapshots = len(table.snapshots())
+    again = run_job(spark, job(bucket, wh))
+    assert all(r.rows == 0 for r in again.topics.values())
+    assert iceberg_rows(wh, "telemetry") == {
+        k: v for k, v in expected.items() if k[1] == "telemetry"
+    }
+
+    # ship more: only the new rows are read and appended
+    north.ship("telemetry", 2, 2)
+    third = run_job(spark, job(bucket, wh))
+    assert third.topics["telemetry"].rows == 2 * 2 * 10
+    assert third.topics["telemetry"].ranges["north"][0] == positions["north"] + 1
+    want = {k: v for k, v in merge(north, south).items() if k[1] == "telemetry"}
+    assert iceberg_rows(wh, "telemetry") == want
+    table = open_catalog(wh, None).load_table(("edgegw", "telemetry"))
+    assert len(table.snapshots()) > snapshots
+
+    # compaction: fewer files, same rows, positions kept
+    before = len(list(table.scan().plan_files()))
+    res = compact_table(table, min_files=2)
+    assert res.partitions >= 1
+    table = open_catalog(wh, None).load_table(("edgegw", "telemetry"))
+    assert len(list(table.scan().plan_files())) < before
+    assert iceberg_rows(wh, "telemetry") == want
+    assert json.loads(table.properties[POSITIONS])["north"] >= positions["north"]
+
+
+def test_dry_run_reads_nothing(spark: Any, tmp_path: Path) -> None:
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    north = local_site("north", tmp_path, bucket)
+    north.ship("t", 1, 2)
+    plan = run_job(spark, job(bucket, wh), dry_run=True)
+    assert plan.topics["t"].planned_records == 20
+    assert plan.topics["t"].ranges["north"][0] == 1
+    assert not plan.topics["t"].committed
+    assert not (wh / "edgegw").exists()
+
+
+def test_json_decode_with_schema_and_rejects(spark: Any, tmp_path: Path) -> None:
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    site = local_site("north", tmp_path, bucket)
+
+    def value(region: str, topic: str, p: int, o: int) -> bytes:
+        if o % 7 == 3:
+            return b"{not json"
+        if o % 7 == 5:
+            return json.dumps({"sensor": "s", "temp": "hot"}).encode()
+        return json.dumps({"sensor": f"s{p}", "temp": o / 2}).encode()
+
+    site.ship("telemetry", 2, 2, value=value)
+    ddl = "sensor string, temp double"
+    plan = run_job(spark, job(bucket, wh, json_topics={"telemetry": ddl}))
+    good = {k: v for k, v in site.expected.items() if k[3] % 7 not in (3, 5)}
+    bad = {k: v for k, v in site.expected.items() if k[3] % 7 in (3, 5)}
+    assert plan.topics["telemetry"].rows == len(good)
+    assert plan.topics["telemetry"].rejects == len(bad)
+    cat = open_catalog(wh, None)
+    rows = cat.load_table(("edgegw", "telemetry")).scan().to_arrow().to_pylist()
+    assert {(r["region"], r["topic"], r["partition"], r["offset"]) for r in rows} == set(good)
+    for r in rows:
+        assert r["sensor"] == f"s{r['partition']}"
+        assert r["temp"] == r["offset"] / 2
+        assert "value" not in r
+    rejects = cat.load_table(("edgegw", "_rejects")).scan().to_arrow().to_pylist()
+    assert {(r["region"], r["topic"], r["partition"], r["offset"]) for r in rejects} == set(bad)
+    for r in rejects:
+        assert r["value"] == bad[(r["region"], r["topic"], r["partition"], r["offset"])][2]
+        if r["offset"] % 7 == 3:
+            assert r["reason"] == "not a JSON object"
+        else:
+            assert r["reason"].startswith("does not match the schema")
+    # the schema is fixed once: a second run with new records uses the stored one
+    site.ship("telemetry", 1, 1, value=value)
+    second = run_job(spark, job(bucket, wh, json_topics={"telemetry": None}))
+    assert second.topics["telemetry"].rows + second.topics["telemetry"].rejects == 10
+    rejects = cat.load_table(("edgegw", "_rejects")).scan().to_arrow()
+    columns = [rejects.column(c).to_pylist() for c in ("region", "partition", "offset")]
+    keys = list(zip(*columns, strict=True))
+    assert len(keys) == len(set(keys))
+
+
+def test_plain_parquet_with_committed_markers(spark: Any, tmp_path: Path) -> None:
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    site: Site = local_site("north", tmp_path, bucket)
+    site.ship("t", 2, 2)
+    run_job(spark, job(bucket, wh, iceberg=False))
+    site.ship("t", 2, 1)
+    # an uncommitted run's leftovers are removed by the next run
+    stale = wh / "t" / "_staging" / "run-stale" / "date=2020-01-01"
+    stale.mkdir(parents=True)
+    (stale / "part-0.parquet").write_bytes(b"junk")
+    run_job(spark, job(bucket, wh, iceberg=False))
+    assert not (wh / "t" / "_staging" / "run-stale").exists()
+    assert sorted(p.name for p in (wh / "t" / "_committed").iterdir()) == ["1.json", "2.json"]
+    df = spark.read.parquet(str(wh / "t"))
+    got = _rows([r.asDict(recursive=True) for r in df.drop("date").collect()])
+    assert got == site.expected
+
+
+def test_another_job_on_the_warehouse_is_refused(spark: Any, tmp_path: Path) -> None:
+    from edge_gateway.errors import InvalidInput
+    from edge_gateway.pipeline.tables import warehouse_lock
+
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    local_site("north", tmp_path, bucket).ship("t", 1, 1)
+    with warehouse_lock(wh), pytest.raises(InvalidInput, match="another pipeline job"):
+        run_job(spark, job(bucket, wh))
