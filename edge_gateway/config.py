@@ -553,6 +553,7 @@ data_dir = "{data_dir}"
 [shipper]
 # flush_interval_ms = 250     # the oldest unshipped record waits at most this long
 # max_object_bytes = "8MiB"
+# backlog_object_bytes = "16MiB" # a backlog ships as objects of up to this much
 # manifest_interval_ms = 10000
 # manifest_every = 100
 # compression_level = 1
