@@ -14,7 +14,12 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     mode, no metadata server), from moto's request log (``a`` has no sources,
     so an idle ``a`` makes none);
 (d) resume: ``b``'s proxy refuses connections for 10 s while ``a`` produces;
-    then it passes again; seconds until ``b``'s mirror advances.
+    then it passes again; seconds until ``b``'s mirror advances;
+(e) head relay: both gateways restart with a metadata server (``edgegw
+    metadata serve``) holding the same topology; end-to-end latency again,
+    now with ``b``'s mirror woken by relayed heads instead of polling, and
+    the requests both gateways make to the bucket over 30 s of idleness
+    (10 s with --quick; the target is none at all).
 
 Usage: python bench/replication.py [--quick]. Last line: one JSON object.
 """
@@ -45,7 +50,7 @@ from _common import (
     render_table,
     scratch_dir,
 )
-from edgegw_cli._fleet import BATCH_TYPE, Site, high_watermarks
+from edgegw_cli._fleet import BATCH_TYPE, MetadataProcess, Site, high_watermarks
 
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.telemetry import TelemetryGenerator
@@ -57,7 +62,21 @@ KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 PARTITIONS = 4
 
 
-def write_config(site: Site, proxy: TcpProxy) -> None:
+def write_config(site: Site, proxy: TcpProxy, metadata: tuple[str, str] | None = None) -> None:
+    topology = f"""
+[[topics]]
+name = "t"
+home = "a"
+partitions = {PARTITIONS}
+subscribers = ["b"]
+"""
+    if metadata is not None:
+        topology = f"""
+[metadata]
+url = "{metadata[0]}"
+token = "{metadata[1]}"
+poll_interval_ms = 1000
+"""
     site.data_dir.mkdir(parents=True, exist_ok=True)
     site.config = site.data_dir.parent / f"{site.region}.toml"
     site.log_path = site.data_dir.parent / f"{site.region}.log"
@@ -86,12 +105,7 @@ enabled = false
 listen = "127.0.0.1:0"
 [log]
 level = "warning"
-[[topics]]
-name = "t"
-home = "a"
-partitions = {PARTITIONS}
-subscribers = ["b"]
-"""
+{topology}"""
     )
 
 
@@ -137,6 +151,20 @@ def latency(a: Site, b: Site, count: int, rate: float) -> list[float]:
     stop.set()
     t.join(timeout=30)
     return [(seen[o] - at) * 1000 for o, at in acked.items() if o in seen]
+
+
+def wait_relayed(b: Site, timeout: float = 60) -> None:
+    """Wait until b's mirror of a follows relayed heads."""
+    deadline = time.monotonic() + timeout
+    with httpx.Client(base_url=b.url, timeout=30) as c:
+        while True:
+            doc = c.get("/v1/status").json()
+            mirror = doc["mirrors"].get("a")
+            if doc["metadata"]["relay"].get("active") and mirror and mirror["relay"]:
+                return
+            if time.monotonic() > deadline:
+                raise SystemExit(f"b never followed relayed heads: {doc['metadata']}")
+            time.sleep(0.05)
 
 
 def produce_backlog(a: Site, nbytes: int) -> int:
@@ -219,6 +247,7 @@ def main() -> None:
     probes, rate = (500, 100.0) if args.quick else (2000, 100.0)
     backlog = (32 if args.quick else 256) * 1024 * 1024
     idle_s = 5.0 if args.quick else 10.0
+    relay_idle_s = 10.0 if args.quick else 30.0
     figures: dict[str, Any] = {"quick": args.quick, "probes": probes, "backlog_bytes": backlog}
     with scratch_dir("replication-", args.dir) as root:
         figures["machine"] = machine_info(root)
@@ -235,6 +264,7 @@ def main() -> None:
         proxy_b = TcpProxy("127.0.0.1", moto.port).start()
         a = Site("a", (root / "a").resolve())
         b = Site("b", (root / "b").resolve())
+        meta = MetadataProcess(root.resolve())
         write_config(a, proxy_a)
         write_config(b, proxy_b)
         try:
@@ -317,9 +347,37 @@ def main() -> None:
                 figures["resume_s"] = time.perf_counter() - t0
             stop.set()
             producer.join(timeout=10)
+
+            progress("(e) head relay: restarting a and b with a metadata server ...")
+            for site in (b, a):
+                assert site.stop() == 0
+            meta.start()
+            tokens = {s.region: meta.add_region(s.region) for s in (a, b)}
+            meta.call(
+                "POST",
+                "/v1/topics",
+                {"name": "t", "home": "a", "partitions": PARTITIONS, "subscribers": ["b"]},
+            )
+            for site, proxy in ((a, proxy_a), (b, proxy_b)):
+                write_config(site, proxy, (meta.url, tokens[site.region]))
+                site.start()
+                site.wait_ready()
+            wait_relayed(b)
+            lat = latency(a, b, probes, rate)
+            figures["relay_e2e_samples"] = len(lat)
+            for q in (50, 90, 99):
+                figures[f"relay_e2e_p{q}_ms"] = percentile(lat, q)
+            progress(f"(e) idle requests of a and b over {relay_idle_s:.0f}s with the relay ...")
+            wait_caught_up(a, b)
+            time.sleep(3.0)
+            mark = moto.log_position()
+            time.sleep(relay_idle_s)
+            figures["relay_idle_s"] = relay_idle_s
+            figures["relay_idle_requests"] = len(moto.requests(since=mark))
         finally:
             for site in (a, b):
                 site.stop()
+            meta.stop()
             proxy_a.stop()
             proxy_b.stop()
             moto.stop()
@@ -376,6 +434,32 @@ def main() -> None:
         ),
         "(d) resume after 10 s cut off",
         Row("time to advance", f["resume_s"], "s", target="<= 1.0 s", ok=f["resume_s"] <= 1.0),
+        f"(e) with the metadata server's head relay ({f['relay_e2e_samples']} records)",
+        Row(
+            "p50",
+            f["relay_e2e_p50_ms"],
+            "ms",
+            "S3 polling (a)",
+            f["e2e_p50_ms"],
+            target="<= 300 ms",
+            ok=ok(f["relay_e2e_p50_ms"], f["relay_e2e_p50_ms"] <= 300),
+        ),
+        Row(
+            "p99",
+            f["relay_e2e_p99_ms"],
+            "ms",
+            "S3 polling (a)",
+            f["e2e_p99_ms"],
+            target="<= 600 ms",
+            ok=ok(f["relay_e2e_p99_ms"], f["relay_e2e_p99_ms"] <= 600),
+        ),
+        Row(
+            f"bucket requests, a and b idle {f['relay_idle_s']:.0f} s",
+            f["relay_idle_requests"],
+            "req",
+            target="0",
+            ok=f["relay_idle_requests"] == 0,
+        ),
     ]
     print(render_table("edgegw replication between two gateway processes", rows))
     emit_json(figures)

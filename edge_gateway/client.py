@@ -42,7 +42,7 @@ from edge_gateway.api.wire import (
     NEXT_OFFSET_HEADER,
     error_class,
 )
-from edge_gateway.errors import EdgeGatewayError, InvalidInput, Unavailable
+from edge_gateway.errors import EdgeGatewayError, InvalidInput, Unavailable, WrongRegion
 from edge_gateway.format.batch import Record, encode_batch, iter_batches
 
 __all__ = [
@@ -319,6 +319,9 @@ def _raise_for(response: httpx.Response) -> None:
     exc: EdgeGatewayError
     if code == "offset_out_of_range" and isinstance(extra.get("earliest_offset"), int):
         exc = OffsetOutOfRange(message, extra["earliest_offset"])
+    elif code == "wrong_region":
+        home = extra.get("home_region")
+        exc = WrongRegion(message, home if isinstance(home, str) else None)
     else:
         exc = error_class(code, status)(message)
     note = f"HTTP {status} {code or '(no code)'} from {response.request.method} {response.url}"

@@ -39,6 +39,7 @@ __all__ = [
     "GatewayConfig",
     "GcSettings",
     "LogConfig",
+    "MetadataSettings",
     "MirrorConfig",
     "TopicConfig",
     "load_config",
@@ -226,6 +227,56 @@ class GcSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class MetadataSettings:
+    """The metadata server this gateway takes its topic routing from (no ``url``: static mode)."""
+
+    #: ``http(s)://host:port`` of the metadata server; empty: the topology is ``[[topics]]``.
+    url: str = ""
+    #: This region's bearer token (``edgegw regions add``); better in
+    #: ``EDGEGW_METADATA_TOKEN``. Empty only for a server in open mode.
+    token: str = field(default="", repr=False)
+    #: Ask for the routing table this often (one cheap 304 while it is unchanged).
+    poll_interval_ms: int = 5_000
+    #: Report liveness, version and lag figures this often.
+    heartbeat_interval_ms: int = 10_000
+    #: Report this region's log head after each commit, and let idle tailers
+    #: wait for relayed heads instead of polling the bucket.
+    head_relay: bool = True
+    #: How long one long poll for relayed heads waits on the server.
+    relay_wait_ms: int = 25_000
+    #: While the relay is healthy, an idle tailer still asks the bucket this
+    #: often, as a safety net (0: never).
+    relay_safety_poll_ms: int = 300_000
+    #: The last routing table on disk; default ``<data_dir>/routing.json``.
+    cache_path: str = ""
+    #: Seconds per request to the metadata server (the long poll adds its wait).
+    timeout_s: float = 10.0
+    #: CA bundle (PEM) to verify an ``https`` server with; default: the system's.
+    ca_file: str = ""
+
+    def __post_init__(self) -> None:
+        if self.url and not re.match(r"^https?://[^/\s]+", self.url):
+            raise ConfigError(f"metadata.url: {self.url!r} is not an http:// or https:// URL")
+        if self.poll_interval_ms < 100:
+            raise ConfigError("metadata.poll_interval_ms must be >= 100")
+        if self.heartbeat_interval_ms < 100:
+            raise ConfigError("metadata.heartbeat_interval_ms must be >= 100")
+        if not 100 <= self.relay_wait_ms <= 60_000:
+            raise ConfigError("metadata.relay_wait_ms must be 100..60000")
+        if self.relay_safety_poll_ms < 0:
+            raise ConfigError("metadata.relay_safety_poll_ms must be >= 0 (0: never)")
+        if self.timeout_s <= 0:
+            raise ConfigError("metadata.timeout_s must be > 0")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+    def cache_file(self, data_dir: Path) -> Path:
+        return Path(self.cache_path) if self.cache_path else data_dir / "routing.json"
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     #: ``text`` for people, ``json`` (one object per line) for log collectors.
@@ -274,6 +325,7 @@ class GatewayConfig:
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
     gc: GcSettings = field(default_factory=GcSettings)
     api: ApiConfig = field(default_factory=ApiConfig)
+    metadata: MetadataSettings = field(default_factory=MetadataSettings)
     log: LogConfig = field(default_factory=LogConfig)
     topics: tuple[TopicConfig, ...] = ()
 
@@ -288,6 +340,11 @@ class GatewayConfig:
             if t.name in seen:
                 raise ConfigError(f"topics: {t.name!r} is defined twice")
             seen.add(t.name)
+        if self.metadata.enabled and self.topics:
+            raise ConfigError(
+                "topics: with metadata.url set, the metadata server holds the topology; "
+                "remove the [[topics]] tables (or metadata.url for static mode)"
+            )
 
     @property
     def journal_path(self) -> Path:
@@ -305,21 +362,31 @@ class GatewayConfig:
 
     def subscribers(self) -> list[str] | None:
         """Regions that mirror something homed here; ``None`` when a topic says ``*``."""
-        out: set[str] = set()
-        for t in self.topics:
-            if t.home == self.region:
-                if "*" in t.subscribers:
-                    return None
-                out.update(t.subscribers)
-        return sorted(out)
+        return topology_subscribers(self.topics, self.region)
 
     def sources(self) -> dict[str, list[str]]:
         """Source region → the topics this region mirrors from it."""
-        out: dict[str, list[str]] = {}
-        for t in self.topics:
-            if t.subscribed_by(self.region):
-                out.setdefault(t.home, []).append(t.name)
-        return out
+        return topology_sources(self.topics, self.region)
+
+
+def topology_subscribers(topics: typing.Iterable[TopicConfig], region: str) -> list[str] | None:
+    """Regions that mirror something homed in ``region``; ``None`` when a topic says ``*``."""
+    out: set[str] = set()
+    for t in topics:
+        if t.home == region:
+            if "*" in t.subscribers:
+                return None
+            out.update(t.subscribers)
+    return sorted(out)
+
+
+def topology_sources(topics: typing.Iterable[TopicConfig], region: str) -> dict[str, list[str]]:
+    """Source region → the topics ``region`` mirrors from it."""
+    out: dict[str, list[str]] = {}
+    for t in topics:
+        if t.subscribed_by(region):
+            out.setdefault(t.home, []).append(t.name)
+    return out
 
 
 # --------------------------------------------------------------- loading
@@ -398,6 +465,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "mirror": MirrorConfig,
     "gc": GcSettings,
     "api": ApiConfig,
+    "metadata": MetadataSettings,
     "log": LogConfig,
 }
 
@@ -591,6 +659,20 @@ type = "local"
 # token = ""                   # better: EDGEGW_API_TOKEN
 # max_body_bytes = "16MiB"
 # server = "hypercorn"         # or "builtin": less CPU per request (docs/api.md)
+
+[metadata]
+# The metadata server holds the fleet's topic routing (docs/metadata-api.md).
+# With a url, remove the [[topics]] below: the server's routing table replaces them.
+# url = "http://127.0.0.1:8471"
+# token = ""                   # this region's token; better: EDGEGW_METADATA_TOKEN
+# poll_interval_ms = 5000
+# heartbeat_interval_ms = 10000
+# head_relay = true            # idle mirrors wait for relayed heads: no bucket polling
+# relay_wait_ms = 25000
+# relay_safety_poll_ms = 300000
+# cache_path = ""              # default <data_dir>/routing.json
+# timeout_s = 10.0
+# ca_file = ""
 
 [log]
 # level = "info"

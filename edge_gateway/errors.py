@@ -11,6 +11,7 @@ so callers only ever handle these kinds::
     │   ├── ConfigError       a configuration key is missing or wrong
     │   ├── UnknownTopic      no such topic here (and auto_create is off)
     │   └── ReadOnlyTopic     a mirror topic, or a topic homed in another region
+    │       └── WrongRegion   the topic is homed in another region (``.home``)
     ├── CorruptData           bytes on disk or in the bucket fail a check
     │                         (CRC, length, magic, version, structure)
     ├── Unavailable           a dependency is away (bucket, metadata server);
@@ -50,6 +51,14 @@ class UnknownTopic(InvalidInput):
 
 class ReadOnlyTopic(InvalidInput):
     """Writes were sent to a mirror topic or to a topic homed in another region."""
+
+
+class WrongRegion(ReadOnlyTopic):
+    """Writes were sent to a topic homed in another region; ``home`` names it (when known)."""
+
+    def __init__(self, message: str, home: str | None = None) -> None:
+        super().__init__(message)
+        self.home = home
 
 
 class CorruptData(EdgeGatewayError):

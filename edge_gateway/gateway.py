@@ -12,6 +12,14 @@ reporting ready; then wait for :meth:`request_shutdown` (SIGTERM/SIGINT in
 bounded by ``shutdown_grace_s`` — flushes the journal and ships what is
 pending, then closes everything. A fatal error in any task (``Fenced``, a
 corrupt journal) cancels the rest and propagates out of ``run``.
+
+Topology: in static mode the topics come from the config file's
+``[[topics]]``. With ``[metadata] url`` they come from the metadata server's
+routing table (``edge_gateway.metadata.agent``): the cached table is used at
+once at start, and every new version is applied live by
+:meth:`Gateway.apply_topology` — topics become writable or go, partitions
+grow, and a tailer starts or stops (in its own cancel scope; its progress is
+in the journal, so a later restart resumes exactly where it stopped).
 """
 
 from __future__ import annotations
@@ -25,13 +33,18 @@ from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import crc32c
 import trio
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket
-from edge_gateway.config import GatewayConfig, TopicConfig
+from edge_gateway.config import (
+    GatewayConfig,
+    TopicConfig,
+    topology_sources,
+    topology_subscribers,
+)
 from edge_gateway.errors import (
     ClosedError,
     EdgeGatewayError,
@@ -39,6 +52,7 @@ from edge_gateway.errors import (
     ReadOnlyTopic,
     Unavailable,
     UnknownTopic,
+    WrongRegion,
 )
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
@@ -47,6 +61,10 @@ from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage
 from edge_gateway.names import validate_topic
 from edge_gateway.shipper import Shipper
+
+if TYPE_CHECKING:
+    from edge_gateway.metadata.agent import MetadataAgent
+    from edge_gateway.metadata.routing import RoutingTable
 
 __all__ = ["FetchResult", "Gateway", "ProduceRecord", "ProduceResult", "TopicInfo"]
 
@@ -144,6 +162,16 @@ class _Topic:
     subscribers: tuple[str, ...]
 
 
+@dataclass(slots=True, eq=False)
+class _TailerTask:
+    """A running tailer: cancelling ``scope`` stops it; ``done`` is set once it has."""
+
+    tailer: Tailer
+    topics: frozenset[str]
+    scope: trio.CancelScope = field(default_factory=trio.CancelScope)
+    done: trio.Event = field(default_factory=trio.Event)
+
+
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -155,13 +183,21 @@ class Gateway:
         self.config = config
         self.region = config.region
         self._topics: dict[str, _Topic] = {}
-        for t in config.topics:
-            self._add_topic(t)
+        #: The fleet's topics as this gateway knows them (config, or routing table).
+        self._topology: tuple[TopicConfig, ...] = ()
+        #: Topic name -> home region, for every topic of the topology.
+        self._homes: dict[str, str] = {}
+        #: Topics auto-created here (name -> partitions), kept in topics.json.
+        self._auto: dict[str, int] = {}
+        self._set_topology(config.topics)
+        self._metadata: MetadataAgent | None = None
+        self._workers: trio.Nursery | None = None
+        self._tailer_lock: trio.Lock | None = None
+        self._tailer_tasks: dict[str, _TailerTask] = {}
         self._journal: Journal | None = None
         self._shipper: Shipper | None = None
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
-        self._tailers: dict[str, Tailer] = {}
         self._gc_runs = 0
         self._gc_deleted = 0
         self._gc_last_error: str | None = None
@@ -169,6 +205,7 @@ class Gateway:
         self._shutdown = trio.Event()
         self._accepting = False
         self._started_ms = 0
+        self._workers_started = False
         self._api_addr: tuple[str, int] | None = None
         self._task_errors: dict[str, str] = {}
         #: Extra long-lived tasks (API server, tailers) started after the core.
@@ -185,6 +222,70 @@ class Gateway:
             name = f"{t.home}.{t.name}"
             self._topics[name] = _Topic(name, "mirror", t.home, t.partitions, t.name, ())
 
+    def _set_topology(self, topology: Sequence[TopicConfig]) -> None:
+        """Rebuild the topic table from ``topology`` (plus topics auto-created here)."""
+        self._topology = tuple(topology)
+        self._homes = {t.name: t.home for t in self._topology}
+        self._topics = {}
+        for t in self._topology:
+            self._add_topic(t)
+        for name, partitions in self._auto.items():
+            home = self._homes.get(name)
+            if home is not None and home != self.region:
+                log.warning(
+                    "auto-created topic %s is homed in region %s by the routing table: its "
+                    "local data stays in the journal, new writes go to %s",
+                    name,
+                    home,
+                    home,
+                )
+            if name not in self._topics and home is None:
+                self._add_topic(TopicConfig(name=name, home=self.region, partitions=partitions))
+
+    @property
+    def topology(self) -> tuple[TopicConfig, ...]:
+        """The fleet's topics as this gateway applies them now."""
+        return self._topology
+
+    @property
+    def metadata(self) -> MetadataAgent | None:
+        """The metadata server's client (``None`` in static mode)."""
+        return self._metadata
+
+    async def apply_routing(self, table: RoutingTable) -> None:
+        """Apply a routing table from the metadata server (see :meth:`apply_topology`)."""
+        from edge_gateway.metadata.routing import topology
+
+        log.info("routing table version %d: applying", table.version)
+        await self.apply_topology(topology(table))
+
+    async def apply_topology(self, topology: Sequence[TopicConfig]) -> None:
+        """Switch to a new topology while running.
+
+        Topics homed here become writable (or stop being), partition counts
+        change, and tailers start for new sources, stop for sources no longer
+        mirrored, and restart when the set of topics mirrored from a source
+        changes (each resumes from the progress recorded in the journal).
+        """
+        before = self._topics
+        self._set_topology(topology)
+        for name in sorted(self._topics.keys() - before.keys()):
+            t = self._topics[name]
+            log.info(
+                "topic %s added (%s, %d partitions)",
+                name,
+                "writable here" if t.kind == "local" else f"mirror of {t.home}",
+                t.partitions,
+            )
+        for name in sorted(before.keys() - self._topics.keys()):
+            log.info("topic %s removed from this gateway's topology", name)
+        for name in sorted(before.keys() & self._topics.keys()):
+            old, new = before[name].partitions, self._topics[name].partitions
+            if old != new:
+                log.info("topic %s: %d -> %d partitions", name, old, new)
+        if self._workers is not None:
+            await self._sync_tailers()
+
     def _topics_path(self) -> Path:
         return self.config.data_dir / "topics.json"
 
@@ -198,16 +299,12 @@ class Gateway:
             return
         for row in doc.get("auto_created", []):
             name, partitions = row["name"], int(row["partitions"])
-            if name not in self._topics:
+            if name not in self._topics and name not in self._homes:
+                self._auto[name] = partitions
                 self._add_topic(TopicConfig(name=name, home=self.region, partitions=partitions))
 
     def _save_auto_topics(self) -> None:
-        configured = {t.name for t in self.config.topics}
-        rows = [
-            {"name": t.name, "partitions": t.partitions}
-            for t in self._topics.values()
-            if t.kind == "local" and t.name not in configured
-        ]
+        rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
         path = self._topics_path()
         tmp = path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
@@ -220,15 +317,26 @@ class Gateway:
         t = self._topics.get(topic)
         if t is None:
             validate_topic(topic)
+            home = self._homes.get(topic)
+            if home is not None and home != self.region:
+                raise WrongRegion(
+                    f"topic {topic!r} is homed in region {home!r}, not in {self.region!r}: "
+                    f"produce to it in region {home!r}",
+                    home,
+                )
             if "." in topic and topic.split(".", 1)[0] != self.region:
                 raise ReadOnlyTopic(
                     f"topic {topic!r} is not homed in region {self.region!r}; produce to it "
                     f"in region {topic.split('.', 1)[0]!r}"
                 )
             if not self.config.auto_create:
-                raise UnknownTopic(
-                    f"unknown topic {topic!r} (define it in the config, or set auto_create = true)"
+                where = (
+                    "create it on the metadata server (edgegw topics create)"
+                    if self.config.metadata.enabled
+                    else "define it in the config"
                 )
+                raise UnknownTopic(f"unknown topic {topic!r} ({where}, or set auto_create = true)")
+            self._auto[topic] = self.config.default_partitions
             self._add_topic(
                 TopicConfig(name=topic, home=self.region, partitions=self.config.default_partitions)
             )
@@ -278,7 +386,7 @@ class Gateway:
     @property
     def tailers(self) -> dict[str, Tailer]:
         """Source region → its tailer (empty until the gateway runs)."""
-        return dict(self._tailers)
+        return {src: task.tailer for src, task in self._tailer_tasks.items()}
 
     def tailer_config(self) -> TailerConfig:
         m = self.config.mirror
@@ -289,6 +397,7 @@ class Gateway:
             prefetch_objects=m.prefetch,
             cursor_interval_s=m.cursor_interval_ms / 1000,
             retry_cap_s=m.retry_cap_ms / 1000,
+            relay_safety_poll_s=self.config.metadata.relay_safety_poll_ms / 1000,
         )
 
     def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:
@@ -297,8 +406,57 @@ class Gateway:
             source: Tailer(
                 journal, bucket, source, topics, self.region, tcfg, prefix=self.key_prefix
             )
-            for source, topics in sorted(self.config.sources().items())
+            for source, topics in sorted(topology_sources(self._topology, self.region).items())
         }
+
+    def load_cached_routing(self) -> bool:
+        """Take the topology from the routing cache on disk (tools that do not run the gateway).
+
+        Returns False in static mode or when there is no cache.
+        """
+        if not self.config.metadata.enabled:
+            return False
+        from edge_gateway.metadata.client import RoutingCache
+        from edge_gateway.metadata.routing import topology
+
+        cached = RoutingCache(self.config.metadata.cache_file(self.config.data_dir)).load()
+        if cached is None:
+            return False
+        self._set_topology(topology(cached.table))
+        return True
+
+    async def _sync_tailers(self) -> None:
+        """Start, stop and restart tailers to match the topology (one at a time)."""
+        assert self._tailer_lock is not None
+        assert self._workers is not None
+        async with self._tailer_lock:
+            journal, bucket, workers = self.journal, self.bucket, self._workers
+            want = {
+                src: frozenset(topics)
+                for src, topics in topology_sources(self._topology, self.region).items()
+            }
+            for src, task in list(self._tailer_tasks.items()):
+                if want.get(src) == task.topics:
+                    continue
+                task.scope.cancel()
+                await task.done.wait()
+                del self._tailer_tasks[src]
+                if src not in want:
+                    log.info("mirror %s: stopped (no topic of it is subscribed any more)", src)
+            tcfg = self.tailer_config()
+            for src, topics in sorted(want.items()):
+                if src in self._tailer_tasks:
+                    continue
+                tailer = Tailer(
+                    journal, bucket, src, topics, self.region, tcfg, prefix=self.key_prefix
+                )
+                task = _TailerTask(tailer, topics)
+                self._tailer_tasks[src] = task
+                await workers.start(self._run_tailer, task)
+                if self._workers_started:
+                    log.info("mirror %s: started (%s)", src, ", ".join(sorted(topics)))
+            if self._metadata is not None:
+                self._metadata.tailers_changed()
 
     @property
     def api_address(self) -> tuple[str, int] | None:
@@ -347,7 +505,20 @@ class Gateway:
         cfg = self.config
         cfg.data_dir.mkdir(parents=True, exist_ok=True)
         self._load_auto_topics()
+        self._tailer_lock = trio.Lock()
         async with AsyncExitStack() as stack:
+            agent = None
+            if cfg.metadata.enabled:
+                from edge_gateway.metadata.agent import MetadataAgent
+
+                agent = MetadataAgent(self, cfg.metadata)
+                self._metadata = agent
+                stack.push_async_callback(agent.aclose)
+                table = await agent.load()
+                if table is not None:
+                    from edge_gateway.metadata.routing import topology
+
+                    self._set_topology(topology(table))
             self._bucket = await self.open_bucket()
             stack.push_async_callback(self._bucket.aclose)
             journal = await stack.enter_async_context(open_journal(cfg.journal_path, cfg.journal))
@@ -355,16 +526,23 @@ class Gateway:
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)
             self._shipper = Shipper(
-                journal, self._bucket, self.region, config=cfg.shipper, prefix=self.key_prefix
+                journal,
+                self._bucket,
+                self.region,
+                config=cfg.shipper,
+                prefix=self.key_prefix,
+                on_commit=agent.report_head if agent is not None else None,
             )
             try:
                 async with trio.open_nursery() as core:
                     await core.start(journal.run)
                     async with trio.open_nursery() as workers:
+                        self._workers = workers
                         await workers.start(self._shipper.run)
-                        self._tailers = self.make_tailers(journal, self._bucket)
-                        for tailer in self._tailers.values():
-                            await workers.start(self._run_tailer, tailer)
+                        await self._sync_tailers()
+                        if agent is not None:
+                            await workers.start(agent.run)
+                        self._workers_started = True
                         if cfg.gc.enabled:
                             workers.start_soon(self._gc_loop)
                         for name, fn in self._services:
@@ -381,10 +559,12 @@ class Gateway:
                         await self._shutdown.wait()
                         self._accepting = False
                         workers.cancel_scope.cancel()
+                    self._workers = None
                     await self._drain()
                     core.cancel_scope.cancel()
             finally:
                 self._accepting = False
+                self._workers = None
                 self._journal = None
                 self._shipper = None
 
@@ -403,22 +583,31 @@ class Gateway:
             raise
 
     async def _run_tailer(
-        self, tailer: Tailer, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+        self, task: _TailerTask, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         try:
-            await tailer.run(task_status=task_status)
+            # Its own scope: a routing change stops this tailer alone. Its
+            # progress is in the journal, so a new tailer of the source
+            # resumes exactly where this one stopped.
+            with task.scope:
+                await task.tailer.run(task_status=task_status)
         except SourceGap:
             # Only this source stops (gap policy "fail"): its status says
             # "stopped" with the error, and everything else goes on.
             return
+        finally:
+            task.done.set()
 
     async def _gc_loop(self) -> None:
         """Delete this region's log objects that retention and every subscriber allow."""
         g = self.config.gc
         gcfg = GcConfig(retention_ms=g.retention_ms, age_cap_ms=g.age_cap_ms)
-        subscribers = self.config.subscribers() if g.retain_until_mirrored else []
         while True:
             await trio.sleep(g.interval_ms / 1000)
+            # From the topology in force now: routing changes move it.
+            subscribers = (
+                topology_subscribers(self._topology, self.region) if g.retain_until_mirrored else []
+            )
             try:
                 res = await collect_garbage(
                     self.bucket, self.region, subscribers, gcfg, prefix=self.key_prefix
@@ -616,6 +805,15 @@ class Gateway:
             t.subscribers,
         )
 
+    def metadata_status(self) -> dict[str, Any]:
+        """Where the topology comes from: ``static``, or the metadata server's state."""
+        if self._metadata is None:
+            return {
+                "mode": "static",
+                "describe": "metadata: static (topics from the config file)",
+            }
+        return self._metadata.status()
+
     def status(self) -> dict[str, Any]:
         """Everything ``edgegw status`` shows, as JSON-ready data."""
         j = self.journal.statistics()
@@ -649,7 +847,8 @@ class Gateway:
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
             },
-            "mirrors": {src: _tailer_json(t) for src, t in self._tailers.items()},
+            "mirrors": {src: _tailer_json(t) for src, t in sorted(self.tailers.items())},
+            "metadata": self.metadata_status(),
             "gc": {
                 "runs": self._gc_runs,
                 "deleted_entries": self._gc_deleted,
@@ -680,6 +879,9 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         ],
         "last_error": s.last_error,
         "stopped_by": s.stopped_by,
+        "relay": s.relay,
+        "relay_head": s.relay_head,
+        "relay_wakeups": s.relay_wakeups,
     }
 
 

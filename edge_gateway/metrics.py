@@ -216,6 +216,7 @@ class _GatewayCollector(Collector):
             return  # not running: nothing else to report
         yield from self._journal(stats)
         yield from self._shipper(gw)
+        yield from self._metadata(gw)
         owner = self._owner()
         if owner is not None:
             try:
@@ -321,6 +322,52 @@ class _GatewayCollector(Collector):
                 "edgegw_shipper_last_ship_timestamp_seconds",
                 "Unix time of the last committed log object.",
                 s.last_ship_ms / 1000,
+            )
+
+    @staticmethod
+    def _metadata(gw: Gateway) -> Iterator[Metric]:
+        """The metadata server's client (nothing in static mode)."""
+        if gw.metadata is None:
+            return
+        m = gw.metadata.status()
+        yield _gauge(
+            "edgegw_metadata_live",
+            "1 while the last request for the routing table succeeded (0: running from the cache).",
+            1 if m["mode"] == "live" else 0,
+        )
+        if m["version"] is not None:
+            yield _gauge(
+                "edgegw_metadata_routing_version",
+                "Version of the routing table in force.",
+                m["version"],
+            )
+        if m["confirmed_ms"]:
+            yield _gauge(
+                "edgegw_metadata_routing_age_seconds",
+                "Seconds since the metadata server last confirmed the routing table in force.",
+                max(0.0, time.time() - m["confirmed_ms"] / 1000),
+            )
+        yield _counter(
+            "edgegw_metadata_fetch_failures",
+            "Requests for the routing table that failed.",
+            m["fetch_failures"],
+        )
+        yield _counter(
+            "edgegw_metadata_heartbeat_failures",
+            "Heartbeats that failed.",
+            m["heartbeat_failures"],
+        )
+        relay = m["relay"]
+        if relay.get("enabled"):
+            yield _gauge(
+                "edgegw_metadata_relay_active",
+                "1 while idle mirrors wait for relayed heads (0: they poll the bucket).",
+                1 if relay.get("active") else 0,
+            )
+            yield _counter(
+                "edgegw_metadata_head_reports",
+                "Head reports sent to the metadata server.",
+                relay.get("reports", 0),
             )
 
     @staticmethod

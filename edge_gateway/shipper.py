@@ -189,6 +189,7 @@ class Shipper:
         prefix: str = "",
         state_path: str | os.PathLike[str] | None = None,
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        on_commit: Callable[[int], None] | None = None,
     ) -> None:
         self.journal = journal
         self.bucket = bucket
@@ -220,6 +221,10 @@ class Shipper:
         self._last_ship_ms = 0
         self._last_error: str | None = None
         self._upload_s = 0.0
+        #: Called with each seq right after it is committed (the fence of a
+        #: claim included), e.g. ``HeadReporter.report_nowait``: it must not
+        #: block; an exception is logged and ignored, never fails shipping.
+        self.on_commit = on_commit
 
     # ------------------------------------------------------------- claim
 
@@ -305,6 +310,16 @@ class Shipper:
             seq,
             self._shipped_lsn,
         )
+        self._notify_commit(seq)
+
+    def _notify_commit(self, seq: int) -> None:
+        hook = self.on_commit
+        if hook is None:
+            return
+        try:
+            hook(seq)
+        except Exception:  # a hint for others: it never stops shipping
+            log.exception("shipper: on_commit hook failed for seq %d", seq)
 
     def _reconcile(self, state: LogState) -> None:
         """Line the journal up with the log head: no gap, no duplicate, no reused offset."""
@@ -584,6 +599,7 @@ class Shipper:
             self._next_offsets[(b.topic, b.partition)] = b.last_offset + 1
         self._pending_manifest.append(ManifestEntry.from_header(header, len(obj)))
         self._schedule.committed()
+        self._notify_commit(seq)
 
     async def _create(
         self, key: str, obj: bytes, epoch: int, first_lsn: int, last_lsn: int

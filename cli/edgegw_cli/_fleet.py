@@ -2,11 +2,14 @@
 
 Each site is an `edgegw serve` process with its own data dir and config,
 sharing one local-directory bucket; the API binds a free port and the site's
-address is read from ``<data_dir>/api.addr``.
+address is read from ``<data_dir>/api.addr``. :class:`MetadataProcess` runs
+`edgegw metadata serve` beside them (the demo's topology comes from it).
 """
 
 from __future__ import annotations
 
+import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -48,17 +51,32 @@ class Site:
     paused: bool = False
 
     def write_config(
-        self, bucket: Path, topics: Sequence[FleetTopic], flush_ms: int, poll_ms: int
+        self,
+        bucket: Path,
+        topics: Sequence[FleetTopic],
+        flush_ms: int,
+        poll_ms: int,
+        *,
+        metadata: tuple[str, str] | None = None,
     ) -> None:
+        """Write the site's config: static ``topics``, or ``metadata=(url, token)``."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.config = self.data_dir.parent / f"{self.region}.toml"
         self.log_path = self.data_dir.parent / f"{self.region}.log"
+        if metadata is not None:
+            url, token = metadata
+            topology = (
+                f'[metadata]\nurl = "{url}"\ntoken = "{token}"\n'
+                "poll_interval_ms = 1000\nheartbeat_interval_ms = 2000\n"
+            )
+        else:
+            topology = "".join(t.toml() for t in topics)
         self.config.write_text(
             f'region = "{self.region}"\ndata_dir = "{self.data_dir}"\n'
             f"[shipper]\nflush_interval_ms = {flush_ms}\n"
             f"[mirror]\npoll_interval_ms = {poll_ms}\nmax_poll_interval_ms = 500\n"
             f'[bucket]\ntype = "local"\npath = "{bucket}"\n'
-            f'[api]\nlisten = "127.0.0.1:0"\n' + "".join(t.toml() for t in topics)
+            f'[api]\nlisten = "127.0.0.1:0"\n' + topology
         )
 
     def start(self) -> None:
@@ -119,6 +137,71 @@ class Site:
         if self.proc is not None and self.paused:
             self.proc.send_signal(signal.SIGCONT)
             self.paused = False
+
+
+class MetadataProcess:
+    """`edgegw metadata serve` on a free loopback port, with a fresh admin token."""
+
+    def __init__(self, work_dir: Path) -> None:
+        self.db = work_dir / "meta.sqlite"
+        self.addr_file = work_dir / "meta.addr"
+        self.log_path = work_dir / "metadata.log"
+        self.admin_token = secrets.token_urlsafe(24)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.addr_file.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "edgegw_cli", "metadata", "serve", "--db", str(self.db)]
+        argv += ["--listen", "127.0.0.1:0", "--addr-file", str(self.addr_file)]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                # The token goes by the environment: not visible in `ps`.
+                env={**os.environ, "EDGEGW_METADATA_ADMIN_TOKEN": self.admin_token},
+            )
+        deadline = time.monotonic() + timeout
+        while not self.addr_file.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise fail(f"the metadata server did not start; see {self.log_path}")
+            time.sleep(0.05)
+        self.url = self.addr_file.read_text().strip()
+
+    def admin(self) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.admin_token}"}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=30)
+
+    def call(self, method: str, path: str, body: object = None) -> dict[str, object]:
+        with self.admin() as c:
+            r = c.request(method, path, json=body)
+        if r.status_code >= 300:
+            raise fail(f"metadata server: {method} {path} -> {r.status_code} {r.text[:200]}")
+        doc: dict[str, object] = r.json() if r.content else {}
+        return doc
+
+    def add_region(self, region: str) -> str:
+        """Register ``region``; returns its token."""
+        return str(self.call("POST", "/v1/regions", {"id": region})["token"])
+
+    def create_topic(self, topic: FleetTopic) -> None:
+        subs: object = "*" if topic.subscribers == ("*",) else list(topic.subscribers)
+        body = {"name": topic.name, "home": topic.home, "partitions": topic.partitions}
+        self.call("POST", "/v1/topics", {**body, "subscribers": subs})
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                return -9
+        return self.proc.returncode
 
 
 def high_watermarks(client: httpx.Client, topic: str) -> list[int]:

@@ -40,7 +40,7 @@ app.command("sync")(sync.sync)
 app.command("restore")(restore.restore)
 app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(meta.serve_app, name="metadata")
-app.add_typer(meta.app, name="meta")
+app.add_typer(meta.regions_app, name="regions")
 
 
 @app.callback()

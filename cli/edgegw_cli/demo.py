@@ -1,11 +1,14 @@
 """``edgegw demo``: two regions on one machine, mirroring each other through a local bucket.
 
-Starts two real gateways (``edgegw serve`` processes, regions ``north`` and
-``south``) sharing a local-directory bucket, with a topic homed in each and
-mirrored by the other; produces sample telemetry in both; waits until each
+Starts the reference metadata server (``edgegw metadata serve``, a process),
+registers regions ``north`` and ``south`` and creates a topic homed in each
+and mirrored by the other through its API; then starts two real gateways
+(``edgegw serve`` processes) that take their routing from it and share a
+local-directory bucket. Produces sample telemetry in both; waits until each
 mirrors the other's topic; checks the mirrors record for record; measures the
-end-to-end latency (acknowledged at the home region → readable in the other);
-prints a table and exits 0. No servers to install, under a minute.
+end-to-end latency (acknowledged at the home region → readable in the other,
+the mirror woken by the metadata server's head relay); prints a table and
+exits 0. No servers to install, under a minute.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import typer
@@ -27,6 +31,7 @@ from edgegw_cli._common import console, fail
 from edgegw_cli._fleet import (
     BATCH_TYPE,
     FleetTopic,
+    MetadataProcess,
     Site,
     bucket_figures,
     high_watermarks,
@@ -144,14 +149,26 @@ def demo(
     bucket = (work_dir / "bucket").resolve()
     sites = [Site(region, (work_dir / region).resolve()) for region in REGIONS]
     console.print(
-        "[bold]edgegw demo[/]: two gateways (north, south) sharing a local bucket at "
-        f"{bucket}; each homes a topic the other mirrors"
+        "[bold]edgegw demo[/]: a metadata server and two gateways (north, south) sharing a "
+        f"local bucket at {bucket}; each homes a topic the other mirrors"
     )
     t0 = time.monotonic()
     north, south = sites
+    meta = MetadataProcess(work_dir.resolve())
+    codes: dict[str, int] = {}
     try:
+        meta.start()
+        tokens = {site.region: meta.add_region(site.region) for site in sites}
+        for topic in TOPICS:
+            meta.create_topic(topic)
+        console.print(
+            f"metadata server at {meta.url}: regions {', '.join(tokens)}; topics "
+            + ", ".join(f"{t.name} (home {t.home}, {t.partitions} partitions)" for t in TOPICS)
+        )
         for site in sites:
-            site.write_config(bucket, TOPICS, flush_ms, poll_ms)
+            site.write_config(
+                bucket, TOPICS, flush_ms, poll_ms, metadata=(meta.url, tokens[site.region])
+            )
             site.start()
         for site in sites:
             site.wait_ready()
@@ -159,6 +176,7 @@ def demo(
             f"gateways up in {time.monotonic() - t0:.1f}s: "
             + ", ".join(f"{s.region} at {s.url}" for s in sites)
         )
+        _wait_routed(sites)
         produced: dict[str, tuple[int, int]] = {}
         errors: list[str] = []
 
@@ -184,8 +202,10 @@ def demo(
             *mirror_mismatches(south, _topic(south).name, _topic(south).partitions, north),
         ]
         latencies = _latency(north, south, probes, rate=50)
+        routing = {site.region: _metadata_line(site) for site in sites}
     finally:
         codes = {s.region: s.stop() for s in sites}
+        codes["metadata"] = meta.stop()
     table = Table(title=f"edgegw demo: 2 regions, {records:,} telemetry records each")
     for col in ("home", "topic", "records", "MB", "objects", "MB stored", "ratio", "mirror", "lag"):
         table.add_column(col, justify="right" if col not in ("home", "topic") else "left")
@@ -204,18 +224,51 @@ def demo(
             f"{converge[other.region]:.2f}s",
         )
     console.print(table)
+    for region, line in routing.items():
+        console.print(f"{region}: {line}", highlight=False)
     console.print(
         f"end-to-end latency north → south over {len(latencies)} records "
-        f"(flush {flush_ms} ms, poll {poll_ms} ms): p50 {_pct(latencies, 50):.0f} ms, "
-        f"p99 {_pct(latencies, 99):.0f} ms"
+        f"(flush {flush_ms} ms, mirrors woken by relayed heads): p50 "
+        f"{_pct(latencies, 50):.0f} ms, p99 {_pct(latencies, 99):.0f} ms"
     )
     if mismatches:
         raise fail(f"mirrors differ from their sources: {', '.join(mismatches)}")
     if len(latencies) < probes:
         raise fail(f"only {len(latencies)} of {probes} probe records reached the mirror")
     if any(code != 0 for code in codes.values()):
-        raise fail(f"gateways exited with {codes}; see the logs in {work_dir}")
+        raise fail(f"processes exited with {codes}; see the logs in {work_dir}")
     console.print(
-        f"[green]mirrors equal their sources record for record; both gateways stopped "
-        f"cleanly[/] ({time.monotonic() - t0:.1f}s; data and logs in {work_dir})"
+        f"[green]mirrors equal their sources record for record; both gateways and the "
+        f"metadata server stopped cleanly[/] ({time.monotonic() - t0:.1f}s; data and logs in "
+        f"{work_dir})"
+    )
+
+
+def _status(site: Site) -> dict[str, Any]:
+    r = httpx.get(f"{site.url}/v1/status", timeout=30)
+    r.raise_for_status()
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def _wait_routed(sites: list[Site], timeout: float = 30.0) -> None:
+    """Wait until every gateway has the routing table and mirrors the other region."""
+    deadline = time.monotonic() + timeout
+    for site in sites:
+        while True:
+            doc = _status(site)
+            if doc["metadata"]["mode"] == "live" and doc["mirrors"]:
+                break
+            if time.monotonic() > deadline:
+                raise fail(f"{site.region} did not get its routing: {doc['metadata']['describe']}")
+            time.sleep(0.05)
+
+
+def _metadata_line(site: Site) -> str:
+    meta = _status(site)["metadata"]
+    relay = meta["relay"]
+    state = "active" if relay.get("active") else "unavailable"
+    return (
+        f"{meta['describe']}; head relay {state} ({relay.get('reports', 0)} heads reported, "
+        f"{sum(m['relay_wakeups'] for m in _status(site)['mirrors'].values())} mirror wake-ups)"
     )

@@ -1,8 +1,10 @@
-"""``edgegw metadata serve`` (the reference metadata server) and ``edgegw meta ...`` (its admin).
+"""``edgegw metadata serve`` (the reference metadata server) and its admin commands.
 
-``edgegw meta`` talks to a metadata server (``--metadata URL --token T``, or
-``EDGEGW_METADATA_URL`` / ``EDGEGW_METADATA_TOKEN``); the gateway-local
-``edgegw topics`` shows what one running gateway holds.
+The admin commands talk to a metadata server (``--metadata URL --token T``,
+or ``EDGEGW_METADATA_URL`` / ``EDGEGW_METADATA_TOKEN``): ``edgegw regions
+list|add|revoke`` (:data:`regions_app`) and ``edgegw topics
+create|alter|delete`` plus ``edgegw topics list|describe --metadata`` (the
+topic functions here, mounted by :mod:`edgegw_cli.topics`).
 """
 
 from __future__ import annotations
@@ -20,13 +22,9 @@ from rich.table import Table
 from edgegw_cli._common import console, fail
 
 serve_app = typer.Typer(help="The reference metadata server.", no_args_is_help=True)
-app = typer.Typer(
-    help="Fleet topics and regions on the metadata server (admin).", no_args_is_help=True
+regions_app = typer.Typer(
+    help="Regions of the fleet and their tokens (on the metadata server).", no_args_is_help=True
 )
-topics_app = typer.Typer(help="Topics of the fleet (routing).", no_args_is_help=True)
-regions_app = typer.Typer(help="Regions and their tokens.", no_args_is_help=True)
-app.add_typer(topics_app, name="topics")
-app.add_typer(regions_app, name="regions")
 
 log = logging.getLogger("edgegw.metadata")
 
@@ -187,16 +185,8 @@ def _topic_table(topics: list[dict[str, Any]], title: str) -> Table:
 # ----------------------------------------------------------------- topics
 
 
-@topics_app.command("list")
-def topics_list(
-    metadata: str = METADATA_OPTION,
-    token: str | None = META_TOKEN_OPTION,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
-) -> None:
-    """Every topic of the fleet, with its home and subscribers.
-
-    Example: edgegw meta topics list --metadata http://127.0.0.1:8471
-    """
+def topics_list(metadata: str, token: str | None, as_json: bool) -> None:
+    """Print every topic of the fleet, with its home and subscribers (``edgegw topics list``)."""
     with _Admin(metadata, token) as m:
         doc = m.call("GET", "/v1/routing")
     if as_json:
@@ -205,22 +195,13 @@ def topics_list(
     console.print(_topic_table(doc["topics"], f"topics (routing version {doc['version']})"))
 
 
-@topics_app.command("describe")
-def topics_describe(
-    topic: str = typer.Argument(..., help="Topic name."),
-    metadata: str = METADATA_OPTION,
-    token: str | None = META_TOKEN_OPTION,
-) -> None:
-    """One topic's routing.
-
-    Example: edgegw meta topics describe telemetry
-    """
+def topics_describe(topic: str, metadata: str, token: str | None) -> None:
+    """Print one topic's routing (``edgegw topics describe --metadata``)."""
     with _Admin(metadata, token) as m:
         t = m.call("GET", f"/v1/topics/{_quote(topic)}")
     console.print(_topic_table([t], t["name"]))
 
 
-@topics_app.command("create")
 def topics_create(
     topic: str = typer.Argument(..., help="Topic name."),
     home: str = typer.Option(..., "--home", help="The region that accepts writes."),
@@ -234,7 +215,7 @@ def topics_create(
 ) -> None:
     """Create a topic homed in one region.
 
-    Example: edgegw meta topics create telemetry --home north -p 4 -s south,east
+    Example: edgegw topics create telemetry --home north -p 4 -s south,east
     """
     body: dict[str, Any] = {"name": topic, "home": home, "partitions": partitions}
     subs = _parse_subscribers(subscribers)
@@ -247,7 +228,6 @@ def topics_create(
     console.print(_topic_table([t], f"created {t['name']}"))
 
 
-@topics_app.command("alter")
 def topics_alter(
     topic: str = typer.Argument(..., help="Topic name."),
     partitions: int | None = typer.Option(None, "--partitions", "-p", help="More partitions."),
@@ -263,7 +243,7 @@ def topics_alter(
 ) -> None:
     """Change partitions (grow only), subscribers or retention.
 
-    Example: edgegw meta topics alter telemetry -p 8 -s '*'
+    Example: edgegw topics alter telemetry -p 8 -s '*'
     """
     body: dict[str, Any] = {}
     if partitions is not None:
@@ -284,7 +264,6 @@ def topics_alter(
     console.print(_topic_table([t], f"altered {t['name']}"))
 
 
-@topics_app.command("delete")
 def topics_delete(
     topic: str = typer.Argument(..., help="Topic name."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -293,7 +272,7 @@ def topics_delete(
 ) -> None:
     """Remove a topic from the routing (gateways stop mirroring it; data stays).
 
-    Example: edgegw meta topics delete telemetry --yes
+    Example: edgegw topics delete telemetry --yes
     """
     if not yes and not typer.confirm(f"delete topic {topic!r} from the routing table?"):
         raise typer.Exit(1)
@@ -312,7 +291,7 @@ def regions_list(
 ) -> None:
     """Every region: status, last heartbeat, gateway version, head and lag.
 
-    Example: edgegw meta regions list
+    Example: edgegw regions list
     """
     import time
 
@@ -344,7 +323,7 @@ def regions_add(
 ) -> None:
     """Register a region and print its token (shown once: store it now).
 
-    Example: edgegw meta regions add north
+    Example: edgegw regions add north
     """
     with _Admin(metadata, token) as m:
         doc = m.call("POST", "/v1/regions", {"id": region})
@@ -360,7 +339,7 @@ def regions_revoke(
 ) -> None:
     """Revoke a region's token (its topics stay; `regions add` issues a new one).
 
-    Example: edgegw meta regions revoke north
+    Example: edgegw regions revoke north
     """
     with _Admin(metadata, token) as m:
         m.call("DELETE", f"/v1/regions/{_quote(region)}")

@@ -54,6 +54,20 @@ def render(doc: dict[str, Any]) -> None:
     head.add_column("")
     head.add_row("state", "serving" if doc["accepting"] else "not accepting writes")
     head.add_row("bucket", doc["bucket"])
+    meta = doc.get("metadata")
+    if meta:
+        line = meta["describe"].removeprefix("metadata: ")
+        if meta.get("last_error"):
+            line += f" [red]({meta['last_error']})[/]"
+        head.add_row("metadata", line)
+        relay = meta.get("relay") or {}
+        if relay.get("enabled"):
+            head.add_row(
+                "head relay",
+                "active: idle mirrors wait for relayed heads"
+                if relay.get("active")
+                else "unavailable: mirrors poll the bucket",
+            )
     head.add_row(
         "journal",
         f"{_mb(j['bytes'])} of {_mb(j['max_bytes'])} ({j['segments']} segments), "

@@ -1,4 +1,12 @@
-"""``edgegw topics list|describe``: the gateway's topics."""
+"""``edgegw topics``: the fleet's topics on the metadata server, and one gateway's topics.
+
+``create``, ``alter`` and ``delete`` change the routing table on the metadata
+server (``--metadata URL --token T``, or ``EDGEGW_METADATA_URL`` /
+``EDGEGW_METADATA_TOKEN``; see :mod:`edgegw_cli.meta`). ``list`` and
+``describe`` show the fleet's routing with ``--metadata`` (or
+``EDGEGW_METADATA_URL``), else what one running gateway holds (its offsets,
+what is not shipped yet).
+"""
 
 from __future__ import annotations
 
@@ -10,8 +18,29 @@ from rich.table import Table
 from edge_gateway.errors import EdgeGatewayError
 from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
 from edgegw_cli._common import console, fail
+from edgegw_cli.meta import topics_alter, topics_create, topics_delete, topics_describe, topics_list
 
-app = typer.Typer(help="Topics of the running gateway.", no_args_is_help=True)
+app = typer.Typer(
+    help="Topics: the fleet's routing on the metadata server, or a running gateway's topics.",
+    no_args_is_help=True,
+)
+app.command("create")(topics_create)
+app.command("alter")(topics_alter)
+app.command("delete")(topics_delete)
+
+FLEET_OPTION = typer.Option(
+    None,
+    "--metadata",
+    envvar="EDGEGW_METADATA_URL",
+    help="Show the fleet's routing from this metadata server (or EDGEGW_METADATA_URL) "
+    "instead of the gateway's topics.",
+)
+FLEET_TOKEN_OPTION = typer.Option(
+    None,
+    "--metadata-token",
+    envvar="EDGEGW_METADATA_TOKEN",
+    help="Bearer token for --metadata (or EDGEGW_METADATA_TOKEN).",
+)
 
 
 @app.command("list")
@@ -19,11 +48,19 @@ def list_topics(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    metadata: str | None = FLEET_OPTION,
+    metadata_token: str | None = FLEET_TOKEN_OPTION,
+    as_json: bool = typer.Option(False, "--json", help="With --metadata: print JSON."),
 ) -> None:
     """Every topic: local ones (writable here) and mirrors of other regions' topics.
 
+    With --metadata: every topic of the fleet, with its home and subscribers.
+
     Example: edgegw topics list --config edgegw.toml
     """
+    if metadata:
+        topics_list(metadata, metadata_token, as_json)
+        return
     with connect(config, url, token) as client:
         try:
             topics = client.topics()
@@ -52,11 +89,18 @@ def describe(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    metadata: str | None = FLEET_OPTION,
+    metadata_token: str | None = FLEET_TOKEN_OPTION,
 ) -> None:
     """Per partition: first and next offset, and (local topics) what is not shipped yet.
 
+    With --metadata: the topic's routing (home, partitions, retention, subscribers).
+
     Example: edgegw topics describe telemetry
     """
+    if metadata:
+        topics_describe(topic, metadata, metadata_token)
+        return
     with connect(config, url, token) as client:
         try:
             t = client.topic(topic)

@@ -59,6 +59,7 @@ from edge_gateway.errors import (
     ReadOnlyTopic,
     Unavailable,
     UnknownTopic,
+    WrongRegion,
 )
 from edge_gateway.format.batch import decode_batch, read_header
 from edge_gateway.gateway import Gateway, ProduceResult
@@ -267,6 +268,8 @@ class ApiApp:
             return _error_response(400, "invalid_name", message)
         if isinstance(exc, UnknownTopic):
             return _error_response(404, "unknown_topic", message)
+        if isinstance(exc, WrongRegion):
+            return _error_response(409, "wrong_region", message, home_region=exc.home)
         if isinstance(exc, ReadOnlyTopic):
             return _error_response(409, "read_only_topic", message)
         if isinstance(exc, OffsetOutOfRange):

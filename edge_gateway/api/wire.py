@@ -25,6 +25,7 @@ from edge_gateway.errors import (
     ReadOnlyTopic,
     Unavailable,
     UnknownTopic,
+    WrongRegion,
 )
 
 __all__ = [
@@ -56,6 +57,8 @@ ERROR_CODES: Final[dict[str, tuple[int, type[EdgeGatewayError]]]] = {
     "not_found": (404, InvalidInput),
     "method_not_allowed": (405, InvalidInput),
     "read_only_topic": (409, ReadOnlyTopic),
+    #: produce to a topic homed in another region; the body adds ``home_region``
+    "wrong_region": (409, WrongRegion),
     "body_too_large": (413, InvalidInput),
     "unsupported_media_type": (415, InvalidInput),
     #: the request head (line and headers) is over 16 KiB

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import ssl
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class MetadataClient:
         region: str | None = None,
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        verify: ssl.SSLContext | bool = True,
     ) -> None:
         self.url = url.rstrip("/")
         self.region = validate_region(region) if region is not None else None
@@ -107,6 +109,7 @@ class MetadataClient:
             headers=headers,
             timeout=httpx.Timeout(timeout_s),
             transport=transport,
+            verify=verify,
         )
         self._table: RoutingTable | None = None
         self._etag: str | None = None

@@ -54,6 +54,10 @@ class TailerConfig:
     whole_object_fraction: float = logobject.DEFAULT_WHOLE_OBJECT_FRACTION
     #: Blocks larger than this (raw bytes per entry) are decoded in a worker thread.
     decode_in_thread_bytes: int = 1 * MiB
+    #: While a head relay is active (:meth:`Tailer.set_relay`), an idle tailer
+    #: waits for relayed heads instead of polling; it still polls this often
+    #: as a safety net (0: never).
+    relay_safety_poll_s: float = 300.0
 
     def __post_init__(self) -> None:
         try:
@@ -87,5 +91,7 @@ class TailerConfig:
             raise ConfigError("mirror.prefetch_bytes must be at least 64 KiB")
         if self.coalesce_gap < 0 or not 0.0 <= self.whole_object_fraction <= 1.0:
             raise ConfigError("mirror.coalesce_gap >= 0 and whole_object_fraction in 0..1")
+        if self.relay_safety_poll_s < 0:
+            raise ConfigError("mirror.relay_safety_poll_s must be >= 0 (0: never)")
         if self.decode_in_thread_bytes < 0:
             raise ConfigError("mirror.decode_in_thread_bytes must be >= 0")

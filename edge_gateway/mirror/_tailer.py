@@ -5,7 +5,13 @@ Protocol and every failure case: ``docs/mirroring.md``. In short:
 * The tailer asks for ``log/<next seq>``: a 404 means nothing new (no LIST
   while following). Polling starts at ``poll_interval_s`` and backs off while
   idle up to ``max_poll_interval_s``; :meth:`Tailer.wake` (a relayed head)
-  polls at once.
+  polls at once. While a head relay is active (:meth:`Tailer.set_relay`), an
+  idle tailer makes no requests at all: it waits for
+  :meth:`Tailer.relayed_head` to announce an entry it has not applied (and
+  polls every ``relay_safety_poll_s`` as a safety net). The relay is a hint,
+  never trusted: the tailer still reads the log itself and stops at the
+  first 404; a relayed head that does not exist (yet) is polled for with the
+  normal backoff.
 * Per entry: one ranged GET of the first 64 KiB (header and index, and all
   of a small object), then only the byte ranges of subscribed partitions;
   every block is CRC-checked and decoded *before* anything is appended. Each
@@ -132,6 +138,12 @@ class TailerStats:
     quarantine_events: int
     cursor_through_seq: int
     stopped_by: str | None
+    #: Idle waits are for relayed heads (no polling), see :meth:`Tailer.set_relay`.
+    relay: bool = False
+    #: Highest head the relay announced (0: none).
+    relay_head: int = 0
+    #: Polls started by a relayed head.
+    relay_wakeups: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +249,9 @@ class Tailer:
         )
         self._wake = trio.Event()
         self._known_head = 0
+        self._relay = False
+        self._relay_head = 0
+        self._relay_wakeups = 0
         self._last_gap_check: float | None = None
         self._last_catch_up_check: float | None = None
         self._pending_marker_plan: EntryPlan | None = None
@@ -267,6 +282,33 @@ class Tailer:
         if head_seq is not None and head_seq > self._known_head:
             self._known_head = head_seq
         self._wake.set()
+
+    def set_relay(self, active: bool) -> None:
+        """Follow relayed heads (``True``: idle means waiting, no requests) or poll the bucket.
+
+        Switching polls once at once: heads announced while the relay was
+        away, or entries committed while it came back, are not missed.
+        """
+        if active != self._relay:
+            self._relay = active
+            self._wake.set()
+
+    def relayed_head(self, seq: int) -> None:
+        """The relay says the source's head is ``seq``: poll if that entry is not applied yet."""
+        self._relay_head = max(self._relay_head, seq)
+        if seq >= self._state.next_seq:
+            self._relay_wakeups += 1
+            self.wake(seq)
+
+    def _idle_delay(self) -> float:
+        """How long to wait (for a wake) before polling again after a poll found nothing."""
+        delay = self._poll.idle()
+        if self._relay and self._relay_head < self._state.next_seq:
+            # Every relayed entry is applied: wait for the next announcement.
+            safety = self.config.relay_safety_poll_s
+            return safety if safety > 0 else math.inf
+        # Polling, or a relayed head that is not readable yet: back off as usual.
+        return delay
 
     async def catch_up(self) -> CatchUpResult:
         """Apply everything up to the source's current head, then return.
@@ -333,7 +375,7 @@ class Tailer:
             if n:
                 self._poll.reset()
             self._status = "idle"
-            delay = self._poll.idle()
+            delay = self._idle_delay()
             with trio.move_on_after(delay):
                 await self._wake.wait()
             if self._wake.is_set():
@@ -390,6 +432,9 @@ class Tailer:
             quarantine_events=self._quarantine_events,
             cursor_through_seq=self._published_through,
             stopped_by=self._stopped_by,
+            relay=self._relay,
+            relay_head=self._relay_head,
+            relay_wakeups=self._relay_wakeups,
         )
 
     # ------------------------------------------------------------ following

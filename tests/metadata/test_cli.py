@@ -1,4 +1,4 @@
-"""``edgegw meta topics|regions`` against a real server (the CLI runs in-process)."""
+"""``edgegw topics|regions`` against a real server (the CLI runs in-process)."""
 
 from __future__ import annotations
 
@@ -21,79 +21,81 @@ def run(fleet: Fleet, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
 
 def test_topics_lifecycle(fleet: Fleet) -> None:
     name = f"cli-{uuid.uuid4().hex[:6]}"
-    r = run(fleet, "meta", "topics", "create", name, "--home", "north", "-p", "2", "-s", "south")
+    r = run(fleet, "topics", "create", name, "--home", "north", "-p", "2", "-s", "south")
     assert r.exit_code == 0, r.output
     assert name in r.stdout
-    r = run(fleet, "meta", "topics", "list")
+    r = run(fleet, "topics", "list")
     assert r.exit_code == 0, r.output
     row = next(line for line in r.stdout.splitlines() if name in line)
     assert "north" in row
     assert "south" in row
-    r = run(fleet, "meta", "topics", "alter", name, "-p", "5", "-s", "*", "--retention-ms", "60000")
+    r = run(fleet, "topics", "alter", name, "-p", "5", "-s", "*", "--retention-ms", "60000")
     assert r.exit_code == 0, r.output
-    r = run(fleet, "meta", "topics", "describe", name)
+    r = run(fleet, "topics", "describe", name)
     assert r.exit_code == 0, r.output
     row = next(line for line in r.stdout.splitlines() if name in line and "north" in line)
     assert "5" in row
     assert "60,000" in row
     assert "* (all)" in row
 
-    r = run(fleet, "meta", "topics", "alter", name, "-p", "3")
+    r = run(fleet, "topics", "alter", name, "-p", "3")
     assert r.exit_code == 1
     assert "partitions can only grow" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
-    r = run(fleet, "meta", "topics", "create", name, "--home", "north")
+    r = run(fleet, "topics", "create", name, "--home", "north")
     assert r.exit_code == 1
     assert "already exists" in r.stderr
     assert "409 topic_exists" in r.stderr
-    r = run(fleet, "meta", "topics", "create", "x" + name, "--home", "mars")
+    r = run(fleet, "topics", "create", "x" + name, "--home", "mars")
     assert r.exit_code == 1
     assert "unknown region 'mars'" in r.stderr
-    r = run(fleet, "meta", "topics", "alter", name)
+    r = run(fleet, "topics", "alter", name)
     assert r.exit_code == 1
     assert "nothing to change" in r.stderr
 
-    r = run(fleet, "meta", "topics", "delete", name, "--yes")
+    r = run(fleet, "topics", "delete", name, "--yes")
     assert r.exit_code == 0, r.output
-    r = run(fleet, "meta", "topics", "describe", name)
+    r = run(fleet, "topics", "describe", name)
     assert r.exit_code == 1
     assert "unknown topic" in r.stderr
 
 
 def test_regions(fleet: Fleet) -> None:
     region = f"r-{uuid.uuid4().hex[:6]}"
-    r = run(fleet, "meta", "regions", "add", region)
+    r = run(fleet, "regions", "add", region)
     assert r.exit_code == 0, r.output
     token = r.stdout.strip()
     assert token.startswith("egw_")
     assert "shown once" in r.stderr
     # The new token works for its region, and cannot change topics.
-    r = run(fleet, "meta", "topics", "list", token=token)
+    r = run(fleet, "topics", "list", token=token)
     assert r.exit_code == 0, r.output
-    r = run(fleet, "meta", "topics", "create", "nope", "--home", region, token=token)
+    r = run(fleet, "topics", "create", "nope", "--home", region, token=token)
     assert r.exit_code == 1
     assert "403 forbidden" in r.stderr
-    r = run(fleet, "meta", "regions", "list")
+    r = run(fleet, "regions", "list")
     assert r.exit_code == 0, r.output
     assert any(region in line and "active" in line for line in r.stdout.splitlines())
-    r = run(fleet, "meta", "regions", "revoke", region)
+    r = run(fleet, "regions", "revoke", region)
     assert r.exit_code == 0, r.output
-    r = run(fleet, "meta", "regions", "list")
+    r = run(fleet, "regions", "list")
     assert any(region in line and "revoked" in line for line in r.stdout.splitlines())
-    r = run(fleet, "meta", "topics", "list", token=token)
+    r = run(fleet, "topics", "list", token=token)
     assert r.exit_code == 1
     assert "unknown or revoked token" in r.stderr
-    r = run(fleet, "meta", "regions", "revoke", "mars")
+    r = run(fleet, "regions", "revoke", "mars")
     assert r.exit_code == 1
     assert "unknown region" in r.stderr
 
 
 def test_unreachable_and_missing_options(fleet: Fleet) -> None:
     r = CliRunner().invoke(
-        app, ["meta", "topics", "list", "--metadata", "http://127.0.0.1:9", "--token", "x"]
+        app, ["topics", "list", "--metadata", "http://127.0.0.1:9", "--metadata-token", "x"]
     )
     assert r.exit_code == 1
     assert "unreachable" in r.stderr
-    r = CliRunner().invoke(app, ["meta", "topics", "list"], env={"EDGEGW_METADATA_URL": None})
+    r = CliRunner().invoke(
+        app, ["topics", "create", "t", "--home", "a"], env={"EDGEGW_METADATA_URL": None}
+    )
     assert r.exit_code == 2
     assert "--metadata" in r.stderr

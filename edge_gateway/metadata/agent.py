@@ -1,0 +1,378 @@
+"""The gateway's side of the metadata server: routing, heartbeats and the head relay.
+
+A :class:`~edge_gateway.gateway.Gateway` configured with ``[metadata] url``
+owns one :class:`MetadataAgent`. It
+
+* **starts from the disk cache** (:class:`RoutingCache`, ``<data_dir>/routing.json``)
+  when there is one, so a gateway starts and serves while the server is
+  away; without a cache it asks the server once (a few seconds at most) and
+  otherwise starts with no topics and keeps asking;
+* **polls** ``GET /v1/routing`` every ``poll_interval_ms`` with ``If-None-Match``
+  (a 304 costs nothing), saves every new table to the cache atomically, and
+  hands it to :meth:`Gateway.apply_routing <edge_gateway.gateway.Gateway.apply_routing>`,
+  which applies it live; a heartbeat answer naming a newer routing version
+  polls at once;
+* **heartbeats** every ``heartbeat_interval_ms`` with the gateway's version,
+  its log head and lag figures (mirror lag per source, shipper backlog);
+* **relays heads** (``head_relay``): the shipper calls :meth:`report_head`
+  after each commit (fire-and-forget, coalesced by :class:`HeadReporter`);
+  one long poll of ``GET /v1/heads`` for the sources this region mirrors
+  wakes their tailers (:meth:`Tailer.relayed_head
+  <edge_gateway.mirror.Tailer.relayed_head>`) and keeps them in relay mode,
+  where an idle tailer makes no bucket requests. When the long poll fails,
+  every tailer is switched back to polling the bucket with its normal
+  backoff until the relay answers again. The relay is never trusted for
+  correctness: tailers read the log themselves and stop at the first 404.
+
+Nothing here is fatal: an unreachable or refusing server is logged, shown
+in the status (``metadata: cached since ...``) and retried.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import ssl
+import time
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, Unavailable
+from edge_gateway.metadata.client import HeadReporter, MetadataClient, RoutingCache
+from edge_gateway.mirror._plan import retry_delay
+
+if TYPE_CHECKING:
+    from edge_gateway.config import MetadataSettings
+    from edge_gateway.gateway import Gateway
+    from edge_gateway.metadata.routing import RoutingTable
+
+__all__ = ["MetadataAgent"]
+
+log = logging.getLogger("edgegw.metadata.agent")
+
+#: At start without a cache: how long to wait for the server before starting without topics.
+START_FETCH_TIMEOUT_S = 5.0
+#: The lag object of a heartbeat holds at most this many figures (the server's limit is 100).
+_MAX_LAG_FIGURES = 96
+#: Backoff of the head long poll while the server is away starts here.
+_RELAY_RETRY_BASE_S = 0.2
+
+_ServerTrouble = (Unavailable, InvalidInput, CorruptData)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _when(ms: int) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
+
+
+class MetadataAgent:
+    """The metadata client of one running gateway (see the module docstring)."""
+
+    def __init__(self, gateway: Gateway, settings: MetadataSettings) -> None:
+        from edge_gateway import __version__
+
+        self.gateway = gateway
+        self.settings = settings
+        self.version = __version__
+        self.cache = RoutingCache(settings.cache_file(gateway.config.data_dir))
+        verify: ssl.SSLContext | bool = True
+        if settings.ca_file:
+            verify = ssl.create_default_context(cafile=settings.ca_file)
+        self.client = MetadataClient(
+            settings.url,
+            token=settings.token or None,
+            region=gateway.region,
+            timeout_s=settings.timeout_s,
+            verify=verify,
+        )
+        self.reporter = (
+            HeadReporter(self.client, retry_cap_s=settings.poll_interval_ms / 1000)
+            if settings.head_relay
+            else None
+        )
+        self._rand = random.Random()
+        self._table: RoutingTable | None = None
+        self._live = False
+        #: When the server last confirmed the table we run from (ms), or None.
+        self._confirmed_ms: int | None = None
+        self._last_error: str | None = None
+        self._poll_now = trio.Event()
+        self._fetches = self._fetch_failures = self._tables_applied = 0
+        self._heartbeats = self._heartbeat_failures = 0
+        # head relay
+        self._relay_active = False
+        self._relay_error: str | None = None
+        #: Latest head the relay announced per source region.
+        self._heads: dict[str, int] = {}
+        self._heads_scope: trio.CancelScope | None = None
+        #: The sources the current long poll asks about.
+        self._following: list[str] = []
+        self._heads_polls = self._heads_failures = 0
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    # ------------------------------------------------------------ routing
+
+    @property
+    def table(self) -> RoutingTable | None:
+        """The routing table in force (``None`` before the first one)."""
+        return self._table
+
+    @property
+    def live(self) -> bool:
+        """True while the last request for the routing table succeeded."""
+        return self._live
+
+    async def load(self) -> RoutingTable | None:
+        """The table to start from: the disk cache, else one short try at the server."""
+        try:
+            cached = await trio.to_thread.run_sync(self.cache.load)
+        except CorruptData as exc:
+            log.warning("ignoring the routing cache: %s", exc)
+            cached = None
+        if cached is not None:
+            self.client.prime(cached.table, cached.etag)
+            self._table = cached.table
+            self._confirmed_ms = cached.cached_ms
+            log.info(
+                "routing: starting from the cached table (version %d, fetched %s); "
+                "asking %s for changes",
+                cached.table.version,
+                _when(cached.cached_ms),
+                self.settings.url,
+            )
+            return self._table
+        with trio.move_on_after(min(START_FETCH_TIMEOUT_S, self.settings.timeout_s)):
+            await self._fetch()
+        if self._table is None:
+            log.warning(
+                "routing: no cached table and the metadata server %s did not answer: "
+                "starting without topics (retrying every %.1fs)",
+                self.settings.url,
+                self.settings.poll_interval_ms / 1000,
+            )
+        return self._table
+
+    async def _fetch(self) -> bool:
+        """Ask for the routing table; True when a new one is in force (saved to the cache)."""
+        try:
+            fetch = await self.client.fetch_routing()
+        except _ServerTrouble as exc:
+            self._fetch_failures += 1
+            if self._live or self._last_error is None:
+                where = (
+                    f"the cached table (version {self._table.version})"
+                    if self._table is not None
+                    else "no routing table"
+                )
+                log.warning("metadata server: %s; running from %s", exc, where)
+            self._live = False
+            self._last_error = str(exc)
+            return False
+        self._fetches += 1
+        if not self._live:
+            log.info(
+                "metadata server %s: live (routing version %d)",
+                self.settings.url,
+                fetch.table.version,
+            )
+        self._live = True
+        self._last_error = None
+        self._confirmed_ms = _now_ms()
+        if not fetch.changed or fetch.table == self._table:
+            return False
+        try:
+            await trio.to_thread.run_sync(self.cache.save, fetch.table, fetch.etag)
+        except OSError as exc:  # the table still applies; the next start may use an older one
+            log.error("routing: cannot save the cache %s: %s", self.cache.path, exc)
+        self._table = fetch.table
+        return True
+
+    def poll_now(self) -> None:
+        """Ask for the routing table at once (not waiting for the poll interval)."""
+        self._poll_now.set()
+
+    async def _poll_routing(self) -> None:
+        interval = self.settings.poll_interval_ms / 1000
+        while True:
+            if await self._fetch():
+                assert self._table is not None
+                await self.gateway.apply_routing(self._table)
+                self._tables_applied += 1
+            with trio.move_on_after(interval):
+                await self._poll_now.wait()
+            self._poll_now = trio.Event()
+
+    # ---------------------------------------------------------- heartbeat
+
+    def lag_figures(self) -> dict[str, float]:
+        """What a heartbeat reports: shipper backlog, and per source mirror lag."""
+        out: dict[str, float] = {}
+        try:
+            s = self.gateway.shipper.statistics()
+            next_lsn = self.gateway.journal.next_lsn
+        except ClosedError:
+            return out
+        out["shipper_pending_entries"] = float(max(0, next_lsn - 1 - s.shipped_lsn))
+        out["shipper_retries"] = float(s.retries)
+        for src, tailer in sorted(self.gateway.tailers.items()):
+            if len(out) + 2 > _MAX_LAG_FIGURES:
+                break
+            t = tailer.statistics()
+            out[f"mirror.{src}.seconds_behind"] = round(t.seconds_behind, 3)
+            out[f"mirror.{src}.entries_behind"] = float(t.entries_behind)
+        return out
+
+    def _head_seq(self) -> int | None:
+        if self.reporter is None:
+            return None
+        try:
+            s = self.gateway.shipper.statistics()
+        except ClosedError:
+            return None
+        return s.next_seq - 1 if s.claimed else None
+
+    async def _heartbeat(self) -> None:
+        interval = self.settings.heartbeat_interval_ms / 1000
+        while True:
+            try:
+                version = await self.client.heartbeat(
+                    gateway_version=self.version,
+                    lag=self.lag_figures(),
+                    head_seq=self._head_seq(),
+                )
+            except _ServerTrouble as exc:
+                self._heartbeat_failures += 1
+                log.debug("heartbeat failed: %s", exc)
+            else:
+                self._heartbeats += 1
+                if self._table is None or version > self._table.version:
+                    self.poll_now()
+            await trio.sleep(interval)
+
+    # --------------------------------------------------------- head relay
+
+    def report_head(self, seq: int) -> None:
+        """The shipper committed ``seq`` (never blocks, never raises)."""
+        if self.reporter is not None:
+            self.reporter.report_nowait(seq)
+
+    def tailers_changed(self) -> None:
+        """The gateway started or stopped tailers: follow the new set of sources."""
+        for src, tailer in self.gateway.tailers.items():
+            if self._relay_active and src in self._heads:
+                tailer.set_relay(True)
+                tailer.relayed_head(self._heads[src])
+        if self._heads_scope is not None and self._following != sorted(self.gateway.tailers):
+            self._heads_scope.cancel()
+
+    def _relay_up(self) -> None:
+        if not self._relay_active:
+            log.info("head relay: following relayed heads (idle mirrors stop polling the bucket)")
+        self._relay_active = True
+        self._relay_error = None
+
+    def _relay_down(self, error: str) -> None:
+        if self._relay_active or self._relay_error is None:
+            log.warning("head relay unavailable (%s): mirrors poll the bucket", error)
+        self._relay_active = False
+        self._relay_error = error
+        for tailer in self.gateway.tailers.values():
+            tailer.set_relay(False)
+
+    async def _follow_heads(self) -> None:
+        since = 0
+        attempt = 0
+        wait_ms = self.settings.relay_wait_ms
+        cap_s = self.settings.poll_interval_ms / 1000
+        while True:
+            sources = sorted(self.gateway.tailers)
+            self._following = sources
+            with trio.CancelScope() as scope:
+                self._heads_scope = scope
+                if not sources:
+                    await trio.sleep_forever()  # until tailers_changed() cancels
+                try:
+                    update = await self.client.wait_heads(since, sources, wait_ms=wait_ms)
+                except _ServerTrouble as exc:
+                    self._heads_failures += 1
+                    self._relay_down(str(exc))
+                    delay = retry_delay(attempt, _RELAY_RETRY_BASE_S, cap_s, self._rand.random())
+                    attempt += 1
+                    await trio.sleep(delay)
+                    continue
+            self._heads_scope = None
+            if scope.cancelled_caught:
+                since = 0  # new sources: ask for every known head
+                continue
+            attempt = 0
+            self._heads_polls += 1
+            since = update.version
+            self._relay_up()
+            self._heads.update(update.heads)
+            tailers = self.gateway.tailers
+            for src, seq in update.heads.items():
+                tailer = tailers.get(src)
+                if tailer is not None:
+                    tailer.set_relay(True)
+                    tailer.relayed_head(seq)
+
+    # ----------------------------------------------------------- running
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Poll, heartbeat, report and follow heads until cancelled."""
+        async with trio.open_nursery() as nursery:
+            if self.reporter is not None:
+                await nursery.start(self.reporter.run)
+                nursery.start_soon(self._follow_heads)
+            nursery.start_soon(self._poll_routing)
+            nursery.start_soon(self._heartbeat)
+            task_status.started()
+
+    # ------------------------------------------------------------ status
+
+    def describe(self) -> str:
+        """``metadata: live (version 7)``, ``metadata: cached since ...`` or unavailable."""
+        table = self._table
+        if table is None:
+            return "metadata: unavailable (no routing table yet)"
+        if self._live:
+            return f"metadata: live (version {table.version})"
+        since = _when(self._confirmed_ms) if self._confirmed_ms else "an unknown time"
+        return f"metadata: cached since {since} (version {table.version})"
+
+    def status(self) -> dict[str, Any]:
+        table = self._table
+        mode = "live" if self._live and table is not None else "cached" if table else "unavailable"
+        relay: dict[str, Any] = {"enabled": self.reporter is not None}
+        if self.reporter is not None:
+            r = self.reporter.statistics()
+            relay.update(
+                active=self._relay_active,
+                heads=dict(sorted(self._heads.items())),
+                head_polls=self._heads_polls,
+                head_poll_failures=self._heads_failures,
+                last_error=self._relay_error,
+                reported_seq=r.sent,
+                reports=r.reports,
+                report_failures=r.failures,
+            )
+        return {
+            "mode": mode,
+            "url": self.settings.url,
+            "version": table.version if table is not None else None,
+            "confirmed_ms": self._confirmed_ms,
+            "describe": self.describe(),
+            "last_error": self._last_error,
+            "fetches": self._fetches,
+            "fetch_failures": self._fetch_failures,
+            "tables_applied": self._tables_applied,
+            "heartbeats": self._heartbeats,
+            "heartbeat_failures": self._heartbeat_failures,
+            "relay": relay,
+        }
