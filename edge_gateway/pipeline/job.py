@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edge_gateway.errors import InvalidInput
+from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline.plan import RegionPlan, list_regions, plan_region
 from edge_gateway.pipeline.tables import JSON_SCHEMA, REJECTS, Output, Table, warehouse_lock
@@ -125,9 +125,14 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
     return JobPlan(region_plans, results), tables
 
 
-def _json_columns(spark: Any, df: Any, ddl: str | None, table: Table) -> tuple[Any, Any, str, Any]:
-    """(rows with the JSON fields as columns, rejected rows with a reason, schema JSON,
-    the cached frame both come from: unpersist it when done)."""
+def _json_columns(spark: Any, df: Any, ddl: str | None, table: Table) -> tuple[Any, Any, str]:
+    """(rows with the JSON fields as columns, rejected rows with a reason, schema JSON).
+
+    Both frames parse the values from ``df``; nothing is cached: the job
+    writes the good rows first and reads the rejects only when fewer rows
+    were written than planned (rejects are rare, a second pass over every
+    run would double its cost).
+    """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -141,35 +146,36 @@ def _json_columns(spark: Any, df: Any, ddl: str | None, table: Table) -> tuple[A
         sample = df.select(F.col("value").cast("string").alias("v")).limit(10_000)
         schema = spark.read.json(sample.rdd.map(lambda r: r.v)).schema
         schema = StructType([f for f in schema.fields if f.name != "_corrupt_record"])
+    fields = [f.name for f in schema.fields]
+    base = [c for c in df.columns if c != "value"]
+    if clash := sorted(set(fields) & {*base, "pdate", "pregion"}):
+        raise InvalidInput(
+            f"the JSON schema of {table.name!r} has fields named like the table's own "
+            f"columns ({', '.join(clash)}): rename them in the schema"
+        )
     with_corrupt = StructType([*schema.fields, StructField("_corrupt", StringType())])
     text = F.col("value").cast("string")
-    parsed = df.withColumn(
-        "_json",
+    parsed = df.select(
+        *df.columns,
         F.from_json(
             text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}
-        ),
+        ).alias("_json"),
+        # A nondeterministic column keeps the optimizer from pushing the
+        # filters below into this projection, where each would parse the
+        # JSON again (three parses per record instead of one).
+        F.spark_partition_id().alias("_task"),
+    )
+    broken = F.col("_json").isNull() | F.col("_json._corrupt").isNotNull()
+    # Both filters name ``_task`` (always true), so it is not pruned before them.
+    guard = F.col("_task") >= 0
+    good = parsed.where(~broken & guard).select(
+        *base, *[F.col(f"_json.{name}").alias(name) for name in fields]
     )
     is_object = F.from_json(text, "map<string,string>").isNotNull()
-    bad = F.col("_json").isNull() | F.col("_json._corrupt").isNotNull()
     reason = F.when(~is_object | F.col("_json").isNull(), F.lit("not a JSON object")).otherwise(
         F.lit(f"does not match the schema {schema.simpleString()}")
     )
-    # Parse once, keep the raw value and a reason for the rejects only, and
-    # cache that: the table and _rejects are then written from the cache.
-    fields = [f.name for f in schema.fields]
-    decoded = (
-        parsed.withColumn("_bad", bad)
-        .select(
-            *[c for c in df.columns if c != "value"],
-            *[F.col(f"_json.{name}").alias(name) for name in fields],
-            "_bad",
-            F.when(F.col("_bad"), F.col("value")).alias("_value"),
-            F.when(F.col("_bad"), reason).alias("_reason"),
-        )
-        .persist()
-    )
-    good = decoded.where(~F.col("_bad")).drop("_bad", "_value", "_reason")
-    rejects = decoded.where(F.col("_bad")).select(
+    rejects = parsed.where(broken & guard).select(
         "region",
         "topic",
         "partition",
@@ -177,11 +183,37 @@ def _json_columns(spark: Any, df: Any, ddl: str | None, table: Table) -> tuple[A
         "timestamp",
         "date",
         "key",
-        F.col("_value").alias("value"),
-        F.col("_reason").alias("reason"),
+        "value",
+        reason.alias("reason"),
         "log_seq",
     )
-    return good, rejects, schema.json(), decoded
+    return good, rejects, schema.json()
+
+
+def _commit_rejects(
+    rejects_table: Table,
+    rejected: Any,
+    topic: str,
+    ranges: Mapping[str, tuple[int, int]],
+    rejects_run: str,
+    cfg: JobConfig,
+) -> int:
+    """Write and commit the rejects of ``topic`` not committed yet; returns how many."""
+    from pyspark.sql import functions as F
+
+    done = rejects_table.positions().get(topic, {})
+    fresh = F.lit(False)
+    for region, (first, _last) in ranges.items():
+        after = max(first - 1, int(done.get(region, 0)))
+        fresh = fresh | ((F.col("region") == region) & (F.col("log_seq") > after))
+    # a run id of its own per topic: a crash between two topics' rejects
+    # leaves only uncommitted runs behind, which are cleaned
+    staging = rejects_table.staging_dir(rejects_run)
+    files = _write(rejected.where(fresh), staging, cfg.output.iceberg)
+    positions = {**rejects_table.positions()}
+    positions[topic] = {**done, **{r: b for r, (_, b) in ranges.items()}}
+    rejects_table.commit(rejects_run, files, positions, {})
+    return _rows(files)
 
 
 def _write(df: Any, path: Path, iceberg: bool) -> list[Path]:
@@ -257,37 +289,28 @@ def run_job(
                 .withColumn("date", F.to_date("timestamp"))
             )
             props: dict[str, str] = {}
-            cached = None
+            rejected = None
             if topic in cfg.json_topics:
                 assert rejects_table is not None
-                good, bad, schema_json, cached = _json_columns(
+                df_out, rejected, props[JSON_SCHEMA] = _json_columns(
                     spark, df, cfg.json_topics[topic], table
                 )
-                props[JSON_SCHEMA] = schema_json
-                done = rejects_table.positions().get(topic, {})
-                fresh = F.lit(False)
-                for region, (first, _last) in res.ranges.items():
-                    after = max(first - 1, int(done.get(region, 0)))
-                    fresh = fresh | ((F.col("region") == region) & (F.col("log_seq") > after))
-                # a run id of its own per topic: a crash between two topics'
-                # rejects leaves only uncommitted runs behind, which are cleaned
-                rejects_run = f"{run_id}.{topic}"
-                reject_files = _write(
-                    bad.where(fresh), rejects_table.staging_dir(rejects_run), cfg.output.iceberg
-                )
-                res.rejects = _rows(reject_files)
-                all_done = {**rejects_table.positions()}
-                all_done[topic] = {**done, **{r: b for r, (_, b) in res.ranges.items()}}
-                rejects_table.commit(rejects_run, reject_files, all_done, {})
-                df_out = good
             else:
                 df_out = df
             files = _write(df_out, table.staging_dir(run_id), cfg.output.iceberg)
             res.rows = _rows(files)
             res.files = len(files)
+            if rejected is not None and res.rows < res.planned_records:
+                assert rejects_table is not None
+                res.rejects = _commit_rejects(
+                    rejects_table, rejected, topic, res.ranges, f"{run_id}.{topic}", cfg
+                )
+            elif res.rows != res.planned_records:
+                raise CorruptData(
+                    f"{topic}: wrote {res.rows} rows, the plan counted {res.planned_records} "
+                    "records: nothing committed"
+                )
             table.commit(run_id, files, positions, props)
-            if cached is not None:
-                cached.unpersist()
             res.committed = True
             res.seconds = time.monotonic() - started
             progress(

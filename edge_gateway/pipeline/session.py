@@ -30,6 +30,10 @@ BASE_CONF: dict[str, str] = {
     "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     "spark.sql.parquet.compression.codec": "zstd",
     "spark.sql.sources.partitionOverwriteMode": "static",
+    # A task writes its few (date, region) partitions through concurrent
+    # writers instead of sorting all its rows first (falls back to sorting
+    # past 8): about 7% faster end to end on the bench.
+    "spark.sql.maxConcurrentOutputFileWriters": "8",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.python.worker.reuse": "true",
     # the job writes its own success markers (or commits to Iceberg)

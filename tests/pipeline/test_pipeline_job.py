@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 from _pipeline_support import T0, Rows, Site, local_site, merge
 
+from edge_gateway.errors import InvalidInput
 from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline.compact import compact_table
 from edge_gateway.pipeline.job import JobConfig, run_job
@@ -160,6 +161,17 @@ def test_json_decode_with_schema_and_rejects(spark: Any, tmp_path: Path) -> None
     columns = [rejects.column(c).to_pylist() for c in ("region", "partition", "offset")]
     keys = list(zip(*columns, strict=True))
     assert len(keys) == len(set(keys))
+
+
+def test_json_schema_clashing_with_a_column_is_refused(spark: Any, tmp_path: Path) -> None:
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    site = local_site("north", tmp_path, bucket)
+    site.ship("telemetry", 1, 1, value=lambda *_: b'{"offset": 1}')
+    with pytest.raises(InvalidInput, match=r"named like the table's own columns \(offset\)"):
+        run_job(spark, job(bucket, wh, json_topics={"telemetry": "offset bigint, note string"}))
+    # nothing was committed: a fixed schema then runs from the start
+    plan = run_job(spark, job(bucket, wh, json_topics={"telemetry": "reading bigint"}))
+    assert plan.topics["telemetry"].rows == 10
 
 
 def test_plain_parquet_with_committed_markers(spark: Any, tmp_path: Path) -> None:
