@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import ipaddress
 import os
 import re
 import tomllib
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from edge_gateway._http import ListenAddress
 from edge_gateway.bucket import S3Config
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 from edge_gateway.journal import JournalConfig
@@ -128,7 +128,7 @@ class BucketConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class ApiConfig:
+class ApiConfig(ListenAddress):
     """The local produce/consume API (and ``/metrics``)."""
 
     #: ``host:port``; port 0 picks a free one (written to ``<data_dir>/api.addr``).
@@ -158,23 +158,6 @@ class ApiConfig:
             raise ConfigError("api.max_body_bytes must be at least 1 KiB")
         if self.max_wait_ms < 0:
             raise ConfigError("api.max_wait_ms must be >= 0")
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
-
-    @property
-    def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
+from edge_gateway._http import ApiError, error_response
 from edge_gateway.api import _codec
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
@@ -75,31 +76,6 @@ MAX_FETCH_RECORDS: Final = 10_000
 MAX_FETCH_BYTES: Final = 64 << 20
 DEFAULT_FETCH_RECORDS: Final = 500
 DEFAULT_FETCH_BYTES: Final = 1 << 20
-
-
-class ApiError(Exception):
-    """An HTTP-level refusal with a stable code (401, 413, 415, ...)."""
-
-    def __init__(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
-def _error_response(
-    status: int,
-    code: str,
-    message: str,
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"code": code, "message": message, **extra}}, status, headers=headers
-    )
 
 
 class ApiApp:
@@ -159,7 +135,7 @@ class ApiApp:
             # Starlette has sent the JSON 500 (and re-raised, by design): log it here.
             log.exception("internal error serving %s %s", scope["method"], scope["path"])
             if not x.responded:
-                await _error_response(500, "internal", _INTERNAL_MESSAGE)(scope, x.receive, x.send)
+                await error_response(500, "internal", _INTERNAL_MESSAGE)(scope, x.receive, x.send)
         finally:
             if not route:
                 endpoint = scope.get("endpoint")
@@ -249,47 +225,45 @@ class ApiApp:
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         if exc.status_code == 404:
-            return _error_response(404, "not_found", f"no such route: {request.url.path}")
+            return error_response(404, "not_found", f"no such route: {request.url.path}")
         if exc.status_code == 405:
-            return _error_response(
+            return error_response(
                 405,
                 "method_not_allowed",
                 f"{request.method} is not allowed on {request.url.path}",
                 headers=dict(exc.headers or {}),
             )
-        return _error_response(exc.status_code, "invalid_request", str(exc.detail))
+        return error_response(exc.status_code, "invalid_request", str(exc.detail))
 
     def _error_for(self, exc: ApiError | EdgeGatewayError, path: str) -> Response:
         """The error response for ``exc`` (codes and statuses: ``wire.ERROR_CODES``)."""
         if isinstance(exc, ApiError):
-            return _error_response(exc.status, exc.code, exc.message, exc.headers)
+            return error_response(exc.status, exc.code, exc.message, exc.headers)
         message = str(exc)
         if isinstance(exc, InvalidName):
-            return _error_response(400, "invalid_name", message)
+            return error_response(400, "invalid_name", message)
         if isinstance(exc, UnknownTopic):
-            return _error_response(404, "unknown_topic", message)
+            return error_response(404, "unknown_topic", message)
         if isinstance(exc, WrongRegion):
-            return _error_response(409, "wrong_region", message, home_region=exc.home)
+            return error_response(409, "wrong_region", message, home_region=exc.home)
         if isinstance(exc, ReadOnlyTopic):
-            return _error_response(409, "read_only_topic", message)
+            return error_response(409, "read_only_topic", message)
         if isinstance(exc, OffsetOutOfRange):
-            return _error_response(
-                400, "offset_out_of_range", message, earliest_offset=exc.earliest
-            )
+            return error_response(400, "offset_out_of_range", message, earliest_offset=exc.earliest)
         if isinstance(exc, InvalidInput):
-            return _error_response(400, "invalid_request", message)
+            return error_response(400, "invalid_request", message)
         retry = {"Retry-After": self._retry_after}
         if isinstance(exc, JournalFull):
-            return _error_response(503, "journal_full", message, retry)
+            return error_response(503, "journal_full", message, retry)
         if isinstance(exc, Unavailable | ClosedError):
-            return _error_response(503, "unavailable", message, retry)
+            return error_response(503, "unavailable", message, retry)
         if isinstance(exc, Fenced):
-            return _error_response(503, "fenced", message)
+            return error_response(503, "fenced", message)
         if isinstance(exc, CorruptData):
             log.error("corrupt data serving %s: %s", path, exc)
-            return _error_response(500, "corrupt_data", message)
+            return error_response(500, "corrupt_data", message)
         log.error("unexpected gateway error serving %s: %r", path, exc)
-        return _error_response(500, "internal", _INTERNAL_MESSAGE)
+        return error_response(500, "internal", _INTERNAL_MESSAGE)
 
     # ---------------------------------------------------------------- inputs
 
@@ -354,7 +328,7 @@ class ApiApp:
     async def healthz(self, request: Request) -> Response:
         if self.gateway.accepting and not self._stopping:
             return JSONResponse({"status": "ok", "region": self.gateway.region})
-        return _error_response(
+        return error_response(
             503, "unavailable", "the gateway is starting or shutting down", {"Retry-After": "1"}
         )
 
@@ -434,7 +408,7 @@ class ApiApp:
                 await self.gateway.shipper.wait_shipped(res.last_lsn)
                 done = True
             if not done:
-                return _error_response(
+                return error_response(
                     503,
                     "unavailable",
                     "the gateway is shutting down: the records are journaled (see offsets) "
@@ -608,7 +582,7 @@ def _headers_of(scope: Scope) -> dict[str, str]:
 
 
 async def _internal_error(request: Request, exc: Exception | None) -> Response:
-    return _error_response(500, "internal", _INTERNAL_MESSAGE)
+    return error_response(500, "internal", _INTERNAL_MESSAGE)
 
 
 def create_app(gateway: Gateway) -> ApiApp:

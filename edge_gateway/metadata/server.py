@@ -26,13 +26,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import ipaddress
 import json
 import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
@@ -44,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from edge_gateway._http import ApiError, ListenAddress, error_response
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
 from edge_gateway.metadata._db import (
     MetadataStore,
@@ -73,7 +73,7 @@ _LAG_FIELDS_MAX: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
-class MetadataServerConfig:
+class MetadataServerConfig(ListenAddress):
     """How ``edgegw metadata serve`` runs."""
 
     db: Path
@@ -99,42 +99,6 @@ class MetadataServerConfig:
             raise ConfigError("the admin token must be at least 16 characters long")
         if self.max_body_bytes < 1024:
             raise ConfigError("max_body_bytes must be at least 1 KiB")
-
-    @property
-    def host(self) -> str:
-        return self.listen.rpartition(":")[0].strip("[]")
-
-    @property
-    def port(self) -> int:
-        return int(self.listen.rpartition(":")[2])
-
-    @property
-    def is_loopback(self) -> bool:
-        if self.host == "localhost":
-            return True
-        try:
-            return ipaddress.ip_address(self.host).is_loopback
-        except ValueError:
-            return False
-
-
-class ApiError(Exception):
-    """An HTTP refusal with a stable code."""
-
-    def __init__(
-        self, status: int, code: str, message: str, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
-def error_response(
-    status: int, code: str, message: str, headers: Mapping[str, str] | None = None
-) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message}}, status, headers=headers)
 
 
 # ------------------------------------------------------------------ heads
