@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import random
-import signal
 import subprocess
 import sys
 import threading
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from edgegw_cli._fleet import stop_process
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE, NEXT_OFFSET_HEADER
 from edge_gateway.client import Client
@@ -234,15 +234,7 @@ class Gateway:
         """SIGTERM (a graceful shutdown) and wait; the exit code (-9 if it had to be killed)."""
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return -9
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         """kill -9: no flush, no goodbye."""

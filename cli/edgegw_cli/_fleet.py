@@ -40,6 +40,19 @@ class FleetTopic:
         )
 
 
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> int:
+    """SIGTERM (a graceful shutdown) and wait; the exit code (-9 if it had to be killed)."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            return -9
+    return proc.returncode
+
+
 @dataclass
 class Site:
     region: str
@@ -109,15 +122,7 @@ class Site:
             return 0
         if self.paused:
             self.resume()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return -9
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
     def kill(self) -> None:
         """kill -9: no flush, no goodbye."""
@@ -193,15 +198,7 @@ class MetadataProcess:
     def stop(self, timeout: float = 30.0) -> int:
         if self.proc is None:
             return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-                return -9
-        return self.proc.returncode
+        return stop_process(self.proc, timeout)
 
 
 def high_watermarks(client: httpx.Client, topic: str) -> list[int]:
