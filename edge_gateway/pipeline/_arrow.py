@@ -8,13 +8,18 @@ value bytes are joined once per block.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Final
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Final
 
 import numpy as np
 import pyarrow as pa
 
+from edge_gateway.format import logobject
 from edge_gateway.format.batch import FLAG_HEADERS, FLAG_KEYS, HEADER_SIZE, RecordBatch
+
+if TYPE_CHECKING:
+    from edge_gateway.pipeline._store import BucketReader
+    from edge_gateway.pipeline.plan import ObjectSlice
 
 HEADER_TYPE: Final = pa.struct([("key", pa.string()), ("value", pa.binary())])
 TIMESTAMP_TYPE: Final = pa.timestamp("us", tz="UTC")
@@ -140,3 +145,22 @@ def block_to_arrow(
         ],
         schema=SCHEMA,
     )
+
+
+def read_blocks(
+    reader: BucketReader, slices: Sequence[ObjectSlice], *, verify: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """Arrow record batches of the slices' records, one per block, in slice order.
+
+    Fetches each object's wanted byte ranges (coalesced by
+    :func:`logobject.plan_ranges`), checks every block's CRC, decompresses it
+    and checks its batches with the gateway's own sans-IO code.
+    """
+    for s in slices:
+        ranges = logobject.plan_ranges(s, lambda _t, _p: True)
+        fetched = [(start, reader.get(s.key, start, stop)[0]) for start, stop in ranges]
+        for b in s.blocks:
+            stored = logobject.slice_block(b, fetched, where=s.key)
+            raw = logobject.decode_block(b, stored, where=s.key)
+            batches = logobject.iter_block_batches(b, raw, where=s.key, verify=verify)
+            yield block_to_arrow(s.region, b.topic, b.partition, s.seq, batches)

@@ -8,12 +8,15 @@ One run:
 2. plans every region's log from the lowest position still needed to the
    head *as of now* (:mod:`.plan`); the head is fixed for the run, so the read
    of each topic is the bounded, reproducible range ``position + 1 .. head``;
-3. for each topic: reads that range with the ``edgegw`` data source, adds
-   ``date`` (UTC, from the timestamp), optionally decodes JSON values into
-   columns (records that do not parse go to the ``_rejects`` table with the
-   reason), writes Parquet partitioned by ``date`` and ``region`` into the
-   run's staging folder, then commits files and new positions in one step
-   (:mod:`.tables`): rejects first, then the topic's table.
+3. for each topic: splits that range's blocks into tasks of about
+   ``max_partition_bytes`` and runs them on the executors (:mod:`._task`):
+   each reads its blocks, adds ``date`` (UTC, from the timestamp), optionally
+   decodes JSON values into columns (:mod:`._json`; values that do not
+   decode go to the ``_rejects`` table with the reason) and writes Parquet
+   partitioned by ``date`` and ``region`` into the run's staging folder;
+   then the driver checks every planned record was written or rejected and
+   commits files and new positions in one step (:mod:`.tables`): rejects
+   first, then the topic's table.
 
 A run killed at any point leaves either the old positions and no visible
 data (the next run re-reads the same range and deletes the orphaned files),
@@ -33,8 +36,22 @@ from pathlib import Path
 from typing import Any
 
 from edge_gateway.errors import CorruptData, InvalidInput
+from edge_gateway.pipeline._json import decoder_for
 from edge_gateway.pipeline._store import BucketSpec
-from edge_gateway.pipeline.plan import RegionPlan, list_regions, plan_region
+from edge_gateway.pipeline._task import (
+    BASE_COLUMNS,
+    WriteResult,
+    WriteTask,
+    run_write_task,
+    staged_files,
+)
+from edge_gateway.pipeline.plan import (
+    ObjectSlice,
+    RegionPlan,
+    list_regions,
+    plan_region,
+    split_slices,
+)
 from edge_gateway.pipeline.tables import JSON_SCHEMA, REJECTS, Output, Table, warehouse_lock
 
 
@@ -125,16 +142,14 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
     return JobPlan(region_plans, results), tables
 
 
-def _json_columns(spark: Any, df: Any, ddl: str | None, table: Table) -> tuple[Any, Any, str]:
-    """(rows with the JSON fields as columns, rejected rows with a reason, schema JSON).
+def _json_schema(spark: Any, sample: Any, ddl: str | None, table: Table) -> tuple[str, str]:
+    """The topic's JSON schema: (Spark ``StructType.json()``, its simple string).
 
-    Both frames parse the values from ``df``; nothing is cached: the job
-    writes the good rows first and reads the rejects only when fewer rows
-    were written than planned (rejects are rare, a second pass over every
-    run would double its cost).
+    The schema stored with the table wins; else the DDL given; else it is
+    inferred once from up to 10,000 values of ``sample`` and then fixed.
     """
     from pyspark.sql import functions as F
-    from pyspark.sql.types import StringType, StructField, StructType
+    from pyspark.sql.types import StructType
 
     stored = table.properties().get(JSON_SCHEMA)
     if stored:
@@ -143,96 +158,46 @@ def _json_columns(spark: Any, df: Any, ddl: str | None, table: Table) -> tuple[A
         parsed = spark.createDataFrame([], ddl).schema
         schema = StructType(list(parsed.fields))
     else:
-        sample = df.select(F.col("value").cast("string").alias("v")).limit(10_000)
-        schema = spark.read.json(sample.rdd.map(lambda r: r.v)).schema
+        values = sample.select(F.col("value").cast("string").alias("v")).limit(10_000)
+        schema = spark.read.json(values.rdd.map(lambda r: r.v)).schema
         schema = StructType([f for f in schema.fields if f.name != "_corrupt_record"])
     fields = [f.name for f in schema.fields]
-    base = [c for c in df.columns if c != "value"]
-    if clash := sorted(set(fields) & {*base, "pdate", "pregion"}):
+    own = {c for c in BASE_COLUMNS if c != "value"} | {"pdate", "pregion"}
+    if clash := sorted(set(fields) & own):
         raise InvalidInput(
             f"the JSON schema of {table.name!r} has fields named like the table's own "
             f"columns ({', '.join(clash)}): rename them in the schema"
         )
-    with_corrupt = StructType([*schema.fields, StructField("_corrupt", StringType())])
-    text = F.col("value").cast("string")
-    parsed = df.select(
-        *df.columns,
-        F.from_json(
-            text, with_corrupt, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": "_corrupt"}
-        ).alias("_json"),
-        # A nondeterministic column keeps the optimizer from pushing the
-        # filters below into this projection, where each would parse the
-        # JSON again (three parses per record instead of one).
-        F.spark_partition_id().alias("_task"),
-    )
-    broken = F.col("_json").isNull() | F.col("_json._corrupt").isNotNull()
-    # Both filters name ``_task`` (always true), so it is not pruned before them.
-    guard = F.col("_task") >= 0
-    good = parsed.where(~broken & guard).select(
-        *base, *[F.col(f"_json.{name}").alias(name) for name in fields]
-    )
-    is_object = F.from_json(text, "map<string,string>").isNotNull()
-    reason = F.when(~is_object | F.col("_json").isNull(), F.lit("not a JSON object")).otherwise(
-        F.lit(f"does not match the schema {schema.simpleString()}")
-    )
-    rejects = parsed.where(broken & guard).select(
-        "region",
-        "topic",
-        "partition",
-        "offset",
-        "timestamp",
-        "date",
-        "key",
-        "value",
-        reason.alias("reason"),
-        "log_seq",
-    )
-    return good, rejects, schema.json()
+    text = schema.json()
+    decoder_for(text)  # refuses unsupported types before anything is written
+    return text, schema.simpleString()
 
 
-def _commit_rejects(
-    rejects_table: Table,
-    rejected: Any,
-    topic: str,
-    ranges: Mapping[str, tuple[int, int]],
-    rejects_run: str,
-    cfg: JobConfig,
-) -> int:
-    """Write and commit the rejects of ``topic`` not committed yet; returns how many."""
-    from pyspark.sql import functions as F
-
-    done = rejects_table.positions().get(topic, {})
-    fresh = F.lit(False)
-    for region, (first, _last) in ranges.items():
-        after = max(first - 1, int(done.get(region, 0)))
-        fresh = fresh | ((F.col("region") == region) & (F.col("log_seq") > after))
-    # a run id of its own per topic: a crash between two topics' rejects
-    # leaves only uncommitted runs behind, which are cleaned
-    staging = rejects_table.staging_dir(rejects_run)
-    files = _write(rejected.where(fresh), staging, cfg.output.iceberg)
-    positions = {**rejects_table.positions()}
-    positions[topic] = {**done, **{r: b for r, (_, b) in ranges.items()}}
-    rejects_table.commit(rejects_run, files, positions, {})
-    return _rows(files)
+def _topic_slices(
+    plan: JobPlan, topic: str, ranges: Mapping[str, tuple[int, int]]
+) -> list[ObjectSlice]:
+    """The blocks of ``topic`` in each region's planned range."""
+    out: list[ObjectSlice] = []
+    for region, (first, last) in sorted(ranges.items()):
+        for s in plan.regions[region].slices:
+            if first <= s.seq <= last:
+                blocks = tuple(b for b in s.blocks if b.topic == topic)
+                if blocks:
+                    out.append(ObjectSlice(s.region, s.seq, s.key, s.size, blocks))
+    return out
 
 
-def _write(df: Any, path: Path, iceberg: bool) -> list[Path]:
-    from pyspark.sql import functions as F
-
-    if iceberg:
-        # The files keep their partition columns (pyiceberg's add_files reads
-        # partition values from the columns' statistics): partition by copies.
-        out = df.withColumn("pdate", F.col("date")).withColumn("pregion", F.col("region"))
-        out.write.mode("overwrite").partitionBy("pdate", "pregion").parquet(str(path))
-    else:
-        df.write.mode("overwrite").partitionBy("date", "region").parquet(str(path))
-    return sorted(p for p in path.rglob("*.parquet") if not p.name.startswith((".", "_")))
-
-
-def _rows(files: list[Path]) -> int:
-    import pyarrow.parquet as pq
-
-    return sum(pq.read_metadata(f).num_rows for f in files)
+def _run_tasks(spark: Any, tasks: list[WriteTask], staging: list[Path]) -> list[WriteResult]:
+    """Run the write tasks on the executors; delete files no successful task reported."""
+    sc = spark.sparkContext
+    sc.setJobDescription(f"edgegw: {len(tasks)} write tasks")
+    results: list[WriteResult] = sc.parallelize(tasks, len(tasks)).map(run_write_task).collect()
+    reported = {p for r in results for p, _ in (*r.files, *r.reject_files)}
+    for root in staging:
+        # attempts that failed and were retried leave files of their own
+        for stale in staged_files(root) - reported:
+            Path(stale).unlink(missing_ok=True)
+    return results
 
 
 def run_job(
@@ -244,8 +209,6 @@ def run_job(
     min_partitions: int | None = None,
 ) -> JobPlan:
     """Run the job once (see the module docstring); returns the plan with its results."""
-    from pyspark.sql import functions as F
-
     with warehouse_lock(cfg.output.warehouse):
         catalog = cfg.output.open()
         plan, tables = plan_job(cfg, catalog)
@@ -274,42 +237,72 @@ def run_job(
                 f"{topic}: reading {res.planned_records} records ({res.planned_bytes} bytes) "
                 f"from {', '.join(f'{r} {a}..{b}' for r, (a, b) in sorted(res.ranges.items()))}"
             )
-            options = {
-                **cfg.bucket.to_options(),
-                "prefix": cfg.prefix,
-                "topics": topic,
-                "ranges": json.dumps({r: list(v) for r, v in res.ranges.items()}),
-                "max_partition_bytes": str(cfg.max_partition_bytes),
-                "min_partitions": str(parallelism),
-            }
-            df = (
-                spark.read.format("edgegw")
-                .options(**options)
-                .load()
-                .withColumn("date", F.to_date("timestamp"))
-            )
             props: dict[str, str] = {}
-            rejected = None
+            schema_json: str | None = None
+            schema_text = ""
+            done: dict[str, int] = {}
+            rejects_run = f"{run_id}.{topic}"
             if topic in cfg.json_topics:
                 assert rejects_table is not None
-                df_out, rejected, props[JSON_SCHEMA] = _json_columns(
-                    spark, df, cfg.json_topics[topic], table
+                sample = (
+                    spark.read.format("edgegw")
+                    .options(
+                        **cfg.bucket.to_options(),
+                        prefix=cfg.prefix,
+                        topics=topic,
+                        ranges=json.dumps({r: list(v) for r, v in res.ranges.items()}),
+                    )
+                    .load()
                 )
-            else:
-                df_out = df
-            files = _write(df_out, table.staging_dir(run_id), cfg.output.iceberg)
-            res.rows = _rows(files)
+                schema_json, schema_text = _json_schema(
+                    spark, sample, cfg.json_topics[topic], table
+                )
+                props[JSON_SCHEMA] = schema_json
+                done = {str(r): int(v) for r, v in rejects_table.positions().get(topic, {}).items()}
+            staging = table.staging_dir(run_id)
+            rejects_staging = rejects_table.staging_dir(rejects_run) if rejects_table else None
+            groups = split_slices(
+                _topic_slices(plan, topic, res.ranges),
+                target_raw_bytes=cfg.max_partition_bytes,
+                min_parts=parallelism,
+            )
+            tasks = [
+                WriteTask(
+                    index=i,
+                    bucket=cfg.bucket,
+                    slices=tuple(group),
+                    out_dir=str(staging),
+                    iceberg=cfg.output.iceberg,
+                    json_schema=schema_json,
+                    json_schema_text=schema_text,
+                    rejects_dir=str(rejects_staging) if rejects_staging else None,
+                    rejects_done=done,
+                )
+                for i, group in enumerate(groups)
+            ]
+            results = _run_tasks(
+                spark, tasks, [staging, *([rejects_staging] if rejects_staging else [])]
+            )
+            files = sorted(Path(p) for r in results for p, _ in r.files)
+            res.rows = sum(r.rows for r in results)
             res.files = len(files)
-            if rejected is not None and res.rows < res.planned_records:
-                assert rejects_table is not None
-                res.rejects = _commit_rejects(
-                    rejects_table, rejected, topic, res.ranges, f"{run_id}.{topic}", cfg
-                )
-            elif res.rows != res.planned_records:
+            res.rejects = sum(r.rejected for r in results)
+            read = sum(r.records for r in results)
+            if read != res.planned_records or res.rows + res.rejects != read:
                 raise CorruptData(
-                    f"{topic}: wrote {res.rows} rows, the plan counted {res.planned_records} "
-                    "records: nothing committed"
+                    f"{topic}: read {read} records and wrote {res.rows} rows and "
+                    f"{res.rejects} rejects, the plan counted {res.planned_records} records: "
+                    "nothing committed"
                 )
+            if res.rejects:
+                assert rejects_table is not None
+                reject_files = sorted(Path(p) for r in results for p, _ in r.reject_files)
+                rejects_positions = {**rejects_table.positions()}
+                rejects_positions[topic] = {
+                    **done,
+                    **{r: last for r, (_, last) in res.ranges.items()},
+                }
+                rejects_table.commit(rejects_run, reject_files, rejects_positions, {})
             table.commit(run_id, files, positions, props)
             res.committed = True
             res.seconds = time.monotonic() - started

@@ -40,7 +40,6 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from edge_gateway.errors import InvalidInput
-from edge_gateway.format import logobject
 from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline.plan import ObjectSlice, list_regions, plan_region, split_slices
 
@@ -153,17 +152,9 @@ def plan_partitions(opts: ReadOptions) -> list[list[ObjectSlice]]:
 
 def read_slices(opts: ReadOptions, slices: Sequence[ObjectSlice]) -> Iterator[Any]:
     """Arrow record batches of the slices' records, one per block (runs on a worker)."""
-    from edge_gateway.pipeline._arrow import block_to_arrow
+    from edge_gateway.pipeline._arrow import read_blocks
 
-    reader = opts.bucket.open()
-    for s in slices:
-        ranges = logobject.plan_ranges(s, lambda _t, _p: True)
-        fetched = [(start, reader.get(s.key, start, stop)[0]) for start, stop in ranges]
-        for b in s.blocks:
-            stored = logobject.slice_block(b, fetched, where=s.key)
-            raw = logobject.decode_block(b, stored, where=s.key)
-            batches = logobject.iter_block_batches(b, raw, where=s.key, verify=opts.verify)
-            yield block_to_arrow(s.region, b.topic, b.partition, s.seq, batches)
+    return read_blocks(opts.bucket.open(), slices, verify=opts.verify)
 
 
 class EdgegwReader(DataSourceReader):
