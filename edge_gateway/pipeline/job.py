@@ -78,6 +78,10 @@ class TopicResult:
     rejects: int = 0
     files: int = 0
     seconds: float = 0.0
+    #: of ``seconds``: the write tasks, and the commit(s)
+    task_seconds: float = 0.0
+    commit_seconds: float = 0.0
+    tasks: int = 0
     committed: bool = False
 
 
@@ -142,11 +146,18 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
     return JobPlan(region_plans, results), tables
 
 
-def _json_schema(spark: Any, sample: Any, ddl: str | None, table: Table) -> tuple[str, str]:
+def _json_schema(
+    spark: Any,
+    cfg: JobConfig,
+    topic: str,
+    ranges: Mapping[str, tuple[int, int]],
+    ddl: str | None,
+    table: Table,
+) -> tuple[str, str]:
     """The topic's JSON schema: (Spark ``StructType.json()``, its simple string).
 
     The schema stored with the table wins; else the DDL given; else it is
-    inferred once from up to 10,000 values of ``sample`` and then fixed.
+    inferred once from up to 10,000 of the values to read and then fixed.
     """
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
@@ -158,6 +169,16 @@ def _json_schema(spark: Any, sample: Any, ddl: str | None, table: Table) -> tupl
         parsed = spark.createDataFrame([], ddl).schema
         schema = StructType(list(parsed.fields))
     else:
+        sample = (
+            spark.read.format("edgegw")
+            .options(
+                **cfg.bucket.to_options(),
+                prefix=cfg.prefix,
+                topics=topic,
+                ranges=json.dumps({r: list(v) for r, v in ranges.items()}),
+            )
+            .load()
+        )
         values = sample.select(F.col("value").cast("string").alias("v")).limit(10_000)
         schema = spark.read.json(values.rdd.map(lambda r: r.v)).schema
         schema = StructType([f for f in schema.fields if f.name != "_corrupt_record"])
@@ -221,7 +242,8 @@ def run_job(
                 progress(f"{table.name}: removed the files of {removed} uncommitted run(s)")
         if rejects_table is not None:
             rejects_table.clean_uncommitted()
-        parallelism = min_partitions or 2 * spark.sparkContext.defaultParallelism
+        cores = spark.sparkContext.defaultParallelism
+        parallelism = min_partitions or cores
         for topic, res in plan.topics.items():
             if not res.ranges:
                 continue
@@ -244,18 +266,8 @@ def run_job(
             rejects_run = f"{run_id}.{topic}"
             if topic in cfg.json_topics:
                 assert rejects_table is not None
-                sample = (
-                    spark.read.format("edgegw")
-                    .options(
-                        **cfg.bucket.to_options(),
-                        prefix=cfg.prefix,
-                        topics=topic,
-                        ranges=json.dumps({r: list(v) for r, v in res.ranges.items()}),
-                    )
-                    .load()
-                )
                 schema_json, schema_text = _json_schema(
-                    spark, sample, cfg.json_topics[topic], table
+                    spark, cfg, topic, res.ranges, cfg.json_topics[topic], table
                 )
                 props[JSON_SCHEMA] = schema_json
                 done = {str(r): int(v) for r, v in rejects_table.positions().get(topic, {}).items()}
@@ -265,6 +277,7 @@ def run_job(
                 _topic_slices(plan, topic, res.ranges),
                 target_raw_bytes=cfg.max_partition_bytes,
                 min_parts=parallelism,
+                multiple_of=cores,
             )
             tasks = [
                 WriteTask(
@@ -283,6 +296,7 @@ def run_job(
             results = _run_tasks(
                 spark, tasks, [staging, *([rejects_staging] if rejects_staging else [])]
             )
+            res.task_seconds = time.monotonic() - started
             files = sorted(Path(p) for r in results for p, _ in r.files)
             res.rows = sum(r.rows for r in results)
             res.files = len(files)
@@ -303,12 +317,16 @@ def run_job(
                     **{r: last for r, (_, last) in res.ranges.items()},
                 }
                 rejects_table.commit(rejects_run, reject_files, rejects_positions, {})
+            committing = time.monotonic()
             table.commit(run_id, files, positions, props)
             res.committed = True
+            res.commit_seconds = time.monotonic() - committing
+            res.tasks = len(tasks)
             res.seconds = time.monotonic() - started
             progress(
                 f"{topic}: committed {res.rows} rows in {res.files} files"
                 + (f", {res.rejects} rejects" if res.rejects else "")
-                + f" ({res.seconds:.1f} s)"
+                + f" ({res.tasks} tasks {res.task_seconds:.1f} s, "
+                f"commit {res.commit_seconds:.1f} s)"
             )
         return plan

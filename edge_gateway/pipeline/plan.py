@@ -221,26 +221,39 @@ def list_regions(reader: BucketReader, prefix: str = "") -> list[str]:
 
 
 def split_slices(
-    slices: list[ObjectSlice], *, target_raw_bytes: int, min_parts: int = 1
+    slices: list[ObjectSlice], *, target_raw_bytes: int, min_parts: int = 1, multiple_of: int = 1
 ) -> Iterator[list[ObjectSlice]]:
     """Group slices into read tasks of about ``target_raw_bytes`` of raw batches each.
 
-    A slice may be split between tasks by block; the target shrinks so that
-    there are at least ``min_parts`` tasks when there is enough data.
+    The number of tasks is at least ``min_parts`` (when there are that many
+    blocks) and a multiple of ``multiple_of`` (the cluster's parallelism, so
+    that the last wave of tasks keeps every core busy); tasks are cut where
+    the running total of raw bytes crosses each multiple of total / tasks, so
+    their sizes differ by at most one block. A slice may be split between
+    tasks by block.
     """
     total = sum(s.raw_bytes for s in slices)
-    target = max(1, min(target_raw_bytes, -(-total // max(1, min_parts))))
+    if total == 0:
+        if slices:
+            yield list(slices)
+        return
+    parts = max(min_parts, -(-total // max(1, target_raw_bytes)), 1)
+    step = max(1, multiple_of)
+    parts = -(-parts // step) * step
     group: list[ObjectSlice] = []
-    size = 0
+    done = 0
+    cut = 1
     for s in slices:
         pending: list[BlockIndex] = []
         for b in s.blocks:
             pending.append(b)
-            size += b.raw_length
-            if size >= target:
+            done += b.raw_length
+            if done * parts >= cut * total:
                 group.append(ObjectSlice(s.region, s.seq, s.key, s.size, tuple(pending)))
                 yield group
-                group, pending, size = [], [], 0
+                group, pending = [], []
+                while done * parts >= cut * total:
+                    cut += 1
         if pending:
             group.append(ObjectSlice(s.region, s.seq, s.key, s.size, tuple(pending)))
     if group:

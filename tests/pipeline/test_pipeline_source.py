@@ -142,3 +142,47 @@ def test_site_helper_checks_itself(tmp_path: Path) -> None:
     site: Site = local_site("north", tmp_path, tmp_path / "bucket")
     assert site.ship("t", 1, 1) >= 1
     assert len(site.expected) == 10
+
+
+@pytest.mark.parametrize(
+    ("sizes", "target", "min_parts", "multiple_of"),
+    [
+        ([100] * 40, 1000, 1, 1),
+        ([100] * 40, 1000, 1, 3),
+        ([100] * 41, 1000, 4, 2),
+        ([5, 500, 7, 300, 1, 1, 900, 40] * 5, 600, 2, 2),
+        ([100] * 3, 1, 8, 2),  # fewer blocks than tasks wanted
+        ([0, 0], 10, 2, 2),
+    ],
+)
+def test_split_slices_balances_tasks(
+    sizes: list[int], target: int, min_parts: int, multiple_of: int
+) -> None:
+    from edge_gateway.format.logobject import BlockIndex
+    from edge_gateway.pipeline.plan import ObjectSlice
+
+    def block(i: int, raw: int) -> BlockIndex:
+        return BlockIndex("t", i % 4, 0, 0, 1, 0, 0, 64 + i, 1, raw, 0, 0)
+
+    blocks = [block(i, raw) for i, raw in enumerate(sizes)]
+    slices = [
+        ObjectSlice("north", seq + 1, f"k{seq}", 10_000, tuple(blocks[seq * 4 : seq * 4 + 4]))
+        for seq in range(-(-len(blocks) // 4))
+    ]
+    groups = list(split_slices(slices, target_raw_bytes=target, min_parts=min_parts,
+                               multiple_of=multiple_of))  # fmt: skip
+    # every block once, in order
+    assert [b for g in groups for s in g for b in s.blocks] == blocks
+    total = sum(sizes)
+    if total == 0:
+        assert len(groups) == 1
+        return
+    wanted = max(min_parts, -(-total // target))
+    wanted = -(-wanted // multiple_of) * multiple_of
+    mean, biggest = total / wanted, max(sizes)
+    assert len(groups) <= wanted
+    if len(blocks) >= wanted and biggest <= mean:
+        assert len(groups) == wanted
+    # cut at the multiples of total / tasks: no task is more than a block off the mean
+    for g in groups:
+        assert sum(s.raw_bytes for s in g) <= mean + biggest
