@@ -28,8 +28,10 @@ ignored), whether it was decoded in bulk or alone: ``decode`` returns the
 same rows however the values are batched (tested, and fuzzed in
 ``fuzz/fuzz_json_values.py``).
 
-Types (Spark DDL → Arrow → what the JSON must hold): ``string`` (a JSON
-string; a number is *not* turned into text), ``tinyint``/``smallint``/
+Types (Spark DDL → Arrow → what the JSON must hold): ``string`` (any
+value: a string as it is, anything else as its compact JSON text, like
+Spark's ``from_json``; values that need this are decided alone, so they are
+slow in bulk), ``tinyint``/``smallint``/
 ``int``/``bigint`` (an integer in range), ``float``/``double`` (any number,
 ``NaN``/``Infinity`` too), ``boolean``, ``decimal(p,s)``, ``timestamp`` (an
 ISO 8601 string; UTC unless it names an offset), ``date`` (an ISO date
@@ -126,6 +128,7 @@ class JsonDecoder:
             parse_t, final_t = _arrow_type(f["type"], f["name"], top=True)
             parse_fields.append(pa.field(f["name"], parse_t))
             final_fields.append(pa.field(f["name"], final_t))
+        self._spark_schema = spark_schema
         self.parse_schema = pa.schema(parse_fields)
         #: the decoded columns
         self.schema = pa.schema(final_fields)
@@ -167,6 +170,7 @@ class JsonDecoder:
             return NOT_AN_OBJECT
         if not isinstance(doc, dict):
             return NOT_AN_OBJECT
+        _texts(self._spark_schema, doc)
         try:
             canonical = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         except (UnicodeEncodeError, ValueError, RecursionError):
@@ -239,6 +243,39 @@ class JsonDecoder:
             table = table.set_column(i, self.schema.field(i), column)
         assert len(accepted) + len(rejected) == n
         return Decoded(table, accepted, np.array(rejected, dtype=np.int64), reasons)
+
+
+def _text(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _texts(kind: Any, doc: Any) -> None:
+    """Turn the non-string values of ``string`` fields into their JSON text, in place.
+
+    Spark's ``from_json`` keeps any value of a string field as text (which is
+    what a schema inferred from values of mixed types asks for); the reader
+    refuses them, so values that hold such fields are decided alone, here.
+    """
+    if not isinstance(kind, dict):
+        return
+    if kind.get("type") == "struct" and isinstance(doc, dict):
+        for f in kind["fields"]:
+            name, sub = f["name"], f["type"]
+            if name not in doc:
+                continue
+            if sub == "string":
+                doc[name] = _text(doc[name])
+            else:
+                _texts(sub, doc[name])
+    elif kind.get("type") == "array" and isinstance(doc, list):
+        sub = kind["elementType"]
+        for i, item in enumerate(doc):
+            if sub == "string":
+                doc[i] = _text(item)
+            else:
+                _texts(sub, item)
 
 
 def _lengths(values: pa.BinaryArray) -> np.ndarray[Any, np.dtype[np.int64]]:
