@@ -476,7 +476,11 @@ class Tailer:
             while True:
                 seq = self._state.next_seq
                 self._polls += 1
-                self._status = "following"
+                if not self._quarantine:
+                    # while an entry is quarantined, a retry does not flip the
+                    # reported state back and forth: it stays quarantined
+                    # until the entry applies
+                    self._status = "following"
                 try:
                     fetched = await self._fetch(await self._prepare_unplanned(seq))
                 except NotFound:
@@ -497,6 +501,7 @@ class Tailer:
             log.info("mirror %s: quarantine cleared", self.source)
             self._quarantine.clear()
             self._quarantine_attempt = 0
+            self._status = "following"
         self._known_head = max(self._known_head, self._state.next_seq - 1)
         return processed
 

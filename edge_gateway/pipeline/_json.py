@@ -15,8 +15,9 @@ exactly one row per value; what makes that safe:
   ``{``, which cannot follow a ``}`` inside an unfinished object or array. So
   the reader returns one row per value exactly when every value is one
   object; any other count, or an error, means some value is bad.
-* **Bisection.** A chunk that fails is split in halves until the bad values
-  are isolated; the good halves keep their rows.
+* **Splitting.** A chunk that fails is cut in 16 pieces, recursively, until
+  the bad values are isolated in pieces of at most 16 values, which are
+  decided value by value; the good pieces keep their rows.
 * **One value alone** (one that failed, or failed the guard) is decided by
   Python's ``json``: not JSON or not an object → ``not a JSON object``;
   otherwise it is re-serialised compactly and parsed alone by the reader
@@ -56,6 +57,9 @@ NOT_AN_OBJECT: Final = "not a JSON object"
 _OPEN, _CLOSE = ord("{"), ord("}")
 #: chunks above this are parsed in pieces (bounded memory for the joined text)
 _MAX_CHUNK_BYTES: Final = 64 * 1024 * 1024
+#: a failed chunk is cut in this many pieces; one of at most _LEAF values is decided value by value
+_FANOUT: Final = 16
+_LEAF: Final = 16
 
 _SIMPLE: Final[dict[str, pa.DataType]] = {
     "string": pa.string(),
@@ -144,7 +148,9 @@ class JsonDecoder:
     # ------------------------------------------------------------------
 
     def _parse(self, text: pa.Buffer | bytes, longest: int) -> pa.Table:
-        block = max(1 << 22, longest + 2)
+        # blocks of 4 MiB, no bigger than the text (a small parse must not
+        # allocate a big block), and never smaller than the longest value
+        block = max(min(1 << 22, len(text) + 2), longest + 2)
         return pj.read_json(
             pa.BufferReader(text),
             read_options=pj.ReadOptions(use_threads=False, block_size=block),
@@ -199,12 +205,12 @@ class JsonDecoder:
             table = self._parse_chunk(chunk, int(lengths[idx].max()))
             if table is not None:
                 parts.append((idx, table))
-            elif len(idx) == 1:
-                alone.append(int(idx[0]))
+            elif len(idx) <= _LEAF:
+                alone.extend(int(i) for i in idx)
             else:
-                half = len(idx) // 2
-                bulk(idx[:half])
-                bulk(idx[half:])
+                # many bad values cost log_16 levels of parses, not log_2
+                for piece in np.array_split(idx, _FANOUT):
+                    bulk(piece)
 
         good_idx = np.flatnonzero(guarded).astype(np.int64)
         for chunk in _chunks(good_idx, lengths, _MAX_CHUNK_BYTES):
