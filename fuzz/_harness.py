@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 Mutate = Callable[[random.Random, bytes], bytes]
 
@@ -32,6 +32,36 @@ def plain_loop(
         if i % grow_every == 0 and len(pool) < 256:
             pool.append(data)
     print(f"{name}: {iterations} inputs, seed {seed}, no unexpected exception")
+
+
+def mutate_text(
+    rng: random.Random,
+    data: bytes,
+    *,
+    alphabet: bytes,
+    tokens: Sequence[bytes],
+    max_ops: int = 4,
+    splice: bool = False,
+) -> bytes:
+    """1..``max_ops`` edits of text input: flip a bit, overwrite a byte with one of
+    ``alphabet``, delete up to 16 bytes, insert one of ``tokens``, and with
+    ``splice`` copy a run of up to 40 bytes of the input elsewhere."""
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, max_ops)):
+        op = rng.randrange(5 if splice else 4)
+        pos = rng.randrange(len(buf) + 1)
+        if op == 0 and buf:
+            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
+        elif op == 1 and buf:
+            buf[pos % len(buf)] = rng.choice(alphabet)
+        elif op == 2:
+            del buf[pos : pos + rng.randint(1, 16)]
+        elif op == 3:
+            buf[pos:pos] = rng.choice(tokens)
+        else:
+            start = rng.randrange(len(buf) + 1)
+            buf[pos:pos] = buf[start : start + rng.randint(1, 40)]
+    return bytes(buf)
 
 
 def main(fuzz_one_input: Callable[[bytes], None], loop: Callable[[int, int], None]) -> None:

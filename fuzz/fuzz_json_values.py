@@ -82,24 +82,14 @@ def fuzz_one_input(data: bytes) -> None:
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.randint(1, 6)):
-        op = rng.randrange(5)
-        pos = rng.randrange(len(buf) + 1)
-        if op == 0 and buf:
-            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
-        elif op == 1 and buf:
-            buf[pos % len(buf)] = rng.choice(b'0123456789-.,:[]{}"eE\\\n\xfe\x00\xff')
-        elif op == 2:
-            del buf[pos : pos + rng.randint(1, 16)]
-        elif op == 3:
-            buf[pos:pos] = rng.choice(
-                [b"null", b"{", b"}", b'"', b"\n", b"\\u", b"\xfe{}", b"NaN", b"1e999", b"\xc3"]
-            )
-        else:
-            start = rng.randrange(len(buf) + 1)
-            buf[pos:pos] = buf[start : start + rng.randint(1, 40)]
-    return bytes(buf)
+    return _harness.mutate_text(
+        rng,
+        data,
+        alphabet=b'0123456789-.,:[]{}"eE\\\n\xfe\x00\xff',
+        tokens=[b"null", b"{", b"}", b'"', b"\n", b"\\u", b"\xfe{}", b"NaN", b"1e999", b"\xc3"],
+        max_ops=6,
+        splice=True,
+    )
 
 
 def _plain_loop(iterations: int, seed: int) -> None:

@@ -112,19 +112,12 @@ def fuzz_one_input(data: bytes) -> None:
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(4)
-        pos = rng.randrange(len(buf) + 1)
-        if op == 0 and buf:
-            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
-        elif op == 1 and buf:
-            buf[pos % len(buf)] = rng.choice(b'0123456789-.,:[]{}"eE\\')
-        elif op == 2:
-            del buf[pos : pos + rng.randint(1, 16)]
-        else:
-            buf[pos:pos] = rng.choice([b"0", b"1", b"-", b".5", b"e9", b"[", b'"', b",1", b"NaN"])
-    return bytes(buf)
+    return _harness.mutate_text(
+        rng,
+        data,
+        alphabet=b'0123456789-.,:[]{}"eE\\',
+        tokens=[b"0", b"1", b"-", b".5", b"e9", b"[", b'"', b",1", b"NaN"],
+    )
 
 
 def _mutate_or_hostile(rng: random.Random, data: bytes) -> bytes:

@@ -11,10 +11,8 @@ newline-laden and hostile values, in batches.
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -292,21 +290,6 @@ _values = st.lists(st.one_of(_rendered(), _rendered(), _hostile, st.none()), max
 @given(_values)
 def test_batches_agree_with_the_reference(values: list[bytes | None]) -> None:
     assert decode_rows(values) == [reference(v) for v in values]
-
-
-# --------------------------------------------------------------------------
-# the standalone fuzz harness (fuzz/fuzz_json_values.py): keep it running
-
-
-def test_fuzz_harness_smoke(capsys: pytest.CaptureFixture[str]) -> None:
-    path = Path(__file__).resolve().parents[2] / "fuzz" / "fuzz_json_values.py"
-    spec = importlib.util.spec_from_file_location("_fuzz_json_values", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    module._plain_loop(300, 1)
-    assert "no unexpected exception" in capsys.readouterr().out
 
 
 def test_reference_model_sanity() -> None:
