@@ -176,7 +176,7 @@ class JsonDecoder:
             return NOT_AN_OBJECT
         if not isinstance(doc, dict):
             return NOT_AN_OBJECT
-        _texts(self._spark_schema, doc)
+        doc = _texts(self._spark_schema, doc)
         try:
             canonical = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
         except (UnicodeEncodeError, ValueError, RecursionError):
@@ -191,10 +191,11 @@ class JsonDecoder:
         """Decode ``values`` (binary, no nulls expected; a null is rejected as not an object)."""
         values = values.cast(pa.binary()) if values.type != pa.binary() else values
         n = len(values)
-        guarded = _guard(values)
+        offsets = _offsets(values)
+        lengths = np.diff(offsets)
+        guarded = _guard(values, offsets)
         parts: list[tuple[np.ndarray[Any, np.dtype[np.int64]], pa.Table]] = []
         alone: list[int] = list(np.flatnonzero(~guarded))
-        lengths = _lengths(values)
 
         def bulk(idx: np.ndarray[Any, np.dtype[np.int64]]) -> None:
             first, count = int(idx[0]), len(idx)
@@ -257,46 +258,39 @@ def _text(value: Any) -> Any:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
-def _texts(kind: Any, doc: Any) -> None:
-    """Turn the non-string values of ``string`` fields into their JSON text, in place.
+def _texts(kind: Any, value: Any) -> Any:
+    """``value`` with the non-string values of ``string`` fields as their JSON text.
 
     Spark's ``from_json`` keeps any value of a string field as text (which is
     what a schema inferred from values of mixed types asks for); the reader
     refuses them, so values that hold such fields are decided alone, here.
+    Containers are changed in place.
     """
-    if not isinstance(kind, dict):
-        return
-    if kind.get("type") == "struct" and isinstance(doc, dict):
-        for f in kind["fields"]:
-            name, sub = f["name"], f["type"]
-            if name not in doc:
-                continue
-            if sub == "string":
-                doc[name] = _text(doc[name])
-            else:
-                _texts(sub, doc[name])
-    elif kind.get("type") == "array" and isinstance(doc, list):
-        sub = kind["elementType"]
-        for i, item in enumerate(doc):
-            if sub == "string":
-                doc[i] = _text(item)
-            else:
-                _texts(sub, item)
+    if kind == "string":
+        return _text(value)
+    if isinstance(kind, dict):
+        if kind.get("type") == "struct" and isinstance(value, dict):
+            for f in kind["fields"]:
+                if f["name"] in value:
+                    value[f["name"]] = _texts(f["type"], value[f["name"]])
+        elif kind.get("type") == "array" and isinstance(value, list):
+            value[:] = [_texts(kind["elementType"], item) for item in value]
+    return value
 
 
-def _lengths(values: pa.BinaryArray) -> np.ndarray[Any, np.dtype[np.int64]]:
-    offsets = np.frombuffer(values.buffers()[1], np.int32, len(values) + 1, values.offset * 4)
-    return np.diff(offsets).astype(np.int64)
+def _offsets(values: pa.BinaryArray) -> np.ndarray[Any, np.dtype[np.int64]]:
+    """The Arrow offsets of a binary array (``n + 1`` of them)."""
+    n = len(values)
+    return np.frombuffer(values.buffers()[1], np.int32, n + 1, values.offset * 4).astype(np.int64)
 
 
-def _guard(values: pa.BinaryArray) -> np.ndarray[Any, np.dtype[np.bool_]]:
+def _guard(
+    values: pa.BinaryArray, offsets: np.ndarray[Any, np.dtype[np.int64]]
+) -> np.ndarray[Any, np.dtype[np.bool_]]:
     """Which values may go to the bulk parse: ``{…}``, valid UTF-8, not null."""
     n = len(values)
     if n == 0:
         return np.zeros(0, dtype=bool)
-    offsets = np.frombuffer(values.buffers()[1], np.int32, n + 1, values.offset * 4).astype(
-        np.int64
-    )
     data_buf = values.buffers()[2]
     data = np.frombuffer(data_buf, np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
     starts, ends = offsets[:-1], offsets[1:]

@@ -38,18 +38,7 @@ from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline.plan import ObjectSlice
 
 #: the columns of a topic's table before the JSON fields (``value`` only without JSON)
-BASE_COLUMNS: Final = (
-    "region",
-    "topic",
-    "partition",
-    "offset",
-    "timestamp",
-    "key",
-    "value",
-    "headers",
-    "log_seq",
-    "date",
-)
+BASE_COLUMNS: Final = (*SCHEMA.names, "date")
 REJECT_COLUMNS: Final = (
     "region",
     "topic",

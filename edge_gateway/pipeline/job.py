@@ -293,10 +293,11 @@ def run_job(
                 )
                 for i, group in enumerate(groups)
             ]
+            running = time.monotonic()
             results = _run_tasks(
                 spark, tasks, [staging, *([rejects_staging] if rejects_staging else [])]
             )
-            res.task_seconds = time.monotonic() - started
+            res.task_seconds = time.monotonic() - running
             files = sorted(Path(p) for r in results for p, _ in r.files)
             res.rows = sum(r.rows for r in results)
             res.files = len(files)
@@ -308,6 +309,7 @@ def run_job(
                     f"{res.rejects} rejects, the plan counted {res.planned_records} records: "
                     "nothing committed"
                 )
+            committing = time.monotonic()
             if res.rejects:
                 assert rejects_table is not None
                 reject_files = sorted(Path(p) for r in results for p, _ in r.reject_files)
@@ -317,7 +319,6 @@ def run_job(
                     **{r: last for r, (_, last) in res.ranges.items()},
                 }
                 rejects_table.commit(rejects_run, reject_files, rejects_positions, {})
-            committing = time.monotonic()
             table.commit(run_id, files, positions, props)
             res.committed = True
             res.commit_seconds = time.monotonic() - committing
