@@ -4,7 +4,7 @@ The input is split into record values at ``0xFE`` bytes. The properties:
 ``JsonDecoder.decode`` never raises and never crashes the process (pyarrow's
 JSON reader crashes on some inputs: the guard must keep them away), every
 value is either accepted or rejected, and every value gets the outcome it
-gets when decoded alone (bulk parsing and bisection change nothing).
+gets when decoded alone (bulk parsing and splitting change nothing).
 
 With atheris installed this is a libFuzzer target::
 
