@@ -39,6 +39,18 @@ SCHEMA: Final = pa.schema(
 )
 
 
+def from_numpy(values: Any) -> pa.Array:
+    """An Arrow array of a 1-d numpy array of integers, without copying.
+
+    ``pa.array`` would do, but its first call imports pandas (half a second
+    in every fresh Spark worker); this builds the array from the buffer.
+    """
+    data = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(
+        pa.from_numpy_dtype(data.dtype), len(data), [None, pa.py_buffer(data)]
+    )
+
+
 def _offsets(lengths: Any) -> Any:
     out = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=out[1:])
@@ -129,19 +141,19 @@ def block_to_arrow(
         header_col = pa.array(headers, type=pa.list_(HEADER_TYPE))
     else:
         header_col = pa.ListArray.from_arrays(
-            pa.array(np.zeros(n_rows + 1, dtype=np.int32)), pa.array([], type=HEADER_TYPE)
+            from_numpy(np.zeros(n_rows + 1, dtype=np.int32)), pa.nulls(0, HEADER_TYPE)
         )
     return pa.RecordBatch.from_arrays(
         [
             _repeat_string(region, n_rows),
             _repeat_string(topic, n_rows),
-            pa.array(np.full(n_rows, partition, dtype=np.int32)),
-            pa.array(np.concatenate(offset_parts) if offset_parts else np.zeros(0, np.int64)),
+            from_numpy(np.full(n_rows, partition, dtype=np.int32)),
+            from_numpy(np.concatenate(offset_parts) if offset_parts else np.zeros(0, np.int64)),
             timestamps,
             keys,
             values,
             header_col,
-            pa.array(np.full(n_rows, log_seq, dtype=np.int64)),
+            from_numpy(np.full(n_rows, log_seq, dtype=np.int64)),
         ],
         schema=SCHEMA,
     )

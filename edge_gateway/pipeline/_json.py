@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from edge_gateway.errors import InvalidInput
+from edge_gateway.pipeline._arrow import from_numpy
 
 NOT_AN_OBJECT: Final = "not a JSON object"
 _OPEN, _CLOSE = ord("{"), ord("}")
@@ -59,6 +60,10 @@ _OPEN, _CLOSE = ord("{"), ord("}")
 _MAX_CHUNK_BYTES: Final = 64 * 1024 * 1024
 #: a failed chunk is cut in this many pieces; one of at most _LEAF values is decided value by value
 _FANOUT: Final = 16
+#: the separator of joined values (an Arrow scalar made without ``pa.scalar``: see ``from_numpy``)
+_NEWLINE: Final = pa.Array.from_buffers(
+    pa.binary(), 1, [None, pa.py_buffer(np.array([0, 1], np.int32)), pa.py_buffer(b"\n")]
+)[0]
 _LEAF: Final = 16
 
 _SIMPLE: Final[dict[str, pa.DataType]] = {
@@ -159,8 +164,8 @@ class JsonDecoder:
 
     def _parse_chunk(self, values: pa.BinaryArray, longest: int) -> pa.Table | None:
         """The rows of ``values`` (each guarded) if each is exactly one good object, else None."""
-        lists = pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values)
-        text = pc.binary_join(lists, b"\n")[0].as_buffer()
+        lists = pa.ListArray.from_arrays(from_numpy(np.array([0, len(values)], np.int32)), values)
+        text = pc.binary_join(lists, _NEWLINE)[0].as_buffer()
         try:
             table = self._parse(text, longest)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
@@ -202,7 +207,7 @@ class JsonDecoder:
             if int(idx[-1]) - first + 1 == count:  # contiguous: no copy
                 chunk = values.slice(first, count)
             else:
-                chunk = values.take(pa.array(idx))
+                chunk = values.take(from_numpy(idx))
             table = self._parse_chunk(chunk, int(lengths[idx].max()))
             if table is not None:
                 parts.append((idx, table))
@@ -241,7 +246,7 @@ class JsonDecoder:
             table = pa.concat_tables([p[1] for p in parts])
             order = np.argsort(accepted, kind="stable")
             if not np.all(order[:-1] < order[1:]):
-                table, accepted = table.take(pa.array(order)), accepted[order]
+                table, accepted = table.take(from_numpy(order)), accepted[order]
         else:
             accepted = np.zeros(0, dtype=np.int64)
             table = self.parse_schema.empty_table()

@@ -81,6 +81,8 @@ class TopicResult:
     #: of ``seconds``: the write tasks, and the commit(s)
     task_seconds: float = 0.0
     commit_seconds: float = 0.0
+    #: CPU time the tasks used, summed over the executors
+    task_cpu_seconds: float = 0.0
     tasks: int = 0
     committed: bool = False
 
@@ -298,6 +300,7 @@ def run_job(
                 spark, tasks, [staging, *([rejects_staging] if rejects_staging else [])]
             )
             res.task_seconds = time.monotonic() - running
+            res.task_cpu_seconds = sum(r.cpu_seconds for r in results)
             files = sorted(Path(p) for r in results for p, _ in r.files)
             res.rows = sum(r.rows for r in results)
             res.files = len(files)
@@ -328,6 +331,6 @@ def run_job(
                 f"{topic}: committed {res.rows} rows in {res.files} files"
                 + (f", {res.rejects} rejects" if res.rejects else "")
                 + f" ({res.tasks} tasks {res.task_seconds:.1f} s, "
-                f"commit {res.commit_seconds:.1f} s)"
+                f"{res.task_cpu_seconds:.1f} CPU-s; commit {res.commit_seconds:.1f} s)"
             )
         return plan
