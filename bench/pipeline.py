@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 from _common import (
@@ -105,7 +106,7 @@ def prepare(root: Path, n: int) -> tuple[Path, Path]:
     return bucket, jsonl
 
 
-def run_pipeline(spark: object, bucket: Path, warehouse: Path) -> tuple[float, int]:
+def run_pipeline(spark: object, bucket: Path, warehouse: Path) -> tuple[float, Any]:
     from edge_gateway.pipeline._store import BucketSpec
     from edge_gateway.pipeline.job import JobConfig, run_job
     from edge_gateway.pipeline.tables import Output
@@ -117,7 +118,7 @@ def run_pipeline(spark: object, bucket: Path, warehouse: Path) -> tuple[float, i
     res = plan.topics["telemetry"]
     assert res.committed, res
     assert res.rejects == 0, res
-    return elapsed, res.rows
+    return elapsed, res
 
 
 def run_baseline(spark: object, jsonl: Path, out: Path) -> tuple[float, int]:
@@ -163,14 +164,18 @@ def main() -> int:
             run_pipeline(spark, small_bucket, root / "warmup" / "wh")
             run_baseline(spark, small_jsonl, root / "warmup" / "json-out")
             progress("pipeline job ...")
-            job_s, job_rows = run_pipeline(spark, bucket, root / "wh")
+            job_s, job = run_pipeline(spark, bucket, root / "wh")
             progress("JSON-lines baseline ...")
             base_s, base_rows = run_baseline(spark, jsonl, root / "json-out")
         finally:
             spark.stop()
-    assert job_rows == n, (job_rows, n)
+    assert job.rows == n, (job.rows, n)
     assert base_rows == n, (base_rows, n)
     fig["job_seconds"] = job_s
+    # where the job's time went: its write tasks (wall, and CPU summed over executors)
+    fig["job_tasks"] = job.tasks
+    fig["job_task_seconds"] = job.task_seconds
+    fig["job_task_cpu_us_per_record"] = job.task_cpu_seconds / n * 1e6
     fig["json_baseline_seconds"] = base_s
     fig["rows_per_s"] = n / job_s
     fig["json_baseline_rows_per_s"] = n / base_s

@@ -64,7 +64,7 @@ def run(
     secret_key: str | None = typer.Option(None, envvar="EDGEGW_S3_SECRET_KEY"),
     path_style: bool | None = typer.Option(None, "--path-style/--virtual-host-style"),
     conf: list[str] = typer.Option([], help="Extra Spark conf KEY=VALUE. Repeatable."),
-    max_partition_mb: int = typer.Option(64, help="Raw MiB of batches per write task."),
+    max_partition_mb: int = typer.Option(128, help="Raw MiB of batches per write task."),
     dry_run: bool = typer.Option(False, help="Print the plan (log ranges to read) and exit."),
 ) -> None:
     """Read every (region, topic)'s new records and commit them to a table per topic, exactly once.

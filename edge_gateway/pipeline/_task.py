@@ -2,18 +2,21 @@
 
 The job plans on the driver, then runs one task per group of slices on the
 executors (``sparkContext.parallelize(tasks).map(run_write_task)``). A task
-fetches and checks its blocks (:func:`._arrow.read_blocks`), adds the
+fetches and checks its blocks (:func:`._arrow.read_blocks`) and works
+through them in chunks of about :data:`CHUNK_BYTES` of values: adds the
 ``date`` column (UTC), decodes JSON values if the topic has a schema
-(:mod:`._json`), and writes one Parquet file per ``(date, region)`` it holds
-into the run's staging folder, for the topic's table and, for values that do
-not decode, for ``_rejects``. It returns what it wrote; nothing is visible
-until the driver commits the files of every task with the new positions.
+(:mod:`._json`), and hands the rows to one Parquet writer per
+``(date, region)`` in the run's staging folder, for the topic's table and,
+for values that do not decode, for ``_rejects``. Its memory is bounded by
+one chunk plus the row-group buffers, however much it reads. It returns what
+it wrote; nothing is visible until the driver commits the files of every
+task with the new positions.
 
 Why the tasks write Parquet with Arrow instead of handing rows to Spark's
 writer: the records are already Arrow columns in the Python worker; moving
 them into the JVM, parsing JSON there with ``from_json`` and writing from
 the JVM made the job 0.35x as fast as Spark's own JSON-lines job, this way
-1.6-2.2x (``docs/pipeline.md``, "Performance"). The files are the Parquet a
+2-2.9x (``docs/pipeline.md``, "Performance"). The files are the Parquet a
 Spark write makes (timestamps as ``TIMESTAMP_MICROS``, zstd), and Spark,
 pyiceberg and any Parquet reader read them.
 """

@@ -64,7 +64,7 @@ class JobConfig:
     #: topic -> Spark DDL of its JSON values (``"a int, b string"``), or None to infer once
     json_topics: Mapping[str, str | None] = field(default_factory=dict)
     prefix: str = ""
-    max_partition_bytes: int = 64 * 1024 * 1024
+    max_partition_bytes: int = 128 * 1024 * 1024
 
 
 @dataclass(slots=True)
