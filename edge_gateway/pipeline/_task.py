@@ -301,12 +301,13 @@ def _split(table: pa.Table) -> Iterator[tuple[tuple[datetime.date, str], pa.Tabl
     if lo == hi and pc.count_distinct(regions).as_py() == 1:
         yield (lo.as_py(), regions[0].as_py()), table
         return
-    groups = table.group_by(["date", "region"], use_threads=False).aggregate([])
-    for date, region in zip(
-        groups.column("date").to_pylist(), groups.column("region").to_pylist(), strict=True
-    ):
-        mask = pc.and_(pc.equal(dates, pa.scalar(date, pa.date32())), pc.equal(regions, region))
-        yield (date, region), table.filter(mask)
+    # not Table.group_by: its first call imports pyarrow.dataset, and that imports pandas
+    for date in pc.unique(dates):
+        on_date = pc.equal(dates, date)
+        for region in pc.unique(regions):
+            mask = pc.and_(on_date, pc.equal(regions, region))
+            if pc.any(mask).as_py():
+                yield (date.as_py(), region.as_py()), table.filter(mask)
 
 
 def staged_files(root: Path) -> set[str]:

@@ -281,9 +281,8 @@ class ParquetTable:
         staged_root = self.staging_dir(run_id)
         moves = []
         for f in files:
-            rel = f.relative_to(staged_root)
-            parts = [p.replace("pdate=", "date=").replace("pregion=", "region=") for p in rel.parts]
-            moves.append([str(f.relative_to(self.location)), str(Path(*parts))])
+            # staged as <staging>/run-<id>/date=…/region=…/<file>: moved to date=…/region=…/<file>
+            moves.append([str(f.relative_to(self.location)), str(f.relative_to(staged_root))])
         docs = self._markers()
         n = len(docs) + 1
         doc = {

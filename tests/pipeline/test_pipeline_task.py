@@ -204,7 +204,10 @@ def test_a_task_in_a_fresh_process_does_not_import_pandas(tmp_path: Path) -> Non
     (Rejects do import it, for their reasons: they are rare.)
     """
     bucket = tmp_path / "bucket"
-    local_site("north", tmp_path, bucket).ship("telemetry", 2, 3, size=40)
+    for region in ("north", "south"):  # two regions and two days: rows split by both
+        site = local_site(region, tmp_path, bucket)
+        site.ship("telemetry", 2, 3, size=40)
+        site.ship("telemetry", 2, 2, size=40, day=1)
     code = f"""
 import sys
 sys.path.insert(0, {str(Path(__file__).parent)!r})
@@ -212,7 +215,7 @@ from pathlib import Path
 from test_pipeline_task import make_task
 from edge_gateway.pipeline import _task
 result = _task.run_write_task(make_task(Path({str(bucket)!r}), Path({str(tmp_path / "out")!r})))
-assert result.rows == 240 and result.rejected == 0, result
+assert result.rows == 800 and result.rejected == 0 and len(result.files) == 4, result
 print("pandas" in sys.modules)
 """
     done = subprocess.run(
