@@ -93,13 +93,14 @@ def run(
             max_partition_bytes=max_partition_mb * 1024 * 1024,
         )
         spark_conf = {k: v or "" for k, v in _parse_kv(conf, "--conf").items()}
-        if dry_run:
-            spark = None
-        else:
-            from edge_gateway.pipeline.session import make_session
+        from edge_gateway.pipeline.session import LazySession
 
-            console.print(f"starting Spark ({master})", highlight=False)
-            spark = make_session(master, conf=spark_conf)
+        # started only when a topic has records to read
+        spark = LazySession(
+            master,
+            conf=spark_conf,
+            on_start=lambda: console.print(f"starting Spark ({master})", highlight=False),
+        )
         try:
             plan = run_job(
                 spark,
@@ -108,17 +109,16 @@ def run(
                 dry_run=dry_run,
             )
         finally:
-            if spark is not None:
-                spark.stop()
+            spark.stop()
     except EdgeGatewayError as exc:
         raise fail(reason(exc)) from None
 
     table = Table(title="plan" if dry_run else "pipeline run")
     for column in ("topic", "regions (seqs)", "records", "bytes"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     if not dry_run:
         for column in ("rows", "rejects", "files", "seconds", "committed"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
     for res in plan.topics.values():
         ranges = ", ".join(f"{r} {a}..{b}" for r, (a, b) in sorted(res.ranges.items())) or "-"
         cells = [res.topic, ranges, str(res.planned_records), str(res.planned_bytes)]

@@ -52,6 +52,7 @@ from edge_gateway.pipeline.plan import (
     plan_region,
     split_slices,
 )
+from edge_gateway.pipeline.session import LazySession
 from edge_gateway.pipeline.tables import JSON_SCHEMA, REJECTS, Output, Table, warehouse_lock
 
 
@@ -224,14 +225,22 @@ def _run_tasks(spark: Any, tasks: list[WriteTask], staging: list[Path]) -> list[
 
 
 def run_job(
-    spark: Any,
+    spark: Any | LazySession,
     cfg: JobConfig,
     *,
     progress: Progress = lambda _msg: None,
     dry_run: bool = False,
     min_partitions: int | None = None,
 ) -> JobPlan:
-    """Run the job once (see the module docstring); returns the plan with its results."""
+    """Run the job once (see the module docstring); returns the plan with its results.
+
+    ``spark`` is a session, or a :class:`LazySession` started only if some
+    topic has records to read.
+    """
+
+    def session() -> Any:
+        return spark.get() if isinstance(spark, LazySession) else spark
+
     with warehouse_lock(cfg.output.warehouse):
         catalog = cfg.output.open()
         plan, tables = plan_job(cfg, catalog)
@@ -244,8 +253,6 @@ def run_job(
                 progress(f"{table.name}: removed the files of {removed} uncommitted run(s)")
         if rejects_table is not None:
             rejects_table.clean_uncommitted()
-        cores = spark.sparkContext.defaultParallelism
-        parallelism = min_partitions or cores
         for topic, res in plan.topics.items():
             if not res.ranges:
                 continue
@@ -266,10 +273,11 @@ def run_job(
             schema_text = ""
             done: dict[str, int] = {}
             rejects_run = f"{run_id}.{topic}"
+            cores = session().sparkContext.defaultParallelism
             if topic in cfg.json_topics:
                 assert rejects_table is not None
                 schema_json, schema_text = _json_schema(
-                    spark, cfg, topic, res.ranges, cfg.json_topics[topic], table
+                    session(), cfg, topic, res.ranges, cfg.json_topics[topic], table
                 )
                 props[JSON_SCHEMA] = schema_json
                 done = {str(r): int(v) for r, v in rejects_table.positions().get(topic, {}).items()}
@@ -278,7 +286,7 @@ def run_job(
             groups = split_slices(
                 _topic_slices(plan, topic, res.ranges),
                 target_raw_bytes=cfg.max_partition_bytes,
-                min_parts=parallelism,
+                min_parts=min_partitions or cores,
                 multiple_of=cores,
             )
             tasks = [
@@ -297,7 +305,7 @@ def run_job(
             ]
             running = time.monotonic()
             results = _run_tasks(
-                spark, tasks, [staging, *([rejects_staging] if rejects_staging else [])]
+                session(), tasks, [staging, *([rejects_staging] if rejects_staging else [])]
             )
             res.task_seconds = time.monotonic() - running
             res.task_cpu_seconds = sum(r.cpu_seconds for r in results)

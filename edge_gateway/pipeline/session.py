@@ -13,7 +13,7 @@ import logging
 import os
 import shutil
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from edge_gateway.errors import ConfigError
@@ -87,3 +87,39 @@ def make_session(
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(EdgegwDataSource)
     return spark
+
+
+class LazySession:
+    """A Spark session started on first use: a run with nothing new to read starts no JVM.
+
+    Starting Spark costs seconds and a JVM's memory; a pipeline run every
+    few minutes on a quiet fleet often has nothing to read, and the plan
+    (manifests and log headers) does not need Spark.
+    """
+
+    def __init__(
+        self,
+        master: str = DEFAULT_MASTER,
+        *,
+        conf: Mapping[str, str] | None = None,
+        on_start: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._master = master
+        self._conf = dict(conf or {})
+        self._on_start = on_start
+        self._session: SparkSession | None = None
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def get(self) -> SparkSession:
+        if self._session is None:
+            self._on_start()
+            self._session = make_session(self._master, conf=self._conf)
+        return self._session
+
+    def stop(self) -> None:
+        if self._session is not None:
+            self._session.stop()
+            self._session = None

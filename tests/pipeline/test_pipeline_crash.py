@@ -114,4 +114,12 @@ def test_kill_9_at_random_points_then_rerun(tmp_path: Path) -> None:
         referenced = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
         on_disk = {str(p) for p in (wh / "edgegw" / topic / "data").rglob("*.parquet")}
         assert on_disk == referenced, f"seed {seed}: orphan files {on_disk - referenced}"
+    # nothing new: the next run plans, finds nothing to read and starts no Spark
+    idle = Job(argv, log)
+    assert idle.finish() == 0, f"{''.join(idle.lines)} {log.read_text()[-3000:]}"
+    assert not any("starting Spark" in line for line in idle.lines), idle.lines
+    assert any("pipeline run" in line for line in idle.lines), idle.lines  # its summary
+    for topic in ("a", "b", "c"):
+        want = {k: v for k, v in expected.items() if k[1] == topic}
+        assert iceberg_rows(wh, topic) == want, f"idle run changed topic {topic}"
     print(f"seed {seed}: {killed_after_commit} kills after at least one commit")
