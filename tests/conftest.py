@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 import boto3
 import botocore.config
 import pytest
-from _moto import ACCESS_KEY, REGION, SECRET_KEY, start_moto_server
+
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, start_moto_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client

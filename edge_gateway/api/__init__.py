@@ -12,7 +12,9 @@ The server parts load on first use, so that the client can import
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edge_gateway._lazy import lazy_attributes
 
 if TYPE_CHECKING:
     from edge_gateway.api._app import ApiApp, ApiError, create_app
@@ -20,21 +22,13 @@ if TYPE_CHECKING:
 
 __all__ = ["ADDR_FILE", "ApiApp", "ApiError", "create_app", "serve_api"]
 
-_LAZY = {
-    "ApiApp": "edge_gateway.api._app",
-    "ApiError": "edge_gateway.api._app",
-    "create_app": "edge_gateway.api._app",
-    "serve_api": "edge_gateway.api._server",
-    "ADDR_FILE": "edge_gateway.api._server",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "ApiApp": "edge_gateway.api._app",
+        "ApiError": "edge_gateway.api._app",
+        "create_app": "edge_gateway.api._app",
+        "serve_api": "edge_gateway.api._server",
+        "ADDR_FILE": "edge_gateway.api._server",
+    },
+)

@@ -15,8 +15,9 @@ gateway's client does not import Starlette or hypercorn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from edge_gateway._lazy import lazy_attributes
 from edge_gateway.metadata.routing import BucketLocation, RoutingTable, TopicRoute, topology
 
 if TYPE_CHECKING:
@@ -47,25 +48,17 @@ __all__ = [
     "topology",
 ]
 
-_LAZY = {
-    "CachedRouting": "edge_gateway.metadata.client",
-    "HeadReporter": "edge_gateway.metadata.client",
-    "HeadsUpdate": "edge_gateway.metadata.client",
-    "MetadataClient": "edge_gateway.metadata.client",
-    "MetadataRefused": "edge_gateway.metadata.client",
-    "RoutingCache": "edge_gateway.metadata.client",
-    "RoutingFetch": "edge_gateway.metadata.client",
-    "MetadataServerConfig": "edge_gateway.metadata.server",
-    "serve_metadata": "edge_gateway.metadata.server",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "CachedRouting": "edge_gateway.metadata.client",
+        "HeadReporter": "edge_gateway.metadata.client",
+        "HeadsUpdate": "edge_gateway.metadata.client",
+        "MetadataClient": "edge_gateway.metadata.client",
+        "MetadataRefused": "edge_gateway.metadata.client",
+        "RoutingCache": "edge_gateway.metadata.client",
+        "RoutingFetch": "edge_gateway.metadata.client",
+        "MetadataServerConfig": "edge_gateway.metadata.server",
+        "serve_metadata": "edge_gateway.metadata.server",
+    },
+)

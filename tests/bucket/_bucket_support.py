@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-from _moto import ACCESS_KEY, REGION, SECRET_KEY
-
 from edge_gateway.bucket import Bucket, S3Config
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 #: Opens the backend under test (the ``bucket_opener`` fixture).
 Opener = Callable[[], Awaitable[Bucket]]

@@ -9,7 +9,6 @@ import botocore.exceptions
 import pytest
 import trio
 from _bucket_support import MIB, make_s3_config
-from _moto import free_port
 
 from edge_gateway.bucket import (
     BucketUnavailable,
@@ -20,6 +19,7 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.errors import ConfigError
+from edge_gateway.testing.moto import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client

@@ -9,9 +9,10 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from _moto import ACCESS_KEY, REGION, SECRET_KEY
 from edgegw_cli.app import app
 from typer.testing import CliRunner, Result
+
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 #: The console script next to the interpreter running the tests (.venv/bin/edgegw).
 EDGEGW = Path(sys.executable).parent / "edgegw"

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 from _cli_support import assert_one_line_failure, invoke, run_edgegw
-from _moto import free_port
 
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.format.batch import Record, encode_records
@@ -30,6 +29,7 @@ from edge_gateway.format.logobject import (
 )
 from edge_gateway.format.manifest import Manifest, ManifestEntry, log_key, manifest_key
 from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.testing.moto import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client

@@ -14,7 +14,6 @@ from typing import Any
 
 import trio
 from _cli_support import assert_one_line_failure, run_edgegw
-from _moto import ACCESS_KEY, REGION, SECRET_KEY, free_port
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
 from edge_gateway.format import logobject
@@ -27,6 +26,7 @@ from edge_gateway.format.manifest import (
 )
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.regionlog import find_head, latest_manifest, read_header
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, free_port
 
 SITE = "north"
 TOPICS = {"telemetry": 3, "orders": 2}

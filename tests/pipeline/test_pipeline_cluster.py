@@ -17,9 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _moto import free_port
 from _pipeline_support import s3_site
 from test_pipeline_job import iceberg_rows
+
+from edge_gateway.testing.moto import free_port
 
 
 def _clean_env(tmp: Path) -> dict[str, str]:

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 import trio
-from _moto import ACCESS_KEY, REGION, SECRET_KEY
 
 from edge_gateway.bucket import (
     Bucket,
@@ -35,6 +34,7 @@ from edge_gateway.journal import Journal, JournalConfig, open_journal
 from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.testing import ProxyMode, TcpProxy
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
