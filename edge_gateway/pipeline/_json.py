@@ -202,7 +202,12 @@ class JsonDecoder:
         parts: list[tuple[np.ndarray[Any, np.dtype[np.int64]], pa.Table]] = []
         alone: list[int] = list(np.flatnonzero(~guarded))
 
-        def bulk(idx: np.ndarray[Any, np.dtype[np.int64]]) -> None:
+        # a work list, not a recursive closure: a nested function that calls itself is a
+        # reference cycle, which kept every chunk's values and rows alive until the
+        # garbage collector ran (memory grew with the task, not the chunk)
+        pending = _chunks(np.flatnonzero(guarded).astype(np.int64), lengths, _MAX_CHUNK_BYTES)
+        while pending:
+            idx = pending.pop()
             first, count = int(idx[0]), len(idx)
             if int(idx[-1]) - first + 1 == count:  # contiguous: no copy
                 chunk = values.slice(first, count)
@@ -215,12 +220,7 @@ class JsonDecoder:
                 alone.extend(int(i) for i in idx)
             else:
                 # many bad values cost log_16 levels of parses, not log_2
-                for piece in np.array_split(idx, _FANOUT):
-                    bulk(piece)
-
-        good_idx = np.flatnonzero(guarded).astype(np.int64)
-        for chunk in _chunks(good_idx, lengths, _MAX_CHUNK_BYTES):
-            bulk(chunk)
+                pending.extend(np.array_split(idx, _FANOUT))
         rejected: list[int] = []
         reasons: list[str] = []
         for i in sorted(alone):

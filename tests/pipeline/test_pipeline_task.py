@@ -7,6 +7,7 @@ sizes made small so that a few hundred records cross every boundary.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -223,3 +224,23 @@ print("pandas" in sys.modules)
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "False"
+
+
+def test_a_task_frees_its_memory_without_the_garbage_collector(
+    tmp_path: Path, small_sizes: None
+) -> None:
+    """No reference cycles: a chunk's values and rows are freed when the next one comes."""
+    bucket, _ = ship_two_days(tmp_path)
+    task = make_task(bucket, tmp_path / "out")
+    _task.run_write_task(task)  # first call: imports and caches
+    gc.collect()
+    gc.disable()
+    try:
+        before = pa.total_allocated_bytes()
+        result = _task.run_write_task(make_task(bucket, tmp_path / "again"))
+        assert result.rows > 0
+        assert result.rejected > 0
+        assert pa.total_allocated_bytes() == before
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
