@@ -164,10 +164,23 @@ class IcebergTable:
         if not data.is_dir():
             return 0
         committed = self._committed_runs()
+        candidates = [
+            d
+            for d in data.iterdir()
+            if d.is_dir()
+            and d.name.startswith("run-")
+            and d.name.removeprefix("run-") not in committed | {keep}
+        ]
+        if not candidates:
+            return 0
+        # A run no snapshot names crashed before its commit -- or committed, and its
+        # snapshot was expired since (standard Iceberg maintenance): its files are
+        # still in the table. Only folders with no file in the table are deleted.
+        live = {Path(p.removeprefix("file://")) for p in self.data_files()}
+        live_dirs = {parent for f in live for parent in f.parents}
         removed = 0
-        for d in data.iterdir():
-            run = d.name.removeprefix("run-")
-            if d.is_dir() and d.name.startswith("run-") and run not in committed and run != keep:
+        for d in candidates:
+            if d not in live_dirs:
                 shutil.rmtree(d, ignore_errors=True)
                 removed += 1
         return removed

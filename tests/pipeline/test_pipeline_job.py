@@ -200,3 +200,31 @@ def test_another_job_on_the_warehouse_is_refused(spark: Any, tmp_path: Path) -> 
     local_site("north", tmp_path, bucket).ship("t", 1, 1)
     with warehouse_lock(wh), pytest.raises(InvalidInput, match="another pipeline job"):
         run_job(spark, job(bucket, wh))
+
+
+def test_expiring_old_snapshots_never_loses_their_files(spark: Any, tmp_path: Path) -> None:
+    """Standard Iceberg maintenance (expire snapshots) must not make the job delete live data.
+
+    A run's files stay where it wrote them (``data/run-<id>/``); a run folder
+    that no snapshot names is what a crashed run leaves. Once old snapshots
+    are expired, their runs are no longer named either, yet their files are
+    still in the table.
+    """
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    north = local_site("north", tmp_path, bucket)
+    north.ship("telemetry", 2, 2)
+    run_job(spark, job(bucket, wh))
+    north.ship("telemetry", 2, 2)
+    run_job(spark, job(bucket, wh))
+    table = open_catalog(wh, None).load_table(("edgegw", "telemetry"))
+    current = table.current_snapshot()
+    assert current is not None
+    old = [s.snapshot_id for s in table.snapshots() if s.snapshot_id != current.snapshot_id]
+    table.maintenance.expire_snapshots().by_ids(old).commit()
+    assert len(open_catalog(wh, None).load_table(("edgegw", "telemetry")).snapshots()) == 1
+
+    north.ship("telemetry", 2, 1)
+    plan = run_job(spark, job(bucket, wh))
+    assert plan.topics["telemetry"].rows == 2 * 10
+    want = {k: v for k, v in north.expected.items() if k[1] == "telemetry"}
+    assert iceberg_rows(wh, "telemetry") == want
