@@ -173,6 +173,7 @@ def compact(
                     cat.load_table((namespace, name)),
                     target_bytes=target_file_mb * 1024 * 1024,
                     min_files=min_files,
+                    progress=lambda msg: console.print(msg, highlight=False, soft_wrap=True),
                 )
                 summary.add_row(
                     name, str(res.partitions), str(res.files_before), str(res.files_after),

@@ -181,15 +181,82 @@ def _after(table: pa.Table, done: Mapping[str, int]) -> pa.Table:
     return table.take(from_numpy(np.flatnonzero(keep)))
 
 
-class _PartitionWriter:
-    """One Parquet file per ``(date, region)`` under ``root``, written as the rows come.
+class ParquetSink:
+    """One Parquet file written as rows come, in row groups of :data:`ROW_GROUP_ROWS`.
 
-    Rows are buffered per file and written in row groups of
-    :data:`ROW_GROUP_ROWS`, so a task's memory stays bounded however much it
-    reads: at most :data:`MAX_BUFFERED_ROWS` rows are held (past that, the
-    fullest buffer is written as a shorter row group). Files are written under
-    a temporary name and renamed by :meth:`close`: a file with its final name
-    is complete.
+    The file is written under a temporary name (``.<name>.tmp``) and renamed
+    by :meth:`close`: a file with its final name is complete. Its first rows
+    decide which columns are dictionary-encoded (:func:`_repetitive`). Used
+    by the write tasks (one per ``(date, region)``) and by compaction.
+    """
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema
+        self.rows = 0
+        self.buffered = 0
+        self._tmp = path.with_name(f".{path.name}.tmp")
+        self._buffer: list[pa.Table] = []
+        self._writer: pq.ParquetWriter | None = None
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self._buffer.append(table)
+        self.buffered += table.num_rows
+        if self.buffered >= ROW_GROUP_ROWS:
+            self.flush(whole_groups=True)
+
+    def flush(self, *, whole_groups: bool = False) -> None:
+        """Write the buffered rows; only whole row groups if ``whole_groups``."""
+        if not self._buffer:
+            return
+        table = pa.concat_tables(self._buffer)
+        self._buffer, self.buffered = [], 0
+        if whole_groups:
+            cut = table.num_rows - table.num_rows % ROW_GROUP_ROWS
+            if cut < table.num_rows:
+                self._buffer, self.buffered = [table.slice(cut)], table.num_rows - cut
+                table = table.slice(0, cut)
+        if table.num_rows == 0:
+            return
+        if self._writer is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._writer = pq.ParquetWriter(
+                self._tmp,
+                self.schema,
+                compression="zstd",
+                use_dictionary=_repetitive(table),
+                coerce_timestamps="us",
+                use_deprecated_int96_timestamps=False,
+            )
+        self._writer.write_table(table, row_group_size=ROW_GROUP_ROWS)
+        self.rows += table.num_rows
+
+    def close(self) -> int:
+        """Write what is buffered, close and rename the file; the rows it holds."""
+        self.flush()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            os.replace(self._tmp, self.path)
+        return self.rows
+
+    def abort(self) -> None:
+        """Close and delete the file if it was not renamed yet (a failed task)."""
+        if self._writer is not None:
+            with contextlib.suppress(Exception):
+                self._writer.close()
+            self._writer = None
+        self._tmp.unlink(missing_ok=True)
+
+
+class _PartitionWriter:
+    """One :class:`ParquetSink` per ``(date, region)`` under ``root``, written as the rows come.
+
+    A task's memory stays bounded however much it reads: its sinks hold at
+    most :data:`MAX_BUFFERED_ROWS` rows between them (past that, the fullest
+    buffer is written as a shorter row group).
     """
 
     def __init__(self, root: Path, schema: pa.Schema, task: WriteTask) -> None:
@@ -201,10 +268,7 @@ class _PartitionWriter:
             if task.iceberg
             else pa.schema([f for f in schema if f.name not in ("date", "region")])
         )
-        self._buffers: dict[tuple[datetime.date, str], list[pa.Table]] = {}
-        self._buffered: dict[tuple[datetime.date, str], int] = {}
-        self._writers: dict[tuple[datetime.date, str], tuple[pq.ParquetWriter, Path, Path]] = {}
-        self._rows: dict[tuple[datetime.date, str], int] = {}
+        self._sinks: dict[tuple[datetime.date, str], ParquetSink] = {}
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -212,68 +276,29 @@ class _PartitionWriter:
         for key, part in _split(table):
             if not self._task.iceberg:
                 part = part.drop_columns(["date", "region"])
-            self._buffers.setdefault(key, []).append(part)
-            self._buffered[key] = self._buffered.get(key, 0) + part.num_rows
-            if self._buffered[key] >= ROW_GROUP_ROWS:
-                self._flush(key, whole_groups=True)
-        while sum(self._buffered.values()) > MAX_BUFFERED_ROWS:
-            self._flush(max(self._buffered, key=self._buffered.__getitem__))
+            sink = self._sinks.get(key)
+            if sink is None:
+                sink = self._sinks[key] = ParquetSink(self._path(key), self._file_schema)
+            sink.add(part)
+        while sum(s.buffered for s in self._sinks.values()) > MAX_BUFFERED_ROWS:
+            max(self._sinks.values(), key=lambda s: s.buffered).flush()
 
-    def _flush(self, key: tuple[datetime.date, str], *, whole_groups: bool = False) -> None:
-        """Write the rows buffered for ``key``; only whole row groups if ``whole_groups``."""
-        parts = self._buffers.pop(key, [])
-        self._buffered.pop(key, None)
-        table = pa.concat_tables(parts) if parts else None
-        if table is None or table.num_rows == 0:
-            return
-        if whole_groups:
-            cut = table.num_rows - table.num_rows % ROW_GROUP_ROWS
-            if cut < table.num_rows:
-                self._buffers[key] = [table.slice(cut)]
-                self._buffered[key] = table.num_rows - cut
-                table = table.slice(0, cut)
-        if key not in self._writers:
-            self._writers[key] = self._open(key, table)
-        self._writers[key][0].write_table(table, row_group_size=ROW_GROUP_ROWS)
-        self._rows[key] = self._rows.get(key, 0) + table.num_rows
-
-    def _open(
-        self, key: tuple[datetime.date, str], first: pa.Table
-    ) -> tuple[pq.ParquetWriter, Path, Path]:
+    def _path(self, key: tuple[datetime.date, str]) -> Path:
         date, region = key
         folder = self._root / f"{self._dirs[0]}={date.isoformat()}" / f"{self._dirs[1]}={region}"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"part-{self._task.index:05d}-{uuid.uuid4().hex[:12]}.zstd.parquet"
-        tmp = path.with_name(f".{path.name}.tmp")
-        writer = pq.ParquetWriter(
-            tmp,
-            self._file_schema,
-            compression="zstd",
-            use_dictionary=_repetitive(first),
-            coerce_timestamps="us",
-            use_deprecated_int96_timestamps=False,
-        )
-        return writer, tmp, path
+        return folder / f"part-{self._task.index:05d}-{uuid.uuid4().hex[:12]}.zstd.parquet"
 
     def close(self) -> list[tuple[str, int]]:
-        """Write what is buffered, close and rename every file; (path, rows) of each."""
-        for key in list(self._buffers):
-            self._flush(key)
-        out: list[tuple[str, int]] = []
-        for key, (writer, tmp, path) in self._writers.items():
-            writer.close()
-            os.replace(tmp, path)
-            out.append((str(path), self._rows[key]))
-        self._writers.clear()
+        """Close every file; (path, rows) of each."""
+        out = [(str(sink.path), sink.close()) for sink in self._sinks.values()]
+        self._sinks.clear()
         return out
 
     def abort(self) -> None:
-        """Close and delete the files not renamed yet (a failed task)."""
-        for writer, tmp, _ in self._writers.values():
-            with contextlib.suppress(Exception):
-                writer.close()
-            tmp.unlink(missing_ok=True)
-        self._writers.clear()
+        """Delete the files not renamed yet (a failed task)."""
+        for sink in self._sinks.values():
+            sink.abort()
+        self._sinks.clear()
 
 
 def _repetitive(table: pa.Table) -> list[str]:
@@ -315,4 +340,11 @@ def staged_files(root: Path) -> set[str]:
     return {str(p) for p in root.rglob("*") if p.is_file()} if root.is_dir() else set()
 
 
-__all__ = ["BASE_COLUMNS", "WriteResult", "WriteTask", "run_write_task", "staged_files"]
+__all__ = [
+    "BASE_COLUMNS",
+    "ParquetSink",
+    "WriteResult",
+    "WriteTask",
+    "run_write_task",
+    "staged_files",
+]

@@ -228,3 +228,74 @@ def test_expiring_old_snapshots_never_loses_their_files(spark: Any, tmp_path: Pa
     assert plan.topics["telemetry"].rows == 2 * 10
     want = {k: v for k, v in north.expected.items() if k[1] == "telemetry"}
     assert iceberg_rows(wh, "telemetry") == want
+
+
+def _files(wh: Path, topic: str) -> dict[str, int]:
+    table = open_catalog(wh, None).load_table(("edgegw", topic))
+    return {t.file.file_path: t.file.file_size_in_bytes for t in table.scan().plan_files()}
+
+
+def test_compaction_rewrites_small_files_in_groups_and_leaves_large_ones(
+    spark: Any, tmp_path: Path
+) -> None:
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    north = local_site("north", tmp_path, bucket)
+    north.ship("telemetry", 1, 40, size=50)  # one large file
+    run_job(spark, job(bucket, wh))
+    (large,) = _files(wh, "telemetry")
+    for _ in range(5):  # five small ones
+        north.ship("telemetry", 1, 1)
+        run_job(spark, job(bucket, wh))
+    files = _files(wh, "telemetry")
+    small = sorted(size for path, size in files.items() if path != large)
+    assert len(small) == 5
+    assert files[large] > 3 * max(small)
+    target = 2 * max(small) + 1  # two small files per group at most, the large one too big
+    want = {k: v for k, v in north.expected.items() if k[1] == "telemetry"}
+
+    res = compact_table(
+        open_catalog(wh, None).load_table(("edgegw", "telemetry")),
+        target_bytes=target,
+        min_files=2,
+    )
+    after = _files(wh, "telemetry")
+    assert large in after  # not rewritten
+    assert (res.partitions, res.files_before, res.files_after) == (1, 4, 2)
+    assert len(after) == 1 + 2 + 1  # the large file, two groups of two, one small file left
+    assert res.rows == 4 * 10
+    assert iceberg_rows(wh, "telemetry") == want
+    assert spark_rows(spark, wh, "telemetry") == want
+    # the rewritten files are in log order, like the job's
+    for path in set(after) - set(files):
+        assert "/data/run-compact-" in path
+        seqs = pq.read_table(path.removeprefix("file://"), columns=["log_seq"]).column(0)
+        assert seqs.to_pylist() == sorted(seqs.to_pylist())
+
+
+def test_killed_compaction_leaves_nothing_the_next_run_keeps(
+    spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge_gateway.pipeline import compact
+
+    bucket, wh = tmp_path / "bucket", tmp_path / "wh"
+    north = local_site("north", tmp_path, bucket)
+    for _ in range(3):
+        north.ship("telemetry", 1, 1)
+        run_job(spark, job(bucket, wh))
+    files = _files(wh, "telemetry")
+
+    def killed(*_args: Any) -> None:
+        raise KeyboardInterrupt  # as if killed between the rewrite and the commit
+
+    monkeypatch.setattr(compact, "_commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        compact_table(open_catalog(wh, None).load_table(("edgegw", "telemetry")))
+    (left,) = list((wh / "edgegw" / "telemetry" / "data").glob("run-compact-*"))
+    assert list(left.rglob("*.parquet"))  # the rewritten file, never committed
+    assert _files(wh, "telemetry") == files
+
+    north.ship("telemetry", 1, 1)
+    run_job(spark, job(bucket, wh))  # deletes the folder of the uncommitted compaction
+    assert not left.exists()
+    want = {k: v for k, v in north.expected.items() if k[1] == "telemetry"}
+    assert iceberg_rows(wh, "telemetry") == want
