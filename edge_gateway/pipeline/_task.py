@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from edge_gateway.pipeline._arrow import SCHEMA, from_numpy, read_blocks
-from edge_gateway.pipeline._json import decoder_for
+from edge_gateway.pipeline._json import JsonDecoder, decoder_for
 from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline.plan import ObjectSlice
 
@@ -113,8 +113,7 @@ def run_write_task(task: WriteTask) -> WriteResult:
     """Run one task (on an executor); see the module docstring."""
     started = time.process_time()
     decoder = decoder_for(task.json_schema, task.json_schema_text) if task.json_schema else None
-    value_type = pa.schema([]) if decoder is None else decoder.schema
-    out = _PartitionWriter(Path(task.out_dir), _table_schema(value_type), task)
+    out = _PartitionWriter(Path(task.out_dir), _table_schema(decoder), task)
     rejects = (
         _PartitionWriter(Path(task.rejects_dir), REJECT_SCHEMA, task)
         if task.rejects_dir is not None and decoder is not None
@@ -151,10 +150,15 @@ def run_write_task(task: WriteTask) -> WriteResult:
     )
 
 
-def _table_schema(decoded: pa.Schema) -> pa.Schema:
-    """The columns a task writes for its topic's table (before dropping partition columns)."""
-    base = [f for f in SCHEMA if f.name != "value" or len(decoded) == 0]
-    return pa.schema([*base, pa.field("date", pa.date32()), *decoded])
+def _table_schema(decoder: JsonDecoder | None) -> pa.Schema:
+    """The columns a task writes for its topic's table (before dropping partition columns).
+
+    With a JSON schema, its fields replace ``value`` (even a schema of no fields).
+    """
+    if decoder is None:
+        return pa.schema([*SCHEMA, pa.field("date", pa.date32())])
+    base = [f for f in SCHEMA if f.name != "value"]
+    return pa.schema([*base, pa.field("date", pa.date32()), *decoder.schema])
 
 
 def _chunks(batches: Iterable[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]:

@@ -64,12 +64,12 @@ def slices_of(bucket: Path, topic: str) -> tuple[ObjectSlice, ...]:
 
 
 def make_task(bucket: Path, out: Path, **kw: Any) -> _task.WriteTask:
+    kw.setdefault("json_schema", SCHEMA_JSON)
     return _task.WriteTask(
         index=3,
         bucket=BucketSpec(str(bucket)),
         slices=slices_of(bucket, "telemetry"),
         out_dir=str(out / "table"),
-        json_schema=SCHEMA_JSON,
         rejects_dir=str(out / "rejects"),
         **kw,
     )
@@ -244,3 +244,15 @@ def test_a_task_frees_its_memory_without_the_garbage_collector(
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+def test_a_json_schema_of_no_fields_drops_the_value(tmp_path: Path) -> None:
+    """Values that are all ``{}`` infer a schema of no fields: the rows keep their metadata."""
+    bucket = tmp_path / "bucket"
+    local_site("north", tmp_path, bucket).ship("telemetry", 1, 2, value=lambda *_: b"{}")
+    empty = json.dumps({"type": "struct", "fields": []})
+    result = _task.run_write_task(make_task(bucket, tmp_path / "out", json_schema=empty))
+    assert (result.rows, result.rejected) == (20, 0)
+    names = pq.read_schema(result.files[0][0]).names
+    assert "value" not in names
+    assert "offset" in names
