@@ -7,13 +7,15 @@ rest of the CLI starts without them.
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
 
 from edge_gateway.errors import EdgeGatewayError
-from edgegw_cli._common import console, fail, reason
+from edgegw_cli._common import console, err_console, fail, reason
 
 app = typer.Typer(help="Bucket -> Iceberg/Parquet tables with PySpark.", no_args_is_help=True)
 
@@ -66,11 +68,59 @@ def run(
     conf: list[str] = typer.Option([], help="Extra Spark conf KEY=VALUE. Repeatable."),
     max_partition_mb: int = typer.Option(128, help="Raw MiB of batches per write task."),
     dry_run: bool = typer.Option(False, help="Print the plan (log ranges to read) and exit."),
+    metrics_file: Path | None = typer.Option(
+        None,
+        help="Write the run's figures (success, rows, lag per topic and region) to this file "
+        "in Prometheus text format, for node_exporter's textfile collector.",
+    ),
 ) -> None:
     """Read every (region, topic)'s new records and commit them to a table per topic, exactly once.
 
     Example: edgegw pipeline run --bucket /srv/edgegw/bucket --warehouse /srv/tables
     """
+    started = time.time()
+    plan: Any = None
+    try:
+        plan = _run_job(
+            bucket, warehouse, master, catalog, namespace, iceberg, region, topic, json_topic,
+            endpoint_url, s3_region, access_key, secret_key, path_style, conf,
+            max_partition_mb, dry_run,
+        )  # fmt: skip
+    finally:
+        if metrics_file is not None and not dry_run:
+            _write_metrics(metrics_file, plan, started)
+    _summary(plan, dry_run)
+
+
+def _write_metrics(path: Path, plan: Any, started: float) -> None:
+    from edge_gateway.pipeline.report import write_metrics
+
+    try:
+        write_metrics(path, plan, ok=plan is not None, started=started, finished=time.time())
+    except OSError as exc:
+        # said, not raised: the run's own outcome (and exit code) stands
+        err_console.print(f"error: cannot write the metrics file {path}: {exc}", highlight=False)
+
+
+def _run_job(
+    bucket: str,
+    warehouse: Path,
+    master: str,
+    catalog: str | None,
+    namespace: str,
+    iceberg: bool,
+    region: list[str],
+    topic: list[str],
+    json_topic: list[str],
+    endpoint_url: str | None,
+    s3_region: str | None,
+    access_key: str | None,
+    secret_key: str | None,
+    path_style: bool | None,
+    conf: list[str],
+    max_partition_mb: int,
+    dry_run: bool,
+) -> Any:
     _imports()
     from edge_gateway.pipeline._store import BucketSpec
     from edge_gateway.pipeline.job import JobConfig, run_job
@@ -112,7 +162,10 @@ def run(
             spark.stop()
     except EdgeGatewayError as exc:
         raise fail(reason(exc)) from None
+    return plan
 
+
+def _summary(plan: Any, dry_run: bool) -> None:
     table = Table(title="plan" if dry_run else "pipeline run")
     for column in ("topic", "regions (seqs)", "records", "bytes"):
         table.add_column(column, overflow="fold")

@@ -86,6 +86,8 @@ class TopicResult:
     task_cpu_seconds: float = 0.0
     tasks: int = 0
     committed: bool = False
+    #: region -> last committed seq: before the run, after it once ``committed``
+    positions: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -133,7 +135,7 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
     results: dict[str, TopicResult] = {}
     for topic in topic_names:
         positions = tables[topic].positions()
-        res = TopicResult(topic, {})
+        res = TopicResult(topic, {}, positions={str(r): int(v) for r, v in positions.items()})
         for region, plan in region_plans.items():
             first = max(int(positions.get(region, 0)) + 1, plan.first_seq)
             if first > plan.last_seq:
@@ -263,6 +265,7 @@ def run_job(
                 if table.exists:
                     table.commit(run_id, [], positions, {})
                     res.committed = True
+                    res.positions = {str(r): int(v) for r, v in positions.items()}
                 continue
             progress(
                 f"{topic}: reading {res.planned_records} records ({res.planned_bytes} bytes) "
@@ -332,6 +335,7 @@ def run_job(
                 rejects_table.commit(rejects_run, reject_files, rejects_positions, {})
             table.commit(run_id, files, positions, props)
             res.committed = True
+            res.positions = {str(r): int(v) for r, v in positions.items()}
             res.commit_seconds = time.monotonic() - committing
             res.tasks = len(tasks)
             res.seconds = time.monotonic() - started

@@ -115,8 +115,13 @@ def test_kill_9_at_random_points_then_rerun(tmp_path: Path) -> None:
         on_disk = {str(p) for p in (wh / "edgegw" / topic / "data").rglob("*.parquet")}
         assert on_disk == referenced, f"seed {seed}: orphan files {on_disk - referenced}"
     # nothing new: the next run plans, finds nothing to read and starts no Spark
-    idle = Job(argv, log)
+    prom = tmp_path / "pipeline.prom"
+    idle = Job([*argv, "--metrics-file", str(prom)], log)
     assert idle.finish() == 0, f"{''.join(idle.lines)} {log.read_text()[-3000:]}"
+    metrics = prom.read_text()
+    assert "edgegw_pipeline_last_run_success 1.0" in metrics
+    for topic in ("a", "b", "c"):
+        assert f'edgegw_pipeline_lag_entries{{region="north",topic="{topic}"}} 0.0' in metrics
     assert not any("starting Spark" in line for line in idle.lines), idle.lines
     assert any("pipeline run" in line for line in idle.lines), idle.lines  # its summary
     for topic in ("a", "b", "c"):

@@ -299,3 +299,53 @@ def test_killed_compaction_leaves_nothing_the_next_run_keeps(
     assert not left.exists()
     want = {k: v for k, v in north.expected.items() if k[1] == "telemetry"}
     assert iceberg_rows(wh, "telemetry") == want
+
+
+def _prom(path: Path) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(path.read_text())
+        for s in family.samples
+    }
+
+
+def test_metrics_file_reports_rows_positions_and_lag(spark: Any, tmp_path: Path) -> None:
+    from edge_gateway.pipeline.report import write_metrics
+
+    bucket, wh, prom = tmp_path / "bucket", tmp_path / "wh", tmp_path / "m" / "pipeline.prom"
+    north = local_site("north", tmp_path, bucket)
+    south = local_site("south", tmp_path, bucket)
+    north.ship("telemetry", 2, 2)
+    south.ship("telemetry", 1, 1)
+    plan = run_job(spark, job(bucket, wh))
+    write_metrics(prom, plan, ok=True, started=100.0, finished=160.0)
+    m = _prom(prom)
+    heads = {r: p.last_seq for r, p in plan.regions.items()}
+    assert m[("edgegw_pipeline_last_run_success", ())] == 1
+    assert m[("edgegw_pipeline_last_run_duration_seconds", ())] == 60
+    assert m[("edgegw_pipeline_last_success_timestamp_seconds", ())] == 160
+    assert m[("edgegw_pipeline_rows", (("topic", "telemetry"),))] == 2 * 2 * 10 + 10
+    for region, head in heads.items():
+        assert m[("edgegw_pipeline_log_head_seq", (("region", region),))] == head
+        key = (("region", region), ("topic", "telemetry"))
+        assert m[("edgegw_pipeline_committed_seq", key)] == head
+        assert m[("edgegw_pipeline_lag_entries", key)] == 0
+
+    # new entries in north, not read yet (a dry run plans without committing): north lags
+    north.ship("telemetry", 2, 1)
+    pending = run_job(spark, job(bucket, wh), dry_run=True)
+    write_metrics(prom, pending, ok=True, started=200.0, finished=201.0)
+    m = _prom(prom)
+    lag_north = m[("edgegw_pipeline_lag_entries", (("region", "north"), ("topic", "telemetry")))]
+    assert lag_north == pending.regions["north"].last_seq - heads["north"] > 0
+    assert m[("edgegw_pipeline_lag_entries", (("region", "south"), ("topic", "telemetry")))] == 0
+
+    # a failed run: success 0, the last success carried over
+    write_metrics(prom, None, ok=False, started=300.0, finished=305.0)
+    m = _prom(prom)
+    assert m[("edgegw_pipeline_last_run_success", ())] == 0
+    assert m[("edgegw_pipeline_last_run_timestamp_seconds", ())] == 305
+    assert m[("edgegw_pipeline_last_success_timestamp_seconds", ())] == 201
+    assert not any(name == "edgegw_pipeline_rows" for name, _ in m)
