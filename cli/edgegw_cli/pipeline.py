@@ -82,9 +82,11 @@ def run(
     plan: Any = None
     try:
         plan = _run_job(
-            bucket, warehouse, master, catalog, namespace, iceberg, region, topic, json_topic,
-            endpoint_url, s3_region, access_key, secret_key, path_style, conf,
-            max_partition_mb, dry_run,
+            bucket=bucket, warehouse=warehouse, master=master, catalog=catalog,
+            namespace=namespace, iceberg=iceberg, region=region, topic=topic,
+            json_topic=json_topic, endpoint_url=endpoint_url, s3_region=s3_region,
+            access_key=access_key, secret_key=secret_key, path_style=path_style, conf=conf,
+            max_partition_mb=max_partition_mb, dry_run=dry_run,
         )  # fmt: skip
     finally:
         if metrics_file is not None and not dry_run:
@@ -103,6 +105,7 @@ def _write_metrics(path: Path, plan: Any, started: float) -> None:
 
 
 def _run_job(
+    *,
     bucket: str,
     warehouse: Path,
     master: str,

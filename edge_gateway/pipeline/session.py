@@ -109,10 +109,6 @@ class LazySession:
         self._on_start = on_start
         self._session: SparkSession | None = None
 
-    @property
-    def started(self) -> bool:
-        return self._session is not None
-
     def get(self) -> SparkSession:
         if self._session is None:
             self._on_start()
