@@ -43,13 +43,15 @@ from edge_gateway.pipeline._json import JsonDecoder, decoder_for
 from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline.plan import ObjectSlice
 
+#: the column a task adds: the UTC date of ``timestamp`` (the tables' first partition column)
+DATE: Final = pa.field("date", pa.date32())
 #: the columns of a topic's table before the JSON fields (``value`` only without JSON)
-BASE_COLUMNS: Final = (*SCHEMA.names, "date")
+BASE_COLUMNS: Final = (*SCHEMA.names, DATE.name)
 #: the columns of ``_rejects``
 REJECT_SCHEMA: Final = pa.schema(
     [
         *(SCHEMA.field(n) for n in ("region", "topic", "partition", "offset", "timestamp")),
-        pa.field("date", pa.date32()),
+        DATE,
         *(SCHEMA.field(n) for n in ("key", "value")),
         pa.field("reason", pa.string()),
         SCHEMA.field("log_seq"),
@@ -123,7 +125,7 @@ def run_write_task(task: WriteTask) -> WriteResult:
     try:
         for chunk in _chunks(read_blocks(task.bucket.open(), task.slices, verify=task.verify)):
             table = pa.Table.from_batches(chunk, schema=SCHEMA)
-            table = table.append_column("date", pc.cast(table.column("timestamp"), pa.date32()))
+            table = table.append_column(DATE, pc.cast(table.column("timestamp"), DATE.type))
             records += table.num_rows
             if decoder is not None:
                 decoded = decoder.decode(table.column("value").combine_chunks())
@@ -156,9 +158,9 @@ def _table_schema(decoder: JsonDecoder | None) -> pa.Schema:
     With a JSON schema, its fields replace ``value`` (even a schema of no fields).
     """
     if decoder is None:
-        return pa.schema([*SCHEMA, pa.field("date", pa.date32())])
+        return pa.schema([*SCHEMA, DATE])
     base = [f for f in SCHEMA if f.name != "value"]
-    return pa.schema([*base, pa.field("date", pa.date32()), *decoder.schema])
+    return pa.schema([*base, DATE, *decoder.schema])
 
 
 def _chunks(batches: Iterable[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]:
@@ -167,7 +169,7 @@ def _chunks(batches: Iterable[pa.RecordBatch]) -> Iterator[list[pa.RecordBatch]]
     size = 0
     for b in batches:
         chunk.append(b)
-        size += b.column(SCHEMA.get_field_index("value")).nbytes
+        size += b.column("value").nbytes
         if size >= CHUNK_BYTES:
             yield chunk
             chunk, size = [], 0

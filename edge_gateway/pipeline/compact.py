@@ -19,7 +19,6 @@ that the next job deletes.
 
 from __future__ import annotations
 
-import datetime
 import time
 import uuid
 from collections import defaultdict
@@ -68,8 +67,9 @@ def compact_table(
     before = after = rows = 0
     for values in sorted(todo, key=str):
         files = sorted(todo[values], key=lambda f: (_first_seq(pq, f), f.file_path))
+        # the partition folders of the job's files (pdate=…/pregion=…), under this run
         folder = data_dir.joinpath(
-            *(f"p{c}={_shown(c, v)}" for c, v in zip(spec_fields, values, strict=True))
+            *Path(_local(files[0].file_path)).parts[-1 - len(spec_fields) : -1]
         )
         for group in _groups(files, target_bytes):
             written = _rewrite(pq, group, folder)
@@ -134,13 +134,6 @@ def _commit(table: Any, group: list[Any], written: Path, summary: dict[str, str]
             for f in group:
                 overwrite.delete_data_file(f)
             overwrite.append_data_file(new_file)
-
-
-def _shown(column: str, value: Any) -> str:
-    """A partition value as the job names its folders (``date`` is days since 1970 in Iceberg)."""
-    if column == "date" and isinstance(value, int):
-        return (datetime.date(1970, 1, 1) + datetime.timedelta(days=value)).isoformat()
-    return str(value)
 
 
 def _local(path: str) -> str:
