@@ -36,6 +36,19 @@ Modes (:class:`ProxyMode`):
     back reaches the client (held as in ``blackhole``). The server acts on
     a request whose answer the client never sees: the lost-response case of
     a commit protocol.
+``stall-body``
+    Every HTTP answer stalls half way through its body: the client gets the
+    status line, the headers and the first half of the body (by its
+    ``Content-Length``; none of a body without one), then nothing more
+    while the mode lasts; requests still reach the upstream. This is the
+    link that dies in the middle of a download, error answers (a 404's XML
+    body) included; a client sees a read timeout *while reading a body*,
+    not while waiting for an answer. The rest is held and delivered when
+    the mode changes (to a client that usually gave up meanwhile).
+    Answers are told apart by the requests between them (one request, one
+    answer, as HTTP/1.1 clients without pipelining do); ``1xx`` interim
+    answers pass whole. Answers cut so far are counted by status in
+    :attr:`ProxyStats.stalled`.
 
 The proxy runs one thread with a :mod:`selectors` loop (no trio, no asyncio),
 so it serves sync tests, trio tests, benchmarks and other processes alike.
@@ -43,7 +56,7 @@ so it serves sync tests, trio tests, benchmarks and other processes alike.
 mode is in effect (the loop applies it within microseconds; a trio caller
 blocks its loop only that long). Other processes can also drive one: run
 ``python -m edge_gateway.testing.tcpproxy HOST:PORT`` and write modes
-(``pass``, ``refuse``, ``blackhole``, ``reset``, ``latency 0.2``) to its
+(``pass``, ``refuse``, ``blackhole``, ``reset``, ``stall-body``, ``latency 0.2``) to its
 stdin, one per line; it prints its port first, then ``ok <mode>`` per command.
 """
 
@@ -55,6 +68,7 @@ import contextlib
 import enum
 import errno
 import random
+import re
 import selectors
 import socket
 import struct
@@ -62,7 +76,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Final, Self
 
@@ -85,10 +99,18 @@ class ProxyMode(enum.StrEnum):
     BLACKHOLE = "blackhole"
     RESET = "reset"
     DROP_RESPONSES = "drop-responses"
+    STALL_BODY = "stall-body"
 
 
-_UP_FLOWS: Final = frozenset({ProxyMode.PASS, ProxyMode.LATENCY, ProxyMode.DROP_RESPONSES})
-_DOWN_FLOWS: Final = frozenset({ProxyMode.PASS, ProxyMode.LATENCY})
+_UP_FLOWS: Final = frozenset(
+    {ProxyMode.PASS, ProxyMode.LATENCY, ProxyMode.DROP_RESPONSES, ProxyMode.STALL_BODY}
+)
+#: In ``stall-body`` the answers flow up to their cut (see :class:`_Answer`).
+_DOWN_FLOWS: Final = frozenset({ProxyMode.PASS, ProxyMode.LATENCY, ProxyMode.STALL_BODY})
+#: An answer's header block longer than this is not looked into (never cut).
+_MAX_HEAD: Final = 64 * 1024
+_HEAD_END: Final = b"\r\n\r\n"
+_CONTENT_LENGTH: Final = re.compile(rb"\r\ncontent-length:[ \t]*(\d+)[ \t]*\r\n", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +128,85 @@ class ProxyStats:
     resets: int
     bytes_to_upstream: int
     bytes_to_client: int
+    #: Answers ``stall-body`` cut half way, by HTTP status (e.g. ``{404: 3, 200: 1}``).
+    stalled: dict[int, int] = field(default_factory=dict)
+
+
+class _Answer:
+    """Where the HTTP answer now flowing to the client stands, for ``stall-body``.
+
+    It follows the bytes *sent* to the client in every mode, so that a switch
+    to ``stall-body`` in the middle of an answer cuts that answer at the
+    right place. An answer begins when the client sent a request and every
+    earlier byte had reached it; it is its header block (up to the blank
+    line) and then a body whose first ``cut`` bytes may pass.
+    """
+
+    __slots__ = ("body_sent", "counted", "cut", "head", "status")
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        #: Body bytes that pass before the stall; ``None`` until the header
+        #: block is complete (header bytes always pass).
+        self.cut: int | None = None
+        self.body_sent = 0
+        self.status = 0
+        self.counted = False  # this answer's stall is in the statistics
+
+    def restart(self) -> None:
+        """A new request: the next bytes from the upstream begin a new answer."""
+        self.head.clear()
+        self.cut = None
+        self.body_sent = self.status = 0
+        self.counted = False
+
+    def sendable(self, data: memoryview) -> int:
+        """How many of ``data`` (the next bytes for the client) may pass before the cut."""
+        if self.cut is None:
+            end = self._head_end(data)
+            # The header block passes whole, up to its blank line; what follows
+            # is decided once it is parsed (by sent()).
+            return len(data) if end is None else end
+        return max(0, min(len(data), self.cut - self.body_sent))
+
+    def sent(self, data: memoryview) -> None:
+        """``data`` reached the client: move along the answer."""
+        while data:
+            if self.cut is not None:
+                self.body_sent += len(data)
+                return
+            end = self._head_end(data)
+            if end is None:
+                self.head += data[: _MAX_HEAD + 1]
+                if len(self.head) > _MAX_HEAD:
+                    self.cut = 1 << 62  # not an answer we understand: never cut
+                return
+            self.head += data[:end]
+            data = data[end:]
+            self._parse_head()
+
+    def _head_end(self, data: memoryview) -> int | None:
+        """The offset in ``data`` just past the header block's blank line, if it is there."""
+        tail = bytes(self.head[-3:])
+        at = (tail + bytes(data[: len(_HEAD_END) - 1 + _MAX_HEAD])).find(_HEAD_END)
+        if at < 0:
+            return None
+        return at + len(_HEAD_END) - len(tail)
+
+    def _parse_head(self) -> None:
+        head = bytes(self.head)
+        try:
+            status = int(head.split(b" ", 2)[1])
+        except (IndexError, ValueError):
+            status = 0
+        if 100 <= status < 200:
+            self.head.clear()  # an interim answer (100 Continue): the real one follows
+            return
+        self.status = status
+        length = _CONTENT_LENGTH.search(head)
+        # Half the body (a 1-byte body stalls before it); without a length
+        # (chunked, or ended by closing) right after the headers.
+        self.cut = int(length.group(1)) // 2 if length else 0
 
 
 class _Pipe:
@@ -122,7 +223,7 @@ class _Pipe:
 
 
 class _Conn:
-    __slots__ = ("client", "connected", "down", "up", "upstream")
+    __slots__ = ("answer", "client", "connected", "down", "up", "upstream")
 
     def __init__(self, client: socket.socket) -> None:
         self.client = client
@@ -130,6 +231,7 @@ class _Conn:
         self.connected = False  # the upstream connect completed
         self.up = _Pipe()  # client -> upstream
         self.down = _Pipe()  # upstream -> client
+        self.answer = _Answer()  # the HTTP answer in self.down (stall-body)
 
 
 def _reset(sock: socket.socket) -> None:
@@ -177,6 +279,7 @@ class TcpProxy:
         self._failure: BaseException | None = None
         self._accepted = self._resets = 0
         self._bytes_up = self._bytes_down = 0
+        self._stalled: collections.Counter[int] = collections.Counter()
 
     # ----------------------------------------------------------- public API
 
@@ -261,6 +364,7 @@ class TcpProxy:
             resets=self._resets,
             bytes_to_upstream=self._bytes_up,
             bytes_to_client=self._bytes_down,
+            stalled=dict(self._stalled),
         )
 
     # --------------------------------------------------------- other threads
@@ -404,7 +508,7 @@ class TcpProxy:
             pipe.chunks[0][0]
             for conn in self._conns
             for pipe, flows in zip((conn.up, conn.down), self._flows(conn), strict=True)
-            if flows and pipe.chunks
+            if flows and pipe.chunks and not self._stalled_at_cut(conn, pipe)
         ]
         if not due:
             return None
@@ -518,6 +622,10 @@ class TcpProxy:
                 self._close(conn, reset=True)  # reset by a peer: pass it on
                 return
             if data is not None:
+                if data and pipe is conn.up and not conn.down.chunks:
+                    # A request, and every byte of the last answer was
+                    # delivered: what the upstream sends next is a new answer.
+                    conn.answer.restart()
                 if data:
                     pipe.chunks.append((time.monotonic() + self._delay(), memoryview(data)))
                     pipe.buffered += len(data)
@@ -539,7 +647,10 @@ class TcpProxy:
             return
         now = time.monotonic()
         for conn in list(self._conns):
-            if any(p.chunks and p.chunks[0][0] <= now for p in (conn.up, conn.down)):
+            if any(
+                p.chunks and p.chunks[0][0] <= now and not self._stalled_at_cut(conn, p)
+                for p in (conn.up, conn.down)
+            ):
                 self._pump(conn)
 
     def _pump(self, conn: _Conn) -> None:
@@ -564,18 +675,38 @@ class TcpProxy:
                 return
         self._update(conn)
 
+    def _stalled_at_cut(self, conn: _Conn, pipe: _Pipe) -> bool:
+        """Whether ``pipe``'s next bytes wait at a ``stall-body`` cut (and counts the stall)."""
+        if self._mode is not ProxyMode.STALL_BODY or pipe is not conn.down or not pipe.chunks:
+            return False
+        answer = conn.answer
+        if answer.sendable(pipe.chunks[0][1]):
+            return False
+        if not answer.counted:
+            answer.counted = True
+            self._stalled[answer.status] += 1
+        return True
+
     def _send(self, conn: _Conn, pipe: _Pipe, dst: socket.socket) -> bool:
         now = time.monotonic()
+        towards_client = dst is conn.client
         while pipe.chunks and pipe.chunks[0][0] <= now:
             due, data = pipe.chunks[0]
+            limit = len(data)
+            if towards_client and self._mode is ProxyMode.STALL_BODY:
+                limit = conn.answer.sendable(data)
+                if not limit:
+                    self._stalled_at_cut(conn, pipe)
+                    return True
             try:
-                sent = dst.send(data)
+                sent = dst.send(data[:limit])
             except (BlockingIOError, InterruptedError):
                 return True
             except OSError:
                 self._close(conn, reset=True)
                 return False
-            if dst is conn.client:
+            if towards_client:
+                conn.answer.sent(data[:sent])
                 self._bytes_down += sent
             else:
                 self._bytes_up += sent
@@ -603,7 +734,12 @@ class TcpProxy:
             else:
                 if not inbound.eof and inbound.buffered < self._max_buffer:
                     events |= selectors.EVENT_READ
-                if flowing and outbound.chunks and outbound.chunks[0][0] <= now:
+                if (
+                    flowing
+                    and outbound.chunks
+                    and outbound.chunks[0][0] <= now
+                    and not self._stalled_at_cut(conn, outbound)
+                ):
                     events |= selectors.EVENT_WRITE
             try:
                 if events:

@@ -214,6 +214,104 @@ def test_latency_delays_each_direction(proxy: TcpProxy) -> None:
         assert round_trip(sock, b"fast") == b"fast"
 
 
+class _Http(socketserver.BaseRequestHandler):
+    """Answers each request (a header block) per its path: ``/404``, ``/100``, ``/chunked``."""
+
+    def handle(self) -> None:
+        sock: socket.socket = self.request
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                path = head.split(b" ")[1]
+                if path == b"/100":
+                    sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")
+                if path == b"/chunked":
+                    sock.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                    sock.sendall(b"4\r\nabcd\r\n0\r\n\r\n")
+                    continue
+                status = b"404 Not Found" if path == b"/404" else b"200 OK"
+                # Headers and body in separate writes, and the body in two
+                # halves of uneven size: the cut must not depend on segments.
+                sock.sendall(b"HTTP/1.1 " + status + b"\r\ncontent-length: 10\r\n\r\n")
+                sock.sendall(b"012")
+                sock.sendall(b"3456789")
+        except ConnectionResetError:
+            pass
+
+
+@pytest.fixture
+def http_proxy() -> Iterator[TcpProxy]:
+    server = _Server(("127.0.0.1", 0), _Http)
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    assert isinstance(host, str)
+    try:
+        with TcpProxy(host, port) as p:
+            yield p
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def recv_until_silent(sock: socket.socket, quiet: float = 0.3) -> bytes:
+    """Everything that arrives until the line stays silent for ``quiet`` seconds."""
+    sock.settimeout(quiet)
+    out = bytearray()
+    try:
+        while chunk := sock.recv(65536):
+            out += chunk
+    except TimeoutError:
+        pass
+    return bytes(out)
+
+
+def test_stall_body_cuts_each_answer_half_way_through_its_body(http_proxy: TcpProxy) -> None:
+    head_404 = b"HTTP/1.1 404 Not Found\r\ncontent-length: 10\r\n\r\n"
+    head_200 = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n"
+    with connect(http_proxy) as sock:
+        # Before the mode: whole answers, and the proxy follows them.
+        sock.sendall(b"GET /a HTTP/1.1\r\n\r\n")
+        assert recv_exactly(sock, len(head_200) + 10) == head_200 + b"0123456789"
+        http_proxy.set_mode(ProxyMode.STALL_BODY)
+        # An error answer: status line, headers and half the body, then silence.
+        sock.sendall(b"GET /404 HTTP/1.1\r\n\r\n")
+        assert recv_until_silent(sock) == head_404 + b"01234"
+        assert http_proxy.statistics().stalled == {404: 1}
+        # Healed: the rest arrives, and the next answer is cut again.
+        http_proxy.set_mode(ProxyMode.PASS)
+        sock.settimeout(5)
+        assert recv_exactly(sock, 5) == b"56789"
+        http_proxy.set_mode(ProxyMode.STALL_BODY)
+        sock.sendall(b"GET /b HTTP/1.1\r\n\r\n")
+        assert recv_until_silent(sock) == head_200 + b"01234"
+        http_proxy.set_mode(ProxyMode.PASS)
+        sock.settimeout(5)
+        assert recv_exactly(sock, 5) == b"56789"
+    http_proxy.set_mode(ProxyMode.STALL_BODY)
+    with connect(http_proxy) as sock:
+        # An interim answer passes whole; the answer after it is cut.
+        sock.sendall(b"PUT /100 HTTP/1.1\r\nexpect: 100-continue\r\n\r\n")
+        assert recv_until_silent(sock) == b"HTTP/1.1 100 Continue\r\n\r\n" + head_200 + b"01234"
+    with connect(http_proxy) as sock:
+        # No length (chunked): cut right after the headers.
+        sock.sendall(b"GET /chunked HTTP/1.1\r\n\r\n")
+        assert recv_until_silent(sock) == b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+    assert http_proxy.statistics().stalled == {404: 1, 200: 3}
+    # A client that gave up at the cut is dropped once healed; the proxy serves on.
+    http_proxy.set_mode(ProxyMode.PASS)
+    with connect(http_proxy) as sock:
+        sock.sendall(b"GET /404 HTTP/1.1\r\n\r\n")
+        assert recv_exactly(sock, len(head_404) + 10) == head_404 + b"0123456789"
+
+
 def test_upstream_down_resets_the_client() -> None:
     with TcpProxy("127.0.0.1", free_port()) as p, pytest.raises((ConnectionResetError, EOFError)):
         exchange(p, b"x")
