@@ -6,10 +6,19 @@ bucket, sized like the client's connection pool. Worker threads are never
 abandoned on cancellation: a request that started completes (bounded by the
 client's timeouts and retries) before the cancelled task unwinds.
 
-botocore's exceptions are translated here, and only here (:meth:`S3Bucket._translate`):
+Every exception of the client stack is translated here, and only here: every
+boto3 call, and every read of an answer's body, runs inside
+:meth:`S3Bucket._run`, which passes what it catches to :func:`translate_error`
+(as httpx's ``map_exceptions`` does at its transport boundary). That is
+botocore's exceptions and also those of the layers below it, which botocore
+lets escape while an answer's body streams: it reads the body of an *error*
+answer to a streaming operation (a GET's 404) outside its own exception
+handling, and a streamed body (``StreamingBody.read``) outside the client
+call; urllib3's, ``http.client``'s, ``ssl``'s and socket errors then reach
+the caller as they are (the gateway exited on one before this was done).
 
 =====================================================  ==========================
-store answer                                           raised
+store answer / exception                               raised
 =====================================================  ==========================
 412, ``PreconditionFailed``                            :class:`PreconditionFailed`
 404, ``NoSuchKey``                                     :class:`NotFound`
@@ -18,8 +27,22 @@ store answer                                           raised
 5xx, 409 (conflicting conditional write), 429,         :class:`BucketUnavailable`
 throttling codes, ``RequestTimeout``, ``NoSuchUpload``
 connection refused/reset, timeouts, truncated bodies   :class:`BucketUnavailable`
+(botocore's ``HTTPClientError``, ``ConnectionError``,
+``IncompleteReadError``, ``ResponseStreamingError``...)
+urllib3's ``HTTPError`` (``ReadTimeoutError``,         :class:`BucketUnavailable`
+``ProtocolError``, ``SSLError``, ``DecodeError``...),
+``http.client.HTTPException`` (``IncompleteRead``,
+``RemoteDisconnected``...), ``OSError`` (socket and
+``ssl`` errors, ``TimeoutError``, ``ConnectionResetError``)
+an answer without a field it must have (``ETag``...)   :class:`BucketUnavailable`
+a malformed endpoint URL (urllib3's                    :class:`ConfigError`
+``LocationValueError``), botocore's config errors
 other 4xx, parameter validation                        :class:`InvalidRequest`
 =====================================================  ==========================
+
+Unknown botocore exceptions count as transient (the caller keeps its data and
+retries; the message names the exception). Anything else (a ``TypeError``)
+is a bug here and is not translated.
 
 Objects larger than ``multipart_threshold`` go up as a multipart upload whose
 parts are sent in parallel; the create-only condition is applied to
@@ -32,6 +55,7 @@ thread pool outside our limiter.
 from __future__ import annotations
 
 import builtins
+import http.client
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -45,6 +69,7 @@ import boto3
 import botocore.config
 import botocore.exceptions
 import trio
+import urllib3.exceptions
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo, validate_prefix
 from edge_gateway.bucket._errors import (
@@ -137,6 +162,19 @@ _CONFIG_BOTOCORE: Final = (
     botocore.exceptions.InvalidS3AddressingStyleError,
     botocore.exceptions.ConfigParseError,
 )
+#: Everything the client stack raises about a request (see the module
+#: docstring): botocore's exceptions, and those of the layers below it that
+#: escape botocore while an answer's body is read.
+STORE_EXCEPTIONS: Final = (
+    botocore.exceptions.ClientError,
+    botocore.exceptions.BotoCoreError,
+    urllib3.exceptions.HTTPError,  # ReadTimeoutError, ProtocolError, SSLError, DecodeError...
+    http.client.HTTPException,  # IncompleteRead, RemoteDisconnected, BadStatusLine...
+    OSError,  # socket errors, ssl.SSLError, TimeoutError, ConnectionResetError, EPIPE...
+)
+#: Below botocore, the one kind that is not the link or the store: a
+#: malformed endpoint URL (or proxy URL) that no retry can fix.
+_CONFIG_TRANSPORT: Final = (urllib3.exceptions.LocationValueError,)
 
 
 _OPTIONAL_STR: Final = (str, type(None))
@@ -392,7 +430,9 @@ class S3Bucket(Bucket):
         if if_match is not None:
             kwargs["IfMatch"] = if_match
         response = await self._run("put", key, lambda: self._client.put_object(**kwargs))
-        return ObjectInfo(key, len(data), response["ETag"], _response_date(response))
+        return ObjectInfo(
+            key, len(data), _field(response, "ETag", "put", key), _response_date(response)
+        )
 
     async def _get(self, key: str, start: int, end: int | None) -> GetResult:
         full_key = self._full_key(key)
@@ -429,7 +469,14 @@ class S3Bucket(Bucket):
             size = len(data)
             first = min(start, size)
             data = data[first : size if end is None else min(end, size)]
-        return GetResult(key, data, first, size, response["ETag"], response["LastModified"])
+        return GetResult(
+            key,
+            data,
+            first,
+            size,
+            _field(response, "ETag", "get", key),
+            _field(response, "LastModified", "get", key),
+        )
 
     async def _empty_read(self, key: str, start: int) -> GetResult:
         """A read of no bytes: the object's size and etag come from a HEAD."""
@@ -444,7 +491,10 @@ class S3Bucket(Bucket):
             lambda: self._client.head_object(Bucket=self._config.bucket, Key=full_key),
         )
         return ObjectInfo(
-            key, response["ContentLength"], response["ETag"], response["LastModified"]
+            key,
+            _field(response, "ContentLength", "head", key),
+            _field(response, "ETag", "head", key),
+            _field(response, "LastModified", "head", key),
         )
 
     async def _list(
@@ -470,11 +520,16 @@ class S3Bucket(Bucket):
             cut = len(self._prefix)
             for item in page.get("Contents", []):
                 out.append(
-                    ObjectInfo(item["Key"][cut:], item["Size"], item["ETag"], item["LastModified"])
+                    ObjectInfo(
+                        _field(item, "Key", "list", None)[cut:],
+                        _field(item, "Size", "list", None),
+                        _field(item, "ETag", "list", None),
+                        _field(item, "LastModified", "list", None),
+                    )
                 )
             if not page.get("IsTruncated") or (limit is not None and len(out) >= limit):
                 return out if limit is None else out[:limit]
-            token = page["NextContinuationToken"]
+            token = _field(page, "NextContinuationToken", "list", None)
 
     async def _delete(self, key: str) -> None:
         full_key = self._full_key(key)
@@ -505,7 +560,7 @@ class S3Bucket(Bucket):
         created = await self._run(
             "put", key, lambda: self._client.create_multipart_upload(**create_kwargs)
         )
-        upload_id = created["UploadId"]
+        upload_id = _field(created, "UploadId", "put", key)
         try:
             part_size = max(self._config.part_size, math.ceil(len(data) / MAX_PARTS))
             count = math.ceil(len(data) / part_size)
@@ -526,7 +581,10 @@ class S3Bucket(Bucket):
                     if with_checksums:
                         kwargs["ChecksumAlgorithm"] = "CRC32"
                     response = self._client.upload_part(**kwargs)
-                    part: CompletedPartTypeDef = {"PartNumber": index + 1, "ETag": response["ETag"]}
+                    part: CompletedPartTypeDef = {
+                        "PartNumber": index + 1,
+                        "ETag": _field(response, "ETag", "put", key),
+                    }
                     if with_checksums and "ChecksumCRC32" in response:
                         part["ChecksumCRC32"] = response["ChecksumCRC32"]
                     return part
@@ -562,7 +620,9 @@ class S3Bucket(Bucket):
             with trio.move_on_after(_ABORT_TIMEOUT, shield=True):
                 await self._abort(key, full_key, upload_id)
             raise
-        return ObjectInfo(key, len(data), response["ETag"], _response_date(response))
+        return ObjectInfo(
+            key, len(data), _field(response, "ETag", "put", key), _response_date(response)
+        )
 
     async def _abort(self, key: str, full_key: str, upload_id: str) -> None:
         try:
@@ -590,50 +650,73 @@ class S3Bucket(Bucket):
         return full
 
     async def _run(self, operation: str, key: str | None, fn: Callable[[], _T]) -> _T:
-        """Call blocking boto3 code in a worker thread; translate its exceptions."""
+        """Call blocking boto3 code in a worker thread; translate its exceptions.
+
+        Every request goes through here, and ``fn`` also reads the answer's
+        body (a ``StreamingBody``): the exceptions of that read are the ones
+        botocore does not translate itself.
+        """
         try:
             return await trio.to_thread.run_sync(fn, limiter=self._limiter)
-        except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError) as exc:
-            raise self._translate(exc, operation, key) from exc
+        except STORE_EXCEPTIONS as exc:
+            raise translate_error(
+                exc,
+                operation=operation,
+                key=key,
+                where=self.describe(),
+                bucket=self._config.bucket,
+                endpoint=self._config.endpoint_url,
+            ) from exc
 
-    def _translate(
-        self,
-        exc: botocore.exceptions.ClientError | botocore.exceptions.BotoCoreError,
-        operation: str,
-        key: str | None,
-    ) -> EdgeGatewayError:
-        what = f"{operation} of key {key!r}" if key is not None else operation
-        where = self.describe()
-        if isinstance(exc, botocore.exceptions.ClientError):
-            error = exc.response.get("Error", {})
-            code = str(error.get("Code", ""))
-            status = _status(exc)
-            detail = f"{code or status}: {error.get('Message', '') or 'no message'}"
-            message = f"{what} on {where}: HTTP {status} {detail}"
-            if code == "NoSuchBucket":
-                return ConfigError(
-                    f"bucket config 'bucket': {self._config.bucket!r} does not exist at "
-                    f"{self._config.endpoint_url or 'AWS'} ({what})"
-                )
-            if code == "NoSuchUpload":
-                return BucketUnavailable(
-                    f"{message} (the multipart upload is gone: aborted by a lifecycle rule, "
-                    "or completed by an earlier attempt whose response was lost; "
-                    "the outcome is unknown)",
-                    key=key,
-                )
-            if status == 412 or code == "PreconditionFailed":
-                return PreconditionFailed(message, key=key)
-            if status == 404 or code in ("NoSuchKey", "NotFound"):
-                return NotFound(message, key=key)
-            if status == 403 or code in _ACCESS_CODES:
-                return AccessDenied(message, key=key)
-            if status >= 500 or status in (409, 429) or code in _UNAVAILABLE_CODES:
-                return BucketUnavailable(message, key=key)
-            if 400 <= status < 500:
-                return InvalidRequest(message, key=key)
+
+def translate_error(
+    exc: BaseException,
+    *,
+    operation: str,
+    key: str | None,
+    where: str,
+    bucket: str,
+    endpoint: str | None,
+) -> EdgeGatewayError:
+    """The project's error for an exception of the S3 client stack (see the module docstring).
+
+    ``operation`` and ``key`` name the request, ``where`` the store (for the
+    message); ``bucket`` and ``endpoint`` are the configured ones. Transient
+    failures become :class:`BucketUnavailable` (the callers retry with
+    backoff; a write's outcome is unknown), the others the error that says
+    what to fix.
+    """
+    what = f"{operation} of key {key!r}" if key is not None else operation
+    if isinstance(exc, botocore.exceptions.ClientError):
+        error = exc.response.get("Error", {})
+        code = str(error.get("Code", ""))
+        status = _status(exc)
+        detail = f"{code or status}: {_one_line(str(error.get('Message', ''))) or 'no message'}"
+        message = f"{what} on {where}: HTTP {status} {detail}"
+        if code == "NoSuchBucket":
+            return ConfigError(
+                f"bucket config 'bucket': {bucket!r} does not exist at {endpoint or 'AWS'} ({what})"
+            )
+        if code == "NoSuchUpload":
+            return BucketUnavailable(
+                f"{message} (the multipart upload is gone: aborted by a lifecycle rule, "
+                "or completed by an earlier attempt whose response was lost; "
+                "the outcome is unknown)",
+                key=key,
+            )
+        if status == 412 or code == "PreconditionFailed":
+            return PreconditionFailed(message, key=key)
+        if status == 404 or code in ("NoSuchKey", "NotFound"):
+            return NotFound(message, key=key)
+        if status == 403 or code in _ACCESS_CODES:
+            return AccessDenied(message, key=key)
+        if status >= 500 or status in (409, 429) or code in _UNAVAILABLE_CODES:
             return BucketUnavailable(message, key=key)
-        message = f"{what} on {where}: {type(exc).__name__}: {exc}"
+        if 400 <= status < 500:
+            return InvalidRequest(message, key=key)
+        return BucketUnavailable(message, key=key)
+    if isinstance(exc, botocore.exceptions.BotoCoreError):
+        message = f"{what} on {where}: {type(exc).__name__}: {_one_line(str(exc))}"
         if isinstance(exc, _UNAVAILABLE_BOTOCORE):
             return BucketUnavailable(message, key=key)
         if isinstance(exc, _CREDENTIAL_BOTOCORE):
@@ -648,6 +731,31 @@ class S3Bucket(Bucket):
         # keeps its data and retries with backoff, and the message (logged
         # by the retry loop) names the exception.
         return BucketUnavailable(message, key=key)
+    # Below botocore: named with their module, since several share a name
+    # with botocore's (urllib3's ReadTimeoutError, ssl's SSLError).
+    kind = type(exc)
+    detail = _one_line(str(exc)) or "no detail"
+    message = f"{what} on {where}: {kind.__module__}.{kind.__qualname__}: {detail}"
+    if isinstance(exc, _CONFIG_TRANSPORT):
+        return ConfigError(f"bucket config 'endpoint_url': {endpoint!r}: {message}")
+    # The link or the store failed, stalled or broke off during the request
+    # (most often while an answer's body was read): transient.
+    return BucketUnavailable(message, key=key)
+
+
+def _one_line(text: str) -> str:
+    """Messages are one line (botocore's parameter report has one line per problem)."""
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _field(response: Mapping[str, Any], name: str, operation: str, key: str | None) -> Any:
+    """A field every answer of ``operation`` carries; a store that left it out answered wrongly."""
+    try:
+        return response[name]
+    except KeyError:
+        raise BucketUnavailable(
+            f"{operation} of key {key!r}: the store's answer has no {name}", key=key
+        ) from None
 
 
 def _status(exc: botocore.exceptions.ClientError) -> int:
