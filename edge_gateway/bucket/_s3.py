@@ -453,6 +453,11 @@ class S3Bucket(Bucket):
             body = response["Body"]
             try:
                 return response, body.read()
+            except STORE_EXCEPTIONS as exc:
+                # The answer (200/206) had come: say so, a timeout here is a
+                # link that stalled half way, not a store that never answered.
+                exc.add_note(f"after the {_status_of(response)} answer's headers, in its body")
+                raise
             finally:
                 body.close()
 
@@ -687,6 +692,9 @@ def translate_error(
     what to fix.
     """
     what = f"{operation} of key {key!r}" if key is not None else operation
+    notes = getattr(exc, "__notes__", ())
+    if notes:
+        where = f"{where} ({'; '.join(notes)})"
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
@@ -741,6 +749,10 @@ def translate_error(
     # The link or the store failed, stalled or broke off during the request
     # (most often while an answer's body was read): transient.
     return BucketUnavailable(message, key=key)
+
+
+def _status_of(response: Mapping[str, Any]) -> int:
+    return int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
 
 
 def _one_line(text: str) -> str:
