@@ -165,16 +165,23 @@ class LocalBucket(Bucket):
 
     def _translate(self, exc: OSError, key: str | None) -> BucketError:
         what = f"key {key!r}" if key is not None else "listing"
-        message = f"{what} in {self.describe()}: {exc.strerror or exc}"
+        detail = exc.strerror or str(exc)
+        name = errno.errorcode.get(exc.errno) if exc.errno is not None else None
+        if name:
+            detail += f" ({name})"
+        if exc.filename:
+            detail += f": {exc.filename}"
+        message = f"{what} in {self.describe()}: {detail}"
         if exc.errno in (errno.EACCES, errno.EPERM):
             return AccessDenied(message, key=key)
         if exc.errno == errno.ENAMETOOLONG:
             return InvalidRequest(
                 message + " (a key segment is too long for the filesystem)", key=key
             )
-        # Everything else (ENOSPC, EIO, EROFS, a stale NFS handle, ...) is the
-        # disk or mount failing: like an unreachable store, the caller keeps
-        # its data and retries later; the message says what happened.
+        # Everything else (ENOSPC, EDQUOT, EIO, EROFS, ENOENT of the bucket's
+        # own directories, a stale NFS handle, ...) is the disk or mount
+        # failing: like an unreachable store, the caller keeps its data and
+        # retries later; the message says what happened.
         return BucketUnavailable(message, key=key)
 
     # -- blocking parts (worker threads only) -----------------------------------
@@ -312,6 +319,7 @@ class LocalBucket(Bucket):
         try:
             entries = list(os.scandir(path))
         except (FileNotFoundError, NotADirectoryError):
+            self._check_present(None)
             return
         for entry in entries:
             key = f"{directory}/{entry.name}" if directory else entry.name
@@ -340,6 +348,7 @@ class LocalBucket(Bucket):
             try:
                 os.unlink(target)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                self._check_present(key)
                 return  # no object under this key: deleting is a no-op
             _fsync_dir(target.parent)
             # Drop directories the delete emptied, so that "a" can later be
@@ -358,7 +367,25 @@ class LocalBucket(Bucket):
         try:
             return os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_present(key)
             raise self._not_found(key) from None
+
+    def _check_present(self, key: str | None) -> None:
+        """Raise :class:`BucketUnavailable` if the bucket's own directory is gone.
+
+        A missing ``objects/`` is not an empty bucket: the directory was
+        removed, or it lives on a share that is not mounted now (the bare
+        mount point is left). Answering ``NotFound`` or an empty listing
+        then would tell a tailer "nothing new", the shipper "an empty log"
+        and GC "deleted"; the store is away instead, like an unreachable S3.
+        """
+        if not self._objects.is_dir():
+            raise BucketUnavailable(
+                f"{'key ' + repr(key) if key is not None else 'listing'} in {self.describe()}: "
+                f"{self._objects} is missing (the directory was removed, or its share is "
+                "not mounted)",
+                key=key,
+            )
 
     def _not_found(self, key: str) -> NotFound:
         return NotFound(f"no object with key {key!r} in {self.describe()}", key=key)
@@ -393,7 +420,13 @@ class LocalBucket(Bucket):
 
     @contextmanager
     def _flock(self) -> Iterator[None]:
-        fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            fd = os.open(self._lock_path, os.O_WRONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            # Not in a bare mount point (the share is away); otherwise
+            # someone removed only the lock file: make it again.
+            self._check_present(None)
+            fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -404,6 +437,7 @@ class LocalBucket(Bucket):
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
+            self._check_present(key)
             raise self._not_found(key) from None
         try:
             st = os.fstat(fd)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
+import shutil
+import subprocess
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 
 from edge_gateway.bucket import (
+    AccessDenied,
+    BucketUnavailable,
     InvalidRequest,
     LocalBucket,
     NotFound,
@@ -154,3 +159,100 @@ async def test_probe_on_local(local: LocalBucket) -> None:
     await verify_conditional_create(local, "regions/r1")
     assert await local.list() == []
     assert _files(local.root / "objects") == []
+
+
+async def test_a_missing_bucket_directory_is_unavailable_not_empty(tmp_path: Path) -> None:
+    # The bucket lives on a share that is not mounted now: the bare mount
+    # point is left. Reads must not answer "no such object" or "empty" (a
+    # tailer would read "nothing new", GC "deleted"), and nothing may be
+    # written into the mount point.
+    root = tmp_path / "share"
+    bucket = await LocalBucket.open(root)
+    try:
+        await bucket.put("regions/r1/log/1", b"entry", if_none_match=True)
+        shutil.rmtree(root)
+        root.mkdir()
+        calls = {
+            "get": lambda: bucket.get("regions/r1/log/1"),
+            "ranged get": lambda: bucket.get("regions/r1/log/2", start=0, end=10),
+            "head": lambda: bucket.head("regions/r1/log/1"),
+            "list": bucket.list,
+            "list prefix": lambda: bucket.list("regions/r1/"),
+            "delete": lambda: bucket.delete("regions/r1/log/1"),
+            "create": lambda: bucket.put("regions/r1/log/2", b"x", if_none_match=True),
+            "put": lambda: bucket.put("regions/r1/cursor", b"x"),
+            "cas": lambda: bucket.put("regions/r1/cursor", b"x", if_match='"e"'),
+        }
+        for name, call in calls.items():
+            with pytest.raises(BucketUnavailable, match=r"missing|No such file") as excinfo:
+                await call()
+            assert str(root) in str(excinfo.value), name
+        assert list(root.iterdir()) == []
+        assert bucket.statistics().unavailable == len(calls)
+    finally:
+        await bucket.aclose()
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        (errno.ENOSPC, BucketUnavailable),
+        (errno.EDQUOT, BucketUnavailable),
+        (errno.EIO, BucketUnavailable),
+        (errno.EROFS, BucketUnavailable),
+        (errno.ENOENT, BucketUnavailable),
+        (errno.ESTALE, BucketUnavailable),
+        (errno.EACCES, AccessDenied),
+        (errno.EPERM, AccessDenied),
+        (errno.ENAMETOOLONG, InvalidRequest),
+    ],
+)
+async def test_os_errors_map_to_one_kind_each(
+    local: LocalBucket, code: int, expected: type[Exception]
+) -> None:
+    err = local._translate(OSError(code, os.strerror(code), "/x/tmp/1.tmp"), "k")
+    assert type(err) is expected
+    assert errno.errorcode[code] in str(err)
+    assert "/x/tmp/1.tmp" in str(err)
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (needs root; skipped elsewhere)."""
+    path = tmp_path / "small"
+    path.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+async def test_full_disk_is_unavailable_and_leaves_nothing_half_written(small_fs: Path) -> None:
+    bucket = await LocalBucket.open(small_fs / "b")
+    try:
+        await bucket.put("small", b"s" * 1000, if_none_match=True)
+        for call in (
+            lambda: bucket.put("big", os.urandom(2 * 1024 * 1024), if_none_match=True),
+            lambda: bucket.put("small", os.urandom(2 * 1024 * 1024)),
+        ):
+            with pytest.raises(BucketUnavailable, match=r"No space left on device \(ENOSPC\)"):
+                await call()
+        # Nothing half-written: no object, no temporary file; the old one intact.
+        with pytest.raises(NotFound):
+            await bucket.head("big")
+        assert _files(bucket.root / "tmp") == []
+        assert (await bucket.get("small")).data == b"s" * 1000
+        # Space is back (the big write was never there to free): writes work.
+        await bucket.put("big", b"b" * 100_000, if_none_match=True)
+        assert (await bucket.get("big")).size == 100_000
+    finally:
+        await bucket.aclose()

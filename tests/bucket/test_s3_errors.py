@@ -39,10 +39,7 @@ from edge_gateway.bucket import (
     PreconditionFailed,
     S3Bucket,
 )
-try:
-    from edge_gateway.bucket._s3 import STORE_EXCEPTIONS, translate_error
-except ImportError:
-    STORE_EXCEPTIONS = (Exception,); translate_error = None  # OLD-CODE SHIM
+from edge_gateway.bucket._s3 import STORE_EXCEPTIONS, translate_error
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 
 if TYPE_CHECKING:
