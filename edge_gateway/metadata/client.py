@@ -219,6 +219,10 @@ class MetadataClient:
             raise Unavailable(f"metadata server {self.url}: timed out ({exc!r})") from None
         except httpx.TransportError as exc:
             raise Unavailable(f"metadata server {self.url} is unreachable: {exc}") from None
+        except httpx.RequestError as exc:
+            # Not the link itself, but what a broken one delivers: a body that
+            # does not decode (DecodingError), a redirect loop. Transient too.
+            raise Unavailable(f"metadata server {self.url}: {type(exc).__name__}: {exc}") from None
         if r.status_code >= 500:
             raise Unavailable(f"metadata server {self.url} answered {r.status_code}")
         if r.status_code >= 400:
