@@ -1,8 +1,13 @@
 """Bucket errors: the project's error tree, refined for object storage.
 
 Every backend raises only these (plus :class:`~edge_gateway.errors.ClosedError`
-after ``aclose()``); foreign exceptions (botocore, ``OSError``) are translated
-where they occur::
+after ``aclose()``, and :class:`~edge_gateway.errors.ConfigError` for a bucket
+that does not exist); foreign exceptions are translated at each backend's one
+boundary: the S3 client stack's (botocore's, and urllib3's, ``http.client``'s,
+``ssl``'s and socket errors that escape botocore while an answer's body is
+read) in ``_s3.translate_error``, ``OSError`` in ``LocalBucket._translate``.
+Which is transient (:class:`BucketUnavailable`) and which is not: the tables
+in ``docs/bucket.md``::
 
     EdgeGatewayError
     ├── BucketError                  base of the classes below; carries ``key``

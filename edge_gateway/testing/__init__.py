@@ -4,7 +4,8 @@
   subprocess and reads its request log (moto is a test dependency; it is
   started as ``python -m moto.server``, never imported).
 * :mod:`edge_gateway.testing.tcpproxy` is a TCP fault proxy (pass, latency,
-  refuse, blackhole, reset) for outage tests, benchmarks and scenarios.
+  refuse, blackhole, reset, drop-responses, stall-body) for outage tests,
+  benchmarks and scenarios.
 
 Nothing in the gateway imports this package.
 """
