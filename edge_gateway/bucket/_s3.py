@@ -765,9 +765,8 @@ def _field(response: Mapping[str, Any], name: str, operation: str, key: str | No
     try:
         return response[name]
     except KeyError:
-        raise BucketUnavailable(
-            f"{operation} of key {key!r}: the store's answer has no {name}", key=key
-        ) from None
+        what = f"{operation} of key {key!r}" if key is not None else operation
+        raise BucketUnavailable(f"{what}: the store's answer has no {name}", key=key) from None
 
 
 def _status(exc: botocore.exceptions.ClientError) -> int:

@@ -279,7 +279,8 @@ class TcpProxy:
         self._failure: BaseException | None = None
         self._accepted = self._resets = 0
         self._bytes_up = self._bytes_down = 0
-        self._stalled: collections.Counter[int] = collections.Counter()
+        #: Replaced, never changed in place: statistics() reads it from other threads.
+        self._stalled: dict[int, int] = {}
 
     # ----------------------------------------------------------- public API
 
@@ -684,7 +685,10 @@ class TcpProxy:
             return False
         if not answer.counted:
             answer.counted = True
-            self._stalled[answer.status] += 1
+            self._stalled = {
+                **self._stalled,
+                answer.status: self._stalled.get(answer.status, 0) + 1,
+            }
         return True
 
     def _send(self, conn: _Conn, pipe: _Pipe, dst: socket.socket) -> bool:
