@@ -318,3 +318,25 @@ def test_translation_table(exc: BaseException, expected: type[EdgeGatewayError])
     assert type(got) is expected
     assert str(got)  # one line that says what and where
     assert "\n" not in str(got)
+
+
+@pytest.mark.parametrize(
+    ("operation", "field", "call"),
+    [
+        ("PutObject", "ETag", lambda b: b.put("k", b"v")),
+        ("GetObject", "ETag", lambda b: b.get("existing")),
+        ("HeadObject", "ContentLength", lambda b: b.head("existing")),
+        ("CreateMultipartUpload", "UploadId", lambda b: b.put("big", _big())),
+    ],
+)
+async def test_an_answer_without_a_required_field_is_unavailable(
+    bucket: S3Bucket, operation: str, field: str, call: Callable[[Bucket], Awaitable[object]]
+) -> None:
+    # A store (or a middlebox) that answers 200 without the field: not a
+    # KeyError from deep inside the adapter.
+    def drop(parsed: dict[str, Any], **_: Any) -> None:
+        parsed.pop(field, None)
+
+    bucket._client.meta.events.register(f"after-call.s3.{operation}", drop)
+    with pytest.raises(BucketUnavailable, match=f"the store's answer has no {field}"):
+        await call(bucket)
