@@ -312,6 +312,16 @@ class Shipper:
         )
         self._notify_commit(seq)
 
+    def reset(self) -> None:
+        """Forget the claim, so that :meth:`run` claims again (the supervisor's restart).
+
+        A run that failed unexpectedly may have stopped between an upload and
+        its bookkeeping; claiming again reconciles with the log head exactly
+        as a restart of the process does (a lost response is recognised as
+        ours), at the cost of one fence entry.
+        """
+        self._claimed = False
+
     def _notify_commit(self, seq: int) -> None:
         hook = self.on_commit
         if hook is None:

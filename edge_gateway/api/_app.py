@@ -327,7 +327,17 @@ class ApiApp:
 
     async def healthz(self, request: Request) -> Response:
         if self.gateway.accepting and not self._stopping:
-            return JSONResponse({"status": "ok", "region": self.gateway.region})
+            # Degraded tasks are restarting under supervision while intake and
+            # reads go on: still 200, so a liveness probe does not restart the
+            # process (which would stop intake and cannot fix them sooner).
+            degraded = [h.to_json() for h in self.gateway.task_health() if h.degraded]
+            return JSONResponse(
+                {
+                    "status": "degraded" if degraded else "ok",
+                    "region": self.gateway.region,
+                    "degraded": degraded,
+                }
+            )
         return error_response(
             503, "unavailable", "the gateway is starting or shutting down", {"Retry-After": "1"}
         )
