@@ -107,8 +107,14 @@ class InUse(EdgeGatewayError):
     def __init__(self, path: object, holder: LockHolder | None) -> None:
         self.path = path
         self.holder = holder
-        who = holder.describe() if holder is not None else "a process whose pid is unknown"
-        super().__init__(f"{path} is in use by another edgegw process: {who}")
+        super().__init__(f"{path} is in use by another edgegw process: {self.holder_text}")
+
+    @property
+    def holder_text(self) -> str:
+        """``pid 1234 (edgegw serve ... since ...)``, or that it is unknown."""
+        if self.holder is None:
+            return "a process whose pid is unknown"
+        return self.holder.describe()
 
 
 class ClosedError(EdgeGatewayError):

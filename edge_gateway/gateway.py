@@ -56,6 +56,7 @@ from edge_gateway.errors import (
     UnknownTopic,
     WrongRegion,
 )
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import Journal, open_journal
@@ -210,6 +211,8 @@ class Gateway:
         self._gc_last_error: str | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
+        self._ready_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._ready = False
         self._accepting = False
         self._started_ms = 0
         self._workers_started = False
@@ -477,6 +480,15 @@ class Gateway:
         """True while produce requests are accepted (False starting or shutting down)."""
         return self._accepting
 
+    def on_ready(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` once everything has started, before the gateway reports ready."""
+        self._ready_hooks.append(hook)
+
+    @property
+    def ready(self) -> bool:
+        """True once the gateway has started (and ran its :meth:`on_ready` hooks)."""
+        return self._ready
+
     @property
     def started_ms(self) -> int:
         """Wall-clock ms when the gateway became ready (0 before)."""
@@ -584,6 +596,9 @@ class Gateway:
                                 functools.partial(sup.supervise, "gc", self._gc_loop)
                             )
                         self._accepting = True
+                        for hook in self._ready_hooks:
+                            await hook()
+                        self._ready = True
                         self._started_ms = _now_ms()
                         log.info(
                             "gateway %s ready: %d topics, bucket %s",
@@ -662,6 +677,7 @@ class Gateway:
         while True:
             await trio.sleep(g.interval_ms / 1000)
             # From the topology in force now: routing changes move it.
+            fail_point("gc.run")
             subscribers = (
                 topology_subscribers(self._topology, self.region) if g.retain_until_mirrored else []
             )
@@ -775,6 +791,50 @@ class Gateway:
             res.lsn,
             ack == "shipped",
         )
+
+    # ------------------------------------------------------------ sync
+
+    async def sync_now(self, *, pull: bool = True) -> dict[str, Any]:
+        """Ship everything journaled so far and pull every mirrored source up to its head.
+
+        What ``edgegw sync`` does while this gateway runs (it owns the journal,
+        so the command asks it through the API instead of opening the files).
+        Returns what was shipped and pulled; raises :class:`Unavailable` when
+        a source's poll fails (the bucket is away), as the one-shot sync does.
+        Waits for the shipper as long as it takes (it retries while the
+        bucket is away); the caller bounds the wait.
+        """
+        self._check_accepting()
+        shipper, journal = self.shipper, self.journal
+        target = journal.next_lsn - 1
+        before = shipper.statistics()
+        await journal.flush()
+        await shipper.wait_shipped(target)
+        after = shipper.statistics()
+        pulled: dict[str, dict[str, int]] = {}
+        if pull:
+
+            async def one(src: str, tailer: Tailer) -> None:
+                res = await tailer.wait_pulled()
+                pulled[src] = {
+                    "entries": res.entries,
+                    "records": res.records,
+                    "next_seq": res.next_seq,
+                }
+
+            async with trio.open_nursery() as nursery:
+                for src, tailer in sorted(self.tailers.items()):
+                    nursery.start_soon(one, src, tailer)
+        return {
+            "region": self.region,
+            "shipped": {
+                "through_lsn": target,
+                "objects": after.objects - before.objects,
+                "records": after.records - before.records,
+                "wire_bytes": after.wire_bytes - before.wire_bytes,
+            },
+            "pulled": dict(sorted(pulled.items())),
+        }
 
     # ------------------------------------------------------------ fetch
 

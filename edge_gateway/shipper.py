@@ -55,6 +55,7 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.errors import ConfigError, CorruptData, Fenced, InvalidInput
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
@@ -738,6 +739,7 @@ class Shipper:
             task_status.started()
         flush_s = self.config.flush_interval_ms / 1000
         while True:
+            fail_point("shipper.loop")
             if not self.pending():
                 await self.journal.wait_appended(self._ship_from)
             # The oldest pending entry sets the deadline; a full object goes now.

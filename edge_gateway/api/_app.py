@@ -106,6 +106,7 @@ class ApiApp:
             self._route("/v1/topics/{topic}/partitions/{partition}/records", self.fetch, ["GET"]),
             self._route("/v1/groups/{group}/offsets", self.commit_offsets, ["POST"]),
             self._route("/v1/groups/{group}/offsets", self.fetch_offsets, ["GET"]),
+            self._route("/v1/sync", self.sync, ["POST"]),
         ]
         self.starlette = Starlette(
             routes=routes,
@@ -470,6 +471,15 @@ class ApiApp:
                 "high_watermark": res.high_watermark,
             }
         )
+
+    async def sync(self, request: Request) -> Response:
+        # ?pull=false ships only. Ends (503) when the API stops, like a long poll.
+        pull = request.query_params.get("pull", "true").lower() not in ("false", "0", "no")
+        with self._interruptible() as scope:
+            result = await self.gateway.sync_now(pull=pull)
+        if scope.cancelled_caught:
+            raise Unavailable("the gateway is shutting down")
+        return JSONResponse(result)
 
     async def commit_offsets(self, request: Request) -> Response:
         self._require_type(request.headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
