@@ -809,6 +809,7 @@ class Gateway:
         target = journal.next_lsn - 1
         before = shipper.statistics()
         await journal.flush()
+        shipper.ship_now()
         await shipper.wait_shipped(target)
         after = shipper.statistics()
         pulled: dict[str, dict[str, int]] = {}
