@@ -17,7 +17,7 @@ import httpx
 from _serve import Fleet, TopicSpec, read_partition, wait_until
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
-from _cli_support import assert_one_line_failure, run_edgegw  # noqa: E402
+from _cli_support import assert_one_line_failure, run_edgegw
 
 TOPICS = [TopicSpec("t-a", "a", partitions=2), TopicSpec("t-b", "b", partitions=2)]
 
@@ -99,7 +99,8 @@ def test_second_process_on_a_data_dir_is_refused(tmp_path: Path) -> None:
 
         second = run_edgegw("serve", "--config", a.config, timeout=60)
         line = assert_one_line_failure(second.returncode, second.stderr, "in use")
-        assert f"pid {pid}" in line and "serve" in line
+        assert f"pid {pid}" in line
+        assert "serve" in line
 
         restore = run_edgegw(
             "restore",
@@ -113,7 +114,8 @@ def test_second_process_on_a_data_dir_is_refused(tmp_path: Path) -> None:
             timeout=60,
         )
         line = assert_one_line_failure(restore.returncode, restore.stderr, "in use")
-        assert f"pid {pid}" in line and "stop the gateway first" in line
+        assert f"pid {pid}" in line
+        assert "stop the gateway first" in line
         assert not list(a.data_dir.glob("journal.aside-*"))  # nothing was moved
 
         # The first gateway never noticed: it serves, and everything is there.
