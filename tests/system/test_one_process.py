@@ -145,3 +145,45 @@ def test_sync_without_a_gateway_still_runs_on_its_own(tmp_path: Path) -> None:
         assert a.status()["shipper"]["pending_lsns"] == 0
     finally:
         fleet.close()
+
+
+def test_a_port_that_cannot_be_bound_fences_nobody(tmp_path: Path) -> None:
+    """The API binds before the shipper claims: a gateway that cannot serve exits
+    without writing a fence entry (which would have fenced the region's real writer)."""
+    import socket
+
+    fleet = Fleet(tmp_path, ["a"], TOPICS[:1])
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        a = fleet["a"]
+        a.config.write_text(
+            a.config.read_text().replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{port}"')
+        )
+        done = run_edgegw("serve", "--config", a.config, timeout=60)
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
+    log_dir = fleet.bucket_dir / "regions" / "a" / "log"
+    assert not log_dir.exists() or not any(log_dir.iterdir()), "an epoch was claimed"
+
+
+def test_demo_and_scenario_refuse_a_dir_a_gateway_still_uses(tmp_path: Path) -> None:
+    from edge_gateway.datadir import lock_directory
+
+    work = tmp_path / "work"
+    lock = lock_directory(work / "north", "gateway")  # a gateway left running there
+    try:
+        done = run_edgegw(
+            "scenario",
+            "run",
+            Path(__file__).parents[2] / "scenarios" / "lte-blips.toml",
+            "--dir",
+            work,
+            timeout=60,
+        )
+        line = assert_one_line_failure(done.returncode, done.stderr, "in use")
+        assert "another --dir" in line
+        assert (work / "north" / "edgegw.lock").exists()  # nothing was wiped
+    finally:
+        lock.release()
