@@ -34,7 +34,7 @@ def serve(
     Example: edgegw serve --config /etc/edgegw/edgegw.toml
     """
     from edge_gateway.config import load_config
-    from edge_gateway.errors import ConfigError, EdgeGatewayError, Fenced
+    from edge_gateway.errors import ConfigError, EdgeGatewayError, Fenced, InUse
     from edge_gateway.logs import configure_logging
 
     try:
@@ -50,6 +50,10 @@ def serve(
         log.error("fenced: %s", msg)
         err_console.print(f"[red]fenced:[/red] {msg}")
         raise typer.Exit(EXIT_FENCED) from None
+    except* InUse as group:
+        msg = f"{leaf(group)}; one gateway per data directory: stop that one first"
+        log.error("%s", msg)
+        raise fail(msg) from None
     except* ConfigError as group:
         err_console.print(f"[red]config error:[/red] {leaf(group)}")
         raise typer.Exit(EXIT_CONFIG) from None
