@@ -213,6 +213,7 @@ class Gateway:
         self._shutdown = trio.Event()
         self._ready_hooks: list[Callable[[], Awaitable[None]]] = []
         self._ready = False
+        self._starting = trio.CancelScope()
         self._accepting = False
         self._started_ms = 0
         self._workers_started = False
@@ -484,6 +485,19 @@ class Gateway:
         """Run ``hook`` once everything has started, before the gateway reports ready."""
         self._ready_hooks.append(hook)
 
+    def not_ready_reason(self) -> str:
+        """Why produce is refused now (``/healthz``): starting, stopping, or what it waits on."""
+        if self._shutdown.is_set():
+            return "the gateway is shutting down"
+        shipper = self._shipper
+        if shipper is not None and not shipper.statistics().claimed:
+            err = shipper.statistics().last_error
+            return (
+                "the gateway is starting: a first start learns the region's offsets from the "
+                f"bucket before it accepts records{f' (last attempt: {err})' if err else ''}"
+            )
+        return "the gateway is starting"
+
     @property
     def ready(self) -> bool:
         """True once the gateway has started (and ran its :meth:`on_ready` hooks)."""
@@ -520,6 +534,8 @@ class Gateway:
         """Begin a graceful shutdown (what SIGTERM does in ``edgegw serve``)."""
         self._accepting = False
         self._shutdown.set()
+        if not self._ready:
+            self._starting.cancel()
 
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
@@ -530,7 +546,16 @@ class Gateway:
         # kernel when the process dies.
         self._dir_lock = lock_directory(cfg.data_dir, "gateway")
         try:
-            await self._run(task_status)
+            # A shutdown requested while starting (SIGTERM while the first
+            # start waits for the bucket) ends the start at once: there is
+            # nothing accepted to drain yet, and what the journal holds ships
+            # at the next start.
+            with self._starting:
+                if self._shutdown.is_set():
+                    self._starting.cancel()
+                await self._run(task_status)
+            if self._starting.cancelled_caught:
+                log.info("gateway %s: stopped while starting", self.region)
         finally:
             self._dir_lock.release()
 

@@ -74,17 +74,20 @@ async def _serve(cfg: GatewayConfig) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, signals, gateway)
 
-            async def run_gateway(*, task_status: trio.TaskStatus[None]) -> None:
-                await gateway.run(task_status=task_status)
+            async def announce() -> None:
+                addr = gateway.api_address
+                log.info(
+                    "serving region %s on http://%s:%s",
+                    cfg.region,
+                    *(addr if addr else ("?", "?")),
+                )
+
+            async def run_gateway() -> None:
+                await gateway.run()  # returns when stopped, also while still starting
                 nursery.cancel_scope.cancel()  # stopped: the signal watcher is done too
 
-            await nursery.start(run_gateway)
-            addr = gateway.api_address
-            log.info(
-                "serving region %s on http://%s:%s",
-                cfg.region,
-                *(addr if addr else ("?", "?")),
-            )
+            gateway.on_ready(announce)
+            nursery.start_soon(run_gateway)
 
 
 async def _on_signals(signals: AsyncIterator[int], gateway: Gateway) -> None:

@@ -339,9 +339,10 @@ class ApiApp:
                     "degraded": degraded,
                 }
             )
-        return error_response(
-            503, "unavailable", "the gateway is starting or shutting down", {"Retry-After": "1"}
+        reason = (
+            "the gateway is shutting down" if self._stopping else self.gateway.not_ready_reason()
         )
+        return error_response(503, "unavailable", reason, {"Retry-After": "1"})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if not self.config.public_metrics:

@@ -187,3 +187,44 @@ def test_demo_and_scenario_refuse_a_dir_a_gateway_still_uses(tmp_path: Path) -> 
         assert (work / "north" / "edgegw.lock").exists()  # nothing was wiped
     finally:
         lock.release()
+
+
+def test_first_start_offline_answers_healthz_and_stops_on_sigterm(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    """A first start waits for the bucket (it must learn the region's offsets), but its
+    API answers at once with the reason, and SIGTERM ends the wait promptly."""
+    import signal
+
+    from edge_gateway.testing.moto import free_port
+    from edge_gateway.testing.tcpproxy import ProxyMode
+
+    port = free_port()
+    fleet = Fleet(
+        tmp_path,
+        ["a"],
+        TOPICS[:1],
+        s3=(int(moto_endpoint.rsplit(":", 1)[1]), s3_bucket_name),
+        per_region={"a": {"api": {"listen": f"127.0.0.1:{port}"}}},
+    )
+    fleet.proxies["a"].set_mode(ProxyMode.REFUSE)
+    a = fleet["a"]
+    try:
+        a.spawn()
+
+        def starting() -> str:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            except httpx.TransportError:
+                return ""
+            return r.json()["error"]["message"] if r.status_code == 503 else ""
+
+        reason = wait_until(starting, 60, "/healthz to answer while starting offline")
+        assert "first start" in reason
+        assert a.running
+        assert a.proc is not None
+        a.proc.send_signal(signal.SIGTERM)
+        # Promptly (systemd would SIGKILL after 90 s); before, SIGTERM was ignored here.
+        assert a.proc.wait(timeout=30) == 0, a.tail()
+    finally:
+        fleet.close()
