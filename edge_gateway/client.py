@@ -673,6 +673,20 @@ class AsyncClient:
         call = _Call("GET", f"/v1/groups/{_seg(group)}/offsets", params)
         return _group_offsets(await self._send(call))
 
+    async def sync(self, *, pull: bool = True, wait_s: float | None = None) -> dict[str, Any]:
+        """Ask the gateway to ship everything pending and pull its sources (``edgegw sync``).
+
+        ``wait_s`` None waits as long as it takes (a day: the link may be slow).
+        """
+        call = _Call(
+            "POST",
+            "/v1/sync",
+            {"pull": "true" if pull else "false"},
+            timeout=86400.0 if wait_s is None else wait_s,
+        )
+        doc: dict[str, Any] = _json(await self._send(call))
+        return doc
+
     async def aclose(self) -> None:
         await self._http.aclose()
 

@@ -20,6 +20,8 @@ so callers only ever handle these kinds::
     │                         after shipping frees space
     ├── Fenced                another writer claimed this region with a higher
     │                         epoch; stop writing, never retry
+    ├── InUse                 another process holds the data directory (or the
+    │                         journal); never retry while it runs
     └── ClosedError           the resource was closed by its owner
 
 The split follows SlateDB's error kinds (unavailable, invalid, data, fenced,
@@ -27,6 +29,11 @@ closed): each tells the caller *what to do*, not what went wrong inside.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from edge_gateway.datadir import LockHolder
 
 
 class EdgeGatewayError(Exception):
@@ -88,6 +95,26 @@ class JournalFull(Unavailable):
 
 class Fenced(EdgeGatewayError):
     """Another writer owns this region's log with a higher epoch; stop writing."""
+
+
+class InUse(EdgeGatewayError):
+    """Another process holds a data directory's (or journal's) lock (see ``edge_gateway.datadir``).
+
+    ``holder`` is what that process wrote about itself (``None`` when
+    unknown); ``path`` the locked directory.
+    """
+
+    def __init__(self, path: object, holder: LockHolder | None) -> None:
+        self.path = path
+        self.holder = holder
+        super().__init__(f"{path} is in use by another edgegw process: {self.holder_text}")
+
+    @property
+    def holder_text(self) -> str:
+        """``pid 1234 (edgegw serve ... since ...)``, or that it is unknown."""
+        if self.holder is None:
+            return "a process whose pid is unknown"
+        return self.holder.describe()
 
 
 class ClosedError(EdgeGatewayError):

@@ -24,6 +24,7 @@ in the journal, so a later restart resumes exactly where it stopped).
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -45,6 +46,7 @@ from edge_gateway.config import (
     topology_sources,
     topology_subscribers,
 )
+from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
     EdgeGatewayError,
@@ -54,6 +56,7 @@ from edge_gateway.errors import (
     UnknownTopic,
     WrongRegion,
 )
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import Journal, open_journal
@@ -61,6 +64,7 @@ from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage
 from edge_gateway.names import validate_topic
 from edge_gateway.shipper import Shipper
+from edge_gateway.supervisor import Supervisor, TaskHealth
 
 if TYPE_CHECKING:
     from edge_gateway.metadata.agent import MetadataAgent
@@ -164,8 +168,12 @@ class _Topic:
 
 @dataclass(slots=True, eq=False)
 class _TailerTask:
-    """A running tailer: cancelling ``scope`` stops it; ``done`` is set once it has."""
+    """A running tailer: cancelling ``scope`` stops it; ``done`` is set once it has.
 
+    ``tailer`` is replaced by a fresh one when the supervisor restarts it.
+    """
+
+    source: str
     tailer: Tailer
     topics: frozenset[str]
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
@@ -203,11 +211,16 @@ class Gateway:
         self._gc_last_error: str | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
+        self._ready_hooks: list[Callable[[], Awaitable[None]]] = []
+        self._ready = False
+        self._starting = trio.CancelScope()
         self._accepting = False
         self._started_ms = 0
         self._workers_started = False
         self._api_addr: tuple[str, int] | None = None
-        self._task_errors: dict[str, str] = {}
+        self._supervisor = Supervisor(on_failure=self._task_failed)
+        self._task_failures: dict[str, int] = {}
+        self._dir_lock: DirectoryLock | None = None
         #: Extra long-lived tasks (API server, tailers) started after the core.
         self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
 
@@ -441,6 +454,7 @@ class Gateway:
                 task.scope.cancel()
                 await task.done.wait()
                 del self._tailer_tasks[src]
+                self._supervisor.forget(_mirror_task(src))
                 if src not in want:
                     log.info("mirror %s: stopped (no topic of it is subscribed any more)", src)
             tcfg = self.tailer_config()
@@ -450,7 +464,7 @@ class Gateway:
                 tailer = Tailer(
                     journal, bucket, src, topics, self.region, tcfg, prefix=self.key_prefix
                 )
-                task = _TailerTask(tailer, topics)
+                task = _TailerTask(src, tailer, topics)
                 self._tailer_tasks[src] = task
                 await workers.start(self._run_tailer, task)
                 if self._workers_started:
@@ -466,6 +480,28 @@ class Gateway:
     def accepting(self) -> bool:
         """True while produce requests are accepted (False starting or shutting down)."""
         return self._accepting
+
+    def on_ready(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run ``hook`` once everything has started, before the gateway reports ready."""
+        self._ready_hooks.append(hook)
+
+    def not_ready_reason(self) -> str:
+        """Why produce is refused now (``/healthz``): starting, stopping, or what it waits on."""
+        if self._shutdown.is_set():
+            return "the gateway is shutting down"
+        shipper = self._shipper
+        if shipper is not None and not shipper.statistics().claimed:
+            err = shipper.statistics().last_error
+            return (
+                "the gateway is starting: a first start learns the region's offsets from the "
+                f"bucket before it accepts records{f' (last attempt: {err})' if err else ''}"
+            )
+        return "the gateway is starting"
+
+    @property
+    def ready(self) -> bool:
+        """True once the gateway has started (and ran its :meth:`on_ready` hooks)."""
+        return self._ready
 
     @property
     def started_ms(self) -> int:
@@ -498,14 +534,36 @@ class Gateway:
         """Begin a graceful shutdown (what SIGTERM does in ``edgegw serve``)."""
         self._accepting = False
         self._shutdown.set()
+        if not self._ready:
+            self._starting.cancel()
 
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
         cfg = self.config
-        cfg.data_dir.mkdir(parents=True, exist_ok=True)
+        # One process per data directory, before anything in it is touched
+        # (see edge_gateway.datadir); released when run() ends, or by the
+        # kernel when the process dies.
+        self._dir_lock = lock_directory(cfg.data_dir, "gateway")
+        try:
+            # A shutdown requested while starting (SIGTERM while the first
+            # start waits for the bucket) ends the start at once: there is
+            # nothing accepted to drain yet, and what the journal holds ships
+            # at the next start.
+            with self._starting:
+                if self._shutdown.is_set():
+                    self._starting.cancel()
+                await self._run(task_status)
+            if self._starting.cancelled_caught:
+                log.info("gateway %s: stopped while starting", self.region)
+        finally:
+            self._dir_lock.release()
+
+    async def _run(self, task_status: trio.TaskStatus[Gateway]) -> None:
+        cfg = self.config
         self._load_auto_topics()
         self._tailer_lock = trio.Lock()
+        sup = self._supervisor
         async with AsyncExitStack() as stack:
             agent = None
             if cfg.metadata.enabled:
@@ -538,16 +596,34 @@ class Gateway:
                     await core.start(journal.run)
                     async with trio.open_nursery() as workers:
                         self._workers = workers
-                        await workers.start(self._shipper.run)
+                        # Services (the local API) first: a gateway that cannot
+                        # bind its port exits before it claims the region's
+                        # epoch, so it fences nobody. Requests get 503 until
+                        # the gateway accepts.
+                        for name, fn in self._services:
+                            await workers.start(
+                                functools.partial(sup.supervise, name, functools.partial(fn, self))
+                            )
+                        shipper = self._shipper
+                        await workers.start(
+                            functools.partial(
+                                sup.supervise, "shipper", shipper.run, before_restart=shipper.reset
+                            )
+                        )
                         await self._sync_tailers()
                         if agent is not None:
-                            await workers.start(agent.run)
+                            await workers.start(
+                                functools.partial(sup.supervise, "metadata", agent.run)
+                            )
                         self._workers_started = True
                         if cfg.gc.enabled:
-                            workers.start_soon(self._gc_loop)
-                        for name, fn in self._services:
-                            await workers.start(self._guard, name, fn)
+                            await workers.start(
+                                functools.partial(sup.supervise, "gc", self._gc_loop)
+                            )
                         self._accepting = True
+                        for hook in self._ready_hooks:
+                            await hook()
+                        self._ready = True
                         self._started_ms = _now_ms()
                         log.info(
                             "gateway %s ready: %d topics, bucket %s",
@@ -568,43 +644,65 @@ class Gateway:
                 self._journal = None
                 self._shipper = None
 
-    async def _guard(
-        self,
-        name: str,
-        fn: Callable[..., Awaitable[Any]],
-        *,
-        task_status: trio.TaskStatus[Any] = trio.TASK_STATUS_IGNORED,
-    ) -> None:
-        try:
-            await fn(self, task_status=task_status)
-        except Exception as exc:
-            self._task_errors[name] = f"{type(exc).__name__}: {exc}"
-            log.exception("%s failed", name)
-            raise
+    def _task_failed(self, name: str) -> None:
+        self._task_failures[name] = self._task_failures.get(name, 0) + 1
+
+    def task_health(self) -> list[TaskHealth]:
+        """The supervised tasks (shipper, mirrors, GC, metadata, API) and their health."""
+        return self._supervisor.health()
 
     async def _run_tailer(
         self, task: _TailerTask, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        async def follow(*, task_status: trio.TaskStatus[None]) -> None:
+            try:
+                await task.tailer.run(task_status=task_status)
+            except SourceGap:
+                # Only this source stops (gap policy "fail"): its status says
+                # "stopped" with the error, and everything else goes on.
+                return
+
+        def fresh_tailer() -> None:
+            # A failed run may have stopped half way through an entry; a new
+            # tailer resumes from the progress recorded in the journal.
+            old = task.tailer
+            task.tailer = Tailer(
+                self.journal,
+                self.bucket,
+                task.source,
+                task.topics,
+                self.region,
+                old.config,
+                prefix=self.key_prefix,
+            )
+            if self._metadata is not None:
+                self._metadata.tailers_changed()
+
         try:
             # Its own scope: a routing change stops this tailer alone. Its
             # progress is in the journal, so a new tailer of the source
             # resumes exactly where this one stopped.
             with task.scope:
-                await task.tailer.run(task_status=task_status)
-        except SourceGap:
-            # Only this source stops (gap policy "fail"): its status says
-            # "stopped" with the error, and everything else goes on.
-            return
+                await self._supervisor.supervise(
+                    _mirror_task(task.source),
+                    follow,
+                    before_restart=fresh_tailer,
+                    task_status=task_status,
+                )
         finally:
             task.done.set()
 
-    async def _gc_loop(self) -> None:
+    async def _gc_loop(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
         """Delete this region's log objects that retention and every subscriber allow."""
+        task_status.started()
         g = self.config.gc
         gcfg = GcConfig(retention_ms=g.retention_ms, age_cap_ms=g.age_cap_ms)
         while True:
             await trio.sleep(g.interval_ms / 1000)
             # From the topology in force now: routing changes move it.
+            fail_point("gc.run")
             subscribers = (
                 topology_subscribers(self._topology, self.region) if g.retain_until_mirrored else []
             )
@@ -719,6 +817,51 @@ class Gateway:
             ack == "shipped",
         )
 
+    # ------------------------------------------------------------ sync
+
+    async def sync_now(self, *, pull: bool = True) -> dict[str, Any]:
+        """Ship everything journaled so far and pull every mirrored source up to its head.
+
+        What ``edgegw sync`` does while this gateway runs (it owns the journal,
+        so the command asks it through the API instead of opening the files).
+        Returns what was shipped and pulled; raises :class:`Unavailable` when
+        a source's poll fails (the bucket is away), as the one-shot sync does.
+        Waits for the shipper as long as it takes (it retries while the
+        bucket is away); the caller bounds the wait.
+        """
+        self._check_accepting()
+        shipper, journal = self.shipper, self.journal
+        target = journal.next_lsn - 1
+        before = shipper.statistics()
+        await journal.flush()
+        shipper.ship_now()
+        await shipper.wait_shipped(target)
+        after = shipper.statistics()
+        pulled: dict[str, dict[str, int]] = {}
+        if pull:
+
+            async def one(src: str, tailer: Tailer) -> None:
+                res = await tailer.wait_pulled()
+                pulled[src] = {
+                    "entries": res.entries,
+                    "records": res.records,
+                    "next_seq": res.next_seq,
+                }
+
+            async with trio.open_nursery() as nursery:
+                for src, tailer in sorted(self.tailers.items()):
+                    nursery.start_soon(one, src, tailer)
+        return {
+            "region": self.region,
+            "shipped": {
+                "through_lsn": target,
+                "objects": after.objects - before.objects,
+                "records": after.records - before.records,
+                "wire_bytes": after.wire_bytes - before.wire_bytes,
+            },
+            "pulled": dict(sorted(pulled.items())),
+        }
+
     # ------------------------------------------------------------ fetch
 
     async def fetch(
@@ -818,6 +961,7 @@ class Gateway:
         """Everything ``edgegw status`` shows, as JSON-ready data."""
         j = self.journal.statistics()
         s = self.shipper.statistics()
+        health = self.task_health()
         return {
             "region": self.region,
             "version": _version(),
@@ -854,9 +998,15 @@ class Gateway:
                 "deleted_entries": self._gc_deleted,
                 "last_error": self._gc_last_error,
             },
-            "errors": dict(self._task_errors),
+            # The supervised tasks; "errors" keeps, per degraded task, its last error.
+            "tasks": [h.to_json() for h in health],
+            "errors": {h.name: h.last_error or "" for h in health if h.degraded},
             "topics": [t.to_json() for t in self.topics()],
         }
+
+
+def _mirror_task(source: str) -> str:
+    return f"mirror {source}"
 
 
 def _tailer_json(t: Tailer) -> dict[str, Any]:

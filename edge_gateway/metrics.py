@@ -22,6 +22,8 @@ Families (``_total`` is added to counters by the exposition format):
   quarantined_entries, gaps, catch_up_eta_seconds, state{state} — from the
   gateway's tailers, or from the provider given to
   :meth:`GatewayMetrics.set_mirror_lag_provider`
+* ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
+  ``edgegw_task_degraded{task}`` — the supervised tasks (``edge_gateway.supervisor``)
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
 """
 
@@ -217,6 +219,7 @@ class _GatewayCollector(Collector):
         yield from self._journal(stats)
         yield from self._shipper(gw)
         yield from self._metadata(gw)
+        yield from self._tasks(gw)
         owner = self._owner()
         if owner is not None:
             try:
@@ -225,6 +228,29 @@ class _GatewayCollector(Collector):
                 log.exception("mirror lag provider failed")
                 lags = []
             yield from self._mirror(lags)
+
+    @staticmethod
+    def _tasks(gw: Gateway) -> Iterator[Metric]:
+        failures = CounterMetricFamily(
+            "edgegw_task_failures",
+            "Unexpected failures of a supervised task (each is restarted with backoff).",
+            labels=["task"],
+        )
+        restarts = CounterMetricFamily(
+            "edgegw_task_restarts", "Restarts of a supervised task.", labels=["task"]
+        )
+        degraded = GaugeMetricFamily(
+            "edgegw_task_degraded",
+            "1 while a supervised task is failing or restarting (until it runs stable again).",
+            labels=["task"],
+        )
+        for h in gw.task_health():
+            failures.add_metric([h.name], h.failures)
+            restarts.add_metric([h.name], h.restarts)
+            degraded.add_metric([h.name], 1 if h.degraded else 0)
+        yield failures
+        yield restarts
+        yield degraded
 
     @staticmethod
     def _journal(j: JournalStats) -> Iterator[Metric]:

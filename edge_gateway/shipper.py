@@ -55,6 +55,7 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.errors import ConfigError, CorruptData, Fenced, InvalidInput
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
@@ -215,6 +216,8 @@ class Shipper:
         self._last_commit_mono = time.monotonic()
         self._shipped_lot = trio.lowlevel.ParkingLot()
         self._appended_bytes_at_ship = 0
+        self._ship_now = False
+        self._flush_wait: trio.CancelScope | None = None
         # counters
         self._objects = self._fences = self._manifests = self._records = 0
         self._journal_bytes = self._wire_bytes = self._retries = 0
@@ -311,6 +314,22 @@ class Shipper:
             self._shipped_lsn,
         )
         self._notify_commit(seq)
+
+    def ship_now(self) -> None:
+        """Ship what is pending at once instead of at the flush deadline (``edgegw sync``)."""
+        self._ship_now = True
+        if self._flush_wait is not None:
+            self._flush_wait.cancel()
+
+    def reset(self) -> None:
+        """Forget the claim, so that :meth:`run` claims again (the supervisor's restart).
+
+        A run that failed unexpectedly may have stopped between an upload and
+        its bookkeeping; claiming again reconciles with the log head exactly
+        as a restart of the process does (a lost response is recognised as
+        ours), at the cost of one fence entry.
+        """
+        self._claimed = False
 
     def _notify_commit(self, seq: int) -> None:
         hook = self.on_commit
@@ -728,6 +747,7 @@ class Shipper:
             task_status.started()
         flush_s = self.config.flush_interval_ms / 1000
         while True:
+            fail_point("shipper.loop")
             if not self.pending():
                 await self.journal.wait_appended(self._ship_from)
             # The oldest pending entry sets the deadline; a full object goes now.
@@ -737,8 +757,12 @@ class Shipper:
                 age_s = max(0.0, (self._clock() - first[0].append_time) / 1000)
                 deadline = trio.current_time() + max(0.0, flush_s - age_s)
             full_at = self._appended_bytes_at_ship + self.config.max_object_bytes
-            with trio.move_on_at(deadline):
+            with trio.move_on_at(deadline) as self._flush_wait:
+                if self._ship_now:
+                    self._flush_wait.cancel()
                 await self.journal.wait_appended_bytes(full_at)
+            self._flush_wait = None
+            self._ship_now = False
             # A backlog (after an outage, or a burst) ships back to back: a
             # full object, then objects of up to backlog_object_bytes, each
             # built while the previous one uploads.

@@ -13,7 +13,6 @@ exits 0. No servers to install, under a minute.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import threading
 import time
@@ -34,6 +33,7 @@ from edgegw_cli._fleet import (
     MetadataProcess,
     Site,
     bucket_figures,
+    claim_work_dir,
     high_watermarks,
     mirror_mismatches,
     wait_mirrored,
@@ -143,9 +143,7 @@ def demo(
 
     Example: edgegw demo --records 50000
     """
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    _work_lock = claim_work_dir(work_dir, "demo")  # held while this run lasts
     bucket = (work_dir / "bucket").resolve()
     sites = [Site(region, (work_dir / region).resolve()) for region in REGIONS]
     console.print(

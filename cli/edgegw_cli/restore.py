@@ -10,7 +10,8 @@ import trio
 import typer
 from rich.table import Table
 
-from edge_gateway.errors import EdgeGatewayError
+from edge_gateway.datadir import lock_directory
+from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.names import validate_region
@@ -40,8 +41,30 @@ def restore(
     """
     try:
         validate_region(region)
-    except EdgeGatewayError as exc:
+        lock = lock_directory(data_dir, "restore")
+    except InUse as exc:
+        raise fail(f"{exc}; stop the gateway first (restore replaces its journal)") from None
+    except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
+    try:
+        _restore(
+            data_dir, region, bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style, yes=yes
+        )
+    finally:
+        lock.release()
+
+
+def _restore(
+    data_dir: Path,
+    region: str,
+    bucket_dir: Path | None,
+    s3_bucket: str | None,
+    s3_endpoint: str | None,
+    s3_prefix: str,
+    s3_path_style: bool,
+    *,
+    yes: bool,
+) -> None:
     journal_dir = data_dir / "journal"
     if journal_dir.exists() and any(journal_dir.iterdir()):
         if not yes and not typer.confirm(

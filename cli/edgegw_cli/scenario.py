@@ -19,7 +19,6 @@ gap-free, and every mirror equals its source record for record.
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import time
 import tomllib
@@ -37,6 +36,7 @@ from edgegw_cli._fleet import (
     Site,
     all_records,
     bucket_figures,
+    claim_work_dir,
     mirror_mismatches,
     wait_mirrored,
 )
@@ -217,9 +217,7 @@ def run(
     Example: edgegw scenario run scenarios/lte-blips.toml
     """
     sc = load_scenario(file)
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    _work_lock = claim_work_dir(work_dir, "scenario")  # held while this run lasts
     bucket = (work_dir / "bucket").resolve()
     sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
     console.print(f"[bold]scenario {sc.name}[/]: {sc.description}")

@@ -34,7 +34,7 @@ def serve(
     Example: edgegw serve --config /etc/edgegw/edgegw.toml
     """
     from edge_gateway.config import load_config
-    from edge_gateway.errors import ConfigError, EdgeGatewayError, Fenced
+    from edge_gateway.errors import ConfigError, EdgeGatewayError, Fenced, InUse
     from edge_gateway.logs import configure_logging
 
     try:
@@ -50,6 +50,10 @@ def serve(
         log.error("fenced: %s", msg)
         err_console.print(f"[red]fenced:[/red] {msg}")
         raise typer.Exit(EXIT_FENCED) from None
+    except* InUse as group:
+        msg = f"{leaf(group)}; one gateway per data directory: stop that one first"
+        log.error("%s", msg)
+        raise fail(msg) from None
     except* ConfigError as group:
         err_console.print(f"[red]config error:[/red] {leaf(group)}")
         raise typer.Exit(EXIT_CONFIG) from None
@@ -70,17 +74,20 @@ async def _serve(cfg: GatewayConfig) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, signals, gateway)
 
-            async def run_gateway(*, task_status: trio.TaskStatus[None]) -> None:
-                await gateway.run(task_status=task_status)
+            async def announce() -> None:
+                addr = gateway.api_address
+                log.info(
+                    "serving region %s on http://%s:%s",
+                    cfg.region,
+                    *(addr if addr else ("?", "?")),
+                )
+
+            async def run_gateway() -> None:
+                await gateway.run()  # returns when stopped, also while still starting
                 nursery.cancel_scope.cancel()  # stopped: the signal watcher is done too
 
-            await nursery.start(run_gateway)
-            addr = gateway.api_address
-            log.info(
-                "serving region %s on http://%s:%s",
-                cfg.region,
-                *(addr if addr else ("?", "?")),
-            )
+            gateway.on_ready(announce)
+            nursery.start_soon(run_gateway)
 
 
 async def _on_signals(signals: AsyncIterator[int], gateway: Gateway) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from edge_gateway.errors import EdgeGatewayError
 from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
@@ -82,8 +83,13 @@ def render(doc: dict[str, Any]) -> None:
     )
     if s.get("last_error"):
         head.add_row("ship error", f"[red]{s['last_error']}[/]")
-    for name, err in doc.get("errors", {}).items():
-        head.add_row(f"{name} failed", f"[red]{err}[/]")
+    for t in doc.get("tasks", []):
+        if t["degraded"]:
+            when = f"restarts in {t['restart_in_s']}s" if t["state"] == "restarting" else "running"
+            head.add_row(
+                f"degraded: {t['name']}",
+                Text(f"{t['failures']} failures ({when}); last: {t['last_error']}", style="red"),
+            )
     console.print(head)
 
     topics = Table(title="topics")

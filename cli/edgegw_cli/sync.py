@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import trio
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
-from edge_gateway.errors import EdgeGatewayError
+from edge_gateway.datadir import lock_directory
+from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
-from edgegw_cli._common import console, fail, leaf, reason
+from edgegw_cli._common import console, err_console, fail, leaf, reason
+
+if TYPE_CHECKING:
+    from edge_gateway.config import GatewayConfig
 
 
 async def open_bucket(
@@ -56,11 +62,12 @@ def sync(
 ) -> None:
     """Ship everything pending, pull every subscribed source up to its head, then exit.
 
-    For sites that connect now and then: run it when the link comes up (the
-    gateway must not be running: it owns the journal). With --config, the
-    sources to pull come from the topology; with --data-dir/--region and a
-    bucket option, it only ships. Exit code 0 when done; non-zero with a
-    one-line reason.
+    For sites that connect now and then: run it when the link comes up. When
+    the gateway is running on the data directory, sync asks it (through its
+    local API) to ship and pull now, and shows the same progress; otherwise
+    it opens the journal itself. With --config, the sources to pull come
+    from the topology; with --data-dir/--region and a bucket option, it only
+    ships. Exit code 0 when done; non-zero with a one-line reason.
 
     Example: edgegw sync --config /etc/edgegw/edgegw.toml
     """
@@ -79,6 +86,17 @@ def sync(
             raise fail(str(exc), code=2) from None
     else:
         raise fail("give --config, or --data-dir and --region with a bucket option", code=2)
+    try:
+        lock = lock_directory(cfg.data_dir, "sync")
+    except InUse as exc:
+        if exc.holder is not None and exc.holder.role == "gateway":
+            if flush_bytes is not None:
+                err_console.print("note: --flush-bytes is ignored: the gateway ships as configured")
+            _sync_through_gateway(cfg, exc, pull=config is not None and not ship_only)
+            return
+        raise fail(f"{exc}; wait for it to finish, then run sync again") from None
+    except (EdgeGatewayError, OSError) as exc:
+        raise fail(reason(exc)) from None
     gateway = Gateway(cfg)
 
     async def run() -> None:
@@ -113,6 +131,91 @@ def sync(
         exc = leaf(group)
         assert isinstance(exc, EdgeGatewayError | OSError)
         raise fail(reason(exc)) from None
+    finally:
+        lock.release()
+
+
+def _sync_through_gateway(cfg: GatewayConfig, busy: InUse, *, pull: bool) -> None:
+    """``edgegw sync`` while the gateway runs: ask it, through its local API."""
+    from edge_gateway.client import read_addr_file
+
+    try:
+        url = read_addr_file(cfg.data_dir)
+    except EdgeGatewayError as exc:
+        raise fail(
+            f"{busy}, but its API address is unknown ({exc}); is it still starting?"
+        ) from None
+    token = cfg.api.token or os.environ.get("EDGEGW_API_TOKEN") or None
+    err_console.print(f"the gateway is running ({busy.holder_text}): asking it at {url}")
+    try:
+        trio.run(_ask_gateway, url, token, pull)
+    except* (EdgeGatewayError, OSError) as group:
+        exc = leaf(group)
+        assert isinstance(exc, EdgeGatewayError | OSError)
+        raise fail(reason(exc)) from None
+
+
+async def _ask_gateway(url: str, token: str | None, pull: bool) -> None:
+    from edge_gateway.client import AsyncClient
+
+    async with AsyncClient(url, token=token) as client, AsyncClient(url, token=token) as watch:
+        st = await watch.status()
+        first = st["shipper"]["shipped_lsn"]
+        target = st["journal"]["next_lsn"] - 1
+        result: dict[str, Any] = {}
+        with _progress("syncing") as progress:
+            ship = progress.add_task(
+                f"ship {st['region']}", total=max(target - first, 0), detail=""
+            )
+            pulls = (
+                {
+                    src: progress.add_task(f"pull {src}", total=None, detail="")
+                    for src in st["mirrors"]
+                }
+                if pull
+                else {}
+            )
+
+            def show(st: dict[str, Any], done: bool = False) -> None:
+                s = st["shipper"]
+                progress.update(
+                    ship,
+                    completed=min(s["shipped_lsn"], target) - first,
+                    detail=f"{s['objects']} objects, {s['wire_bytes'] / 1e6:.1f} MB",
+                )
+                for src, task in pulls.items():
+                    m = st["mirrors"].get(src)
+                    if m is None:
+                        continue
+                    behind = 0 if done else m["entries_behind"]
+                    progress.update(
+                        task,
+                        completed=m["entries"],
+                        total=m["entries"] + behind if m["known_head"] or done else None,
+                        detail=f"{m['records']:,} records",
+                    )
+
+            async with trio.open_nursery() as nursery:
+
+                async def ask() -> None:
+                    result.update(await client.sync(pull=pull))
+                    nursery.cancel_scope.cancel()
+
+                nursery.start_soon(ask)
+                while True:
+                    show(await watch.status())
+                    await trio.sleep(0.2)
+            show(await watch.status(), done=True)
+    shipped = result["shipped"]
+    console.print(
+        f"shipped {shipped['records']:,} records in {shipped['objects']} objects "
+        f"({shipped['wire_bytes'] / 1e6:.2f} MB on the wire)"
+    )
+    for src, res in sorted(result["pulled"].items()):
+        console.print(
+            f"pulled {res['records']:,} records in {res['entries']} entries from {src} "
+            f"(next seq {res['next_seq']})"
+        )
 
 
 def _progress(label: str) -> Progress:

@@ -106,6 +106,7 @@ class ApiApp:
             self._route("/v1/topics/{topic}/partitions/{partition}/records", self.fetch, ["GET"]),
             self._route("/v1/groups/{group}/offsets", self.commit_offsets, ["POST"]),
             self._route("/v1/groups/{group}/offsets", self.fetch_offsets, ["GET"]),
+            self._route("/v1/sync", self.sync, ["POST"]),
         ]
         self.starlette = Starlette(
             routes=routes,
@@ -327,10 +328,21 @@ class ApiApp:
 
     async def healthz(self, request: Request) -> Response:
         if self.gateway.accepting and not self._stopping:
-            return JSONResponse({"status": "ok", "region": self.gateway.region})
-        return error_response(
-            503, "unavailable", "the gateway is starting or shutting down", {"Retry-After": "1"}
+            # Degraded tasks are restarting under supervision while intake and
+            # reads go on: still 200, so a liveness probe does not restart the
+            # process (which would stop intake and cannot fix them sooner).
+            degraded = [h.to_json() for h in self.gateway.task_health() if h.degraded]
+            return JSONResponse(
+                {
+                    "status": "degraded" if degraded else "ok",
+                    "region": self.gateway.region,
+                    "degraded": degraded,
+                }
+            )
+        reason = (
+            "the gateway is shutting down" if self._stopping else self.gateway.not_ready_reason()
         )
+        return error_response(503, "unavailable", reason, {"Retry-After": "1"})
 
     async def metrics_endpoint(self, request: Request) -> Response:
         if not self.config.public_metrics:
@@ -460,6 +472,15 @@ class ApiApp:
                 "high_watermark": res.high_watermark,
             }
         )
+
+    async def sync(self, request: Request) -> Response:
+        # ?pull=false ships only. Ends (503) when the API stops, like a long poll.
+        pull = request.query_params.get("pull", "true").lower() not in ("false", "0", "no")
+        with self._interruptible() as scope:
+            result = await self.gateway.sync_now(pull=pull)
+        if scope.cancelled_caught:
+            raise Unavailable("the gateway is shutting down")
+        return JSONResponse(result)
 
     async def commit_offsets(self, request: Request) -> Response:
         self._require_type(request.headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)

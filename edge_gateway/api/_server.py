@@ -130,8 +130,20 @@ async def serve_api(
         try:
             text = _format_addr(host, port)
             gateway._api_addr = (host, port)
-            await trio.to_thread.run_sync(_write_addr, addr_path, text)
-            log.info("local API listening on http://%s", text)
+
+            # Bound: the gateway goes on starting (it claims the region's
+            # epoch only now, so a port that cannot be bound fences nobody);
+            # requests get 503 until it is ready. The address file, which
+            # clients and `edgegw sync` use to find a running gateway, is
+            # written once it is.
+            async def announce() -> None:
+                await trio.to_thread.run_sync(_write_addr, addr_path, text)
+                log.info("local API listening on http://%s", text)
+
+            if gateway.ready:  # a restart of the API by the supervisor
+                await announce()
+            else:
+                gateway.on_ready(announce)
             task_status.started((host, port))
             await trio.sleep_forever()
         finally:

@@ -42,6 +42,7 @@ import crc32c
 import trio
 import trio.lowlevel
 
+from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, JournalFull
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
@@ -260,6 +261,7 @@ class Journal:
         self._full_rejections = 0
         self._truncated_on_open = 0
         self._open_seconds = 0.0
+        self._lock: DirectoryLock | None = None
 
     # ------------------------------------------------------------------ open
 
@@ -280,12 +282,18 @@ class Journal:
         offsets that the bucket already has, so nothing is ever reused.
         """
         t0 = time.perf_counter()
-        j = cls(Path(path), config or JournalConfig())
-        j.path.mkdir(parents=True, exist_ok=True)
         if start_lsn < 1:
             raise InvalidInput("start_lsn must be >= 1")
-        j._next_lsn = start_lsn
-        j._recover(start or Checkpoint({}, {}))
+        j = cls(Path(path), config or JournalConfig())
+        # One process per journal: a second one would truncate the segment the
+        # first writes through its map (see edge_gateway.datadir).
+        j._lock = lock_directory(j.path, "journal")
+        try:
+            j._next_lsn = start_lsn
+            j._recover(start or Checkpoint({}, {}))
+        except BaseException:
+            j._lock.release()
+            raise
         j._lsn_at_open = j._next_lsn
         j._open_seconds = time.perf_counter() - t0
         return j
@@ -1448,6 +1456,8 @@ class Journal:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
+            if self._lock is not None:
+                self._lock.release()
             for lot in (
                 self._durable_lot,
                 self._append_lot,

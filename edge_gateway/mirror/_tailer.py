@@ -42,6 +42,7 @@ import trio
 
 from edge_gateway.bucket import Bucket, BucketUnavailable, NotFound
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import RecordBatch
 from edge_gateway.format.logobject import BlockIndex
@@ -274,6 +275,12 @@ class Tailer:
         self._prefetch_peak_bytes = self._prefetch_peak_objects = 0
         self._last_error: str | None = None
         self._caught_up_at = time.monotonic()
+        # Pull rounds of run(), numbered as they start: wait_pulled() waits for
+        # one that started after its call to end (done, failed or stopped).
+        self._pulls_started = 0
+        self._pulls_done = 0
+        self._pull_failed: tuple[int, str] | None = None
+        self._pull_lot = trio.lowlevel.ParkingLot()
 
     # ------------------------------------------------------------ public API
 
@@ -321,6 +328,32 @@ class Tailer:
         await self._publish_cursor(force=True)
         return CatchUpResult(entries, self._records - records_before, self._state.next_seq)
 
+    async def wait_pulled(self) -> CatchUpResult:
+        """Poll now (in :meth:`run`) and wait until a poll that started after this call has
+        applied everything up to the source's head (``edgegw sync`` on a running gateway).
+
+        Raises :class:`Unavailable` when that poll fails (the bucket is away, the
+        entry is quarantined) or the tailer is stopped, as :meth:`catch_up` would.
+        """
+        want = self._pulls_started + 1
+        entries, records = self._entries, self._records
+        self.wake()
+        while self._pulls_done < want:
+            if self._stopped_by is not None:
+                raise Unavailable(f"mirror {self.source} is stopped: {self._stopped_by}")
+            failed = self._pull_failed
+            if failed is not None and failed[0] >= want:
+                raise Unavailable(f"mirror {self.source}: {failed[1]}")
+            await self._pull_lot.park()
+        return CatchUpResult(self._entries - entries, self._records - records, self._state.next_seq)
+
+    def _pull_ended(self, generation: int, error: str | None) -> None:
+        if error is None:
+            self._pulls_done = generation
+        else:
+            self._pull_failed = (generation, error)
+        self._pull_lot.unpark_all()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Follow the source for ever; ready at once (it works offline, retrying).
 
@@ -333,14 +366,19 @@ class Tailer:
         cfg = self.config
         unavailable = 0
         while True:
+            self._pulls_started += 1
+            generation = self._pulls_started
             try:
+                fail_point("mirror.pull")
                 n = await self._pull()
             except SourceGap as exc:
                 self._status = "stopped"
                 self._stopped_by = str(exc)
                 log.error("mirror: %s", exc)
+                self._pull_ended(generation, str(exc))
                 raise
             except Unavailable as exc:
+                self._pull_ended(generation, str(exc))
                 self._status = "retrying"
                 self._retries += 1
                 self._last_error = str(exc)
@@ -352,6 +390,7 @@ class Tailer:
                 await trio.sleep(delay)
                 continue
             except CorruptData as exc:
+                self._pull_ended(generation, f"entry {self._state.next_seq} is quarantined: {exc}")
                 self._status = "quarantined"
                 self._last_error = str(exc)
                 delay = retry_delay(
@@ -372,6 +411,7 @@ class Tailer:
             unavailable = 0
             self._last_error = None
             await self._publish_cursor()
+            self._pull_ended(generation, None)
             if n:
                 self._poll.reset()
             self._status = "idle"

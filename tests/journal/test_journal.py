@@ -132,7 +132,9 @@ async def test_torn_tail_is_truncated_and_appends_continue(tmp_path: Path, damag
         await j.append("t", 0, batch_for("t", 0, 30, 3))  # the entry we tear
     last = segment_files(tmp_path)[-1]
     raw = bytearray(last.read_bytes())
-    torn_entry_len = len(raw) - int(Journal.open_sync(tmp_path, SMALL)._segments[-1].positions[-1])
+    probe = Journal.open_sync(tmp_path, SMALL)
+    torn_entry_len = len(raw) - int(probe._segments[-1].positions[-1])
+    probe.close_sync()
     good_size = len(raw) - torn_entry_len
     if damage == "truncate":
         raw = raw[: good_size + torn_entry_len // 2]

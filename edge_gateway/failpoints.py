@@ -1,0 +1,59 @@
+"""Fail points: named places that raise on demand, to test real processes.
+
+Supervision (``edge_gateway.supervisor``) exists for exceptions nobody
+expected, so no honest input makes a task raise one; a test of a real
+``edgegw serve`` process needs a way to cause one anyway. As FreeBSD's
+``fail(9)`` and TiKV's ``fail-rs`` do, the environment variable
+``EDGEGW_FAILPOINTS`` names points and how often each raises::
+
+    EDGEGW_FAILPOINTS="gc.run=2,mirror.pull=1" edgegw serve --config ...
+
+makes the next two GC runs and the next mirror poll raise
+:class:`FailPointError` (a ``RuntimeError``: unexpected by design). Unset,
+a point costs one check of an empty dict. The points: ``shipper.loop``,
+``mirror.pull``, ``gc.run``.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["ENV", "FailPointError", "arm", "fail_point", "parse"]
+
+ENV = "EDGEGW_FAILPOINTS"
+
+
+class FailPointError(RuntimeError):
+    """Raised by an armed fail point."""
+
+
+def parse(spec: str) -> dict[str, int]:
+    """``"a=2,b"`` -> ``{"a": 2, "b": 1}``; raises ValueError on a malformed spec."""
+    points: dict[str, int] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        name, _, count = part.partition("=")
+        if not name.strip():
+            raise ValueError(f"{ENV}: empty fail point name in {spec!r}")
+        n = int(count) if count else 1
+        if n < 0:
+            raise ValueError(f"{ENV}: count of {name} must be >= 0")
+        points[name.strip()] = n
+    return points
+
+
+_armed: dict[str, int] = parse(os.environ.get(ENV, ""))
+
+
+def fail_point(name: str) -> None:
+    """Raise :class:`FailPointError` if ``name`` is armed (and count one use down)."""
+    if not _armed:
+        return
+    left = _armed.get(name, 0)
+    if left > 0:
+        _armed[name] = left - 1
+        raise FailPointError(f"fail point {name} (from {ENV})")
+
+
+def arm(name: str, times: int = 1) -> None:
+    """Arm ``name`` in this process (tests of in-process gateways)."""
+    _armed[name] = times
