@@ -12,6 +12,7 @@ and flipped ``edgegw_metadata_live`` to 0 although the server was fine.
   again and not counted; a failure on a new connection is reported at once:
   unit tests against a scripted server on real sockets that resets exactly
   the connections it is told to.
+* A stalled request body gets ``408 request_timeout`` and the connection closes.
 * A real gateway process polls a real metadata server whose idle close is
   made to cross the gateway's next request on the wire (a short server
   keep-alive, the poll interval just under it, and latency from the TCP
@@ -243,3 +244,27 @@ async def test_a_gateway_polling_across_the_servers_idle_close_counts_no_failure
     assert status["stale_retries"] > 0, status
     assert "edgegw_metadata_live 1" in metrics
     assert "edgegw_metadata_fetch_failures_total 0" in metrics
+
+
+async def test_a_stalled_body_gets_408_and_the_connection_closes(tmp_path: Path) -> None:
+    config = MetadataServerConfig(
+        db=tmp_path / "meta.sqlite", listen="127.0.0.1:0", read_timeout_s=1.0
+    )
+    async with trio.open_nursery() as nursery:
+        url = await nursery.start(serve_metadata, config)
+        host, _, port = url.removeprefix("http://").rpartition(":")
+        body = b'{"id": "north"}'
+        async with await trio.open_tcp_stream(host, int(port)) as stream:
+            await stream.send_all(
+                b"POST /v1/regions HTTP/1.1\r\nHost: meta\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body[:5])
+            )
+            answer = b""
+            with trio.fail_after(30):
+                while data := await stream.receive_some(65536):
+                    answer += data
+        nursery.cancel_scope.cancel()
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    assert b"connection: close" in head.lower()
+    assert b'"request_timeout"' in rest
