@@ -19,7 +19,7 @@ requests in flight finish with ``Connection: close``). Not in scope: TLS,
 HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
 lifecycle).
 
-Timeouts are hypercorn's, so that both servers keep the same promises
+Timeouts work as hypercorn's do, so that both servers keep the same promises
 (docs/api.md, "HTTP"): a connection is closed when ``keep_alive_timeout``
 passes, from its start or from the end of its last response, without a
 complete request head — idle, or with a head still arriving (bytes of an
