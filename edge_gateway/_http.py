@@ -3,18 +3,49 @@
 * :class:`ListenAddress`: ``host``, ``port`` and ``is_loopback`` of a
   ``listen = "host:port"`` setting (a mixin for the settings dataclasses);
 * :class:`ApiError` and :func:`error_response`: a refusal with a stable code,
-  answered as ``{"error": {"code": ..., "message": ..., ...}}``.
+  answered as ``{"error": {"code": ..., "message": ..., ...}}``;
+* the connection limits both servers share: :func:`hypercorn_config` (the
+  idle keep-alive) and :func:`receive_body` (each read of a request body
+  within a deadline, else ``408 request_timeout``).
 """
 
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
-from typing import Any
+import logging
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from typing import TYPE_CHECKING, Any, Final
 
+import trio
 from starlette.responses import JSONResponse
 
-__all__ = ["ApiError", "ListenAddress", "error_response"]
+if TYPE_CHECKING:
+    from hypercorn.config import Config as HypercornConfig
+
+__all__ = [
+    "CLIENT_KEEPALIVE_EXPIRY_S",
+    "KEEP_ALIVE_TIMEOUT_S",
+    "READ_TIMEOUT_S",
+    "ApiError",
+    "ListenAddress",
+    "error_response",
+    "hypercorn_config",
+    "receive_body",
+    "request_timeout",
+]
+
+#: Seconds a server keeps an idle connection open (the local API's default
+#: ``api.keep_alive_timeout_s``; the metadata server's). Well above every
+#: interval at which edgegw's own clients come back (metadata poll 5 s,
+#: heartbeat 10 s) and above their pools' idle expiry (httpx: 5 s;
+#: the metadata client: :data:`CLIENT_KEEPALIVE_EXPIRY_S`), so that a server
+#: never closes a connection a client is about to reuse.
+KEEP_ALIVE_TIMEOUT_S: Final = 75.0
+#: Seconds each read of a request body may wait for data.
+READ_TIMEOUT_S: Final = 60.0
+#: Seconds edgegw's HTTP clients keep an idle pooled connection: shorter than
+#: :data:`KEEP_ALIVE_TIMEOUT_S`, so the client drops it before the server does.
+CLIENT_KEEPALIVE_EXPIRY_S: Final = 30.0
 
 
 class ListenAddress:
@@ -64,3 +95,72 @@ def error_response(
     return JSONResponse(
         {"error": {"code": code, "message": message, **extra}}, status, headers=headers
     )
+
+
+def request_timeout(timeout_s: float) -> ApiError:
+    """The 408 for a request body that stalled (the connection is closed after it)."""
+    return ApiError(
+        408,
+        "request_timeout",
+        f"no request body data arrived for {timeout_s:g} s; the connection is closed",
+        {"Connection": "close"},
+    )
+
+
+Message = MutableMapping[str, Any]
+
+
+async def receive_body(receive: Callable[[], Awaitable[Message]], timeout_s: float) -> Message:
+    """One ASGI ``receive()`` of a request body; a 408 :class:`ApiError` after ``timeout_s``.
+
+    Call it only while the body is incomplete: after the body, ``receive()``
+    waits for a disconnect, which may rightly take as long as a long poll.
+    Servers cannot do this themselves: hypercorn's ``read_timeout`` bounds
+    *every* socket read of a connection, also while the app works on a
+    request whose body was read in full (a long poll, an ``ack=shipped``
+    wait), when a client rightly sends nothing; it would cut those. So the
+    apps bound their own body reads, under a trio deadline, and answer
+    ``408 request_timeout`` with ``Connection: close``.
+    """
+    with trio.move_on_after(timeout_s):
+        return await receive()
+    raise request_timeout(timeout_s)
+
+
+def hypercorn_config(
+    bind: str,
+    *,
+    errorlog: str,
+    graceful_timeout: float,
+    keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT_S,
+) -> HypercornConfig:
+    """hypercorn's settings for edgegw's servers (trio worker, quiet access log).
+
+    What hypercorn 0.18's trio worker does with its timeouts (read in
+    ``hypercorn/trio/tcp_server.py`` and ``protocol/h11.py``):
+
+    * ``keep_alive_timeout`` runs whenever the connection has no request in
+      progress: from the connection's start and from the end of each
+      response until the next request's head is complete (it is not reset by
+      bytes of a head still arriving). So it bounds both an idle keep-alive
+      connection and a slow or stalled request head. hypercorn's default
+      (5 s) equals the metadata client's poll interval and raced it: the
+      server closed a pooled connection just as the client reused it
+      ("Connection reset by peer"). edgegw's is :data:`KEEP_ALIVE_TIMEOUT_S`.
+    * ``read_timeout`` bounds every single socket read, including while the
+      app works on a request the client finished sending (see
+      :func:`receive_body`): left unset; the apps bound body reads themselves.
+    * ``h11_max_incomplete_size`` (16 KiB) limits the request head (431).
+    """
+    from hypercorn.config import Config
+
+    cfg = Config()
+    cfg.bind = [bind]
+    cfg.worker_class = "trio"
+    cfg.accesslog = None
+    cfg.errorlog = logging.getLogger(errorlog)
+    cfg.graceful_timeout = graceful_timeout
+    cfg.keep_alive_timeout = keep_alive_timeout
+    cfg.read_timeout = None
+    cfg.include_server_header = False
+    return cfg

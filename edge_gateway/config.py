@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edge_gateway._http import ListenAddress
+from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
 from edge_gateway.bucket import S3Config
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 from edge_gateway.journal import JournalConfig
@@ -144,6 +144,11 @@ class ApiConfig(ListenAddress):
     #: The HTTP server: ``hypercorn`` (default) or ``builtin`` (h11-based, about
     #: 2.5x less CPU per request; see docs/api.md "Choosing the server").
     server: Literal["hypercorn", "builtin"] = "hypercorn"
+    #: Seconds a connection may wait for its next complete request head (idle
+    #: keep-alive, or a head still arriving) before the server closes it.
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
+    #: Seconds each read of a request body may wait for data (408 and close after).
+    read_timeout_s: float = READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -158,6 +163,10 @@ class ApiConfig(ListenAddress):
             raise ConfigError("api.max_body_bytes must be at least 1 KiB")
         if self.max_wait_ms < 0:
             raise ConfigError("api.max_wait_ms must be >= 0")
+        for key in ("keep_alive_timeout_s", "read_timeout_s"):
+            value = getattr(self, key)
+            if not 0 < value < float("inf"):  # also refuses NaN
+                raise ConfigError(f"api.{key} must be a number of seconds > 0, not {value!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -642,6 +651,8 @@ type = "local"
 # token = ""                   # better: EDGEGW_API_TOKEN
 # max_body_bytes = "16MiB"
 # server = "hypercorn"         # or "builtin": less CPU per request (docs/api.md)
+# keep_alive_timeout_s = 75.0  # idle connections (and unfinished request heads) close after
+# read_timeout_s = 60.0        # each read of a request body; 408 and close after
 
 [metadata]
 # The metadata server holds the fleet's topic routing (docs/metadata-api.md).

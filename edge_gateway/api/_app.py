@@ -16,7 +16,9 @@ Layers, outermost first:
    input with :mod:`edge_gateway.api._codec` and calls the gateway.
 
 Bodies are read chunk by chunk and refused with 413 as soon as they pass
-``api.max_body_bytes`` (or at once when Content-Length says so). Waits that
+``api.max_body_bytes`` (or at once when Content-Length says so); each read
+waits at most ``api.read_timeout_s``, then the answer is ``408
+request_timeout`` and the connection closes (:class:`_Exchange`). Waits that
 can last (long-poll fetches, ``ack=shipped``) are registered so that a
 shutdown ends them at once instead of holding the graceful stop.
 """
@@ -41,7 +43,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Message, Receive, Scope, Send
 
-from edge_gateway._http import ApiError, error_response
+from edge_gateway._http import ApiError, error_response, receive_body
 from edge_gateway.api import _codec
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
@@ -125,7 +127,7 @@ class ApiApp:
             await self.starlette(scope, receive, send)
             return
         started = time.perf_counter()
-        x = _Exchange(scope, receive, send, self.config.max_body_bytes)
+        x = _Exchange(scope, receive, send, self.config.max_body_bytes, self.config.read_timeout_s)
         route = ""
         try:
             if scope["method"] == "POST":
@@ -519,6 +521,11 @@ class _Exchange:
     stays usable; otherwise the response says ``Connection: close``, because
     hypercorn drops a connection whose request was not read to the end and a
     client must not send its next request on it.
+
+    Each read of the body waits at most ``read_timeout`` (the servers leave
+    that to the app: see :func:`edge_gateway._http.receive_body`); a stalled
+    body raises the ``408 request_timeout`` :class:`ApiError`, which says
+    ``Connection: close``.
     """
 
     __slots__ = (
@@ -526,6 +533,7 @@ class _Exchange:
         "_send",
         "body_done",
         "limit",
+        "read_timeout",
         "received",
         "responded",
         "scope",
@@ -535,18 +543,27 @@ class _Exchange:
     #: Seconds to wait for the rest of a refused body before giving up on the connection.
     DRAIN_TIMEOUT_S = 2.0
 
-    def __init__(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+    def __init__(
+        self, scope: Scope, receive: Receive, send: Send, limit: int, read_timeout: float
+    ) -> None:
         self.scope = scope
         self._receive = receive
         self._send = send
         self.limit = limit
+        self.read_timeout = read_timeout
         self.status = 500
         self.responded = False
         self.received = 0
         self.body_done = not _has_body(scope)
 
     async def receive(self) -> Message:
-        message = await self._receive()
+        if self.body_done:  # only a disconnect is left to wait for: no deadline
+            return await self._receive()
+        try:
+            message = await receive_body(self._receive, self.read_timeout)
+        except ApiError:
+            self.body_done = True  # nothing more will be read; the 408 closes
+            raise
         if message["type"] == "http.request":
             self.received += len(message.get("body", b""))
             self.body_done = not message.get("more_body", False)
@@ -570,7 +587,10 @@ class _Exchange:
             while not self.body_done:
                 if self.received > self.limit:
                     return False
-                await self.receive()
+                try:
+                    await self.receive()
+                except ApiError:  # the body stalled (a read_timeout below DRAIN_TIMEOUT_S)
+                    return False
             return True
         return False
 

@@ -13,11 +13,20 @@ Starlette responses do.
 What it does (and what the local API needs): HTTP/1.1 with keep-alive and
 pipelining (h11 does the parsing and framing, and refuses malformed or
 oversized requests), HTTP/1.0, ``Expect: 100-continue``, request bodies
-streamed to the app, ``HEAD``, an idle timeout, a read timeout, and a
-graceful stop (:meth:`Http11Server.shutdown`: stop accepting, close idle
-connections, let requests in flight finish with ``Connection: close``). Not
-in scope: TLS, HTTP/2, websockets, the lifespan protocol (the gateway owns
-the app's lifecycle).
+streamed to the app, ``HEAD``, a keep-alive timeout, and a graceful stop
+(:meth:`Http11Server.shutdown`: stop accepting, close idle connections, let
+requests in flight finish with ``Connection: close``). Not in scope: TLS,
+HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
+lifecycle).
+
+Timeouts work as hypercorn's do, so that both servers keep the same promises
+(docs/api.md, "HTTP"): a connection is closed when ``keep_alive_timeout``
+passes, from its start or from the end of its last response, without a
+complete request head — idle, or with a head still arriving (bytes of an
+unfinished head do not extend it). Request bodies are read when the app
+asks, for as long as it waits: the app bounds each read (``api.read_timeout_s``,
+:func:`edge_gateway._http.receive_body`), as it must with hypercorn, whose
+socket read timeout would also cut long polls.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ from urllib.parse import unquote
 
 import h11
 import trio
+
+from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S
 
 __all__ = ["Http11Server"]
 
@@ -58,14 +69,12 @@ class Http11Server:
         *,
         log: logging.Logger,
         max_header_bytes: int = 16 * 1024,
-        keep_alive_timeout: float = 75.0,
-        read_timeout: float = 60.0,
+        keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT_S,
     ) -> None:
         self.app = app
         self.log = log
         self.max_header_bytes = max_header_bytes
         self.keep_alive_timeout = keep_alive_timeout
-        self.read_timeout = read_timeout
         self._stopping = False
         self._listen_scope: trio.CancelScope | None = None
         #: Cancel scopes of connections waiting for their next request.
@@ -152,11 +161,9 @@ class Http11Server:
                         return None
                     if event is h11.NEED_DATA:
                         data = await stream.receive_some(_READ_SIZE)
-                        if not idle.shield:
-                            # A request has begun: finish it even if stopping, but its
-                            # head must be complete within read_timeout.
-                            idle.shield = True
-                            idle.deadline = trio.current_time() + self.read_timeout
+                        # A request has begun: a shutdown lets it finish, but the
+                        # deadline stays: its head must be complete by then.
+                        idle.shield = True
                         conn.receive_data(data)
                         continue
                     if isinstance(event, h11.Request):
@@ -222,7 +229,6 @@ class Http11Server:
         finished = False
         status = 0
         headers: list[tuple[bytes, bytes]] = []
-        read_timeout = self.read_timeout
 
         async def receive() -> Message:
             nonlocal body_done
@@ -242,14 +248,12 @@ class Http11Server:
                         await stream.send_all(
                             conn.send(h11.InformationalResponse(status_code=100, headers=[]))
                         )
-                    with trio.move_on_after(read_timeout):
-                        try:
-                            conn.receive_data(await stream.receive_some(_READ_SIZE))
-                        except (trio.BrokenResourceError, trio.ClosedResourceError):
-                            conn.receive_data(b"")
-                        continue
-                    body_done = True  # the client stalled mid-body
-                    return _DISCONNECT
+                    # No deadline here: the app bounds its body reads (module docstring).
+                    try:
+                        conn.receive_data(await stream.receive_some(_READ_SIZE))
+                    except (trio.BrokenResourceError, trio.ClosedResourceError):
+                        conn.receive_data(b"")
+                    continue
                 if isinstance(event, h11.Data):
                     chunks.append(bytes(event.data))
                 elif isinstance(event, h11.EndOfMessage):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
+from edge_gateway._http import hypercorn_config
 from edge_gateway.api._app import ApiApp
 from edge_gateway.api._http11 import Http11Server
 from edge_gateway.gateway import Gateway
@@ -29,18 +30,19 @@ GRACEFUL_TIMEOUT_S = 3.0
 
 
 def _hypercorn_config(gateway: Gateway, graceful: float) -> HypercornConfig:
-    from hypercorn.config import Config
-
+    # Limits (docs/api.md, "HTTP"): hypercorn closes a connection that waits
+    # api.keep_alive_timeout_s for a complete request head, idle or not; the
+    # app bounds each body read by api.read_timeout_s (hypercorn's own
+    # read_timeout would also cut long polls: see edge_gateway._http).
     api = gateway.config.api
-    cfg = Config()
-    cfg.bind = [api.listen]
-    cfg.worker_class = "trio"
-    cfg.accesslog = None
-    cfg.errorlog = logging.getLogger("edgegw.api.server")
-    cfg.graceful_timeout = graceful
+    cfg = hypercorn_config(
+        api.listen,
+        errorlog="edgegw.api.server",
+        graceful_timeout=graceful,
+        keep_alive_timeout=api.keep_alive_timeout_s,
+    )
     # Keep-alive connections of busy producers are not recycled every 1000 requests.
     cfg.keep_alive_max_requests = 1 << 30
-    cfg.include_server_header = False
     return cfg
 
 
@@ -119,7 +121,9 @@ async def serve_api(
         else:
             listeners = await _listen(gateway.config.api.host, gateway.config.api.port)
             host, port = _addr_of(listeners[0])
-            http = Http11Server(cast(Any, app), log=log)
+            http = Http11Server(
+                cast(Any, app), log=log, keep_alive_timeout=gateway.config.api.keep_alive_timeout_s
+            )
 
             async def run_builtin(*, task_status: trio.TaskStatus[None]) -> None:
                 with server_scope:

@@ -59,6 +59,8 @@ ERROR_CODES: Final[dict[str, tuple[int, type[EdgeGatewayError]]]] = {
     "read_only_topic": (409, ReadOnlyTopic),
     #: produce to a topic homed in another region; the body adds ``home_region``
     "wrong_region": (409, WrongRegion),
+    #: a request body stalled for ``api.read_timeout_s``; the connection is closed
+    "request_timeout": (408, Unavailable),
     "body_too_large": (413, InvalidInput),
     "unsupported_media_type": (415, InvalidInput),
     #: the request head (line and headers) is over 16 KiB

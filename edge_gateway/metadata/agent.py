@@ -25,7 +25,10 @@ owns one :class:`MetadataAgent`. It
   correctness: tailers read the log themselves and stop at the first 404.
 
 Nothing here is fatal: an unreachable or refusing server is logged, shown
-in the status (``metadata: cached since ...``) and retried.
+in the status (``metadata: cached since ...``) and retried. A pooled
+connection that died while idle is not "unreachable": the client sends the
+request again on a new connection at once (:class:`MetadataClient`), and
+only a failure of that counts (``fetch_failures``, ``metadata_live``).
 """
 
 from __future__ import annotations
@@ -374,5 +377,8 @@ class MetadataAgent:
             "tables_applied": self._tables_applied,
             "heartbeats": self._heartbeats,
             "heartbeat_failures": self._heartbeat_failures,
+            # Requests sent again because their pooled connection had died
+            # (not failures: see edge_gateway.metadata.client).
+            "stale_retries": self.client.stale_retries,
             "relay": relay,
         }

@@ -13,6 +13,16 @@ Errors (``edge_gateway.errors``): a refused connection, a timeout or a 5xx
 → :class:`Unavailable` (retry later, run from the cache); a 4xx →
 :class:`MetadataRefused` (an :class:`InvalidInput` carrying the HTTP status
 and the server's error code); a malformed answer → :class:`CorruptData`.
+
+Pooled connections: the client keeps an idle connection for
+:data:`~edge_gateway._http.CLIENT_KEEPALIVE_EXPIRY_S` (30 s), less than the
+server keeps it (:data:`~edge_gateway._http.KEEP_ALIVE_TIMEOUT_S`, 75 s), so
+it never reuses one the server is closing. A connection can still die while
+idle without the client noticing (a server restart, a NAT or proxy that
+timed the flow out, a server with a shorter keep-alive): a request that
+fails on a *reused* connection with a reset or close before any answer is
+sent again (every call is idempotent: reads, and reports the server keeps
+the latest of); only a failure on a new connection counts.
 """
 
 from __future__ import annotations
@@ -32,6 +42,7 @@ from urllib.parse import quote
 import httpx
 import trio
 
+from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
@@ -51,6 +62,10 @@ __all__ = [
 log = logging.getLogger("edgegw.metadata.client")
 
 CACHE_FORMAT = 1
+#: Idle connections kept for reuse: one per concurrent caller of a gateway's
+#: client (routing poll, heartbeat, head report, heads long poll). Also bounds
+#: how many pooled connections one request may find dead (see ``_send``).
+_POOLED = 4
 
 
 class MetadataRefused(InvalidInput):
@@ -108,11 +123,16 @@ class MetadataClient:
             base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s),
+            limits=httpx.Limits(
+                max_keepalive_connections=_POOLED, keepalive_expiry=CLIENT_KEEPALIVE_EXPIRY_S
+            ),
             transport=transport,
             verify=verify,
         )
         self._table: RoutingTable | None = None
         self._etag: str | None = None
+        #: Requests sent again after their reused connection broke (see the module docstring).
+        self.stale_retries = 0
 
     async def __aenter__(self) -> Self:
         return self
@@ -214,7 +234,7 @@ class MetadataClient:
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
-            r = await self._http.request(method, path, **kwargs)
+            r = await self._send(method, path, **kwargs)
         except httpx.TimeoutException as exc:
             raise Unavailable(f"metadata server {self.url}: timed out ({exc!r})") from None
         except httpx.TransportError as exc:
@@ -234,6 +254,41 @@ class MetadataClient:
                 pass
             raise MetadataRefused(r.status_code, code, message)
         return r
+
+    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send; again while it failed on a reused connection before any answer.
+
+        httpcore reports opening a connection through the ``trace`` request
+        extension (``connection.connect_tcp.*``); no such event means the
+        request went out on a pooled connection. On that connection the
+        server may have closed (or a middlebox dropped) the flow just as the
+        request left: the request then ends in ``RemoteProtocolError``
+        ("Server disconnected without sending a response"), ``ReadError``
+        (``ECONNRESET``) or ``WriteError``, unanswered. httpcore retries none
+        of those (only connects, with ``retries=``); we send again, and as
+        the broken connection is dropped from the pool, the last try is on a
+        new connection: the error reported is always that of a new one.
+        More than one try on pooled connections happens only when several
+        died at once (connections opened together, such as the first poll
+        and heartbeat, expire together). Timeouts are not retried: they
+        already took their time.
+        """
+        for _ in range(_POOLED):
+            opened = False
+
+            async def trace(event: str, info: Mapping[str, Any]) -> None:
+                nonlocal opened
+                if event.startswith("connection.connect_"):
+                    opened = True
+
+            try:
+                return await self._http.request(method, path, extensions={"trace": trace}, **kwargs)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if opened:
+                    raise
+                self.stale_retries += 1
+                log.debug("metadata server %s: %r on a reused connection; retrying", self.url, exc)
+        return await self._http.request(method, path, **kwargs)
 
     def _json(self, r: httpx.Response) -> dict[str, Any]:
         try:

@@ -43,7 +43,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge_gateway._http import ApiError, ListenAddress, error_response
+from edge_gateway._http import (
+    KEEP_ALIVE_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    ApiError,
+    ListenAddress,
+    error_response,
+    hypercorn_config,
+    receive_body,
+)
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
 from edge_gateway.metadata._db import (
     MetadataStore,
@@ -88,6 +96,11 @@ class MetadataServerConfig(ListenAddress):
     max_body_bytes: int = 64 << 10
     #: Upper bound on ``GET /v1/heads``'s ``wait_ms``.
     max_wait_ms: int = 60_000
+    #: Seconds an idle connection stays open: longer than the gateways' poll
+    #: and heartbeat intervals, and than their pools keep a connection (30 s).
+    keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
+    #: Seconds each read of a request body may wait for data (408 and close after).
+    read_timeout_s: float = READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -99,6 +112,9 @@ class MetadataServerConfig(ListenAddress):
             raise ConfigError("the admin token must be at least 16 characters long")
         if self.max_body_bytes < 1024:
             raise ConfigError("max_body_bytes must be at least 1 KiB")
+        for key in ("keep_alive_timeout_s", "read_timeout_s"):
+            if not 0 < getattr(self, key) < float("inf"):  # also refuses NaN
+                raise ConfigError(f"{key} must be a number of seconds > 0")
 
 
 # ------------------------------------------------------------------ heads
@@ -249,7 +265,13 @@ class MetadataApp:
 
         async def tracked_receive() -> Any:
             nonlocal body_done
-            message = await receive()
+            if body_done:  # only a disconnect is left to wait for: no deadline
+                return await receive()
+            try:
+                message = await receive_body(receive, self.config.read_timeout_s)
+            except ApiError:
+                body_done = True  # the 408 says Connection: close already
+                raise
             if message["type"] != "http.request" or not message.get("more_body", False):
                 body_done = True
             return message
@@ -645,15 +667,16 @@ def _int_param(text: str | None, name: str, lo: int, hi: int, *, default: int) -
 
 
 def _hypercorn_config(config: MetadataServerConfig) -> HypercornConfig:
-    from hypercorn.config import Config
-
-    cfg = Config()
-    cfg.bind = [config.listen]
-    cfg.worker_class = "trio"
-    cfg.accesslog = None
-    cfg.errorlog = logging.getLogger("edgegw.metadata.server")
-    cfg.graceful_timeout = GRACEFUL_TIMEOUT_S
-    cfg.include_server_header = False
+    # The keep-alive outlasts the gateways' pooled connections (see
+    # edge_gateway._http): with hypercorn's default of 5 s, equal to the
+    # gateways' poll interval, the server closed connections just as a
+    # gateway reused them and the gateway reported the server unreachable.
+    cfg = hypercorn_config(
+        config.listen,
+        errorlog="edgegw.metadata.server",
+        graceful_timeout=GRACEFUL_TIMEOUT_S,
+        keep_alive_timeout=config.keep_alive_timeout_s,
+    )
     if config.certfile is not None and config.keyfile is not None:
         cfg.certfile = str(config.certfile)
         cfg.keyfile = str(config.keyfile)
