@@ -82,8 +82,10 @@ async def serve_api(
 ) -> None:
     """Serve ``gateway``'s local API on ``api.listen`` until cancelled.
 
-    Reports ready (with the bound ``(host, port)``) once the socket listens,
-    after setting ``gateway._api_addr`` and writing ``<data_dir>/api.addr``.
+    Reports ready (with the bound ``(host, port)``) once the socket listens
+    and ``gateway._api_addr`` is set — before the gateway claims its region,
+    so a port that cannot be bound fences nobody; ``<data_dir>/api.addr`` is
+    written once the whole gateway is ready (requests get 503 until then).
     Cancelling it stops gracefully: long polls and ``ack=shipped`` waits end
     at once, idle keep-alive connections close, in-flight requests get up to
     :data:`GRACEFUL_TIMEOUT_S` to finish; then the address file is removed.
