@@ -18,6 +18,7 @@ import dataclasses
 import difflib
 import enum
 import ipaddress
+import json
 import os
 import re
 import tomllib
@@ -700,7 +701,10 @@ def _suggest(key: str, names: typing.Iterable[str]) -> str:
 def starter_config(region: str, data_dir: str = "edgegw-data") -> str:
     """A commented starter file (``edgegw init``); every key shows its default."""
     validate_region(region)
-    return _STARTER.format(region=region, data_dir=data_dir, port=DEFAULT_PORT)
+    # JSON's string escapes are valid in a TOML basic string: any path stays one value
+    return _STARTER.format(
+        region=region, data_dir=json.dumps(data_dir, ensure_ascii=False), port=DEFAULT_PORT
+    )
 
 
 _STARTER = """\
@@ -710,8 +714,9 @@ _STARTER = """\
 
 # This site's region name (letters, digits, '-', '_'; unique in the fleet).
 region = "{region}"
-# Journal, group offsets, shipper state (and the local bucket by default).
-data_dir = "{data_dir}"
+# Journal, group offsets, shipper state (and the local bucket by default: see
+# [bucket] before deleting this directory).
+data_dir = {data_dir}
 # Producing to an unknown topic creates it here with default_partitions.
 # auto_create = false
 # default_partitions = 1
@@ -735,6 +740,9 @@ data_dir = "{data_dir}"
 [bucket]
 # The shared bucket all regions ship to. The default is a local directory
 # (<data_dir>/bucket): enough for one machine and for trying edgegw out.
+# It lives INSIDE the data directory: deleting the data directory deletes the
+# bucket too, with every shipped record and the region's offsets. Set `path`
+# to a directory outside data_dir to keep the two apart.
 type = "local"
 # path = ""
 # prefix = ""

@@ -49,7 +49,13 @@ err_console = _Console(stderr=True, markup=False)
 
 
 def fail(message: str, code: int = 1) -> typer.Exit:
-    """Print ``error: <message>`` on one line of stderr and return the Exit to raise.
+    """Print ``error: <message>`` (:func:`error`) and return the Exit to raise."""
+    error(message)
+    return typer.Exit(code)
+
+
+def error(message: str) -> None:
+    """Print ``error: <message>`` on one line of stderr.
 
     The message is printed as is: never wrapped at the terminal's width (it
     stays one line for logs and scripts), and brackets in it are text, not
@@ -60,7 +66,6 @@ def fail(message: str, code: int = 1) -> typer.Exit:
         highlight=False,
         soft_wrap=True,
     )
-    return typer.Exit(code)
 
 
 def note(message: str) -> None:
