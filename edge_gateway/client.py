@@ -426,6 +426,17 @@ def read_addr_file(data_dir: str | os.PathLike[str]) -> str:
     return f"http://{addr}"
 
 
+def _base_url(url: str) -> str:
+    """``url`` without a trailing ``/``; :class:`InvalidInput` if it is not an http(s) URL."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidInput(f"{url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidInput(f"{url!r} is not an http:// or https:// URL with a host")
+    return url.rstrip("/")
+
+
 def _client_headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
@@ -448,7 +459,7 @@ class Client:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _base_url(base_url)
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -581,7 +592,7 @@ class AsyncClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _base_url(base_url)
         self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=self.base_url,

@@ -38,7 +38,7 @@ def connect(config: Path | None, url: str | None, token: str | None) -> Client:
     """
     from edge_gateway.client import Client, read_addr_file
     from edge_gateway.config import DEFAULT_PORT, load_config
-    from edge_gateway.errors import ConfigError, EdgeGatewayError
+    from edge_gateway.errors import EdgeGatewayError, InvalidInput
 
     try:
         if url is not None:
@@ -56,12 +56,13 @@ def connect(config: Path | None, url: str | None, token: str | None) -> Client:
                 how = f"the gateway of {path}"
                 if config is None:
                     how += " in this folder (no --url or --config given)"
-        note(f"gateway {url} ({how})")
-        return Client(url, token=token or os.environ.get("EDGEGW_API_TOKEN"))
-    except ConfigError as exc:
+        client = Client(url, token=token or os.environ.get("EDGEGW_API_TOKEN"))
+    except InvalidInput as exc:  # the config file, or --url
         raise fail(str(exc), 2) from None
     except EdgeGatewayError as exc:  # no api.addr: the gateway is not running
         raise fail(str(exc)) from None
+    note(f"gateway {url} ({how})")
+    return client
 
 
 def check_name(validate: Callable[[object], str], name: str) -> str:

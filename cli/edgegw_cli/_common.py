@@ -13,7 +13,11 @@ Every command prints through :data:`console` (stdout) and :data:`err_console`
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import socket
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -79,6 +83,36 @@ def reason(exc: BaseException) -> str:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         return f"{where}{exc.strerror}"
     return f"{type(exc).__name__}: {exc}"
+
+
+def fresh_dir(path: Path) -> None:
+    """Empty ``path`` (created if missing), or exit 2 saying why it cannot be."""
+    try:
+        if path.exists():
+            shutil.rmtree(path)
+        path.mkdir(parents=True)
+    except OSError as exc:
+        raise fail(f"cannot use {path} as the work directory: {reason(exc)}", 2) from None
+
+
+#: errno values of a bind that cannot succeed on this address (now).
+_BIND_ERRORS = {
+    errno.EADDRINUSE: "the address is already in use (another process listens on it)",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
+    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+}
+
+
+def bind_failure(exc: BaseException, key: str, listen: str) -> str | None:
+    """``<key>: cannot listen on <listen>: <why>`` when ``exc`` is a failed bind
+    (address in use, not on this machine, a host that does not resolve), else None."""
+    if isinstance(exc, socket.gaierror):
+        why = f"cannot resolve the host: {exc.strerror or exc}"
+    elif isinstance(exc, OSError) and exc.errno in _BIND_ERRORS:
+        why = _BIND_ERRORS[exc.errno]
+    else:
+        return None
+    return f"{key}: cannot listen on {listen}: {why}"
 
 
 def leaf(exc: BaseException) -> BaseException:

@@ -13,7 +13,6 @@ exits 0. No servers to install, under a minute.
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import threading
 import time
@@ -28,7 +27,7 @@ from rich.text import Text
 
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.telemetry import TelemetryGenerator, partition_for
-from edgegw_cli._common import console, fail
+from edgegw_cli._common import console, fail, fresh_dir
 from edgegw_cli._fleet import (
     BATCH_TYPE,
     FleetTopic,
@@ -144,9 +143,7 @@ def demo(
 
     Example: edgegw demo --records 50000
     """
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    fresh_dir(work_dir)
     bucket = (work_dir / "bucket").resolve()
     sites = [Site(region, (work_dir / region).resolve()) for region in REGIONS]
     console.print(

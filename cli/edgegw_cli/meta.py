@@ -21,7 +21,7 @@ from rich.table import Table
 
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
 from edgegw_cli._api import check_name
-from edgegw_cli._common import console, fail, leaf, reason
+from edgegw_cli._common import bind_failure, console, fail, leaf, reason
 
 serve_app = typer.Typer(help="The reference metadata server.", no_args_is_help=True)
 regions_app = typer.Typer(
@@ -91,7 +91,8 @@ def serve(
     except* ConfigError as group:
         raise fail(str(leaf(group)), EXIT_CONFIG) from None
     except* (EdgeGatewayError, OSError) as group:
-        raise fail(reason(leaf(group)), EXIT_FATAL) from None
+        exc = leaf(group)
+        raise fail(bind_failure(exc, "--listen", listen) or reason(exc), EXIT_FATAL) from None
 
 
 async def _serve(config: Any) -> None:

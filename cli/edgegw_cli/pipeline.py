@@ -165,7 +165,7 @@ def _run_job(
             )
         finally:
             spark.stop()
-    except EdgeGatewayError as exc:
+    except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
     return plan
 
@@ -237,6 +237,6 @@ def compact(
                     name, str(res.partitions), str(res.files_before), str(res.files_after),
                     str(res.rows),
                 )  # fmt: skip
-    except EdgeGatewayError as exc:
+    except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
     console.print(summary)

@@ -19,7 +19,6 @@ gap-free, and every mirror equals its source record for record.
 from __future__ import annotations
 
 import random
-import shutil
 import threading
 import time
 import tomllib
@@ -32,7 +31,7 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from edgegw_cli._common import console, fail
+from edgegw_cli._common import console, fail, fresh_dir
 from edgegw_cli._fleet import (
     FleetTopic,
     Site,
@@ -80,8 +79,10 @@ class Scenario:
 def load_scenario(path: Path) -> Scenario:
     try:
         doc: dict[str, Any] = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise fail(f"{path}: {exc}", code=2) from None
+    except OSError as exc:
+        raise fail(f"{path}: {exc.strerror or exc}", code=2) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise fail(f"{path}: not valid TOML: {exc}", code=2) from None
     try:
         regions = tuple(r["name"] for r in doc["regions"])
         topics = tuple(
@@ -218,9 +219,7 @@ def run(
     Example: edgegw scenario run scenarios/lte-blips.toml
     """
     sc = load_scenario(file)
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
-    work_dir.mkdir(parents=True)
+    fresh_dir(work_dir)
     bucket = (work_dir / "bucket").resolve()
     sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
     console.print(Text.assemble((f"scenario {sc.name}", "bold"), f": {sc.description}"))

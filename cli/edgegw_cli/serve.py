@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import signal
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,7 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 import typer
 
-from edgegw_cli._common import fail, leaf, reason
+from edgegw_cli._common import bind_failure, fail, leaf, reason
 
 if TYPE_CHECKING:
     from edge_gateway.config import GatewayConfig
@@ -61,14 +59,6 @@ def serve(
         raise fail(message, EXIT_FATAL) from None
 
 
-#: errno values of a bind that cannot succeed on this address (now).
-_BIND_ERRORS = {
-    errno.EADDRINUSE: "the address is already in use (another process listens on it)",
-    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
-    errno.EACCES: "permission denied (ports below 1024 need privileges)",
-}
-
-
 def _bind_failure(exc: BaseException, listen: str) -> str | None:
     """A one-line message naming ``api.listen`` when ``exc`` is the API's bind failing.
 
@@ -78,13 +68,7 @@ def _bind_failure(exc: BaseException, listen: str) -> str | None:
     """
     from edge_gateway.config import key_source
 
-    if isinstance(exc, socket.gaierror):
-        why = f"cannot resolve the host: {exc.strerror or exc}"
-    elif isinstance(exc, OSError) and exc.errno in _BIND_ERRORS:
-        why = _BIND_ERRORS[exc.errno]
-    else:
-        return None
-    return f"{key_source('api.listen')}: cannot listen on {listen}: {why}"
+    return bind_failure(exc, key_source("api.listen"), listen)
 
 
 class _BindFailureFilter(logging.Filter):
