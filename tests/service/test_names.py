@@ -86,3 +86,19 @@ def test_a_dotted_topic_auto_created_before_the_rule_still_works(tmp_path: Path)
     finally:
         code, log = server.stop(signal.SIGTERM)
     assert code == 0, log
+
+
+def test_the_client_refuses_bad_names_and_urls_before_sending() -> None:
+    # port 1: nothing listens, so anything sent would be Unavailable instead
+    with Client("http://127.0.0.1:1") as client:
+        with pytest.raises(InvalidName, match="has characters"):
+            client.produce("../x", ["v"])
+        with pytest.raises(InvalidName):
+            client.fetch("..", 0, 0)
+        with pytest.raises(InvalidInput, match="invalid consumer group 'a/b'"):
+            client.fetch_offsets("a/b")
+        with pytest.raises(InvalidInput, match=r"invalid consumer group '\.\.'"):
+            client.commit_offsets("..", {("t", 0): 1})
+    for url in ("notaurl", "ftp://host", "http://[::1"):
+        with pytest.raises(InvalidInput):
+            Client(url)
