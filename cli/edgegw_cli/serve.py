@@ -53,14 +53,14 @@ def serve(
     except* ConfigError as group:
         raise fail(str(leaf(group)), EXIT_CONFIG) from None
     except* (EdgeGatewayError, OSError) as group:
-        exc = leaf(group)
-        message = _bind_failure(exc, cfg.api.listen) or reason(exc)
+        message = _bind_failure(group, cfg.api.listen) or reason(leaf(group))
         log.error("fatal: %s", message)
         raise fail(message, EXIT_FATAL) from None
 
 
 def _bind_failure(exc: BaseException, listen: str) -> str | None:
-    """A one-line message naming ``api.listen`` when ``exc`` is the API's bind failing.
+    """A one-line message naming ``api.listen`` when ``exc`` (or the first
+    exception in it, if a group) is the API's bind failing.
 
     Exit code 1, not 2: the address is well formed (config load checks that),
     and what refuses it can pass (a process still holding the port, an
@@ -68,7 +68,19 @@ def _bind_failure(exc: BaseException, listen: str) -> str | None:
     """
     from edge_gateway.config import key_source
 
-    return bind_failure(exc, key_source("api.listen"), listen)
+    # Only an error raised inside the API's server: an outbound connection
+    # (bucket, metadata server) can fail with the same errno or gaierror.
+    # The server's frames may be on an enclosing group's traceback.
+    in_api = False
+    while True:
+        tb = exc.__traceback__
+        while tb is not None and not in_api:
+            in_api = str(tb.tb_frame.f_globals.get("__name__", "")).startswith("edge_gateway.api")
+            tb = tb.tb_next
+        if not isinstance(exc, BaseExceptionGroup):
+            break
+        exc = exc.exceptions[0]
+    return bind_failure(exc, key_source("api.listen"), listen) if in_api else None
 
 
 class _BindFailureFilter(logging.Filter):
@@ -82,7 +94,7 @@ class _BindFailureFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        message = _bind_failure(leaf(exc), self.listen) if exc is not None else None
+        message = _bind_failure(exc, self.listen) if exc is not None else None
         if message is not None:
             record.msg, record.args = f"{record.getMessage()}: {message}", None
             record.exc_info, record.exc_text = None, None

@@ -108,6 +108,16 @@ def test_serve_on_a_port_in_use(tmp_path: Path, server: str) -> None:
         assert_one_line_failure(res.returncode, res.stderr, "api.listen (from EDGEGW_API_LISTEN)")
 
 
+@pytest.mark.parametrize("server", ["hypercorn", "builtin"])
+def test_serve_on_an_address_of_another_machine(tmp_path: Path, server: str) -> None:
+    # 192.0.2.0/24 is reserved for documentation (RFC 5737): no interface has it
+    env = {"EDGEGW_API_SERVER": server, "EDGEGW_API_TOKEN": "t" * 20}
+    res = _serve(_config(tmp_path, listen="192.0.2.1:8470"), env=env)
+    line = assert_one_line_failure(res.returncode, res.stderr, "api.listen: cannot listen on")
+    assert "no interface of this machine has that address" in line
+    assert res.returncode == EXIT_FATAL
+
+
 @pytest.mark.parametrize(
     ("listen", "fragment"),
     [
