@@ -1,26 +1,38 @@
 # Two commands do all setup on a fresh machine with Python 3.11+:
-#   make run   - create .venv if missing, install, run the embedded demo
+#   make run   - create .venv if missing, install edgegw (runtime dependencies only), run the demo
 #   make test  - create/update .venv, install with test extras, lint, type-check, run the suite
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# One stamp per install: the demo needs no test, dev or pipeline extras
+# (pyspark alone is a 435 MiB download), so `make run` does not install them.
+STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
+RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
 .PHONY: run test lint typecheck pytest bench clean install
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "edgegw needs Python 3.11+"'
+	@echo "creating $(VENV) with $(PYTHON) and upgrading pip in it ..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP): $(BIN)/python pyproject.toml
+	@echo "installing edgegw with the test, dev and pipeline extras into $(VENV) (pip install -e '.[test,dev,pipeline]'; a few minutes on a fresh venv) ..."
 	$(BIN)/python -m pip install --quiet -e '.[test,dev,pipeline]'
-	rm -f $(VENV)/.installed-*
+	rm -f $(VENV)/.installed-all-*
 	touch $(STAMP)
+
+$(RUN_STAMP): $(BIN)/python pyproject.toml
+	@echo "installing edgegw and its runtime dependencies into $(VENV) (pip install -e .; about a minute on a fresh venv) ..."
+	$(BIN)/python -m pip install --quiet -e .
+	rm -f $(VENV)/.installed-run-*
+	touch $(RUN_STAMP)
 
 install: $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/edgegw demo
 
 lint: $(STAMP)

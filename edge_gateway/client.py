@@ -15,7 +15,9 @@ Errors are edgegw's own classes (:mod:`edge_gateway.errors`), chosen by the
 :class:`JournalFull`, other 4xx -> :class:`InvalidInput` (and its
 subclasses), a refused connection, a timeout or a 503 ->
 :class:`Unavailable`. Each error carries a note with the HTTP status, the
-code and, when the gateway sent one, ``Retry-After``.
+code and, when the gateway sent one, ``Retry-After``. A topic or consumer
+group name that breaks the naming rules (:mod:`edge_gateway.names`) raises
+:class:`InvalidName` / :class:`InvalidInput` before anything is sent.
 
 The client imports neither trio nor boto3: only httpx and the sans-IO batch
 encoding (``edge_gateway.format.batch``).
@@ -44,6 +46,7 @@ from edge_gateway.api.wire import (
 )
 from edge_gateway.errors import EdgeGatewayError, InvalidInput, Unavailable, WrongRegion
 from edge_gateway.format.batch import Record, encode_batch, iter_batches
+from edge_gateway.names import validate_group, validate_topic
 
 __all__ = [
     "DEFAULT_URL",
@@ -119,8 +122,19 @@ class _Call(NamedTuple):
 # ---------------------------------------------------------------- requests
 
 
-def _seg(name: str) -> str:
-    return quote(name, safe="")
+def _topic_seg(name: str) -> str:
+    """A topic name as a URL path segment; a bad name raises :class:`InvalidName` here.
+
+    Quoting alone is not enough: the server decodes ``%2F`` and resolves
+    ``..`` before routing, so ``../x`` would reach another route ("no such
+    route") instead of being refused as a name.
+    """
+    return quote(validate_topic(name), safe="")
+
+
+def _group_seg(name: str) -> str:
+    """A consumer group name as a URL path segment (see :func:`validate_group`)."""
+    return quote(validate_group(name), safe="")
 
 
 def _text_or_b64(data: Bytesish, field: str, doc: dict[str, Any]) -> None:
@@ -212,7 +226,7 @@ def _produce_call(
     body = json.dumps({"records": docs}, separators=(",", ":"), ensure_ascii=False)
     return _Call(
         "POST",
-        f"/v1/topics/{_seg(topic)}/records",
+        f"/v1/topics/{_topic_seg(topic)}/records",
         {"ack": ack} if ack != "local" else None,
         {"content-type": JSON_MEDIA_TYPE},
         body.encode("utf-8"),
@@ -240,7 +254,7 @@ def _batch_call(
         )
     return _Call(
         "POST",
-        f"/v1/topics/{_seg(topic)}/partitions/{int(partition)}/batches",
+        f"/v1/topics/{_topic_seg(topic)}/partitions/{int(partition)}/batches",
         {"ack": ack} if ack != "local" else None,
         {"content-type": BATCH_MEDIA_TYPE},
         body,
@@ -266,7 +280,7 @@ def _fetch_call(
         params["wait_ms"] = str(int(wait_ms))
     return _Call(
         "GET",
-        f"/v1/topics/{_seg(topic)}/partitions/{int(partition)}/records",
+        f"/v1/topics/{_topic_seg(topic)}/partitions/{int(partition)}/records",
         params,
         {"accept": BATCH_MEDIA_TYPE} if binary else None,
         None,
@@ -294,7 +308,7 @@ def _commit_call(
     body = json.dumps({"offsets": rows}, separators=(",", ":")).encode("utf-8")
     return _Call(
         "POST",
-        f"/v1/groups/{_seg(group)}/offsets",
+        f"/v1/groups/{_group_seg(group)}/offsets",
         None,
         {"content-type": JSON_MEDIA_TYPE},
         body,
@@ -412,6 +426,17 @@ def read_addr_file(data_dir: str | os.PathLike[str]) -> str:
     return f"http://{addr}"
 
 
+def _base_url(url: str) -> str:
+    """``url`` without a trailing ``/``; :class:`InvalidInput` if it is not an http(s) URL."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise InvalidInput(f"{url!r} is not a URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InvalidInput(f"{url!r} is not an http:// or https:// URL with a host")
+    return url.rstrip("/")
+
+
 def _client_headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
@@ -434,7 +459,7 @@ class Client:
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _base_url(base_url)
         self.timeout = timeout
         self._http = httpx.Client(
             base_url=self.base_url,
@@ -511,7 +536,7 @@ class Client:
         return topics
 
     def topic(self, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = _json(self._send(_Call("GET", f"/v1/topics/{_seg(name)}")))
+        doc: dict[str, Any] = _json(self._send(_Call("GET", f"/v1/topics/{_topic_seg(name)}")))
         return doc
 
     def status(self) -> dict[str, Any]:
@@ -537,7 +562,9 @@ class Client:
 
     def fetch_offsets(self, group: str, topic: str | None = None) -> list[GroupOffset]:
         params = {"topic": topic} if topic else None
-        return _group_offsets(self._send(_Call("GET", f"/v1/groups/{_seg(group)}/offsets", params)))
+        return _group_offsets(
+            self._send(_Call("GET", f"/v1/groups/{_group_seg(group)}/offsets", params))
+        )
 
     def close(self) -> None:
         self._http.close()
@@ -565,7 +592,7 @@ class AsyncClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_url = _base_url(base_url)
         self.timeout = timeout
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -644,7 +671,9 @@ class AsyncClient:
         return topics
 
     async def topic(self, name: str) -> dict[str, Any]:
-        doc: dict[str, Any] = _json(await self._send(_Call("GET", f"/v1/topics/{_seg(name)}")))
+        doc: dict[str, Any] = _json(
+            await self._send(_Call("GET", f"/v1/topics/{_topic_seg(name)}"))
+        )
         return doc
 
     async def status(self) -> dict[str, Any]:
@@ -670,7 +699,7 @@ class AsyncClient:
 
     async def fetch_offsets(self, group: str, topic: str | None = None) -> list[GroupOffset]:
         params = {"topic": topic} if topic else None
-        call = _Call("GET", f"/v1/groups/{_seg(group)}/offsets", params)
+        call = _Call("GET", f"/v1/groups/{_group_seg(group)}/offsets", params)
         return _group_offsets(await self._send(call))
 
     async def sync(self, *, pull: bool = True, wait_s: float | None = None) -> dict[str, Any]:

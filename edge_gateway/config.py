@@ -15,7 +15,10 @@ pass secrets without writing them into the file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
+import ipaddress
+import json
 import os
 import re
 import tomllib
@@ -28,9 +31,9 @@ from typing import Any, Literal
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
 from edge_gateway.bucket import S3Config
-from edge_gateway.errors import ConfigError, EdgeGatewayError
+from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
 from edge_gateway.journal import JournalConfig
-from edge_gateway.names import mirror_topic, validate_region, validate_topic
+from edge_gateway.names import mirror_topic, validate_home_topic, validate_region, validate_topic
 from edge_gateway.shipper import ShipperConfig
 
 __all__ = [
@@ -151,9 +154,7 @@ class ApiConfig(ListenAddress):
     read_timeout_s: float = READ_TIMEOUT_S
 
     def __post_init__(self) -> None:
-        host, _, port = self.listen.rpartition(":")
-        if not host or not port.isdigit() or int(port) > 65535:
-            raise ConfigError(f"api.listen: {self.listen!r} is not host:port")
+        _check_listen(self.listen, "api.listen")
         if not self.is_loopback and not self.token:
             raise ConfigError(
                 f"api.token: required when api.listen ({self.listen}) is not a loopback "
@@ -167,6 +168,38 @@ class ApiConfig(ListenAddress):
             value = getattr(self, key)
             if not 0 < value < float("inf"):  # also refuses NaN
                 raise ConfigError(f"api.{key} must be a number of seconds > 0, not {value!r}")
+
+
+# RFC 1123 labels, plus '_' (container runtimes' DNS resolves service names with it)
+_HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")
+
+
+def _check_listen(listen: str, key: str) -> None:
+    """Refuse a ``host:port`` that no socket could bind: what the syntax can tell.
+
+    Whether the host resolves, or the address belongs to this machine, is only
+    known at bind time (``edgegw serve`` names the key then too).
+    """
+    host, colon, port = listen.rpartition(":")
+    example = "like 127.0.0.1:8470, 0.0.0.0:8470 or [::1]:8470"
+    if not colon or not host:
+        raise ConfigError(f"{key}: {listen!r} is not host:port ({example})")
+    if not (port.isascii() and port.isdigit()) or int(port) > 65535:
+        raise ConfigError(f"{key}: {listen!r}: the port must be a number 0..65535")
+    if host.startswith("[") and host.endswith("]"):
+        try:
+            ipaddress.IPv6Address(host[1:-1])
+        except ValueError:
+            raise ConfigError(f"{key}: {host[1:-1]!r} is not an IPv6 address") from None
+    elif ":" in host:
+        raise ConfigError(f"{key}: {listen!r}: an IPv6 address goes in brackets ({example})")
+    elif re.fullmatch(r"[0-9.]+", host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ConfigError(f"{key}: {host!r} is not an IPv4 address") from None
+    elif len(host) > 253 or not all(_HOST_LABEL.fullmatch(x) for x in host.split(".")):
+        raise ConfigError(f"{key}: {host!r} is not a host name or IP address ({example})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -322,7 +355,10 @@ class GatewayConfig:
     topics: tuple[TopicConfig, ...] = ()
 
     def __post_init__(self) -> None:
-        validate_region(self.region)
+        try:
+            validate_region(self.region)
+        except InvalidName as exc:
+            raise ConfigError(f"region: {exc}") from None
         if not 1 <= self.default_partitions <= 100_000:
             raise ConfigError("default_partitions must be 1..100000")
         if self.shutdown_grace_s < 0:
@@ -387,19 +423,70 @@ def topology_sources(topics: typing.Iterable[TopicConfig], region: str) -> dict[
 def load_config(
     path: str | os.PathLike[str], env: Mapping[str, str] | None = None
 ) -> GatewayConfig:
-    """Read, override from the environment, validate. Raises :class:`ConfigError`."""
+    """Read, override from the environment, validate. Raises :class:`ConfigError`
+    whose message starts with the file's path (``edgegw.toml: journal.fsync: ...``)."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such config file (create one with `edgegw init`)") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{p}: is a directory, not a config file") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{p}: cannot read: {exc}") from None
+        raise ConfigError(f"{p}: cannot read: {_os_reason(exc)}") from None
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{p}: not valid TOML: {exc}") from None
-    return parse_config(doc, env=os.environ if env is None else env, base_dir=p.parent)
+    try:
+        return parse_config(doc, env=os.environ if env is None else env, base_dir=p.parent)
+    except ConfigError as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+
+
+def _os_reason(exc: OSError | UnicodeDecodeError) -> str:
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc)
+
+
+#: ``EDGEGW_*`` variables that are not config overrides: options of other
+#: commands (``envvar=`` in cli/edgegw_cli/). A config load accepts them and
+#: refuses any other ``EDGEGW_*`` name that is not a key's override, so a typo
+#: is caught instead of silently ignored. (``EDGEGW_API_TOKEN``,
+#: ``EDGEGW_METADATA_URL`` and ``EDGEGW_METADATA_TOKEN``, also read by CLI
+#: commands, are config keys' overrides.)
+NON_CONFIG_ENV: frozenset[str] = frozenset(
+    {
+        "EDGEGW_METADATA_ADMIN_TOKEN",  # edgegw metadata serve --admin-token
+        "EDGEGW_S3_ACCESS_KEY",  # edgegw pipeline run --access-key
+        "EDGEGW_S3_SECRET_KEY",  # edgegw pipeline run --secret-key
+    }
+)
+
+
+def env_overrides() -> dict[str, str]:
+    """Each config key's environment variable → the key (``EDGEGW_API_LISTEN`` → ``api.listen``)."""
+    out: dict[str, str] = {}
+    for f in dataclasses.fields(GatewayConfig):
+        if f.name == "topics":
+            continue
+        if _is_section(f.name):
+            for sub in dataclasses.fields(_section_class(f.name)):
+                out[f"{ENV_PREFIX}{f.name.upper()}_{sub.name.upper()}"] = f"{f.name}.{sub.name}"
+        else:
+            out[f"{ENV_PREFIX}{f.name.upper()}"] = f.name
+    return out
+
+
+def key_source(key: str, env: Mapping[str, str] | None = None) -> str:
+    """``key``, plus where its value came from when that was the environment:
+    ``api.listen (from EDGEGW_API_LISTEN)``. For messages about a loaded config."""
+    env = os.environ if env is None else env
+    for var, k in env_overrides().items():
+        if k == key and var in env:
+            return f"{key} (from {var})"
+    return key
 
 
 def parse_config(
@@ -408,28 +495,62 @@ def parse_config(
     env: Mapping[str, str] | None = None,
     base_dir: Path | None = None,
 ) -> GatewayConfig:
-    """Build a :class:`GatewayConfig` from a parsed TOML document."""
+    """Build a :class:`GatewayConfig` from a parsed TOML document and ``env``'s
+    ``EDGEGW_*`` overrides (an unknown ``EDGEGW_*`` name is an error)."""
     data = dict(doc)
     env = env or {}
-    sections = {f.name: f for f in dataclasses.fields(GatewayConfig) if _is_section(f.name)}
-    # Environment overrides, applied before validation so errors name the key.
-    for f in dataclasses.fields(GatewayConfig):
-        if f.name == "topics":
+    overrides = env_overrides()
+    _check_env_names(env, overrides)
+    # Environment overrides, applied before validation so errors name the key
+    # (and say that its value came from the environment).
+    from_env: dict[str, str] = {}
+    for var, key in overrides.items():
+        if var not in env:
             continue
-        if f.name in sections:
-            cls = _section_class(f.name)
-            sub_hints = typing.get_type_hints(cls)
-            table = dict(_table(data.get(f.name, {}), f.name))
-            for sub in dataclasses.fields(cls):
-                name = f"{ENV_PREFIX}{f.name.upper()}_{sub.name.upper()}"
-                if name in env:
-                    table[sub.name] = _from_env(env[name], sub_hints[sub.name])
-            if table:
-                data[f.name] = table
+        section, dot, sub = key.partition(".")
+        if dot:
+            table = dict(_table(data.get(section, {}), section))
+            table[sub] = _from_env(env[var], typing.get_type_hints(_section_class(section))[sub])
+            data[section] = table
         else:
-            name = f"{ENV_PREFIX}{f.name.upper()}"
-            if name in env:
-                data[f.name] = _from_env(env[name], typing.get_type_hints(GatewayConfig)[f.name])
+            data[key] = _from_env(env[var], typing.get_type_hints(GatewayConfig)[key])
+        from_env[key] = var
+    try:
+        return _parse(data, base_dir)
+    except ConfigError as exc:
+        raise ConfigError(_name_source(str(exc), from_env)) from None
+
+
+def _check_env_names(env: Mapping[str, str], overrides: Mapping[str, str]) -> None:
+    unknown = sorted(
+        var
+        for var in env
+        if var.startswith(ENV_PREFIX) and var not in overrides and var not in NON_CONFIG_ENV
+    )
+    if not unknown:
+        return
+    known = [v.removeprefix(ENV_PREFIX) for v in overrides]
+    hints = []
+    for var in unknown:
+        close = difflib.get_close_matches(var.removeprefix(ENV_PREFIX), known, n=1)
+        hints.append(f"{var}" + (f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""))
+    raise ConfigError(
+        f"unknown environment variable{'s' if len(unknown) > 1 else ''} {', '.join(hints)}: "
+        f"config keys are overridden as {ENV_PREFIX}<SECTION>_<KEY> (docs/configuration.md)"
+    )
+
+
+def _name_source(message: str, from_env: Mapping[str, str]) -> str:
+    """``message`` with "(from EDGEGW_...)" after the key it starts with, if that key's
+    value came from the environment."""
+    for key, var in from_env.items():
+        if message.startswith(key) and message[len(key) : len(key) + 1] in (":", " "):
+            return f"{key} (from {var}){message[len(key) :]}"
+    return message
+
+
+def _parse(data: Mapping[str, Any], base_dir: Path | None) -> GatewayConfig:
+    sections = {f.name: f for f in dataclasses.fields(GatewayConfig) if _is_section(f.name)}
     if "region" not in data:
         raise ConfigError("region: required (this gateway's region name)")
     kwargs: dict[str, Any] = {}
@@ -485,7 +606,12 @@ def _topics(value: object) -> tuple[TopicConfig, ...]:
         table = _table(row, where)
         if "subscribers" in table and isinstance(table["subscribers"], str):
             table = {**table, "subscribers": [table["subscribers"]]}
-        out.append(_build(TopicConfig, table, where))
+        topic: TopicConfig = _build(TopicConfig, table, where)
+        try:
+            validate_home_topic(topic.name)  # stricter than TopicConfig: see names.py
+        except InvalidName as exc:
+            raise ConfigError(f"{where}.name: {exc}") from None
+        out.append(topic)
     return tuple(out)
 
 
@@ -577,8 +703,6 @@ def _from_env(text: str, hint: Any) -> object:
 
 
 def _suggest(key: str, names: typing.Iterable[str]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(key, list(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -586,7 +710,10 @@ def _suggest(key: str, names: typing.Iterable[str]) -> str:
 def starter_config(region: str, data_dir: str = "edgegw-data") -> str:
     """A commented starter file (``edgegw init``); every key shows its default."""
     validate_region(region)
-    return _STARTER.format(region=region, data_dir=data_dir, port=DEFAULT_PORT)
+    # JSON's string escapes are valid in a TOML basic string: any path stays one value
+    return _STARTER.format(
+        region=region, data_dir=json.dumps(data_dir, ensure_ascii=False), port=DEFAULT_PORT
+    )
 
 
 _STARTER = """\
@@ -596,8 +723,9 @@ _STARTER = """\
 
 # This site's region name (letters, digits, '-', '_'; unique in the fleet).
 region = "{region}"
-# Journal, group offsets, shipper state (and the local bucket by default).
-data_dir = "{data_dir}"
+# Journal, group offsets, shipper state (and the local bucket by default: see
+# [bucket] before deleting this directory).
+data_dir = {data_dir}
 # Producing to an unknown topic creates it here with default_partitions.
 # auto_create = false
 # default_partitions = 1
@@ -621,6 +749,9 @@ data_dir = "{data_dir}"
 [bucket]
 # The shared bucket all regions ship to. The default is a local directory
 # (<data_dir>/bucket): enough for one machine and for trying edgegw out.
+# It lives INSIDE the data directory: deleting the data directory deletes the
+# bucket too, with every shipped record and the region's offsets. Set `path`
+# to a directory outside data_dir to keep the two apart.
 type = "local"
 # path = ""
 # prefix = ""

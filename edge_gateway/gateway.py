@@ -62,7 +62,7 @@ from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import Journal, open_journal
 from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage
-from edge_gateway.names import validate_topic
+from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper
 from edge_gateway.supervisor import Supervisor, TaskHealth
 
@@ -337,11 +337,18 @@ class Gateway:
                     f"produce to it in region {home!r}",
                     home,
                 )
-            if "." in topic and topic.split(".", 1)[0] != self.region:
+            # One rule (edge_gateway/names.py): a name with '.' is a mirror topic
+            # <region>.<topic>, never a topic homed here, so it is not auto-created.
+            source = split_mirror_topic(topic)
+            if source is not None:
+                region, name = source
+                there = "here" if region == self.region else f"in region {region!r}"
                 raise ReadOnlyTopic(
-                    f"topic {topic!r} is not homed in region {self.region!r}; produce to it "
-                    f"in region {topic.split('.', 1)[0]!r}"
+                    f"topic {topic!r} is a mirror topic name (<region>.<topic>; mirrors are "
+                    f"read-only and topics homed here may not contain '.'): produce to "
+                    f"{name!r} {there}"
                 )
+            validate_home_topic(topic)
             if not self.config.auto_create:
                 where = (
                     "create it on the metadata server (edgegw topics create)"

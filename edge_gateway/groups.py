@@ -16,7 +16,7 @@ from pathlib import Path
 import trio
 
 from edge_gateway.errors import ClosedError, InvalidInput
-from edge_gateway.names import validate_topic
+from edge_gateway.names import validate_group, validate_topic
 
 __all__ = ["CommittedOffset", "GroupStore"]
 
@@ -31,7 +31,6 @@ CREATE TABLE IF NOT EXISTS offsets (
     PRIMARY KEY (grp, topic, part)
 ) WITHOUT ROWID;
 """
-MAX_GROUP_LEN = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,14 +41,6 @@ class CommittedOffset:
     offset: int
     metadata: str
     committed_ms: int
-
-
-def validate_group(group: str) -> str:
-    if not group or len(group) > MAX_GROUP_LEN or not group.isprintable() or "/" in group:
-        raise InvalidInput(
-            f"invalid consumer group {group!r}: 1..{MAX_GROUP_LEN} printable characters, no '/'"
-        )
-    return group
 
 
 class GroupStore:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -23,7 +22,7 @@ import httpx
 
 from edge_gateway.datadir import DirectoryLock, holder_of, lock_directory
 from edge_gateway.errors import InUse
-from edgegw_cli._common import fail
+from edgegw_cli._common import fail, fresh_dir, reason
 
 BATCH_TYPE = "application/vnd.edgegw.batch"
 
@@ -34,18 +33,24 @@ def claim_work_dir(work_dir: Path, role: str) -> DirectoryLock:
     A second run on the same directory, or a gateway left running by a run
     that was killed, would lose its files under it: refuse instead.
     """
-    dirs = [work_dir, *(p for p in work_dir.iterdir() if p.is_dir())] if work_dir.exists() else []
-    for d in dirs:
-        holder = holder_of(d)
-        if holder is not None:
-            busy = InUse(d, holder if holder.pid is not None else None)
-            raise fail(f"{busy}; stop it, or give this run another --dir")
-    if work_dir.exists():
-        shutil.rmtree(work_dir)
+    try:
+        dirs = (
+            [work_dir, *(p for p in work_dir.iterdir() if p.is_dir())] if work_dir.is_dir() else []
+        )
+        for d in dirs:
+            holder = holder_of(d)
+            if holder is not None:
+                busy = InUse(d, holder if holder.pid is not None else None)
+                raise fail(f"{busy}; stop it, or give this run another --dir")
+    except OSError as exc:
+        raise fail(f"cannot use {work_dir} as the work directory: {reason(exc)}", 2) from None
+    fresh_dir(work_dir)
     try:
         return lock_directory(work_dir, role)
     except InUse as exc:  # another run started in between
         raise fail(f"{exc}; give this run another --dir") from None
+    except OSError as exc:
+        raise fail(f"cannot use {work_dir} as the work directory: {reason(exc)}", 2) from None
 
 
 @dataclass(frozen=True)

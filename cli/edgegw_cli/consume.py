@@ -6,13 +6,15 @@ import base64
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from edge_gateway.errors import EdgeGatewayError
-from edge_gateway.format.batch import Record
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
+from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
 from edgegw_cli._common import fail
+
+if TYPE_CHECKING:
+    from edge_gateway.format.batch import Record
 
 
 def _text(data: bytes | None) -> dict[str, str | None]:
@@ -62,12 +64,23 @@ def consume(
 
     Example: edgegw consume south.telemetry --from-beginning --follow --group dashboard
     """
+    from edge_gateway.errors import EdgeGatewayError
+    from edge_gateway.names import validate_group, validate_topic
+
+    check_name(validate_topic, topic)
+    if group is not None:
+        check_name(validate_group, group)
     out = sys.stdout.buffer
     printed = 0
     with connect(config, url, token) as client:
         try:
             info = client.topic(topic)
             parts = partition or [p["partition"] for p in info["partitions"]]
+            for p in set(parts) - {p["partition"] for p in info["partitions"]}:
+                # No such partition: let the gateway say so (400, with the
+                # partition count), instead of silently reading nothing.
+                client.fetch(topic, p, 0)
+                raise fail(f"topic {topic!r} has no partition {p}", 2)
             committed = {}
             if group:
                 committed = {o.partition: o.offset for o in client.fetch_offsets(group, topic)}

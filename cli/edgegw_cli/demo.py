@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.telemetry import TelemetryGenerator, partition_for
@@ -147,8 +148,11 @@ def demo(
     bucket = (work_dir / "bucket").resolve()
     sites = [Site(region, (work_dir / region).resolve()) for region in REGIONS]
     console.print(
-        "[bold]edgegw demo[/]: a metadata server and two gateways (north, south) sharing a "
-        f"local bucket at {bucket}; each homes a topic the other mirrors"
+        Text.assemble(
+            ("edgegw demo", "bold"),
+            ": a metadata server and two gateways (north, south) sharing a "
+            f"local bucket at {bucket}; each homes a topic the other mirrors",
+        )
     )
     t0 = time.monotonic()
     north, south = sites
@@ -205,7 +209,8 @@ def demo(
         codes = {s.region: s.stop() for s in sites}
         codes["metadata"] = meta.stop()
     table = Table(title=f"edgegw demo: 2 regions, {records:,} telemetry records each")
-    for col in ("home", "topic", "records", "MB", "objects", "MB stored", "ratio", "mirror", "lag"):
+    columns = ("home", "topic", "records", "MiB", "objects", "MiB stored", "ratio", "mirror", "lag")
+    for col in columns:
         table.add_column(col, justify="right" if col not in ("home", "topic") else "left")
     for site, other in ((north, south), (south, north)):
         n, size = produced[site.region]
@@ -214,9 +219,9 @@ def demo(
             site.region,
             _topic(site).name,
             f"{n:,}",
-            f"{size / 1e6:.1f}",
+            f"{size / 2**20:.1f}",
             str(objects),
-            f"{wire / 1e6:.2f}",
+            f"{wire / 2**20:.2f}",
             f"{size / wire:.1f}x" if wire else "-",
             other.region,
             f"{converge[other.region]:.2f}s",
@@ -236,9 +241,14 @@ def demo(
     if any(code != 0 for code in codes.values()):
         raise fail(f"processes exited with {codes}; see the logs in {work_dir}")
     console.print(
-        f"[green]mirrors equal their sources record for record; both gateways and the "
-        f"metadata server stopped cleanly[/] ({time.monotonic() - t0:.1f}s; data and logs in "
-        f"{work_dir})"
+        Text.assemble(
+            (
+                "mirrors equal their sources record for record; both gateways and the "
+                "metadata server stopped cleanly",
+                "green",
+            ),
+            f" ({time.monotonic() - t0:.1f}s; data and logs in {work_dir})",
+        )
     )
 
 

@@ -19,18 +19,25 @@ def init(
 
     Example: edgegw init --region factory-7 --config /etc/edgegw/edgegw.toml
     """
+    import tomllib
+
     from edge_gateway.config import parse_config, starter_config
     from edge_gateway.errors import InvalidInput
 
     try:
         text = starter_config(region, data_dir)
-    except InvalidInput as exc:
-        raise fail(str(exc)) from None
-    import tomllib
-
-    parse_config(tomllib.loads(text))  # the starter must always be valid
+        parse_config(tomllib.loads(text))  # the starter must always be valid
+    except (InvalidInput, tomllib.TOMLDecodeError) as exc:
+        raise fail(str(exc), 2) from None
+    if path.is_dir():
+        raise fail(f"{path} is a directory: give the config file's path", 2)
     if path.exists() and not force:
         raise fail(f"{path} exists (use --force to overwrite)")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-    console.print(f"wrote {path}; start the gateway with: edgegw serve --config {path}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    except OSError as exc:
+        raise fail(f"cannot write {path}: {exc.strerror or exc}") from None
+    console.print(
+        f"wrote {path}; start the gateway with: edgegw serve --config {path}", highlight=False
+    )

@@ -19,7 +19,9 @@ import trio
 import typer
 from rich.table import Table
 
-from edgegw_cli._common import console, fail
+from edge_gateway.names import validate_home_topic, validate_region, validate_topic
+from edgegw_cli._api import check_name
+from edgegw_cli._common import bind_failure, console, fail, leaf, reason
 
 serve_app = typer.Typer(help="The reference metadata server.", no_args_is_help=True)
 regions_app = typer.Typer(
@@ -87,9 +89,10 @@ def serve(
     try:
         trio.run(_serve, config)
     except* ConfigError as group:
-        raise fail(str(_leaf(group)), EXIT_CONFIG) from None
+        raise fail(str(leaf(group)), EXIT_CONFIG) from None
     except* (EdgeGatewayError, OSError) as group:
-        raise fail(f"{type(_leaf(group)).__name__}: {_leaf(group)}", EXIT_FATAL) from None
+        exc = leaf(group)
+        raise fail(bind_failure(exc, "--listen", listen) or reason(exc), EXIT_FATAL) from None
 
 
 async def _serve(config: Any) -> None:
@@ -103,12 +106,6 @@ async def _serve(config: Any) -> None:
                 log.info("%s: stopping", signal.Signals(signum).name)
                 nursery.cancel_scope.cancel()
                 break
-
-
-def _leaf(exc: BaseException) -> BaseException:
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 # ----------------------------------------------------------------- client
@@ -197,6 +194,7 @@ def topics_list(metadata: str, token: str | None, as_json: bool) -> None:
 
 def topics_describe(topic: str, metadata: str, token: str | None) -> None:
     """Print one topic's routing (``edgegw topics describe --metadata``)."""
+    check_name(validate_topic, topic)
     with _Admin(metadata, token) as m:
         t = m.call("GET", f"/v1/topics/{_quote(topic)}")
     console.print(_topic_table([t], t["name"]))
@@ -217,6 +215,8 @@ def topics_create(
 
     Example: edgegw topics create telemetry --home north -p 4 -s south,east
     """
+    check_name(validate_home_topic, topic)
+    check_name(validate_region, home)
     body: dict[str, Any] = {"name": topic, "home": home, "partitions": partitions}
     subs = _parse_subscribers(subscribers)
     if subs is not None:
@@ -245,6 +245,7 @@ def topics_alter(
 
     Example: edgegw topics alter telemetry -p 8 -s '*'
     """
+    check_name(validate_topic, topic)
     body: dict[str, Any] = {}
     if partitions is not None:
         body["partitions"] = partitions
@@ -274,6 +275,7 @@ def topics_delete(
 
     Example: edgegw topics delete telemetry --yes
     """
+    check_name(validate_topic, topic)
     if not yes and not typer.confirm(f"delete topic {topic!r} from the routing table?"):
         raise typer.Exit(1)
     with _Admin(metadata, token) as m:
@@ -325,6 +327,7 @@ def regions_add(
 
     Example: edgegw regions add north
     """
+    check_name(validate_region, region)
     with _Admin(metadata, token) as m:
         doc = m.call("POST", "/v1/regions", {"id": region})
     typer.echo(f"region {doc['id']} added; its token (shown once):", err=True)
@@ -341,6 +344,7 @@ def regions_revoke(
 
     Example: edgegw regions revoke north
     """
+    check_name(validate_region, region)
     with _Admin(metadata, token) as m:
         m.call("DELETE", f"/v1/regions/{_quote(region)}")
     console.print(f"revoked region {region}", highlight=False)

@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from edge_gateway.errors import EdgeGatewayError
-from edgegw_cli._common import console, err_console, fail, reason
+from edgegw_cli._common import console, error, fail, reason
 
 app = typer.Typer(help="Bucket -> Iceberg/Parquet tables with PySpark.", no_args_is_help=True)
 
@@ -44,7 +44,9 @@ def _parse_kv(items: list[str], what: str) -> dict[str, str | None]:
 
 @app.command("run")
 def run(
-    bucket: str = typer.Option(..., help="A local-directory bucket, or s3://bucket[/prefix]."),
+    bucket: str = typer.Option(
+        ..., help="A local-directory bucket, or s3://BUCKET or s3://BUCKET/PREFIX."
+    ),
     warehouse: Path = typer.Option(..., help="Directory of the tables (and the SQLite catalog)."),
     master: str = typer.Option("local[*]", help="Spark master: local[*], spark://host:7077, ..."),
     catalog: str | None = typer.Option(
@@ -101,7 +103,7 @@ def _write_metrics(path: Path, plan: Any, started: float) -> None:
         write_metrics(path, plan, ok=plan is not None, started=started, finished=time.time())
     except OSError as exc:
         # said, not raised: the run's own outcome (and exit code) stands
-        err_console.print(f"error: cannot write the metrics file {path}: {exc}", highlight=False)
+        error(f"cannot write the metrics file {path}: {reason(exc)}")
 
 
 def _run_job(
@@ -163,7 +165,7 @@ def _run_job(
             )
         finally:
             spark.stop()
-    except EdgeGatewayError as exc:
+    except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
     return plan
 
@@ -235,6 +237,6 @@ def compact(
                     name, str(res.partitions), str(res.files_before), str(res.files_after),
                     str(res.rows),
                 )  # fmt: skip
-    except EdgeGatewayError as exc:
+    except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
     console.print(summary)

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
-from edge_gateway.errors import EdgeGatewayError
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
-from edgegw_cli._common import console, fail
+from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
+from edgegw_cli._common import console, fail, reason
 
 
-def _batches(stream: IO[bytes], size: int, on_bytes: object) -> Iterator[list[bytes]]:
+def _batches(
+    stream: IO[bytes], size: int, on_bytes: Callable[[int], object] | None
+) -> Iterator[list[bytes]]:
     batch: list[bytes] = []
     for line in stream:
-        if callable(on_bytes):
+        if on_bytes is not None:
             on_bytes(len(line))
         value = line.rstrip(b"\r\n")
         if not value:
@@ -46,33 +47,65 @@ def produce(
 
     Example: tail -F /var/log/sensor.jsonl | edgegw produce telemetry --key sensor-7
     """
+    from edge_gateway.errors import EdgeGatewayError
+    from edge_gateway.names import validate_topic
+
     if ack not in ("local", "shipped"):
         raise fail("--ack must be local or shipped", code=2)
-    total = 0
-    with connect(config, url, token) as client:
+    check_name(validate_topic, topic)
+    fh: IO[bytes] = sys.stdin.buffer
+    if file is not None:
         try:
-            if file is None:
-                for values in _batches(sys.stdin.buffer, batch, None):
-                    res = client.produce(topic, values, key=key, partition=partition, ack=ack)  # type: ignore[arg-type]
-                    total += len(res.offsets)
-            else:
-                size = file.stat().st_size
-                with (
-                    open(file, "rb") as fh,
-                    Progress(
-                        TextColumn(f"[bold]{file.name}[/]"),
-                        BarColumn(),
-                        DownloadColumn(),
-                        TransferSpeedColumn(),
-                        TextColumn("{task.fields[records]:,} records"),
-                        console=console,
-                    ) as progress,
-                ):
-                    task = progress.add_task("produce", total=size, records=0)
-                    for values in _batches(fh, batch, lambda n: progress.advance(task, n)):
-                        res = client.produce(topic, values, key=key, partition=partition, ack=ack)  # type: ignore[arg-type]
-                        total += len(res.offsets)
-                        progress.update(task, records=total)
-        except EdgeGatewayError as exc:
-            raise fail(f"after {total:,} records: {exc}") from None
+            fh = open(file, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise fail(f"--file: {reason(exc)}", code=2) from None
+    total = 0
+    try:
+        with connect(config, url, token) as client:
+
+            def send(values: list[bytes]) -> None:
+                nonlocal total
+                res = client.produce(topic, values, key=key, partition=partition, ack=ack)  # type: ignore[arg-type]
+                total += len(res.offsets)
+
+            try:
+                if file is None:
+                    for values in _batches(fh, batch, None):
+                        send(values)
+                else:
+                    _produce_file(fh, file.name, batch, send, lambda: total)
+            except EdgeGatewayError as exc:
+                raise fail(f"after {total:,} records: {exc}") from None
+            except OSError as exc:  # reading the file (an I/O error, a FIFO gone)
+                raise fail(f"after {total:,} records: {reason(exc)}") from None
+    finally:
+        if fh is not sys.stdin.buffer:
+            fh.close()
     console.print(f"produced {total:,} records to {topic}", highlight=False)
+
+
+def _produce_file(
+    fh: IO[bytes],
+    name: str,
+    batch: int,
+    send: Callable[[list[bytes]], None],
+    total: Callable[[], int],
+) -> None:
+    from rich.progress import BarColumn, Progress, TextColumn
+
+    from edgegw_cli._common import BytesColumn, SpeedColumn
+
+    size = os.fstat(fh.fileno()).st_size
+    with Progress(
+        # the name goes through a task field: brackets or braces in it are text
+        TextColumn("{task.fields[name]}", style="bold", markup=False),
+        BarColumn(),
+        BytesColumn(),
+        SpeedColumn(),
+        TextColumn("{task.fields[records]:,} records", markup=False),
+        console=console,
+    ) as progress:
+        task = progress.add_task("produce", total=size or None, records=0, name=name)
+        for values in _batches(fh, batch, lambda n: progress.advance(task, n)):
+            send(values)
+            progress.update(task, records=total())

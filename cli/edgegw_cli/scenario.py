@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from edgegw_cli._common import console, fail
 from edgegw_cli._fleet import (
@@ -79,8 +80,10 @@ class Scenario:
 def load_scenario(path: Path) -> Scenario:
     try:
         doc: dict[str, Any] = tomllib.loads(path.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise fail(f"{path}: {exc}", code=2) from None
+    except OSError as exc:
+        raise fail(f"{path}: {exc.strerror or exc}", code=2) from None
+    except tomllib.TOMLDecodeError as exc:
+        raise fail(f"{path}: not valid TOML: {exc}", code=2) from None
     try:
         regions = tuple(r["name"] for r in doc["regions"])
         topics = tuple(
@@ -220,7 +223,7 @@ def run(
     _work_lock = claim_work_dir(work_dir, "scenario")  # held while this run lasts
     bucket = (work_dir / "bucket").resolve()
     sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
-    console.print(f"[bold]scenario {sc.name}[/]: {sc.description}")
+    console.print(Text.assemble((f"scenario {sc.name}", "bold"), f": {sc.description}"))
     stop = threading.Event()
     producers: list[Producer] = []
     timers: list[threading.Timer] = []
@@ -274,8 +277,10 @@ def run(
     if any(c != 0 for c in codes.values()):
         raise fail(f"gateways exited with {codes}; logs in {work_dir}")
     console.print(
-        f"[green]scenario {sc.name} passed[/]: every acknowledged record present once, in "
-        "order; every mirror equals its source"
+        Text.assemble(
+            (f"scenario {sc.name} passed", "green"),
+            ": every acknowledged record present once, in order; every mirror equals its source",
+        )
     )
 
 
@@ -303,13 +308,13 @@ def _report(
     lag: dict[str, float],
 ) -> None:
     table = Table(title=f"scenario {sc.name}")
-    for col in ("region", "records acked", "producer retries", "log objects", "MB in bucket"):
+    for col in ("region", "records acked", "producer retries", "log objects", "MiB in bucket"):
         table.add_column(col, justify="left" if col == "region" else "right")
     for r in sites:
         acked = sum(len(p.acked) for p in producers if p.w.region == r)
         retries = sum(p.retries for p in producers if p.w.region == r)
         objects, size = bucket_figures(bucket, r)
-        table.add_row(r, f"{acked:,}", str(retries), str(objects), f"{size / 1e6:.2f}")
+        table.add_row(r, f"{acked:,}", str(retries), str(objects), f"{size / 2**20:.2f}")
     console.print(table)
     for k, v in sorted(lag.items()):
         console.print(f"  {k} converged {v:.2f}s after the end", highlight=False)

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import trio
 import typer
 
-from edgegw_cli._common import err_console, fail, leaf, reason
+from edgegw_cli._common import bind_failure, fail, leaf, reason
 
 if TYPE_CHECKING:
     from edge_gateway.config import GatewayConfig
@@ -38,30 +38,71 @@ def serve(
     from edge_gateway.logs import configure_logging
 
     try:
-        cfg = load_config(config)
+        cfg = load_config(config)  # its errors start with the file's name
     except ConfigError as exc:
-        err_console.print(f"[red]error:[/red] {config}: {exc}")
-        raise typer.Exit(EXIT_CONFIG) from None
+        raise fail(str(exc), EXIT_CONFIG) from None
     configure_logging(cfg.log.level, cfg.log.format)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_BindFailureFilter(cfg.api.listen))
     try:
         trio.run(_serve, cfg)
     except* Fenced as group:
         msg = str(leaf(group))
         log.error("fenced: %s", msg)
-        err_console.print(f"[red]fenced:[/red] {msg}")
-        raise typer.Exit(EXIT_FENCED) from None
+        raise fail(f"fenced: {msg}", EXIT_FENCED) from None
     except* InUse as group:
         msg = f"{leaf(group)}; one gateway per data directory: stop that one first"
         log.error("%s", msg)
         raise fail(msg) from None
     except* ConfigError as group:
-        err_console.print(f"[red]config error:[/red] {leaf(group)}")
-        raise typer.Exit(EXIT_CONFIG) from None
+        raise fail(str(leaf(group)), EXIT_CONFIG) from None
     except* (EdgeGatewayError, OSError) as group:
-        exc = leaf(group)
-        assert isinstance(exc, EdgeGatewayError | OSError)
-        log.error("fatal: %s", reason(exc))
-        raise fail(reason(exc)) from None
+        message = _bind_failure(group, cfg.api.listen) or reason(leaf(group))
+        log.error("fatal: %s", message)
+        raise fail(message, EXIT_FATAL) from None
+
+
+def _bind_failure(exc: BaseException, listen: str) -> str | None:
+    """A one-line message naming ``api.listen`` when ``exc`` (or the first
+    exception in it, if a group) is the API's bind failing.
+
+    Exit code 1, not 2: the address is well formed (config load checks that),
+    and what refuses it can pass (a process still holding the port, an
+    interface not up yet at boot), so a supervisor may retry.
+    """
+    from edge_gateway.config import key_source
+
+    # Only an error raised inside the API's server: an outbound connection
+    # (bucket, metadata server) can fail with the same errno or gaierror.
+    # The server's frames may be on an enclosing group's traceback.
+    in_api = False
+    while True:
+        tb = exc.__traceback__
+        while tb is not None and not in_api:
+            in_api = str(tb.tb_frame.f_globals.get("__name__", "")).startswith("edge_gateway.api")
+            tb = tb.tb_next
+        if not isinstance(exc, BaseExceptionGroup):
+            break
+        exc = exc.exceptions[0]
+    return bind_failure(exc, key_source("api.listen"), listen) if in_api else None
+
+
+class _BindFailureFilter(logging.Filter):
+    """Log a failed bind of the API as the one line serve prints, without the
+    traceback the gateway attaches to a failed service: the operator needs the
+    key and the reason, not 40 lines of trio and hypercorn frames."""
+
+    def __init__(self, listen: str) -> None:
+        super().__init__()
+        self.listen = listen
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        message = _bind_failure(exc, self.listen) if exc is not None else None
+        if message is not None:
+            record.msg, record.args = f"{record.getMessage()}: {message}", None
+            record.exc_info, record.exc_text = None, None
+        return True
 
 
 async def _serve(cfg: GatewayConfig) -> None:

@@ -11,9 +11,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from edge_gateway.errors import EdgeGatewayError
 from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
-from edgegw_cli._common import console, fail
+from edgegw_cli._common import console, fail, human_bytes
 
 
 def _ago(ms: int | None) -> str:
@@ -23,8 +22,8 @@ def _ago(ms: int | None) -> str:
     return f"{s:.1f}s ago" if s < 120 else f"{s / 60:.0f} min ago"
 
 
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB"
+def _red(text: str) -> Text:
+    return Text(text, style="red")
 
 
 def status(
@@ -37,6 +36,8 @@ def status(
 
     Example: edgegw status --config /etc/edgegw/edgegw.toml
     """
+    from edge_gateway.errors import EdgeGatewayError
+
     with connect(config, url, token) as client:
         try:
             doc = client.status()
@@ -57,9 +58,9 @@ def render(doc: dict[str, Any]) -> None:
     head.add_row("bucket", doc["bucket"])
     meta = doc.get("metadata")
     if meta:
-        line = meta["describe"].removeprefix("metadata: ")
+        line = Text(meta["describe"].removeprefix("metadata: "))
         if meta.get("last_error"):
-            line += f" [red]({meta['last_error']})[/]"
+            line.append(f" ({meta['last_error']})", style="red")
         head.add_row("metadata", line)
         relay = meta.get("relay") or {}
         if relay.get("enabled"):
@@ -71,24 +72,24 @@ def render(doc: dict[str, Any]) -> None:
             )
     head.add_row(
         "journal",
-        f"{_mb(j['bytes'])} of {_mb(j['max_bytes'])} ({j['segments']} segments), "
+        f"{human_bytes(j['bytes'])} of {human_bytes(j['max_bytes'])} ({j['segments']} segments), "
         f"next LSN {j['next_lsn']}",
     )
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     head.add_row("shipper", claim)
     head.add_row(
         "shipped",
-        f"{s['objects']} objects, {_mb(s['wire_bytes'])}, last {_ago(s['last_ship_ms'])}; "
+        f"{s['objects']} objects, {human_bytes(s['wire_bytes'])}, last {_ago(s['last_ship_ms'])}; "
         f"{s['pending_lsns']} journal entries pending",
     )
     if s.get("last_error"):
-        head.add_row("ship error", f"[red]{s['last_error']}[/]")
+        head.add_row("ship error", _red(s["last_error"]))
     for t in doc.get("tasks", []):
         if t["degraded"]:
             when = f"restarts in {t['restart_in_s']}s" if t["state"] == "restarting" else "running"
             head.add_row(
                 f"degraded: {t['name']}",
-                Text(f"{t['failures']} failures ({when}); last: {t['last_error']}", style="red"),
+                _red(f"{t['failures']} failures ({when}); last: {t['last_error']}"),
             )
     console.print(head)
 
@@ -125,10 +126,10 @@ def render(doc: dict[str, Any]) -> None:
                 src,
                 m["state"],
                 str(m["next_seq"]),
-                f"{m['entries_behind']} entries, {_mb(m['bytes_behind'])}, "
+                f"{m['entries_behind']} entries, {human_bytes(m['bytes_behind'])}, "
                 f"{m.get('seconds_behind', 0):.0f}s",
                 f"{eta:.0f}s" if eta is not None else "-",
                 f"{m['records']:,}",
-                "[red]" + "; ".join(problems) + "[/]" if problems else "ok",
+                _red("; ".join(problems)) if problems else "ok",
             )
         console.print(table)

@@ -16,7 +16,8 @@ import typer
 from rich.table import Table
 
 from edge_gateway.errors import EdgeGatewayError
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
+from edge_gateway.names import validate_topic
+from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
 from edgegw_cli._common import console, fail
 from edgegw_cli.meta import topics_alter, topics_create, topics_delete, topics_describe, topics_list
 
@@ -101,6 +102,7 @@ def describe(
     if metadata:
         topics_describe(topic, metadata, metadata_token)
         return
+    check_name(validate_topic, topic)
     with connect(config, url, token) as client:
         try:
             t = client.topic(topic)

@@ -65,7 +65,7 @@ from edge_gateway.metadata.routing import (
     parse_bucket_settings,
     validate_bucket_name,
 )
-from edge_gateway.names import validate_region, validate_topic
+from edge_gateway.names import validate_home_topic, validate_region, validate_topic
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -456,6 +456,9 @@ class MetadataApp:
         doc.setdefault("partitions", 1)
         doc.setdefault("subscribers", [])
         doc.setdefault("retention_ms", None)
+        # Created topics follow the stricter rule for topics homed in a region
+        # (no '.'); TopicRoute accepts any topic name, for tables already stored.
+        validate_home_topic(doc.get("name"))
         topic = TopicRoute.from_json(doc)
         await self._db(self.store.create_topic, topic, _now_ms())
         await self._changed()
