@@ -461,6 +461,7 @@ NON_CONFIG_ENV: frozenset[str] = frozenset(
         "EDGEGW_METADATA_ADMIN_TOKEN",  # edgegw metadata serve --admin-token
         "EDGEGW_S3_ACCESS_KEY",  # edgegw pipeline run --access-key
         "EDGEGW_S3_SECRET_KEY",  # edgegw pipeline run --secret-key
+        "EDGEGW_FAILPOINTS",  # edge_gateway.failpoints: faults for tests of real processes
     }
 )
 
