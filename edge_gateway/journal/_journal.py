@@ -858,6 +858,7 @@ class Journal:
         self._durable_lsn = self._next_lsn - 1
         self._synced_mark = self._appended_bytes
         old.last_append_time = max(old.last_append_time, self._now)
+        self._keep_free()
         cp = Checkpoint(
             {key: p.next_offset for key, p in self._partitions.items()}, dict(self._sources)
         )
@@ -1112,11 +1113,15 @@ class Journal:
         """Make room for an entry of ``length`` bytes: roll the segment, check the budget."""
         if length > fentry.MAX_ENTRY_BYTES:
             raise InvalidInput(f"journal entry of {length} bytes exceeds {fentry.MAX_ENTRY_BYTES}")
-        if self._full_since is not None:
-            self._while_disk_full(length)
-        seg = self._segments[-1]
-        if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
-            self._roll_making_room()
+        try:
+            if self._full_since is not None:
+                self._while_disk_full(length)
+            seg = self._segments[-1]
+            if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
+                self._roll_making_room()
+        except DiskFull:
+            self._refused()
+            raise
         if self._total_bytes + length > self._max_bytes:
             self._delete_segments(need=length)
             if self._total_bytes + length > self._max_bytes:
@@ -1146,8 +1151,10 @@ class Journal:
                 return
             except OSError as exc:
                 self._write_failed(seg, exc)  # raises unless the disk is full
+                error = self._disk_full(seg.path, exc, length)
                 if not self._delete_segments(force=True, limit=1):
-                    raise self._disk_full(seg.path, exc, length) from exc
+                    self._refused()
+                    raise error from exc
 
     def _emit(self, parts: list[bytes | memoryview], length: int, now: int) -> None:
         """Write one encoded entry at the end of the active segment and account for it."""
@@ -1428,22 +1435,17 @@ class Journal:
             )
             if not (expired or pressure or force):
                 break
-            if not self._drop_oldest():
+            early = not (expired or pressure)
+            why = " before its retention ended: the disk is (nearly) full" if early else ""
+            if not self._drop_oldest(why):
                 break
             deleted += 1
-            if not (expired or pressure):
+            if early:
                 self._deleted_for_space += 1
                 self._full_episode_deleted += 1
-                log.info(
-                    "journal: the disk is full: deleted shipped segment %s before its "
-                    "retention ended (local readers can no longer re-read LSN %d-%d)",
-                    seg.path.name,
-                    seg.base_lsn,
-                    seg.end_lsn - 1,
-                )
         return deleted
 
-    def _drop_oldest(self) -> bool:
+    def _drop_oldest(self, why: str = "") -> bool:
         seg = self._segments[0]
         try:
             _fs.unlink(seg.path)
@@ -1472,7 +1474,11 @@ class Journal:
                 del p.lsns[:k]
                 del p.offsets[:k]
         log.info(
-            "journal: deleted segment %s (LSN %d-%d)", seg.path.name, seg.base_lsn, seg.end_lsn - 1
+            "journal: deleted segment %s (LSN %d-%d)%s",
+            seg.path.name,
+            seg.base_lsn,
+            seg.end_lsn - 1,
+            why,
         )
         return True
 
@@ -1487,31 +1493,54 @@ class Journal:
         return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
 
     def _disk_full(self, where: Path, exc: OSError, need: int) -> DiskFull:
-        """Count a write refused for lack of room (one WARNING per episode); the error to raise."""
+        """Note that a write found no room (one WARNING per episode); the error to raise.
+
+        The episode lasts until the disk has room again (twice the write
+        that failed, and the reserve file); meanwhile every append passes
+        :meth:`_reserve`, which makes room or notices the space.
+        """
         free, _ = self._disk_space()
-        self._disk_full_rejections += 1
-        self._full_resume_at = 2 * max(need, 4096) + max(self.config.reserve_bytes, 0)
+        self._full_resume_at = 2 * max(need, 4096) + self.config.reserve_bytes
         if self._full_since is None:
             self._full_since = time.monotonic()
             self._full_where = str(where)
             self._disk_full_episodes += 1
             self._full_episode_rejections = 0
             self._full_episode_deleted = 0
-            # Every append now passes _reserve, which makes room or notices space returning.
             self._roll_at = 0
             log.warning(
                 "journal: disk full writing %s (%s): %d bytes free. Produce answers 503 "
-                "disk_full (and mirrors wait) until space returns; shipped segments are "
+                "disk_full (and mirrors wait) while no room can be made; shipped segments are "
                 "deleted to make room, never unshipped data. Free space on this filesystem.",
                 where,
                 exc.strerror or exc,
                 free,
             )
-        self._full_episode_rejections += 1
         return DiskFull(
             f"disk full writing {where}: {exc.strerror or exc} ({max(free, 0)} bytes free); "
             "retry when space returns"
         )
+
+    def _refused(self) -> None:
+        """Count an append refused with DiskFull."""
+        self._disk_full_rejections += 1
+        self._full_episode_rejections += 1
+
+    def _keep_free(self) -> None:
+        """Delete shipped segments while the disk has less room than the next two segments need.
+
+        Oldest first, within retention too: a disk about to fill would
+        otherwise refuse new data to keep old, already shipped data. Keeping
+        this headroom also keeps preallocation (and the fast append path)
+        working on a small disk.
+        """
+        free, _ = self._disk_space()
+        low = 2 * self._segment_bytes + self.config.reserve_bytes
+        while 0 <= free < low and len(self._segments) > 1:
+            oldest = self._segments[0]
+            if not self._delete_segments(force=True, limit=1):
+                return
+            free += oldest.size
 
     def _end_disk_full(self, free: int) -> None:
         assert self._full_since is not None
@@ -1635,6 +1664,7 @@ class Journal:
             self._end_disk_full(free)
         if self._broken is not None:
             return
+        self._keep_free()
         for seg in list(self._unindexed):
             try:
                 self._write_index(seg)
