@@ -350,11 +350,33 @@ class Journal:
             raise InvalidInput("start_lsn must be >= 1")
         j._fit_disk()
         j._next_lsn = start_lsn
-        j._recover(start or Checkpoint({}, {}))
+        try:
+            j._recover(start or Checkpoint({}, {}))
+        except BaseException as exc:
+            j._release_files()
+            if isinstance(exc, OSError):
+                kind = DiskFull if _no_room(exc) else Unavailable
+                raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
+            raise
         j._keep_reserve()
         j._lsn_at_open = j._next_lsn
         j._open_seconds = time.perf_counter() - t0
         return j
+
+    def _release_files(self) -> None:
+        """Close every file and map (an open that failed half way)."""
+        self._closed = True
+        for seg in self._segments:
+            if seg.mm is not None:
+                seg.mm.close()
+                seg.mm = None
+            if seg.fd is not None:
+                with contextlib.suppress(OSError):
+                    _fs.close(seg.fd)
+                seg.fd = None
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
 
     @property
     def is_new(self) -> bool:
@@ -1891,13 +1913,7 @@ class Journal:
             if active is not None and active.fd is not None:
                 try:
                     if self._broken is None:
-                        self._unmap(active)  # a clean close leaves no preallocated tail
-                        _fs.fsync(active.fd)
-                        self._durable_lsn = self._next_lsn - 1
-                except OSError as exc:
-                    # Closing must release everything; the failure is logged
-                    # and the next open verifies the active segment.
-                    self._fail(f"closing {active.path}", exc)
+                        self._close_active(active)
                 finally:
                     if active.mm is not None:
                         active.mm.close()
@@ -1919,6 +1935,25 @@ class Journal:
                 lot.unpark_all()
             for p in self._partitions.values():
                 p.lot.unpark_all()
+
+    def _close_active(self, active: _Segment) -> None:
+        """Cut the preallocated tail and fsync; failures are logged, never raised.
+
+        Closing must release everything. A tail that cannot be cut is kept
+        (the next open recognises the zeros as free space); a failed fsync
+        is a failed fsync (see :meth:`_fail`).
+        """
+        assert active.fd is not None
+        try:
+            self._unmap(active)  # a clean close leaves no preallocated tail
+        except OSError as exc:
+            log.warning("journal: could not cut the preallocated tail of %s: %s", active.path, exc)
+        try:
+            _fs.fsync(active.fd)
+        except OSError as exc:
+            self._fail(f"fsync of {active.path} at close", exc)
+        else:
+            self._durable_lsn = self._next_lsn - 1
 
     async def aclose(self) -> None:
         """Wait for an fsync in flight, then fsync and close. Always releases."""
