@@ -56,7 +56,7 @@ from edge_gateway.errors import (
 )
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
-from edge_gateway.journal import Journal, open_journal
+from edge_gateway.journal import Journal, JournalStats, open_journal
 from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage
 from edge_gateway.names import validate_topic
@@ -856,7 +856,22 @@ class Gateway:
             },
             "errors": dict(self._task_errors),
             "topics": [t.to_json() for t in self.topics()],
+            "disk": _disk_json(j, self.config.journal_path),
         }
+
+
+def _disk_json(j: JournalStats, path: Path) -> dict[str, Any]:
+    """The filesystem under the journal (docs/operations.md, "Disk full")."""
+    return {
+        "path": str(path),
+        "state": "failed" if j.failed else "full" if j.disk_full else "ok",
+        "free_bytes": j.disk_free_bytes,
+        "size_bytes": j.disk_size_bytes,
+        "full_rejections": j.disk_full_rejections,
+        "full_episodes": j.disk_full_episodes,
+        "segments_deleted_for_space": j.segments_deleted_for_space,
+        "error": j.failed,
+    }
 
 
 def _tailer_json(t: Tailer) -> dict[str, Any]:

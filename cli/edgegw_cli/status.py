@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edge_gateway.errors import EdgeGatewayError
@@ -24,6 +25,18 @@ def _ago(ms: int | None) -> str:
 
 def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
+
+
+def _disk(d: dict[str, Any]) -> str:
+    """The filesystem under the journal: free space, and why intake stops if it does."""
+    line = escape(f"{_mb(d['free_bytes'])} free of {_mb(d['size_bytes'])} ({d['path']})")
+    if d.get("segments_deleted_for_space"):
+        line += f", {d['segments_deleted_for_space']} shipped segments deleted for space"
+    if d["state"] == "full":
+        return f"[red]FULL: {line}; produce answers 503 disk_full until space returns[/]"
+    if d["state"] == "failed":
+        return f"[red]FAILED: {escape(str(d.get('error')))}; intake stopped, restart[/]"
+    return line
 
 
 def status(
@@ -73,6 +86,9 @@ def render(doc: dict[str, Any]) -> None:
         f"{_mb(j['bytes'])} of {_mb(j['max_bytes'])} ({j['segments']} segments), "
         f"next LSN {j['next_lsn']}",
     )
+    disk = doc.get("disk")
+    if disk:
+        head.add_row("disk", _disk(disk))
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     head.add_row("shipper", claim)
     head.add_row(

@@ -139,6 +139,13 @@ class FaultyFs(FileOps):
             raise self._error()
         os.posix_fallocate(fd, offset, length)
 
+    def statvfs(self, path: str | os.PathLike[str]) -> os.statvfs_result:  # type: ignore[override]
+        st = os.statvfs(path)
+        if self.kind and self.errno in (errno_mod.ENOSPC, errno_mod.EDQUOT):
+            # A disk that refuses writes for lack of room reports none free.
+            return os.statvfs_result((st.f_bsize, st.f_frsize, st.f_blocks, 0, 0, *st[5:]))
+        return st
+
     def replace(self, src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:  # type: ignore[override]
         if self._check("rename", src):
             raise self._error()
