@@ -94,6 +94,9 @@ RESERVE_NAME: Final = "space.reserve"
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
+#: A disk found full again within this many seconds continues the last episode
+#: (no second WARNING): typically another process took the room the journal made.
+_EPISODE_GAP_S: Final = 60.0
 #: Segments roll at no more than this fraction of the filesystem (a small disk
 #: gets segments small enough that shipped ones can be deleted to make room).
 _SEGMENTS_PER_DISK: Final = 16
@@ -296,6 +299,7 @@ class Journal:
         self._broken: str | None = None
         # A full disk: one episode from the first refused write until space returns.
         self._full_since: float | None = None
+        self._full_ended = -float(_EPISODE_GAP_S)
         self._full_where = ""
         #: free bytes that end the episode (twice the refused write, and the reserve)
         self._full_resume_at = 0
@@ -1524,12 +1528,18 @@ class Journal:
         free, _ = self._disk_space()
         self._full_resume_at = 2 * max(need, 4096) + self.config.reserve_bytes
         if self._full_since is None:
-            self._full_since = time.monotonic()
+            now = time.monotonic()
+            self._full_since = now
             self._full_where = str(where)
+            self._roll_at = 0
+            if now - self._full_ended < _EPISODE_GAP_S:
+                # Room the journal made itself was taken again: the same
+                # episode for the operator (one WARNING, not one per segment).
+                log.info("journal: disk full again writing %s: %d bytes free", where, free)
+                return self._disk_full_error(where, exc, free)
             self._disk_full_episodes += 1
             self._full_episode_rejections = 0
             self._full_episode_deleted = 0
-            self._roll_at = 0
             log.warning(
                 "journal: disk full writing %s (%s): %d bytes free. Produce answers 503 "
                 "disk_full (and mirrors wait) while no room can be made; shipped segments are "
@@ -1538,6 +1548,10 @@ class Journal:
                 exc.strerror or exc,
                 free,
             )
+        return self._disk_full_error(where, exc, free)
+
+    @staticmethod
+    def _disk_full_error(where: Path, exc: OSError, free: int) -> DiskFull:
         return DiskFull(
             f"disk full writing {where}: {exc.strerror or exc} ({max(free, 0)} bytes free); "
             "retry when space returns"
@@ -1575,6 +1589,7 @@ class Journal:
             self._full_episode_deleted,
         )
         self._full_since = None
+        self._full_ended = time.monotonic()
         self._roll_at = self._segment_bytes
         active = self._segments[-1]
         if active.mm is None and active.fd is not None:
