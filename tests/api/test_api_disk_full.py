@@ -17,6 +17,7 @@ import pytest
 import trio
 from _api_support import make_config, running, url_of
 from _faults import FaultyFs
+from _tmpfs import fill, mounted_tmpfs
 from prometheus_client.parser import text_string_to_metric_families
 
 from edge_gateway.client import AsyncClient
@@ -80,3 +81,28 @@ async def test_disk_full_is_503_disk_full_and_intake_resumes_by_itself(
             while (await http.get("/v1/status")).json()["disk"]["state"] != "ok":  # noqa: ASYNC110
                 await trio.sleep(0.05)
         assert gw.accepting
+
+
+async def test_committing_offsets_on_a_full_disk_is_503_disk_full(tmp_path: Path) -> None:
+    # The consumer-group offsets (SQLite) on a full disk: SQLITE_FULL is a
+    # DiskFull like the journal's, not a 500 with a traceback.
+    with mounted_tmpfs(tmp_path / "disk", "16m") as disk:
+        cfg = make_config(disk)
+        async with running(cfg) as gw, httpx.AsyncClient(base_url=url_of(gw)) as http:
+            body = {"offsets": [{"topic": "t", "partition": 0, "offset": 0}]}
+            r = await http.post("/v1/groups/g/offsets", json=body)
+            assert r.status_code == 200, r.text
+            fill(disk / "filler")
+            for i in range(200):  # until SQLite needs a page it has not got
+                rows = [
+                    {"topic": "t", "partition": p, "offset": i, "metadata": f"{i}" * 4000}
+                    for p in range(3)
+                ]
+                r = await http.post(f"/v1/groups/g{i}/offsets", json={"offsets": rows})
+                if r.status_code != 200:
+                    break
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["code"] == "disk_full"
+            (disk / "filler").unlink()
+            r = await http.post("/v1/groups/g/offsets", json=body)
+            assert r.status_code == 200, r.text
