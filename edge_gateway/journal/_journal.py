@@ -300,7 +300,6 @@ class Journal:
         # A full disk: one episode from the first refused write until space returns.
         self._full_since: float | None = None
         self._full_ended = -float(_EPISODE_GAP_S)
-        self._full_where = ""
         #: free bytes that end the episode (twice the refused write, and the reserve)
         self._full_resume_at = 0
         self._disk_full_rejections = 0
@@ -409,7 +408,12 @@ class Journal:
         self._partitions.clear()
         self._topics.clear()
         self._sources.clear()
-        self._start_segment(start_lsn, start)
+        try:
+            self._start_segment(start_lsn, start)
+        except DiskFull as exc:
+            # The old segment is gone: there is nothing to append to.
+            self._broken = f"reset to LSN {start_lsn} failed: {exc}"
+            raise
         self._apply_checkpoint(start)
         self._lsn_at_open = self._next_lsn
 
@@ -1530,7 +1534,6 @@ class Journal:
         if self._full_since is None:
             now = time.monotonic()
             self._full_since = now
-            self._full_where = str(where)
             self._roll_at = 0
             if now - self._full_ended < _EPISODE_GAP_S:
                 # Room the journal made itself was taken again: the same
