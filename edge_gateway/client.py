@@ -12,12 +12,13 @@ under trio and asyncio alike). Both have the same methods::
 Errors are edgegw's own classes (:mod:`edge_gateway.errors`), chosen by the
 ``code`` of the error response: ``unknown_topic`` -> :class:`UnknownTopic`,
 ``read_only_topic`` -> :class:`ReadOnlyTopic`, ``journal_full`` ->
-:class:`JournalFull`, other 4xx -> :class:`InvalidInput` (and its
-subclasses), a refused connection, a timeout or a 503 ->
-:class:`Unavailable`. Each error carries a note with the HTTP status, the
-code and, when the gateway sent one, ``Retry-After``. A topic or consumer
-group name that breaks the naming rules (:mod:`edge_gateway.names`) raises
-:class:`InvalidName` / :class:`InvalidInput` before anything is sent.
+:class:`JournalFull`, ``disk_full`` -> :class:`DiskFull`, other 4xx ->
+:class:`InvalidInput` (and its subclasses), a refused connection, a
+timeout or a 503 -> :class:`Unavailable`. Each error carries a note with
+the HTTP status, the code and, when the gateway sent one, ``Retry-After``.
+A topic or consumer group name that breaks the naming rules
+(:mod:`edge_gateway.names`) raises :class:`InvalidName` /
+:class:`InvalidInput` before anything is sent.
 
 The client imports neither trio nor boto3: only httpx and the sans-IO batch
 encoding (``edge_gateway.format.batch``).

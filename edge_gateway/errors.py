@@ -16,8 +16,10 @@ so callers only ever handle these kinds::
     │                         (CRC, length, magic, version, structure)
     ├── Unavailable           a dependency is away (bucket, metadata server);
     │   │                     retry later with backoff
-    │   └── JournalFull       the journal's disk budget is exhausted; retry
-    │                         after shipping frees space
+    │   ├── JournalFull       the journal's disk budget is exhausted; retry
+    │   │                     after shipping frees space
+    │   └── DiskFull          the filesystem under the journal is full
+    │                         (ENOSPC, EDQUOT); retry when space returns
     ├── Fenced                another writer claimed this region with a higher
     │                         epoch; stop writing, never retry
     ├── InUse                 another process holds the data directory (or the
@@ -90,6 +92,16 @@ class JournalFull(Unavailable):
 
     Nothing already acknowledged is touched; appends succeed again once the
     shipper confirms data and segments can be deleted.
+    """
+
+
+class DiskFull(Unavailable):
+    """The filesystem under the journal has no room (``ENOSPC``, ``EDQUOT``).
+
+    Unlike :class:`JournalFull` the budget is not the limit: something else
+    filled the disk (or the budget exceeds it). The failed write was undone
+    and shipped segments were deleted to make room; appends succeed again as
+    soon as space returns, without a restart.
     """
 
 

@@ -59,7 +59,7 @@ from edge_gateway.errors import (
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
-from edge_gateway.journal import Journal, open_journal
+from edge_gateway.journal import Journal, JournalStats, open_journal
 from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
@@ -740,11 +740,19 @@ class Gateway:
         """Flush and ship what is pending, shielded, within the grace period."""
         grace = self.config.shutdown_grace_s
         with trio.move_on_after(grace, shield=True) as scope:
-            await self.journal.flush()
+            try:
+                await self.journal.flush()
+            except Unavailable as exc:
+                # A journal that stopped intake (a failed fsync) cannot flush:
+                # what is durable ships, the rest was never acknowledged.
+                log.warning("shutdown: journal flush failed (%s)", exc)
             shipper = self.shipper
             if shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
-                await shipper.ship_pending()
+                try:
+                    await shipper.ship_pending()
+                except Unavailable as exc:
+                    log.warning("shutdown: %s; what is pending ships at the next start", exc)
         if scope.cancelled_caught:
             log.warning(
                 "shutdown: grace period of %.0fs ended with data unshipped; it ships at next start",
@@ -1009,11 +1017,26 @@ class Gateway:
             "tasks": [h.to_json() for h in health],
             "errors": {h.name: h.last_error or "" for h in health if h.degraded},
             "topics": [t.to_json() for t in self.topics()],
+            "disk": _disk_json(j, self.config.journal_path),
         }
 
 
 def _mirror_task(source: str) -> str:
     return f"mirror {source}"
+
+
+def _disk_json(j: JournalStats, path: Path) -> dict[str, Any]:
+    """The filesystem under the journal (docs/operations.md, "Disk full")."""
+    return {
+        "path": str(path),
+        "state": "failed" if j.failed else "full" if j.disk_full else "ok",
+        "free_bytes": j.disk_free_bytes,
+        "size_bytes": j.disk_size_bytes,
+        "full_rejections": j.disk_full_rejections,
+        "full_episodes": j.disk_full_episodes,
+        "segments_deleted_for_space": j.segments_deleted_for_space,
+        "error": j.failed,
+    }
 
 
 def _tailer_json(t: Tailer) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import trio
 
-from edge_gateway.errors import ClosedError, InvalidInput
+from edge_gateway.errors import ClosedError, DiskFull, InvalidInput
 from edge_gateway.names import validate_group, validate_topic
 
 __all__ = ["CommittedOffset", "GroupStore"]
@@ -86,8 +86,14 @@ class GroupStore:
                     checked,
                 )
                 db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
+            except BaseException as exc:
+                # SQLite has already rolled back after some errors (a full disk).
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.OperationalError) and (
+                    exc.sqlite_errorcode == sqlite3.SQLITE_FULL
+                ):
+                    raise DiskFull(f"disk full committing offsets to {self.path}: {exc}") from exc
                 raise
         return len(checked)
 

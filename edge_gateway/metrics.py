@@ -12,7 +12,10 @@ Families (``_total`` is added to counters by the exposition format):
 * ``edgegw_info{region,version}``, ``edgegw_accepting``, ``edgegw_uptime_seconds``
 * ``edgegw_journal_*``: bytes, max_bytes, segments, next_lsn, durable_lsn,
   appends_total, appended_bytes_total, fsyncs_total, fsync_seconds_total,
-  fsync_seconds_max, full_rejections_total
+  fsync_seconds_max, full_rejections_total; the filesystem under it:
+  disk_free_bytes, disk_size_bytes, disk_full (0/1), disk_full_rejections_total,
+  disk_full_episodes_total, segments_deleted_for_space_total, failed (0/1: intake
+  stopped after a failed fsync or EIO)
 * ``edgegw_shipper_*``: claimed, epoch, next_seq, shipped_lsn, pending_lsns,
   oldest_unshipped_age_seconds, objects_total, fences_total, manifests_total,
   records_total, bytes_total (journal bytes shipped), wire_bytes_total
@@ -286,6 +289,44 @@ class _GatewayCollector(Collector):
             "edgegw_journal_full_rejections",
             "Appends refused because the disk budget was full.",
             j.full_rejections,
+        )
+        if j.disk_size_bytes >= 0:
+            yield _gauge(
+                "edgegw_journal_disk_free_bytes",
+                "Free bytes on the filesystem under the journal (for the gateway's user).",
+                j.disk_free_bytes,
+            )
+            yield _gauge(
+                "edgegw_journal_disk_size_bytes",
+                "Size of the filesystem under the journal.",
+                j.disk_size_bytes,
+            )
+        yield _gauge(
+            "edgegw_journal_disk_full",
+            "1 while the disk under the journal is full (produce gets 503 disk_full "
+            "when no shipped segment is left to delete).",
+            1 if j.disk_full else 0,
+        )
+        yield _counter(
+            "edgegw_journal_disk_full_rejections",
+            "Appends refused because the disk was full (503 disk_full).",
+            j.disk_full_rejections,
+        )
+        yield _counter(
+            "edgegw_journal_disk_full_episodes",
+            "Times the disk under the journal was found full.",
+            j.disk_full_episodes,
+        )
+        yield _counter(
+            "edgegw_journal_segments_deleted_for_space",
+            "Shipped segments deleted before their retention ended, to make room on the disk.",
+            j.segments_deleted_for_space,
+        )
+        yield _gauge(
+            "edgegw_journal_failed",
+            "1 once intake stopped after a failed fsync or a write error (EIO): restart "
+            "the gateway after checking the disk.",
+            1 if j.failed else 0,
         )
 
     @staticmethod

@@ -26,6 +26,18 @@ def _red(text: str) -> Text:
     return Text(text, style="red")
 
 
+def _disk(d: dict[str, Any]) -> Text:
+    """The filesystem under the journal: free space, and why intake stops if it does."""
+    line = f"{human_bytes(d['free_bytes'])} free of {human_bytes(d['size_bytes'])} ({d['path']})"
+    if d.get("segments_deleted_for_space"):
+        line += f", {d['segments_deleted_for_space']} shipped segments deleted for space"
+    if d["state"] == "full":
+        return _red(f"FULL: {line}; produce answers 503 disk_full until space returns")
+    if d["state"] == "failed":
+        return _red(f"FAILED: {d.get('error')}; intake stopped, restart the gateway")
+    return Text(line)
+
+
 def status(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
@@ -75,6 +87,9 @@ def render(doc: dict[str, Any]) -> None:
         f"{human_bytes(j['bytes'])} of {human_bytes(j['max_bytes'])} ({j['segments']} segments), "
         f"next LSN {j['next_lsn']}",
     )
+    disk = doc.get("disk")
+    if disk:
+        head.add_row("disk", _disk(disk))
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     head.add_row("shipper", claim)
     head.add_row(

@@ -54,6 +54,7 @@ from edge_gateway.api.wire import (
 from edge_gateway.errors import (
     ClosedError,
     CorruptData,
+    DiskFull,
     EdgeGatewayError,
     Fenced,
     InvalidInput,
@@ -258,6 +259,8 @@ class ApiApp:
         retry = {"Retry-After": self._retry_after}
         if isinstance(exc, JournalFull):
             return error_response(503, "journal_full", message, retry)
+        if isinstance(exc, DiskFull):
+            return error_response(503, "disk_full", message, retry)
         if isinstance(exc, Unavailable | ClosedError):
             return error_response(503, "unavailable", message, retry)
         if isinstance(exc, Fenced):

@@ -17,6 +17,7 @@ from typing import Final
 
 from edge_gateway.errors import (
     CorruptData,
+    DiskFull,
     EdgeGatewayError,
     Fenced,
     InvalidInput,
@@ -71,6 +72,8 @@ ERROR_CODES: Final[dict[str, tuple[int, type[EdgeGatewayError]]]] = {
     "corrupt_data": (500, CorruptData),
     #: the disk budget is full until the shipper frees space; honour Retry-After
     "journal_full": (503, JournalFull),
+    #: the disk under the journal is full (not the budget); honour Retry-After
+    "disk_full": (503, DiskFull),
     #: starting, shutting down, or a dependency is away; retry later
     "unavailable": (503, Unavailable),
     #: another gateway took over this region; this one is stopping

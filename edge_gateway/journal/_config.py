@@ -59,6 +59,13 @@ class JournalConfig:
     #: preallocated space can still run out of disk, which a memory map can
     #: only report as a fatal SIGBUS. See docs/journal.md, "The append path".
     preallocate: bool = True
+    #: Size of the reserve file (``space.reserve`` in the journal directory)
+    #: kept for a full disk: when everything shipped is in the active
+    #: segment and the disk has no room for the next one, the journal deletes
+    #: this file to seal that segment early, so it can then be deleted (an
+    #: "emergency ballast", as CockroachDB keeps). 0 turns it off. Not
+    #: counted in ``max_bytes``. See docs/journal.md, "Disk full".
+    reserve_bytes: int = 1 * MiB
 
     def __post_init__(self) -> None:
         try:
@@ -80,6 +87,8 @@ class JournalConfig:
             )
         if self.retention_ms < 0:
             raise ConfigError("journal.retention_ms must be >= 0")
+        if self.reserve_bytes < 0:
+            raise ConfigError("journal.reserve_bytes must be >= 0")
         if self.retention_bytes is not None and self.retention_bytes < 0:
             raise ConfigError("journal.retention_bytes must be >= 0")
 

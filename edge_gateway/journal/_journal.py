@@ -16,7 +16,21 @@ Invariants (the tests check each one):
 * A segment is deleted only when every entry in it is below the caller's
   safe LSN (the shipper's confirmed watermark) *and* the retention policy
   allows; a full disk budget makes appends fail with ``JournalFull`` and never
-  touches acknowledged data.
+  touches acknowledged data. A full disk (``ENOSPC``, ``EDQUOT``) deletes
+  shipped segments within retention, oldest first, before an append fails
+  with ``DiskFull``; it never deletes an unshipped byte.
+* A write that fails leaves the journal as it was before it: a partly written
+  entry is truncated away, a roll that fails half way is undone (the old
+  segment stays active) and retried by the next append, an index file that
+  cannot be written is written later (or rebuilt from its segment at open).
+* After a failed fsync, or a write that fails for another reason than a full
+  disk (``EIO``: a failing card), the journal stops intake for good
+  (``Unavailable``) and never counts anything after its last good fsync as
+  durable: the kernel may have dropped the dirty pages (PostgreSQL's
+  "fsyncgate"). Reads and shipping of the durable entries go on.
+
+Every system call that writes goes through ``_fs`` (``_fs.py``), the seam
+the fault-injection tests swap.
 """
 
 from __future__ import annotations
@@ -32,7 +46,7 @@ import struct
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,11 +57,19 @@ import trio
 import trio.lowlevel
 
 from edge_gateway.datadir import DirectoryLock, lock_directory
-from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, JournalFull
+from edge_gateway.errors import (
+    ClosedError,
+    CorruptData,
+    DiskFull,
+    InvalidInput,
+    JournalFull,
+    Unavailable,
+)
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
+from edge_gateway.journal._fs import FileOps, write_all
 from edge_gateway.journal._index import SegmentIndex
 from edge_gateway.names import validate_topic
 
@@ -64,9 +86,21 @@ _SMALL_WRITE: Final = 16 * 1024
 _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
 _NO_WATCH: Final = 2**63
-_fdatasync: Callable[[int], None] = getattr(os, "fdatasync", os.fsync)
-# Module-level names for the hot path (a global lookup instead of an attribute chain).
-_pwritev = os.pwritev
+#: The file operations (a test swaps this object to inject faults; see _fs.py).
+_fs: FileOps = FileOps()
+#: errno values that mean "no room": the write is undone and may be retried later.
+_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+#: The file the journal deletes to roll over on a full disk (see JournalConfig.reserve_bytes).
+RESERVE_NAME: Final = "space.reserve"
+#: On a full disk the active segment is sealed early (so it can be deleted once
+#: shipped) only if at least this much of it is shipped: no storm of tiny segments.
+_EARLY_ROLL_MIN: Final = 64 * 1024
+#: A disk found full again within this many seconds continues the last episode
+#: (no second WARNING): typically another process took the room the journal made.
+_EPISODE_GAP_S: Final = 60.0
+#: Segments roll at no more than this fraction of the filesystem (a small disk
+#: gets segments small enough that shipped ones can be deleted to make room).
+_SEGMENTS_PER_DISK: Final = 16
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
 _MAX_ENTRY: Final = fentry.MAX_ENTRY_BYTES
 _NONZERO = re.compile(rb"[^\x00]")
@@ -130,6 +164,18 @@ class JournalStats:
     open_seconds: float
     #: bytes of entries in the active segment (what the next open scans)
     active_segment_bytes: int
+    #: free bytes (for this user) and size of the filesystem under the journal (-1: unknown)
+    disk_free_bytes: int = -1
+    disk_size_bytes: int = -1
+    #: the disk is full (ENOSPC/EDQUOT): appends that do not fit fail with DiskFull
+    disk_full: bool = False
+    #: appends refused with DiskFull, and the episodes of a full disk, since open
+    disk_full_rejections: int = 0
+    disk_full_episodes: int = 0
+    #: shipped segments deleted before their retention ended, to make room on a full disk
+    segments_deleted_for_space: int = 0
+    #: why intake stopped for good (a failed fsync, EIO), or None
+    failed: str | None = None
 
 
 @dataclass(slots=True)
@@ -194,11 +240,15 @@ def _now_ms() -> int:
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = _fs.open(path, os.O_RDONLY)
     try:
-        os.fsync(fd)
+        _fs.fsync(fd)
     finally:
-        os.close(fd)
+        _fs.close(fd)
+
+
+def _no_room(exc: OSError) -> bool:
+    return exc.errno in _NO_ROOM
 
 
 class Journal:
@@ -237,13 +287,30 @@ class Journal:
         self._always = config.fsync is FsyncPolicy.ALWAYS
         self._yield_ms = config.fsync_interval_ms
         self._segment_bytes = config.segment_bytes
+        #: appends call _reserve once the active segment would pass this: the
+        #: segment size, or 0 while the disk is full (every append checks then)
+        self._roll_at = config.segment_bytes
         self._max_bytes = config.max_bytes
         self._fsync_bytes = config.fsync_bytes
         self._flushing = False
         #: an fdatasync is running (set on the event loop, cleared by the syncing thread)
         self._syncing = False
         self._closed = False
+        #: why intake stopped for good (a failed fsync, EIO); reads go on
         self._broken: str | None = None
+        # A full disk: one episode from the first refused write until space returns.
+        self._full_since: float | None = None
+        self._full_ended = -float(_EPISODE_GAP_S)
+        #: free bytes that end the episode (twice the refused write, and the reserve)
+        self._full_resume_at = 0
+        self._disk_full_rejections = 0
+        self._disk_full_episodes = 0
+        self._full_episode_rejections = 0
+        self._full_episode_deleted = 0
+        self._deleted_for_space = 0
+        #: sealed segments whose index file could not be written yet
+        self._unindexed: list[_Segment] = []
+        self._has_reserve = False
         self._deferred_close: list[int] = []
         self._read_fds: OrderedDict[int, int] = OrderedDict()
         self._durable_lot = trio.lowlevel.ParkingLot()
@@ -287,16 +354,41 @@ class Journal:
         j = cls(Path(path), config or JournalConfig())
         # One process per journal: a second one would truncate the segment the
         # first writes through its map (see edge_gateway.datadir).
-        j._lock = lock_directory(j.path, "journal")
         try:
-            j._next_lsn = start_lsn
+            j._lock = lock_directory(j.path, "journal")
+        except OSError as exc:
+            kind = DiskFull if _no_room(exc) else Unavailable
+            raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
+        j._next_lsn = start_lsn
+        try:
+            j._fit_disk()
             j._recover(start or Checkpoint({}, {}))
-        except BaseException:
+        except BaseException as exc:
+            j._release_files()
             j._lock.release()
+            if isinstance(exc, OSError):
+                kind = DiskFull if _no_room(exc) else Unavailable
+                raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
             raise
+        j._keep_reserve()
         j._lsn_at_open = j._next_lsn
         j._open_seconds = time.perf_counter() - t0
         return j
+
+    def _release_files(self) -> None:
+        """Close every file and map (an open that failed half way)."""
+        self._closed = True
+        for seg in self._segments:
+            if seg.mm is not None:
+                seg.mm.close()
+                seg.mm = None
+            if seg.fd is not None:
+                with contextlib.suppress(OSError):
+                    _fs.close(seg.fd)
+                seg.fd = None
+        for fd in self._read_fds.values():
+            os.close(fd)
+        self._read_fds.clear()
 
     @property
     def is_new(self) -> bool:
@@ -319,15 +411,49 @@ class Journal:
         if old.mm is not None:
             old.mm.close()
         if old.fd is not None:
-            os.close(old.fd)
-        old.path.unlink()
+            _fs.close(old.fd)
+        _fs.unlink(old.path)
         self._total_bytes -= old.size
         self._partitions.clear()
         self._topics.clear()
         self._sources.clear()
-        self._start_segment(start_lsn, start)
+        try:
+            self._start_segment(start_lsn, start)
+        except DiskFull as exc:
+            # The old segment is gone: there is nothing to append to.
+            self._broken = f"reset to LSN {start_lsn} failed: {exc}"
+            raise
         self._apply_checkpoint(start)
         self._lsn_at_open = self._next_lsn
+
+    def _fit_disk(self) -> None:
+        """Warn when the budget exceeds the disk; on a small disk, roll smaller segments.
+
+        A segment is the unit of deletion: on a disk smaller than a few
+        segments (a 20 MB card and the default 64 MiB), shipped data could
+        never be deleted to make room. Segments then roll at 1/16 of the
+        filesystem (at least 64 KiB).
+        """
+        free, size = self._disk_space()
+        if size <= 0:
+            return
+        cfg = self.config
+        fitted = max(64 * 1024, size // _SEGMENTS_PER_DISK // 4096 * 4096)
+        if fitted < self._segment_bytes:
+            self._segment_bytes = self._roll_at = fitted
+        if cfg.max_bytes + self._segment_bytes > size:
+            log.warning(
+                "journal: journal.max_bytes (%d) plus a segment exceeds the filesystem holding "
+                "%s (%d bytes, %d free): the disk fills before the budget does. When it is "
+                "full, shipped segments are deleted to make room and produce answers 503 "
+                "disk_full while none can be; segments roll at %d bytes. Set journal.max_bytes "
+                "below the space the journal may use.",
+                cfg.max_bytes,
+                self.path,
+                size,
+                free,
+                self._segment_bytes,
+            )
 
     def _recover(self, start: Checkpoint) -> None:
         files = sorted(self.path.glob(f"*{_SEGMENT_SUFFIX}"))
@@ -344,8 +470,9 @@ class Journal:
             if f.stat().st_size >= fentry.SEGMENT_HEADER_SIZE + fentry.ENTRY_HEADER_SIZE:
                 break
             log.warning("journal: removing empty segment %s left by an interrupted roll", f)
-            f.unlink()
-            f.with_suffix(_INDEX_SUFFIX).unlink(missing_ok=True)
+            _fs.unlink(f)
+            with contextlib.suppress(FileNotFoundError):
+                _fs.unlink(f.with_suffix(_INDEX_SUFFIX))
             bases.pop()
         if not bases:
             self._start_segment(self._next_lsn, start)
@@ -364,7 +491,7 @@ class Journal:
         active = self._segments[-1]
         self._next_lsn = active.end_lsn
         self._durable_lsn = self._next_lsn - 1
-        active.fd = os.open(active.path, os.O_RDWR)
+        active.fd = _fs.open(active.path, os.O_RDWR)
         self._map(active)
         self._total_bytes += sum(s.size for s in self._segments)
         self._total_bytes += sum(
@@ -391,7 +518,7 @@ class Journal:
                 return seg
         seg, checkpoint = self._scan_segment(base, path, last=last)
         if not last:
-            self._write_index(seg)
+            self._index_sealed(seg)
         del checkpoint
         return seg
 
@@ -563,9 +690,12 @@ class Journal:
         """Truncate a segment file at ``pos``, durably."""
         if what:
             log.info("journal: removing the %s of %s at byte %d", what, path, pos)
-        with open(path, "r+b") as wf:
-            wf.truncate(pos)
-            os.fsync(wf.fileno())
+        fd = _fs.open(path, os.O_RDWR)
+        try:
+            _fs.ftruncate(fd, pos)
+            _fs.fsync(fd)
+        finally:
+            _fs.close(fd)
 
     @staticmethod
     def _valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
@@ -632,17 +762,77 @@ class Journal:
                 idx.partitions[key] = (p.lsns[lo:hi], p.offsets[lo:hi])
         data = idx.encode()
         tmp = seg.index_path.with_suffix(".idx.tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, seg.index_path)
+        try:
+            fd = _fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                write_all(_fs, fd, data)
+                _fs.fsync(fd)
+            finally:
+                _fs.close(fd)
+            _fs.replace(tmp, seg.index_path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                _fs.unlink(tmp)
+            raise
         self._total_bytes += len(data)
+
+    def _index_sealed(self, seg: _Segment) -> None:
+        """Write a sealed segment's index file, or note it for later.
+
+        The index only saves a scan at the next open, so a full disk (or any
+        error) never fails an append for it: the journal retries once there
+        is room again (see :meth:`check_disk`), and an open rebuilds a
+        missing index from its segment.
+        """
+        try:
+            self._write_index(seg)
+        except OSError as exc:
+            if seg not in self._unindexed:
+                self._unindexed.append(seg)
+            log.info(
+                "journal: index of %s not written (%s); written when there is room, "
+                "or rebuilt from the segment at the next open",
+                seg.path.name,
+                exc,
+            )
+
+    def _fail(self, what: str, exc: OSError) -> Unavailable:
+        """Stop intake for good after a write or fsync failure; the error to raise.
+
+        After a failed fsync the kernel may have dropped the dirty pages and
+        a later fsync can succeed without them (PostgreSQL's "fsyncgate"), so
+        nothing written after the last good fsync may ever be counted as
+        durable: ``durable_lsn`` stops where it is, ``fsync=always`` appends
+        waiting on it fail, the shipper (which reads only durable entries)
+        ships nothing after it. A write that fails with ``EIO`` says the
+        same of the device. Reads and shipping of the durable entries go on.
+        """
+        if self._broken is None:
+            self._broken = f"{what}: {exc}"
+            log.error(
+                "journal: %s; intake stopped (nothing after LSN %d counts as durable). "
+                "Check the disk (dmesg, SMART) and restart the gateway: the next open "
+                "verifies the active segment entry by entry.",
+                self._broken,
+                self._durable_lsn,
+            )
+        return self._failed_error()
+
+    def _failed_error(self) -> Unavailable:
+        return Unavailable(
+            f"journal stopped after a write failure: {self._broken}; intake stays stopped "
+            "until the gateway is restarted"
+        )
 
     # --------------------------------------------------------------- segments
 
     def _start_segment(self, base_lsn: int, checkpoint: Checkpoint) -> None:
-        """Create a segment whose first entry is ``checkpoint``, durably."""
+        """Create a segment whose first entry is ``checkpoint``, durably.
+
+        On failure nothing is left behind (the file is removed) and the
+        journal is unchanged: ``DiskFull`` when there is no room, otherwise
+        intake stops (see :meth:`_fail`).
+        """
         path = self.path / _segment_name(base_lsn)
         payload = checkpoint.encode()
         now = _now_ms()
@@ -657,15 +847,25 @@ class Journal:
             payload=payload,
         )
         data = fentry.encode_segment_header(base_lsn) + entry
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = -1
         try:
-            os.write(fd, data)
-            os.fsync(fd)
+            # No segment holds base_lsn yet, so a file of that name is what an
+            # undone roll could not remove: it holds nothing acknowledged.
+            with contextlib.suppress(FileNotFoundError):
+                _fs.unlink(path)
+            fd = _fs.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            write_all(_fs, fd, data)
+            _fs.fsync(fd)
             _fsync_dir(self.path)
-        except OSError:
-            os.close(fd)
-            path.unlink(missing_ok=True)
-            raise
+        except OSError as exc:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    _fs.close(fd)
+            with contextlib.suppress(OSError):
+                _fs.unlink(path)
+            if _no_room(exc):
+                raise self._disk_full(path, exc, len(data)) from exc
+            raise self._fail(f"creating {path}", exc) from exc
         seg = _Segment(base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd)
         # Preallocate only once the checkpoint is durable: a segment file
         # longer than its header always starts with a valid checkpoint.
@@ -676,25 +876,40 @@ class Journal:
         self._total_bytes += len(data)
 
     def _roll(self) -> None:
-        """Seal the active segment (fsync + index file) and start the next one."""
+        """Seal the active segment (fsync + index file) and start the next one.
+
+        All or nothing: if the new segment cannot be created, the old one
+        stays the active one (the next append retries the roll); only the
+        index file may come later (:meth:`_index_sealed`).
+        """
         old = self._segments[-1]
         assert old.fd is not None
-        self._unmap(old)  # a sealed segment ends at its last entry: no preallocated tail
-        os.fsync(old.fd)
+        try:
+            self._unmap(old)  # a sealed segment ends at its last entry: no preallocated tail
+        except OSError as exc:
+            if _no_room(exc):
+                raise self._disk_full(old.path, exc, 0) from exc
+            raise self._fail(f"cutting the preallocated tail of {old.path}", exc) from exc
+        try:
+            _fs.fsync(old.fd)
+        except OSError as exc:
+            raise self._fail(f"fsync of {old.path}", exc) from exc
         self._durable_lsn = self._next_lsn - 1
         self._synced_mark = self._appended_bytes
         old.last_append_time = max(old.last_append_time, self._now)
-        self._write_index(old)
-        if self._flushing:
-            self._deferred_close.append(old.fd)  # a worker thread may be fsyncing it
-        else:
-            os.close(old.fd)
-        old.fd = None
+        self._keep_free()
         cp = Checkpoint(
             {key: p.next_offset for key, p in self._partitions.items()}, dict(self._sources)
         )
         self._start_segment(self._next_lsn, cp)
+        # The new segment exists: the roll is done.
+        if self._flushing:
+            self._deferred_close.append(old.fd)  # a worker thread may be fsyncing it
+        else:
+            _fs.close(old.fd)
+        old.fd = None
         self._rolls += 1
+        self._index_sealed(old)
 
     def _map(self, seg: _Segment) -> None:
         """Preallocate the active segment and map it, so small entries are a memcpy.
@@ -708,13 +923,17 @@ class Journal:
         cap = max(self._segment_bytes, seg.size)
         try:
             if os.fstat(seg.fd).st_size < cap:
-                os.posix_fallocate(seg.fd, 0, cap)
-            seg.mm = mmap.mmap(seg.fd, cap)
+                _fs.posix_fallocate(seg.fd, 0, cap)
+            seg.mm = _fs.mmap(seg.fd, cap)
             seg.mm_end = cap
         except (OSError, ValueError, AttributeError) as exc:
             log.info("journal: writing %s without a memory map: %s", seg.path, exc)
             seg.mm = None
             seg.mm_end = 0
+            # A failed fallocate may have allocated part of the space: give it back.
+            with contextlib.suppress(OSError):
+                if os.fstat(seg.fd).st_size > seg.size:
+                    _fs.ftruncate(seg.fd, seg.size)
 
     def _unmap(self, seg: _Segment) -> None:
         """Unmap the segment and cut its preallocated tail (the data stays in the page cache)."""
@@ -723,7 +942,7 @@ class Journal:
             seg.mm = None
             seg.mm_end = 0
         if seg.fd is not None and os.fstat(seg.fd).st_size > seg.size:
-            os.ftruncate(seg.fd, seg.size)
+            _fs.ftruncate(seg.fd, seg.size)
 
     # ----------------------------------------------------------------- append
 
@@ -740,10 +959,16 @@ class Journal:
         return t
 
     def _check_open(self) -> None:
+        """For writes: the journal is open and intake has not stopped."""
         if self._closed:
             raise ClosedError("journal is closed")
         if self._broken is not None:
-            raise ClosedError(f"journal stopped after a write failure: {self._broken}")
+            raise self._failed_error()
+
+    def _check_readable(self) -> None:
+        """For reads and waits: they go on after intake stopped (see :meth:`_fail`)."""
+        if self._closed:
+            raise ClosedError("journal is closed")
 
     def _new_partition(self, t: _Topic, partition: int) -> _Partition:
         if not isinstance(partition, int) or not 0 <= partition <= _MAX_PARTITION:
@@ -796,7 +1021,7 @@ class Journal:
             self._bad_batch(topic, partition, batch)
         length = t.overhead + n
         seg = self._active
-        if seg.size + length > self._segment_bytes or self._total_bytes + length > self._max_bytes:
+        if seg.size + length > self._roll_at or self._total_bytes + length > self._max_bytes:
             self._reserve(length)
             seg = self._active
         lsn = self._next_lsn
@@ -927,9 +1152,15 @@ class Journal:
         """Make room for an entry of ``length`` bytes: roll the segment, check the budget."""
         if length > fentry.MAX_ENTRY_BYTES:
             raise InvalidInput(f"journal entry of {length} bytes exceeds {fentry.MAX_ENTRY_BYTES}")
-        seg = self._segments[-1]
-        if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
-            self._roll()
+        try:
+            if self._full_since is not None:
+                self._while_disk_full(length)
+            seg = self._segments[-1]
+            if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
+                self._roll_making_room()
+        except DiskFull:
+            self._refused()
+            raise
         if self._total_bytes + length > self._max_bytes:
             self._delete_segments(need=length)
             if self._total_bytes + length > self._max_bytes:
@@ -942,17 +1173,27 @@ class Journal:
                 )
 
     def _put(self, seg: _Segment, parts: list[bytes | memoryview], length: int) -> None:
-        """Write one encoded entry (in pieces) at the end of the active segment."""
+        """Write one encoded entry (in pieces) at the end of the active segment.
+
+        On a full disk the partial write is undone and shipped segments are
+        deleted, oldest first, until it fits; ``DiskFull`` if none is left.
+        """
         pos = seg.size
         if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._syncing:
             seg.mm[pos : pos + length] = b"".join(parts)  # type: ignore[index]
             return
-        try:
-            written = _pwritev(seg.fd, parts, pos)  # type: ignore[arg-type]
-        except OSError as exc:
-            self._write_failed(seg, exc)
-        if written != length:  # short write: finish it byte-exactly
-            self._finish_short_write(seg, parts, written)
+        while True:
+            try:
+                written = _fs.pwritev(seg.fd, parts, pos)  # type: ignore[arg-type]
+                if written != length:  # short write: finish it byte-exactly
+                    self._finish_short_write(seg, parts, written)
+                return
+            except OSError as exc:
+                self._write_failed(seg, exc)  # raises unless the disk is full
+                error = self._disk_full(seg.path, exc, length)
+                if not self._delete_segments(force=True, limit=1):
+                    self._refused()
+                    raise error from exc
 
     def _emit(self, parts: list[bytes | memoryview], length: int, now: int) -> None:
         """Write one encoded entry at the end of the active segment and account for it."""
@@ -1040,16 +1281,17 @@ class Journal:
         assert seg.fd is not None
         data = b"".join(parts)[done:]
         pos = seg.size + done
-        try:
-            while data:
-                k = os.pwrite(seg.fd, data, pos)
-                data = data[k:]
-                pos += k
-        except OSError as exc:
-            self._write_failed(seg, exc)
+        while data:
+            k = _fs.pwrite(seg.fd, data, pos)
+            data = data[k:]
+            pos += k
 
-    def _write_failed(self, seg: _Segment, exc: OSError) -> NoReturn:
-        """Roll back a partly written entry, so the next one does not land after garbage."""
+    def _write_failed(self, seg: _Segment, exc: OSError) -> None:
+        """Roll back a partly written entry, so the next one does not land after garbage.
+
+        Returns if the disk is full (the caller makes room or raises
+        ``DiskFull``); any other error stops intake (see :meth:`_fail`).
+        """
         assert seg.fd is not None
         try:
             # From here on the segment is written with pwrite only (the
@@ -1058,15 +1300,11 @@ class Journal:
                 seg.mm.close()
                 seg.mm = None
                 seg.mm_end = 0
-            os.ftruncate(seg.fd, seg.size)
+            _fs.ftruncate(seg.fd, seg.size)
         except OSError as exc2:
-            self._broken = f"{seg.path}: write failed ({exc}) and rollback failed ({exc2})"
-            log.error("journal: %s", self._broken)
-            raise ClosedError(self._broken) from exc
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            self._full_rejections += 1
-            raise JournalFull(f"disk full writing {seg.path}: {exc.strerror}") from exc
-        raise exc
+            raise self._fail(f"{seg.path}: write failed ({exc}) and rollback failed", exc2) from exc
+        if not _no_room(exc):
+            raise self._fail(f"writing {seg.path}", exc) from exc
 
     # ------------------------------------------------------------ durability
 
@@ -1121,14 +1359,13 @@ class Journal:
             self._fsync_max = max(self._fsync_max, dt)
             self._durable_lsn = max(self._durable_lsn, target)
         except OSError as exc:
-            self._broken = f"fsync failed: {exc}"
-            log.error("journal: %s", self._broken)
-            raise ClosedError(self._broken) from exc
+            raise self._fail(f"fsync of {self._segments[-1].path}", exc) from exc
         finally:
             self._flushing = False
             self._syncing = False  # (if cancelled before the thread started)
             for dfd in self._deferred_close:
-                os.close(dfd)
+                with contextlib.suppress(OSError):
+                    _fs.close(dfd)
             self._deferred_close.clear()
             self._durable_lot.unpark_all()
 
@@ -1144,7 +1381,7 @@ class Journal:
         as the kernel returns, before trio hears of it.
         """
         try:
-            _fdatasync(fd)
+            _fs.fdatasync(fd)
         finally:
             self._syncing = False
 
@@ -1169,23 +1406,36 @@ class Journal:
                 finally:
                     self._urgent_waiting = False
                     self._arm()
+            if self._broken is not None:
+                # Intake stopped after a failed fsync: never fsync again (a
+                # later success would not cover the dropped pages), and stay
+                # out of the way of reads and shipping.
+                await trio.sleep_forever()
             if self._durable_lsn < self._next_lsn - 1 and not self._flushing:
-                await self._flush()
+                with contextlib.suppress(Unavailable):  # the failure is logged and kept
+                    await self._flush()
             else:
                 await trio.lowlevel.checkpoint()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """The journal's background work: the interval flusher and time-based retention."""
+        """The journal's background work: the interval flusher, retention, the disk watch."""
         async with trio.open_nursery() as nursery:
             if self.config.fsync is FsyncPolicy.INTERVAL:
                 nursery.start_soon(self._interval_flusher)
             nursery.start_soon(self._retention_ticker)
+            nursery.start_soon(self._disk_watch)
             task_status.started()
 
     async def _retention_ticker(self, period: float = 5.0) -> None:
         while True:
             await trio.sleep(period)
             self._delete_segments()
+
+    async def _disk_watch(self) -> None:
+        """Notice space returning to a full disk (5 times a second while full, else each second)."""
+        while True:
+            await trio.sleep(0.2 if self._full_since is not None else 1.0)
+            self.check_disk()
 
     # -------------------------------------------------------------- deletion
 
@@ -1203,12 +1453,18 @@ class Journal:
     def safe_lsn(self) -> int:
         return self._safe_lsn
 
-    def _delete_segments(self, need: int = 0) -> int:
-        """Delete the oldest sealed segments the watermark and retention allow."""
+    def _delete_segments(self, need: int = 0, *, force: bool = False, limit: int = -1) -> int:
+        """Delete the oldest sealed segments the watermark and retention allow.
+
+        ``force`` (a full disk) deletes shipped segments within retention
+        too. Deletion always goes oldest first, so segments past retention
+        go before any within it, and stops at the first segment holding an
+        entry at or above the safe LSN: never an unshipped byte.
+        """
         deleted = 0
         now = _now_ms()
         keep_bytes = self.config.effective_retention_bytes
-        while len(self._segments) > 1:
+        while len(self._segments) > 1 and deleted != limit:
             seg = self._segments[0]
             if seg.end_lsn > self._safe_lsn:
                 break
@@ -1216,23 +1472,40 @@ class Journal:
             pressure = self._total_bytes > keep_bytes or (
                 need and self._total_bytes + need > self.config.max_bytes
             )
-            if not (expired or pressure):
+            if not (expired or pressure or force):
                 break
-            self._drop_oldest()
+            early = not (expired or pressure)
+            why = " before its retention ended: the disk is (nearly) full" if early else ""
+            if not self._drop_oldest(why):
+                break
             deleted += 1
+            if early:
+                self._deleted_for_space += 1
+                self._full_episode_deleted += 1
         return deleted
 
-    def _drop_oldest(self) -> None:
-        seg = self._segments.pop(0)
+    def _drop_oldest(self, why: str = "") -> bool:
+        seg = self._segments[0]
+        try:
+            _fs.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            # Keep it: deleting a later segment would leave a hole the next
+            # open refuses (segments must be contiguous).
+            log.warning("journal: could not delete segment %s: %s", seg.path, exc)
+            return False
+        self._segments.pop(0)
         self._segment_bases.pop(0)
+        if seg in self._unindexed:
+            self._unindexed.remove(seg)
         fd = self._read_fds.pop(seg.base_lsn, None)
         if fd is not None:
             os.close(fd)
         freed = seg.size
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             freed += seg.index_path.stat().st_size
-        seg.path.unlink(missing_ok=True)
-        seg.index_path.unlink(missing_ok=True)
+            _fs.unlink(seg.index_path)
         self._total_bytes -= freed
         for p in self._partitions.values():
             k = bisect.bisect_left(p.lsns, seg.end_lsn)
@@ -1240,8 +1513,215 @@ class Journal:
                 del p.lsns[:k]
                 del p.offsets[:k]
         log.info(
-            "journal: deleted segment %s (LSN %d-%d)", seg.path.name, seg.base_lsn, seg.end_lsn - 1
+            "journal: deleted segment %s (LSN %d-%d)%s",
+            seg.path.name,
+            seg.base_lsn,
+            seg.end_lsn - 1,
+            why,
         )
+        return True
+
+    # ------------------------------------------------------------- disk full
+
+    def _disk_space(self) -> tuple[int, int]:
+        """(bytes free for this user, size) of the filesystem under the journal; -1 if unknown."""
+        try:
+            st = _fs.statvfs(self.path)
+        except OSError:
+            return -1, -1
+        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+    def _disk_full(self, where: Path, exc: OSError, need: int) -> DiskFull:
+        """Note that a write found no room (one WARNING per episode); the error to raise.
+
+        The episode lasts until the disk has room again (twice the write
+        that failed, and the reserve file); meanwhile every append passes
+        :meth:`_reserve`, which makes room or notices the space.
+        """
+        free, _ = self._disk_space()
+        self._full_resume_at = 2 * max(need, 4096) + self.config.reserve_bytes
+        if self._full_since is None:
+            now = time.monotonic()
+            self._full_since = now
+            self._roll_at = 0
+            if now - self._full_ended < _EPISODE_GAP_S:
+                # Room the journal made itself was taken again: the same
+                # episode for the operator (one WARNING, not one per segment).
+                log.info("journal: disk full again writing %s: %d bytes free", where, free)
+                return self._disk_full_error(where, exc, free)
+            self._disk_full_episodes += 1
+            self._full_episode_rejections = 0
+            self._full_episode_deleted = 0
+            log.warning(
+                "journal: disk full writing %s (%s): %d bytes free. Produce answers 503 "
+                "disk_full (and mirrors wait) while no room can be made; shipped segments are "
+                "deleted to make room, never unshipped data. Free space on this filesystem.",
+                where,
+                exc.strerror or exc,
+                free,
+            )
+        return self._disk_full_error(where, exc, free)
+
+    @staticmethod
+    def _disk_full_error(where: Path, exc: OSError, free: int) -> DiskFull:
+        return DiskFull(
+            f"disk full writing {where}: {exc.strerror or exc} ({max(free, 0)} bytes free); "
+            "retry when space returns"
+        )
+
+    def _refused(self) -> None:
+        """Count an append refused with DiskFull."""
+        self._disk_full_rejections += 1
+        self._full_episode_rejections += 1
+
+    def _keep_free(self) -> None:
+        """Delete shipped segments while the disk has less room than the next two segments need.
+
+        Oldest first, within retention too: a disk about to fill would
+        otherwise refuse new data to keep old, already shipped data. Keeping
+        this headroom also keeps preallocation (and the fast append path)
+        working on a small disk.
+        """
+        free, _ = self._disk_space()
+        low = 2 * self._segment_bytes + self.config.reserve_bytes
+        while 0 <= free < low and len(self._segments) > 1:
+            oldest = self._segments[0]
+            if not self._delete_segments(force=True, limit=1):
+                return
+            free += oldest.size
+
+    def _end_disk_full(self, free: int) -> None:
+        assert self._full_since is not None
+        log.info(
+            "journal: disk space returned (%d bytes free): intake resumed after %.1fs "
+            "(%d writes refused, %d shipped segments deleted to make room)",
+            free,
+            time.monotonic() - self._full_since,
+            self._full_episode_rejections,
+            self._full_episode_deleted,
+        )
+        self._full_since = None
+        self._full_ended = time.monotonic()
+        self._roll_at = self._segment_bytes
+        active = self._segments[-1]
+        if active.mm is None and active.fd is not None:
+            self._map(active)  # preallocation failed while the disk was full
+
+    def _while_disk_full(self, length: int) -> None:
+        """Before an append while the disk is full: notice space returning, or make room."""
+        seg = self._segments[-1]
+        if seg.size + length <= seg.mm_end:
+            return  # it goes into space preallocated before the disk filled
+        free, _ = self._disk_space()
+        if free >= self._full_resume_at:
+            self._end_disk_full(free)
+            return
+        if self._delete_segments(force=True, limit=1):
+            return
+        if self._shipped_bytes(seg) >= _EARLY_ROLL_MIN:
+            # Everything shipped is in the active segment: seal it early, so
+            # that it can be deleted (now, or once its tail is shipped).
+            self._roll_making_room()
+            self._delete_segments(force=True, limit=1)
+
+    def _shipped_bytes(self, seg: _Segment) -> int:
+        """Bytes of ``seg``'s entries below the safe LSN."""
+        k = self._safe_lsn - seg.base_lsn
+        if k <= 1:
+            return 0
+        return (seg.positions[k] if k < len(seg.positions) else seg.size) - seg.positions[0]
+
+    def _roll_making_room(self) -> None:
+        """Roll; if the disk is too full for the new segment, make room and retry.
+
+        Room comes from shipped segments, oldest first, then from the
+        reserve file, which exists for this moment: with it gone, the new
+        segment fits, and the sealed one can be deleted once shipped.
+        """
+        while True:
+            try:
+                self._roll()
+                return
+            except DiskFull:
+                if self._delete_segments(force=True, limit=1):
+                    continue
+                if self._shipped_bytes(self._segments[-1]) >= _EARLY_ROLL_MIN and (
+                    self._release_reserve()
+                ):
+                    continue
+                raise
+
+    def _keep_reserve(self) -> None:
+        """Create the reserve file if it is missing and the disk has room for it twice."""
+        size = self.config.reserve_bytes
+        if size <= 0 or self._has_reserve:
+            return
+        path = self.path / RESERVE_NAME
+        try:
+            if path.stat().st_size == size:
+                self._has_reserve = True
+                return
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        free, _ = self._disk_space()
+        if 0 <= free < 2 * size:
+            return
+        fd = -1
+        try:
+            fd = _fs.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            _fs.posix_fallocate(fd, 0, size)
+        except OSError as exc:
+            log.info("journal: no reserve file for now: %s", exc)
+            with contextlib.suppress(OSError):
+                _fs.unlink(path)
+            return
+        finally:
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    _fs.close(fd)
+        self._has_reserve = True
+
+    def _release_reserve(self) -> bool:
+        if not self._has_reserve:
+            return False
+        try:
+            _fs.unlink(self.path / RESERVE_NAME)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("journal: could not delete the reserve file: %s", exc)
+            return False
+        self._has_reserve = False
+        log.info("journal: the disk is full: released the reserve file to roll over")
+        return True
+
+    def check_disk(self) -> None:
+        """Look at the disk: end a disk-full episode when space returned, catch up on chores.
+
+        :meth:`run` calls it five times a second while the disk is full and
+        once a second otherwise. With room again it writes index files that
+        could not be written and recreates the reserve file.
+        """
+        if self._closed:
+            return
+        if self._full_since is not None:
+            free, _ = self._disk_space()
+            if free < self._full_resume_at:
+                return
+            self._end_disk_full(free)
+        if self._broken is not None:
+            return
+        self._keep_free()
+        for seg in list(self._unindexed):
+            try:
+                self._write_index(seg)
+            except OSError:
+                break
+            self._unindexed.remove(seg)
+            log.info("journal: wrote the index of %s", seg.path.name)
+        self._keep_reserve()
 
     # ------------------------------------------------------------------ read
 
@@ -1250,7 +1730,10 @@ class Journal:
             return seg.fd
         fd = self._read_fds.get(seg.base_lsn)
         if fd is None:
-            fd = os.open(seg.path, os.O_RDONLY)
+            try:
+                fd = _fs.open(seg.path, os.O_RDONLY)
+            except OSError as exc:
+                raise Unavailable(f"journal: cannot open {seg.path} to read: {exc}") from exc
             self._read_fds[seg.base_lsn] = fd
             if len(self._read_fds) > _READ_FD_CACHE:
                 _, old = self._read_fds.popitem(last=False)
@@ -1258,6 +1741,12 @@ class Journal:
         else:
             self._read_fds.move_to_end(seg.base_lsn)
         return fd
+
+    def _pread(self, seg: _Segment, n: int, pos: int) -> bytes:
+        try:
+            return os.pread(self._read_fd(seg), n, pos)
+        except OSError as exc:
+            raise Unavailable(f"journal: cannot read {seg.path}@{pos}: {exc}") from exc
 
     def _locate(self, lsn: int) -> tuple[_Segment, int]:
         i = bisect.bisect_right(self._segment_bases, lsn) - 1
@@ -1267,12 +1756,12 @@ class Journal:
 
     def read_entry(self, lsn: int) -> Entry:
         """Read and verify the entry with this LSN."""
-        self._check_open()
+        self._check_readable()
         seg, _ = self._locate(lsn)
         i = lsn - seg.base_lsn
         pos = seg.positions[i]
         end = seg.positions[i + 1] if i + 1 < len(seg.positions) else seg.size
-        data = os.pread(self._read_fd(seg), end - pos, pos)
+        data = self._pread(seg, end - pos, pos)
         return fentry.decode_entry(data, where=f"{seg.path}@{pos}")
 
     def read(
@@ -1291,7 +1780,7 @@ class Journal:
         data exists at ``offset``, however large. An empty list means nothing
         at or after ``offset`` yet (see :meth:`wait_for`).
         """
-        self._check_open()
+        self._check_readable()
         p = self._partitions.get((topic, partition))
         if p is None or offset >= p.next_offset:
             return []
@@ -1322,7 +1811,7 @@ class Journal:
         entries are returned, so nothing leaves the machine that a power loss
         could take back.
         """
-        self._check_open()
+        self._check_readable()
         end_lsn = (self._durable_lsn + 1) if durable_only else self._next_lsn
         out: list[Entry] = []
         lsn = max(from_lsn, self._segments[0].base_lsn)
@@ -1337,7 +1826,7 @@ class Journal:
             while j < last and (seg.positions[j] - start < max_bytes - size or j == i):
                 j += 1
             stop = seg.positions[j] if j < len(seg.positions) else seg.size
-            data = os.pread(self._read_fd(seg), stop - start, start)
+            data = self._pread(seg, stop - start, start)
             cur = 0
             for _ in range(i, j):
                 e = fentry.decode_entry(data, cur, where=f"{seg.path}@{start + cur}")
@@ -1354,7 +1843,7 @@ class Journal:
         """Wait until the partition holds a record at ``offset`` (no polling)."""
         p = self._partitions.get((topic, partition)) or self._partition(topic, partition)
         while p.next_offset <= offset:
-            self._check_open()
+            self._check_readable()
             p.waiters += 1
             try:
                 await p.lot.park()
@@ -1369,7 +1858,7 @@ class Journal:
     async def wait_appended_bytes(self, total: int) -> None:
         """Wait until :attr:`appended_bytes` reaches ``total`` (one wake-up, not one per append)."""
         while self._appended_bytes < total:
-            self._check_open()
+            self._check_readable()
             self._bytes_targets.append(total)
             self._bytes_watch = min(self._bytes_targets)
             self._arm()
@@ -1383,7 +1872,7 @@ class Journal:
     async def wait_appended(self, lsn: int) -> None:
         """Wait until an entry with LSN ``lsn`` has been written."""
         while self._next_lsn <= lsn:
-            self._check_open()
+            self._check_readable()
             self._append_waiters += 1
             self._arm()
             try:
@@ -1411,6 +1900,7 @@ class Journal:
         return dict(self._sources)
 
     def statistics(self) -> JournalStats:
+        free, size = self._disk_space()
         return JournalStats(
             segments=len(self._segments),
             bytes=self._total_bytes,
@@ -1429,6 +1919,13 @@ class Journal:
             truncated_bytes_on_open=self._truncated_on_open,
             open_seconds=self._open_seconds,
             active_segment_bytes=self._segments[-1].size if self._segments else 0,
+            disk_free_bytes=free,
+            disk_size_bytes=size,
+            disk_full=self._full_since is not None,
+            disk_full_rejections=self._disk_full_rejections,
+            disk_full_episodes=self._disk_full_episodes,
+            segments_deleted_for_space=self._deleted_for_space,
+            failed=self._broken,
         )
 
     # ----------------------------------------------------------------- close
@@ -1443,14 +1940,13 @@ class Journal:
             if active is not None and active.fd is not None:
                 try:
                     if self._broken is None:
-                        self._unmap(active)  # a clean close leaves no preallocated tail
-                        os.fsync(active.fd)
-                        self._durable_lsn = self._next_lsn - 1
+                        self._close_active(active)
                 finally:
                     if active.mm is not None:
                         active.mm.close()
                         active.mm = None
-                    os.close(active.fd)
+                    with contextlib.suppress(OSError):
+                        _fs.close(active.fd)
                     active.fd = None
         finally:
             for fd in self._read_fds.values():
@@ -1468,6 +1964,25 @@ class Journal:
                 lot.unpark_all()
             for p in self._partitions.values():
                 p.lot.unpark_all()
+
+    def _close_active(self, active: _Segment) -> None:
+        """Cut the preallocated tail and fsync; failures are logged, never raised.
+
+        Closing must release everything. A tail that cannot be cut is kept
+        (the next open recognises the zeros as free space); a failed fsync
+        is a failed fsync (see :meth:`_fail`).
+        """
+        assert active.fd is not None
+        try:
+            self._unmap(active)  # a clean close leaves no preallocated tail
+        except OSError as exc:
+            log.warning("journal: could not cut the preallocated tail of %s: %s", active.path, exc)
+        try:
+            _fs.fsync(active.fd)
+        except OSError as exc:
+            self._fail(f"fsync of {active.path} at close", exc)
+        else:
+            self._durable_lsn = self._next_lsn - 1
 
     async def aclose(self) -> None:
         """Wait for an fsync in flight, then fsync and close. Always releases."""

@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import errno
-import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
+from _faults import FaultyFs
 
-from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, InvalidName, JournalFull
+from edge_gateway.errors import (
+    ClosedError,
+    CorruptData,
+    DiskFull,
+    InvalidInput,
+    InvalidName,
+    JournalFull,
+)
 from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import (
     FsyncPolicy,
@@ -312,18 +319,15 @@ async def test_disk_full_error_rolls_back_the_partial_write(
         if size == "large"
         else JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, preallocate=False)
     )
-
-    def short_then_enospc(fd: int, parts: list[bytes], pos: int) -> int:
-        data = b"".join(parts)
-        os.pwrite(fd, data[: len(data) // 2], pos)
-        raise OSError(errno.ENOSPC, "No space left on device")
-
+    fs = FaultyFs()
+    monkeypatch.setattr(journal_module, "_fs", fs)
     async with open_journal(tmp_path, cfg) as j:
         await j.append("t", 0, batch_for("t", 0, 0, n))
-        with monkeypatch.context() as m:
-            m.setattr(journal_module, "_pwritev", short_then_enospc)
-            with pytest.raises(JournalFull, match="disk full"):
-                await j.append("t", 0, batch_for("t", 0, n, n))
+        fs.fail("write", fs.calls["write"] + 1, errno=errno.ENOSPC, count=1)  # half, then ENOSPC
+        with pytest.raises(DiskFull, match="disk full"):
+            await j.append("t", 0, batch_for("t", 0, n, n))
+        assert j.statistics().disk_full
+        assert j.statistics().disk_full_rejections == 1
         res = await j.append("t", 0, batch_for("t", 0, n, n))
         assert res.base_offset == n
         res = await j.append("t", 0, batch_for("t", 0, 2 * n, 1))  # a small one after it

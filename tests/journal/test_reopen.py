@@ -7,6 +7,7 @@ else; these tests pin that both accept and reject exactly the same bytes.
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -18,6 +19,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import Journal, JournalConfig, SourceCoords
 from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal._fs import FileOps
 
 # One segment holds everything below, so it is all in the active segment.
 BIG = JournalConfig(segment_bytes=16 * 1024 * 1024, max_bytes=64 * 1024 * 1024)
@@ -269,13 +271,13 @@ def test_map_and_pwrite_interleave_byte_exactly(
     # Small entries are copied into the map, except while an fdatasync runs
     # (then pwrite); large ones always use pwritev. Mix all three.
     calls = []
-    real = journal_module._pwritev
 
-    def counting(fd: int, parts: list[bytes], pos: int) -> int:
-        calls.append(pos)
-        return real(fd, parts, pos)
+    class Counting(FileOps):
+        def pwritev(self, fd: int, parts: list[bytes], pos: int) -> int:  # type: ignore[override]
+            calls.append(pos)
+            return os.pwritev(fd, parts, pos)
 
-    monkeypatch.setattr(journal_module, "_pwritev", counting)
+    monkeypatch.setattr(journal_module, "_fs", Counting())
     j = Journal.open_sync(tmp_path, BIG)
     try:
         expected = []
