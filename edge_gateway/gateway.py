@@ -24,6 +24,7 @@ in the journal, so a later restart resumes exactly where it stopped).
 
 from __future__ import annotations
 
+import errno
 import functools
 import itertools
 import json
@@ -49,6 +50,7 @@ from edge_gateway.config import (
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
+    DiskFull,
     EdgeGatewayError,
     InvalidInput,
     ReadOnlyTopic,
@@ -357,10 +359,20 @@ class Gateway:
                 )
                 raise UnknownTopic(f"unknown topic {topic!r} ({where}, or set auto_create = true)")
             self._auto[topic] = self.config.default_partitions
+            try:
+                self._save_auto_topics()
+            except OSError as exc:
+                # Not created: a topic the next start would not know must not
+                # take records now. The producer retries (503).
+                del self._auto[topic]
+                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                kind = DiskFull if full else Unavailable
+                raise kind(
+                    f"cannot auto-create topic {topic!r}: saving {self._topics_path()}: {exc}"
+                ) from exc
             self._add_topic(
                 TopicConfig(name=topic, home=self.region, partitions=self.config.default_partitions)
             )
-            self._save_auto_topics()
             log.info("auto-created topic %s (%d partitions)", topic, self.config.default_partitions)
             t = self._topics[topic]
         if t.kind != "local":

@@ -118,3 +118,32 @@ async def test_auto_create_persists(tmp_path: Path) -> None:
         await nursery.start(gw.run)
         assert gw.describe_topic("fresh").partitions == 2
         gw.request_shutdown()
+
+
+async def test_auto_create_on_a_full_disk_is_refused_then_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    from edge_gateway.errors import DiskFull
+
+    gw = Gateway(parse_config(config(tmp_path, auto_create=True)))
+    real_save = gw._save_auto_topics
+    full = True
+
+    def save() -> None:
+        if full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save()
+
+    monkeypatch.setattr(gw, "_save_auto_topics", save)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gw.run)
+        with pytest.raises(DiskFull, match="cannot auto-create topic 'fresh'"):
+            await gw.produce("fresh", [ProduceRecord(b"x")])
+        assert "fresh" not in [t.name for t in gw.topics()]  # not half created
+        full = False
+        res = await gw.produce("fresh", [ProduceRecord(b"x")])
+        assert res.offsets == [0]
+        gw.request_shutdown()
+    assert "fresh" in (tmp_path / "data" / "topics.json").read_text()
