@@ -122,6 +122,8 @@ async def run(path: Path, cfg: JournalConfig, fs: FaultyFs, m: Model) -> None:
             # the page cache keeps what was written.
             healed_at = i
             j._release_files()
+            assert j._lock is not None
+            j._lock.release()  # the kernel drops a dead process's lock
             j = None
             continue
         try:
