@@ -15,11 +15,31 @@ from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
 from edgegw_cli._common import console, fail
 
 
-def _ago(ms: int | None) -> str:
+def _ago(ms: int | None, now_ms: int | None = None) -> str:
+    """How long ago ``ms`` was, on the clock that wrote it (``now_ms``: the gateway's now).
+
+    The gateway may be another machine with another clock: its own "now"
+    (``status``'s ``clock.local_ms``) is used when given.
+    """
     if not ms:
         return "never"
-    s = max(0.0, time.time() - ms / 1000)
+    now_s = time.time() if now_ms is None else now_ms / 1000
+    s = max(0.0, now_s - ms / 1000)
     return f"{s:.1f}s ago" if s < 120 else f"{s / 60:.0f} min ago"
+
+
+def _clock(c: dict[str, Any]) -> str:
+    """``ok, 0.4 s ahead of the bucket's clock`` (coloured when beyond the bounds)."""
+    skew = c.get("skew_s")
+    if skew is None:
+        return "not compared with the bucket's yet"
+    way = "ahead of" if skew > 0 else "behind"
+    text = f"{c['state']}, {abs(skew):.1f} s {way} the bucket's clock"
+    if abs(skew) >= 2 * 86400:
+        text += f" ({abs(skew) / 86400:.1f} days)"
+    if c["state"] == "gc-paused":
+        return f"[red]{text} (bucket GC deletes nothing)[/]"
+    return f"[yellow]{text}[/]" if c["state"] == "skewed" else text
 
 
 def _mb(n: int) -> str:
@@ -77,11 +97,18 @@ def render(doc: dict[str, Any]) -> None:
     head.add_row("shipper", claim)
     head.add_row(
         "shipped",
-        f"{s['objects']} objects, {_mb(s['wire_bytes'])}, last {_ago(s['last_ship_ms'])}; "
+        f"{s['objects']} objects, {_mb(s['wire_bytes'])}, "
+        f"last {_ago(s['last_ship_ms'], (doc.get('clock') or {}).get('local_ms'))}; "
         f"{s['pending_lsns']} journal entries pending",
     )
     if s.get("last_error"):
         head.add_row("ship error", f"[red]{s['last_error']}[/]")
+    clock = doc.get("clock")
+    if clock:
+        head.add_row("clock", _clock(clock))
+    paused = (doc.get("gc") or {}).get("paused")
+    if paused:
+        head.add_row("bucket gc", f"[red]paused: {paused}[/]")
     for name, err in doc.get("errors", {}).items():
         head.add_row(f"{name} failed", f"[red]{err}[/]")
     console.print(head)
