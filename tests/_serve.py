@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import base64
+import os
 import random
 import subprocess
 import sys
@@ -161,6 +162,8 @@ class Gateway:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
+        #: Extra environment of the next starts (e.g. ``LD_PRELOAD`` of libfaketime).
+        self.env: dict[str, str] = {}
         merged = {name: dict(values) for name, values in FAST.items()}
         for name, values in sections.items():
             merged.setdefault(name, {}).update(values)
@@ -197,6 +200,7 @@ class Gateway:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **self.env} if self.env else None,
             )
 
     def wait_ready(self, timeout: float = 60.0) -> None:
