@@ -10,7 +10,7 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test lint typecheck pytest bench clean install
+.PHONY: run test lint typecheck pytest bench clean install faketime
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "edgegw needs Python 3.11+"'
@@ -42,7 +42,19 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict edge_gateway
 
-pytest: $(STAMP)
+# The clock tests (tests/system/test_clocks.py) run gateways under libfaketime
+# (Debian package faketime). Installed here when missing and we are root on a
+# Debian-like system; otherwise those tests skip, saying why.
+faketime:
+	@command -v faketime >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q faketime || { apt-get update -q && apt-get install -y -q faketime; } \
+	      || echo "could not install faketime: the clock tests will skip"; \
+	  else \
+	    echo "faketime is not installed and this is not root with apt-get: the clock tests will skip"; \
+	  fi; }
+
+pytest: $(STAMP) faketime
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

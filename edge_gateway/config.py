@@ -31,6 +31,7 @@ from typing import Any, Literal
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
 from edge_gateway.bucket import S3Config
+from edge_gateway.clock import ClockConfig
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
 from edge_gateway.journal import JournalConfig
 from edge_gateway.names import mirror_topic, validate_home_topic, validate_region, validate_topic
@@ -39,6 +40,7 @@ from edge_gateway.shipper import ShipperConfig
 __all__ = [
     "ApiConfig",
     "BucketConfig",
+    "ClockConfig",
     "GatewayConfig",
     "GcSettings",
     "LogConfig",
@@ -349,6 +351,7 @@ class GatewayConfig:
     bucket: BucketConfig = field(default_factory=BucketConfig)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
     gc: GcSettings = field(default_factory=GcSettings)
+    clock: ClockConfig = field(default_factory=ClockConfig)
     api: ApiConfig = field(default_factory=ApiConfig)
     metadata: MetadataSettings = field(default_factory=MetadataSettings)
     log: LogConfig = field(default_factory=LogConfig)
@@ -578,6 +581,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "bucket": BucketConfig,
     "mirror": MirrorConfig,
     "gc": GcSettings,
+    "clock": ClockConfig,
     "api": ApiConfig,
     "metadata": MetadataSettings,
     "log": LogConfig,
@@ -776,7 +780,11 @@ type = "local"
 # interval_ms = 600000
 # retention_ms = 604800000     # keep objects in the bucket at least 7 days ...
 # retain_until_mirrored = true # ... and until every subscriber mirrored them ...
-# age_cap_ms = 2592000000      # ... but at most 30 days
+# age_cap_ms = 2592000000      # ... but at most 30 days (ages on the bucket's clock)
+
+[clock]
+# warn_skew_ms = 60000          # WARNING when this clock and the bucket's differ by more
+# gc_pause_skew_ms = 3600000    # beyond this, bucket GC deletes nothing
 
 [api]
 # listen = "127.0.0.1:{port}"  # a token is required on a non-loopback address

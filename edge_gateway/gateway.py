@@ -41,6 +41,7 @@ import crc32c
 import trio
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket
+from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
     GatewayConfig,
     TopicConfig,
@@ -63,7 +64,7 @@ from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batche
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import Journal, JournalStats, open_journal
 from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
-from edge_gateway.mirror.gc import GcConfig, collect_garbage
+from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper
 from edge_gateway.supervisor import Supervisor, TaskHealth
@@ -211,6 +212,10 @@ class Gateway:
         self._gc_runs = 0
         self._gc_deleted = 0
         self._gc_last_error: str | None = None
+        #: Why the last GC run deleted nothing at all (a wrong clock), or None.
+        self._gc_paused: str | None = None
+        #: This gateway's clock against the bucket's (fed by the shipper's writes).
+        self._bucket_clock = BucketClock(config.clock)
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
         self._ready_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -218,6 +223,7 @@ class Gateway:
         self._starting = trio.CancelScope()
         self._accepting = False
         self._started_ms = 0
+        self._started_mono: float | None = None
         self._workers_started = False
         self._api_addr: tuple[str, int] | None = None
         self._supervisor = Supervisor(on_failure=self._task_failed)
@@ -527,6 +533,16 @@ class Gateway:
         """Wall-clock ms when the gateway became ready (0 before)."""
         return self._started_ms
 
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since the gateway became ready, on the monotonic clock (0 before)."""
+        return 0.0 if self._started_mono is None else time.monotonic() - self._started_mono
+
+    @property
+    def bucket_clock(self) -> BucketClock:
+        """This gateway's clock compared with the bucket's (see ``edge_gateway.clock``)."""
+        return self._bucket_clock
+
     def add_service(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
         """Run ``fn(gateway, task_status=...)`` as a long-lived task once the core is up."""
         self._services.append((name, fn))
@@ -609,6 +625,7 @@ class Gateway:
                 config=cfg.shipper,
                 prefix=self.key_prefix,
                 on_commit=agent.report_head if agent is not None else None,
+                bucket_clock=self._bucket_clock,
             )
             try:
                 async with trio.open_nursery() as core:
@@ -644,6 +661,7 @@ class Gateway:
                             await hook()
                         self._ready = True
                         self._started_ms = _now_ms()
+                        self._started_mono = time.monotonic()
                         log.info(
                             "gateway %s ready: %d topics, bucket %s",
                             self.region,
@@ -718,21 +736,30 @@ class Gateway:
         task_status.started()
         g = self.config.gc
         gcfg = GcConfig(retention_ms=g.retention_ms, age_cap_ms=g.age_cap_ms)
+        await self._register_subscribers()
         while True:
             await trio.sleep(g.interval_ms / 1000)
-            # From the topology in force now: routing changes move it.
             fail_point("gc.run")
-            subscribers = (
-                topology_subscribers(self._topology, self.region) if g.retain_until_mirrored else []
-            )
             try:
                 res = await collect_garbage(
-                    self.bucket, self.region, subscribers, gcfg, prefix=self.key_prefix
+                    self.bucket,
+                    self.region,
+                    self._gc_subscribers(),
+                    gcfg,
+                    prefix=self.key_prefix,
+                    clock=self._bucket_clock,
+                    head_seq=self._log_head(),
                 )
             except (Unavailable, EdgeGatewayError) as exc:
                 self._gc_last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("bucket gc: %s (retrying next interval)", exc)
                 continue
+            if res.paused != self._gc_paused:
+                if res.paused:
+                    log.warning("bucket gc: deleting nothing: %s", res.paused)
+                else:
+                    log.info("bucket gc: the clock is sane again; deleting as configured")
+                self._gc_paused = res.paused
             self._gc_runs += 1
             self._gc_deleted += res.deleted_entries
             self._gc_last_error = None
@@ -747,6 +774,37 @@ class Gateway:
                     if res.overridden
                     else "",
                 )
+
+    def _gc_subscribers(self) -> list[str] | None:
+        """The regions GC waits for, from the topology in force now (routing changes move it)."""
+        if not self.config.gc.retain_until_mirrored:
+            return []
+        return topology_subscribers(self._topology, self.region)
+
+    def _log_head(self) -> int | None:
+        """The last seq this gateway committed to its log (None before its claim)."""
+        s = self.shipper.statistics()
+        return s.next_seq - 1 if s.claimed else None
+
+    async def _register_subscribers(self) -> None:
+        """At start, record the subscribers GC will meet as subscribed from the log's head on.
+
+        Entries written before a subscriber is recorded count as written
+        before it subscribed (``edge_gateway.mirror.gc``): the sooner, the
+        more exact. Waits for the claim (the head); a failure is logged and
+        left to the first GC run, which records them too.
+        """
+        await self.shipper.wait_claimed()
+        try:
+            await register_subscribers(
+                self.bucket,
+                self.region,
+                self._gc_subscribers(),
+                prefix=self.key_prefix,
+                head_seq=self._log_head(),
+            )
+        except (Unavailable, EdgeGatewayError) as exc:
+            log.warning("bucket gc: subscribers not recorded yet (%s); next GC run does it", exc)
 
     async def _drain(self) -> None:
         """Flush and ship what is pending, shielded, within the grace period."""
@@ -1024,12 +1082,29 @@ class Gateway:
                 "runs": self._gc_runs,
                 "deleted_entries": self._gc_deleted,
                 "last_error": self._gc_last_error,
+                "paused": self._gc_paused,
             },
+            "clock": self._clock_json(),
             # The supervised tasks; "errors" keeps, per degraded task, its last error.
             "tasks": [h.to_json() for h in health],
             "errors": {h.name: h.last_error or "" for h in health if h.degraded},
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
+        }
+
+    def _clock_json(self) -> dict[str, Any]:
+        """The ``clock`` block of :meth:`status`: this gateway's clock against the bucket's."""
+        c = self._bucket_clock.statistics()
+        return {
+            "state": str(c.state),
+            "skew_s": None if c.skew_s is None else round(c.skew_s, 3),
+            "local_ms": _now_ms(),
+            "bucket_ms": c.bucket_now_ms,
+            "measured_on": c.measured_on,
+            "sample_age_s": None if c.sample_age_s is None else round(c.sample_age_s, 3),
+            "samples": c.samples,
+            "warn_skew_s": c.warn_skew_s,
+            "gc_pause_skew_s": c.gc_pause_skew_s,
         }
 
 

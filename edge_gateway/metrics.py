@@ -10,6 +10,8 @@ latency by route template, method and status code.
 Families (``_total`` is added to counters by the exposition format):
 
 * ``edgegw_info{region,version}``, ``edgegw_accepting``, ``edgegw_uptime_seconds``
+* ``edgegw_clock_skew_seconds`` (this gateway's clock minus the bucket's; absent
+  before the first write), ``edgegw_clock_state{state}``, ``edgegw_gc_paused``
 * ``edgegw_journal_*``: bytes, max_bytes, segments, next_lsn, durable_lsn,
   appends_total, appended_bytes_total, fsyncs_total, fsync_seconds_total,
   fsync_seconds_max, full_rejections_total; the filesystem under it:
@@ -33,7 +35,6 @@ Families (``_total`` is added to counters by the exposition format):
 from __future__ import annotations
 
 import logging
-import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -211,9 +212,10 @@ class _GatewayCollector(Collector):
         if gw.started_ms:
             yield _gauge(
                 "edgegw_uptime_seconds",
-                "Seconds since the gateway became ready.",
-                max(0.0, time.time() - gw.started_ms / 1000),
+                "Seconds since the gateway became ready (monotonic clock).",
+                gw.uptime_s,
             )
+        yield from self._clock(gw)
         try:
             stats = gw.journal.statistics()
             gw.shipper  # noqa: B018 - raises ClosedError when not running
@@ -356,14 +358,13 @@ class _GatewayCollector(Collector):
         if pending:
             # One small read of the oldest unshipped entry's header and payload.
             try:
-                first = journal.read_entries(s.shipped_lsn + 1, max_bytes=1, durable_only=False)
+                age = gw.shipper.oldest_pending_age_s()
             except EdgeGatewayError:  # racing a segment deletion: report what we know
-                first = []
-            if first:
-                age = max(0.0, time.time() - first[0].append_time / 1000)
+                age = 0.0
         yield _gauge(
             "edgegw_shipper_oldest_unshipped_age_seconds",
-            "Age of the oldest journal entry not yet in the bucket (0 when none).",
+            "Age of the oldest journal entry not yet in the bucket (0 when none; its append "
+            "time, bounded by the monotonic time since everything was shipped).",
             age,
         )
         yield _counter("edgegw_shipper_objects", "Log objects committed.", s.objects)
@@ -392,6 +393,33 @@ class _GatewayCollector(Collector):
             )
 
     @staticmethod
+    def _clock(gw: Gateway) -> Iterator[Metric]:
+        """This gateway's clock against the bucket's (``edge_gateway.clock``)."""
+        c = gw.bucket_clock.statistics()
+        if c.skew_s is not None:
+            yield _gauge(
+                "edgegw_clock_skew_seconds",
+                "This gateway's wall clock minus the bucket's (positive: ahead), measured on "
+                "the last object it wrote. Beyond clock.warn_skew_ms a WARNING is logged; "
+                "beyond clock.gc_pause_skew_ms bucket GC deletes nothing.",
+                c.skew_s,
+            )
+        state = GaugeMetricFamily(
+            "edgegw_clock_state",
+            "1 for the state of this gateway's clock against the bucket's "
+            "(unknown, ok, skewed, gc-paused).",
+            labels=["state"],
+        )
+        state.add_metric([str(c.state)], 1)
+        yield state
+        yield _gauge(
+            "edgegw_gc_paused",
+            "1 while bucket GC deletes nothing because this gateway's clock is off "
+            "(clock.gc_pause_skew_ms).",
+            1 if gw.bucket_clock.gc_pause_reason() else 0,
+        )
+
+    @staticmethod
     def _metadata(gw: Gateway) -> Iterator[Metric]:
         """The metadata server's client (nothing in static mode)."""
         if gw.metadata is None:
@@ -408,11 +436,12 @@ class _GatewayCollector(Collector):
                 "Version of the routing table in force.",
                 m["version"],
             )
-        if m["confirmed_ms"]:
+        if m.get("confirmed_age_s") is not None:
             yield _gauge(
                 "edgegw_metadata_routing_age_seconds",
-                "Seconds since the metadata server last confirmed the routing table in force.",
-                max(0.0, time.time() - m["confirmed_ms"] / 1000),
+                "Seconds since the metadata server last confirmed the routing table in force "
+                "(monotonic clock; for a table cached by an earlier run, from the cache's time).",
+                m["confirmed_age_s"],
             )
         yield _counter(
             "edgegw_metadata_fetch_failures",

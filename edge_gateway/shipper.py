@@ -54,6 +54,7 @@ from edge_gateway.bucket import (
     PreconditionFailed,
     verify_conditional_create,
 )
+from edge_gateway.clock import BucketClock
 from edge_gateway.errors import ConfigError, CorruptData, Fenced, InvalidInput
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
@@ -191,6 +192,7 @@ class Shipper:
         state_path: str | os.PathLike[str] | None = None,
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         on_commit: Callable[[int], None] | None = None,
+        bucket_clock: BucketClock | None = None,
     ) -> None:
         self.journal = journal
         self.bucket = bucket
@@ -214,6 +216,15 @@ class Shipper:
             interval_ms=self.config.manifest_interval_ms, max_entries=self.config.manifest_every
         )
         self._last_commit_mono = time.monotonic()
+        #: Compared with the bucket's on every object this shipper writes.
+        self.bucket_clock = bucket_clock or BucketClock()
+        # Intervals run on the monotonic clock (``_mono_ms``), never on the
+        # wall clock, which an edge device may set by days while running.
+        self._mono_origin = time.monotonic()
+        self._schedule.last_written_ms = self._mono_ms() - self.config.manifest_interval_ms
+        #: Monotonic time (``time.monotonic``) no later than the append of
+        #: every pending entry (-inf: unknown, e.g. entries from before a restart).
+        self._pending_since = -math.inf
         self._shipped_lot = trio.lowlevel.ParkingLot()
         self._appended_bytes_at_ship = 0
         self._ship_now = False
@@ -283,9 +294,7 @@ class Shipper:
                 self.region, epoch, seq, self._shipped_lsn, self._clock()
             )
             try:
-                await self.bucket.put(
-                    log_key(self.prefix, self.region, seq), fence, if_none_match=True
-                )
+                await self._create_timed(log_key(self.prefix, self.region, seq), fence)
             except PreconditionFailed:
                 log.info("shipper: seq %d was taken while claiming; looking again", seq)
                 continue
@@ -625,7 +634,7 @@ class Shipper:
     ) -> None:
         """One attempt to create the entry; returns once it is committed (by us)."""
         try:
-            await self.bucket.put(key, obj, if_none_match=True)
+            await self._create_timed(key, obj)
             return
         except PreconditionFailed:
             pass
@@ -682,9 +691,9 @@ class Shipper:
             )
 
     async def _maybe_write_manifest(self, *, force: bool = False) -> None:
-        now = self._clock()
-        if not self._pending_manifest or not (force or self._schedule.due(now)):
+        if not self._pending_manifest or not (force or self._schedule.due(self._mono_ms())):
             return
+        now = self._clock()
         entries = list(self._pending_manifest)
         manifest = Manifest(
             region=self.region,
@@ -698,7 +707,7 @@ class Shipper:
         )
         key = manifest_key(self.prefix, self.region, manifest.last_seq)
         try:
-            await self.bucket.put(key, manifest.encode(), if_none_match=True)
+            await self._create_timed(key, manifest.encode())
         except PreconditionFailed:
             log.info("shipper: manifest %s already exists", key)
         except BucketUnavailable as exc:
@@ -706,7 +715,7 @@ class Shipper:
             return
         self._manifests += 1
         del self._pending_manifest[: len(entries)]
-        self._schedule.written(manifest.last_seq, now)
+        self._schedule.written(manifest.last_seq, self._mono_ms())
 
     # ------------------------------------------------------------- loops
 
@@ -750,12 +759,9 @@ class Shipper:
             fail_point("shipper.loop")
             if not self.pending():
                 await self.journal.wait_appended(self._ship_from)
+                self._pending_since = time.monotonic()
             # The oldest pending entry sets the deadline; a full object goes now.
-            first = self.journal.read_entries(self._ship_from, max_bytes=1, durable_only=False)
-            deadline = trio.current_time() + flush_s
-            if first:
-                age_s = max(0.0, (self._clock() - first[0].append_time) / 1000)
-                deadline = trio.current_time() + max(0.0, flush_s - age_s)
+            deadline = trio.current_time() + max(0.0, flush_s - self.oldest_pending_age_s())
             full_at = self._appended_bytes_at_ship + self.config.max_object_bytes
             with trio.move_on_at(deadline) as self._flush_wait:
                 if self._ship_now:
@@ -770,6 +776,37 @@ class Shipper:
             self._appended_bytes_at_ship = self.journal.appended_bytes
             if not self.pending():
                 await self._maybe_write_manifest()
+
+    # ------------------------------------------------------------- clocks
+
+    async def _create_timed(self, key: str, data: bytes) -> None:
+        """A create-only PUT; its answer also measures the skew against the bucket's clock."""
+        ticket = self.bucket_clock.begin()
+        info = await self.bucket.put(key, data, if_none_match=True)
+        self.bucket_clock.observe(ticket, info.last_modified, key)
+
+    def _mono_ms(self) -> int:
+        """Milliseconds on the monotonic clock (for intervals; unaffected by setting the time)."""
+        return int((time.monotonic() - self._mono_origin) * 1000)
+
+    def oldest_pending_age_s(self) -> float:
+        """How long the oldest entry not shipped yet has waited (0 when none).
+
+        From its append time (the wall clock, kept in the journal: it
+        survives a restart), but never more than the monotonic time since
+        the shipper last saw the journal fully shipped — every pending entry
+        was appended after that — and never below 0. Setting the wall clock
+        forward therefore cannot make a flush come before
+        ``flush_interval_ms``; setting it back can delay one only for entries
+        that arrived during an upload, by at most that upload's time.
+        """
+        if not self.pending():
+            return 0.0
+        first = self.journal.read_entries(self._ship_from, max_bytes=1, durable_only=False)
+        if not first:
+            return 0.0
+        age = max(0.0, (self._clock() - first[0].append_time) / 1000)
+        return min(age, max(0.0, time.monotonic() - self._pending_since))
 
     def _is_full(self, entries: list[Entry]) -> bool:
         return sum(e.length for e in entries) >= self.config.max_object_bytes

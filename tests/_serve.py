@@ -162,7 +162,7 @@ class Gateway:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.starts = 0
-        #: Extra environment of the process (e.g. fail points).
+        #: Extra environment of the next starts (fail points, ``LD_PRELOAD`` of libfaketime).
         self.env: dict[str, str] = {}
         merged = {name: dict(values) for name, values in FAST.items()}
         for name, values in sections.items():

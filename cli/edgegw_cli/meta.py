@@ -120,6 +120,8 @@ class _Admin:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         self.http = httpx.Client(base_url=self.url, headers=headers, timeout=10.0)
+        #: The server's clock (its ``Date`` header) at the last answer, ms; None: not sent.
+        self.server_ms: float | None = None
 
     def __enter__(self) -> _Admin:
         return self
@@ -140,7 +142,20 @@ class _Admin:
                 _die(f"{err['message']} ({r.status_code} {err['code']})")
             except (ValueError, KeyError, TypeError):
                 _die(f"metadata server answered {r.status_code}: {r.text[:200]}")
+        self.server_ms = _date_ms(r.headers.get("date"))
         return r.json() if r.content else None
+
+
+def _date_ms(value: str | None) -> float | None:
+    """An HTTP ``Date`` header as ms since the epoch (None when absent or unreadable)."""
+    from email.utils import parsedate_to_datetime
+
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp() * 1000
+    except (TypeError, ValueError):
+        return None
 
 
 def _die(message: str) -> NoReturn:
@@ -299,10 +314,13 @@ def regions_list(
 
     with _Admin(metadata, token) as m:
         regions = m.call("GET", "/v1/regions")["regions"]
+        # Heartbeat times are the server's clock: measure their age on it
+        # too (this machine's clock may be off), if the server says its time.
+        server_ms = m.server_ms
     table = Table(title="regions")
     for col in ("region", "status", "last heartbeat", "version", "head seq", "lag"):
         table.add_column(col)
-    now = time.time() * 1000
+    now = server_ms if server_ms is not None else time.time() * 1000
     for r in regions:
         beat = r["last_heartbeat_ms"]
         lag = r["lag"] or {}

@@ -15,10 +15,16 @@ from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
 from edgegw_cli._common import console, fail, human_bytes
 
 
-def _ago(ms: int | None) -> str:
+def _ago(ms: int | None, now_ms: int | None = None) -> str:
+    """How long ago ``ms`` was, on the clock that wrote it (``now_ms``: the gateway's now).
+
+    The gateway may be another machine with another clock: its own "now"
+    (``status``'s ``clock.local_ms``) is used when given.
+    """
     if not ms:
         return "never"
-    s = max(0.0, time.time() - ms / 1000)
+    now_s = time.time() if now_ms is None else now_ms / 1000
+    s = max(0.0, now_s - ms / 1000)
     return f"{s:.1f}s ago" if s < 120 else f"{s / 60:.0f} min ago"
 
 
@@ -36,6 +42,20 @@ def _disk(d: dict[str, Any]) -> Text:
     if d["state"] == "failed":
         return _red(f"FAILED: {d.get('error')}; intake stopped, restart the gateway")
     return Text(line)
+
+
+def _clock(c: dict[str, Any]) -> Text:
+    """``ok, 0.4 s ahead of the bucket's clock`` (coloured when beyond the bounds)."""
+    skew = c.get("skew_s")
+    if skew is None:
+        return Text("not compared with the bucket's yet")
+    way = "ahead of" if skew > 0 else "behind"
+    text = f"{c['state']}, {abs(skew):.1f} s {way} the bucket's clock"
+    if abs(skew) >= 2 * 86400:
+        text += f" ({abs(skew) / 86400:.1f} days)"
+    if c["state"] == "gc-paused":
+        return _red(f"{text} (bucket GC deletes nothing)")
+    return Text(text, style="yellow") if c["state"] == "skewed" else Text(text)
 
 
 def status(
@@ -94,11 +114,18 @@ def render(doc: dict[str, Any]) -> None:
     head.add_row("shipper", claim)
     head.add_row(
         "shipped",
-        f"{s['objects']} objects, {human_bytes(s['wire_bytes'])}, last {_ago(s['last_ship_ms'])}; "
+        f"{s['objects']} objects, {human_bytes(s['wire_bytes'])}, "
+        f"last {_ago(s['last_ship_ms'], (doc.get('clock') or {}).get('local_ms'))}; "
         f"{s['pending_lsns']} journal entries pending",
     )
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
+    clock = doc.get("clock")
+    if clock:
+        head.add_row("clock", _clock(clock))
+    paused = (doc.get("gc") or {}).get("paused")
+    if paused:
+        head.add_row("bucket gc", _red(f"paused: {paused}"))
     for t in doc.get("tasks", []):
         if t["degraded"]:
             when = f"restarts in {t['restart_in_s']}s" if t["state"] == "restarting" else "running"

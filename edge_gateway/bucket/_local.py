@@ -41,7 +41,6 @@ import hashlib
 import os
 import stat
 import threading
-import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -191,7 +190,18 @@ class LocalBucket(Bucket):
             self._makedirs(directory)
         fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
         os.close(fd)
-        cutoff = time.time() - _STALE_TMP_SECONDS
+        # "Now" on the directory's own clock: the time a file created there
+        # gets (on a shared mount, the file server's), never this machine's
+        # clock, so an opener whose clock runs ahead does not take another
+        # machine's upload in flight for a crash's leftover.
+        probe = self._tmp / f".clock-{uuid.uuid4().hex}"
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            now = os.fstat(fd).st_mtime
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+        cutoff = now - _STALE_TMP_SECONDS
         with os.scandir(self._tmp) as entries:
             for entry in entries:
                 try:

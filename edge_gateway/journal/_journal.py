@@ -1071,9 +1071,11 @@ class Journal:
         res = self.append_nowait(topic, partition, batch)
         if self._always:
             await self.wait_durable(res[0])
-        elif self._now - self._last_yield_ms >= self._yield_ms:
+        elif not 0 <= self._now - self._last_yield_ms < self._yield_ms:
             # A producer that never blocks would starve the interval flusher
             # (and the delivery of a finished fsync): yield once per interval.
+            # (A wall clock set back also counts as due: otherwise no yield
+            # would come until the clock caught up again.)
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
         return res
@@ -1081,7 +1083,7 @@ class Journal:
     async def _after_append(self, lsn: int) -> None:
         if self._always:
             await self.wait_durable(lsn)
-        elif self._now - self._last_yield_ms >= self._yield_ms:
+        elif not 0 <= self._now - self._last_yield_ms < self._yield_ms:
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
 

@@ -102,6 +102,9 @@ class MetadataAgent:
         self._live = False
         #: When the server last confirmed the table we run from (ms), or None.
         self._confirmed_ms: int | None = None
+        #: The same moment on the monotonic clock: the table's age does not
+        #: jump when the wall clock is set.
+        self._confirmed_mono: float | None = None
         self._last_error: str | None = None
         self._poll_now = trio.Event()
         self._fetches = self._fetch_failures = self._tables_applied = 0
@@ -142,6 +145,9 @@ class MetadataAgent:
             self.client.prime(cached.table, cached.etag)
             self._table = cached.table
             self._confirmed_ms = cached.cached_ms
+            # Written by an earlier run: only the wall clock can date it.
+            age_s = max(0.0, (_now_ms() - cached.cached_ms) / 1000)
+            self._confirmed_mono = time.monotonic() - age_s
             log.info(
                 "routing: starting from the cached table (version %d, fetched %s); "
                 "asking %s for changes",
@@ -187,6 +193,7 @@ class MetadataAgent:
         self._live = True
         self._last_error = None
         self._confirmed_ms = _now_ms()
+        self._confirmed_mono = time.monotonic()
         if not fetch.changed or fetch.table == self._table:
             return False
         try:
@@ -370,6 +377,11 @@ class MetadataAgent:
             "url": self.settings.url,
             "version": table.version if table is not None else None,
             "confirmed_ms": self._confirmed_ms,
+            "confirmed_age_s": (
+                None
+                if self._confirmed_mono is None
+                else round(time.monotonic() - self._confirmed_mono, 3)
+            ),
             "describe": self.describe(),
             "last_error": self._last_error,
             "fetches": self._fetches,

@@ -23,7 +23,11 @@ Protocol and every failure case: ``docs/mirroring.md``. In short:
   and prefetches several objects at once, bounded in count and bytes, while
   applying strictly in order.
 * Deleted entries (GC) are gaps: policy ``fail`` stops this source with
-  :class:`SourceGap`, ``skip`` continues after it and records the range.
+  :class:`SourceGap`, ``skip`` continues after it and records the range. A
+  fresh mirror starts at the oldest entry left; the deleted ones before it
+  are a *start*, except those the source's GC names as lost for this reader
+  (deleted by the age cap although it was subscribed when they were
+  written): those are a gap like any other.
   Corrupt or hostile entries are quarantined and retried with backoff;
   nothing of them is applied.
 """
@@ -68,8 +72,9 @@ from edge_gateway.mirror._plan import (
     retry_delay,
 )
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
+from edge_gateway.mirror.gc import GcState, read_gc_state
 from edge_gateway.names import validate_region, validate_topic
-from edge_gateway.regionlog import find_head, read_gc_boundary, read_header
+from edge_gateway.regionlog import find_head, read_header
 
 log = logging.getLogger("edgegw.mirror")
 
@@ -487,12 +492,53 @@ class Tailer:
         if self._started:
             return
         if not self._state.started:
-            boundary = await read_gc_boundary(self.bucket, self.prefix, self.source)
+            gc = await read_gc_state(self.bucket, self.prefix, self.source)
             self._last_gap_check = trio.current_time()
-            gap = self._state.start_at(boundary + 1)
-            if gap is not None:
+            oldest = gc.highest_deleted_seq + 1
+            gaps = self._start_gaps(1, oldest - 1, gc)
+            self._check_lost(gaps)  # before moving: a stopped mirror stays at its start
+            self._state.start_at(oldest)
+            for gap in gaps:
                 self._record_gap(gap)
         self._started = True
+
+    def _start_gaps(self, first: int, last: int, gc: GcState) -> list[Gap]:
+        """The gaps of a fresh mirror whose first entries ``first..last`` are gone.
+
+        A start, except the entries the source's GC records as lost for this
+        reader (``GcState.lost``: deleted before it mirrored them although
+        it was subscribed when they were written): those are a LOG gap, and
+        the gap policy applies to them.
+        """
+        if last < first:
+            return []
+        lost = gc.lost.get(self.local_region)
+        if lost is None or lost[1] < first or lost[0] > last:
+            return [Gap(GapKind.START, self.source, first, last)]
+        a, b = max(lost[0], first), min(lost[1], last)
+        log.warning(
+            "mirror %s: entries %d..%d were deleted by %s's GC (age cap) before this region "
+            "mirrored them, although it was subscribed when they were written: a gap, not "
+            "a start (gap_policy %s)",
+            self.source,
+            a,
+            b,
+            self.source,
+            self.config.gap_policy,
+        )
+        gaps = [Gap(GapKind.LOG, self.source, a, b)]
+        if a > first:
+            gaps.insert(0, Gap(GapKind.START, self.source, first, a - 1))
+        if b < last:
+            gaps.append(Gap(GapKind.START, self.source, b + 1, last))
+        return gaps
+
+    def _check_lost(self, gaps: Sequence[Gap]) -> None:
+        """Under policy ``fail``, stop at a LOG gap among ``gaps`` (recorded)."""
+        for gap in gaps:
+            if gap.kind is GapKind.LOG and self.config.gap_policy is GapPolicy.FAIL:
+                self._record_gap(gap)
+                raise SourceGap(gap)
 
     async def _pull(self) -> int:
         """Apply entries until the next one does not exist yet; returns how many.
@@ -562,7 +608,8 @@ class Tailer:
         if not due:
             return False
         self._last_gap_check = now
-        boundary = await read_gc_boundary(self.bucket, self.prefix, self.source)
+        gc = await read_gc_state(self.bucket, self.prefix, self.source)
+        boundary = gc.highest_deleted_seq
         if boundary < seq:
             if self._known_head >= seq:
                 log.warning(
@@ -575,13 +622,15 @@ class Tailer:
                 self._known_head = seq - 1
             return False
         gap = self._state.log_gap(boundary + 1)
-        if gap.kind is GapKind.LOG and self.config.gap_policy is GapPolicy.FAIL:
-            self._record_gap(gap)
-            raise SourceGap(gap)
+        gaps = [gap]
+        if gap.kind is GapKind.START:
+            gaps = self._start_gaps(gap.first_seq, gap.last_seq, gc)
+        self._check_lost(gaps)
         await self._flush_marker()
         fresh = self._state.fresh
         coords = self._state.skip_to(boundary + 1)
-        self._record_gap(gap)
+        for g in gaps:
+            self._record_gap(g)
         if not fresh:
             # Persist the jump, so a restart does not meet (and count) it again.
             await self.journal.append_mirror("", 0, None, coords)

@@ -7,6 +7,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -108,6 +109,27 @@ async def test_open_removes_only_stale_temporary_files(tmp_path: Path) -> None:
     async with await LocalBucket.open(tmp_path / "b"):
         pass
     assert not stale.exists()
+    assert fresh.exists()
+
+
+def test_an_opener_whose_clock_is_ahead_leaves_a_fresh_temporary_file(tmp_path: Path) -> None:
+    """The age of a temporary file is taken on the directory's clock, not the opener's."""
+    from _faketime import shifted
+
+    env = {**os.environ, **shifted("+2d")}
+    opener = (
+        "import sys, trio\n"
+        "from edge_gateway.bucket import LocalBucket\n"
+        "async def main():\n"
+        "    async with await LocalBucket.open(sys.argv[1]):\n"
+        "        pass\n"
+        "trio.run(main)\n"
+    )
+    bucket = tmp_path / "b"
+    subprocess.run([sys.executable, "-c", opener, str(bucket)], env=env, check=True, timeout=60)
+    fresh = bucket / "tmp" / "fresh.tmp"
+    fresh.write_bytes(b"another machine writing now")
+    subprocess.run([sys.executable, "-c", opener, str(bucket)], env=env, check=True, timeout=60)
     assert fresh.exists()
 
 

@@ -536,3 +536,31 @@ async def test_wait_appended_alone_wakes_on_the_entry(tmp_path: Path) -> None:
         assert woke == [j.next_lsn - 1]
     finally:
         j.close_sync()
+
+
+async def test_a_wall_clock_set_back_does_not_stop_appends_from_yielding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A producer that never blocks still lets other tasks run once per fsync interval."""
+    now_ns = [1_800_000_000_000 * 1_000_000]
+    monkeypatch.setattr(journal_module, "_time_ns", lambda: now_ns[0])
+    ran = 0
+
+    async def other_task() -> None:
+        nonlocal ran
+        while True:
+            ran += 1
+            await trio.lowlevel.checkpoint()
+
+    cfg = JournalConfig(segment_bytes=1 << 20, max_bytes=64 << 20, fsync_interval_ms=5.0)
+    async with open_journal(tmp_path / "j", cfg) as j, trio.open_nursery() as nursery:
+        nursery.start_soon(other_task)
+        await j.append("t", 0, batch_for("t", 0, 0, 1))
+        now_ns[0] -= 86_400 * 10**9  # the time is set a day back
+        await trio.lowlevel.checkpoint()
+        before = ran
+        for i in range(1, 200):  # 1 ms of wall clock per append: 40 intervals
+            now_ns[0] += 1_000_000
+            await j.append("t", 0, batch_for("t", 0, i, 1))
+        assert ran > before
+        nursery.cancel_scope.cancel()

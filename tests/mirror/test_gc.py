@@ -16,7 +16,13 @@ from edge_gateway.format.manifest import gc_boundary_key, log_key, parse_manifes
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.cursor import Cursor, cursor_key, publish_cursor, read_cursor, read_cursors
-from edge_gateway.mirror.gc import GcConfig, ManifestAge, collect_garbage, plan_gc
+from edge_gateway.mirror.gc import (
+    GcConfig,
+    ManifestAge,
+    collect_garbage,
+    plan_gc,
+    read_gc_state,
+)
 from edge_gateway.regionlog import encode_gc_boundary, read_gc_boundary
 from edge_gateway.shipper import Shipper, ShipperConfig
 
@@ -181,6 +187,11 @@ async def test_gc_run_with_nothing_to_do_makes_no_writes(
     res = await collect_garbage(bucket, "a", ["b"], GcConfig(), now_ms=later())
     after = bucket.statistics()
     assert res.deleted_entries == 0
+    assert after.puts == before.puts + 1  # the first run records subscriber b, once
+    assert (await read_gc_state(bucket, "", "a")).subscribers == {"b": 5}  # head 4 + 1
+    before = after
+    await collect_garbage(bucket, "a", ["b"], GcConfig(), now_ms=later())
+    after = bucket.statistics()
     assert after.puts == before.puts
     assert after.deletes == before.deletes
 
