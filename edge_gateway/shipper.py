@@ -66,6 +66,7 @@ from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, class
 from edge_gateway.regionlog import (
     LogState,
     load_log_state,
+    mark_bucket,
     read_gc_boundary,
     read_header,
 )
@@ -311,6 +312,16 @@ class Shipper:
             self._shipped_lsn,
         )
         self._notify_commit(seq)
+        await self._mark_bucket()
+
+    async def _mark_bucket(self) -> None:
+        """Make the bucket recognisable as edgegw's (``edgegw restore``/``sync`` check it)."""
+        try:
+            if await mark_bucket(self.bucket, self.prefix, self.region, self._clock()):
+                log.info("shipper: marked %s as an edgegw bucket", self.bucket.name)
+        except BucketUnavailable as exc:
+            # Only a hint for the CLI: the next claim writes it.
+            log.warning("shipper: could not write the bucket marker (%s)", exc)
 
     def _notify_commit(self, seq: int) -> None:
         hook = self.on_commit
