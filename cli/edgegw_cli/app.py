@@ -12,6 +12,7 @@ from edgegw_cli import (
     meta,
     pipeline,
     produce,
+    reship,
     restore,
     scenario,
     serve,
@@ -38,6 +39,7 @@ app.add_typer(scenario.app, name="scenario")
 app.add_typer(inspect_cmd.app, name="inspect")
 app.command("sync")(sync.sync)
 app.command("restore")(restore.restore)
+app.command("reship")(reship.reship)
 app.add_typer(pipeline.app, name="pipeline")
 app.add_typer(meta.serve_app, name="metadata")
 app.add_typer(meta.regions_app, name="regions")

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import trio
 import typer
+from rich.markup import escape
 
 from edgegw_cli._common import err_console, fail, leaf, reason
 
@@ -20,8 +21,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgegw.serve")
 
-#: Exit codes: 0 clean shutdown, 1 a fatal error, 2 bad config, 3 fenced.
-EXIT_FATAL, EXIT_CONFIG, EXIT_FENCED = 1, 2, 3
+#: Exit codes: 0 clean shutdown, 1 a fatal error, 2 bad config, 3 fenced,
+#: 4 the bucket lost this region's log (restarting cannot help: recover first).
+EXIT_FATAL, EXIT_CONFIG, EXIT_FENCED, EXIT_BUCKET_LOST = 1, 2, 3, 4
 
 
 def serve(
@@ -34,7 +36,7 @@ def serve(
     Example: edgegw serve --config /etc/edgegw/edgegw.toml
     """
     from edge_gateway.config import load_config
-    from edge_gateway.errors import ConfigError, EdgeGatewayError, Fenced
+    from edge_gateway.errors import BucketLost, ConfigError, EdgeGatewayError, Fenced
     from edge_gateway.logs import configure_logging
 
     try:
@@ -45,6 +47,11 @@ def serve(
     configure_logging(cfg.log.level, cfg.log.format)
     try:
         trio.run(_serve, cfg)
+    except* BucketLost as group:
+        msg = str(leaf(group))
+        log.error("bucket lost: %s", msg)
+        err_console.print(f"[red]bucket lost:[/red] {escape(msg)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(EXIT_BUCKET_LOST) from None
     except* Fenced as group:
         msg = str(leaf(group))
         log.error("fenced: %s", msg)
