@@ -74,7 +74,7 @@ def values(region: str, partition: int, start: int, n: int) -> list[bytes]:
 
 
 async def ship(bucket_dir: Path, journal_root: Path, region: str, n: int) -> None:
-    bucket = await LocalBucket.open(bucket_dir)
+    bucket = await LocalBucket.open(bucket_dir, create=True)
     cfg = JournalConfig(segment_bytes=64 << 20, max_bytes=8 << 30, retention_ms=0)
     j = Journal.open_sync(journal_root / region, cfg)
     shipper = Shipper(j, bucket, region, config=ShipperConfig())

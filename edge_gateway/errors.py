@@ -13,7 +13,11 @@ so callers only ever handle these kinds::
     │   └── ReadOnlyTopic     a mirror topic, or a topic homed in another region
     │       └── WrongRegion   the topic is homed in another region (``.home``)
     ├── CorruptData           bytes on disk or in the bucket fail a check
-    │                         (CRC, length, magic, version, structure)
+    │   │                     (CRC, length, magic, version, structure)
+    │   └── BucketLost        the bucket no longer holds the region's log
+    │                         that this gateway committed there; stop, an
+    │                         operator recovers (``edgegw reship`` or
+    │                         ``edgegw restore``), never retry
     ├── Unavailable           a dependency is away (bucket, metadata server);
     │   │                     retry later with backoff
     │   ├── JournalFull       the journal's disk budget is exhausted; retry
@@ -81,6 +85,23 @@ class CorruptData(EdgeGatewayError):
         self.where = where
         self.reason = message
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class BucketLost(CorruptData):
+    """The bucket lost this region's log: its head is below what this gateway committed.
+
+    Raised by the shipper when the log's head is lower than a seq this
+    journal's writer saw committed (recorded in ``shipper.json``), when the
+    journal deleted segments that the log no longer covers, when a log entry
+    not yet summarised by a manifest (which garbage collection never deletes)
+    has vanished, or when a local bucket directory lost its layout while in
+    use. The bucket was wiped, replaced by an older copy, or the config now
+    names another bucket or prefix. Writing on would create a second, different
+    log under the same seqs, so the gateway stops (``edgegw serve`` exits 4);
+    the message says what was lost and how to recover: ``edgegw reship``
+    re-creates the log from the journal when it still holds every entry after
+    the bucket's head, otherwise ``edgegw restore``.
+    """
 
 
 class Unavailable(EdgeGatewayError):

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import crc32c
 import trio
 
-from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket
+from edge_gateway.bucket import Bucket, BucketUnavailable, LocalBucket, NoSuchBucket, S3Bucket
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
     GatewayConfig,
@@ -547,11 +547,41 @@ class Gateway:
         """Run ``fn(gateway, task_status=...)`` as a long-lived task once the core is up."""
         self._services.append((name, fn))
 
-    async def open_bucket(self) -> Bucket:
+    async def open_bucket(self, *, create: bool | None = None) -> Bucket:
+        """Open the configured bucket; :class:`NoSuchBucket` if it is not there.
+
+        ``create`` says whether a missing local bucket may be made. ``None``
+        is ``edgegw serve``'s rule: the embedded default (``bucket.path``
+        unset: ``<data_dir>/bucket``) is made on first start, an explicit
+        ``bucket.path`` must be a bucket directory or an empty directory made
+        for one -- a path that does not exist is refused, so a typo never
+        becomes a new, empty bucket. S3 buckets are never created; a missing
+        one is refused by name.
+        """
         cfg = self.config.bucket
-        if cfg.type == "local":
-            return await LocalBucket.open(cfg.local_path(self.config.data_dir))
-        return await S3Bucket.open(cfg.s3_config())
+        if cfg.type == "s3":
+            bucket: Bucket = await S3Bucket.open(cfg.s3_config())
+            try:
+                await bucket.check_exists()
+            except BucketUnavailable as exc:
+                # A gateway starts offline (docs/protocol.md, "Offline start");
+                # a missing bucket then shows at the shipper's first request.
+                log.warning("bucket %s unreachable at start: %s", bucket.name, exc)
+            except BaseException:
+                await bucket.aclose()
+                raise
+            return bucket
+        path = cfg.local_path(self.config.data_dir)
+        if create is not None:
+            return await LocalBucket.open(path, create=create)
+        if cfg.path and not path.exists():
+            raise NoSuchBucket(
+                f"bucket.path: local bucket directory {str(path)!r} does not exist; fix the "
+                "path, or create the directory (mkdir -p) to start a new bucket there"
+            )
+        # The default location is made on first start; an existing directory
+        # gets the layout only if it is empty (else it must be a bucket).
+        return await LocalBucket.open(path, create=True)
 
     @property
     def key_prefix(self) -> str:

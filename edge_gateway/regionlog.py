@@ -4,14 +4,21 @@ I/O helpers shared by the shipper (which writes its own region's log), the
 tailers (which read other regions' logs), ``edgegw restore`` and the pipeline.
 The decisions live in :mod:`edge_gateway.protocol.log` and the encodings in
 :mod:`edge_gateway.format`; this module only fetches and decodes.
+
+It also tells an edgegw bucket from any other (:func:`is_edgegw_bucket`):
+``<prefix>edgegw-bucket.json``, a marker the first claim (or an explicit
+``--new-bucket``) creates, or, for buckets written before the marker
+existed, objects of the layout under ``<prefix>regions/``.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from typing import Final
 
-from edge_gateway.bucket import Bucket, NotFound
+from edge_gateway.bucket import Bucket, NotFound, PreconditionFailed
 from edge_gateway.errors import CorruptData
 from edge_gateway.format import logobject
 from edge_gateway.format.logobject import LogObjectHeader
@@ -22,12 +29,25 @@ from edge_gateway.format.manifest import (
     manifest_prefix,
     parse_manifest_key,
 )
+from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import HeadSearch
 
 #: First ranged GET of a log object: holds the index of all but huge objects,
 #: and the whole object when it is small.
 HEADER_READ_BYTES = logobject.FIRST_GET_BYTES
 _GC_VERSION = 1
+
+#: The marker object of an edgegw bucket, under the key prefix.
+BUCKET_MARKER: Final = "edgegw-bucket.json"
+_MARKER_FORMAT: Final = "edgegw-bucket"
+_MARKER_VERSION: Final = 1
+#: Keys of the layout (docs/protocol.md, "Bucket layout") below ``regions/``.
+_LAYOUT_KEY: Final = re.compile(
+    r"regions/[A-Za-z0-9_-]+/(log/[0-9]{20}\.egw|manifest/[0-9]{20}\.json|gc-boundary\.json"
+    r"|cursors/[A-Za-z0-9_-]+\.json)"
+)
+#: Keys under ``regions/`` looked at before calling a bucket foreign.
+_LAYOUT_LIST_LIMIT: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,3 +182,69 @@ async def load_log_state(bucket: Bucket, prefix: str, region: str) -> LogState:
     elif state.head:
         state.head_header = (await read_header(bucket, log_key(prefix, region, state.head))).header
     return state
+
+
+# ---------------------------------------------------------------- bucket identity
+
+
+def bucket_marker_key(prefix: str) -> str:
+    """``<prefix>/edgegw-bucket.json`` (``prefix`` may be empty)."""
+    return f"{prefix.rstrip('/')}/{BUCKET_MARKER}" if prefix.strip("/") else BUCKET_MARKER
+
+
+def encode_bucket_marker(region: str, created_ms: int) -> bytes:
+    """The marker's content: what it is, and who made the bucket an edgegw bucket when."""
+    doc = {
+        "format": _MARKER_FORMAT,
+        "version": _MARKER_VERSION,
+        "created_by": validate_region(region),
+        "created_ms": created_ms,
+    }
+    return json.dumps(doc).encode()
+
+
+async def is_edgegw_bucket(bucket: Bucket, prefix: str) -> bool:
+    """Whether the bucket (under ``prefix``) holds edgegw data.
+
+    True when the marker exists (one GET), or else when an object of the
+    layout (a log entry, manifest, GC boundary or cursor of some region) is
+    under ``regions/`` (one LIST): buckets written before the marker existed
+    keep working. An empty bucket, and one holding only other data, is not.
+    A marker that is not edgegw's raises :class:`CorruptData`. A GET, not a
+    HEAD: only a GET's error tells a missing bucket from a missing key.
+    """
+    key = bucket_marker_key(prefix)
+    try:
+        res = await bucket.get(key)
+    except NotFound:
+        pass
+    else:
+        try:
+            doc = json.loads(res.data)
+            if doc["format"] != _MARKER_FORMAT or not isinstance(doc["version"], int):
+                raise ValueError(f"not an edgegw marker: {doc!r:.80}")
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptData(f"malformed bucket marker: {exc}", where=key) from None
+        return True
+    base = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
+    for info in await bucket.list(f"{base}regions/", limit=_LAYOUT_LIST_LIMIT):
+        if _LAYOUT_KEY.fullmatch(info.key, len(base)):
+            return True
+    return False
+
+
+async def mark_bucket(bucket: Bucket, prefix: str, region: str, created_ms: int) -> bool:
+    """Create the marker if it is missing; True if this call created it.
+
+    Create-only: of concurrent first users one writes it, and an existing
+    marker is never replaced.
+    """
+    try:
+        await bucket.put(
+            bucket_marker_key(prefix),
+            encode_bucket_marker(region, created_ms),
+            if_none_match=True,
+        )
+    except PreconditionFailed:
+        return False
+    return True

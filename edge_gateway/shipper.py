@@ -11,7 +11,10 @@ Protocol and failure cases: ``docs/protocol.md``. In short, per flush:
 3. move the journal's safe LSN past it, so segments can be deleted, and wake
    ``ack=shipped`` waiters;
 4. every ``manifest_interval`` (or ``manifest_every`` entries) also create a
-   manifest covering the entries since the previous one.
+   manifest covering the entries since the previous one -- after one HEAD
+   that checks the bucket still holds the previous manifest: a wiped bucket
+   accepts the next create as if nothing happened, so the shipper stops with
+   :class:`~edge_gateway.errors.BucketLost` instead of writing a second log.
 
 A flush happens when the oldest unshipped entry has waited ``flush_interval``
 or ``max_object_bytes`` are pending; an idle gateway makes no requests. While
@@ -50,24 +53,36 @@ import trio
 
 from edge_gateway.bucket import (
     Bucket,
+    BucketGone,
     BucketUnavailable,
+    NotFound,
     PreconditionFailed,
     verify_conditional_create,
 )
 from edge_gateway.clock import BucketClock
-from edge_gateway.errors import ConfigError, CorruptData, Fenced, InvalidInput
+from edge_gateway.errors import BucketLost, ConfigError, CorruptData, Fenced, InvalidInput
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.format.logobject import LogObjectBuilder
-from edge_gateway.format.manifest import Manifest, ManifestEntry, log_key, manifest_key
+from edge_gateway.format.manifest import (
+    Manifest,
+    ManifestEntry,
+    log_key,
+    log_prefix,
+    manifest_key,
+    manifest_prefix,
+    parse_log_key,
+    parse_manifest_key,
+)
 from edge_gateway.journal import Entry, Journal
 from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.regionlog import (
     LogState,
     load_log_state,
+    mark_bucket,
     read_gc_boundary,
     read_header,
 )
@@ -119,6 +134,23 @@ class _Building:
 
 class Diverged(Fenced):
     """Another writer continued this region's log while this journal holds unshipped data."""
+
+
+@dataclass(frozen=True, slots=True)
+class _WriterState:
+    """What ``<journal>/shipper.json`` remembers between runs.
+
+    ``epoch`` is the last epoch claimed (written before the fence: write-ahead).
+    ``log_seq`` is a seq the region's log is known to have reached -- a head
+    seen at a claim, our fence, the last entry of a manifest we wrote -- and
+    ``log_lsn`` the journal LSN shipped through at that seq. A log's head never
+    moves back (creates only; GC keeps the newest entries), so finding it below
+    ``log_seq`` means the bucket lost the log (:class:`BucketLost`).
+    """
+
+    epoch: int
+    log_seq: int = 0
+    log_lsn: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +225,7 @@ class Shipper:
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         on_commit: Callable[[int], None] | None = None,
         bucket_clock: BucketClock | None = None,
+        reship: bool = False,
     ) -> None:
         self.journal = journal
         self.bucket = bucket
@@ -212,6 +245,8 @@ class Shipper:
         self._low_watermark = 1
         self._next_offsets: dict[tuple[str, int], int] = {}
         self._pending_manifest: list[ManifestEntry] = []
+        #: The newest manifest in the bucket (GC never deletes it), if any.
+        self._last_manifest_key: str | None = None
         self._schedule = ManifestSchedule(
             interval_ms=self.config.manifest_interval_ms, max_entries=self.config.manifest_every
         )
@@ -239,10 +274,16 @@ class Shipper:
         #: claim included), e.g. ``HeadReporter.report_nowait``: it must not
         #: block; an exception is logged and ignored, never fails shipping.
         self.on_commit = on_commit
+        #: ``edgegw reship``: when the bucket lost the region's log, claim
+        #: anyway and ship the journal again from the bucket's head -- if the
+        #: journal still holds every entry after it (else :class:`BucketLost`).
+        self.reship = reship
+        #: Set by a claim that accepted a lost log (``reship``): the first LSN shipped again.
+        self.recreated_from_lsn: int | None = None
 
     # ------------------------------------------------------------- claim
 
-    def _load_writer_state(self) -> int | None:
+    def _load_writer_state(self) -> _WriterState | None:
         try:
             doc = json.loads(self._state_path.read_text())
         except FileNotFoundError:
@@ -258,11 +299,22 @@ class Shipper:
         epoch = doc.get("epoch")
         if not isinstance(epoch, int):
             raise CorruptData("shipper state has no epoch", where=str(self._state_path))
-        return epoch
+        # Written by older versions without them: nothing known, nothing checked.
+        log_seq, log_lsn = doc.get("log_seq", 0), doc.get("log_lsn", 0)
+        if not isinstance(log_seq, int) or not isinstance(log_lsn, int):
+            raise CorruptData("shipper state has a bad log_seq", where=str(self._state_path))
+        return _WriterState(epoch, log_seq, log_lsn)
 
-    def _save_writer_state(self, epoch: int) -> None:
+    def _save_writer_state(self, state: _WriterState) -> None:
         tmp = self._state_path.with_suffix(".tmp")
-        data = json.dumps({"region": self.region, "epoch": epoch}).encode()
+        data = json.dumps(
+            {
+                "region": self.region,
+                "epoch": state.epoch,
+                "log_seq": state.log_seq,
+                "log_lsn": state.log_lsn,
+            }
+        ).encode()
         with open(tmp, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -278,17 +330,32 @@ class Shipper:
         """Verify the bucket, find the log head, reconcile with the journal, claim an epoch.
 
         Raises :class:`Fenced`/:class:`Diverged` when this gateway must not
-        write, ``UnsupportedStore`` for a bucket without conditional creates,
-        ``BucketUnavailable`` when the bucket is away (retry later).
+        write, :class:`~edge_gateway.errors.BucketLost` when the log is below
+        what this journal knows it committed (unless :attr:`reship` and the
+        journal can re-create it), ``UnsupportedStore`` for a bucket without
+        conditional creates, ``BucketUnavailable`` when the bucket is away
+        (retry later).
         """
-        await verify_conditional_create(self.bucket, self.prefix)
+        try:
+            await verify_conditional_create(self.bucket, self.prefix)
+        except BucketGone as exc:
+            raise self._lost(str(exc)) from None
         while True:
-            state = await load_log_state(self.bucket, self.prefix, self.region)
-            self._reconcile(state)
-            epoch = max(state.head_epoch, state.max_epoch, self._load_writer_state() or 0) + 1
+            written = self._load_writer_state()
+            try:
+                state = await load_log_state(self.bucket, self.prefix, self.region)
+            except NotFound as exc:
+                # A manifest or GC boundary names an entry that is not there.
+                raise self._lost(f"an entry it still refers to is gone ({exc})") from None
+            known = self._reconcile(state, written)
+            if self.recreated_from_lsn is not None:
+                await self._drop_stale(state, written.epoch if written else 0)
+            epoch = max(state.head_epoch, state.max_epoch, written.epoch if written else 0) + 1
             # Write-ahead: remember the epoch we are about to claim, so a crash
             # right after the fence lands still recognises the head as ours.
-            await trio.to_thread.run_sync(self._save_writer_state, epoch)
+            await trio.to_thread.run_sync(
+                self._save_writer_state, _WriterState(epoch, known.log_seq, known.log_lsn)
+            )
             seq = state.head + 1
             fence = logobject.encode_fence(
                 self.region, epoch, seq, self._shipped_lsn, self._clock()
@@ -298,7 +365,12 @@ class Shipper:
             except PreconditionFailed:
                 log.info("shipper: seq %d was taken while claiming; looking again", seq)
                 continue
+            except BucketGone as exc:
+                raise self._lost(str(exc)) from None
             break
+        await trio.to_thread.run_sync(
+            self._save_writer_state, _WriterState(epoch, seq, self._shipped_lsn)
+        )
         self._epoch = epoch
         self._next_seq = seq + 1
         self._gc_boundary = state.gc_boundary
@@ -309,6 +381,11 @@ class Shipper:
         self._pending_manifest.append(ManifestEntry.from_header(fence_header, len(fence)))
         self._schedule.first_seq = (
             (state.manifest.last_seq + 1) if state.manifest else self._low_watermark
+        )
+        self._last_manifest_key = (
+            manifest_key(self.prefix, self.region, state.manifest.last_seq)
+            if state.manifest
+            else None
         )
         self._schedule.committed(len(self._pending_manifest))
         self._fences += 1
@@ -323,6 +400,16 @@ class Shipper:
             self._shipped_lsn,
         )
         self._notify_commit(seq)
+        await self._mark_bucket()
+
+    async def _mark_bucket(self) -> None:
+        """Make the bucket recognisable as edgegw's (``edgegw restore``/``sync`` check it)."""
+        try:
+            if await mark_bucket(self.bucket, self.prefix, self.region, self._clock()):
+                log.info("shipper: marked %s as an edgegw bucket", self.bucket.name)
+        except BucketUnavailable as exc:
+            # Only a hint for the CLI: the next claim writes it.
+            log.warning("shipper: could not write the bucket marker (%s)", exc)
 
     def ship_now(self) -> None:
         """Ship what is pending at once instead of at the flush deadline (``edgegw sync``)."""
@@ -349,13 +436,136 @@ class Shipper:
         except Exception:  # a hint for others: it never stops shipping
             log.exception("shipper: on_commit hook failed for seq %d", seq)
 
-    def _reconcile(self, state: LogState) -> None:
-        """Line the journal up with the log head: no gap, no duplicate, no reused offset."""
+    def _reconcile(self, state: LogState, written: _WriterState | None) -> _WriterState:
+        """Line the journal up with the log head: no gap, no duplicate, no reused offset.
+
+        Returns what the log is now known to hold (``epoch`` unused), for
+        ``shipper.json``.
+        """
         j = self.journal
         journal_last = j.next_lsn - 1
         head_lsn = state.head_last_lsn
-        ours = self._load_writer_state()
+        ours = written.epoch if written is not None else None
         head_is_ours = state.head == 0 or (ours is not None and state.head_epoch <= ours)
+        first_lsn = j.statistics().first_lsn
+        # Every LSN below the journal's first was shipped: segments are deleted
+        # only once the bucket confirmed them.
+        if written is not None and state.head < written.log_seq:
+            lost = (
+                f"its head is seq {state.head} (journal LSN {head_lsn}) but this gateway saw "
+                f"seq {written.log_seq} committed there (LSN {written.log_lsn})"
+            )
+        elif head_is_ours and not j.is_new and head_lsn + 1 < first_lsn:
+            lost = (
+                f"it covers journal LSNs up to {head_lsn}, but the journal deleted LSNs up to "
+                f"{first_lsn - 1} after the bucket had confirmed them"
+            )
+        else:
+            lost = ""
+        if lost:
+            # A head we wrote, and the journal holds everything after it: the
+            # log can be re-created by shipping again from there.
+            can_reship = head_is_ours and first_lsn <= head_lsn + 1 <= journal_last + 1
+            if not (self.reship and can_reship):
+                raise self._lost(lost, resume_lsn=head_lsn + 1, can_reship=can_reship)
+            log.warning(
+                "shipper: region %s's log in %s was lost (%s); re-creating it from the "
+                "journal: shipping LSNs %d-%d again",
+                self.region,
+                self.bucket.describe(),
+                lost,
+                head_lsn + 1,
+                journal_last,
+            )
+            known = _WriterState(0, state.head, head_lsn)
+            self.recreated_from_lsn = head_lsn + 1
+        elif written is not None and written.log_seq >= state.head:
+            known = written
+        else:
+            known = _WriterState(0, state.head, head_lsn if head_is_ours else 0)
+        self._line_up(state, head_is_ours, ours)
+        return known
+
+    async def _drop_stale(self, state: LogState, ours: int) -> None:
+        """Reship: delete what this region's old epochs left above the surviving head.
+
+        A gateway that wrote on after its bucket was replaced by an empty one
+        created entries (and maybe a manifest) at seqs far above the new
+        head, until a check noticed. The log is re-created from the journal
+        from the head on, so these hold nothing the journal does not; left
+        there, they would collide with the re-created entries at their seqs.
+        An entry of a higher epoch than ours is another writer's: stop.
+        """
+        entries = await self.bucket.list(
+            log_prefix(self.prefix, self.region),
+            start_after=log_key(self.prefix, self.region, state.head),
+        )
+        stale: list[str] = []
+        for info in entries:
+            try:
+                parse_log_key(info.key, self.prefix)
+            except CorruptData:
+                continue  # not a log entry
+            theirs = (await read_header(self.bucket, info.key)).header
+            if theirs.epoch > ours:
+                raise Diverged(
+                    f"region {self.region}: {info.key} above the head of the lost log was "
+                    f"written with epoch {theirs.epoch}, ours is {ours}: another gateway writes "
+                    "this region; stop it first"
+                )
+            stale.append(info.key)
+        for info in await self.bucket.list(manifest_prefix(self.prefix, self.region)):
+            try:
+                _, last_seq = parse_manifest_key(info.key, self.prefix)
+            except CorruptData:
+                continue
+            if last_seq > state.head:
+                stale.append(info.key)
+        for key in stale:
+            await self.bucket.delete(key)
+        if stale:
+            log.warning(
+                "shipper: deleted %d objects of the lost log above seq %d (%s .. %s)",
+                len(stale),
+                state.head,
+                stale[0],
+                stale[-1],
+            )
+
+    def _lost(
+        self, what: str, *, resume_lsn: int | None = None, can_reship: bool | None = None
+    ) -> BucketLost:
+        """The error for a bucket that lost this region's log, with the way out."""
+        j = self.journal
+        first, last = j.statistics().first_lsn, j.next_lsn - 1
+        if can_reship is None:  # the bucket's head is not known (found while running)
+            held = f"it still holds LSNs {first}-{last}" if first <= last else "it holds no entries"
+            how = (
+                "`edgegw reship --config FILE` re-creates the log from the journal if the "
+                f"journal holds every entry after the bucket's head ({held})"
+            )
+        elif can_reship:
+            how = (
+                "`edgegw reship --config FILE` re-creates the log from this journal, which "
+                f"still holds every entry after the bucket's head (LSNs {resume_lsn}-{last})"
+            )
+        else:
+            how = (
+                f"this journal no longer holds every entry after the bucket's head (LSN "
+                f"{resume_lsn} on; it starts at {first}), so the log cannot be re-created from "
+                "it: `edgegw restore` starts a new journal from what the bucket holds"
+            )
+        return BucketLost(
+            f"region {self.region}'s log in {self.bucket.describe()} was lost: {what}. "
+            "The bucket was wiped or replaced, or the config names another bucket or prefix "
+            f"(then fix the config). To recover: {how}; see docs/operations.md, "
+            "'The bucket lost a region's log'"
+        )
+
+    def _line_up(self, state: LogState, head_is_ours: bool, ours: int | None) -> None:
+        j = self.journal
+        journal_last = j.next_lsn - 1
+        head_lsn = state.head_last_lsn
         if j.is_new and (not head_is_ours or head_lsn > journal_last or state.head):
             if state.head:
                 # A new or wiped gateway continues the region's log: LSNs and
@@ -383,12 +593,8 @@ class Shipper:
                 f"region {self.region}'s log covers journal LSNs up to {head_lsn} but the local "
                 f"journal ends at {journal_last}: the journal lost data. Run `edgegw restore`."
             )
-        first_lsn = j.statistics().first_lsn
-        if head_lsn + 1 < first_lsn:
-            raise CorruptData(
-                f"the journal starts at LSN {first_lsn} but only LSNs up to {head_lsn} were "
-                "shipped: unshipped segments are missing"
-            )
+        # (A journal that starts after head_lsn + 1 was refused as a lost
+        # bucket above: its segments are deleted only once shipped.)
         self._ship_from = head_lsn + 1
         self._shipped_lsn = head_lsn
         j.set_safe_lsn(head_lsn + 1)
@@ -610,6 +816,10 @@ class Shipper:
                 await self._create(key, obj, epoch, first_lsn, last_lsn)
                 self._upload_s += time.perf_counter() - t0
                 break
+            except BucketGone as exc:
+                # The bucket went away under us (a local directory removed or
+                # replaced): retrying would write into whatever replaces it.
+                raise self._lost(f"{key} could not be created: {exc}") from None
             except BucketUnavailable as exc:
                 # From the PUT or from reading the entry back after a 412:
                 # either way the outcome is unknown, and the same bytes at the
@@ -695,6 +905,8 @@ class Shipper:
             return
         now = self._clock()
         entries = list(self._pending_manifest)
+        if not await self._log_still_there(entries[0].seq):
+            return
         manifest = Manifest(
             region=self.region,
             epoch=self._epoch,
@@ -710,12 +922,38 @@ class Shipper:
             await self._create_timed(key, manifest.encode())
         except PreconditionFailed:
             log.info("shipper: manifest %s already exists", key)
+        except BucketGone as exc:
+            raise self._lost(f"{key} could not be created: {exc}") from None
         except BucketUnavailable as exc:
             log.warning("shipper: manifest %s not written yet (%s)", key, exc)
             return
         self._manifests += 1
+        self._last_manifest_key = key
         del self._pending_manifest[: len(entries)]
         self._schedule.written(manifest.last_seq, self._mono_ms())
+        last = entries[-1]
+        await trio.to_thread.run_sync(
+            self._save_writer_state, _WriterState(self._epoch, last.seq, last.last_lsn)
+        )
+
+    async def _log_still_there(self, first_pending: int) -> bool:
+        """Check, once per manifest, that the bucket still holds what we wrote.
+
+        A creates-only log cannot tell a wiped bucket from a new one: the next
+        create just succeeds. So before each manifest one HEAD looks for the
+        newest manifest (or, before the first, the oldest entry no manifest
+        covers yet): GC never deletes either, so if it is gone, the bucket lost
+        the log. False: the bucket is away, try at the next manifest.
+        """
+        key = self._last_manifest_key or log_key(self.prefix, self.region, first_pending)
+        try:
+            await self.bucket.head(key)
+        except NotFound:
+            raise self._lost(f"{key}, which this gateway wrote, is gone") from None
+        except BucketUnavailable as exc:
+            log.warning("shipper: manifest not written yet (%s)", exc)
+            return False
+        return True
 
     # ------------------------------------------------------------- loops
 

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 import trio
 
-from edge_gateway.errors import ConfigError, Fenced, InUse
+from edge_gateway.errors import BucketLost, ConfigError, Fenced, InUse
 
 __all__ = [
     "FATAL",
@@ -60,7 +60,7 @@ RESTART_CAP_S = 60.0
 STABLE_S = 60.0
 
 #: Exceptions that end the gateway on purpose; never restarted.
-FATAL: tuple[type[BaseException], ...] = (Fenced, ConfigError, InUse)
+FATAL: tuple[type[BaseException], ...] = (Fenced, ConfigError, InUse, BucketLost)
 
 TaskState = Literal["running", "restarting", "stopped"]
 

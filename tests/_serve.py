@@ -296,6 +296,8 @@ class Fleet:
         self.topics = list(topics)
         self.proxies: dict[str, TcpProxy] = {}
         self.bucket_dir = root / "bucket"
+        # A configured bucket.path must exist: this fleet starts a new bucket.
+        self.bucket_dir.mkdir(exist_ok=True)
         self.gateways: dict[str, Gateway] = {}
         for region in regions:
             bucket: dict[str, object]

@@ -102,6 +102,9 @@ class Site:
     ) -> None:
         """Write the site's config: static ``topics``, or ``metadata=(url, token)``."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
+        # A configured bucket.path must exist (a typo is refused): this fleet
+        # starts a new bucket there, which the first gateway lays out.
+        bucket.mkdir(parents=True, exist_ok=True)
         self.config = self.data_dir.parent / f"{self.region}.toml"
         self.log_path = self.data_dir.parent / f"{self.region}.log"
         if metadata is not None:

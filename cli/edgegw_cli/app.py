@@ -57,6 +57,10 @@ COMMANDS: dict[str, _Lazy] = {
         "edgegw_cli.restore:restore",
         "Rebuild the journal's starting point from the region's log in the bucket.",
     ),
+    "reship": _Lazy(
+        "edgegw_cli.reship:reship",
+        "Re-create this region's log in the bucket from the journal, after the bucket lost it.",
+    ),
     "topics": _Lazy(
         "edgegw_cli.topics:app",
         "Topics: the fleet's routing on the metadata server, or a running gateway's topics.",

@@ -4,30 +4,43 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
 import typer
 from rich.table import Table
 
+from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.names import validate_region
-from edge_gateway.regionlog import load_log_state
+from edge_gateway.regionlog import LogState, load_log_state
+from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
 from edgegw_cli._common import console, fail, reason
-from edgegw_cli.sync import open_bucket
 
 
 def restore(
-    data_dir: Path = typer.Option(..., help="The gateway's data directory (holds journal/)."),
-    region: str = typer.Option(..., help="This site's region name."),
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="The gateway's config file (region, data dir, bucket)."
+    ),
+    data_dir: Path | None = typer.Option(
+        None, help="Without --config: the gateway's data directory (holds journal/)."
+    ),
+    region: str | None = typer.Option(None, help="Without --config: this site's region name."),
     bucket_dir: Path | None = typer.Option(None, help="A local-directory bucket."),
     s3_bucket: str | None = typer.Option(None, help="An S3 bucket name."),
     s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL."),
     s3_prefix: str = typer.Option("", help="Key prefix inside the bucket."),
     s3_path_style: bool = typer.Option(False, help="Path-style S3 addressing."),
+    new_bucket: bool = typer.Option(
+        False,
+        "--new-bucket",
+        help="Accept a bucket, or a region, that holds no edgegw data yet: the journal "
+        "then starts at offset 0. Without it both are refused as a likely typo.",
+    ),
     yes: bool = typer.Option(False, "--yes", help="Move an existing journal aside without asking."),
 ) -> None:
     """Rebuild the journal's starting point from the region's log in the bucket.
@@ -35,77 +48,127 @@ def restore(
     For a replaced or wiped machine, or a gateway that was fenced while it held
     unshipped data: an existing journal is moved aside (journal.aside-<time>),
     a new one starts at the log's last LSN + 1 with every partition's next
-    offset, so offsets continue without reuse.
+    offset, so offsets continue without reuse. It restores offsets, not
+    records: old records stay in the bucket (mirrors and the pipeline read
+    them there); the local journal starts empty.
 
-    Example: edgegw restore --data-dir /var/lib/edgegw --region north --bucket-dir /mnt/shared
+    The bucket must be an edgegw bucket and hold a log of the region: a typo
+    would otherwise restart the region's offsets at 0, the reuse restore
+    exists to prevent. --new-bucket accepts an empty bucket or region.
+
+    Example: edgegw restore --config /etc/edgegw/edgegw.toml
     """
+    from edge_gateway.config import load_config
+    from edge_gateway.gateway import Gateway
+
+    bucket_options = bucket_dir is not None or bool(s3_bucket)
+    if config is not None:
+        if data_dir is not None or region is not None or bucket_options:
+            raise fail(
+                "with --config, the data dir, region and bucket come from the config file; "
+                "drop --data-dir, --region and the bucket options",
+                code=2,
+            )
+        try:
+            cfg = load_config(config)
+        except EdgeGatewayError as exc:
+            raise fail(str(exc), code=2) from None
+        gateway = Gateway(cfg)
+        the_region, journal_dir, jcfg = cfg.region, cfg.journal_path, cfg.journal
+        local = cfg.bucket.type == "local"
+
+        async def open_(create: bool) -> tuple[Bucket, str]:
+            return await gateway.open_bucket(create=create), gateway.key_prefix
+
+    elif data_dir is not None and region is not None and bucket_options:
+        try:
+            the_region = validate_region(region)
+        except EdgeGatewayError as exc:
+            raise fail(reason(exc)) from None
+        journal_dir, jcfg, local = data_dir / "journal", JournalConfig(), not s3_bucket
+
+        async def open_(create: bool) -> tuple[Bucket, str]:
+            return await open_bucket(
+                bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style, create=create
+            )
+
+    else:
+        raise fail(
+            "give --config, or --data-dir and --region with --bucket-dir or --s3-bucket", code=2
+        )
+
+    async def read_log() -> LogState:
+        bucket, prefix = await open_edgegw_bucket(
+            open_, local=local, region=the_region, new_bucket=new_bucket
+        )
+        try:
+            state = await load_log_state(bucket, prefix, the_region)
+        finally:
+            await bucket.aclose()
+        if state.head == 0 and not new_bucket:
+            raise fail(
+                f"region {the_region!r} has no log in {bucket.describe()}: there is nothing to "
+                "restore (a typo in the region, bucket or prefix?). A region that never "
+                "shipped needs no restore: start the gateway on an empty data dir. Or pass "
+                "--new-bucket to start its journal at offset 0 anyway"
+            )
+        return state
+
+    # One process per data directory: the gateway must be stopped first.
     try:
-        validate_region(region)
-        lock = lock_directory(data_dir, "restore")
+        lock = lock_directory(journal_dir.parent if config is None else cfg.data_dir, "restore")
     except InUse as exc:
         raise fail(f"{exc}; stop the gateway first (restore replaces its journal)") from None
-    except (EdgeGatewayError, OSError) as exc:
+    except OSError as exc:
         raise fail(reason(exc)) from None
     try:
-        _restore(
-            data_dir, region, bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style, yes=yes
-        )
+        _restore(read_log, journal_dir, jcfg, the_region, yes=yes)
     finally:
         lock.release()
 
 
 def _restore(
-    data_dir: Path,
-    region: str,
-    bucket_dir: Path | None,
-    s3_bucket: str | None,
-    s3_endpoint: str | None,
-    s3_prefix: str,
-    s3_path_style: bool,
+    read_log: Callable[[], Awaitable[LogState]],
+    journal_dir: Path,
+    jcfg: JournalConfig,
+    the_region: str,
     *,
     yes: bool,
 ) -> None:
-    journal_dir = data_dir / "journal"
+    # Everything is checked before the journal is touched: a refused restore
+    # leaves the data directory as it was.
+    try:
+        state = trio.run(read_log)
+    except (EdgeGatewayError, OSError) as exc:
+        raise fail(reason(exc)) from None
     if journal_dir.exists() and any(journal_dir.iterdir()):
         if not yes and not typer.confirm(
             f"{journal_dir} exists; unshipped records in it will not be shipped. Move it aside?"
         ):
             raise typer.Exit(1)
-        aside = data_dir / f"journal.aside-{time.strftime('%Y%m%dT%H%M%S')}"
+        aside = journal_dir.parent / f"journal.aside-{time.strftime('%Y%m%dT%H%M%S')}"
         shutil.move(journal_dir, aside)
         console.print(f"moved the old journal to {aside}")
-
-    async def run() -> tuple[int, int, int, dict[tuple[str, int], int]]:
-        bucket, prefix = await open_bucket(
-            bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
-        )
-        try:
-            state = await load_log_state(bucket, prefix, region)
-        finally:
-            await bucket.aclose()
-        start_lsn = state.head_last_lsn + 1
+    start_lsn = state.head_last_lsn + 1
+    try:
         j = Journal.open_sync(
-            journal_dir,
-            JournalConfig(),
-            start=Checkpoint(dict(state.next_offsets), {}),
-            start_lsn=start_lsn,
+            journal_dir, jcfg, start=Checkpoint(dict(state.next_offsets), {}), start_lsn=start_lsn
         )
         j.close_sync()
-        return state.head, state.head_epoch, start_lsn, state.next_offsets
-
-    try:
-        head, epoch, start_lsn, offsets = trio.run(run)
     except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
     table = Table(
         title=(
-            f"restored {region}: log head seq {head} (epoch {epoch}), "
+            f"restored {the_region}: log head seq {state.head} (epoch {state.head_epoch}), "
             f"journal starts at LSN {start_lsn}"
         )
     )
     table.add_column("topic")
     table.add_column("partition", justify="right")
     table.add_column("next offset", justify="right")
-    for (topic, partition), nxt in sorted(offsets.items()):
+    for (topic, partition), nxt in sorted(state.next_offsets.items()):
         table.add_row(topic, str(partition), f"{nxt:,}")
     console.print(table)
+    console.print(
+        "offsets continue from the bucket; old records stay there (the journal starts empty)"
+    )

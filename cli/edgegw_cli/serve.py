@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("edgegw.serve")
 
-#: Exit codes: 0 clean shutdown, 1 a fatal error, 2 bad config, 3 fenced.
-EXIT_FATAL, EXIT_CONFIG, EXIT_FENCED = 1, 2, 3
+#: Exit codes: 0 clean shutdown, 1 a fatal error, 2 bad config, 3 fenced,
+#: 4 the bucket lost this region's log (restarting cannot help: recover first).
+EXIT_FATAL, EXIT_CONFIG, EXIT_FENCED, EXIT_BUCKET_LOST = 1, 2, 3, 4
 
 
 def serve(
@@ -34,7 +35,7 @@ def serve(
     Example: edgegw serve --config /etc/edgegw/edgegw.toml
     """
     from edge_gateway.config import load_config
-    from edge_gateway.errors import ConfigError, EdgeGatewayError, Fenced, InUse
+    from edge_gateway.errors import BucketLost, ConfigError, EdgeGatewayError, Fenced, InUse
     from edge_gateway.logs import configure_logging
 
     try:
@@ -46,6 +47,10 @@ def serve(
         handler.addFilter(_BindFailureFilter(cfg.api.listen))
     try:
         trio.run(_serve, cfg)
+    except* BucketLost as group:
+        msg = str(leaf(group))
+        log.error("bucket lost: %s", msg)
+        raise fail(f"bucket lost: {msg}", EXIT_BUCKET_LOST) from None
     except* Fenced as group:
         msg = str(leaf(group))
         log.error("fenced: %s", msg)

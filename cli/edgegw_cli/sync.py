@@ -10,34 +10,19 @@ import trio
 import typer
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
+from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
+from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
 from edgegw_cli._common import console, err_console, fail, leaf, reason
 
 if TYPE_CHECKING:
     from edge_gateway.config import GatewayConfig
 
-
-async def open_bucket(
-    bucket_dir: Path | None,
-    s3_bucket: str | None,
-    s3_endpoint: str | None,
-    s3_prefix: str,
-    s3_path_style: bool,
-) -> tuple[Bucket, str]:
-    """The bucket the options name, and the key prefix to use in it."""
-    if s3_bucket:
-        cfg = S3Config(
-            bucket=s3_bucket, endpoint_url=s3_endpoint, path_style=s3_path_style, prefix=s3_prefix
-        )
-        return await S3Bucket.open(cfg), ""
-    if bucket_dir is None:
-        raise typer.BadParameter("give --bucket-dir or --s3-bucket")
-    return await LocalBucket.open(bucket_dir), ""
+__all__ = ["open_bucket", "sync"]
 
 
 def sync(
@@ -59,6 +44,12 @@ def sync(
         "and backlog_object_bytes behind a full object).",
     ),
     ship_only: bool = typer.Option(False, help="Ship, but do not pull the mirrored sources."),
+    new_bucket: bool = typer.Option(
+        False,
+        "--new-bucket",
+        help="Accept a bucket that holds no edgegw data yet (and make a missing local "
+        "directory); without it such a bucket is refused as a likely typo.",
+    ),
 ) -> None:
     """Ship everything pending, pull every subscribed source up to its head, then exit.
 
@@ -67,7 +58,9 @@ def sync(
     local API) to ship and pull now, and shows the same progress; otherwise
     it opens the journal itself. With --config, the sources to pull come
     from the topology; with --data-dir/--region and a bucket option, it only
-    ships. Exit code 0 when done; non-zero with a one-line reason.
+    ships. A bucket that holds no edgegw data is refused (a typo would start
+    the region's log anew) unless --new-bucket. Exit code 0 when done;
+    non-zero with a one-line reason.
 
     Example: edgegw sync --config /etc/edgegw/edgegw.toml
     """
@@ -99,13 +92,19 @@ def sync(
         raise fail(reason(exc)) from None
     gateway = Gateway(cfg)
 
-    async def run() -> None:
+    async def open_(create: bool) -> tuple[Bucket, str]:
         if config is None:
-            bucket, prefix = await open_bucket(
-                bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
+            return await open_bucket(
+                bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style, create=create
             )
-        else:
-            bucket, prefix = await gateway.open_bucket(), gateway.key_prefix
+        return await gateway.open_bucket(create=create), gateway.key_prefix
+
+    local = cfg.bucket.type == "local" if config is not None else not s3_bucket
+
+    async def run() -> None:
+        bucket, prefix = await open_edgegw_bucket(
+            open_, local=local, region=cfg.region, new_bucket=new_bucket
+        )
         journal = await trio.to_thread.run_sync(Journal.open_sync, cfg.journal_path, cfg.journal)
         try:
             shipper = Shipper(

@@ -249,6 +249,15 @@ class Bucket(abc.ABC):
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}>"
 
+    async def check_exists(self) -> None:  # noqa: B027 - a no-op unless a backend needs a request
+        """Raise :class:`NoSuchBucket` if the store has no such bucket.
+
+        Opening an S3 bucket makes no request, so a mistyped name surfaces
+        only here (or at the first request); a local bucket is checked when
+        it is opened, and this is a no-op. Other failures (unavailable,
+        access denied) propagate as usual.
+        """
+
     # -- the interface ------------------------------------------------------
 
     async def put(

@@ -15,12 +15,18 @@ in ``docs/bucket.md``::
     │   │                            its ETag is not the one given)
     │   ├── NotFound                 no object under the key
     │   ├── BucketUnavailable        (also an Unavailable) the store is away,
-    │   │                            slow or throttling; retry with backoff
+    │   │   │                        slow or throttling; retry with backoff
+    │   │   └── BucketGone           a local bucket directory lost its layout
+    │   │                            while open; readers wait, writers stop
     │   ├── AccessDenied             (also an InvalidInput) credentials or
     │   │                            policy refuse the request
-    │   └── InvalidRequest           (also an InvalidInput) a key breaks the
-    │                                key rules, or the store refused the
-    │                                request as malformed (other 4xx)
+    │   ├── InvalidRequest           (also an InvalidInput) a key breaks the
+    │   │                            key rules, or the store refused the
+    │   │                            request as malformed (other 4xx)
+    │   └── NoSuchBucket             (also a ConfigError) the bucket is not
+    │                                there: no such S3 bucket, no such local
+    │                                directory, or a directory that is not a
+    │                                bucket
     └── ConfigError
         └── UnsupportedStore         the store cannot do conditional creates,
                                      so fencing is impossible
@@ -68,12 +74,33 @@ class BucketUnavailable(BucketError, Unavailable):
     """
 
 
+class BucketGone(BucketUnavailable):
+    """A local bucket directory lost its layout while open: removed, replaced, unmounted.
+
+    A reader waits as for any outage (a share may be mounted again). A writer
+    must not: the next write would start a new, empty bucket under it, so the
+    shipper stops with :class:`~edge_gateway.errors.BucketLost`.
+    """
+
+
 class AccessDenied(BucketError, InvalidInput):
     """The store refused the credentials or the policy forbids the request (HTTP 403)."""
 
 
 class InvalidRequest(BucketError, InvalidInput):
     """A key or argument is not acceptable, or the store refused the request (other 4xx)."""
+
+
+class NoSuchBucket(BucketError, ConfigError):
+    """The configured bucket does not exist (or is not a bucket).
+
+    For S3, the store answered ``NoSuchBucket``; edgegw never creates S3
+    buckets. For a local directory: it does not exist, or it is a non-empty
+    directory without the bucket layout (``objects/``); see
+    :class:`BucketGone` for one that vanishes while open. Opening creates a
+    local bucket only when asked to (``LocalBucket.open(root, create=True)``),
+    so a mistyped path is refused instead of becoming a new, empty bucket.
+    """
 
 
 class UnsupportedStore(ConfigError):

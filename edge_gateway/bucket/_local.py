@@ -55,8 +55,10 @@ from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
 from edge_gateway.bucket._errors import (
     AccessDenied,
     BucketError,
+    BucketGone,
     BucketUnavailable,
     InvalidRequest,
+    NoSuchBucket,
     NotFound,
     PreconditionFailed,
 )
@@ -76,7 +78,7 @@ _LINK_ATTEMPTS: Final = 5
 class LocalBucket(Bucket):
     """A :class:`Bucket` stored in a local (or shared-mount) directory.
 
-    Create it with :meth:`open`, which prepares the directory. File I/O runs
+    Create it with :meth:`open`, which checks (or makes) the directory. File I/O runs
     in worker threads, at most ``max_concurrency`` at a time.
     """
 
@@ -94,10 +96,21 @@ class LocalBucket(Bucket):
         self._etags_lock = threading.Lock()
 
     @classmethod
-    async def open(cls, root: str | os.PathLike[str], *, max_concurrency: int = 8) -> LocalBucket:
-        """Open (creating if needed) the bucket directory ``root``."""
+    async def open(
+        cls, root: str | os.PathLike[str], *, create: bool = False, max_concurrency: int = 8
+    ) -> LocalBucket:
+        """Open the bucket directory ``root``.
+
+        Without ``create`` the bucket must exist: ``root`` is a directory that
+        holds ``objects/``; otherwise :class:`NoSuchBucket` is raised and
+        nothing is created, so a mistyped path (or a share that is not
+        mounted) never turns into a new, empty bucket. ``create=True`` makes a
+        new bucket: ``root`` and its parents when missing, the layout inside
+        when ``root`` is empty. A non-empty directory without ``objects/`` is
+        refused either way: it is something else.
+        """
         bucket = cls(Path(root), max_concurrency=max_concurrency)
-        await bucket._in_thread(bucket._prepare, key=None)
+        await bucket._in_thread(bucket._prepare, create, key=None)
         return bucket
 
     @property
@@ -163,6 +176,10 @@ class LocalBucket(Bucket):
             raise self._translate(exc, key) from exc
 
     def _translate(self, exc: OSError, key: str | None) -> BucketError:
+        if exc.errno == errno.ENOENT and (lost := self._layout_lost()) is not None:
+            # Recreating the layout would start a new, empty bucket under a
+            # writer's feet: say so, and let the writer stop.
+            return lost
         what = f"key {key!r}" if key is not None else "listing"
         detail = exc.strerror or str(exc)
         name = errno.errorcode.get(exc.errno) if exc.errno is not None else None
@@ -185,7 +202,9 @@ class LocalBucket(Bucket):
 
     # -- blocking parts (worker threads only) -----------------------------------
 
-    def _prepare(self) -> None:
+    def _prepare(self, create: bool) -> None:
+        if not self._objects.is_dir():
+            self._check_new_root(create)
         for directory in (self._root, self._objects, self._tmp):
             self._makedirs(directory)
         fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
@@ -209,6 +228,38 @@ class LocalBucket(Bucket):
                         os.unlink(entry.path)
                 except FileNotFoundError:
                     pass
+
+    def _check_new_root(self, create: bool) -> None:
+        """``root`` has no ``objects/``: refuse, unless asked to create a bucket where none is."""
+        where = self.describe()
+        if not self._root.exists():
+            if create:
+                return
+            raise NoSuchBucket(f"{where} does not exist")
+        if not self._root.is_dir():
+            raise NoSuchBucket(f"{where} is not a directory")
+        # lost+found: the root of a freshly made filesystem is still empty;
+        # tmp/ and lock without objects/: another process is making the layout.
+        others = sorted(set(os.listdir(self._root)) - {"lost+found", "tmp", "lock"})
+        if others:
+            raise NoSuchBucket(
+                f"{where} is not a bucket directory (it has no objects/, but holds "
+                f"{', '.join(others[:3])}{', ...' if len(others) > 3 else ''})"
+            )
+        if not create:
+            raise NoSuchBucket(
+                f"{where} is empty, not a bucket directory (it has no objects/; "
+                "a share that is not mounted?)"
+            )
+
+    def _layout_lost(self) -> BucketGone | None:
+        """The error for a bucket whose directory was removed or replaced while open, if so."""
+        if self._objects.is_dir() and self._tmp.is_dir():
+            return None
+        return BucketGone(
+            f"{self.describe()} lost its layout while in use (objects/ or tmp/ is gone): "
+            "the directory was removed or replaced, or a share is not mounted"
+        )
 
     def _path(self, key: str) -> Path:
         # validate_key() already rejected "..", "." and empty segments, so the
@@ -414,6 +465,10 @@ class LocalBucket(Bucket):
         missing: list[Path] = []
         path = directory
         while not path.exists():
+            if key is not None and path == self._objects:
+                # An object's parent directories are made inside objects/,
+                # never objects/ itself: that is the bucket, and it is gone.
+                raise self._layout_lost() or self._conflict(key)
             missing.append(path)
             path = path.parent
         if not path.is_dir():

@@ -76,6 +76,7 @@ from edge_gateway.bucket._errors import (
     AccessDenied,
     BucketUnavailable,
     InvalidRequest,
+    NoSuchBucket,
     NotFound,
     PreconditionFailed,
 )
@@ -408,6 +409,29 @@ class S3Bucket(Bucket):
         """Names bucket, prefix and endpoint for messages."""
         where = self._config.endpoint_url or f"AWS ({self._config.region or 'default region'})"
         return f"S3 bucket {self._config.bucket!r} (prefix {self._prefix!r}) at {where}"
+
+    async def check_exists(self) -> None:
+        """Raise :class:`NoSuchBucket` if the bucket does not exist (one LIST of one key).
+
+        A LIST under the prefix rather than HeadBucket: the least-privilege
+        policy (``deploy/iam-policy.json``) grants ``s3:ListBucket`` only for
+        the prefix, and a HEAD's error has no body to tell a missing bucket
+        from a refused one.
+        """
+
+        def call() -> None:
+            try:
+                self._client.list_objects_v2(
+                    Bucket=self._config.bucket, Prefix=self._prefix, MaxKeys=1
+                )
+            except botocore.exceptions.ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
+                    raise NoSuchBucket(
+                        f"{self.describe()}: no such bucket (edgegw never creates S3 buckets)"
+                    ) from None
+                raise
+
+        await self._run("list", None, call)
 
     # -- hooks --------------------------------------------------------------
 

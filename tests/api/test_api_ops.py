@@ -27,7 +27,9 @@ class FaultyGateway(Gateway):
         self.faulty: FaultyBucket | None = None
 
     async def open_bucket(self) -> Bucket:
-        inner = await LocalBucket.open(self.config.bucket.local_path(self.config.data_dir))
+        inner = await LocalBucket.open(
+            self.config.bucket.local_path(self.config.data_dir), create=True
+        )
         self.faulty = FaultyBucket(inner)
         return self.faulty
 

@@ -29,10 +29,10 @@ def bucket_opener(request: pytest.FixtureRequest, tmp_path: Path) -> Opener:
         config: S3Config = request.getfixturevalue("s3_config")
         return lambda: S3Bucket.open(config)
     if request.param == "local":
-        return lambda: LocalBucket.open(tmp_path / "bucket")
+        return lambda: LocalBucket.open(tmp_path / "bucket", create=True)
 
     async def faulty() -> Bucket:
-        return FaultyBucket(await LocalBucket.open(tmp_path / "bucket"))
+        return FaultyBucket(await LocalBucket.open(tmp_path / "bucket", create=True))
 
     return faulty
 

@@ -20,7 +20,7 @@ from edge_gateway.errors import Unavailable as ProjectUnavailable
 
 @pytest.fixture
 async def inner(tmp_path: Path) -> AsyncIterator[LocalBucket]:
-    bucket = await LocalBucket.open(tmp_path / "bucket")
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
     try:
         yield bucket
     finally:
@@ -159,7 +159,7 @@ async def test_ignoring_conditions(faulty: FaultyBucket) -> None:
 
 
 async def test_aclose_closes_inner_by_default(tmp_path: Path) -> None:
-    inner = await LocalBucket.open(tmp_path / "bucket")
+    inner = await LocalBucket.open(tmp_path / "bucket", create=True)
     async with FaultyBucket(inner) as faulty:
         assert faulty.name == "faulty+" + inner.name
         assert "fault-injecting" in faulty.describe()

@@ -17,9 +17,11 @@ import trio
 
 from edge_gateway.bucket import (
     AccessDenied,
+    BucketGone,
     BucketUnavailable,
     InvalidRequest,
     LocalBucket,
+    NoSuchBucket,
     NotFound,
     PreconditionFailed,
     verify_conditional_create,
@@ -28,7 +30,7 @@ from edge_gateway.bucket import (
 
 @pytest.fixture
 async def local(tmp_path: Path) -> AsyncIterator[LocalBucket]:
-    bucket = await LocalBucket.open(tmp_path / "b")
+    bucket = await LocalBucket.open(tmp_path / "b", create=True)
     try:
         yield bucket
     finally:
@@ -88,9 +90,9 @@ async def test_object_and_directory_cannot_share_a_key(local: LocalBucket) -> No
 
 
 async def test_objects_survive_reopening(tmp_path: Path) -> None:
-    async with await LocalBucket.open(tmp_path / "b") as first:
+    async with await LocalBucket.open(tmp_path / "b", create=True) as first:
         info = await first.put("log/1", b"durable", if_none_match=True)
-    async with await LocalBucket.open(tmp_path / "b") as second:
+    async with await LocalBucket.open(tmp_path / "b", create=True) as second:
         got = await second.get("log/1")
         assert (got.data, got.etag) == (b"durable", info.etag)
         with pytest.raises(PreconditionFailed):
@@ -98,7 +100,7 @@ async def test_objects_survive_reopening(tmp_path: Path) -> None:
 
 
 async def test_open_removes_only_stale_temporary_files(tmp_path: Path) -> None:
-    async with await LocalBucket.open(tmp_path / "b"):
+    async with await LocalBucket.open(tmp_path / "b", create=True):
         pass
     tmp = tmp_path / "b" / "tmp"
     stale, fresh = tmp / "stale.tmp", tmp / "fresh.tmp"
@@ -106,7 +108,7 @@ async def test_open_removes_only_stale_temporary_files(tmp_path: Path) -> None:
     fresh.write_bytes(b"another process writing now")
     old = time.time() - 2 * 3600
     os.utime(stale, (old, old))
-    async with await LocalBucket.open(tmp_path / "b"):
+    async with await LocalBucket.open(tmp_path / "b", create=True):
         pass
     assert not stale.exists()
     assert fresh.exists()
@@ -137,8 +139,8 @@ async def test_two_openers_of_one_directory_race_safely(tmp_path: Path) -> None:
     # Two bucket objects stand in for two processes sharing a directory:
     # create-only relies on link(2), CAS on flock(2), neither on in-process locks.
     async with (
-        await LocalBucket.open(tmp_path / "b") as one,
-        await LocalBucket.open(tmp_path / "b") as two,
+        await LocalBucket.open(tmp_path / "b", create=True) as one,
+        await LocalBucket.open(tmp_path / "b", create=True) as two,
     ):
         base = await one.put("state.json", b"0")
         won: list[str] = []
@@ -278,3 +280,65 @@ async def test_full_disk_is_unavailable_and_leaves_nothing_half_written(small_fs
         assert (await bucket.get("big")).size == 100_000
     finally:
         await bucket.aclose()
+
+
+# -- opening: never a new bucket by accident ---------------------------------------------
+
+
+async def test_open_refuses_a_missing_directory_and_creates_nothing(tmp_path: Path) -> None:
+    with pytest.raises(NoSuchBucket, match="does not exist"):
+        await LocalBucket.open(tmp_path / "typo")
+    assert not (tmp_path / "typo").exists()
+
+
+async def test_open_refuses_an_empty_directory_unless_create(tmp_path: Path) -> None:
+    root = tmp_path / "mnt"
+    root.mkdir()
+    with pytest.raises(NoSuchBucket, match="is empty, not a bucket directory"):
+        await LocalBucket.open(root)
+    assert list(root.iterdir()) == []
+    (root / "lost+found").mkdir()  # a freshly made filesystem counts as empty
+    async with await LocalBucket.open(root, create=True) as made:
+        await made.put("k", b"v")
+    async with await LocalBucket.open(root) as reopened:
+        assert (await reopened.get("k")).data == b"v"
+
+
+async def test_open_refuses_a_directory_of_other_files_even_with_create(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NoSuchBucket, match=r"not a bucket directory .*notes\.txt"):
+        await LocalBucket.open(tmp_path, create=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+async def test_create_makes_missing_parents(tmp_path: Path) -> None:
+    async with await LocalBucket.open(tmp_path / "a" / "b", create=True) as made:
+        await made.put("k", b"v", if_none_match=True)
+    assert (tmp_path / "a" / "b" / "objects" / "k").read_bytes() == b"v"
+
+
+@pytest.mark.parametrize("recreate", [False, True])
+async def test_writes_to_a_bucket_whose_directory_vanished_fail_and_recreate_nothing(
+    tmp_path: Path, recreate: bool
+) -> None:
+    root = tmp_path / "b"
+    async with await LocalBucket.open(root, create=True) as bucket:
+        await bucket.put("regions/r/log/1", b"one", if_none_match=True)
+        shutil.rmtree(root)
+        if recreate:
+            root.mkdir()  # wiped and made again, empty
+        with pytest.raises(BucketGone, match="lost its layout"):
+            await bucket.put("regions/r/log/2", b"two", if_none_match=True)
+        with pytest.raises(BucketGone, match="lost its layout"):
+            await bucket.put("regions/r/cursor", b"c")
+        assert (await bucket.list()) == []
+    assert not (root / "objects").exists()
+
+
+async def test_a_vanished_objects_directory_is_not_made_again(tmp_path: Path) -> None:
+    root = tmp_path / "b"
+    async with await LocalBucket.open(root, create=True) as bucket:
+        shutil.rmtree(root / "objects")
+        with pytest.raises(BucketGone):
+            await bucket.put("regions/r/log/2", b"two", if_none_match=True)
+    assert not (root / "objects").exists()

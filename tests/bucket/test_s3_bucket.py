@@ -12,6 +12,7 @@ from _bucket_support import MIB, make_s3_config
 
 from edge_gateway.bucket import (
     BucketUnavailable,
+    NoSuchBucket,
     NotFound,
     PreconditionFailed,
     S3Bucket,
@@ -194,3 +195,14 @@ def test_config_covers_every_field() -> None:
     from edge_gateway.bucket._s3 import _FIELD_TYPES
 
     assert set(_FIELD_TYPES) == set(S3Config.__dataclass_fields__)
+
+
+async def test_check_exists_names_a_bucket_that_does_not_exist(
+    moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    async with await S3Bucket.open(make_s3_config(moto_endpoint, s3_bucket_name)) as bucket:
+        await bucket.check_exists()  # there, and empty: fine
+    missing = make_s3_config(moto_endpoint, "edgegw-no-such-bucket", prefix="p/")
+    async with await S3Bucket.open(missing) as bucket:
+        with pytest.raises(NoSuchBucket, match=r"'edgegw-no-such-bucket'.*no such bucket"):
+            await bucket.check_exists()

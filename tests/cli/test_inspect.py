@@ -97,7 +97,7 @@ def build_site(root: Path) -> Site:
     objects[manifest_key("", SITE, 3)] = manifest.encode()
 
     async def put_all() -> None:
-        async with await LocalBucket.open(root) as bucket:
+        async with await LocalBucket.open(root, create=True) as bucket:
             for key, data in objects.items():
                 await bucket.put(key, data, if_none_match=True)
 

@@ -129,14 +129,15 @@ def test_sync_to_a_bucket_directory(tmp_path: Path) -> None:
     expected = journal_records(data, batches=40)
     args = ["sync", "--data-dir", data, "--region", SITE, "--bucket-dir", bucket_dir]
     # Small objects (the smallest allowed): the backlog ships as several objects, in order.
-    proc = run_edgegw(*args, "--flush-bytes", 64 * 1024)
+    # The first sync starts the bucket (--new-bucket); later ones find an edgegw bucket.
+    proc = run_edgegw(*args, "--flush-bytes", 64 * 1024, "--new-bucket")
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
     n = sum(len(v) for v in expected.values())
     assert summary(proc.stdout).startswith(f"shipped {n:,} records in ")
 
     def open_local() -> Coroutine[Any, Any, Bucket]:
-        return LocalBucket.open(bucket_dir)
+        return LocalBucket.open(bucket_dir, create=True)
 
     first = check_bucket(open_local, expected)
     data_entries = [e for m in first for e in m.entries if not e.fence]
@@ -171,6 +172,7 @@ def test_sync_to_s3(tmp_path: Path, moto_endpoint: str, s3_bucket_name: str) -> 
         "--s3-endpoint",
         moto_endpoint,
         "--s3-path-style",
+        "--new-bucket",
     )
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -212,7 +214,9 @@ def test_sync_fails_cleanly_when_s3_is_unreachable(tmp_path: Path) -> None:
     assert endpoint in line
     assert "shipped " not in proc.stdout
     # The journal is untouched: a later sync to a reachable bucket ships it all.
-    proc = run_edgegw("sync", "--data-dir", data, "--region", SITE, "--bucket-dir", tmp_path / "b")
+    proc = run_edgegw(
+        "sync", "--data-dir", data, "--region", SITE, "--bucket-dir", tmp_path / "b", "--new-bucket"
+    )
     assert proc.returncode == 0, proc.stderr
     assert summary(proc.stdout).startswith(f"shipped {2 * 7 * 5} records")
 

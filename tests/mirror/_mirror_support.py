@@ -224,4 +224,4 @@ async def open_bucket(kind: str, tmp: object, endpoint: str | None, name: str | 
     from pathlib import Path
 
     assert isinstance(tmp, Path)
-    return await LocalBucket.open(tmp / "bucket")
+    return await LocalBucket.open(tmp / "bucket", create=True)

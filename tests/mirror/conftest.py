@@ -13,7 +13,7 @@ from edge_gateway.bucket import FaultyBucket, LocalBucket
 @pytest.fixture
 async def bucket(tmp_path: Path) -> AsyncIterator[FaultyBucket]:
     """A local bucket behind the fault-injecting wrapper (no faults until a test sets some)."""
-    b = FaultyBucket(await LocalBucket.open(tmp_path / "bucket"))
+    b = FaultyBucket(await LocalBucket.open(tmp_path / "bucket", create=True))
     try:
         yield b
     finally:

@@ -50,7 +50,7 @@ async def main(data_dir: str, bucket_dir: str, catch_up: bool) -> None:
         cursor_interval_s=0.2,
         progress_every=4,
     )
-    bucket = await LocalBucket.open(Path(bucket_dir))
+    bucket = await LocalBucket.open(Path(bucket_dir), create=True)
     try:
         async with open_journal(Path(data_dir) / "journal", cfg) as j:
             tailer = Tailer(j, bucket, "a", ["ship"], "b", tcfg)

@@ -29,7 +29,7 @@ PARTITIONS = 3
 async def main(data_dir: str, bucket_dir: str, seed: int, sync_only: bool) -> None:
     cfg = JournalConfig(segment_bytes=256 * 1024, retention_ms=0)
     scfg = ShipperConfig(flush_interval_ms=30, manifest_every=5, retry_base_s=0.01, retry_cap_s=0.1)
-    bucket = await LocalBucket.open(Path(bucket_dir))
+    bucket = await LocalBucket.open(Path(bucket_dir), create=True)
     rnd = random.Random(seed)
     try:
         async with open_journal(Path(data_dir) / "journal", cfg) as j:

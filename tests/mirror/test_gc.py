@@ -91,7 +91,7 @@ def test_gc_config_is_checked() -> None:
 
 
 async def test_cursor_round_trip_and_hostile_documents(tmp_path: Path) -> None:
-    bucket = await LocalBucket.open(tmp_path / "b")
+    bucket = await LocalBucket.open(tmp_path / "b", create=True)
     try:
         assert await read_cursor(bucket, "", "a", "b") is None
         await publish_cursor(bucket, "", Cursor("a", "b", 7, 2, 123))

@@ -104,7 +104,7 @@ def test_kill_9_while_mirroring_no_duplicate_no_gap(tmp_path: Path) -> None:
     final.stop()
 
     async def compare() -> None:
-        b = await LocalBucket.open(bucket)
+        b = await LocalBucket.open(bucket, create=True)
         try:
             source_log = await log_records(b, "a")
             head = await find_head(b, "", "a")

@@ -96,7 +96,7 @@ class Site:
 
 def local_site(region: str, root: Path, bucket_dir: Path) -> Site:
     async def open_bucket() -> Bucket:
-        return await LocalBucket.open(bucket_dir)
+        return await LocalBucket.open(bucket_dir, create=True)
 
     return Site(region, root / f"journal-{region}", open_bucket)
 

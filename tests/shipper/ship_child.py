@@ -34,7 +34,7 @@ def record_value(region: str, partition: int, offset: int) -> bytes:
 async def main(data_dir: str, bucket_dir: str, region: str, seed: int, sync_only: bool) -> None:
     cfg = JournalConfig(fsync="always", segment_bytes=256 * 1024, retention_ms=0)  # type: ignore[arg-type]
     scfg = ShipperConfig(flush_interval_ms=30, manifest_every=5, retry_base_s=0.01, retry_cap_s=0.1)
-    bucket = await LocalBucket.open(Path(bucket_dir))
+    bucket = await LocalBucket.open(Path(bucket_dir), create=True)
     rnd = random.Random(seed)
     fenced: list[Fenced] = []
     try:

@@ -110,7 +110,7 @@ async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
             )
         )
     else:
-        b = await LocalBucket.open(tmp_path / "bucket")
+        b = await LocalBucket.open(tmp_path / "bucket", create=True)
     try:
         yield b
     finally:
@@ -157,7 +157,7 @@ async def test_backlog_object_bytes_at_most_max_object_bytes_keeps_objects_small
 ) -> None:
     cfg = ShipperConfig(max_object_bytes=OBJECT, backlog_object_bytes=1)
     async with open_journal(tmp_path / "j", JCFG) as j:
-        bucket = await LocalBucket.open(tmp_path / "bucket")
+        bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
         s = Shipper(j, bucket, REGION, config=cfg)
         await s.claim()
         produce(j, 4, 60)
@@ -201,7 +201,7 @@ async def test_live_traffic_keeps_small_objects_and_a_burst_grows_them(
 async def test_fenced_during_a_parallel_drain_lands_nothing_built_ahead(
     build_threads: int, tmp_path: Path
 ) -> None:
-    bucket = await LocalBucket.open(tmp_path / "bucket")
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
     async with (
         open_journal(tmp_path / "a", JCFG) as ja,
         open_journal(tmp_path / "b", JCFG) as jb,

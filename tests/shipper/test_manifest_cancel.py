@@ -37,7 +37,7 @@ class StallManifests:
 
 
 async def test_cancel_during_manifest_write_does_not_reship(tmp_path: Path) -> None:
-    inner = await LocalBucket.open(tmp_path / "b")
+    inner = await LocalBucket.open(tmp_path / "b", create=True)
     cfg = ShipperConfig(flush_interval_ms=20, manifest_every=1, retry_base_s=0.01)
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:

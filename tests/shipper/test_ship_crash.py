@@ -44,7 +44,7 @@ class Child(ChildProcess):
 
 async def bucket_records(bucket_dir: Path, region: str) -> dict[int, list[int]]:
     """Offsets per partition in log order; checks content, epochs and contiguity."""
-    bucket = await LocalBucket.open(bucket_dir)
+    bucket = await LocalBucket.open(bucket_dir, create=True)
     try:
         head = await find_head(bucket, "", region)
         out: dict[int, list[int]] = {}

@@ -90,7 +90,7 @@ async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterato
             )
         )
     else:
-        b = await LocalBucket.open(tmp_path / "bucket")
+        b = await LocalBucket.open(tmp_path / "bucket", create=True)
     try:
         yield b
     finally:
@@ -131,7 +131,7 @@ async def test_restart_continues_without_gap_or_duplicate(bucket: Bucket, tmp_pa
 
 
 async def test_lost_response_counts_as_committed(tmp_path: Path) -> None:
-    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b", create=True))
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
         s = Shipper(j, bucket, "north", config=FAST)
@@ -149,7 +149,7 @@ async def test_lost_response_counts_as_committed(tmp_path: Path) -> None:
 
 
 async def test_outage_then_everything_arrives_in_order(tmp_path: Path) -> None:
-    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b", create=True))
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
         s = Shipper(j, bucket, "north", config=FAST)
@@ -175,7 +175,7 @@ async def test_outage_then_everything_arrives_in_order(tmp_path: Path) -> None:
 
 
 async def test_idle_shipper_makes_no_requests(tmp_path: Path) -> None:
-    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b", create=True))
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
         s = Shipper(j, bucket, "north", config=FAST)
@@ -195,7 +195,7 @@ async def test_idle_shipper_makes_no_requests(tmp_path: Path) -> None:
 
 
 async def test_mirror_entries_are_not_shipped(tmp_path: Path) -> None:
-    bucket = await LocalBucket.open(tmp_path / "b")
+    bucket = await LocalBucket.open(tmp_path / "b", create=True)
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
         s = Shipper(j, bucket, "north", config=FAST)
@@ -213,7 +213,7 @@ async def test_mirror_entries_are_not_shipped(tmp_path: Path) -> None:
 
 
 async def test_second_writer_fences_the_first(tmp_path: Path) -> None:
-    bucket = await LocalBucket.open(tmp_path / "b")
+    bucket = await LocalBucket.open(tmp_path / "b", create=True)
     ja = Journal.open_sync(tmp_path / "a", JCFG)
     jb = Journal.open_sync(tmp_path / "bj", JCFG)
     try:
@@ -243,7 +243,7 @@ async def test_second_writer_fences_the_first(tmp_path: Path) -> None:
 
 
 async def test_store_without_conditional_create_is_refused(tmp_path: Path) -> None:
-    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b", create=True))
     bucket.honor_conditions = False
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
@@ -255,7 +255,7 @@ async def test_store_without_conditional_create_is_refused(tmp_path: Path) -> No
 
 
 async def test_header_is_read_with_one_ranged_get(tmp_path: Path) -> None:
-    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b"))
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b", create=True))
     j = Journal.open_sync(tmp_path / "j", JCFG)
     try:
         s = Shipper(j, bucket, "north", config=FAST)

@@ -52,7 +52,7 @@ def collect(bucket_dir: Path) -> GcResult:
     """The home-side GC of region a, with an age cap of 0: deletes all it may, cursors or not."""
 
     async def run() -> GcResult:
-        bucket = await LocalBucket.open(bucket_dir)
+        bucket = await LocalBucket.open(bucket_dir, create=True)
         try:
             return await collect_garbage(
                 bucket,
@@ -72,7 +72,7 @@ def first_offsets_after(bucket_dir: Path, seq: int) -> dict[int, int]:
 
     async def run() -> dict[int, int]:
         out: dict[int, int] = {}
-        bucket = await LocalBucket.open(bucket_dir)
+        bucket = await LocalBucket.open(bucket_dir, create=True)
         try:
             for s in itertools.count(seq + 1):
                 try:
