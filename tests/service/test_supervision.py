@@ -151,6 +151,7 @@ def _config(tmp_path: Path) -> dict[str, Any]:
 
 
 async def test_tasks_that_raise_restart_while_intake_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "bucket").mkdir()  # an empty directory becomes a bucket; a missing one is refused
     gw = Gateway(parse_config(_config(tmp_path)))
     async with trio.open_nursery() as nursery:
         await nursery.start(gw.run)
