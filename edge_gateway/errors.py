@@ -16,8 +16,12 @@ so callers only ever handle these kinds::
     │                         (CRC, length, magic, version, structure)
     ├── Unavailable           a dependency is away (bucket, metadata server);
     │   │                     retry later with backoff
-    │   └── JournalFull       the journal's disk budget is exhausted; retry
-    │                         after shipping frees space
+    │   ├── JournalFull       the journal's disk budget is exhausted; retry
+    │   │                     after shipping frees space
+    │   └── Denied            a dependency refuses this gateway (credentials,
+    │                         policy, a missing bucket, the wrong region or
+    │                         endpoint): a person must act; keep working
+    │                         locally and retry with backoff meanwhile
     ├── Fenced                another writer claimed this region with a higher
     │                         epoch; stop writing, never retry
     ├── InUse                 another process holds the data directory (or the
@@ -91,6 +95,27 @@ class JournalFull(Unavailable):
     Nothing already acknowledged is touched; appends succeed again once the
     shipper confirms data and segments can be deleted.
     """
+
+
+class Denied(Unavailable):
+    """A dependency answers, but refuses this gateway until a person acts.
+
+    Revoked, expired or wrong credentials, a policy that forbids the request,
+    a bucket that does not exist, the wrong region or endpoint. Nothing
+    local is wrong, so this is handled like :class:`Unavailable` -- intake
+    and local reads go on, the request is retried with backoff (new
+    credentials or a fixed policy take effect at the next attempt) -- but
+    status, metrics and the log say that someone has to fix it.
+
+    ``code`` is the dependency's own name for the refusal (the S3 error
+    code, e.g. ``InvalidAccessKeyId``, ``NoSuchBucket``); ``action`` says
+    what to do about it.
+    """
+
+    def __init__(self, message: str, *, code: str, action: str) -> None:
+        self.code = code
+        self.action = action
+        super().__init__(message)
 
 
 class Fenced(EdgeGatewayError):

@@ -173,7 +173,7 @@ class LocalBucket(Bucket):
             detail += f": {exc.filename}"
         message = f"{what} in {self.describe()}: {detail}"
         if exc.errno in (errno.EACCES, errno.EPERM):
-            return AccessDenied(message, key=key)
+            return AccessDenied(message, key=key, code=name or "EACCES")
         if exc.errno == errno.ENAMETOOLONG:
             return InvalidRequest(
                 message + " (a key segment is too long for the filesystem)", key=key
