@@ -49,6 +49,7 @@ from edge_gateway.config import (
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
+    Denied,
     EdgeGatewayError,
     InvalidInput,
     ReadOnlyTopic,
@@ -491,6 +492,15 @@ class Gateway:
             return "the gateway is shutting down"
         shipper = self._shipper
         if shipper is not None and not shipper.statistics().claimed:
+            denied = shipper.denied
+            if denied is not None:
+                # A first start waits for access (its offsets must continue the
+                # region's log); say why and what to do, not just "starting".
+                return (
+                    "the gateway is starting: a first start learns the region's offsets from the "
+                    f"bucket before it accepts records, and the bucket refuses this gateway "
+                    f"({denied.code}): {denied.error} -- what to do: {denied.action}"
+                )
             err = shipper.statistics().last_error
             return (
                 "the gateway is starting: a first start learns the region's offsets from the "
@@ -735,7 +745,16 @@ class Gateway:
         with trio.move_on_after(grace, shield=True) as scope:
             await self.journal.flush()
             shipper = self.shipper
-            if shipper.statistics().claimed and shipper.pending():
+            denied = shipper.denied
+            if denied is not None and shipper.pending():
+                # Refused until a person acts: waiting out the grace period
+                # would only delay the stop. It is all in the journal.
+                log.warning(
+                    "shutdown: not shipping, the bucket refuses this gateway (%s); "
+                    "pending data ships once access works again",
+                    denied.code,
+                )
+            elif shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
                 await shipper.ship_pending()
         if scope.cancelled_caught:
@@ -831,6 +850,14 @@ class Gateway:
         """
         self._check_accepting()
         shipper, journal = self.shipper, self.journal
+        denied = shipper.denied
+        if denied is not None:
+            # It would wait until a person fixes access: say so at once.
+            raise Denied(
+                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
+                code=denied.code,
+                action=denied.action,
+            )
         target = journal.next_lsn - 1
         before = shipper.statistics()
         await journal.flush()
@@ -962,6 +989,12 @@ class Gateway:
         j = self.journal.statistics()
         s = self.shipper.statistics()
         health = self.task_health()
+        # Every component the bucket refuses, with what to do: needs a person.
+        denied = {"shipper": s.denied.to_json()} if s.denied is not None else {}
+        for src, t in sorted(self.tailers.items()):
+            refusal = t.statistics().denied
+            if refusal is not None:
+                denied[_mirror_task(src)] = refusal.to_json()
         return {
             "region": self.region,
             "version": _version(),
@@ -979,6 +1012,8 @@ class Gateway:
                 "full_rejections": j.full_rejections,
             },
             "shipper": {
+                "state": s.state,
+                "denied": s.denied.to_json() if s.denied is not None else None,
                 "claimed": s.claimed,
                 "epoch": s.epoch,
                 "next_seq": s.next_seq,
@@ -1001,6 +1036,7 @@ class Gateway:
             # The supervised tasks; "errors" keeps, per degraded task, its last error.
             "tasks": [h.to_json() for h in health],
             "errors": {h.name: h.last_error or "" for h in health if h.degraded},
+            "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
         }
 
@@ -1028,6 +1064,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
             for q in s.quarantined
         ],
         "last_error": s.last_error,
+        "denied": s.denied.to_json() if s.denied is not None else None,
         "stopped_by": s.stopped_by,
         "relay": s.relay,
         "relay_head": s.relay_head,
