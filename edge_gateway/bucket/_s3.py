@@ -820,7 +820,7 @@ def _build_error(
     exc: BaseException, config: S3Config, *, operation: str = "open", key: str | None = None
 ) -> EdgeGatewayError:
     """The error for a client that could not be built: config, credentials, or unreachable."""
-    if isinstance(exc, ValueError | _CONFIG_BOTOCORE):
+    if isinstance(exc, (ValueError, *_CONFIG_BOTOCORE)):
         # A bad endpoint URL or client setting: nothing but the config fixes it.
         return ConfigError(f"bucket config for {config.bucket!r}: {_one_line(str(exc))}")
     if isinstance(exc, RuntimeError) and _STILL_EXPIRED not in str(exc):
