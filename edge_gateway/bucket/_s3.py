@@ -805,7 +805,8 @@ class S3Bucket(Bucket):
         self._stale = False
         if old is not None:
             self._rebuilds += 1
-            _log.info(
+            # Debug: the caller's DenialTracker already says what is refused.
+            _log.debug(
                 "%s: built a new S3 client, reading the credential chain again after a refusal",
                 self.describe(),
             )
