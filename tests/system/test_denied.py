@@ -23,10 +23,11 @@ suite short.
 from __future__ import annotations
 
 import json
+import re
 import signal
-import sys
 import threading
 import time
+import uuid
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -44,7 +45,7 @@ from edge_gateway.format.logobject import (
     iter_block_batches,
     slice_block,
 )
-from edge_gateway.testing.moto import REGION
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, free_port
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
 
 TOPICS = [TopicSpec("t-a", "a", partitions=3), TopicSpec("t-b", "b", partitions=2)]
@@ -81,8 +82,11 @@ def _gateway(
         topics or TOPICS,
         {},
     )
+    # A fixed API port: api.addr is written only once the gateway is ready,
+    # and the tests ask /healthz while a first start waits.
+    text = g.config.read_text().replace("shutdown_grace_s = 10.0", f"shutdown_grace_s = {GRACE_S}")
     g.config.write_text(
-        g.config.read_text().replace("shutdown_grace_s = 10.0", f"shutdown_grace_s = {GRACE_S}")
+        text.replace('listen = "127.0.0.1:0"', f'listen = "127.0.0.1:{free_port()}"')
     )
     g.env = credentials_env(root / f"aws-{region}", key)
     return g
@@ -160,6 +164,19 @@ def _wait_state(g: Gateway, state: str, timeout: float = 60) -> dict[str, Any]:
         f"{g.region}'s shipper to be {state}",
     )
     return shipper
+
+
+def _not_ready_reason(g: Gateway) -> str:
+    """The reason of /healthz's 503 (the API answers at once, also while a first start
+    waits); "" while nothing answers yet or it answers 200."""
+    listen = re.search(r'listen = "([^"]+)"', g.config.read_text())
+    assert listen is not None
+    try:
+        r = httpx.get(f"http://{listen[1]}/healthz", timeout=2)
+    except httpx.HTTPError:
+        return ""
+    text: str = r.json()["error"]["message"] if r.status_code == 503 else ""
+    return text
 
 
 def _stop(g: Gateway, sig: int) -> int:
@@ -254,3 +271,187 @@ def test_revoked_key_keeps_intake_and_a_new_key_in_the_file_resumes_shipping(
                 p.stopping.set()
         for g in (a, b):
             g.stop()
+
+
+class Rotator(threading.Thread):
+    """A credential provider whose keys live ``period`` seconds, as the gateway sees it.
+
+    Writes the answer of the gateway's ``credential_process`` (an IAM key of
+    ``user`` and its ``Expiration``) and, at that expiry, revokes the key;
+    the next key comes ``gap`` seconds later (until then the process still
+    answers the old one, expired). Every expiry is a refusal the gateway
+    must ride out without losing or repeating anything.
+    """
+
+    def __init__(self, user: IamUser, answer: Path, period: float = 3.0, gap: float = 0.5) -> None:
+        super().__init__(daemon=True, name="rotator")
+        self.user, self.answer, self.period, self.gap = user, answer, period, gap
+        self.rotations = 0
+        self.error: str | None = None
+        self.stopping = threading.Event()
+        self.key = self._issue()
+
+    def _issue(self) -> tuple[str, str]:
+        key = self.user.new_key()
+        expires = datetime.now(UTC) + timedelta(seconds=self.period)
+        doc = {
+            "Version": 1,
+            "AccessKeyId": key[0],
+            "SecretAccessKey": key[1],
+            "Expiration": expires.isoformat(),
+        }
+        tmp = self.answer.with_suffix(".tmp")
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.answer)
+        return key
+
+    def run(self) -> None:
+        try:
+            while not self.stopping.wait(self.period):
+                self.user.revoke(self.key[0])  # expired: it stops working
+                if self.stopping.wait(self.gap):
+                    return
+                self.key = self._issue()
+                self.rotations += 1
+        except Exception as exc:  # reported to the test
+            self.error = f"{type(exc).__name__}: {exc}"
+
+
+@pytest.mark.slow
+def test_temporary_credentials_from_a_credential_process_never_stop_shipping(
+    tmp_path: Path, moto_auth: AuthMoto
+) -> None:
+    bucket = moto_auth.bucket()
+    a = _gateway(tmp_path, "a", moto_auth.endpoint, bucket, None, TOPICS[:1])
+    rotator = Rotator(moto_auth.user("a"), tmp_path / "answer.json")
+    # The config file names the process; the credentials file is empty.
+    Path(a.env["AWS_CONFIG_FILE"]).write_text(
+        f"[default]\ncredential_process = cat {rotator.answer}\n"
+    )
+    producer = Producer("", "t-a", 3, seed=5, pause=0.01)
+    try:
+        a.start()
+        producer.url = a.url
+        producer.start()
+        rotator.start()
+        last = _shipper(a)["objects"]
+        for expiry in range(1, 6):
+            wait_until(lambda n=expiry: rotator.rotations >= n, 30, f"expiry {expiry}")
+            # Shipping goes on with each new key, by itself.
+            wait_until(
+                lambda n=last: _shipper(a)["objects"] > n, 30, f"shipping after expiry {expiry}"
+            )
+            last = _shipper(a)["objects"]
+        assert rotator.error is None, rotator.error
+        producer.stop()
+        wait_until(lambda: _shipper(a)["pending_lsns"] == 0, 60, "a to ship everything")
+        status = a.status()
+        (shipper_task,) = [t for t in status["tasks"] if t["name"] == "shipper"]
+        assert shipper_task["failures"] == 0, shipper_task  # never crashed, never restarted
+        assert a.running
+        assert _check_exactly_once(moto_auth, bucket, "a", producer) == 1  # never re-claimed
+        assert _log_count(a, "Traceback") == 0
+    finally:
+        rotator.stopping.set()
+        if producer.is_alive():
+            producer.stopping.set()
+        a.stop()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signals_stop_the_gateway_in_every_phase(
+    tmp_path: Path, moto_auth: AuthMoto, sig: int
+) -> None:
+    """Starting offline, starting refused, running, running refused: each stop is prompt
+    (well within the 60 s grace period) and clean (exit 0)."""
+    bucket = moto_auth.bucket()
+    user = moto_auth.user("a")
+    revoked = user.new_key()
+    user.revoke(revoked[0])
+    proxy = TcpProxy("127.0.0.1", int(moto_auth.endpoint.rsplit(":", 1)[1])).start()
+    a = _gateway(tmp_path, "a", proxy.url, bucket, user.new_key(), TOPICS[:1])
+
+    def reason() -> str:
+        return _not_ready_reason(a)
+
+    try:
+        # 1. starting, offline: a first start waits for the bucket.
+        proxy.set_mode(ProxyMode.REFUSE)
+        a.spawn()
+        assert "first start" in wait_until(reason, 60, "/healthz while starting offline")
+        assert _stop(a, sig) == 0, a.tail()
+
+        # 2. starting, refused: it waits for access and says why.
+        proxy.set_mode(ProxyMode.PASS)
+        good = user.keys[0]
+        write_credentials(_credentials(a), revoked)
+        a.spawn()
+        why = wait_until(
+            lambda: "InvalidAccessKeyId" in (r := reason()) and r, 60, "/healthz while refused"
+        )
+        assert "give the gateway valid credentials" in why
+        assert a.running
+        assert _stop(a, sig) == 0, a.tail()
+
+        # 3. running.
+        write_credentials(_credentials(a), good)
+        a.start()
+        producer = Producer(a.url, "t-a", 3, seed=6, pause=0.0, limit=100)
+        producer.run()
+        assert producer.error is None, producer.error
+        assert _stop(a, sig) == 0, a.tail()
+
+        # 4. running, refused.
+        a.start()
+        user.revoke(good[0])
+        _produce(a, producer, seed=7)
+        _wait_state(a, "denied")
+        assert _stop(a, sig) == 0, a.tail()
+
+        # Nothing acknowledged was lost: it ships once access works again.
+        write_credentials(_credentials(a), user.new_key())
+        a.start()
+        wait_until(lambda: _shipper(a)["pending_lsns"] == 0, 60, "a to ship")
+        _check_exactly_once(moto_auth, bucket, "a", producer)
+    finally:
+        a.stop()
+        proxy.stop()
+
+
+def test_first_start_waits_for_a_bucket_that_does_not_exist_yet(
+    tmp_path: Path, moto_endpoint: str, s3_admin: Any
+) -> None:
+    """A missing bucket was a fatal ConfigError (exit 2, a crash loop under systemd).
+    Now a first start waits, /healthz says what to do, and it starts once the bucket exists."""
+    bucket = f"edgegw-later-{uuid.uuid4().hex[:12]}"
+    a = Gateway(
+        "a",
+        tmp_path,
+        {
+            "type": "s3",
+            "bucket": bucket,
+            "endpoint_url": moto_endpoint,
+            "region": REGION,
+            "path_style": True,
+            "access_key": ACCESS_KEY,
+            "secret_key": SECRET_KEY,
+            "max_attempts": 1,
+        },
+        TOPICS[:1],
+        {"api": {"listen": f"127.0.0.1:{free_port()}"}},
+    )
+    try:
+        a.spawn()
+        why = wait_until(
+            lambda: "NoSuchBucket" in (r := _not_ready_reason(a)) and r, 60, "/healthz's reason"
+        )
+        assert "create the bucket" in why
+        assert a.running, a.tail()
+        s3_admin.create_bucket(Bucket=bucket)
+        a.wait_ready()
+        with httpx.Client(base_url=a.url, timeout=30) as c:
+            r = c.post("/v1/topics/t-a/records?ack=shipped", json={"records": [{"value": "x"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["shipped"] is True
+    finally:
+        a.stop()
