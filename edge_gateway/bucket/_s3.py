@@ -56,10 +56,12 @@ them (environment, shared credentials and config files with ``profile``,
 refreshes temporary ones before they expire. Static credentials from the
 chain (a shared credentials file) are read once per client, so after a
 refusal that new credentials could cure, the bucket builds its client anew
-before the next request -- a key rotated in the file, or a
-``credential_process`` that now answers differently, takes effect at the
-next retry, without a restart. Requests in flight finish on the old client,
-which is closed after the last of them. A client that cannot be built
+at once -- a key rotated in the file, or a ``credential_process`` that now
+answers differently, takes effect without a restart -- and if the new
+client signs with another key, the refused request is sent again with it
+(a refused request did not happen), so a planned rotation is never seen by
+the callers. Requests in flight finish on the old client, which is closed
+after the last of them. A client that cannot be built
 because of its credentials (a missing profile, a credential_process that
 fails) does not stop :meth:`S3Bucket.open`: every request tries again and
 raises until it can be built.
@@ -376,9 +378,10 @@ class S3Config:
             raise ConfigError(f"bucket config: {exc}") from None
 
 
-def _build_client(config: S3Config, loader: object | None) -> tuple[S3Client, object]:
+def _build_client(config: S3Config, loader: object | None) -> tuple[S3Client, object, str | None]:
     """Build a client and its session (blocking: reads the shared files, may run a
-    ``credential_process``); returns it with the session's model loader.
+    ``credential_process``); returns it with the session's model loader and the
+    access key id it signs with (``None``: the chain found no credentials).
 
     A fresh botocore session resolves the credential chain anew; passing the
     loader of an earlier one skips parsing the service models again (a
@@ -406,7 +409,12 @@ def _build_client(config: S3Config, loader: object | None) -> tuple[S3Client, ob
         aws_session_token=config.session_token,
         config=client_config,
     )
-    return cast("S3Client", client), session.get_component("data_loader")
+    key_id = config.access_key
+    if key_id is None:
+        # The chain's credentials, as create_client resolved (and cached) them.
+        credentials = session.get_credentials()
+        key_id = None if credentials is None else credentials.access_key
+    return cast("S3Client", client), session.get_component("data_loader"), key_id
 
 
 @dataclass(eq=False, slots=True)
@@ -414,6 +422,8 @@ class _Client:
     """A client and the requests running on it; a retired one closes after the last."""
 
     client: S3Client
+    #: The access key id it signs with (``None``: no credentials found).
+    key_id: str | None = None
     users: int = 0
     retired: bool = False
 
@@ -438,7 +448,7 @@ class S3Bucket(Bucket):
         self._retired: set[_Client] = set()
         self._loader: object | None = None
         #: Build a new client before the next request (none yet, or the
-        #: store refused the current one's credentials).
+        #: last build after a refusal failed).
         self._stale = client is None
         self._build_lock = trio.Lock()
         self._rebuilds = 0
@@ -454,7 +464,7 @@ class S3Bucket(Bucket):
         :class:`BucketUnavailable`) until it works.
         """
         try:
-            client, loader = await trio.to_thread.run_sync(
+            client, loader, key_id = await trio.to_thread.run_sync(
                 _build_client, config, None, abandon_on_cancel=True
             )
         except (botocore.exceptions.BotoCoreError, ValueError, RuntimeError) as exc:
@@ -465,6 +475,8 @@ class S3Bucket(Bucket):
             return cls(config, None)
         bucket = cls(config, client)
         bucket._loader = loader
+        assert bucket._current is not None
+        bucket._current.key_id = key_id
         return bucket
 
     @property
@@ -744,26 +756,42 @@ class S3Bucket(Bucket):
 
         Every request goes through here, and ``fn`` also reads the answer's
         body (a ``StreamingBody``): the exceptions of that read are the ones
-        botocore does not translate itself. A refusal that new credentials
-        could cure marks the client stale: the next request builds a new one.
+        botocore does not translate itself. After a refusal that new
+        credentials could cure, a new client reads the credential chain
+        again; if it found other credentials (a key rotated in the shared
+        file), the request is sent once more with them at once -- a refused
+        request did not happen, so repeating it is safe -- and a planned
+        rotation goes unnoticed. Otherwise the refusal is raised.
         """
         held = await self._client_for_request(operation, key)
+        try:
+            return await self._call(held, operation, key, fn)
+        except AccessDenied as refused:
+            if not refused.credentials_may_help or self._config.access_key is not None:
+                raise  # keys in the config cannot change under us; the chain's can
+            fresh = await self._fresh_client(held, operation, key)
+            if fresh.key_id == held.key_id:
+                raise
+            _log.info(
+                "%s: the credential chain has other credentials now (key %s, was %s); "
+                "sending the refused %s again with them",
+                self.describe(),
+                fresh.key_id,
+                held.key_id,
+                operation,
+            )
+            return await self._call(fresh, operation, key, fn)
+
+    async def _call(
+        self, held: _Client, operation: str, key: str | None, fn: Callable[[S3Client], _T]
+    ) -> _T:
         held.users += 1
         try:
             return await trio.to_thread.run_sync(fn, held.client, limiter=self._limiter)
         except (*STORE_EXCEPTIONS, RuntimeError) as exc:
             if isinstance(exc, RuntimeError) and _STILL_EXPIRED not in str(exc):
                 raise  # not the credential chain's: a bug, not translated
-            error = self._translate(exc, operation, key)
-            if (
-                isinstance(error, AccessDenied)
-                and error.credentials_may_help
-                and held is self._current
-                and self._config.access_key is None
-            ):
-                # Keys in the config cannot change under us; the chain's can.
-                self._stale = True
-            raise error from exc
+            raise self._translate(exc, operation, key) from exc
         finally:
             held.users -= 1
             if held.retired and not held.users:
@@ -781,11 +809,20 @@ class S3Bucket(Bucket):
         )
 
     async def _client_for_request(self, operation: str, key: str | None) -> _Client:
-        """The current client; built first when there is none or the store refused it."""
-        if self._stale:
+        """The current client; built first when there is none (or the last build failed)."""
+        if self._current is None or self._stale:
             async with self._build_lock:
-                if self._stale:
+                if self._current is None or self._stale:
                     await self._build(operation, key)
+        assert self._current is not None
+        return self._current
+
+    async def _fresh_client(self, refused: _Client, operation: str, key: str | None) -> _Client:
+        """A client built after ``refused`` was refused (by this call, or a concurrent one)."""
+        async with self._build_lock:
+            if self._current is refused or self._current is None or self._stale:
+                self._stale = True  # until a build succeeds
+                await self._build(operation, key)
         assert self._current is not None
         return self._current
 
@@ -794,13 +831,13 @@ class S3Bucket(Bucket):
         # cancellation: a credential_process that hangs must not hold up a
         # shutdown, and the thread touches nothing of ours until it returns.
         try:
-            client, loader = await trio.to_thread.run_sync(
+            client, loader, key_id = await trio.to_thread.run_sync(
                 _build_client, self._config, self._loader, abandon_on_cancel=True
             )
         except (botocore.exceptions.BotoCoreError, ValueError, RuntimeError) as exc:
             error = _build_error(exc, self._config, operation=operation, key=key)
             raise error from exc
-        old, self._current = self._current, _Client(client)
+        old, self._current = self._current, _Client(client, key_id)
         self._loader = loader
         self._stale = False
         if old is not None:

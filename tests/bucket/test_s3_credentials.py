@@ -59,9 +59,27 @@ async def test_a_key_rotated_in_the_credentials_file_works_at_the_next_request(
         write_credentials(files / "credentials", user.new_key())
         await bucket.put("b", b"2", if_none_match=True)  # the same bucket object
         assert (await bucket.get("a")).data == b"1"
-        assert bucket.client_builds == 2  # after each refusal, one new client
+        assert bucket.client_builds == 3  # after each refusal, one new client
         assert refused.value.code == "InvalidAccessKeyId"
         assert isinstance(refused.value, Unavailable)  # retried by the callers
+
+
+async def test_a_planned_rotation_is_seamless(moto_auth: AuthMoto, files: Path) -> None:
+    # The procedure of docs/operations.md: new key into the file, then the old
+    # one revoked. The first request refused with the old key is sent again
+    # at once with the new one: the caller never sees a refusal.
+    user = moto_auth.user()
+    old = user.new_key()
+    write_credentials(files / "credentials", old)
+    config = _chain_config(moto_auth, moto_auth.bucket())
+    async with await S3Bucket.open(config) as bucket:  # type: ignore[arg-type]
+        await bucket.put("a", b"1", if_none_match=True)
+        write_credentials(files / "credentials", user.new_key())
+        user.revoke(old[0])
+        await bucket.put("b", b"2", if_none_match=True)
+        assert (await bucket.get("b")).data == b"2"
+        assert bucket.client_builds == 1
+        assert bucket.statistics().errors == 0
 
 
 async def test_keys_in_the_config_are_not_read_again(moto_auth: AuthMoto, files: Path) -> None:
