@@ -178,4 +178,9 @@ def credentials_env(root: Path, key: tuple[str, str] | None = None) -> dict[str,
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         # They would come before the files in the chain.
         assert name not in os.environ, f"{name} is set: the test cannot control credentials"
-    return {"AWS_SHARED_CREDENTIALS_FILE": str(creds), "AWS_CONFIG_FILE": str(config)}
+    return {
+        "AWS_SHARED_CREDENTIALS_FILE": str(creds),
+        "AWS_CONFIG_FILE": str(config),
+        # No instance metadata service here: do not wait for one.
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }

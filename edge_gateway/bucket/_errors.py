@@ -85,9 +85,10 @@ PLACE_CODES: Final = frozenset(
 )
 
 _CREDENTIALS_ACTION: Final = (
-    "give the gateway valid credentials: credentials from the standard chain (environment, "
-    "shared credentials file, credential_process, web identity) are read again at the next "
-    "retry; keys written in the config file need a restart (docs/operations.md, 'Credentials')"
+    "give the gateway valid credentials: the standard chain (environment, shared credentials "
+    "file, credential_process, web identity) is read again whenever the bucket refuses, so new "
+    "ones there need no restart; keys written in the config file do "
+    "(docs/operations.md, 'Credentials')"
 )
 _ACTIONS: Final = {
     "AccessDenied": (

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sys
 import threading
 import time
 import uuid
@@ -37,6 +38,9 @@ import httpx
 import pytest
 from _moto_auth import AuthMoto, IamUser, credentials_env, write_credentials
 from _serve import Gateway, Producer, TopicSpec, read_partition, wait_until
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from _cli_support import run_edgegw
 
 from edge_gateway.format.batch import Record
 from edge_gateway.format.logobject import (
@@ -235,6 +239,14 @@ def test_revoked_key_keeps_intake_and_a_new_key_in_the_file_resumes_shipping(
         assert _log_count(a, "Traceback") == 0
         # b never noticed.
         assert _shipper(b)["state"] == "shipping"
+        # `edgegw status` says what is wrong and what to do.
+        shown = run_edgegw("status", "--url", a.url, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        text = " ".join(shown.stdout.replace("│", " ").split())  # cells may wrap
+        assert "DENIED: shipper" in text
+        assert "DENIED: mirror b" in text
+        assert "the bucket refuses this gateway (InvalidAccessKeyId)" in text
+        assert "What to do: give the gateway valid credentials" in text
 
         # 2. A new key in the shared credentials file: shipping resumes by itself.
         write_credentials(_credentials(a), users["a"].new_key())
