@@ -413,8 +413,9 @@ def test_signals_stop_the_gateway_in_every_phase(
         assert producer.error is None, producer.error
         assert _stop(a, sig) == 0, a.tail()
 
-        # 4. running, refused.
+        # 4. running, refused (after the claim: shutdown would ship what is pending).
         a.start()
+        _wait_state(a, "shipping")
         user.revoke(good[0])
         _produce(a, producer, seed=7)
         _wait_state(a, "denied")
