@@ -836,6 +836,10 @@ class S3Bucket(Bucket):
             )
         except (botocore.exceptions.BotoCoreError, ValueError, RuntimeError) as exc:
             error = _build_error(exc, self._config, operation=operation, key=key)
+            if isinstance(error, ConfigError) and self._current is not None:
+                # The same config built a client before: what changed is the
+                # shared files under it. Refused, never fatal to a running site.
+                error = AccessDenied(str(error), key=key, code=type(exc).__name__)
             raise error from exc
         old, self._current = self._current, _Client(client, key_id)
         self._loader = loader
