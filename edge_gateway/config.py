@@ -766,8 +766,9 @@ type = "local"
 # endpoint_url = "https://minio.example:9000"
 # region = "eu-west-1"
 # path_style = true
-# access_key = ""             # or the standard AWS credential chain
-# secret_key = ""             # better: EDGEGW_BUCKET_SECRET_KEY
+# access_key = ""             # or the standard AWS credential chain (read again
+# secret_key = ""             #   when refused); better: EDGEGW_BUCKET_SECRET_KEY
+# profile = ""                # e.g. one with a credential_process (docs/operations.md)
 
 [mirror]
 # poll_interval_ms = 100

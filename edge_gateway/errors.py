@@ -22,8 +22,12 @@ so callers only ever handle these kinds::
     │   │                     retry later with backoff
     │   ├── JournalFull       the journal's disk budget is exhausted; retry
     │   │                     after shipping frees space
-    │   └── DiskFull          the filesystem under the journal is full
-    │                         (ENOSPC, EDQUOT); retry when space returns
+    │   ├── DiskFull          the filesystem under the journal is full
+    │   │                     (ENOSPC, EDQUOT); retry when space returns
+    │   └── Denied            a dependency refuses this gateway (credentials,
+    │                         policy, a missing bucket, the wrong region or
+    │                         endpoint): a person must act; keep working
+    │                         locally and retry with backoff meanwhile
     ├── Fenced                another writer claimed this region with a higher
     │                         epoch; stop writing, never retry
     ├── InUse                 another process holds the data directory (or the
@@ -124,6 +128,27 @@ class DiskFull(Unavailable):
     and shipped segments were deleted to make room; appends succeed again as
     soon as space returns, without a restart.
     """
+
+
+class Denied(Unavailable):
+    """A dependency answers, but refuses this gateway until a person acts.
+
+    Revoked, expired or wrong credentials, a policy that forbids the request,
+    a bucket that does not exist, the wrong region or endpoint. Nothing
+    local is wrong, so this is handled like :class:`Unavailable` -- intake
+    and local reads go on, the request is retried with backoff (new
+    credentials or a fixed policy take effect at the next attempt) -- but
+    status, metrics and the log say that someone has to fix it.
+
+    ``code`` is the dependency's own name for the refusal (the S3 error
+    code, e.g. ``InvalidAccessKeyId``, ``NoSuchBucket``); ``action`` says
+    what to do about it.
+    """
+
+    def __init__(self, message: str, *, code: str, action: str) -> None:
+        self.code = code
+        self.action = action
+        super().__init__(message)
 
 
 class Fenced(EdgeGatewayError):

@@ -51,6 +51,7 @@ from edge_gateway.config import (
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
+    Denied,
     DiskFull,
     EdgeGatewayError,
     InvalidInput,
@@ -516,6 +517,15 @@ class Gateway:
             return "the gateway is shutting down"
         shipper = self._shipper
         if shipper is not None and not shipper.statistics().claimed:
+            denied = shipper.denied
+            if denied is not None:
+                # A first start waits for access (its offsets must continue the
+                # region's log); say why and what to do, not just "starting".
+                return (
+                    "the gateway is starting: a first start learns the region's offsets from the "
+                    f"bucket before it accepts records, and the bucket refuses this gateway "
+                    f"({denied.code}): {denied.error} -- what to do: {denied.action}"
+                )
             err = shipper.statistics().last_error
             return (
                 "the gateway is starting: a first start learns the region's offsets from the "
@@ -563,10 +573,17 @@ class Gateway:
             bucket: Bucket = await S3Bucket.open(cfg.s3_config())
             try:
                 await bucket.check_exists()
-            except BucketUnavailable as exc:
-                # A gateway starts offline (docs/protocol.md, "Offline start");
-                # a missing bucket then shows at the shipper's first request.
+            except (BucketUnavailable, Denied) as exc:
+                # A gateway starts offline or refused (docs/protocol.md,
+                # "Offline start"); the shipper reports what it meets.
                 log.warning("bucket %s unreachable at start: %s", bucket.name, exc)
+            except NoSuchBucket as exc:
+                if not self._met_bucket():
+                    await bucket.aclose()
+                    raise
+                # It was there: deleted (or its name now resolves elsewhere).
+                # A person must act; meanwhile the site takes data (issue 26).
+                log.error("%s; running from the journal until it is back", exc)
             except BaseException:
                 await bucket.aclose()
                 raise
@@ -582,6 +599,14 @@ class Gateway:
         # The default location is made on first start; an existing directory
         # gets the layout only if it is empty (else it must be a bucket).
         return await LocalBucket.open(path, create=True)
+
+    def _met_bucket(self) -> bool:
+        """Whether this data directory's shipper has claimed its region before.
+
+        A bucket missing at a first start is most likely a typo (refused);
+        one missing after the gateway wrote to it is a refusal to report.
+        """
+        return (self.config.journal_path / "shipper.json").exists()
 
     @property
     def key_prefix(self) -> str:
@@ -847,7 +872,16 @@ class Gateway:
                 # what is durable ships, the rest was never acknowledged.
                 log.warning("shutdown: journal flush failed (%s)", exc)
             shipper = self.shipper
-            if shipper.statistics().claimed and shipper.pending():
+            denied = shipper.denied
+            if denied is not None and shipper.pending():
+                # Refused until a person acts: waiting out the grace period
+                # would only delay the stop. It is all in the journal.
+                log.warning(
+                    "shutdown: not shipping, the bucket refuses this gateway (%s); "
+                    "pending data ships once access works again",
+                    denied.code,
+                )
+            elif shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
                 try:
                     await shipper.ship_pending()
@@ -946,6 +980,14 @@ class Gateway:
         """
         self._check_accepting()
         shipper, journal = self.shipper, self.journal
+        denied = shipper.denied
+        if denied is not None:
+            # It would wait until a person fixes access: say so at once.
+            raise Denied(
+                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
+                code=denied.code,
+                action=denied.action,
+            )
         target = journal.next_lsn - 1
         before = shipper.statistics()
         await journal.flush()
@@ -1077,6 +1119,12 @@ class Gateway:
         j = self.journal.statistics()
         s = self.shipper.statistics()
         health = self.task_health()
+        # Every component the bucket refuses, with what to do: needs a person.
+        denied = {"shipper": s.denied.to_json()} if s.denied is not None else {}
+        for src, t in sorted(self.tailers.items()):
+            refusal = t.statistics().denied
+            if refusal is not None:
+                denied[_mirror_task(src)] = refusal.to_json()
         return {
             "region": self.region,
             "version": _version(),
@@ -1094,6 +1142,8 @@ class Gateway:
                 "full_rejections": j.full_rejections,
             },
             "shipper": {
+                "state": s.state,
+                "denied": s.denied.to_json() if s.denied is not None else None,
                 "claimed": s.claimed,
                 "epoch": s.epoch,
                 "next_seq": s.next_seq,
@@ -1118,6 +1168,7 @@ class Gateway:
             # The supervised tasks; "errors" keeps, per degraded task, its last error.
             "tasks": [h.to_json() for h in health],
             "errors": {h.name: h.last_error or "" for h in health if h.degraded},
+            "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
         }
@@ -1175,6 +1226,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
             for q in s.quarantined
         ],
         "last_error": s.last_error,
+        "denied": s.denied.to_json() if s.denied is not None else None,
         "stopped_by": s.stopped_by,
         "relay": s.relay,
         "relay_head": s.relay_head,

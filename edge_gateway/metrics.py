@@ -22,7 +22,12 @@ Families (``_total`` is added to counters by the exposition format):
   oldest_unshipped_age_seconds, objects_total, fences_total, manifests_total,
   records_total, bytes_total (journal bytes shipped), wire_bytes_total
   (compressed object bytes), retries_total, upload_seconds_total,
-  last_ship_timestamp_seconds
+  last_ship_timestamp_seconds, state{state} (1 for the one the shipper is in:
+  starting, shipping, retrying, denied)
+* ``edgegw_bucket_denied{component,code}``: 1 for each component the bucket
+  refuses (``shipper``, ``mirror <source>``) with the store's error code
+  (``InvalidAccessKeyId``, ``NoSuchBucket``...); absent while none is. A
+  person must act: alert on it.
 * ``edgegw_mirror_*{source}``: entries_behind, bytes_behind, lag_seconds,
   quarantined_entries, gaps, catch_up_eta_seconds, state{state} — from the
   gateway's tailers, or from the provider given to
@@ -45,6 +50,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from edge_gateway.errors import ClosedError, EdgeGatewayError
+from edge_gateway.shipper import SHIPPER_STATES
 
 if TYPE_CHECKING:
     from edge_gateway.gateway import Gateway
@@ -97,7 +103,8 @@ class MirrorLag:
     gaps: int
     #: Seconds to catch up at the recent apply rate (None: unknown or idle).
     catch_up_eta_seconds: float | None = None
-    #: The tailer's state (following, idle, catching-up, retrying, quarantined, stopped).
+    #: The tailer's state (following, idle, catching-up, retrying, denied, quarantined,
+    #: stopped).
     state: str = ""
 
     @classmethod
@@ -223,6 +230,7 @@ class _GatewayCollector(Collector):
             return  # not running: nothing else to report
         yield from self._journal(stats)
         yield from self._shipper(gw)
+        yield from self._denied(gw)
         yield from self._metadata(gw)
         yield from self._tasks(gw)
         owner = self._owner()
@@ -418,6 +426,31 @@ class _GatewayCollector(Collector):
             "(clock.gc_pause_skew_ms).",
             1 if gw.bucket_clock.gc_pause_reason() else 0,
         )
+
+    @staticmethod
+    def _denied(gw: Gateway) -> Iterator[Metric]:
+        current = gw.shipper.state
+        state = GaugeMetricFamily(
+            "edgegw_shipper_state",
+            "1 for the state the shipper is in (starting, shipping, retrying: the bucket is "
+            "away, denied: the bucket refuses this gateway and a person must act).",
+            labels=["state"],
+        )
+        for name in SHIPPER_STATES:
+            state.add_metric([name], 1 if name == current else 0)
+        yield state
+        denied = GaugeMetricFamily(
+            "edgegw_bucket_denied",
+            "1 while the bucket refuses a component of this gateway (credentials, policy, "
+            "no such bucket, wrong region), with the store's error code; see edgegw status.",
+            labels=["component", "code"],
+        )
+        refusals = [("shipper", gw.shipper.denied)]
+        refusals += [(f"mirror {src}", t.statistics().denied) for src, t in gw.tailers.items()]
+        for component, refusal in sorted(refusals, key=lambda r: r[0]):
+            if refusal is not None:
+                denied.add_metric([component, refusal.code], 1)
+        yield denied
 
     @staticmethod
     def _metadata(gw: Gateway) -> Iterator[Metric]:

@@ -22,6 +22,14 @@ the bucket is away, the shipper retries the same object with exponential
 backoff and jitter and the journal keeps accepting; afterwards the backlog
 ships as large objects, in LSN order.
 
+While the bucket *refuses* the gateway (:class:`~edge_gateway.bucket.AccessDenied`:
+revoked or expired credentials, a policy, no such bucket, the wrong region)
+the shipper does the same -- claim and commits are retried with backoff,
+the same bytes at the same seq, so nothing ships twice or is skipped when
+access works again -- but its state is ``denied``: :meth:`Shipper.statistics`
+carries the store's code and what to do, and the log says so at ERROR when
+it starts and every few minutes while it lasts (:class:`~edge_gateway.bucket.DenialTracker`).
+
 Objects shipped back to back (a backlog, ``ship_pending``) are pipelined: the
 next object is read and compressed (in a worker thread) while the previous
 one uploads. Creates stay strictly sequential -- object ``n + 1`` is created
@@ -52,9 +60,12 @@ from pathlib import Path
 import trio
 
 from edge_gateway.bucket import (
+    AccessDenied,
     Bucket,
     BucketGone,
     BucketUnavailable,
+    Denial,
+    DenialTracker,
     NotFound,
     PreconditionFailed,
     verify_conditional_create,
@@ -208,6 +219,19 @@ class ShipperStats:
     last_ship_ms: int
     last_error: str | None
     upload_seconds_total: float
+    #: ``starting`` (not claimed yet), ``shipping``, ``retrying`` (the bucket
+    #: is away) or ``denied`` (the bucket refuses this gateway: see ``denied``).
+    state: str = "starting"
+    #: The refusal in force, while ``state`` is ``denied``.
+    denied: Denial | None = None
+
+
+#: The states of :attr:`ShipperStats.state`.
+SHIPPER_STATES = ("starting", "shipping", "retrying", "denied")
+
+#: Bucket errors the shipper retries with backoff: an outage, or a refusal
+#: that a person is expected to fix (credentials, policy, bucket).
+_RETRIED = (BucketUnavailable, AccessDenied)
 
 
 class Shipper:
@@ -270,6 +294,9 @@ class Shipper:
         self._last_ship_ms = 0
         self._last_error: str | None = None
         self._upload_s = 0.0
+        #: The last bucket operation failed as unavailable (until one succeeds).
+        self._retrying = False
+        self._denial = DenialTracker(log, f"shipper of region {self.region}")
         #: Called with each seq right after it is committed (the fence of a
         #: claim included), e.g. ``HeadReporter.report_nowait``: it must not
         #: block; an exception is logged and ignored, never fails shipping.
@@ -391,6 +418,7 @@ class Shipper:
         self._fences += 1
         self._claimed = True
         self._claimed_event.set()
+        self._accepted()
         self._last_commit_mono = time.monotonic()
         log.info(
             "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %d)",
@@ -820,12 +848,14 @@ class Shipper:
                 # The bucket went away under us (a local directory removed or
                 # replaced): retrying would write into whatever replaces it.
                 raise self._lost(f"{key} could not be created: {exc}") from None
-            except BucketUnavailable as exc:
+            except _RETRIED as exc:
                 # From the PUT or from reading the entry back after a 412:
-                # either way the outcome is unknown, and the same bytes at the
-                # same seq are retried (a 412 then tells whether they landed).
+                # either way the outcome is unknown (or, refused, known not to
+                # have happened), and the same bytes at the same seq are
+                # retried (a 412 then tells whether they landed).
                 self._upload_s += time.perf_counter() - t0
                 await self._retry_later(backoff, f"{key} not committed", exc)
+        self._accepted()
         await self._after_create(seq)
         header = logobject.decode_header(obj, where=key)
         self._next_seq = seq + 1
@@ -869,12 +899,40 @@ class Shipper:
             f"a lower-epoch writer ({theirs.epoch}) created {key} after our claim", where=key
         )
 
-    async def _retry_later(self, backoff: Backoff, what: str, exc: BucketUnavailable) -> None:
+    async def _retry_later(
+        self, backoff: Backoff, what: str, exc: BucketUnavailable | AccessDenied
+    ) -> None:
         self._retries += 1
         self._last_error = str(exc)
         delay = backoff.next_delay(self._rand.random())
-        log.warning("shipper: %s (%s); retrying in %.2fs", what, exc, delay)
+        if isinstance(exc, AccessDenied):
+            # Logged at ERROR when it starts and as a periodic reminder, not
+            # as a warning per attempt.
+            self._denial.refused(exc)
+        else:
+            self._retrying = True
+            log.warning("shipper: %s (%s); retrying in %.2fs", what, exc, delay)
         await trio.sleep(delay)
+
+    def _accepted(self) -> None:
+        """The bucket took a claim or a commit: any outage or refusal is over."""
+        self._retrying = False
+        self._last_error = None
+        self._denial.cleared()
+
+    @property
+    def state(self) -> str:
+        """One of :data:`SHIPPER_STATES` (see :attr:`ShipperStats.state`)."""
+        if self._denial.current is not None:
+            return "denied"
+        if self._retrying:
+            return "retrying"
+        return "shipping" if self._claimed else "starting"
+
+    @property
+    def denied(self) -> Denial | None:
+        """The bucket's refusal in force (``None`` while it accepts this gateway)."""
+        return self._denial.current
 
     async def _after_create(self, seq: int) -> None:
         """After a stall, make sure the create did not re-create a seq that GC deleted."""
@@ -891,7 +949,7 @@ class Shipper:
             try:
                 boundary = await read_gc_boundary(self.bucket, self.prefix, self.region)
                 break
-            except BucketUnavailable as exc:
+            except _RETRIED as exc:
                 await self._retry_later(backoff, f"GC boundary check after seq {seq}", exc)
         self._gc_boundary = max(self._gc_boundary, boundary)
         if boundary >= seq:
@@ -924,7 +982,9 @@ class Shipper:
             log.info("shipper: manifest %s already exists", key)
         except BucketGone as exc:
             raise self._lost(f"{key} could not be created: {exc}") from None
-        except BucketUnavailable as exc:
+        except _RETRIED as exc:
+            # A refused manifest does not hold up shipping (the log is the
+            # truth; readers fall back to headers): the next one covers it.
             log.warning("shipper: manifest %s not written yet (%s)", key, exc)
             return
         self._manifests += 1
@@ -967,14 +1027,15 @@ class Shipper:
         return shipped
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Claim (retrying while the bucket is away), then ship for ever.
+        """Claim (retrying while the bucket is away or refuses), then ship for ever.
 
         A gateway that has claimed its region before (its journal holds a
         writer state) reports ready at once and claims in the background, so
-        a site starts and journals while its link is down. A journal that
-        never met the bucket must learn the region's log first — otherwise
-        its offsets could reuse ones already in the bucket — so the first
-        start of a gateway waits for the bucket before reporting ready.
+        a site starts and journals while its link is down or its credentials
+        are refused. A journal that never met the bucket must learn the
+        region's log first — otherwise its offsets could reuse ones already
+        in the bucket — so the first start of a gateway waits for the bucket
+        (and for access to it) before reporting ready.
         """
         met_bucket = self._load_writer_state() is not None
         if met_bucket:
@@ -983,12 +1044,18 @@ class Shipper:
         while not self._claimed:
             try:
                 await self.claim()
-            except BucketUnavailable as exc:
+            except _RETRIED as exc:
+                # The probe, the log's head and the fence all go through
+                # here: refused or away, the claim waits and tries again.
                 self._last_error = f"claim: {exc}"
                 delay = backoff.next_delay(self._rand.random())
-                log.warning(
-                    "shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay
-                )
+                if isinstance(exc, AccessDenied):
+                    self._denial.refused(exc)
+                else:
+                    self._retrying = True
+                    log.warning(
+                        "shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay
+                    )
                 await trio.sleep(delay)
         if not met_bucket:
             task_status.started()
@@ -1065,4 +1132,6 @@ class Shipper:
             last_ship_ms=self._last_ship_ms,
             last_error=self._last_error,
             upload_seconds_total=self._upload_s,
+            state=self.state,
+            denied=self._denial.current,
         )

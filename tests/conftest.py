@@ -3,7 +3,8 @@
 ``moto_endpoint`` starts one moto S3 server for the session (lazily: only
 tests that ask for it, directly or through ``s3_bucket_name``, pay for it);
 ``s3_bucket_name`` gives each test a fresh, empty bucket on it, so tests are
-isolated without restarting the server.
+isolated without restarting the server. ``moto_auth`` is a second server that
+enforces authentication (IAM users and keys that a test can revoke).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 import boto3
 import botocore.config
 import pytest
+from _moto_auth import AuthMoto
 
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, start_moto_server
 
@@ -55,3 +57,13 @@ def s3_bucket_name(s3_admin: S3Client) -> str:
     name = f"edgegw-test-{uuid.uuid4().hex[:16]}"
     s3_admin.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def moto_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthMoto]:
+    """A moto server that checks signatures and IAM (see ``tests/_moto_auth.py``)."""
+    server = AuthMoto.start(tmp_path_factory.mktemp("moto-auth") / "moto.log")
+    try:
+        yield server
+    finally:
+        server.stop()

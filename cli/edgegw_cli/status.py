@@ -126,6 +126,16 @@ def render(doc: dict[str, Any]) -> None:
     paused = (doc.get("gc") or {}).get("paused")
     if paused:
         head.add_row("bucket gc", _red(f"paused: {paused}"))
+    # Refusals by the bucket need a person: what is refused, and what to do.
+    for component, d in sorted(doc.get("denied", {}).items()):
+        head.add_row(
+            f"DENIED: {component}",
+            Text(
+                f"the bucket refuses this gateway ({d['code']}) since {_ago(d['since_ms'])}, "
+                f"{d['refusals']} attempts: {d['error']}. What to do: {d['action']}",
+                style="red",
+            ),
+        )
     for t in doc.get("tasks", []):
         if t["degraded"]:
             when = f"restarts in {t['restart_in_s']}s" if t["state"] == "restarting" else "running"

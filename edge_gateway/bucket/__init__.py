@@ -11,7 +11,8 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
   and lost responses, for tests.
 
 :func:`verify_conditional_create` refuses stores that ignore create-only puts,
-because fencing depends on them.
+because fencing depends on them. :class:`DenialTracker` keeps (and logs) a
+component's refusal by the store, which callers retry like an outage.
 """
 
 from edge_gateway.bucket._base import (
@@ -24,6 +25,7 @@ from edge_gateway.bucket._base import (
     validate_key,
     validate_prefix,
 )
+from edge_gateway.bucket._denied import Denial, DenialTracker
 from edge_gateway.bucket._errors import (
     AccessDenied,
     BucketError,
@@ -34,6 +36,7 @@ from edge_gateway.bucket._errors import (
     NotFound,
     PreconditionFailed,
     UnsupportedStore,
+    denied_action,
 )
 from edge_gateway.bucket._faulty import FaultyBucket
 from edge_gateway.bucket._local import LocalBucket
@@ -49,6 +52,8 @@ __all__ = [
     "BucketGone",
     "BucketStatistics",
     "BucketUnavailable",
+    "Denial",
+    "DenialTracker",
     "FaultyBucket",
     "GetResult",
     "InvalidRequest",
@@ -60,6 +65,7 @@ __all__ = [
     "S3Bucket",
     "S3Config",
     "UnsupportedStore",
+    "denied_action",
     "probe_key",
     "verify_conditional_create",
     "validate_key",

@@ -189,7 +189,7 @@ class LocalBucket(Bucket):
             detail += f": {exc.filename}"
         message = f"{what} in {self.describe()}: {detail}"
         if exc.errno in (errno.EACCES, errno.EPERM):
-            return AccessDenied(message, key=key)
+            return AccessDenied(message, key=key, code=name or "EACCES")
         if exc.errno == errno.ENAMETOOLONG:
             return InvalidRequest(
                 message + " (a key segment is too long for the filesystem)", key=key
@@ -432,7 +432,7 @@ class LocalBucket(Bucket):
             raise self._not_found(key) from None
 
     def _check_present(self, key: str | None) -> None:
-        """Raise :class:`BucketUnavailable` if the bucket's own directory is gone.
+        """Raise :class:`BucketGone` (a :class:`BucketUnavailable`) if the directory is gone.
 
         A missing ``objects/`` is not an empty bucket: the directory was
         removed, or it lives on a share that is not mounted now (the bare
@@ -441,7 +441,7 @@ class LocalBucket(Bucket):
         and GC "deleted"; the store is away instead, like an unreachable S3.
         """
         if not self._objects.is_dir():
-            raise BucketUnavailable(
+            raise BucketGone(
                 f"{'key ' + repr(key) if key is not None else 'listing'} in {self.describe()}: "
                 f"{self._objects} is missing (the directory was removed, or its share is "
                 "not mounted)",

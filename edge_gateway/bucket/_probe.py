@@ -39,7 +39,10 @@ async def verify_conditional_create(bucket: Bucket, prefix: str = "") -> None:
     :class:`PreconditionFailed`), checks the first content survived, and
     deletes the key. Raises :class:`UnsupportedStore` naming the store if the
     second create succeeds or overwrote the object; bucket errors
-    (unavailable, access denied) propagate unchanged.
+    (:class:`BucketUnavailable`, :class:`AccessDenied`) propagate unchanged:
+    the shipper runs the probe as part of its claim and retries the claim
+    with backoff, so a store that is away or refuses the gateway at start
+    is waited for, never a reason to stop.
     """
     key = probe_key(prefix)
     first = b"edgegw conditional-create probe: first writer\n"

@@ -22,8 +22,11 @@ store answer / exception                               raised
 =====================================================  ==========================
 412, ``PreconditionFailed``                            :class:`PreconditionFailed`
 404, ``NoSuchKey``                                     :class:`NotFound`
-``NoSuchBucket``                                       :class:`ConfigError`
-403, ``AccessDenied``, bad or expired credentials      :class:`AccessDenied`
+403, ``AccessDenied``, bad or expired credentials,     :class:`AccessDenied`
+no credentials, a broken profile or credentials file,
+``NoSuchBucket``, the wrong region (301
+``PermanentRedirect``, ``AuthorizationHeaderMalformed``),
+credentials the chain refreshed that are still expired
 5xx, 409 (conflicting conditional write), 429,         :class:`BucketUnavailable`
 throttling codes, ``RequestTimeout``, ``NoSuchUpload``
 connection refused/reset, timeouts, truncated bodies   :class:`BucketUnavailable`
@@ -37,12 +40,31 @@ urllib3's ``HTTPError`` (``ReadTimeoutError``,         :class:`BucketUnavailable
 an answer without a field it must have (``ETag``...)   :class:`BucketUnavailable`
 a malformed endpoint URL (urllib3's                    :class:`ConfigError`
 ``LocationValueError``), botocore's config errors
+(``NoRegionError``, ``InvalidRetryConfigurationError``...)
 other 4xx, parameter validation                        :class:`InvalidRequest`
 =====================================================  ==========================
 
 Unknown botocore exceptions count as transient (the caller keeps its data and
 retries; the message names the exception). Anything else (a ``TypeError``)
-is a bug here and is not translated.
+is a bug here and is not translated. :class:`AccessDenied` is a
+:class:`~edge_gateway.errors.Denied`, which callers retry like an outage: a
+site keeps taking data while a person fixes its access.
+
+Credentials: without keys in the config, botocore's standard chain finds
+them (environment, shared credentials and config files with ``profile``,
+``credential_process``, web identity, container and instance roles), and
+refreshes temporary ones before they expire. Static credentials from the
+chain (a shared credentials file) are read once per client, so after a
+refusal that new credentials could cure, the bucket builds its client anew
+at once -- a key rotated in the file, or a ``credential_process`` that now
+answers differently, takes effect without a restart -- and if the new
+client signs with another key, the refused request is sent again with it
+(a refused request did not happen), so a planned rotation is never seen by
+the callers. Requests in flight finish on the old client, which is closed
+after the last of them. A client that cannot be built
+because of its credentials (a missing profile, a credential_process that
+fails) does not stop :meth:`S3Bucket.open`: every request tries again and
+raises until it can be built.
 
 Objects larger than ``multipart_threshold`` go up as a multipart upload whose
 parts are sent in parallel; the create-only condition is applied to
@@ -63,16 +85,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeVar, cast
 
-import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.session
 import trio
 import urllib3.exceptions
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo, validate_prefix
 from edge_gateway.bucket._errors import (
+    PLACE_CODES,
     AccessDenied,
     BucketUnavailable,
     InvalidRequest,
@@ -136,6 +159,7 @@ _ACCESS_CODES: Final = frozenset(
         "SignatureDoesNotMatch",
         "TokenRefreshRequired",
     }
+    | PLACE_CODES  # NoSuchBucket, the wrong region
 )
 # botocore exceptions that mean "the network or the store is away".
 _UNAVAILABLE_BOTOCORE: Final = (
@@ -148,21 +172,28 @@ _UNAVAILABLE_BOTOCORE: Final = (
     botocore.exceptions.MetadataRetrievalError,
     botocore.exceptions.TokenRetrievalError,
 )
+# The credential chain found nothing usable: a person must provide
+# credentials (or fix the profile, or the file that a rotation left broken).
 _CREDENTIAL_BOTOCORE: Final = (
     botocore.exceptions.NoCredentialsError,
     botocore.exceptions.PartialCredentialsError,
     botocore.exceptions.NoAuthTokenError,
     botocore.exceptions.UnauthorizedSSOTokenError,
-)
-_CONFIG_BOTOCORE: Final = (
-    botocore.exceptions.NoRegionError,
     botocore.exceptions.ProfileNotFound,
     botocore.exceptions.InvalidConfigError,
+    botocore.exceptions.ConfigParseError,
+)
+# Values of edgegw's own config that no store accepts.
+_CONFIG_BOTOCORE: Final = (
+    botocore.exceptions.NoRegionError,
     botocore.exceptions.UnknownEndpointError,
     botocore.exceptions.InvalidRetryConfigurationError,
     botocore.exceptions.InvalidS3AddressingStyleError,
-    botocore.exceptions.ConfigParseError,
 )
+#: botocore raises a bare ``RuntimeError`` with this text when the chain
+#: refreshed temporary credentials and got ones that are expired already
+#: (a credential source, or this machine's clock, that is off).
+_STILL_EXPIRED: Final = "refreshed credentials are still expired"
 #: Everything the client stack raises about a request (see the module
 #: docstring): botocore's exceptions, and those of the layers below it that
 #: escape botocore while an answer's body is read.
@@ -348,15 +379,18 @@ class S3Config:
             raise ConfigError(f"bucket config: {exc}") from None
 
 
-def _make_client(config: S3Config) -> S3Client:
-    """Build the boto3 client (blocking: reads shared config files)."""
-    session = boto3.session.Session(
-        aws_access_key_id=config.access_key,
-        aws_secret_access_key=config.secret_key,
-        aws_session_token=config.session_token,
-        region_name=config.region,
-        profile_name=config.profile,
-    )
+def _build_client(config: S3Config, loader: object | None) -> tuple[S3Client, object, str | None]:
+    """Build a client and its session (blocking: reads the shared files, may run a
+    ``credential_process``); returns it with the session's model loader and the
+    access key id it signs with (``None``: the chain found no credentials).
+
+    A fresh botocore session resolves the credential chain anew; passing the
+    loader of an earlier one skips parsing the service models again (a
+    rebuild then costs ~10 ms instead of ~100).
+    """
+    session = botocore.session.Session(profile=config.profile)
+    if loader is not None:
+        session.register_component("data_loader", loader)
     client_config = botocore.config.Config(
         connect_timeout=config.connect_timeout,
         read_timeout=config.read_timeout,
@@ -367,7 +401,32 @@ def _make_client(config: S3Config) -> S3Client:
         response_checksum_validation=config.checksums,
         user_agent_extra="edgegw",
     )
-    return session.client("s3", endpoint_url=config.endpoint_url, config=client_config)
+    client = session.create_client(
+        "s3",
+        region_name=config.region,
+        endpoint_url=config.endpoint_url,
+        aws_access_key_id=config.access_key,
+        aws_secret_access_key=config.secret_key,
+        aws_session_token=config.session_token,
+        config=client_config,
+    )
+    key_id = config.access_key
+    if key_id is None:
+        # The chain's credentials, as create_client resolved (and cached) them.
+        credentials = session.get_credentials()
+        key_id = None if credentials is None else credentials.access_key
+    return cast("S3Client", client), session.get_component("data_loader"), key_id
+
+
+@dataclass(eq=False, slots=True)
+class _Client:
+    """A client and the requests running on it; a retired one closes after the last."""
+
+    client: S3Client
+    #: The access key id it signs with (``None``: no credentials found).
+    key_id: str | None = None
+    users: int = 0
+    retired: bool = False
 
 
 class S3Bucket(Bucket):
@@ -377,23 +436,60 @@ class S3Bucket(Bucket):
     close with :meth:`aclose` (closes its connection pool).
     """
 
-    def __init__(self, config: S3Config, client: S3Client) -> None:
-        """Wrap an existing client; the bucket owns it and closes it on ``aclose``."""
+    def __init__(self, config: S3Config, client: S3Client | None) -> None:
+        """Wrap an existing client (``None``: build one before the first request).
+
+        The bucket owns the client and closes it on ``aclose``.
+        """
         super().__init__()
         self._config = config
-        self._client = client
         self._prefix = config.key_prefix
         self._limiter = trio.CapacityLimiter(config.max_concurrency)
+        self._current: _Client | None = None if client is None else _Client(client)
+        self._retired: set[_Client] = set()
+        self._loader: object | None = None
+        #: Build a new client before the next request (none yet, or the
+        #: last build after a refusal failed).
+        self._stale = client is None
+        self._build_lock = trio.Lock()
+        self._rebuilds = 0
 
     @classmethod
     async def open(cls, config: S3Config) -> S3Bucket:
-        """Create the client for ``config``; no request is sent yet."""
+        """Create the client for ``config``; no request is sent yet.
+
+        Raises :class:`ConfigError` for a configuration no store accepts. A
+        client that cannot be built for want of credentials (a missing
+        profile, a failing ``credential_process``) does not fail the open:
+        each request tries again, and raises :class:`AccessDenied` (or
+        :class:`BucketUnavailable`) until it works.
+        """
         try:
-            client = await trio.to_thread.run_sync(_make_client, config)
-        except (botocore.exceptions.BotoCoreError, ValueError) as exc:
-            # A missing profile, an unparsable shared config file, a bad endpoint.
-            raise ConfigError(f"bucket config for {config.bucket!r}: {exc}") from exc
-        return cls(config, client)
+            client, loader, key_id = await trio.to_thread.run_sync(
+                _build_client, config, None, abandon_on_cancel=True
+            )
+        except (botocore.exceptions.BotoCoreError, ValueError, RuntimeError) as exc:
+            error = _build_error(exc, config)
+            if isinstance(error, ConfigError):
+                raise error from exc
+            _log.warning("S3 client not built yet, retried at the first request: %s", error)
+            return cls(config, None)
+        bucket = cls(config, client)
+        bucket._loader = loader
+        assert bucket._current is not None
+        bucket._current.key_id = key_id
+        return bucket
+
+    @property
+    def _client(self) -> S3Client:
+        """The client new requests use (tests reach into it to inject faults)."""
+        assert self._current is not None, "no client built yet"
+        return self._current.client
+
+    @property
+    def client_builds(self) -> int:
+        """Clients built anew since open (after refused credentials)."""
+        return self._rebuilds
 
     @property
     def config(self) -> S3Config:
@@ -419,19 +515,20 @@ class S3Bucket(Bucket):
         from a refused one.
         """
 
-        def call() -> None:
-            try:
-                self._client.list_objects_v2(
+        try:
+            await self._run(
+                "list",
+                None,
+                lambda client: client.list_objects_v2(
                     Bucket=self._config.bucket, Prefix=self._prefix, MaxKeys=1
-                )
-            except botocore.exceptions.ClientError as exc:
-                if exc.response.get("Error", {}).get("Code") == "NoSuchBucket":
-                    raise NoSuchBucket(
-                        f"{self.describe()}: no such bucket (edgegw never creates S3 buckets)"
-                    ) from None
+                ),
+            )
+        except AccessDenied as exc:
+            if exc.code != "NoSuchBucket":
                 raise
-
-        await self._run("list", None, call)
+            raise NoSuchBucket(
+                f"{self.describe()}: no such bucket (edgegw never creates S3 buckets)"
+            ) from None
 
     # -- hooks --------------------------------------------------------------
 
@@ -453,7 +550,7 @@ class S3Bucket(Bucket):
             kwargs["IfNoneMatch"] = "*"
         if if_match is not None:
             kwargs["IfMatch"] = if_match
-        response = await self._run("put", key, lambda: self._client.put_object(**kwargs))
+        response = await self._run("put", key, lambda c: c.put_object(**kwargs))
         return ObjectInfo(
             key, len(data), _field(response, "ETag", "put", key), _response_date(response)
         )
@@ -467,9 +564,9 @@ class S3Bucket(Bucket):
         if start > 0 or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
 
-        def call() -> tuple[Mapping[str, Any], bytes] | None:
+        def call(client: S3Client) -> tuple[Mapping[str, Any], bytes] | None:
             try:
-                response = self._client.get_object(**kwargs)
+                response = client.get_object(**kwargs)
             except botocore.exceptions.ClientError as exc:
                 if _status(exc) == 416:
                     return None  # the range starts at or past the end
@@ -517,7 +614,7 @@ class S3Bucket(Bucket):
         response = await self._run(
             "head",
             key,
-            lambda: self._client.head_object(Bucket=self._config.bucket, Key=full_key),
+            lambda c: c.head_object(Bucket=self._config.bucket, Key=full_key),
         )
         return ObjectInfo(
             key,
@@ -545,7 +642,7 @@ class S3Bucket(Bucket):
                 kwargs["ContinuationToken"] = token
             elif start_after is not None:
                 kwargs["StartAfter"] = self._prefix + start_after
-            page = await self._run("list", None, partial(self._client.list_objects_v2, **kwargs))
+            page = await self._run("list", None, partial(_list_page, kwargs=kwargs))
             cut = len(self._prefix)
             for item in page.get("Contents", []):
                 out.append(
@@ -565,13 +662,16 @@ class S3Bucket(Bucket):
         await self._run(
             "delete",
             key,
-            lambda: self._client.delete_object(Bucket=self._config.bucket, Key=full_key),
+            lambda c: c.delete_object(Bucket=self._config.bucket, Key=full_key),
         )
 
     async def _aclose(self) -> None:
         # Closing only releases pooled sockets: no I/O worth a thread, and it
         # must happen even if the caller is being cancelled.
-        self._client.close()
+        for held in (self._current, *self._retired):
+            if held is not None:
+                held.client.close()
+        self._retired.clear()
 
     # -- multipart --------------------------------------------------------------
 
@@ -586,9 +686,7 @@ class S3Bucket(Bucket):
         create_kwargs: dict[str, Any] = {"Bucket": bucket, "Key": full_key}
         if with_checksums:
             create_kwargs["ChecksumAlgorithm"] = "CRC32"
-        created = await self._run(
-            "put", key, lambda: self._client.create_multipart_upload(**create_kwargs)
-        )
+        created = await self._run("put", key, lambda c: c.create_multipart_upload(**create_kwargs))
         upload_id = _field(created, "UploadId", "put", key)
         try:
             part_size = max(self._config.part_size, math.ceil(len(data) / MAX_PARTS))
@@ -597,7 +695,7 @@ class S3Bucket(Bucket):
             failures: builtins.list[EdgeGatewayError] = []
 
             async def upload_part(index: int, nursery: trio.Nursery) -> None:
-                def call() -> CompletedPartTypeDef:
+                def call(client: S3Client) -> CompletedPartTypeDef:
                     # Slice inside the thread: the copy stays off the event loop.
                     body = data[index * part_size : (index + 1) * part_size]
                     kwargs: dict[str, Any] = {
@@ -609,7 +707,7 @@ class S3Bucket(Bucket):
                     }
                     if with_checksums:
                         kwargs["ChecksumAlgorithm"] = "CRC32"
-                    response = self._client.upload_part(**kwargs)
+                    response = client.upload_part(**kwargs)
                     part: CompletedPartTypeDef = {
                         "PartNumber": index + 1,
                         "ETag": _field(response, "ETag", "put", key),
@@ -641,7 +739,7 @@ class S3Bucket(Bucket):
             if if_none_match:
                 complete_kwargs["IfNoneMatch"] = "*"
             response = await self._run(
-                "put", key, lambda: self._client.complete_multipart_upload(**complete_kwargs)
+                "put", key, lambda c: c.complete_multipart_upload(**complete_kwargs)
             )
         except BaseException:
             # Parts of an upload that never completes are billed until
@@ -658,7 +756,7 @@ class S3Bucket(Bucket):
             await self._run(
                 "put",
                 key,
-                lambda: self._client.abort_multipart_upload(
+                lambda c: c.abort_multipart_upload(
                     Bucket=self._config.bucket, Key=full_key, UploadId=upload_id
                 ),
             )
@@ -678,24 +776,131 @@ class S3Bucket(Bucket):
             )
         return full
 
-    async def _run(self, operation: str, key: str | None, fn: Callable[[], _T]) -> _T:
-        """Call blocking boto3 code in a worker thread; translate its exceptions.
+    async def _run(self, operation: str, key: str | None, fn: Callable[[S3Client], _T]) -> _T:
+        """Call blocking boto3 code ``fn(client)`` in a worker thread; translate its exceptions.
 
         Every request goes through here, and ``fn`` also reads the answer's
         body (a ``StreamingBody``): the exceptions of that read are the ones
-        botocore does not translate itself.
+        botocore does not translate itself. After a refusal that new
+        credentials could cure, a new client reads the credential chain
+        again; if it found other credentials (a key rotated in the shared
+        file), the request is sent once more with them at once -- a refused
+        request did not happen, so repeating it is safe -- and a planned
+        rotation goes unnoticed. Otherwise the refusal is raised.
         """
+        held = await self._client_for_request(operation, key)
         try:
-            return await trio.to_thread.run_sync(fn, limiter=self._limiter)
-        except STORE_EXCEPTIONS as exc:
-            raise translate_error(
-                exc,
-                operation=operation,
-                key=key,
-                where=self.describe(),
-                bucket=self._config.bucket,
-                endpoint=self._config.endpoint_url,
-            ) from exc
+            return await self._call(held, operation, key, fn)
+        except AccessDenied as refused:
+            if not refused.credentials_may_help or self._config.access_key is not None:
+                raise  # keys in the config cannot change under us; the chain's can
+            fresh = await self._fresh_client(held, operation, key)
+            if fresh.key_id == held.key_id:
+                raise
+            _log.info(
+                "%s: the credential chain has other credentials now (key %s, was %s); "
+                "sending the refused %s again with them",
+                self.describe(),
+                fresh.key_id,
+                held.key_id,
+                operation,
+            )
+            return await self._call(fresh, operation, key, fn)
+
+    async def _call(
+        self, held: _Client, operation: str, key: str | None, fn: Callable[[S3Client], _T]
+    ) -> _T:
+        held.users += 1
+        try:
+            return await trio.to_thread.run_sync(fn, held.client, limiter=self._limiter)
+        except (*STORE_EXCEPTIONS, RuntimeError) as exc:
+            if isinstance(exc, RuntimeError) and _STILL_EXPIRED not in str(exc):
+                raise  # not the credential chain's: a bug, not translated
+            raise self._translate(exc, operation, key) from exc
+        finally:
+            held.users -= 1
+            if held.retired and not held.users:
+                self._retired.discard(held)
+                held.client.close()
+
+    def _translate(self, exc: BaseException, operation: str, key: str | None) -> EdgeGatewayError:
+        return translate_error(
+            exc,
+            operation=operation,
+            key=key,
+            where=self.describe(),
+            bucket=self._config.bucket,
+            endpoint=self._config.endpoint_url,
+        )
+
+    async def _client_for_request(self, operation: str, key: str | None) -> _Client:
+        """The current client; built first when there is none (or the last build failed)."""
+        if self._current is None or self._stale:
+            async with self._build_lock:
+                if self._current is None or self._stale:
+                    await self._build(operation, key)
+        assert self._current is not None
+        return self._current
+
+    async def _fresh_client(self, refused: _Client, operation: str, key: str | None) -> _Client:
+        """A client built after ``refused`` was refused (by this call, or a concurrent one)."""
+        async with self._build_lock:
+            if self._current is refused or self._current is None or self._stale:
+                self._stale = True  # until a build succeeds
+                await self._build(operation, key)
+        assert self._current is not None
+        return self._current
+
+    async def _build(self, operation: str, key: str | None) -> None:
+        # A fresh session reads the credential chain again. Abandoned on
+        # cancellation: a credential_process that hangs must not hold up a
+        # shutdown, and the thread touches nothing of ours until it returns.
+        try:
+            client, loader, key_id = await trio.to_thread.run_sync(
+                _build_client, self._config, self._loader, abandon_on_cancel=True
+            )
+        except (botocore.exceptions.BotoCoreError, ValueError, RuntimeError) as exc:
+            error = _build_error(exc, self._config, operation=operation, key=key)
+            if isinstance(error, ConfigError) and self._current is not None:
+                # The same config built a client before: what changed is the
+                # shared files under it. Refused, never fatal to a running site.
+                error = AccessDenied(str(error), key=key, code=type(exc).__name__)
+            raise error from exc
+        old, self._current = self._current, _Client(client, key_id)
+        self._loader = loader
+        self._stale = False
+        if old is not None:
+            self._rebuilds += 1
+            # Debug: the caller's DenialTracker already says what is refused.
+            _log.debug(
+                "%s: built a new S3 client, reading the credential chain again after a refusal",
+                self.describe(),
+            )
+            old.retired = True
+            if old.users:
+                self._retired.add(old)  # closed by the last request running on it
+            else:
+                old.client.close()
+
+
+def _build_error(
+    exc: BaseException, config: S3Config, *, operation: str = "open", key: str | None = None
+) -> EdgeGatewayError:
+    """The error for a client that could not be built: config, credentials, or unreachable."""
+    if isinstance(exc, (ValueError, *_CONFIG_BOTOCORE)):
+        # A bad endpoint URL or client setting: nothing but the config fixes it.
+        return ConfigError(f"bucket config for {config.bucket!r}: {_one_line(str(exc))}")
+    if isinstance(exc, RuntimeError) and _STILL_EXPIRED not in str(exc):
+        raise exc
+    where = config.endpoint_url or "AWS"
+    return translate_error(
+        exc,
+        operation=f"{operation} (building the S3 client)",
+        key=key,
+        where=f"S3 bucket {config.bucket!r} at {where}",
+        bucket=config.bucket,
+        endpoint=config.endpoint_url,
+    )
 
 
 def translate_error(
@@ -719,6 +924,13 @@ def translate_error(
     notes = getattr(exc, "__notes__", ())
     if notes:
         where = f"{where} ({'; '.join(notes)})"
+    if isinstance(exc, RuntimeError) and _STILL_EXPIRED in str(exc):
+        return AccessDenied(
+            f"{what} on {where}: the credential chain refreshed temporary credentials that "
+            "are already expired by this machine's clock",
+            key=key,
+            code="CredentialsExpired",
+        )
     if isinstance(exc, botocore.exceptions.ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code", ""))
@@ -726,8 +938,11 @@ def translate_error(
         detail = f"{code or status}: {_one_line(str(error.get('Message', ''))) or 'no message'}"
         message = f"{what} on {where}: HTTP {status} {detail}"
         if code == "NoSuchBucket":
-            return ConfigError(
-                f"bucket config 'bucket': {bucket!r} does not exist at {endpoint or 'AWS'} ({what})"
+            return AccessDenied(
+                f"{what}: bucket {bucket!r} does not exist at {endpoint or 'AWS'} "
+                f"(HTTP {status} {detail})",
+                key=key,
+                code=code,
             )
         if code == "NoSuchUpload":
             return BucketUnavailable(
@@ -741,7 +956,12 @@ def translate_error(
         if status == 404 or code in ("NoSuchKey", "NotFound"):
             return NotFound(message, key=key)
         if status == 403 or code in _ACCESS_CODES:
-            return AccessDenied(message, key=key)
+            # An answer without a body (to a HEAD) has only its status as a code.
+            return AccessDenied(
+                message, key=key, code=code if code and not code.isdigit() else "AccessDenied"
+            )
+        if status == 301:
+            return AccessDenied(message, key=key, code="PermanentRedirect")
         if status >= 500 or status in (409, 429) or code in _UNAVAILABLE_CODES:
             return BucketUnavailable(message, key=key)
         if 400 <= status < 500:
@@ -752,7 +972,7 @@ def translate_error(
         if isinstance(exc, _UNAVAILABLE_BOTOCORE):
             return BucketUnavailable(message, key=key)
         if isinstance(exc, _CREDENTIAL_BOTOCORE):
-            return AccessDenied(message, key=key)
+            return AccessDenied(message, key=key, code=type(exc).__name__)
         if isinstance(exc, _CONFIG_BOTOCORE):
             return ConfigError(message)
         if isinstance(
@@ -773,6 +993,10 @@ def translate_error(
     # The link or the store failed, stalled or broke off during the request
     # (most often while an answer's body was read): transient.
     return BucketUnavailable(message, key=key)
+
+
+def _list_page(client: S3Client, *, kwargs: dict[str, Any]) -> Any:
+    return client.list_objects_v2(**kwargs)
 
 
 def _status_of(response: Mapping[str, Any]) -> int:

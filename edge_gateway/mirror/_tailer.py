@@ -30,6 +30,10 @@ Protocol and every failure case: ``docs/mirroring.md``. In short:
   written): those are a gap like any other.
   Corrupt or hostile entries are quarantined and retried with backoff;
   nothing of them is applied.
+* A bucket that refuses this gateway (:class:`~edge_gateway.bucket.AccessDenied`:
+  credentials, policy, no such bucket) is retried like an outage, but the
+  tailer's state is ``denied``, with the store's code and what to do, and
+  the log says so at ERROR when it starts and every few minutes after.
 """
 
 from __future__ import annotations
@@ -44,7 +48,14 @@ from dataclasses import dataclass, field
 
 import trio
 
-from edge_gateway.bucket import Bucket, BucketUnavailable, NotFound
+from edge_gateway.bucket import (
+    AccessDenied,
+    Bucket,
+    BucketUnavailable,
+    Denial,
+    DenialTracker,
+    NotFound,
+)
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import logobject
@@ -102,7 +113,7 @@ class TailerStats:
 
     source: str
     reader: str
-    #: starting, following, idle, catching-up, retrying, quarantined, stopped
+    #: starting, following, idle, catching-up, retrying, denied, quarantined, stopped
     state: str
     next_seq: int
     accepted_epoch: int
@@ -150,6 +161,8 @@ class TailerStats:
     relay_head: int = 0
     #: Polls started by a relayed head.
     relay_wakeups: int = 0
+    #: The bucket's refusal in force (state ``denied``).
+    denied: Denial | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +292,7 @@ class Tailer:
         self._quarantine_events = 0
         self._prefetch_peak_bytes = self._prefetch_peak_objects = 0
         self._last_error: str | None = None
+        self._denial = DenialTracker(log, f"mirror {self.source}")
         self._caught_up_at = time.monotonic()
         # Pull rounds of run(), numbered as they start: wait_pulled() waits for
         # one that started after its call to end (done, failed or stopped).
@@ -384,14 +398,21 @@ class Tailer:
                 raise
             except Unavailable as exc:
                 self._pull_ended(generation, str(exc))
-                self._status = "retrying"
                 self._retries += 1
                 self._last_error = str(exc)
                 delay = retry_delay(
                     unavailable, cfg.retry_base_s, cfg.retry_cap_s, self._rand.random()
                 )
                 unavailable += 1
-                log.warning("mirror %s: %s; retrying in %.2fs", self.source, exc, delay)
+                if isinstance(exc, AccessDenied):
+                    # Refused: retried the same way (new credentials or a
+                    # fixed policy work at the next attempt), logged at ERROR
+                    # when it starts and as a reminder, not per attempt.
+                    self._status = "denied"
+                    self._denial.refused(exc)
+                else:
+                    self._status = "retrying"
+                    log.warning("mirror %s: %s; retrying in %.2fs", self.source, exc, delay)
                 await trio.sleep(delay)
                 continue
             except CorruptData as exc:
@@ -415,6 +436,7 @@ class Tailer:
                 continue
             unavailable = 0
             self._last_error = None
+            self._denial.cleared()
             await self._publish_cursor()
             self._pull_ended(generation, None)
             if n:
@@ -480,6 +502,7 @@ class Tailer:
             relay=self._relay,
             relay_head=self._relay_head,
             relay_wakeups=self._relay_wakeups,
+            denied=self._denial.current,
         )
 
     # ------------------------------------------------------------ following
@@ -1030,6 +1053,18 @@ class Tailer:
         except BucketUnavailable as exc:
             self._next_cursor_at = now  # try again after the next poll
             log.info("mirror %s: cursor not published (%s)", self.source, exc)
+            return
+        except AccessDenied as exc:
+            # The pull that just worked shows the bucket reads fine: a policy
+            # that forbids writing cursors/ only holds up the source's GC.
+            # Tried again at the next interval.
+            log.warning(
+                "mirror %s: cursor not published, refused (%s): %s -- what to do: %s",
+                self.source,
+                exc.code,
+                exc,
+                exc.action,
+            )
             return
         self._published_through = through
 

@@ -21,11 +21,13 @@ included::
 from __future__ import annotations
 
 import http.client
+import os
 import re
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -152,12 +154,16 @@ def _answers(port: int) -> bool:
         conn.close()
 
 
-def start_moto_server(log_path: Path, *, timeout: float = 30.0) -> MotoServer:
+def start_moto_server(
+    log_path: Path, *, timeout: float = 30.0, env: Mapping[str, str] | None = None
+) -> MotoServer:
     """Start ``python -m moto.server`` on a free loopback port; return once it answers.
 
     The port is picked before the server binds it, so another process could
     take it in between; the server then exits at once and we try another.
-    The server's output (its access log) goes to ``log_path``.
+    The server's output (its access log) goes to ``log_path``. ``env`` adds
+    to the server's environment: ``INITIAL_NO_AUTH_ACTION_COUNT=N`` makes it
+    enforce authentication after N requests (see :func:`start_auth_moto_server`).
     """
     last_error = "not started"
     for _ in range(3):
@@ -168,6 +174,7 @@ def start_moto_server(log_path: Path, *, timeout: float = 30.0) -> MotoServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                env={**os.environ, **env} if env else None,
             )
         server = MotoServer(process, port, log_path)
         deadline = time.monotonic() + timeout

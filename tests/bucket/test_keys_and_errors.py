@@ -19,6 +19,7 @@ from edge_gateway.bucket import (
 )
 from edge_gateway.errors import (
     ConfigError,
+    Denied,
     EdgeGatewayError,
     InvalidInput,
     Unavailable,
@@ -64,7 +65,11 @@ def test_probe_keys_are_valid_and_unique() -> None:
 def test_error_tree() -> None:
     # Each bucket error is also the project-wide kind that says what to do.
     assert issubclass(BucketUnavailable, Unavailable)
-    assert issubclass(AccessDenied, InvalidInput)
+    # A refusal needs a person, but is retried like an outage meanwhile (issue 26).
+    assert issubclass(AccessDenied, Denied)
+    assert issubclass(Denied, Unavailable)
+    assert not issubclass(AccessDenied, InvalidInput)
+    assert not issubclass(AccessDenied, BucketUnavailable)
     assert issubclass(InvalidRequest, InvalidInput)
     assert issubclass(UnsupportedStore, ConfigError)
     for cls in (PreconditionFailed, NotFound, BucketUnavailable, AccessDenied, InvalidRequest):
@@ -73,6 +78,28 @@ def test_error_tree() -> None:
         assert cls("m", key="k").key == "k"
     assert not issubclass(PreconditionFailed, InvalidInput)
     assert not issubclass(NotFound, Unavailable)
+
+
+@pytest.mark.parametrize(
+    ("code", "says", "credentials"),
+    [
+        ("InvalidAccessKeyId", "credential_process", True),
+        ("AccessDenied", "deploy/iam-policy.json", True),
+        ("NoSuchBucket", "create the bucket", False),
+        ("PermanentRedirect", "region", False),
+        ("RequestTimeTooSkewed", "NTP", False),
+        ("EACCES", "bucket directory", False),
+        ("SomethingNew", "credentials", True),
+    ],
+)
+def test_access_denied_carries_the_code_and_what_to_do(
+    code: str, says: str, credentials: bool
+) -> None:
+    exc = AccessDenied("put of key 'k': refused", key="k", code=code)
+    assert (exc.code, exc.key, str(exc)) == (code, "k", "put of key 'k': refused")
+    assert says in exc.action
+    assert exc.credentials_may_help is credentials
+    assert AccessDenied("m").code == "AccessDenied"  # the default
 
 
 def test_public_names_are_exported_and_documented() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from typing import TYPE_CHECKING, Any
 
 import botocore.exceptions
@@ -11,6 +12,7 @@ import trio
 from _bucket_support import MIB, make_s3_config
 
 from edge_gateway.bucket import (
+    AccessDenied,
     BucketUnavailable,
     NoSuchBucket,
     NotFound,
@@ -48,13 +50,24 @@ async def test_connection_refused_is_unavailable_and_quick() -> None:
         assert bucket.statistics().unavailable == 2
 
 
-async def test_missing_bucket_is_a_config_error(moto_endpoint: str) -> None:
-    config = make_s3_config(moto_endpoint, "edgegw-no-such-bucket")
+async def test_missing_bucket_is_refused_until_it_exists(
+    moto_endpoint: str, s3_admin: S3Client
+) -> None:
+    # Issue 26: not a ConfigError (fatal to a gateway) but a refusal that is
+    # retried: once someone creates the bucket, the same bucket object works.
+    name = f"edgegw-later-{uuid.uuid4().hex[:12]}"
+    config = make_s3_config(moto_endpoint, name)
     async with await S3Bucket.open(config) as bucket:
-        with pytest.raises(ConfigError, match="does not exist"):
+        with pytest.raises(AccessDenied, match="does not exist") as excinfo:
             await bucket.put("k", b"v")
-        with pytest.raises(ConfigError):
+        assert excinfo.value.code == "NoSuchBucket"
+        assert "create the bucket" in excinfo.value.action
+        with pytest.raises(AccessDenied):
             await verify_conditional_create(bucket)
+        s3_admin.create_bucket(Bucket=name)
+        await verify_conditional_create(bucket)
+        await bucket.put("k", b"v")
+        assert bucket.client_builds == 0  # new credentials cannot help a missing bucket
 
 
 async def test_prefix_isolates_and_is_stripped(

@@ -40,7 +40,7 @@ from edge_gateway.bucket import (
     S3Bucket,
 )
 from edge_gateway.bucket._s3 import STORE_EXCEPTIONS, translate_error
-from edge_gateway.errors import ConfigError, EdgeGatewayError
+from edge_gateway.errors import ConfigError, EdgeGatewayError, Unavailable
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -284,14 +284,19 @@ def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
     [
         (_client_error(412, "PreconditionFailed"), PreconditionFailed),
         (_client_error(404, "NoSuchKey"), NotFound),
-        (_client_error(404, "NoSuchBucket"), ConfigError),
+        (_client_error(404, "NoSuchBucket"), AccessDenied),
         (_client_error(403, "AccessDenied"), AccessDenied),
+        (_client_error(403, "InvalidAccessKeyId"), AccessDenied),
         (_client_error(400, "ExpiredToken"), AccessDenied),
+        (_client_error(301, "PermanentRedirect"), AccessDenied),
+        (_client_error(400, "AuthorizationHeaderMalformed"), AccessDenied),
         (_client_error(503, "SlowDown"), BucketUnavailable),
         (_client_error(409, "ConditionalRequestConflict"), BucketUnavailable),
         (_client_error(404, "NoSuchUpload"), BucketUnavailable),
         (_client_error(400, "InvalidArgument"), InvalidRequest),
         (botocore.exceptions.NoCredentialsError(), AccessDenied),
+        (botocore.exceptions.ProfileNotFound(profile="p"), AccessDenied),
+        (botocore.exceptions.ConfigParseError(path="/x/credentials"), AccessDenied),
         (botocore.exceptions.ParamValidationError(report="bad"), InvalidRequest),
         (botocore.exceptions.NoRegionError(), ConfigError),
         (
@@ -317,6 +322,43 @@ def test_translation_table(exc: BaseException, expected: type[EdgeGatewayError])
     )
     assert type(got) is expected
     assert str(got)  # one line that says what and where
+    assert "\n" not in str(got)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (_client_error(404, "NoSuchBucket"), "NoSuchBucket"),
+        (_client_error(403, "InvalidAccessKeyId"), "InvalidAccessKeyId"),
+        (_client_error(403, "403"), "AccessDenied"),  # a HEAD's answer has no body
+        (_client_error(301, "301"), "PermanentRedirect"),
+        (botocore.exceptions.NoCredentialsError(), "NoCredentialsError"),
+        # botocore's words when a refresh brought credentials expired already
+        (
+            RuntimeError(
+                "Credentials were refreshed, but the refreshed credentials are still expired."
+            ),
+            "CredentialsExpired",
+        ),
+    ],
+    ids=lambda v: v if isinstance(v, str) else type(v).__name__,
+)
+def test_refusals_carry_the_store_code_and_what_to_do(exc: BaseException, code: str) -> None:
+    # Issue 26: a refusal is retried like an outage (never a fatal ConfigError),
+    # and status shows its code and what a person does about it.
+    got = translate_error(
+        exc,
+        operation="put",
+        key="k",
+        where="S3 bucket 'b' at http://store",
+        bucket="b",
+        endpoint="http://store",
+    )
+    assert isinstance(got, AccessDenied)
+    assert isinstance(got, Unavailable)
+    assert not isinstance(got, ConfigError)
+    assert got.code == code
+    assert got.action
     assert "\n" not in str(got)
 
 

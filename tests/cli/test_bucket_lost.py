@@ -92,7 +92,7 @@ def lost_line(g: Gateway) -> str:
     """The one-line `bucket lost:` message of the last start, without a traceback."""
     last_start = g.log.read_text(errors="replace").rsplit("---- start #", 1)[-1]
     assert "Traceback" not in last_start, last_start
-    lines = [line for line in last_start.splitlines() if line.startswith("bucket lost: ")]
+    lines = [line for line in last_start.splitlines() if line.startswith("error: bucket lost: ")]
     assert len(lines) == 1, last_start
     assert f"region {SITE}'s log in " in lines[0], lines[0]
     return lines[0]
