@@ -81,6 +81,15 @@ def status(
     render(doc)
 
 
+def _link(k: dict[str, Any]) -> str:
+    """``capped at 4.0 MB/s; 1.2 GiB today, 30.5 GiB this month``."""
+    cap = k["cap_bytes_per_s"]
+    head = f"capped at {cap / 1e6:.1f} MB/s" if cap else "no cap"
+    return (
+        f"{head}; {human_bytes(k['day_bytes'])} today, {human_bytes(k['month_bytes'])} this month"
+    )
+
+
 def render(doc: dict[str, Any]) -> None:
     j, s = doc["journal"], doc["shipper"]
     head = Table(title=f"edgegw {doc['version']} — region {doc['region']}", show_header=False)
@@ -120,6 +129,9 @@ def render(doc: dict[str, Any]) -> None:
     )
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
+    link = doc.get("link")
+    if link:
+        head.add_row("link", _link(link))
     clock = doc.get("clock")
     if clock:
         head.add_row("clock", _clock(clock))
