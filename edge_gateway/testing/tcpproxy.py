@@ -640,6 +640,20 @@ class TcpProxy:
         return result
 
     def statistics(self) -> ProxyStats:
+        """A consistent snapshot of the counters.
+
+        While the loop runs it is taken by the loop, between two steps: bytes a
+        peer has received are counted (no send is half accounted for).
+        """
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop just stopped
+                stats = self._call(self._statistics)
+                assert isinstance(stats, ProxyStats)
+                return stats
+        return self._statistics()
+
+    def _statistics(self) -> ProxyStats:
         return ProxyStats(
             mode=self._mode,
             latency=self._latency,
