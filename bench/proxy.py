@@ -5,7 +5,9 @@ Usage::
     .venv/bin/python bench/proxy.py [--quick] [--up-mb 8] [--down-mb 20] [--conns 4]
 
 An upstream on loopback sinks what it is sent and sends without pause; the
-proxy (``edge_gateway.testing.tcpproxy``) sits in between. ``--conns``
+proxy (``edge_gateway.testing.tcpproxy``) sits in between, in a process of
+its own driven through its stdin (``shape ...`` commands), as a scenario
+would run it, so that the load's threads do not compete with it for the GIL. ``--conns``
 connections upload and as many download at the same time, all through one
 proxy, so both caps are saturated together (a link is one pipe: the
 connections of one direction share its cap). The receivers count bytes; the
@@ -32,6 +34,7 @@ import argparse
 import contextlib
 import itertools
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -40,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import MB, Row, emit_json, median, progress, render_table
 
-from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy
+from edge_gateway.testing.tcpproxy import LinkShape
 
 BLOCK = bytes(256 * 1024)
 
@@ -91,8 +94,44 @@ class Upstream:
         self.listener.close()
 
 
+class Proxy:
+    """``python -m edge_gateway.testing.tcpproxy`` in a child process."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self.child = subprocess.Popen(
+            [sys.executable, "-m", "edge_gateway.testing.tcpproxy", f"127.0.0.1:{upstream_port}"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert self.child.stdout is not None
+        self.address = ("127.0.0.1", int(self.child.stdout.readline()))
+
+    def command(self, line: str) -> None:
+        assert self.child.stdin is not None
+        assert self.child.stdout is not None
+        self.child.stdin.write(line + "\n")
+        self.child.stdin.flush()
+        answer = self.child.stdout.readline().strip()
+        if not answer.startswith("ok"):
+            raise RuntimeError(f"tcpproxy: {line!r}: {answer}")
+
+    def close(self) -> None:
+        assert self.child.stdin is not None
+        with contextlib.suppress(OSError):
+            self.child.stdin.write("quit\n")
+            self.child.stdin.close()
+        try:
+            self.child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.child.kill()
+            self.child.wait()
+        if self.child.stdout is not None:
+            self.child.stdout.close()
+
+
 def saturate(
-    proxy: TcpProxy, upstream: Upstream, conns: int, warmup: float, seconds: float
+    proxy: Proxy, upstream: Upstream, conns: int, warmup: float, seconds: float
 ) -> tuple[list[float], list[float]]:
     """Bytes/s per upload and per download connection over the window."""
     stop = threading.Event()
@@ -150,7 +189,7 @@ def saturate(
     )
 
 
-def round_trips(proxy: TcpProxy, n: int) -> list[float]:
+def round_trips(proxy: Proxy, n: int) -> list[float]:
     out = []
     with socket.create_connection(proxy.address) as sock:
         sock.sendall(b"e")
@@ -176,18 +215,20 @@ def main() -> None:
     up_cap, down_cap = args.up_mb * MB, args.down_mb * MB
 
     upstream = Upstream()
+    proxy = Proxy(upstream.port)
     try:
-        with TcpProxy("127.0.0.1", upstream.port) as proxy:
-            progress(f"baseline: no shape, {args.conns} connections each way ...")
-            base_up, base_down = saturate(proxy, upstream, args.conns, 1.0, min(seconds, 4.0))
-            base_rtt = round_trips(proxy, 50)
-            progress(f"capped: up {args.up_mb} MB/s, down {args.down_mb} MB/s, {seconds:.0f} s ...")
-            proxy.set_shape(LinkShape(up_bytes_per_s=up_cap, down_bytes_per_s=down_cap))
-            cap_up, cap_down = saturate(proxy, upstream, args.conns, 1.0, seconds)
-            progress("latency 20 ms +- 5 ms ...")
-            proxy.set_shape(LinkShape(latency_s=0.02, jitter_s=0.005, seed=1))
-            rtt = round_trips(proxy, 50)
+        progress(f"baseline: no shape, {args.conns} connections each way ...")
+        base_up, base_down = saturate(proxy, upstream, args.conns, 1.0, min(seconds, 4.0))
+        base_rtt = round_trips(proxy, 50)
+        progress(f"capped: up {args.up_mb} MB/s, down {args.down_mb} MB/s, {seconds:.0f} s ...")
+        shape = LinkShape(up_bytes_per_s=up_cap, down_bytes_per_s=down_cap)
+        proxy.command(f"shape {shape.describe()}")
+        cap_up, cap_down = saturate(proxy, upstream, args.conns, 1.0, seconds)
+        progress("latency 20 ms +- 5 ms ...")
+        proxy.command("shape latency=0.02 jitter=0.005 seed=1")
+        rtt = round_trips(proxy, 50)
     finally:
+        proxy.close()
         upstream.close()
 
     up, down = sum(cap_up), sum(cap_down)

@@ -499,8 +499,12 @@ def _reset(sock: socket.socket) -> None:
 class TcpProxy:
     """A fault-injecting TCP proxy from ``host:port`` to ``upstream_host:upstream_port``.
 
-    ``port=0`` picks a free port (below the ephemeral range). Use as a
-    context manager or call :meth:`start` and :meth:`stop`.
+    ``port=0`` picks a free port (below the ephemeral range). ``mode`` and
+    ``shape`` are the ones in effect from the start (change them with
+    :meth:`set_mode` and :meth:`set_shape`). ``max_buffer`` bounds the bytes
+    held per direction of a connection (a capped direction holds less: see
+    the module docstring). Use as a context manager or call :meth:`start`
+    and :meth:`stop`.
     """
 
     def __init__(
