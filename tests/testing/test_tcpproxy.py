@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import selectors
 import socket
 import socketserver
 import struct
@@ -728,3 +730,48 @@ def test_bad_shape_on_the_command_line(echo: tuple[str, int]) -> None:
     )
     assert done.returncode == 2
     assert "up_bytes_per_s must be a finite number >= 0" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [LinkShape(), LinkShape(up_bytes_per_s=1e9, down_bytes_per_s=1e9, latency_s=0.01)],
+    ids=["unshaped", "shaped"],
+)
+def test_a_reader_that_does_not_read_leaves_the_loop_asleep(
+    echo: tuple[str, int], shape: LinkShape
+) -> None:
+    with TcpProxy(*echo, shape=shape) as p:
+        selector = p._selector
+        assert selector is not None
+        select = selector.select
+        wakes = 0
+
+        def counting(timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
+            nonlocal wakes
+            wakes += 1
+            return select(timeout)
+
+        selector.select = counting  # type: ignore[method-assign]
+        sock = connect(p)
+
+        # The client sends and never reads: the echo fills every buffer on
+        # the way back, then the way there; the proxy holds what it may.
+        def send() -> None:
+            with contextlib.suppress(OSError):  # ended by the shutdown below
+                sock.sendall(bytes(64 * 1024 * 1024))
+
+        sender = threading.Thread(target=send, daemon=True)
+        sender.start()
+        held = -1
+        while (now := p.statistics()).bytes_to_upstream != held:  # until nothing moves
+            held = now.bytes_to_upstream
+            time.sleep(0.3)
+        before = wakes
+        time.sleep(0.5)
+        # Waiting for a socket to drain is done in select, not by polling it
+        # (the loop's own statistics() calls aside: none in this half second).
+        assert wakes - before <= 2
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)  # ends the blocked sendall
+        sock.close()
+        sender.join(timeout=10)
