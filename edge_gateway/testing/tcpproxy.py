@@ -155,7 +155,7 @@ _SLOW_START_FLOOR: Final = 0.1
 #: A capped direction's queue in the proxy holds about this long of the cap
 #: (plus the latency), like a router's queue, not ``max_buffer``.
 _QUEUE_S: Final = 0.25
-#: Half a byte of slack when comparing tokens, so that float rounding never
+#: A quarter byte of slack when comparing tokens, so that float rounding never
 #: makes the loop wake up a hair before a slice is allowed.
 _SLACK: Final = 0.25
 
