@@ -20,7 +20,7 @@ from _tmpfs import fill, free_bytes, mounted_tmpfs
 from edge_gateway.errors import DiskFull, Unavailable
 from edge_gateway.format.batch import decode_batch, encode_batch
 from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, SourceCoords, open_journal
-from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal import _fs as fs_module
 from edge_gateway.journal._journal import RESERVE_NAME
 
 KiB = 1024
@@ -207,7 +207,7 @@ async def test_a_full_disk_seals_the_active_segment_early_with_the_reserve(
 @pytest.fixture
 def fs(monkeypatch: pytest.MonkeyPatch) -> FaultyFs:
     faulty = FaultyFs()
-    monkeypatch.setattr(journal_module, "_fs", faulty)
+    monkeypatch.setattr(fs_module, "ops", faulty)
     return faulty
 
 
