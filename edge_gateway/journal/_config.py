@@ -66,6 +66,11 @@ class JournalConfig:
     #: "emergency ballast", as CockroachDB keeps). 0 turns it off. Not
     #: counted in ``max_bytes``. See docs/journal.md, "Disk full".
     reserve_bytes: int = 1 * MiB
+    #: RAM for pages of sealed segments' index files (an LRU; read with pread).
+    #: Sealed segments keep only a summary in memory and look entries up in
+    #: their index files through this cache; see docs/journal.md, "Memory",
+    #: for the bound on the journal's index memory.
+    index_cache_bytes: int = 1 * MiB
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +94,8 @@ class JournalConfig:
             raise ConfigError("journal.retention_ms must be >= 0")
         if self.reserve_bytes < 0:
             raise ConfigError("journal.reserve_bytes must be >= 0")
+        if self.index_cache_bytes < 0:
+            raise ConfigError("journal.index_cache_bytes must be >= 0")
         if self.retention_bytes is not None and self.retention_bytes < 0:
             raise ConfigError("journal.retention_bytes must be >= 0")
 

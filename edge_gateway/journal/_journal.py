@@ -40,10 +40,11 @@ import contextlib
 import logging
 import os
 import struct
+import sys
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +68,14 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
-from edge_gateway.journal._index import SegmentIndex
+from edge_gateway.journal._index import (
+    IndexCache,
+    IndexFile,
+    IntSequence,
+    PartitionRun,
+    SegmentIndex,
+    file_version,
+)
 from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
@@ -87,6 +95,9 @@ _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
+#: RAM of one segment's summary beyond its arrays: the Segment, its path, its
+#: IndexFile (measured with tracemalloc, rounded up; see docs/journal.md "Memory")
+_SEGMENT_MEMORY: Final = 1024
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
@@ -155,6 +166,16 @@ class JournalStats:
     segments_deleted_for_space: int = 0
     #: why intake stopped for good (a failed fsync, EIO), or None
     failed: str | None = None
+    #: RAM held by the read index: the active segment's, the sealed segments'
+    #: summaries, index files not written yet, and the index cache (see
+    #: docs/journal.md, "Memory")
+    index_memory_bytes: int = 0
+    #: of which pages of index files in the cache, and its capacity
+    index_cache_bytes: int = 0
+    index_cache_capacity_bytes: int = 0
+    #: index page lookups served from the cache, and read from the file
+    index_cache_hits: int = 0
+    index_cache_misses: int = 0
 
 
 @dataclass(slots=True)
@@ -162,14 +183,38 @@ class _Partition:
     topic: str
     partition: int
     next_offset: int = 0
+    #: LSNs and base offsets of its data entries in the active segment
     lsns: array[int] = field(default_factory=lambda: array("q"))
     offsets: array[int] = field(default_factory=lambda: array("q"))
     lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
     waiters: int = 0
+    # Per sealed segment holding its entries, oldest first (32 bytes each):
+    # the segment's base LSN, the first base offset in it, and where its run
+    # of (LSNs, base offsets) is in the index file, and how long.
+    seg_bases: array[int] = field(default_factory=lambda: array("q"))
+    seg_first: array[int] = field(default_factory=lambda: array("q"))
+    seg_at: array[int] = field(default_factory=lambda: array("q"))
+    seg_count: array[int] = field(default_factory=lambda: array("q"))
 
     @property
     def first_offset(self) -> int:
+        if self.seg_first:
+            return self.seg_first[0]
         return self.offsets[0] if self.offsets else self.next_offset
+
+    def memory(self) -> int:
+        """Bytes of its index arrays (allocated, so over-allocation included)."""
+        return sum(
+            sys.getsizeof(a)
+            for a in (
+                self.lsns,
+                self.offsets,
+                self.seg_bases,
+                self.seg_first,
+                self.seg_at,
+                self.seg_count,
+            )
+        )
 
 
 @dataclass(slots=True)
@@ -250,6 +295,8 @@ class Journal:
         self._space = DiskSpace(path, config.reserve_bytes)
         #: sealed segments whose index file could not be written yet
         self._unindexed: list[Segment] = []
+        #: pages of sealed segments' index files (journal.index_cache_bytes)
+        self._index_cache = IndexCache(config.index_cache_bytes)
         self._deferred_close: list[int] = []
         self._read_fds: OrderedDict[int, int] = OrderedDict()
         self._durable_lot = trio.lowlevel.ParkingLot()
@@ -328,11 +375,12 @@ class Journal:
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
+        self._index_cache.close()
 
     @property
     def is_new(self) -> bool:
         """True while the journal holds nothing but its first checkpoint."""
-        return len(self._segments) == 1 and len(self._segments[0].positions) == 1
+        return len(self._segments) == 1 and self._segments[0].entries == 1
 
     def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
         """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
@@ -392,48 +440,61 @@ class Journal:
         self._durable_lsn = self._next_lsn - 1
         active.fd = _fs.ops.open(active.path, os.O_RDWR)
         self._map(active)
-        self._total_bytes += sum(s.size for s in self._segments)
+        self._total_bytes = sum(s.size for s in self._segments)
         self._total_bytes += sum(
             s.index_path.stat().st_size for s in self._segments[:-1] if s.index_path.exists()
         )
 
     def _load_segment(self, base: int, path: Path, *, last: bool) -> Segment:
         if not last:
-            idx_path = Segment(base, path, 0, 0).index_path
-            size = path.stat().st_size
-            try:
-                idx = SegmentIndex.decode(idx_path.read_bytes(), where=str(idx_path))
-                if idx.base_lsn != base or idx.size != size:
-                    raise CorruptData("index does not match its segment", where=str(idx_path))
-            except (OSError, CorruptData) as exc:
-                log.info("journal: rebuilding index of %s (%s)", path, exc)
-            else:
-                seg = Segment(base, path, size, idx.last_append_time, idx.positions)
-                self._add_segment(seg)
-                for (topic, partition), (lsns, offsets) in idx.partitions.items():
-                    p = self._partition(topic, partition)
-                    p.lsns.extend(lsns)
-                    p.offsets.extend(offsets)
+            seg = self._load_indexed(base, path)
+            if seg is not None:
                 return seg
-        scanned = scan_segment(base, path, last=last)
-        seg = self._add_scanned(scanned, last=last)
-        if not last:
-            self._index_sealed(seg)
+        return self._add_scanned(scan_segment(base, path, last=last), last=last)
+
+    def _load_indexed(self, base: int, path: Path) -> Segment | None:
+        """A sealed segment from its index file (a version 1 file is converted); None to scan."""
+        seg = Segment(base, path, path.stat().st_size, 0)
+        idx_path = seg.index_path
+        try:
+            if file_version(idx_path) == 1:
+                old = SegmentIndex.decode_v1(idx_path.read_bytes(), where=str(idx_path))
+                if old.base_lsn != base or old.size != seg.size:
+                    raise CorruptData("index does not match its segment", where=str(idx_path))
+                log.info("journal: converting the index of %s to version 2", path.name)
+                seg.last_append_time = old.last_append_time
+                seg.positions = old.positions
+                self._add_segment(seg)
+                self._seal(seg, old.partitions)
+                return seg
+            f, seg.last_append_time, runs = IndexFile.open(
+                idx_path, self._index_cache, base_lsn=base, segment_size=seg.size
+            )
+        except (OSError, CorruptData) as exc:
+            log.info("journal: rebuilding index of %s (%s)", path, exc)
+            return None
+        seg.index = f
+        self._add_segment(seg)
+        self._add_runs(seg, runs)
         return seg
 
     def _add_scanned(self, scanned: Scanned, *, last: bool) -> Segment:
-        """Add a scanned segment's entries to the partitions and mirror progress."""
+        """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
         if last and scanned.checkpoint is not None:
             self._apply_checkpoint(scanned.checkpoint)
         for (topic, partition), sp in scanned.parts.items():
             p = self._partition(topic, partition)
-            p.lsns.extend(sp.lsns)
-            p.offsets.extend(sp.offsets)
             p.next_offset = max(p.next_offset, sp.next_offset)
+            if last:
+                p.lsns.extend(sp.lsns)
+                p.offsets.extend(sp.offsets)
         self._sources.update(scanned.sources)
         self._truncated_on_open += scanned.truncated
-        self._add_segment(scanned.segment)
-        return scanned.segment
+        seg = scanned.segment
+        self._add_segment(seg)
+        if not last:
+            self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
+        return seg
 
     def _apply_checkpoint(self, cp: Checkpoint) -> None:
         for (topic, partition), next_offset in cp.next_offsets.items():
@@ -457,24 +518,51 @@ class Journal:
                 t.partitions[partition] = p
         return p
 
+    def _seal(
+        self, seg: Segment, parts: dict[tuple[str, int], tuple[array[int], array[int]]]
+    ) -> None:
+        """Move a sealed segment's index out of memory, into its index file.
+
+        ``parts`` are the segment's data entries per partition. From here
+        on only the summary stays in memory (the segment and 32 bytes per
+        partition in it); lookups read the file through the index cache.
+        """
+        idx = SegmentIndex(seg.base_lsn, seg.size, seg.last_append_time, seg.positions, parts)
+        data, runs = idx.encode()
+        seg.index = IndexFile.from_bytes(seg.index_path, self._index_cache, data)
+        seg.positions = array("q")
+        self._add_runs(seg, runs)
+        self._index_sealed(seg)
+
+    def _add_runs(self, seg: Segment, runs: list[PartitionRun]) -> None:
+        for r in runs:
+            p = self._partition(r.topic, r.partition)
+            p.seg_bases.append(seg.base_lsn)
+            p.seg_first.append(r.first_offset)
+            p.seg_at.append(r.at)
+            p.seg_count.append(r.count)
+
     def _write_index(self, seg: Segment) -> None:
-        idx = SegmentIndex(seg.base_lsn, seg.size, seg.last_append_time, seg.positions)
-        for key, p in self._partitions.items():
-            lo = bisect.bisect_left(p.lsns, seg.base_lsn)
-            hi = bisect.bisect_left(p.lsns, seg.end_lsn)
-            if hi > lo:
-                idx.partitions[key] = (p.lsns[lo:hi], p.offsets[lo:hi])
-        data = idx.encode()
+        """Write the index file that is still held in memory."""
+        assert seg.index is not None
+        data = seg.index.data
+        if data is None:
+            return
+        try:
+            replaced = seg.index_path.stat().st_size  # a version 1 file being converted
+        except OSError:
+            replaced = 0
         write_atomically(seg.index_path, data)
-        self._total_bytes += len(data)
+        seg.index.data = None
+        self._total_bytes += len(data) - replaced
 
     def _index_sealed(self, seg: Segment) -> None:
-        """Write a sealed segment's index file, or note it for later.
+        """Write a sealed segment's index file, or keep it in memory and write it later.
 
-        The index only saves a scan at the next open, so a full disk (or any
-        error) never fails an append for it: the journal retries once there
-        is room again (see :meth:`check_disk`), and an open rebuilds a
-        missing index from its segment.
+        A full disk (or any error) never fails an append for it: the
+        journal reads the index from memory meanwhile and retries once there
+        is room again (see :meth:`check_disk`); an open rebuilds a missing
+        index from its segment.
         """
         try:
             self._write_index(seg)
@@ -558,7 +646,9 @@ class Journal:
             if no_room(exc):
                 raise self._disk_full(path, exc, len(data)) from exc
             raise self._fail(f"creating {path}", exc) from exc
-        seg = Segment(base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd)
+        seg = Segment(
+            base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd=fd
+        )
         # Preallocate only once the checkpoint is durable: a segment file
         # longer than its header always starts with a valid checkpoint.
         self._map(seg)
@@ -572,7 +662,8 @@ class Journal:
 
         All or nothing: if the new segment cannot be created, the old one
         stays the active one (the next append retries the roll); only the
-        index file may come later (:meth:`_index_sealed`).
+        index file may come later (:meth:`_index_sealed`); until then the
+        index stays in memory.
         """
         old = self._segments[-1]
         assert old.fd is not None
@@ -601,7 +692,13 @@ class Journal:
             _fs.ops.close(old.fd)
         old.fd = None
         self._rolls += 1
-        self._index_sealed(old)
+        # Every entry the partitions hold in memory is in the old segment.
+        parts = {}
+        for key, p in self._partitions.items():
+            if p.lsns:
+                parts[key] = (p.lsns, p.offsets)
+                p.lsns, p.offsets = array("q"), array("q")
+        self._seal(old, parts)
 
     def _map(self, seg: Segment) -> None:
         """Preallocate and map the active segment, if configured (see :meth:`Segment.map`)."""
@@ -1173,11 +1270,12 @@ class Journal:
             freed += seg.index_path.stat().st_size
             _fs.ops.unlink(seg.index_path)
         self._total_bytes -= freed
+        base = seg.base_lsn
         for p in self._partitions.values():
-            k = bisect.bisect_left(p.lsns, seg.end_lsn)
-            if k:
-                del p.lsns[:k]
-                del p.offsets[:k]
+            if p.seg_bases and p.seg_bases[0] == base:
+                del p.seg_bases[0], p.seg_first[0], p.seg_at[0], p.seg_count[0]
+        if seg.index is not None:
+            self._index_cache.forget(seg.index)
         log.info(
             "journal: deleted segment %s (LSN %d-%d)%s",
             seg.path.name,
@@ -1252,7 +1350,8 @@ class Journal:
         k = self._safe_lsn - seg.base_lsn
         if k <= 1:
             return 0
-        return (seg.positions[k] if k < len(seg.positions) else seg.size) - seg.positions[0]
+        positions = seg.entry_positions
+        return (positions[k] if k < seg.entries else seg.size) - positions[0]
 
     def _roll_making_room(self) -> None:
         """Roll; if the disk is too full for the new segment, make room and retry.
@@ -1293,7 +1392,7 @@ class Journal:
         self._keep_free()
         for seg in list(self._unindexed):
             try:
-                self._write_index(seg)
+                self._write_index(seg)  # (and drop it from memory)
             except OSError:
                 break
             self._unindexed.remove(seg)
@@ -1336,10 +1435,16 @@ class Journal:
         self._check_readable()
         seg, _ = self._locate(lsn)
         i = lsn - seg.base_lsn
-        pos = seg.positions[i]
-        end = seg.positions[i + 1] if i + 1 < len(seg.positions) else seg.size
+        positions = seg.entry_positions
+        pos = positions[i]
+        end = positions[i + 1] if i + 1 < seg.entries else seg.size
         data = self._pread(seg, end - pos, pos)
-        return fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+        e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+        if e.lsn != lsn:  # an index that does not match its segment
+            raise CorruptData(
+                f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}"
+            )
+        return e
 
     def read(
         self,
@@ -1363,21 +1468,39 @@ class Journal:
             return []
         if offset < p.first_offset:
             raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
-        i = max(bisect.bisect_right(p.offsets, offset) - 1, 0)
         out: list[Entry] = []
         records = size = 0
-        n = len(p.lsns)
-        while i < n:
-            e = self.read_entry(p.lsns[i])
-            i += 1
-            if e.next_offset <= offset:  # a mirror gap before ``offset``
-                continue
-            out.append(e)
-            records += e.next_offset - max(offset, e.base_offset)
-            size += len(e.payload)
-            if records >= max_records or size >= max_bytes:
-                break
+        for lsns, i in self._runs_from(p, offset):
+            n = len(lsns)
+            while i < n:
+                e = self.read_entry(lsns[i])
+                i += 1
+                if e.next_offset <= offset:  # a mirror gap before ``offset``
+                    continue
+                out.append(e)
+                records += e.next_offset - max(offset, e.base_offset)
+                size += len(e.payload)
+                if records >= max_records or size >= max_bytes:
+                    return out
         return out
+
+    def _runs_from(self, p: _Partition, offset: int) -> Iterator[tuple[IntSequence, int]]:
+        """The partition's LSNs per segment, from the entry holding ``offset``, oldest first.
+
+        Yields (LSNs, index to start at): sealed segments' runs are read from
+        their index files, the active segment's from memory.
+        """
+        active = p.offsets
+        if not p.seg_first or (active and offset >= active[0]):
+            yield p.lsns, max(bisect.bisect_right(active, offset) - 1, 0)
+            return
+        first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
+        for k in range(first, len(p.seg_bases)):
+            seg = self._segments[bisect.bisect_left(self._segment_bases, p.seg_bases[k])]
+            assert seg.index is not None
+            lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
+            yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
+        yield p.lsns, 0
 
     def read_entries(
         self, from_lsn: int, *, max_bytes: int = 8 * 1024 * 1024, durable_only: bool = True
@@ -1397,12 +1520,11 @@ class Journal:
             seg, _ = self._locate(lsn)
             i = lsn - seg.base_lsn
             last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-            start = seg.positions[i]
-            # one pread for a run of entries, bounded by max_bytes
-            j = i
-            while j < last and (seg.positions[j] - start < max_bytes - size or j == i):
-                j += 1
-            stop = seg.positions[j] if j < len(seg.positions) else seg.size
+            positions = seg.entry_positions
+            start = positions[i]
+            # one pread for a run of entries (at least one), bounded by max_bytes
+            j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
+            stop = positions[j] if j < seg.entries else seg.size
             data = self._pread(seg, stop - start, start)
             cur = 0
             for _ in range(i, j):
@@ -1503,7 +1625,25 @@ class Journal:
             disk_full_episodes=self._space.episodes,
             segments_deleted_for_space=self._space.deleted_for_space,
             failed=self._broken,
+            index_memory_bytes=self.index_memory(),
+            index_cache_bytes=self._index_cache.bytes,
+            index_cache_capacity_bytes=self._index_cache.capacity,
+            index_cache_hits=self._index_cache.hits,
+            index_cache_misses=self._index_cache.misses,
         )
+
+    def index_memory(self) -> int:
+        """Bytes of RAM the read index holds (docs/journal.md, "Memory").
+
+        Counted: the arrays (allocated sizes), the segment objects, index
+        files held in memory until they can be written, the cache.
+        """
+        total = self._index_cache.bytes + sum(p.memory() for p in self._partitions.values())
+        for seg in self._segments:
+            total += _SEGMENT_MEMORY + sys.getsizeof(seg.positions)
+            if seg.index is not None and seg.index.data is not None:
+                total += len(seg.index.data)
+        return total
 
     # ----------------------------------------------------------------- close
 

@@ -3,8 +3,10 @@
 A segment holds a contiguous LSN range and is named after its first LSN
 (``<base_lsn:020d>.wal``); its first entry is a checkpoint. The active
 segment (the last one) is preallocated and written through a shared memory
-map (see docs/journal.md, "The append path"); a sealed segment has an index
-file next to it (``.idx``, see ``_index.py``).
+map (see docs/journal.md, "The append path"), and its index (the position
+of every entry) is in memory. A sealed segment has an index file next to it
+(``.idx``, see ``_index.py``), and only a summary of it stays in memory:
+its LSN range, size, last append time, and the index file to read from.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Final
 
 from edge_gateway.journal import _fs
+from edge_gateway.journal._index import IndexFile, IntSequence
 
 log = logging.getLogger("edgegw.journal")
 
@@ -36,7 +39,10 @@ class Segment:
     path: Path
     size: int
     last_append_time: int
+    #: entry positions while the index is in memory (the active segment); empty once sealed
     positions: array[int] = field(default_factory=lambda: array("q"))
+    #: the index file, once sealed (positions and partition runs are read from it)
+    index: IndexFile | None = None
     fd: int | None = None  # the write fd (active segment only)
     #: a shared map of the preallocated file (active segment only, see JournalConfig.preallocate)
     mm: mmap.mmap | None = None
@@ -44,9 +50,19 @@ class Segment:
     mm_end: int = 0
 
     @property
+    def entries(self) -> int:
+        """How many entries the segment holds."""
+        return len(self.positions) if self.index is None else self.index.n
+
+    @property
     def end_lsn(self) -> int:
         """One past the last LSN in this segment."""
-        return self.base_lsn + len(self.positions)
+        return self.base_lsn + self.entries
+
+    @property
+    def entry_positions(self) -> IntSequence:
+        """Byte position of entry ``base_lsn + i`` (from memory, or from the index file)."""
+        return self.positions if self.index is None else self.index.positions()
 
     @property
     def index_path(self) -> Path:

@@ -204,7 +204,7 @@ async def test_corrupt_sealed_segment_is_never_served(tmp_path: Path) -> None:
             await j.append("t", 0, batch_for("t", 0, i * 10, 10))
         assert len(j._segments) >= 2
         first_seg = j._segments[0]
-        pos = first_seg.positions[3]
+        pos = first_seg.entry_positions[3]
     raw = bytearray(first_seg.path.read_bytes())
     raw[pos + 50] ^= 0x10
     first_seg.path.write_bytes(bytes(raw))
