@@ -9,6 +9,8 @@ from edge_gateway.errors import ConfigError
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+#: The index cache keeps at least 8 pages (4 KiB each, counted with their overhead).
+INDEX_CACHE_MIN_BYTES = 8 * (4096 + 320)
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -104,6 +106,25 @@ class JournalConfig:
         if self.inline_fsync is None:
             return self.fsync is FsyncPolicy.ALWAYS
         return self.inline_fsync
+
+    def index_memory_bound(self, segments: int, partitions: int) -> int:
+        """Bytes of RAM the journal's read index stays under (docs/journal.md, "Memory").
+
+        For a journal of ``segments`` segment files and ``partitions``
+        partitions: the active segment's index (24 bytes per entry, an entry
+        is at least 97 bytes, arrays over-allocate: 0.3 x segment_bytes), per
+        segment a summary (1 KiB, and 48 bytes per partition with entries in
+        it), per partition 1 KiB, and the index cache. Index files that a
+        full disk kept from being written are held in memory on top of this
+        (24 bytes per entry of those segments) until they are written.
+        """
+        cache = max(self.index_cache_bytes, INDEX_CACHE_MIN_BYTES)
+        return (
+            self.segment_bytes * 3 // 10
+            + segments * (1024 + 48 * partitions)
+            + partitions * 1024
+            + cache
+        )
 
     @property
     def effective_retention_bytes(self) -> int:

@@ -51,6 +51,7 @@ import crc32c
 
 from edge_gateway.errors import CorruptData, Unavailable
 from edge_gateway.journal import _fs
+from edge_gateway.journal._config import INDEX_CACHE_MIN_BYTES
 
 _MAGIC: Final = b"EGWI"
 VERSION: Final = 2
@@ -63,9 +64,10 @@ _BIG = sys.byteorder == "big"
 PAGE: Final = 4096
 _PAGE_SHIFT: Final = 12
 #: what a cached page costs in RAM beyond its bytes (the array object, the LRU's entry)
-PAGE_OVERHEAD: Final = 200
+PAGE_OVERHEAD: Final = 320
 _CHUNK: Final = 1 << 20
 _READ_FDS: Final = 16
+assert INDEX_CACHE_MIN_BYTES == 8 * (PAGE + PAGE_OVERHEAD)
 
 
 def _arr_bytes(a: array[int]) -> bytes:
@@ -329,7 +331,7 @@ class IndexCache:
     """
 
     def __init__(self, capacity: int) -> None:
-        self.capacity = max(capacity, 8 * (PAGE + PAGE_OVERHEAD))
+        self.capacity = max(capacity, INDEX_CACHE_MIN_BYTES)
         self._pages: OrderedDict[tuple[int, int], array[int]] = OrderedDict()
         self._fds: OrderedDict[int, int] = OrderedDict()
         self.bytes = 0
