@@ -1669,6 +1669,7 @@ class Journal:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
+            self._index_cache.close()
             if self._lock is not None:
                 self._lock.release()
             for lot in (

@@ -221,3 +221,17 @@ def test_millions_of_one_record_entries_stay_under_the_memory_bound(tmp_path: Pa
     assert reopened["rss_after_reads"] - reopened["rss_before_open"] <= (
         bound + segment_bytes + slack
     )
+
+
+def test_closing_releases_the_index_files(tmp_path: Path) -> None:
+    cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * MiB)
+    j = Journal.open_sync(tmp_path, cfg)
+    for i in range(3000):
+        j.append_nowait("t", 0, encode_record(f"{i}".encode(), timestamp=1))
+    j.close_sync()
+    j = Journal.open_sync(tmp_path, cfg)
+    fds = set(os.listdir("/proc/self/fd"))
+    assert _records(j, "t", 0)[1234] == (1234, b"1234")  # opens index files to read
+    assert j.statistics().index_cache_misses > 0
+    j.close_sync()
+    assert set(os.listdir("/proc/self/fd")) <= fds
