@@ -113,16 +113,17 @@ class JournalConfig:
         For a journal of ``segments`` segment files and ``partitions``
         partitions: the active segment's index (24 bytes per entry, an entry
         is at least 97 bytes, arrays over-allocate: 0.3 x segment_bytes), per
-        segment a summary (1 KiB, and 48 bytes per partition with entries in
-        it), per partition 1 KiB, and the index cache. Index files that a
+        segment a summary (1.5 KiB, and 48 bytes per partition with entries
+        in it), per partition 1.5 KiB, and the index cache. (tracemalloc: a
+        sealed segment's objects take ~1.1 KiB, a partition's ~1 KiB.) Index files that a
         full disk kept from being written are held in memory on top of this
         (24 bytes per entry of those segments) until they are written.
         """
         cache = max(self.index_cache_bytes, INDEX_CACHE_MIN_BYTES)
         return (
             self.segment_bytes * 3 // 10
-            + segments * (1024 + 48 * partitions)
-            + partitions * 1024
+            + segments * (1536 + 48 * partitions)
+            + partitions * 1536
             + cache
         )
 

@@ -95,9 +95,10 @@ _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
-#: RAM of one segment's summary beyond its arrays: the Segment, its path, its
-#: IndexFile (measured with tracemalloc, rounded up; see docs/journal.md "Memory")
-_SEGMENT_MEMORY: Final = 1024
+#: RAM of one segment's summary beyond its arrays: the Segment, its paths, its
+#: IndexFile, its slots in the journal's lists (~1.1 KiB measured with
+#: tracemalloc, rounded up; see docs/journal.md "Memory")
+_SEGMENT_MEMORY: Final = 1280
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
