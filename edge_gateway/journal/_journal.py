@@ -29,8 +29,18 @@ Invariants (the tests check each one):
   durable: the kernel may have dropped the dirty pages (PostgreSQL's
   "fsyncgate"). Reads and shipping of the durable entries go on.
 
-Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
-the fault-injection tests swap.
+* Only the active segment's read index is in memory. A sealed segment's is in
+  its index file (written atomically at the seal, rebuilt from the segment if
+  missing or damaged), read through one bounded cache, so the index's memory
+  is bounded by the configuration, not by the backlog (docs/journal.md,
+  "Memory"); until a full disk lets the file be written, its bytes are read
+  from memory.
+
+The parts, as in Kafka's log: ``_segment.py`` (a segment file),
+``_index.py`` (its index file and the cache), ``_recovery.py`` (the open's
+scan), ``_space.py`` (the filesystem: disk full, the reserve file); this
+module orchestrates them. Every system call that writes goes through
+``_fs.ops`` (``_fs.py``), the seam the fault-injection tests swap.
 """
 
 from __future__ import annotations
