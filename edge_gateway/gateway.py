@@ -1193,6 +1193,9 @@ class Gateway:
                 "appends": j.appends,
                 "fsyncs": j.fsyncs,
                 "full_rejections": j.full_rejections,
+                "index_bytes": j.index_memory_bytes,
+                "index_cache_bytes": j.index_cache_bytes,
+                "index_cache_capacity_bytes": j.index_cache_capacity_bytes,
             },
             "shipper": {
                 "state": s.state,

@@ -17,7 +17,8 @@ Families (``_total`` is added to counters by the exposition format):
   fsync_seconds_max, full_rejections_total; the filesystem under it:
   disk_free_bytes, disk_size_bytes, disk_full (0/1), disk_full_rejections_total,
   disk_full_episodes_total, segments_deleted_for_space_total, failed (0/1: intake
-  stopped after a failed fsync or EIO)
+  stopped after a failed fsync or EIO); the read index: index_bytes (RAM),
+  index_cache_bytes, index_cache_hits_total, index_cache_misses_total
 * ``edgegw_shipper_*``: claimed, epoch, next_seq, shipped_lsn, pending_lsns,
   oldest_unshipped_age_seconds, objects_total, fences_total, manifests_total,
   records_total, bytes_total (journal bytes shipped), wire_bytes_total
@@ -335,6 +336,27 @@ class _GatewayCollector(Collector):
             "edgegw_journal_segments_deleted_for_space",
             "Shipped segments deleted before their retention ended, to make room on the disk.",
             j.segments_deleted_for_space,
+        )
+        yield _gauge(
+            "edgegw_journal_index_bytes",
+            "RAM held by the journal's read index (the active segment's, sealed segments' "
+            "summaries, the index cache); bounded by the configuration (docs/journal.md).",
+            j.index_memory_bytes,
+        )
+        yield _gauge(
+            "edgegw_journal_index_cache_bytes",
+            "Pages of sealed segments' index files in the cache (journal.index_cache_bytes).",
+            j.index_cache_bytes,
+        )
+        yield _counter(
+            "edgegw_journal_index_cache_hits",
+            "Index page lookups served from the cache.",
+            j.index_cache_hits,
+        )
+        yield _counter(
+            "edgegw_journal_index_cache_misses",
+            "Index page lookups read from an index file.",
+            j.index_cache_misses,
         )
         yield _gauge(
             "edgegw_journal_failed",

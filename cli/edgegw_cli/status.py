@@ -44,6 +44,16 @@ def _disk(d: dict[str, Any]) -> Text:
     return Text(line)
 
 
+def _index_memory(j: dict[str, Any]) -> str:
+    """``; index 2.1 MiB in RAM (cache 1.0 of 1.0 MiB)`` (absent from an older gateway)."""
+    if "index_bytes" not in j:
+        return ""
+    return (
+        f"; index {human_bytes(j['index_bytes'])} in RAM (cache "
+        f"{human_bytes(j['index_cache_bytes'])} of {human_bytes(j['index_cache_capacity_bytes'])})"
+    )
+
+
 def _clock(c: dict[str, Any]) -> Text:
     """``ok, 0.4 s ahead of the bucket's clock`` (coloured when beyond the bounds)."""
     skew = c.get("skew_s")
@@ -114,7 +124,7 @@ def render(doc: dict[str, Any]) -> None:
     head.add_row(
         "journal",
         f"{human_bytes(j['bytes'])} of {human_bytes(j['max_bytes'])} ({j['segments']} segments), "
-        f"next LSN {j['next_lsn']}",
+        f"next LSN {j['next_lsn']}" + _index_memory(j),
     )
     disk = doc.get("disk")
     if disk:
