@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import crc32c
 import trio
 
-from edge_gateway.bucket import Bucket, BucketUnavailable, LocalBucket, NoSuchBucket, S3Bucket
+from edge_gateway.bucket import Bucket, BucketUnavailable, LocalBucket, NoSuchBucket
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
     GatewayConfig,
@@ -570,6 +570,9 @@ class Gateway:
         """
         cfg = self.config.bucket
         if cfg.type == "s3":
+            # boto3 loads here, and only for an S3 bucket (docs/operations.md, "Footprint").
+            from edge_gateway.bucket._s3 import S3Bucket
+
             bucket: Bucket = await S3Bucket.open(cfg.s3_config())
             try:
                 await bucket.check_exists()
