@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/footprint.py [--quick] [--runs N]
+    .venv/bin/python bench/footprint.py [--quick] [--runs N] [--source CHECKOUT]
 
 Figures (docs/operations.md, "Footprint"), each next to baselines measured in
 the same run:
@@ -45,7 +45,12 @@ from pathlib import Path
 
 from _common import BENCH_DIR, Row, emit_json, median, progress, render_table, scratch_dir
 
-ROOT = BENCH_DIR.parent
+
+def source() -> Path:
+    """The checkout whose gateway is measured (``--source``; default: this one)."""
+    return Path(os.environ.get("FOOTPRINT_BENCH_SOURCE") or BENCH_DIR.parent)
+
+
 #: The gateway's console script next to this interpreter (``python -m edgegw_cli`` if none).
 EDGEGW = Path(sys.executable).parent / "edgegw"
 #: The issue's targets (docs/operations.md, "Footprint").
@@ -76,7 +81,7 @@ def child_env() -> dict[str, str]:
     """This checkout's code first on the path; byte-code caching allowed."""
     env = dict(os.environ)
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    paths = [str(ROOT), str(ROOT / "cli")]
+    paths = [str(source()), str(source() / "cli")]
     if env.get("PYTHONPATH"):
         paths.append(env["PYTHONPATH"])
     env["PYTHONPATH"] = os.pathsep.join(paths)
@@ -379,13 +384,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer runs, shorter idle (~1 min)")
     ap.add_argument("--runs", type=int, help="gateway starts per figure (default 10, quick 5)")
+    ap.add_argument(
+        "--source",
+        type=Path,
+        help="measure the code of another checkout (e.g. an export of an older commit)",
+    )
     args = ap.parse_args()
+    if args.source:
+        os.environ["FOOTPRINT_BENCH_SOURCE"] = str(args.source.resolve())
     runs = args.runs or (5 if args.quick else 10)
     idle_s = 1.0 if args.quick else 3.0
 
     progress("byte-compiling edge_gateway and edgegw_cli (as pip install does)")
-    compileall.compile_dir(ROOT / "edge_gateway", quiet=1)
-    compileall.compile_dir(ROOT / "cli", quiet=1)
+    compileall.compile_dir(source() / "edge_gateway", quiet=1)
+    compileall.compile_dir(source() / "cli", quiet=1)
 
     with scratch_dir("footprint-") as work:
         progress("interpreter floor")
