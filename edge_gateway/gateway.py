@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import crc32c
 import trio
 
+from edge_gateway._crc import crc32c
 from edge_gateway.bucket import Bucket, BucketUnavailable, LocalBucket, NoSuchBucket
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
@@ -910,7 +910,7 @@ class Gateway:
                 )
             return rec.partition
         if rec.key is not None:
-            return int(crc32c.crc32c(rec.key)) % t.partitions
+            return int(crc32c(rec.key)) % t.partitions
         return sticky
 
     async def produce(

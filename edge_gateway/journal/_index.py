@@ -23,8 +23,7 @@ import sys
 from array import array
 from dataclasses import dataclass, field
 
-import crc32c
-
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData
 
 _MAGIC = b"EGWI"
@@ -78,7 +77,7 @@ class SegmentIndex:
             parts += (_PART.pack(len(raw), partition, len(lsns)), raw)
             parts += (_arr_bytes(lsns), _arr_bytes(offsets))
         body = b"".join(parts)
-        return body + struct.pack("<I", crc32c.crc32c(body))
+        return body + struct.pack("<I", crc32c(body))
 
     @classmethod
     def decode(cls, data: bytes, *, where: str) -> SegmentIndex:
@@ -86,7 +85,7 @@ class SegmentIndex:
             raise CorruptData("index file truncated", where=where)
         (stored,) = struct.unpack_from("<I", data, len(data) - 4)
         body = memoryview(data)[:-4]
-        if crc32c.crc32c(body) != stored:
+        if crc32c(body) != stored:
             raise CorruptData("index file CRC mismatch", where=where)
         magic, version, base_lsn, n, size, last_time = _HEAD.unpack_from(body)
         if magic != _MAGIC or version != _VERSION:

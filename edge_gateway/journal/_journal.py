@@ -52,10 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NamedTuple, NoReturn
 
-import crc32c
 import trio
 import trio.lowlevel
 
+from edge_gateway._crc import crc32c
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
@@ -111,7 +111,7 @@ def _scan_struct(topic_len: int) -> struct.Struct:
     return struct.Struct(f"<IIQBBHIqIq{topic_len}sIBBHqIIqq")
 
 
-_crc = crc32c.crc32c
+_crc = crc32c
 _time_ns = time.time_ns
 _new_appended = tuple.__new__
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled

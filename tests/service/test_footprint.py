@@ -77,6 +77,8 @@ def test_a_local_bucket_gateway_loads_no_optional_package(tmp_path: Path) -> Non
     # Neither the typer application nor the S3 and metadata clients' modules.
     unused = ("edgegw_cli._typer_app", "edge_gateway.bucket._s3", "edge_gateway.metadata.client")
     assert not modules & set(unused)
+    # crc32c's C function without the package (its __init__ loads these two).
+    assert not modules & {"crc32c", "importlib.metadata", "argparse"}
 
 
 def test_hypercorn_loads_only_when_it_is_the_server(tmp_path: Path) -> None:
