@@ -19,10 +19,11 @@ the same run:
   partitions at the gateway), idle; the growth per topic;
 * **RSS with an S3 bucket** (moto's server): boto3 and botocore loaded;
 * ``edgegw --help`` wall time;
-* baselines: the interpreter floor (``python -c pass``: time and RSS), the
-  cost of each package a gateway still imports (``python -c "import X"``,
-  less the floor), and nats-server's and mosquitto's start to ready and idle
-  RSS where installed (skipped with a note otherwise).
+* baselines: the interpreter floor (``python -c pass``: time and RSS), what
+  each step of a gateway's imports adds to it (trio, the C codecs,
+  prometheus_client, h11, edgegw's own modules, hypercorn), what the packages
+  it no longer imports would cost, and nats-server's and mosquitto's start to
+  ready and idle RSS where installed (skipped with a note otherwise).
 
 The gateway's modules are byte-compiled first (``compileall``), as
 ``pip install`` leaves them: a source tree run with
@@ -56,21 +57,24 @@ EDGEGW = Path(sys.executable).parent / "edgegw"
 #: The issue's targets (docs/operations.md, "Footprint").
 READY_TARGET_S = 0.3
 IDLE_RSS_TARGET_MB = 40.0
-#: Packages a gateway imports, measured alone (``python -c "import X"``).
-IMPORTS = (
-    "trio",
-    "crc32c",
-    "zstandard",
-    "sqlite3",
-    "prometheus_client",
-    "h11",
-    "starlette.applications",
-    "hypercorn.trio",
+#: What a gateway on a local bucket loads, in the order it loads it: each step
+#: is measured as ``python -c "import <this and every step before>"``, and its
+#: cost is the increase over the step before (the floor of a Python gateway).
+LOADED = (
+    ("trio", ("trio",)),
+    ("zstandard, sqlite3, tomllib", ("zstandard", "sqlite3", "tomllib")),
+    ("prometheus_client", ("prometheus_client",)),
+    ("h11 (the builtin server)", ("h11",)),
+    ("edgegw's own modules", ("edgegw_cli._serve_run", "edge_gateway.api._server")),
+    ("hypercorn (the default server)", ("hypercorn.trio",)),
+)
+#: What a gateway on a local bucket no longer loads, each measured alone.
+NOT_LOADED = (
     "botocore.session",
+    "starlette.applications",
     "typer",
     "rich.console",
-    "edge_gateway.gateway",
-    "edge_gateway.api._server",
+    "crc32c",
 )
 
 
@@ -278,14 +282,28 @@ def import_rss(modules: Sequence[str]) -> float:
     return int(out.stdout.strip()) / 1024
 
 
-def import_cost(module: str, runs: int) -> tuple[float, float]:
-    """(min wall seconds, RSS MB) of ``python -c "import MODULE"``."""
+def import_cost(modules: Sequence[str], runs: int) -> tuple[float, float]:
+    """(min wall seconds, RSS MB) of ``python -c "import M1; import M2 ..."``."""
+    code = "".join(f"import {m}\n" for m in modules) or "pass"
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", f"import {module}"], check=True, env=child_env())
+        subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
         times.append(time.perf_counter() - t0)
-    return min(times), import_rss([module])
+    return min(times), import_rss(modules)
+
+
+def import_chain(runs: int) -> list[tuple[str, float, float]]:
+    """(step, seconds, MB) that each step of :data:`LOADED` adds to the one before."""
+    out = []
+    modules: list[str] = []
+    before = import_cost([], runs)
+    for name, step in LOADED:
+        modules += step
+        now = import_cost(modules, runs)
+        out.append((name, now[0] - before[0], now[1] - before[1]))
+        before = now
+    return out
 
 
 def help_time(runs: int) -> tuple[float, float]:
@@ -416,8 +434,9 @@ def main() -> None:
         s3 = s3_gateway(work / "s3", max(2, runs // 3), idle_s)
         progress("edgegw --help")
         help_min, help_med = help_time(runs)
-        progress("imports, one by one")
-        imports = {m: import_cost(m, 3) for m in IMPORTS}
+        progress("imports")
+        chain = import_chain(5 if args.quick else 9)
+        imports = {m: import_cost([m], 3) for m in NOT_LOADED}
         progress("nats-server, mosquitto")
         nats = nats_baseline(work, max(2, runs // 2), idle_s)
         mosq = mosquitto_baseline(work, max(2, runs // 2), idle_s)
@@ -493,12 +512,16 @@ def main() -> None:
         "the command line",
         Row("edgegw --help, min", help_min, "s", *floor),
         Row("edgegw --help, median", help_med, "s", "python -c pass, median", floor_med),
-        "each import alone (python -c 'import X'), less the floor",
+        "what a local-bucket gateway loads, step by step (python -c 'import ...')",
     ]
+    interpreter = "the interpreter (python -c pass)"
+    rows.append(f"  {interpreter:<34} {floor_min * 1000:6.0f} ms  {floor_rss:5.1f} MB")
+    for step, seconds, mb in chain:
+        rows.append(f"  + {step:<32} {seconds * 1000:+6.0f} ms  {mb:+5.1f} MB")
+    rows.append("what it no longer loads, each alone, less the floor")
     for module, (seconds, mb) in imports.items():
-        rows.append(
-            f"  {module:<26} +{(seconds - floor_min) * 1000:5.0f} ms  +{mb - floor_rss:5.1f} MB"
-        )
+        ms, extra_mb = (seconds - floor_min) * 1000, mb - floor_rss
+        rows.append(f"  {module:<34} {ms:+6.0f} ms  {extra_mb:+5.1f} MB")
     for name, figures in (("nats-server -js", nats), ("mosquitto", mosq)):
         if isinstance(figures, str):
             rows.append(f"{name}: skipped: {figures}")
@@ -536,7 +559,8 @@ def main() -> None:
             "help_s": help_min,
             "python_floor_s": floor_min,
             "python_floor_rss_mb": floor_rss,
-            "imports": {
+            "loaded_steps": {step: {"s": s, "rss_mb": mb} for step, s, mb in chain},
+            "not_loaded": {
                 m: {"s": t - floor_min, "rss_mb": r - floor_rss} for m, (t, r) in imports.items()
             },
             "nats_ready_s": nats["ready_min"] if isinstance(nats, dict) else None,
