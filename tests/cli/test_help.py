@@ -21,7 +21,10 @@ from typer.core import TyperGroup
 from typer.testing import CliRunner
 
 #: Imported by commands that need them, never by ``edgegw --help``.
-HEAVY = ("boto3", "botocore", "httpx", "hypercorn", "starlette", "pyarrow", "pyspark", "trio")
+HEAVY = (
+    *("boto3", "botocore", "httpx", "hypercorn", "starlette", "pyarrow", "pyspark", "trio"),
+    *("rich", "pydantic"),  # help is plain text (see _typer_app.PLAIN_HELP)
+)
 
 
 #: Runs ``python -m edgegw_cli ARGS`` and then prints the modules it imported.
