@@ -54,6 +54,9 @@ def source() -> Path:
 
 #: The gateway's console script next to this interpreter (``python -m edgegw_cli`` if none).
 EDGEGW = Path(sys.executable).parent / "edgegw"
+#: Children run here: ``python -c`` and ``-m`` put the working directory first
+#: on the path, which would import this checkout over ``--source``.
+NEUTRAL_CWD = "/"
 #: The issue's targets (docs/operations.md, "Footprint").
 READY_TARGET_S = 0.3
 IDLE_RSS_TARGET_MB = 40.0
@@ -171,7 +174,9 @@ def start(
     """Exec ``argv`` and poll ``ready`` every ms or so; fails after 60 s."""
     with open(log, "ab") as fh:
         t0 = time.perf_counter()
-        proc = subprocess.Popen(argv, stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, env=env)
+        proc = subprocess.Popen(
+            argv, stdout=fh, stderr=fh, stdin=subprocess.DEVNULL, env=env, cwd=NEUTRAL_CWD
+        )
     deadline = t0 + 60
     while not ready():
         if proc.poll() is not None or time.perf_counter() > deadline:
@@ -268,7 +273,7 @@ def python_floor(runs: int) -> tuple[float, float, float]:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", "pass"], check=True)
+        subprocess.run([sys.executable, "-c", "pass"], check=True, cwd=NEUTRAL_CWD)
         times.append(time.perf_counter() - t0)
     return min(times), median(times), import_rss([])
 
@@ -277,7 +282,12 @@ def import_rss(modules: Sequence[str]) -> float:
     code = "".join(f"import {m}\n" for m in modules)
     code += "print(open('/proc/self/status').read().split('VmRSS:')[1].split()[0])\n"
     out = subprocess.run(
-        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=child_env()
+        [sys.executable, "-c", code],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=NEUTRAL_CWD,
     )
     return int(out.stdout.strip()) / 1024
 
@@ -288,7 +298,7 @@ def import_cost(modules: Sequence[str], runs: int) -> tuple[float, float]:
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-c", code], check=True, env=child_env())
+        subprocess.run([sys.executable, "-c", code], check=True, env=child_env(), cwd=NEUTRAL_CWD)
         times.append(time.perf_counter() - t0)
     return min(times), import_rss(modules)
 
@@ -320,7 +330,11 @@ def help_time(runs: int) -> tuple[float, float]:
     for _ in range(runs):
         t0 = time.perf_counter()
         subprocess.run(
-            edgegw_argv("--help"), check=True, stdout=subprocess.DEVNULL, env=child_env()
+            edgegw_argv("--help"),
+            check=True,
+            stdout=subprocess.DEVNULL,
+            env=child_env(),
+            cwd=NEUTRAL_CWD,
         )
         times.append(time.perf_counter() - t0)
     return min(times), median(times)
