@@ -79,6 +79,9 @@ def test_a_local_bucket_gateway_loads_no_optional_package(tmp_path: Path) -> Non
     assert not modules & set(unused)
     # crc32c's C function without the package (its __init__ loads these two).
     assert not modules & {"crc32c", "importlib.metadata", "argparse"}
+    # prometheus_client loads at the first scrape of /metrics, not at start.
+    assert not _loaded(modules, ("prometheus_client",))
+    assert "edge_gateway.metrics" in modules
 
 
 def test_hypercorn_loads_only_when_it_is_the_server(tmp_path: Path) -> None:
