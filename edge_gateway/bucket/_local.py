@@ -239,8 +239,9 @@ class LocalBucket(Bucket):
         if not self._root.is_dir():
             raise NoSuchBucket(f"{where} is not a directory")
         # lost+found: the root of a freshly made filesystem is still empty;
-        # tmp/ and lock without objects/: another process is making the layout.
-        others = sorted(set(os.listdir(self._root)) - {"lost+found", "tmp", "lock"})
+        # tmp/ and lock (and objects/, made since we looked): another process
+        # is making the layout -- two gateways started at once on a new bucket.
+        others = sorted(set(os.listdir(self._root)) - {"lost+found", "tmp", "lock", "objects"})
         if others:
             raise NoSuchBucket(
                 f"{where} is not a bucket directory (it has no objects/, but holds "

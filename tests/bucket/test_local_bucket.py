@@ -343,3 +343,38 @@ async def test_a_vanished_objects_directory_is_not_made_again(tmp_path: Path) ->
         with pytest.raises(BucketGone):
             await bucket.put("regions/r/log/2", b"two", if_none_match=True)
     assert not (root / "objects").exists()
+
+
+def test_a_layout_made_by_another_opener_meanwhile_is_not_foreign(tmp_path: Path) -> None:
+    # Two gateways started at once on a new, empty bucket directory: one saw no
+    # objects/ and looks at the directory just after the other made the layout.
+    root = tmp_path / "b"
+    root.mkdir()
+    for name in ("objects", "tmp"):
+        (root / name).mkdir()
+    (root / "lock").touch()
+    LocalBucket(root)._check_new_root(create=True)  # not "holds objects"
+    (root / "data.csv").touch()
+    with pytest.raises(NoSuchBucket, match=r"holds data\.csv"):
+        LocalBucket(root)._check_new_root(create=True)
+
+
+def test_many_processes_opening_a_new_bucket_at_once_all_succeed(tmp_path: Path) -> None:
+    opener = (
+        "import sys, trio\n"
+        "from edge_gateway.bucket import LocalBucket\n"
+        "async def main():\n"
+        "    b = await LocalBucket.open(sys.argv[1], create=True)\n"
+        "    await b.aclose()\n"
+        "trio.run(main)\n"
+    )
+    for round_ in range(3):
+        root = tmp_path / f"b{round_}"
+        root.mkdir()
+        procs = [
+            subprocess.Popen([sys.executable, "-c", opener, str(root)], stderr=subprocess.PIPE)
+            for _ in range(6)
+        ]
+        for p in procs:
+            _, err = p.communicate(timeout=60)
+            assert p.returncode == 0, err.decode()
