@@ -39,12 +39,9 @@ Ack = Literal["local", "shipped"]
 MAX_VALUE_DEPTH: Final = 64
 #: A produce body wraps values in three levels: ``{"records": [{"value": ...}]}``.
 MAX_BODY_DEPTH: Final = MAX_VALUE_DEPTH + 3
-_ESCAPE = re.compile(rb"\\.", re.DOTALL)
 _NOT_MARKS: Final = bytes(b for b in range(256) if b not in b'"[]{}')
 # a string once escapes and everything but quotes and brackets are gone
 _STRING = re.compile(rb'"[^"]*"')
-# an innermost pair: one pass removes every container holding no other container
-_LEAF_PAIR = re.compile(rb"\[\]|\{\}")
 
 
 def _reject_constant(name: str) -> Any:
@@ -55,15 +52,17 @@ def nesting_refusal(body: bytes, limit: int) -> str | None:
     """Why the JSON text ``body`` may not be parsed: it nests arrays and objects deeper
     than ``limit``, or its quotes and brackets do not pair up; None when neither.
 
-    No recursion whatever the depth, and C speed: the body is cut down to its
-    brackets outside strings, then innermost pairs are removed pass by pass.
-    Text that passes may still be invalid JSON (the parser says why, within
-    ``limit`` levels of recursion).
+    No recursion whatever the depth, and C speed (``bytes`` methods): the body
+    is cut down to its brackets outside strings, then innermost pairs are
+    removed one level per pass. Text that passes may still be invalid JSON
+    (the parser says why, within ``limit`` levels of recursion).
     """
     if body.count(b"[") + body.count(b"{") <= limit:  # the common case: one look
         return None
     if b"\\" in body:
-        body = _ESCAPE.sub(b"", body)
+        # Escaped backslashes first (left to right, a run of them pairs up as
+        # JSON reads it), then escaped quotes; other escapes keep no mark.
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
     marks = body.translate(None, _NOT_MARKS)
     # Drop strings: quotes alternate open/close, so removing adjacent quotes (an
     # empty string, or the end of one string and the start of the next, with
@@ -71,23 +70,15 @@ def nesting_refusal(body: bytes, limit: int) -> str | None:
     marks = marks.replace(b'""', b"")
     if b'"' in marks:
         marks = _STRING.sub(b"", marks)
-    # Quick passes: each removes one or two levels (``{[]}`` goes at once), so
-    # emptied in limit // 2 of them is within the limit.
-    quick = marks
-    for _ in range(limit // 2):
-        quick = quick.replace(b"[]", b"").replace(b"{}", b"")
-    if not quick:
-        return None
-    # Exact passes: each removes exactly one level (re.sub does not rescan).
+    # One level per pass: innermost pairs become a placeholder, so a pair that
+    # only their removal makes adjacent (``{[]}``) waits for the next pass.
     for _ in range(limit):
+        fewer = marks.replace(b"[]", b"L").replace(b"{}", b"L")
+        if fewer == marks:
+            return None if not marks else "is not valid JSON: its quotes or brackets do not pair up"
+        marks = fewer.replace(b"L", b"")
         if not marks:
             return None
-        fewer = _LEAF_PAIR.sub(b"", marks)
-        if len(fewer) == len(marks):
-            return "is not valid JSON: its quotes or brackets do not pair up"
-        marks = fewer
-    if not marks:
-        return None
     return f"nests arrays and objects more than {limit} levels deep"
 
 
