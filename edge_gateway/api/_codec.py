@@ -73,12 +73,14 @@ def nesting_refusal(body: bytes, limit: int) -> str | None:
     # One level per pass: innermost pairs become a placeholder, so a pair that
     # only their removal makes adjacent (``{[]}``) waits for the next pass.
     for _ in range(limit):
-        fewer = marks.replace(b"[]", b"L").replace(b"{}", b"L")
-        if fewer == marks:
-            return None if not marks else "is not valid JSON: its quotes or brackets do not pair up"
-        marks = fewer.replace(b"L", b"")
         if not marks:
             return None
+        fewer = marks.replace(b"[]", b"L").replace(b"{}", b"L")
+        if fewer == marks:
+            return "is not valid JSON: its quotes or brackets do not pair up"
+        marks = fewer.replace(b"L", b"")
+    if not marks:
+        return None
     return f"nests arrays and objects more than {limit} levels deep"
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from _api_support import make_config, running, url_of
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from edge_gateway.api._codec import MAX_BODY_DEPTH, MAX_VALUE_DEPTH, nesting_refusal
@@ -57,6 +57,7 @@ VALUES = st.recursive(
 
 @settings(max_examples=400, deadline=None)
 @given(VALUES, st.integers(0, 6), st.booleans())
+@example("[", 0, False)  # brackets only inside a string, limit 0
 def test_the_scan_counts_depth_exactly(value: Any, limit: int, ascii_only: bool) -> None:
     for text in (
         json.dumps(value, ensure_ascii=ascii_only),
