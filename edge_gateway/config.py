@@ -43,6 +43,7 @@ __all__ = [
     "ClockConfig",
     "GatewayConfig",
     "GcSettings",
+    "LinkConfig",
     "LogConfig",
     "MetadataSettings",
     "MirrorConfig",
@@ -130,6 +131,21 @@ class BucketConfig:
 
     def local_path(self, data_dir: Path) -> Path:
         return Path(self.path) if self.path else data_dir / "bucket"
+
+
+@dataclass(frozen=True, slots=True)
+class LinkConfig:
+    """``[link]``: the site's link to the bucket (``edge_gateway.bucket.LinkMeter``)."""
+
+    #: Cap on object bytes moved to and from the bucket per second, uploads
+    #: and downloads together (``"4MB"``, ``"512KiB"``); 0: no cap.
+    max_bytes_per_s: int = 0
+
+    def __post_init__(self) -> None:
+        if self.max_bytes_per_s < 0:
+            raise ConfigError("link.max_bytes_per_s must be >= 0 (0: no cap)")
+        if 0 < self.max_bytes_per_s < 1024:
+            raise ConfigError("link.max_bytes_per_s must be at least 1KiB/s (or 0: no cap)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,6 +365,7 @@ class GatewayConfig:
     journal: JournalConfig = field(default_factory=JournalConfig)
     shipper: ShipperConfig = field(default_factory=ShipperConfig)
     bucket: BucketConfig = field(default_factory=BucketConfig)
+    link: LinkConfig = field(default_factory=LinkConfig)
     mirror: MirrorConfig = field(default_factory=MirrorConfig)
     gc: GcSettings = field(default_factory=GcSettings)
     clock: ClockConfig = field(default_factory=ClockConfig)
@@ -579,6 +596,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "journal": JournalConfig,
     "shipper": ShipperConfig,
     "bucket": BucketConfig,
+    "link": LinkConfig,
     "mirror": MirrorConfig,
     "gc": GcSettings,
     "clock": ClockConfig,
@@ -670,7 +688,7 @@ def _convert(value: object, hint: Any, key: str) -> Any:
             raise ConfigError(f"{key}: must be true or false, not {value!r}")
         return value
     if hint is int:
-        if isinstance(value, str) and key.endswith("bytes"):
+        if isinstance(value, str) and key.endswith(("bytes", "bytes_per_s")):
             return _size(value, key)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"{key}: must be an integer, not {value!r}")
@@ -769,6 +787,11 @@ type = "local"
 # access_key = ""             # or the standard AWS credential chain (read again
 # secret_key = ""             #   when refused); better: EDGEGW_BUCKET_SECRET_KEY
 # profile = ""                # e.g. one with a credential_process (docs/operations.md)
+
+[link]
+# The site's link to the bucket. A cap paces uploads and downloads together;
+# bytes moved per day and month are metrics (edgegw_link_*) and in status.
+# max_bytes_per_s = 0         # e.g. "4MB" (4,000,000 B/s); 0: no cap
 
 [mirror]
 # poll_interval_ms = 100

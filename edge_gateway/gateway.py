@@ -24,6 +24,7 @@ in the journal, so a later restart resumes exactly where it stopped).
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import functools
 import itertools
@@ -40,7 +41,15 @@ from typing import TYPE_CHECKING, Any, Literal
 import crc32c
 import trio
 
-from edge_gateway.bucket import Bucket, BucketUnavailable, LocalBucket, NoSuchBucket, S3Bucket
+from edge_gateway.bucket import (
+    Bucket,
+    BucketUnavailable,
+    LinkMeter,
+    LocalBucket,
+    MeteredBucket,
+    NoSuchBucket,
+    S3Bucket,
+)
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
     GatewayConfig,
@@ -67,7 +76,7 @@ from edge_gateway.journal import Journal, JournalStats, open_journal
 from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
-from edge_gateway.shipper import Shipper
+from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.supervisor import Supervisor, TaskHealth
 
 if TYPE_CHECKING:
@@ -217,6 +226,7 @@ class Gateway:
         self._gc_paused: str | None = None
         #: This gateway's clock against the bucket's (fed by the shipper's writes).
         self._bucket_clock = BucketClock(config.clock)
+        self._link: LinkMeter | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
         self._ready_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -557,7 +567,21 @@ class Gateway:
         """Run ``fn(gateway, task_status=...)`` as a long-lived task once the core is up."""
         self._services.append((name, fn))
 
+    @property
+    def link(self) -> LinkMeter:
+        """The site's link to the bucket: cap and bytes per day/month (``[link]``)."""
+        if self._link is None:
+            self._link = LinkMeter(
+                self.config.link.max_bytes_per_s,
+                usage_path=self.config.data_dir / "link-usage.json",
+            )
+        return self._link
+
     async def open_bucket(self, *, create: bool | None = None) -> Bucket:
+        """The configured bucket behind this gateway's :attr:`link` (see :meth:`open_store`)."""
+        return MeteredBucket(await self.open_store(create=create), self.link)
+
+    async def open_store(self, *, create: bool | None = None) -> Bucket:
         """Open the configured bucket; :class:`NoSuchBucket` if it is not there.
 
         ``create`` says whether a missing local bucket may be made. ``None``
@@ -599,6 +623,22 @@ class Gateway:
         # The default location is made on first start; an existing directory
         # gets the layout only if it is empty (else it must be a bucket).
         return await LocalBucket.open(path, create=True)
+
+    def _shipper_config(self) -> ShipperConfig:
+        """``[shipper]``; with a link cap, objects of about one second of it.
+
+        A capped link moves each object in one slot (see ``LinkMeter``), at
+        the line's speed: objects of many seconds of the cap would use the
+        link in bursts. So objects are at most ``max(1 MiB, cap)`` bytes
+        (never more than configured): evenly used, not too many requests.
+        """
+        cfg, cap = self.config.shipper, self.config.link.max_bytes_per_s
+        if not cap:
+            return cfg
+        size = max(1 << 20, cap)
+        first = min(cfg.max_object_bytes, size)
+        backlog = max(first, min(cfg.backlog_object_bytes, size))
+        return dataclasses.replace(cfg, max_object_bytes=first, backlog_object_bytes=backlog)
 
     def _met_bucket(self) -> bool:
         """Whether this data directory's shipper has claimed its region before.
@@ -677,7 +717,7 @@ class Gateway:
                 journal,
                 self._bucket,
                 self.region,
-                config=cfg.shipper,
+                config=self._shipper_config(),
                 prefix=self.key_prefix,
                 on_commit=agent.report_head if agent is not None else None,
                 bucket_clock=self._bucket_clock,
@@ -1105,6 +1145,19 @@ class Gateway:
             t.subscribers,
         )
 
+    def _link_json(self) -> dict[str, Any]:
+        k = self.link.statistics()
+        return {
+            "cap_bytes_per_s": k.cap_bytes_per_s,
+            "up_bytes": k.up_bytes,
+            "down_bytes": k.down_bytes,
+            "waited_s": round(k.waited_s, 3),
+            "day": k.day,
+            "day_bytes": k.day_bytes,
+            "month": k.month,
+            "month_bytes": k.month_bytes,
+        }
+
     def metadata_status(self) -> dict[str, Any]:
         """Where the topology comes from: ``static``, or the metadata server's state."""
         if self._metadata is None:
@@ -1140,6 +1193,9 @@ class Gateway:
                 "appends": j.appends,
                 "fsyncs": j.fsyncs,
                 "full_rejections": j.full_rejections,
+                "index_bytes": j.index_memory_bytes,
+                "index_cache_bytes": j.index_cache_bytes,
+                "index_cache_capacity_bytes": j.index_cache_capacity_bytes,
             },
             "shipper": {
                 "state": s.state,
@@ -1157,6 +1213,7 @@ class Gateway:
                 "last_error": s.last_error,
             },
             "mirrors": {src: _tailer_json(t) for src, t in sorted(self.tailers.items())},
+            "link": self._link_json(),
             "metadata": self.metadata_status(),
             "gc": {
                 "runs": self._gc_runs,

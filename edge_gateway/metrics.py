@@ -17,13 +17,17 @@ Families (``_total`` is added to counters by the exposition format):
   fsync_seconds_max, full_rejections_total; the filesystem under it:
   disk_free_bytes, disk_size_bytes, disk_full (0/1), disk_full_rejections_total,
   disk_full_episodes_total, segments_deleted_for_space_total, failed (0/1: intake
-  stopped after a failed fsync or EIO)
+  stopped after a failed fsync or EIO); the read index: index_bytes (RAM),
+  index_cache_bytes, index_cache_hits_total, index_cache_misses_total
 * ``edgegw_shipper_*``: claimed, epoch, next_seq, shipped_lsn, pending_lsns,
   oldest_unshipped_age_seconds, objects_total, fences_total, manifests_total,
   records_total, bytes_total (journal bytes shipped), wire_bytes_total
   (compressed object bytes), retries_total, upload_seconds_total,
   last_ship_timestamp_seconds, state{state} (1 for the one the shipper is in:
   starting, shipping, retrying, denied)
+* ``edgegw_link_bytes_total{direction}`` (up, down), ``edgegw_link_bytes_today``,
+  ``edgegw_link_bytes_this_month`` (local day and month, kept across restarts),
+  ``edgegw_link_cap_bytes_per_second``, ``edgegw_link_wait_seconds_total``
 * ``edgegw_bucket_denied{component,code}``: 1 for each component the bucket
   refuses (``shipper``, ``mirror <source>``) with the store's error code
   (``InvalidAccessKeyId``, ``NoSuchBucket``...); absent while none is. A
@@ -223,6 +227,7 @@ class _GatewayCollector(Collector):
                 gw.uptime_s,
             )
         yield from self._clock(gw)
+        yield from self._link(gw)
         try:
             stats = gw.journal.statistics()
             gw.shipper  # noqa: B018 - raises ClosedError when not running
@@ -333,6 +338,27 @@ class _GatewayCollector(Collector):
             j.segments_deleted_for_space,
         )
         yield _gauge(
+            "edgegw_journal_index_bytes",
+            "RAM held by the journal's read index (the active segment's, sealed segments' "
+            "summaries, the index cache); bounded by the configuration (docs/journal.md).",
+            j.index_memory_bytes,
+        )
+        yield _gauge(
+            "edgegw_journal_index_cache_bytes",
+            "Pages of sealed segments' index files in the cache (journal.index_cache_bytes).",
+            j.index_cache_bytes,
+        )
+        yield _counter(
+            "edgegw_journal_index_cache_hits",
+            "Index page lookups served from the cache.",
+            j.index_cache_hits,
+        )
+        yield _counter(
+            "edgegw_journal_index_cache_misses",
+            "Index page lookups read from an index file.",
+            j.index_cache_misses,
+        )
+        yield _gauge(
             "edgegw_journal_failed",
             "1 once intake stopped after a failed fsync or a write error (EIO): restart "
             "the gateway after checking the disk.",
@@ -425,6 +451,39 @@ class _GatewayCollector(Collector):
             "1 while bucket GC deletes nothing because this gateway's clock is off "
             "(clock.gc_pause_skew_ms).",
             1 if gw.bucket_clock.gc_pause_reason() else 0,
+        )
+
+    @staticmethod
+    def _link(gw: Gateway) -> Iterator[Metric]:
+        """The site's link to the bucket (``[link]``, ``edge_gateway.bucket.LinkMeter``)."""
+        k = gw.link.statistics()
+        moved = CounterMetricFamily(
+            "edgegw_link_bytes",
+            "Object bytes moved to (up) and from (down) the bucket since start.",
+            labels=["direction"],
+        )
+        moved.add_metric(["up"], k.up_bytes)
+        moved.add_metric(["down"], k.down_bytes)
+        yield moved
+        yield _gauge(
+            "edgegw_link_bytes_today",
+            "Object bytes moved to and from the bucket this local day (kept across restarts).",
+            k.day_bytes,
+        )
+        yield _gauge(
+            "edgegw_link_bytes_this_month",
+            "Object bytes moved to and from the bucket this local month (kept across restarts).",
+            k.month_bytes,
+        )
+        yield _gauge(
+            "edgegw_link_cap_bytes_per_second",
+            "link.max_bytes_per_s: the cap on bucket traffic (0: none).",
+            k.cap_bytes_per_s,
+        )
+        yield _counter(
+            "edgegw_link_wait_seconds",
+            "Seconds transfers waited for their slot under the link cap.",
+            k.waited_s,
         )
 
     @staticmethod

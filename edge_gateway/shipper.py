@@ -47,6 +47,8 @@ fewer, larger objects ship the same journal in fewer requests.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import logging
 import math
@@ -71,7 +73,7 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.clock import BucketClock
-from edge_gateway.errors import BucketLost, ConfigError, CorruptData, Fenced, InvalidInput
+from edge_gateway.errors import BucketLost, ConfigError, CorruptData, DiskFull, Fenced, InvalidInput
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
@@ -333,6 +335,7 @@ class Shipper:
         return _WriterState(epoch, log_seq, log_lsn)
 
     def _save_writer_state(self, state: _WriterState) -> None:
+        """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
         tmp = self._state_path.with_suffix(".tmp")
         data = json.dumps(
             {
@@ -342,10 +345,19 @@ class Shipper:
                 "log_lsn": state.log_lsn,
             }
         ).encode()
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
+        try:
+            with open(tmp, "wb") as fh:
+                fh.write(data)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise DiskFull(
+                f"no room to write {self._state_path.name}: {exc.strerror or exc}"
+            ) from None
         os.replace(tmp, self._state_path)
         dfd = os.open(self._state_path.parent, os.O_RDONLY)
         try:
@@ -992,9 +1004,15 @@ class Shipper:
         del self._pending_manifest[: len(entries)]
         self._schedule.written(manifest.last_seq, self._mono_ms())
         last = entries[-1]
-        await trio.to_thread.run_sync(
-            self._save_writer_state, _WriterState(self._epoch, last.seq, last.last_lsn)
-        )
+        try:
+            await trio.to_thread.run_sync(
+                self._save_writer_state, _WriterState(self._epoch, last.seq, last.last_lsn)
+            )
+        except DiskFull as exc:
+            # What shipper.json keeps here only lets a restart notice a bucket
+            # that lost entries; the older state stays valid (it claims less).
+            # The next manifest writes it again.
+            log.info("shipper: %s; kept the previous state (the next manifest retries)", exc)
 
     async def _log_still_there(self, first_pending: int) -> bool:
         """Check, once per manifest, that the bucket still holds what we wrote.
@@ -1044,12 +1062,16 @@ class Shipper:
         while not self._claimed:
             try:
                 await self.claim()
-            except _RETRIED as exc:
+            except (*_RETRIED, DiskFull) as exc:
                 # The probe, the log's head and the fence all go through
                 # here: refused or away, the claim waits and tries again.
+                # So does the write-ahead of the epoch on a full disk (the
+                # journal deletes shipped segments to make room meanwhile).
                 self._last_error = f"claim: {exc}"
                 delay = backoff.next_delay(self._rand.random())
-                if isinstance(exc, AccessDenied):
+                if isinstance(exc, DiskFull):
+                    log.warning("shipper: cannot claim yet (%s); retrying in %.1fs", exc, delay)
+                elif isinstance(exc, AccessDenied):
                     self._denial.refused(exc)
                 else:
                     self._retrying = True

@@ -168,10 +168,6 @@ class Gateway:
         for name, values in sections.items():
             merged.setdefault(name, {}).update(values)
         merged["bucket"] = dict(bucket)
-        if bucket.get("type") == "local" and "path" in bucket:
-            # A configured bucket.path must exist (a missing one is refused as
-            # a likely typo); an empty directory becomes a bucket.
-            Path(str(bucket["path"])).mkdir(parents=True, exist_ok=True)
         lines = [f"region = {_toml_value(region)}", f"data_dir = {_toml_value(self.data_dir)}"]
         lines.append("shutdown_grace_s = 10.0")
         for name, values in merged.items():

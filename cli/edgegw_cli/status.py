@@ -44,6 +44,16 @@ def _disk(d: dict[str, Any]) -> Text:
     return Text(line)
 
 
+def _index_memory(j: dict[str, Any]) -> str:
+    """``; index 2.1 MiB in RAM (cache 1.0 of 1.0 MiB)`` (absent from an older gateway)."""
+    if "index_bytes" not in j:
+        return ""
+    return (
+        f"; index {human_bytes(j['index_bytes'])} in RAM (cache "
+        f"{human_bytes(j['index_cache_bytes'])} of {human_bytes(j['index_cache_capacity_bytes'])})"
+    )
+
+
 def _clock(c: dict[str, Any]) -> Text:
     """``ok, 0.4 s ahead of the bucket's clock`` (coloured when beyond the bounds)."""
     skew = c.get("skew_s")
@@ -81,6 +91,15 @@ def status(
     render(doc)
 
 
+def _link(k: dict[str, Any]) -> str:
+    """``capped at 4.0 MB/s; 1.2 GiB today, 30.5 GiB this month``."""
+    cap = k["cap_bytes_per_s"]
+    head = f"capped at {cap / 1e6:.1f} MB/s" if cap else "no cap"
+    return (
+        f"{head}; {human_bytes(k['day_bytes'])} today, {human_bytes(k['month_bytes'])} this month"
+    )
+
+
 def render(doc: dict[str, Any]) -> None:
     j, s = doc["journal"], doc["shipper"]
     head = Table(title=f"edgegw {doc['version']} — region {doc['region']}", show_header=False)
@@ -105,7 +124,7 @@ def render(doc: dict[str, Any]) -> None:
     head.add_row(
         "journal",
         f"{human_bytes(j['bytes'])} of {human_bytes(j['max_bytes'])} ({j['segments']} segments), "
-        f"next LSN {j['next_lsn']}",
+        f"next LSN {j['next_lsn']}" + _index_memory(j),
     )
     disk = doc.get("disk")
     if disk:
@@ -120,6 +139,9 @@ def render(doc: dict[str, Any]) -> None:
     )
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
+    link = doc.get("link")
+    if link:
+        head.add_row("link", _link(link))
     clock = doc.get("clock")
     if clock:
         head.add_row("clock", _clock(clock))

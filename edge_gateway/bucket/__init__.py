@@ -8,7 +8,9 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
   Ceph, moto's server), configured by :class:`S3Config`;
 * :class:`LocalBucket` — a local or shared-mount directory, the embedded default;
 * :class:`FaultyBucket` — wraps either and injects outages, latency, errors
-  and lost responses, for tests.
+  and lost responses, for tests;
+* :class:`MeteredBucket` — wraps either with the site's :class:`LinkMeter`
+  (a bandwidth cap, bytes per day and month).
 
 :func:`verify_conditional_create` refuses stores that ignore create-only puts,
 because fencing depends on them. :class:`DenialTracker` keeps (and logs) a
@@ -39,6 +41,7 @@ from edge_gateway.bucket._errors import (
     denied_action,
 )
 from edge_gateway.bucket._faulty import FaultyBucket
+from edge_gateway.bucket._link import LinkMeter, LinkStatistics, MeteredBucket
 from edge_gateway.bucket._local import LocalBucket
 from edge_gateway.bucket._probe import probe_key, verify_conditional_create
 from edge_gateway.bucket._s3 import S3Bucket, S3Config
@@ -57,7 +60,10 @@ __all__ = [
     "FaultyBucket",
     "GetResult",
     "InvalidRequest",
+    "LinkMeter",
+    "LinkStatistics",
     "LocalBucket",
+    "MeteredBucket",
     "NoSuchBucket",
     "NotFound",
     "ObjectInfo",

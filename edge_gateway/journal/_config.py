@@ -9,6 +9,8 @@ from edge_gateway.errors import ConfigError
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
+#: The index cache keeps at least 8 pages (4 KiB each, counted with their overhead).
+INDEX_CACHE_MIN_BYTES = 8 * (4096 + 320)
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -66,6 +68,11 @@ class JournalConfig:
     #: "emergency ballast", as CockroachDB keeps). 0 turns it off. Not
     #: counted in ``max_bytes``. See docs/journal.md, "Disk full".
     reserve_bytes: int = 1 * MiB
+    #: RAM for pages of sealed segments' index files (an LRU; read with pread).
+    #: Sealed segments keep only a summary in memory and look entries up in
+    #: their index files through this cache; see docs/journal.md, "Memory",
+    #: for the bound on the journal's index memory.
+    index_cache_bytes: int = 1 * MiB
 
     def __post_init__(self) -> None:
         try:
@@ -89,6 +96,8 @@ class JournalConfig:
             raise ConfigError("journal.retention_ms must be >= 0")
         if self.reserve_bytes < 0:
             raise ConfigError("journal.reserve_bytes must be >= 0")
+        if self.index_cache_bytes < 0:
+            raise ConfigError("journal.index_cache_bytes must be >= 0")
         if self.retention_bytes is not None and self.retention_bytes < 0:
             raise ConfigError("journal.retention_bytes must be >= 0")
 
@@ -97,6 +106,26 @@ class JournalConfig:
         if self.inline_fsync is None:
             return self.fsync is FsyncPolicy.ALWAYS
         return self.inline_fsync
+
+    def index_memory_bound(self, segments: int, partitions: int) -> int:
+        """Bytes of RAM the journal's read index stays under (docs/journal.md, "Memory").
+
+        For a journal of ``segments`` segment files and ``partitions``
+        partitions: the active segment's index (24 bytes per entry, an entry
+        is at least 97 bytes, arrays over-allocate: 0.3 x segment_bytes), per
+        segment a summary (1.5 KiB, and 48 bytes per partition with entries
+        in it), per partition 1.5 KiB, and the index cache. (tracemalloc: a
+        sealed segment's objects take ~1.1 KiB, a partition's ~1 KiB.) Index files that a
+        full disk kept from being written are held in memory on top of this
+        (24 bytes per entry of those segments) until they are written.
+        """
+        cache = max(self.index_cache_bytes, INDEX_CACHE_MIN_BYTES)
+        return (
+            self.segment_bytes * 3 // 10
+            + segments * (1536 + 48 * partitions)
+            + partitions * 1536
+            + cache
+        )
 
     @property
     def effective_retention_bytes(self) -> int:

@@ -2,7 +2,8 @@
 
 Every system call the journal makes to write, sync, create, rename, resize
 or map its files goes through the module-level object
-``edge_gateway.journal._journal._fs``, an instance of :class:`FileOps`. A
+``edge_gateway.journal._fs.ops``, an instance of :class:`FileOps` (every
+journal module calls ``_fs.ops.<call>``, so one swap covers them all). A
 test swaps it for a subclass that fails the N-th call of a kind with
 ``ENOSPC`` or ``EIO`` (as SQLite's I/O-error tests and LevelDB's
 fault-injection ``Env`` do) and checks that the journal keeps its promises.
@@ -60,3 +61,7 @@ def write_all(fs: FileOps, fd: int, data: bytes) -> None:
     while view:
         n = fs.write(fd, view)  # type: ignore[arg-type]
         view = view[n:]
+
+
+#: The file operations of every journal module (a test swaps this object to inject faults).
+ops: FileOps = FileOps()

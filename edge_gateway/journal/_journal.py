@@ -29,24 +29,32 @@ Invariants (the tests check each one):
   durable: the kernel may have dropped the dirty pages (PostgreSQL's
   "fsyncgate"). Reads and shipping of the durable entries go on.
 
-Every system call that writes goes through ``_fs`` (``_fs.py``), the seam
-the fault-injection tests swap.
+* Only the active segment's read index is in memory. A sealed segment's is in
+  its index file (written atomically at the seal, rebuilt from the segment if
+  missing or damaged), read through one bounded cache, so the index's memory
+  is bounded by the configuration, not by the backlog (docs/journal.md,
+  "Memory"); until a full disk lets the file be written, its bytes are read
+  from memory.
+
+The parts, as in Kafka's log: ``_segment.py`` (a segment file),
+``_index.py`` (its index file and the cache), ``_recovery.py`` (the open's
+scan), ``_space.py`` (the filesystem: disk full, the reserve file); this
+module orchestrates them. Every system call that writes goes through
+``_fs.ops`` (``_fs.py``), the seam the fault-injection tests swap.
 """
 
 from __future__ import annotations
 
 import bisect
 import contextlib
-import errno
 import logging
-import mmap
 import os
-import re
 import struct
+import sys
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,15 +76,25 @@ from edge_gateway.errors import (
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
+from edge_gateway.journal import _fs
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
-from edge_gateway.journal._fs import FileOps, write_all
-from edge_gateway.journal._index import SegmentIndex
+from edge_gateway.journal._index import (
+    IndexCache,
+    IndexFile,
+    IntSequence,
+    PartitionRun,
+    SegmentIndex,
+    file_version,
+)
+from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
+from edge_gateway.journal._segment import Segment, segment_name, write_atomically
+from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
 from edge_gateway.names import validate_topic
+
+__all__ = ["RESERVE_NAME", "Appended", "Journal", "JournalStats", "OffsetOutOfRange"]
 
 log = logging.getLogger("edgegw.journal")
 
-_SEGMENT_SUFFIX: Final = ".wal"
-_INDEX_SUFFIX: Final = ".idx"
 _MAX_PARTITION: Final = 2**31 - 1
 _READ_FD_CACHE: Final = 32
 # Entries up to this size are assembled into one bytes object and copied into
@@ -86,31 +104,14 @@ _SMALL_WRITE: Final = 16 * 1024
 _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
 _NO_WATCH: Final = 2**63
-#: The file operations (a test swaps this object to inject faults; see _fs.py).
-_fs: FileOps = FileOps()
-#: errno values that mean "no room": the write is undone and may be retried later.
-_NO_ROOM: Final = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-#: The file the journal deletes to roll over on a full disk (see JournalConfig.reserve_bytes).
-RESERVE_NAME: Final = "space.reserve"
+_MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
+#: RAM of one segment's summary beyond its arrays: the Segment, its paths, its
+#: IndexFile, its slots in the journal's lists (~1.1 KiB measured with
+#: tracemalloc, rounded up; see docs/journal.md "Memory")
+_SEGMENT_MEMORY: Final = 1280
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
-#: A disk found full again within this many seconds continues the last episode
-#: (no second WARNING): typically another process took the room the journal made.
-_EPISODE_GAP_S: Final = 60.0
-#: Segments roll at no more than this fraction of the filesystem (a small disk
-#: gets segments small enough that shipped ones can be deleted to make room).
-_SEGMENTS_PER_DISK: Final = 16
-_MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
-_MAX_ENTRY: Final = fentry.MAX_ENTRY_BYTES
-_NONZERO = re.compile(rb"[^\x00]")
-
-
-def _scan_struct(topic_len: int) -> struct.Struct:
-    """An entry's header, topic and batch header (fentry.ENTRY_HEADER + topic + fbatch header)."""
-    return struct.Struct(f"<IIQBBHIqIq{topic_len}sIBBHqIIqq")
-
-
 _crc = crc32c.crc32c
 _time_ns = time.time_ns
 _new_appended = tuple.__new__
@@ -176,29 +177,16 @@ class JournalStats:
     segments_deleted_for_space: int = 0
     #: why intake stopped for good (a failed fsync, EIO), or None
     failed: str | None = None
-
-
-@dataclass(slots=True)
-class _Segment:
-    base_lsn: int
-    path: Path
-    size: int
-    last_append_time: int
-    positions: array[int] = field(default_factory=lambda: array("q"))
-    fd: int | None = None  # the write fd (active segment only)
-    #: a shared map of the preallocated file (active segment only, see JournalConfig.preallocate)
-    mm: mmap.mmap | None = None
-    #: entries that end at or before this byte may be copied into ``mm``
-    mm_end: int = 0
-
-    @property
-    def end_lsn(self) -> int:
-        """One past the last LSN in this segment."""
-        return self.base_lsn + len(self.positions)
-
-    @property
-    def index_path(self) -> Path:
-        return self.path.with_suffix(_INDEX_SUFFIX)
+    #: RAM held by the read index: the active segment's, the sealed segments'
+    #: summaries, index files not written yet, and the index cache (see
+    #: docs/journal.md, "Memory")
+    index_memory_bytes: int = 0
+    #: of which pages of index files in the cache, and its capacity
+    index_cache_bytes: int = 0
+    index_cache_capacity_bytes: int = 0
+    #: index page lookups served from the cache, and read from the file
+    index_cache_hits: int = 0
+    index_cache_misses: int = 0
 
 
 @dataclass(slots=True)
@@ -206,14 +194,38 @@ class _Partition:
     topic: str
     partition: int
     next_offset: int = 0
+    #: LSNs and base offsets of its data entries in the active segment
     lsns: array[int] = field(default_factory=lambda: array("q"))
     offsets: array[int] = field(default_factory=lambda: array("q"))
     lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
     waiters: int = 0
+    # Per sealed segment holding its entries, oldest first (32 bytes each):
+    # the segment's base LSN, the first base offset in it, and where its run
+    # of (LSNs, base offsets) is in the index file, and how long.
+    seg_bases: array[int] = field(default_factory=lambda: array("q"))
+    seg_first: array[int] = field(default_factory=lambda: array("q"))
+    seg_at: array[int] = field(default_factory=lambda: array("q"))
+    seg_count: array[int] = field(default_factory=lambda: array("q"))
 
     @property
     def first_offset(self) -> int:
+        if self.seg_first:
+            return self.seg_first[0]
         return self.offsets[0] if self.offsets else self.next_offset
+
+    def memory(self) -> int:
+        """Bytes of its index arrays (allocated, so over-allocation included)."""
+        return sum(
+            sys.getsizeof(a)
+            for a in (
+                self.lsns,
+                self.offsets,
+                self.seg_bases,
+                self.seg_first,
+                self.seg_at,
+                self.seg_count,
+            )
+        )
 
 
 @dataclass(slots=True)
@@ -231,24 +243,16 @@ class _Topic:
     partitions: dict[int, _Partition] = field(default_factory=dict)
 
 
-def _segment_name(base_lsn: int) -> str:
-    return f"{base_lsn:020d}{_SEGMENT_SUFFIX}"
-
-
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
 def _fsync_dir(path: Path) -> None:
-    fd = _fs.open(path, os.O_RDONLY)
+    fd = _fs.ops.open(path, os.O_RDONLY)
     try:
-        _fs.fsync(fd)
+        _fs.ops.fsync(fd)
     finally:
-        _fs.close(fd)
-
-
-def _no_room(exc: OSError) -> bool:
-    return exc.errno in _NO_ROOM
+        _fs.ops.close(fd)
 
 
 class Journal:
@@ -263,7 +267,7 @@ class Journal:
     def __init__(self, path: Path, config: JournalConfig) -> None:
         self.path = path
         self.config = config
-        self._segments: list[_Segment] = []
+        self._segments: list[Segment] = []
         self._segment_bases: list[int] = []
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._sources: dict[str, SourceCoords] = {}
@@ -298,19 +302,12 @@ class Journal:
         self._closed = False
         #: why intake stopped for good (a failed fsync, EIO); reads go on
         self._broken: str | None = None
-        # A full disk: one episode from the first refused write until space returns.
-        self._full_since: float | None = None
-        self._full_ended = -float(_EPISODE_GAP_S)
-        #: free bytes that end the episode (twice the refused write, and the reserve)
-        self._full_resume_at = 0
-        self._disk_full_rejections = 0
-        self._disk_full_episodes = 0
-        self._full_episode_rejections = 0
-        self._full_episode_deleted = 0
-        self._deleted_for_space = 0
+        #: the filesystem: free space, disk-full episodes, the reserve file
+        self._space = DiskSpace(path, config.reserve_bytes)
         #: sealed segments whose index file could not be written yet
-        self._unindexed: list[_Segment] = []
-        self._has_reserve = False
+        self._unindexed: list[Segment] = []
+        #: pages of sealed segments' index files (journal.index_cache_bytes)
+        self._index_cache = IndexCache(config.index_cache_bytes)
         self._deferred_close: list[int] = []
         self._read_fds: OrderedDict[int, int] = OrderedDict()
         self._durable_lot = trio.lowlevel.ParkingLot()
@@ -357,7 +354,7 @@ class Journal:
         try:
             j._lock = lock_directory(j.path, "journal")
         except OSError as exc:
-            kind = DiskFull if _no_room(exc) else Unavailable
+            kind = DiskFull if no_room(exc) else Unavailable
             raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
         j._next_lsn = start_lsn
         try:
@@ -367,10 +364,10 @@ class Journal:
             j._release_files()
             j._lock.release()
             if isinstance(exc, OSError):
-                kind = DiskFull if _no_room(exc) else Unavailable
+                kind = DiskFull if no_room(exc) else Unavailable
                 raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
             raise
-        j._keep_reserve()
+        j._space.keep_reserve()
         j._lsn_at_open = j._next_lsn
         j._open_seconds = time.perf_counter() - t0
         return j
@@ -384,16 +381,17 @@ class Journal:
                 seg.mm = None
             if seg.fd is not None:
                 with contextlib.suppress(OSError):
-                    _fs.close(seg.fd)
+                    _fs.ops.close(seg.fd)
                 seg.fd = None
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
+        self._index_cache.close()
 
     @property
     def is_new(self) -> bool:
         """True while the journal holds nothing but its first checkpoint."""
-        return len(self._segments) == 1 and len(self._segments[0].positions) == 1
+        return len(self._segments) == 1 and self._segments[0].entries == 1
 
     def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
         """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
@@ -411,8 +409,8 @@ class Journal:
         if old.mm is not None:
             old.mm.close()
         if old.fd is not None:
-            _fs.close(old.fd)
-        _fs.unlink(old.path)
+            _fs.ops.close(old.fd)
+        _fs.ops.unlink(old.path)
         self._total_bytes -= old.size
         self._partitions.clear()
         self._topics.clear()
@@ -427,53 +425,13 @@ class Journal:
         self._lsn_at_open = self._next_lsn
 
     def _fit_disk(self) -> None:
-        """Warn when the budget exceeds the disk; on a small disk, roll smaller segments.
-
-        A segment is the unit of deletion: on a disk smaller than a few
-        segments (a 20 MB card and the default 64 MiB), shipped data could
-        never be deleted to make room. Segments then roll at 1/16 of the
-        filesystem (at least 64 KiB).
-        """
-        free, size = self._disk_space()
-        if size <= 0:
-            return
-        cfg = self.config
-        fitted = max(64 * 1024, size // _SEGMENTS_PER_DISK // 4096 * 4096)
-        if fitted < self._segment_bytes:
-            self._segment_bytes = self._roll_at = fitted
-        if cfg.max_bytes + self._segment_bytes > size:
-            log.warning(
-                "journal: journal.max_bytes (%d) plus a segment exceeds the filesystem holding "
-                "%s (%d bytes, %d free): the disk fills before the budget does. When it is "
-                "full, shipped segments are deleted to make room and produce answers 503 "
-                "disk_full while none can be; segments roll at %d bytes. Set journal.max_bytes "
-                "below the space the journal may use.",
-                cfg.max_bytes,
-                self.path,
-                size,
-                free,
-                self._segment_bytes,
-            )
+        """Roll smaller segments on a small disk (see :meth:`DiskSpace.fit`)."""
+        self._segment_bytes = self._roll_at = self._space.fit(
+            self._segment_bytes, self.config.max_bytes
+        )
 
     def _recover(self, start: Checkpoint) -> None:
-        files = sorted(self.path.glob(f"*{_SEGMENT_SUFFIX}"))
-        bases: list[tuple[int, Path]] = []
-        for f in files:
-            try:
-                bases.append((int(f.stem), f))
-            except ValueError:
-                raise CorruptData("unexpected file in journal directory", where=str(f)) from None
-        # A segment created by a roll that crashed before its checkpoint became
-        # durable holds nothing acknowledged: drop it (only ever the last one).
-        while bases:
-            base, f = bases[-1]
-            if f.stat().st_size >= fentry.SEGMENT_HEADER_SIZE + fentry.ENTRY_HEADER_SIZE:
-                break
-            log.warning("journal: removing empty segment %s left by an interrupted roll", f)
-            _fs.unlink(f)
-            with contextlib.suppress(FileNotFoundError):
-                _fs.unlink(f.with_suffix(_INDEX_SUFFIX))
-            bases.pop()
+        bases = list_segments(self.path)
         if not bases:
             self._start_segment(self._next_lsn, start)
             self._apply_checkpoint(start)
@@ -491,245 +449,63 @@ class Journal:
         active = self._segments[-1]
         self._next_lsn = active.end_lsn
         self._durable_lsn = self._next_lsn - 1
-        active.fd = _fs.open(active.path, os.O_RDWR)
+        active.fd = _fs.ops.open(active.path, os.O_RDWR)
         self._map(active)
-        self._total_bytes += sum(s.size for s in self._segments)
+        self._total_bytes = sum(s.size for s in self._segments)
         self._total_bytes += sum(
             s.index_path.stat().st_size for s in self._segments[:-1] if s.index_path.exists()
         )
 
-    def _load_segment(self, base: int, path: Path, *, last: bool) -> _Segment:
+    def _load_segment(self, base: int, path: Path, *, last: bool) -> Segment:
         if not last:
-            idx_path = path.with_suffix(_INDEX_SUFFIX)
-            size = path.stat().st_size
-            try:
-                idx = SegmentIndex.decode(idx_path.read_bytes(), where=str(idx_path))
-                if idx.base_lsn != base or idx.size != size:
-                    raise CorruptData("index does not match its segment", where=str(idx_path))
-            except (OSError, CorruptData) as exc:
-                log.info("journal: rebuilding index of %s (%s)", path, exc)
-            else:
-                seg = _Segment(base, path, size, idx.last_append_time, idx.positions)
-                self._add_segment(seg)
-                for (topic, partition), (lsns, offsets) in idx.partitions.items():
-                    p = self._partition(topic, partition)
-                    p.lsns.extend(lsns)
-                    p.offsets.extend(offsets)
+            seg = self._load_indexed(base, path)
+            if seg is not None:
                 return seg
-        seg, checkpoint = self._scan_segment(base, path, last=last)
-        if not last:
-            self._index_sealed(seg)
-        del checkpoint
+        return self._add_scanned(scan_segment(base, path, last=last), last=last)
+
+    def _load_indexed(self, base: int, path: Path) -> Segment | None:
+        """A sealed segment from its index file (a version 1 file is converted); None to scan."""
+        seg = Segment(base, path, path.stat().st_size, 0)
+        idx_path = seg.index_path
+        try:
+            if file_version(idx_path) == 1:
+                old = SegmentIndex.decode_v1(idx_path.read_bytes(), where=str(idx_path))
+                if old.base_lsn != base or old.size != seg.size:
+                    raise CorruptData("index does not match its segment", where=str(idx_path))
+                log.info("journal: converting the index of %s to version 2", path.name)
+                seg.last_append_time = old.last_append_time
+                seg.positions = old.positions
+                self._add_segment(seg)
+                self._seal(seg, old.partitions)
+                return seg
+            f, seg.last_append_time, runs = IndexFile.open(
+                idx_path, self._index_cache, base_lsn=base, segment_size=seg.size
+            )
+        except (OSError, CorruptData) as exc:
+            log.info("journal: rebuilding index of %s (%s)", path, exc)
+            return None
+        seg.index = f
+        self._add_segment(seg)
+        self._add_runs(seg, runs)
         return seg
 
-    def _scan_segment(
-        self, base: int, path: Path, *, last: bool
-    ) -> tuple[_Segment, Checkpoint | None]:
-        """Verify every entry of a segment (CRC, LSN, structure) and index it.
-
-        The loop handles the common entry, DATA with a well-formed batch, with
-        one struct unpack and one CRC call and no object per entry: the
-        active segment of a journal of single records holds ~300,000 of them.
-        Anything else (the checkpoint, mirror entries, any doubt) goes through
-        :func:`fentry.decode_entry`, which makes the same checks and says
-        precisely what is wrong.
-        """
-        where = str(path)
-        buf = path.read_bytes()
-        size = len(buf)
-        if size == 0:
-            raise CorruptData("empty segment", where=where)
-        if fentry.decode_segment_header(buf[: fentry.SEGMENT_HEADER_SIZE], where=where) != base:
-            raise CorruptData("segment header LSN does not match its file name", where=where)
-        seg = _Segment(base, path, size, 0)
-        pos = fentry.SEGMENT_HEADER_SIZE
-        lsn = base
-        checkpoint: Checkpoint | None = None
-        positions = seg.positions
-        partitions = self._partitions
-        view = memoryview(buf)
-        crc = _crc
-        # One unpack per entry: entry header, topic and batch header together,
-        # with a struct per topic length (guessed from the previous entry).
-        structs: dict[int, struct.Struct] = {}
-        by_raw: dict[tuple[bytes, int], _Partition] = {}
-        tlen_guess = 0
-        unpack = structs.setdefault(0, _scan_struct(0)).unpack_from
-        head_size = structs[0].size
-        last_time = 0
-        while pos < size:
-            # ---- the fast path: a DATA entry whose every check passes
-            if size - pos >= head_size:
-                (
-                    length,
-                    stored,
-                    elsn,
-                    kind,
-                    flags,
-                    tlen,
-                    partition,
-                    boff,
-                    count,
-                    atime,
-                    traw,
-                    bl,
-                    ver,
-                    bfl,
-                    res,
-                    bbase,
-                    _,
-                    bcount,
-                    mn,
-                    mx,
-                ) = unpack(buf, pos)
-                if tlen != tlen_guess:  # another topic length: switch structs and retry
-                    tlen_guess = tlen
-                    head = structs.get(tlen) or structs.setdefault(tlen, _scan_struct(tlen))
-                    unpack, head_size = head.unpack_from, head.size
-                    continue
-                if (
-                    kind == 1
-                    and not flags
-                    and elsn == lsn
-                    and bl == length - 44 - tlen
-                    and 40 <= bl <= _MAX_BATCH
-                    and length <= _MAX_ENTRY
-                    and pos + length <= size
-                    and ver == 1
-                    and not bfl & ~3
-                    and not res
-                    and bbase == boff
-                    and bcount == count
-                    and count >= 1
-                    and count * ((bfl & 1) + ((bfl & 2) >> 1) + 3) * 4 <= bl - 40
-                    and mn <= mx
-                    and lsn != base
-                    and crc(view[pos + 8 : pos + length]) == stored
-                    and (
-                        (p := by_raw.get((traw, partition)))
-                        or (p := self._scan_partition(traw, partition, by_raw))
-                    )
-                ):
-                    positions.append(pos)
-                    if atime > last_time:  # noqa: PLR1730 (a compare is cheaper than max())
-                        last_time = atime
-                    p.lsns.append(lsn)
-                    p.offsets.append(boff)
-                    if boff + count > p.next_offset:  # noqa: PLR1730
-                        p.next_offset = boff + count
-                    pos += length
-                    lsn += 1
-                    continue
-            # ---- everything else
-            if fentry.is_zero_tail(buf, pos):
-                # Zeros to the end: the preallocated tail of an active segment.
-                seg.size = pos
-                if not last:
-                    self._cut(path, pos, "zero-filled tail")
-                break
-            try:
-                e = fentry.decode_entry(buf, pos, where=f"{where}@{pos}")
-                if e.lsn != lsn:
-                    raise CorruptData(
-                        f"LSN {e.lsn} where {lsn} was expected", where=f"{where}@{pos}"
-                    )
-            except CorruptData as exc:
-                if last and not self._valid_entry_follows(buf, pos, lsn):
-                    log.warning(
-                        "journal: truncating torn tail of %s at byte %d (%d bytes): %s",
-                        path,
-                        pos,
-                        size - pos,
-                        exc,
-                    )
-                    self._truncated_on_open += size - pos
-                    self._cut(path, pos, "")
-                    seg.size = pos
-                    break
-                raise CorruptData(
-                    f"corrupt entry in the middle of the journal ({exc.reason}); the entries "
-                    "after it are intact, so this is damage, not a torn write: restore the "
-                    "segment or move it aside",
-                    where=f"{where}@{pos}",
-                ) from None
-            if lsn == base:
-                if e.kind != fentry.KIND_CHECKPOINT:
-                    raise CorruptData("segment does not start with a checkpoint", where=where)
-                checkpoint = Checkpoint.decode(e.payload, where=f"{where}@{pos}")
-                if last:
-                    self._apply_checkpoint(checkpoint)
-            positions.append(pos)
-            last_time = max(last_time, e.append_time)
-            if e.count:
-                p = partitions.get((e.topic, e.partition)) or self._partition(e.topic, e.partition)
-                p.lsns.append(lsn)
-                p.offsets.append(e.base_offset)
-                p.next_offset = max(p.next_offset, e.next_offset)
-            if e.source is not None:
-                self._sources[e.source.region] = e.source
-            pos += e.length
-            lsn += 1
-        if not positions:
-            raise CorruptData("segment has no valid checkpoint entry", where=where)
-        seg.last_append_time = last_time
+    def _add_scanned(self, scanned: Scanned, *, last: bool) -> Segment:
+        """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
+        if last and scanned.checkpoint is not None:
+            self._apply_checkpoint(scanned.checkpoint)
+        for (topic, partition), sp in scanned.parts.items():
+            p = self._partition(topic, partition)
+            p.next_offset = max(p.next_offset, sp.next_offset)
+            if last:
+                p.lsns.extend(sp.lsns)
+                p.offsets.extend(sp.offsets)
+        self._sources.update(scanned.sources)
+        self._truncated_on_open += scanned.truncated
+        seg = scanned.segment
         self._add_segment(seg)
-        return seg, checkpoint
-
-    def _scan_partition(
-        self, topic_raw: bytes, partition: int, by_raw: dict[tuple[bytes, int], _Partition]
-    ) -> _Partition | None:
-        """The partition of a scanned entry, or None if its topic is not UTF-8."""
-        try:
-            topic = topic_raw.decode()
-        except UnicodeDecodeError:
-            return None
-        p = by_raw[(topic_raw, partition)] = self._partition(topic, partition)
-        return p
-
-    def _cut(self, path: Path, pos: int, what: str) -> None:
-        """Truncate a segment file at ``pos``, durably."""
-        if what:
-            log.info("journal: removing the %s of %s at byte %d", what, path, pos)
-        fd = _fs.open(path, os.O_RDWR)
-        try:
-            _fs.ftruncate(fd, pos)
-            _fs.fsync(fd)
-        finally:
-            _fs.close(fd)
-
-    @staticmethod
-    def _valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
-        """Whether any whole, valid entry with an LSN >= ``lsn`` starts after ``pos``.
-
-        If one does, the bad bytes at ``pos`` are corruption in the middle,
-        not a torn tail, and must not be truncated away. Runs of zeros (a
-        preallocated tail) are skipped at C speed.
-        """
-        size = len(buf)
-        last_start = size - fentry.ENTRY_HEADER_SIZE
-        if pos + 4 <= size:
-            n = fentry.peek_length(buf, pos)
-            if n >= fentry.ENTRY_HEADER_SIZE and pos + n <= last_start:
-                with contextlib.suppress(CorruptData):
-                    if fentry.decode_entry(buf, pos + n).lsn >= lsn:
-                        return True
-        start = pos + 1
-        while start <= last_start:
-            if not buf[start]:
-                # An entry's length field (>= 44) has a non-zero byte in its first 4.
-                m = _NONZERO.search(buf, start)
-                if m is None:
-                    return False
-                start = max(start, m.start() - 3)
-                if start > last_start:
-                    return False
-            cand_lsn = int.from_bytes(buf[start + 8 : start + 16], "little")
-            if lsn <= cand_lsn < lsn + (1 << 32):
-                with contextlib.suppress(CorruptData):
-                    fentry.decode_entry(buf, start)
-                    return True
-            start += 1
-        return False
+        if not last:
+            self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
+        return seg
 
     def _apply_checkpoint(self, cp: Checkpoint) -> None:
         for (topic, partition), next_offset in cp.next_offsets.items():
@@ -738,7 +514,7 @@ class Journal:
         for region, coords in cp.sources.items():
             self._sources.setdefault(region, coords)
 
-    def _add_segment(self, seg: _Segment) -> None:
+    def _add_segment(self, seg: Segment) -> None:
         self._active = seg
         self._segments.append(seg)
         self._segment_bases.append(seg.base_lsn)
@@ -753,36 +529,51 @@ class Journal:
                 t.partitions[partition] = p
         return p
 
-    def _write_index(self, seg: _Segment) -> None:
-        idx = SegmentIndex(seg.base_lsn, seg.size, seg.last_append_time, seg.positions)
-        for key, p in self._partitions.items():
-            lo = bisect.bisect_left(p.lsns, seg.base_lsn)
-            hi = bisect.bisect_left(p.lsns, seg.end_lsn)
-            if hi > lo:
-                idx.partitions[key] = (p.lsns[lo:hi], p.offsets[lo:hi])
-        data = idx.encode()
-        tmp = seg.index_path.with_suffix(".idx.tmp")
+    def _seal(
+        self, seg: Segment, parts: dict[tuple[str, int], tuple[array[int], array[int]]]
+    ) -> None:
+        """Move a sealed segment's index out of memory, into its index file.
+
+        ``parts`` are the segment's data entries per partition. From here
+        on only the summary stays in memory (the segment and 32 bytes per
+        partition in it); lookups read the file through the index cache.
+        """
+        idx = SegmentIndex(seg.base_lsn, seg.size, seg.last_append_time, seg.positions, parts)
+        data, runs = idx.encode()
+        seg.index = IndexFile.from_bytes(seg.index_path, self._index_cache, data)
+        seg.positions = array("q")
+        self._add_runs(seg, runs)
+        self._index_sealed(seg)
+
+    def _add_runs(self, seg: Segment, runs: list[PartitionRun]) -> None:
+        for r in runs:
+            p = self._partition(r.topic, r.partition)
+            p.seg_bases.append(seg.base_lsn)
+            p.seg_first.append(r.first_offset)
+            p.seg_at.append(r.at)
+            p.seg_count.append(r.count)
+
+    def _write_index(self, seg: Segment) -> None:
+        """Write the index file that is still held in memory."""
+        assert seg.index is not None
+        data = seg.index.data
+        if data is None:
+            return
         try:
-            fd = _fs.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                write_all(_fs, fd, data)
-                _fs.fsync(fd)
-            finally:
-                _fs.close(fd)
-            _fs.replace(tmp, seg.index_path)
+            replaced = seg.index_path.stat().st_size  # a version 1 file being converted
         except OSError:
-            with contextlib.suppress(OSError):
-                _fs.unlink(tmp)
-            raise
-        self._total_bytes += len(data)
+            replaced = 0
+        write_atomically(seg.index_path, data)
+        seg.index.data = None
+        self._total_bytes += len(data) - replaced
 
-    def _index_sealed(self, seg: _Segment) -> None:
-        """Write a sealed segment's index file, or note it for later.
+    def _index_sealed(self, seg: Segment) -> None:
+        """Write a sealed segment's index file, or keep it in memory and write it later.
 
-        The index only saves a scan at the next open, so a full disk (or any
-        error) never fails an append for it: the journal retries once there
-        is room again (see :meth:`check_disk`), and an open rebuilds a
-        missing index from its segment.
+        A full disk (or any error) never fails an append for it: the
+        journal reads the index from memory meanwhile and retries once there
+        is room again (see :meth:`check_disk`); an open rebuilds a missing
+        index from its segment.
         """
         try:
             self._write_index(seg)
@@ -833,7 +624,7 @@ class Journal:
         journal is unchanged: ``DiskFull`` when there is no room, otherwise
         intake stops (see :meth:`_fail`).
         """
-        path = self.path / _segment_name(base_lsn)
+        path = self.path / segment_name(base_lsn)
         payload = checkpoint.encode()
         now = _now_ms()
         entry = fentry.encode_entry(
@@ -852,21 +643,23 @@ class Journal:
             # No segment holds base_lsn yet, so a file of that name is what an
             # undone roll could not remove: it holds nothing acknowledged.
             with contextlib.suppress(FileNotFoundError):
-                _fs.unlink(path)
-            fd = _fs.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            write_all(_fs, fd, data)
-            _fs.fsync(fd)
+                _fs.ops.unlink(path)
+            fd = _fs.ops.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+            _fs.write_all(_fs.ops, fd, data)
+            _fs.ops.fsync(fd)
             _fsync_dir(self.path)
         except OSError as exc:
             if fd >= 0:
                 with contextlib.suppress(OSError):
-                    _fs.close(fd)
+                    _fs.ops.close(fd)
             with contextlib.suppress(OSError):
-                _fs.unlink(path)
-            if _no_room(exc):
+                _fs.ops.unlink(path)
+            if no_room(exc):
                 raise self._disk_full(path, exc, len(data)) from exc
             raise self._fail(f"creating {path}", exc) from exc
-        seg = _Segment(base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd)
+        seg = Segment(
+            base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd=fd
+        )
         # Preallocate only once the checkpoint is durable: a segment file
         # longer than its header always starts with a valid checkpoint.
         self._map(seg)
@@ -880,18 +673,19 @@ class Journal:
 
         All or nothing: if the new segment cannot be created, the old one
         stays the active one (the next append retries the roll); only the
-        index file may come later (:meth:`_index_sealed`).
+        index file may come later (:meth:`_index_sealed`); until then the
+        index stays in memory.
         """
         old = self._segments[-1]
         assert old.fd is not None
         try:
             self._unmap(old)  # a sealed segment ends at its last entry: no preallocated tail
         except OSError as exc:
-            if _no_room(exc):
+            if no_room(exc):
                 raise self._disk_full(old.path, exc, 0) from exc
             raise self._fail(f"cutting the preallocated tail of {old.path}", exc) from exc
         try:
-            _fs.fsync(old.fd)
+            _fs.ops.fsync(old.fd)
         except OSError as exc:
             raise self._fail(f"fsync of {old.path}", exc) from exc
         self._durable_lsn = self._next_lsn - 1
@@ -906,43 +700,24 @@ class Journal:
         if self._flushing:
             self._deferred_close.append(old.fd)  # a worker thread may be fsyncing it
         else:
-            _fs.close(old.fd)
+            _fs.ops.close(old.fd)
         old.fd = None
         self._rolls += 1
-        self._index_sealed(old)
+        # Every entry the partitions hold in memory is in the old segment.
+        parts = {}
+        for key, p in self._partitions.items():
+            if p.lsns:
+                parts[key] = (p.lsns, p.offsets)
+                p.lsns, p.offsets = array("q"), array("q")
+        self._seal(old, parts)
 
-    def _map(self, seg: _Segment) -> None:
-        """Preallocate the active segment and map it, so small entries are a memcpy.
+    def _map(self, seg: Segment) -> None:
+        """Preallocate and map the active segment, if configured (see :meth:`Segment.map`)."""
+        if self.config.preallocate:
+            seg.map(self._segment_bytes)
 
-        The preallocated tail reads as zeros; a scan stops at a zero length
-        field followed by zeros only (see docs/format.md). Anything that
-        fails here only costs speed: entries are then written with pwrite.
-        """
-        if not self.config.preallocate or seg.fd is None:
-            return
-        cap = max(self._segment_bytes, seg.size)
-        try:
-            if os.fstat(seg.fd).st_size < cap:
-                _fs.posix_fallocate(seg.fd, 0, cap)
-            seg.mm = _fs.mmap(seg.fd, cap)
-            seg.mm_end = cap
-        except (OSError, ValueError, AttributeError) as exc:
-            log.info("journal: writing %s without a memory map: %s", seg.path, exc)
-            seg.mm = None
-            seg.mm_end = 0
-            # A failed fallocate may have allocated part of the space: give it back.
-            with contextlib.suppress(OSError):
-                if os.fstat(seg.fd).st_size > seg.size:
-                    _fs.ftruncate(seg.fd, seg.size)
-
-    def _unmap(self, seg: _Segment) -> None:
-        """Unmap the segment and cut its preallocated tail (the data stays in the page cache)."""
-        if seg.mm is not None:
-            seg.mm.close()
-            seg.mm = None
-            seg.mm_end = 0
-        if seg.fd is not None and os.fstat(seg.fd).st_size > seg.size:
-            _fs.ftruncate(seg.fd, seg.size)
+    def _unmap(self, seg: Segment) -> None:
+        seg.unmap()
 
     # ----------------------------------------------------------------- append
 
@@ -1155,7 +930,7 @@ class Journal:
         if length > fentry.MAX_ENTRY_BYTES:
             raise InvalidInput(f"journal entry of {length} bytes exceeds {fentry.MAX_ENTRY_BYTES}")
         try:
-            if self._full_since is not None:
+            if self._space.full_since is not None:
                 self._while_disk_full(length)
             seg = self._segments[-1]
             if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
@@ -1174,7 +949,7 @@ class Journal:
                     f"{self._segments[0].end_lsn - 1})"
                 )
 
-    def _put(self, seg: _Segment, parts: list[bytes | memoryview], length: int) -> None:
+    def _put(self, seg: Segment, parts: list[bytes | memoryview], length: int) -> None:
         """Write one encoded entry (in pieces) at the end of the active segment.
 
         On a full disk the partial write is undone and shipped segments are
@@ -1186,7 +961,7 @@ class Journal:
             return
         while True:
             try:
-                written = _fs.pwritev(seg.fd, parts, pos)  # type: ignore[arg-type]
+                written = _fs.ops.pwritev(seg.fd, parts, pos)  # type: ignore[arg-type]
                 if written != length:  # short write: finish it byte-exactly
                     self._finish_short_write(seg, parts, written)
                 return
@@ -1277,18 +1052,16 @@ class Journal:
         self._emit([head, rest, *payload], length, now)
         return lsn
 
-    def _finish_short_write(
-        self, seg: _Segment, parts: list[bytes | memoryview], done: int
-    ) -> None:
+    def _finish_short_write(self, seg: Segment, parts: list[bytes | memoryview], done: int) -> None:
         assert seg.fd is not None
         data = b"".join(parts)[done:]
         pos = seg.size + done
         while data:
-            k = _fs.pwrite(seg.fd, data, pos)
+            k = _fs.ops.pwrite(seg.fd, data, pos)
             data = data[k:]
             pos += k
 
-    def _write_failed(self, seg: _Segment, exc: OSError) -> None:
+    def _write_failed(self, seg: Segment, exc: OSError) -> None:
         """Roll back a partly written entry, so the next one does not land after garbage.
 
         Returns if the disk is full (the caller makes room or raises
@@ -1302,10 +1075,10 @@ class Journal:
                 seg.mm.close()
                 seg.mm = None
                 seg.mm_end = 0
-            _fs.ftruncate(seg.fd, seg.size)
+            _fs.ops.ftruncate(seg.fd, seg.size)
         except OSError as exc2:
             raise self._fail(f"{seg.path}: write failed ({exc}) and rollback failed", exc2) from exc
-        if not _no_room(exc):
+        if not no_room(exc):
             raise self._fail(f"writing {seg.path}", exc) from exc
 
     # ------------------------------------------------------------ durability
@@ -1367,7 +1140,7 @@ class Journal:
             self._syncing = False  # (if cancelled before the thread started)
             for dfd in self._deferred_close:
                 with contextlib.suppress(OSError):
-                    _fs.close(dfd)
+                    _fs.ops.close(dfd)
             self._deferred_close.clear()
             self._durable_lot.unpark_all()
 
@@ -1383,7 +1156,7 @@ class Journal:
         as the kernel returns, before trio hears of it.
         """
         try:
-            _fs.fdatasync(fd)
+            _fs.ops.fdatasync(fd)
         finally:
             self._syncing = False
 
@@ -1436,7 +1209,7 @@ class Journal:
     async def _disk_watch(self) -> None:
         """Notice space returning to a full disk (5 times a second while full, else each second)."""
         while True:
-            await trio.sleep(0.2 if self._full_since is not None else 1.0)
+            await trio.sleep(0.2 if self._space.full_since is not None else 1.0)
             self.check_disk()
 
     # -------------------------------------------------------------- deletion
@@ -1482,14 +1255,13 @@ class Journal:
                 break
             deleted += 1
             if early:
-                self._deleted_for_space += 1
-                self._full_episode_deleted += 1
+                self._space.deleted_early()
         return deleted
 
     def _drop_oldest(self, why: str = "") -> bool:
         seg = self._segments[0]
         try:
-            _fs.unlink(seg.path)
+            _fs.ops.unlink(seg.path)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -1507,13 +1279,14 @@ class Journal:
         freed = seg.size
         with contextlib.suppress(OSError):
             freed += seg.index_path.stat().st_size
-            _fs.unlink(seg.index_path)
+            _fs.ops.unlink(seg.index_path)
         self._total_bytes -= freed
+        base = seg.base_lsn
         for p in self._partitions.values():
-            k = bisect.bisect_left(p.lsns, seg.end_lsn)
-            if k:
-                del p.lsns[:k]
-                del p.offsets[:k]
+            if p.seg_bases and p.seg_bases[0] == base:
+                del p.seg_bases[0], p.seg_first[0], p.seg_at[0], p.seg_count[0]
+        if seg.index is not None:
+            self._index_cache.forget(seg.index)
         log.info(
             "journal: deleted segment %s (LSN %d-%d)%s",
             seg.path.name,
@@ -1527,54 +1300,21 @@ class Journal:
 
     def _disk_space(self) -> tuple[int, int]:
         """(bytes free for this user, size) of the filesystem under the journal; -1 if unknown."""
-        try:
-            st = _fs.statvfs(self.path)
-        except OSError:
-            return -1, -1
-        return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+        return self._space.free_and_size()
 
     def _disk_full(self, where: Path, exc: OSError, need: int) -> DiskFull:
-        """Note that a write found no room (one WARNING per episode); the error to raise.
+        """Note that a write found no room (see :meth:`DiskSpace.full`); the error to raise.
 
-        The episode lasts until the disk has room again (twice the write
-        that failed, and the reserve file); meanwhile every append passes
-        :meth:`_reserve`, which makes room or notices the space.
+        Until the episode ends every append passes :meth:`_reserve`, which
+        makes room or notices the space.
         """
-        free, _ = self._disk_space()
-        self._full_resume_at = 2 * max(need, 4096) + self.config.reserve_bytes
-        if self._full_since is None:
-            now = time.monotonic()
-            self._full_since = now
+        if self._space.full_since is None:
             self._roll_at = 0
-            if now - self._full_ended < _EPISODE_GAP_S:
-                # Room the journal made itself was taken again: the same
-                # episode for the operator (one WARNING, not one per segment).
-                log.info("journal: disk full again writing %s: %d bytes free", where, free)
-                return self._disk_full_error(where, exc, free)
-            self._disk_full_episodes += 1
-            self._full_episode_rejections = 0
-            self._full_episode_deleted = 0
-            log.warning(
-                "journal: disk full writing %s (%s): %d bytes free. Produce answers 503 "
-                "disk_full (and mirrors wait) while no room can be made; shipped segments are "
-                "deleted to make room, never unshipped data. Free space on this filesystem.",
-                where,
-                exc.strerror or exc,
-                free,
-            )
-        return self._disk_full_error(where, exc, free)
-
-    @staticmethod
-    def _disk_full_error(where: Path, exc: OSError, free: int) -> DiskFull:
-        return DiskFull(
-            f"disk full writing {where}: {exc.strerror or exc} ({max(free, 0)} bytes free); "
-            "retry when space returns"
-        )
+        return self._space.full(where, exc, need)
 
     def _refused(self) -> None:
         """Count an append refused with DiskFull."""
-        self._disk_full_rejections += 1
-        self._full_episode_rejections += 1
+        self._space.refused()
 
     def _keep_free(self) -> None:
         """Delete shipped segments while the disk has less room than the next two segments need.
@@ -1593,17 +1333,7 @@ class Journal:
             free += oldest.size
 
     def _end_disk_full(self, free: int) -> None:
-        assert self._full_since is not None
-        log.info(
-            "journal: disk space returned (%d bytes free): intake resumed after %.1fs "
-            "(%d writes refused, %d shipped segments deleted to make room)",
-            free,
-            time.monotonic() - self._full_since,
-            self._full_episode_rejections,
-            self._full_episode_deleted,
-        )
-        self._full_since = None
-        self._full_ended = time.monotonic()
+        self._space.end(free)
         self._roll_at = self._segment_bytes
         active = self._segments[-1]
         if active.mm is None and active.fd is not None:
@@ -1615,7 +1345,7 @@ class Journal:
         if seg.size + length <= seg.mm_end:
             return  # it goes into space preallocated before the disk filled
         free, _ = self._disk_space()
-        if free >= self._full_resume_at:
+        if free >= self._space.resume_at:
             self._end_disk_full(free)
             return
         if self._delete_segments(force=True, limit=1):
@@ -1626,12 +1356,13 @@ class Journal:
             self._roll_making_room()
             self._delete_segments(force=True, limit=1)
 
-    def _shipped_bytes(self, seg: _Segment) -> int:
+    def _shipped_bytes(self, seg: Segment) -> int:
         """Bytes of ``seg``'s entries below the safe LSN."""
         k = self._safe_lsn - seg.base_lsn
         if k <= 1:
             return 0
-        return (seg.positions[k] if k < len(seg.positions) else seg.size) - seg.positions[0]
+        positions = seg.entry_positions
+        return (positions[k] if k < seg.entries else seg.size) - positions[0]
 
     def _roll_making_room(self) -> None:
         """Roll; if the disk is too full for the new segment, make room and retry.
@@ -1648,56 +1379,10 @@ class Journal:
                 if self._delete_segments(force=True, limit=1):
                     continue
                 if self._shipped_bytes(self._segments[-1]) >= _EARLY_ROLL_MIN and (
-                    self._release_reserve()
+                    self._space.release_reserve()
                 ):
                     continue
                 raise
-
-    def _keep_reserve(self) -> None:
-        """Create the reserve file if it is missing and the disk has room for it twice."""
-        size = self.config.reserve_bytes
-        if size <= 0 or self._has_reserve:
-            return
-        path = self.path / RESERVE_NAME
-        try:
-            if path.stat().st_size == size:
-                self._has_reserve = True
-                return
-        except FileNotFoundError:
-            pass
-        except OSError:
-            return
-        free, _ = self._disk_space()
-        if 0 <= free < 2 * size:
-            return
-        fd = -1
-        try:
-            fd = _fs.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            _fs.posix_fallocate(fd, 0, size)
-        except OSError as exc:
-            log.info("journal: no reserve file for now: %s", exc)
-            with contextlib.suppress(OSError):
-                _fs.unlink(path)
-            return
-        finally:
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    _fs.close(fd)
-        self._has_reserve = True
-
-    def _release_reserve(self) -> bool:
-        if not self._has_reserve:
-            return False
-        try:
-            _fs.unlink(self.path / RESERVE_NAME)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            log.warning("journal: could not delete the reserve file: %s", exc)
-            return False
-        self._has_reserve = False
-        log.info("journal: the disk is full: released the reserve file to roll over")
-        return True
 
     def check_disk(self) -> None:
         """Look at the disk: end a disk-full episode when space returned, catch up on chores.
@@ -1708,9 +1393,9 @@ class Journal:
         """
         if self._closed:
             return
-        if self._full_since is not None:
+        if self._space.full_since is not None:
             free, _ = self._disk_space()
-            if free < self._full_resume_at:
+            if free < self._space.resume_at:
                 return
             self._end_disk_full(free)
         if self._broken is not None:
@@ -1718,22 +1403,22 @@ class Journal:
         self._keep_free()
         for seg in list(self._unindexed):
             try:
-                self._write_index(seg)
+                self._write_index(seg)  # (and drop it from memory)
             except OSError:
                 break
             self._unindexed.remove(seg)
             log.info("journal: wrote the index of %s", seg.path.name)
-        self._keep_reserve()
+        self._space.keep_reserve()
 
     # ------------------------------------------------------------------ read
 
-    def _read_fd(self, seg: _Segment) -> int:
+    def _read_fd(self, seg: Segment) -> int:
         if seg.fd is not None:
             return seg.fd
         fd = self._read_fds.get(seg.base_lsn)
         if fd is None:
             try:
-                fd = _fs.open(seg.path, os.O_RDONLY)
+                fd = _fs.ops.open(seg.path, os.O_RDONLY)
             except OSError as exc:
                 raise Unavailable(f"journal: cannot open {seg.path} to read: {exc}") from exc
             self._read_fds[seg.base_lsn] = fd
@@ -1744,13 +1429,13 @@ class Journal:
             self._read_fds.move_to_end(seg.base_lsn)
         return fd
 
-    def _pread(self, seg: _Segment, n: int, pos: int) -> bytes:
+    def _pread(self, seg: Segment, n: int, pos: int) -> bytes:
         try:
             return os.pread(self._read_fd(seg), n, pos)
         except OSError as exc:
             raise Unavailable(f"journal: cannot read {seg.path}@{pos}: {exc}") from exc
 
-    def _locate(self, lsn: int) -> tuple[_Segment, int]:
+    def _locate(self, lsn: int) -> tuple[Segment, int]:
         i = bisect.bisect_right(self._segment_bases, lsn) - 1
         if i < 0 or lsn >= self._segments[i].end_lsn:
             raise InvalidInput(f"LSN {lsn} is not in the journal")
@@ -1761,10 +1446,16 @@ class Journal:
         self._check_readable()
         seg, _ = self._locate(lsn)
         i = lsn - seg.base_lsn
-        pos = seg.positions[i]
-        end = seg.positions[i + 1] if i + 1 < len(seg.positions) else seg.size
+        positions = seg.entry_positions
+        pos = positions[i]
+        end = positions[i + 1] if i + 1 < seg.entries else seg.size
         data = self._pread(seg, end - pos, pos)
-        return fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+        e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+        if e.lsn != lsn:  # an index that does not match its segment
+            raise CorruptData(
+                f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}"
+            )
+        return e
 
     def read(
         self,
@@ -1788,21 +1479,39 @@ class Journal:
             return []
         if offset < p.first_offset:
             raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
-        i = max(bisect.bisect_right(p.offsets, offset) - 1, 0)
         out: list[Entry] = []
         records = size = 0
-        n = len(p.lsns)
-        while i < n:
-            e = self.read_entry(p.lsns[i])
-            i += 1
-            if e.next_offset <= offset:  # a mirror gap before ``offset``
-                continue
-            out.append(e)
-            records += e.next_offset - max(offset, e.base_offset)
-            size += len(e.payload)
-            if records >= max_records or size >= max_bytes:
-                break
+        for lsns, i in self._runs_from(p, offset):
+            n = len(lsns)
+            while i < n:
+                e = self.read_entry(lsns[i])
+                i += 1
+                if e.next_offset <= offset:  # a mirror gap before ``offset``
+                    continue
+                out.append(e)
+                records += e.next_offset - max(offset, e.base_offset)
+                size += len(e.payload)
+                if records >= max_records or size >= max_bytes:
+                    return out
         return out
+
+    def _runs_from(self, p: _Partition, offset: int) -> Iterator[tuple[IntSequence, int]]:
+        """The partition's LSNs per segment, from the entry holding ``offset``, oldest first.
+
+        Yields (LSNs, index to start at): sealed segments' runs are read from
+        their index files, the active segment's from memory.
+        """
+        active = p.offsets
+        if not p.seg_first or (active and offset >= active[0]):
+            yield p.lsns, max(bisect.bisect_right(active, offset) - 1, 0)
+            return
+        first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
+        for k in range(first, len(p.seg_bases)):
+            seg = self._segments[bisect.bisect_left(self._segment_bases, p.seg_bases[k])]
+            assert seg.index is not None
+            lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
+            yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
+        yield p.lsns, 0
 
     def read_entries(
         self, from_lsn: int, *, max_bytes: int = 8 * 1024 * 1024, durable_only: bool = True
@@ -1822,12 +1531,11 @@ class Journal:
             seg, _ = self._locate(lsn)
             i = lsn - seg.base_lsn
             last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-            start = seg.positions[i]
-            # one pread for a run of entries, bounded by max_bytes
-            j = i
-            while j < last and (seg.positions[j] - start < max_bytes - size or j == i):
-                j += 1
-            stop = seg.positions[j] if j < len(seg.positions) else seg.size
+            positions = seg.entry_positions
+            start = positions[i]
+            # one pread for a run of entries (at least one), bounded by max_bytes
+            j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
+            stop = positions[j] if j < seg.entries else seg.size
             data = self._pread(seg, stop - start, start)
             cur = 0
             for _ in range(i, j):
@@ -1923,12 +1631,30 @@ class Journal:
             active_segment_bytes=self._segments[-1].size if self._segments else 0,
             disk_free_bytes=free,
             disk_size_bytes=size,
-            disk_full=self._full_since is not None,
-            disk_full_rejections=self._disk_full_rejections,
-            disk_full_episodes=self._disk_full_episodes,
-            segments_deleted_for_space=self._deleted_for_space,
+            disk_full=self._space.full_since is not None,
+            disk_full_rejections=self._space.rejections,
+            disk_full_episodes=self._space.episodes,
+            segments_deleted_for_space=self._space.deleted_for_space,
             failed=self._broken,
+            index_memory_bytes=self.index_memory(),
+            index_cache_bytes=self._index_cache.bytes,
+            index_cache_capacity_bytes=self._index_cache.capacity,
+            index_cache_hits=self._index_cache.hits,
+            index_cache_misses=self._index_cache.misses,
         )
+
+    def index_memory(self) -> int:
+        """Bytes of RAM the read index holds (docs/journal.md, "Memory").
+
+        Counted: the arrays (allocated sizes), the segment objects, index
+        files held in memory until they can be written, the cache.
+        """
+        total = self._index_cache.bytes + sum(p.memory() for p in self._partitions.values())
+        for seg in self._segments:
+            total += _SEGMENT_MEMORY + sys.getsizeof(seg.positions)
+            if seg.index is not None and seg.index.data is not None:
+                total += len(seg.index.data)
+        return total
 
     # ----------------------------------------------------------------- close
 
@@ -1948,12 +1674,13 @@ class Journal:
                         active.mm.close()
                         active.mm = None
                     with contextlib.suppress(OSError):
-                        _fs.close(active.fd)
+                        _fs.ops.close(active.fd)
                     active.fd = None
         finally:
             for fd in self._read_fds.values():
                 os.close(fd)
             self._read_fds.clear()
+            self._index_cache.close()
             if self._lock is not None:
                 self._lock.release()
             for lot in (
@@ -1967,7 +1694,7 @@ class Journal:
             for p in self._partitions.values():
                 p.lot.unpark_all()
 
-    def _close_active(self, active: _Segment) -> None:
+    def _close_active(self, active: Segment) -> None:
         """Cut the preallocated tail and fsync; failures are logged, never raised.
 
         Closing must release everything. A tail that cannot be cut is kept
@@ -1980,7 +1707,7 @@ class Journal:
         except OSError as exc:
             log.warning("journal: could not cut the preallocated tail of %s: %s", active.path, exc)
         try:
-            _fs.fsync(active.fd)
+            _fs.ops.fsync(active.fd)
         except OSError as exc:
             self._fail(f"fsync of {active.path} at close", exc)
         else:

@@ -580,6 +580,9 @@ class Tailer:
         processed = 0
         if self._catch_up_wanted(0):
             processed += await self._catch_up_planned()
+            # The store answers again: a refusal episode ends with the first
+            # answer, not with the end of a long catch-up.
+            self._denial.cleared()
         streak = 0
         try:
             while True:
@@ -593,10 +596,12 @@ class Tailer:
                 try:
                     fetched = await self._fetch(await self._prepare_unplanned(seq))
                 except NotFound:
+                    self._denial.cleared()
                     self._empty_polls += 1
                     if await self._check_gap():
                         continue
                     break
+                self._denial.cleared()
                 await self._apply(fetched)
                 processed += 1
                 streak += 1

@@ -162,6 +162,10 @@ class LocalReader:
         return sorted(k for k in keys if k.startswith(prefix))
 
 
+#: Reads of one object's body before a broken body is an error.
+_BODY_ATTEMPTS = 3
+
+
 class S3Reader:
     """An S3-compatible bucket through boto3 (blocking; one client per reader)."""
 
@@ -211,9 +215,20 @@ class S3Reader:
     def get(self, key: str, start: int = 0, end: int | None = None) -> tuple[bytes, int]:
         if end is not None and end <= start:
             return b"", self._size(key)
+        import botocore.exceptions
+
         rng = f"bytes={start}-" if end is None else f"bytes={start}-{end - 1}"
-        resp = self._call(key, self._client.get_object, Key=self._prefix + key, Range=rng)
-        data = resp["Body"].read()
+        for attempt in range(1, _BODY_ATTEMPTS + 1):
+            resp = self._call(key, self._client.get_object, Key=self._prefix + key, Range=rng)
+            try:
+                # The answer came; its body can still die on the way (a link
+                # lost mid-download, a short read): botocore's retries cover
+                # the request, not the body, so read it again here.
+                data = resp["Body"].read()
+                break
+            except (botocore.exceptions.BotoCoreError, OSError) as exc:
+                if attempt == _BODY_ATTEMPTS:
+                    raise Unavailable(f"S3 body of {key} broke off {attempt} times: {exc}") from exc
         content_range = resp.get("ContentRange")
         size = int(content_range.rsplit("/", 1)[1]) if content_range else len(data)
         return data, size

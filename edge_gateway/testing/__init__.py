@@ -5,7 +5,8 @@
   started as ``python -m moto.server``, never imported).
 * :mod:`edge_gateway.testing.tcpproxy` is a TCP fault proxy (pass, latency,
   refuse, blackhole, reset, drop-responses, stall-body) for outage tests,
-  benchmarks and scenarios.
+  benchmarks and scenarios, with a link shape (caps per direction, latency
+  with jitter, random resets, slow start) on top of any mode.
 
 Nothing in the gateway imports this package.
 """
@@ -19,12 +20,13 @@ from edge_gateway.testing.moto import (
     free_port,
     start_moto_server,
 )
-from edge_gateway.testing.tcpproxy import ProxyMode, ProxyStats, TcpProxy
+from edge_gateway.testing.tcpproxy import LinkShape, ProxyMode, ProxyStats, TcpProxy
 
 __all__ = [
     "ACCESS_KEY",
     "REGION",
     "SECRET_KEY",
+    "LinkShape",
     "LoggedRequest",
     "MotoServer",
     "ProxyMode",

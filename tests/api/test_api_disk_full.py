@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from edge_gateway.client import AsyncClient
 from edge_gateway.errors import DiskFull
-from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal import _fs as fs_module
 
 
 def metric(text: str, name: str) -> float:
@@ -37,7 +37,7 @@ async def test_disk_full_is_503_disk_full_and_intake_resumes_by_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     fs = FaultyFs()
-    monkeypatch.setattr(journal_module, "_fs", fs)
+    monkeypatch.setattr(fs_module, "ops", fs)
     # No preallocation: every entry is a pwritev, the call the fault hits.
     cfg = make_config(tmp_path, journal={"preallocate": False})
     async with running(cfg) as gw, httpx.AsyncClient(base_url=url_of(gw)) as http:

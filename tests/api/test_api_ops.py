@@ -147,6 +147,8 @@ async def test_metrics(tmp_path: Path) -> None:
             "edgegw_journal_fsyncs",
             "edgegw_journal_fsync_seconds",
             "edgegw_journal_full_rejections",
+            "edgegw_journal_index_bytes",
+            "edgegw_journal_index_cache_hits",
             "edgegw_shipper_pending_lsns",
             "edgegw_shipper_oldest_unshipped_age_seconds",
             "edgegw_shipper_objects",
@@ -165,6 +167,7 @@ async def test_metrics(tmp_path: Path) -> None:
         assert value(m, "edgegw_shipper_objects", "edgegw_shipper_objects_total") >= 1
         assert value(m, "edgegw_shipper_epoch") >= 1
         assert value(m, "edgegw_journal_bytes") > 0
+        assert value(m, "edgegw_journal_index_bytes") > 0
         info = next(s for s in m["edgegw_info"])
         assert info.labels["region"] == "north"  # this gateway's registry, not the other's
         counts = {

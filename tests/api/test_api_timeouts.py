@@ -54,6 +54,7 @@ def gateway(
 ) -> Iterator[Gateway]:
     root = tmp_path_factory.mktemp(f"timeouts-{request.param}")
     api = {"server": request.param, "keep_alive_timeout_s": KEEP_ALIVE_S, "read_timeout_s": READ_S}
+    (root / "bucket").mkdir()  # a configured bucket.path must exist
     gw = Gateway(
         "north",
         root,

@@ -295,7 +295,7 @@ def test_serve_refuses_an_s3_bucket_that_does_not_exist(
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("config error: ")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, proc.stderr
     assert "'edgegw-no-such-bucket'" in lines[0], lines[0]
     assert "no such bucket" in lines[0], lines[0]
@@ -315,7 +315,7 @@ def test_serve_refuses_a_configured_bucket_path_that_does_not_exist(
         check=False,
     )
     assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("config error: ")]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, proc.stderr
     assert "bucket.path" in lines[0], lines[0]
     assert "does not exist" in lines[0], lines[0]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -30,7 +31,12 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
         text=True,
         timeout=60,
         check=False,
-        env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        # (PYTHONPATH kept: the command runs the code under test, not an installed copy)
+        env={
+            "COLUMNS": "200",
+            "PATH": "/usr/bin:/bin",
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+        },
     )
 
 
@@ -64,8 +70,12 @@ def test_status_and_topics(served: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "region north" in out.stdout
     assert "topics" in out.stdout
+    assert "RAM" in out.stdout  # the journal's index memory (the line may wrap)
     out = run("status", "--json", "-c", str(served))
-    assert json.loads(out.stdout)["region"] == "north"
+    doc = json.loads(out.stdout)
+    assert doc["region"] == "north"
+    assert doc["journal"]["index_bytes"] > 0
+    assert doc["journal"]["index_cache_capacity_bytes"] > 0
     out = run("topics", "list", "-c", str(served))
     assert out.returncode == 0, out.stderr
     assert " t " in out.stdout

@@ -20,7 +20,7 @@ from _tmpfs import fill, free_bytes, mounted_tmpfs
 from edge_gateway.errors import DiskFull, Unavailable
 from edge_gateway.format.batch import decode_batch, encode_batch
 from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, SourceCoords, open_journal
-from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal import _fs as fs_module
 from edge_gateway.journal._journal import RESERVE_NAME
 
 KiB = 1024
@@ -207,7 +207,7 @@ async def test_a_full_disk_seals_the_active_segment_early_with_the_reserve(
 @pytest.fixture
 def fs(monkeypatch: pytest.MonkeyPatch) -> FaultyFs:
     faulty = FaultyFs()
-    monkeypatch.setattr(journal_module, "_fs", faulty)
+    monkeypatch.setattr(fs_module, "ops", faulty)
     return faulty
 
 
@@ -261,10 +261,13 @@ async def test_an_index_file_that_cannot_be_written_comes_later(
             await j.append("t", 0, batch(n))
             n += 4
         assert not list(tmp_path.glob("*.idx"))
+        unwritten = values(j)  # read through the index files held in memory
+        assert j.statistics().index_memory_bytes > 0
         fs.heal()
         j.check_disk()  # room again: the index files are written from memory
         assert len(list(tmp_path.glob("*.idx"))) == 2
         kept = values(j)
+        assert unwritten == kept
     assert reopen_values(tmp_path, cfg) == (kept, 0)
     assert kept == [f"{i}:".encode() + b"v" * 1000 for i in range(n)]
 

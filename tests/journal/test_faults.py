@@ -32,7 +32,7 @@ from _faults import FaultyFs
 from edge_gateway.errors import DiskFull, Unavailable
 from edge_gateway.format.batch import decode_batch, encode_batch
 from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, SourceCoords
-from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal import _fs as fs_module
 
 STEPS = 48
 RESTART_AT = 30
@@ -181,7 +181,7 @@ def count_calls(tmp_path: Path, preallocate: bool) -> FaultyFs:
     fs = FaultyFs()
     m = Model()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(journal_module, "_fs", fs)
+        mp.setattr(fs_module, "ops", fs)
         trio.run(run, tmp_path / "count", config(preallocate), fs, m)
     assert not m.errors
     check(tmp_path / "count", config(preallocate), m)
@@ -211,7 +211,7 @@ def test_fail_the_nth_call_for_every_n(tmp_path: Path, kind: str, error: int) ->
         fs.fail(kind, n, errno=error, count=2)
         m = Model()
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(journal_module, "_fs", fs)
+            mp.setattr(fs_module, "ops", fs)
             try:
                 trio.run(run, path, config(preallocate), fs, m)
             except Exception as exc:

@@ -28,6 +28,7 @@ from edge_gateway.journal import (
     SourceCoords,
     open_journal,
 )
+from edge_gateway.journal import _fs as fs_module
 from edge_gateway.journal import _journal as journal_module
 
 SMALL = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024)
@@ -203,7 +204,7 @@ async def test_corrupt_sealed_segment_is_never_served(tmp_path: Path) -> None:
             await j.append("t", 0, batch_for("t", 0, i * 10, 10))
         assert len(j._segments) >= 2
         first_seg = j._segments[0]
-        pos = first_seg.positions[3]
+        pos = first_seg.entry_positions[3]
     raw = bytearray(first_seg.path.read_bytes())
     raw[pos + 50] ^= 0x10
     first_seg.path.write_bytes(bytes(raw))
@@ -320,7 +321,7 @@ async def test_disk_full_error_rolls_back_the_partial_write(
         else JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, preallocate=False)
     )
     fs = FaultyFs()
-    monkeypatch.setattr(journal_module, "_fs", fs)
+    monkeypatch.setattr(fs_module, "ops", fs)
     async with open_journal(tmp_path, cfg) as j:
         await j.append("t", 0, batch_for("t", 0, 0, n))
         fs.fail("write", fs.calls["write"] + 1, errno=errno.ENOSPC, count=1)  # half, then ENOSPC

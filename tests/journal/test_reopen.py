@@ -18,7 +18,7 @@ from edge_gateway.errors import CorruptData
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import Journal, JournalConfig, SourceCoords
-from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal import _fs as fs_module
 from edge_gateway.journal._fs import FileOps
 
 # One segment holds everything below, so it is all in the active segment.
@@ -277,7 +277,7 @@ def test_map_and_pwrite_interleave_byte_exactly(
             calls.append(pos)
             return os.pwritev(fd, parts, pos)
 
-    monkeypatch.setattr(journal_module, "_fs", Counting())
+    monkeypatch.setattr(fs_module, "ops", Counting())
     j = Journal.open_sync(tmp_path, BIG)
     try:
         expected = []

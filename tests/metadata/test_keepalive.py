@@ -219,6 +219,7 @@ async def test_a_gateway_polling_across_the_servers_idle_close_counts_no_failure
                 "poll_interval_ms": int(interval_s * 1000),
                 "heartbeat_interval_ms": int(interval_s * 1000),
             }
+            (tmp_path / "bucket").mkdir()  # a configured bucket.path must exist
             bucket = {"type": "local", "path": str(tmp_path / "bucket")}
             gw = Gateway("north", tmp_path, bucket, [], {"metadata": meta})
             try:

@@ -1,0 +1,119 @@
+"""One segment file of the journal: its entries' positions, its memory map, its index file.
+
+A segment holds a contiguous LSN range and is named after its first LSN
+(``<base_lsn:020d>.wal``); its first entry is a checkpoint. The active
+segment (the last one) is preallocated and written through a shared memory
+map (see docs/journal.md, "The append path"), and its index (the position
+of every entry) is in memory. A sealed segment has an index file next to it
+(``.idx``, see ``_index.py``), and only a summary of it stays in memory:
+its LSN range, size, last append time, and the index file to read from.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+from array import array
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from edge_gateway.journal import _fs
+from edge_gateway.journal._index import IndexFile, IntSequence
+
+log = logging.getLogger("edgegw.journal")
+
+SEGMENT_SUFFIX: Final = ".wal"
+INDEX_SUFFIX: Final = ".idx"
+
+
+def segment_name(base_lsn: int) -> str:
+    return f"{base_lsn:020d}{SEGMENT_SUFFIX}"
+
+
+@dataclass(slots=True)
+class Segment:
+    base_lsn: int
+    path: Path
+    size: int
+    last_append_time: int
+    #: entry positions while the index is in memory (the active segment); empty once sealed
+    positions: array[int] = field(default_factory=lambda: array("q"))
+    #: the index file, once sealed (positions and partition runs are read from it)
+    index: IndexFile | None = None
+    fd: int | None = None  # the write fd (active segment only)
+    #: a shared map of the preallocated file (active segment only, see JournalConfig.preallocate)
+    mm: mmap.mmap | None = None
+    #: entries that end at or before this byte may be copied into ``mm``
+    mm_end: int = 0
+
+    @property
+    def entries(self) -> int:
+        """How many entries the segment holds."""
+        return len(self.positions) if self.index is None else self.index.n
+
+    @property
+    def end_lsn(self) -> int:
+        """One past the last LSN in this segment."""
+        return self.base_lsn + self.entries
+
+    @property
+    def entry_positions(self) -> IntSequence:
+        """Byte position of entry ``base_lsn + i`` (from memory, or from the index file)."""
+        return self.positions if self.index is None else self.index.positions()
+
+    @property
+    def index_path(self) -> Path:
+        return self.path.with_suffix(INDEX_SUFFIX)
+
+    def map(self, capacity: int) -> None:
+        """Preallocate the file to ``capacity`` bytes and map it, so small entries are a memcpy.
+
+        The preallocated tail reads as zeros; a scan stops at a zero length
+        field followed by zeros only (see docs/format.md). Anything that
+        fails here only costs speed: entries are then written with pwrite.
+        """
+        if self.fd is None:
+            return
+        cap = max(capacity, self.size)
+        try:
+            if os.fstat(self.fd).st_size < cap:
+                _fs.ops.posix_fallocate(self.fd, 0, cap)
+            self.mm = _fs.ops.mmap(self.fd, cap)
+            self.mm_end = cap
+        except (OSError, ValueError, AttributeError) as exc:
+            log.info("journal: writing %s without a memory map: %s", self.path, exc)
+            self.mm = None
+            self.mm_end = 0
+            # A failed fallocate may have allocated part of the space: give it back.
+            with contextlib.suppress(OSError):
+                if os.fstat(self.fd).st_size > self.size:
+                    _fs.ops.ftruncate(self.fd, self.size)
+
+    def unmap(self) -> None:
+        """Unmap the segment and cut its preallocated tail (the data stays in the page cache)."""
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
+            self.mm_end = 0
+        if self.fd is not None and os.fstat(self.fd).st_size > self.size:
+            _fs.ops.ftruncate(self.fd, self.size)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` by a temporary file, fsync and rename (all or nothing)."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    try:
+        fd = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _fs.write_all(_fs.ops, fd, data)
+            _fs.ops.fsync(fd)
+        finally:
+            _fs.ops.close(fd)
+        _fs.ops.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            _fs.ops.unlink(tmp)
+        raise
