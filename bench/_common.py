@@ -119,6 +119,16 @@ def fixed_size_values(n: int, size: int = 100, *, seed: int = 7) -> list[bytes]:
 # --------------------------------------------------------------- statistics
 
 
+def read_crc_seconds(files: Sequence[Path]) -> float:
+    """A plain read + CRC32C of ``files``: the floor of any verifying open."""
+    import crc32c
+
+    t0 = time.perf_counter()
+    for f in files:
+        crc32c.crc32c(f.read_bytes())
+    return time.perf_counter() - t0
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     """The ``q``-th percentile (0-100) with linear interpolation; NaN when empty."""
     if not values:

@@ -65,6 +65,7 @@ from _common import (
     median,
     percentile,
     progress,
+    read_crc_seconds,
     render_table,
     scratch_dir,
     telemetry,
@@ -680,14 +681,6 @@ def _timed_open(path: Path, cfg: JournalConfig) -> float:
     return dt
 
 
-def _read_crc_seconds(files: list[Path]) -> float:
-    """A plain read + CRC32C of ``files``: the floor of any verifying open."""
-    t0 = time.perf_counter()
-    for f in files:
-        crc32c.crc32c(f.read_bytes())
-    return time.perf_counter() - t0
-
-
 def _dir_bytes(path: Path, pattern: str = "*") -> int:
     return sum(f.stat().st_size for f in path.glob(pattern))
 
@@ -752,7 +745,7 @@ def reopen_phase(root: Path, plan: Plan, shapes: dict[str, Shape]) -> dict[str, 
     clean = [_timed_open(path, cfg) for _ in range(reps)]
     clean_s = median(clean)
     touched = [*path.glob("*.idx"), active]
-    clean_base_s = median([_read_crc_seconds(touched) for _ in range(reps)])
+    clean_base_s = median([read_crc_seconds(touched) for _ in range(reps)])
     fig.update(
         reopen_gib=journal_gib,
         reopen_segments=segments,
@@ -781,7 +774,7 @@ def reopen_phase(root: Path, plan: Plan, shapes: dict[str, Shape]) -> dict[str, 
         j.close_sync()
     index_only_s = median([_timed_open(path, cfg) for _ in range(reps)])
     scan_s = max(clean_s - index_only_s, 0.0)
-    seg_read_s = median([_read_crc_seconds([active]) for _ in range(reps)])
+    seg_read_s = median([read_crc_seconds([active]) for _ in range(reps)])
     fig.update(
         reopen_index_only_s=index_only_s,
         active_scan_s_64k=scan_s,
@@ -815,7 +808,7 @@ def reopen_phase(root: Path, plan: Plan, shapes: dict[str, Shape]) -> dict[str, 
         j.close_sync()
     b1_bytes = _dir_bytes(path, "*.wal")
     b1_s = median([_timed_open(path, cfg_b1) for _ in range(reps)])
-    b1_read_s = median([_read_crc_seconds(list(path.glob("*.wal"))) for _ in range(reps)])
+    b1_read_s = median([read_crc_seconds(list(path.glob("*.wal"))) for _ in range(reps)])
     shutil.rmtree(path)
     fig.update(
         active_scan_s_per_gib_b1=b1_s / (b1_bytes / GiB),

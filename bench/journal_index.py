@@ -40,7 +40,6 @@ import time
 from array import array
 from pathlib import Path
 
-import crc32c
 from _common import (
     GiB,
     MiB,
@@ -49,6 +48,7 @@ from _common import (
     fixed_size_values,
     machine_info,
     progress,
+    read_crc_seconds,
     render_table,
     scratch_dir,
 )
@@ -160,13 +160,6 @@ def _run_child(*args: object) -> dict[str, object]:
     return result
 
 
-def _read_crc_s(files: list[Path]) -> float:
-    t0 = time.perf_counter()
-    for f in files:
-        crc32c.crc32c(f.read_bytes())
-    return time.perf_counter() - t0
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 M entries instead of 5 M")
@@ -194,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         reopens = [_run_child("reopen", path, filled["entries"]) for _ in range(3)]
         open_s = sorted(float(str(r["open_s"])) for r in reopens)[1]
         touched = [*path.glob("*.idx"), max(path.glob("*.wal"))]
-        crc_s = sorted(_read_crc_s(touched) for _ in range(3))[1]
+        crc_s = sorted(read_crc_seconds(touched) for _ in range(3))[1]
     fig.update(
         entries=filled["entries"],
         journal_gib=gib,

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
-from starlette.responses import JSONResponse
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
+    from starlette.responses import JSONResponse
 
 __all__ = [
     "CLIENT_KEEPALIVE_EXPIRY_S",
@@ -92,6 +92,10 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
+    # Imported here: the config (which uses this module's settings) must not
+    # load Starlette.
+    from starlette.responses import JSONResponse
+
     return JSONResponse(
         {"error": {"code": code, "message": message, **extra}}, status, headers=headers
     )

@@ -15,7 +15,6 @@ pass secrets without writing them into the file.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import enum
 import ipaddress
 import json
@@ -550,6 +549,8 @@ def _check_env_names(env: Mapping[str, str], overrides: Mapping[str, str]) -> No
     )
     if not unknown:
         return
+    import difflib  # only on this error path: not a cost of every start
+
     known = [v.removeprefix(ENV_PREFIX) for v in overrides]
     hints = []
     for var in unknown:
@@ -726,6 +727,8 @@ def _from_env(text: str, hint: Any) -> object:
 
 
 def _suggest(key: str, names: typing.Iterable[str]) -> str:
+    import difflib  # only on this error path: not a cost of every start
+
     close = difflib.get_close_matches(key, list(names), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
 

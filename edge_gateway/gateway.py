@@ -38,9 +38,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import crc32c
 import trio
 
+from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
     Bucket,
     BucketUnavailable,
@@ -48,7 +48,6 @@ from edge_gateway.bucket import (
     LocalBucket,
     MeteredBucket,
     NoSuchBucket,
-    S3Bucket,
 )
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
@@ -594,6 +593,9 @@ class Gateway:
         """
         cfg = self.config.bucket
         if cfg.type == "s3":
+            # boto3 loads here, and only for an S3 bucket (docs/operations.md, "Footprint").
+            from edge_gateway.bucket._s3 import S3Bucket
+
             bucket: Bucket = await S3Bucket.open(cfg.s3_config())
             try:
                 await bucket.check_exists()
@@ -947,7 +949,7 @@ class Gateway:
                 )
             return rec.partition
         if rec.key is not None:
-            return int(crc32c.crc32c(rec.key)) % t.partitions
+            return int(crc32c(rec.key)) % t.partitions
         return sticky
 
     async def produce(

@@ -74,6 +74,6 @@ class TelemetryGenerator:
 
 def partition_for(key: bytes, partitions: int) -> int:
     """Key-hash partitioning: the same key always lands in the same partition."""
-    import crc32c
+    from edge_gateway._crc import crc32c
 
-    return int(crc32c.crc32c(key)) % partitions
+    return int(crc32c(key)) % partitions

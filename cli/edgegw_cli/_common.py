@@ -13,10 +13,8 @@ Every command prints through :data:`console` (stdout) and :data:`err_console`
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
-import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +22,8 @@ import typer
 from rich.console import Console, ConsoleDimensions
 from rich.progress import ProgressColumn
 from rich.text import Text
+
+from edgegw_cli._errors import reason
 
 if TYPE_CHECKING:
     from rich.progress import Task
@@ -77,14 +77,6 @@ def note(message: str) -> None:
     err_console.print(Text(message, style="dim"), highlight=False, soft_wrap=True)
 
 
-def reason(exc: BaseException) -> str:
-    """``Type: message``; for an OSError ``file: strerror`` without ``[Errno N]``."""
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename is not None else ""
-        return f"{where}{exc.strerror}"
-    return f"{type(exc).__name__}: {exc}"
-
-
 def fresh_dir(path: Path) -> None:
     """Empty ``path`` (created if missing), or exit 2 saying why it cannot be."""
     try:
@@ -93,33 +85,6 @@ def fresh_dir(path: Path) -> None:
         path.mkdir(parents=True)
     except OSError as exc:
         raise fail(f"cannot use {path} as the work directory: {reason(exc)}", 2) from None
-
-
-#: errno values of a bind that cannot succeed on this address (now).
-_BIND_ERRORS = {
-    errno.EADDRINUSE: "the address is already in use (another process listens on it)",
-    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
-    errno.EACCES: "permission denied (ports below 1024 need privileges)",
-}
-
-
-def bind_failure(exc: BaseException, key: str, listen: str) -> str | None:
-    """``<key>: cannot listen on <listen>: <why>`` when ``exc`` is a failed bind
-    (address in use, not on this machine, a host that does not resolve), else None."""
-    if isinstance(exc, socket.gaierror):
-        why = f"cannot resolve the host: {exc.strerror or exc}"
-    elif isinstance(exc, OSError) and exc.errno in _BIND_ERRORS:
-        why = _BIND_ERRORS[exc.errno]
-    else:
-        return None
-    return f"{key}: cannot listen on {listen}: {why}"
-
-
-def leaf(exc: BaseException) -> BaseException:
-    """The first real exception inside (nested) exception groups."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc
 
 
 def human_bytes(n: float) -> str:

@@ -22,7 +22,8 @@ import httpx
 
 from edge_gateway.datadir import DirectoryLock, holder_of, lock_directory
 from edge_gateway.errors import InUse
-from edgegw_cli._common import fail, fresh_dir, reason
+from edgegw_cli._common import fail, fresh_dir
+from edgegw_cli._errors import reason
 
 BATCH_TYPE = "application/vnd.edgegw.batch"
 

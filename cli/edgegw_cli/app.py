@@ -1,19 +1,24 @@
-"""The ``edgegw`` typer application: one module per command, imported when used.
+"""The ``edgegw`` command line: one module per command, imported when used.
 
 A command's module (and what it imports: boto3, httpx, trio, hypercorn,
 pyarrow ...) is imported only when that command runs or shows its own help.
 ``edgegw --help`` lists the commands from :data:`COMMANDS` alone, so it
 starts in about a tenth of a second; tests/cli/test_help.py checks that each
 summary here is the first paragraph of its command's own help.
+
+The typer application itself (:data:`app`, in :mod:`edgegw_cli._typer_app`)
+loads on first use: :func:`main` starts ``edgegw serve --config PATH``
+without typer, rich or pydantic, which a gateway does not need (a reboot
+serves again sooner, and the process idles smaller; docs/operations.md,
+"Footprint"). Any other command line, ``serve --help`` and a mistyped
+``serve`` included, goes through typer as before.
 """
 
 from __future__ import annotations
 
-import importlib
+import sys
+from collections.abc import Sequence
 from typing import Any, NamedTuple
-
-import typer
-from typer.core import TyperCommand, TyperGroup
 
 
 class _Lazy(NamedTuple):
@@ -79,72 +84,45 @@ COMMANDS: dict[str, _Lazy] = {
 }
 
 
-def load_command(name: str) -> Any:
-    """Import command ``name``'s module and build its click command."""
-    module, _, attr = COMMANDS[name].target.partition(":")
-    target = getattr(importlib.import_module(module), attr)
-    if isinstance(target, typer.Typer):
-        command = typer.main.get_group(target)  # a group even with one command
-    else:
-        single = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-        single.command(name)(target)
-        command = typer.main.get_command(single)
-    command.name = name
-    return command
+def serve_arguments(argv: Sequence[str]) -> tuple[bool, str] | None:
+    """``(verbose, config path)`` when ``argv`` is ``[-v] serve [--config PATH]``, else None.
 
-
-class _Summary(TyperCommand):
-    """Stands for a command not imported yet: its name and summary only."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name, help=COMMANDS[name].summary)
-
-
-class _LazyGroup(TyperGroup):
-    """A TyperGroup whose commands (from :data:`COMMANDS`) are imported on first use.
-
-    While the group formats its own help, :meth:`get_command` answers with
-    :class:`_Summary` stand-ins, so listing the commands imports none of them.
+    Only these plain forms: anything else (``--help``, an unknown option, a
+    missing value) is left to typer, which explains it.
     """
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        for name in COMMANDS:
-            self.commands.setdefault(name, _Summary(name))
-        self._listing = False
-
-    def get_command(self, ctx: Any, cmd_name: str) -> Any:
-        command = self.commands.get(cmd_name)
-        if isinstance(command, _Summary) and not self._listing:
-            command = self.commands[cmd_name] = load_command(cmd_name)
-        return command
-
-    def format_help(self, ctx: Any, formatter: Any) -> None:
-        self._listing = True
-        try:
-            super().format_help(ctx, formatter)
-        finally:
-            self._listing = False
-
-
-app = typer.Typer(
-    name="edgegw",
-    cls=_LazyGroup,
-    help="Geo-replication gateway for often-disconnected edge clusters.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-
-
-@app.callback()
-def _main(
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
-) -> None:
-    from edge_gateway.logs import configure_logging
-
-    configure_logging("debug" if verbose else "info", "text")
+    args = list(argv)
+    verbose = False
+    while args and args[0] in ("-v", "--verbose"):
+        verbose, args = True, args[1:]
+    if not args or args[0] != "serve":
+        return None
+    rest = args[1:]
+    if not rest:
+        return verbose, "edgegw.toml"
+    if len(rest) == 2 and rest[0] in ("--config", "-c") and not rest[1].startswith("-"):
+        return verbose, rest[1]
+    if len(rest) == 1 and rest[0].startswith("--config=") and len(rest[0]) > len("--config="):
+        return verbose, rest[0].partition("=")[2]
+    return None
 
 
 def main() -> None:
+    """The ``edgegw`` console script."""
+    plain_serve = serve_arguments(sys.argv[1:])
+    if plain_serve is not None:
+        from edgegw_cli._serve_run import main_serve
+
+        verbose, config = plain_serve
+        sys.exit(main_serve(config, verbose=verbose))
+    from edgegw_cli._typer_app import app
+
     app()
+
+
+def __getattr__(name: str) -> Any:
+    # ``app`` and ``load_command`` live with typer; loaded on first use.
+    if name in ("app", "load_command"):
+        from edgegw_cli import _typer_app
+
+        return getattr(_typer_app, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

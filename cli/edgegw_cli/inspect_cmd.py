@@ -33,7 +33,8 @@ from edge_gateway.format.batch import Record, decode_batch
 from edge_gateway.format.logobject import BlockIndex, LogObjectHeader
 from edge_gateway.format.manifest import VERSION as MANIFEST_VERSION
 from edge_gateway.format.manifest import Manifest, parse_log_key, parse_manifest_key
-from edgegw_cli._common import console, fail, reason
+from edgegw_cli._common import console, fail
+from edgegw_cli._errors import reason
 from edgegw_cli.sync import open_bucket
 
 _KINDS = {

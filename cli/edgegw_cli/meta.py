@@ -21,7 +21,8 @@ from rich.table import Table
 
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
 from edgegw_cli._api import check_name
-from edgegw_cli._common import bind_failure, console, fail, leaf, reason
+from edgegw_cli._common import console, fail
+from edgegw_cli._errors import bind_failure, leaf, reason
 
 serve_app = typer.Typer(help="The reference metadata server.", no_args_is_help=True)
 regions_app = typer.Typer(

@@ -15,7 +15,8 @@ import typer
 from rich.table import Table
 
 from edge_gateway.errors import EdgeGatewayError
-from edgegw_cli._common import console, error, fail, reason
+from edgegw_cli._common import console, error, fail
+from edgegw_cli._errors import reason
 
 app = typer.Typer(help="Bucket -> Iceberg/Parquet tables with PySpark.", no_args_is_help=True)
 

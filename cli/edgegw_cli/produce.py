@@ -11,7 +11,8 @@ from typing import IO
 import typer
 
 from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
-from edgegw_cli._common import console, fail, reason
+from edgegw_cli._common import console, fail
+from edgegw_cli._errors import reason
 
 
 def _batches(

@@ -11,7 +11,8 @@ from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edgegw_cli._bucket import open_edgegw_bucket
-from edgegw_cli._common import console, fail, leaf, reason
+from edgegw_cli._common import console, fail
+from edgegw_cli._errors import leaf, reason
 
 
 def reship(

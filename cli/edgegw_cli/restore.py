@@ -19,7 +19,8 @@ from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.names import validate_region
 from edge_gateway.regionlog import LogState, load_log_state
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
-from edgegw_cli._common import console, fail, reason
+from edgegw_cli._common import console, fail
+from edgegw_cli._errors import reason
 
 
 def restore(

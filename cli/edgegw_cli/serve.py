@@ -1,28 +1,22 @@
-"""``edgegw serve``: run the gateway until SIGTERM/SIGINT."""
+"""``edgegw serve``: run the gateway until SIGTERM/SIGINT (the work is in :mod:`._serve_run`)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import trio
 import typer
 
-from edgegw_cli._common import bind_failure, fail, leaf, reason
+from edgegw_cli._common import fail
+from edgegw_cli._serve_run import (
+    EXIT_BUCKET_LOST,
+    EXIT_CONFIG,
+    EXIT_FATAL,
+    EXIT_FENCED,
+    ServeFailed,
+    run_serve,
+)
 
-if TYPE_CHECKING:
-    from edge_gateway.config import GatewayConfig
-    from edge_gateway.gateway import Gateway
-
-log = logging.getLogger("edgegw.serve")
-
-#: Exit codes: 0 clean shutdown, 1 a fatal error, 2 bad config, 3 fenced,
-#: 4 the bucket lost this region's log (restarting cannot help: recover first).
-EXIT_FATAL, EXIT_CONFIG, EXIT_FENCED, EXIT_BUCKET_LOST = 1, 2, 3, 4
+__all__ = ["EXIT_BUCKET_LOST", "EXIT_CONFIG", "EXIT_FATAL", "EXIT_FENCED", "serve"]
 
 
 def serve(
@@ -34,113 +28,7 @@ def serve(
 
     Example: edgegw serve --config /etc/edgegw/edgegw.toml
     """
-    from edge_gateway.config import load_config
-    from edge_gateway.errors import BucketLost, ConfigError, EdgeGatewayError, Fenced, InUse
-    from edge_gateway.logs import configure_logging
-
     try:
-        cfg = load_config(config)  # its errors start with the file's name
-    except ConfigError as exc:
-        raise fail(str(exc), EXIT_CONFIG) from None
-    configure_logging(cfg.log.level, cfg.log.format)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_BindFailureFilter(cfg.api.listen))
-    try:
-        trio.run(_serve, cfg)
-    except* BucketLost as group:
-        msg = str(leaf(group))
-        log.error("bucket lost: %s", msg)
-        raise fail(f"bucket lost: {msg}", EXIT_BUCKET_LOST) from None
-    except* Fenced as group:
-        msg = str(leaf(group))
-        log.error("fenced: %s", msg)
-        raise fail(f"fenced: {msg}", EXIT_FENCED) from None
-    except* InUse as group:
-        msg = f"{leaf(group)}; one gateway per data directory: stop that one first"
-        log.error("%s", msg)
-        raise fail(msg) from None
-    except* ConfigError as group:
-        raise fail(str(leaf(group)), EXIT_CONFIG) from None
-    except* (EdgeGatewayError, OSError) as group:
-        message = _bind_failure(group, cfg.api.listen) or reason(leaf(group))
-        log.error("fatal: %s", message)
-        raise fail(message, EXIT_FATAL) from None
-
-
-def _bind_failure(exc: BaseException, listen: str) -> str | None:
-    """A one-line message naming ``api.listen`` when ``exc`` (or the first
-    exception in it, if a group) is the API's bind failing.
-
-    Exit code 1, not 2: the address is well formed (config load checks that),
-    and what refuses it can pass (a process still holding the port, an
-    interface not up yet at boot), so a supervisor may retry.
-    """
-    from edge_gateway.config import key_source
-
-    # Only an error raised inside the API's server: an outbound connection
-    # (bucket, metadata server) can fail with the same errno or gaierror.
-    # The server's frames may be on an enclosing group's traceback.
-    in_api = False
-    while True:
-        tb = exc.__traceback__
-        while tb is not None and not in_api:
-            in_api = str(tb.tb_frame.f_globals.get("__name__", "")).startswith("edge_gateway.api")
-            tb = tb.tb_next
-        if not isinstance(exc, BaseExceptionGroup):
-            break
-        exc = exc.exceptions[0]
-    return bind_failure(exc, key_source("api.listen"), listen) if in_api else None
-
-
-class _BindFailureFilter(logging.Filter):
-    """Log a failed bind of the API as the one line serve prints, without the
-    traceback the gateway attaches to a failed service: the operator needs the
-    key and the reason, not 40 lines of trio and hypercorn frames."""
-
-    def __init__(self, listen: str) -> None:
-        super().__init__()
-        self.listen = listen
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        exc = record.exc_info[1] if record.exc_info else None
-        message = _bind_failure(exc, self.listen) if exc is not None else None
-        if message is not None:
-            record.msg, record.args = f"{record.getMessage()}: {message}", None
-            record.exc_info, record.exc_text = None, None
-        return True
-
-
-async def _serve(cfg: GatewayConfig) -> None:
-    from edge_gateway.api import serve_api
-    from edge_gateway.gateway import Gateway
-
-    gateway = Gateway(cfg)
-    gateway.add_service("api", serve_api)
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(_on_signals, signals, gateway)
-
-            async def announce() -> None:
-                addr = gateway.api_address
-                log.info(
-                    "serving region %s on http://%s:%s",
-                    cfg.region,
-                    *(addr if addr else ("?", "?")),
-                )
-
-            async def run_gateway() -> None:
-                await gateway.run()  # returns when stopped, also while still starting
-                nursery.cancel_scope.cancel()  # stopped: the signal watcher is done too
-
-            gateway.on_ready(announce)
-            nursery.start_soon(run_gateway)
-
-
-async def _on_signals(signals: AsyncIterator[int], gateway: Gateway) -> None:
-    async for signum in signals:
-        if not gateway.shutdown_requested:
-            log.info("%s: shutting down gracefully", signal.Signals(signum).name)
-            gateway.request_shutdown()
-        else:
-            log.warning("second signal: exiting now")
-            os._exit(EXIT_FATAL)
+        run_serve(config)
+    except ServeFailed as exc:
+        raise fail(exc.message, exc.code) from None

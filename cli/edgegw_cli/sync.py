@@ -17,7 +17,8 @@ from edge_gateway.journal import Journal
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
-from edgegw_cli._common import console, err_console, fail, leaf, reason
+from edgegw_cli._common import console, err_console, fail
+from edgegw_cli._errors import leaf, reason
 
 if TYPE_CHECKING:
     from edge_gateway.config import GatewayConfig

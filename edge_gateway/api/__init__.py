@@ -2,12 +2,13 @@
 
 * :func:`serve_api` — the gateway service: hypercorn on trio, bound to
   ``api.listen``; add it with ``gateway.add_service("api", serve_api)``;
-* :func:`create_app` — the ASGI app alone (a Starlette app over a gateway);
+* :func:`create_app` — the ASGI app alone (over a gateway; routing in :mod:`._asgi`);
 * :mod:`edge_gateway.api.wire` — media types, headers and error codes,
   shared with :mod:`edge_gateway.client`.
 
 The server parts load on first use, so that the client can import
-:mod:`edge_gateway.api.wire` without Starlette and hypercorn.
+:mod:`edge_gateway.api.wire` without the server (and hypercorn, loaded only
+when it is ``api.server``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The local HTTP API: a Starlette app over a :class:`Gateway` (routes in ``docs/api.md``).
+"""The local HTTP API: an ASGI app over a :class:`Gateway` (routes in ``docs/api.md``).
 
 Layers, outermost first:
 
@@ -7,11 +7,11 @@ Layers, outermost first:
    :class:`_Exchange`), serves the two produce routes itself (the hot path:
    no routing table walk, no request objects) and turns an exception that
    escaped everything else into a logged traceback;
-2. Starlette for every other route, whose exception handlers map
-   :class:`ApiError` and the :mod:`edge_gateway.errors` tree to
-   ``{"error": {"code", "message"}}`` with the status codes of
-   :data:`edge_gateway.api.wire.ERROR_CODES` (:meth:`ApiApp._error_for`,
-   shared with the produce routes);
+2. a route table (:mod:`._asgi`: Starlette's routing without anyio and
+   asyncio) for every other route; :class:`ApiError` and the
+   :mod:`edge_gateway.errors` tree become ``{"error": {"code", "message"}}``
+   with the status codes of :data:`edge_gateway.api.wire.ERROR_CODES`
+   (:meth:`ApiApp._error_for`, shared with the produce routes);
 3. the endpoints: each checks the bearer token (unless public), parses its
    input with :mod:`edge_gateway.api._codec` and calls the gateway.
 
@@ -36,15 +36,21 @@ from typing import Any, Final
 from urllib.parse import parse_qsl
 
 import trio
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
 
-from edge_gateway._http import ApiError, error_response, receive_body
+from edge_gateway._http import ApiError, receive_body
 from edge_gateway.api import _codec
+from edge_gateway.api._asgi import (
+    JSONResponse,
+    Message,
+    Receive,
+    Request,
+    Response,
+    Route,
+    Router,
+    Scope,
+    Send,
+    serve_lifespan,
+)
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     HIGH_WATERMARK_HEADER,
@@ -95,7 +101,6 @@ class ApiApp:
         # Seconds until a refused produce may succeed: about one shipper flush.
         flush_s = gateway.config.shipper.flush_interval_ms / 1000
         self._retry_after = str(max(1, math.ceil(flush_s)))
-        self._routes: dict[Callable[..., Any], str] = {}
         routes = [
             self._route("/healthz", self.healthz, ["GET"], public=True),
             self._route(
@@ -111,21 +116,16 @@ class ApiApp:
             self._route("/v1/groups/{group}/offsets", self.fetch_offsets, ["GET"]),
             self._route("/v1/sync", self.sync, ["POST"]),
         ]
-        self.starlette = Starlette(
-            routes=routes,
-            exception_handlers={
-                ApiError: self._api_error,
-                EdgeGatewayError: self._gateway_error,
-                HTTPException: self._http_error,
-                Exception: _internal_error,
-            },
-        )
+        self.router = Router(routes)
 
     # ------------------------------------------------------------------ ASGI
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.starlette(scope, receive, send)
+        if scope["type"] == "lifespan":
+            await serve_lifespan(receive, send)
+            return
+        if scope["type"] != "http":  # a websocket: not served
+            await send({"type": "websocket.close", "code": 1000})
             return
         started = time.perf_counter()
         x = _Exchange(scope, receive, send, self.config.max_body_bytes, self.config.read_timeout_s)
@@ -134,25 +134,44 @@ class ApiApp:
             if scope["method"] == "POST":
                 route = await self._fast_produce(x)
             if not route:
-                await self.starlette(scope, x.receive, x.send)
+                route = await self._dispatch(x)
         except Exception:
-            # Starlette has sent the JSON 500 (and re-raised, by design): log it here.
             log.exception("internal error serving %s %s", scope["method"], scope["path"])
             if not x.responded:
                 await error_response(500, "internal", _INTERNAL_MESSAGE)(scope, x.receive, x.send)
         finally:
-            if not route:
-                endpoint = scope.get("endpoint")
-                route = self._routes.get(endpoint, "unmatched") if endpoint else "unmatched"
             self.metrics.observe_request(
-                route, scope["method"], x.status, time.perf_counter() - started
+                route or "unmatched", scope["method"], x.status, time.perf_counter() - started
             )
 
+    async def _dispatch(self, x: _Exchange) -> str:
+        """Serve ``x`` by the route table; returns the route template ("" if none matched)."""
+        method, path = x.scope["method"], x.scope["path"]
+        match = self.router.match(method, path)
+        if match.route is None:
+            if match.allowed:
+                response = error_response(
+                    405,
+                    "method_not_allowed",
+                    f"{method} is not allowed on {path}",
+                    {"Allow": ", ".join(match.allowed)},
+                )
+            else:
+                response = error_response(404, "not_found", f"no such route: {path}")
+            await response(x.scope, x.receive, x.send)
+            return ""
+        try:
+            response = await match.route.endpoint(Request(x.scope, x.receive, match.params))
+        except (ApiError, EdgeGatewayError) as exc:
+            response = self._error_for(exc, path)
+        await response(x.scope, x.receive, x.send)
+        return match.route.path
+
     async def _fast_produce(self, x: _Exchange) -> str:
-        """The produce routes without Starlette's routing and request objects.
+        """The produce routes without the route table and request objects.
 
         They carry the hot path (one request per record); the answers are the
-        same as through the Starlette routes, which stay for everything else.
+        same as through the route table, which serves everything else.
         Returns the route template served, or "" when the path is not one of them.
         """
         path = x.scope["path"]
@@ -194,8 +213,7 @@ class ApiApp:
                 self._check_token(request.headers.get("authorization"))
                 return await handler(request)
 
-        self._routes[endpoint] = path
-        return Route(path, endpoint, methods=methods)
+        return Route(path, endpoint, methods)
 
     # -------------------------------------------------------------- shutdown
 
@@ -217,27 +235,6 @@ class ApiApp:
                 self._waits.discard(scope)
 
     # ---------------------------------------------------------------- errors
-
-    async def _api_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return self._error_for(exc, request.url.path)
-
-    async def _gateway_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, EdgeGatewayError)
-        return self._error_for(exc, request.url.path)
-
-    async def _http_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        if exc.status_code == 404:
-            return error_response(404, "not_found", f"no such route: {request.url.path}")
-        if exc.status_code == 405:
-            return error_response(
-                405,
-                "method_not_allowed",
-                f"{request.method} is not allowed on {request.url.path}",
-                headers=dict(exc.headers or {}),
-            )
-        return error_response(exc.status_code, "invalid_request", str(exc.detail))
 
     def _error_for(self, exc: ApiError | EdgeGatewayError, path: str) -> Response:
         """The error response for ``exc`` (codes and statuses: ``wire.ERROR_CODES``)."""
@@ -625,8 +622,18 @@ def _headers_of(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
 
 
-async def _internal_error(request: Request, exc: Exception | None) -> Response:
-    return error_response(500, "internal", _INTERNAL_MESSAGE)
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> Response:
+    """``{"error": {"code": ..., "message": ..., **extra}}`` with ``status``
+    (as :func:`edge_gateway._http.error_response` answers for the metadata server)."""
+    return JSONResponse(
+        {"error": {"code": code, "message": message, **extra}}, status, headers=headers
+    )
 
 
 def create_app(gateway: Gateway) -> ApiApp:

@@ -15,8 +15,15 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
 :func:`verify_conditional_create` refuses stores that ignore create-only puts,
 because fencing depends on them. :class:`DenialTracker` keeps (and logs) a
 component's refusal by the store, which callers retry like an outage.
+
+:class:`S3Bucket` loads on first use (with boto3 and botocore: ~100 ms and
+~15 MB), so a gateway on a local-directory bucket never imports them;
+:class:`S3Config` does not need them.
 """
 
+from typing import TYPE_CHECKING
+
+from edge_gateway._lazy import lazy_attributes
 from edge_gateway.bucket._base import (
     MAX_KEY_BYTES,
     OPERATIONS,
@@ -44,7 +51,10 @@ from edge_gateway.bucket._faulty import FaultyBucket
 from edge_gateway.bucket._link import LinkMeter, LinkStatistics, MeteredBucket
 from edge_gateway.bucket._local import LocalBucket
 from edge_gateway.bucket._probe import probe_key, verify_conditional_create
-from edge_gateway.bucket._s3 import S3Bucket, S3Config
+from edge_gateway.bucket._s3config import S3Config
+
+if TYPE_CHECKING:
+    from edge_gateway.bucket._s3 import S3Bucket
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -77,3 +87,5 @@ __all__ = [
     "validate_key",
     "validate_prefix",
 ]
+
+__getattr__ = lazy_attributes(__name__, {"S3Bucket": "edge_gateway.bucket._s3"})

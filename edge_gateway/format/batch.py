@@ -45,8 +45,7 @@ from dataclasses import dataclass
 from itertools import accumulate, pairwise
 from typing import Final
 
-import crc32c
-
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
 
 VERSION: Final = 1
@@ -57,7 +56,7 @@ _KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS
 _HEADER = struct.Struct("<IBBHqIIqq")
 HEADER_SIZE: Final = _HEADER.size  # 40
 _COUNT_TS = struct.Struct("<Iqq")  # header bytes [20, 40): count, min/max timestamp
-_crc = crc32c.crc32c
+_crc = crc32c
 _BASE_OFFSET = struct.Struct("<q")
 _CRC = struct.Struct("<I")
 _BASE_OFFSET_POS: Final = 8
@@ -223,9 +222,9 @@ def encode_batch(
     if not _I64_MIN <= base_offset <= _I64_MAX:
         raise InvalidInput("base_offset out of range")
     # CRC over [4, 8) (a constant per flags) ++ [20, 40) ++ the columns and data
-    crc = crc32c.crc32c(_COUNT_TS.pack(count, min_ts, max_ts), value=_PREFIX_CRC[flags])
+    crc = crc32c(_COUNT_TS.pack(count, min_ts, max_ts), value=_PREFIX_CRC[flags])
     for part in parts:
-        crc = crc32c.crc32c(part, value=crc)
+        crc = crc32c(part, value=crc)
     parts.insert(
         0, _HEADER.pack(length, VERSION, flags, 0, base_offset, crc, count, min_ts, max_ts)
     )
@@ -237,7 +236,7 @@ _ONE_NOKEY = struct.Struct("<Iqqqi")  # count, min/max ts, ts column, value leng
 _ONE_KEY = struct.Struct("<Iqqqii")  # ... key length, value length
 # CRC32C of bytes [4, 8) (version, flags, reserved) by flags, to seed the CRC.
 _PREFIX_CRC: Final = {
-    f: crc32c.crc32c(struct.pack("<BBH", VERSION, f, 0)) for f in range(_KNOWN_FLAGS + 1)
+    f: crc32c(struct.pack("<BBH", VERSION, f, 0)) for f in range(_KNOWN_FLAGS + 1)
 }
 
 
@@ -300,8 +299,8 @@ def encode_records(records: Sequence[Record]) -> bytes:
 def batch_crc(buf: bytes | bytearray | memoryview, pos: int, length: int) -> int:
     """CRC32C of the batch at ``buf[pos:pos+length]``: over [4, 8) ++ [20, length)."""
     view = memoryview(buf)
-    crc = crc32c.crc32c(view[pos + _VERSION_POS : pos + _BASE_OFFSET_POS])
-    return int(crc32c.crc32c(view[pos + _CRC_END : pos + length], value=crc))
+    crc = crc32c(view[pos + _VERSION_POS : pos + _BASE_OFFSET_POS])
+    return int(crc32c(view[pos + _CRC_END : pos + length], value=crc))
 
 
 def read_header(

@@ -39,8 +39,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Final
 
-import crc32c
-
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format import batch as _batch
 
@@ -154,9 +153,9 @@ def encode_entry_rest(
 
 def entry_crc(rest: bytes, *payload: bytes | memoryview) -> int:
     """The CRC32C an entry stores: over bytes [8, length)."""
-    crc = crc32c.crc32c(rest)
+    crc = crc32c(rest)
     for part in payload:
-        crc = crc32c.crc32c(part, value=crc)
+        crc = crc32c(part, value=crc)
     return int(crc)
 
 
@@ -222,7 +221,7 @@ def decode_entry(
         raise CorruptData(f"truncated entry: {length} bytes, {avail} present", where=where)
     view = memoryview(buf)[pos : pos + length]
     if verify:
-        actual = crc32c.crc32c(view[8:])
+        actual = crc32c(view[8:])
         if actual != crc:
             raise CorruptData(
                 f"entry CRC mismatch (stored {crc:08x}, computed {actual:08x})", where=where

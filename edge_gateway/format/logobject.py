@@ -46,9 +46,9 @@ from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
-import crc32c
 import zstandard as zstd
 
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
 from edge_gateway.format import batch as _batch
 from edge_gateway.format.batch import RecordBatch
@@ -354,7 +354,7 @@ def encode_header(header: LogObjectHeader) -> bytes:
             ),
         )
     body = b"".join(parts)
-    return body + _U32.pack(crc32c.crc32c(body))
+    return body + _U32.pack(crc32c(body))
 
 
 def encode_fence(region: str, epoch: int, seq: int, last_lsn: int, created_ms: int) -> bytes:
@@ -576,7 +576,7 @@ class LogObjectBuilder:
                         len(packed),
                         len(raw),
                         codec,
-                        crc32c.crc32c(packed),
+                        crc32c(packed),
                     )
                 )
                 stored.append(packed)
@@ -650,7 +650,7 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
     view = memoryview(buf)[:hlen]
     end = hlen - 4
     (stored_crc,) = _U32.unpack_from(view, end)
-    actual = crc32c.crc32c(view[:end])
+    actual = crc32c(view[:end])
     if actual != stored_crc:
         raise CorruptData(
             f"header CRC mismatch (stored {stored_crc:08x}, computed {actual:08x})", where=where
@@ -727,7 +727,7 @@ def decode_block(index: BlockIndex, stored: Buffer, *, where: str) -> bytes:
         raise CorruptData(
             f"{what}: {len(stored)} bytes, the index says {index.stored_length}", where=where
         )
-    actual = crc32c.crc32c(stored)
+    actual = crc32c(stored)
     if actual != index.crc:
         raise CorruptData(
             f"{what}: CRC mismatch (stored {index.crc:08x}, computed {actual:08x})", where=where

@@ -47,8 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, Protocol
 
-import crc32c
-
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, Unavailable
 from edge_gateway.journal import _fs
 from edge_gateway.journal._config import INDEX_CACHE_MIN_BYTES
@@ -148,7 +147,7 @@ class SegmentIndex:
         )
         pad = -(_HEAD.size + dir_len) % 8
         body = b"".join([head, *directory, bytes(pad), _arr_bytes(self.positions), *arrays])
-        return body + struct.pack("<I", crc32c.crc32c(body)), runs
+        return body + struct.pack("<I", crc32c(body)), runs
 
     @classmethod
     def decode_v1(cls, data: bytes, *, where: str) -> SegmentIndex:
@@ -157,7 +156,7 @@ class SegmentIndex:
             raise CorruptData("index file truncated", where=where)
         (stored,) = struct.unpack_from("<I", data, len(data) - 4)
         body = memoryview(data)[:-4]
-        if crc32c.crc32c(body) != stored:
+        if crc32c(body) != stored:
             raise CorruptData("index file CRC mismatch", where=where)
         magic, version, base_lsn, n, size, last_time = _HEAD_V1.unpack_from(body)
         if magic != _MAGIC or version != 1:
@@ -259,7 +258,7 @@ class IndexFile:
                 chunk = os.pread(fd, min(_CHUNK, body - pos), pos)
                 if not chunk:
                     raise CorruptData("index file truncated", where=where)
-                crc = crc32c.crc32c(chunk, crc)
+                crc = crc32c(chunk, crc)
                 pos += len(chunk)
             (stored,) = struct.unpack("<I", os.pread(fd, 4, body))
             if crc != stored:

@@ -60,10 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, NamedTuple, NoReturn
 
-import crc32c
 import trio
 import trio.lowlevel
 
+from edge_gateway._crc import crc32c
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
@@ -112,7 +112,7 @@ _SEGMENT_MEMORY: Final = 1280
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
-_crc = crc32c.crc32c
+_crc = crc32c
 _time_ns = time.time_ns
 _new_appended = tuple.__new__
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled

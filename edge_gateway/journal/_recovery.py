@@ -18,8 +18,7 @@ from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import crc32c
-
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
@@ -32,7 +31,7 @@ log = logging.getLogger("edgegw.journal")
 _MAX_BATCH = fbatch.MAX_BATCH_BYTES
 _MAX_ENTRY = fentry.MAX_ENTRY_BYTES
 _NONZERO = re.compile(rb"[^\x00]")
-_crc = crc32c.crc32c
+_crc = crc32c
 
 
 def _scan_struct(topic_len: int) -> struct.Struct:

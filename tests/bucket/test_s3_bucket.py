@@ -205,7 +205,7 @@ def test_config_from_mapping() -> None:
 
 def test_config_covers_every_field() -> None:
     # Each config key has a type check (the table must follow new fields).
-    from edge_gateway.bucket._s3 import _FIELD_TYPES
+    from edge_gateway.bucket._s3config import _FIELD_TYPES
 
     assert set(_FIELD_TYPES) == set(S3Config.__dataclass_fields__)
 

@@ -4,6 +4,8 @@ top-level help imports no command's heavy dependencies."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,9 +18,13 @@ from edgegw_cli.app import app
 from rich.errors import MarkupError
 from rich.text import Text
 from typer.core import TyperGroup
+from typer.testing import CliRunner
 
 #: Imported by commands that need them, never by ``edgegw --help``.
-HEAVY = ("boto3", "botocore", "httpx", "hypercorn", "starlette", "pyarrow", "pyspark", "trio")
+HEAVY = (
+    *("boto3", "botocore", "httpx", "hypercorn", "starlette", "pyarrow", "pyspark", "trio"),
+    *("rich", "pydantic"),  # help is plain text (see _typer_app.PLAIN_HELP)
+)
 
 
 #: Runs ``python -m edgegw_cli ARGS`` and then prints the modules it imported.
@@ -54,7 +60,7 @@ def test_top_level_help_imports_no_command() -> None:
     heavy = sorted(m for m in imported if m.split(".")[0] in HEAVY)
     assert not heavy, f"edgegw --help imports {heavy}"
     commands = sorted(m for m in imported if m.startswith("edgegw_cli."))
-    assert commands == ["edgegw_cli.app"], commands
+    assert commands == ["edgegw_cli._typer_app", "edgegw_cli.app"], commands
 
 
 def test_a_command_is_imported_when_it_shows_its_help() -> None:
@@ -64,28 +70,66 @@ def test_a_command_is_imported_when_it_shows_its_help() -> None:
 
 
 def _commands() -> Iterator[tuple[tuple[str, ...], Any]]:
-    """Every (sub)command of the app, each as (path, click command)."""
+    """Every command and sub-command of the app, at any depth, each as (path, click command).
+
+    Walked from the app itself, so a command added later is covered too.
+    """
     root = typer.main.get_command(app)
     assert isinstance(root, TyperGroup)
-    for name in root.list_commands(None):  # type: ignore[arg-type]
-        command = root.get_command(None, name)  # type: ignore[arg-type]
-        yield (name,), command
-        if isinstance(command, TyperGroup):
-            for sub in command.list_commands(None):  # type: ignore[arg-type]
-                yield (name, sub), command.get_command(None, sub)  # type: ignore[arg-type]
+
+    def walk(path: tuple[str, ...], group: TyperGroup) -> Iterator[tuple[tuple[str, ...], Any]]:
+        ctx = typer.Context(group, info_name=path[-1] if path else "edgegw")
+        for name in group.list_commands(ctx):
+            command = group.get_command(ctx, name)
+            assert command is not None, (*path, name)
+            yield (*path, name), command
+            if isinstance(command, TyperGroup):
+                yield from walk((*path, name), command)
+
+    return walk((), root)
 
 
 def _paths() -> list[tuple[str, ...]]:
     return [path for path, _ in _commands()]
 
 
+def _command(path: tuple[str, ...]) -> Any:
+    return dict(_commands())[path]
+
+
+#: The width of a plain terminal: help must show every option's name in it.
+NARROW = "80"
+
+
 @pytest.mark.parametrize("path", _paths(), ids=" ".join)
 def test_every_command_shows_its_help(path: tuple[str, ...]) -> None:
-    res = invoke(*path, "--help")
-    assert res.exit_code == 0, (res.stdout, res.stderr, res.exception)
-    assert res.exception is None or isinstance(res.exception, SystemExit)
-    assert "Traceback" not in res.stdout + res.stderr
+    env = {**cli_env(), "COLUMNS": NARROW}
+    unset: dict[str, str | None] = {k: None for k in os.environ if k not in env}
+    res = CliRunner().invoke(app, [*path, "--help"], env={**unset, **env})
+    out = res.stdout + res.stderr
+    assert res.exit_code == 0, (out, res.exception)
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    assert "Traceback" not in out
     assert f"Usage: edgegw {' '.join(path)}" in res.stdout
+    command = _command(path)
+    # Every option by each of its names, whole (a rich table cut long names
+    # to fit 80 columns: "--max-partition-…"), and every sub-command.
+    # (typer 0.29 brings its own copy of click: params are not click.Option.)
+    options = [p for p in command.params if p.param_type_name == "option"]
+    names = [n for p in options for n in (*p.opts, *p.secondary_opts)] + ["--help"]
+    assert len(names) > 1 or not command.params, command.params
+    if isinstance(command, TyperGroup):
+        names += command.list_commands(typer.Context(command))
+    missing = [n for n in names if not re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", res.stdout)]
+    assert not missing, f"edgegw {' '.join(path)} --help does not show {missing}:\n{res.stdout}"
+
+
+def test_the_walk_reaches_nested_commands() -> None:
+    # The walk itself: groups and their commands are both in it.
+    paths = _paths()
+    assert ("pipeline",) in paths
+    assert ("pipeline", "run") in paths
+    assert ("serve",) in paths
 
 
 def _help_texts() -> Iterator[tuple[str, str]]:

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 import pytest
 from _moto_auth import AuthMoto, IamUser, credentials_env, write_credentials
-from _serve import Gateway, Producer, TopicSpec, read_partition, wait_until
+from _serve import Gateway, Producer, TopicSpec, read_partition, wait_mirrored, wait_until
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
 from _cli_support import run_edgegw
@@ -260,6 +260,7 @@ def test_revoked_key_keeps_intake_and_a_new_key_in_the_file_resumes_shipping(
         assert "edgegw_bucket_denied{" not in _metrics(a)
         fences = _check_exactly_once(moto_auth, bucket, "a", producers["a"])
         assert fences == 1  # no re-claim: the shipper waited, it was never restarted
+        wait_mirrored(b, "t-b", a, timeout=60)  # a's mirror catches up on what b wrote meanwhile
         for part in range(2):
             assert read_partition(a.url, "b.t-b", part) == read_partition(b.url, "t-b", part)
 
