@@ -1,7 +1,10 @@
-# Two commands do all setup on a fresh machine with Python 3.11+:
+# Two commands do all setup on a fresh machine with Python 3.11 to 3.13:
 #   make run   - create .venv if missing, install edgegw (runtime dependencies only), run the demo
 #   make test  - create/update .venv, install with test extras, lint, type-check, run the suite
 PYTHON ?= python3
+# Override both to run the suite on another interpreter in its own venv:
+#   make pytest PYTHON=python3.13 VENV=.venv-3.13
+# `make test-versions` does that for the oldest and newest supported Python (CI).
 VENV   := .venv
 BIN    := $(VENV)/bin
 PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
@@ -10,10 +13,10 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test lint typecheck pytest bench clean install faketime
+.PHONY: run test test-versions lint typecheck pytest bench clean install faketime
 
 $(BIN)/python:
-	$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "edgegw needs Python 3.11+"'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] <= (3, 13), "edgegw supports Python 3.11 to 3.13"'
 	@echo "creating $(VENV) with $(PYTHON) and upgrading pip in it ..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
@@ -59,8 +62,13 @@ pytest: $(STAMP) faketime
 
 test: lint typecheck pytest
 
+# The suite on the oldest and newest supported Python (pyproject.toml's
+# classifiers), each in .venv-3.X; fails when one is not installed.
+test-versions:
+	.ci/test-versions
+
 bench: $(STAMP)
 	$(BIN)/python bench/journal.py --quick
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-3.* .pytest_cache .mypy_cache .ruff_cache

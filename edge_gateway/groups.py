@@ -48,15 +48,17 @@ class GroupStore:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db: sqlite3.Connection | None = sqlite3.connect(
-            str(path), check_same_thread=False, isolation_level=None
-        )
+        db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.executescript(_SCHEMA)
+        except BaseException:  # a full disk, a corrupt file: no connection left behind
+            db.close()
+            raise
+        self._db: sqlite3.Connection | None = db
         self._lock = threading.Lock()
         self._limiter = trio.CapacityLimiter(1)
-        db = self._db
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=FULL")
-        db.executescript(_SCHEMA)
 
     def _conn(self) -> sqlite3.Connection:
         if self._db is None:

@@ -224,8 +224,7 @@ def compact(
     for column in ("table", "partitions", "files before", "files after", "rows"):
         summary.add_column(column)
     try:
-        with warehouse_lock(warehouse):
-            cat = open_catalog(warehouse, catalog)
+        with warehouse_lock(warehouse), open_catalog(warehouse, catalog) as cat:
             names = table or [ident[-1] for ident in cat.list_tables(namespace)]
             for name in names:
                 res = compact_table(

@@ -30,12 +30,67 @@ _OFFSET_FIELDS: Final = frozenset({"topic", "partition", "offset", "metadata"})
 Ack = Literal["local", "shipped"]
 
 
+#: How deep a record's JSON ``value`` may nest arrays and objects (``[[1]]`` is 2).
+#: Checked on the raw body before parsing, so the answer is the same on every
+#: Python version (the parser's own limit follows the interpreter's recursion
+#: limit: 3.11 gave up near 1,000 levels, 3.13 parses far deeper). 64 is far
+#: beyond real telemetry and far below where any interpreter's parser (or
+#: ``json.dumps``, which re-encodes the value) could run out of recursion.
+MAX_VALUE_DEPTH: Final = 64
+#: A produce body wraps values in three levels: ``{"records": [{"value": ...}]}``.
+MAX_BODY_DEPTH: Final = MAX_VALUE_DEPTH + 3
+_NOT_MARKS: Final = bytes(b for b in range(256) if b not in b'"[]{}')
+# a string once escapes and everything but quotes and brackets are gone
+_STRING = re.compile(rb'"[^"]*"')
+
+
 def _reject_constant(name: str) -> Any:
     raise InvalidInput(f"{name} is not valid JSON")
 
 
+def nesting_refusal(body: bytes, limit: int) -> str | None:
+    """Why the JSON text ``body`` may not be parsed: it nests arrays and objects deeper
+    than ``limit``, or its quotes and brackets do not pair up; None when neither.
+
+    No recursion whatever the depth, and C speed (``bytes`` methods): the body
+    is cut down to its brackets outside strings, then innermost pairs are
+    removed one level per pass. Text that passes may still be invalid JSON
+    (the parser says why, within ``limit`` levels of recursion).
+    """
+    if body.count(b"[") + body.count(b"{") <= limit:  # the common case: one look
+        return None
+    if b"\\" in body:
+        # Escaped backslashes first (left to right, a run of them pairs up as
+        # JSON reads it), then escaped quotes; other escapes keep no mark.
+        body = body.replace(b"\\\\", b"").replace(b'\\"', b"")
+    marks = body.translate(None, _NOT_MARKS)
+    # Drop strings: quotes alternate open/close, so removing adjacent quotes (an
+    # empty string, or the end of one string and the start of the next, with
+    # only ``:`` or ``,`` between) keeps that; strings holding brackets are left.
+    marks = marks.replace(b'""', b"")
+    if b'"' in marks:
+        marks = _STRING.sub(b"", marks)
+    # One level per pass: innermost pairs become a placeholder, so a pair that
+    # only their removal makes adjacent (``{[]}``) waits for the next pass.
+    for _ in range(limit):
+        if not marks:
+            return None
+        fewer = marks.replace(b"[]", b"L").replace(b"{}", b"L")
+        if fewer == marks:
+            return "is not valid JSON: its quotes or brackets do not pair up"
+        marks = fewer.replace(b"L", b"")
+    if not marks:
+        return None
+    return f"nests arrays and objects more than {limit} levels deep"
+
+
 def loads(body: bytes, what: str = "body") -> Any:
-    """Parse a JSON request body (strict: no NaN/Infinity)."""
+    """Parse a JSON request body (strict: no NaN/Infinity, nesting at most MAX_BODY_DEPTH)."""
+    refusal = nesting_refusal(body, MAX_BODY_DEPTH)
+    if refusal is not None:
+        raise InvalidInput(
+            f"{what} {refusal} (a record value may nest at most {MAX_VALUE_DEPTH} levels)"
+        )
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except InvalidInput as exc:

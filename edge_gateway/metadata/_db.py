@@ -142,6 +142,9 @@ class MetadataStore:
         except sqlite3.DatabaseError as exc:
             db.close()
             raise ConfigError(f"{path}: not a usable metadata database: {exc}") from None
+        except BaseException:  # a schema too new, a cancellation: no connection left behind
+            db.close()
+            raise
 
     @staticmethod
     def _migrate(db: sqlite3.Connection) -> None:

@@ -243,8 +243,7 @@ def run_job(
     def session() -> Any:
         return spark.get() if isinstance(spark, LazySession) else spark
 
-    with warehouse_lock(cfg.output.warehouse):
-        catalog = cfg.output.open()
+    with warehouse_lock(cfg.output.warehouse), cfg.output.open() as catalog:
         plan, tables = plan_job(cfg, catalog)
         if dry_run:
             return plan

@@ -96,8 +96,22 @@ class Table(Protocol):
 # Iceberg
 
 
-def open_catalog(warehouse: Path, catalog_uri: str | None, name: str = "edgegw") -> Any:
-    """The SQL catalog on SQLite in the warehouse by default; a REST catalog for ``http(s)://``."""
+@contextlib.contextmanager
+def open_catalog(warehouse: Path, catalog_uri: str | None, name: str = "edgegw") -> Iterator[Any]:
+    """The SQL catalog on SQLite in the warehouse by default; a REST catalog for ``http(s)://``.
+
+    A context manager: leaving it closes the catalog (the SQL catalog's
+    connection pool, the REST catalog's HTTP session), so a process that runs
+    the job again and again holds no database connection between runs.
+    """
+    catalog = _new_catalog(warehouse, catalog_uri, name)
+    try:
+        yield catalog
+    finally:
+        catalog.close()
+
+
+def _new_catalog(warehouse: Path, catalog_uri: str | None, name: str) -> Any:
     from pyiceberg.catalog import load_catalog
     from pyiceberg.catalog.sql import SqlCatalog
 
@@ -331,8 +345,14 @@ class Output:
     catalog_uri: str | None = None
     namespace: str = "edgegw"
 
-    def open(self) -> Any:
-        return open_catalog(self.warehouse, self.catalog_uri) if self.iceberg else None
+    @contextlib.contextmanager
+    def open(self) -> Iterator[Any]:
+        """The catalog (None for Parquet), closed on leaving."""
+        if not self.iceberg:
+            yield None
+            return
+        with open_catalog(self.warehouse, self.catalog_uri) as catalog:
+            yield catalog
 
     def table(self, catalog: Any, name: str) -> Table:
         if self.iceberg:

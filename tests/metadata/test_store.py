@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _fds import no_gc, open_paths
 
 from edge_gateway.errors import ConfigError, InvalidInput
 from edge_gateway.metadata._db import (
@@ -20,11 +22,14 @@ from edge_gateway.metadata.routing import TopicRoute
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> MetadataStore:
+def store(tmp_path: Path) -> Iterator[MetadataStore]:
     s = MetadataStore(tmp_path / "m.sqlite")
-    s.add_region("north", 1)
-    s.add_region("south", 2)
-    return s
+    try:
+        s.add_region("north", 1)
+        s.add_region("south", 2)
+        yield s
+    finally:
+        s.close()
 
 
 def test_wal_and_schema_version(tmp_path: Path) -> None:
@@ -35,14 +40,30 @@ def test_wal_and_schema_version(tmp_path: Path) -> None:
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
     db.execute(f"PRAGMA user_version = {len(MIGRATIONS) + 1}")
     db.close()
-    with pytest.raises(ConfigError, match="newer edgegw"):
-        MetadataStore(tmp_path / "m.sqlite")
+    with no_gc():
+        with pytest.raises(ConfigError, match="newer edgegw") as refused:
+            MetadataStore(tmp_path / "m.sqlite")
+        # the refusal closed its connection (the traceback would keep a leaked one open)
+        assert refused.traceback
+        assert open_paths(tmp_path / "m.sqlite") == []
 
 
 def test_not_a_database(tmp_path: Path) -> None:
     (tmp_path / "junk").write_bytes(b"not sqlite at all" * 100)
-    with pytest.raises(ConfigError, match="not a usable metadata database"):
-        MetadataStore(tmp_path / "junk")
+    with no_gc():
+        with pytest.raises(ConfigError, match="not a usable metadata database"):
+            MetadataStore(tmp_path / "junk")
+        assert open_paths(tmp_path / "junk") == []
+
+
+def test_close_releases_the_database(tmp_path: Path) -> None:
+    with no_gc():
+        s = MetadataStore(tmp_path / "m.sqlite")
+        s.add_region("north", 1)
+        assert open_paths(tmp_path / "m.sqlite")
+        s.close()
+        assert open_paths(tmp_path / "m.sqlite") == []
+        s.close()  # idempotent
 
 
 def test_token_hashes() -> None:

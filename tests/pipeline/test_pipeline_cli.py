@@ -7,11 +7,10 @@ from typing import Any
 
 from _pipeline_support import local_site
 from edgegw_cli.app import app
-from test_pipeline_job import iceberg_rows, job
+from test_pipeline_job import iceberg_rows, iceberg_table, job
 from typer.testing import CliRunner
 
 from edge_gateway.pipeline.job import run_job
-from edge_gateway.pipeline.tables import open_catalog
 
 
 def invoke(*args: object) -> Any:
@@ -35,13 +34,14 @@ def test_compact_command(spark: Any, tmp_path: Path) -> None:
     for _ in range(3):
         site.ship("t", 1, 1)
         run_job(spark, job(bucket, wh))
-    before = len(list(open_catalog(wh, None).load_table(("edgegw", "t")).scan().plan_files()))
+    with iceberg_table(wh, "t") as table:
+        before = len(list(table.scan().plan_files()))
     assert before >= 3
     res = invoke("pipeline", "compact", "--warehouse", wh)
     assert res.exit_code == 0, res.output
     assert "compaction" in res.output
-    table = open_catalog(wh, None).load_table(("edgegw", "t"))
-    assert len(list(table.scan().plan_files())) == 1
+    with iceberg_table(wh, "t") as table:
+        assert len(list(table.scan().plan_files())) == 1
     assert iceberg_rows(wh, "t") == site.expected
 
 

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 from _pipeline_support import local_site, merge
-from test_pipeline_job import iceberg_rows
-
-from edge_gateway.pipeline.tables import open_catalog
+from test_pipeline_job import iceberg_rows, iceberg_table
 
 
 class Job:
@@ -110,8 +108,9 @@ def test_kill_9_at_random_points_then_rerun(tmp_path: Path) -> None:
         want = {k: v for k, v in expected.items() if k[1] == topic}
         assert iceberg_rows(wh, topic) == want, f"seed {seed}, topic {topic}"
         # files of the killed runs that never committed were removed
-        table = open_catalog(wh, None).load_table(("edgegw", topic))
-        referenced = {t.file.file_path.removeprefix("file://") for t in table.scan().plan_files()}
+        with iceberg_table(wh, topic) as table:
+            files = table.scan().plan_files()
+            referenced = {t.file.file_path.removeprefix("file://") for t in files}
         on_disk = {str(p) for p in (wh / "edgegw" / topic / "data").rglob("*.parquet")}
         assert on_disk == referenced, f"seed {seed}: orphan files {on_disk - referenced}"
     # nothing new: the next run plans, finds nothing to read and starts no Spark
