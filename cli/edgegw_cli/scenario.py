@@ -177,6 +177,9 @@ class Links:
         self.sc = sc
         self.seeds = {r: seed * 1009 + i for i, r in enumerate(sc.regions)}
         self.proxies: dict[str, TcpProxy] = {}
+        #: Link faults on now, per region, by their place on the timeline.
+        self._active: dict[str, dict[int, Fault]] = {r: {} for r in sc.regions}
+        self._lock = threading.Lock()
         for r in sc.regions:
             self.proxies[r] = TcpProxy(
                 "127.0.0.1", upstream_port, shape=sc.link(r).shape(self.seeds[r])
@@ -185,31 +188,52 @@ class Links:
     def configured(self, region: str) -> LinkShape:
         return self.sc.link(region).shape(self.seeds[region])
 
-    def apply(self, fault: Fault) -> Callable[[], None]:
-        """Put ``fault`` in effect; returns what heals it."""
+    def apply(self, fault: Fault, fault_id: int) -> Callable[[], None]:
+        """Put ``fault`` in effect; returns what ends it.
+
+        Faults on one link compose: the mode is that of the latest link fault
+        still on (pass if none), the shape the configured one with the
+        parameters of every shape fault still on (later ones win).
+        """
         targets = list(self.sc.regions) if fault.region == "*" else [fault.region]
-        mode = _LINK_MODES.get(fault.action)
-        for r in targets:
-            proxy = self.proxies[r]
-            if mode is not None:
-                proxy.set_mode(mode)
-            else:
-                temporary = replace(self.sc.link(r), **dict(fault.params))
-                proxy.set_shape(temporary.shape(self.seeds[r] + 7))
+        with self._lock:
+            for r in targets:
+                self._active[r][fault_id] = fault
+                self._settle(r)
 
         def heal() -> None:
-            for r in targets:
-                if mode is not None:
-                    self.proxies[r].set_mode(ProxyMode.PASS)
-                else:
-                    self.proxies[r].set_shape(self.configured(r))
+            with self._lock:
+                for r in targets:
+                    self._active[r].pop(fault_id, None)
+                    if fault.action == "drop_responses":
+                        # The answers held meanwhile are lost, not late: the
+                        # connections that waited for them are reset.
+                        self.proxies[r].reset_connections()
+                    self._settle(r)
 
         return heal
 
+    def _settle(self, region: str) -> None:
+        active = [self._active[region][i] for i in sorted(self._active[region])]
+        modes = [_LINK_MODES[f.action] for f in active if f.action in _LINK_MODES]
+        params: dict[str, float] = {}
+        for f in active:
+            params.update(f.params)
+        proxy = self.proxies[region]
+        proxy.set_mode(modes[-1] if modes else ProxyMode.PASS)
+        shape = (
+            replace(self.sc.link(region), **params).shape(self.seeds[region] + 7)
+            if params
+            else self.configured(region)
+        )
+        if shape != proxy.shape:
+            proxy.set_shape(shape)
+
     def heal_all(self) -> None:
-        for r, proxy in self.proxies.items():
-            proxy.set_mode(ProxyMode.PASS)
-            proxy.set_shape(self.configured(r))
+        with self._lock:
+            for r in self.proxies:
+                self._active[r].clear()
+                self._settle(r)
 
     def figures(self) -> dict[str, dict[str, int]]:
         out = {}
@@ -244,8 +268,9 @@ class CatchUp:
     threads: list[threading.Thread] = field(default_factory=list)
     stopping: threading.Event = field(default_factory=threading.Event)
 
-    def watch(self, label: str) -> None:
-        t = threading.Thread(target=self._run, args=(label, time.monotonic()), daemon=True)
+    def watch(self, label: str, ended_at_s: float) -> None:
+        args = (label, ended_at_s, time.monotonic())
+        t = threading.Thread(target=self._run, args=args, daemon=True)
         t.start()
         self.threads.append(t)
 
@@ -267,12 +292,13 @@ class CatchUp:
         except httpx.HTTPError:
             return None
 
-    def _run(self, label: str, began: float) -> None:
+    def _run(self, label: str, ended_at_s: float, began: float) -> None:
+        result: dict[str, Any] = {"fault": label, "ended_at_s": ended_at_s, "seconds": None}
         want: dict[str, list[int]] = {}
         for t in self.sc.topics:
             while t.name not in want:
                 if self.stopping.wait(0 if not want else 0.05):
-                    self.results.append({"fault": label, "seconds": None})
+                    self.results.append(result)
                     return
                 hwm = self._hwm(t.home, t.name)
                 if hwm is not None:
@@ -285,9 +311,10 @@ class CatchUp:
                 waiting.pop(0)
                 continue
             if self.stopping.wait(0.05):
-                self.results.append({"fault": label, "seconds": None})
+                self.results.append(result)
                 return
-        self.results.append({"fault": label, "seconds": round(time.monotonic() - began, 3)})
+        result["seconds"] = round(time.monotonic() - began, 3)
+        self.results.append(result)
 
     def finish(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -359,14 +386,16 @@ def run(
     rss = RssSampler(sites)
     heals: dict[int, Callable[[], None]] = {}
     heal_lock = threading.Lock()
+    t0 = time.monotonic()  # the timeline's start, set again once producers run
 
     def heal(i: int, label: str) -> None:
         with heal_lock:
             fn = heals.pop(i, None)
         if fn is not None:
             fn()
-            console.print(f"  healed: {label}", highlight=False)
-            catch_up.watch(label)
+            ended = time.monotonic() - t0
+            console.print(f"  t={ended:.1f}s healed: {label}", highlight=False)
+            catch_up.watch(label, round(ended, 1))
 
     try:
         if sc.bucket == "s3":
@@ -393,7 +422,7 @@ def run(
             time.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
             if fault.is_link:
                 assert links is not None
-                heals[i] = links.apply(fault)
+                heals[i] = links.apply(fault, i)
                 t = threading.Timer(fault.for_s, heal, args=(i, fault.label()))
                 t.start()
                 timers.append(t)
@@ -448,8 +477,10 @@ def run(
             r: _s3_figures(moto, r) if moto is not None else bucket_figures(bucket, r)
             for r in sc.regions
         }
+        statuses: Counter[int] = Counter()
         if moto is not None:
             moto.stop()
+            statuses.update(req.status for req in moto.requests())
     doc = _report_doc(
         sc,
         quick,
@@ -464,6 +495,11 @@ def run(
         failures,
         codes,
     )
+    if moto is not None:
+        doc["s3_requests"] = {
+            "total": sum(statuses.values()),
+            "by_status": {str(k): v for k, v in sorted(statuses.items())},
+        }
     _print_report(doc)
     if report_path is not None:
         report_path.write_text(json.dumps(doc, indent=2) + "\n")
@@ -603,7 +639,7 @@ def _report_doc(
         "reordered": counts.get("reordered", 0),
         "mirror_divergence": counts.get("mirror_divergence", 0),
         "regions": regions,
-        "catch_up": sorted(catch_up, key=lambda c: c["fault"]),
+        "catch_up": sorted(catch_up, key=lambda c: float(c["ended_at_s"])),
         "converged_after_end_s": {k: round(v, 3) for k, v in sorted(lag.items())},
     }
 
@@ -641,8 +677,15 @@ def _print_report(doc: dict[str, Any]) -> None:
         f"{doc['mirror_divergence']}",
         highlight=False,
     )
+    if "s3_requests" in doc:
+        s3 = doc["s3_requests"]
+        by = ", ".join(f"{k}: {v}" for k, v in s3["by_status"].items())
+        console.print(f"  S3 requests {s3['total']:,} ({by})", highlight=False)
     for c in doc["catch_up"]:
         took = "not caught up" if c["seconds"] is None else f"{c['seconds']:.2f}s"
-        console.print(f"  catch-up after {c['fault']}: {took}", highlight=False)
+        console.print(
+            f"  catch-up after {c['fault']} (ended t={c['ended_at_s']:g}s): {took}",
+            highlight=False,
+        )
     for k, v in doc["converged_after_end_s"].items():
         console.print(f"  {k} converged {v:.2f}s after the end", highlight=False)
