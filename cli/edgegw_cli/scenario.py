@@ -543,8 +543,8 @@ def _check_acked(
     Offsets must be gap-free; every acknowledged (partition, offset) must hold
     the value acknowledged there; a sequence number stored twice is a
     duplicate unless the producer retried its batch after a lost answer; a
-    sequence number lower than the one before it in a partition is a
-    reordering.
+    sequence number lower than the one before it in a partition (first
+    copies only) is a reordering.
     """
     t = next(t for t in sc.topics if t.name == p.w.topic)
     readers = [(t.home, t.name)] + [
@@ -554,27 +554,46 @@ def _check_acked(
     ]
     bad: list[str] = []
     for region, name in readers:
-        seen: Counter[int] = Counter()
-        lost = reordered = 0
         with httpx.Client(base_url=sites[region].url, timeout=30) as client:
-            for part in range(t.partitions):
-                stored = all_records(client, name, part)
-                offsets = [r[0] for r in stored]
-                if offsets != list(range(len(offsets))):
-                    bad.append(f"{region}:{name}/{part} has gaps in its offsets")
-                values = {r[0]: r[3] for r in stored}
-                lost += sum(
-                    1 for (pp, o), v in p.acked.items() if pp == part and values.get(o) != v
-                )
-                seqs = [n for r in stored if (n := _seq(r[3])) is not None]
-                reordered += sum(1 for a, b in itertools.pairwise(seqs) if b < a)
-                seen.update(seqs)
-        duplicated = sum(c - 1 for n, c in seen.items() if c > 1 and n not in p.ambiguous)
-        for key, value in (("lost", lost), ("duplicated", duplicated), ("reordered", reordered)):
+            partitions = [all_records(client, name, part) for part in range(t.partitions)]
+        for part, stored in enumerate(partitions):
+            if [r[0] for r in stored] != list(range(len(stored))):
+                bad.append(f"{region}:{name}/{part} has gaps in its offsets")
+        found = count_problems(
+            [{r[0]: r[3] for r in stored} for stored in partitions], p.acked, p.ambiguous
+        )
+        for key, value in found.items():
             counts[key] = counts.get(key, 0) + value
             if value:
                 bad.append(f"{region}:{name} {key} {value} acknowledged records")
     return bad
+
+
+def count_problems(
+    partitions: list[dict[int, object]],
+    acked: dict[tuple[int, int], str],
+    ambiguous: set[int],
+) -> dict[str, int]:
+    """Lost, duplicated and reordered records in one topic (or mirror) as stored.
+
+    ``partitions[p]`` maps offset to value; ``acked`` what the producer was
+    acknowledged, by (partition, offset); ``ambiguous`` the sequence numbers
+    the producer sent again after a lost answer (their second copy is the
+    device's doing, not a duplicate).
+    """
+    seen: Counter[int] = Counter()
+    lost = reordered = 0
+    for part, values in enumerate(partitions):
+        lost += sum(1 for (pp, o), v in acked.items() if pp == part and values.get(o) != v)
+        seqs = [n for _, v in sorted(values.items()) if (n := _seq(v)) is not None]
+        # Order is judged on first copies: a retried batch stored twice is a
+        # duplicate (or a device's retry), not also a reordering.
+        firsts = [n for n in dict.fromkeys(seqs) if n not in seen]
+        reordered += sum(1 for a, b in itertools.pairwise(firsts) if b < a)
+        seen.update(seqs)
+    lost += sum(1 for (pp, _), _v in acked.items() if pp >= len(partitions))
+    duplicated = sum(c - 1 for n, c in seen.items() if c > 1 and n not in ambiguous)
+    return {"lost": lost, "duplicated": duplicated, "reordered": reordered}
 
 
 def _s3_figures(moto: MotoServer, region: str) -> tuple[int, int]:

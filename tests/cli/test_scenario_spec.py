@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from edgegw_cli._scenario_spec import LinkSpec, ScenarioError, parse_scenario
+from edgegw_cli.scenario import count_problems
 
 from edge_gateway.testing.tcpproxy import LinkShape
 
@@ -144,3 +145,31 @@ def test_link_faults_need_the_s3_bucket() -> None:
             doc('[[faults]]\nat_s = 1\naction = "blackhole"\nregion = "ship"\nfor_s = 1\n', base),
             "x",
         )
+
+
+def _v(n: int) -> str:
+    return f'{{"n": {n}, "v": 0.5}}'
+
+
+def test_counting_lost_duplicated_reordered() -> None:
+    acked = {(0, 0): _v(0), (0, 1): _v(1), (1, 0): _v(2), (1, 1): _v(3)}
+    clean = [{0: _v(0), 1: _v(1)}, {0: _v(2), 1: _v(3)}]
+    assert count_problems(clean, acked, set()) == {"lost": 0, "duplicated": 0, "reordered": 0}
+    # An acknowledged record missing, or another value at its offset: lost.
+    assert count_problems([{0: _v(0)}, {0: _v(2), 1: _v(3)}], acked, set())["lost"] == 1
+    assert count_problems([{0: _v(0), 1: _v(9)}, clean[1]], acked, set())["lost"] == 1
+    assert count_problems(clean[:1], acked, set())["lost"] == 2
+    # A record stored twice (in the same or another partition): a duplicate,
+    # unless the producer itself sent it twice after a lost answer.
+    twice = [{0: _v(0), 1: _v(1), 2: _v(1)}, {0: _v(2), 1: _v(3), 2: _v(0)}]
+    assert count_problems(twice, acked, set()) == {"lost": 0, "duplicated": 2, "reordered": 0}
+    assert count_problems(twice, acked, {0, 1})["duplicated"] == 0
+    # Out of order within a partition.
+    swapped = [{0: _v(1), 1: _v(0)}, clean[1]]
+    assert count_problems(swapped, {}, set()) == {"lost": 0, "duplicated": 0, "reordered": 1}
+    # Values without a sequence number (another writer's) are ignored.
+    assert count_problems([{0: "x", 1: b"\x00"}], {}, set()) == {
+        "lost": 0,
+        "duplicated": 0,
+        "reordered": 0,
+    }
