@@ -274,7 +274,7 @@ class CatchUp:
         t.start()
         self.threads.append(t)
 
-    def _pairs(self) -> list[tuple[str, str, str]]:
+    def pairs(self) -> list[tuple[str, str, str]]:
         return [
             (t.name, t.home, r)
             for t in self.sc.topics
@@ -282,7 +282,7 @@ class CatchUp:
             if r != t.home and ("*" in t.subscribers or r in t.subscribers)
         ]
 
-    def _hwm(self, region: str, topic: str) -> list[int] | None:
+    def hwm(self, region: str, topic: str) -> list[int] | None:
         url = self.sites[region].url
         if not url:
             return None
@@ -300,13 +300,13 @@ class CatchUp:
                 if self.stopping.wait(0 if not want else 0.05):
                     self.results.append(result)
                     return
-                hwm = self._hwm(t.home, t.name)
+                hwm = self.hwm(t.home, t.name)
                 if hwm is not None:
                     want[t.name] = hwm
-        waiting = self._pairs()
+        waiting = self.pairs()
         while waiting:
             topic, home, r = waiting[0]
-            have = self._hwm(r, f"{home}.{topic}")
+            have = self.hwm(r, f"{home}.{topic}")
             if have is not None and all(h >= w for h, w in zip(have, want[topic], strict=True)):
                 waiting.pop(0)
                 continue
@@ -323,6 +323,67 @@ class CatchUp:
         self.stopping.set()
         for t in self.threads:
             t.join(timeout=10)
+
+
+class LagSampler(threading.Thread):
+    """Replication lag of every mirror while the timeline runs, every 250 ms.
+
+    Each round reads every home topic's high watermarks (kept with the time)
+    and every mirror's: a mirror's lag is how long ago its home held no more
+    than the mirror holds now (0 if it holds all the home held this round).
+    Rounds where the home does not answer (down, frozen) are skipped.
+    """
+
+    def __init__(self, catch_up: CatchUp) -> None:
+        super().__init__(daemon=True)
+        self.catch_up = catch_up
+        self.stopping = threading.Event()
+        self.history: dict[str, list[tuple[float, list[int]]]] = {}
+        self.samples: dict[str, list[float]] = {}
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.25):
+            self.sample()
+
+    def sample(self) -> None:
+        cu = self.catch_up
+        now = time.monotonic()
+        fresh: set[str] = set()
+        for t in cu.sc.topics:
+            hwm = cu.hwm(t.home, t.name)
+            if hwm is not None:
+                self.history.setdefault(t.name, []).append((now, hwm))
+                fresh.add(t.name)
+        for topic, home, r in cu.pairs():
+            if topic not in fresh:
+                continue
+            have = cu.hwm(r, f"{home}.{topic}")
+            if have is None:
+                continue
+            since = held_since(self.history[topic], have)
+            self.samples.setdefault(f"{r}:{home}.{topic}", []).append(now - since)
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for pair, values in sorted(self.samples.items()):
+            ordered = sorted(values)
+            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            out[pair] = {"p99_s": round(p99, 3), "max_s": round(ordered[-1], 3)}
+        return out
+
+
+def held_since(history: list[tuple[float, list[int]]], have: list[int]) -> float:
+    """When the home last held no more than ``have`` (per partition), by ``history``.
+
+    ``history`` is (time, high watermarks) oldest first; a mirror behind even
+    the oldest entry counts from that entry (a lower bound on its lag).
+    """
+    held = [
+        at
+        for at, want in history
+        if len(have) == len(want) and all(h >= w for h, w in zip(have, want, strict=True))
+    ]
+    return max(held) if held else history[0][0]
 
 
 class RssSampler(threading.Thread):
@@ -384,6 +445,7 @@ def run(
     links: Links | None = None
     catch_up = CatchUp(sc, sites)
     rss = RssSampler(sites)
+    lag_sampler = LagSampler(catch_up)
     heals: dict[int, Callable[[], None]] = {}
     heal_lock = threading.Lock()
     t0 = time.monotonic()  # the timeline's start, set again once producers run
@@ -411,6 +473,7 @@ def run(
         for site in sites.values():
             site.wait_ready()
         rss.start()
+        lag_sampler.start()
         producers = [
             Producer(sites[w.region], w, stop, seed=seed * 100 + i)
             for i, w in enumerate(sc.workloads)
@@ -431,6 +494,8 @@ def run(
             console.print("  " + fault.label(), highlight=False)
         time.sleep(max(0.0, t0 + sc.duration_s - time.monotonic()))
         stop.set()
+        lag_sampler.stopping.set()
+        lag_sampler.join(timeout=30)
         for p in producers:
             p.join(timeout=30)
         for t in timers:
@@ -462,6 +527,7 @@ def run(
     finally:
         stop.set()
         rss.stopping.set()
+        lag_sampler.stopping.set()
         catch_up.stopping.set()
         for t in timers:
             t.cancel()
@@ -492,6 +558,7 @@ def run(
         counts,
         lag,
         catch_up.results,
+        lag_sampler.figures(),
         failures,
         codes,
     )
@@ -629,6 +696,7 @@ def _report_doc(
     counts: dict[str, int],
     lag: dict[str, float],
     catch_up: list[dict[str, Any]],
+    replication_lag: dict[str, dict[str, float]],
     failures: list[str],
     codes: dict[str, int],
 ) -> dict[str, Any]:
@@ -659,6 +727,7 @@ def _report_doc(
         "mirror_divergence": counts.get("mirror_divergence", 0),
         "regions": regions,
         "catch_up": sorted(catch_up, key=lambda c: float(c["ended_at_s"])),
+        "replication_lag": replication_lag,
         "converged_after_end_s": {k: round(v, 3) for k, v in sorted(lag.items())},
     }
 
@@ -704,6 +773,11 @@ def _print_report(doc: dict[str, Any]) -> None:
         took = "not caught up" if c["seconds"] is None else f"{c['seconds']:.2f}s"
         console.print(
             f"  catch-up after {c['fault']} (ended t={c['ended_at_s']:g}s): {took}",
+            highlight=False,
+        )
+    for k, v in doc["replication_lag"].items():
+        console.print(
+            f"  {k} replication lag during the run: p99 {v['p99_s']:.2f}s, max {v['max_s']:.2f}s",
             highlight=False,
         )
     for k, v in doc["converged_after_end_s"].items():

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from edgegw_cli._scenario_spec import LinkSpec, ScenarioError, parse_scenario
-from edgegw_cli.scenario import count_problems
+from edgegw_cli.scenario import count_problems, held_since
 
 from edge_gateway.testing.tcpproxy import LinkShape
 
@@ -173,3 +173,12 @@ def test_counting_lost_duplicated_reordered() -> None:
         "duplicated": 0,
         "reordered": 0,
     }
+
+
+def test_replication_lag_is_how_long_ago_the_home_held_what_the_mirror_holds() -> None:
+    history = [(10.0, [0, 0]), (11.0, [5, 3]), (12.0, [9, 3]), (13.0, [9, 3])]
+    assert held_since(history, [9, 3]) == 13.0  # holds all: no lag now
+    assert held_since(history, [9, 2]) == 10.0  # partition 1 behind since 11.0
+    assert held_since(history, [6, 3]) == 11.0
+    assert held_since(history, [0, 0]) == 10.0
+    assert held_since([(10.0, [4])], [1]) == 10.0  # behind the oldest: counted from it

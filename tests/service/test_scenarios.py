@@ -70,6 +70,8 @@ def test_link_scenario_quick_form_loses_nothing(tmp_path: Path, name: str) -> No
     # Each link fault ended, and every mirror caught up after it.
     assert len(doc["catch_up"]) == _link_faults(name)
     assert all(c["seconds"] is not None for c in doc["catch_up"]), doc["catch_up"]
+    # Replication lag was sampled for every mirror during the run.
+    assert set(doc["replication_lag"]) == set(doc["converged_after_end_s"])
     if name == "factory-lte":
         assert doc["regions"]["factory"]["link"]["random_resets"] > 0
     if name == "lossy-answers":
