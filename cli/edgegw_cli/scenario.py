@@ -514,9 +514,12 @@ def run(
             home = sites[t.home]
             for r, other in sites.items():
                 if r != t.home and ("*" in t.subscribers or r in t.subscribers):
-                    lag[f"{r}:{t.home}.{t.name}"] = wait_mirrored(
-                        home, t.name, other, sc.converge_timeout_s
-                    )
+                    try:
+                        lag[f"{r}:{t.home}.{t.name}"] = wait_mirrored(
+                            home, t.name, other, sc.converge_timeout_s
+                        )
+                    except typer.Exit:  # said why; the report still comes
+                        failures.append(f"{r} did not converge on {t.home}.{t.name}")
                     bad = mirror_mismatches(home, t.name, t.partitions, other)
                     counts["mirror_divergence"] = counts.get("mirror_divergence", 0) + len(bad)
                     failures += [f"mirror {b} differs from its source" for b in bad]
