@@ -100,12 +100,27 @@ class Site:
         poll_ms: int,
         *,
         metadata: tuple[str, str] | None = None,
+        s3: tuple[str, str] | None = None,
     ) -> None:
-        """Write the site's config: static ``topics``, or ``metadata=(url, token)``."""
+        """Write the site's config: static ``topics``, or ``metadata=(url, token)``.
+
+        ``s3=(endpoint_url, bucket_name)`` puts the bucket on an S3 server
+        (moto's, through this site's link) instead of the directory ``bucket``.
+        """
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        # A configured bucket.path must exist (a typo is refused): this fleet
-        # starts a new bucket there, which the first gateway lays out.
-        bucket.mkdir(parents=True, exist_ok=True)
+        if s3 is None:
+            # A configured bucket.path must exist (a typo is refused): this fleet
+            # starts a new bucket there, which the first gateway lays out.
+            bucket.mkdir(parents=True, exist_ok=True)
+            bucket_toml = f'[bucket]\ntype = "local"\npath = "{bucket}"\n'
+        else:
+            endpoint, name = s3
+            # moto takes any credentials; path-style addressing on loopback.
+            bucket_toml = (
+                f'[bucket]\ntype = "s3"\nbucket = "{name}"\nendpoint_url = "{endpoint}"\n'
+                'region = "us-east-1"\npath_style = true\n'
+                'access_key = "testing"\nsecret_key = "testing"\n'
+            )
         self.config = self.data_dir.parent / f"{self.region}.toml"
         self.log_path = self.data_dir.parent / f"{self.region}.log"
         if metadata is not None:
@@ -120,8 +135,9 @@ class Site:
             f'region = "{self.region}"\ndata_dir = "{self.data_dir}"\n'
             f"[shipper]\nflush_interval_ms = {flush_ms}\n"
             f"[mirror]\npoll_interval_ms = {poll_ms}\nmax_poll_interval_ms = 500\n"
-            f'[bucket]\ntype = "local"\npath = "{bucket}"\n'
-            f'[api]\nlisten = "127.0.0.1:0"\n' + topology
+            + bucket_toml
+            + '[api]\nlisten = "127.0.0.1:0"\n'
+            + topology
         )
 
     def start(self) -> None:

@@ -1,7 +1,8 @@
 """``edgegw scenario run FILE``: a multi-region scenario with faults, checked at the end.
 
-A scenario (TOML, see ``scenarios/``) names regions, topics, a steady workload
-per topic and a timeline of faults against the gateway processes:
+A scenario (TOML, see ``scenarios/README.md``; parsed and checked by
+:mod:`edgegw_cli._scenario_spec`) names regions, topics, a steady workload per
+topic and a timeline of faults. Process faults hit the gateway processes:
 
 * ``kill`` — kill -9 the gateway (no flush, no goodbye);
 * ``stop`` — SIGTERM (graceful: flush and ship within the grace period);
@@ -9,20 +10,39 @@ per topic and a timeline of faults against the gateway processes:
 * ``pause`` / ``resume`` — SIGSTOP / SIGCONT: a frozen machine that neither
   ships nor mirrors, then thaws (``for_s`` on ``pause`` resumes by itself).
 
+With ``bucket = "s3"`` the runner starts moto's S3 server on loopback and
+gives each region its own link to it: a :class:`TcpProxy` shaped as the
+region's ``[regions.link]`` says. Link faults change a link for ``for_s``
+seconds, then it returns to its configured shape and mode pass:
+
+* ``link_down`` — connections refused, open ones reset;
+* ``blackhole`` — nothing gets through either way (held, delivered on heal);
+* ``drop_responses`` — requests reach S3, answers never come back;
+* ``slow`` / ``lossy`` / ``cap`` — the link's latency / random resets / caps
+  overridden for a while.
+
 Producers write at their rate throughout, retrying while their gateway is
 down (as a device would), and remember every acknowledged record. At the end
-every gateway is started, everything must converge, and the runner checks:
-every acknowledged record is present at its home region, offsets are
-gap-free, and every mirror equals its source record for record.
+every gateway is started and every link healed, everything must converge, and
+the runner counts: acknowledged records lost (at home or in a mirror),
+duplicated, reordered; mirror partitions that differ from their source; and
+reports bytes on each link, catch-up time after each link fault and each
+gateway's peak RSS.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import json
 import random
 import threading
 import time
 import tomllib
-from dataclasses import dataclass
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,50 +51,34 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from edge_gateway.testing.moto import MotoServer, start_moto_server
+from edge_gateway.testing.tcpproxy import LinkShape, ProxyMode, TcpProxy
 from edgegw_cli._common import console, fail
 from edgegw_cli._fleet import (
-    FleetTopic,
     Site,
     all_records,
     bucket_figures,
     claim_work_dir,
+    high_watermarks,
     mirror_mismatches,
     wait_mirrored,
+)
+from edgegw_cli._scenario_spec import (
+    Fault,
+    Scenario,
+    ScenarioError,
+    Workload,
+    parse_scenario,
 )
 
 app = typer.Typer(help="Multi-region scenarios with faults.", no_args_is_help=True)
 
-ACTIONS = ("kill", "stop", "start", "pause", "resume")
-
-
-@dataclass(frozen=True)
-class Fault:
-    at_s: float
-    action: str
-    region: str
-    for_s: float = 0.0
-
-
-@dataclass(frozen=True)
-class Workload:
-    region: str
-    topic: str
-    rate: float
-    batch: int
-
-
-@dataclass(frozen=True)
-class Scenario:
-    name: str
-    description: str
-    duration_s: float
-    flush_ms: int
-    poll_ms: int
-    regions: tuple[str, ...]
-    topics: tuple[FleetTopic, ...]
-    workloads: tuple[Workload, ...]
-    faults: tuple[Fault, ...]
-    converge_timeout_s: float
+S3_BUCKET = "edgegw-scenario"
+_LINK_MODES = {
+    "link_down": ProxyMode.REFUSE,
+    "blackhole": ProxyMode.BLACKHOLE,
+    "drop_responses": ProxyMode.DROP_RESPONSES,
+}
 
 
 def load_scenario(path: Path) -> Scenario:
@@ -85,61 +89,26 @@ def load_scenario(path: Path) -> Scenario:
     except tomllib.TOMLDecodeError as exc:
         raise fail(f"{path}: not valid TOML: {exc}", code=2) from None
     try:
-        regions = tuple(r["name"] for r in doc["regions"])
-        topics = tuple(
-            FleetTopic(
-                t["name"],
-                t["home"],
-                int(t.get("partitions", 1)),
-                tuple(t.get("subscribers", ["*"])),
-            )
-            for t in doc["topics"]
-        )
-        workloads = tuple(
-            Workload(w["region"], w["topic"], float(w["rate"]), int(w.get("batch", 50)))
-            for w in doc.get("workload", [])
-        )
-        faults = tuple(
-            sorted(
-                (
-                    Fault(float(f["at_s"]), f["action"], f["region"], float(f.get("for_s", 0)))
-                    for f in doc.get("faults", [])
-                ),
-                key=lambda f: f.at_s,
-            )
-        )
-        sc = Scenario(
-            name=doc.get("name", path.stem),
-            description=doc.get("description", ""),
-            duration_s=float(doc.get("duration_s", 10)),
-            flush_ms=int(doc.get("flush_ms", 250)),
-            poll_ms=int(doc.get("poll_ms", 100)),
-            regions=regions,
-            topics=topics,
-            workloads=workloads,
-            faults=faults,
-            converge_timeout_s=float(doc.get("converge_timeout_s", 60)),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise fail(f"{path}: malformed scenario ({type(exc).__name__}: {exc})", code=2) from None
-    for f in sc.faults:
-        if f.action not in ACTIONS or f.region not in regions:
-            raise fail(f"{path}: fault {f} needs an action in {ACTIONS} and a known region", 2)
-    for w in sc.workloads:
-        home = next((t.home for t in topics if t.name == w.topic), None)
-        if home != w.region:
-            raise fail(f"{path}: workload {w.topic} must run in its home region ({home})", 2)
-    return sc
+        return parse_scenario(doc, path.stem)
+    except ScenarioError as exc:
+        raise fail(f"{path}: malformed scenario: {exc}", code=2) from None
 
 
 class Producer(threading.Thread):
-    """A device: produces at a steady rate, retries while its gateway is away."""
+    """A device: produces at a steady rate, retries while its gateway is away.
+
+    Each value carries a sequence number ``n``. A batch whose answer was lost
+    (a timeout, a reset, a 5xx) is retried as is, so its records may be
+    stored twice: that is the device's at-least-once, not the gateway's doing,
+    and :attr:`ambiguous` remembers those ``n`` so the checks can tell.
+    """
 
     def __init__(self, site: Site, w: Workload, stop: threading.Event, seed: int) -> None:
         super().__init__(daemon=True)
         self.site, self.w, self.stopping = site, w, stop
         self.rnd = random.Random(seed)
         self.acked: dict[tuple[int, int], str] = {}
+        self.ambiguous: set[int] = set()
         self.retries = 0
         self.sent = 0
 
@@ -168,8 +137,12 @@ class Producer(threading.Thread):
                         json={"records": [{"value": v} for v in pending]},
                     )
                     ok = r.status_code == 200
+                    if r.status_code >= 500:
+                        self._ambiguous(pending)
+                except httpx.ConnectError:
+                    ok = False  # never reached the gateway
                 except httpx.HTTPError:
-                    ok = False
+                    self._ambiguous(pending)
                 if ok:
                     for v, o in zip(pending, r.json()["offsets"], strict=True):
                         self.acked[(o["partition"], o["offset"])] = v
@@ -184,8 +157,435 @@ class Producer(threading.Thread):
         if client is not None:
             client.close()
 
+    def _ambiguous(self, pending: list[str]) -> None:
+        self.ambiguous.update(n for v in pending if (n := _seq(v)) is not None)
 
-def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) -> str:
+
+def _seq(value: object) -> int | None:
+    """The producer's sequence number in a stored value (None if it has none)."""
+    try:
+        n = json.loads(value)["n"] if isinstance(value, str) else None
+    except (ValueError, TypeError, KeyError):
+        return None
+    return n if isinstance(n, int) else None
+
+
+class Links:
+    """One proxy per region between its gateway and moto, and the faults on them."""
+
+    def __init__(self, sc: Scenario, upstream_port: int, seed: int) -> None:
+        self.sc = sc
+        self.seeds = {r: seed * 1009 + i for i, r in enumerate(sc.regions)}
+        self.proxies: dict[str, TcpProxy] = {}
+        #: Link faults on now, per region, by their place on the timeline.
+        self._active: dict[str, dict[int, Fault]] = {r: {} for r in sc.regions}
+        self._lock = threading.Lock()
+        for r in sc.regions:
+            self.proxies[r] = TcpProxy(
+                "127.0.0.1", upstream_port, shape=sc.link(r).shape(self.seeds[r])
+            ).start()
+
+    def configured(self, region: str) -> LinkShape:
+        return self.sc.link(region).shape(self.seeds[region])
+
+    def apply(self, fault: Fault, fault_id: int) -> Callable[[], None]:
+        """Put ``fault`` in effect; returns what ends it.
+
+        Faults on one link compose: the mode is that of the latest link fault
+        still on (pass if none), the shape the configured one with the
+        parameters of every shape fault still on (later ones win).
+        """
+        targets = list(self.sc.regions) if fault.region == "*" else [fault.region]
+        with self._lock:
+            for r in targets:
+                self._active[r][fault_id] = fault
+                self._settle(r)
+
+        def heal() -> None:
+            with self._lock:
+                for r in targets:
+                    self._active[r].pop(fault_id, None)
+                    if fault.action == "drop_responses":
+                        # The answers held meanwhile are lost, not late: the
+                        # connections that waited for them are reset.
+                        self.proxies[r].reset_connections()
+                    self._settle(r)
+
+        return heal
+
+    def _settle(self, region: str) -> None:
+        active = [self._active[region][i] for i in sorted(self._active[region])]
+        modes = [_LINK_MODES[f.action] for f in active if f.action in _LINK_MODES]
+        params: dict[str, float] = {}
+        for f in active:
+            params.update(f.params)
+        proxy = self.proxies[region]
+        proxy.set_mode(modes[-1] if modes else ProxyMode.PASS)
+        shape = (
+            replace(self.sc.link(region), **params).shape(self.seeds[region] + 7)
+            if params
+            else self.configured(region)
+        )
+        if shape != proxy.shape:
+            proxy.set_shape(shape)
+
+    def heal_all(self) -> None:
+        with self._lock:
+            for r in self.proxies:
+                self._active[r].clear()
+                self._settle(r)
+
+    def figures(self) -> dict[str, dict[str, int]]:
+        out = {}
+        for r, proxy in self.proxies.items():
+            s = proxy.statistics()
+            out[r] = {
+                "bytes_up": s.bytes_to_upstream,
+                "bytes_down": s.bytes_to_client,
+                "connections": s.accepted,
+                "resets": s.resets,
+                "random_resets": s.random_resets,
+            }
+        return out
+
+    def close(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.stop()
+
+
+@dataclass
+class CatchUp:
+    """Seconds from a link fault's end until every mirror holds what its home held then.
+
+    At the heal, the runner reads each home partition's high watermark (which
+    covers every record acknowledged so far); the fault's catch-up time is
+    when every subscriber's mirror has reached all of them.
+    """
+
+    sc: Scenario
+    sites: dict[str, Site]
+    results: list[dict[str, Any]] = field(default_factory=list)
+    threads: list[threading.Thread] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    def watch(self, label: str, ended_at_s: float) -> None:
+        args = (label, ended_at_s, time.monotonic())
+        t = threading.Thread(target=self._run, args=args, daemon=True)
+        t.start()
+        self.threads.append(t)
+
+    def pairs(self) -> list[tuple[str, str, str]]:
+        return [
+            (t.name, t.home, r)
+            for t in self.sc.topics
+            for r in self.sc.regions
+            if r != t.home and ("*" in t.subscribers or r in t.subscribers)
+        ]
+
+    def hwm(self, region: str, topic: str) -> list[int] | None:
+        url = self.sites[region].url
+        if not url:
+            return None
+        try:
+            with httpx.Client(base_url=url, timeout=5) as c:
+                return high_watermarks(c, topic)
+        except httpx.HTTPError:
+            return None
+
+    def _run(self, label: str, ended_at_s: float, began: float) -> None:
+        result: dict[str, Any] = {"fault": label, "ended_at_s": ended_at_s, "seconds": None}
+        want: dict[str, list[int]] = {}
+        for t in self.sc.topics:
+            while t.name not in want:
+                if self.stopping.wait(0 if not want else 0.05):
+                    self.results.append(result)
+                    return
+                hwm = self.hwm(t.home, t.name)
+                if hwm is not None:
+                    want[t.name] = hwm
+        waiting = self.pairs()
+        while waiting:
+            topic, home, r = waiting[0]
+            have = self.hwm(r, f"{home}.{topic}")
+            if have is not None and all(h >= w for h, w in zip(have, want[topic], strict=True)):
+                waiting.pop(0)
+                continue
+            if self.stopping.wait(0.05):
+                self.results.append(result)
+                return
+        result["seconds"] = round(time.monotonic() - began, 3)
+        self.results.append(result)
+
+    def finish(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+        self.stopping.set()
+        for t in self.threads:
+            t.join(timeout=10)
+
+
+class LagSampler(threading.Thread):
+    """Replication lag of every mirror while the timeline runs, every 250 ms.
+
+    Each round reads every home topic's high watermarks (kept with the time)
+    and every mirror's: a mirror's lag is how long ago its home held no more
+    than the mirror holds now (0 if it holds all the home held this round).
+    Rounds where the home does not answer (down, frozen) are skipped.
+    """
+
+    def __init__(self, catch_up: CatchUp) -> None:
+        super().__init__(daemon=True)
+        self.catch_up = catch_up
+        self.stopping = threading.Event()
+        self.history: dict[str, list[tuple[float, list[int]]]] = {}
+        self.samples: dict[str, list[float]] = {}
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.25):
+            self.sample()
+
+    def sample(self) -> None:
+        cu = self.catch_up
+        now = time.monotonic()
+        fresh: set[str] = set()
+        for t in cu.sc.topics:
+            hwm = cu.hwm(t.home, t.name)
+            if hwm is not None:
+                self.history.setdefault(t.name, []).append((now, hwm))
+                fresh.add(t.name)
+        for topic, home, r in cu.pairs():
+            if topic not in fresh:
+                continue
+            have = cu.hwm(r, f"{home}.{topic}")
+            if have is None:
+                continue
+            since = held_since(self.history[topic], have)
+            self.samples.setdefault(f"{r}:{home}.{topic}", []).append(now - since)
+
+    def figures(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for pair, values in sorted(self.samples.items()):
+            ordered = sorted(values)
+            p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+            out[pair] = {"p99_s": round(p99, 3), "max_s": round(ordered[-1], 3)}
+        return out
+
+
+def held_since(history: list[tuple[float, list[int]]], have: list[int]) -> float:
+    """When the home last held no more than ``have`` (per partition), by ``history``.
+
+    ``history`` is (time, high watermarks) oldest first; a mirror behind even
+    the oldest entry counts from that entry (a lower bound on its lag).
+    """
+    held = [
+        at
+        for at, want in history
+        if len(have) == len(want) and all(h >= w for h, w in zip(have, want, strict=True))
+    ]
+    return max(held) if held else history[0][0]
+
+
+class RssSampler(threading.Thread):
+    """Each gateway's peak resident set (VmHWM), sampled every 250 ms across restarts."""
+
+    def __init__(self, sites: dict[str, Site]) -> None:
+        super().__init__(daemon=True)
+        self.sites = sites
+        self.peak: dict[str, int] = dict.fromkeys(sites, 0)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(0.25):
+            self.sample()
+
+    def sample(self) -> None:
+        for r, site in self.sites.items():
+            if site.proc is None:
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                for line in Path(f"/proc/{site.proc.pid}/status").read_text().splitlines():
+                    if line.startswith("VmHWM:"):
+                        self.peak[r] = max(self.peak[r], int(line.split()[1]) * 1024)
+
+
+@app.command("run")
+def run(
+    file: Path = typer.Argument(..., help="Scenario file (see scenarios/)."),
+    work_dir: Path = typer.Option(
+        Path(".edgegw/scenario"), "--dir", help="Where the gateways keep data (wiped at start)."
+    ),
+    quick: bool = typer.Option(
+        False, "--quick", help="The short form: every time on the timeline times quick_scale."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seeds the producers and the links' draws."),
+    report_path: Path | None = typer.Option(
+        None, "--report", help="Also write the report as JSON to this file."
+    ),
+) -> None:
+    """Run a scenario: gateways as processes, steady producers, faults on a timeline, checks.
+
+    Example: edgegw scenario run scenarios/lte-blips.toml
+    """
+    sc = load_scenario(file)
+    if quick:
+        sc = sc.quick()
+    _work_lock = claim_work_dir(work_dir, "scenario")  # held while this run lasts
+    bucket = (work_dir / "bucket").resolve()
+    sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
+    console.print(Text.assemble((f"scenario {sc.name}", "bold"), f": {sc.description}"))
+    stop = threading.Event()
+    producers: list[Producer] = []
+    timers: list[threading.Timer] = []
+    codes: dict[str, int] = {}
+    failures: list[str] = []
+    lag: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    moto: MotoServer | None = None
+    links: Links | None = None
+    catch_up = CatchUp(sc, sites)
+    rss = RssSampler(sites)
+    lag_sampler = LagSampler(catch_up)
+    heals: dict[int, Callable[[], None]] = {}
+    heal_lock = threading.Lock()
+    t0 = time.monotonic()  # the timeline's start, set again once producers run
+
+    def heal(i: int, label: str) -> None:
+        with heal_lock:
+            fn = heals.pop(i, None)
+        if fn is not None:
+            fn()
+            ended = time.monotonic() - t0
+            console.print(f"  t={ended:.1f}s healed: {label}", highlight=False)
+            catch_up.watch(label, round(ended, 1))
+
+    try:
+        if sc.bucket == "s3":
+            moto = start_moto_server(work_dir / "moto.log")
+            httpx.put(f"{moto.endpoint}/{S3_BUCKET}", timeout=30).raise_for_status()
+            links = Links(sc, moto.port, seed)
+            for r in sc.regions:
+                console.print(f"  link {r}: {sc.link(r).describe()}", highlight=False)
+        for site in sites.values():
+            s3 = (links.proxies[site.region].url, S3_BUCKET) if links else None
+            site.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3)
+            site.start()
+        for site in sites.values():
+            site.wait_ready()
+        rss.start()
+        lag_sampler.start()
+        producers = [
+            Producer(sites[w.region], w, stop, seed=seed * 100 + i)
+            for i, w in enumerate(sc.workloads)
+        ]
+        for p in producers:
+            p.start()
+        t0 = time.monotonic()
+        for i, fault in enumerate(sc.faults):
+            time.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
+            if fault.is_link:
+                assert links is not None
+                heals[i] = links.apply(fault, i)
+                t = threading.Timer(fault.for_s, heal, args=(i, fault.label()))
+                t.start()
+                timers.append(t)
+            else:
+                _apply(fault, sites, timers)
+            console.print("  " + fault.label(), highlight=False)
+        time.sleep(max(0.0, t0 + sc.duration_s - time.monotonic()))
+        stop.set()
+        lag_sampler.stopping.set()
+        lag_sampler.join(timeout=30)
+        for p in producers:
+            p.join(timeout=30)
+        for t in timers:
+            t.cancel()
+        for i, fault in enumerate(sc.faults):  # link faults still on end now
+            heal(i, fault.label())
+        if links is not None:
+            links.heal_all()
+        for site in sites.values():  # the end state: everything up again
+            site.resume()
+            if not site.running:
+                site.start()
+                site.wait_ready()
+        console.print("converging ...")
+        for t in sc.topics:
+            home = sites[t.home]
+            for r, other in sites.items():
+                if r != t.home and ("*" in t.subscribers or r in t.subscribers):
+                    try:
+                        lag[f"{r}:{t.home}.{t.name}"] = wait_mirrored(
+                            home, t.name, other, sc.converge_timeout_s
+                        )
+                    except typer.Exit:  # said why; the report still comes
+                        failures.append(f"{r} did not converge on {t.home}.{t.name}")
+                    bad = mirror_mismatches(home, t.name, t.partitions, other)
+                    counts["mirror_divergence"] = counts.get("mirror_divergence", 0) + len(bad)
+                    failures += [f"mirror {b} differs from its source" for b in bad]
+        catch_up.finish(timeout=sc.converge_timeout_s)
+        for p in producers:
+            failures += _check_acked(p, sc, sites, counts)
+        rss.sample()
+    finally:
+        stop.set()
+        rss.stopping.set()
+        lag_sampler.stopping.set()
+        catch_up.stopping.set()
+        for t in timers:
+            t.cancel()
+        if links is not None:  # healed, so that a graceful stop can ship
+            with contextlib.suppress(RuntimeError):
+                links.heal_all()
+        for r, site in sites.items():
+            codes[r] = site.stop()
+        link_figures = links.figures() if links is not None else {}
+        if links is not None:
+            links.close()
+        objects = {
+            r: _s3_figures(moto, r) if moto is not None else bucket_figures(bucket, r)
+            for r in sc.regions
+        }
+        statuses: Counter[int] = Counter()
+        if moto is not None:
+            moto.stop()
+            statuses.update(req.status for req in moto.requests())
+    doc = _report_doc(
+        sc,
+        quick,
+        seed,
+        producers,
+        objects,
+        link_figures,
+        rss.peak,
+        counts,
+        lag,
+        catch_up.results,
+        lag_sampler.figures(),
+        failures,
+        codes,
+    )
+    if moto is not None:
+        doc["s3_requests"] = {
+            "total": sum(statuses.values()),
+            "by_status": {str(k): v for k, v in sorted(statuses.items())},
+        }
+    _print_report(doc)
+    if report_path is not None:
+        report_path.write_text(json.dumps(doc, indent=2) + "\n")
+    if failures:
+        raise fail(f"scenario {sc.name} FAILED: {'; '.join(failures[:10])}")
+    if any(c != 0 for c in codes.values()):
+        raise fail(f"gateways exited with {codes}; logs in {work_dir}")
+    console.print(
+        Text.assemble(
+            (f"scenario {sc.name} passed", "green"),
+            ": every acknowledged record present once, in order; every mirror equals its source",
+        )
+    )
+
+
+def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) -> None:
     site = sites[fault.region]
     if fault.action == "kill":
         site.kill()
@@ -203,118 +603,185 @@ def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) 
             timers.append(t)
     elif fault.action == "resume":
         site.resume()
-    return f"t={fault.at_s:>5.1f}s {fault.action:<6} {fault.region}" + (
-        f" for {fault.for_s:.1f}s" if fault.for_s else ""
-    )
 
 
-@app.command("run")
-def run(
-    file: Path = typer.Argument(..., help="Scenario file (see scenarios/)."),
-    work_dir: Path = typer.Option(
-        Path(".edgegw/scenario"), "--dir", help="Where the gateways keep data (wiped at start)."
-    ),
-) -> None:
-    """Run a scenario: gateways as processes, steady producers, faults on a timeline, checks.
+def _check_acked(
+    p: Producer, sc: Scenario, sites: dict[str, Site], counts: dict[str, int]
+) -> list[str]:
+    """Count, at the home and in every mirror: acknowledged records lost, duplicated, reordered.
 
-    Example: edgegw scenario run scenarios/lte-blips.toml
+    Offsets must be gap-free; every acknowledged (partition, offset) must hold
+    the value acknowledged there; a sequence number stored twice is a
+    duplicate unless the producer retried its batch after a lost answer; a
+    sequence number lower than the one before it in a partition (first
+    copies only) is a reordering.
     """
-    sc = load_scenario(file)
-    _work_lock = claim_work_dir(work_dir, "scenario")  # held while this run lasts
-    bucket = (work_dir / "bucket").resolve()
-    sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
-    console.print(Text.assemble((f"scenario {sc.name}", "bold"), f": {sc.description}"))
-    stop = threading.Event()
-    producers: list[Producer] = []
-    timers: list[threading.Timer] = []
-    codes: dict[str, int] = {}
-    failures: list[str] = []
-    lag: dict[str, float] = {}
-    try:
-        for site in sites.values():
-            site.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms)
-            site.start()
-        for site in sites.values():
-            site.wait_ready()
-        producers = [Producer(sites[w.region], w, stop, seed=i) for i, w in enumerate(sc.workloads)]
-        for p in producers:
-            p.start()
-        t0 = time.monotonic()
-        for fault in sc.faults:
-            time.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
-            console.print("  " + _apply(fault, sites, timers), highlight=False)
-        time.sleep(max(0.0, t0 + sc.duration_s - time.monotonic()))
-        stop.set()
-        for p in producers:
-            p.join(timeout=30)
-        for t in timers:
-            t.cancel()
-        for site in sites.values():  # the end state: everything up again
-            site.resume()
-            if not site.running:
-                site.start()
-                site.wait_ready()
-        console.print("converging ...")
-        for t in sc.topics:
-            home = sites[t.home]
-            for r, other in sites.items():
-                if r != t.home and ("*" in t.subscribers or r in t.subscribers):
-                    lag[f"{r}:{t.home}.{t.name}"] = wait_mirrored(
-                        home, t.name, other, sc.converge_timeout_s
-                    )
-                    failures += mirror_mismatches(home, t.name, t.partitions, other)
-        for p in producers:
-            failures += _check_acked(p, sc)
-    finally:
-        stop.set()
-        for t in timers:
-            t.cancel()
-        for r, site in sites.items():
-            codes[r] = site.stop()
-    _report(sc, sites, producers, bucket, lag if not failures else {})
-    if failures:
-        raise fail(f"scenario {sc.name} FAILED: {'; '.join(failures[:10])}")
-    if any(c != 0 for c in codes.values()):
-        raise fail(f"gateways exited with {codes}; logs in {work_dir}")
-    console.print(
-        Text.assemble(
-            (f"scenario {sc.name} passed", "green"),
-            ": every acknowledged record present once, in order; every mirror equals its source",
-        )
-    )
-
-
-def _check_acked(p: Producer, sc: Scenario) -> list[str]:
     t = next(t for t in sc.topics if t.name == p.w.topic)
+    readers = [(t.home, t.name)] + [
+        (r, f"{t.home}.{t.name}")
+        for r in sc.regions
+        if r != t.home and ("*" in t.subscribers or r in t.subscribers)
+    ]
     bad: list[str] = []
-    with httpx.Client(base_url=p.site.url, timeout=30) as client:
-        for part in range(t.partitions):
-            stored = all_records(client, t.name, part)
-            offsets = [r[0] for r in stored]
-            if offsets != list(range(len(offsets))):
-                bad.append(f"{t.home}:{t.name}/{part} has gaps or duplicates")
-            values = {r[0]: r[3] for r in stored}
-            lost = [o for (pp, o), v in p.acked.items() if pp == part and values.get(o) != v]
-            if lost:
-                bad.append(f"{t.home}:{t.name}/{part} lost {len(lost)} acknowledged records")
+    for region, name in readers:
+        with httpx.Client(base_url=sites[region].url, timeout=30) as client:
+            partitions = [all_records(client, name, part) for part in range(t.partitions)]
+        for part, stored in enumerate(partitions):
+            if [r[0] for r in stored] != list(range(len(stored))):
+                bad.append(f"{region}:{name}/{part} has gaps in its offsets")
+        found = count_problems(
+            [{r[0]: r[3] for r in stored} for stored in partitions], p.acked, p.ambiguous
+        )
+        for key, value in found.items():
+            counts[key] = counts.get(key, 0) + value
+            if value:
+                bad.append(f"{region}:{name} {key} {value} acknowledged records")
     return bad
 
 
-def _report(
+def count_problems(
+    partitions: list[dict[int, object]],
+    acked: dict[tuple[int, int], str],
+    ambiguous: set[int],
+) -> dict[str, int]:
+    """Lost, duplicated and reordered records in one topic (or mirror) as stored.
+
+    ``partitions[p]`` maps offset to value; ``acked`` what the producer was
+    acknowledged, by (partition, offset); ``ambiguous`` the sequence numbers
+    the producer sent again after a lost answer (their second copy is the
+    device's doing, not a duplicate).
+    """
+    seen: Counter[int] = Counter()
+    lost = reordered = 0
+    for part, values in enumerate(partitions):
+        lost += sum(1 for (pp, o), v in acked.items() if pp == part and values.get(o) != v)
+        seqs = [n for _, v in sorted(values.items()) if (n := _seq(v)) is not None]
+        # Order is judged on first copies: a retried batch stored twice is a
+        # duplicate (or a device's retry), not also a reordering.
+        firsts = [n for n in dict.fromkeys(seqs) if n not in seen]
+        reordered += sum(1 for a, b in itertools.pairwise(firsts) if b < a)
+        seen.update(seqs)
+    lost += sum(1 for (pp, _), _v in acked.items() if pp >= len(partitions))
+    duplicated = sum(c - 1 for n, c in seen.items() if c > 1 and n not in ambiguous)
+    return {"lost": lost, "duplicated": duplicated, "reordered": reordered}
+
+
+def _s3_figures(moto: MotoServer, region: str) -> tuple[int, int]:
+    """(log objects, bytes) of a region's log on moto (listed directly, not over a link)."""
+    ns = "{http://s3.amazonaws.com/doc/2006-03-01/}"
+    count = size = 0
+    params = {"list-type": "2", "prefix": f"regions/{region}/log/"}
+    try:
+        with httpx.Client(base_url=moto.endpoint, timeout=30) as c:
+            while True:
+                r = c.get(f"/{S3_BUCKET}", params=params)
+                r.raise_for_status()
+                root = ET.fromstring(r.content)  # noqa: S314 (our own moto's answer)
+                for item in root.iter(f"{ns}Contents"):
+                    count += 1
+                    size += int(item.findtext(f"{ns}Size") or 0)
+                token = root.findtext(f"{ns}NextContinuationToken")
+                if not token:
+                    return count, size
+                params["continuation-token"] = token
+    except (httpx.HTTPError, ET.ParseError):
+        return -1, -1
+
+
+def _report_doc(
     sc: Scenario,
-    sites: dict[str, Site],
+    quick: bool,
+    seed: int,
     producers: list[Producer],
-    bucket: Path,
+    objects: dict[str, tuple[int, int]],
+    link_figures: dict[str, dict[str, int]],
+    peak_rss: dict[str, int],
+    counts: dict[str, int],
     lag: dict[str, float],
-) -> None:
-    table = Table(title=f"scenario {sc.name}")
-    for col in ("region", "records acked", "producer retries", "log objects", "MiB in bucket"):
+    catch_up: list[dict[str, Any]],
+    replication_lag: dict[str, dict[str, float]],
+    failures: list[str],
+    codes: dict[str, int],
+) -> dict[str, Any]:
+    regions: dict[str, Any] = {}
+    for r in sc.regions:
+        regions[r] = {
+            "acknowledged": sum(len(p.acked) for p in producers if p.w.region == r),
+            "producer_retries": sum(p.retries for p in producers if p.w.region == r),
+            "log_objects": objects[r][0],
+            "log_bytes": objects[r][1],
+            "peak_rss_bytes": peak_rss.get(r, 0),
+            "exit_code": codes.get(r),
+        }
+        if r in link_figures:
+            regions[r]["link"] = {"shape": sc.link(r).describe(), **link_figures[r]}
+    return {
+        "scenario": sc.name,
+        "quick": quick,
+        "seed": seed,
+        "bucket": sc.bucket,
+        "duration_s": sc.duration_s,
+        "passed": not failures and all(c == 0 for c in codes.values()),
+        "failures": failures,
+        "acknowledged": sum(len(p.acked) for p in producers),
+        "lost": counts.get("lost", 0),
+        "duplicated": counts.get("duplicated", 0),
+        "reordered": counts.get("reordered", 0),
+        "mirror_divergence": counts.get("mirror_divergence", 0),
+        "regions": regions,
+        "catch_up": sorted(catch_up, key=lambda c: float(c["ended_at_s"])),
+        "replication_lag": replication_lag,
+        "converged_after_end_s": {k: round(v, 3) for k, v in sorted(lag.items())},
+    }
+
+
+def _print_report(doc: dict[str, Any]) -> None:
+    table = Table(title=f"scenario {doc['scenario']}" + (" (quick)" if doc["quick"] else ""))
+    cols = ["region", "records acked", "producer retries", "log objects", "MiB in bucket"]
+    cols += ["peak RSS MiB"]
+    has_links = any("link" in v for v in doc["regions"].values())
+    if has_links:
+        cols += ["link MB up", "link MB down", "link resets"]
+    for col in cols:
         table.add_column(col, justify="left" if col == "region" else "right")
-    for r in sites:
-        acked = sum(len(p.acked) for p in producers if p.w.region == r)
-        retries = sum(p.retries for p in producers if p.w.region == r)
-        objects, size = bucket_figures(bucket, r)
-        table.add_row(r, f"{acked:,}", str(retries), str(objects), f"{size / 2**20:.2f}")
+    for r, v in doc["regions"].items():
+        row = [
+            r,
+            f"{v['acknowledged']:,}",
+            str(v["producer_retries"]),
+            str(v["log_objects"]),
+            f"{v['log_bytes'] / 2**20:.2f}",
+            f"{v['peak_rss_bytes'] / 2**20:.0f}",
+        ]
+        if has_links:
+            link = v.get("link", {})
+            row += [
+                f"{link.get('bytes_up', 0) / 1e6:.2f}",
+                f"{link.get('bytes_down', 0) / 1e6:.2f}",
+                str(link.get("resets", 0)),
+            ]
+        table.add_row(*row)
     console.print(table)
-    for k, v in sorted(lag.items()):
+    console.print(
+        f"  acknowledged {doc['acknowledged']:,}; lost {doc['lost']}, duplicated "
+        f"{doc['duplicated']}, reordered {doc['reordered']}; mirror partitions diverging "
+        f"{doc['mirror_divergence']}",
+        highlight=False,
+    )
+    if "s3_requests" in doc:
+        s3 = doc["s3_requests"]
+        by = ", ".join(f"{k}: {v}" for k, v in s3["by_status"].items())
+        console.print(f"  S3 requests {s3['total']:,} ({by})", highlight=False)
+    for c in doc["catch_up"]:
+        took = "not caught up" if c["seconds"] is None else f"{c['seconds']:.2f}s"
+        console.print(
+            f"  catch-up after {c['fault']} (ended t={c['ended_at_s']:g}s): {took}",
+            highlight=False,
+        )
+    for k, v in doc["replication_lag"].items():
+        console.print(
+            f"  {k} replication lag during the run: p99 {v['p99_s']:.2f}s, max {v['max_s']:.2f}s",
+            highlight=False,
+        )
+    for k, v in doc["converged_after_end_s"].items():
         console.print(f"  {k} converged {v:.2f}s after the end", highlight=False)
