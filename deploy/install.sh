@@ -16,6 +16,9 @@
 # installs the systemd unit (edgegw.service, next to this script) with the paths
 # filled in and, when systemd runs this machine, enables and starts it.
 set -euo pipefail
+# The caller's Python environment must not leak into the venv: with PYTHONPATH
+# set, pip counts what it finds there as installed and leaves it out.
+unset PYTHONPATH PYTHONHOME PYTHONUSERBASE PIP_TARGET PIP_PREFIX PIP_USER
 
 PROG=${0##*/}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -69,6 +72,9 @@ need_value() {
 }
 
 while [ "$#" -gt 0 ]; do
+    case "$1" in
+        --*=*) set -- "${1%%=*}" "${1#*=}" "${@:2}"; continue ;;
+    esac
     case "$1" in
         --region) need_value "$@"; REGION=$2; shift 2 ;;
         --version) need_value "$@"; VERSION=$2; shift 2 ;;
@@ -206,6 +212,10 @@ if [ -n "$FROM" ]; then
     "${PIP[@]}" --no-deps --force-reinstall "$SPEC" || die "pip install $SPEC failed (see above)"
 fi
 [ -x "$PREFIX/bin/edgegw" ] || die "$PREFIX/bin/edgegw missing after pip install $SPEC"
+# The service runs as $SERVICE_USER: a Python under a private directory (a
+# pyenv in /root, say) would install fine and then fail to start.
+runuser -u "$SERVICE_USER" -- "$PREFIX/bin/python" -c '' 2>/dev/null \
+    || die "user $SERVICE_USER cannot run $PREFIX/bin/python (built from $PYTHON): use a Python every user can reach, e.g. --python /usr/bin/python3"
 INSTALLED=$("$PREFIX/bin/python" -c 'from importlib.metadata import version; print(version("edgegw"))')
 say "installed edgegw $INSTALLED from $SPEC"
 
