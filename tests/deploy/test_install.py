@@ -252,6 +252,16 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
         timeout=60,
     )
     assert verify.returncode == 0, verify.stdout + verify.stderr
+    # The sandbox: systemd's exposure score of the unit (0 best, 100 worst) is 32,
+    # "OK"; without the Protect*/Restrict* lines it was 70.
+    security = subprocess.run(
+        [analyze, "security", "--offline=yes", "--threshold=40", str(units / "edgegw.service")],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert security.returncode == 0, security.stdout + security.stderr
     # The metadata server's unit, pointed at the same program.
     meta = units / "edgegw-metadata.service"
     meta.write_text(
