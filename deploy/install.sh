@@ -14,7 +14,9 @@
 # edgegw into it; writes a starter config with `edgegw init` unless one exists
 # (an existing config is never overwritten, the data directory never touched);
 # installs the systemd unit (edgegw.service, next to this script) with the paths
-# filled in and, when systemd runs this machine, enables and starts it.
+# filled in. A first install stops there (the starter config must be edited
+# first); a later run, when systemd runs this machine, enables and starts the
+# service, or restarts it if it was running.
 set -euo pipefail
 # The caller's Python environment must not leak into the venv: with PYTHONPATH
 # set, pip counts what it finds there as installed and leaves it out.
@@ -55,7 +57,7 @@ directory are kept.
   --data-dir DIR      the data directory: journal, state (default: $DATA_DIR)
   --unit-dir DIR      where the systemd unit goes (default: $UNIT_DIR)
   --user NAME         the system user the gateway runs as (default: $SERVICE_USER)
-  --no-start          do not enable or start the service
+  --no-start          leave systemd alone: no enable, start, stop or daemon-reload
   --uninstall         remove the program and the unit; config and data stay
   --purge             with --uninstall: also remove config, data and the user
   -h, --help          this text
@@ -112,13 +114,13 @@ systemd_running() { [ -d /run/systemd/system ]; }
 # ---------------------------------------------------------------- uninstall
 
 if [ "$UNINSTALL" = 1 ]; then
-    if systemd_running && [ -e "$UNIT" ]; then
+    if [ "$NO_START" = 0 ] && systemd_running && [ -e "$UNIT" ]; then
         systemctl disable --now "$UNIT_NAME" || true
     fi
     if [ -e "$UNIT" ]; then
         rm -f "$UNIT"
         say "removed $UNIT"
-        if systemd_running; then systemctl daemon-reload; fi
+        if [ "$NO_START" = 0 ] && systemd_running; then systemctl daemon-reload; fi
     fi
     if [ -d "$PREFIX" ]; then
         # Only ever delete a directory this script made: a venv with edgegw in it.
@@ -222,12 +224,14 @@ say "installed edgegw $INSTALLED from $SPEC"
 # ---------------------------------------------------------------- config and data
 
 install -d -m 0755 "$CONFIG_DIR"
+WROTE_CONFIG=0
 if [ -e "$CONFIG" ]; then
     say "kept the existing $CONFIG"
 else
     "$PREFIX/bin/edgegw" init --region "$REGION" --config "$CONFIG" --data-dir "$DATA_DIR" >/dev/null
     chown "root:$SERVICE_USER" "$CONFIG"
     chmod 0640 "$CONFIG"
+    WROTE_CONFIG=1
     say "wrote a starter config $CONFIG for region $REGION: set the bucket and topics in it"
 fi
 if [ ! -e "$CONFIG_DIR/env" ]; then
@@ -270,6 +274,12 @@ fi
 
 if [ "$NO_START" = 1 ]; then
     say "not started (--no-start); to start: systemctl daemon-reload && systemctl enable --now $UNIT_NAME"
+elif [ "$WROTE_CONFIG" = 1 ]; then
+    # Not with the starter config: its first start claims the region in a bucket
+    # inside the data directory, and the gateway then refuses the real bucket
+    # (exit 4, "bucket lost") until that data directory is emptied.
+    if systemd_running; then systemctl daemon-reload; fi
+    say "not started: first edit $CONFIG (bucket, topics) and $CONFIG_DIR/env (keys), then: systemctl enable --now $UNIT_NAME"
 elif systemd_running; then
     systemctl daemon-reload
     if systemctl is-active --quiet "$UNIT_NAME"; then

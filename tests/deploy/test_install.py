@@ -5,8 +5,9 @@ checkout, a system user, a starter config from ``edgegw init``, the unit with
 the paths filled in (checked by ``systemd-analyze verify``), and the gateway
 it installed started as that user, answering ``/healthz``. All of it under
 a scratch directory (``--prefix``, ``--config-dir``, ``--data-dir``,
-``--unit-dir``, ``--user``) and with ``--no-start``, so the machine's own
-/etc, /opt and services are left alone. Then a second run must keep config
+``--unit-dir``, ``--user``) and with ``--no-start`` (which leaves systemd
+alone) but for the first install, which never starts anything: the
+machine's own /etc, /opt and services are left alone. Then a second run must keep config
 and data, ``--uninstall`` must keep them too, and ``--purge`` removes them.
 """
 
@@ -208,7 +209,6 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
         f"--data-dir={data}",
         f"--unit-dir={units}",
         f"--user={service_user}",
-        "--no-start",
     ]
     # Debian's own Python, as on a site: the tests' may live under /root, which the
     # service user cannot enter (install.sh refuses that; see below).
@@ -216,17 +216,19 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
     python = f"--python={system_python if system_python.exists() else sys.executable}"
 
     # 1. First install: needs a region.
-    no_region = _install(*paths, python, f"--from={ROOT}", timeout=60)
+    no_region = _install(*paths, "--no-start", python, f"--from={ROOT}", timeout=60)
     assert no_region.returncode == 1
     assert "--region NAME is needed" in no_region.stderr
     assert not prefix.exists()
     assert not data.exists()
 
+    # Without --no-start: a first install never starts the gateway (the starter
+    # config would claim the region in a bucket inside the data directory).
     first = _install(*paths, python, f"--from={ROOT}", "--region=north")
     assert first.returncode == 0, first.stdout + first.stderr
     assert f"created system user {service_user}" in first.stdout
     assert "installed edgegw " in first.stdout
-    assert "--no-start" in first.stdout
+    assert f"not started: first edit {etc}/edgegw.toml" in first.stdout
     config = etc / "edgegw.toml"
     assert oct(config.stat().st_mode & 0o777) == "0o640"
     assert oct((etc / "env").stat().st_mode & 0o777) == "0o600"
@@ -305,7 +307,7 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
     assert "journal" in kept
 
     # 3. Again, without --region: an upgrade in place that keeps config and data.
-    again = _install(*paths, python, f"--from={ROOT}")
+    again = _install(*paths, "--no-start", python, f"--from={ROOT}")
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"kept the existing {config}" in again.stdout
     assert f"kept the existing data directory {data}" in again.stdout
@@ -314,7 +316,7 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
     assert sorted(p.name for p in data.iterdir()) == kept
 
     # 4. --uninstall removes the program and the unit only.
-    gone = _install(*paths, "--uninstall", timeout=60)
+    gone = _install(*paths, "--no-start", "--uninstall", timeout=60)
     assert gone.returncode == 0, gone.stdout + gone.stderr
     assert not prefix.exists()
     assert not (units / "edgegw.service").exists()
@@ -328,7 +330,7 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
     )
 
     # 5. --purge removes config, data and the user as well.
-    purged = _install(*paths, "--uninstall", "--purge", timeout=60)
+    purged = _install(*paths, "--no-start", "--uninstall", "--purge", timeout=60)
     assert purged.returncode == 0, purged.stdout + purged.stderr
     assert not etc.exists()
     assert not data.exists()
