@@ -56,6 +56,8 @@ faketime:
 
 # tests/deploy checks deploy/ with shellcheck and promtool (Debian packages
 # shellcheck and prometheus); those tests fail, naming the package, without them.
+# The prometheus package also installs a Prometheus server service: on a
+# machine run by systemd it starts (systemctl disable --now prometheus).
 deploy-tools:
 	@command -v shellcheck >/dev/null && command -v promtool >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \

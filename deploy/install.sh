@@ -166,8 +166,12 @@ command -v "$PYTHON" >/dev/null || die "$PYTHON not found: apt-get install pytho
 PYTHON=$(command -v "$PYTHON")
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
     || die "$PYTHON is $("$PYTHON" -c 'import platform; print(platform.python_version())'); edgegw needs Python 3.11+ (Debian 12, Ubuntu 24.04 and Raspberry Pi OS 12 have it), or pass --python"
-"$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
-    || die "$PYTHON cannot create a venv: apt-get install python3-venv"
+# Reuse the venv unless its interpreter is gone (say, after a Python upgrade).
+venv_usable() { [ -x "$PREFIX/bin/python" ] && "$PREFIX/bin/python" -c '' 2>/dev/null; }
+if ! venv_usable; then
+    "$PYTHON" -c 'import ensurepip, venv' 2>/dev/null \
+        || die "$PYTHON cannot create a venv: apt-get install python3-venv"
+fi
 if [ -n "$FROM" ]; then
     [ -e "$FROM" ] || die "--from $FROM: no such file or directory"
     FROM=$(cd "$(dirname "$FROM")" && pwd)/$(basename "$FROM")
@@ -189,8 +193,7 @@ fi
 
 # ---------------------------------------------------------------- program
 
-# Reuse the venv unless its interpreter is gone (say, after a Python upgrade).
-if [ -x "$PREFIX/bin/python" ] && "$PREFIX/bin/python" -c '' 2>/dev/null; then
+if venv_usable; then
     say "upgrading the venv in $PREFIX"
 else
     [ ! -e "$PREFIX" ] || [ -f "$PREFIX/pyvenv.cfg" ] \
