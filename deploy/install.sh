@@ -263,7 +263,7 @@ sed -e "s|/opt/edgegw|$PREFIX|g" \
     -e "s|^Group=edgegw\$|Group=$SERVICE_USER|" \
     "$UNIT_TEMPLATE" >"$UNIT_TMP"
 if [ "$DATA_DIR" != /var/lib/edgegw ]; then
-    sed -i '/^StateDirectory=/d' "$UNIT_TMP"
+    sed -i '/^StateDirectory/d' "$UNIT_TMP"
 fi
 chmod 0644 "$UNIT_TMP"
 if [ -e "$UNIT" ] && cmp -s "$UNIT_TMP" "$UNIT"; then
