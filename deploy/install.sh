@@ -130,12 +130,22 @@ if [ "$UNINSTALL" = 1 ]; then
     fi
     if [ "$PURGE" = 1 ]; then
         if [ -d "$DATA_DIR" ]; then
-            rm -rf "$DATA_DIR"
-            say "removed $DATA_DIR (journal and state; a bucket kept inside it is gone too)"
+            # A mistyped --data-dir must not cost a directory that is not edgegw's.
+            if [ -e "$DATA_DIR/edgegw.lock" ] || [ -d "$DATA_DIR/journal" ] || [ -z "$(ls -A "$DATA_DIR")" ]; then
+                rm -rf "$DATA_DIR"
+                say "removed $DATA_DIR (journal and state; a bucket kept inside it is gone too)"
+            else
+                die "$DATA_DIR does not look like an edgegw data directory (no edgegw.lock, no journal/): not removing it"
+            fi
         fi
         if [ -d "$CONFIG_DIR" ]; then
-            rm -rf "$CONFIG_DIR"
-            say "removed $CONFIG_DIR"
+            # Only the files this script made; the directory if nothing else is in it.
+            rm -f "$CONFIG" "$CONFIG_DIR/env"
+            if rmdir "$CONFIG_DIR" 2>/dev/null; then
+                say "removed $CONFIG_DIR"
+            else
+                say "removed $CONFIG and $CONFIG_DIR/env; kept $CONFIG_DIR (other files in it)"
+            fi
         fi
         if getent passwd "$SERVICE_USER" >/dev/null; then
             userdel "$SERVICE_USER"

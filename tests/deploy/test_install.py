@@ -329,7 +329,18 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
         == 0
     )
 
-    # 5. --purge removes config, data and the user as well.
+    # 5. --purge refuses a data directory that is not edgegw's, then removes
+    #    config, data and the user.
+    other = scratch / "other"
+    other.mkdir()
+    (other / "precious").write_text("not edgegw's")
+    refused = _install(
+        *paths, f"--data-dir={other}", "--no-start", "--uninstall", "--purge", timeout=60
+    )
+    assert refused.returncode == 1
+    assert "does not look like an edgegw data directory" in refused.stderr
+    assert (other / "precious").exists()
+    assert config.exists()  # data is checked first: nothing removed
     purged = _install(*paths, "--no-start", "--uninstall", "--purge", timeout=60)
     assert purged.returncode == 0, purged.stdout + purged.stderr
     assert not etc.exists()
