@@ -13,7 +13,7 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test test-versions lint typecheck pytest bench clean install faketime
+.PHONY: run test test-versions lint typecheck pytest bench clean install faketime deploy-tools
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert v >= (3, 11), "edgegw needs Python 3.11+"; v > (3, 13) and print("warning: edgegw is tested on Python 3.11 to 3.13, not %d.%d yet" % v)'
@@ -57,7 +57,20 @@ faketime:
 	    echo "faketime is not installed and this is not root with apt-get: the clock tests will skip"; \
 	  fi; }
 
-pytest: $(STAMP) faketime
+# tests/deploy checks deploy/ with shellcheck and promtool (Debian packages
+# shellcheck and prometheus); those tests fail, naming the package, without them.
+# The prometheus package also installs a Prometheus server service: on a
+# machine run by systemd it starts (systemctl disable --now prometheus).
+deploy-tools:
+	@command -v shellcheck >/dev/null && command -v promtool >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q shellcheck prometheus || { apt-get update -q && apt-get install -y -q shellcheck prometheus; } \
+	      || echo "could not install shellcheck and prometheus (promtool): tests/deploy will fail"; \
+	  else \
+	    echo "shellcheck or promtool missing and this is not root with apt-get: tests/deploy will fail (apt-get install shellcheck prometheus)"; \
+	  fi; }
+
+pytest: $(STAMP) faketime deploy-tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
