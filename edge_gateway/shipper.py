@@ -17,7 +17,8 @@ Protocol and failure cases: ``docs/protocol.md``. In short, per flush:
    :class:`~edge_gateway.errors.BucketLost` instead of writing a second log.
 
 A flush happens when the oldest unshipped entry has waited ``flush_interval``
-or ``max_object_bytes`` are pending; an idle gateway makes no requests. While
+or ``max_object_bytes`` are pending; an idle gateway makes no requests (but the
+manifest of what it shipped, once its interval is up). While
 the bucket is away, the shipper retries the same object with exponential
 backoff and jitter and the journal keeps accepting; afterwards the backlog
 ships as large objects, in LSN order.
@@ -1082,10 +1083,29 @@ class Shipper:
         if not met_bucket:
             task_status.started()
         flush_s = self.config.flush_interval_ms / 1000
+        manifest_floor_s = 0.0
         while True:
             fail_point("shipper.loop")
             if not self.pending():
-                await self.journal.wait_appended(self._ship_from)
+                # Idle. Entries shipped since the last manifest get theirs when
+                # it is due (one request, then nothing): without new data the
+                # summary must not wait for ever.
+                due = self._schedule.due_in_ms(self._mono_ms()) if self._pending_manifest else None
+                if due is None:
+                    await self.journal.wait_appended(self._ship_from)
+                else:
+                    with trio.move_on_after(max(due / 1000, manifest_floor_s)):
+                        await self.journal.wait_appended(self._ship_from)
+                    if not self.pending():
+                        await self._maybe_write_manifest()
+                        # Not written (the bucket is away): try again after an
+                        # interval, not in a loop.
+                        manifest_floor_s = (
+                            self.config.manifest_interval_ms / 1000
+                            if self._pending_manifest
+                            else 0.0
+                        )
+                        continue
                 self._pending_since = time.monotonic()
             # The oldest pending entry sets the deadline; a full object goes now.
             deadline = trio.current_time() + max(0.0, flush_s - self.oldest_pending_age_s())

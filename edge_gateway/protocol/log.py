@@ -129,6 +129,14 @@ class ManifestSchedule:
             return False
         return self.pending >= self.max_entries or now_ms - self.last_written_ms >= self.interval_ms
 
+    def due_in_ms(self, now_ms: int) -> int | None:
+        """Milliseconds until a manifest of the pending entries is due (0: now; None: none)."""
+        if not self.pending:
+            return None
+        if self.pending >= self.max_entries:
+            return 0
+        return max(0, self.interval_ms - (now_ms - self.last_written_ms))
+
     def written(self, last_seq: int, now_ms: int) -> None:
         self.first_seq = last_seq + 1
         self.pending = 0

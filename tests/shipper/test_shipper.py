@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -187,6 +188,33 @@ async def test_idle_shipper_makes_no_requests(tmp_path: Path) -> None:
             await trio.sleep(0.1)
             before = bucket.statistics().requests
             await trio.sleep(0.5)
+            assert bucket.statistics().requests == before
+            nursery.cancel_scope.cancel()
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+async def test_an_idle_shipper_writes_the_due_manifest_once(tmp_path: Path) -> None:
+    # Manifests by time only: what shipped since the last one is summarised
+    # when the interval is up, although nothing more is produced; then silence.
+    bucket = FaultyBucket(await LocalBucket.open(tmp_path / "b", create=True))
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    cfg = dataclasses.replace(FAST, manifest_every=10_000, manifest_interval_ms=300)
+    try:
+        s = Shipper(j, bucket, "north", config=cfg)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            produce(j, "t", 1, 1)
+            with trio.fail_after(10):
+                await s.wait_shipped(j.next_lsn - 1)
+            with trio.fail_after(30):
+                while s.statistics().manifests == 0:  # noqa: ASYNC110 - polling a counter
+                    await trio.sleep(0.05)
+            infos = await bucket.list("regions/north/manifest/")
+            assert len(infos) == 1
+            before = bucket.statistics().requests
+            await trio.sleep(1.0)  # three intervals: nothing pending, nothing sent
             assert bucket.statistics().requests == before
             nursery.cancel_scope.cancel()
     finally:
