@@ -8,7 +8,8 @@ times, while producers write as fast as they can. South, on the ordinary
 disk, mirrors north's topic.
 
 * north never exits, and answers produce with 200 or ``503 disk_full``,
-  nothing else (no 500, no traceback);
+  nothing else (no 500, no traceback); each fill makes it delete shipped
+  segments early or refuse writes (or both);
 * every acknowledged record is in south's mirror at the offset it was
   acknowledged with (north deleted shipped segments to make room, so the
   mirror is where all of them still are), and north's partitions hold the
@@ -146,13 +147,20 @@ def test_a_small_disk_filled_and_freed_by_another_process(tmp_path: Path) -> Non
                 for k, v in p.codes.items():
                     codes[k] = codes.get(k, 0) + v
             assert set(codes) <= {"200", "503 disk_full"}, codes
-            assert codes.get("503 disk_full", 0) > 0, f"the disk never refused a write: {codes}"
+            refused = codes.get("503 disk_full", 0)
 
             status = north.status()
             disk_doc = status["disk"]
+            # The fills bit: the journal refused writes, or it kept making room
+            # by deleting shipped segments early (when shipping keeps up it can
+            # always do that, and never has to refuse: which of the two happens
+            # depends on how the filler's grabs and the journal's deletions
+            # interleave on this machine).
+            assert refused > 0 or disk_doc["segments_deleted_for_space"] > 0, (codes, disk_doc)
             assert disk_doc["state"] == "ok", disk_doc
-            assert disk_doc["full_episodes"] >= 1
-            assert disk_doc["full_rejections"] == codes["503 disk_full"]
+            if refused:
+                assert disk_doc["full_episodes"] >= 1
+            assert disk_doc["full_rejections"] == refused
             assert disk_doc["size_bytes"] == 24 * 1024 * 1024
             assert status["errors"] == {}
             r = httpx.post(
@@ -177,7 +185,10 @@ def test_a_small_disk_filled_and_freed_by_another_process(tmp_path: Path) -> Non
                 assert all(mirrored[r.offset] == r.value for r in held)
             log = north.log.read_text(errors="replace")
             assert "Traceback" not in log
-            assert "disk full writing" in log
+            if refused:
+                assert "disk full writing" in log
+            else:
+                assert "before its retention ended: the disk is (nearly) full" in log
         finally:
             for p in producers:
                 p.stopping.set()
