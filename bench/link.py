@@ -32,8 +32,6 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
-import botocore.config
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -41,7 +39,7 @@ from _common import MB, Row, emit_json, progress, render_table, scratch_dir
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, start_moto_server
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, s3_client, start_moto_server
 from edge_gateway.testing.tcpproxy import TcpProxy
 
 EDGEGW = Path(sys.executable).parent / "edgegw"
@@ -51,14 +49,7 @@ PER_BATCH = 32  # 512 KiB per request
 
 def raw_upload(endpoint: str, bucket: str, total: int, size: int) -> float:
     """MB/s of boto3 put_object of ``total`` bytes in ``size``-byte objects, no cap."""
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=botocore.config.Config(s3={"addressing_style": "path"}),
-    )
+    s3 = s3_client(endpoint)
     body = os.urandom(size)
     began = time.perf_counter()
     for i in range(max(1, total // size)):
@@ -82,14 +73,7 @@ def main() -> None:
         proxy = TcpProxy("127.0.0.1", int(moto.endpoint.rsplit(":", 1)[1])).start()
         gw: subprocess.Popen[bytes] | None = None
         try:
-            s3 = boto3.client(
-                "s3",
-                endpoint_url=moto.endpoint,
-                region_name=REGION,
-                aws_access_key_id=ACCESS_KEY,
-                aws_secret_access_key=SECRET_KEY,
-            )
-            s3.create_bucket(Bucket="fleet")
+            s3_client(moto.endpoint).create_bucket(Bucket="fleet")
             object_bytes = max(1 << 20, cap)  # what the gateway ships a backlog as
             progress("baseline: boto3 put_object through the proxy, no cap ...")
             raw = raw_upload(proxy.url, "fleet", min(backlog, 64 * MB), object_bytes)

@@ -63,8 +63,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.config
 import trio
 from _common import (
     MB,
@@ -90,6 +88,7 @@ from edge_gateway.testing.moto import (
     SECRET_KEY,
     LoggedRequest,
     MotoServer,
+    s3_client,
     start_moto_server,
 )
 
@@ -138,14 +137,7 @@ def s3_config(server: MotoServer, bucket: str) -> S3Config:
 
 
 def boto_client(server: MotoServer) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=server.endpoint,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=botocore.config.Config(s3={"addressing_style": "path"}),
-    )
+    return s3_client(server.endpoint)
 
 
 async def settled_position(server: MotoServer) -> int:

@@ -13,12 +13,10 @@ import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-import boto3
-import botocore.config
 import pytest
 from _moto_auth import AuthMoto
 
-from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, start_moto_server
+from edge_gateway.testing.moto import s3_client, start_moto_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -37,14 +35,7 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def s3_admin(moto_endpoint: str) -> Iterator[S3Client]:
     """A plain boto3 client on the moto server, for setting up and inspecting buckets."""
-    client = boto3.client(
-        "s3",
-        endpoint_url=moto_endpoint,
-        region_name=REGION,
-        aws_access_key_id=ACCESS_KEY,
-        aws_secret_access_key=SECRET_KEY,
-        config=botocore.config.Config(s3={"addressing_style": "path"}),
-    )
+    client = s3_client(moto_endpoint)
     try:
         yield client
     finally:

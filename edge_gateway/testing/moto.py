@@ -31,13 +31,32 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Self
+from typing import TYPE_CHECKING, Final, Self
 from urllib.parse import unquote, urlsplit
 
 #: Dummy credentials: moto accepts any, boto3 insists on having some.
 ACCESS_KEY: Final = "testing"
 SECRET_KEY: Final = "testing"  # noqa: S105 (moto accepts any)
 REGION: Final = "us-east-1"
+
+if TYPE_CHECKING:
+    from mypy_boto3_s3.client import S3Client
+
+
+def s3_client(endpoint: str) -> S3Client:
+    """A plain boto3 client on a moto server (or a proxy in front of one), path-style."""
+    import boto3
+    import botocore.config
+
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=REGION,
+        aws_access_key_id=ACCESS_KEY,
+        aws_secret_access_key=SECRET_KEY,
+        config=botocore.config.Config(s3={"addressing_style": "path"}),
+    )
+
 
 # werkzeug's access log line; some lines are coloured with ANSI escapes.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
