@@ -125,9 +125,7 @@ class ManifestSchedule:
         self.pending += count
 
     def due(self, now_ms: int) -> bool:
-        if not self.pending:
-            return False
-        return self.pending >= self.max_entries or now_ms - self.last_written_ms >= self.interval_ms
+        return self.due_in_ms(now_ms) == 0
 
     def due_in_ms(self, now_ms: int) -> int | None:
         """Milliseconds until a manifest of the pending entries is due (0: now; None: none)."""
