@@ -84,9 +84,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from edge_gateway import __version__
+
+        typer.echo(f"edgegw {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log at DEBUG level."),
+    version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the version of edgegw and exit.",
+    ),
 ) -> None:
     from edge_gateway.logs import configure_logging
 

@@ -51,10 +51,41 @@ def _is_debian_like() -> bool:
     return any(w in text for w in ("debian", "ubuntu", "raspbian"))
 
 
-def _install(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _install(
+    *args: str, timeout: float = 600, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        ["bash", str(INSTALL), *args], check=False, capture_output=True, text=True, timeout=timeout
+        ["bash", str(INSTALL), *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=None if env is None else {**os.environ, **env},
     )
+
+
+def _wheel_of_version(version: str, into: Path) -> None:
+    """A wheel of this checkout numbered ``version``: a release on a package index."""
+    src = into / "src"
+    for part in ("edge_gateway", "cli"):
+        shutil.copytree(
+            ROOT / part, src / part, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+        )
+    for name in ("README.md", "pyproject.toml"):
+        shutil.copy(ROOT / name, src / name)
+    init = src / "edge_gateway" / "__init__.py"
+    text = init.read_text()
+    assert '\n__version__ = "' in text
+    head, _, rest = text.partition('\n__version__ = "')
+    init.write_text(head + f'\n__version__ = "{version}' + rest[rest.index('"') :])
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w", str(into), str(src)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
 
 
 # -------------------------------------------------------------- static checks
@@ -314,6 +345,28 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
     assert "upgrading the venv" in again.stdout
     assert config.read_bytes() == edited
     assert sorted(p.name for p in data.iterdir()) == kept
+
+    # 3b. --version X: the release numbered X from the package index (here a
+    #     directory of wheels standing in for it; the dependencies are in the
+    #     venv already), config and data kept; a version the index lacks fails
+    #     naming it, and the install before it still runs.
+    index = scratch / "index"
+    index.mkdir()
+    _wheel_of_version("0.1.0.post900", index)
+    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index)}
+    pinned = _install(*paths, "--no-start", python, "--version=0.1.0.post900", env=offline)
+    assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+    assert "installed edgegw 0.1.0.post900 from edgegw==0.1.0.post900" in pinned.stdout
+    assert config.read_bytes() == edited
+    assert sorted(p.name for p in data.iterdir()) == kept
+    missing = _install(*paths, "--no-start", python, "--version=9.9.9", env=offline)
+    assert missing.returncode == 1
+    assert "pip install edgegw==9.9.9 failed" in missing.stderr
+    still = subprocess.run(
+        [f"{prefix}/bin/edgegw", "--version"], check=False, capture_output=True, text=True
+    )
+    assert still.returncode == 0, still.stderr
+    assert still.stdout == "edgegw 0.1.0.post900\n"
 
     # 4. --uninstall removes the program and the unit only.
     gone = _install(*paths, "--no-start", "--uninstall", timeout=60)
