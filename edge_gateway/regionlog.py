@@ -237,8 +237,16 @@ async def mark_bucket(bucket: Bucket, prefix: str, region: str, created_ms: int)
     """Create the marker if it is missing; True if this call created it.
 
     Create-only: of concurrent first users one writes it, and an existing
-    marker is never replaced.
+    marker is never replaced. Looked for first (one GET): a region confined
+    to its own keys may not be allowed to create it (docs/security.md), and
+    only the fleet's first claim needs to.
     """
+    try:
+        await bucket.get(bucket_marker_key(prefix))
+    except NotFound:
+        pass
+    else:
+        return False
     try:
         await bucket.put(
             bucket_marker_key(prefix),

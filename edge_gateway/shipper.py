@@ -89,6 +89,7 @@ from edge_gateway.format.manifest import (
     manifest_prefix,
     parse_log_key,
     parse_manifest_key,
+    region_prefix,
 )
 from edge_gateway.journal import Entry, Journal
 from edge_gateway.names import validate_region
@@ -377,7 +378,8 @@ class Shipper:
         (retry later).
         """
         try:
-            await verify_conditional_create(self.bucket, self.prefix)
+            # Under the region's own keys: all a confined region may write.
+            await verify_conditional_create(self.bucket, region_prefix(self.prefix, self.region))
         except BucketGone as exc:
             raise self._lost(str(exc)) from None
         while True:
@@ -448,8 +450,9 @@ class Shipper:
         try:
             if await mark_bucket(self.bucket, self.prefix, self.region, self._clock()):
                 log.info("shipper: marked %s as an edgegw bucket", self.bucket.name)
-        except BucketUnavailable as exc:
-            # Only a hint for the CLI: the next claim writes it.
+        except _RETRIED as exc:
+            # Only a hint for the CLI: the next claim writes it (or an admin
+            # does, where regions may not: docs/security.md).
             log.warning("shipper: could not write the bucket marker (%s)", exc)
 
     def ship_now(self) -> None:
@@ -1029,7 +1032,8 @@ class Shipper:
             await self.bucket.head(key)
         except NotFound:
             raise self._lost(f"{key}, which this gateway wrote, is gone") from None
-        except BucketUnavailable as exc:
+        except _RETRIED as exc:
+            # Away or refusing (an expired key, say): the next manifest asks again.
             log.warning("shipper: manifest not written yet (%s)", exc)
             return False
         return True

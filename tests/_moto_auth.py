@@ -124,11 +124,12 @@ class AuthMoto:
         if code != "InvalidAccessKeyId":
             raise AssertionError(f"moto does not enforce authentication (answer: {code})")
 
-    def user(self, prefix: str = "gw") -> IamUser:
-        """A new IAM user allowed everything (a gateway's identity)."""
+    def user(self, prefix: str = "gw", policy: dict[str, Any] | None = None) -> IamUser:
+        """A new IAM user (a gateway's identity) allowed ``policy`` (default: everything)."""
         name = f"{prefix}-{uuid.uuid4().hex[:10]}"
         self.iam.create_user(UserName=name)
-        self.iam.put_user_policy(UserName=name, PolicyName="all", PolicyDocument=_ALLOW_ALL)
+        doc = _ALLOW_ALL if policy is None else json.dumps(policy)
+        self.iam.put_user_policy(UserName=name, PolicyName="edgegw", PolicyDocument=doc)
         return IamUser(name, self.iam)
 
     def bucket(self) -> str:

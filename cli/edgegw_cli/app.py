@@ -75,6 +75,10 @@ COMMANDS: dict[str, _Lazy] = {
         "edgegw_cli.inspect_cmd:app",
         "Print what is inside a journal segment, a log object or a manifest.",
     ),
+    "iam": _Lazy(
+        "edgegw_cli.iam_cmd:app",
+        "IAM policies for the fleet's bucket: one per region, the pipeline's, an admin's.",
+    ),
     "pipeline": _Lazy("edgegw_cli.pipeline:app", "Bucket -> Iceberg/Parquet tables with PySpark."),
     "metadata": _Lazy("edgegw_cli.meta:serve_app", "The reference metadata server."),
     "regions": _Lazy(

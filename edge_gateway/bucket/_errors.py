@@ -97,9 +97,10 @@ _CREDENTIALS_ACTION: Final = (
 )
 _ACTIONS: Final = {
     "AccessDenied": (
-        "grant the gateway's identity s3:GetObject, s3:PutObject, s3:DeleteObject, "
-        "s3:ListBucket and s3:AbortMultipartUpload on the bucket and prefix "
-        "(deploy/iam-policy.json), or give it credentials that have them"
+        "give the gateway's identity its region's policy (`edgegw iam policy --region "
+        "<region> --bucket <bucket> --prefix <prefix>`, deploy/iam/region.json): it "
+        "reads the fleet and writes only its own region's keys -- a refusal naming "
+        "another region's key means the config's region and the key's do not match"
     ),
     "AccountProblem": "the store's account is suspended or has a problem: contact its owner",
     "AllAccessDisabled": "all access to the bucket is disabled: contact its owner",

@@ -334,7 +334,7 @@ class S3Bucket(Bucket):
         """Raise :class:`NoSuchBucket` if the bucket does not exist (one LIST of one key).
 
         A LIST under the prefix rather than HeadBucket: the least-privilege
-        policy (``deploy/iam-policy.json``) grants ``s3:ListBucket`` only for
+        policies (``edgegw iam policy``, ``deploy/iam/``) grant ``s3:ListBucket`` only for
         the prefix, and a HEAD's error has no body to tell a missing bucket
         from a refused one.
         """

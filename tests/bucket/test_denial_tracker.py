@@ -64,7 +64,7 @@ def test_an_episode_is_logged_once_reminded_and_cleared(caplog: pytest.LogCaptur
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     assert len(errors) == 3
     assert "(AccessDenied)" in errors[-1]
-    assert "deploy/iam-policy.json" in errors[-1]
+    assert "edgegw iam policy" in errors[-1]
     assert tracker.current is not None
     assert tracker.current.since_ms == 7  # the same episode
 

@@ -84,7 +84,7 @@ def test_error_tree() -> None:
     ("code", "says", "credentials"),
     [
         ("InvalidAccessKeyId", "credential_process", True),
-        ("AccessDenied", "deploy/iam-policy.json", True),
+        ("AccessDenied", "edgegw iam policy", True),
         ("NoSuchBucket", "create the bucket", False),
         ("PermanentRedirect", "region", False),
         ("RequestTimeTooSkewed", "NTP", False),

@@ -343,10 +343,13 @@ def test_temporary_credentials_from_a_credential_process_never_stop_shipping(
     )
     producer = Producer("", "t-a", 3, seed=5, pause=0.01)
     try:
-        a.start()
+        # Rotating from the spawn: a start slower than one period (a loaded
+        # machine) would otherwise wait for ever on the first, expired key.
+        a.spawn()
+        rotator.start()
+        a.wait_ready()
         producer.url = a.url
         producer.start()
-        rotator.start()
         last = _shipper(a)["objects"]
         for expiry in range(1, 6):
             wait_until(lambda n=expiry: rotator.rotations >= n, 30, f"expiry {expiry}")
