@@ -295,10 +295,16 @@ class MetadataSettings:
     timeout_s: float = 10.0
     #: CA bundle (PEM) to verify an ``https`` server with; default: the system's.
     ca_file: str = ""
+    #: A file holding this region's token instead of ``token``: read at start
+    #: and again whenever the server refuses the token, so a rotated token
+    #: (``edgegw regions rotate``) is taken up without a restart.
+    token_file: str = ""
 
     def __post_init__(self) -> None:
         if self.url and not re.match(r"^https?://[^/\s]+", self.url):
             raise ConfigError(f"metadata.url: {self.url!r} is not an http:// or https:// URL")
+        if self.token and self.token_file:
+            raise ConfigError("metadata.token and metadata.token_file: set one of them")
         if self.poll_interval_ms < 100:
             raise ConfigError("metadata.poll_interval_ms must be >= 100")
         if self.heartbeat_interval_ms < 100:
@@ -826,6 +832,7 @@ type = "local"
 # With a url, remove the [[topics]] below: the server's routing table replaces them.
 # url = "http://127.0.0.1:8471"
 # token = ""                   # this region's token; better: EDGEGW_METADATA_TOKEN
+# token_file = ""              # or a file holding it: re-read when refused (rotation)
 # poll_interval_ms = 5000
 # heartbeat_interval_ms = 10000
 # head_relay = true            # idle mirrors wait for relayed heads: no bucket polling

@@ -353,6 +353,47 @@ def regions_add(
     typer.echo(doc["token"])
 
 
+@regions_app.command("rotate")
+def regions_rotate(
+    region: str = typer.Argument(..., help="Region name."),
+    keep_old_hours: float = typer.Option(
+        24.0,
+        "--keep-old-hours",
+        help="How long the current token stays valid beside the new one (0: invalid at once).",
+    ),
+    metadata: str = METADATA_OPTION,
+    token: str | None = META_TOKEN_OPTION,
+) -> None:
+    """Issue a region a new token; the current one stays valid --keep-old-hours more.
+
+    Put the new token in the gateways' metadata.token_file (read again when
+    the server refuses the old token: no restart) before the old one ends.
+    --keep-old-hours 0 ends the current token now (a leaked one).
+
+    Example: edgegw regions rotate north --keep-old-hours 24
+    """
+    import time
+
+    check_name(validate_region, region)
+    if not 0 <= keep_old_hours <= 720:
+        _die("--keep-old-hours must be from 0 to 720 (30 days)")
+    with _Admin(metadata, token) as m:
+        doc = m.call(
+            "POST",
+            f"/v1/regions/{_quote(region)}/token",
+            {"keep_previous_s": round(keep_old_hours * 3600)},
+        )
+    until = doc["previous_valid_until_ms"]
+    ends = (
+        "the previous token is no longer valid"
+        if until is None
+        else "the previous token stays valid until "
+        + time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(until / 1000))
+    )
+    typer.echo(f"region {doc['id']}: new token (shown once); {ends}:", err=True)
+    typer.echo(doc["token"])
+
+
 @regions_app.command("revoke")
 def regions_revoke(
     region: str = typer.Argument(..., help="Region name."),

@@ -67,6 +67,14 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE TABLE buckets (name TEXT PRIMARY KEY, settings TEXT NOT NULL);
     INSERT INTO meta (key, value) VALUES ('routing_version', '1');
     """,
+    # 2: token rotation. During a rotation a region has two valid tokens: the
+    # new one (token_id/token_hash) and the previous one until prev_expires_ms.
+    """
+    ALTER TABLE regions ADD COLUMN prev_token_id TEXT;
+    ALTER TABLE regions ADD COLUMN prev_token_hash TEXT;
+    ALTER TABLE regions ADD COLUMN prev_expires_ms INTEGER;
+    CREATE UNIQUE INDEX regions_prev_token_id ON regions (prev_token_id);
+    """,
 )
 
 # scrypt cost: ~30 ms and 16 MiB per check. Verified tokens are cached by the
@@ -121,6 +129,13 @@ def split_region_token(token: str) -> str | None:
     if not sep or not secret or len(token_id) != 16:
         return None
     return token_id
+
+
+def _new_region_token() -> tuple[str, str, str]:
+    """(token id, token, its hash) of a fresh region token ``egw_<id>_<secret>``."""
+    token_id = secrets.token_hex(8)
+    token = f"{REGION_TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
+    return token_id, token, hash_token(token)
 
 
 class MetadataStore:
@@ -209,24 +224,30 @@ class MetadataStore:
 
     # -------------------------------------------------------------- regions
 
-    def region_token(self, token_id: str) -> tuple[str, str] | None:
-        """(region, token hash) of an active region token id, or None."""
-        row = (
-            self._conn()
-            .execute(
-                "SELECT id, token_hash FROM regions WHERE token_id = ? AND revoked_ms IS NULL",
-                (token_id,),
-            )
-            .fetchone()
-        )
-        return (str(row[0]), str(row[1])) if row else None
+    def region_token(self, token_id: str, now_ms: int) -> tuple[str, str, int | None] | None:
+        """(region, token hash, valid until ms or None) of a valid region token id, or None.
+
+        The current token is valid until the region is revoked or the token
+        rotated; the previous one, after a rotation, until ``prev_expires_ms``.
+        """
+        db = self._conn()
+        row = db.execute(
+            "SELECT id, token_hash FROM regions WHERE token_id = ? AND revoked_ms IS NULL",
+            (token_id,),
+        ).fetchone()
+        if row is not None:
+            return (str(row[0]), str(row[1]), None)
+        row = db.execute(
+            "SELECT id, prev_token_hash, prev_expires_ms FROM regions"
+            " WHERE prev_token_id = ? AND revoked_ms IS NULL AND prev_expires_ms > ?",
+            (token_id, now_ms),
+        ).fetchone()
+        return (str(row[0]), str(row[1]), int(row[2])) if row else None
 
     def add_region(self, region: str, now_ms: int) -> str:
         """Register ``region`` (or re-activate a revoked one); returns its new token."""
         validate_region(region)
-        token_id = secrets.token_hex(8)
-        token = f"{REGION_TOKEN_PREFIX}{token_id}_{secrets.token_urlsafe(32)}"
-        hashed = hash_token(token)
+        token_id, token, hashed = _new_region_token()
         with self._write() as db:
             row = db.execute("SELECT revoked_ms FROM regions WHERE id = ?", (region,)).fetchone()
             if row is not None and row[0] is None:
@@ -239,11 +260,43 @@ class MetadataStore:
                 )
             else:
                 db.execute(
-                    "UPDATE regions SET token_id = ?, token_hash = ?, revoked_ms = NULL"
+                    "UPDATE regions SET token_id = ?, token_hash = ?, revoked_ms = NULL,"
+                    " prev_token_id = NULL, prev_token_hash = NULL, prev_expires_ms = NULL"
                     " WHERE id = ?",
                     (token_id, hashed, region),
                 )
             self._bump(db)
+        return token
+
+    def rotate_region_token(self, region: str, now_ms: int, keep_previous_ms: int) -> str:
+        """Issue ``region`` a new token; the current one stays valid ``keep_previous_ms``.
+
+        Two tokens at most: a token still in its grace period from an earlier
+        rotation ends now. ``keep_previous_ms = 0`` invalidates the current
+        token at once (a leaked one).
+        """
+        if keep_previous_ms < 0:
+            raise InvalidInput(f"keep_previous_ms must be >= 0, got {keep_previous_ms}")
+        token_id, token, hashed = _new_region_token()
+        with self._write() as db:
+            row = db.execute(
+                "SELECT revoked_ms, token_id, token_hash FROM regions WHERE id = ?", (region,)
+            ).fetchone()
+            if row is None or row[0] is not None:
+                raise _unknown_region(region)
+            keep = keep_previous_ms > 0
+            db.execute(
+                "UPDATE regions SET token_id = ?, token_hash = ?, prev_token_id = ?,"
+                " prev_token_hash = ?, prev_expires_ms = ? WHERE id = ?",
+                (
+                    token_id,
+                    hashed,
+                    row[1] if keep else None,
+                    row[2] if keep else None,
+                    now_ms + keep_previous_ms if keep else None,
+                    region,
+                ),
+            )
         return token
 
     def revoke_region(self, region: str, now_ms: int) -> None:
@@ -254,7 +307,8 @@ class MetadataStore:
                 raise _unknown_region(region)
             if row[0] is None:
                 db.execute(
-                    "UPDATE regions SET revoked_ms = ?, token_id = NULL, token_hash = NULL"
+                    "UPDATE regions SET revoked_ms = ?, token_id = NULL, token_hash = NULL,"
+                    " prev_token_id = NULL, prev_token_hash = NULL, prev_expires_ms = NULL"
                     " WHERE id = ?",
                     (now_ms, region),
                 )

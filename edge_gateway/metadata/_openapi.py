@@ -116,6 +116,29 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["id", "token"],
         "properties": {"id": _NAME, "token": {"type": "string"}},
     },
+    "TokenRotation": {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "keep_previous_s": {
+                "description": "How long the current token stays valid beside the new one "
+                "(default 86400; 0: invalid at once, for a leaked token).",
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 30 * 86_400,
+            }
+        },
+    },
+    "TokenRotated": {
+        "description": "The new token is shown once; the server keeps only its hash.",
+        "type": "object",
+        "required": ["id", "token", "previous_valid_until_ms"],
+        "properties": {
+            "id": _NAME,
+            "token": {"type": "string"},
+            "previous_valid_until_ms": {"type": ["integer", "null"]},
+        },
+    },
     "Heartbeat": {
         "type": "object",
         "additionalProperties": False,
@@ -346,6 +369,16 @@ def openapi_document() -> dict[str, Any]:
                 params=region,
                 who=_ADMIN,
             ),
+        },
+        "/v1/regions/{region}/token": {
+            "post": _op(
+                "Rotate a region's token: a new one, the current one valid a while longer",
+                ("200", "The new token", "TokenRotated"),
+                body="TokenRotation",
+                errors=("400", "401", "403", "404"),
+                params=region,
+                who=_ADMIN,
+            )
         },
         "/v1/regions/{region}/heartbeat": {
             "post": _op(

@@ -37,6 +37,7 @@ import logging
 import random
 import ssl
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -88,6 +89,7 @@ class MetadataAgent:
         self.client = MetadataClient(
             settings.url,
             token=settings.token or None,
+            token_file=Path(settings.token_file) if settings.token_file else None,
             region=gateway.region,
             timeout_s=settings.timeout_s,
             verify=verify,

@@ -96,6 +96,25 @@ class HeadsUpdate:
     heads: dict[str, int]
 
 
+#: A token file larger than this is not a token.
+_TOKEN_FILE_MAX = 4096
+
+
+def _read_token(path: Path) -> str:
+    """The token in ``path`` (surrounding whitespace dropped); InvalidInput if none."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(_TOKEN_FILE_MAX + 1)
+    except OSError as exc:
+        raise InvalidInput(f"metadata.token_file {path}: {exc.strerror or exc}") from None
+    if len(data) > _TOKEN_FILE_MAX:
+        raise InvalidInput(f"metadata.token_file {path}: larger than {_TOKEN_FILE_MAX} bytes")
+    token = data.decode("utf-8", "replace").strip()
+    if not token or any(c.isspace() or not c.isprintable() for c in token):
+        raise InvalidInput(f"metadata.token_file {path}: holds no token (one line, no spaces)")
+    return token
+
+
 class MetadataClient:
     """Calls of one gateway (or tool) to the metadata server.
 
@@ -114,10 +133,20 @@ class MetadataClient:
         timeout_s: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         verify: ssl.SSLContext | bool = True,
+        token_file: Path | None = None,
     ) -> None:
         self.url = url.rstrip("/")
         self.region = validate_region(region) if region is not None else None
         self._timeout_s = timeout_s
+        #: Where the token is read from again after a 401 (a rotated token).
+        self._token_file = token_file
+        if token_file is not None:
+            if token:
+                raise InvalidInput("MetadataClient: token or token_file, not both")
+            token = _read_token(token_file)
+        self._token = token
+        #: Tokens taken up from the token file after a refusal.
+        self.token_reloads = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
             base_url=self.url,
@@ -233,6 +262,37 @@ class MetadataClient:
         return f"/v1/regions/{quote(self.region, safe='')}/{what}"
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        r = await self._request_once(method, path, **kwargs)
+        if r.status_code == 401 and self._reload_token():
+            r = await self._request_once(method, path, **kwargs)
+        if r.status_code >= 400:
+            code, message = "error", r.text[:200]
+            try:
+                err = r.json()["error"]
+                code, message = str(err["code"]), str(err["message"])
+            except (ValueError, KeyError, TypeError):
+                pass
+            raise MetadataRefused(r.status_code, code, message)
+        return r
+
+    def _reload_token(self) -> bool:
+        """Read the token file again; True if it holds a new token (now in use)."""
+        if self._token_file is None:
+            return False
+        try:
+            token = _read_token(self._token_file)
+        except InvalidInput as exc:
+            log.warning("metadata server %s refused the token; %s", self.url, exc)
+            return False
+        if token == self._token:
+            return False
+        self._token = token
+        self._http.headers["Authorization"] = f"Bearer {token}"
+        self.token_reloads += 1
+        log.info("metadata: took up a new token from %s", self._token_file)
+        return True
+
+    async def _request_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:
             r = await self._send(method, path, **kwargs)
         except httpx.TimeoutException as exc:
@@ -245,14 +305,6 @@ class MetadataClient:
             raise Unavailable(f"metadata server {self.url}: {type(exc).__name__}: {exc}") from None
         if r.status_code >= 500:
             raise Unavailable(f"metadata server {self.url} answered {r.status_code}")
-        if r.status_code >= 400:
-            code, message = "error", r.text[:200]
-            try:
-                err = r.json()["error"]
-                code, message = str(err["code"]), str(err["message"])
-            except (ValueError, KeyError, TypeError):
-                pass
-            raise MetadataRefused(r.status_code, code, message)
         return r
 
     async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:

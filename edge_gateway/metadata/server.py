@@ -77,6 +77,10 @@ log = logging.getLogger("edgegw.metadata")
 DEFAULT_PORT: Final = 8471
 GRACEFUL_TIMEOUT_S: Final = 3.0
 _GATEWAY_VERSION_MAX: Final = 100
+#: A rotated token's grace period by default: a day for every device to get the new one.
+DEFAULT_KEEP_PREVIOUS_S: Final = 86_400
+#: At most 30 days: a rotation that never ends is no rotation.
+MAX_KEEP_PREVIOUS_S: Final = 30 * 86_400
 _LAG_FIELDS_MAX: Final = 100
 
 
@@ -214,8 +218,9 @@ class MetadataApp:
         self._db_limiter = trio.CapacityLimiter(1)
         # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
-        #: sha256(token) -> principal, for tokens verified since the last credential change.
-        self._verified: dict[bytes, Principal] = {}
+        #: sha256(token) -> (principal, valid until ms or None), for tokens verified
+        #: since the last credential change.
+        self._verified: dict[bytes, tuple[Principal, int | None]] = {}
         self._token_generation = 0
         self._admin_hash = store.admin_token_hash()
         self._routing = store.routing()
@@ -233,6 +238,7 @@ class MetadataApp:
             self._route("/v1/regions", "POST", self.add_region, admin=True),
             self._route("/v1/regions/{region}", "GET", self.get_region),
             self._route("/v1/regions/{region}", "DELETE", self.revoke_region, admin=True),
+            self._route("/v1/regions/{region}/token", "POST", self.rotate_region_token, admin=True),
             self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
             self._route("/v1/regions/{region}/head", "POST", self.report_head),
             self._route("/v1/heads", "GET", self.wait_heads),
@@ -327,32 +333,33 @@ class MetadataApp:
             raise _unauthorized("send 'Authorization: Bearer <token>'")
         key = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         known = self._verified.get(key)
-        if known is not None:
-            return known
+        if known is not None and (known[1] is None or _now_ms() < known[1]):
+            return known[0]
         generation = self._token_generation
-        who = await self._verify(token)
-        if who is None:
-            raise _unauthorized("unknown or revoked token")
-        # Remember it only if no region was added or revoked meanwhile (else a
-        # token revoked during the check would stay valid in the cache).
+        verified = await self._verify(token)
+        if verified is None:
+            raise _unauthorized("unknown or revoked token (or one rotated out)")
+        # Remember it only if no region was added, revoked or rotated meanwhile
+        # (else a token revoked during the check would stay valid in the cache).
         if generation == self._token_generation:
             if len(self._verified) > 10_000:
                 self._verified.clear()
-            self._verified[key] = who
-        return who
+            self._verified[key] = verified
+        return verified[0]
 
-    async def _verify(self, token: str) -> Principal | None:
+    async def _verify(self, token: str) -> tuple[Principal, int | None] | None:
+        """Who ``token`` is, and until when (ms; None: until revoked or rotated)."""
         token_id = split_region_token(token)
         if token_id is not None:
-            found = await self._db(self.store.region_token, token_id)
+            found = await self._db(self.store.region_token, token_id, _now_ms())
             if found is not None:
-                region, stored = found
+                region, stored, until = found
                 if await self._check_hash(token, stored):
-                    return Principal(admin=False, region=region)
+                    return Principal(admin=False, region=region), until
             return None
         admin_hash = self._admin_hash
         if admin_hash is not None and await self._check_hash(token, admin_hash):
-            return _ADMIN
+            return _ADMIN, None
         return None
 
     async def _check_hash(self, token: str, stored: str) -> bool:
@@ -502,6 +509,38 @@ class MetadataApp:
         log.info("region %s added by %s", region, who.describe())
         return JSONResponse(
             {"id": region, "token": token}, 201, headers={"Location": f"/v1/regions/{region}"}
+        )
+
+    async def rotate_region_token(self, request: Request, who: Principal) -> Response:
+        region = validate_region(request.path_params["region"])
+        doc = await self._json_body(request)
+        if set(doc) - {"keep_previous_s"}:
+            raise InvalidInput(f"unknown field(s) {sorted(set(doc) - {'keep_previous_s'})}")
+        keep_s = doc.get("keep_previous_s", DEFAULT_KEEP_PREVIOUS_S)
+        if (
+            not isinstance(keep_s, int)
+            or isinstance(keep_s, bool)
+            or not 0 <= keep_s <= MAX_KEEP_PREVIOUS_S
+        ):
+            raise InvalidInput(
+                f"keep_previous_s must be an integer from 0 to {MAX_KEEP_PREVIOUS_S}, "
+                f"got {keep_s!r}"
+            )
+        now = _now_ms()
+        token = await self._db(self.store.rotate_region_token, region, now, keep_s * 1000)
+        self._forget_tokens()
+        log.info(
+            "region %s: token rotated by %s (the previous one valid %d s more)",
+            region,
+            who.describe(),
+            keep_s,
+        )
+        return JSONResponse(
+            {
+                "id": region,
+                "token": token,
+                "previous_valid_until_ms": now + keep_s * 1000 if keep_s else None,
+            }
         )
 
     async def revoke_region(self, request: Request, who: Principal) -> Response:

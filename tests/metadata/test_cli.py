@@ -88,6 +88,37 @@ def test_regions(fleet: Fleet) -> None:
     assert "unknown region" in r.stderr
 
 
+def test_regions_rotate(fleet: Fleet) -> None:
+    region = f"r-{uuid.uuid4().hex[:6]}"
+    old = run(fleet, "regions", "add", region).stdout.strip()
+    r = run(fleet, "regions", "rotate", region, "--keep-old-hours", "1")
+    assert r.exit_code == 0, r.output
+    new = r.stdout.strip()
+    assert new.startswith("egw_")
+    assert new != old
+    assert "the previous token stays valid until" in r.stderr
+    for token in (old, new):  # both, during the grace period
+        assert run(fleet, "topics", "list", token=token).exit_code == 0
+    r = run(fleet, "regions", "rotate", region, "--keep-old-hours", "0")
+    assert r.exit_code == 0, r.output
+    newest = r.stdout.strip()
+    assert "the previous token is no longer valid" in r.stderr
+    for token in (old, new):  # a rotation with no grace ends both older tokens
+        r = run(fleet, "topics", "list", token=token)
+        assert r.exit_code == 1
+        assert "unknown or revoked token" in r.stderr
+    assert run(fleet, "topics", "list", token=newest).exit_code == 0
+    r = run(fleet, "regions", "rotate", region, "--keep-old-hours", "1000")
+    assert r.exit_code == 1
+    assert "--keep-old-hours" in r.stderr
+    r = run(fleet, "regions", "rotate", "mars")
+    assert r.exit_code == 1
+    assert "unknown region" in r.stderr
+    r = run(fleet, "regions", "rotate", region, token=newest)  # a region cannot
+    assert r.exit_code == 1
+    assert "403 forbidden" in r.stderr
+
+
 def test_unreachable_and_missing_options(fleet: Fleet) -> None:
     r = CliRunner().invoke(
         app, ["topics", "list", "--metadata", "http://127.0.0.1:9", "--metadata-token", "x"]

@@ -94,6 +94,37 @@ async def test_heads_through_the_client(fleet: Fleet) -> None:
         assert final.heads == {"north": base + 200}
 
 
+async def test_a_rotated_token_is_taken_up_from_the_token_file(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    region = _name()
+    with http(fleet.url) as admin:
+        first = admin.post("/v1/regions", json={"id": region}).json()["token"]
+        token_file = tmp_path / "token"
+        token_file.write_text(first + "\n")
+        async with MetadataClient(fleet.url, token_file=token_file, region=region) as c:
+            await c.heartbeat(gateway_version="v", lag={})
+            # Rotated with no grace: the old token is refused; the file still holds it.
+            r = admin.post(f"/v1/regions/{region}/token", json={"keep_previous_s": 0})
+            second = r.json()["token"]
+            with pytest.raises(MetadataRefused) as exc:
+                await c.heartbeat(gateway_version="v", lag={})
+            assert exc.value.status == 401
+            assert c.token_reloads == 0
+            # The new token lands in the file: the next call takes it up by itself.
+            token_file.write_text(second)
+            await c.heartbeat(gateway_version="v", lag={})
+            assert c.token_reloads == 1
+            await c.fetch_routing()
+            assert c.token_reloads == 1
+    for bad in ("", "two words", "x" * 5000):
+        token_file.write_text(bad)
+        with pytest.raises(InvalidInput, match="token_file"):
+            MetadataClient(fleet.url, token_file=token_file)
+    with pytest.raises(InvalidInput, match="token_file"):
+        MetadataClient(fleet.url, token_file=tmp_path / "missing")
+
+
 async def test_client_errors(fleet: Fleet, tmp_path: Path) -> None:
     async with MetadataClient(fleet.url, token="wrong-token-0123456789") as c:
         with pytest.raises(MetadataRefused) as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import ssl
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -149,11 +150,12 @@ def test_auth_rules(fleet: Fleet) -> None:
         ("DELETE", "/v1/buckets/b1", None),
         ("POST", "/v1/regions/north/heartbeat", {"gateway_version": "x"}),
         ("POST", "/v1/regions/north/head", {"seq": 3}),
+        ("POST", "/v1/regions/north/token", {"keep_previous_s": 3600}),
     ]
     admin_only = {("POST", "/v1/topics"), ("PATCH", f"/v1/topics/{topic}")}
     admin_only |= {("DELETE", f"/v1/topics/{topic}"), ("POST", "/v1/regions")}
     admin_only |= {("DELETE", "/v1/regions/south"), ("PUT", "/v1/buckets/b1")}
-    admin_only |= {("DELETE", "/v1/buckets/b1")}
+    admin_only |= {("DELETE", "/v1/buckets/b1"), ("POST", "/v1/regions/north/token")}
     as_north = {("POST", "/v1/regions/north/heartbeat"), ("POST", "/v1/regions/north/head")}
 
     for method, path, body in routes:
@@ -190,6 +192,54 @@ def test_auth_rules(fleet: Fleet) -> None:
     with http(fleet.url, None) as c:  # public routes
         assert c.get("/healthz").status_code == 200
         assert c.get("/openapi.json").json()["openapi"].startswith("3.1")
+
+
+def test_token_rotation(fleet: Fleet) -> None:
+    region = _name()
+    with http(fleet.url) as admin:
+        first = admin.post("/v1/regions", json={"id": region}).json()["token"]
+        with http(fleet.url, first) as c:  # verified and cached by the server
+            assert c.get("/v1/routing").status_code == 200
+        r = admin.post(f"/v1/regions/{region}/token", json={"keep_previous_s": 1})
+        assert r.status_code == 200, r.text
+        doc = r.json()
+        second = doc["token"]
+        assert doc["id"] == region
+        assert isinstance(doc["previous_valid_until_ms"], int)
+        for token in (first, second):  # two valid tokens during the rotation
+            with http(fleet.url, token) as c:
+                assert c.get("/v1/routing").status_code == 200
+        # The grace period ends even for a token the server has cached.
+        time.sleep(max(0.0, doc["previous_valid_until_ms"] / 1000 - time.time()) + 0.2)
+        with http(fleet.url, first) as c:
+            _error(c.get("/v1/routing"), 401, "unauthorized")
+        with http(fleet.url, second) as c:
+            assert c.get("/v1/routing").status_code == 200
+        # keep_previous_s 0: the current token ends at once; the default keeps a day.
+        third = admin.post(f"/v1/regions/{region}/token", json={"keep_previous_s": 0}).json()
+        assert third["previous_valid_until_ms"] is None
+        with http(fleet.url, second) as c:
+            _error(c.get("/v1/routing"), 401, "unauthorized")
+        fourth = admin.post(f"/v1/regions/{region}/token", json={}).json()
+        assert fourth["previous_valid_until_ms"] > (time.time() + 86_000) * 1000
+        for token in (third["token"], fourth["token"]):
+            with http(fleet.url, token) as c:
+                assert c.get("/v1/routing").status_code == 200
+        for bad in (
+            {"keep_previous_s": -1},
+            {"keep_previous_s": "1"},
+            {"keep_previous_s": 1.5},
+            {"keep_previous_s": True},
+            {"keep_previous_s": 31 * 86_400},
+            {"nope": 1},
+        ):
+            _error(admin.post(f"/v1/regions/{region}/token", json=bad), 400)
+        _error(admin.post("/v1/regions/mars/token", json={}), 404)
+        # Revoking the region ends both of its tokens.
+        assert admin.delete(f"/v1/regions/{region}").status_code == 204
+        for token in (third["token"], fourth["token"]):
+            with http(fleet.url, token) as c:
+                _error(c.get("/v1/routing"), 401, "unauthorized")
 
 
 def test_non_loopback_needs_an_admin_token(tmp_path: Path) -> None:

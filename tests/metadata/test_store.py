@@ -32,6 +32,72 @@ def store(tmp_path: Path) -> Iterator[MetadataStore]:
         s.close()
 
 
+def _token_id(token: str) -> str:
+    token_id = split_region_token(token)
+    assert token_id is not None
+    return token_id
+
+
+def test_rotation_keeps_two_tokens_valid_for_the_grace_period(store: MetadataStore) -> None:
+    old = store.add_region("east", 10)
+    new = store.rotate_region_token("east", 1_000, keep_previous_ms=500)
+    assert new != old
+    # Both valid until the grace period ends; the old one says until when.
+    assert store.region_token(_token_id(new), 1_499)[:1] == ("east",)
+    found = store.region_token(_token_id(old), 1_499)
+    assert found is not None
+    assert found[0] == "east"
+    assert found[2] == 1_500
+    assert verify_token(old, found[1])
+    assert store.region_token(_token_id(old), 1_500) is None
+    assert store.region_token(_token_id(new), 10**12) is not None
+    # A second rotation ends the first one's grace period: two tokens at most.
+    newer = store.rotate_region_token("east", 1_200, keep_previous_ms=500)
+    assert store.region_token(_token_id(old), 1_201) is None
+    assert store.region_token(_token_id(new), 1_201) is not None
+    assert store.region_token(_token_id(newer), 1_201) is not None
+    # keep 0: the current token dies at once (a leaked token).
+    last = store.rotate_region_token("east", 1_300, keep_previous_ms=0)
+    assert store.region_token(_token_id(newer), 1_301) is None
+    assert store.region_token(_token_id(new), 1_301) is None
+    # Revoking ends every token of the region; re-adding starts clean.
+    store.rotate_region_token("east", 1_400, keep_previous_ms=10_000)
+    store.revoke_region("east", 1_500)
+    assert store.region_token(_token_id(last), 1_501) is None
+    with pytest.raises(Refused) as exc:
+        store.rotate_region_token("east", 1_600, keep_previous_ms=0)
+    assert exc.value.status == 404
+    with pytest.raises(Refused):
+        store.rotate_region_token("nowhere", 1_600, keep_previous_ms=0)
+    with pytest.raises(InvalidInput):
+        store.rotate_region_token("north", 1_600, keep_previous_ms=-1)
+
+
+def test_a_version_1_database_is_migrated_and_its_tokens_still_work(tmp_path: Path) -> None:
+    """A server upgraded in place keeps every region's token (schema 1 -> 2)."""
+    path = tmp_path / "m.sqlite"
+    db = sqlite3.connect(path, isolation_level=None)
+    db.executescript(MIGRATIONS[0])
+    token_id, token = "0123456789abcdef", "egw_0123456789abcdef_old-secret"
+    db.execute(
+        "INSERT INTO regions (id, token_id, token_hash, created_ms) VALUES (?, ?, ?, ?)",
+        ("north", token_id, hash_token(token), 1),
+    )
+    db.execute("PRAGMA user_version = 1")
+    db.close()
+    s = MetadataStore(path)
+    try:
+        assert s.schema_version == len(MIGRATIONS) == 2
+        found = s.region_token(token_id, 2)
+        assert found is not None
+        assert verify_token(token, found[1])
+        s.rotate_region_token("north", 3, keep_previous_ms=100)
+        assert s.region_token(token_id, 50) is not None
+        assert s.region_token(token_id, 103) is None
+    finally:
+        s.close()
+
+
 def test_wal_and_schema_version(tmp_path: Path) -> None:
     s = MetadataStore(tmp_path / "m.sqlite")
     assert s.schema_version == len(MIGRATIONS)
@@ -86,12 +152,13 @@ def test_region_tokens(store: MetadataStore) -> None:
     token = store.add_region("east", 3)
     token_id = split_region_token(token)
     assert token_id is not None
-    found = store.region_token(token_id)
+    found = store.region_token(token_id, 3)
     assert found is not None
     assert found[0] == "east"
+    assert found[2] is None  # valid until revoked or rotated
     assert verify_token(token, found[1])
     store.revoke_region("east", 4)
-    assert store.region_token(token_id) is None
+    assert store.region_token(token_id, 4) is None
     assert store.region("east")["status"] == "revoked"
     assert "east" not in store.routing().regions
     again = store.add_region("east", 5)  # re-activated with a new token
