@@ -33,10 +33,11 @@ import os
 import ssl
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Final, Self
 from urllib.parse import quote
 
 import httpx
@@ -96,6 +97,8 @@ class HeadsUpdate:
     heads: dict[str, int]
 
 
+#: The largest answer read from the server (a routing table of thousands of topics is ~2 MB).
+MAX_ANSWER_BYTES: Final = 16 << 20
 #: A token file larger than this is not a token.
 _TOKEN_FILE_MAX = 4096
 
@@ -334,13 +337,36 @@ class MetadataClient:
                     opened = True
 
             try:
-                return await self._http.request(method, path, extensions={"trace": trace}, **kwargs)
+                return await self._bounded(method, path, extensions={"trace": trace}, **kwargs)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if opened:
                     raise
                 self.stale_retries += 1
                 log.debug("metadata server %s: %r on a reused connection; retrying", self.url, exc)
-        return await self._http.request(method, path, **kwargs)
+        return await self._bounded(method, path, **kwargs)
+
+    async def _bounded(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send, and read at most :data:`MAX_ANSWER_BYTES` of the (decoded) answer.
+
+        A server that answers without end (a broken proxy, a hostile server,
+        a compression bomb) is :class:`CorruptData`, not a gateway out of memory.
+        """
+        r = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
+        try:
+            body = bytearray()
+            async with aclosing(r.aiter_bytes()) as chunks:
+                async for chunk in chunks:
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        raise CorruptData(
+                            f"answer larger than {MAX_ANSWER_BYTES >> 20} MiB: refused",
+                            where=f"{self.url}{path}",
+                        )
+            # What Response.aread() does, with the bound above.
+            r._content = bytes(body)
+        finally:
+            await r.aclose()
+        return r
 
     def _json(self, r: httpx.Response) -> dict[str, Any]:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import signal
 import socket
@@ -26,6 +27,16 @@ from edge_gateway.metadata import (
     topology,
 )
 from edge_gateway.metadata.client import refresh_routing
+
+_BOMB = gzip.compress(b"\0" * (64 << 20))
+_TRAVERSAL = json.dumps(
+    {
+        "version": 3,
+        "regions": ["north"],
+        "topics": [{"name": "../../etc/cron.d/x", "home": "north", "partitions": 1}],
+        "buckets": [],
+    }
+).encode()
 
 
 def _name() -> str:
@@ -178,6 +189,76 @@ async def test_an_answer_garbled_in_transit_is_unavailable() -> None:
             async with MetadataClient(f"http://127.0.0.1:{port}", region="north") as c:
                 with pytest.raises(Unavailable, match="DecodingError"):
                     await c.fetch_routing()
+
+
+def _serve_once(listener: socket.socket, head: bytes, body: bytes, endless: bool) -> None:
+    """Answer one request with ``head`` + ``body`` (chunks of ``body`` for ever if ``endless``)."""
+    conn, _ = listener.accept()
+    with conn:
+        conn.recv(65536)
+        try:
+            conn.sendall(head + body)
+            while endless:
+                conn.sendall(b"100000\r\n" + b"x" * 0x100000 + b"\r\n")
+        except OSError:  # the client hung up: what it should do
+            pass
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "endless", "error", "match"),
+    [
+        # An answer without end: refused at the bound, not read into memory for ever.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"transfer-encoding: chunked\r\n\r\n",
+            b"",
+            True,
+            CorruptData,
+            "larger than 16 MiB",
+        ),
+        # A compression bomb: 64 MiB of zeros in ~64 KB of gzip.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+            b"content-encoding: gzip\r\ncontent-length: %d\r\n\r\n" % len(_BOMB),
+            _BOMB,
+            False,
+            CorruptData,
+            "larger than 16 MiB",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 5\r\n\r\n",
+            b"{nope",
+            False,
+            CorruptData,
+            "not JSON",
+        ),
+        # A name that would be a path: refused by the name rules, naming it.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % len(_TRAVERSAL),
+            _TRAVERSAL,
+            False,
+            CorruptData,
+            "topic name",
+        ),
+    ],
+    ids=["endless", "gzip-bomb", "not-json", "path-in-a-topic-name"],
+)
+# httpx's inner stream generators (below Response.aiter_bytes) are collected
+# unexhausted when a read stops early; the response itself is closed.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+async def test_a_hostile_server_gets_a_clear_error_not_a_crash(
+    head: bytes, body: bytes, endless: bool, error: type[Exception], match: str
+) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    with listener:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, _serve_once, listener, head, body, endless)
+            async with MetadataClient(f"http://127.0.0.1:{port}", region="north") as c:
+                with pytest.raises(error, match=match):
+                    await c.fetch_routing()
+                assert c.table is None
 
 
 def _free_port() -> int:
