@@ -5,18 +5,22 @@ tests that ask for it, directly or through ``s3_bucket_name``, pay for it);
 ``s3_bucket_name`` gives each test a fresh, empty bucket on it, so tests are
 isolated without restarting the server. ``moto_auth`` is a second server that
 enforces authentication (IAM users and keys that a test can revoke).
+``quirky_s3(quirks)`` starts (once per session and set of quirks) a moto
+server behind the conditional-write quirks of another store -- Ceph RGW
+16.2, s3rver -- see tests/_quirky_s3.py.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 from _moto_auth import AuthMoto
+from _quirky_s3 import start_quirky_s3
 
-from edge_gateway.testing.moto import s3_client, start_moto_server
+from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -58,3 +62,26 @@ def moto_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthMoto]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def quirky_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
+    """``quirky_s3("bare-if-match", ...)``: the endpoint of a moto server with those quirks.
+
+    One server per set of quirks for the session; each test makes its own
+    bucket on it (``_quirky_s3.new_bucket_on``).
+    """
+    servers: dict[frozenset[str], MotoServer] = {}
+
+    def endpoint(*quirks: str) -> str:
+        key = frozenset(quirks)
+        if key not in servers:
+            log = tmp_path_factory.mktemp("quirky-s3") / "server.log"
+            servers[key] = start_quirky_s3(log, key)
+        return servers[key].endpoint
+
+    try:
+        yield endpoint
+    finally:
+        for server in servers.values():
+            server.stop()
