@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from edge_gateway.bucket import Bucket, BucketUnavailable, FaultyBucket, check_store
-from edge_gateway.bucket._check import INFO, PASS
+from edge_gateway.bucket._check import INFO, PASS, WORKAROUND
 
 
 async def test_every_backend_passes_and_is_left_clean(bucket: Bucket) -> None:
@@ -15,7 +15,10 @@ async def test_every_backend_passes_and_is_left_clean(bucket: Bucket) -> None:
         bucket, "", racers=12, samples=5, throughput_bytes=1 << 20, object_bytes=256 * 1024
     )
     assert report.ok, report.failures
-    assert {c.result for c in report.checks} <= {PASS, INFO}
+    multipart = "conditional multipart complete"
+    assert {c.result for c in report.checks if c.name != multipart} <= {PASS, INFO}
+    # Ceph RGW 16.2 ignores the condition there; edgegw works around it.
+    assert next(c for c in report.checks if c.name == multipart).result in {PASS, WORKAROUND}
     assert [c.name for c in report.checks][:3] == [
         "conditional create: new key",
         "conditional create: existing key",
