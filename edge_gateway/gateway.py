@@ -220,6 +220,8 @@ class Gateway:
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
         self._gc_runs = 0
+        #: GC runs that ended in an error (the store away, refusing, ...).
+        self._gc_failed_runs = 0
         self._gc_deleted = 0
         self._gc_last_error: str | None = None
         #: Why the last GC run deleted nothing at all (a wrong clock), or None.
@@ -854,12 +856,14 @@ class Gateway:
                 # Not contention: the store refuses compare-and-swap (issue 27).
                 # Said once; tried again each interval, quietly, in case the
                 # store is fixed or replaced under the same name.
+                self._gc_failed_runs += 1
                 self._gc_last_error = f"{type(exc).__name__}: {exc}"
                 if self._gc_unsupported is None:
                     log.error("bucket gc: %s", exc)
                 self._gc_unsupported = str(exc)
                 continue
             except (Unavailable, EdgeGatewayError) as exc:
+                self._gc_failed_runs += 1
                 self._gc_last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("bucket gc: %s (retrying next interval)", exc)
                 continue
@@ -1239,6 +1243,7 @@ class Gateway:
             "metadata": self.metadata_status(),
             "gc": {
                 "runs": self._gc_runs,
+                "failed_runs": self._gc_failed_runs,
                 "deleted_entries": self._gc_deleted,
                 "last_error": self._gc_last_error,
                 "paused": self._gc_paused,
