@@ -13,7 +13,7 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test test-versions lint typecheck pytest bench clean install faketime deploy-tools
+.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert v >= (3, 11), "edgegw needs Python 3.11+"; v > (3, 13) and print("warning: edgegw is tested on Python 3.11 to 3.13, not %d.%d yet" % v)'
@@ -74,6 +74,23 @@ pytest: $(STAMP) faketime deploy-tools
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest
+
+# The RGW tier: the bucket contract suite, the shipper/tailer/GC tests and
+# `edgegw bucket check` against a real single-node Ceph RGW 16.2 on loopback
+# (tests/_rgw.py; pytest marker `rgw`). Kept out of `make test`: the cluster
+# takes ~15 s to start and the tier ~2 min to run (docs/operations.md).
+# Installs the Debian packages when missing and we are root with apt-get.
+ceph:
+	@command -v radosgw >/dev/null && command -v ceph-mon >/dev/null && command -v ceph-osd >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q radosgw ceph-mon ceph-osd || { apt-get update -q && apt-get install -y -q radosgw ceph-mon ceph-osd; } \
+	      || echo "could not install radosgw, ceph-mon and ceph-osd: the RGW tests will skip"; \
+	  else \
+	    echo "Ceph is not installed and this is not root with apt-get: the RGW tests will skip (apt-get install radosgw ceph-mon ceph-osd)"; \
+	  fi; }
+
+test-stores: $(STAMP) ceph
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m rgw
 
 # The suite on the oldest and newest supported Python (pyproject.toml's
 # classifiers), each in .venv-3.X; fails when one is not installed.

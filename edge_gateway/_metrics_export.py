@@ -336,6 +336,12 @@ class _GatewayCollector(Collector):
             "(clock.gc_pause_skew_ms).",
             1 if gw.bucket_clock.gc_pause_reason() else 0,
         )
+        yield _gauge(
+            "edgegw_gc_store_unsupported",
+            "1 while bucket GC cannot advance because the store answers 412 to a "
+            "compare-and-swap with the object's current ETag (it refuses If-Match).",
+            1 if gw.gc_store_unsupported else 0,
+        )
 
     @staticmethod
     def _link(gw: Gateway) -> Iterator[Metric]:

@@ -48,6 +48,7 @@ from edge_gateway.bucket import (
     LocalBucket,
     MeteredBucket,
     NoSuchBucket,
+    UnsupportedStore,
 )
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
@@ -219,10 +220,14 @@ class Gateway:
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
         self._gc_runs = 0
+        #: GC runs that ended in an error (the store away, refusing, ...).
+        self._gc_failed_runs = 0
         self._gc_deleted = 0
         self._gc_last_error: str | None = None
         #: Why the last GC run deleted nothing at all (a wrong clock), or None.
         self._gc_paused: str | None = None
+        #: Why GC cannot advance on this store (it refuses compare-and-swap), or None.
+        self._gc_unsupported: str | None = None
         #: This gateway's clock against the bucket's (fed by the shipper's writes).
         self._bucket_clock = BucketClock(config.clock)
         self._link: LinkMeter | None = None
@@ -847,10 +852,24 @@ class Gateway:
                     clock=self._bucket_clock,
                     head_seq=self._log_head(),
                 )
+            except UnsupportedStore as exc:
+                # Not contention: the store refuses compare-and-swap (issue 27).
+                # Said once; tried again each interval, quietly, in case the
+                # store is fixed or replaced under the same name.
+                self._gc_failed_runs += 1
+                self._gc_last_error = f"{type(exc).__name__}: {exc}"
+                if self._gc_unsupported is None:
+                    log.error("bucket gc: %s", exc)
+                self._gc_unsupported = str(exc)
+                continue
             except (Unavailable, EdgeGatewayError) as exc:
+                self._gc_failed_runs += 1
                 self._gc_last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("bucket gc: %s (retrying next interval)", exc)
                 continue
+            if self._gc_unsupported is not None:
+                log.info("bucket gc: the store accepts compare-and-swap now; GC runs again")
+                self._gc_unsupported = None
             if res.paused != self._gc_paused:
                 if res.paused:
                     log.warning("bucket gc: deleting nothing: %s", res.paused)
@@ -871,6 +890,11 @@ class Gateway:
                     if res.overridden
                     else "",
                 )
+
+    @property
+    def gc_store_unsupported(self) -> str | None:
+        """Why bucket GC cannot advance on this store (it refuses compare-and-swap), or None."""
+        return self._gc_unsupported
 
     def _gc_subscribers(self) -> list[str] | None:
         """The regions GC waits for, from the topology in force now (routing changes move it)."""
@@ -1219,9 +1243,11 @@ class Gateway:
             "metadata": self.metadata_status(),
             "gc": {
                 "runs": self._gc_runs,
+                "failed_runs": self._gc_failed_runs,
                 "deleted_entries": self._gc_deleted,
                 "last_error": self._gc_last_error,
                 "paused": self._gc_paused,
+                "store_unsupported": self._gc_unsupported,
             },
             "clock": self._clock_json(),
             # The supervised tasks; "errors" keeps, per degraded task, its last error.

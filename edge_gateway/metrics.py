@@ -15,7 +15,8 @@ Families (``_total`` is added to counters by the exposition format):
 
 * ``edgegw_info{region,version}``, ``edgegw_accepting``, ``edgegw_uptime_seconds``
 * ``edgegw_clock_skew_seconds`` (this gateway's clock minus the bucket's; absent
-  before the first write), ``edgegw_clock_state{state}``, ``edgegw_gc_paused``
+  before the first write), ``edgegw_clock_state{state}``, ``edgegw_gc_paused``,
+  ``edgegw_gc_store_unsupported`` (the store refuses GC's compare-and-swap)
 * ``edgegw_journal_*``: bytes, max_bytes, segments, next_lsn, durable_lsn,
   appends_total, appended_bytes_total, fsyncs_total, fsync_seconds_total,
   fsync_seconds_max, full_rejections_total; the filesystem under it:

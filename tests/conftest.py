@@ -5,18 +5,29 @@ tests that ask for it, directly or through ``s3_bucket_name``, pay for it);
 ``s3_bucket_name`` gives each test a fresh, empty bucket on it, so tests are
 isolated without restarting the server. ``moto_auth`` is a second server that
 enforces authentication (IAM users and keys that a test can revoke).
+``quirky_s3(quirks)`` starts (once per session and set of quirks) a moto
+server behind the conditional-write quirks of another store -- Ceph RGW
+16.2, s3rver -- see tests/_quirky_s3.py. ``rgw_endpoint`` starts a real
+single-node Ceph cluster with RGW for the session (tests/_rgw.py), for the
+tests marked ``rgw`` (``pytest -m rgw``, ``make test-stores``; deselected by
+default); ``rgw_bucket_name`` gives each test a fresh bucket on it.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 import pytest
 from _moto_auth import AuthMoto
+from _quirky_s3 import start_quirky_s3
+from _rgw import ACCESS_KEY as RGW_ACCESS_KEY
+from _rgw import PACKAGES as RGW_PACKAGES
+from _rgw import SECRET_KEY as RGW_SECRET_KEY
+from _rgw import missing_binaries, start_rgw
 
-from edge_gateway.testing.moto import s3_client, start_moto_server
+from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -58,3 +69,64 @@ def moto_auth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AuthMoto]:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def quirky_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., str]]:
+    """``quirky_s3("bare-if-match", ...)``: the endpoint of a moto server with those quirks.
+
+    One server per set of quirks for the session; each test makes its own
+    bucket on it (``_quirky_s3.new_bucket_on``).
+    """
+    servers: dict[frozenset[str], MotoServer] = {}
+
+    def endpoint(*quirks: str) -> str:
+        key = frozenset(quirks)
+        if key not in servers:
+            log = tmp_path_factory.mktemp("quirky-s3") / "server.log"
+            servers[key] = start_quirky_s3(log, key)
+        return servers[key].endpoint
+
+    try:
+        yield endpoint
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def rgw_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of a Ceph RGW (one mon, one memstore OSD) for the session."""
+    missing = missing_binaries()
+    if missing:
+        pytest.skip(
+            f"Ceph is not installed ({', '.join(missing)} missing): "
+            f"apt-get install -y {' '.join(RGW_PACKAGES)}, or run make test-stores"
+        )
+    cluster = start_rgw(tmp_path_factory.mktemp("rgw"))
+    try:
+        yield cluster.endpoint
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def rgw_bucket_name(rgw_endpoint: str) -> str:
+    """A new, empty bucket on the session's RGW, unique to the test."""
+    import boto3
+    import botocore.config
+
+    name = f"edgegw-test-{uuid.uuid4().hex[:16]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=rgw_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=RGW_ACCESS_KEY,
+        aws_secret_access_key=RGW_SECRET_KEY,
+        config=botocore.config.Config(s3={"addressing_style": "path"}),
+    )
+    try:
+        client.create_bucket(Bucket=name)
+    finally:
+        client.close()
+    return name

@@ -71,6 +71,10 @@ COMMANDS: dict[str, _Lazy] = {
         "Topics: the fleet's routing on the metadata server, or a running gateway's topics.",
     ),
     "scenario": _Lazy("edgegw_cli.scenario:app", "Multi-region scenarios with faults."),
+    "bucket": _Lazy(
+        "edgegw_cli.bucket_cmd:app",
+        "Check that a store has what edgegw needs, before a rollout.",
+    ),
     "inspect": _Lazy(
         "edgegw_cli.inspect_cmd:app",
         "Print what is inside a journal segment, a log object or a manifest.",

@@ -148,6 +148,9 @@ def render(doc: dict[str, Any]) -> None:
     paused = (doc.get("gc") or {}).get("paused")
     if paused:
         head.add_row("bucket gc", _red(f"paused: {paused}"))
+    unsupported = (doc.get("gc") or {}).get("store_unsupported")
+    if unsupported:
+        head.add_row("bucket gc", _red(f"store unsupported: {unsupported}"))
     # Refusals by the bucket need a person: what is refused, and what to do.
     for component, d in sorted(doc.get("denied", {}).items()):
         head.add_row(

@@ -13,7 +13,8 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
   (a bandwidth cap, bytes per day and month).
 
 :func:`verify_conditional_create` refuses stores that ignore create-only puts,
-because fencing depends on them. :class:`DenialTracker` keeps (and logs) a
+because fencing depends on them; :func:`check_store` (``edgegw bucket check``)
+runs the whole contract against a store and measures it. :class:`DenialTracker` keeps (and logs) a
 component's refusal by the store, which callers retry like an outage.
 
 :class:`S3Bucket` loads on first use (with boto3 and botocore: ~100 ms and
@@ -34,6 +35,7 @@ from edge_gateway.bucket._base import (
     validate_key,
     validate_prefix,
 )
+from edge_gateway.bucket._check import CheckResult, StoreReport, check_store
 from edge_gateway.bucket._denied import Denial, DenialTracker
 from edge_gateway.bucket._errors import (
     AccessDenied,
@@ -65,6 +67,7 @@ __all__ = [
     "BucketGone",
     "BucketStatistics",
     "BucketUnavailable",
+    "CheckResult",
     "Denial",
     "DenialTracker",
     "FaultyBucket",
@@ -80,7 +83,9 @@ __all__ = [
     "PreconditionFailed",
     "S3Bucket",
     "S3Config",
+    "StoreReport",
     "UnsupportedStore",
+    "check_store",
     "denied_action",
     "probe_key",
     "verify_conditional_create",

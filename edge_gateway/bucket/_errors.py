@@ -31,8 +31,9 @@ is transient (:class:`BucketUnavailable`), which needs a person
     │                                bucket, no such local directory, or a
     │                                directory that is not a bucket
     └── ConfigError
-        └── UnsupportedStore         the store cannot do conditional creates,
-                                     so fencing is impossible
+        └── UnsupportedStore         the store cannot do conditional creates
+                                     (fencing is impossible) or refuses
+                                     compare-and-swap (GC cannot advance)
 
 ``PreconditionFailed`` and ``NotFound`` are *answers*, not failures: the
 shipper resolves a lost create by reading the entry back, a tailer reads a
@@ -218,9 +219,12 @@ class NoSuchBucket(BucketError, ConfigError):
 
 
 class UnsupportedStore(ConfigError):
-    """The configured store does not enforce conditional creates.
+    """The configured store does not do a conditional write edgegw needs.
 
     Raised by :func:`~edge_gateway.bucket.verify_conditional_create`: without
     create-only puts two writers of one region cannot be fenced, so edgegw
-    refuses to run against such a store.
+    refuses to run against such a store. Raised by bucket GC
+    (``edge_gateway.mirror.gc``) when the store answers 412 to a
+    compare-and-swap whose ETag is the object's current one: the GC boundary
+    cannot advance there, and retrying cannot help.
     """

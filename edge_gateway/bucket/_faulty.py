@@ -9,6 +9,7 @@ Faults are plain attributes, changed at any time by the test::
     bucket.lost_response_rate = 0.1      # the call happens, then BucketUnavailable
     bucket.operations = {"put"}          # which operations the above apply to
     bucket.honor_conditions = False      # a store that ignores If-None-Match/If-Match
+    bucket.refuse_if_match = True        # a store that answers 412 to every If-Match
     bucket.fail_next(2, after_commit=True, operations={"put"})  # deterministic
 
 Random faults draw from ``random.Random(seed)``, so a run is reproducible
@@ -26,7 +27,7 @@ from typing import TypeVar
 import trio
 
 from edge_gateway.bucket._base import OPERATIONS, Bucket, GetResult, ObjectInfo
-from edge_gateway.bucket._errors import BucketUnavailable, InvalidRequest
+from edge_gateway.bucket._errors import BucketUnavailable, InvalidRequest, PreconditionFailed
 
 _T = TypeVar("_T")
 
@@ -63,6 +64,10 @@ class FaultyBucket(Bucket):
         #: When false, puts drop if_none_match/if_match, like a store that
         #: ignores conditional headers (the probe must refuse it).
         self.honor_conditions = True
+        #: When true, every put with if_match fails with PreconditionFailed
+        #: without reaching inner, like a store that refuses compare-and-swap
+        #: (or wants the ETag in a form the caller does not send).
+        self.refuse_if_match = False
         #: Number of faults injected so far.
         self.injected = 0
         self._selected: frozenset[str] | None = None
@@ -111,6 +116,11 @@ class FaultyBucket(Bucket):
     ) -> ObjectInfo:
         if not self.honor_conditions:
             if_none_match, if_match = False, None
+        if if_match is not None and self.refuse_if_match:
+            self.injected += 1
+            raise PreconditionFailed(
+                f"put of key {key!r} on {self.describe()}: injected refusal of If-Match", key=key
+            )
         return await self._around(
             "put",
             key,

@@ -103,6 +103,7 @@ from edge_gateway.bucket._errors import (
     NotFound,
     PreconditionFailed,
 )
+from edge_gateway.bucket._probe import probe_key
 from edge_gateway.bucket._s3config import (
     MAX_PARTS,
     MAX_PUT_SIZE,
@@ -277,6 +278,11 @@ class S3Bucket(Bucket):
         self._stale = client is None
         self._build_lock = trio.Lock()
         self._rebuilds = 0
+        #: The ETag form If-Match needs here (see _put_if_match); None: not learned yet.
+        self._if_match_form: str | None = None
+        #: Whether CompleteMultipartUpload honours If-None-Match here (None: not probed yet).
+        self._multipart_conditional: bool | None = None
+        self._multipart_probe_lock = trio.Lock()
 
     @classmethod
     async def open(cls, config: S3Config) -> S3Bucket:
@@ -363,21 +369,115 @@ class S3Bucket(Bucket):
         # If-Match goes on a single PUT even for large objects: CAS is meant
         # for small state objects, and not every store (moto among them)
         # checks If-Match on CompleteMultipartUpload.
-        if if_match is None and len(data) > self._config.multipart_threshold:
+        if (
+            if_match is None
+            and len(data) > self._config.multipart_threshold
+            and (not if_none_match or await self.multipart_create_is_conditional())
+        ):
             return await self._put_multipart(key, full_key, data, if_none_match=if_none_match)
+        # Here a large object is a CAS, or a create-only put on a store that
+        # ignores the condition on CompleteMultipartUpload: one PUT either way.
         if len(data) > MAX_PUT_SIZE:
-            raise InvalidRequest(
-                f"put of {len(data)} bytes with if_match exceeds S3's single-PUT limit", key=key
+            why = (
+                "with if_match"
+                if if_match is not None
+                else f"create-only on {self.describe()}, which ignores If-None-Match on "
+                "CompleteMultipartUpload,"
             )
+            raise InvalidRequest(
+                f"put of {len(data)} bytes {why} exceeds S3's single-PUT limit", key=key
+            )
+        if if_match is not None:
+            return await self._put_if_match(key, full_key, data, if_match)
+        return await self._put_object(key, full_key, data, if_none_match=if_none_match)
+
+    async def _put_object(
+        self, key: str, full_key: str, data: bytes, *, if_none_match: bool = False
+    ) -> ObjectInfo:
+        """One PutObject, create-only with ``if_none_match``."""
         kwargs: dict[str, Any] = {"Bucket": self._config.bucket, "Key": full_key, "Body": data}
         if if_none_match:
             kwargs["IfNoneMatch"] = "*"
-        if if_match is not None:
-            kwargs["IfMatch"] = if_match
         response = await self._run("put", key, lambda c: c.put_object(**kwargs))
         return ObjectInfo(
             key, len(data), _field(response, "ETag", "put", key), _response_date(response)
         )
+
+    # -- compare-and-swap -------------------------------------------------------
+
+    @property
+    def if_match_form(self) -> str | None:
+        """How this store wants the ETag in ``If-Match``: ``"quoted"`` (AWS, moto,
+        MinIO), ``"bare"`` (Ceph RGW 16.2), or ``None`` (not learned yet)."""
+        return self._if_match_form
+
+    async def _put_if_match(self, key: str, full_key: str, data: bytes, etag: str) -> ObjectInfo:
+        """A PutObject with ``If-Match``, in the ETag form the store accepts.
+
+        AWS documents ``If-Match`` with the ETag as it returns it, quoted;
+        Ceph RGW 16.2 compares the bare value and answers 412 to the quoted
+        one even when it matches (issue 27). Until the form is learned, a
+        412 is checked by reading the object back: an ETag equal to the one
+        sent means the store refused its own current ETag, so the same
+        conditional put goes once more with the ETag in the other form --
+        still conditional, so nothing can be overwritten that changed in
+        between. The form that succeeds is kept for the life of this object.
+        A 412 to both forms while the ETag read back stays equal is
+        :class:`PreconditionFailed` saying so (a store that refuses
+        compare-and-swap); the caller tells it from contention the same way.
+        """
+        first = self._if_match_form or "quoted"
+        try:
+            info = await self._put_with_etag(key, full_key, data, _etag_form(etag, first))
+        except PreconditionFailed:
+            if self._if_match_form is not None:
+                raise  # the form is known: a 412 is a changed object
+            current = await self._current_etag(key)
+            if current != _etag_form(etag, "bare"):
+                raise  # it did change (or NotFound, raised by the read-back)
+            second = "bare" if first == "quoted" else "quoted"
+            try:
+                info = await self._put_with_etag(key, full_key, data, _etag_form(etag, second))
+            except PreconditionFailed as exc:
+                if await self._current_etag(key) != _etag_form(etag, "bare"):
+                    raise  # another writer won in between: contention
+                raise PreconditionFailed(
+                    f"{self.describe()} answered 412 to If-Match with the object's current "
+                    f"ETag {etag} in both forms (quoted and bare): it does not support "
+                    "compare-and-swap on PutObject",
+                    key=key,
+                ) from exc
+            self._learn_if_match_form(second)
+            return info
+        self._learn_if_match_form(first)
+        return info
+
+    def _learn_if_match_form(self, form: str) -> None:
+        if self._if_match_form is None:
+            self._if_match_form = form
+            if form != "quoted":
+                _log.info(
+                    "%s compares If-Match with the %s ETag (as Ceph RGW 16.2 does); "
+                    "compare-and-swap sends it that way from now on",
+                    self.describe(),
+                    form,
+                )
+
+    async def _put_with_etag(self, key: str, full_key: str, data: bytes, etag: str) -> ObjectInfo:
+        kwargs: dict[str, Any] = {
+            "Bucket": self._config.bucket,
+            "Key": full_key,
+            "Body": data,
+            "IfMatch": etag,
+        }
+        response = await self._run("put", key, lambda c: c.put_object(**kwargs))
+        return ObjectInfo(
+            key, len(data), _field(response, "ETag", "put", key), _response_date(response)
+        )
+
+    async def _current_etag(self, key: str) -> str:
+        """The object's ETag, bare (:class:`NotFound` if there is none)."""
+        return _etag_form((await self._head(key)).etag, "bare")
 
     async def _get(self, key: str, start: int, end: int | None) -> GetResult:
         full_key = self._full_key(key)
@@ -498,6 +598,50 @@ class S3Bucket(Bucket):
         self._retired.clear()
 
     # -- multipart --------------------------------------------------------------
+
+    async def multipart_create_is_conditional(self) -> bool:
+        """Whether the store refuses a CompleteMultipartUpload with ``If-None-Match: *``
+        onto an existing key (probed once per bucket object, then remembered).
+
+        AWS, MinIO and moto refuse it with 412; Ceph RGW 16.2 ignores the
+        header there and replaces the object (while it honours it on
+        PutObject). On such a store a create-only put of any size goes up as
+        one PutObject (up to S3's 5 GiB), so that a large log object is as
+        create-only as a small one. The probe is four small requests under
+        ``_edgegw-probe/`` (one single-byte part), its object deleted after.
+        """
+        if self._multipart_conditional is not None:
+            return self._multipart_conditional
+        async with self._multipart_probe_lock:
+            if self._multipart_conditional is None:
+                honoured = await self._probe_multipart_condition()
+                if not honoured:
+                    _log.warning(
+                        "%s ignores If-None-Match on CompleteMultipartUpload (Ceph RGW 16.2 "
+                        "does): create-only puts go up as single PUTs there, whatever their size",
+                        self.describe(),
+                    )
+                self._multipart_conditional = honoured
+        return self._multipart_conditional
+
+    async def _probe_multipart_condition(self) -> bool:
+        key = probe_key()
+        full_key = self._full_key(key)
+        await self._put_object(key, full_key, b"edgegw multipart probe: first\n")
+        try:
+            try:
+                await self._put_multipart(
+                    key, full_key, b"edgegw multipart probe: second\n", if_none_match=True
+                )
+            except PreconditionFailed:
+                return True
+            return False
+        finally:
+            with trio.move_on_after(_ABORT_TIMEOUT, shield=True):
+                try:
+                    await self._delete(key)
+                except EdgeGatewayError as exc:
+                    _log.warning("could not delete probe object %r in %s: %s", key, self.name, exc)
 
     async def _put_multipart(
         self, key: str, full_key: str, data: bytes, *, if_none_match: bool
@@ -817,6 +961,12 @@ def translate_error(
     # The link or the store failed, stalled or broke off during the request
     # (most often while an answer's body was read): transient.
     return BucketUnavailable(message, key=key)
+
+
+def _etag_form(etag: str, form: str) -> str:
+    """``etag`` quoted (``"abc"``) or bare (``abc``), whichever form it came in."""
+    bare = etag[1:-1] if len(etag) >= 2 and etag[0] == etag[-1] == '"' else etag
+    return f'"{bare}"' if form == "quoted" else bare
 
 
 def _list_page(client: S3Client, *, kwargs: dict[str, Any]) -> Any:

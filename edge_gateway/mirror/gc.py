@@ -51,7 +51,13 @@ from typing import Any, Final
 
 import trio
 
-from edge_gateway.bucket import Bucket, NotFound, ObjectInfo, PreconditionFailed
+from edge_gateway.bucket import (
+    Bucket,
+    NotFound,
+    ObjectInfo,
+    PreconditionFailed,
+    UnsupportedStore,
+)
 from edge_gateway.clock import BucketClock
 from edge_gateway.errors import ConfigError, CorruptData, InvalidName, Unavailable
 from edge_gateway.format.manifest import (
@@ -279,10 +285,31 @@ async def _update_state(
             return state
         try:
             await bucket.put(key, new.encode(), if_match=current.etag)
-        except (PreconditionFailed, NotFound):
+        except NotFound:
+            continue
+        except PreconditionFailed as exc:
+            # Contention, or a store that refuses compare-and-swap: read back.
+            # An ETag that is still the one sent means nobody else wrote, and
+            # the store refused its own current version (issue 27).
+            try:
+                now = await bucket.head(key)
+            except NotFound:
+                continue
+            if _bare_etag(now.etag) == _bare_etag(current.etag):
+                raise UnsupportedStore(
+                    f"gc {region}: {bucket.describe()} answered 412 to a compare-and-swap of "
+                    f"{key!r} whose ETag {current.etag} is the object's current one: the store "
+                    "refuses If-Match on PutObject, so the GC boundary cannot advance and "
+                    "nothing is deleted (the bucket grows); use a store with S3 conditional "
+                    "writes (If-Match), or run `edgegw bucket check` against it"
+                ) from exc
             continue
         return new
     raise Unavailable(f"gc {region}: the GC boundary kept changing under {attempts} attempts")
+
+
+def _bare_etag(etag: str) -> str:
+    return etag.strip('"')
 
 
 def _registered(
@@ -386,8 +413,11 @@ async def collect_garbage(
     :func:`register_subscribers`.
 
     Raises ``BucketUnavailable`` when the bucket is away (nothing is lost:
-    run again later) and :class:`CorruptData` for a malformed boundary or
-    cursor (GC then does nothing rather than guess).
+    run again later), :class:`CorruptData` for a malformed boundary or
+    cursor (GC then does nothing rather than guess), and
+    :class:`UnsupportedStore` when the store refuses the boundary's
+    compare-and-swap with the object's current ETag (not contention: see
+    ``_update_state``).
     """
     config = config or GcConfig()
     validate_region(region)

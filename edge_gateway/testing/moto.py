@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -174,7 +174,11 @@ def _answers(port: int) -> bool:
 
 
 def start_moto_server(
-    log_path: Path, *, timeout: float = 30.0, env: Mapping[str, str] | None = None
+    log_path: Path,
+    *,
+    timeout: float = 30.0,
+    env: Mapping[str, str] | None = None,
+    command: Callable[[int], list[str]] | None = None,
 ) -> MotoServer:
     """Start ``python -m moto.server`` on a free loopback port; return once it answers.
 
@@ -183,13 +187,20 @@ def start_moto_server(
     The server's output (its access log) goes to ``log_path``. ``env`` adds
     to the server's environment: ``INITIAL_NO_AUTH_ACTION_COUNT=N`` makes it
     enforce authentication after N requests (see :func:`start_auth_moto_server`).
+    ``command(port)`` replaces the command line (a wrapper around moto's
+    application that serves on ``127.0.0.1:port``, as tests/_quirky_s3.py).
     """
     last_error = "not started"
     for _ in range(3):
         port = free_port()
         with log_path.open("ab") as log:
+            argv = (
+                command(port)
+                if command is not None
+                else [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)]
+            )
             process = subprocess.Popen(
-                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -241,6 +241,8 @@ async def test_abort_after_a_failed_part_is_translated_too(
     # A part fails, and so does the abort that follows: the caller gets the
     # part's error, the abort's is logged (translated), nothing escapes.
     caplog.set_level(logging.WARNING, logger="edge_gateway.bucket._s3")
+    # Probed before the faults are armed (the probe uploads a part too).
+    assert await bucket.multipart_create_is_conditional()
     for i, (kind, make) in enumerate(KINDS.items()):
         part_error, abort_error = make(), make()
         faults.arm("UploadPart", part_error)

@@ -208,17 +208,21 @@ def _now() -> int:
 
 
 async def open_bucket(kind: str, tmp: object, endpoint: str | None, name: str | None) -> Bucket:
-    if kind == "s3":
+    if kind in ("s3", "rgw"):
         assert endpoint is not None
         assert name is not None
+        from _rgw import ACCESS_KEY as RGW_ACCESS_KEY
+        from _rgw import SECRET_KEY as RGW_SECRET_KEY
+
+        rgw = kind == "rgw"
         return await S3Bucket.open(
             S3Config(
                 bucket=name,
                 endpoint_url=endpoint,
                 path_style=True,
                 region="us-east-1",
-                access_key="testing",
-                secret_key="testing",
+                access_key=RGW_ACCESS_KEY if rgw else "testing",
+                secret_key=RGW_SECRET_KEY if rgw else "testing",
             )
         )
     from pathlib import Path

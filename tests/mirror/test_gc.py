@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import trio
 from _mirror_support import HandLog, log_records, mirror_of, produce
+from _quirky_s3 import new_bucket_on
 
-from edge_gateway.bucket import BucketUnavailable, FaultyBucket, LocalBucket, NotFound
-from edge_gateway.errors import ConfigError, CorruptData
+from edge_gateway.bucket import (
+    Bucket,
+    BucketUnavailable,
+    FaultyBucket,
+    LocalBucket,
+    NotFound,
+    S3Bucket,
+    S3Config,
+    UnsupportedStore,
+)
+from edge_gateway.errors import ConfigError, CorruptData, Unavailable
 from edge_gateway.format.manifest import gc_boundary_key, log_key, parse_manifest_key
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
@@ -25,6 +35,7 @@ from edge_gateway.mirror.gc import (
 )
 from edge_gateway.regionlog import encode_gc_boundary, read_gc_boundary
 from edge_gateway.shipper import Shipper, ShipperConfig
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=4, retry_base_s=0.01, retry_cap_s=0.05)
 JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
@@ -276,3 +287,86 @@ async def test_gc_on_a_hand_made_log_keeps_a_manifest_covering_the_oldest_entry(
         await bucket.head(log_key("", "a", 4))
     await bucket.head(log_key("", "a", 5))
     await trio.lowlevel.checkpoint()
+
+
+# --------------------------------------------------------------------------
+# stores whose compare-and-swap differs (issue 27)
+
+
+async def _hand_log_with_manifests(bucket: Bucket, manifests: int) -> HandLog:
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(manifests):
+        await _grow(log)
+    return log
+
+
+async def _grow(log: HandLog) -> None:
+    for _ in range(3):
+        await log.entry({("t", 0): [1]})
+    await log.manifest()
+
+
+async def test_gc_names_a_store_that_refuses_compare_and_swap(bucket: FaultyBucket) -> None:
+    log = await _hand_log_with_manifests(bucket, 2)
+    await publish_cursor(bucket, "", Cursor("a", "b", log.seq, 1, 0))
+    res = await collect_garbage(bucket, "a", None, NO_RETENTION, now_ms=later())
+    assert res.boundary_after == 4  # the boundary was created (if_none_match): no CAS yet
+    await _grow(log)
+    await publish_cursor(bucket, "", Cursor("a", "b", log.seq, 1, 0))
+    bucket.refuse_if_match = True
+    with pytest.raises(UnsupportedStore, match="refuses If-Match") as excinfo:
+        await collect_garbage(bucket, "a", None, NO_RETENTION, now_ms=later())
+    assert "kept changing" not in str(excinfo.value)
+    assert bucket.injected == 1  # told at the first refusal, not after 5 attempts
+    assert await read_gc_boundary(bucket, "", "a") == 4
+    bucket.refuse_if_match = False
+    res = await collect_garbage(bucket, "a", None, NO_RETENTION, now_ms=later())
+    assert res.boundary_after == 7
+
+
+async def test_gc_contention_is_not_a_store_refusal(bucket: FaultyBucket) -> None:
+    # A rival swaps the boundary between our read and our write every time:
+    # that is "kept changing" (retried next interval), never UnsupportedStore.
+    log = await _hand_log_with_manifests(bucket, 3)
+    await publish_cursor(bucket, "", Cursor("a", "b", log.seq, 1, 0))
+    await collect_garbage(bucket, "a", None, NO_RETENTION, now_ms=later())
+    inner = bucket.inner
+    real_put = inner.put
+
+    async def racing_put(key: str, data: bytes, **kw: object) -> object:
+        if kw.get("if_match") is not None:
+            # The rival rewrites what was there (one more space: a new ETag).
+            old = (await inner.get(key)).data
+            await real_put(key, old + b" ")
+        return await real_put(key, data, **kw)  # type: ignore[arg-type]
+
+    inner.put = racing_put  # type: ignore[method-assign]
+    await _grow(log)
+    await publish_cursor(bucket, "", Cursor("a", "b", log.seq, 1, 0))
+    with pytest.raises(Unavailable, match="kept changing"):
+        await collect_garbage(bucket, "a", None, NO_RETENTION, now_ms=later())
+
+
+async def test_gc_advances_run_after_run_on_rgw_etags(quirky_s3: Callable[..., str]) -> None:
+    # Acceptance of issue 27, on a store that compares If-Match with the bare ETag.
+    endpoint = quirky_s3("bare-if-match")
+    config = S3Config(
+        bucket=new_bucket_on(endpoint),
+        endpoint_url=endpoint,
+        region=REGION,
+        path_style=True,
+        access_key=ACCESS_KEY,
+        secret_key=SECRET_KEY,
+    )
+    async with await S3Bucket.open(config) as s3:
+        log = await _hand_log_with_manifests(s3, 2)
+        boundaries = []
+        for _ in range(4):
+            await publish_cursor(s3, "", Cursor("a", "b", log.seq, 1, 0))
+            res = await collect_garbage(s3, "a", None, NO_RETENTION, now_ms=later())
+            boundaries.append(res.boundary_after)
+            await _grow(log)
+        assert boundaries == [4, 7, 10, 13]
+        assert s3.if_match_form == "bare"
+        assert await read_gc_boundary(s3, "", "a") == 13

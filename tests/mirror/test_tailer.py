@@ -45,12 +45,15 @@ QUICK = TailerConfig(
 )
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", "s3", pytest.param("rgw", marks=pytest.mark.rgw)])
 async def any_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
     endpoint = name = None
     if request.param == "s3":
         endpoint = request.getfixturevalue("moto_endpoint")
         name = request.getfixturevalue("s3_bucket_name")
+    if request.param == "rgw":  # a real Ceph RGW 16.2: -m rgw
+        endpoint = request.getfixturevalue("rgw_endpoint")
+        name = request.getfixturevalue("rgw_bucket_name")
     b = await open_bucket(request.param, tmp_path, endpoint, name)
     try:
         yield b
