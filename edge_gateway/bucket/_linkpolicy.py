@@ -42,6 +42,7 @@ from __future__ import annotations
 import builtins
 import enum
 import logging
+import math
 import re
 import time
 from collections.abc import Callable, Sequence
@@ -227,9 +228,13 @@ class LinkPolicy:
                 for m in (w.start, w.end)
             }
         )
+        before = now
         for t in edges:
-            if t > now and self.window_open(t) != state:
-                return t
+            if t <= now:
+                continue
+            if self.window_open(t) != state:
+                return _first_change(before, t, lambda x: self.window_open(x) != state)
+            before = t
         # Unreachable with a valid window (each opens and closes daily); be safe.
         return now + 86400.0
 
@@ -259,13 +264,14 @@ class LinkPolicy:
         for d in (1, 2):
             t = self._at(today + timedelta(days=d), 0)
             if t > now:
-                return t
+                return _first_change(now, t, lambda x: self.local(x).date() > today)
         return now + 86400.0  # unreachable
 
     def _next_month(self, now: float) -> float:
         today = self.local(now).date()
         first = date(today.year + (today.month == 12), today.month % 12 + 1, 1)
-        return max(self._at(first, 0), now)
+        t = max(self._at(first, 0), now)
+        return _first_change(now, t, lambda x: self.local(x).date() >= first)
 
     # ------------------------------------------------------------ the rule
 
@@ -302,6 +308,30 @@ class LinkPolicy:
         Assumes no more bytes are used meanwhile (held data uses none).
         """
         return max(0.0, self.decide(priority, now, usage).opens_at - now)
+
+
+def _first_change(before: float, at: float, changed: Callable[[float], bool]) -> float:
+    """The first moment in ``(before, at]`` when ``changed`` holds (it holds at ``at``).
+
+    A local time computed for a boundary is exact except when a DST jump
+    skips it (``02:30`` the night the clocks go forward maps to ``03:30``):
+    then the change happens at the jump, earlier. Bisecting to a millisecond
+    finds it; an exact boundary comes back unchanged.
+    """
+    if not changed(at) or not changed(at - 1e-3):
+        return at  # the usual case: the computed boundary is exact
+    lo, hi = before, at
+    if changed(lo):
+        return lo
+    while hi - lo > 1e-3:
+        mid = (lo + hi) / 2
+        if changed(mid):
+            hi = mid
+        else:
+            lo = mid
+    # A jump happens on a whole second: prefer it to a point a hair after.
+    whole = float(math.ceil(lo))
+    return whole if whole <= hi and changed(whole) else hi
 
 
 def _priority(priority: str) -> Priority:
