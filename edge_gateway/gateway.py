@@ -1076,6 +1076,12 @@ class Gateway:
                 code=denied.code,
                 action=denied.action,
             )
+        if shipper.pending() and not self.may_ship("normal"):
+            # It would wait until the allowance renews: say so at once.
+            raise Unavailable(
+                "cannot ship now: the link policy holds normal data (link.daily_bytes / "
+                f"monthly_bytes used up); it ships in {self.ship_opens_in_s('normal'):.0f} s"
+            )
         target = journal.next_lsn - 1
         before = shipper.statistics()
         await journal.flush()

@@ -102,6 +102,11 @@ def test_a_used_daily_allowance_holds_shipping_until_local_midnight(tmp_path: Pa
         assert "USED UP" in out.stdout, out.stdout
         assert "HOLDING normal data" in out.stdout, out.stdout
 
+        # `edgegw sync` says at once why it cannot ship, instead of waiting for midnight.
+        r = httpx.post(f"{north.url}/v1/sync", timeout=30)
+        assert r.status_code == 503, r.text
+        assert "link policy holds normal data" in r.text
+
         # More data while held: acknowledged (journaled), not shipped.
         with north.client() as c:
             c.produce(TOPIC.name, ["while held"], partition=0)
