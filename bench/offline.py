@@ -30,6 +30,8 @@ Figures, each beside its target (issue 16) and a baseline from the same run:
   slots per entry: 22.9 MB per million);
 * ``link_cap_mb_per_s``, ``achieved_mb_per_s``, ``cap_ratio`` (0.9-1.05): bytes
   the gateway put on the link (its meter) over the drain's steady part;
+  ``link_waited_s`` / ``cap_bound``: whether transfers waited for the cap at
+  all (if not, the shipper set the rate and the ratio says nothing of the cap);
 * ``reopen_s_per_gib`` (target <= 2), baseline: the first start with an empty
   journal;
 * ``critical_drained_s`` and ``bulk_before_critical_objects`` (target 0): only
@@ -330,7 +332,11 @@ def main() -> None:
                     )
                 time.sleep(0.5)
             drain_s = time.monotonic() - drain_began
-            wire_bytes = gw.status()["shipper"]["wire_bytes"]
+            end = gw.status()
+            wire_bytes = end["shipper"]["wire_bytes"]
+            # Seconds transfers waited for the cap: ~0 means the cap never bound
+            # (the shipper could not fill the link), so cap_ratio is not about the cap.
+            waited_s = end["link"]["waited_s"]
             bulk_before = bulk_before_critical(moto.endpoint, head_seq)
         finally:
             gw.stop()
@@ -391,6 +397,11 @@ def main() -> None:
             cap_ratio is not None and 0.9 <= cap_ratio <= 1.05,
         ),
     ]
+    if waited_s <= 0.1 * drain_s:
+        rows.append(
+            f"the cap hardly bound (transfers waited {waited_s:.1f} s of a {drain_s:.0f} s "
+            "drain): the shipper, not the link, set the drain rate"
+        )
     if note:
         rows.append(
             f"critical_drained_s, bulk_before_critical_objects: null ({note}); in LSN order "
@@ -418,6 +429,8 @@ def main() -> None:
             "achieved_mb_per_s": None if achieved is None else round(achieved, 3),
             "cap_ratio": None if cap_ratio is None else round(cap_ratio, 4),
             "drain_s": round(drain_s, 1),
+            "link_waited_s": round(waited_s, 1),
+            "cap_bound": waited_s > 0.1 * drain_s,
             "wire_mb": round(wire_bytes / MB, 1),
             "reopen_s": round(reopen_s, 3),
             "first_start_s": round(first_start_s, 3),
