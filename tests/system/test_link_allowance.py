@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from _faketime import settable
-from _serve import EDGEGW, Fleet, TopicSpec, read_partition, wait_until
+from _serve import EDGEGW, Fleet, TopicSpec, read_partition, wait_mirrored, wait_until
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE
 from edge_gateway.format.batch import encode_batch
@@ -132,3 +132,60 @@ def test_a_used_daily_allowance_holds_shipping_until_local_midnight(tmp_path: Pa
     finally:
         codes = fleet.close()
     assert codes == {"north": 0}
+
+
+def test_a_used_daily_allowance_holds_mirroring_too(tmp_path: Path) -> None:
+    """Downloads count against the allowance: south's mirror waits for south's midnight."""
+    offset = tmp_path / "faketime-offset"
+    offset.write_text("+0\n")
+    topic = TopicSpec("t", "north", partitions=1, subscribers=("south",))
+    fleet = Fleet(
+        tmp_path,
+        ["north", "south"],
+        [topic],
+        per_region={
+            "north": {
+                "shipper": {"max_object_bytes": 64 * 1024, "backlog_object_bytes": 64 * 1024}
+            },
+            "south": {"link": {"daily_bytes": ALLOWANCE}},
+        },
+    )
+    south = fleet["south"]
+    south.env = {**settable(offset), "TZ": "UTC"}
+    try:
+        fleet.start()
+        north = fleet["north"]
+        values = [os.urandom(VALUE) for _ in range(BATCHES * PER_BATCH)]
+        with httpx.Client(base_url=north.url, timeout=30) as c:
+            for i in range(BATCHES):
+                chunk = values[i * PER_BATCH : (i + 1) * PER_BATCH]
+                r = c.post(
+                    f"/v1/topics/{topic.name}/partitions/0/batches",
+                    content=encode_batch(chunk, timestamps=[1_795_000_000_000] * len(chunk)),
+                    headers={"content-type": BATCH_MEDIA_TYPE},
+                )
+                assert r.status_code == 200, r.text
+        # North (no allowance) ships everything.
+        wait_until(lambda: north.status()["shipper"]["pending_lsns"] == 0, 60, "north shipped")
+
+        def policy() -> dict[str, Any]:
+            doc: dict[str, Any] = south.status()["link"]["policy"]
+            return doc
+
+        wait_until(lambda: policy()["holding"]["normal"], 60, "south's mirror held")
+        link = south.status()["link"]
+        assert link["policy"]["day_remaining_bytes"] == 0
+        # South stopped at its allowance, over it by at most the downloads already
+        # under way (mirror.prefetch, 8, objects of up to 64 KiB and their framing).
+        assert link["down_bytes"] <= ALLOWANCE + 8 * (64 * 1024 + 8192)
+        mirrored = south.next_offsets("north.t")[0]
+        assert mirrored < len(values)
+
+        offset.write_text("+1d\n")
+        wait_mirrored(north, topic.name, south, timeout=60)
+        got = [r.value for r in read_partition(south.url, "north.t", 0)]
+        assert got == values
+        assert not policy()["holding"]["normal"]
+    finally:
+        codes = fleet.close()
+    assert codes == {"north": 0, "south": 0}
