@@ -375,6 +375,56 @@ class _GatewayCollector(Collector):
             "Seconds transfers waited for their slot under the link cap.",
             k.waited_s,
         )
+        gate = gw.link_gate
+        if not gate.restricts:
+            return
+        p = gate.statistics()
+        yield _gauge(
+            "edgegw_link_window_open",
+            "1 while bulk data may ship by link.bulk_windows (1 when none are set).",
+            1 if p.window_open else 0,
+        )
+        left = GaugeMetricFamily(
+            "edgegw_link_allowance_remaining_bytes",
+            "Bytes left of link.daily_bytes / link.monthly_bytes this local day / month "
+            "(only periods with an allowance).",
+            labels=["period"],
+        )
+        for period, remaining in (("day", p.day_remaining), ("month", p.month_remaining)):
+            if remaining is not None:
+                left.add_metric([period], remaining)
+        yield left
+        allowance = GaugeMetricFamily(
+            "edgegw_link_allowance_bytes",
+            "link.daily_bytes / link.monthly_bytes (only periods with an allowance).",
+            labels=["period"],
+        )
+        for period, limit in (("day", p.daily_bytes), ("month", p.monthly_bytes)):
+            if limit:
+                allowance.add_metric([period], limit)
+        yield allowance
+        held = CounterMetricFamily(
+            "edgegw_link_held",
+            "Objects whose transfer waited for the link policy (a window or an allowance).",
+            labels=["priority"],
+        )
+        holding = GaugeMetricFamily(
+            "edgegw_link_holding",
+            "1 while data of this priority waits for the link policy.",
+            labels=["priority"],
+        )
+        allowed = GaugeMetricFamily(
+            "edgegw_link_allowed",
+            "1 while data of this priority may move by the link policy.",
+            labels=["priority"],
+        )
+        for prio in p.held:
+            held.add_metric([prio], p.held[prio])
+            holding.add_metric([prio], 1 if p.holding[prio] else 0)
+            allowed.add_metric([prio], 1 if p.allowed[prio] else 0)
+        yield held
+        yield holding
+        yield allowed
 
     @staticmethod
     def _denied(gw: Gateway) -> Iterator[Metric]:

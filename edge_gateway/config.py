@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
-from edge_gateway.bucket import S3Config
+from edge_gateway.bucket import LinkPolicy, S3Config, parse_window
 from edge_gateway.clock import ClockConfig
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
 from edge_gateway.journal import JournalConfig
@@ -139,12 +139,40 @@ class LinkConfig:
     #: Cap on object bytes moved to and from the bucket per second, uploads
     #: and downloads together (``"4MB"``, ``"512KiB"``); 0: no cap.
     max_bytes_per_s: int = 0
+    #: Local times of day when ``bulk`` data may ship (``"22:00-06:00"``; a
+    #: window may wrap midnight); empty: at any time.
+    bulk_windows: tuple[str, ...] = ()
+    #: Bytes the link may carry per local day / month (uploads and downloads
+    #: together, as the meter counts them); past it only critical data moves. 0: none.
+    daily_bytes: int = 0
+    monthly_bytes: int = 0
 
     def __post_init__(self) -> None:
         if self.max_bytes_per_s < 0:
             raise ConfigError("link.max_bytes_per_s must be >= 0 (0: no cap)")
         if 0 < self.max_bytes_per_s < 1024:
             raise ConfigError("link.max_bytes_per_s must be at least 1KiB/s (or 0: no cap)")
+        for i, text in enumerate(self.bulk_windows):
+            parse_window(text, f"link.bulk_windows[{i}]")
+        for key in ("daily_bytes", "monthly_bytes"):
+            value = getattr(self, key)
+            if value < 0:
+                raise ConfigError(f"link.{key} must be >= 0 (0: no allowance)")
+            if 0 < value < 1 << 20:
+                raise ConfigError(
+                    f"link.{key} must be at least 1MiB (or 0: no allowance); "
+                    'sizes like "2GiB" are accepted'
+                )
+        if self.daily_bytes and self.monthly_bytes and self.daily_bytes > self.monthly_bytes:
+            raise ConfigError("link.daily_bytes must not exceed link.monthly_bytes")
+
+    def policy(self) -> LinkPolicy:
+        """The rule these settings make (local time of this machine)."""
+        return LinkPolicy(
+            [parse_window(w) for w in self.bulk_windows],
+            daily_bytes=self.daily_bytes,
+            monthly_bytes=self.monthly_bytes,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -393,6 +421,13 @@ class GatewayConfig:
             if t.name in seen:
                 raise ConfigError(f"topics: {t.name!r} is defined twice")
             seen.add(t.name)
+        if self.link.bulk_windows and not _topics_have_priority():
+            # A setting with no effect is refused, not accepted silently.
+            raise ConfigError(
+                "link.bulk_windows: this build has no topic priorities, so no data is bulk and "
+                "the windows would hold nothing; remove it (bulk windows come with topic "
+                "priorities, issue 16). link.daily_bytes / monthly_bytes work without them"
+            )
         if self.metadata.enabled and self.topics:
             raise ConfigError(
                 "topics: with metadata.url set, the metadata server holds the topology; "
@@ -420,6 +455,11 @@ class GatewayConfig:
     def sources(self) -> dict[str, list[str]]:
         """Source region → the topics this region mirrors from it."""
         return topology_sources(self.topics, self.region)
+
+
+def _topics_have_priority() -> bool:
+    """Whether topics carry a priority class in this build (bulk windows need one)."""
+    return "priority" in {f.name for f in dataclasses.fields(TopicConfig)}
 
 
 def topology_subscribers(topics: typing.Iterable[TopicConfig], region: str) -> list[str] | None:
@@ -801,6 +841,9 @@ type = "local"
 # The site's link to the bucket. A cap paces uploads and downloads together;
 # bytes moved per day and month are metrics (edgegw_link_*) and in status.
 # max_bytes_per_s = 0         # e.g. "4MB" (4,000,000 B/s); 0: no cap
+# daily_bytes = 0             # e.g. "2GiB" per local day, both directions; 0: none
+# monthly_bytes = 0           # e.g. "40GiB" per local month; past an allowance
+#                             #   only critical data moves (docs/operations.md)
 
 [mirror]
 # poll_interval_ms = 100

@@ -44,6 +44,8 @@ from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
     Bucket,
     BucketUnavailable,
+    HeldBucket,
+    LinkGate,
     LinkMeter,
     LocalBucket,
     MeteredBucket,
@@ -231,6 +233,8 @@ class Gateway:
         #: This gateway's clock against the bucket's (fed by the shipper's writes).
         self._bucket_clock = BucketClock(config.clock)
         self._link: LinkMeter | None = None
+        self._link_gate: LinkGate | None = None
+        self._mirror_bucket: Bucket | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
         self._ready_hooks: list[Callable[[], Awaitable[None]]] = []
@@ -483,7 +487,7 @@ class Gateway:
         assert self._tailer_lock is not None
         assert self._workers is not None
         async with self._tailer_lock:
-            journal, bucket, workers = self.journal, self.bucket, self._workers
+            journal, bucket, workers = self.journal, self.mirror_bucket, self._workers
             want = {
                 src: frozenset(topics)
                 for src, topics in topology_sources(self._topology, self.region).items()
@@ -580,6 +584,39 @@ class Gateway:
                 usage_path=self.config.data_dir / "link-usage.json",
             )
         return self._link
+
+    @property
+    def link_gate(self) -> LinkGate:
+        """``[link]``'s bulk windows and allowances applied to :attr:`link` (``_linkpolicy``)."""
+        if self._link_gate is None:
+            self._link_gate = LinkGate(self.config.link.policy(), self.link.usage)
+        return self._link_gate
+
+    def may_ship(self, priority: str = "normal") -> bool:
+        """Whether data of ``priority`` (critical, normal, bulk) may go on the link now.
+
+        Today the shipper ships everything as ``normal`` and is held through
+        :class:`~edge_gateway.bucket.HeldBucket`; with topic priorities the
+        shipper asks this per lane.
+        """
+        return self.link_gate.may_ship(priority)
+
+    def ship_opens_in_s(self, priority: str = "normal") -> float:
+        """Seconds until data of ``priority`` may go on the link (0: now)."""
+        return self.link_gate.opens_in_s(priority)
+
+    def _held(self, bucket: Bucket, hold: str) -> Bucket:
+        """``bucket``, held by the link policy if it restricts anything."""
+        if not self.link_gate.restricts:
+            return bucket
+        return HeldBucket(bucket, self.link_gate, hold=hold)
+
+    @property
+    def mirror_bucket(self) -> Bucket:
+        """The bucket as the tailers use it: reads of log objects wait for the link policy."""
+        if self._mirror_bucket is None:
+            self._mirror_bucket = self._held(self.bucket, "get")
+        return self._mirror_bucket
 
     async def open_bucket(self, *, create: bool | None = None) -> Bucket:
         """The configured bucket behind this gateway's :attr:`link` (see :meth:`open_store`)."""
@@ -715,6 +752,7 @@ class Gateway:
 
                     self._set_topology(topology(table))
             self._bucket = await self.open_bucket()
+            self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
             journal = await stack.enter_async_context(open_journal(cfg.journal_path, cfg.journal))
             self._journal = journal
@@ -722,7 +760,9 @@ class Gateway:
             stack.callback(self._groups.close)
             self._shipper = Shipper(
                 journal,
-                self._bucket,
+                # Until topic priorities reach the shipper, all it ships is
+                # "normal": its log objects wait while an allowance is used up.
+                self._held(self._bucket, "put"),
                 self.region,
                 config=self._shipper_config(),
                 prefix=self.key_prefix,
@@ -807,7 +847,7 @@ class Gateway:
             old = task.tailer
             task.tailer = Tailer(
                 self.journal,
-                self.bucket,
+                self.mirror_bucket,
                 task.source,
                 task.topics,
                 self.region,
@@ -947,6 +987,12 @@ class Gateway:
                     "pending data ships once access works again",
                     denied.code,
                 )
+            elif shipper.pending() and not self.may_ship("normal"):
+                log.warning(
+                    "shutdown: not shipping, the link policy holds normal data (it may ship in "
+                    "%.0f s); pending data ships then, after the next start",
+                    self.ship_opens_in_s("normal"),
+                )
             elif shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
                 try:
@@ -1053,6 +1099,12 @@ class Gateway:
                 f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
                 code=denied.code,
                 action=denied.action,
+            )
+        if shipper.pending() and not self.may_ship("normal"):
+            # It would wait until the allowance renews: say so at once.
+            raise Unavailable(
+                "cannot ship now: the link policy holds normal data (link.daily_bytes / "
+                f"monthly_bytes used up); it ships in {self.ship_opens_in_s('normal'):.0f} s"
             )
         target = journal.next_lsn - 1
         before = shipper.statistics()
@@ -1182,6 +1234,29 @@ class Gateway:
             "day_bytes": k.day_bytes,
             "month": k.month,
             "month_bytes": k.month_bytes,
+            "policy": self._link_policy_json(),
+        }
+
+    def _link_policy_json(self) -> dict[str, Any] | None:
+        """``[link]``'s windows and allowances now (None: none configured)."""
+        gate = self.link_gate
+        if not gate.restricts:
+            return None
+        p = gate.statistics()
+        return {
+            "bulk_windows": list(p.windows),
+            "window_open": p.window_open,
+            "window_change_in_s": _round(p.window_change_in_s),
+            "daily_bytes": p.daily_bytes,
+            "day_used_bytes": p.day_used,
+            "day_remaining_bytes": p.day_remaining,
+            "monthly_bytes": p.monthly_bytes,
+            "month_used_bytes": p.month_used,
+            "month_remaining_bytes": p.month_remaining,
+            "allowed": p.allowed,
+            "opens_in_s": {k: round(v, 1) for k, v in p.opens_in_s.items()},
+            "held_objects": p.held,
+            "holding": p.holding,
         }
 
     def metadata_status(self) -> dict[str, Any]:
@@ -1276,6 +1351,10 @@ class Gateway:
 
 def _mirror_task(source: str) -> str:
     return f"mirror {source}"
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _disk_json(j: JournalStats, path: Path) -> dict[str, Any]:

@@ -32,7 +32,12 @@ Families (``_total`` is added to counters by the exposition format):
   starting, shipping, retrying, denied)
 * ``edgegw_link_bytes_total{direction}`` (up, down), ``edgegw_link_bytes_today``,
   ``edgegw_link_bytes_this_month`` (local day and month, kept across restarts),
-  ``edgegw_link_cap_bytes_per_second``, ``edgegw_link_wait_seconds_total``
+  ``edgegw_link_cap_bytes_per_second``, ``edgegw_link_wait_seconds_total``; with
+  bulk windows or allowances: ``edgegw_link_window_open``,
+  ``edgegw_link_allowance_bytes{period}`` and
+  ``edgegw_link_allowance_remaining_bytes{period}`` (day, month),
+  ``edgegw_link_held_total{priority}`` (objects that waited),
+  ``edgegw_link_holding{priority}``, ``edgegw_link_allowed{priority}``
 * ``edgegw_bucket_denied{component,code}``: 1 for each component the bucket
   refuses (``shipper``, ``mirror <source>``) with the store's error code
   (``InvalidAccessKeyId``, ``NoSuchBucket``...); absent while none is. A

@@ -95,9 +95,40 @@ def _link(k: dict[str, Any]) -> str:
     """``capped at 4.0 MB/s; 1.2 GiB today, 30.5 GiB this month``."""
     cap = k["cap_bytes_per_s"]
     head = f"capped at {cap / 1e6:.1f} MB/s" if cap else "no cap"
-    return (
+    line = (
         f"{head}; {human_bytes(k['day_bytes'])} today, {human_bytes(k['month_bytes'])} this month"
     )
+    p = k.get("policy")
+    if not p:
+        return line
+    parts = []
+    for period, label in (("day", "today"), ("month", "this month")):
+        allowance = p["daily_bytes" if period == "day" else "monthly_bytes"]
+        if allowance:
+            left = p[f"{period}_remaining_bytes"]
+            parts.append(
+                f"allowance {human_bytes(allowance)} {label}: "
+                + (f"{human_bytes(left)} left" if left else "USED UP")
+            )
+    if p["bulk_windows"]:
+        state = "open" if p["window_open"] else "closed"
+        parts.append(
+            f"bulk window {state} ({', '.join(p['bulk_windows'])}), "
+            f"changes in {_duration(p['window_change_in_s'])}"
+        )
+    if not p["allowed"]["normal"]:
+        parts.append(f"HOLDING normal data for {_duration(p['opens_in_s']['normal'])}")
+    return line + "; " + "; ".join(parts)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    if seconds >= 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds:.0f} s"
 
 
 def render(doc: dict[str, Any]) -> None:

@@ -10,7 +10,9 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
 * :class:`FaultyBucket` — wraps either and injects outages, latency, errors
   and lost responses, for tests;
 * :class:`MeteredBucket` — wraps either with the site's :class:`LinkMeter`
-  (a bandwidth cap, bytes per day and month).
+  (a bandwidth cap, bytes per day and month);
+* :class:`HeldBucket` — holds log-object transfers while the site's
+  :class:`LinkPolicy` (bulk windows, byte allowances) says wait.
 
 :func:`verify_conditional_create` refuses stores that ignore create-only puts,
 because fencing depends on them; :func:`check_store` (``edgegw bucket check``)
@@ -51,6 +53,17 @@ from edge_gateway.bucket._errors import (
 )
 from edge_gateway.bucket._faulty import FaultyBucket
 from edge_gateway.bucket._link import LinkMeter, LinkStatistics, MeteredBucket
+from edge_gateway.bucket._linkpolicy import (
+    PRIORITIES,
+    HeldBucket,
+    LinkGate,
+    LinkPolicy,
+    LinkPolicyStats,
+    Priority,
+    Usage,
+    Window,
+    parse_window,
+)
 from edge_gateway.bucket._local import LocalBucket
 from edge_gateway.bucket._probe import probe_key, verify_conditional_create
 from edge_gateway.bucket._s3config import S3Config
@@ -61,6 +74,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_KEY_BYTES",
     "OPERATIONS",
+    "PRIORITIES",
     "AccessDenied",
     "Bucket",
     "BucketError",
@@ -72,8 +86,12 @@ __all__ = [
     "DenialTracker",
     "FaultyBucket",
     "GetResult",
+    "HeldBucket",
     "InvalidRequest",
+    "LinkGate",
     "LinkMeter",
+    "LinkPolicy",
+    "LinkPolicyStats",
     "LinkStatistics",
     "LocalBucket",
     "MeteredBucket",
@@ -81,12 +99,16 @@ __all__ = [
     "NotFound",
     "ObjectInfo",
     "PreconditionFailed",
+    "Priority",
     "S3Bucket",
     "S3Config",
     "StoreReport",
     "UnsupportedStore",
+    "Usage",
+    "Window",
     "check_store",
     "denied_action",
+    "parse_window",
     "probe_key",
     "verify_conditional_create",
     "validate_key",

@@ -16,10 +16,12 @@ reads, GC's lists are not payload) passes through it, and
   evenly rather than in multi-second bursts.
 * it counts bytes per direction and per local day and month (for metered
   plans), persisted in ``<data_dir>/link-usage.json`` so a restart does not
-  reset the month.
+  reset the month. A new day (month) starts at 0 when the clock passes
+  midnight; a clock set back carries the bytes counted so far (it never
+  frees an allowance: ``_linkpolicy``).
 
 :class:`MeteredBucket` wraps any bucket with a meter. Both are sans-policy:
-which topics may ship when is the shipper's business.
+which data may move when is :mod:`edge_gateway.bucket._linkpolicy`'s rule.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pathlib import Path
 import trio
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
+from edge_gateway.bucket._linkpolicy import Usage
 
 log = logging.getLogger("edgegw.link")
 
@@ -134,16 +137,43 @@ class LinkMeter:
             self._up += n
         else:
             self._down += n
-        day, month = self._periods()
-        if day != self._day:
-            self._day, self._day_bytes = day, 0
-        if month != self._month:
-            self._month, self._month_bytes = month, 0
+        self._roll()
         self._day_bytes += n
         self._month_bytes += n
         self._dirty = True
         if self._clock() - self._saved_at >= _SAVE_EVERY_S:
             self.save()
+
+    def _roll(self) -> None:
+        """Move the day and month to the wall clock's.
+
+        Forward (midnight passed), the new period starts at 0. Backward (the
+        clock was set back), the bytes are carried into the earlier period:
+        a clock set back must never free an allowance (``_linkpolicy``).
+        """
+        day, month = self._periods()
+        if day != self._day:
+            if day < self._day:
+                log.warning(
+                    "link: the clock went back from %s to %s; today's usage (%d B) is carried",
+                    self._day,
+                    day,
+                    self._day_bytes,
+                )
+            else:
+                self._day_bytes = 0
+            self._day = day
+            self._dirty = True
+        if month != self._month:
+            if month > self._month:
+                self._month_bytes = 0
+            self._month = month
+            self._dirty = True
+
+    def usage(self) -> Usage:
+        """Bytes of the current local day and month (for :class:`LinkPolicy`)."""
+        self._roll()
+        return Usage(self._day, self._day_bytes, self._month, self._month_bytes)
 
     def _load(self) -> None:
         if self._usage_path is None:
@@ -160,10 +190,12 @@ class LinkMeter:
             return
         day, month = doc.get("day"), doc.get("month")
         day_bytes, month_bytes = doc.get("day_bytes"), doc.get("month_bytes")
-        if day == self._day and isinstance(day_bytes, int) and day_bytes >= 0:
-            self._day_bytes = day_bytes
-        if month == self._month and isinstance(month_bytes, int) and month_bytes >= 0:
-            self._month_bytes = month_bytes
+        # Usage of today (or of a later day: the clock is behind the file's,
+        # set back) counts; an earlier period's has renewed.
+        if isinstance(day, str) and day >= self._day and isinstance(day_bytes, int):
+            self._day_bytes = max(0, day_bytes)
+        if isinstance(month, str) and month >= self._month and isinstance(month_bytes, int):
+            self._month_bytes = max(0, month_bytes)
 
     def save(self) -> None:
         """Write the day's and month's usage (atomically; best effort: a full disk skips it)."""
@@ -189,16 +221,17 @@ class LinkMeter:
         self._dirty = False
 
     def statistics(self) -> LinkStatistics:
-        day, month = self._periods()
+        self._roll()
+        day, month = self._day, self._month
         return LinkStatistics(
             cap_bytes_per_s=self.cap,
             up_bytes=self._up,
             down_bytes=self._down,
             waited_s=self._waited,
             day=day,
-            day_bytes=self._day_bytes if day == self._day else 0,
+            day_bytes=self._day_bytes,
             month=month,
-            month_bytes=self._month_bytes if month == self._month else 0,
+            month_bytes=self._month_bytes,
         )
 
 

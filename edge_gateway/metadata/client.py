@@ -32,12 +32,12 @@ import logging
 import os
 import ssl
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final, Self, cast
 from urllib.parse import quote
 
 import httpx
@@ -354,7 +354,9 @@ class MetadataClient:
         r = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
         try:
             body = bytearray()
-            async with aclosing(r.aiter_bytes()) as chunks:
+            # An async generator (typed as an iterator): closed at once when refused.
+            stream = cast(AsyncGenerator[bytes, None], r.aiter_bytes())
+            async with aclosing(stream) as chunks:
                 async for chunk in chunks:
                     body += chunk
                     if len(body) > MAX_ANSWER_BYTES:

@@ -91,6 +91,7 @@ def test_the_rules_cover_what_an_operator_must_hear_about() -> None:
         "EdgegwMirrorQuarantined",
         "EdgegwJournalNearFull",
         "EdgegwLinkAllowance",
+        "EdgegwLinkAllowanceUsed",
         "EdgegwBucketDenied",
         "EdgegwTaskDegraded",
     ):
@@ -112,7 +113,11 @@ def test_every_metric_in_the_rules_and_the_dashboard_is_exposed(tmp_path: Path) 
     assert len(wanted) >= 15, sorted(wanted)
 
     fleet = Fleet(
-        tmp_path, ["north", "south"], [TopicSpec("t", "north", 2), TopicSpec("u", "south", 2)]
+        tmp_path,
+        ["north", "south"],
+        [TopicSpec("t", "north", 2), TopicSpec("u", "south", 2)],
+        # The allowance families are there when an allowance is set.
+        per_region={"north": {"link": {"daily_bytes": "1GiB", "monthly_bytes": "30GiB"}}},
     )
     try:
         fleet.start()
