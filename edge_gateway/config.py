@@ -163,7 +163,7 @@ class ApiConfig(ListenAddress):
     public_metrics: bool = True
     #: The HTTP server: ``hypercorn`` (default) or ``builtin`` (h11-based, about
     #: 2.5x less CPU per request; see docs/api.md "Choosing the server").
-    server: Literal["hypercorn", "builtin"] = "hypercorn"
+    server: Literal["hypercorn", "builtin"] = "builtin"
     #: Seconds a connection may wait for its next complete request head (idle
     #: keep-alive, or a head still arriving) before the server closes it.
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
