@@ -32,7 +32,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
@@ -224,14 +224,22 @@ class ApiApp:
         for scope in list(self._waits):
             scope.cancel()
 
-    @contextlib.contextmanager
-    def _interruptible(self) -> Iterator[trio.CancelScope]:
+    @contextlib.asynccontextmanager
+    async def _interruptible(self, receive: Receive) -> AsyncIterator[trio.CancelScope]:
+        """A scope for a wait that may last (a long poll, ``ack=shipped``, a sync):
+        cancelled when the API stops or when the client goes away (``receive()``
+        says ``http.disconnect``), so that nobody waits for an answer no one reads."""
         with trio.CancelScope() as scope:
             if self._stopping:
                 scope.cancel()
             self._waits.add(scope)
             try:
-                yield scope
+                async with trio.open_nursery() as watcher:
+                    watcher.start_soon(_cancel_on_disconnect, receive, scope)
+                    try:
+                        yield scope
+                    finally:
+                        watcher.cancel_scope.cancel()
             finally:
                 self._waits.discard(scope)
 
@@ -383,7 +391,7 @@ class ApiApp:
         self._require_type(headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
         records = _codec.produce_records(await self._body(headers.get("content-length"), receive))
         res = await self.gateway.produce(topic, records)
-        return await self._produced(res, ack)
+        return await self._produced(res, ack, receive)
 
     async def _produce_batch(
         self,
@@ -411,9 +419,9 @@ class ApiApp:
                 "(send exactly one batch per request)",
             )
         res = await self.gateway.produce_batch(topic, partition, body)
-        return await self._produced(res, ack)
+        return await self._produced(res, ack, receive)
 
-    async def _produced(self, res: ProduceResult, ack: _codec.Ack) -> Response:
+    async def _produced(self, res: ProduceResult, ack: _codec.Ack, receive: Receive) -> Response:
         if ack != "shipped":
             # The hot path: the JSON of the answer written directly (the same
             # bytes as JSONResponse would render), with precomputed headers.
@@ -430,7 +438,7 @@ class ApiApp:
         ]
         if ack == "shipped":
             done = False
-            with self._interruptible():
+            async with self._interruptible(receive):
                 await self.gateway.shipper.wait_shipped(res.last_lsn)
                 done = True
             if not done:
@@ -458,7 +466,7 @@ class ApiApp:
         gw = self.gateway
         res = await gw.fetch(topic, partition, offset, max_records=max_records, max_bytes=max_bytes)
         if not res.records and wait_ms > 0:
-            with self._interruptible():
+            async with self._interruptible(request.receive):
                 res = await gw.fetch(
                     topic,
                     partition,
@@ -490,7 +498,7 @@ class ApiApp:
     async def sync(self, request: Request) -> Response:
         # ?pull=false ships only. Ends (503) when the API stops, like a long poll.
         pull = request.query_params.get("pull", "true").lower() not in ("false", "0", "no")
-        with self._interruptible() as scope:
+        async with self._interruptible(request.receive) as scope:
             result = await self.gateway.sync_now(pull=pull)
         if scope.cancelled_caught:
             raise Unavailable("the gateway is shutting down")
@@ -623,6 +631,14 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
+
+
+async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
+    # Past what is left of the body (the servers hand it over first), receive()
+    # returns only when the client has gone.
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    scope.cancel()
 
 
 def _json_string(text: str) -> bytes:

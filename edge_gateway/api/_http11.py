@@ -345,6 +345,9 @@ class Http11Server:
                 raise RuntimeError(f"unexpected ASGI message {kind!r}")
             data = bytes(message.get("body", b""))
             more = message.get("more_body", False)
+            if disconnected:  # nobody to answer (ASGI: sends after a disconnect are no-ops)
+                finished = not more
+                return
             parts = []
             if not head_sent:
                 head_sent = True
@@ -540,6 +543,9 @@ class Http11Server:
                 raise RuntimeError(f"unexpected ASGI message {kind!r}")
             body = bytes(message.get("body", b""))
             more = message.get("more_body", False)
+            if disconnected:  # nobody to answer (ASGI: sends after a disconnect are no-ops)
+                finished = not more
+                return
             parts = []
             if not head_sent:
                 head_sent = True
