@@ -473,7 +473,7 @@ def main() -> None:
     ap.add_argument(
         "--server",
         choices=("hypercorn", "builtin"),
-        default="hypercorn",
+        default="builtin",
         help="api.server of the gateway under test",
     )
     args = ap.parse_args()
