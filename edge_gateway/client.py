@@ -415,7 +415,7 @@ def _bytes_of(doc: Mapping[str, Any], field: str) -> bytes | None:
 def _fetched(response: _Reply, topic: str, partition: int, offset: int) -> FetchResponse:
     _raise_for(response)
     if response.headers.get("content-type", "").startswith(BATCH_MEDIA_TYPE):
-        next_offset = int(response.headers[NEXT_OFFSET_HEADER])
+        next_offset = int(response.headers[NEXT_OFFSET_HEADER.lower()])
         records = [
             r
             for b in iter_batches(response.body, where="fetch response")
@@ -427,7 +427,7 @@ def _fetched(response: _Reply, topic: str, partition: int, offset: int) -> Fetch
             partition,
             records,
             next_offset,
-            int(response.headers[HIGH_WATERMARK_HEADER]),
+            int(response.headers[HIGH_WATERMARK_HEADER.lower()]),
         )
     doc = response.json()
     out = []
