@@ -235,13 +235,21 @@ class ApiApp:
             self._waits.add(scope)
             try:
                 async with trio.open_nursery() as watcher:
-                    watcher.start_soon(_cancel_on_disconnect, receive, scope)
+                    watcher.start_soon(self._cancel_on_disconnect, receive, scope)
                     try:
                         yield scope
                     finally:
                         watcher.cancel_scope.cancel()
             finally:
                 self._waits.discard(scope)
+
+    async def _cancel_on_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
+        # Past what is left of the body (the servers hand it over first),
+        # receive() returns only when the client has gone.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.metrics.api_waits_abandoned += 1
+        scope.cancel()
 
     # ---------------------------------------------------------------- errors
 
@@ -631,14 +639,6 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
         if key == name:
             return bytes(value)
     return None
-
-
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    # Past what is left of the body (the servers hand it over first), receive()
-    # returns only when the client has gone.
-    while (await receive())["type"] != "http.disconnect":
-        pass
-    scope.cancel()
 
 
 def _json_string(text: str) -> bytes:
