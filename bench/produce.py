@@ -13,17 +13,31 @@ local API on 127.0.0.1:
               keep-alive connection, p50/p99. The headline figures use a
               minimal raw-socket HTTP/1.1 client (it measures the gateway);
               the same with the stdlib ``http.client`` and with
-              ``edge_gateway.client.Client`` (httpx) are reported next to it,
-              since with them the client's own CPU is much of the latency;
+              ``edge_gateway.client.Client``, one request of each in turn
+              (so both see the same load), are reported next to it, since
+              with them the client's own CPU is much of the latency;
 * ``batched`` throughput with batches of 1000 100-byte records, through the
               binary batch route (``application/vnd.edgegw.batch``, encoded by
               the client in the timed loop) and through the JSON route;
+* ``concurrent`` capacity with many small producers: 64 keep-alive
+              connections, each posting one single-record JSON request as
+              soon as the previous one is acked (closed loop), for 20 s
+              (quick: 5 s) after 1 s of warm-up: requests/s, p50/p99 and
+              the gateway's CPU per request (user + system time of its
+              process from ``/proc``). The load comes from ``bench/_load.py``
+              in its own process (one thread, epoll, pre-built requests,
+              ~20 us of CPU per request), so the two share the machine's cores;
 * ``idle``    the gateway's resident memory (RSS) once started and idle.
 
 Next to it, the same on NATS JetStream when ``nats-server`` is installed
 (started by the bench on 127.0.0.1 with ``-js`` and a file-backed stream in
 a scratch directory), driven with nats-py: synchronous ``js.publish``
-latency and ``publish_async`` throughput in batches of 1000. Without
+latency; ``publish_async`` throughput with a window of up to 4000
+outstanding acks (nats-py's ``publish_async_max_pending``: the strongest
+nats-py figure here; awaiting each group of 1000 halves it); and capacity with
+64 concurrent synchronous publishers (one connection and one ``js.publish``
+in flight each, nats-server's CPU per message from ``/proc``; the Python
+publishers' own CPU bounds that figure). Without
 ``nats-server`` the NATS figures are null. NATS 2.9 has no per-message fsync
 either, so both sides ack after the write to the OS.
 
@@ -204,38 +218,49 @@ def post(conn: http.client.HTTPConnection, path: str, body: bytes, ctype: str) -
     return data
 
 
-def gw_single(gw: GatewayProcess, values: list[bytes], warmup: int, client: str) -> list[float]:
-    """Latencies of one request per record with ``client``: raw, http.client or edgegw."""
+def gw_single(gw: GatewayProcess, values: list[bytes], warmup: int) -> list[float]:
+    """Latencies of one request per record with the raw client (:class:`RawHttp`)."""
     bodies = [b'{"records":[{"value":' + json.dumps(v.decode()).encode() + b"}]}" for v in values]
     path = "/v1/topics/t/records"
-    if client == "edgegw":
-        from edge_gateway.client import Client
-
-        with Client(f"http://{gw.host}:{gw.port}") as c:
-
-            def send(i: int) -> None:
-                c.produce("t", values[i])
-
-            return _timed(send, len(values), warmup)
-    if client == "raw":
-        raw = RawHttp(gw.host, gw.port)
-
-        def send(i: int) -> None:
-            raw.post(path, bodies[i], "application/json")
-
-        try:
-            return _timed(send, len(values), warmup)
-        finally:
-            raw.close()
-    conn = connect(gw)
+    raw = RawHttp(gw.host, gw.port)
 
     def send(i: int) -> None:
-        post(conn, path, bodies[i], "application/json")
+        raw.post(path, bodies[i], "application/json")
 
     try:
         return _timed(send, len(values), warmup)
     finally:
+        raw.close()
+
+
+def gw_clients_interleaved(
+    gw: GatewayProcess, values: list[bytes], warmup: int
+) -> tuple[list[float], list[float]]:
+    """Latencies of ``http.client`` and of ``edge_gateway.client.Client``, one request
+    of each in turn on their own keep-alive connections, so that both see the same
+    load of the machine (run one after the other, a busy machine's swings made
+    their ratio anything from 1.1 to 2)."""
+    from edge_gateway.client import Client
+
+    bodies = [b'{"records":[{"value":' + json.dumps(v.decode()).encode() + b"}]}" for v in values]
+    path = "/v1/topics/t/records"
+    conn = connect(gw)
+    lat_http: list[float] = []
+    lat_edgegw: list[float] = []
+    try:
+        with Client(f"http://{gw.host}:{gw.port}") as c:
+            for i, (body, value) in enumerate(zip(bodies, values, strict=True)):
+                t0 = time.perf_counter()
+                post(conn, path, body, "application/json")
+                t1 = time.perf_counter()
+                c.produce("t", value)
+                t2 = time.perf_counter()
+                if i >= warmup:
+                    lat_http.append(t1 - t0)
+                    lat_edgegw.append(t2 - t1)
+    finally:
         conn.close()
+    return lat_http, lat_edgegw
 
 
 def _timed(send: Any, n: int, warmup: int) -> list[float]:
@@ -277,6 +302,59 @@ def gw_batched(gw: GatewayProcess, values: list[bytes], seconds: float, binary: 
     return n * BATCH / elapsed
 
 
+CONNECTIONS = 64
+LOAD_SCRIPT = Path(__file__).resolve().parent / "_load.py"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def gw_capacity(gw: GatewayProcess, seconds: float) -> dict[str, float]:
+    """Closed-loop load from CONNECTIONS keep-alive connections (``bench/_load.py``)."""
+    body = '{"records":[{"value":' + json.dumps("x" * (RECORD - 2)) + "}]}"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(LOAD_SCRIPT),
+            gw.host,
+            str(gw.port),
+            "--connections",
+            str(CONNECTIONS),
+            "--seconds",
+            str(seconds),
+            "--body",
+            body,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    cpu0 = cpu1 = 0.0
+    result: dict[str, Any] = {}
+    for line in proc.stdout:
+        if line.strip() == "measuring":
+            cpu0 = cpu_seconds(gw.proc.pid)
+        elif line.strip() == "done":
+            cpu1 = cpu_seconds(gw.proc.pid)
+        elif line.startswith("{"):
+            result = json.loads(line)
+    if proc.wait() != 0 or not result:
+        raise SystemExit("the load generator failed")
+    n = result["requests"]
+    if result["errors"]:
+        raise SystemExit(f"{result['errors']} of {n} requests failed: {result['statuses']}")
+    return {
+        "requests_per_s": n / result["seconds"],
+        "p50_ms": result["p50_s"] * 1e3,
+        "p99_ms": result["p99_s"] * 1e3,
+        "cpu_us_per_request": (cpu1 - cpu0) / n * 1e6 if n else float("nan"),
+    }
+
+
 # --------------------------------------------------------------------- NATS
 
 
@@ -287,7 +365,7 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def nats_server(root: Path) -> Iterator[str | None]:
+def nats_server(root: Path) -> Iterator[tuple[str, int] | None]:
     exe = shutil.which("nats-server")
     if exe is None:
         progress("nats-server not found: NATS figures left null (apt-get install -y nats-server)")
@@ -311,7 +389,7 @@ def nats_server(root: Path) -> Iterator[str | None]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise SystemExit("nats-server did not start") from None
                 time.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}"
+        yield f"nats://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         try:
@@ -322,8 +400,8 @@ def nats_server(root: Path) -> Iterator[str | None]:
 
 
 def nats_bench(
-    url: str, values: list[bytes], warmup: int, seconds: float
-) -> tuple[list[float], float] | None:
+    url: str, pid: int, values: list[bytes], warmup: int, seconds: float, capacity_s: float
+) -> tuple[list[float], float, dict[str, float]] | None:
     try:
         import nats
         from nats.js.api import StorageType, StreamConfig
@@ -331,7 +409,42 @@ def nats_bench(
         progress("nats-py not installed (pip install -e '.[bench]'): NATS figures left null")
         return None
 
-    async def run() -> tuple[list[float], float]:
+    async def capacity() -> dict[str, float]:
+        conns = [await nats.connect(url) for _ in range(CONNECTIONS)]
+        lat: list[float] = []
+        start = time.perf_counter()
+        measure_from = start + 1.0
+        stop_at = measure_from + capacity_s
+        cpu: list[float] = []
+
+        async def publisher(nc: Any) -> None:
+            js = nc.jetstream()
+            value = values[0]
+            while (t0 := time.perf_counter()) < stop_at:
+                await js.publish("bench.t", value)
+                t1 = time.perf_counter()
+                if t0 >= measure_from and t1 < stop_at:
+                    lat.append(t1 - t0)
+
+        async def sample_cpu() -> None:
+            await asyncio.sleep(measure_from - time.perf_counter())
+            cpu.append(cpu_seconds(pid))
+            await asyncio.sleep(stop_at - time.perf_counter())
+            cpu.append(cpu_seconds(pid))
+
+        try:
+            await asyncio.gather(sample_cpu(), *(publisher(nc) for nc in conns))
+        finally:
+            for nc in conns:
+                await nc.close()
+        return {
+            "requests_per_s": len(lat) / capacity_s,
+            "p50_ms": percentile(lat, 50) * 1e3,
+            "p99_ms": percentile(lat, 99) * 1e3,
+            "cpu_us_per_request": (cpu[1] - cpu[0]) / len(lat) * 1e6 if lat else float("nan"),
+        }
+
+    async def run() -> tuple[list[float], float, dict[str, float]]:
         nc = await nats.connect(url)
         try:
             js = nc.jetstream()
@@ -345,17 +458,19 @@ def nats_bench(
                 t0 = time.perf_counter()
                 await js.publish("bench.t", v)
                 lat.append(time.perf_counter() - t0)
+            # A window of outstanding acks (publish_async_max_pending, 4000):
+            # publish_async waits only when the window is full.
             n = 0
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 for i in range(BATCH):
                     await js.publish_async("bench.t", values[i])
-                await js.publish_async_completed()
                 n += 1
+            await js.publish_async_completed()
             rate = n * BATCH / (time.perf_counter() - t0)
-            return lat, rate
         finally:
             await nc.close()
+        return lat, rate, await capacity()
 
     return asyncio.run(run())
 
@@ -370,11 +485,12 @@ def main() -> None:
     ap.add_argument(
         "--server",
         choices=("hypercorn", "builtin"),
-        default="hypercorn",
-        help="api.server of the gateway under test (default: the config default, hypercorn)",
+        default="builtin",
+        help="api.server of the gateway under test",
     )
     args = ap.parse_args()
     single_n, warmup, seconds = (3000, 500, 3.0) if args.quick else (20000, 2000, 10.0)
+    capacity_s = 5.0 if args.quick else 20.0
     values = fixed_size_values(max(single_n + warmup, 20 * BATCH), RECORD)
     figures: dict[str, Any] = {"quick": args.quick, "server": args.server}
 
@@ -386,36 +502,48 @@ def main() -> None:
             time.sleep(1.0)
             figures["idle_rss_mb"] = gw.rss_mb()
             progress(f"gateway on {gw.host}:{gw.port}, idle RSS {figures['idle_rss_mb']:.1f} MB")
-            for client, suffix in (
-                ("raw", ""),
-                ("http.client", "_http_client"),
-                ("edgegw", "_edgegw_client"),
-            ):
-                progress(
-                    f"single-record produce latency, {client} client ({single_n} requests) ..."
-                )
-                lat = gw_single(gw, values[: single_n + warmup], warmup, client)
+            progress(f"single-record produce latency, raw client ({single_n} requests) ...")
+            lat = gw_single(gw, values[: single_n + warmup], warmup)
+            figures["produce_p50_us"] = percentile(lat, 50) * 1e6
+            figures["produce_p99_us"] = percentile(lat, 99) * 1e6
+            progress(
+                f"single-record produce latency, http.client and edgegw Client "
+                f"interleaved ({single_n} requests each) ..."
+            )
+            pair = gw_clients_interleaved(gw, values[: single_n + warmup], warmup)
+            for suffix, lat in zip(("_http_client", "_edgegw_client"), pair, strict=True):
                 figures[f"produce_p50_us{suffix}"] = percentile(lat, 50) * 1e6
                 figures[f"produce_p99_us{suffix}"] = percentile(lat, 99) * 1e6
             progress("batched produce, binary route ...")
             figures["batched_records_per_s"] = gw_batched(gw, values, seconds, binary=True)
             progress("batched produce, JSON route ...")
             figures["batched_json_records_per_s"] = gw_batched(gw, values, seconds, binary=False)
+            progress(
+                f"capacity: {CONNECTIONS} connections, single-record requests, {capacity_s:g} s ..."
+            )
+            cap = gw_capacity(gw, capacity_s)
+            for key, value in cap.items():
+                figures[f"concurrent_{key}"] = value
             figures["loaded_rss_mb"] = gw.rss_mb()
         finally:
             gw.stop()
         figures["gateway_exit_code"] = gw.proc.returncode
 
         figures.update(nats_p50_us=None, nats_p99_us=None, nats_batched_records_per_s=None)
-        with nats_server(root) as url:
-            if url is not None:
-                progress(f"NATS JetStream on {url}: latency and publish_async throughput ...")
-                got = nats_bench(url, values[: single_n + warmup], warmup, seconds)
+        for key in cap:
+            figures[f"nats_concurrent_{key}"] = None
+        with nats_server(root) as server:
+            if server is not None:
+                url, pid = server
+                progress(f"NATS JetStream on {url}: latency, throughput, capacity ...")
+                got = nats_bench(url, pid, values[: single_n + warmup], warmup, seconds, capacity_s)
                 if got is not None:
-                    nlat, nrate = got
+                    nlat, nrate, ncap = got
                     figures["nats_p50_us"] = percentile(nlat, 50) * 1e6
                     figures["nats_p99_us"] = percentile(nlat, 99) * 1e6
                     figures["nats_batched_records_per_s"] = nrate
+                    for key, value in ncap.items():
+                        figures[f"nats_concurrent_{key}"] = value
 
     figures["batched_ratio_vs_nats"] = ratio(
         figures["batched_records_per_s"], figures["nats_batched_records_per_s"]
@@ -424,11 +552,18 @@ def main() -> None:
         figures["batched_json_records_per_s"], figures["nats_batched_records_per_s"]
     )
     figures["p50_ratio_vs_nats"] = ratio(figures["produce_p50_us"], figures["nats_p50_us"])
+    figures["client_p50_ratio_vs_raw"] = ratio(
+        figures["produce_p50_us_edgegw_client"], figures["produce_p50_us_http_client"]
+    )
+    figures["concurrent_ratio_vs_nats"] = ratio(
+        figures["concurrent_requests_per_s"], figures["nats_concurrent_requests_per_s"]
+    )
 
     def ok(value: float | None, good: bool) -> bool | None:
         return None if value is None else good
 
     br, pr = figures["batched_ratio_vs_nats"], figures["p50_ratio_vs_nats"]
+    cr = figures["client_p50_ratio_vs_raw"]
     rows: list[Row | str] = [
         "single-record produce, one request per record, keep-alive (raw HTTP/1.1 client)",
         Row(
@@ -452,8 +587,10 @@ def main() -> None:
             "p50, edgegw Client",
             figures["produce_p50_us_edgegw_client"],
             "us",
-            "NATS js.publish p50",
-            figures["nats_p50_us"],
+            "http.client p50",
+            figures["produce_p50_us_http_client"],
+            "<= 1.2x http.client",
+            ok(cr, cr is not None and cr <= 1.2),
         ),
         f"batched produce, {BATCH} x {RECORD}-byte records per request, one connection",
         Row(
@@ -471,6 +608,40 @@ def main() -> None:
             "rec/s",
             "NATS publish_async",
             figures["nats_batched_records_per_s"],
+        ),
+        f"capacity: {CONNECTIONS} keep-alive connections, one single-record request in "
+        "flight each, as fast as acks return",
+        Row(
+            "requests/s",
+            figures["concurrent_requests_per_s"],
+            "req/s",
+            "NATS, 64 sync publishers",
+            figures["nats_concurrent_requests_per_s"],
+            ">= 5000",
+            figures["concurrent_requests_per_s"] >= 5000,
+        ),
+        Row(
+            "p50 latency",
+            figures["concurrent_p50_ms"],
+            "ms",
+            "NATS p50",
+            figures["nats_concurrent_p50_ms"],
+        ),
+        Row(
+            "p99 latency",
+            figures["concurrent_p99_ms"],
+            "ms",
+            "NATS p99",
+            figures["nats_concurrent_p99_ms"],
+            "<= 20 ms",
+            figures["concurrent_p99_ms"] <= 20,
+        ),
+        Row(
+            "server CPU per request",
+            figures["concurrent_cpu_us_per_request"],
+            "us",
+            "nats-server CPU/msg",
+            figures["nats_concurrent_cpu_us_per_request"],
         ),
         "memory",
         Row(

@@ -110,6 +110,9 @@ class _GatewayCollector(Collector):
                 "Seconds since the gateway became ready (monotonic clock).",
                 gw.uptime_s,
             )
+        owner = self._owner()
+        if owner is not None:
+            yield from self._api(owner)
         yield from self._clock(gw)
         yield from self._link(gw)
         try:
@@ -130,6 +133,20 @@ class _GatewayCollector(Collector):
                 log.exception("mirror lag provider failed")
                 lags = []
             yield from self._mirror(lags)
+
+    @staticmethod
+    def _api(owner: GatewayMetrics) -> Iterator[Metric]:
+        yield _counter(
+            "edgegw_api_waits_abandoned",
+            "Long polls, ack=shipped waits and syncs ended because their client disconnected.",
+            owner.api_waits_abandoned,
+        )
+        if owner.api_connections is not None:
+            yield _gauge(
+                "edgegw_api_connections",
+                "Open connections of the local API (builtin server).",
+                owner.api_connections(),
+            )
 
     @staticmethod
     def _tasks(gw: Gateway) -> Iterator[Metric]:

@@ -20,8 +20,16 @@ A topic or consumer group name that breaks the naming rules
 (:mod:`edge_gateway.names`) raises :class:`InvalidName` /
 :class:`InvalidInput` before anything is sent.
 
-The client imports neither trio nor boto3: only httpx and the sans-IO batch
-encoding (``edge_gateway.format.batch``).
+How it is built: every request is built, and every response parsed, once
+and without I/O (``_*_call`` build a :class:`_Call`, ``_produced`` /
+``_fetched`` / ... parse a :class:`_Reply`); the two clients are thin I/O
+shells around that core. :class:`Client` on ``http://`` talks HTTP/1.1 itself
+over one keep-alive socket (:class:`_Connection`: h11 frames the messages),
+which costs a producer about what a bare ``http.client`` request does; httpx
+carries ``https://``, a custom ``transport`` and :class:`AsyncClient`.
+
+The client imports neither trio nor boto3: only httpx, h11 and the sans-IO
+batch encoding (``edge_gateway.format.batch``).
 """
 
 from __future__ import annotations
@@ -29,15 +37,20 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
+import socket
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NamedTuple, Self
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
+import h11
 import httpx
 
+from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     HIGH_WATERMARK_HEADER,
@@ -319,10 +332,36 @@ def _commit_call(
 # ---------------------------------------------------------------- responses
 
 
-def _raise_for(response: httpx.Response) -> None:
-    if response.status_code < 400:
+class _Reply(NamedTuple):
+    """One HTTP response, whichever shell received it (what the parsers read)."""
+
+    status: int
+    #: Header values by lower-case name.
+    headers: Mapping[str, str]
+    body: bytes
+    #: For error notes: the request's method and URL.
+    method: str
+    url: str
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def _reply_of(response: httpx.Response) -> _Reply:
+    """An httpx response as a :class:`_Reply` (httpx's headers ignore case already)."""
+    return _Reply(
+        response.status_code,
+        response.headers,
+        response.content,
+        response.request.method,
+        str(response.url),
+    )
+
+
+def _raise_for(response: _Reply) -> None:
+    if response.status < 400:
         return
-    code, message, extra = "", response.text[:500], {}
+    code, message, extra = "", response.body.decode("utf-8", "replace")[:500], {}
     try:
         doc = response.json()
         err = doc["error"]
@@ -330,7 +369,7 @@ def _raise_for(response: httpx.Response) -> None:
         extra = err
     except (ValueError, KeyError, TypeError):
         pass
-    status = response.status_code
+    status = response.status
     exc: EdgeGatewayError
     if code == "offset_out_of_range" and isinstance(extra.get("earliest_offset"), int):
         exc = OffsetOutOfRange(message, extra["earliest_offset"])
@@ -339,7 +378,7 @@ def _raise_for(response: httpx.Response) -> None:
         exc = WrongRegion(message, home if isinstance(home, str) else None)
     else:
         exc = error_class(code, status)(message)
-    note = f"HTTP {status} {code or '(no code)'} from {response.request.method} {response.url}"
+    note = f"HTTP {status} {code or '(no code)'} from {response.method} {response.url}"
     retry_after = response.headers.get("retry-after")
     if retry_after:
         note += f"; Retry-After: {retry_after} s"
@@ -347,12 +386,12 @@ def _raise_for(response: httpx.Response) -> None:
     raise exc
 
 
-def _json(response: httpx.Response) -> Any:
+def _json(response: _Reply) -> Any:
     _raise_for(response)
     return response.json()
 
 
-def _produced(response: httpx.Response) -> ProduceResponse:
+def _produced(response: _Reply) -> ProduceResponse:
     doc = _json(response)
     offsets = doc["offsets"]
     return ProduceResponse(
@@ -373,13 +412,13 @@ def _bytes_of(doc: Mapping[str, Any], field: str) -> bytes | None:
     return None
 
 
-def _fetched(response: httpx.Response, topic: str, partition: int, offset: int) -> FetchResponse:
+def _fetched(response: _Reply, topic: str, partition: int, offset: int) -> FetchResponse:
     _raise_for(response)
     if response.headers.get("content-type", "").startswith(BATCH_MEDIA_TYPE):
-        next_offset = int(response.headers[NEXT_OFFSET_HEADER])
+        next_offset = int(response.headers[NEXT_OFFSET_HEADER.lower()])
         records = [
             r
-            for b in iter_batches(response.content, where="fetch response")
+            for b in iter_batches(response.body, where="fetch response")
             for r in b.records(offset)
             if r.offset < next_offset
         ]
@@ -388,7 +427,7 @@ def _fetched(response: httpx.Response, topic: str, partition: int, offset: int) 
             partition,
             records,
             next_offset,
-            int(response.headers[HIGH_WATERMARK_HEADER]),
+            int(response.headers[HIGH_WATERMARK_HEADER.lower()]),
         )
     doc = response.json()
     out = []
@@ -407,7 +446,7 @@ def _fetched(response: httpx.Response, topic: str, partition: int, offset: int) 
     return FetchResponse(topic, partition, out, doc["next_offset"], doc["high_watermark"])
 
 
-def _group_offsets(response: httpx.Response) -> list[GroupOffset]:
+def _group_offsets(response: _Reply) -> list[GroupOffset]:
     doc = _json(response)
     return [
         GroupOffset(o["topic"], o["partition"], o["offset"], o["metadata"], o["committed_ms"])
@@ -442,15 +481,101 @@ def _client_headers(token: str | None) -> dict[str, str]:
     return {"authorization": f"Bearer {token}"} if token else {}
 
 
-def _unavailable(base_url: str, exc: httpx.TransportError) -> Unavailable:
+def _unavailable(base_url: str, exc: Exception) -> Unavailable:
     return Unavailable(f"cannot reach the gateway at {base_url}: {type(exc).__name__}: {exc}")
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection to an ``http://`` gateway (h11 frames it).
+
+    A whole request goes out in one ``sendall``. Before a connection is reused
+    it must be idle for less than :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the
+    server's keep-alive timeout) and have nothing to read (a server that closed
+    it leaves an EOF there): otherwise a new one is opened, so that a request
+    is never sent on a connection the server is closing. Not thread-safe, like
+    the client that owns it.
+    """
+
+    def __init__(self, url: httpx.URL, headers: Mapping[str, str]) -> None:
+        self.address = (url.host, url.port or 80)
+        self.prefix = url.raw_path.decode("ascii").rstrip("/")
+        host = url.netloc.decode("ascii")
+        self.origin = f"http://{host}"
+        self.headers = [(b"host", host.encode("ascii"))] + [
+            (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
+        ]
+        self._sock: socket.socket | None = None
+        self._h11: h11.Connection | None = None
+        self._idle_since = 0.0
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._h11 = None
+
+    def _ready(self, timeout: float) -> tuple[socket.socket, h11.Connection]:
+        sock, conn = self._sock, self._h11
+        if sock is not None and conn is not None:
+            if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+                conn.start_next_cycle()
+            stale = time.monotonic() - self._idle_since > CLIENT_KEEPALIVE_EXPIRY_S
+            if conn.our_state is h11.IDLE and not stale and not select.select([sock], [], [], 0)[0]:
+                sock.settimeout(timeout)
+                return sock, conn
+            self.close()
+        sock = socket.create_connection(self.address, timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock, self._h11 = sock, h11.Connection(h11.CLIENT)
+        return sock, self._h11
+
+    def request(self, call: _Call, timeout: float) -> _Reply:
+        target = self.prefix + call.path
+        if call.params:
+            target += "?" + urlencode(call.params)
+        headers = list(self.headers)
+        if call.headers:
+            headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in call.headers.items()]
+        body = call.content
+        if body is not None or call.method == "POST":
+            headers.append((b"content-length", b"%d" % len(body or b"")))
+        sock, conn = self._ready(timeout)
+        try:
+            data = conn.send(h11.Request(method=call.method, target=target, headers=headers))
+            if body:
+                data += conn.send(h11.Data(data=body))
+            sock.sendall(data + conn.send(h11.EndOfMessage()))
+            status = 0
+            reply_headers: dict[str, str] = {}
+            chunks: list[bytes] = []
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(sock.recv(65536))
+                elif isinstance(event, h11.Response):
+                    status = event.status_code
+                    for name, value in event.headers:
+                        reply_headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+                elif isinstance(event, h11.Data):
+                    chunks.append(bytes(event.data))
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed):
+                    raise h11.RemoteProtocolError("the gateway closed the connection mid-response")
+        except (OSError, h11.ProtocolError):
+            self.close()
+            raise
+        if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+            self.close()
+        self._idle_since = time.monotonic()
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return _Reply(status, reply_headers, body, call.method, self.origin + target)
 
 
 # ------------------------------------------------------------------ clients
 
 
 class Client:
-    """Synchronous client of one gateway's local API (one keep-alive connection pool)."""
+    """Synchronous client of one gateway's local API (one keep-alive connection)."""
 
     def __init__(
         self,
@@ -462,29 +587,41 @@ class Client:
     ) -> None:
         self.base_url = _base_url(base_url)
         self.timeout = timeout
-        self._http = httpx.Client(
-            base_url=self.base_url,
-            headers=_client_headers(token),
-            timeout=timeout,
-            transport=transport,
-        )
+        url = httpx.URL(self.base_url)
+        self._conn: _Connection | None = None
+        self._http: httpx.Client | None = None
+        if transport is None and url.scheme == "http":
+            self._conn = _Connection(url, _client_headers(token))
+        else:
+            self._http = httpx.Client(
+                base_url=self.base_url,
+                headers=_client_headers(token),
+                timeout=timeout,
+                transport=transport,
+            )
 
     @classmethod
     def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
         """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
         return cls(read_addr_file(data_dir), **kwargs)
 
-    def _send(self, call: _Call) -> httpx.Response:
+    def _send(self, call: _Call) -> _Reply:
+        timeout = call.timeout if call.timeout is not None else self.timeout
         try:
-            return self._http.request(
-                call.method,
-                call.path,
-                params=call.params,
-                headers=call.headers,
-                content=call.content,
-                timeout=call.timeout if call.timeout is not None else self.timeout,
+            if self._conn is not None:
+                return self._conn.request(call, timeout)
+            assert self._http is not None
+            return _reply_of(
+                self._http.request(
+                    call.method,
+                    call.path,
+                    params=call.params,
+                    headers=call.headers,
+                    content=call.content,
+                    timeout=timeout,
+                )
             )
-        except httpx.TransportError as exc:
+        except (httpx.TransportError, OSError, h11.ProtocolError) as exc:
             raise _unavailable(self.base_url, exc) from exc
 
     def produce(
@@ -547,7 +684,7 @@ class Client:
     def healthy(self) -> bool:
         """True when the gateway answers /healthz with 200."""
         try:
-            return self._send(_Call("GET", "/healthz")).status_code == 200
+            return self._send(_Call("GET", "/healthz")).status == 200
         except Unavailable:
             return False
 
@@ -568,7 +705,10 @@ class Client:
         )
 
     def close(self) -> None:
-        self._http.close()
+        if self._conn is not None:
+            self._conn.close()
+        if self._http is not None:
+            self._http.close()
 
     def __enter__(self) -> Self:
         return self
@@ -607,9 +747,9 @@ class AsyncClient:
         """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
         return cls(read_addr_file(data_dir), **kwargs)
 
-    async def _send(self, call: _Call) -> httpx.Response:
+    async def _send(self, call: _Call) -> _Reply:
         try:
-            return await self._http.request(
+            response = await self._http.request(
                 call.method,
                 call.path,
                 params=call.params,
@@ -619,6 +759,7 @@ class AsyncClient:
             )
         except httpx.TransportError as exc:
             raise _unavailable(self.base_url, exc) from exc
+        return _reply_of(response)
 
     async def produce(
         self,
@@ -684,7 +825,7 @@ class AsyncClient:
     async def healthy(self) -> bool:
         """True when the gateway answers /healthz with 200."""
         try:
-            return (await self._send(_Call("GET", "/healthz"))).status_code == 200
+            return (await self._send(_Call("GET", "/healthz"))).status == 200
         except Unavailable:
             return False
 

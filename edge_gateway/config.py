@@ -189,9 +189,10 @@ class ApiConfig(ListenAddress):
     max_wait_ms: int = 60_000
     #: Serve ``/metrics`` without the token (Prometheus scrapers often have none).
     public_metrics: bool = True
-    #: The HTTP server: ``hypercorn`` (default) or ``builtin`` (h11-based, about
-    #: 2.5x less CPU per request; see docs/api.md "Choosing the server").
-    server: Literal["hypercorn", "builtin"] = "hypercorn"
+    #: The HTTP server: ``builtin`` (default: edgegw's own HTTP/1.1 server, a fast
+    #: path for plain requests and h11 for the rest) or ``hypercorn``; see
+    #: docs/api.md "Choosing the server".
+    server: Literal["hypercorn", "builtin"] = "builtin"
     #: Seconds a connection may wait for its next complete request head (idle
     #: keep-alive, or a head still arriving) before the server closes it.
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
@@ -866,7 +867,7 @@ type = "local"
 # listen = "127.0.0.1:{port}"  # a token is required on a non-loopback address
 # token = ""                   # better: EDGEGW_API_TOKEN
 # max_body_bytes = "16MiB"
-# server = "hypercorn"         # or "builtin": less CPU per request (docs/api.md)
+# server = "builtin"           # or "hypercorn" (docs/api.md, "Choosing the server")
 # keep_alive_timeout_s = 75.0  # idle connections (and unfinished request heads) close after
 # read_timeout_s = 60.0        # each read of a request body; 408 and close after
 

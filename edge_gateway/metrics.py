@@ -49,6 +49,9 @@ Families (``_total`` is added to counters by the exposition format):
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
   ``edgegw_task_degraded{task}`` — the supervised tasks (``edge_gateway.supervisor``)
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
+* ``edgegw_api_waits_abandoned_total``: long polls, ``ack=shipped`` waits and
+  syncs ended because their client disconnected; ``edgegw_api_connections``:
+  open connections of the API (the builtin server; absent with hypercorn)
 """
 
 from __future__ import annotations
@@ -185,6 +188,10 @@ class GatewayMetrics:
         )
         # Label tuples by (route, method, code): no str(code) per request.
         self._labels: dict[tuple[str, str, int], tuple[str, str, str]] = {}
+        #: Waits (long polls, ack=shipped, sync) ended by their client's disconnect.
+        self.api_waits_abandoned = 0
+        #: Open API connections right now, when the server can tell (set by serve_api).
+        self.api_connections: Callable[[], int] | None = None
 
     def observe_request(self, route: str, method: str, code: int, seconds: float) -> None:
         """Record one API request (called by the API for every response)."""

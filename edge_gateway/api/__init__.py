@@ -1,7 +1,8 @@
 """The local HTTP API that a site's producers and consumers use (``docs/api.md``).
 
-* :func:`serve_api` — the gateway service: hypercorn on trio, bound to
-  ``api.listen``; add it with ``gateway.add_service("api", serve_api)``;
+* :func:`serve_api` — the gateway service: the builtin HTTP/1.1 server (or
+  hypercorn, ``api.server``) on trio, bound to ``api.listen``; add it with
+  ``gateway.add_service("api", serve_api)``;
 * :func:`create_app` — the ASGI app alone (over a gateway; routing in :mod:`._asgi`);
 * :mod:`edge_gateway.api.wire` — media types, headers and error codes,
   shared with :mod:`edge_gateway.client`.

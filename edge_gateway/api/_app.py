@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import json
 import logging
 import math
 import re
 import time
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
@@ -223,16 +224,32 @@ class ApiApp:
         for scope in list(self._waits):
             scope.cancel()
 
-    @contextlib.contextmanager
-    def _interruptible(self) -> Iterator[trio.CancelScope]:
+    @contextlib.asynccontextmanager
+    async def _interruptible(self, receive: Receive) -> AsyncIterator[trio.CancelScope]:
+        """A scope for a wait that may last (a long poll, ``ack=shipped``, a sync):
+        cancelled when the API stops or when the client goes away (``receive()``
+        says ``http.disconnect``), so that nobody waits for an answer no one reads."""
         with trio.CancelScope() as scope:
             if self._stopping:
                 scope.cancel()
             self._waits.add(scope)
             try:
-                yield scope
+                async with trio.open_nursery() as watcher:
+                    watcher.start_soon(self._cancel_on_disconnect, receive, scope)
+                    try:
+                        yield scope
+                    finally:
+                        watcher.cancel_scope.cancel()
             finally:
                 self._waits.discard(scope)
+
+    async def _cancel_on_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
+        # Past what is left of the body (the servers hand it over first),
+        # receive() returns only when the client has gone.
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.metrics.api_waits_abandoned += 1
+        scope.cancel()
 
     # ---------------------------------------------------------------- errors
 
@@ -382,7 +399,7 @@ class ApiApp:
         self._require_type(headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
         records = _codec.produce_records(await self._body(headers.get("content-length"), receive))
         res = await self.gateway.produce(topic, records)
-        return await self._produced(res, ack)
+        return await self._produced(res, ack, receive)
 
     async def _produce_batch(
         self,
@@ -410,15 +427,26 @@ class ApiApp:
                 "(send exactly one batch per request)",
             )
         res = await self.gateway.produce_batch(topic, partition, body)
-        return await self._produced(res, ack)
+        return await self._produced(res, ack, receive)
 
-    async def _produced(self, res: ProduceResult, ack: _codec.Ack) -> Response:
+    async def _produced(self, res: ProduceResult, ack: _codec.Ack, receive: Receive) -> Response:
+        if ack != "shipped":
+            # The hot path: the JSON of the answer written directly (the same
+            # bytes as JSONResponse would render), with precomputed headers.
+            body = b'{"topic":%b,"offsets":[%b],"shipped":false}' % (
+                _json_string(res.topic),
+                b",".join(
+                    b'{"partition":%d,"offset":%d}' % po
+                    for po in zip(res.partitions, res.offsets, strict=True)
+                ),
+            )
+            return Response.of(body, [(b"content-length", b"%d" % len(body)), _JSON_TYPE])
         offsets = [
             {"partition": p, "offset": o} for p, o in zip(res.partitions, res.offsets, strict=True)
         ]
         if ack == "shipped":
             done = False
-            with self._interruptible():
+            async with self._interruptible(receive):
                 await self.gateway.shipper.wait_shipped(res.last_lsn)
                 done = True
             if not done:
@@ -446,7 +474,7 @@ class ApiApp:
         gw = self.gateway
         res = await gw.fetch(topic, partition, offset, max_records=max_records, max_bytes=max_bytes)
         if not res.records and wait_ms > 0:
-            with self._interruptible():
+            async with self._interruptible(request.receive):
                 res = await gw.fetch(
                     topic,
                     partition,
@@ -478,7 +506,7 @@ class ApiApp:
     async def sync(self, request: Request) -> Response:
         # ?pull=false ships only. Ends (503) when the API stops, like a long poll.
         pull = request.query_params.get("pull", "true").lower() not in ("false", "0", "no")
-        with self._interruptible() as scope:
+        async with self._interruptible(request.receive) as scope:
             result = await self.gateway.sync_now(pull=pull)
         if scope.cancelled_caught:
             raise Unavailable("the gateway is shutting down")
@@ -529,6 +557,7 @@ class _Exchange:
     """
 
     __slots__ = (
+        "_buffered",
         "_receive",
         "_send",
         "body_done",
@@ -555,8 +584,18 @@ class _Exchange:
         self.responded = False
         self.received = 0
         self.body_done = not _has_body(scope)
+        extensions = scope.get("extensions")
+        #: The whole body, when the server read it with the head (the builtin server).
+        self._buffered: bytes | None = extensions.get(BUFFERED_BODY) if extensions else None
 
     async def receive(self) -> Message:
+        if self._buffered is not None:
+            # In hand already: no read, no deadline. The server's own receive()
+            # still returns it first; a disconnect watcher reads past it.
+            body, self._buffered = self._buffered, None
+            self.received = len(body)
+            self.body_done = True
+            return {"type": "http.request", "body": body, "more_body": False}
         if self.body_done:  # only a disconnect is left to wait for: no deadline
             return await self._receive()
         try:
@@ -602,6 +641,10 @@ def _header(scope: Scope, name: bytes) -> bytes | None:
     return None
 
 
+def _json_string(text: str) -> bytes:
+    return json.dumps(text, ensure_ascii=False).encode("utf-8")
+
+
 def _has_body(scope: Scope) -> bool:
     length = _header(scope, b"content-length")
     if length is not None:
@@ -609,6 +652,9 @@ def _has_body(scope: Scope) -> bool:
     return _header(scope, b"transfer-encoding") is not None
 
 
+#: ASGI scope extension: the complete request body, read by the server with the head.
+BUFFERED_BODY: Final = "edgegw.buffered_body"
+_JSON_TYPE: Final = (b"content-type", JSON_MEDIA_TYPE.encode("ascii"))
 _INTERNAL_MESSAGE: Final = "internal error; the gateway's log has the details"
 RECORDS_ROUTE: Final = "/v1/topics/{topic}/records"
 BATCHES_ROUTE: Final = "/v1/topics/{topic}/partitions/{partition}/batches"

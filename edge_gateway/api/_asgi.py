@@ -106,6 +106,18 @@ class Response:
             raw.append((b"content-type", media.encode("latin-1")))
         self.headers = raw
 
+    @classmethod
+    def of(
+        cls, body: bytes, headers: list[tuple[bytes, bytes]], status_code: int = 200
+    ) -> Response:
+        """A response of ready bytes: ``headers`` (lower-case names) must hold
+        ``content-length`` and ``content-type`` already (a hot path's precomputed ones)."""
+        self = cls.__new__(cls)
+        self.status_code = status_code
+        self.body = body
+        self.headers = headers
+        return self
+
     def render(self, content: Any) -> bytes:
         return content if isinstance(content, bytes) else str(content).encode("utf-8")
 

@@ -48,6 +48,9 @@ def _reject_constant(name: str) -> Any:
     raise InvalidInput(f"{name} is not valid JSON")
 
 
+_DECODER: Final = json.JSONDecoder(parse_constant=_reject_constant)
+
+
 def nesting_refusal(body: bytes, limit: int) -> str | None:
     """Why the JSON text ``body`` may not be parsed: it nests arrays and objects deeper
     than ``limit``, or its quotes and brackets do not pair up; None when neither.
@@ -92,7 +95,9 @@ def loads(body: bytes, what: str = "body") -> Any:
             f"{what} {refusal} (a record value may nest at most {MAX_VALUE_DEPTH} levels)"
         )
     try:
-        return json.loads(body, parse_constant=_reject_constant)
+        # json.loads(body, parse_constant=...) builds a decoder per call (~15 us
+        # on the produce path); this is its bytes handling with one decoder.
+        return _DECODER.decode(body.decode(json.detect_encoding(body), "surrogatepass"))
     except InvalidInput as exc:
         raise InvalidInput(f"{what} is not valid JSON: {exc}") from None
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError

@@ -91,9 +91,9 @@ async def serve_api(
     :data:`GRACEFUL_TIMEOUT_S` to finish; then the address file is removed.
 
     ``server`` picks the HTTP server (default: ``api.server`` of the
-    config): ``hypercorn`` (the default: a well-kept, hardened server) or
-    ``builtin`` (:mod:`._http11`, on h11: ~2.5x less CPU per request, for
-    sites where produce latency matters most; see docs/api.md).
+    config): ``builtin`` (the default: :mod:`._http11`, a fast path for plain
+    requests and h11 for the rest) or ``hypercorn`` (a general ASGI server,
+    ~4x the CPU per small request); see docs/api.md, "Choosing the server".
     """
     server = server or gateway.config.api.server
     app = ApiApp(gateway)
@@ -126,6 +126,7 @@ async def serve_api(
             http = Http11Server(
                 cast(Any, app), log=log, keep_alive_timeout=gateway.config.api.keep_alive_timeout_s
             )
+            app.metrics.api_connections = lambda: http.connections
 
             async def run_builtin(*, task_status: trio.TaskStatus[None]) -> None:
                 with server_scope:
@@ -153,6 +154,7 @@ async def serve_api(
             task_status.started((host, port))
             await trio.sleep_forever()
         finally:
+            app.metrics.api_connections = None
             app.begin_shutdown()
             begin_stop()
             server_scope.deadline = trio.current_time() + graceful + 2.0

@@ -11,7 +11,9 @@ An `edgegw serve` process per server (``api.server`` = ``hypercorn`` and
   closes after ``api.read_timeout_s`` — a hundred such connections at once;
   a slow body whose reads each bring data in time is served;
 * requests that rightly take longer than the read timeout once their body
-  is in (a long poll) are not cut.
+  is in (a long poll) are not cut;
+* a long poll whose client disconnects ends then (not at its ``wait_ms``),
+  and bytes of a pipelined request during a poll are no disconnect.
 
 The limits are ``keep_alive_timeout_s = 10`` (above hypercorn's own default
 of 5 s, which the server used to keep) and ``read_timeout_s = 4``. Checks are
@@ -227,6 +229,83 @@ async def test_a_long_poll_longer_than_the_read_timeout_is_not_cut(gateway: Gate
         # ... and the connection is still usable.
         await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
         assert (await read_response(stream))[0] == 200
+
+
+FETCH_ROUTE = "/v1/topics/{topic}/partitions/{partition}/records"
+
+
+async def metric_lines(gw: Gateway) -> list[str]:
+    async with await connect(gw) as stream:
+        await stream.send_all(b"GET /metrics HTTP/1.1\r\nHost: gw\r\n\r\n")
+        status, _, body = await read_response(stream)
+    assert status == 200
+    return body.decode().splitlines()
+
+
+async def finished_fetches(gw: Gateway) -> int:
+    """How many fetches the gateway has finished (its request histogram's count)."""
+    total = 0
+    for line in await metric_lines(gw):
+        if line.startswith("edgegw_api_request_seconds_count{") and FETCH_ROUTE in line:
+            total += int(float(line.rsplit(" ", 1)[1]))
+    return total
+
+
+def metric(lines: list[str], name: str) -> float | None:
+    for line in lines:
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+async def test_a_client_that_leaves_a_long_poll_ends_it(gateway: Gateway) -> None:
+    """A long poll whose client disconnects ends then, not at its wait_ms: the
+    server does not hold a wait (and its connection) for an answer no one reads."""
+    before = await finished_fetches(gateway)
+    abandoned = metric(await metric_lines(gateway), "edgegw_api_waits_abandoned_total")
+    assert abandoned is not None
+    async with await connect(gateway) as stream:
+        await stream.send_all(b"GET /v1/topics/t HTTP/1.1\r\nHost: gw\r\n\r\n")
+        offset = json.loads((await read_response(stream))[2])["partitions"][0]["next_offset"]
+        # A wait far above the bound below: only the disconnect can end it in time.
+        path = f"/v1/topics/t/partitions/0/records?offset={offset}&wait_ms=600000"
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n".encode())
+        await stays_open(stream, 1.0)  # the poll is waiting
+        connections = metric(await metric_lines(gateway), "edgegw_api_connections")
+        if '"builtin"' in gateway.config.read_text():  # hypercorn does not tell
+            assert connections is not None
+            assert connections >= 2  # this one and the scrape's
+        else:
+            assert connections is None
+    with trio.fail_after(GENEROUS_S):
+        while await finished_fetches(gateway) == before:  # noqa: ASYNC110 (another process)
+            await trio.sleep(0.2)
+    lines = await metric_lines(gateway)
+    assert metric(lines, "edgegw_api_waits_abandoned_total") == abandoned + 1
+    # The gateway serves on.
+    async with await connect(gateway) as stream:
+        await stream.send_all(post_head("/v1/topics/t/records", len(ONE)) + ONE)
+        assert (await read_response(stream))[0] == 200
+
+
+async def test_a_long_poll_keeps_a_pipelined_request_for_after_it(gateway: Gateway) -> None:
+    """Bytes that arrive during a long poll (a pipelined request) are not taken
+    for a disconnect, and are served after the poll."""
+    async with await connect(gateway) as stream:
+        path = "/v1/topics/t/partitions/0/records?offset=1000000&wait_ms=1500"
+        await stream.send_all(f"GET {path} HTTP/1.1\r\nHost: gw\r\n\r\n".encode())
+        await trio.sleep(0.3)
+        await stream.send_all(b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n")
+        raw = b""
+        with trio.fail_after(GENEROUS_S):  # both answers, maybe in one read
+            while raw.count(b"HTTP/1.1 ") < 2 or not raw.endswith(b"}"):
+                data = await stream.receive_some(65536)
+                assert data, f"closed before both responses: {raw!r}"
+                raw += data
+        first, second = raw.split(b"HTTP/1.1 ")[1:]
+        assert first.startswith(b"200 "), raw  # the poll's (empty) answer
+        assert second.startswith(b"200 "), raw
+        assert b'"status":"ok"' in second, raw
 
 
 # ---------------------------------------------------------------- defaults

@@ -1,0 +1,158 @@
+"""The builtin server's fast path parser (``_parse_head``), sans-IO, against h11.
+
+The fast path must take only requests that h11 accepts with the same meaning
+(method, target, headers, body length) and leave everything else to h11: a
+request it takes must never be one h11 would refuse or frame differently
+(request smuggling lives in such gaps). Checked on chosen heads, fed whole and
+one byte at a time, and on heads that Hypothesis builds from valid and
+hostile pieces.
+"""
+
+from __future__ import annotations
+
+import h11
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from edge_gateway.api._http11 import _DECLINE, _parse_head
+
+MAX = 16 * 1024
+
+
+def h11_view(raw: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int] | None:
+    """What h11 makes of the head at the start of ``raw``; None if it refuses it."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX)
+    conn.receive_data(raw)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError:
+        return None
+    if not isinstance(event, h11.Request):
+        return None
+    headers = [(bytes(k), bytes(v)) for k, v in event.headers]
+    lengths = [v for k, v in headers if k == b"content-length"]
+    return event.method, event.target, headers, int(lengths[0]) if lengths else 0
+
+
+def agrees_with_h11(raw: bytes) -> None:
+    head = _parse_head(raw, MAX)
+    assert head is not None, "a complete head was taken for an incomplete one"
+    if head is _DECLINE:
+        return
+    view = h11_view(raw)
+    assert view is not None, f"the fast path took a head that h11 refuses: {raw!r}"
+    assert (head.method, head.target, head.headers, head.length) == view
+    assert head.end == raw.index(b"\r\n\r\n") + 4
+
+
+PLAIN = (
+    b"POST /v1/topics/t/records?ack=local HTTP/1.1\r\nHost: gw:8470\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 27\r\n"
+    b"User-Agent: python-httpx/0.28\r\nAccept: */*\r\n\r\n"
+)
+
+
+def test_a_plain_request_is_taken_as_h11_reads_it() -> None:
+    agrees_with_h11(PLAIN)
+    head = _parse_head(PLAIN + b'{"records":[{"value":"x"}]}', MAX)
+    assert head is not None
+    assert head is not _DECLINE
+    assert head.method == b"POST"
+    assert head.target == b"/v1/topics/t/records?ack=local"
+    assert head.length == 27
+    assert (b"content-type", b"application/json") in head.headers
+
+
+def test_fed_one_byte_at_a_time_it_waits_for_the_whole_head() -> None:
+    for n in range(len(PLAIN)):
+        assert _parse_head(PLAIN[:n], MAX) is None, n
+    agrees_with_h11(PLAIN)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # framing and connection management stay with h11
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 0x5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nUpgrade: websocket\r\n\r\n",
+        # other versions, forms and malformed heads
+        b"GET / HTTP/1.0\r\n\r\n",
+        b"GET / HTTP/1.0\r\nHost: a\r\n\r\n",
+        b"GET http://a/ HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET * HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET  / HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"GET / HTTP/1.1\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX-Folded: a\r\n b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX-Bad : a\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX-Bad: \x80\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nX-Bad: a\x00b\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: a\r\nbad header\r\n\r\n",
+        b"GET / HTTP/1.1\nHost: a\n\n\r\n\r\n",
+        b"\r\nGET / HTTP/1.1\r\nHost: a\r\n\r\n",
+        b"G\xc3\xa9T / HTTP/1.1\r\nHost: a\r\n\r\n",
+    ],
+)
+def test_anything_unusual_is_left_to_h11(raw: bytes) -> None:
+    assert _parse_head(raw, MAX) is _DECLINE
+
+
+def test_an_oversized_head_is_left_to_h11() -> None:
+    # h11 answers 431 while such a head is incomplete (as the server always did).
+    big = b"GET / HTTP/1.1\r\nHost: a\r\nX-Big: " + b"a" * MAX
+    assert _parse_head(big, MAX) is _DECLINE
+    assert _parse_head(big + b"\r\n\r\n", MAX) is _DECLINE
+
+
+_TOKEN = st.text("abcXYZ-_!#019", min_size=1, max_size=8).map(str.encode)
+_VALUE = st.one_of(
+    st.text("abc XYZ/;=,.-019\t", max_size=12).map(str.encode),
+    st.binary(max_size=6),  # control characters, CR/LF, obs-text
+)
+_HEADER = st.one_of(
+    st.tuples(_TOKEN, _VALUE),
+    st.tuples(
+        st.sampled_from(
+            [b"Host", b"host", b"Content-Length", b"content-length", b"Transfer-Encoding"]
+        ),
+        st.one_of(st.sampled_from([b"0", b"12", b" 7 ", b"a", b"chunked", b"-1"]), _VALUE),
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    method=st.sampled_from([b"GET", b"POST", b"HEAD", b"PUT", b"G T", b""]),
+    target=st.one_of(
+        st.sampled_from([b"/", b"/v1/topics/t/records?x=1", b"*"]), st.binary(max_size=8)
+    ),
+    version=st.sampled_from([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/2", b"http/1.1"]),
+    headers=st.lists(_HEADER, max_size=6),
+    host_first=st.booleans(),
+    sep=st.sampled_from([b": ", b":", b":\t", b" : "]),
+)
+def test_whatever_the_fast_path_takes_h11_reads_the_same(
+    method: bytes,
+    target: bytes,
+    version: bytes,
+    headers: list[tuple[bytes, bytes]],
+    host_first: bool,
+    sep: bytes,
+) -> None:
+    if host_first:
+        headers = [(b"Host", b"gw"), *headers]
+    lines = [method + b" " + target + b" " + version]
+    lines += [name + sep + value for name, value in headers]
+    raw = b"\r\n".join(lines) + b"\r\n\r\n"
+    if raw.count(b"\r\n\r\n") != 1:
+        return  # a value holding the terminator: another request altogether
+    agrees_with_h11(raw)
