@@ -419,7 +419,7 @@ class ApiApp:
         if ack == "shipped":
             done = False
             with self._interruptible():
-                await self.gateway.shipper.wait_shipped(res.last_lsn)
+                await self.gateway.wait_shipped(res)
                 done = True
             if not done:
                 return error_response(

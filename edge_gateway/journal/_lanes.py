@@ -24,21 +24,23 @@ lane's journal directly.
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from pathlib import Path
 from typing import NamedTuple
 
 import trio
 
-from edge_gateway.errors import InvalidInput
+from edge_gateway.errors import ConfigError, InvalidInput
 from edge_gateway.format.entry import Entry
 from edge_gateway.journal._config import JournalConfig
-from edge_gateway.journal._journal import Journal, OffsetOutOfRange
+from edge_gateway.journal._journal import Journal, OffsetOutOfRange, open_journal
 from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, Priority
 
 log = logging.getLogger("edgegw.journal")
 
-__all__ = ["LaneAppended", "Lanes"]
+__all__ = ["LaneAppended", "Lanes", "lane_path", "lanes_on_disk", "open_lanes", "refuse_lanes"]
 
 
 class LaneAppended(NamedTuple):
@@ -270,3 +272,56 @@ class Lanes:
 
     def __contains__(self, lane: object) -> bool:
         return lane in self.journals
+
+
+def lane_path(main: Path, lane: Lane) -> Path:
+    """The journal directory of ``lane``: ``main`` itself for the normal lane, else
+    ``<main>-<priority>`` beside it (``journal-critical``, ``journal-bulk``)."""
+    return main if lane.is_main else main.with_name(f"{main.name}-{lane.priority.value}")
+
+
+def lanes_on_disk(main: Path) -> set[Lane]:
+    """The lanes whose journal directory exists beside ``main`` (the normal lane always)."""
+    found = {MAIN_LANE}
+    for priority in Priority:
+        lane = Lane(priority)
+        if lane_path(main, lane).is_dir():
+            found.add(lane)
+    return found
+
+
+def refuse_lanes(main: Path, command: str) -> None:
+    """Refuse a command that ships or rebuilds only the normal lane's journal on a data
+    directory that has other lanes: it would ship their data never, or twice."""
+    others = sorted(lane_path(main, lane).name for lane in lanes_on_disk(main) - {MAIN_LANE})
+    if others:
+        raise ConfigError(
+            f"{command} does not handle journal lanes yet, and this data directory has "
+            f"{', '.join(others)} beside {main.name} (topic priorities): start the gateway, "
+            "which ships every lane (and `edgegw sync` asks a running gateway to)"
+        )
+
+
+@contextlib.asynccontextmanager
+async def open_lanes(
+    main: Path,
+    config: JournalConfig,
+    priorities: Iterable[Priority],
+    priority_of: Callable[[str], Priority],
+) -> AsyncIterator[Lanes]:
+    """Open the normal lane's journal at ``main`` and one per other priority in
+    ``priorities`` -- or on disk: a lane that still holds data is always opened,
+    whatever the configuration says now."""
+    wanted = lanes_on_disk(main) | {Lane(p) for p in priorities}
+    async with contextlib.AsyncExitStack() as stack:
+        journals = {
+            lane: await stack.enter_async_context(open_journal(lane_path(main, lane), config))
+            for lane in sorted(wanted, key=lambda lane: lane.rank)
+        }
+        if len(journals) > 1:
+            log.info(
+                "journal: lanes %s (%s)",
+                ", ".join(str(lane) for lane in journals),
+                ", ".join(str(lane_path(main, lane)) for lane in journals),
+            )
+        yield Lanes(journals, priority_of, config)
