@@ -261,15 +261,15 @@ class Gateway:
 
     def priority_of(self, topic: str) -> Priority:
         """The priority of a topic homed here (``normal`` unless ``[[topics]]`` says else)."""
-        for t in self._topology:
-            if t.name == topic and t.home == self.region:
-                return t.priority
-        return Priority.NORMAL
+        return self._priorities.get(topic, Priority.NORMAL)
 
     def _set_topology(self, topology: Sequence[TopicConfig]) -> None:
         """Rebuild the topic table from ``topology`` (plus topics auto-created here)."""
         self._topology = tuple(topology)
         self._homes = {t.name: t.home for t in self._topology}
+        self._priorities = {t.name: t.priority for t in self._topology if t.home == self.region}
+        if getattr(self, "_lanes", None) is not None:
+            self.lanes.priorities_changed()
         self._topics = {}
         for t in self._topology:
             self._add_topic(t)

@@ -68,6 +68,8 @@ class Lanes:
     ) -> None:
         if MAIN_LANE not in journals:
             raise InvalidInput("the normal lane's journal is required")
+        #: More than one lane: log objects carry a lane table (version 2).
+        self.multi = len(journals) > 1
         #: In drain order (critical, normal, bulk).
         self.journals: dict[Lane, Journal] = dict(
             sorted(journals.items(), key=lambda item: item[0].rank)
@@ -80,12 +82,20 @@ class Lanes:
         self._last_lsn: dict[tuple[str, int], int] = {}
         self._pending_moves: set[tuple[str, int]] = set()
         self._moves = 0
+        # The append path's shortcuts (it runs per record batch): per lane, its
+        # journal and reserve, and the other lanes' (for its budget); per
+        # partition whose lane is settled (its owner is the lane it wants),
+        # the lane's index in them.
+        cfg = self._config
+        self._plan = [(j, cfg.reserved(lane.priority)) for lane, j in self.journals.items()]
+        self._pool = cfg.max_bytes - sum(r for _, r in self._plan)
+        self._others = [
+            [other for k, other in enumerate(self._plan) if k != i] for i in range(len(self._plan))
+        ]
+        self._index = {lane: i for i, lane in enumerate(self.journals)}
+        self._lane_at = list(self.journals)
+        self._settled: dict[tuple[str, int], int] = {}
         self._fit_budgets()
-
-    @property
-    def multi(self) -> bool:
-        """More than one lane: log objects carry a lane table (version 2)."""
-        return len(self.journals) > 1
 
     def lane_for(self, topic: str) -> Lane:
         """The lane the configuration puts ``topic`` in (one that is open here)."""
@@ -161,17 +171,28 @@ class Lanes:
 
     # ---------------------------------------------------------------- budget
 
+    def _fit(self, i: int) -> None:
+        """Give lane ``i`` its reserve plus the shared bytes the others leave (see above).
+
+        Done before each of the lane's appends, so it always sees the others'
+        use as it is now: a lane's budget only matters to its own appends.
+        """
+        j, reserve = self._plan[i]
+        taken = 0
+        for other, r in self._others[i]:
+            used = other.disk_bytes
+            if used > r:
+                taken += used - r
+        j.set_budget(reserve + self._pool - taken)
+
     def _fit_budgets(self) -> None:
-        """Give each lane its reserve plus the shared bytes the others leave (see above)."""
-        if not self.multi:
-            return
-        cfg = self._config
-        reserve = {lane: cfg.reserved(lane.priority) for lane in self.journals}
-        pool = cfg.max_bytes - sum(reserve.values())
-        excess = {lane: max(0, j.disk_bytes - reserve[lane]) for lane, j in self.journals.items()}
-        total_excess = sum(excess.values())
-        for lane, j in self.journals.items():
-            j.set_budget(reserve[lane] + pool - (total_excess - excess[lane]))
+        if self.multi:
+            for i in range(len(self._plan)):
+                self._fit(i)
+
+    def priorities_changed(self) -> None:
+        """The topics' priorities may have changed: route each partition afresh."""
+        self._settled.clear()
 
     def budgets(self) -> dict[Lane, int]:
         """Each lane's disk budget now (bytes)."""
@@ -184,10 +205,22 @@ class Lanes:
         self, topic: str, partition: int, batch: bytes | bytearray | memoryview
     ) -> LaneAppended:
         """Append to the partition's lane (see :meth:`Journal.append_nowait`)."""
-        lane = self._route(topic, partition)
-        self._fit_budgets()
-        res = self.journals[lane].append_nowait(topic, partition, batch)
-        self._last_lsn[(topic, partition)] = res.lsn
+        if not self.multi:
+            res = self.main.append_nowait(topic, partition, batch)
+            return LaneAppended(MAIN_LANE, res.lsn, res.base_offset, res.count)
+        key = (topic, partition)
+        i = self._settled.get(key)
+        if i is None:
+            lane = self._route(topic, partition)
+            i = self._index[lane]
+            if lane == self.lane_for(topic):
+                self._settled[key] = i
+        self._fit(i)
+        lane = self._lane_at[i]
+        res = self._plan[i][0].append_nowait(topic, partition, batch)
+        if key in self._pending_moves:
+            # Only a partition waiting to move needs its last LSN in the old lane.
+            self._last_lsn[key] = res.lsn
         return LaneAppended(lane, res.lsn, res.base_offset, res.count)
 
     async def append(

@@ -90,6 +90,7 @@ async def test_a_moved_topic_stays_in_its_lane_until_shipped_there(
         await _produce(lanes, "t", 5)
         await _produce(lanes, "t", 2, partition=1)
         prio.topics["t"] = Priority.CRITICAL  # the configuration changes
+        lanes.priorities_changed()
         # Not shipped yet from the normal lane: appends stay there (pinned).
         assert await _produce(lanes, "t", 2) == [MAIN_LANE] * 2
         assert lanes.pending_moves == 1
@@ -130,6 +131,7 @@ async def test_a_move_back_waits_for_the_new_lane_to_ship(tmp_path: Path) -> Non
     async with open_lanes(tmp_path / "journal", CFG, {Priority.CRITICAL}, prio) as lanes:
         await _produce(lanes, "t", 2)
         prio.topics["t"] = Priority.NORMAL
+        lanes.priorities_changed()
         # Reopen-safe bound: unknown last LSN this run would be the lane's last.
         assert await _produce(lanes, "t", 1) == [CRITICAL]
         crit = lanes.journals[CRITICAL]
@@ -159,6 +161,11 @@ async def test_wait_for_wakes_on_an_append_in_any_lane(tmp_path: Path) -> None:
                 await woke.wait()
 
 
+def fill(lanes: Lanes, topic: str, record: bytes, n: int) -> None:
+    for _ in range(n):
+        lanes.append_nowait(topic, 0, record)
+
+
 async def test_reserve_keeps_room_for_its_lane(tmp_path: Path) -> None:
     cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=1 * MiB, reserve={"critical": 256 << 10})
     prio = Priorities(alarms=Priority.CRITICAL, logs=Priority.BULK)
@@ -174,8 +181,7 @@ async def test_reserve_keeps_room_for_its_lane(tmp_path: Path) -> None:
         # Bulk fills the shared pool (nothing is shipped) until it is refused ...
         record = encode_record(b"x" * 2000, timestamp=1)
         with pytest.raises(JournalFull):
-            for _ in range(10_000):
-                lanes.append_nowait("logs", 0, record)
+            fill(lanes, "logs", record, 10_000)
         bulk = lanes.journals[BULK]
         assert bulk.disk_bytes <= 1 * MiB - (256 << 10)
         # ... and the critical lane still has its reserve.
@@ -189,8 +195,7 @@ async def test_reserve_keeps_room_for_its_lane(tmp_path: Path) -> None:
         assert total <= 1 * MiB
         # the normal lane has no reserve: the pool is gone
         with pytest.raises(JournalFull):
-            for _ in range(1000):
-                lanes.append_nowait("metrics", 0, record)
+            fill(lanes, "metrics", record, 1000)
         # Bulk shipped: its segments go, and the space is shared again.
         await bulk.flush()
         bulk.set_safe_lsn(bulk.next_lsn)
