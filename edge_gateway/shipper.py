@@ -180,6 +180,9 @@ class _WriterState:
     epoch: int
     log_seq: int = 0
     log_lsn: int = 0
+    #: Ids of the lanes other than the normal one this writer shipped from
+    #: (a lane journal of these found empty must be lined up by a claim first).
+    lanes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,19 +383,23 @@ class Shipper:
         log_seq, log_lsn = doc.get("log_seq", 0), doc.get("log_lsn", 0)
         if not isinstance(log_seq, int) or not isinstance(log_lsn, int):
             raise CorruptData("shipper state has a bad log_seq", where=str(self._state_path))
-        return _WriterState(epoch, log_seq, log_lsn)
+        lanes = doc.get("lanes", [])
+        if not isinstance(lanes, list) or not all(isinstance(i, int) for i in lanes):
+            raise CorruptData("shipper state has bad lanes", where=str(self._state_path))
+        return _WriterState(epoch, log_seq, log_lsn, tuple(lanes))
 
     def _save_writer_state(self, state: _WriterState) -> None:
         """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
         tmp = self._state_path.with_suffix(".tmp")
-        data = json.dumps(
-            {
-                "region": self.region,
-                "epoch": state.epoch,
-                "log_seq": state.log_seq,
-                "log_lsn": state.log_lsn,
-            }
-        ).encode()
+        doc: dict[str, object] = {
+            "region": self.region,
+            "epoch": state.epoch,
+            "log_seq": state.log_seq,
+            "log_lsn": state.log_lsn,
+        }
+        if self._multi:
+            doc["lanes"] = sorted(lane.id for lane, _ in self._lanes if not lane.is_main)
+        data = json.dumps(doc).encode()
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
@@ -689,6 +696,15 @@ class Shipper:
         j.set_safe_lsn(head_lsn + 1)
         self._line_up_lanes(state, head_is_ours)
 
+    def _lost_lane_journals(self, written: _WriterState) -> list[Lane]:
+        """Lanes this writer shipped from whose journal is empty now (a lost directory):
+        their partitions' next offsets must come from the log before any append."""
+        return [
+            lane
+            for lane, j in self._lanes
+            if not lane.is_main and lane.id in written.lanes and j.is_new
+        ]
+
     def _line_up_lanes(self, state: LogState, head_is_ours: bool) -> None:
         """The other lanes' watermarks from the head's lane table (docs/protocol.md,
         "Reconciliation"); a head without one (version 1) shipped nothing of them."""
@@ -700,8 +716,11 @@ class Shipper:
             head_lsn = table.get(lane.id, 0) if head_is_ours else 0
             last = j.next_lsn - 1
             if j.is_new and head_lsn > last:
-                # A new or wiped data directory continues the lane's LSNs.
-                j.reset_empty(Checkpoint({}, {}), head_lsn + 1)
+                # A new or wiped journal continues the lane's LSNs, and every
+                # partition's offsets from the log (the lane's partitions are
+                # among them; for the others another lane holds more, and the
+                # partition stays there: Lanes picks the highest).
+                j.reset_empty(Checkpoint(dict(state.next_offsets), {}), head_lsn + 1)
                 last = head_lsn
             elif head_lsn > last:
                 raise Diverged(
@@ -1216,7 +1235,8 @@ class Shipper:
         in the bucket — so the first start of a gateway waits for the bucket
         (and for access to it) before reporting ready.
         """
-        met_bucket = self._load_writer_state() is not None
+        written = self._load_writer_state()
+        met_bucket = written is not None and not self._lost_lane_journals(written)
         if met_bucket:
             task_status.started()
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)

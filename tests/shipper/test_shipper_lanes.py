@@ -9,6 +9,7 @@ claim of a restarted shipper (no gap, no duplicate), and a lane held back by
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +24,7 @@ from edge_gateway.format.manifest import Manifest, log_key
 from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, Lane, Priority
 from edge_gateway.journal._lanes import Lanes, lane_path
 from edge_gateway.regionlog import find_head
-from edge_gateway.shipper import Shipper, ShipperConfig
+from edge_gateway.shipper import Diverged, Shipper, ShipperConfig
 
 FAST = ShipperConfig(
     flush_interval_ms=20,
@@ -201,3 +202,50 @@ async def test_one_lane_writes_version_1(bucket: Bucket, tmp_path: Path) -> None
         assert all_offsets(log, "alarms") == list(range(30))
     finally:
         j.close_sync()
+
+
+async def test_a_wiped_lane_journal_continues_at_the_heads_lane_lsn(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    with open_lanes(tmp_path) as lanes:
+        for topic in TOPICS:
+            produce(lanes, topic, 4)
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        await s.claim()
+        await s.ship_pending()
+        shipped = s.shipped_lsns()
+    # The critical lane's directory is lost (everything in it was shipped).
+    shutil.rmtree(lane_path(tmp_path / "journal", CRITICAL))
+    with open_lanes(tmp_path) as lanes:
+        crit = lanes.journals[CRITICAL]
+        assert crit.is_new
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        # A lane it shipped from is empty: the shipper is not ready before it claimed.
+        written = s._load_writer_state()
+        assert written is not None
+        assert s._lost_lane_journals(written) == [CRITICAL]
+        await s.claim()
+        # LSNs of the lane continue after what the log holds (its checkpoint
+        # first), and so do the offsets of its partitions: never reused.
+        assert crit.statistics().first_lsn == shipped[CRITICAL] + 1
+        assert lanes.owner("alarms", 0) == CRITICAL
+        produce(lanes, "alarms", 2)
+        await s.ship_pending()
+        log = await read_log(bucket)
+        check_lsns(log)
+        assert all_offsets(log, "alarms") == list(range(60))
+
+
+async def test_a_lane_journal_behind_the_log_is_refused(bucket: Bucket, tmp_path: Path) -> None:
+    with open_lanes(tmp_path) as lanes:
+        produce(lanes, "alarms", 4)
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        await s.claim()
+        await s.ship_pending()
+    # Replaced by a journal that holds less than the log says was shipped from it.
+    shutil.rmtree(lane_path(tmp_path / "journal", CRITICAL))
+    with open_lanes(tmp_path) as lanes:
+        produce(lanes, "alarms", 1)
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        with pytest.raises(Diverged, match="lane critical"):
+            await s.claim()
