@@ -127,6 +127,17 @@ def test_after_an_outage_critical_drains_first_and_live_critical_is_not_held(
             "a backlog in every lane",
         )
 
+        # The backlogs are in the metrics, per lane.
+        metrics = httpx.get(f"{a.url}/metrics", timeout=30).text
+        for lane in ("critical", "normal", "bulk"):
+            line = next(
+                x
+                for x in metrics.splitlines()
+                if x.startswith(f'edgegw_lane_backlog_bytes{{lane="{lane}"}}')
+            )
+            assert float(line.split()[-1]) > 0, line
+        assert lanes(a.status())["bulk"]["backlog_bytes"] >= BULK_BACKLOG
+
         # 2. the link returns (capped); marks of the backlogs first
         marks = {t.name: a.next_offsets(t.name) for t in TOPICS}
         bulk_lane = lanes(a.status())["bulk"]
