@@ -1604,18 +1604,20 @@ class Journal:
         return p.next_offset if p else 0
 
     def start_partition(self, topic: str, partition: int, next_offset: int) -> None:
-        """Let a partition that has no entries here start at ``next_offset``.
+        """Let the partition's next append here start at ``next_offset``.
 
         For a topic whose lane changed (``docs/journal.md``, "Lanes"): the new
         lane's journal continues the partition where the old lane's ended, so
-        offsets stay gap-free across lanes. Not durable by itself: the first
-        append records the offset in its entry (and each segment's checkpoint
-        after it), and until then the old lane still knows it.
+        offsets stay gap-free across lanes. If this journal still holds older
+        entries of the partition (it moved away and back), the offsets between
+        are in the other lane: a gap here, read like a mirror gap. Not durable
+        by itself: the first append records the offset in its entry (and each
+        segment's checkpoint after it), and until then the old lane knows it.
         """
         self._check_open()
         t = self._topic(topic)
         p = t.partitions.get(partition) or self._new_partition(t, partition)
-        if p.lsns or p.seg_first or p.next_offset > next_offset:
+        if p.next_offset > next_offset:
             raise InvalidInput(
                 f"{topic}/{partition} already holds offsets up to {p.next_offset} in "
                 f"{self.path}; it cannot start at {next_offset}"

@@ -272,10 +272,16 @@ class Lanes:
         if offset >= self.next_offset(topic, partition):
             return []
         for j in self.journals.values():
-            if j.first_offset(topic, partition) <= offset < j.next_offset(topic, partition):
-                return j.read(
-                    topic, partition, offset, max_records=max_records, max_bytes=max_bytes
-                )
+            if not j.first_offset(topic, partition) <= offset < j.next_offset(topic, partition):
+                continue
+            entries = j.read(topic, partition, offset, max_records=max_records, max_bytes=max_bytes)
+            if not entries or entries[0].base_offset > offset:
+                continue  # the offset is in a gap here: another lane holds it
+            # Stop where this lane's entries skip offsets that another lane holds.
+            for k in range(1, len(entries)):
+                if entries[k].base_offset != entries[k - 1].next_offset:
+                    return entries[:k]
+            return entries
         raise OffsetOutOfRange(topic, partition, offset, self.first_offset(topic, partition))
 
     async def wait_for(self, topic: str, partition: int, offset: int) -> None:

@@ -7,6 +7,7 @@ with reserves, reopen, and a data directory written before lanes existed.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import tarfile
 from pathlib import Path
@@ -139,6 +140,37 @@ async def test_a_move_back_waits_for_the_new_lane_to_ship(tmp_path: Path) -> Non
         crit.set_safe_lsn(crit.next_lsn)
         assert await _produce(lanes, "t", 1) == [MAIN_LANE]
         assert _records(lanes, "t", 0) == [(o, _value("t", o)) for o in range(4)]
+
+
+async def test_a_topic_moved_away_and_back_reads_gap_free(tmp_path: Path) -> None:
+    # Shipped segments stay for retention: the first lane still holds the
+    # partition's old entries when the topic comes back to it.
+    prio = Priorities()
+    async with open_lanes(tmp_path / "journal", CFG, {Priority.CRITICAL}, prio) as lanes:
+
+        async def ship_all() -> None:
+            for j in lanes.journals.values():
+                await j.flush()
+                j.set_safe_lsn(j.next_lsn)
+
+        await _produce(lanes, "t", 3)
+        for priority, lane in (
+            (Priority.CRITICAL, CRITICAL),
+            (Priority.NORMAL, MAIN_LANE),
+            (Priority.CRITICAL, CRITICAL),
+        ):
+            await ship_all()
+            prio.topics["t"] = priority
+            lanes.priorities_changed()
+            assert await _produce(lanes, "t", 3) == [lane] * 3
+        # normal holds 0-2 and 6-8, critical 3-5 and 9-11: every read is right
+        assert lanes.journals[CRITICAL].first_offset("t", 0) == 3
+        assert lanes.main.next_offset("t", 0) == 9
+        assert _records(lanes, "t", 0) == [(o, _value("t", o)) for o in range(12)]
+        for start in range(12):
+            entries = lanes.read("t", 0, start)
+            assert entries[0].base_offset == start
+            assert all(a.next_offset == b.base_offset for a, b in itertools.pairwise(entries))
 
 
 async def test_wait_for_wakes_on_an_append_in_any_lane(tmp_path: Path) -> None:
