@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import pytest
 from _serve import Fleet, Producer, TopicSpec, check_acknowledged, wait_until
+from edgegw_cli.status import render
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE
 from edge_gateway.format import logobject
@@ -78,7 +79,7 @@ def read_log(endpoint: str, bucket: str) -> list[tuple[logobject.LogObjectHeader
 
 @pytest.mark.slow
 def test_after_an_outage_critical_drains_first_and_live_critical_is_not_held(
-    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     fleet = Fleet(
         tmp_path,
@@ -137,6 +138,12 @@ def test_after_an_outage_critical_drains_first_and_live_critical_is_not_held(
             )
             assert float(line.split()[-1]) > 0, line
         assert lanes(a.status())["bulk"]["backlog_bytes"] >= BULK_BACKLOG
+        capsys.readouterr()
+        render(a.status())  # `edgegw status` shows every lane
+        shown = " ".join(capsys.readouterr().out.split())
+        for lane in ("critical", "normal", "bulk"):
+            assert f"lane {lane}" in shown, shown
+        assert "entries (" in shown
 
         # 2. the link returns (capped); marks of the backlogs first
         marks = {t.name: a.next_offsets(t.name) for t in TOPICS}
