@@ -43,6 +43,10 @@ log = logging.getLogger("edgegw.journal")
 __all__ = ["LaneAppended", "Lanes", "lane_path", "lanes_on_disk", "open_lanes", "refuse_lanes"]
 
 
+#: Builds a NamedTuple without its Python-level ``__new__`` (as the journal's append does).
+_new = tuple.__new__
+
+
 class LaneAppended(NamedTuple):
     """Where an append went: the lane, its LSN in that lane's journal, its offsets."""
 
@@ -206,8 +210,8 @@ class Lanes:
     ) -> LaneAppended:
         """Append to the partition's lane (see :meth:`Journal.append_nowait`)."""
         if not self.multi:
-            res = self.main.append_nowait(topic, partition, batch)
-            return LaneAppended(MAIN_LANE, res.lsn, res.base_offset, res.count)
+            lsn, base, count = self.main.append_nowait(topic, partition, batch)
+            return _new(LaneAppended, (MAIN_LANE, lsn, base, count))
         key = (topic, partition)
         i = self._settled.get(key)
         if i is None:
@@ -217,11 +221,11 @@ class Lanes:
                 self._settled[key] = i
         self._fit(i)
         lane = self._lane_at[i]
-        res = self._plan[i][0].append_nowait(topic, partition, batch)
+        lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch)
         if key in self._pending_moves:
             # Only a partition waiting to move needs its last LSN in the old lane.
-            self._last_lsn[key] = res.lsn
-        return LaneAppended(lane, res.lsn, res.base_offset, res.count)
+            self._last_lsn[key] = lsn
+        return _new(LaneAppended, (lane, lsn, base, count))
 
     async def append(
         self, topic: str, partition: int, batch: bytes | bytearray | memoryview
