@@ -782,12 +782,6 @@ class Shipper:
         """Whether entries wait to ship in a lane that may ship now."""
         return any(j.next_lsn > self._ship_from[lane] for lane, j in self._lanes if self._may(lane))
 
-    def _held(self) -> bool:
-        """Whether a lane held back by :attr:`may_ship` has entries waiting."""
-        return any(
-            j.next_lsn > self._ship_from[lane] for lane, j in self._lanes if not self._may(lane)
-        )
-
     def _may(self, lane: Lane) -> bool:
         return self.may_ship(lane.priority)
 
@@ -1306,8 +1300,8 @@ class Shipper:
 
     async def _wait_appended(self) -> None:
         """Wait until a lane that may ship has an entry to ship, or :meth:`policy_changed`."""
-        if not self._multi:
-            lane, j = self._lanes[0]
+        lane, j = self._lanes[0]
+        if not self._multi and self._may(lane):
             await j.wait_appended(self._ship_from[lane])
             return
         with trio.CancelScope() as self._idle_wait:

@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+import trio
+import trio.testing
 
 from edge_gateway.bucket import Bucket, LocalBucket
 from edge_gateway.format import logobject
@@ -249,3 +251,45 @@ async def test_a_lane_journal_behind_the_log_is_refused(bucket: Bucket, tmp_path
         s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
         with pytest.raises(Diverged, match="lane critical"):
             await s.claim()
+
+
+async def test_the_running_shipper_holds_a_lane_until_the_policy_changes(
+    bucket: Bucket, tmp_path: Path
+) -> None:
+    with open_lanes(tmp_path) as lanes:
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        allowed = {Priority.CRITICAL, Priority.NORMAL}
+        s.may_ship = lambda priority: priority in allowed
+        calls = 0
+        ship_many = s._ship_many
+
+        async def counted(**kwargs: object) -> int:
+            nonlocal calls
+            calls += 1
+            return await ship_many(**kwargs)  # type: ignore[arg-type]
+
+        s._ship_many = counted  # type: ignore[method-assign]
+
+        async def shipped(lane: Lane) -> None:
+            with trio.fail_after(20):
+                await s.wait_shipped(lanes.journals[lane].next_lsn - 1, lane)
+
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            for topic in TOPICS:
+                produce(lanes, topic, 3)
+            await shipped(CRITICAL)
+            await shipped(MAIN_LANE)
+            # Idle with a held backlog: the loop waits (it does not spin on it).
+            before = calls
+            with trio.fail_after(20):  # a spinning loop never lets every task block
+                await trio.testing.wait_all_tasks_blocked(cushion=0.05)
+            assert s.shipped_lsns()[BULK] == 0
+            assert calls == before
+            allowed.add(Priority.BULK)
+            s.policy_changed()
+            await shipped(BULK)
+            nursery.cancel_scope.cancel()
+        log = await read_log(bucket)
+        check_lsns(log)
+        assert all_offsets(log, "logs") == list(range(30))
