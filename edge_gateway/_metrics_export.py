@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from edge_gateway.errors import ClosedError, EdgeGatewayError
 from edge_gateway.metrics import GatewayMetrics, LatencyHistogram, MirrorLag
-from edge_gateway.shipper import SHIPPER_STATES
+from edge_gateway.shipper import SHIPPER_STATES, LaneShipStats
 
 if TYPE_CHECKING:
     from edge_gateway.gateway import Gateway
@@ -74,6 +74,49 @@ class _HistogramCollector(Collector):
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
+
+
+def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
+    """Per journal lane (label ``lane``: critical, normal, bulk): its shipping and budget."""
+    families = {
+        "shipped_lsn": GaugeMetricFamily(
+            "edgegw_lane_shipped_lsn",
+            "Every entry of the lane's journal up to this LSN is in the bucket.",
+            labels=["lane"],
+        ),
+        "backlog_entries": GaugeMetricFamily(
+            "edgegw_lane_backlog_entries",
+            "Entries of the lane's journal not yet in the bucket.",
+            labels=["lane"],
+        ),
+        "backlog_bytes": GaugeMetricFamily(
+            "edgegw_lane_backlog_bytes",
+            "Bytes of the lane's journal not yet in the bucket.",
+            labels=["lane"],
+        ),
+        "held": GaugeMetricFamily(
+            "edgegw_lane_held",
+            "1 while the link policy holds the lane back.",
+            labels=["lane"],
+        ),
+    }
+    for lane in lanes:
+        for key, family in families.items():
+            family.add_metric([lane.lane], float(getattr(lane, key)))
+    yield from families.values()
+    budget = GaugeMetricFamily(
+        "edgegw_lane_journal_budget_bytes",
+        "The lane's share of journal.max_bytes now (its reserve plus what the others leave).",
+        labels=["lane"],
+    )
+    used = GaugeMetricFamily(
+        "edgegw_lane_journal_bytes", "Bytes of the lane's journal on disk.", labels=["lane"]
+    )
+    for name, j in gw.lanes.journals.items():
+        budget.add_metric([str(name)], j.budget_bytes)
+        used.add_metric([str(name)], j.disk_bytes)
+    yield budget
+    yield used
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -268,10 +311,8 @@ class _GatewayCollector(Collector):
 
     @staticmethod
     def _shipper(gw: Gateway) -> Iterator[Metric]:
-        journal = gw.journal
         s = gw.shipper.statistics()
-        next_lsn = journal.next_lsn
-        pending = max(0, next_lsn - 1 - s.shipped_lsn)
+        pending = sum(lane.backlog_entries for lane in s.lanes)
         yield _gauge(
             "edgegw_shipper_claimed", "1 once this gateway owns its region's log.", s.claimed
         )
@@ -286,9 +327,10 @@ class _GatewayCollector(Collector):
         )
         yield _gauge(
             "edgegw_shipper_pending_lsns",
-            "Journal entries not yet committed to the bucket.",
+            "Journal entries not yet committed to the bucket (all lanes).",
             pending,
         )
+        yield from _lanes(gw, s.lanes)
         age = 0.0
         if pending:
             # One small read of the oldest unshipped entry's header and payload.

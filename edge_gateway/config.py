@@ -32,7 +32,7 @@ from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddre
 from edge_gateway.bucket import LinkPolicy, S3Config, parse_window
 from edge_gateway.clock import ClockConfig
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
-from edge_gateway.journal import JournalConfig
+from edge_gateway.journal import JournalConfig, Priority
 from edge_gateway.names import mirror_topic, validate_home_topic, validate_region, validate_topic
 from edge_gateway.shipper import ShipperConfig
 
@@ -370,6 +370,9 @@ class TopicConfig:
     partitions: int = 1
     #: Regions that mirror it: a list, or ``["*"]`` for every other region.
     subscribers: tuple[str, ...] = ()
+    #: Which journal lane holds it and so when it ships after an outage
+    #: (``critical`` first, then ``normal``, then ``bulk``); docs/journal.md, "Lanes".
+    priority: Priority = Priority.NORMAL
 
     def __post_init__(self) -> None:
         validate_topic(self.name)
@@ -721,6 +724,17 @@ def _convert(value: object, hint: Any, key: str) -> Any:
             choices = ", ".join(repr(a) for a in args)
             raise ConfigError(f"{key}: {value!r} is not one of {choices}")
         return value
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: must be a table ({{ name = value, ... }})")
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            sub = f"{key}.{k}"
+            if isinstance(v, str) and args[1] is int:
+                out[_convert(k, args[0], sub)] = _size(v, sub)
+            else:
+                out[_convert(k, args[0], sub)] = _convert(v, args[1], sub)
+        return out
     if origin is tuple:
         if not isinstance(value, list):
             raise ConfigError(f"{key}: must be a list")

@@ -42,6 +42,7 @@ import trio
 
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
+    PRIORITIES,
     Bucket,
     BucketUnavailable,
     HeldBucket,
@@ -74,11 +75,12 @@ from edge_gateway.errors import (
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
 from edge_gateway.groups import CommittedOffset, GroupStore
-from edge_gateway.journal import Journal, JournalStats, open_journal
+from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
+from edge_gateway.journal._lanes import Lanes, open_lanes
 from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
-from edge_gateway.shipper import Shipper, ShipperConfig
+from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
 from edge_gateway.supervisor import Supervisor, TaskHealth
 
 if TYPE_CHECKING:
@@ -113,6 +115,10 @@ class ProduceResult:
     #: The journal LSN of the last entry written (``ack=shipped`` waits for it).
     last_lsn: int
     shipped: bool
+    #: With topic priorities: per lane, the LSN of the last entry written
+    #: there (a partition moving between lanes can touch two); empty: the
+    #: normal lane only, at ``last_lsn``.
+    lane_lsns: dict[Lane, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +224,7 @@ class Gateway:
         self._tailer_lock: trio.Lock | None = None
         self._tailer_tasks: dict[str, _TailerTask] = {}
         self._journal: Journal | None = None
+        self._lanes: Lanes | None = None
         self._shipper: Shipper | None = None
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
@@ -262,10 +269,17 @@ class Gateway:
             name = f"{t.home}.{t.name}"
             self._topics[name] = _Topic(name, "mirror", t.home, t.partitions, t.name, ())
 
+    def priority_of(self, topic: str) -> Priority:
+        """The priority of a topic homed here (``normal`` unless ``[[topics]]`` says else)."""
+        return self._priorities.get(topic, Priority.NORMAL)
+
     def _set_topology(self, topology: Sequence[TopicConfig]) -> None:
         """Rebuild the topic table from ``topology`` (plus topics auto-created here)."""
         self._topology = tuple(topology)
         self._homes = {t.name: t.home for t in self._topology}
+        self._priorities = {t.name: t.priority for t in self._topology if t.home == self.region}
+        if getattr(self, "_lanes", None) is not None:
+            self.lanes.priorities_changed()
         self._topics = {}
         for t in self._topology:
             self._add_topic(t)
@@ -415,6 +429,18 @@ class Gateway:
         return t
 
     # ------------------------------------------------------------ components
+
+    @property
+    def lanes(self) -> Lanes:
+        """The journals of the lanes (one, the normal lane, without priorities)."""
+        if self._lanes is None:
+            raise Unavailable("gateway is not running")
+        return self._lanes
+
+    async def wait_shipped(self, res: ProduceResult) -> None:
+        """Wait until what ``res`` journaled is committed to the bucket (``ack=shipped``)."""
+        for lane, lsn in (res.lane_lsns or {MAIN_LANE: res.last_lsn}).items():
+            await self.shipper.wait_shipped(lsn, lane)
 
     @property
     def journal(self) -> Journal:
@@ -595,11 +621,38 @@ class Gateway:
     def may_ship(self, priority: str = "normal") -> bool:
         """Whether data of ``priority`` (critical, normal, bulk) may go on the link now.
 
-        Today the shipper ships everything as ``normal`` and is held through
-        :class:`~edge_gateway.bucket.HeldBucket`; with topic priorities the
-        shipper asks this per lane.
+        The shipper asks it per lane (its :attr:`~edge_gateway.shipper.Shipper.may_ship`);
+        the tailers' reads of log objects wait through
+        :class:`~edge_gateway.bucket.HeldBucket` (as ``normal``).
         """
         return self.link_gate.may_ship(priority)
+
+    def held_priorities(self) -> list[str]:
+        """Priorities with entries waiting to ship that the link policy holds now."""
+        shipped = self.shipper.shipped_lsns()
+        return sorted(
+            {
+                lane.priority
+                for lane, j in self.lanes.journals.items()
+                if j.next_lsn - 1 > shipped[lane] and not self.may_ship(lane.priority)
+            }
+        )
+
+    async def _watch_link_policy(self) -> None:
+        """Tell the shipper when the link policy's answer changes (a window opens, a new day).
+
+        The policy is asked when something ships; a lane it held is looked at
+        again only when told, so this looks every few seconds at most, and
+        exactly when the policy says the next change is due.
+        """
+        last = {p: self.may_ship(p) for p in PRIORITIES}
+        while True:
+            waits = [self.ship_opens_in_s(p) for p, ok in last.items() if not ok]
+            await trio.sleep(min([5.0, *(w for w in waits if w > 0)]))
+            now = {p: self.may_ship(p) for p in PRIORITIES}
+            if now != last:
+                last = now
+                self.shipper.policy_changed()
 
     def ship_opens_in_s(self, priority: str = "normal") -> float:
         """Seconds until data of ``priority`` may go on the link (0: now)."""
@@ -754,21 +807,32 @@ class Gateway:
             self._bucket = await self.open_bucket()
             self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
-            journal = await stack.enter_async_context(open_journal(cfg.journal_path, cfg.journal))
+            lanes = await stack.enter_async_context(
+                open_lanes(
+                    cfg.journal_path,
+                    cfg.journal,
+                    {t.priority for t in self._topology if t.home == self.region},
+                    self.priority_of,
+                )
+            )
+            journal = lanes.main
             self._journal = journal
+            self._lanes = lanes
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)
             self._shipper = Shipper(
                 journal,
-                # Until topic priorities reach the shipper, all it ships is
-                # "normal": its log objects wait while an allowance is used up.
-                self._held(self._bucket, "put"),
+                self._bucket,
                 self.region,
                 config=self._shipper_config(),
                 prefix=self.key_prefix,
                 on_commit=agent.report_head if agent is not None else None,
                 bucket_clock=self._bucket_clock,
+                lanes=lanes if lanes.multi else None,
             )
+            if self.link_gate.restricts:
+                # The link policy holds lanes back (bulk windows, allowances).
+                self._shipper.may_ship = self.may_ship
             try:
                 async with trio.open_nursery() as core:
                     await core.start(journal.run)
@@ -789,6 +853,8 @@ class Gateway:
                             )
                         )
                         await self._sync_tailers()
+                        if self.link_gate.restricts:
+                            workers.start_soon(self._watch_link_policy)
                         if agent is not None:
                             await workers.start(
                                 functools.partial(sup.supervise, "metadata", agent.run)
@@ -821,6 +887,7 @@ class Gateway:
                 self._accepting = False
                 self._workers = None
                 self._journal = None
+                self._lanes = None
                 self._shipper = None
 
     def _task_failed(self, name: str) -> None:
@@ -972,7 +1039,7 @@ class Gateway:
         grace = self.config.shutdown_grace_s
         with trio.move_on_after(grace, shield=True) as scope:
             try:
-                await self.journal.flush()
+                await self.lanes.flush()
             except Unavailable as exc:
                 # A journal that stopped intake (a failed fsync) cannot flush:
                 # what is durable ships, the rest was never acknowledged.
@@ -987,11 +1054,12 @@ class Gateway:
                     "pending data ships once access works again",
                     denied.code,
                 )
-            elif shipper.pending() and not self.may_ship("normal"):
+            elif self.held_priorities() and not shipper.pending():
                 log.warning(
-                    "shutdown: not shipping, the link policy holds normal data (it may ship in "
+                    "shutdown: not shipping, the link policy holds %s data (it may ship in "
                     "%.0f s); pending data ships then, after the next start",
-                    self.ship_opens_in_s("normal"),
+                    " and ".join(self.held_priorities()),
+                    max(self.ship_opens_in_s(p) for p in self.held_priorities()),
                 )
             elif shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
@@ -1039,8 +1107,8 @@ class Gateway:
             parts.append(p)
             by_partition.setdefault(p, []).append(i)
         offsets = [0] * len(records)
-        journal = self.journal
-        last_lsn = 0
+        lanes = self.lanes
+        lane_lsns: dict[Lane, int] = {}
         for p, idx in by_partition.items():
             rs = [records[i] for i in idx]
             batch = encode_batch(
@@ -1049,13 +1117,21 @@ class Gateway:
                 timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
                 headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
             )
-            res = await journal.append(t.name, p, batch)
-            last_lsn = max(last_lsn, res.lsn)
+            res = await lanes.append(t.name, p, batch)
+            lane_lsns[res.lane] = max(lane_lsns.get(res.lane, 0), res.lsn)
             for k, i in enumerate(idx):
                 offsets[i] = res.base_offset + k
+        result = ProduceResult(
+            t.name,
+            parts,
+            offsets,
+            lane_lsns.get(MAIN_LANE, 0),
+            ack == "shipped",
+            lane_lsns if lanes.multi else {},
+        )
         if ack == "shipped":
-            await self.shipper.wait_shipped(last_lsn)
-        return ProduceResult(t.name, parts, offsets, last_lsn, ack == "shipped")
+            await self.wait_shipped(result)
+        return result
 
     async def produce_batch(
         self, topic: str, partition: int, batch: bytes, *, ack: Ack = "local"
@@ -1067,16 +1143,19 @@ class Gateway:
             raise InvalidInput(
                 f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
             )
-        res = await self.journal.append(t.name, partition, batch)
-        if ack == "shipped":
-            await self.shipper.wait_shipped(res.lsn)
-        return ProduceResult(
+        lanes = self.lanes
+        res = await lanes.append(t.name, partition, batch)
+        result = ProduceResult(
             t.name,
             [partition] * res.count,
             list(range(res.base_offset, res.base_offset + res.count)),
-            res.lsn,
+            res.lsn if res.lane.is_main else 0,
             ack == "shipped",
+            {res.lane: res.lsn} if lanes.multi else {},
         )
+        if ack == "shipped":
+            await self.wait_shipped(result)
+        return result
 
     # ------------------------------------------------------------ sync
 
@@ -1091,7 +1170,7 @@ class Gateway:
         bucket is away); the caller bounds the wait.
         """
         self._check_accepting()
-        shipper, journal = self.shipper, self.journal
+        shipper, lanes = self.shipper, self.lanes
         denied = shipper.denied
         if denied is not None:
             # It would wait until a person fixes access: say so at once.
@@ -1100,17 +1179,20 @@ class Gateway:
                 code=denied.code,
                 action=denied.action,
             )
-        if shipper.pending() and not self.may_ship("normal"):
-            # It would wait until the allowance renews: say so at once.
+        held = self.held_priorities()
+        if held:
+            # It would wait until a window opens or the allowance renews: say so at once.
             raise Unavailable(
-                "cannot ship now: the link policy holds normal data (link.daily_bytes / "
-                f"monthly_bytes used up); it ships in {self.ship_opens_in_s('normal'):.0f} s"
+                f"cannot ship now: the link policy holds {' and '.join(held)} data "
+                "(link.bulk_windows, daily_bytes / monthly_bytes); it ships in "
+                f"{max(self.ship_opens_in_s(p) for p in held):.0f} s"
             )
-        target = journal.next_lsn - 1
+        targets = {lane: j.next_lsn - 1 for lane, j in lanes.journals.items()}
         before = shipper.statistics()
-        await journal.flush()
+        await lanes.flush()
         shipper.ship_now()
-        await shipper.wait_shipped(target)
+        for lane, target in targets.items():
+            await shipper.wait_shipped(target, lane)
         after = shipper.statistics()
         pulled: dict[str, dict[str, int]] = {}
         if pull:
@@ -1157,7 +1239,7 @@ class Gateway:
             )
         if offset < 0 or max_records < 1 or max_bytes < 1:
             raise InvalidInput("offset must be >= 0, max_records and max_bytes >= 1")
-        journal = self.journal
+        journal = self.lanes
         if wait_ms > 0 and journal.next_offset(t.name, partition) <= offset:
             with trio.move_on_after(wait_ms / 1000):
                 await journal.wait_for(t.name, partition, offset)
@@ -1203,7 +1285,7 @@ class Gateway:
 
     def describe_topic(self, topic: str) -> TopicInfo:
         t = self._readable(topic)
-        journal = self.journal
+        journal = self.lanes
         shipped = self.shipper.shipped_offsets() if t.kind == "local" else {}
         firsts, nexts, ships = [], [], []
         for p in range(t.partitions):
@@ -1305,7 +1387,7 @@ class Gateway:
                 "epoch": s.epoch,
                 "next_seq": s.next_seq,
                 "shipped_lsn": s.shipped_lsn,
-                "pending_lsns": max(0, j.next_lsn - 1 - s.shipped_lsn),
+                "pending_lsns": sum(lane.backlog_entries for lane in s.lanes),
                 "objects": s.objects,
                 "manifests": s.manifests,
                 "wire_bytes": s.wire_bytes,
@@ -1313,6 +1395,7 @@ class Gateway:
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
             },
+            "lanes": self._lanes_json(s),
             "mirrors": {src: _tailer_json(t) for src, t in sorted(self.tailers.items())},
             "link": self._link_json(),
             "metadata": self.metadata_status(),
@@ -1331,6 +1414,29 @@ class Gateway:
             "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
+        }
+
+    def _lanes_json(self, s: ShipperStats) -> dict[str, Any]:
+        """The ``lanes`` block of :meth:`status`: per priority lane, its journal and backlog."""
+        lanes = self.lanes
+        journals = {str(lane): j for lane, j in lanes.journals.items()}
+        cfg = self.config.journal
+        return {
+            "pending_moves": lanes.pending_moves,
+            "lanes": [
+                {
+                    "lane": ls.lane,
+                    "shipped_lsn": ls.shipped_lsn,
+                    "next_lsn": ls.next_lsn,
+                    "backlog_entries": ls.backlog_entries,
+                    "backlog_bytes": ls.backlog_bytes,
+                    "held": ls.held,
+                    "journal_bytes": journals[ls.lane].disk_bytes,
+                    "budget_bytes": journals[ls.lane].budget_bytes,
+                    "reserve_bytes": cfg.reserved(Priority(ls.lane)),
+                }
+                for ls in s.lanes
+            ],
         }
 
     def _clock_json(self) -> dict[str, Any]:

@@ -44,6 +44,15 @@ more are pending -- grow to ``backlog_object_bytes``. Every PUT has a fixed
 cost (a round trip, the store's per-request work, a manifest entry), so a
 drain of many small objects is bound by request overhead rather than bytes;
 fewer, larger objects ship the same journal in fewer requests.
+
+With topic priorities the gateway has one journal per *lane* (``Lanes``,
+docs/journal.md): each object is filled lane by lane in drain order --
+``critical``, then ``normal``, then ``bulk`` -- so a lane's backlog ships
+before a lower lane's is touched, and every object starts with whatever
+critical entries are pending (live critical data is never stuck behind a
+drain). Each lane has its own shipped watermark; the objects then carry a lane
+table (log object version 2) with every lane's LSN range. :attr:`Shipper.may_ship`
+is the one place where a lane can be held back (a link policy).
 """
 
 from __future__ import annotations
@@ -79,7 +88,7 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.format.logobject import LogObjectBuilder
+from edge_gateway.format.logobject import LaneRange, LogObjectBuilder
 from edge_gateway.format.manifest import (
     Manifest,
     ManifestEntry,
@@ -91,7 +100,8 @@ from edge_gateway.format.manifest import (
     parse_manifest_key,
     region_prefix,
 )
-from edge_gateway.journal import Entry, Journal
+from edge_gateway.journal import MAIN_LANE, Entry, Journal, Lane, Priority
+from edge_gateway.journal._lanes import Lanes
 from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.regionlog import (
@@ -114,14 +124,18 @@ MAX_BACKLOG_OBJECT_BYTES = 1024 * MiB
 _BUILD_THREADS = max(1, min(2, os.cpu_count() or 1))
 
 
+#: Per lane, an LSN of that lane's journal.
+LaneLsns = dict[Lane, int]
+
+
 @dataclass(frozen=True, slots=True)
 class _Prepared:
-    """An object built for ``seq`` from journal LSNs ``first_lsn..last_lsn``, not yet created."""
+    """An object built for ``seq`` from each lane's LSNs ``first[lane]..last[lane]``."""
 
     seq: int
-    first_lsn: int
-    last_lsn: int
-    #: None when the range holds nothing to ship (mirror entries only).
+    first: LaneLsns
+    last: LaneLsns
+    #: None when the ranges hold nothing to ship (mirror entries only).
     obj: bytes | None
     records: int
     journal_bytes: int
@@ -129,12 +143,13 @@ class _Prepared:
 
 @dataclass(frozen=True, slots=True)
 class _Read:
-    """The entries of the object for ``seq``: journal LSNs ``first_lsn..last_lsn``."""
+    """The entries of the object for ``seq``: each lane's LSNs ``first[lane]..last[lane]``
+    (an empty range ``first = last + 1`` for a lane it takes nothing from)."""
 
     seq: int
-    first_lsn: int
-    last_lsn: int
-    #: The DATA entries of the range (empty: mirror entries only, nothing to ship).
+    first: LaneLsns
+    last: LaneLsns
+    #: The DATA entries of the ranges (empty: mirror entries only, nothing to ship).
     data: list[Entry]
 
 
@@ -166,6 +181,9 @@ class _WriterState:
     epoch: int
     log_seq: int = 0
     log_lsn: int = 0
+    #: Ids of the lanes other than the normal one this writer shipped from
+    #: (a lane journal of these found empty must be lined up by a claim first).
+    lanes: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +226,21 @@ class ShipperConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneShipStats:
+    """One lane's shipping state (``edgegw status``, the ``lane`` label of metrics)."""
+
+    lane: str
+    #: Every entry of the lane's journal up to this LSN is in the bucket.
+    shipped_lsn: int
+    next_lsn: int
+    #: Entries and bytes of the lane's journal not shipped yet.
+    backlog_entries: int
+    backlog_bytes: int
+    #: The link policy holds the lane back (:attr:`Shipper.may_ship`).
+    held: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class ShipperStats:
     claimed: bool
     epoch: int
@@ -228,6 +261,8 @@ class ShipperStats:
     state: str = "starting"
     #: The refusal in force, while ``state`` is ``denied``.
     denied: Denial | None = None
+    #: Per lane, in drain order (one entry, ``normal``, without priorities).
+    lanes: tuple[LaneShipStats, ...] = ()
 
 
 #: The states of :attr:`ShipperStats.state`.
@@ -254,8 +289,21 @@ class Shipper:
         on_commit: Callable[[int], None] | None = None,
         bucket_clock: BucketClock | None = None,
         reship: bool = False,
+        lanes: Lanes | None = None,
     ) -> None:
         self.journal = journal
+        if lanes is not None and lanes.main is not journal:
+            raise InvalidInput("the shipper's journal must be the lanes' normal lane")
+        #: (lane, journal) in drain order; the normal lane alone without priorities.
+        self._lanes: list[tuple[Lane, Journal]] = (
+            lanes.in_drain_order() if lanes is not None else [(MAIN_LANE, journal)]
+        )
+        #: More than one lane: objects carry a lane table (log object version 2).
+        self._multi = len(self._lanes) > 1
+        #: Whether a lane of this priority may ship now; the one place a link
+        #: policy holds a lane back (by default every lane always ships).
+        #: Call :meth:`policy_changed` when its answer may have changed.
+        self.may_ship: Callable[[Priority], bool] = lambda priority: True
         self.bucket = bucket
         self.region = validate_region(region)
         self.config = config or ShipperConfig()
@@ -267,8 +315,9 @@ class Shipper:
         self._claimed_event = trio.Event()
         self._epoch = 0
         self._next_seq = 1
-        self._ship_from = 1  # first journal LSN not shipped yet
-        self._shipped_lsn = 0
+        #: Per lane: the first journal LSN not shipped yet, and the last shipped.
+        self._ship_from: LaneLsns = {lane: 1 for lane, _ in self._lanes}
+        self._shipped: LaneLsns = {lane: 0 for lane, _ in self._lanes}
         self._gc_boundary = 0
         self._low_watermark = 1
         self._next_offsets: dict[tuple[str, int], int] = {}
@@ -292,6 +341,7 @@ class Shipper:
         self._appended_bytes_at_ship = 0
         self._ship_now = False
         self._flush_wait: trio.CancelScope | None = None
+        self._idle_wait: trio.CancelScope | None = None
         # counters
         self._objects = self._fences = self._manifests = self._records = 0
         self._journal_bytes = self._wire_bytes = self._retries = 0
@@ -334,19 +384,23 @@ class Shipper:
         log_seq, log_lsn = doc.get("log_seq", 0), doc.get("log_lsn", 0)
         if not isinstance(log_seq, int) or not isinstance(log_lsn, int):
             raise CorruptData("shipper state has a bad log_seq", where=str(self._state_path))
-        return _WriterState(epoch, log_seq, log_lsn)
+        lanes = doc.get("lanes", [])
+        if not isinstance(lanes, list) or not all(isinstance(i, int) for i in lanes):
+            raise CorruptData("shipper state has bad lanes", where=str(self._state_path))
+        return _WriterState(epoch, log_seq, log_lsn, tuple(lanes))
 
     def _save_writer_state(self, state: _WriterState) -> None:
         """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
         tmp = self._state_path.with_suffix(".tmp")
-        data = json.dumps(
-            {
-                "region": self.region,
-                "epoch": state.epoch,
-                "log_seq": state.log_seq,
-                "log_lsn": state.log_lsn,
-            }
-        ).encode()
+        doc: dict[str, object] = {
+            "region": self.region,
+            "epoch": state.epoch,
+            "log_seq": state.log_seq,
+            "log_lsn": state.log_lsn,
+        }
+        if self._multi:
+            doc["lanes"] = sorted(lane.id for lane, _ in self._lanes if not lane.is_main)
+        data = json.dumps(doc).encode()
         try:
             with open(tmp, "wb") as fh:
                 fh.write(data)
@@ -400,7 +454,7 @@ class Shipper:
             )
             seq = state.head + 1
             fence = logobject.encode_fence(
-                self.region, epoch, seq, self._shipped_lsn, self._clock()
+                self.region, epoch, seq, self._shipped_lsn, self._clock(), self._lane_watermarks()
             )
             try:
                 await self._create_timed(log_key(self.prefix, self.region, seq), fence)
@@ -436,11 +490,11 @@ class Shipper:
         self._accepted()
         self._last_commit_mono = time.monotonic()
         log.info(
-            "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %d)",
+            "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %s)",
             self.region,
             epoch,
             seq,
-            self._shipped_lsn,
+            self._describe_shipped(),
         )
         self._notify_commit(seq)
         await self._mark_bucket()
@@ -621,8 +675,9 @@ class Shipper:
                     head_lsn + 1,
                     len(state.next_offsets),
                 )
-            self._ship_from = j.next_lsn
-            self._shipped_lsn = j.next_lsn - 1
+            self._ship_from[MAIN_LANE] = j.next_lsn
+            self._shipped[MAIN_LANE] = j.next_lsn - 1
+            self._line_up_lanes(state, head_is_ours)
             return
         if not head_is_ours:
             raise Diverged(
@@ -639,20 +694,83 @@ class Shipper:
             )
         # (A journal that starts after head_lsn + 1 was refused as a lost
         # bucket above: its segments are deleted only once shipped.)
-        self._ship_from = head_lsn + 1
-        self._shipped_lsn = head_lsn
+        self._ship_from[MAIN_LANE] = head_lsn + 1
+        self._shipped[MAIN_LANE] = head_lsn
         j.set_safe_lsn(head_lsn + 1)
+        self._line_up_lanes(state, head_is_ours)
+
+    def _lost_lane_journals(self, written: _WriterState) -> list[Lane]:
+        """Lanes this writer shipped from whose journal is empty now (a lost directory):
+        their partitions' next offsets must come from the log before any append."""
+        return [
+            lane
+            for lane, j in self._lanes
+            if not lane.is_main and lane.id in written.lanes and j.is_new
+        ]
+
+    def _line_up_lanes(self, state: LogState, head_is_ours: bool) -> None:
+        """The other lanes' watermarks from the head's lane table (docs/protocol.md,
+        "Reconciliation"); a head without one (version 1) shipped nothing of them."""
+        header = state.head_header
+        table = {r.lane: r.last_lsn for r in header.lanes} if header is not None else {}
+        for lane, j in self._lanes:
+            if lane.is_main:
+                continue
+            head_lsn = table.get(lane.id, 0) if head_is_ours else 0
+            last = j.next_lsn - 1
+            if j.is_new and head_lsn > last:
+                # A new or wiped journal continues the lane's LSNs, and every
+                # partition's offsets from the log (the lane's partitions are
+                # among them; for the others another lane holds more, and the
+                # partition stays there: Lanes picks the highest).
+                j.reset_empty(Checkpoint(dict(state.next_offsets), {}), head_lsn + 1)
+                last = head_lsn
+            elif head_lsn > last:
+                raise Diverged(
+                    f"region {self.region}'s log covers lane {lane}'s journal LSNs up to "
+                    f"{head_lsn} but that journal ends at {last}: it lost data. Run "
+                    "`edgegw restore`."
+                )
+            elif not j.is_new and head_lsn + 1 < j.statistics().first_lsn:
+                raise self._lost(
+                    f"it covers lane {lane}'s journal LSNs up to {head_lsn}, but that journal "
+                    f"deleted LSNs up to {j.statistics().first_lsn - 1} after the bucket had "
+                    "confirmed them"
+                )
+            self._ship_from[lane] = head_lsn + 1
+            self._shipped[lane] = head_lsn
+            j.set_safe_lsn(head_lsn + 1)
 
     # ------------------------------------------------------------- ship
 
     @property
+    def _shipped_lsn(self) -> int:
+        return self._shipped[MAIN_LANE]
+
+    @property
     def shipped_lsn(self) -> int:
-        """Every journal entry up to this LSN is committed to the bucket (or needs no shipping)."""
+        """Every entry of the normal lane's journal up to this LSN is committed to the
+        bucket (or needs no shipping)."""
         return self._shipped_lsn
 
-    async def wait_shipped(self, lsn: int) -> None:
-        """Wait until the journal entry ``lsn`` is committed to the bucket."""
-        while self._shipped_lsn < lsn:
+    def shipped_lsns(self) -> dict[Lane, int]:
+        """:attr:`shipped_lsn` of every lane."""
+        return dict(self._shipped)
+
+    def _lane_watermarks(self) -> dict[int, int] | None:
+        """Lane id -> shipped LSN of the lanes other than the normal one (None: one lane)."""
+        if not self._multi:
+            return None
+        return {lane.id: self._shipped[lane] for lane, _ in self._lanes if not lane.is_main}
+
+    def _describe_shipped(self) -> str:
+        if not self._multi:
+            return str(self._shipped_lsn)
+        return ", ".join(f"{lane} {self._shipped[lane]}" for lane, _ in self._lanes)
+
+    async def wait_shipped(self, lsn: int, lane: Lane = MAIN_LANE) -> None:
+        """Wait until entry ``lsn`` of ``lane``'s journal is committed to the bucket."""
+        while self._shipped[lane] < lsn:
             await self._shipped_lot.park()
 
     async def wait_claimed(self) -> None:
@@ -664,13 +782,22 @@ class Shipper:
         return dict(self._next_offsets)
 
     def pending(self) -> bool:
-        return self.journal.next_lsn > self._ship_from
+        """Whether entries wait to ship in a lane that may ship now."""
+        return any(j.next_lsn > self._ship_from[lane] for lane, j in self._lanes if self._may(lane))
+
+    def _may(self, lane: Lane) -> bool:
+        return self.may_ship(lane.priority)
+
+    def policy_changed(self) -> None:
+        """:attr:`may_ship` may answer differently now: look at the lanes again."""
+        if self._idle_wait is not None:
+            self._idle_wait.cancel()
 
     async def ship_once(self) -> bool:
         """Ship up to ``max_object_bytes`` of durable entries as one object. False if none."""
         if not self._claimed:
             raise InvalidInput("claim() first")
-        read = await self._read(self._ship_from, self._next_seq, self.config.max_object_bytes)
+        read = await self._read(dict(self._ship_from), self._next_seq, self.config.max_object_bytes)
         if read is None:
             return False
         await self._publish(await self._build(read))
@@ -679,7 +806,7 @@ class Shipper:
     async def _ship_many(
         self,
         *,
-        until_lsn: int | None = None,
+        until: LaneLsns | None = None,
         next_due: Callable[[list[Entry]], bool] | None = None,
         progress: Callable[[int, int], None] | None = None,
     ) -> int:
@@ -691,14 +818,14 @@ class Shipper:
         thread; up to :data:`_BUILD_THREADS` objects are compressed at once in
         worker threads, and at most one more than that is held in memory. The
         first object is always shipped (up to ``max_object_bytes``); the next
-        ones while their first LSN is at most ``until_lsn`` and ``next_due``
-        accepts their entries, each up to ``backlog_object_bytes``. Returns the
-        number of objects shipped.
+        ones until every lane that may ship has read through its LSN in ``until``,
+        while ``next_due`` accepts their entries, each up to
+        ``backlog_object_bytes``. Returns the number of objects shipped.
         """
         if not self._claimed:
             raise InvalidInput("claim() first")
         cfg = self.config
-        first = await self._read(self._ship_from, self._next_seq, cfg.max_object_bytes)
+        first = await self._read(dict(self._ship_from), self._next_seq, cfg.max_object_bytes)
         if first is None:
             return 0
         # Memory of a drain: at most _BUILD_THREADS objects are being read or
@@ -726,12 +853,15 @@ class Shipper:
                     slot = _Building(read)
                     nursery.start_soon(build, slot)
                     send.send_nowait(slot)
-                    if until_lsn is not None and read.last_lsn >= until_lsn:
+                    if until is not None and all(
+                        read.last[lane] >= until[lane] for lane, _ in self._lanes if self._may(lane)
+                    ):
                         return
                     await in_memory.acquire()
                     await building.acquire()
                     seq = read.seq + (1 if read.data else 0)
-                    read = await self._read(read.last_lsn + 1, seq, backlog_limit, due=next_due)
+                    after = {lane: last + 1 for lane, last in read.last.items()}
+                    read = await self._read(after, seq, backlog_limit, due=next_due)
                     if read is None:
                         building.release()
                         in_memory.release()
@@ -748,7 +878,8 @@ class Shipper:
                     in_memory.release()
                     shipped += 1
                     if progress is not None:
-                        progress(self._shipped_lsn, until_lsn or self._shipped_lsn)
+                        done = sum(self._shipped.values())
+                        progress(done, sum(until.values()) if until else done)
         except BaseExceptionGroup as group:
             # Surface the commit's own error (Fenced, ...), not a group of one.
             if len(group.exceptions) == 1:
@@ -758,28 +889,42 @@ class Shipper:
 
     async def _read(
         self,
-        first_lsn: int,
+        first: LaneLsns,
         seq: int,
         limit: int,
         *,
         due: Callable[[list[Entry]], bool] | None = None,
     ) -> _Read | None:
-        """The durable entries of the object for ``seq`` from ``first_lsn``; None: nothing
-        (due) to ship.
+        """The durable entries of the object for ``seq`` from each lane's LSN in ``first``;
+        None: nothing (due) to ship.
 
         The object holds up to ``max_object_bytes`` of entries; when that much
         is there and more is pending, it grows up to ``limit`` (a backlog).
+        Lanes fill it in drain order: a lane's entries come in only when every
+        lane before it had less than the object's room pending, and a lane
+        that :attr:`may_ship` holds back is skipped.
         """
-        j = self.journal
-        if j.durable_lsn < j.next_lsn - 1:
-            await j.wait_durable(j.next_lsn - 1)
-        entries = await self._read_entries(first_lsn, limit)
+        entries: list[Entry] = []
+        last = {lane: lsn - 1 for lane, lsn in first.items()}
+        room = limit
+        for lane, j in self._lanes:
+            if room <= 0:
+                break
+            if not self._may(lane):
+                continue
+            if j.durable_lsn < j.next_lsn - 1:
+                await j.wait_durable(j.next_lsn - 1)
+            got = await self._read_entries(j, first[lane], room)
+            if got:
+                last[lane] = got[-1].lsn
+                room -= sum(e.length for e in got)
+                entries += got
         if not entries or (due is not None and not due(entries)):
             return None
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
-        return _Read(seq, first_lsn, entries[-1].lsn, data)
+        return _Read(seq, dict(first), last, data)
 
-    async def _read_entries(self, first_lsn: int, limit: int) -> list[Entry]:
+    async def _read_entries(self, j: Journal, first_lsn: int, limit: int) -> list[Entry]:
         """Up to ``limit`` bytes of durable entries from ``first_lsn``, in LSN order.
 
         Beyond ``max_object_bytes`` the entries are read one ``max_object_bytes``
@@ -788,12 +933,12 @@ class Shipper:
         must not stall the event loop (local produce and consume share it).
         """
         step = self.config.max_object_bytes
-        entries = self.journal.read_entries(first_lsn, max_bytes=min(step, limit))
+        entries = j.read_entries(first_lsn, max_bytes=min(step, limit))
         size = sum(e.length for e in entries)
         # A short read means nothing more is durable yet: no backlog.
         while entries and step <= size < limit:
             await trio.lowlevel.checkpoint()
-            more = self.journal.read_entries(entries[-1].lsn + 1, max_bytes=min(step, limit - size))
+            more = j.read_entries(entries[-1].lsn + 1, max_bytes=min(step, limit - size))
             if not more:
                 break
             entries.extend(more)
@@ -803,61 +948,76 @@ class Shipper:
     async def _build(self, read: _Read) -> _Prepared:
         """Build the object of ``read`` (compression in a worker thread)."""
         if not read.data:
-            return _Prepared(read.seq, read.first_lsn, read.last_lsn, None, 0, 0)
+            return _Prepared(read.seq, read.first, read.last, None, 0, 0)
         builder = LogObjectBuilder()
         for e in read.data:
             builder.add_batch(e.topic, e.partition, e.payload)
         epoch, created, level = self._epoch, self._clock(), self.config.compression_level
+        lanes = self._lane_table(read.first, read.last)
         obj = await trio.to_thread.run_sync(
             lambda: builder.build(
                 region=self.region,
                 epoch=epoch,
                 seq=read.seq,
-                first_lsn=read.first_lsn,
-                last_lsn=read.last_lsn,
+                first_lsn=read.first[MAIN_LANE],
+                last_lsn=read.last[MAIN_LANE],
                 created_ms=created,
                 level=level,
+                lanes=lanes,
             )
         )
         return _Prepared(
             read.seq,
-            read.first_lsn,
-            read.last_lsn,
+            read.first,
+            read.last,
             obj,
             sum(e.count for e in read.data),
             sum(e.length for e in read.data),
         )
 
+    def _lane_table(self, first: LaneLsns, last: LaneLsns) -> tuple[LaneRange, ...]:
+        """The lane table of an object (empty with one lane: a version 1 object)."""
+        if not self._multi:
+            return ()
+        return tuple(
+            LaneRange(lane.id, first[lane], last[lane])
+            for lane in sorted((lane for lane, _ in self._lanes), key=lambda lane: lane.id)
+            if not lane.is_main
+        )
+
     async def _publish(self, p: _Prepared) -> None:
-        """Commit a prepared object (if it holds data) and move the shipped watermark past it."""
-        assert p.first_lsn == self._ship_from, "objects must be published in LSN order"
+        """Commit a prepared object (if it holds data) and move the shipped watermarks past it."""
+        assert p.first == self._ship_from, "objects must be published in LSN order"
         if p.obj is not None:
             assert p.seq == self._next_seq, "objects must be published in seq order"
-            await self._commit(p.obj, p.seq, p.first_lsn, p.last_lsn)
+            await self._commit(p.obj, p.seq, p.first, p.last)
             self._records += p.records
             self._journal_bytes += p.journal_bytes
         # The commit is done: advance the watermark BEFORE anything else can
         # wait (the manifest PUT below). A cancellation there (shutdown) must
         # not leave a committed object looking unshipped, or the next drain
         # would ship the same LSNs again under a new seq.
-        self._advance(p.last_lsn)
+        self._advance(p.last)
         if p.obj is not None:
             await self._maybe_write_manifest()
 
-    def _advance(self, last_lsn: int) -> None:
-        self._ship_from = last_lsn + 1
-        self._shipped_lsn = last_lsn
-        self.journal.set_safe_lsn(last_lsn + 1)
+    def _advance(self, last: LaneLsns) -> None:
+        for lane, j in self._lanes:
+            self._ship_from[lane] = last[lane] + 1
+            self._shipped[lane] = last[lane]
+            j.set_safe_lsn(last[lane] + 1)
         self._shipped_lot.unpark_all()
 
-    async def _commit(self, obj: bytes, seq: int, first_lsn: int, last_lsn: int) -> None:
+    async def _commit(self, obj: bytes, seq: int, first: LaneLsns, last: LaneLsns) -> None:
         epoch = self._epoch
+        first_lsn, last_lsn = first[MAIN_LANE], last[MAIN_LANE]
+        lanes = self._lane_table(first, last)
         key = log_key(self.prefix, self.region, seq)
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
         while True:
             t0 = time.perf_counter()
             try:
-                await self._create(key, obj, epoch, first_lsn, last_lsn)
+                await self._create(key, obj, epoch, first_lsn, last_lsn, lanes)
                 self._upload_s += time.perf_counter() - t0
                 break
             except BucketGone as exc:
@@ -886,7 +1046,13 @@ class Shipper:
         self._notify_commit(seq)
 
     async def _create(
-        self, key: str, obj: bytes, epoch: int, first_lsn: int, last_lsn: int
+        self,
+        key: str,
+        obj: bytes,
+        epoch: int,
+        first_lsn: int,
+        last_lsn: int,
+        lanes: tuple[LaneRange, ...] = (),
     ) -> None:
         """One attempt to create the entry; returns once it is committed (by us)."""
         try:
@@ -903,6 +1069,13 @@ class Shipper:
             their_first_lsn=theirs.first_lsn,
             their_last_lsn=theirs.last_lsn,
         )
+        if outcome is Conflict.OURS and theirs.lanes != lanes:
+            # Same epoch and lane 0 range, other lanes' ranges differ: two
+            # processes believe they hold our epoch (as in classify_conflict).
+            raise Fenced(
+                f"another writer uses our epoch {epoch} ({key} has lane ranges "
+                f"{theirs.lanes}, ours {lanes})"
+            )
         if outcome is Conflict.OURS:
             log.info("shipper: %s was already ours (a lost response); committed", key)
             return
@@ -1042,10 +1215,10 @@ class Shipper:
 
     async def ship_pending(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Ship everything appended so far (``edgegw sync``). Returns objects shipped."""
-        target = self.journal.next_lsn - 1
+        target = {lane: j.next_lsn - 1 for lane, j in self._lanes}
         shipped = 0
-        if self._shipped_lsn < target:
-            shipped = await self._ship_many(until_lsn=target, progress=progress)
+        if any(self._shipped[lane] < target[lane] for lane, _ in self._lanes if self._may(lane)):
+            shipped = await self._ship_many(until=target, progress=progress)
         await self._maybe_write_manifest(force=True)
         return shipped
 
@@ -1060,7 +1233,8 @@ class Shipper:
         in the bucket — so the first start of a gateway waits for the bucket
         (and for access to it) before reporting ready.
         """
-        met_bucket = self._load_writer_state() is not None
+        written = self._load_writer_state()
+        met_bucket = written is not None and not self._lost_lane_journals(written)
         if met_bucket:
             task_status.started()
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
@@ -1096,10 +1270,10 @@ class Shipper:
                 # summary must not wait for ever.
                 due = self._schedule.due_in_ms(self._mono_ms()) if self._pending_manifest else None
                 if due is None:
-                    await self.journal.wait_appended(self._ship_from)
+                    await self._wait_appended()
                 else:
                     with trio.move_on_after(max(due / 1000, manifest_floor_s)):
-                        await self.journal.wait_appended(self._ship_from)
+                        await self._wait_appended()
                     if not self.pending():
                         await self._maybe_write_manifest()
                         # Not written (the bucket is away): try again after an
@@ -1117,16 +1291,57 @@ class Shipper:
             with trio.move_on_at(deadline) as self._flush_wait:
                 if self._ship_now:
                     self._flush_wait.cancel()
-                await self.journal.wait_appended_bytes(full_at)
+                await self._wait_appended_bytes(full_at)
             self._flush_wait = None
             self._ship_now = False
             # A backlog (after an outage, or a burst) ships back to back: a
             # full object, then objects of up to backlog_object_bytes, each
             # built while the previous one uploads.
             await self._ship_many(next_due=self._is_full)
-            self._appended_bytes_at_ship = self.journal.appended_bytes
+            self._appended_bytes_at_ship = self._appended_bytes()
             if not self.pending():
                 await self._maybe_write_manifest()
+
+    async def _wait_appended(self) -> None:
+        """Wait until a lane that may ship has an entry to ship, or :meth:`policy_changed`."""
+        lane, j = self._lanes[0]
+        if not self._multi and self._may(lane):
+            await j.wait_appended(self._ship_from[lane])
+            return
+        with trio.CancelScope() as self._idle_wait:
+            async with trio.open_nursery() as nursery:
+
+                async def one(lane: Lane, j: Journal) -> None:
+                    await j.wait_appended(self._ship_from[lane])
+                    nursery.cancel_scope.cancel()
+
+                for lane, j in self._lanes:
+                    if self._may(lane):
+                        nursery.start_soon(one, lane, j)
+                if not nursery.child_tasks:
+                    await trio.sleep_forever()  # every lane held: until policy_changed
+        self._idle_wait = None
+
+    def _appended_bytes(self) -> int:
+        return sum(j.appended_bytes for _, j in self._lanes)
+
+    async def _wait_appended_bytes(self, total: int) -> None:
+        """Wait until the lanes together appended ``total`` bytes (since they opened)."""
+        if not self._multi:
+            await self._lanes[0][1].wait_appended_bytes(total)
+            return
+        while (missing := total - self._appended_bytes()) > 0:
+            # Whenever the lanes together add ``missing`` bytes, one of them
+            # adds at least its share: wait for the first lane to do so.
+            share = -(-missing // len(self._lanes))
+            async with trio.open_nursery() as nursery:
+
+                async def one(j: Journal, share: int) -> None:
+                    await j.wait_appended_bytes(j.appended_bytes + share)
+                    nursery.cancel_scope.cancel()
+
+                for _, j in self._lanes:
+                    nursery.start_soon(one, j, share)
 
     # ------------------------------------------------------------- clocks
 
@@ -1153,10 +1368,13 @@ class Shipper:
         """
         if not self.pending():
             return 0.0
-        first = self.journal.read_entries(self._ship_from, max_bytes=1, durable_only=False)
-        if not first:
-            return 0.0
-        age = max(0.0, (self._clock() - first[0].append_time) / 1000)
+        age = 0.0
+        for lane, j in self._lanes:
+            if not self._may(lane) or j.next_lsn <= self._ship_from[lane]:
+                continue
+            first = j.read_entries(self._ship_from[lane], max_bytes=1, durable_only=False)
+            if first:
+                age = max(age, (self._clock() - first[0].append_time) / 1000)
         return min(age, max(0.0, time.monotonic() - self._pending_since))
 
     def _is_full(self, entries: list[Entry]) -> bool:
@@ -1180,4 +1398,21 @@ class Shipper:
             upload_seconds_total=self._upload_s,
             state=self.state,
             denied=self._denial.current,
+            lanes=tuple(self._lane_stats()),
         )
+
+    def _lane_stats(self) -> list[LaneShipStats]:
+        out = []
+        for lane, j in self._lanes:
+            shipped = self._shipped[lane]
+            out.append(
+                LaneShipStats(
+                    lane=str(lane),
+                    shipped_lsn=shipped,
+                    next_lsn=j.next_lsn,
+                    backlog_entries=max(0, j.next_lsn - 1 - shipped),
+                    backlog_bytes=j.bytes_from(shipped + 1),
+                    held=not self._may(lane),
+                )
+            )
+        return out

@@ -33,6 +33,7 @@ from edge_gateway.errors import CorruptData
 from edge_gateway.format.batch import Record, encode_batch, encode_records
 from edge_gateway.format.logobject import (
     PREFIX_BYTES,
+    LaneRange,
     LogObjectBuilder,
     decode_block,
     decode_header,
@@ -67,6 +68,9 @@ def _seeds() -> list[bytes]:
         b1.build("r1", 1, 7, 1, 2, 0),
         b1.build("r1", 1, 7, 1, 2, 0, level=-5),
         b2.build("west_2", 3, 8, 5, 6, -1),
+        # version 2: a lane table (lanes 1 and 2 beside lane 0's fixed range)
+        b1.build("r1", 1, 7, 3, 2, 0, lanes=(LaneRange(1, 10, 12), LaneRange(2, 5, 4))),
+        encode_fence("r1", 2, 7, 41, 1_700_000_000_000, {1: 9, 2: 0}),
     ]
 
 
@@ -86,7 +90,7 @@ def _fix_block_crcs(buf: bytearray) -> None:
         h = decode_header(bytes(buf), where=KEY)
     except CorruptData:
         return
-    pos = 54 + len(h.region.encode()) + 4
+    pos = 54 + len(h.region.encode()) + 4 + (1 + 17 * len(h.lanes) if h.lanes else 0)
     for b in h.blocks:
         pos += 2 + len(b.topic.encode())
         stored = bytes(buf[b.offset : b.end])

@@ -27,7 +27,12 @@ from typing import Any
 
 from edge_gateway.errors import CorruptData
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.format.logobject import LogObjectBuilder, decode_header, encode_fence
+from edge_gateway.format.logobject import (
+    LaneRange,
+    LogObjectBuilder,
+    decode_header,
+    encode_fence,
+)
 from edge_gateway.format.manifest import Manifest, ManifestEntry
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -63,7 +68,22 @@ def _seeds() -> list[bytes]:
     two = Manifest.covering(
         region="north", epoch=1, entries=entries[:1], low_watermark=1, created_ms=0
     )
-    return [one.encode(), two.encode()]
+    # version 2: log objects with a lane table (lanes 1 and 2 beside lane 0)
+    b3 = LogObjectBuilder()
+    b3.add("crit", 0, [encode_batch([b"alarm"], timestamps=5)])
+    v2 = [
+        encode_fence("north", 3, 4, 9, 0, {1: 0, 2: 0}),
+        b3.build("north", 3, 5, 10, 9, 0, lanes=(LaneRange(1, 1, 1), LaneRange(2, 1, 0))),
+        b.build("north", 3, 6, 10, 18, 0, lanes=(LaneRange(1, 2, 1),)),
+    ]
+    three = Manifest.covering(
+        region="north",
+        epoch=3,
+        entries=[ManifestEntry.from_header(decode_header(o, where="seed"), len(o)) for o in v2],
+        low_watermark=1,
+        created_ms=0,
+    )
+    return [one.encode(), two.encode(), three.encode()]
 
 
 SEEDS = _seeds()

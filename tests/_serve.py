@@ -127,6 +127,8 @@ class TopicSpec:
     home: str
     partitions: int = 3
     subscribers: tuple[str, ...] = ("*",)
+    #: ``[[topics]] priority`` (written only when not the default).
+    priority: str = "normal"
 
 
 #: Settings that keep a fleet quick on a small machine (every section may be overridden).
@@ -181,6 +183,8 @@ class Gateway:
                 f"partitions = {t.partitions}",
                 f"subscribers = {_toml_value(t.subscribers)}",
             ]
+            if t.priority != "normal":
+                lines.append(f"priority = {_toml_value(t.priority)}")
         self.config.write_text("\n".join(lines) + "\n")
 
     # -------------------------------------------------------- process

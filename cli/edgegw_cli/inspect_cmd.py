@@ -287,10 +287,17 @@ def _print_header(
 ) -> None:
     raw = sum(b.raw_length for b in h.blocks)
     stored = sum(b.stored_length for b in h.blocks)
-    if h.first_lsn <= h.last_lsn:
-        lsns = f"{h.first_lsn}..{h.last_lsn} ({h.last_lsn - h.first_lsn + 1} entries)"
-    else:
-        lsns = f"empty (shipped through {h.last_lsn})"
+    lsns = _lsn_range(h.first_lsn, h.last_lsn)
+    if h.lanes:
+        # Version 2: lane 0 (normal) in the fixed fields, the others in the lane table.
+        names = {1: "critical", 2: "bulk"}
+        lsns = "; ".join(
+            [f"normal {lsns}"]
+            + [
+                f"{names.get(r.lane, f'lane {r.lane}')} {_lsn_range(r.first_lsn, r.last_lsn)}"
+                for r in h.lanes
+            ]
+        )
     kind = "fence entry" if h.is_fence else "log object"
     summary = Table.grid(padding=(0, 2))
     summary.add_column(style="bold")
@@ -509,6 +516,12 @@ def _table(title: str, *columns: str | tuple[str, bool]) -> Table:
         name, wraps = (col, False) if isinstance(col, str) else col
         table.add_column(name, overflow="fold", no_wrap=not wraps)
     return table
+
+
+def _lsn_range(first: int, last: int) -> str:
+    if first <= last:
+        return f"{first}..{last} ({last - first + 1} entries)"
+    return f"empty (shipped through {last})"
 
 
 def _time(ms: int) -> str:

@@ -41,6 +41,7 @@ def reship(
     from edge_gateway.config import load_config
     from edge_gateway.gateway import Gateway
     from edge_gateway.journal import Journal
+    from edge_gateway.journal._lanes import refuse_lanes
     from edge_gateway.shipper import Shipper
     from edgegw_cli.sync import _ship
 
@@ -63,6 +64,7 @@ def reship(
         bucket, prefix = await open_edgegw_bucket(
             open_, local=cfg.bucket.type == "local", region=cfg.region, new_bucket=new_bucket
         )
+        refuse_lanes(cfg.journal_path, "edgegw reship")
         journal = await trio.to_thread.run_sync(Journal.open_sync, cfg.journal_path, cfg.journal)
         try:
             shipper = Shipper(

@@ -15,7 +15,8 @@ from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig
+from edge_gateway.journal._lanes import lane_path, lanes_on_disk
 from edge_gateway.names import validate_region
 from edge_gateway.regionlog import LogState, load_log_state
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
@@ -142,14 +143,23 @@ def _restore(
         state = trio.run(read_log)
     except (EdgeGatewayError, OSError) as exc:
         raise fail(reason(exc)) from None
-    if journal_dir.exists() and any(journal_dir.iterdir()):
+    # The journals of every lane (docs/journal.md, "Lanes"): the lanes other
+    # than the normal one start again from the log's head when the gateway claims.
+    others = [
+        lane_path(journal_dir, lane) for lane in sorted(lanes_on_disk(journal_dir) - {MAIN_LANE})
+    ]
+    old = [d for d in (journal_dir, *others) if d.exists() and any(d.iterdir())]
+    if old:
+        names = ", ".join(str(d) for d in old)
         if not yes and not typer.confirm(
-            f"{journal_dir} exists; unshipped records in it will not be shipped. Move it aside?"
+            f"{names} exist; unshipped records in them will not be shipped. Move them aside?"
         ):
             raise typer.Exit(1)
-        aside = journal_dir.parent / f"journal.aside-{time.strftime('%Y%m%dT%H%M%S')}"
-        shutil.move(journal_dir, aside)
-        console.print(f"moved the old journal to {aside}")
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        for d in old:
+            aside = d.parent / f"{d.name}.aside-{stamp}"
+            shutil.move(d, aside)
+            console.print(f"moved the old journal {d.name} to {aside}")
     start_lsn = state.head_last_lsn + 1
     try:
         j = Journal.open_sync(

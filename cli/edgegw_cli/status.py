@@ -32,6 +32,19 @@ def _red(text: str) -> Text:
     return Text(text, style="red")
 
 
+def _lane(lane: dict[str, Any]) -> str:
+    """One priority lane: its backlog, shipped LSN and disk use against its budget."""
+    held = ", held back by the link policy" if lane.get("held") else ""
+    reserve = lane.get("reserve_bytes") or 0
+    return (
+        f"{lane['backlog_entries']} entries ({human_bytes(lane['backlog_bytes'])}) pending, "
+        f"shipped through LSN {lane['shipped_lsn']}; journal "
+        f"{human_bytes(lane['journal_bytes'])} of {human_bytes(lane['budget_bytes'])}"
+        + (f" ({human_bytes(reserve)} reserved)" if reserve else "")
+        + held
+    )
+
+
 def _disk(d: dict[str, Any]) -> Text:
     """The filesystem under the journal: free space, and why intake stops if it does."""
     line = f"{human_bytes(d['free_bytes'])} free of {human_bytes(d['size_bytes'])} ({d['path']})"
@@ -168,6 +181,10 @@ def render(doc: dict[str, Any]) -> None:
         f"last {_ago(s['last_ship_ms'], (doc.get('clock') or {}).get('local_ms'))}; "
         f"{s['pending_lsns']} journal entries pending",
     )
+    lanes = (doc.get("lanes") or {}).get("lanes") or []
+    if len(lanes) > 1:
+        for lane in lanes:
+            head.add_row(f"lane {lane['lane']}", _lane(lane))
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
     link = doc.get("link")

@@ -14,6 +14,7 @@ from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.journal import Journal
+from edge_gateway.journal._lanes import refuse_lanes
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
@@ -106,6 +107,7 @@ def sync(
         bucket, prefix = await open_edgegw_bucket(
             open_, local=local, region=cfg.region, new_bucket=new_bucket
         )
+        refuse_lanes(cfg.journal_path, "edgegw sync")
         journal = await trio.to_thread.run_sync(Journal.open_sync, cfg.journal_path, cfg.journal)
         try:
             shipper = Shipper(

@@ -447,7 +447,7 @@ class ApiApp:
         if ack == "shipped":
             done = False
             async with self._interruptible(receive):
-                await self.gateway.shipper.wait_shipped(res.last_lsn)
+                await self.gateway.wait_shipped(res)
                 done = True
             if not done:
                 return error_response(

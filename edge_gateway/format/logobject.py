@@ -1,4 +1,4 @@
-"""Log object encoding, version 1 (sans-IO).
+"""Log object encoding, versions 1 and 2 (sans-IO).
 
 Each shipper flush writes ONE object, ``regions/<region>/log/<seq:020d>.egw``,
 holding slices of many partitions; the object *is* the region's log entry
@@ -26,6 +26,18 @@ form (little-endian, CRC-32C)::
            4    header_crc      CRC-32C of bytes [0, header_length - 4)
     blocks: back to back from header_length, in index order
 
+Version 2 (written only by a gateway with more than one journal *lane*, see
+``docs/journal.md``) is version 1 plus a lane table right after the region::
+
+           1    n_lanes         u8 >= 1, then n_lanes entries of 17 bytes:
+                  u8 lane (1..255, ascending) | u64 first_lsn | u64 last_lsn
+
+The fixed ``first_lsn``/``last_lsn`` are then the LSN range of lane 0 (the
+``normal`` lane, whose journal is the one a version 1 writer has), the table
+the range of every other lane in use (empty at its watermark when the object
+ships nothing of it). A version 1 reader refuses version 2 ("unsupported log
+object version 2") instead of misreading it.
+
 A block's raw content is the partition's record batches (``batch.py``)
 concatenated as the journal holds them; the shipper never re-encodes records.
 
@@ -42,7 +54,7 @@ from __future__ import annotations
 
 import struct
 import threading
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final, Protocol
 
@@ -55,7 +67,16 @@ from edge_gateway.format.batch import RecordBatch
 from edge_gateway.names import validate_region, validate_topic
 
 MAGIC: Final = b"EGWL"
+#: The version written when only lane 0 is in use (byte-identical to older writers).
 VERSION: Final = 1
+#: The version with a lane table (:class:`LaneRange`), written with several lanes.
+VERSION_LANES: Final = 2
+#: Versions this reader decodes.
+VERSIONS: Final = (VERSION, VERSION_LANES)
+#: Lane whose LSN range is in the fixed header fields (the ``normal`` lane).
+LANE_MAIN: Final = 0
+#: Highest lane id of a lane table.
+MAX_LANE: Final = 255
 FLAG_FENCE: Final = 0x01
 _KNOWN_FLAGS: Final = FLAG_FENCE
 CODEC_NONE: Final = 0
@@ -71,6 +92,9 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _BLOCK = struct.Struct("<IqqIqqQIIBI")  # an index entry after its topic
 _BLOCK_FIXED: Final = 2 + _BLOCK.size  # 63: topic_len + the fields above
+_U8 = struct.Struct("<B")
+_LANE = struct.Struct("<BQQ")  # a lane table entry
+_LANE_SIZE: Final = _LANE.size  # 17
 #: Smallest index entry: a one-character topic.
 MIN_INDEX_ENTRY_BYTES: Final = _BLOCK_FIXED + 1  # 64
 #: Smallest header: a one-character region, no blocks.
@@ -136,6 +160,23 @@ class BlockIndex:
 
 
 @dataclass(frozen=True, slots=True)
+class LaneRange:
+    """A version 2 lane table entry: the LSNs of journal lane ``lane`` the entry ships.
+
+    Inclusive; empty when ``first_lsn == last_lsn + 1`` (then ``last_lsn`` is
+    the highest LSN of the lane shipped so far, 0 if none).
+    """
+
+    lane: int
+    first_lsn: int
+    last_lsn: int
+
+    @property
+    def is_empty(self) -> bool:
+        return self.first_lsn > self.last_lsn
+
+
+@dataclass(frozen=True, slots=True)
 class LogObjectHeader:
     """The decoded header of a log object: the entry's coordinates and its index."""
 
@@ -152,6 +193,9 @@ class LogObjectHeader:
     created_ms: int
     region: str
     blocks: tuple[BlockIndex, ...]
+    #: Version 2: the LSN ranges of the lanes other than lane 0, by lane id
+    #: (``first_lsn``/``last_lsn`` above are lane 0's). Empty in version 1.
+    lanes: tuple[LaneRange, ...] = ()
 
     @property
     def is_fence(self) -> bool:
@@ -177,9 +221,12 @@ class HasBlocks(Protocol):
 # validation shared by the decoder, the encoder and the manifest
 
 
-def header_size(region: str, topics: Iterable[str]) -> int:
-    """Bytes of the header for ``region`` and one index entry per topic in ``topics``."""
+def header_size(region: str, topics: Iterable[str], lanes: int = 0) -> int:
+    """Bytes of the header for ``region``, one index entry per topic in ``topics``
+    and (version 2) a lane table of ``lanes`` entries."""
     size = _FIXED_SIZE + len(region.encode("utf-8")) + 4 + 4
+    if lanes:
+        size += 1 + lanes * _LANE_SIZE
     for topic in topics:
         size += _BLOCK_FIXED + len(topic.encode("utf-8"))
     return size
@@ -238,9 +285,9 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
     three agree on what a valid log entry is. Raises :class:`CorruptData`.
     """
     h = header
-    if h.version != VERSION:
+    if h.version not in VERSIONS:
         raise CorruptData(
-            f"unsupported log object version {h.version} (this reader knows {VERSION})",
+            f"unsupported log object version {h.version} (this reader knows {_KNOWN})",
             where=where,
         )
     if not _int_in(h.flags, 0, 0xFF):
@@ -263,10 +310,14 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
         raise CorruptData("first_lsn is 0; journal LSNs start at 1", where=where)
     if h.first_lsn > h.last_lsn + 1:
         raise CorruptData(f"LSN range {h.first_lsn}..{h.last_lsn} is negative", where=where)
-    if h.blocks and h.first_lsn > h.last_lsn:
+    _check_lanes(h, where)
+    empty = h.first_lsn > h.last_lsn and all(r.is_empty for r in h.lanes)
+    if h.blocks and empty:
         raise CorruptData("an entry with blocks has an empty LSN range", where=where)
-    if h.is_fence and (h.blocks or h.first_lsn != h.last_lsn + 1):
-        raise CorruptData("a fence entry must have no blocks and an empty LSN range", where=where)
+    if h.is_fence and (h.blocks or h.first_lsn != h.last_lsn + 1 or not empty):
+        raise CorruptData(
+            "a fence entry must have no blocks and an empty LSN range in every lane", where=where
+        )
     checked: set[str] = set()
     for b in h.blocks:
         if b.topic not in checked:
@@ -275,7 +326,7 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
             except InvalidName as exc:
                 raise CorruptData(str(exc), where=where) from None
             checked.add(b.topic)
-    expected = header_size(h.region, (b.topic for b in h.blocks))
+    expected = header_size(h.region, (b.topic for b in h.blocks), len(h.lanes))
     if h.header_length != expected or expected > MAX_HEADER_BYTES:
         raise CorruptData(
             f"header_length {h.header_length} for a header of {expected} bytes", where=where
@@ -305,6 +356,42 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
         prev = b
 
 
+def _check_lanes(h: LogObjectHeader, where: str) -> None:
+    if type(h.lanes) is not tuple or not all(type(r) is LaneRange for r in h.lanes):
+        raise CorruptData("lanes must be a tuple of LaneRange", where=where)
+    if h.version == VERSION:
+        if h.lanes:
+            raise CorruptData("a version 1 entry has no lane table", where=where)
+        return
+    if not h.lanes:
+        raise CorruptData("a version 2 entry has a lane table of at least one lane", where=where)
+    prev = LANE_MAIN
+    for r in h.lanes:
+        if not (
+            _int_in(r.lane, 1, MAX_LANE)
+            and _int_in(r.first_lsn, 1, _U64_MAX)
+            and _int_in(r.last_lsn, 0, _U64_MAX)
+        ):
+            raise CorruptData(f"lane table entry {r.lane!r}: a field is out of range", where=where)
+        if r.lane <= prev:
+            raise CorruptData(
+                f"lane table not in ascending lane order ({prev} then {r.lane})", where=where
+            )
+        if r.first_lsn > r.last_lsn + 1:
+            raise CorruptData(
+                f"lane {r.lane}: LSN range {r.first_lsn}..{r.last_lsn} is negative", where=where
+            )
+        prev = r.lane
+
+
+_KNOWN: Final = ", ".join(map(str, VERSIONS))
+
+
+def lanes_version(lanes: Sequence[LaneRange]) -> int:
+    """The version an entry with lane table ``lanes`` is written in."""
+    return VERSION_LANES if lanes else VERSION
+
+
 # --------------------------------------------------------------------------
 # encoding
 
@@ -332,8 +419,11 @@ def encode_header(header: LogObjectHeader) -> bytes:
             len(region),
         ),
         region,
-        _U32.pack(len(h.blocks)),
     ]
+    if h.lanes:
+        parts.append(_U8.pack(len(h.lanes)))
+        parts += (_LANE.pack(r.lane, r.first_lsn, r.last_lsn) for r in h.lanes)
+    parts.append(_U32.pack(len(h.blocks)))
     for b in h.blocks:
         topic = b.topic.encode("utf-8")
         parts += (
@@ -357,23 +447,40 @@ def encode_header(header: LogObjectHeader) -> bytes:
     return body + _U32.pack(crc32c(body))
 
 
-def encode_fence(region: str, epoch: int, seq: int, last_lsn: int, created_ms: int) -> bytes:
+def encode_fence(
+    region: str,
+    epoch: int,
+    seq: int,
+    last_lsn: int,
+    created_ms: int,
+    lane_watermarks: Mapping[int, int] | None = None,
+) -> bytes:
     """A fence entry: claims the log for ``epoch`` and ships nothing.
 
-    ``last_lsn`` is the highest LSN shipped so far (0 if none); the entry's
-    LSN range is the empty ``last_lsn + 1 .. last_lsn``.
+    ``last_lsn`` is the highest LSN of lane 0 shipped so far (0 if none); the
+    entry's LSN range is the empty ``last_lsn + 1 .. last_lsn``.
+    ``lane_watermarks`` (lane id -> highest LSN shipped) makes it a version 2
+    fence that carries every other lane's watermark the same way.
     """
-    return _encode_empty(region, epoch, seq, last_lsn + 1, last_lsn, created_ms, FLAG_FENCE)
+    lanes = tuple(LaneRange(lane, w + 1, w) for lane, w in sorted((lane_watermarks or {}).items()))
+    return _encode_empty(region, epoch, seq, last_lsn + 1, last_lsn, created_ms, FLAG_FENCE, lanes)
 
 
 def _encode_empty(
-    region: str, epoch: int, seq: int, first_lsn: int, last_lsn: int, created_ms: int, flags: int
+    region: str,
+    epoch: int,
+    seq: int,
+    first_lsn: int,
+    last_lsn: int,
+    created_ms: int,
+    flags: int,
+    lanes: tuple[LaneRange, ...] = (),
 ) -> bytes:
     validate_region(region)  # InvalidName is an InvalidInput
     header = LogObjectHeader(
-        VERSION,
+        lanes_version(lanes),
         flags,
-        header_size(region, ()),
+        header_size(region, (), len(lanes)),
         epoch,
         seq,
         first_lsn,
@@ -381,6 +488,7 @@ def _encode_empty(
         created_ms,
         region,
         (),
+        lanes,
     )
     return encode_header(header)
 
@@ -527,6 +635,7 @@ class LogObjectBuilder:
         level: int = DEFAULT_LEVEL,
         *,
         threads: int = 0,
+        lanes: Sequence[LaneRange] = (),
     ) -> bytes:
         """The whole object: the header (with the index) followed by the blocks.
 
@@ -535,6 +644,10 @@ class LogObjectBuilder:
         zstd split big blocks (several MiB) across threads; the default keeps
         the output a pure function of the input. An entry with no batches is
         allowed (LSNs holding nothing to ship); its range may be empty.
+
+        ``first_lsn``/``last_lsn`` are lane 0's range; ``lanes`` (the other
+        lanes' ranges, ascending lane ids) makes it a version 2 object. Without
+        ``lanes`` the object is version 1, as every older writer built it.
         """
         validate_region(region)  # InvalidName is an InvalidInput
         if not _int_in(level, _MIN_LEVEL, zstd.MAX_COMPRESSION_LEVEL):
@@ -543,11 +656,14 @@ class LogObjectBuilder:
             raise InvalidInput(f"threads must be within -1..256, got {threads!r}")
         if not _int_in(first_lsn, 1, _U64_MAX) or not _int_in(last_lsn, 0, _U64_MAX):
             raise InvalidInput("LSNs must be u64, first_lsn >= 1")
+        lane_table = tuple(lanes)
         if not self._slices:
-            return _encode_empty(region, epoch, seq, first_lsn, last_lsn, created_ms, 0)
+            return _encode_empty(region, epoch, seq, first_lsn, last_lsn, created_ms, 0, lane_table)
         cctx = _compressor(level, threads)
         keys = sorted(self._slices)
-        hlen = header_size(region, (t for t, p in keys for _ in self._slices[(t, p)]))
+        hlen = header_size(
+            region, (t for t, p in keys for _ in self._slices[(t, p)]), len(lane_table)
+        )
         if hlen > MAX_HEADER_BYTES:
             raise InvalidInput(
                 f"{len(keys)} partitions need a header of {hlen} bytes; "
@@ -582,7 +698,7 @@ class LogObjectBuilder:
                 stored.append(packed)
                 pos += len(packed)
         header = LogObjectHeader(
-            VERSION,
+            lanes_version(lane_table),
             0,
             hlen,
             epoch,
@@ -592,6 +708,7 @@ class LogObjectBuilder:
             created_ms,
             region,
             tuple(blocks),
+            lane_table,
         )
         return b"".join([encode_header(header), *stored])
 
@@ -604,9 +721,9 @@ def _check_prefix(buf: Buffer, where: str) -> int:
     magic, version, flags, reserved, header_length = _PREFIX.unpack_from(buf, 0)
     if magic != MAGIC:
         raise CorruptData(f"not a log object (magic {bytes(magic)!r})", where=where)
-    if version != VERSION:
+    if version not in VERSIONS:
         raise CorruptData(
-            f"unsupported log object version {version} (this reader knows {VERSION})",
+            f"unsupported log object version {version} (this reader knows {_KNOWN})",
             where=where,
         )
     if flags & ~_KNOWN_FLAGS or reserved:
@@ -663,6 +780,15 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
         raise CorruptData("region overruns the header", where=where)
     region = _utf8(view[pos : pos + rlen], "region", where)
     pos += rlen
+    lanes: list[LaneRange] = []
+    if version == VERSION_LANES:
+        (n_lanes,) = _U8.unpack_from(view, pos)
+        pos += 1
+        if pos + n_lanes * _LANE_SIZE + 4 > end:
+            raise CorruptData("lane table overruns the header", where=where)
+        for _ in range(n_lanes):
+            lanes.append(LaneRange(*_LANE.unpack_from(view, pos)))
+            pos += _LANE_SIZE
     (n_blocks,) = _U32.unpack_from(view, pos)
     pos += 4
     if n_blocks * MIN_INDEX_ENTRY_BYTES > end - pos:
@@ -698,6 +824,7 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
         created_ms,
         region,
         tuple(blocks),
+        tuple(lanes),
     )
     validate_header(header, where=where)
     if object_size is not None and object_size != header.total_length:

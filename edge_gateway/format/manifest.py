@@ -1,4 +1,4 @@
-"""Manifest encoding, version 1 (sans-IO), and the bucket keys of a region's log.
+"""Manifest encoding, versions 1 and 2 (sans-IO), and the bucket keys of a region's log.
 
 Every ``manifest_interval`` the writer creates
 ``regions/<region>/manifest/<last_seq:020d>.json``: a summary of the log
@@ -16,6 +16,12 @@ document, compact JSON with sorted keys::
                               record_count, min_ts, max_ts, offset,
                               stored_length, raw_length, codec, crc], ...]}, ...],
      "next_offsets": [[topic, partition, next_offset], ...]}
+
+Version 2 is written only when an entry is a version 2 log object (a gateway
+with several journal lanes): such an entry has one more key, ``"lanes":
+[[lane, first_lsn, last_lsn], ...]`` -- its log object's lane table -- and
+entries without it are version 1 log objects. A manifest with no such entry
+is written as version 1, byte for byte as before.
 
 :meth:`Manifest.decode` applies every rule of the log object format to each
 entry (through :func:`~edge_gateway.format.logobject.validate_header`), and
@@ -37,15 +43,20 @@ from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
 from edge_gateway.format.logobject import (
     FLAG_FENCE,
     MAX_HEADER_BYTES,
+    MAX_LANE,
     BlockIndex,
+    LaneRange,
     LogObjectHeader,
+    lanes_version,
     validate_header,
 )
-from edge_gateway.format.logobject import VERSION as LOG_OBJECT_VERSION
 from edge_gateway.names import validate_region, validate_topic
 
 FORMAT: Final = "edgegw-manifest"
 VERSION: Final = 1
+#: The version whose entries may carry a lane table (``"lanes"``).
+VERSION_LANES: Final = 2
+_VERSIONS: Final = (VERSION, VERSION_LANES)
 #: Most entries one manifest may cover.
 MAX_ENTRIES: Final = 100_000
 #: Largest manifest document a reader accepts.
@@ -75,6 +86,7 @@ _TOP_KEYS: Final = frozenset(
 _ENTRY_KEYS: Final = frozenset(
     {"seq", "epoch", "first_lsn", "last_lsn", "fence", "header_length", "size", "blocks"}
 )
+_LANE_ENTRY_KEYS: Final = _ENTRY_KEYS | {"lanes"}
 # Name and (lo, hi) of each field of a block row after the topic, in order:
 # the fields of BlockIndex, with the ranges of the log object's index entry.
 _BLOCK_FIELDS: Final = (
@@ -107,6 +119,8 @@ class ManifestEntry:
     #: Size of the whole log object in bytes (the end of its last block).
     size: int
     blocks: tuple[BlockIndex, ...] = ()
+    #: The log object's lane table (version 2); ``first_lsn``/``last_lsn`` are lane 0's.
+    lanes: tuple[LaneRange, ...] = ()
 
     @classmethod
     def from_header(cls, header: LogObjectHeader, size: int) -> ManifestEntry:
@@ -124,6 +138,7 @@ class ManifestEntry:
             header.header_length,
             size,
             header.blocks,
+            header.lanes,
         )
 
     def to_block_index(self) -> tuple[BlockIndex, ...]:
@@ -138,7 +153,7 @@ class ManifestEntry:
     def to_header(self, region: str, created_ms: int = 0) -> LogObjectHeader:
         """The log object header this entry summarises (``created_ms`` is not recorded)."""
         return LogObjectHeader(
-            LOG_OBJECT_VERSION,
+            lanes_version(self.lanes),
             FLAG_FENCE if self.fence else 0,
             self.header_length,
             self.epoch,
@@ -148,10 +163,11 @@ class ManifestEntry:
             created_ms,
             region,
             self.blocks,
+            self.lanes,
         )
 
     def _to_doc(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "seq": self.seq,
             "epoch": self.epoch,
             "first_lsn": self.first_lsn,
@@ -177,6 +193,9 @@ class ManifestEntry:
                 for b in self.blocks
             ],
         }
+        if self.lanes:
+            doc["lanes"] = [[r.lane, r.first_lsn, r.last_lsn] for r in self.lanes]
+        return doc
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,9 +318,10 @@ class Manifest:
         return manifest
 
     def _to_doc(self) -> dict[str, Any]:
+        lanes = any(e.lanes for e in self.entries)
         return {
             "format": FORMAT,
-            "version": VERSION,
+            "version": VERSION_LANES if lanes else VERSION,
             "region": self.region,
             "epoch": self.epoch,
             "first_seq": self.first_seq,
@@ -410,14 +430,34 @@ def _block(row: object, what: str, where: str) -> BlockIndex:
     return BlockIndex(topic, *values)
 
 
+def _lanes(value: object, what: str, where: str) -> tuple[LaneRange, ...]:
+    rows = _list(value, what, where)
+    if not rows:
+        _fail(f"{what} is empty (an entry without lanes has no such key)", where)
+    lanes: list[LaneRange] = []
+    for j, row in enumerate(rows):
+        triple = _list(row, f"{what}[{j}]", where)
+        if len(triple) != 3:
+            _fail(f"{what}[{j}] has {len(triple)} fields, expected 3", where)
+        lanes.append(
+            LaneRange(
+                _int(triple[0], 1, MAX_LANE, f"{what}[{j}] lane", where),
+                _int(triple[1], 1, _U64_MAX, f"{what}[{j}] first_lsn", where),
+                _int(triple[2], 0, _U64_MAX, f"{what}[{j}] last_lsn", where),
+            )
+        )
+    return tuple(lanes)
+
+
 def _parse(doc: object, where: str) -> Manifest:
     if type(doc) is not dict:
         _fail(f"manifest must be a JSON object, got {_type(doc)}", where)
     if doc.get("format") != FORMAT:
         _fail(f"not a manifest (format {_show(doc.get('format'))})", where)
     version = doc.get("version")
-    if type(version) is not int or version != VERSION:
-        _fail(f"unsupported manifest version {_show(version)} (this reader knows {VERSION})", where)
+    if type(version) is not int or version not in _VERSIONS:
+        known = ", ".join(map(str, _VERSIONS))
+        _fail(f"unsupported manifest version {_show(version)} (this reader knows {known})", where)
     doc = _object(doc, _TOP_KEYS, "manifest", where)
     region = _name(doc["region"], validate_region, "region", where)
     epoch = _int(doc["epoch"], 0, _U64_MAX, "epoch", where)
@@ -436,10 +476,13 @@ def _parse(doc: object, where: str) -> Manifest:
     entries: list[ManifestEntry] = []
     # (topic, partition) -> offset after its last block in these entries
     shipped: dict[tuple[str, int], int] = {}
-    prev_lsn = 0  # last_lsn of the previous entry
+    # lane -> last_lsn of the previous entry that listed the lane (lane 0: every entry)
+    prev_lsns: dict[int, int] = {0: 0}
+    any_lanes = False
     for i, raw in enumerate(raw_entries):
         what = f"entries[{i}]"
-        e = _object(raw, _ENTRY_KEYS, what, where)
+        has_lanes = version == VERSION_LANES and type(raw) is dict and "lanes" in raw
+        e = _object(raw, _LANE_ENTRY_KEYS if has_lanes else _ENTRY_KEYS, what, where)
         seq = _int(e["seq"], 0, _U64_MAX, f"{what}.seq", where)
         if seq != first_seq + i:
             _fail(f"{what} has seq {seq}, expected {first_seq + i} (seqs are contiguous)", where)
@@ -458,7 +501,9 @@ def _parse(doc: object, where: str) -> Manifest:
             _int(e["header_length"], 0, MAX_HEADER_BYTES, f"{what}.header_length", where),
             _int(e["size"], 0, _U64_MAX, f"{what}.size", where),
             blocks,
+            _lanes(e["lanes"], f"{what}.lanes", where) if has_lanes else (),
         )
+        any_lanes = any_lanes or has_lanes
         header = entry.to_header(region)
         try:
             validate_header(header, where=where)
@@ -468,13 +513,20 @@ def _parse(doc: object, where: str) -> Manifest:
             _fail(f"{what}.size {entry.size}, its blocks end at {header.total_length}", where)
         # Journal LSNs only grow along the log: an entry ships LSNs after the
         # previous entry's (an empty range first_lsn = last_lsn + 1 included).
-        if entry.first_lsn <= prev_lsn:
-            _fail(
-                f"{what} (log entry {seq}) starts at LSN {entry.first_lsn}, "
-                f"but the previous entry shipped up to LSN {prev_lsn}",
-                where,
-            )
-        prev_lsn = entry.last_lsn
+        # The same holds in each lane (a lane appears once it is in use).
+        for lane, first, last in (
+            (0, entry.first_lsn, entry.last_lsn),
+            *((r.lane, r.first_lsn, r.last_lsn) for r in entry.lanes),
+        ):
+            prev_lsn = prev_lsns.get(lane, 0)
+            if first <= prev_lsn:
+                in_lane = f" of lane {lane}" if lane else ""
+                _fail(
+                    f"{what} (log entry {seq}) starts at LSN {first}{in_lane}, "
+                    f"but the previous entry shipped up to LSN {prev_lsn}",
+                    where,
+                )
+            prev_lsns[lane] = last
         # Offsets of a partition are gap-free along the log.
         for b in blocks:
             key = (b.topic, b.partition)
@@ -502,6 +554,8 @@ def _parse(doc: object, where: str) -> Manifest:
             _fail(f"{what}: next_offsets are not sorted by (topic, partition)", where)
         prev = key
         next_offsets[key] = _int(triple[2], _I64_MIN, _NEXT_OFFSET_MAX, f"{what} offset", where)
+    if version == VERSION_LANES and not any_lanes:
+        _fail("a version 2 manifest with no lane table in any entry (write version 1)", where)
     for key, offset in shipped.items():
         if next_offsets.get(key) != offset:
             _fail(

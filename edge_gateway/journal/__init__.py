@@ -9,15 +9,20 @@ from edge_gateway.journal._journal import (
     OffsetOutOfRange,
     open_journal,
 )
+from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, Priority
 
 __all__ = [
+    "DRAIN_ORDER",
+    "MAIN_LANE",
     "Appended",
     "Entry",
     "FsyncPolicy",
     "Journal",
     "JournalConfig",
     "JournalStats",
+    "Lane",
     "OffsetOutOfRange",
+    "Priority",
     "SourceCoords",
     "open_journal",
 ]

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from edge_gateway.errors import ConfigError
+from edge_gateway.journal._lane import Priority
 
 MiB = 1024 * 1024
 GiB = 1024 * MiB
@@ -73,6 +74,9 @@ class JournalConfig:
     #: their index files through this cache; see docs/journal.md, "Memory",
     #: for the bound on the journal's index memory.
     index_cache_bytes: int = 1 * MiB
+    #: Bytes of ``max_bytes`` guaranteed to a priority's lane, that other
+    #: lanes cannot take (``{ critical = "256MiB" }``); see docs/journal.md, "Lanes".
+    reserve: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         try:
@@ -100,6 +104,24 @@ class JournalConfig:
             raise ConfigError("journal.index_cache_bytes must be >= 0")
         if self.retention_bytes is not None and self.retention_bytes < 0:
             raise ConfigError("journal.retention_bytes must be >= 0")
+        reserve: dict[str, int] = {}
+        for key, size in self.reserve.items():
+            priority = Priority.parse(key, "journal.reserve")
+            if type(size) is not int or size < 0:
+                raise ConfigError(f"journal.reserve.{key}: must be a size >= 0, not {size!r}")
+            reserve[priority.value] = size
+        object.__setattr__(self, "reserve", reserve)
+        # Every lane needs room for an active segment beyond what the others reserve.
+        if sum(reserve.values()) > self.max_bytes - 2 * self.segment_bytes:
+            raise ConfigError(
+                f"journal.reserve: {sum(reserve.values())} bytes reserved leave less than "
+                f"two segments ({2 * self.segment_bytes}) of journal.max_bytes ({self.max_bytes}) "
+                "to share"
+            )
+
+    def reserved(self, priority: Priority) -> int:
+        """Bytes of the budget reserved for ``priority``'s lane (0: none)."""
+        return self.reserve.get(priority.value, 0)
 
     @property
     def fsync_inline(self) -> bool:

@@ -855,6 +855,12 @@ class Journal:
             await _cancel_shielded_checkpoint()
         return res
 
+    async def after_append(self, lsn: int) -> None:
+        """What :meth:`append` does after :meth:`append_nowait`: wait for the fsync
+        (``always``) or yield once per interval. For callers that must pick the
+        journal and append without a checkpoint in between (``Lanes``)."""
+        await self._after_append(lsn)
+
     async def _after_append(self, lsn: int) -> None:
         if self._always:
             await self.wait_durable(lsn)
@@ -1245,7 +1251,7 @@ class Journal:
                 break
             expired = now - seg.last_append_time >= self.config.retention_ms
             pressure = self._total_bytes > keep_bytes or (
-                need and self._total_bytes + need > self.config.max_bytes
+                need and self._total_bytes + need > self._max_bytes
             )
             if not (expired or pressure or force):
                 break
@@ -1596,6 +1602,53 @@ class Journal:
     def next_offset(self, topic: str, partition: int) -> int:
         p = self._partitions.get((topic, partition))
         return p.next_offset if p else 0
+
+    def start_partition(self, topic: str, partition: int, next_offset: int) -> None:
+        """Let the partition's next append here start at ``next_offset``.
+
+        For a topic whose lane changed (``docs/journal.md``, "Lanes"): the new
+        lane's journal continues the partition where the old lane's ended, so
+        offsets stay gap-free across lanes. If this journal still holds older
+        entries of the partition (it moved away and back), the offsets between
+        are in the other lane: a gap here, read like a mirror gap. Not durable
+        by itself: the first append records the offset in its entry (and each
+        segment's checkpoint after it), and until then the old lane knows it.
+        """
+        self._check_open()
+        t = self._topic(topic)
+        p = t.partitions.get(partition) or self._new_partition(t, partition)
+        if p.next_offset > next_offset:
+            raise InvalidInput(
+                f"{topic}/{partition} already holds offsets up to {p.next_offset} in "
+                f"{self.path}; it cannot start at {next_offset}"
+            )
+        p.next_offset = next_offset
+
+    def bytes_from(self, lsn: int) -> int:
+        """Bytes of the entries from ``lsn`` on (a lane's backlog: ``bytes_from(safe_lsn)``)."""
+        total = 0
+        for seg in reversed(self._segments):
+            if seg.end_lsn <= lsn:
+                break
+            if seg.base_lsn >= lsn:
+                total += seg.size
+            else:
+                total += seg.size - seg.entry_positions[lsn - seg.base_lsn]
+        return total
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of segments (and index files) counted against the budget."""
+        return self._total_bytes
+
+    @property
+    def budget_bytes(self) -> int:
+        """The disk budget in force (``max_bytes``, unless :meth:`set_budget` changed it)."""
+        return self._max_bytes
+
+    def set_budget(self, max_bytes: int) -> None:
+        """Set the disk budget of appends (a lane's share of a gateway's ``max_bytes``)."""
+        self._max_bytes = max_bytes
 
     def first_offset(self, topic: str, partition: int) -> int:
         p = self._partitions.get((topic, partition))

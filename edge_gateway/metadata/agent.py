@@ -227,10 +227,9 @@ class MetadataAgent:
         out: dict[str, float] = {}
         try:
             s = self.gateway.shipper.statistics()
-            next_lsn = self.gateway.journal.next_lsn
         except ClosedError:
             return out
-        out["shipper_pending_entries"] = float(max(0, next_lsn - 1 - s.shipped_lsn))
+        out["shipper_pending_entries"] = float(sum(lane.backlog_entries for lane in s.lanes))
         out["shipper_retries"] = float(s.retries)
         for src, tailer in sorted(self.gateway.tailers.items()):
             if len(out) + 2 > _MAX_LAG_FIGURES:

@@ -335,7 +335,7 @@ def test_corrupt_block(site: Site, broken: Path) -> None:
     [
         ((20, b"\x09"), "header CRC mismatch"),
         ((0, b"EGWX"), "not a log object"),
-        ((4, b"\x02"), "unsupported log object version 2"),
+        ((4, b"\x03"), "unsupported log object version 3"),
         ((-1, None), "object is"),
     ],
 )
@@ -450,3 +450,14 @@ def test_real_process(site: Site) -> None:
     assert "telemetry/0" not in proc.stdout
     proc = run_edgegw("inspect", "object", log_key("", SITE, 99), "--bucket-dir", site.bucket_dir)
     assert_one_line_failure(proc.returncode, proc.stderr, "not found")
+
+
+def test_a_version_2_object_shows_every_lane(tmp_path: Path) -> None:
+    path = tmp_path / "fence.egw"
+    path.write_bytes(encode_fence("r1", 2, 7, 41, 1_700_000_000_000, {1: 9, 2: 0}))
+    res = invoke("inspect", "object", path)
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.stdout.split())
+    assert "fence entry v2" in text
+    assert "normal empty (shipped through 41); critical empty (shipped through 9)" in text
+    assert "bulk empty (shipped through 0)" in text

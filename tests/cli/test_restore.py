@@ -206,3 +206,20 @@ def test_sync_refuses_a_bucket_that_is_not_edgegws(
     assert "shipped 30 records" in proc.stdout
     keys = [o["Key"] for o in s3_admin.list_objects_v2(Bucket=s3_bucket_name)["Contents"]]
     assert "edgegw-bucket.json" in keys
+
+
+def test_restore_moves_every_lane_aside_and_offline_sync_refuses_lanes(tmp_path: Path) -> None:
+    bucket = shipped_bucket(tmp_path)
+    data = tmp_path / "data"
+    write_journal(data)
+    crit = Journal.open_sync(data / "journal-critical", JournalConfig())  # a lane's journal
+    crit.close_sync()
+    # ``edgegw sync`` without a gateway ships the normal lane only: refused.
+    proc = run_edgegw("sync", "--data-dir", data, "--region", SITE, "--bucket-dir", bucket)
+    assert_one_line_failure(proc.returncode, proc.stderr, "journal-critical")
+    code, out, err = restore(data, SITE, "--bucket-dir", bucket)
+    assert code == 0, err
+    assert "journal-critical" in out
+    assert len(list(data.glob("journal.aside-*"))) == 1
+    assert len(list(data.glob("journal-critical.aside-*"))) == 1
+    assert not (data / "journal-critical").exists()
