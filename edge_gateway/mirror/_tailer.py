@@ -952,16 +952,19 @@ class Tailer:
     def _frontier(self, first: int) -> int:
         """Following: the highest seq worth asking for now.
 
-        Every entry up to the known head (relayed, or seen), and beyond it as
-        many as the previous pull found, or this one found so far (at least
-        one: the next seq). An idle source costs one GET per poll; a source
-        that writes several entries per round trip (a slow link) gets them
-        all asked for at once instead of one round trip each. Bounded by
-        ``prefetch_objects``; every probe past the end is a 404 (counted in
-        ``probe_misses``).
+        Every entry up to the known head (relayed, or seen), and past it as
+        many as are still expected from the previous pull's count, or as
+        this pull found so far (slow start: each entry found lets one more
+        probe out), at least one (the next seq). An idle source costs one
+        GET per poll, one that writes an entry between polls the same two
+        GETs per pull as one at a time; a source that writes several
+        entries per round trip (a slow link) gets them asked for together
+        instead of one round trip each. Bounded by ``prefetch_objects``;
+        every probe past the end is a 404 (counted in ``probe_misses``).
         """
-        ahead = min(self.config.prefetch_objects, max(1, self._found_prev, self._found_now))
-        return max(self._known_head, first - 1) + ahead
+        found = self._found_now
+        ahead = max(1, self._found_prev - found, found)
+        return max(self._known_head, first - 1) + min(self.config.prefetch_objects, ahead)
 
     async def _apply_slot(self, slot: _Slot) -> None:
         """Apply a prefetched entry; one planned from a bad manifest is read again by header.
