@@ -6,10 +6,14 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
 
 (a) end-to-end latency: single records produced at ``a`` at a steady rate, a
     long-polling consumer at ``b`` on the mirror; latency = visible at b -
-    acknowledged at a (one process, one clock);
+    acknowledged at a (one process, one clock); and b's GETs of log entries
+    per entry a wrote, with the 404s among them (the cost of polling and of
+    asking ahead);
 (b) catch-up: a backlog produced at ``a`` while ``b`` is stopped; ``b`` starts
     and mirrors it; MB/s of log objects until caught up, next to raw boto3
-    GETs of the same objects (8 threads, like the tailer's prefetch);
+    GETs of the same objects (8 threads, like the tailer's prefetch); CPU
+    seconds of ``b``'s process per MB of log objects, next to the CPU of the
+    raw GETs (this process) per MB;
 (c) idle: requests per second ``b`` makes when nothing happens (S3 polling
     mode, no metadata server), from moto's request log (``a`` has no sources,
     so an idle ``a`` makes none);
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import os
 import sys
 import threading
 import time
@@ -232,11 +237,26 @@ def head_seq(s3: Any) -> int:
     return max((int(k.rsplit("/", 1)[1].split(".")[0]) for k, _ in objs), default=0)
 
 
-def raw_gets(s3: Any, keys: list[str]) -> float:
+def raw_gets(s3: Any, keys: list[str]) -> tuple[float, float]:
+    """Seconds to GET ``keys`` with 8 threads, and the CPU seconds this process spent."""
+    c0 = time.process_time()
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def log_gets(reqs: list[Any]) -> tuple[int, int]:
+    """GETs of region a's log entries among ``reqs``, and how many of them were 404s."""
+    gets = [r for r in reqs if r.method == "GET" and "/regions/a/log/" in r.path]
+    return len(gets), sum(1 for r in gets if r.status == 404)
 
 
 def main() -> None:
@@ -274,7 +294,12 @@ def main() -> None:
             b.start()
             b.wait_ready()
             progress(f"(a) end-to-end latency: {probes} records at {rate:.0f}/s ...")
+            head0, mark = head_seq(s3), moto.log_position()
             lat = latency(a, b, probes, rate)
+            gets, misses = log_gets(moto.requests(since=mark))
+            written = max(1, head_seq(s3) - head0)
+            figures["e2e_gets_per_entry"] = gets / written
+            figures["e2e_404s_per_entry"] = misses / written
             figures["e2e_samples"] = len(lat)
             for q in (50, 90, 99):
                 figures[f"e2e_p{q}_ms"] = percentile(lat, q)
@@ -289,9 +314,12 @@ def main() -> None:
             wire = sum(size for _, size in objects)
             b.start()
             b.wait_ready()
+            assert b.proc is not None
+            c0 = cpu_seconds(b.proc.pid)
             t0 = time.perf_counter()
             wait_caught_up(a, b)
             catchup_s = time.perf_counter() - t0
+            catchup_cpu = cpu_seconds(b.proc.pid) - c0
             figures.update(
                 catchup_objects=len(objects),
                 catchup_wire_mb=wire / MB,
@@ -300,8 +328,16 @@ def main() -> None:
                 catchup_mb_per_s=wire / MB / catchup_s,
                 catchup_journal_mb_per_s=produced / MB / catchup_s,
             )
-            raw_s = raw_gets(s3, [k for k, _ in objects])
+            raw_s, raw_cpu = raw_gets(s3, [k for k, _ in objects])
             figures["raw_get_mb_per_s"] = wire / MB / raw_s
+            figures["catchup_cpu_s"] = catchup_cpu
+            figures["catchup_cpu_ms_per_mb"] = catchup_cpu * 1000 / (wire / MB)
+            figures["catchup_cpu_ms_per_journal_mb"] = catchup_cpu * 1000 / (produced / MB)
+            figures["raw_get_cpu_ms_per_mb"] = raw_cpu * 1000 / (wire / MB)
+            with httpx.Client(base_url=b.url, timeout=30) as cb:
+                m = cb.get("/v1/status").json()["mirrors"]["a"]
+            figures["catchup_fetches_in_flight_peak"] = m.get("fetches_in_flight_peak")
+            figures["catchup_prefetch_peak_mb"] = m.get("prefetch_peak_bytes", 0) / MB
             figures["catchup_ratio"] = ratio(
                 figures["catchup_mb_per_s"], figures["raw_get_mb_per_s"]
             )
@@ -397,6 +433,8 @@ def main() -> None:
             ok=ok(f["e2e_p50_ms"], f["e2e_p50_ms"] <= 300),
         ),
         Row("p90", f["e2e_p90_ms"], "ms"),
+        Row("GETs of log entries per entry written", f["e2e_gets_per_entry"], "GET"),
+        Row("... of which 404s", f["e2e_404s_per_entry"], "GET"),
         Row(
             "p99",
             f["e2e_p99_ms"],
@@ -417,6 +455,15 @@ def main() -> None:
             ok(f["catchup_ratio"], (f["catchup_ratio"] or 0) >= 0.8),
         ),
         Row("catch-up (records)", f["catchup_journal_mb_per_s"], "MB/s"),
+        Row(
+            "CPU per MB of log objects",
+            f["catchup_cpu_ms_per_mb"],
+            "ms",
+            "raw boto3 GETs (client CPU)",
+            f["raw_get_cpu_ms_per_mb"],
+        ),
+        Row("CPU per MB of records", f["catchup_cpu_ms_per_journal_mb"], "ms"),
+        Row("fetches in flight at most", f["catchup_fetches_in_flight_peak"], ""),
         "(c) idle b, S3 polling, no metadata server",
         Row(
             "GETs/HEADs per second",

@@ -591,6 +591,17 @@ class _GatewayCollector(Collector):
                 labels=["source"],
             ),
         }
+        in_flight = GaugeMetricFamily(
+            "edgegw_mirror_fetches_in_flight",
+            "Source log entries being fetched now (header reads, GETs, decoding).",
+            labels=["source"],
+        )
+        misses = CounterMetricFamily(
+            "edgegw_mirror_probe_misses",
+            "404s of source log entries asked for ahead of the first missing one "
+            "(the cost of fetching ahead while following).",
+            labels=["source"],
+        )
         state = GaugeMetricFamily(
             "edgegw_mirror_state",
             "1 for the state each source's tailer is in.",
@@ -603,5 +614,9 @@ class _GatewayCollector(Collector):
                     family.add_metric([lag.source], float(value))
             if lag.state:
                 state.add_metric([lag.source, lag.state], 1)
+            in_flight.add_metric([lag.source], float(lag.fetches_in_flight))
+            misses.add_metric([lag.source], float(lag.probe_misses))
         yield from families.values()
+        yield in_flight
+        yield misses
         yield state

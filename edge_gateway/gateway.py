@@ -1501,6 +1501,11 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "relay": s.relay,
         "relay_head": s.relay_head,
         "relay_wakeups": s.relay_wakeups,
+        "fetches_in_flight": s.fetches_in_flight,
+        "fetches_in_flight_peak": s.fetches_in_flight_peak,
+        "probe_misses": s.probe_misses,
+        "prefetch_peak_objects": s.prefetch_peak_objects,
+        "prefetch_peak_bytes": s.prefetch_peak_bytes,
     }
 
 

@@ -43,7 +43,8 @@ Families (``_total`` is added to counters by the exposition format):
   (``InvalidAccessKeyId``, ``NoSuchBucket``...); absent while none is. A
   person must act: alert on it.
 * ``edgegw_mirror_*{source}``: entries_behind, bytes_behind, lag_seconds,
-  quarantined_entries, gaps, catch_up_eta_seconds, state{state} — from the
+  quarantined_entries, gaps, catch_up_eta_seconds, state{state},
+  fetches_in_flight, probe_misses_total — from the
   gateway's tailers, or from the provider given to
   :meth:`GatewayMetrics.set_mirror_lag_provider`
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
@@ -116,6 +117,10 @@ class MirrorLag:
     #: The tailer's state (following, idle, catching-up, retrying, denied, quarantined,
     #: stopped).
     state: str = ""
+    #: Log entries being fetched now (header reads, GETs, decoding).
+    fetches_in_flight: int = 0
+    #: 404s of entries asked for ahead of the first missing one (probing cost).
+    probe_misses: int = 0
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -129,6 +134,8 @@ class MirrorLag:
             gaps=len(stats.gaps),
             catch_up_eta_seconds=stats.eta_s,
             state=stats.state,
+            fetches_in_flight=stats.fetches_in_flight,
+            probe_misses=stats.probe_misses,
         )
 
 

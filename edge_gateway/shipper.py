@@ -122,6 +122,11 @@ MAX_BACKLOG_OBJECT_BYTES = 1024 * MiB
 #: core nearly doubles its speed; more would hold more objects in memory for
 #: little gain on the small machines an edge site runs on.
 _BUILD_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: Journal entries whose bodies the shipper reads; the others (mirror entries,
+#: which belong to other regions' logs) are stepped over by their headers
+#: (CRC-checked, not copied): a catch-up mirrors hundreds of MB that this
+#: region never ships, and reading them whole cost as much CPU as applying them.
+_SHIPPED_KINDS = frozenset({fentry.KIND_DATA})
 
 
 #: Per lane, an LSN of that lane's journal.
@@ -933,12 +938,16 @@ class Shipper:
         must not stall the event loop (local produce and consume share it).
         """
         step = self.config.max_object_bytes
-        entries = j.read_entries(first_lsn, max_bytes=min(step, limit))
+        entries = j.read_entries(
+            first_lsn, max_bytes=min(step, limit), payload_kinds=_SHIPPED_KINDS
+        )
         size = sum(e.length for e in entries)
         # A short read means nothing more is durable yet: no backlog.
         while entries and step <= size < limit:
             await trio.lowlevel.checkpoint()
-            more = j.read_entries(entries[-1].lsn + 1, max_bytes=min(step, limit - size))
+            more = j.read_entries(
+                entries[-1].lsn + 1, max_bytes=min(step, limit - size), payload_kinds=_SHIPPED_KINDS
+            )
             if not more:
                 break
             entries.extend(more)

@@ -252,7 +252,8 @@ def render(doc: dict[str, Any]) -> None:
                 m["state"],
                 str(m["next_seq"]),
                 f"{m['entries_behind']} entries, {human_bytes(m['bytes_behind'])}, "
-                f"{m.get('seconds_behind', 0):.0f}s",
+                f"{m.get('seconds_behind', 0):.0f}s"
+                + (f", {m['fetches_in_flight']} fetching" if m.get("fetches_in_flight") else ""),
                 f"{eta:.0f}s" if eta is not None else "-",
                 f"{m['records']:,}",
                 _red("; ".join(problems)) if problems else "ok",

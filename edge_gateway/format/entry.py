@@ -205,6 +205,41 @@ def peek_length(buf: bytes | bytearray | memoryview, pos: int) -> int:
     return int(struct.unpack_from("<I", buf, pos)[0])
 
 
+#: Where the kind byte sits in an entry (after length, CRC and LSN).
+KIND_OFFSET: Final = 16
+
+
+def decode_entry_header(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, where: str = "entry"
+) -> Entry:
+    """The fixed header fields of the entry at ``buf[pos:]``, without its body.
+
+    For a reader that only needs to step over an entry (the shipper over
+    mirror entries): ``topic`` is empty, ``source`` is ``None`` and
+    ``payload`` is empty -- nothing of the body is parsed or copied. The
+    length and the CRC are checked as :func:`decode_entry` checks them, so a
+    corrupt entry (a flipped kind byte too) is never stepped over silently.
+    """
+    avail = len(buf) - pos
+    if avail < ENTRY_HEADER_SIZE:
+        raise CorruptData(f"truncated entry header ({avail} bytes)", where=where)
+    (length, crc, lsn, kind, _flags, topic_len, partition, base_offset, count, append_time) = (
+        ENTRY_HEADER.unpack_from(buf, pos)
+    )
+    if length < ENTRY_HEADER_SIZE + topic_len or length > MAX_ENTRY_BYTES:
+        raise CorruptData(f"bad entry length {length}", where=where)
+    if length > avail:
+        raise CorruptData(f"truncated entry: {length} bytes, {avail} present", where=where)
+    actual = crc32c(memoryview(buf)[pos + 8 : pos + length])
+    if actual != crc:
+        raise CorruptData(
+            f"entry CRC mismatch (stored {crc:08x}, computed {actual:08x})", where=where
+        )
+    if kind not in _KINDS:
+        raise CorruptData(f"unknown entry kind {kind}", where=where)
+    return Entry(lsn, kind, "", partition, base_offset, count, append_time, None, b"", length)
+
+
 def decode_entry(
     buf: bytes | bytearray | memoryview, pos: int = 0, *, where: str = "entry", verify: bool = True
 ) -> Entry:

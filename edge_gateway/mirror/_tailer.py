@@ -163,6 +163,12 @@ class TailerStats:
     relay_wakeups: int = 0
     #: The bucket's refusal in force (state ``denied``).
     denied: Denial | None = None
+    #: Entries being fetched now (header reads, GETs, decoding) and the most at once.
+    fetches_in_flight: int = 0
+    fetches_in_flight_peak: int = 0
+    #: 404s of entries asked for ahead of the first missing one while following
+    #: (the cost of probing past the known head, see ``docs/mirroring.md``).
+    probe_misses: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,6 +206,9 @@ class _Slot:
     fetched: _Fetched | None = None
     error: Exception | None = None
     done: trio.Event = field(default_factory=trio.Event)
+    #: Set once this slot holds its bytes of the budget (or never will): the
+    #: next slot acquires only then, so the budget is taken in seq order.
+    budgeted: trio.Event = field(default_factory=trio.Event)
 
 
 class _Unconfirmed(Exception):
@@ -291,6 +300,14 @@ class Tailer:
         self._polls = self._empty_polls = self._catch_ups = self._retries = 0
         self._quarantine_events = 0
         self._prefetch_peak_bytes = self._prefetch_peak_objects = 0
+        # Fetches in flight (header reads, GETs, decoding) and their peak.
+        self._in_flight = self._in_flight_peak = 0
+        # Following: entries found by the previous pull and this one so far
+        # (they size the probing past the known head), 404s of this pull, and
+        # 404s of entries asked for ahead of the first missing one.
+        self._found_prev = self._found_now = self._not_found_now = 0
+        self._probe_misses = 0
+        self._frontier_moved = trio.Event()
         self._last_error: str | None = None
         self._denial = DenialTracker(log, f"mirror {self.source}")
         self._caught_up_at = time.monotonic()
@@ -307,6 +324,7 @@ class Tailer:
         """Poll now (the metadata server relayed that the source's head is ``head_seq``)."""
         if head_seq is not None and head_seq > self._known_head:
             self._known_head = head_seq
+            self._frontier_moved.set()  # a pull under way asks for it at once
         self._wake.set()
 
     def set_relay(self, active: bool) -> None:
@@ -503,6 +521,9 @@ class Tailer:
             relay_head=self._relay_head,
             relay_wakeups=self._relay_wakeups,
             denied=self._denial.current,
+            fetches_in_flight=self._in_flight,
+            fetches_in_flight_peak=self._in_flight_peak,
+            probe_misses=self._probe_misses,
         )
 
     # ------------------------------------------------------------ following
@@ -583,32 +604,18 @@ class Tailer:
             # The store answers again: a refusal episode ends with the first
             # answer, not with the end of a long catch-up.
             self._denial.cleared()
-        streak = 0
         try:
             while True:
-                seq = self._state.next_seq
-                self._polls += 1
-                if not self._quarantine:
-                    # while an entry is quarantined, a retry does not flip the
-                    # reported state back and forth: it stays quarantined
-                    # until the entry applies
-                    self._status = "following"
-                try:
-                    fetched = await self._fetch(await self._prepare_unplanned(seq))
-                except NotFound:
-                    self._denial.cleared()
-                    self._empty_polls += 1
-                    if await self._check_gap():
-                        continue
-                    break
-                self._denial.cleared()
-                await self._apply(fetched)
-                processed += 1
-                streak += 1
-                if self._catch_up_wanted(streak):
-                    # Entry after entry exists: far behind, plan from manifests.
-                    streak = 0
+                applied, missing = await self._pipeline(self._state.next_seq, None, ())
+                processed += applied
+                if not missing:
                     processed += await self._catch_up_planned()
+                    continue
+                self._denial.cleared()
+                self._empty_polls += 1
+                if await self._check_gap():
+                    continue
+                break
         finally:
             await self._flush_marker()
         if self._quarantine:  # whatever was bad (an entry, the boundary) read fine now
@@ -878,38 +885,86 @@ class Tailer:
             head,
             len(manifests),
         )
-        try:
-            return await self._pipeline(first, head, manifests)
-        except NotFound:
-            # An entry vanished under us (GC): the sequential loop checks the boundary.
-            return 0
+        applied, _ = await self._pipeline(first, head, manifests)
+        return applied
 
-    async def _pipeline(self, first: int, last: int, manifests: Sequence[tuple[int, str]]) -> int:
+    async def _pipeline(
+        self, first: int, last: int | None, manifests: Sequence[tuple[int, str]]
+    ) -> tuple[int, bool]:
+        """Fetch entries ahead, in parallel, and apply them strictly in seq order.
+
+        ``last`` bounds a catch-up; ``None`` follows the log: entries up to
+        the known head are fetched ahead, and a few beyond it while entries
+        keep appearing (see :meth:`_frontier`). Ends at the first entry that
+        does not exist (returns ``(applied, True)``), after ``last``, or when
+        a follow finds the mirror far behind (``(applied, False)``); later
+        fetches still in flight are cancelled. Errors surface in seq order.
+        """
         cfg = self.config
         send, recv = trio.open_memory_channel[_Slot](math.inf)
         count = trio.Semaphore(cfg.prefetch_objects)
         budget = _ByteBudget(cfg.prefetch_bytes)
         applied = 0
+        streak = 0
+        missing = False
         error: Exception | None = None
+        self._found_now = 0
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._launch, first, last, manifests, send, count, budget, nursery)
             try:
-                async with recv:
-                    async for slot in recv:
+                async for slot in recv:
+                    if last is not None:
                         self._status = "catching-up"
-                        await slot.done.wait()
-                        try:
-                            await self._apply_slot(slot)
-                            applied += 1
-                        finally:
-                            budget.release(slot.cost)
-                            count.release()
+                    elif not self._quarantine:
+                        # a retry of a quarantined entry stays "quarantined"
+                        # until the entry applies
+                        self._status = "following"
+                    await slot.done.wait()
+                    try:
+                        if isinstance(slot.error, NotFound):
+                            # Nothing at this seq (yet), or it was deleted:
+                            # the caller decides (the GC boundary says which).
+                            missing = True
+                            break
+                        self._denial.cleared()
+                        await self._apply_slot(slot)
+                        applied += 1
+                        streak += 1
+                    finally:
+                        budget.release(slot.cost)
+                        count.release()
+                    if last is None and self._catch_up_wanted(streak):
+                        # Entry after entry exists: far behind, plan from manifests.
+                        break
             except Exception as exc:  # noqa: BLE001 - re-raised below, outside the nursery
                 error = exc
+            # Cancel fetches ahead before the channel closes under the launcher.
             nursery.cancel_scope.cancel()
+        recv.close()
+        if last is None:
+            self._found_prev = self._found_now
+        self._probe_misses += max(0, self._not_found_now - (1 if missing else 0))
+        self._not_found_now = 0
         if error is not None:
             raise error
-        return applied
+        return applied, missing
+
+    def _frontier(self, first: int) -> int:
+        """Following: the highest seq worth asking for now.
+
+        Every entry up to the known head (relayed, or seen), and past it as
+        many as are still expected from the previous pull's count, or as
+        this pull found so far (slow start: each entry found lets one more
+        probe out), at least one (the next seq). An idle source costs one
+        GET per poll, one that writes an entry between polls the same two
+        GETs per pull as one at a time; a source that writes several
+        entries per round trip (a slow link) gets them asked for together
+        instead of one round trip each. Bounded by ``prefetch_objects``;
+        every probe past the end is a 404 (counted in ``probe_misses``).
+        """
+        found = self._found_now
+        ahead = max(1, self._found_prev - found, found)
+        return max(self._known_head, first - 1) + min(self.config.prefetch_objects, ahead)
 
     async def _apply_slot(self, slot: _Slot) -> None:
         """Apply a prefetched entry; one planned from a bad manifest is read again by header.
@@ -937,25 +992,38 @@ class Tailer:
     async def _launch(
         self,
         first: int,
-        last: int,
+        last: int | None,
         manifests: Sequence[tuple[int, str]],
         send: trio.MemorySendChannel[_Slot],
         count: trio.Semaphore,
         budget: _ByteBudget,
         nursery: trio.Nursery,
     ) -> None:
-        """Start fetches in seq order, as far ahead as the count and byte budgets allow."""
+        """Start fetches in seq order, as far ahead as the count (and the frontier) allow.
+
+        Each fetch runs in its own task: header reads, GETs and block
+        decoding (in worker threads) of several entries overlap. The byte
+        budget is taken in seq order (each slot after the one before), so
+        later entries can never hold the bytes an earlier one waits for.
+        """
         limit = self.config.prefetch_objects
+        previous = trio.Event()
+        previous.set()
         async with send:
             mi = 0
             loaded: tuple[int, Manifest | None] | None = None
-            for seq in range(first, last + 1):
+            seq = first
+            while last is None or seq <= last:
+                if last is None:
+                    while seq > self._frontier(first):
+                        self._frontier_moved = trio.Event()
+                        await self._frontier_moved.wait()
                 await count.acquire()
                 slot = _Slot(seq)
+                plan: _FetchPlan | None = None
                 try:
                     while mi < len(manifests) and manifests[mi][0] < seq:
                         mi += 1
-                    entry_info: EntryInfo | None = None
                     if mi < len(manifests):
                         if loaded is None or loaded[0] != mi:
                             loaded = (mi, await self._load_manifest(*manifests[mi]))
@@ -963,32 +1031,49 @@ class Tailer:
                         if m is not None and m.first_seq <= seq <= m.last_seq:
                             entry = m.entries[seq - m.first_seq]
                             key = log_key(self.prefix, self.source, seq)
-                            entry_info = EntryInfo.from_manifest(key, m.region, entry)
-                    if entry_info is not None:
-                        slot.planned = True
-                        plan = self._plan_fetch(entry_info, b"")
-                    else:
-                        plan = await self._prepare_unplanned(seq)
-                    slot.cost = plan.cost
-                    await budget.acquire(slot.cost)
-                    self._prefetch_peak_bytes = max(self._prefetch_peak_bytes, budget.peak)
-                    self._prefetch_peak_objects = max(
-                        self._prefetch_peak_objects, limit - count.value
-                    )
+                            slot.planned = True
+                            plan = self._plan_fetch(
+                                EntryInfo.from_manifest(key, m.region, entry), b""
+                            )
                 except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
                     slot.error = exc
                     slot.done.set()
                     await send.send(slot)
                     return
+                self._prefetch_peak_objects = max(self._prefetch_peak_objects, limit - count.value)
+                if last is None:
+                    self._polls += 1
                 await send.send(slot)
-                nursery.start_soon(self._fetch_into, slot, plan)
+                nursery.start_soon(self._fetch_into, slot, plan, previous, budget)
+                previous = slot.budgeted
+                seq += 1
 
-    async def _fetch_into(self, slot: _Slot, plan: _FetchPlan) -> None:
+    async def _fetch_into(
+        self, slot: _Slot, plan: _FetchPlan | None, previous: trio.Event, budget: _ByteBudget
+    ) -> None:
+        """Read the header (unless planned), take the budget in turn, fetch and decode."""
+        self._in_flight += 1
+        self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
         try:
+            if plan is None:
+                plan = await self._prepare_unplanned(slot.seq)
+                self._found_now += 1
+                self._frontier_moved.set()
+            await previous.wait()
+            await budget.acquire(plan.cost)
+            slot.cost = plan.cost
+            slot.budgeted.set()
+            self._prefetch_peak_bytes = max(self._prefetch_peak_bytes, budget.peak)
             slot.fetched = await self._fetch(plan)
         except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
             slot.error = exc
+            if isinstance(exc, NotFound):
+                self._not_found_now += 1
+            # Hand the budget on in order all the same.
+            await previous.wait()
         finally:
+            self._in_flight -= 1
+            slot.budgeted.set()
             slot.done.set()
 
     async def _load_manifest(self, last_seq: int, key: str) -> Manifest | None:

@@ -19,6 +19,7 @@ from edge_gateway.errors import (
     InvalidName,
     JournalFull,
 )
+from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import (
     FsyncPolicy,
@@ -384,6 +385,27 @@ async def test_read_entries_in_lsn_order_for_the_shipper(tmp_path: Path) -> None
         page = j.read_entries(entries[10].lsn, max_bytes=2000)
         assert page[0].lsn == entries[10].lsn
         assert 1 <= len(page) < 90
+
+
+async def test_read_entries_steps_over_kinds_without_their_payload(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(30):
+            await j.append("t", 0, batch_for("t", 0, j.next_offset("t", 0), 2))
+            b = encode_batch([b"m"] * 3, timestamps=1, base_offset=3 * i)
+            await j.append_mirror("north.t", 0, b, SourceCoords("north", i + 1, 1))
+        await j.flush()
+        full = j.read_entries(1, max_bytes=1 << 30)
+        light = j.read_entries(1, max_bytes=1 << 30, payload_kinds={fentry.KIND_DATA})
+        key = [(e.lsn, e.kind, e.length, e.append_time, e.count) for e in full]
+        assert [(e.lsn, e.kind, e.length, e.append_time, e.count) for e in light] == key
+        assert {e.kind for e in full} == {fentry.KIND_DATA, fentry.KIND_MIRROR}
+        for f, e in zip(full, light, strict=True):
+            if e.kind == fentry.KIND_DATA:
+                assert e == f
+            else:
+                assert (e.payload, e.source) == (b"", None)
+                assert f.payload
+                assert f.source is not None
 
 
 async def test_mirror_entries_keep_source_offsets_and_progress(tmp_path: Path) -> None:
