@@ -645,8 +645,12 @@ class Gateway:
         again only when told, so this looks every few seconds at most, and
         exactly when the policy says the next change is due.
         """
+        gate = self.link_gate
         last = {p: self.may_ship(p) for p in PRIORITIES}
         while True:
+            held = self.held_priorities()
+            for p in PRIORITIES:  # status, metrics and one log line per hold
+                gate.note_holding(p, p in held)
             waits = [self.ship_opens_in_s(p) for p, ok in last.items() if not ok]
             await trio.sleep(min([5.0, *(w for w in waits if w > 0)]))
             now = {p: self.may_ship(p) for p in PRIORITIES}

@@ -793,6 +793,16 @@ class Shipper:
     def _may(self, lane: Lane) -> bool:
         return self.may_ship(lane.priority)
 
+    def _may_publish(self, prepared: _Prepared) -> bool:
+        """Whether every lane with entries in ``prepared`` may still ship (asked before the PUT)."""
+        if prepared.obj is None:
+            return True  # nothing goes on the link
+        return all(
+            self._may(lane)
+            for lane, _ in self._lanes
+            if prepared.last.get(lane, 0) >= prepared.first.get(lane, 1)
+        )
+
     def policy_changed(self) -> None:
         """:attr:`may_ship` may answer differently now: look at the lanes again."""
         if self._idle_wait is not None:
@@ -878,6 +888,12 @@ class Shipper:
                 async for slot in receive:
                     await slot.done.wait()
                     assert slot.prepared is not None
+                    if not self._may_publish(slot.prepared):
+                        # The link policy closed for a lane in it while it was
+                        # built (an allowance ran out meanwhile): drop it and
+                        # what was built after it; read again once it opens.
+                        nursery.cancel_scope.cancel()
+                        break
                     await self._publish(slot.prepared)
                     slot.prepared = None
                     in_memory.release()

@@ -240,6 +240,12 @@ class ApiApp:
                         yield scope
                     finally:
                         watcher.cancel_scope.cancel()
+            except BaseExceptionGroup as group:
+                # The wait's own error (Unavailable, Denied...), not a group of
+                # one: the caller maps it to its status.
+                if len(group.exceptions) == 1:
+                    raise group.exceptions[0] from None
+                raise
             finally:
                 self._waits.discard(scope)
 

@@ -446,6 +446,31 @@ class LinkGate:
             self._seen.holding[prio] = False
         log.info("link: %s data may ship again", prio)
 
+    def note_holding(self, priority: str, holding: bool) -> None:
+        """The shipper holds back (or no longer holds) data of ``priority`` waiting to ship.
+
+        For a hold that happens outside :meth:`wait_may_ship` (the shipper
+        skips a held lane): counted and logged once per episode, as there.
+        """
+        prio = str(_priority(priority))
+        if holding == self._seen.holding[prio]:
+            return
+        self._seen.holding[prio] = holding
+        if not holding:
+            if self.policy.allows(prio, self._wall(), self._usage()):
+                log.info("link: %s data may ship again", prio)
+            return
+        self._held[prio] += 1
+        now, usage = self._wall(), self._usage()
+        decision = self.policy.decide(prio, now, usage)
+        log.warning(
+            "link: holding %s data: %s; it may ship again in %.0f s (at %s local time)",
+            prio,
+            decision.reason,
+            max(0.0, decision.opens_at - now),
+            self.policy.local(decision.opens_at).strftime("%Y-%m-%d %H:%M"),
+        )
+
     def statistics(self) -> LinkPolicyStats:
         now, usage = self._wall(), self._usage()
         self._observe(now, usage)
