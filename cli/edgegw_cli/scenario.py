@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import typer
@@ -55,6 +56,7 @@ from edge_gateway.testing.moto import MotoServer, start_moto_server
 from edge_gateway.testing.tcpproxy import LinkShape, ProxyMode, TcpProxy
 from edgegw_cli._common import console, fail
 from edgegw_cli._fleet import (
+    MetadataProcess,
     Site,
     all_records,
     bucket_figures,
@@ -78,6 +80,8 @@ _LINK_MODES = {
     "link_down": ProxyMode.REFUSE,
     "blackhole": ProxyMode.BLACKHOLE,
     "drop_responses": ProxyMode.DROP_RESPONSES,
+    "metadata_down": ProxyMode.REFUSE,
+    "metadata_blackhole": ProxyMode.BLACKHOLE,
 }
 
 
@@ -108,6 +112,8 @@ class Producer(threading.Thread):
         self.site, self.w, self.stopping = site, w, stop
         self.rnd = random.Random(seed)
         self.acked: dict[tuple[int, int], str] = {}
+        #: (monotonic time, records) of every acknowledged batch.
+        self.acked_at: list[tuple[float, int]] = []
         self.ambiguous: set[int] = set()
         self.retries = 0
         self.sent = 0
@@ -146,6 +152,7 @@ class Producer(threading.Thread):
                 if ok:
                     for v, o in zip(pending, r.json()["offsets"], strict=True):
                         self.acked[(o["partition"], o["offset"])] = v
+                    self.acked_at.append((time.monotonic(), len(pending)))
                     self.sent += len(pending)
                     pending = []
             if not ok:
@@ -171,22 +178,25 @@ def _seq(value: object) -> int | None:
 
 
 class Links:
-    """One proxy per region between its gateway and moto, and the faults on them."""
+    """One proxy per region between its gateway and a server, and the faults on them.
 
-    def __init__(self, sc: Scenario, upstream_port: int, seed: int) -> None:
+    The bucket's links (to moto) are shaped as the scenario says; the metadata
+    server's (``shaped=False``) are plain loopback that only faults change.
+    """
+
+    def __init__(self, sc: Scenario, upstream_port: int, seed: int, *, shaped: bool = True) -> None:
         self.sc = sc
+        self.shaped = shaped
         self.seeds = {r: seed * 1009 + i for i, r in enumerate(sc.regions)}
         self.proxies: dict[str, TcpProxy] = {}
         #: Link faults on now, per region, by their place on the timeline.
         self._active: dict[str, dict[int, Fault]] = {r: {} for r in sc.regions}
         self._lock = threading.Lock()
         for r in sc.regions:
-            self.proxies[r] = TcpProxy(
-                "127.0.0.1", upstream_port, shape=sc.link(r).shape(self.seeds[r])
-            ).start()
+            self.proxies[r] = TcpProxy("127.0.0.1", upstream_port, shape=self.configured(r)).start()
 
     def configured(self, region: str) -> LinkShape:
-        return self.sc.link(region).shape(self.seeds[region])
+        return self.sc.link(region).shape(self.seeds[region]) if self.shaped else LinkShape()
 
     def apply(self, fault: Fault, fault_id: int) -> Callable[[], None]:
         """Put ``fault`` in effect; returns what ends it.
@@ -443,10 +453,14 @@ def run(
     counts: dict[str, int] = {}
     moto: MotoServer | None = None
     links: Links | None = None
+    meta: MetadataProcess | None = None
+    meta_links: Links | None = None
     catch_up = CatchUp(sc, sites)
     rss = RssSampler(sites)
     lag_sampler = LagSampler(catch_up)
     heals: dict[int, Callable[[], None]] = {}
+    #: When each timed fault began and ended (monotonic), by its place on the timeline.
+    windows: dict[int, list[float]] = {}
     heal_lock = threading.Lock()
     t0 = time.monotonic()  # the timeline's start, set again once producers run
 
@@ -455,6 +469,7 @@ def run(
             fn = heals.pop(i, None)
         if fn is not None:
             fn()
+            windows[i].append(time.monotonic())
             ended = time.monotonic() - t0
             console.print(f"  t={ended:.1f}s healed: {label}", highlight=False)
             catch_up.watch(label, round(ended, 1))
@@ -466,9 +481,19 @@ def run(
             links = Links(sc, moto.port, seed)
             for r in sc.regions:
                 console.print(f"  link {r}: {sc.link(r).describe()}", highlight=False)
+        tokens: dict[str, str] = {}
+        if sc.metadata:
+            meta = MetadataProcess(work_dir.resolve())
+            meta.start()
+            tokens = {r: meta.add_region(r) for r in sc.regions}
+            for topic in sc.topics:
+                meta.create_topic(topic)
+            meta_links = Links(sc, urlsplit(meta.url).port or 80, seed, shaped=False)
+            console.print("  metadata server: one plain link per region", highlight=False)
         for site in sites.values():
             s3 = (links.proxies[site.region].url, S3_BUCKET) if links else None
-            site.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3)
+            md = (meta_links.proxies[site.region].url, tokens[site.region]) if meta_links else None
+            site.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3, metadata=md)
             site.start()
         for site in sites.values():
             site.wait_ready()
@@ -483,9 +508,11 @@ def run(
         t0 = time.monotonic()
         for i, fault in enumerate(sc.faults):
             time.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
-            if fault.is_link:
-                assert links is not None
-                heals[i] = links.apply(fault, i)
+            if fault.is_link or fault.is_metadata:
+                on = links if fault.is_link else meta_links
+                assert on is not None
+                heals[i] = on.apply(fault, i)
+                windows[i] = [time.monotonic()]
                 t = threading.Timer(fault.for_s, heal, args=(i, fault.label()))
                 t.start()
                 timers.append(t)
@@ -502,8 +529,9 @@ def run(
             t.cancel()
         for i, fault in enumerate(sc.faults):  # link faults still on end now
             heal(i, fault.label())
-        if links is not None:
-            links.heal_all()
+        for ls in (links, meta_links):
+            if ls is not None:
+                ls.heal_all()
         for site in sites.values():  # the end state: everything up again
             site.resume()
             if not site.running:
@@ -524,6 +552,7 @@ def run(
                     counts["mirror_divergence"] = counts.get("mirror_divergence", 0) + len(bad)
                     failures += [f"mirror {b} differs from its source" for b in bad]
         catch_up.finish(timeout=sc.converge_timeout_s)
+        failures += _check_kept_working(sc, producers, windows)
         for p in producers:
             failures += _check_acked(p, sc, sites, counts)
         rss.sample()
@@ -534,14 +563,19 @@ def run(
         catch_up.stopping.set()
         for t in timers:
             t.cancel()
-        if links is not None:  # healed, so that a graceful stop can ship
-            with contextlib.suppress(RuntimeError):
-                links.heal_all()
+        for ls in (links, meta_links):
+            if ls is not None:  # healed, so that a graceful stop can ship
+                with contextlib.suppress(RuntimeError):
+                    ls.heal_all()
         for r, site in sites.items():
             codes[r] = site.stop()
+        if meta is not None:
+            codes["metadata"] = meta.stop()
         link_figures = links.figures() if links is not None else {}
-        if links is not None:
-            links.close()
+        meta_figures = meta_links.figures() if meta_links is not None else {}
+        for ls in (links, meta_links):
+            if ls is not None:
+                ls.close()
         objects = {
             r: _s3_figures(moto, r) if moto is not None else bucket_figures(bucket, r)
             for r in sc.regions
@@ -565,6 +599,11 @@ def run(
         failures,
         codes,
     )
+    doc["timed_faults"] = _timed_faults(sc, producers, windows, t0)
+    for r, figures in meta_figures.items():
+        doc["regions"][r]["metadata_link"] = figures
+    if meta is not None:
+        doc["metadata_exit_code"] = codes["metadata"]
     if moto is not None:
         doc["s3_requests"] = {
             "total": sum(statuses.values()),
@@ -603,6 +642,48 @@ def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) 
             timers.append(t)
     elif fault.action == "resume":
         site.resume()
+
+
+def acked_between(p: Producer, began: float, ended: float) -> int:
+    """Records ``p`` had acknowledged between two instants (monotonic)."""
+    return sum(n for at, n in p.acked_at if began <= at <= ended)
+
+
+def _timed_faults(
+    sc: Scenario, producers: list[Producer], windows: dict[int, list[float]], t0: float
+) -> list[dict[str, Any]]:
+    """Each link or metadata fault: when it was on, and what each region acknowledged meanwhile."""
+    out = []
+    for i, (began, *rest) in sorted(windows.items()):
+        ended = rest[0] if rest else time.monotonic()
+        out.append(
+            {
+                "fault": sc.faults[i].label(),
+                "began_at_s": round(began - t0, 1),
+                "ended_at_s": round(ended - t0, 1),
+                "acked_during": {
+                    r: sum(acked_between(p, began, ended) for p in producers if p.w.region == r)
+                    for r in sc.regions
+                },
+            }
+        )
+    return out
+
+
+def _check_kept_working(
+    sc: Scenario, producers: list[Producer], windows: dict[int, list[float]]
+) -> list[str]:
+    """A region whose metadata link was down must keep acknowledging from its cached routing."""
+    bad = []
+    for i, (began, *rest) in sorted(windows.items()):
+        fault = sc.faults[i]
+        if not fault.is_metadata or not rest:
+            continue
+        for r in sc.regions if fault.region == "*" else [fault.region]:
+            mine = [p for p in producers if p.w.region == r]
+            if mine and not sum(acked_between(p, began, rest[0]) for p in mine):
+                bad.append(f"{r} acknowledged nothing during {fault.label()}")
+    return bad
 
 
 def _check_acked(

@@ -83,6 +83,30 @@ def test_link_faults_with_their_parameters() -> None:
     assert (quick.faults[1].at_s, quick.faults[1].for_s) == (2, 1)
 
 
+def test_metadata_faults_need_the_metadata_server() -> None:
+    fault = '[[faults]]\nat_s = 2\naction = "metadata_blackhole"\nregion = "*"\nfor_s = 3\n'
+    with_metadata = "metadata = true\n" + BASE
+    sc = parse_scenario(doc(fault, with_metadata), "x")
+    assert sc.metadata
+    (f,) = sc.faults
+    assert (f.action, f.region, f.for_s, f.is_metadata, f.is_link) == (
+        "metadata_blackhole",
+        "*",
+        3,
+        True,
+        False,
+    )
+    with pytest.raises(ScenarioError, match="metadata_blackhole needs metadata = true"):
+        parse_scenario(doc(fault), "x")
+    with pytest.raises(ScenarioError, match=r"scenario\.metadata: expected true or false"):
+        parse_scenario(doc(base='metadata = "yes"\n' + BASE), "x")
+    with pytest.raises(ScenarioError, match="needs for_s"):
+        parse_scenario(
+            doc('[[faults]]\nat_s = 1\naction = "metadata_down"\nregion = "ship"\n', with_metadata),
+            "x",
+        )
+
+
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

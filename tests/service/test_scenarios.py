@@ -80,6 +80,42 @@ def test_link_scenario_quick_form_loses_nothing(tmp_path: Path, name: str) -> No
         assert doc["s3_requests"]["by_status"].get("412", 0) > 0, doc["s3_requests"]
 
 
+@pytest.mark.slow
+def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) -> None:
+    """The metadata server refused, then blackholed for one site, while a site reboots."""
+    report = tmp_path / "report.json"
+    work = tmp_path / "s"
+    out = run(
+        str(ROOT / "scenarios" / "metadata-outage.toml"),
+        "--quick",
+        "--dir",
+        str(work),
+        "--report",
+        str(report),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(report.read_text())
+    assert doc["passed"], doc["failures"]
+    assert (doc["lost"], doc["duplicated"], doc["reordered"], doc["mirror_divergence"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    assert doc["metadata_exit_code"] == 0
+    # Every region talked to the metadata server over its own link ...
+    for region, figures in doc["regions"].items():
+        assert figures["metadata_link"]["bytes_up"] > 0, region
+    # ... and kept acknowledging while it was unreachable.
+    meta_faults = [f for f in doc["timed_faults"] if "metadata_" in f["fault"]]
+    assert len(meta_faults) == 2
+    for f in meta_faults:
+        targets = doc["regions"] if " * " in f["fault"] else ["warehouse"]
+        assert all(f["acked_during"][r] > 0 for r in targets), f
+    # The store rebooted while the server was down: it started from its cache.
+    assert "starting from the cached table" in (work / "store.log").read_text()
+
+
 def _link_faults(name: str) -> int:
     doc = tomllib.loads((ROOT / "scenarios" / f"{name}.toml").read_text())
     return sum(1 for f in doc["faults"] if f["action"] in LINK_ACTIONS)
