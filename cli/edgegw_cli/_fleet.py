@@ -91,6 +91,9 @@ class Site:
     url: str = ""
     log_path: Path = field(default_factory=Path)
     paused: bool = False
+    #: Names the config and log files (``<name>.toml``, ``<name>.log``); the
+    #: region by default (a second gateway of the region needs another).
+    name: str = ""
 
     def write_config(
         self,
@@ -121,8 +124,9 @@ class Site:
                 'region = "us-east-1"\npath_style = true\n'
                 'access_key = "testing"\nsecret_key = "testing"\n'
             )
-        self.config = self.data_dir.parent / f"{self.region}.toml"
-        self.log_path = self.data_dir.parent / f"{self.region}.log"
+        name = self.name or self.region
+        self.config = self.data_dir.parent / f"{name}.toml"
+        self.log_path = self.data_dir.parent / f"{name}.log"
         if metadata is not None:
             url, token = metadata
             topology = (
@@ -255,10 +259,19 @@ def high_watermarks(client: httpx.Client, topic: str) -> list[int]:
     return [p["next_offset"] for p in r.json()["partitions"]]
 
 
-def all_records(client: httpx.Client, topic: str, partition: int) -> list[tuple[object, ...]]:
-    """Every record of a partition as comparable tuples (offset, key, value, timestamp)."""
+def first_offsets(client: httpx.Client, topic: str) -> list[int]:
+    """Each partition's first offset the gateway still serves (0 unless restored or trimmed)."""
+    r = client.get(f"/v1/topics/{topic}")
+    r.raise_for_status()
+    return [p["first_offset"] for p in r.json()["partitions"]]
+
+
+def all_records(
+    client: httpx.Client, topic: str, partition: int, start: int = 0
+) -> list[tuple[object, ...]]:
+    """Every record of a partition from ``start`` on, as comparable tuples (offset, key, ...)."""
     out: list[tuple[object, ...]] = []
-    offset = 0
+    offset = start
     while True:
         r = client.get(
             f"/v1/topics/{topic}/partitions/{partition}/records",
@@ -299,14 +312,20 @@ def wait_mirrored(home: Site, topic: str, other: Site, timeout: float) -> float:
 
 
 def mirror_mismatches(home: Site, topic: str, partitions: int, other: Site) -> list[str]:
-    """Partitions where ``other``'s mirror differs from ``home``'s topic, record for record."""
+    """Partitions where ``other``'s mirror differs from ``home``'s topic, record for record.
+
+    Compared from the offset the home serves first: a restored home serves
+    only what it took after the restore; the mirror holds the older records too.
+    """
     bad = []
     with (
         httpx.Client(base_url=home.url, timeout=30) as h,
         httpx.Client(base_url=other.url, timeout=30) as o,
     ):
+        starts = first_offsets(h, topic)
         for p in range(partitions):
-            if all_records(h, topic, p) != all_records(o, f"{home.region}.{topic}", p):
+            mine = all_records(h, topic, p, starts[p])
+            if mine != all_records(o, f"{home.region}.{topic}", p, starts[p]):
                 bad.append(f"{other.region}:{home.region}.{topic}/{p}")
     return bad
 

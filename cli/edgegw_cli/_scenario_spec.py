@@ -16,7 +16,7 @@ from edge_gateway.testing.tcpproxy import LinkShape
 from edgegw_cli._fleet import FleetTopic
 
 #: Faults against the gateway processes.
-PROCESS_ACTIONS: Final = ("kill", "stop", "start", "pause", "resume")
+PROCESS_ACTIONS: Final = ("kill", "stop", "start", "pause", "resume", "split_brain")
 #: Faults against a region's link to the bucket (``bucket = "s3"`` only).
 LINK_ACTIONS: Final = ("link_down", "blackhole", "drop_responses", "slow", "lossy", "cap")
 #: Faults against a region's link to the metadata server (``metadata = true`` only).

@@ -36,6 +36,8 @@ import contextlib
 import itertools
 import json
 import random
+import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -52,6 +54,8 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
+from edge_gateway.format.batch import decode_batch
+from edge_gateway.journal import Journal
 from edge_gateway.testing.moto import MotoServer, start_moto_server
 from edge_gateway.testing.tcpproxy import LinkShape, ProxyMode, TcpProxy
 from edgegw_cli._common import console, fail
@@ -61,6 +65,7 @@ from edgegw_cli._fleet import (
     all_records,
     bucket_figures,
     claim_work_dir,
+    first_offsets,
     high_watermarks,
     mirror_mismatches,
     wait_mirrored,
@@ -72,6 +77,7 @@ from edgegw_cli._scenario_spec import (
     Workload,
     parse_scenario,
 )
+from edgegw_cli._serve_run import EXIT_FENCED
 
 app = typer.Typer(help="Multi-region scenarios with faults.", no_args_is_help=True)
 
@@ -111,7 +117,12 @@ class Producer(threading.Thread):
         super().__init__(daemon=True)
         self.site, self.w, self.stopping = site, w, stop
         self.rnd = random.Random(seed)
+        #: What the region's writer acknowledged, by (partition, offset).
         self.acked: dict[tuple[int, int], str] = {}
+        #: What a writer of the region acknowledged before a second writer
+        #: fenced it (split brain; see :meth:`follow`).
+        self.acked_by_old_writer: dict[tuple[int, int], str] = {}
+        self.lock = threading.Lock()
         #: (monotonic time, records) of every acknowledged batch.
         self.acked_at: list[tuple[float, int]] = []
         self.ambiguous: set[int] = set()
@@ -130,10 +141,11 @@ class Producer(threading.Thread):
                     f'{{"n": {self.sent + i}, "v": {self.rnd.random():.6f}}}'
                     for i in range(self.w.batch)
                 ]
-            if self.site.url != url or client is None:
+            site = self.site
+            if site.url != url or client is None:
                 if client is not None:
                     client.close()
-                url = self.site.url
+                url = site.url
                 client = httpx.Client(base_url=url, timeout=5) if url else None
             ok = False
             if client is not None:
@@ -150,8 +162,10 @@ class Producer(threading.Thread):
                 except httpx.HTTPError:
                     self._ambiguous(pending)
                 if ok:
-                    for v, o in zip(pending, r.json()["offsets"], strict=True):
-                        self.acked[(o["partition"], o["offset"])] = v
+                    with self.lock:
+                        into = self.acked if site is self.site else self.acked_by_old_writer
+                        for v, o in zip(pending, r.json()["offsets"], strict=True):
+                            into[(o["partition"], o["offset"])] = v
                     self.acked_at.append((time.monotonic(), len(pending)))
                     self.sent += len(pending)
                     pending = []
@@ -163,6 +177,18 @@ class Producer(threading.Thread):
             time.sleep(max(0.0, next_at - time.monotonic()))
         if client is not None:
             client.close()
+
+    def follow(self, site: Site) -> None:
+        """Write to ``site`` from now on: the region's new writer (the old one was fenced).
+
+        What the old writer acknowledged is set apart: offsets it gave but never
+        shipped are given again by the new writer (a restore continues from the
+        region's log, not from the old journal).
+        """
+        with self.lock:
+            self.acked_by_old_writer.update(self.acked)
+            self.acked = {}
+            self.site = site
 
     def _ambiguous(self, pending: list[str]) -> None:
         self.ambiguous.update(n for v in pending if (n := _seq(v)) is not None)
@@ -261,6 +287,35 @@ class Links:
     def close(self) -> None:
         for proxy in self.proxies.values():
             proxy.stop()
+
+
+@dataclass
+class SplitBrain:
+    """A second gateway for a region, from ``edgegw restore``, while the first still runs.
+
+    The second claims the region's log (a fence entry at a higher epoch); the
+    first must stop at its next upload with exit 3 (fenced). When it has,
+    the region's producers follow the second (as devices would once the old
+    machine is gone).
+    """
+
+    region: str
+    old: Site
+    new: Site
+    began: float
+    old_exit: int | None = None
+    fenced_after_s: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def watch(self, on_exit: Callable[[], None]) -> None:
+        def wait() -> None:
+            assert self.old.proc is not None
+            self.old_exit = self.old.proc.wait()
+            self.fenced_after_s = round(time.monotonic() - self.began, 3)
+            on_exit()
+            self.done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
 
 
 @dataclass
@@ -459,6 +514,9 @@ def run(
     rss = RssSampler(sites)
     lag_sampler = LagSampler(catch_up)
     heals: dict[int, Callable[[], None]] = {}
+    splits: list[SplitBrain] = []
+    restoring: list[threading.Thread] = []
+    tokens: dict[str, str] = {}
     #: When each timed fault began and ended (monotonic), by its place on the timeline.
     windows: dict[int, list[float]] = {}
     heal_lock = threading.Lock()
@@ -474,6 +532,52 @@ def run(
             console.print(f"  t={ended:.1f}s healed: {label}", highlight=False)
             catch_up.watch(label, round(ended, 1))
 
+    def split_brain(region: str) -> None:
+        """Start a second gateway for ``region`` from `edgegw restore`, beside the first.
+
+        The first hangs meanwhile (SIGSTOP: the machine a technician took for
+        dead) and thaws once the second serves: it still holds what it
+        acknowledged and never shipped, and meets the second's fence at its
+        next upload. (Frozen, because a claim racing a first gateway that
+        ships every flush interval may take long on a slow link.)
+        """
+        sites[region].pause()
+        name = f"{region}.restored"
+        new = Site(region, (work_dir / name).resolve(), name=name)
+        s3 = (links.proxies[region].url, S3_BUCKET) if links else None
+        md = (meta_links.proxies[region].url, tokens[region]) if meta_links else None
+        new.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3, metadata=md)
+        argv = [sys.executable, "-m", "edgegw_cli", "restore", "--config", str(new.config)]
+        out = subprocess.run(
+            [*argv, "--yes"], capture_output=True, text=True, timeout=120, check=False
+        )
+        new.log_path.write_text(out.stdout + out.stderr)
+        if out.returncode != 0:
+            sites[region].resume()
+            failures.append(
+                f"edgegw restore of a second {region} gateway exited {out.returncode}: "
+                + out.stderr.strip()[-300:]
+            )
+            return
+        sb = SplitBrain(region, sites[region], new, time.monotonic())
+        splits.append(sb)  # from now on stopped at the end, whatever happens
+        new.start()
+        try:
+            new.wait_ready(timeout=120)
+        except typer.Exit:
+            failures.append(f"split brain: the second {region} gateway did not start")
+            return
+        finally:
+            sb.old.resume()
+
+        def fenced() -> None:
+            sites[region] = new
+            for p in producers:
+                if p.w.region == region:
+                    p.follow(new)
+
+        sb.watch(fenced)
+
     try:
         if sc.bucket == "s3":
             moto = start_moto_server(work_dir / "moto.log")
@@ -481,7 +585,6 @@ def run(
             links = Links(sc, moto.port, seed)
             for r in sc.regions:
                 console.print(f"  link {r}: {sc.link(r).describe()}", highlight=False)
-        tokens: dict[str, str] = {}
         if sc.metadata:
             meta = MetadataProcess(work_dir.resolve())
             meta.start()
@@ -516,6 +619,11 @@ def run(
                 t = threading.Timer(fault.for_s, heal, args=(i, fault.label()))
                 t.start()
                 timers.append(t)
+            elif fault.action == "split_brain":
+                # A restore and a claim take a while: the timeline goes on meanwhile.
+                t = threading.Thread(target=split_brain, args=(fault.region,), daemon=True)
+                t.start()
+                restoring.append(t)
             else:
                 _apply(fault, sites, timers)
             console.print("  " + fault.label(), highlight=False)
@@ -532,6 +640,19 @@ def run(
         for ls in (links, meta_links):
             if ls is not None:
                 ls.heal_all()
+        for t in restoring:
+            t.join(timeout=180)
+        for sb in splits:
+            sb.old.resume()
+            if not sb.done.wait(timeout=60):
+                failures.append(f"split brain: the first {sb.region} gateway was not fenced")
+                sb.old.stop()
+                sb.done.wait(timeout=10)
+            elif sb.old_exit != EXIT_FENCED:
+                failures.append(
+                    f"split brain: the first {sb.region} gateway exited {sb.old_exit}, "
+                    f"not {EXIT_FENCED} (fenced)"
+                )
         for site in sites.values():  # the end state: everything up again
             site.resume()
             if not site.running:
@@ -553,8 +674,9 @@ def run(
                     failures += [f"mirror {b} differs from its source" for b in bad]
         catch_up.finish(timeout=sc.converge_timeout_s)
         failures += _check_kept_working(sc, producers, windows)
+        old_journals = {sb.region: sb.old.data_dir / "journal" for sb in splits}
         for p in producers:
-            failures += _check_acked(p, sc, sites, counts)
+            failures += _check_acked(p, sc, sites, counts, old_journals.get(p.w.region))
         rss.sample()
     finally:
         stop.set()
@@ -569,6 +691,10 @@ def run(
                     ls.heal_all()
         for r, site in sites.items():
             codes[r] = site.stop()
+        for sb in splits:  # the loser is gone (fenced); a failed run may have left either up
+            sb.old.stop()
+            if sites[sb.region] is not sb.new:
+                sb.new.stop()
         if meta is not None:
             codes["metadata"] = meta.stop()
         link_figures = links.figures() if links is not None else {}
@@ -600,6 +726,21 @@ def run(
         codes,
     )
     doc["timed_faults"] = _timed_faults(sc, producers, windows, t0)
+    doc["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0)
+    doc["split_brain"] = [
+        {
+            "region": sb.region,
+            "second_gateway_at_s": round(sb.began - t0, 1),
+            "first_gateway_exit_code": sb.old_exit,
+            "first_gateway_fenced_after_s": sb.fenced_after_s,
+            "first_gateway_journal": str(sb.old.data_dir / "journal"),
+            "acked_by_first_gateway": sum(
+                len(p.acked_by_old_writer) for p in producers if p.w.region == sb.region
+            ),
+            "acked_by_fenced_writer": counts.get(f"acked_by_fenced_writer:{sb.region}", 0),
+        }
+        for sb in splits
+    ]
     for r, figures in meta_figures.items():
         doc["regions"][r]["metadata_link"] = figures
     if meta is not None:
@@ -686,8 +827,57 @@ def _check_kept_working(
     return bad
 
 
+def journal_values(journal_dir: Path, topic: str) -> dict[tuple[int, int], str]:
+    """Every record of ``topic`` in a stopped gateway's journal, by (partition, offset)."""
+    out: dict[tuple[int, int], str] = {}
+    j = Journal.open_sync(journal_dir)
+    try:
+        for t, part in j.partitions():
+            if t != topic:
+                continue
+            offset = j.first_offset(t, part)
+            while entries := j.read(t, part, offset):
+                for e in entries:
+                    for rec in decode_batch(e.payload, where=str(journal_dir)).records(offset):
+                        out[(part, rec.offset)] = rec.value.decode("utf-8", "replace")
+                    offset = max(offset, e.next_offset)
+    finally:
+        j.close_sync()
+    return out
+
+
+def split_old_writer(
+    old: dict[tuple[int, int], str],
+    in_log: list[dict[int, object]],
+    old_journal: dict[tuple[int, int], str],
+) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], str], int]:
+    """What a fenced writer acknowledged: (in the region's log, only in its journal, lost).
+
+    ``in_log`` is the region's history per partition as a mirror holds it (the
+    log in the bucket). A record the old writer acknowledged is *kept* when
+    the log holds it at its offset (it was shipped before the fence); else it
+    was acknowledged by the fenced writer and never shipped: it is counted
+    apart, and must still be in the old gateway's journal (the data directory
+    a fenced gateway leaves behind); one in neither place is lost.
+    """
+    kept: dict[tuple[int, int], str] = {}
+    fenced: dict[tuple[int, int], str] = {}
+    lost = 0
+    for (part, o), v in old.items():
+        if part < len(in_log) and in_log[part].get(o) == v:
+            kept[(part, o)] = v
+        else:
+            fenced[(part, o)] = v
+            lost += old_journal.get((part, o)) != v
+    return kept, fenced, lost
+
+
 def _check_acked(
-    p: Producer, sc: Scenario, sites: dict[str, Site], counts: dict[str, int]
+    p: Producer,
+    sc: Scenario,
+    sites: dict[str, Site],
+    counts: dict[str, int],
+    old_journal: Path | None = None,
 ) -> list[str]:
     """Count, at the home and in every mirror: acknowledged records lost, duplicated, reordered.
 
@@ -704,15 +894,34 @@ def _check_acked(
         if r != t.home and ("*" in t.subscribers or r in t.subscribers)
     ]
     bad: list[str] = []
-    for region, name in readers:
+    acked = p.acked
+    for i, (region, name) in enumerate(readers):
         with httpx.Client(base_url=sites[region].url, timeout=30) as client:
-            partitions = [all_records(client, name, part) for part in range(t.partitions)]
+            starts = first_offsets(client, name)
+            partitions = [
+                all_records(client, name, part, starts[part]) for part in range(t.partitions)
+            ]
         for part, stored in enumerate(partitions):
-            if [r[0] for r in stored] != list(range(len(stored))):
+            if [r[0] for r in stored] != list(range(starts[part], starts[part] + len(stored))):
                 bad.append(f"{region}:{name}/{part} has gaps in its offsets")
-        found = count_problems(
-            [{r[0]: r[3] for r in stored} for stored in partitions], p.acked, p.ambiguous
-        )
+        values = [{r[0]: r[3] for r in stored} for stored in partitions]
+        if i == 1 and p.acked_by_old_writer and old_journal is not None:
+            # The first mirror holds the region's log: what the fenced writer shipped.
+            kept, fenced, lost = split_old_writer(
+                p.acked_by_old_writer, values, journal_values(old_journal, t.name)
+            )
+            acked = {**kept, **p.acked}
+            counts["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0) + len(fenced)
+            key = f"acked_by_fenced_writer:{t.home}"
+            counts[key] = counts.get(key, 0) + len(fenced)
+            counts["lost"] = counts.get("lost", 0) + lost
+            if lost:
+                bad.append(f"{t.home}:{t.name} lost {lost} records the fenced writer acknowledged")
+        elif i == 0 and p.acked_by_old_writer and len(readers) == 1:
+            bad.append(f"{t.home}:{t.name} split brain needs a mirror of the topic to check it")
+        # A restored home serves only what it took since: check from where it starts.
+        mine = {k: v for k, v in acked.items() if k[0] >= len(starts) or k[1] >= starts[k[0]]}
+        found = count_problems(values, mine, p.ambiguous)
         for key, value in found.items():
             counts[key] = counts.get(key, 0) + value
             if value:
@@ -787,7 +996,9 @@ def _report_doc(
     regions: dict[str, Any] = {}
     for r in sc.regions:
         regions[r] = {
-            "acknowledged": sum(len(p.acked) for p in producers if p.w.region == r),
+            "acknowledged": sum(
+                len(p.acked) + len(p.acked_by_old_writer) for p in producers if p.w.region == r
+            ),
             "producer_retries": sum(p.retries for p in producers if p.w.region == r),
             "log_objects": objects[r][0],
             "log_bytes": objects[r][1],
@@ -804,7 +1015,7 @@ def _report_doc(
         "duration_s": sc.duration_s,
         "passed": not failures and all(c == 0 for c in codes.values()),
         "failures": failures,
-        "acknowledged": sum(len(p.acked) for p in producers),
+        "acknowledged": sum(len(p.acked) + len(p.acked_by_old_writer) for p in producers),
         "lost": counts.get("lost", 0),
         "duplicated": counts.get("duplicated", 0),
         "reordered": counts.get("reordered", 0),
@@ -849,6 +1060,16 @@ def _print_report(doc: dict[str, Any]) -> None:
         f"{doc['mirror_divergence']}",
         highlight=False,
     )
+    for sb in doc.get("split_brain", []):
+        console.print(
+            f"  split brain in {sb['region']}: a second gateway from edgegw restore at "
+            f"t={sb['second_gateway_at_s']:g}s; the first exited {sb['first_gateway_exit_code']} "
+            f"{sb['first_gateway_fenced_after_s']}s later; of the "
+            f"{sb['acked_by_first_gateway']:,} records the first acknowledged, "
+            f"{sb['acked_by_fenced_writer']:,} were never shipped (acked_by_fenced_writer: kept "
+            f"in {sb['first_gateway_journal']}, not in the region's log)",
+            highlight=False,
+        )
     if "s3_requests" in doc:
         s3 = doc["s3_requests"]
         by = ", ".join(f"{k}: {v}" for k, v in s3["by_status"].items())

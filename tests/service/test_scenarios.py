@@ -116,6 +116,40 @@ def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) 
     assert "starting from the cached table" in (work / "store.log").read_text()
 
 
+@pytest.mark.slow
+def test_split_brain_one_writer_survives_the_other_exits_fenced(tmp_path: Path) -> None:
+    """A second gateway from `edgegw restore` while the first runs: exactly one keeps writing."""
+    report = tmp_path / "report.json"
+    work = tmp_path / "s"
+    out = run(
+        str(ROOT / "scenarios" / "split-brain-restore.toml"),
+        "--quick",
+        "--dir",
+        str(work),
+        "--report",
+        str(report),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = json.loads(report.read_text())
+    assert doc["passed"], doc["failures"]
+    assert (doc["lost"], doc["duplicated"], doc["reordered"], doc["mirror_divergence"]) == (
+        0,
+        0,
+        0,
+        0,
+    )
+    (sb,) = doc["split_brain"]
+    # The first gateway stopped FENCED (exit 3); the survivor exited 0 at the end.
+    assert sb["first_gateway_exit_code"] == 3
+    assert doc["regions"]["depot"]["exit_code"] == 0
+    assert "fenced" in (work / "depot.log").read_text()
+    # What the first acknowledged and never shipped is counted apart, not lost:
+    # the runner found every such record in the first gateway's journal.
+    assert sb["acked_by_first_gateway"] > 0
+    assert doc["acked_by_fenced_writer"] == sb["acked_by_fenced_writer"]
+    assert "acked_by_fenced_writer" in out.stdout
+
+
 def _link_faults(name: str) -> int:
     doc = tomllib.loads((ROOT / "scenarios" / f"{name}.toml").read_text())
     return sum(1 for f in doc["faults"] if f["action"] in LINK_ACTIONS)
