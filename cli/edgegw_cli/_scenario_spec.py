@@ -57,6 +57,11 @@ _TOP_KEYS: Final = (
 _FAULT_KEYS: Final = ("at_s", "action", "region", "for_s")
 
 
+#: The journal segment size of a region with ``journal_max_mb`` (MiB).
+SEGMENT_MB: Final = 1.0
+MIN_JOURNAL_MB: Final = 4 * SEGMENT_MB
+
+
 class ScenarioError(ValueError):
     """A scenario file that cannot run: the message names the key and what is wrong."""
 
@@ -156,6 +161,10 @@ class Scenario:
     #: Routing from a metadata server (one link to it per region) instead of
     #: static topics in each gateway's config.
     metadata: bool = False
+    #: Per region: a small journal disk budget (MiB), so that an outage fills it.
+    journal_max_mb: tuple[tuple[str, float], ...] = ()
+    #: Per region: its wall clock this many hours off (libfaketime).
+    clock_skew_h: tuple[tuple[str, float], ...] = ()
 
     def link(self, region: str) -> LinkSpec:
         return dict(self.links).get(region, LinkSpec())
@@ -253,13 +262,28 @@ def parse_scenario(doc: dict[str, Any], default_name: str) -> Scenario:
 
     regions: list[str] = []
     links: list[tuple[str, LinkSpec]] = []
+    budgets: list[tuple[str, float]] = []
+    skews: list[tuple[str, float]] = []
     for i, raw in enumerate(_tables(doc, "regions", required=True)):
         where = f"regions[{i}]"
-        r = _table(raw, where, ("name", "link"), ("name",))
+        r = _table(raw, where, ("name", "link", "journal_max_mb", "clock_skew_h"), ("name",))
         name = _string(r, "name", where)
         if name in regions or name == "*":
             raise ScenarioError(f"{where}.name: {name!r} is taken")
         regions.append(name)
+        if "journal_max_mb" in r:
+            budget = _number(r, "journal_max_mb", where, 0, positive=True)
+            if budget < MIN_JOURNAL_MB:
+                raise ScenarioError(
+                    f"{where}.journal_max_mb: at least {MIN_JOURNAL_MB:g} (4 segments of "
+                    f"{SEGMENT_MB:g} MiB), got {budget:g}"
+                )
+            budgets.append((name, budget))
+        if "clock_skew_h" in r:
+            skew = r["clock_skew_h"]
+            if isinstance(skew, bool) or not isinstance(skew, int | float) or not abs(skew) < 1e5:
+                raise ScenarioError(f"{where}.clock_skew_h: expected hours (+/-), got {skew!r}")
+            skews.append((name, float(skew)))
         if "link" in r:
             if bucket != "s3":
                 raise ScenarioError(f'{where}.link: links need bucket = "s3"')
@@ -336,6 +360,8 @@ def parse_scenario(doc: dict[str, Any], default_name: str) -> Scenario:
         links=tuple(links),
         quick_scale=quick_scale,
         metadata=metadata,
+        journal_max_mb=tuple(budgets),
+        clock_skew_h=tuple(skews),
     )
 
 

@@ -36,6 +36,7 @@ import contextlib
 import itertools
 import json
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -71,6 +72,7 @@ from edgegw_cli._fleet import (
     wait_mirrored,
 )
 from edgegw_cli._scenario_spec import (
+    SEGMENT_MB,
     Fault,
     Scenario,
     ScenarioError,
@@ -128,6 +130,8 @@ class Producer(threading.Thread):
         self.ambiguous: set[int] = set()
         self.retries = 0
         self.sent = 0
+        #: Answers other than 200 by status (503: a full journal or disk, a stopping gateway).
+        self.refused: Counter[int] = Counter()
 
     def run(self) -> None:
         interval = self.w.batch / self.w.rate
@@ -155,6 +159,8 @@ class Producer(threading.Thread):
                         json={"records": [{"value": v} for v in pending]},
                     )
                     ok = r.status_code == 200
+                    if not ok:
+                        self.refused[r.status_code] += 1
                     if r.status_code >= 500:
                         self._ambiguous(pending)
                 except httpx.ConnectError:
@@ -497,7 +503,7 @@ def run(
         sc = sc.quick()
     _work_lock = claim_work_dir(work_dir, "scenario")  # held while this run lasts
     bucket = (work_dir / "bucket").resolve()
-    sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
+    sites = {r: _site(sc, r, work_dir / r) for r in sc.regions}
     console.print(Text.assemble((f"scenario {sc.name}", "bold"), f": {sc.description}"))
     stop = threading.Event()
     producers: list[Producer] = []
@@ -516,6 +522,8 @@ def run(
     heals: dict[int, Callable[[], None]] = {}
     splits: list[SplitBrain] = []
     restoring: list[threading.Thread] = []
+    #: Topics and mirrors served from an offset above 0, by reader: their first offsets.
+    trimmed: dict[str, list[int]] = {}
     tokens: dict[str, str] = {}
     #: When each timed fault began and ended (monotonic), by its place on the timeline.
     windows: dict[int, list[float]] = {}
@@ -543,7 +551,7 @@ def run(
         """
         sites[region].pause()
         name = f"{region}.restored"
-        new = Site(region, (work_dir / name).resolve(), name=name)
+        new = _site(sc, region, work_dir / name, name=name)
         s3 = (links.proxies[region].url, S3_BUCKET) if links else None
         md = (meta_links.proxies[region].url, tokens[region]) if meta_links else None
         new.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3, metadata=md)
@@ -676,7 +684,7 @@ def run(
         failures += _check_kept_working(sc, producers, windows)
         old_journals = {sb.region: sb.old.data_dir / "journal" for sb in splits}
         for p in producers:
-            failures += _check_acked(p, sc, sites, counts, old_journals.get(p.w.region))
+            failures += _check_acked(p, sc, sites, counts, old_journals.get(p.w.region), trimmed)
         rss.sample()
     finally:
         stop.set()
@@ -727,6 +735,9 @@ def run(
     )
     doc["timed_faults"] = _timed_faults(sc, producers, windows, t0)
     doc["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0)
+    # Checked from these offsets on (a restored home; a journal that deleted
+    # mirror segments early for room): what is below is in the bucket only.
+    doc["served_from"] = trimmed
     doc["split_brain"] = [
         {
             "region": sb.region,
@@ -763,6 +774,40 @@ def run(
             ": every acknowledged record present once, in order; every mirror equals its source",
         )
     )
+
+
+def _site(sc: Scenario, region: str, data_dir: Path, name: str = "") -> Site:
+    """A region's gateway as the scenario sets it up: its journal budget, its clock."""
+    site = Site(region, data_dir.resolve(), name=name)
+    budget = dict(sc.journal_max_mb).get(region)
+    if budget is not None:
+        # Small segments, so that shipped ones are deleted in small steps.
+        site.extra_toml = (
+            f"[journal]\nsegment_bytes = {int(SEGMENT_MB * 2**20)}\n"
+            f"max_bytes = {int(budget * 2**20)}\n"
+        )
+    skew = dict(sc.clock_skew_h).get(region)
+    if skew:
+        # Preloaded into the gateway itself (no wrapper: signals reach it);
+        # its monotonic clock is shifted by the same constant.
+        site.env = {"LD_PRELOAD": libfaketime(), "FAKETIME": f"{round(skew * 3600):+d}"}
+    return site
+
+
+def libfaketime() -> str:
+    """Path of Debian's libfaketime.so.1 (package faketime); refuses the run without it."""
+    listed = ""
+    if shutil.which("dpkg") is not None:
+        listed = subprocess.run(
+            ["dpkg", "-L", "faketime", "libfaketime"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+    for line in listed.splitlines():
+        if line.endswith("/libfaketime.so.1"):
+            return line
+    raise fail("clock_skew_h needs libfaketime: apt-get install faketime", code=2)
 
 
 def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) -> None:
@@ -878,6 +923,7 @@ def _check_acked(
     sites: dict[str, Site],
     counts: dict[str, int],
     old_journal: Path | None = None,
+    trimmed: dict[str, list[int]] | None = None,
 ) -> list[str]:
     """Count, at the home and in every mirror: acknowledged records lost, duplicated, reordered.
 
@@ -895,12 +941,22 @@ def _check_acked(
     ]
     bad: list[str] = []
     acked = p.acked
+    if trimmed is None:
+        trimmed = {}
     for i, (region, name) in enumerate(readers):
         with httpx.Client(base_url=sites[region].url, timeout=30) as client:
             starts = first_offsets(client, name)
             partitions = [
                 all_records(client, name, part, starts[part]) for part in range(t.partitions)
             ]
+        # Trimmed further while read? Checked from where each partition starts.
+        starts = [
+            int(stored[0][0]) if stored else start  # type: ignore[call-overload]
+            for stored, start in zip(partitions, starts, strict=True)
+        ]
+        if any(starts):
+            key = f"{region}:{name}"
+            trimmed[key] = starts
         for part, stored in enumerate(partitions):
             if [r[0] for r in stored] != list(range(starts[part], starts[part] + len(stored))):
                 bad.append(f"{region}:{name}/{part} has gaps in its offsets")
@@ -1000,6 +1056,12 @@ def _report_doc(
                 len(p.acked) + len(p.acked_by_old_writer) for p in producers if p.w.region == r
             ),
             "producer_retries": sum(p.retries for p in producers if p.w.region == r),
+            "refused_by_status": {
+                str(k): v
+                for k, v in sorted(
+                    sum((p.refused for p in producers if p.w.region == r), Counter[int]()).items()
+                )
+            },
             "log_objects": objects[r][0],
             "log_bytes": objects[r][1],
             "peak_rss_bytes": peak_rss.get(r, 0),
