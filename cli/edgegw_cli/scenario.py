@@ -464,20 +464,29 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.sites = sites
         self.peak: dict[str, int] = dict.fromkeys(sites, 0)
+        #: Every 5 s, per region: (seconds since start, pid, VmRSS bytes): growth over time.
+        self.series: dict[str, list[tuple[float, int, int]]] = {r: [] for r in sites}
         self.stopping = threading.Event()
+        self._began = time.monotonic()
 
     def run(self) -> None:
+        rounds = 0
         while not self.stopping.wait(0.25):
-            self.sample()
+            self.sample(keep=rounds % 20 == 0)
+            rounds += 1
 
-    def sample(self) -> None:
+    def sample(self, keep: bool = False) -> None:
         for r, site in self.sites.items():
-            if site.proc is None:
+            proc = site.proc
+            if proc is None:
                 continue
             with contextlib.suppress(OSError, ValueError):
-                for line in Path(f"/proc/{site.proc.pid}/status").read_text().splitlines():
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
                         self.peak[r] = max(self.peak[r], int(line.split()[1]) * 1024)
+                    elif line.startswith("VmRSS:") and keep:
+                        at = round(time.monotonic() - self._began, 1)
+                        self.series[r].append((at, proc.pid, int(line.split()[1]) * 1024))
 
 
 @app.command("run")
@@ -734,6 +743,7 @@ def run(
         codes,
     )
     doc["timed_faults"] = _timed_faults(sc, producers, windows, t0)
+    doc["rss_samples"] = {r: [list(x) for x in v] for r, v in rss.series.items()}
     doc["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0)
     # Checked from these offsets on (a restored home; a journal that deleted
     # mirror segments early for room): what is below is in the bucket only.
