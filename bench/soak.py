@@ -100,9 +100,16 @@ def scenario_toml(duration_s: float) -> str:
     return "\n".join(line for line in out if line) + "\n"
 
 
-def rss_growth_mb_per_hour(samples: dict[str, list[list[float]]], duration_s: float) -> float:
-    """Largest per-region slope of RSS over time after warm-up (longest-lived process)."""
+def rss_growth_mb_per_hour(
+    samples: dict[str, list[list[float]]], duration_s: float
+) -> tuple[float, float]:
+    """Largest per-region slope of RSS over time after warm-up (longest-lived process).
+
+    Returns (MB per hour, the shortest window it was fitted over in seconds):
+    a slope over two minutes says little about an hour.
+    """
     worst = 0.0
+    window = duration_s
     for series in samples.values():
         late = [s for s in series if s[0] >= duration_s / 4]
         by_pid: dict[int, list[tuple[float, float]]] = {}
@@ -121,7 +128,8 @@ def rss_growth_mb_per_hour(samples: dict[str, list[list[float]]], duration_s: fl
             continue
         slope = sum((t - mx) * (v - my) for t, v in points) / var  # MB per second
         worst = max(worst, slope * 3600)
-    return round(worst, 2)
+        window = min(window, points[-1][0] - points[0][0])
+    return round(worst, 2), round(window, 1)
 
 
 def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, Any]:
@@ -131,6 +139,7 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
         [float(line.split("=")[1]) for line in toml.splitlines() if line.startswith("for_s")],
         default=0.0,
     )
+    growth, window = rss_growth_mb_per_hour(doc["rss_samples"], duration_s)
     out = {
         "acked": doc["acknowledged"],
         "lost": doc["lost"],
@@ -143,7 +152,8 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
         "max_lag_s": max((v["max_s"] for v in lags), default=0.0),
         "p99_lag_s": max((v["p99_s"] for v in lags), default=0.0),
         "peak_rss_mb": round(max(v["peak_rss_bytes"] for v in doc["regions"].values()) / 2**20, 1),
-        "rss_growth_mb_per_hour": rss_growth_mb_per_hour(doc["rss_samples"], duration_s),
+        "rss_growth_mb_per_hour": growth,
+        "rss_growth_window_s": window,
         "longest_fault_s": longest,
         "duration_s": duration_s,
         "runner_passed": doc["passed"],
