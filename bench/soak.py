@@ -109,7 +109,7 @@ def rss_growth_mb_per_hour(
     a slope over two minutes says little about an hour.
     """
     worst = 0.0
-    window = duration_s
+    window = float("inf")
     for series in samples.values():
         late = [s for s in series if s[0] >= duration_s / 4]
         by_pid: dict[int, list[tuple[float, float]]] = {}
@@ -129,7 +129,7 @@ def rss_growth_mb_per_hour(
         slope = sum((t - mx) * (v - my) for t, v in points) / var  # MB per second
         worst = max(worst, slope * 3600)
         window = min(window, points[-1][0] - points[0][0])
-    return round(worst, 2), round(window, 1)
+    return round(worst, 2), round(window, 1) if window != float("inf") else 0.0
 
 
 def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, Any]:
