@@ -1132,6 +1132,15 @@ def _print_report(doc: dict[str, Any]) -> None:
         f"{doc['mirror_divergence']}",
         highlight=False,
     )
+    for r, v in doc["regions"].items():
+        if v.get("refused_by_status"):
+            by = ", ".join(f"{k}: {n}" for k, n in v["refused_by_status"].items())
+            console.print(f"  {r}: produce answered other than 200 ({by})", highlight=False)
+    for reader, firsts in doc.get("served_from", {}).items():
+        console.print(
+            f"  {reader} checked from offsets {firsts} (below: in the bucket only)",
+            highlight=False,
+        )
     for sb in doc.get("split_brain", []):
         console.print(
             f"  split brain in {sb['region']}: a second gateway from edgegw restore at "
