@@ -138,6 +138,9 @@ class LogState:
     tail: list[tuple[LogObjectHeader, int]] = field(default_factory=list)
     #: (topic, partition) -> next offset after the head
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    #: seqs below the head whose headers :func:`skip_to_head` did not read yet
+    #: (``tail`` and ``next_offsets`` are incomplete until :func:`read_skipped`)
+    skipped: list[int] = field(default_factory=list)
 
     @property
     def head_epoch(self) -> int:
@@ -164,24 +167,70 @@ async def load_log_state(bucket: Bucket, prefix: str, region: str) -> LogState:
     if state.manifest is not None:
         known = max(known, state.manifest.last_seq)
         state.next_offsets = dict(state.manifest.next_offsets)
-    state.head = await find_head(bucket, prefix, region, known)
     start = (state.manifest.last_seq + 1) if state.manifest is not None else state.gc_boundary + 1
-    for seq in range(start, state.head + 1):
+    await _read_tail(
+        bucket, prefix, region, state, start, await find_head(bucket, prefix, region, known)
+    )
+    if not state.tail and state.head:
+        state.head_header = (await read_header(bucket, log_key(prefix, region, state.head))).header
+    return state
+
+
+async def skip_to_head(bucket: Bucket, prefix: str, region: str, state: LogState) -> LogState:
+    """``state`` (from :func:`load_log_state`) moved to the log's head now, in place.
+
+    Reads only the new head's header (its epoch and last LSN are the log's
+    newest); the seqs between the old head and the new one are noted in
+    ``state.skipped``, read by :func:`read_skipped`. A writer that lost a
+    claim race to a live writer (its fence's seq was taken) retries with
+    this: reading every entry the live writer committed meanwhile first
+    took longer, on a slow or busy link, than the live writer took to
+    commit the next one, and the claim did not land for minutes.
+    """
+    head = await find_head(bucket, prefix, region, state.head)
+    if head > state.head:
+        state.skipped.extend(range(state.head + 1, head))
+        await _read_tail(bucket, prefix, region, state, head, head)
+    return state
+
+
+async def read_skipped(bucket: Bucket, prefix: str, region: str, state: LogState) -> LogState:
+    """Read the headers :func:`skip_to_head` skipped: ``tail`` and ``next_offsets`` complete."""
+    if not state.skipped:
+        return state
+    for seq in state.skipped:
+        key = log_key(prefix, region, seq)
+        read = await read_header(bucket, key)
+        _check_seq(read.header, seq, region, key)
+        state.tail.append((read.header, read.size))
+    state.skipped = []
+    state.tail.sort(key=lambda entry: entry[0].seq)
+    state.next_offsets = dict(state.manifest.next_offsets) if state.manifest is not None else {}
+    for header, _ in state.tail:
+        for b in header.blocks:
+            state.next_offsets[(b.topic, b.partition)] = b.last_offset + 1
+    return state
+
+
+def _check_seq(header: LogObjectHeader, seq: int, region: str, key: str) -> None:
+    if header.seq != seq or header.region != region:
+        raise CorruptData(f"entry claims seq {header.seq} of region {header.region!r}", where=key)
+
+
+async def _read_tail(
+    bucket: Bucket, prefix: str, region: str, state: LogState, start: int, head: int
+) -> None:
+    """Append the headers of seqs ``start..head`` to ``state``; its head becomes ``head``."""
+    for seq in range(start, head + 1):
         key = log_key(prefix, region, seq)
         read = await read_header(bucket, key)
         header = read.header
-        if header.seq != seq or header.region != region:
-            raise CorruptData(
-                f"entry claims seq {header.seq} of region {header.region!r}", where=key
-            )
+        _check_seq(header, seq, region, key)
         state.tail.append((header, read.size))
+        state.head_header = header
         for b in header.blocks:
             state.next_offsets[(b.topic, b.partition)] = b.last_offset + 1
-    if state.tail:
-        state.head_header = state.tail[-1][0]
-    elif state.head:
-        state.head_header = (await read_header(bucket, log_key(prefix, region, state.head))).header
-    return state
+    state.head = max(state.head, head)
 
 
 # ---------------------------------------------------------------- bucket identity

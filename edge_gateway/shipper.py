@@ -110,6 +110,8 @@ from edge_gateway.regionlog import (
     mark_bucket,
     read_gc_boundary,
     read_header,
+    read_skipped,
+    skip_to_head,
 )
 
 log = logging.getLogger("edgegw.shipper")
@@ -441,10 +443,14 @@ class Shipper:
             await verify_conditional_create(self.bucket, region_prefix(self.prefix, self.region))
         except BucketGone as exc:
             raise self._lost(str(exc)) from None
+        state: LogState | None = None
         while True:
             written = self._load_writer_state()
             try:
-                state = await load_log_state(self.bucket, self.prefix, self.region)
+                if state is None:
+                    state = await load_log_state(self.bucket, self.prefix, self.region)
+                else:  # lost a race to a live writer: straight to its head, read the rest after
+                    state = await skip_to_head(self.bucket, self.prefix, self.region, state)
             except NotFound as exc:
                 # A manifest or GC boundary names an entry that is not there.
                 raise self._lost(f"an entry it still refers to is gone ({exc})") from None
@@ -469,6 +475,11 @@ class Shipper:
             except BucketGone as exc:
                 raise self._lost(str(exc)) from None
             break
+        if state.skipped:
+            # The live writer is fenced now: read what it committed before our
+            # fence, and line the journal up with it (offsets continue after it).
+            state = await read_skipped(self.bucket, self.prefix, self.region, state)
+            self._reconcile(state, self._load_writer_state())
         await trio.to_thread.run_sync(
             self._save_writer_state, _WriterState(epoch, seq, self._shipped_lsn)
         )

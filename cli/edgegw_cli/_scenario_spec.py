@@ -16,10 +16,14 @@ from edge_gateway.testing.tcpproxy import LinkShape
 from edgegw_cli._fleet import FleetTopic
 
 #: Faults against the gateway processes.
-PROCESS_ACTIONS: Final = ("kill", "stop", "start", "pause", "resume")
+PROCESS_ACTIONS: Final = ("kill", "stop", "start", "pause", "resume", "split_brain")
 #: Faults against a region's link to the bucket (``bucket = "s3"`` only).
 LINK_ACTIONS: Final = ("link_down", "blackhole", "drop_responses", "slow", "lossy", "cap")
-ACTIONS: Final = PROCESS_ACTIONS + LINK_ACTIONS
+#: Faults against a region's link to the metadata server (``metadata = true`` only).
+METADATA_ACTIONS: Final = ("metadata_down", "metadata_blackhole")
+#: Faults that last ``for_s`` and then heal by themselves.
+TIMED_ACTIONS: Final = LINK_ACTIONS + METADATA_ACTIONS
+ACTIONS: Final = PROCESS_ACTIONS + LINK_ACTIONS + METADATA_ACTIONS
 #: The keys of a ``[regions.link]`` table.
 LINK_KEYS: Final = (
     "up_mbit",
@@ -43,6 +47,7 @@ _TOP_KEYS: Final = (
     "poll_ms",
     "converge_timeout_s",
     "bucket",
+    "metadata",
     "quick_scale",
     "regions",
     "topics",
@@ -50,6 +55,11 @@ _TOP_KEYS: Final = (
     "faults",
 )
 _FAULT_KEYS: Final = ("at_s", "action", "region", "for_s")
+
+
+#: The journal segment size of a region with ``journal_max_mb`` (MiB).
+SEGMENT_MB: Final = 1.0
+MIN_JOURNAL_MB: Final = 4 * SEGMENT_MB
 
 
 class ScenarioError(ValueError):
@@ -108,7 +118,13 @@ class Fault:
 
     @property
     def is_link(self) -> bool:
+        """A fault on the region's link to the bucket."""
         return self.action in LINK_ACTIONS
+
+    @property
+    def is_metadata(self) -> bool:
+        """A fault on the region's link to the metadata server."""
+        return self.action in METADATA_ACTIONS
 
     def label(self) -> str:
         extra = "".join(f" {k}={v:g}" for k, v in self.params)
@@ -142,6 +158,13 @@ class Scenario:
     links: tuple[tuple[str, LinkSpec], ...] = ()
     #: ``--quick`` multiplies every time on the timeline by this.
     quick_scale: float = 0.5
+    #: Routing from a metadata server (one link to it per region) instead of
+    #: static topics in each gateway's config.
+    metadata: bool = False
+    #: Per region: a small journal disk budget (MiB), so that an outage fills it.
+    journal_max_mb: tuple[tuple[str, float], ...] = ()
+    #: Per region: its wall clock this many hours off (libfaketime).
+    clock_skew_h: tuple[tuple[str, float], ...] = ()
 
     def link(self, region: str) -> LinkSpec:
         return dict(self.links).get(region, LinkSpec())
@@ -233,16 +256,34 @@ def parse_scenario(doc: dict[str, Any], default_name: str) -> Scenario:
     if bucket not in ("local", "s3"):
         raise ScenarioError(f'bucket: expected "local" or "s3", got {bucket!r}')
     duration = _number(doc, "duration_s", "scenario", 10, positive=True)
+    metadata = doc.get("metadata", False)
+    if not isinstance(metadata, bool):
+        raise ScenarioError(f"scenario.metadata: expected true or false, got {metadata!r}")
 
     regions: list[str] = []
     links: list[tuple[str, LinkSpec]] = []
+    budgets: list[tuple[str, float]] = []
+    skews: list[tuple[str, float]] = []
     for i, raw in enumerate(_tables(doc, "regions", required=True)):
         where = f"regions[{i}]"
-        r = _table(raw, where, ("name", "link"), ("name",))
+        r = _table(raw, where, ("name", "link", "journal_max_mb", "clock_skew_h"), ("name",))
         name = _string(r, "name", where)
         if name in regions or name == "*":
             raise ScenarioError(f"{where}.name: {name!r} is taken")
         regions.append(name)
+        if "journal_max_mb" in r:
+            budget = _number(r, "journal_max_mb", where, 0, positive=True)
+            if budget < MIN_JOURNAL_MB:
+                raise ScenarioError(
+                    f"{where}.journal_max_mb: at least {MIN_JOURNAL_MB:g} (4 segments of "
+                    f"{SEGMENT_MB:g} MiB), got {budget:g}"
+                )
+            budgets.append((name, budget))
+        if "clock_skew_h" in r:
+            skew = r["clock_skew_h"]
+            if isinstance(skew, bool) or not isinstance(skew, int | float) or not abs(skew) < 1e5:
+                raise ScenarioError(f"{where}.clock_skew_h: expected hours (+/-), got {skew!r}")
+            skews.append((name, float(skew)))
         if "link" in r:
             if bucket != "s3":
                 raise ScenarioError(f'{where}.link: links need bucket = "s3"')
@@ -292,6 +333,8 @@ def parse_scenario(doc: dict[str, Any], default_name: str) -> Scenario:
     faults: list[Fault] = []
     for i, raw in enumerate(_tables(doc, "faults", required=False)):
         fault = _fault(raw, f"faults[{i}]", regions, bucket, duration)
+        if fault.is_metadata and not metadata:
+            raise ScenarioError(f"faults[{i}]: {fault.action} needs metadata = true")
         for r in regions if fault.region == "*" else [fault.region]:
             # The fault's parameters override the region's link: still a valid shape?
             _check_shape(
@@ -316,6 +359,9 @@ def parse_scenario(doc: dict[str, Any], default_name: str) -> Scenario:
         bucket=bucket,
         links=tuple(links),
         quick_scale=quick_scale,
+        metadata=metadata,
+        journal_max_mb=tuple(budgets),
+        clock_skew_h=tuple(skews),
     )
 
 
@@ -328,20 +374,20 @@ def _fault(
     params = FAULT_PARAMS.get(action, ())
     f = _table(raw, where, _FAULT_KEYS + params, ("at_s", "action", "region"))
     region = _string(f, "region", where)
-    if region not in regions and not (region == "*" and action in LINK_ACTIONS):
-        allowed = regions + (["*"] if action in LINK_ACTIONS else [])
+    if region not in regions and not (region == "*" and action in TIMED_ACTIONS):
+        allowed = regions + (["*"] if action in TIMED_ACTIONS else [])
         raise ScenarioError(f"{where}.region: expected one of {', '.join(allowed)}, got {region!r}")
     at_s = _number(f, "at_s", where, 0)
     if at_s > duration:
         raise ScenarioError(f"{where}.at_s: {at_s:g} is after the end (duration_s = {duration:g})")
-    if action in LINK_ACTIONS:
-        if bucket != "s3":
+    if action in TIMED_ACTIONS:
+        if action in LINK_ACTIONS and bucket != "s3":
             raise ScenarioError(f'{where}: link fault {action} needs bucket = "s3"')
         if "for_s" not in f:
             raise ScenarioError(f"{where}: link fault {action} needs for_s (how long it lasts)")
         for_s = _number(f, "for_s", where, 0, positive=True)
     elif "for_s" in f and action != "pause":
-        raise ScenarioError(f"{where}.for_s: only pause and link faults last for_s")
+        raise ScenarioError(f"{where}.for_s: only pause, link and metadata faults last for_s")
     else:
         for_s = _number(f, "for_s", where, 0)
     values = tuple(sorted((k, _number(f, k, where, 0)) for k in params if k in f))

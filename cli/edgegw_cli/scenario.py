@@ -36,6 +36,9 @@ import contextlib
 import itertools
 import json
 import random
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import tomllib
@@ -45,31 +48,38 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import typer
 from rich.table import Table
 from rich.text import Text
 
+from edge_gateway.format.batch import decode_batch
+from edge_gateway.journal import Journal
 from edge_gateway.testing.moto import MotoServer, start_moto_server
 from edge_gateway.testing.tcpproxy import LinkShape, ProxyMode, TcpProxy
 from edgegw_cli._common import console, fail
 from edgegw_cli._fleet import (
+    MetadataProcess,
     Site,
     all_records,
     bucket_figures,
     claim_work_dir,
+    first_offsets,
     high_watermarks,
     mirror_mismatches,
     wait_mirrored,
 )
 from edgegw_cli._scenario_spec import (
+    SEGMENT_MB,
     Fault,
     Scenario,
     ScenarioError,
     Workload,
     parse_scenario,
 )
+from edgegw_cli._serve_run import EXIT_FENCED
 
 app = typer.Typer(help="Multi-region scenarios with faults.", no_args_is_help=True)
 
@@ -78,6 +88,8 @@ _LINK_MODES = {
     "link_down": ProxyMode.REFUSE,
     "blackhole": ProxyMode.BLACKHOLE,
     "drop_responses": ProxyMode.DROP_RESPONSES,
+    "metadata_down": ProxyMode.REFUSE,
+    "metadata_blackhole": ProxyMode.BLACKHOLE,
 }
 
 
@@ -107,10 +119,19 @@ class Producer(threading.Thread):
         super().__init__(daemon=True)
         self.site, self.w, self.stopping = site, w, stop
         self.rnd = random.Random(seed)
+        #: What the region's writer acknowledged, by (partition, offset).
         self.acked: dict[tuple[int, int], str] = {}
+        #: What a writer of the region acknowledged before a second writer
+        #: fenced it (split brain; see :meth:`follow`).
+        self.acked_by_old_writer: dict[tuple[int, int], str] = {}
+        self.lock = threading.Lock()
+        #: (monotonic time, records) of every acknowledged batch.
+        self.acked_at: list[tuple[float, int]] = []
         self.ambiguous: set[int] = set()
         self.retries = 0
         self.sent = 0
+        #: Answers other than 200 by status (503: a full journal or disk, a stopping gateway).
+        self.refused: Counter[int] = Counter()
 
     def run(self) -> None:
         interval = self.w.batch / self.w.rate
@@ -124,10 +145,11 @@ class Producer(threading.Thread):
                     f'{{"n": {self.sent + i}, "v": {self.rnd.random():.6f}}}'
                     for i in range(self.w.batch)
                 ]
-            if self.site.url != url or client is None:
+            site = self.site
+            if site.url != url or client is None:
                 if client is not None:
                     client.close()
-                url = self.site.url
+                url = site.url
                 client = httpx.Client(base_url=url, timeout=5) if url else None
             ok = False
             if client is not None:
@@ -137,6 +159,8 @@ class Producer(threading.Thread):
                         json={"records": [{"value": v} for v in pending]},
                     )
                     ok = r.status_code == 200
+                    if not ok:
+                        self.refused[r.status_code] += 1
                     if r.status_code >= 500:
                         self._ambiguous(pending)
                 except httpx.ConnectError:
@@ -144,8 +168,11 @@ class Producer(threading.Thread):
                 except httpx.HTTPError:
                     self._ambiguous(pending)
                 if ok:
-                    for v, o in zip(pending, r.json()["offsets"], strict=True):
-                        self.acked[(o["partition"], o["offset"])] = v
+                    with self.lock:
+                        into = self.acked if site is self.site else self.acked_by_old_writer
+                        for v, o in zip(pending, r.json()["offsets"], strict=True):
+                            into[(o["partition"], o["offset"])] = v
+                    self.acked_at.append((time.monotonic(), len(pending)))
                     self.sent += len(pending)
                     pending = []
             if not ok:
@@ -156,6 +183,18 @@ class Producer(threading.Thread):
             time.sleep(max(0.0, next_at - time.monotonic()))
         if client is not None:
             client.close()
+
+    def follow(self, site: Site) -> None:
+        """Write to ``site`` from now on: the region's new writer (the old one was fenced).
+
+        What the old writer acknowledged is set apart: offsets it gave but never
+        shipped are given again by the new writer (a restore continues from the
+        region's log, not from the old journal).
+        """
+        with self.lock:
+            self.acked_by_old_writer.update(self.acked)
+            self.acked = {}
+            self.site = site
 
     def _ambiguous(self, pending: list[str]) -> None:
         self.ambiguous.update(n for v in pending if (n := _seq(v)) is not None)
@@ -171,22 +210,25 @@ def _seq(value: object) -> int | None:
 
 
 class Links:
-    """One proxy per region between its gateway and moto, and the faults on them."""
+    """One proxy per region between its gateway and a server, and the faults on them.
 
-    def __init__(self, sc: Scenario, upstream_port: int, seed: int) -> None:
+    The bucket's links (to moto) are shaped as the scenario says; the metadata
+    server's (``shaped=False``) are plain loopback that only faults change.
+    """
+
+    def __init__(self, sc: Scenario, upstream_port: int, seed: int, *, shaped: bool = True) -> None:
         self.sc = sc
+        self.shaped = shaped
         self.seeds = {r: seed * 1009 + i for i, r in enumerate(sc.regions)}
         self.proxies: dict[str, TcpProxy] = {}
         #: Link faults on now, per region, by their place on the timeline.
         self._active: dict[str, dict[int, Fault]] = {r: {} for r in sc.regions}
         self._lock = threading.Lock()
         for r in sc.regions:
-            self.proxies[r] = TcpProxy(
-                "127.0.0.1", upstream_port, shape=sc.link(r).shape(self.seeds[r])
-            ).start()
+            self.proxies[r] = TcpProxy("127.0.0.1", upstream_port, shape=self.configured(r)).start()
 
     def configured(self, region: str) -> LinkShape:
-        return self.sc.link(region).shape(self.seeds[region])
+        return self.sc.link(region).shape(self.seeds[region]) if self.shaped else LinkShape()
 
     def apply(self, fault: Fault, fault_id: int) -> Callable[[], None]:
         """Put ``fault`` in effect; returns what ends it.
@@ -251,6 +293,35 @@ class Links:
     def close(self) -> None:
         for proxy in self.proxies.values():
             proxy.stop()
+
+
+@dataclass
+class SplitBrain:
+    """A second gateway for a region, from ``edgegw restore``, while the first still runs.
+
+    The second claims the region's log (a fence entry at a higher epoch); the
+    first must stop at its next upload with exit 3 (fenced). When it has,
+    the region's producers follow the second (as devices would once the old
+    machine is gone).
+    """
+
+    region: str
+    old: Site
+    new: Site
+    began: float
+    old_exit: int | None = None
+    fenced_after_s: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def watch(self, on_exit: Callable[[], None]) -> None:
+        def wait() -> None:
+            assert self.old.proc is not None
+            self.old_exit = self.old.proc.wait()
+            self.fenced_after_s = round(time.monotonic() - self.began, 3)
+            on_exit()
+            self.done.set()
+
+        threading.Thread(target=wait, daemon=True).start()
 
 
 @dataclass
@@ -393,20 +464,29 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.sites = sites
         self.peak: dict[str, int] = dict.fromkeys(sites, 0)
+        #: Every 5 s, per region: (seconds since start, pid, VmRSS bytes): growth over time.
+        self.series: dict[str, list[tuple[float, int, int]]] = {r: [] for r in sites}
         self.stopping = threading.Event()
+        self._began = time.monotonic()
 
     def run(self) -> None:
+        rounds = 0
         while not self.stopping.wait(0.25):
-            self.sample()
+            self.sample(keep=rounds % 20 == 0)
+            rounds += 1
 
-    def sample(self) -> None:
+    def sample(self, keep: bool = False) -> None:
         for r, site in self.sites.items():
-            if site.proc is None:
+            proc = site.proc
+            if proc is None:
                 continue
             with contextlib.suppress(OSError, ValueError):
-                for line in Path(f"/proc/{site.proc.pid}/status").read_text().splitlines():
+                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                     if line.startswith("VmHWM:"):
                         self.peak[r] = max(self.peak[r], int(line.split()[1]) * 1024)
+                    elif line.startswith("VmRSS:") and keep:
+                        at = round(time.monotonic() - self._began, 1)
+                        self.series[r].append((at, proc.pid, int(line.split()[1]) * 1024))
 
 
 @app.command("run")
@@ -432,7 +512,7 @@ def run(
         sc = sc.quick()
     _work_lock = claim_work_dir(work_dir, "scenario")  # held while this run lasts
     bucket = (work_dir / "bucket").resolve()
-    sites = {r: Site(r, (work_dir / r).resolve()) for r in sc.regions}
+    sites = {r: _site(sc, r, work_dir / r) for r in sc.regions}
     console.print(Text.assemble((f"scenario {sc.name}", "bold"), f": {sc.description}"))
     stop = threading.Event()
     producers: list[Producer] = []
@@ -443,10 +523,19 @@ def run(
     counts: dict[str, int] = {}
     moto: MotoServer | None = None
     links: Links | None = None
+    meta: MetadataProcess | None = None
+    meta_links: Links | None = None
     catch_up = CatchUp(sc, sites)
     rss = RssSampler(sites)
     lag_sampler = LagSampler(catch_up)
     heals: dict[int, Callable[[], None]] = {}
+    splits: list[SplitBrain] = []
+    restoring: list[threading.Thread] = []
+    #: Topics and mirrors served from an offset above 0, by reader: their first offsets.
+    trimmed: dict[str, list[int]] = {}
+    tokens: dict[str, str] = {}
+    #: When each timed fault began and ended (monotonic), by its place on the timeline.
+    windows: dict[int, list[float]] = {}
     heal_lock = threading.Lock()
     t0 = time.monotonic()  # the timeline's start, set again once producers run
 
@@ -455,9 +544,56 @@ def run(
             fn = heals.pop(i, None)
         if fn is not None:
             fn()
+            windows[i].append(time.monotonic())
             ended = time.monotonic() - t0
             console.print(f"  t={ended:.1f}s healed: {label}", highlight=False)
             catch_up.watch(label, round(ended, 1))
+
+    def split_brain(region: str) -> None:
+        """Start a second gateway for ``region`` from `edgegw restore`, beside the first.
+
+        The first hangs meanwhile (SIGSTOP: the machine a technician took for
+        dead) and thaws once the second serves: it still holds what it
+        acknowledged and never shipped, and meets the second's fence at its
+        next upload. (Frozen, because a claim racing a first gateway that
+        ships every flush interval may take long on a slow link.)
+        """
+        sites[region].pause()
+        name = f"{region}.restored"
+        new = _site(sc, region, work_dir / name, name=name)
+        s3 = (links.proxies[region].url, S3_BUCKET) if links else None
+        md = (meta_links.proxies[region].url, tokens[region]) if meta_links else None
+        new.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3, metadata=md)
+        argv = [sys.executable, "-m", "edgegw_cli", "restore", "--config", str(new.config)]
+        out = subprocess.run(
+            [*argv, "--yes"], capture_output=True, text=True, timeout=120, check=False
+        )
+        new.log_path.write_text(out.stdout + out.stderr)
+        if out.returncode != 0:
+            sites[region].resume()
+            failures.append(
+                f"edgegw restore of a second {region} gateway exited {out.returncode}: "
+                + out.stderr.strip()[-300:]
+            )
+            return
+        sb = SplitBrain(region, sites[region], new, time.monotonic())
+        splits.append(sb)  # from now on stopped at the end, whatever happens
+        new.start()
+        try:
+            new.wait_ready(timeout=120)
+        except typer.Exit:
+            failures.append(f"split brain: the second {region} gateway did not start")
+            return
+        finally:
+            sb.old.resume()
+
+        def fenced() -> None:
+            sites[region] = new
+            for p in producers:
+                if p.w.region == region:
+                    p.follow(new)
+
+        sb.watch(fenced)
 
     try:
         if sc.bucket == "s3":
@@ -466,9 +602,18 @@ def run(
             links = Links(sc, moto.port, seed)
             for r in sc.regions:
                 console.print(f"  link {r}: {sc.link(r).describe()}", highlight=False)
+        if sc.metadata:
+            meta = MetadataProcess(work_dir.resolve())
+            meta.start()
+            tokens = {r: meta.add_region(r) for r in sc.regions}
+            for topic in sc.topics:
+                meta.create_topic(topic)
+            meta_links = Links(sc, urlsplit(meta.url).port or 80, seed, shaped=False)
+            console.print("  metadata server: one plain link per region", highlight=False)
         for site in sites.values():
             s3 = (links.proxies[site.region].url, S3_BUCKET) if links else None
-            site.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3)
+            md = (meta_links.proxies[site.region].url, tokens[site.region]) if meta_links else None
+            site.write_config(bucket, sc.topics, sc.flush_ms, sc.poll_ms, s3=s3, metadata=md)
             site.start()
         for site in sites.values():
             site.wait_ready()
@@ -483,12 +628,19 @@ def run(
         t0 = time.monotonic()
         for i, fault in enumerate(sc.faults):
             time.sleep(max(0.0, t0 + fault.at_s - time.monotonic()))
-            if fault.is_link:
-                assert links is not None
-                heals[i] = links.apply(fault, i)
+            if fault.is_link or fault.is_metadata:
+                on = links if fault.is_link else meta_links
+                assert on is not None
+                heals[i] = on.apply(fault, i)
+                windows[i] = [time.monotonic()]
                 t = threading.Timer(fault.for_s, heal, args=(i, fault.label()))
                 t.start()
                 timers.append(t)
+            elif fault.action == "split_brain":
+                # A restore and a claim take a while: the timeline goes on meanwhile.
+                t = threading.Thread(target=split_brain, args=(fault.region,), daemon=True)
+                t.start()
+                restoring.append(t)
             else:
                 _apply(fault, sites, timers)
             console.print("  " + fault.label(), highlight=False)
@@ -502,8 +654,22 @@ def run(
             t.cancel()
         for i, fault in enumerate(sc.faults):  # link faults still on end now
             heal(i, fault.label())
-        if links is not None:
-            links.heal_all()
+        for ls in (links, meta_links):
+            if ls is not None:
+                ls.heal_all()
+        for t in restoring:
+            t.join(timeout=180)
+        for sb in splits:
+            sb.old.resume()
+            if not sb.done.wait(timeout=60):
+                failures.append(f"split brain: the first {sb.region} gateway was not fenced")
+                sb.old.stop()
+                sb.done.wait(timeout=10)
+            elif sb.old_exit != EXIT_FENCED:
+                failures.append(
+                    f"split brain: the first {sb.region} gateway exited {sb.old_exit}, "
+                    f"not {EXIT_FENCED} (fenced)"
+                )
         for site in sites.values():  # the end state: everything up again
             site.resume()
             if not site.running:
@@ -524,8 +690,10 @@ def run(
                     counts["mirror_divergence"] = counts.get("mirror_divergence", 0) + len(bad)
                     failures += [f"mirror {b} differs from its source" for b in bad]
         catch_up.finish(timeout=sc.converge_timeout_s)
+        failures += _check_kept_working(sc, producers, windows)
+        old_journals = {sb.region: sb.old.data_dir / "journal" for sb in splits}
         for p in producers:
-            failures += _check_acked(p, sc, sites, counts)
+            failures += _check_acked(p, sc, sites, counts, old_journals.get(p.w.region), trimmed)
         rss.sample()
     finally:
         stop.set()
@@ -534,14 +702,23 @@ def run(
         catch_up.stopping.set()
         for t in timers:
             t.cancel()
-        if links is not None:  # healed, so that a graceful stop can ship
-            with contextlib.suppress(RuntimeError):
-                links.heal_all()
+        for ls in (links, meta_links):
+            if ls is not None:  # healed, so that a graceful stop can ship
+                with contextlib.suppress(RuntimeError):
+                    ls.heal_all()
         for r, site in sites.items():
             codes[r] = site.stop()
+        for sb in splits:  # the loser is gone (fenced); a failed run may have left either up
+            sb.old.stop()
+            if sites[sb.region] is not sb.new:
+                sb.new.stop()
+        if meta is not None:
+            codes["metadata"] = meta.stop()
         link_figures = links.figures() if links is not None else {}
-        if links is not None:
-            links.close()
+        meta_figures = meta_links.figures() if meta_links is not None else {}
+        for ls in (links, meta_links):
+            if ls is not None:
+                ls.close()
         objects = {
             r: _s3_figures(moto, r) if moto is not None else bucket_figures(bucket, r)
             for r in sc.regions
@@ -565,6 +742,30 @@ def run(
         failures,
         codes,
     )
+    doc["timed_faults"] = _timed_faults(sc, producers, windows, t0)
+    doc["rss_samples"] = {r: [list(x) for x in v] for r, v in rss.series.items()}
+    doc["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0)
+    # Checked from these offsets on (a restored home; a journal that deleted
+    # mirror segments early for room): what is below is in the bucket only.
+    doc["served_from"] = trimmed
+    doc["split_brain"] = [
+        {
+            "region": sb.region,
+            "second_gateway_at_s": round(sb.began - t0, 1),
+            "first_gateway_exit_code": sb.old_exit,
+            "first_gateway_fenced_after_s": sb.fenced_after_s,
+            "first_gateway_journal": str(sb.old.data_dir / "journal"),
+            "acked_by_first_gateway": sum(
+                len(p.acked_by_old_writer) for p in producers if p.w.region == sb.region
+            ),
+            "acked_by_fenced_writer": counts.get(f"acked_by_fenced_writer:{sb.region}", 0),
+        }
+        for sb in splits
+    ]
+    for r, figures in meta_figures.items():
+        doc["regions"][r]["metadata_link"] = figures
+    if meta is not None:
+        doc["metadata_exit_code"] = codes["metadata"]
     if moto is not None:
         doc["s3_requests"] = {
             "total": sum(statuses.values()),
@@ -583,6 +784,40 @@ def run(
             ": every acknowledged record present once, in order; every mirror equals its source",
         )
     )
+
+
+def _site(sc: Scenario, region: str, data_dir: Path, name: str = "") -> Site:
+    """A region's gateway as the scenario sets it up: its journal budget, its clock."""
+    site = Site(region, data_dir.resolve(), name=name)
+    budget = dict(sc.journal_max_mb).get(region)
+    if budget is not None:
+        # Small segments, so that shipped ones are deleted in small steps.
+        site.extra_toml = (
+            f"[journal]\nsegment_bytes = {int(SEGMENT_MB * 2**20)}\n"
+            f"max_bytes = {int(budget * 2**20)}\n"
+        )
+    skew = dict(sc.clock_skew_h).get(region)
+    if skew:
+        # Preloaded into the gateway itself (no wrapper: signals reach it);
+        # its monotonic clock is shifted by the same constant.
+        site.env = {"LD_PRELOAD": libfaketime(), "FAKETIME": f"{round(skew * 3600):+d}"}
+    return site
+
+
+def libfaketime() -> str:
+    """Path of Debian's libfaketime.so.1 (package faketime); refuses the run without it."""
+    listed = ""
+    if shutil.which("dpkg") is not None:
+        listed = subprocess.run(
+            ["dpkg", "-L", "faketime", "libfaketime"],
+            capture_output=True,
+            text=True,
+            check=False,
+        ).stdout
+    for line in listed.splitlines():
+        if line.endswith("/libfaketime.so.1"):
+            return line
+    raise fail("clock_skew_h needs libfaketime: apt-get install faketime", code=2)
 
 
 def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) -> None:
@@ -605,8 +840,100 @@ def _apply(fault: Fault, sites: dict[str, Site], timers: list[threading.Timer]) 
         site.resume()
 
 
+def acked_between(p: Producer, began: float, ended: float) -> int:
+    """Records ``p`` had acknowledged between two instants (monotonic)."""
+    return sum(n for at, n in p.acked_at if began <= at <= ended)
+
+
+def _timed_faults(
+    sc: Scenario, producers: list[Producer], windows: dict[int, list[float]], t0: float
+) -> list[dict[str, Any]]:
+    """Each link or metadata fault: when it was on, and what each region acknowledged meanwhile."""
+    out = []
+    for i, (began, *rest) in sorted(windows.items()):
+        ended = rest[0] if rest else time.monotonic()
+        out.append(
+            {
+                "fault": sc.faults[i].label(),
+                "began_at_s": round(began - t0, 1),
+                "ended_at_s": round(ended - t0, 1),
+                "acked_during": {
+                    r: sum(acked_between(p, began, ended) for p in producers if p.w.region == r)
+                    for r in sc.regions
+                },
+            }
+        )
+    return out
+
+
+def _check_kept_working(
+    sc: Scenario, producers: list[Producer], windows: dict[int, list[float]]
+) -> list[str]:
+    """A region whose metadata link was down must keep acknowledging from its cached routing."""
+    bad = []
+    for i, (began, *rest) in sorted(windows.items()):
+        fault = sc.faults[i]
+        if not fault.is_metadata or not rest:
+            continue
+        for r in sc.regions if fault.region == "*" else [fault.region]:
+            mine = [p for p in producers if p.w.region == r]
+            if mine and not sum(acked_between(p, began, rest[0]) for p in mine):
+                bad.append(f"{r} acknowledged nothing during {fault.label()}")
+    return bad
+
+
+def journal_values(journal_dir: Path, topic: str) -> dict[tuple[int, int], str]:
+    """Every record of ``topic`` in a stopped gateway's journal, by (partition, offset)."""
+    out: dict[tuple[int, int], str] = {}
+    j = Journal.open_sync(journal_dir)
+    try:
+        for t, part in j.partitions():
+            if t != topic:
+                continue
+            offset = j.first_offset(t, part)
+            while entries := j.read(t, part, offset):
+                for e in entries:
+                    for rec in decode_batch(e.payload, where=str(journal_dir)).records(offset):
+                        out[(part, rec.offset)] = rec.value.decode("utf-8", "replace")
+                    offset = max(offset, e.next_offset)
+    finally:
+        j.close_sync()
+    return out
+
+
+def split_old_writer(
+    old: dict[tuple[int, int], str],
+    in_log: list[dict[int, object]],
+    old_journal: dict[tuple[int, int], str],
+) -> tuple[dict[tuple[int, int], str], dict[tuple[int, int], str], int]:
+    """What a fenced writer acknowledged: (in the region's log, only in its journal, lost).
+
+    ``in_log`` is the region's history per partition as a mirror holds it (the
+    log in the bucket). A record the old writer acknowledged is *kept* when
+    the log holds it at its offset (it was shipped before the fence); else it
+    was acknowledged by the fenced writer and never shipped: it is counted
+    apart, and must still be in the old gateway's journal (the data directory
+    a fenced gateway leaves behind); one in neither place is lost.
+    """
+    kept: dict[tuple[int, int], str] = {}
+    fenced: dict[tuple[int, int], str] = {}
+    lost = 0
+    for (part, o), v in old.items():
+        if part < len(in_log) and in_log[part].get(o) == v:
+            kept[(part, o)] = v
+        else:
+            fenced[(part, o)] = v
+            lost += old_journal.get((part, o)) != v
+    return kept, fenced, lost
+
+
 def _check_acked(
-    p: Producer, sc: Scenario, sites: dict[str, Site], counts: dict[str, int]
+    p: Producer,
+    sc: Scenario,
+    sites: dict[str, Site],
+    counts: dict[str, int],
+    old_journal: Path | None = None,
+    trimmed: dict[str, list[int]] | None = None,
 ) -> list[str]:
     """Count, at the home and in every mirror: acknowledged records lost, duplicated, reordered.
 
@@ -623,15 +950,44 @@ def _check_acked(
         if r != t.home and ("*" in t.subscribers or r in t.subscribers)
     ]
     bad: list[str] = []
-    for region, name in readers:
+    acked = p.acked
+    if trimmed is None:
+        trimmed = {}
+    for i, (region, name) in enumerate(readers):
         with httpx.Client(base_url=sites[region].url, timeout=30) as client:
-            partitions = [all_records(client, name, part) for part in range(t.partitions)]
+            starts = first_offsets(client, name)
+            partitions = [
+                all_records(client, name, part, starts[part]) for part in range(t.partitions)
+            ]
+        # Trimmed further while read? Checked from where each partition starts.
+        starts = [
+            int(stored[0][0]) if stored else start  # type: ignore[call-overload]
+            for stored, start in zip(partitions, starts, strict=True)
+        ]
+        if any(starts):
+            key = f"{region}:{name}"
+            trimmed[key] = starts
         for part, stored in enumerate(partitions):
-            if [r[0] for r in stored] != list(range(len(stored))):
+            if [r[0] for r in stored] != list(range(starts[part], starts[part] + len(stored))):
                 bad.append(f"{region}:{name}/{part} has gaps in its offsets")
-        found = count_problems(
-            [{r[0]: r[3] for r in stored} for stored in partitions], p.acked, p.ambiguous
-        )
+        values = [{r[0]: r[3] for r in stored} for stored in partitions]
+        if i == 1 and p.acked_by_old_writer and old_journal is not None:
+            # The first mirror holds the region's log: what the fenced writer shipped.
+            kept, fenced, lost = split_old_writer(
+                p.acked_by_old_writer, values, journal_values(old_journal, t.name)
+            )
+            acked = {**kept, **p.acked}
+            counts["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0) + len(fenced)
+            key = f"acked_by_fenced_writer:{t.home}"
+            counts[key] = counts.get(key, 0) + len(fenced)
+            counts["lost"] = counts.get("lost", 0) + lost
+            if lost:
+                bad.append(f"{t.home}:{t.name} lost {lost} records the fenced writer acknowledged")
+        elif i == 0 and p.acked_by_old_writer and len(readers) == 1:
+            bad.append(f"{t.home}:{t.name} split brain needs a mirror of the topic to check it")
+        # A restored home serves only what it took since: check from where it starts.
+        mine = {k: v for k, v in acked.items() if k[0] >= len(starts) or k[1] >= starts[k[0]]}
+        found = count_problems(values, mine, p.ambiguous)
         for key, value in found.items():
             counts[key] = counts.get(key, 0) + value
             if value:
@@ -706,8 +1062,16 @@ def _report_doc(
     regions: dict[str, Any] = {}
     for r in sc.regions:
         regions[r] = {
-            "acknowledged": sum(len(p.acked) for p in producers if p.w.region == r),
+            "acknowledged": sum(
+                len(p.acked) + len(p.acked_by_old_writer) for p in producers if p.w.region == r
+            ),
             "producer_retries": sum(p.retries for p in producers if p.w.region == r),
+            "refused_by_status": {
+                str(k): v
+                for k, v in sorted(
+                    sum((p.refused for p in producers if p.w.region == r), Counter[int]()).items()
+                )
+            },
             "log_objects": objects[r][0],
             "log_bytes": objects[r][1],
             "peak_rss_bytes": peak_rss.get(r, 0),
@@ -723,7 +1087,7 @@ def _report_doc(
         "duration_s": sc.duration_s,
         "passed": not failures and all(c == 0 for c in codes.values()),
         "failures": failures,
-        "acknowledged": sum(len(p.acked) for p in producers),
+        "acknowledged": sum(len(p.acked) + len(p.acked_by_old_writer) for p in producers),
         "lost": counts.get("lost", 0),
         "duplicated": counts.get("duplicated", 0),
         "reordered": counts.get("reordered", 0),
@@ -768,6 +1132,25 @@ def _print_report(doc: dict[str, Any]) -> None:
         f"{doc['mirror_divergence']}",
         highlight=False,
     )
+    for r, v in doc["regions"].items():
+        if v.get("refused_by_status"):
+            by = ", ".join(f"{k}: {n}" for k, n in v["refused_by_status"].items())
+            console.print(f"  {r}: produce answered other than 200 ({by})", highlight=False)
+    for reader, firsts in doc.get("served_from", {}).items():
+        console.print(
+            f"  {reader} checked from offsets {firsts} (below: in the bucket only)",
+            highlight=False,
+        )
+    for sb in doc.get("split_brain", []):
+        console.print(
+            f"  split brain in {sb['region']}: a second gateway from edgegw restore at "
+            f"t={sb['second_gateway_at_s']:g}s; the first exited {sb['first_gateway_exit_code']} "
+            f"{sb['first_gateway_fenced_after_s']}s later; of the "
+            f"{sb['acked_by_first_gateway']:,} records the first acknowledged, "
+            f"{sb['acked_by_fenced_writer']:,} were never shipped (acked_by_fenced_writer: kept "
+            f"in {sb['first_gateway_journal']}, not in the region's log)",
+            highlight=False,
+        )
     if "s3_requests" in doc:
         s3 = doc["s3_requests"]
         by = ", ".join(f"{k}: {v}" for k, v in s3["by_status"].items())

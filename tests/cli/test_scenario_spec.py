@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from edgegw_cli._scenario_spec import LinkSpec, ScenarioError, parse_scenario
-from edgegw_cli.scenario import count_problems, held_since
+from edgegw_cli.scenario import count_problems, held_since, split_old_writer
 
 from edge_gateway.testing.tcpproxy import LinkShape
 
@@ -81,6 +81,30 @@ def test_link_faults_with_their_parameters() -> None:
     ]
     quick = sc.quick()
     assert (quick.faults[1].at_s, quick.faults[1].for_s) == (2, 1)
+
+
+def test_metadata_faults_need_the_metadata_server() -> None:
+    fault = '[[faults]]\nat_s = 2\naction = "metadata_blackhole"\nregion = "*"\nfor_s = 3\n'
+    with_metadata = "metadata = true\n" + BASE
+    sc = parse_scenario(doc(fault, with_metadata), "x")
+    assert sc.metadata
+    (f,) = sc.faults
+    assert (f.action, f.region, f.for_s, f.is_metadata, f.is_link) == (
+        "metadata_blackhole",
+        "*",
+        3,
+        True,
+        False,
+    )
+    with pytest.raises(ScenarioError, match="metadata_blackhole needs metadata = true"):
+        parse_scenario(doc(fault), "x")
+    with pytest.raises(ScenarioError, match=r"scenario\.metadata: expected true or false"):
+        parse_scenario(doc(base='metadata = "yes"\n' + BASE), "x")
+    with pytest.raises(ScenarioError, match="needs for_s"):
+        parse_scenario(
+            doc('[[faults]]\nat_s = 1\naction = "metadata_down"\nregion = "ship"\n', with_metadata),
+            "x",
+        )
 
 
 @pytest.mark.parametrize(
@@ -182,3 +206,47 @@ def test_replication_lag_is_how_long_ago_the_home_held_what_the_mirror_holds() -
     assert held_since(history, [6, 3]) == 11.0
     assert held_since(history, [0, 0]) == 10.0
     assert held_since([(10.0, [4])], [1]) == 10.0  # behind the oldest: counted from it
+
+
+def test_region_budget_and_clock_skew() -> None:
+    base = BASE.replace(
+        'name = "shore"\n', 'name = "shore"\njournal_max_mb = 6\nclock_skew_h = -7.5\n'
+    )
+    sc = parse_scenario(doc(base=base), "x")
+    assert sc.journal_max_mb == (("shore", 6.0),)
+    assert sc.clock_skew_h == (("shore", -7.5),)
+    for bad, message in [
+        ("journal_max_mb = 2\n", "journal_max_mb: at least 4"),
+        ("journal_max_mb = -1\n", "journal_max_mb: expected a number > 0"),
+        ('clock_skew_h = "3h"\n', "clock_skew_h: expected hours"),
+        ("clock_skew_h = true\n", "clock_skew_h: expected hours"),
+    ]:
+        with pytest.raises(ScenarioError, match=message):
+            parse_scenario(
+                doc(base=BASE.replace('name = "shore"\n', f'name = "shore"\n{bad}')), "x"
+            )
+
+
+def test_split_brain_is_a_process_fault() -> None:
+    sc = parse_scenario(doc('[[faults]]\nat_s = 2\naction = "split_brain"\nregion = "ship"\n'), "x")
+    assert [(f.action, f.region, f.is_link, f.is_metadata) for f in sc.faults] == [
+        ("split_brain", "ship", False, False)
+    ]
+    with pytest.raises(ScenarioError, match="only pause"):
+        parse_scenario(
+            doc('[[faults]]\nat_s = 2\naction = "split_brain"\nregion = "ship"\nfor_s = 1\n'), "x"
+        )
+
+
+def test_what_a_fenced_writer_acknowledged_is_split_by_the_log() -> None:
+    old = {(0, 0): "a", (0, 1): "b", (0, 2): "c", (1, 0): "d"}
+    # The log (as a mirror holds it) has the first two of partition 0; the
+    # survivor reused offset 2 for its own record; partition 1 never shipped.
+    in_log: list[dict[int, object]] = [{0: "a", 1: "b", 2: "survivor's"}, {}]
+    kept, fenced, lost = split_old_writer(old, in_log, {(0, 2): "c", (1, 0): "d"})
+    assert kept == {(0, 0): "a", (0, 1): "b"}
+    assert fenced == {(0, 2): "c", (1, 0): "d"}
+    assert lost == 0
+    # A record in neither the log nor the fenced journal is lost.
+    _, _, lost = split_old_writer(old, in_log, {(0, 2): "c"})
+    assert lost == 1

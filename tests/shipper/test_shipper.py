@@ -13,6 +13,7 @@ from edge_gateway.bucket import (
     Bucket,
     FaultyBucket,
     LocalBucket,
+    ObjectInfo,
     S3Bucket,
     S3Config,
     UnsupportedStore,
@@ -297,3 +298,76 @@ async def test_header_is_read_with_one_ranged_get(tmp_path: Path) -> None:
     finally:
         j.close_sync()
         await bucket.aclose()
+
+
+class _LiveWriterWins(FaultyBucket):
+    """The new writer's bucket: before each of its next ``races`` log creates,
+    the live writer commits an entry first, taking the seq the fence was for."""
+
+    def __init__(self, inner: Bucket, races: int, live_writer_commits: object) -> None:
+        super().__init__(inner, close_inner=False)
+        self.races = races
+        self.commit = live_writer_commits
+        self.listed: list[str] = []
+
+    async def _put(
+        self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
+    ) -> ObjectInfo:
+        if "/log/" in key and self.races:
+            self.races -= 1
+            assert callable(self.commit)
+            await self.commit()
+        return await super()._put(key, data, if_none_match=if_none_match, if_match=if_match)
+
+    async def _list(
+        self, prefix: str, *, start_after: str | None, limit: int | None
+    ) -> list[ObjectInfo]:
+        self.listed.append(prefix)
+        return await super()._list(prefix, start_after=start_after, limit=limit)
+
+
+async def test_a_claim_racing_a_live_writer_lands_then_reads_what_it_skipped(
+    tmp_path: Path,
+) -> None:
+    """A restore while the old gateway still ships: after a lost race the claim goes
+    straight to the new head and reads what it skipped once its fence has landed.
+
+    Reading the log again (or even just the new entries) before each retry
+    took longer, on a slow or busy link, than the live writer took to commit
+    its next entry: the claim did not land for minutes (found by the
+    split-brain scenario).
+    """
+    shared = await LocalBucket.open(tmp_path / "b", create=True)
+    ja = Journal.open_sync(tmp_path / "a", JCFG)
+    jb = Journal.open_sync(tmp_path / "bj", JCFG)
+
+    async def live_writer_commits() -> None:
+        for _ in range(2):  # two entries: the claim skips one it has not read
+            produce(ja, "t", 2, 1)
+            await a.ship_pending()
+
+    racing = _LiveWriterWins(shared, 3, live_writer_commits)
+    try:
+        a = Shipper(ja, shared, "north", config=FAST)
+        await a.claim()
+        produce(ja, "t", 2, 2)
+        await a.ship_pending()
+        b = Shipper(jb, racing, "north", config=FAST)
+        await b.claim()
+        assert racing.races == 0
+        # The log was loaded once (one LIST of the manifest folder), not after each race.
+        assert sum("/manifest/" in p for p in racing.listed) == 1, racing.listed
+        # The claim continues after everything the live writer committed ...
+        assert jb.next_offset("t", 0) == 80
+        produce(jb, "t", 2, 1)
+        await b.ship_pending()
+        # ... which is fenced at its next commit; nothing it committed is lost.
+        produce(ja, "t", 2, 1)
+        with pytest.raises(Fenced):
+            await a.ship_pending()
+        assert await log_records(shared, "north") == expected(2, 90)
+    finally:
+        ja.close_sync()
+        jb.close_sync()
+        await racing.aclose()
+        await shared.aclose()
