@@ -425,12 +425,13 @@ class GatewayConfig:
             if t.name in seen:
                 raise ConfigError(f"topics: {t.name!r} is defined twice")
             seen.add(t.name)
-        if self.link.bulk_windows and not _topics_have_priority():
+        if self.link.bulk_windows and not any(t.priority == "bulk" for t in self.topics):
             # A setting with no effect is refused, not accepted silently.
             raise ConfigError(
-                "link.bulk_windows: this build has no topic priorities, so no data is bulk and "
-                "the windows would hold nothing; remove it (bulk windows come with topic "
-                "priorities, issue 16). link.daily_bytes / monthly_bytes work without them"
+                'link.bulk_windows: no [[topics]] has priority = "bulk", so no data is bulk '
+                "and the windows would hold nothing (topics from a metadata server and "
+                "auto-created ones are normal); give the bulk topics that priority, or remove "
+                "link.bulk_windows"
             )
         if self.metadata.enabled and self.topics:
             raise ConfigError(
@@ -459,11 +460,6 @@ class GatewayConfig:
     def sources(self) -> dict[str, list[str]]:
         """Source region → the topics this region mirrors from it."""
         return topology_sources(self.topics, self.region)
-
-
-def _topics_have_priority() -> bool:
-    """Whether topics carry a priority class in this build (bulk windows need one)."""
-    return "priority" in {f.name for f in dataclasses.fields(TopicConfig)}
 
 
 def topology_subscribers(topics: typing.Iterable[TopicConfig], region: str) -> list[str] | None:

@@ -80,6 +80,7 @@ import builtins
 import http.client
 import logging
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -115,6 +116,8 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
     from mypy_boto3_s3.type_defs import CompletedPartTypeDef
 
+#: ``regions/<region>/`` at the start of a key: the folder a region may write.
+_REGION_FOLDER: Final = re.compile(r"regions/[^/]+/")
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
@@ -372,7 +375,7 @@ class S3Bucket(Bucket):
         if (
             if_match is None
             and len(data) > self._config.multipart_threshold
-            and (not if_none_match or await self.multipart_create_is_conditional())
+            and (not if_none_match or await self.multipart_create_is_conditional(near=key))
         ):
             return await self._put_multipart(key, full_key, data, if_none_match=if_none_match)
         # Here a large object is a CAS, or a create-only put on a store that
@@ -599,7 +602,7 @@ class S3Bucket(Bucket):
 
     # -- multipart --------------------------------------------------------------
 
-    async def multipart_create_is_conditional(self) -> bool:
+    async def multipart_create_is_conditional(self, near: str = "") -> bool:
         """Whether the store refuses a CompleteMultipartUpload with ``If-None-Match: *``
         onto an existing key (probed once per bucket object, then remembered).
 
@@ -608,13 +611,15 @@ class S3Bucket(Bucket):
         PutObject). On such a store a create-only put of any size goes up as
         one PutObject (up to S3's 5 GiB), so that a large log object is as
         create-only as a small one. The probe is four small requests under
-        ``_edgegw-probe/`` (one single-byte part), its object deleted after.
+        ``_edgegw-probe/`` (one single-byte part), its object deleted after;
+        in the region folder of ``near`` (the key being put) when it is in
+        one, the only keys a region confined by its IAM policy may write.
         """
         if self._multipart_conditional is not None:
             return self._multipart_conditional
         async with self._multipart_probe_lock:
             if self._multipart_conditional is None:
-                honoured = await self._probe_multipart_condition()
+                honoured = await self._probe_multipart_condition(near)
                 if not honoured:
                     _log.warning(
                         "%s ignores If-None-Match on CompleteMultipartUpload (Ceph RGW 16.2 "
@@ -624,8 +629,9 @@ class S3Bucket(Bucket):
                 self._multipart_conditional = honoured
         return self._multipart_conditional
 
-    async def _probe_multipart_condition(self) -> bool:
-        key = probe_key()
+    async def _probe_multipart_condition(self, near: str) -> bool:
+        region_folder = _REGION_FOLDER.match(near)
+        key = probe_key(region_folder.group(0) if region_folder else "")
         full_key = self._full_key(key)
         await self._put_object(key, full_key, b"edgegw multipart probe: first\n")
         try:

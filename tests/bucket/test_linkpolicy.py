@@ -103,11 +103,28 @@ def test_the_config_takes_allowances_as_sizes_and_refuses_nonsense() -> None:
             parse_config({"region": "r", "link": bad})
 
 
-def test_bulk_windows_are_refused_while_topics_have_no_priority() -> None:
-    # A setting with no effect is not accepted silently: in this build no
-    # data is bulk, so windows would hold nothing.
-    with pytest.raises(ConfigError, match="no topic priorities"):
+def test_bulk_windows_are_refused_while_no_topic_is_bulk() -> None:
+    # A setting with no effect is not accepted silently: without a bulk
+    # topic, windows would hold nothing.
+    topic = {"name": "t", "home": "r"}
+    with pytest.raises(ConfigError, match='no \\[\\[topics\\]\\] has priority = "bulk"'):
         parse_config({"region": "r", "link": {"bulk_windows": ["22:00-06:00"]}})
+    with pytest.raises(ConfigError, match="bulk_windows"):
+        parse_config(
+            {
+                "region": "r",
+                "link": {"bulk_windows": ["22:00-06:00"]},
+                "topics": [{**topic, "priority": "critical"}],
+            }
+        )
+    cfg = parse_config(
+        {
+            "region": "r",
+            "link": {"bulk_windows": ["22:00-06:00"]},
+            "topics": [{**topic, "priority": "bulk"}],
+        }
+    )
+    assert cfg.link.policy().restricts
 
 
 # ---------------------------------------------------------------- windows
