@@ -21,9 +21,8 @@ import random
 import sys
 from pathlib import Path
 
-import h11
-
 from edge_gateway.api._http11 import _DECLINE, _parse_head
+from edge_gateway.testing.h11view import h11_view
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _harness
@@ -41,20 +40,6 @@ SEEDS = [
 ]
 
 
-def _h11_view(raw: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int] | None:
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX)
-    conn.receive_data(raw)
-    try:
-        event = conn.next_event()
-    except h11.RemoteProtocolError:
-        return None
-    if not isinstance(event, h11.Request):
-        return None
-    headers = [(bytes(k), bytes(v)) for k, v in event.headers]
-    lengths = [v for k, v in headers if k == b"content-length"]
-    return event.method, event.target, headers, int(lengths[0]) if lengths else 0
-
-
 def fuzz_one_input(data: bytes) -> None:
     head = _parse_head(data, MAX)
     if head is None:
@@ -62,7 +47,7 @@ def fuzz_one_input(data: bytes) -> None:
         return
     if head is _DECLINE:
         return
-    view = _h11_view(data[: head.end])
+    view = h11_view(data[: head.end])
     assert view is not None, f"taken by the fast path, refused by h11: {data!r}"
     assert (head.method, head.target, head.headers, head.length) == view, (data, view)
 

@@ -10,29 +10,14 @@ hostile pieces.
 
 from __future__ import annotations
 
-import h11
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from edge_gateway.api._http11 import _DECLINE, _parse_head
+from edge_gateway.testing.h11view import h11_view
 
 MAX = 16 * 1024
-
-
-def h11_view(raw: bytes) -> tuple[bytes, bytes, list[tuple[bytes, bytes]], int] | None:
-    """What h11 makes of the head at the start of ``raw``; None if it refuses it."""
-    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX)
-    conn.receive_data(raw)
-    try:
-        event = conn.next_event()
-    except h11.RemoteProtocolError:
-        return None
-    if not isinstance(event, h11.Request):
-        return None
-    headers = [(bytes(k), bytes(v)) for k, v in event.headers]
-    lengths = [v for k, v in headers if k == b"content-length"]
-    return event.method, event.target, headers, int(lengths[0]) if lengths else 0
 
 
 def agrees_with_h11(raw: bytes) -> None:

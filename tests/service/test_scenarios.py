@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
 from edgegw_cli._scenario_spec import LINK_ACTIONS
@@ -109,13 +110,12 @@ def test_link_scenario_quick_form_loses_nothing(tmp_path: Path, name: str) -> No
         assert doc["s3_requests"]["by_status"].get("412", 0) > 0, doc["s3_requests"]
 
 
-@pytest.mark.slow
-def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) -> None:
-    """The metadata server refused, then blackholed for one site, while a site reboots."""
+def _run_quick(name: str, tmp_path: Path) -> tuple[dict[str, Any], Path, str]:
+    """Run scenario ``name`` in its quick form: its report (checked clean), work dir, output."""
     report = tmp_path / "report.json"
     work = tmp_path / "s"
     out = run(
-        str(ROOT / "scenarios" / "metadata-outage.toml"),
+        str(ROOT / "scenarios" / f"{name}.toml"),
         "--quick",
         "--dir",
         str(work),
@@ -123,7 +123,7 @@ def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) 
         str(report),
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    doc = json.loads(report.read_text())
+    doc: dict[str, Any] = json.loads(report.read_text())
     assert doc["passed"], doc["failures"]
     assert (doc["lost"], doc["duplicated"], doc["reordered"], doc["mirror_divergence"]) == (
         0,
@@ -131,6 +131,13 @@ def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) 
         0,
         0,
     )
+    return doc, work, out.stdout
+
+
+@pytest.mark.slow
+def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) -> None:
+    """The metadata server refused, then blackholed for one site, while a site reboots."""
+    doc, work, _ = _run_quick("metadata-outage", tmp_path)
     assert doc["metadata_exit_code"] == 0
     # Every region talked to the metadata server over its own link ...
     for region, figures in doc["regions"].items():
@@ -148,25 +155,7 @@ def test_metadata_outage_gateways_run_from_their_cached_routing(tmp_path: Path) 
 @pytest.mark.slow
 def test_split_brain_one_writer_survives_the_other_exits_fenced(tmp_path: Path) -> None:
     """A second gateway from `edgegw restore` while the first runs: exactly one keeps writing."""
-    report = tmp_path / "report.json"
-    work = tmp_path / "s"
-    out = run(
-        str(ROOT / "scenarios" / "split-brain-restore.toml"),
-        "--quick",
-        "--dir",
-        str(work),
-        "--report",
-        str(report),
-    )
-    assert out.returncode == 0, out.stdout + out.stderr
-    doc = json.loads(report.read_text())
-    assert doc["passed"], doc["failures"]
-    assert (doc["lost"], doc["duplicated"], doc["reordered"], doc["mirror_divergence"]) == (
-        0,
-        0,
-        0,
-        0,
-    )
+    doc, work, stdout = _run_quick("split-brain-restore", tmp_path)
     (sb,) = doc["split_brain"]
     # The first gateway stopped FENCED (exit 3); the survivor exited 0 at the end.
     assert sb["first_gateway_exit_code"] == 3
@@ -176,7 +165,7 @@ def test_split_brain_one_writer_survives_the_other_exits_fenced(tmp_path: Path) 
     # the runner found every such record in the first gateway's journal.
     assert sb["acked_by_first_gateway"] > 0
     assert doc["acked_by_fenced_writer"] == sb["acked_by_fenced_writer"]
-    assert "acked_by_fenced_writer" in out.stdout
+    assert "acked_by_fenced_writer" in stdout
 
 
 def _link_faults(name: str) -> int:
