@@ -662,17 +662,17 @@ class Gateway:
         """Seconds until data of ``priority`` may go on the link (0: now)."""
         return self.link_gate.opens_in_s(priority)
 
-    def _held(self, bucket: Bucket, hold: str) -> Bucket:
+    def _held(self, bucket: Bucket) -> Bucket:
         """``bucket``, held by the link policy if it restricts anything."""
         if not self.link_gate.restricts:
             return bucket
-        return HeldBucket(bucket, self.link_gate, hold=hold)
+        return HeldBucket(bucket, self.link_gate)
 
     @property
     def mirror_bucket(self) -> Bucket:
         """The bucket as the tailers use it: reads of log objects wait for the link policy."""
         if self._mirror_bucket is None:
-            self._mirror_bucket = self._held(self.bucket, "get")
+            self._mirror_bucket = self._held(self.bucket)
         return self._mirror_bucket
 
     async def open_bucket(self, *, create: bool | None = None) -> Bucket:

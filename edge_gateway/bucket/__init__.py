@@ -11,7 +11,7 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
   and lost responses, for tests;
 * :class:`MeteredBucket` — wraps either with the site's :class:`LinkMeter`
   (a bandwidth cap, bytes per day and month);
-* :class:`HeldBucket` — holds log-object transfers while the site's
+* :class:`HeldBucket` — holds the mirrors' reads of log objects while the site's
   :class:`LinkPolicy` (bulk windows, byte allowances) says wait.
 
 :func:`verify_conditional_create` refuses stores that ignore create-only puts,

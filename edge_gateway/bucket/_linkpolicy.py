@@ -53,8 +53,7 @@ from typing import Final
 import trio
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
-from edge_gateway.errors import ConfigError, CorruptData, InvalidInput
-from edge_gateway.format import logobject
+from edge_gateway.errors import ConfigError, InvalidInput
 
 __all__ = [
     "PRIORITIES",
@@ -533,23 +532,19 @@ _LOG_KEY = re.compile(r"(?:^|/)regions/[^/]+/log/[^/]+$")
 
 
 class HeldBucket(Bucket):
-    """A bucket whose log-object transfers wait for a :class:`LinkGate`.
+    """A bucket whose reads of log objects wait for a :class:`LinkGate` (the mirrors' bucket).
 
-    The hold as it stands before topic priorities reach the shipper: all
-    data is ``normal``. ``hold="put"`` (the shipper's bucket) holds each
-    create of a log object that carries data; fences, manifests and every
-    other key pass. ``hold="get"`` (the tailers' bucket) holds each read of a
-    log object (mirroring downloads count against the allowance too).
-    The gate is asked before the transfer: one that was allowed completes.
+    Mirroring downloads count against the allowance too: each read of a log
+    object waits while ``priority`` (``normal``) may not move; every other
+    key passes. The gate is asked before the transfer: one that was allowed
+    completes. (The shipper is held per lane by :attr:`Shipper.may_ship
+    <edge_gateway.shipper.Shipper.may_ship>`, not by a bucket.)
     """
 
-    def __init__(self, inner: Bucket, gate: LinkGate, *, hold: str, priority: str = "normal"):
+    def __init__(self, inner: Bucket, gate: LinkGate, *, priority: str = "normal"):
         super().__init__()
-        if hold not in ("put", "get"):
-            raise ValueError("hold must be 'put' or 'get'")
         self.inner = inner
         self.gate = gate
-        self.hold = hold
         self.priority = str(_priority(priority))
 
     @property
@@ -565,12 +560,10 @@ class HeldBucket(Bucket):
     async def _put(
         self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
     ) -> ObjectInfo:
-        if self.hold == "put" and _LOG_KEY.search(key) and _carries_data(data, key):
-            await self.gate.wait_may_ship(self.priority)
         return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     async def _get(self, key: str, start: int, end: int | None) -> GetResult:
-        if self.hold == "get" and _LOG_KEY.search(key):
+        if _LOG_KEY.search(key):
             await self.gate.wait_may_ship(self.priority)
         return await self.inner.get(key, start=start, end=end)
 
@@ -588,11 +581,3 @@ class HeldBucket(Bucket):
     async def _aclose(self) -> None:
         # The inner bucket belongs to the gateway, which closes it.
         pass
-
-
-def _carries_data(data: bytes, key: str) -> bool:
-    """Whether a log object holds records (not a fence). Unreadable: treated as data."""
-    try:
-        return not logobject.decode_header(data, where=key).is_fence
-    except CorruptData:
-        return True

@@ -29,7 +29,6 @@ from edge_gateway.bucket import (
 )
 from edge_gateway.config import ConfigError, parse_config
 from edge_gateway.errors import InvalidInput
-from edge_gateway.format import logobject
 
 BERLIN = ZoneInfo("Europe/Berlin")
 MiB = 1 << 20
@@ -461,35 +460,26 @@ def test_the_gate_logs_window_changes_once(caplog: pytest.LogCaptureFixture) -> 
 # ---------------------------------------------------------------- the held bucket
 
 
-async def test_a_held_bucket_holds_data_objects_not_fences_or_manifests(
+async def test_a_held_bucket_holds_reads_of_log_objects_only(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
-    wall = Wall(at(2026, 6, 10, 12))
+    wall = Wall(at(2026, 6, 11, 12))
     meter = FakeUsage()
-    meter.u = usage(day_bytes=MiB)
+    meter.u = usage("2026-06-11", day_bytes=MiB)
     gate = LinkGate(LinkPolicy(daily_bytes=MiB, tz=BERLIN), meter, wall=wall)
     inner = await LocalBucket.open(tmp_path / "b", create=True)
-    held = HeldBucket(inner, gate, hold="put")
-    fence = logobject.encode_fence("r", 2, 7, 10, 1_795_000_000_000)
-    await held.put("regions/r/log/00000000000000000007.eglog", fence, if_none_match=True)
-    await held.put("regions/r/manifest/00000000000000000007.json", b"{}", if_none_match=True)
     data_key = "regions/r/log/00000000000000000008.eglog"
-    with trio.move_on_after(3600) as scope:
-        await held.put(data_key, b"not a header: treated as data", if_none_match=True)
-    assert scope.cancelled_caught
-    assert gate.statistics().held["normal"] == 1
-    wall.t = at(2026, 6, 11, 0, 1)
-    await held.put(data_key, b"not a header: treated as data", if_none_match=True)
-    assert (await inner.get(data_key)).data.startswith(b"not a header")
-    # Reads through a "get" hold wait the same way; other keys never.
-    wall.t = at(2026, 6, 11, 12)
-    meter.u = usage("2026-06-11", day_bytes=MiB)
-    reader = HeldBucket(inner, gate, hold="get")
+    await inner.put(data_key, b"not a header: treated as data", if_none_match=True)
+    await inner.put("regions/r/manifest/00000000000000000007.json", b"{}", if_none_match=True)
+    reader = HeldBucket(inner, gate)
+    # Other keys never wait; a log object waits while the allowance is used.
     assert (await reader.get("regions/r/manifest/00000000000000000007.json")).data == b"{}"
     with trio.move_on_after(60) as scope:
         await reader.get(data_key)
     assert scope.cancelled_caught
-    await held.aclose()
+    assert gate.statistics().held["normal"] == 1
+    wall.t = at(2026, 6, 12, 0, 1)
+    assert (await reader.get(data_key)).data.startswith(b"not a header")
     await reader.aclose()
     # The inner bucket is the gateway's: still open.
     assert (await inner.get(data_key)).size > 0
