@@ -638,6 +638,14 @@ class Gateway:
             }
         )
 
+    def _describe_hold(self, held: list[str]) -> str:
+        """What the link policy holds (``held``: :meth:`held_priorities`) and until when."""
+        return (
+            f"the link policy holds {' and '.join(held)} data (link.bulk_windows, "
+            f"daily_bytes / monthly_bytes); it ships in "
+            f"{max(self.ship_opens_in_s(p) for p in held):.0f} s"
+        )
+
     async def _watch_link_policy(self) -> None:
         """Tell the shipper when the link policy's answer changes (a window opens, a new day).
 
@@ -1050,6 +1058,7 @@ class Gateway:
                 log.warning("shutdown: journal flush failed (%s)", exc)
             shipper = self.shipper
             denied = shipper.denied
+            held = self.held_priorities()
             if denied is not None and shipper.pending():
                 # Refused until a person acts: waiting out the grace period
                 # would only delay the stop. It is all in the journal.
@@ -1058,12 +1067,10 @@ class Gateway:
                     "pending data ships once access works again",
                     denied.code,
                 )
-            elif self.held_priorities() and not shipper.pending():
+            elif held and not shipper.pending():
                 log.warning(
-                    "shutdown: not shipping, the link policy holds %s data (it may ship in "
-                    "%.0f s); pending data ships then, after the next start",
-                    " and ".join(self.held_priorities()),
-                    max(self.ship_opens_in_s(p) for p in self.held_priorities()),
+                    "shutdown: not shipping, %s; pending data ships then, after the next start",
+                    self._describe_hold(held),
                 )
             elif shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
@@ -1186,11 +1193,7 @@ class Gateway:
         held = self.held_priorities()
         if held:
             # It would wait until a window opens or the allowance renews: say so at once.
-            raise Unavailable(
-                f"cannot ship now: the link policy holds {' and '.join(held)} data "
-                "(link.bulk_windows, daily_bytes / monthly_bytes); it ships in "
-                f"{max(self.ship_opens_in_s(p) for p in held):.0f} s"
-            )
+            raise Unavailable(f"cannot ship now: {self._describe_hold(held)}")
         targets = {lane: j.next_lsn - 1 for lane, j in lanes.journals.items()}
         before = shipper.statistics()
         await lanes.flush()
