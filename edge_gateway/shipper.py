@@ -58,7 +58,9 @@ is the one place where a lane can be held back (a link policy).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import hashlib
 import json
 import logging
 import math
@@ -173,6 +175,28 @@ class Diverged(Fenced):
     """Another writer continued this region's log while this journal holds unshipped data."""
 
 
+def _digest(data: bytes) -> str:
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Claim:
+    """A fence this writer is creating, recorded before its PUT.
+
+    Whose fence is at ``seq`` is known only from its bytes: two writers can
+    try the same epoch at the same seq, and a writer's own fence may land
+    with its answer lost. Until it is settled (:meth:`Shipper._settle_claim`)
+    the claimed epoch is not known to be this writer's.
+    """
+
+    seq: int
+    #: Digest of the fence's bytes (they carry a timestamp: unique per attempt).
+    #: Not their CRC32C: an object ending in its own CRC has a constant one.
+    digest: str
+    #: The epoch this writer held before, if the fence turns out not to be its own.
+    prior_epoch: int
+
+
 @dataclass(frozen=True, slots=True)
 class _WriterState:
     """What ``<journal>/shipper.json`` remembers between runs.
@@ -191,6 +215,8 @@ class _WriterState:
     #: Ids of the lanes other than the normal one this writer shipped from
     #: (a lane journal of these found empty must be lined up by a claim first).
     lanes: tuple[int, ...] = ()
+    #: A fence being created, not settled yet (``epoch`` is its epoch).
+    claim: _Claim | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +420,17 @@ class Shipper:
         lanes = doc.get("lanes", [])
         if not isinstance(lanes, list) or not all(isinstance(i, int) for i in lanes):
             raise CorruptData("shipper state has bad lanes", where=str(self._state_path))
-        return _WriterState(epoch, log_seq, log_lsn, tuple(lanes))
+        claim = doc.get("claim")
+        if claim is not None:
+            try:
+                claim = _Claim(
+                    int(claim["seq"]), str(claim["digest"]), int(claim["prior_epoch"])
+                )
+            except (TypeError, KeyError, ValueError):
+                raise CorruptData(
+                    "shipper state has a bad claim", where=str(self._state_path)
+                ) from None
+        return _WriterState(epoch, log_seq, log_lsn, tuple(lanes), claim)
 
     def _save_writer_state(self, state: _WriterState) -> None:
         """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
@@ -407,6 +443,9 @@ class Shipper:
         }
         if self._multi:
             doc["lanes"] = sorted(lane.id for lane, _ in self._lanes if not lane.is_main)
+        if state.claim is not None:
+            c = state.claim
+            doc["claim"] = {"seq": c.seq, "digest": c.digest, "prior_epoch": c.prior_epoch}
         data = json.dumps(doc).encode()
         try:
             with open(tmp, "wb") as fh:
@@ -454,18 +493,23 @@ class Shipper:
             except NotFound as exc:
                 # A manifest or GC boundary names an entry that is not there.
                 raise self._lost(f"an entry it still refers to is gone ({exc})") from None
+            written = await self._settle_claim(written)
             known = self._reconcile(state, written)
             if self.recreated_from_lsn is not None:
                 await self._drop_stale(state, written.epoch if written else 0)
             epoch = max(state.head_epoch, state.max_epoch, written.epoch if written else 0) + 1
-            # Write-ahead: remember the epoch we are about to claim, so a crash
-            # right after the fence lands still recognises the head as ours.
-            await trio.to_thread.run_sync(
-                self._save_writer_state, _WriterState(epoch, known.log_seq, known.log_lsn)
-            )
             seq = state.head + 1
             fence = logobject.encode_fence(
                 self.region, epoch, seq, self._shipped_lsn, self._clock(), self._lane_watermarks()
+            )
+            # Write-ahead: remember the fence we are about to create, so a
+            # crash or a lost answer after it lands still recognises it (by its
+            # bytes) as ours -- and a fence of the same epoch by another writer
+            # that won the race is not mistaken for ours.
+            claim = _Claim(seq, _digest(fence), written.epoch if written else 0)
+            await trio.to_thread.run_sync(
+                self._save_writer_state,
+                _WriterState(epoch, known.log_seq, known.log_lsn, claim=claim),
             )
             try:
                 await self._create_timed(log_key(self.prefix, self.region, seq), fence)
@@ -514,6 +558,38 @@ class Shipper:
         )
         self._notify_commit(seq)
         await self._mark_bucket()
+
+    async def _settle_claim(self, written: _WriterState | None) -> _WriterState | None:
+        """Resolve a fence left unsettled by a lost race, a lost answer or a crash.
+
+        The fence at the claim's seq is ours if its bytes are the ones we
+        wrote; then its epoch is ours. Otherwise (another writer's fence, or
+        none: it never landed) the epoch we held before is. A fence missing
+        below the head cannot be told apart and counts as not ours: a journal
+        with unshipped data then stops with :class:`Diverged` instead of
+        taking another writer's head as its own.
+        """
+        if written is None or written.claim is None:
+            return written
+        c = written.claim
+        try:
+            got = await self.bucket.get(log_key(self.prefix, self.region, c.seq))
+            ours = _digest(got.data) == c.digest
+        except NotFound:
+            ours = False
+        if ours:
+            settled = dataclasses.replace(written, claim=None)
+        else:
+            settled = dataclasses.replace(written, epoch=c.prior_epoch, claim=None)
+            log.info(
+                "shipper: the fence this gateway tried at seq %d (epoch %d) is not its own; "
+                "it holds epoch %d",
+                c.seq,
+                written.epoch,
+                c.prior_epoch,
+            )
+        await trio.to_thread.run_sync(self._save_writer_state, settled)
+        return settled
 
     async def _mark_bucket(self) -> None:
         """Make the bucket recognisable as edgegw's (``edgegw restore``/``sync`` check it)."""
