@@ -346,6 +346,11 @@ class _GatewayCollector(Collector):
         )
         yield _counter("edgegw_shipper_objects", "Log objects committed.", s.objects)
         yield _counter("edgegw_shipper_fences", "Fence entries written (epoch claims).", s.fences)
+        yield _counter(
+            "edgegw_shipper_set_aside",
+            "Corrupt or foreign objects set aside from where the next log entry went.",
+            s.set_aside,
+        )
         yield _counter("edgegw_shipper_manifests", "Manifests written.", s.manifests)
         yield _counter("edgegw_shipper_records", "Records shipped.", s.records)
         yield _counter(

@@ -91,6 +91,15 @@ class CorruptData(EdgeGatewayError):
         super().__init__(f"{where}: {message}" if where else message)
 
 
+class UnsupportedFormat(CorruptData):
+    """Well-formed bytes of a format version or flag this reader does not know.
+
+    Written by a newer edgegw, not damaged: a writer never sets such an
+    object aside (see ``Shipper``, "set aside"), whereas it may set aside
+    other :class:`CorruptData` found where its next entry goes.
+    """
+
+
 class BucketLost(CorruptData):
     """The bucket lost this region's log: its head is below what this gateway committed.
 

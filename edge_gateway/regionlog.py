@@ -13,6 +13,8 @@ existed, objects of the layout under ``<prefix>regions/``.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
 import re
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from edge_gateway.format.manifest import (
     log_key,
     manifest_prefix,
     parse_manifest_key,
+    quarantine_key,
 )
 from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import HeadSearch
@@ -305,3 +308,41 @@ async def mark_bucket(bucket: Bucket, prefix: str, region: str, created_ms: int)
     except PreconditionFailed:
         return False
     return True
+
+
+#: Bytes of a set-aside object kept as evidence in its note (base64).
+SET_ASIDE_EVIDENCE_BYTES: Final = 1024
+
+
+async def set_aside(
+    bucket: Bucket, prefix: str, region: str, seq: int, why: CorruptData, now_ms: int
+) -> str:
+    """Move a corrupt object out of the writer's next seq; the key of the note left.
+
+    Only the region's own writer calls this, for the seq its next entry goes
+    to (docs/protocol.md, "A corrupt object where the next entry goes"). The
+    note ``<region>/quarantine/<seq>-<ms>.json`` records the key, size, ETag,
+    the reason and the object's first bytes; then the object is deleted so the
+    conditional create can land. Readers never applied it (every check runs
+    before the first append), so the entry created there is the only one
+    they will apply.
+    """
+    key = log_key(prefix, region, seq)
+    try:
+        res = await bucket.get(key, start=0, end=SET_ASIDE_EVIDENCE_BYTES)
+    except NotFound:
+        return ""  # gone meanwhile: nothing to set aside
+    note = {
+        "key": key,
+        "size": res.size,
+        "etag": res.etag,
+        "reason": why.reason,
+        "found_ms": now_ms,
+        "first_bytes_b64": base64.b64encode(res.data[:SET_ASIDE_EVIDENCE_BYTES]).decode(),
+    }
+    dest = quarantine_key(prefix, region, seq, now_ms)
+    # PreconditionFailed: the same object set aside in the same millisecond.
+    with contextlib.suppress(PreconditionFailed):
+        await bucket.put(dest, json.dumps(note, indent=1).encode(), if_none_match=True)
+    await bucket.delete(key)
+    return dest

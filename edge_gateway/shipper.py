@@ -85,7 +85,15 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.clock import BucketClock
-from edge_gateway.errors import BucketLost, ConfigError, CorruptData, DiskFull, Fenced, InvalidInput
+from edge_gateway.errors import (
+    BucketLost,
+    ConfigError,
+    CorruptData,
+    DiskFull,
+    Fenced,
+    InvalidInput,
+    UnsupportedFormat,
+)
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
@@ -108,11 +116,13 @@ from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.regionlog import (
     LogState,
+    exists,
     load_log_state,
     mark_bucket,
     read_gc_boundary,
     read_header,
     read_skipped,
+    set_aside,
     skip_to_head,
 )
 
@@ -296,6 +306,8 @@ class ShipperStats:
     denied: Denial | None = None
     #: Per lane, in drain order (one entry, ``normal``, without priorities).
     lanes: tuple[LaneShipStats, ...] = ()
+    #: Corrupt or foreign objects set aside from where the next entry went.
+    set_aside: int = 0
 
 
 #: The states of :attr:`ShipperStats.state`.
@@ -304,6 +316,9 @@ SHIPPER_STATES = ("starting", "shipping", "retrying", "denied")
 #: Bucket errors the shipper retries with backoff: an outage, or a refusal
 #: that a person is expected to fix (credentials, policy, bucket).
 _RETRIED = (BucketUnavailable, AccessDenied)
+#: Times in a row a corrupt object is set aside from one seq before giving up
+#: (something keeps planting it: an operator must look).
+_SET_ASIDE_MAX = 3
 
 
 class Shipper:
@@ -377,6 +392,7 @@ class Shipper:
         self._idle_wait: trio.CancelScope | None = None
         # counters
         self._objects = self._fences = self._manifests = self._records = 0
+        self._set_aside_count = 0
         self._journal_bytes = self._wire_bytes = self._retries = 0
         self._last_ship_ms = 0
         self._last_error: str | None = None
@@ -423,9 +439,7 @@ class Shipper:
         claim = doc.get("claim")
         if claim is not None:
             try:
-                claim = _Claim(
-                    int(claim["seq"]), str(claim["digest"]), int(claim["prior_epoch"])
-                )
+                claim = _Claim(int(claim["seq"]), str(claim["digest"]), int(claim["prior_epoch"]))
             except (TypeError, KeyError, ValueError):
                 raise CorruptData(
                     "shipper state has a bad claim", where=str(self._state_path)
@@ -483,6 +497,7 @@ class Shipper:
         except BucketGone as exc:
             raise self._lost(str(exc)) from None
         state: LogState | None = None
+        set_aside = 0
         while True:
             written = self._load_writer_state()
             try:
@@ -493,6 +508,14 @@ class Shipper:
             except NotFound as exc:
                 # A manifest or GC boundary names an entry that is not there.
                 raise self._lost(f"an entry it still refers to is gone ({exc})") from None
+            except UnsupportedFormat:
+                raise
+            except CorruptData as exc:
+                if set_aside >= _SET_ASIDE_MAX or not await self._corrupt_head(exc):
+                    raise
+                set_aside += 1
+                state = None  # read the log again, without it
+                continue
             written = await self._settle_claim(written)
             known = self._reconcile(state, written)
             if self.recreated_from_lsn is not None:
@@ -558,6 +581,45 @@ class Shipper:
         )
         self._notify_commit(seq)
         await self._mark_bucket()
+
+    async def _corrupt_head(self, exc: CorruptData) -> bool:
+        """Set aside a corrupt entry found while loading the log, if it is the head.
+
+        The head is where this writer's next entry went: set aside, the log
+        ends before it and the claim takes that seq. A corrupt entry below
+        the head is in the middle of the log, followed by valid ones: it is
+        left for the operator (False: the claim fails with the error).
+        """
+        try:
+            region, seq = parse_log_key(exc.where or "", self.prefix)
+        except CorruptData:
+            return False
+        if region != self.region or await exists(
+            self.bucket, log_key(self.prefix, self.region, seq + 1)
+        ):
+            return False
+        await self._set_aside(exc.where or "", exc)
+        return True
+
+    async def _set_aside(self, key: str, exc: CorruptData) -> None:
+        """Move a corrupt or foreign object out of the seq this writer's next entry goes to.
+
+        Nobody applied it (readers check an entry whole before applying any
+        of it) and only this region's writer creates its entries, so the
+        entry created there instead is the first valid one at that seq. A
+        note with the evidence stays under ``quarantine/`` (docs/protocol.md).
+        """
+        _, seq = parse_log_key(key, self.prefix)
+        note = await set_aside(self.bucket, self.prefix, self.region, seq, exc, self._clock())
+        self._set_aside_count += 1
+        log.error(
+            "shipper: %s where this gateway's next entry goes was not a valid entry of "
+            "region %s (%s); set it aside (note: %s) and created the entry there",
+            key,
+            self.region,
+            exc.reason,
+            note or "none, it was gone",
+        )
 
     async def _settle_claim(self, written: _WriterState | None) -> _WriterState | None:
         """Resolve a fence left unsettled by a lost race, a lost answer or a crash.
@@ -1166,13 +1228,35 @@ class Shipper:
         last_lsn: int,
         lanes: tuple[LaneRange, ...] = (),
     ) -> None:
-        """One attempt to create the entry; returns once it is committed (by us)."""
-        try:
-            await self._create_timed(key, obj)
-            return
-        except PreconditionFailed:
-            pass
-        theirs = (await read_header(self.bucket, key)).header
+        """One attempt to create the entry; returns once it is committed (by us).
+
+        A corrupt or foreign object where the entry goes is set aside
+        (:meth:`_set_aside`) and the create tried again, at most
+        :data:`_SET_ASIDE_MAX` times.
+        """
+        _, seq = parse_log_key(key, self.prefix)
+        for _ in range(_SET_ASIDE_MAX + 1):
+            try:
+                await self._create_timed(key, obj)
+                return
+            except PreconditionFailed:
+                pass
+            try:
+                theirs = (await read_header(self.bucket, key)).header
+                if (theirs.region, theirs.seq) != (self.region, seq):
+                    raise CorruptData(
+                        f"entry claims seq {theirs.seq} of region {theirs.region!r}", where=key
+                    )
+                break
+            except UnsupportedFormat:
+                raise  # a newer gateway's entry: never ours to remove
+            except CorruptData as exc:
+                await self._set_aside(key, exc)
+        else:
+            raise CorruptData(
+                f"a corrupt object came back {_SET_ASIDE_MAX} times after being set aside",
+                where=key,
+            )
         outcome = classify_conflict(
             our_epoch=epoch,
             our_first_lsn=first_lsn,
@@ -1500,6 +1584,7 @@ class Shipper:
             shipped_lsn=self._shipped_lsn,
             objects=self._objects,
             fences=self._fences,
+            set_aside=self._set_aside_count,
             manifests=self._manifests,
             records=self._records,
             journal_bytes=self._journal_bytes,

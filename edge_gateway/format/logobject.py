@@ -61,7 +61,7 @@ from typing import Final, Protocol
 import zstandard as zstd
 
 from edge_gateway._crc import crc32c
-from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
+from edge_gateway.errors import CorruptData, InvalidInput, InvalidName, UnsupportedFormat
 from edge_gateway.format import batch as _batch
 from edge_gateway.format.batch import RecordBatch
 from edge_gateway.names import validate_region, validate_topic
@@ -286,14 +286,14 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
     """
     h = header
     if h.version not in VERSIONS:
-        raise CorruptData(
+        raise UnsupportedFormat(
             f"unsupported log object version {h.version} (this reader knows {_KNOWN})",
             where=where,
         )
     if not _int_in(h.flags, 0, 0xFF):
         raise CorruptData(f"flags {h.flags!r} out of range", where=where)
     if h.flags & ~_KNOWN_FLAGS:
-        raise CorruptData(f"unknown flags 0x{h.flags:02x}", where=where)
+        raise UnsupportedFormat(f"unknown flags 0x{h.flags:02x}", where=where)
     if not (
         _int_in(h.epoch, 0, _U64_MAX)
         and _int_in(h.seq, 0, _U64_MAX)
@@ -722,12 +722,14 @@ def _check_prefix(buf: Buffer, where: str) -> int:
     if magic != MAGIC:
         raise CorruptData(f"not a log object (magic {bytes(magic)!r})", where=where)
     if version not in VERSIONS:
-        raise CorruptData(
+        raise UnsupportedFormat(
             f"unsupported log object version {version} (this reader knows {_KNOWN})",
             where=where,
         )
     if flags & ~_KNOWN_FLAGS or reserved:
-        raise CorruptData(f"unknown flags 0x{flags:02x}/reserved 0x{reserved:04x}", where=where)
+        raise UnsupportedFormat(
+            f"unknown flags 0x{flags:02x}/reserved 0x{reserved:04x}", where=where
+        )
     if not MIN_HEADER_BYTES <= header_length <= MAX_HEADER_BYTES:
         raise CorruptData(f"bad header_length {header_length}", where=where)
     return int(header_length)

@@ -606,6 +606,11 @@ def manifest_prefix(prefix: str, region: str) -> str:
     return f"{region_prefix(prefix, region)}manifest/"
 
 
+def quarantine_key(prefix: str, region: str, seq: int, now_ms: int) -> str:
+    """``<prefix>/regions/<region>/quarantine/<seq:020d>-<ms>.json``: a set-aside object's note."""
+    return f"{region_prefix(prefix, region)}quarantine/{seq:020d}-{now_ms}.json"
+
+
 def gc_boundary_key(prefix: str, region: str) -> str:
     """``<prefix>/regions/<region>/gc-boundary.json``: the highest seq ever deleted."""
     return f"{region_prefix(prefix, region)}gc-boundary.json"
