@@ -21,9 +21,12 @@ PROCESS_ACTIONS: Final = ("kill", "stop", "start", "pause", "resume", "split_bra
 LINK_ACTIONS: Final = ("link_down", "blackhole", "drop_responses", "slow", "lossy", "cap")
 #: Faults against a region's link to the metadata server (``metadata = true`` only).
 METADATA_ACTIONS: Final = ("metadata_down", "metadata_blackhole")
+#: Faults against the bucket: a bad object planted where a region's next log
+#: entry goes (``edgegw_cli._plant``).
+BUCKET_ACTIONS: Final = ("plant_garbage", "plant_truncated", "plant_foreign")
 #: Faults that last ``for_s`` and then heal by themselves.
 TIMED_ACTIONS: Final = LINK_ACTIONS + METADATA_ACTIONS
-ACTIONS: Final = PROCESS_ACTIONS + LINK_ACTIONS + METADATA_ACTIONS
+ACTIONS: Final = PROCESS_ACTIONS + LINK_ACTIONS + METADATA_ACTIONS + BUCKET_ACTIONS
 #: The keys of a ``[regions.link]`` table.
 LINK_KEYS: Final = (
     "up_mbit",
@@ -120,6 +123,11 @@ class Fault:
     def is_link(self) -> bool:
         """A fault on the region's link to the bucket."""
         return self.action in LINK_ACTIONS
+
+    @property
+    def is_bucket(self) -> bool:
+        """A bad object planted in the bucket (:data:`BUCKET_ACTIONS`)."""
+        return self.action in BUCKET_ACTIONS
 
     @property
     def is_metadata(self) -> bool:

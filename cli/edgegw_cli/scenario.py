@@ -71,6 +71,7 @@ from edgegw_cli._fleet import (
     mirror_mismatches,
     wait_mirrored,
 )
+from edgegw_cli._plant import Planted, plant, still_there
 from edgegw_cli._scenario_spec import (
     SEGMENT_MB,
     Fault,
@@ -529,6 +530,7 @@ def run(
     rss = RssSampler(sites)
     lag_sampler = LagSampler(catch_up)
     heals: dict[int, Callable[[], None]] = {}
+    planted: list[Planted] = []
     splits: list[SplitBrain] = []
     restoring: list[threading.Thread] = []
     #: Topics and mirrors served from an offset above 0, by reader: their first offsets.
@@ -636,6 +638,15 @@ def run(
                 t = threading.Timer(fault.for_s, heal, args=(i, fault.label()))
                 t.start()
                 timers.append(t)
+            elif fault.is_bucket:
+                kind = fault.action.removeprefix("plant_")
+                others = [r for r in sc.regions if r != fault.region]
+                s3 = (moto.endpoint, S3_BUCKET) if moto is not None else None
+                got = plant(kind, fault.region, others, seed=seed + i, bucket_dir=bucket, s3=s3)
+                if got is None:
+                    failures.append(f"{fault.label()}: the gateway took every seq tried")
+                else:
+                    planted.append(got)
             elif fault.action == "split_brain":
                 # A restore and a claim take a while: the timeline goes on meanwhile.
                 t = threading.Thread(target=split_brain, args=(fault.region,), daemon=True)
@@ -690,6 +701,11 @@ def run(
                     counts["mirror_divergence"] = counts.get("mirror_divergence", 0) + len(bad)
                     failures += [f"mirror {b} differs from its source" for b in bad]
         catch_up.finish(timeout=sc.converge_timeout_s)
+        s3_direct = (moto.endpoint, S3_BUCKET) if moto is not None else None
+        for bad in planted:
+            # Set aside by the region's gateway, its entry created there instead.
+            if still_there(bad, bucket_dir=bucket, s3=s3_direct):
+                failures.append(f"{bad.kind} object planted at {bad.key} is still there")
         failures += _check_kept_working(sc, producers, windows)
         old_journals = {sb.region: sb.old.data_dir / "journal" for sb in splits}
         for p in producers:
@@ -745,6 +761,7 @@ def run(
     doc["timed_faults"] = _timed_faults(sc, producers, windows, t0)
     doc["rss_samples"] = {r: [list(x) for x in v] for r, v in rss.series.items()}
     doc["acked_by_fenced_writer"] = counts.get("acked_by_fenced_writer", 0)
+    doc["planted"] = [{"region": b.region, "kind": b.kind, "key": b.key} for b in planted]
     # Checked from these offsets on (a restored home; a journal that deleted
     # mirror segments early for room): what is below is in the bucket only.
     doc["served_from"] = trimmed

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -166,6 +167,22 @@ def test_split_brain_one_writer_survives_the_other_exits_fenced(tmp_path: Path) 
     assert sb["acked_by_first_gateway"] > 0
     assert doc["acked_by_fenced_writer"] == sb["acked_by_fenced_writer"]
     assert "acked_by_fenced_writer" in stdout
+
+
+@pytest.mark.slow
+def test_poisoned_bucket_every_planted_object_is_set_aside_by_its_writer(tmp_path: Path) -> None:
+    """Garbage, a truncated copy and another region's entry where a log's next entry goes."""
+    doc, work, _ = _run_quick("poisoned-bucket", tmp_path)
+    kinds = sorted(p["kind"] for p in doc["planted"])
+    assert kinds == ["foreign", "garbage", "garbage", "truncated"], doc["planted"]
+    for planted in doc["planted"]:
+        log = (work / f"{planted['region']}.log").read_text()
+        # Its writer set it aside (the runner already checked it is gone) ...
+        assert f"{planted['key']} where this gateway's next entry goes" in log, planted
+    # ... and the mirrors that met one first (office's surely: planted while
+    # it was down) quarantined it and applied the entry that replaced it.
+    logs = "".join((work / f"{r}.log").read_text() for r in doc["regions"])
+    assert re.search(r"regions/\w+/log/\d+\.egw applied after \d+ attempts", logs)
 
 
 def _link_faults(name: str) -> int:
