@@ -27,6 +27,7 @@ from typing import TypeVar
 import trio
 
 from edge_gateway.bucket._base import OPERATIONS, Bucket, GetResult, ObjectInfo
+from edge_gateway.bucket._delegating import DelegatingBucket
 from edge_gateway.bucket._errors import BucketUnavailable, InvalidRequest, PreconditionFailed
 
 _T = TypeVar("_T")
@@ -42,7 +43,7 @@ def _operations(names: Iterable[str] | None) -> frozenset[str] | None:
     return selected
 
 
-class FaultyBucket(Bucket):
+class FaultyBucket(DelegatingBucket):
     """A :class:`Bucket` that forwards to ``inner`` and injects faults on the way.
 
     With no fault set it is transparent (the contract suite runs through it).
@@ -50,8 +51,7 @@ class FaultyBucket(Bucket):
     """
 
     def __init__(self, inner: Bucket, *, seed: int = 0, close_inner: bool = True) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner, close_inner=close_inner)
         #: While true, every selected call fails with BucketUnavailable without reaching inner.
         self.outage = False
         #: Seconds of extra delay before each selected call.
@@ -73,7 +73,6 @@ class FaultyBucket(Bucket):
         self._selected: frozenset[str] | None = None
         # Reproducible faults, not security: a seeded PRNG is the point.
         self._random = random.Random(seed)
-        self._close_inner = close_inner
         self._scripted = 0
         self._scripted_after_commit = False
         self._scripted_operations: frozenset[str] | None = None
@@ -142,10 +141,6 @@ class FaultyBucket(Bucket):
 
     async def _delete(self, key: str) -> None:
         await self._around("delete", key, lambda: self.inner.delete(key))
-
-    async def _aclose(self) -> None:
-        if self._close_inner:
-            await self.inner.aclose()
 
     # -- injection ------------------------------------------------------------------
 

@@ -26,7 +26,6 @@ which data may move when is :mod:`edge_gateway.bucket._linkpolicy`'s rule.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
 import json
 import logging
@@ -39,6 +38,7 @@ from pathlib import Path
 import trio
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
+from edge_gateway.bucket._delegating import DelegatingBucket
 from edge_gateway.bucket._linkpolicy import Usage
 
 log = logging.getLogger("edgegw.link")
@@ -235,24 +235,16 @@ class LinkMeter:
         )
 
 
-class MeteredBucket(Bucket):
+class MeteredBucket(DelegatingBucket):
     """A :class:`Bucket` whose object payloads pass through a :class:`LinkMeter`."""
 
     def __init__(self, inner: Bucket, meter: LinkMeter) -> None:
-        super().__init__()
-        self.inner = inner
+        super().__init__(inner)
         self.meter = meter
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
 
     def describe(self) -> str:
         cap = f", capped at {self.meter.cap} B/s" if self.meter.cap else ""
         return f"{self.inner.describe()}{cap}"
-
-    async def check_exists(self) -> None:
-        await self.inner.check_exists()
 
     async def _put(
         self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
@@ -265,17 +257,6 @@ class MeteredBucket(Bucket):
         await self.meter.after_download(len(result.data))
         return result
 
-    async def _head(self, key: str) -> ObjectInfo:
-        return await self.inner.head(key)
-
-    async def _list(
-        self, prefix: str, *, start_after: str | None, limit: int | None
-    ) -> builtins.list[ObjectInfo]:
-        return await self.inner.list(prefix, start_after=start_after, limit=limit)
-
-    async def _delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
     async def _aclose(self) -> None:
         self.meter.save()
-        await self.inner.aclose()
+        await super()._aclose()

@@ -39,7 +39,6 @@ Edge cases, decided once here (and in ``docs/operations.md``):
 
 from __future__ import annotations
 
-import builtins
 import enum
 import logging
 import math
@@ -52,7 +51,8 @@ from typing import Final
 
 import trio
 
-from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
+from edge_gateway.bucket._base import Bucket, GetResult
+from edge_gateway.bucket._delegating import DelegatingBucket
 from edge_gateway.errors import ConfigError, InvalidInput
 
 __all__ = [
@@ -531,7 +531,7 @@ class LinkGate:
 _LOG_KEY = re.compile(r"(?:^|/)regions/[^/]+/log/[^/]+$")
 
 
-class HeldBucket(Bucket):
+class HeldBucket(DelegatingBucket):
     """A bucket whose reads of log objects wait for a :class:`LinkGate` (the mirrors' bucket).
 
     Mirroring downloads count against the allowance too: each read of a log
@@ -542,42 +542,12 @@ class HeldBucket(Bucket):
     """
 
     def __init__(self, inner: Bucket, gate: LinkGate, *, priority: str = "normal"):
-        super().__init__()
-        self.inner = inner
+        # The inner bucket belongs to the gateway, which closes it.
+        super().__init__(inner, close_inner=False)
         self.gate = gate
         self.priority = str(_priority(priority))
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    def describe(self) -> str:
-        return self.inner.describe()
-
-    async def check_exists(self) -> None:
-        await self.inner.check_exists()
-
-    async def _put(
-        self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
-    ) -> ObjectInfo:
-        return await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
 
     async def _get(self, key: str, start: int, end: int | None) -> GetResult:
         if _LOG_KEY.search(key):
             await self.gate.wait_may_ship(self.priority)
         return await self.inner.get(key, start=start, end=end)
-
-    async def _head(self, key: str) -> ObjectInfo:
-        return await self.inner.head(key)
-
-    async def _list(
-        self, prefix: str, *, start_after: str | None, limit: int | None
-    ) -> builtins.list[ObjectInfo]:
-        return await self.inner.list(prefix, start_after=start_after, limit=limit)
-
-    async def _delete(self, key: str) -> None:
-        await self.inner.delete(key)
-
-    async def _aclose(self) -> None:
-        # The inner bucket belongs to the gateway, which closes it.
-        pass
