@@ -31,7 +31,10 @@ class TailerConfig:
     retry_cap_s: float = 30.0
     #: Backoff between attempts at a quarantined (corrupt) entry.
     quarantine_retry_base_s: float = 1.0
-    quarantine_retry_cap_s: float = 300.0
+    #: 30 s, not minutes: a corrupt object at a writer's next seq is replaced by
+    #: its writer as soon as it ships again (docs/protocol.md, "set aside"), also
+    #: after hours down; one ranged GET per 30 s while quarantined costs nothing.
+    quarantine_retry_cap_s: float = 30.0
     #: While idle, re-read the source's GC boundary this often (deleted
     #: entries look like "nothing new" otherwise).
     gap_check_interval_s: float = 60.0
