@@ -8,7 +8,6 @@ every partition exactly once, in order.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 import trio
 
 from edge_gateway import shipper as shipper_module
-from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
+from edge_gateway.bucket import Bucket, LocalBucket
 from edge_gateway.errors import ConfigError, Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
@@ -94,27 +93,6 @@ async def read_log(bucket: Bucket, j: Journal, partitions: int) -> list[Entry]:
         assert [o for o, _ in got] == list(range(j.next_offset(TOPIC, p))), f"partition {p}"
         assert all(v == value(p, o) for o, v in got), f"partition {p}: wrong content"
     return entries
-
-
-@pytest.fixture(params=["local", "s3"])
-async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
-    if request.param == "s3":
-        b: Bucket = await S3Bucket.open(
-            S3Config(
-                bucket=request.getfixturevalue("s3_bucket_name"),
-                endpoint_url=request.getfixturevalue("moto_endpoint"),
-                path_style=True,
-                region="us-east-1",
-                access_key="testing",
-                secret_key="testing",
-            )
-        )
-    else:
-        b = await LocalBucket.open(tmp_path / "bucket", create=True)
-    try:
-        yield b
-    finally:
-        await b.aclose()
 
 
 @pytest.fixture(params=[1, 2], ids=["1-build-thread", "2-build-threads"])

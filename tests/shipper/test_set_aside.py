@@ -14,13 +14,12 @@ removed.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import trio
 
-from edge_gateway.bucket import Bucket, LocalBucket, NotFound, S3Bucket, S3Config
+from edge_gateway.bucket import Bucket, NotFound
 from edge_gateway.errors import CorruptData, UnsupportedFormat
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import decode_batch, encode_batch
@@ -32,27 +31,6 @@ from edge_gateway.shipper import Shipper, ShipperConfig
 
 FAST = ShipperConfig(flush_interval_ms=20, manifest_every=3, retry_base_s=0.01, retry_cap_s=0.05)
 JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=0)
-
-
-@pytest.fixture(params=["local", "s3"])
-async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
-    if request.param == "s3":
-        b: Bucket = await S3Bucket.open(
-            S3Config(
-                bucket=request.getfixturevalue("s3_bucket_name"),
-                endpoint_url=request.getfixturevalue("moto_endpoint"),
-                path_style=True,
-                region="us-east-1",
-                access_key="testing",
-                secret_key="testing",
-            )
-        )
-    else:
-        b = await LocalBucket.open(tmp_path / "bucket", create=True)
-    try:
-        yield b
-    finally:
-        await b.aclose()
 
 
 def append(j: Journal, *values: bytes) -> None:

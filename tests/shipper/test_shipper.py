@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,6 @@ from edge_gateway.bucket import (
     FaultyBucket,
     LocalBucket,
     ObjectInfo,
-    S3Bucket,
-    S3Config,
     UnsupportedStore,
 )
 from edge_gateway.errors import Fenced
@@ -74,29 +71,6 @@ def expected(
     partitions: int, count: int, topic: str = "t"
 ) -> dict[tuple[str, int], list[tuple[int, bytes]]]:
     return {(topic, p): [(o, value(p, o)) for o in range(count)] for p in range(partitions)}
-
-
-@pytest.fixture(params=["local", "s3"])
-async def bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
-    if request.param == "s3":
-        endpoint = request.getfixturevalue("moto_endpoint")
-        name = request.getfixturevalue("s3_bucket_name")
-        b: Bucket = await S3Bucket.open(
-            S3Config(
-                bucket=name,
-                endpoint_url=endpoint,
-                path_style=True,
-                region="us-east-1",
-                access_key="testing",
-                secret_key="testing",
-            )
-        )
-    else:
-        b = await LocalBucket.open(tmp_path / "bucket", create=True)
-    try:
-        yield b
-    finally:
-        await b.aclose()
 
 
 async def test_ship_round_trip_with_manifests(bucket: Bucket, tmp_path: Path) -> None:
