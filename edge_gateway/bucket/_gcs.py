@@ -95,11 +95,13 @@ class GcsBucket(Bucket):
         self._bucket = client.bucket(config.bucket)
         self._limiter = trio.CapacityLimiter(config.max_concurrency)
         self._timeout = (config.connect_timeout, config.read_timeout)
-        # The client's retries, bounded: a few attempts within about the
-        # time they would take at the configured timeouts.
-        deadline = config.max_attempts * (config.connect_timeout + config.read_timeout)
+        # The client's retries count time, not attempts: about one second of
+        # backoff per further attempt allowed. The callers (shipper, tailers)
+        # retry on their own, so this only smooths over a blip.
         base = (
-            Retry(initial=0.2, maximum=4.0, timeout=deadline) if config.max_attempts > 1 else None
+            Retry(initial=0.2, maximum=1.0, timeout=float(config.max_attempts - 1))
+            if config.max_attempts > 1
+            else None
         )
         self._retry = base
         self._conditional_retry = (
