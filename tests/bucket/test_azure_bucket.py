@@ -100,7 +100,7 @@ def test_config_is_checked_at_load(tmp_path: Path) -> None:
         AzureConfig(container="edgegw", max_attempts=0)
     config = tmp_path / "edgegw.toml"
     config.write_text('region = "r"\n[bucket]\ntype = "azure"\n')
-    with pytest.raises(ConfigError, match="bucket.container: required"):
+    with pytest.raises(ConfigError, match=r"bucket\.container: required"):
         load_config(config)
     config.write_text('region = "r"\n[bucket]\ntype = "azure"\ncontainer = "A"\n')
     with pytest.raises(ConfigError, match="not an Azure container name"):
