@@ -12,7 +12,7 @@ single-node Ceph cluster with RGW for the session (tests/_rgw.py), for the
 tests marked ``rgw`` (``pytest -m rgw``, ``make test-stores``; deselected by
 default); ``rgw_bucket_name`` gives each test a fresh bucket on it.
 ``azurite_endpoint`` and ``gcs_emulator_endpoint`` start Azurite (Azure Blob)
-and gcp-storage-emulator (GCS) for the session (tests/_emulators.py; about a
+and gcp-storage-emulator (GCS) for the session (edge_gateway/testing/emulators.py; about a
 second each); ``azure_container_name`` and ``gcs_bucket_name`` give each
 test a fresh container / bucket.
 """
@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-import _emulators
 import pytest
 from _moto_auth import AuthMoto
 from _quirky_s3 import start_quirky_s3
@@ -32,6 +31,7 @@ from _rgw import PACKAGES as RGW_PACKAGES
 from _rgw import SECRET_KEY as RGW_SECRET_KEY
 from _rgw import missing_binaries, start_rgw
 
+from edge_gateway.testing import emulators
 from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 
 if TYPE_CHECKING:
@@ -140,10 +140,10 @@ def rgw_bucket_name(rgw_endpoint: str) -> str:
 @pytest.fixture(scope="session")
 def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:PORT/devstoreaccount1``: Azurite's blob service for the session."""
-    reason = _emulators.azurite_missing_reason()
+    reason = emulators.azurite_missing_reason()
     if reason is not None:
         pytest.skip(reason)
-    server = _emulators.start_azurite(tmp_path_factory.mktemp("azurite"))
+    server = emulators.start_azurite(tmp_path_factory.mktemp("azurite"))
     try:
         yield server.endpoint
     finally:
@@ -156,7 +156,7 @@ def azure_container_name(azurite_endpoint: str) -> str:
     from azure.storage.blob import BlobServiceClient
 
     name = f"edgegw-test-{uuid.uuid4().hex[:16]}"
-    connection = _emulators.azurite_connection_string(azurite_endpoint)
+    connection = emulators.azurite_connection_string(azurite_endpoint)
     with BlobServiceClient.from_connection_string(connection) as service:
         service.create_container(name)
     return name
@@ -165,7 +165,7 @@ def azure_container_name(azurite_endpoint: str) -> str:
 @pytest.fixture(scope="session")
 def gcs_emulator_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``http://127.0.0.1:PORT`` of gcp-storage-emulator (in memory) for the session."""
-    server = _emulators.start_gcs_emulator(tmp_path_factory.mktemp("gcs"))
+    server = emulators.start_gcs_emulator(tmp_path_factory.mktemp("gcs"))
     try:
         yield server.endpoint
     finally:

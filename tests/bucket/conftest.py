@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 from _bucket_support import Opener, make_s3_config
-from _emulators import azurite_connection_string
 from _rgw import ACCESS_KEY as RGW_ACCESS_KEY
 from _rgw import SECRET_KEY as RGW_SECRET_KEY
 
 from edge_gateway.bucket import Bucket, FaultyBucket, LocalBucket, S3Bucket, S3Config
 from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
+from edge_gateway.testing.emulators import azurite_connection_string
 
 #: Why the GCS emulator cannot pass the conditional tests (docs/stores.md).
 GCS_EMULATOR_IGNORES = (

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 import trio
 from _cli_support import assert_one_line_failure, invoke, run_edgegw
-from _emulators import azurite_connection_string
 from _quirky_s3 import new_bucket_on
 from _rgw import ACCESS_KEY as RGW_ACCESS_KEY
 from _rgw import SECRET_KEY as RGW_SECRET_KEY
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.testing.emulators import azurite_connection_string
 from edge_gateway.testing.moto import s3_client
 
 FAST = ("--samples", "5", "--throughput-mib", "4", "--racers", "20")

@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from _emulators import azurite_connection_string
 from _serve import Fleet, Producer, TopicSpec, check_acknowledged
+
+from edge_gateway.testing.emulators import azurite_connection_string
 
 REGIONS = ("a", "b", "c")
 

@@ -1,4 +1,5 @@
-"""Azurite (Azure Blob Storage) and gcp-storage-emulator (GCS) as test-session subprocesses.
+"""Azurite (Azure Blob Storage) and gcp-storage-emulator (GCS) as subprocesses, for
+integration tests and benchmarks.
 
 Azurite comes from npm (``make azurite`` installs it into ``.tools/azurite``;
 an ``azurite-blob`` on PATH also works); its tests skip, saying why, only
@@ -20,7 +21,8 @@ from typing import Final
 
 from edge_gateway.testing.moto import free_port
 
-ROOT: Final = Path(__file__).resolve().parent.parent
+#: The checkout: ``make azurite`` installs Azurite under it.
+ROOT: Final = Path(__file__).resolve().parents[2]
 AZURITE_BIN: Final = ROOT / ".tools" / "azurite" / "node_modules" / ".bin" / "azurite-blob"
 #: Azurite's well-known development account (public, documented by Microsoft).
 AZURITE_ACCOUNT: Final = "devstoreaccount1"
