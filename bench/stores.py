@@ -24,7 +24,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import (  # noqa: E402
+from _common import (
     Row,
     emit_json,
     machine_info,
@@ -34,15 +34,15 @@ from _common import (  # noqa: E402
     scratch_dir,
 )
 
-from edge_gateway.bucket import Bucket, S3Bucket, S3Config, check_store  # noqa: E402
-from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig  # noqa: E402
-from edge_gateway.testing.emulators import (  # noqa: E402
+from edge_gateway.bucket import Bucket, S3Bucket, S3Config, check_store
+from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
+from edge_gateway.testing.emulators import (
     azurite_connection_string,
     azurite_missing_reason,
     start_azurite,
     start_gcs_emulator,
 )
-from edge_gateway.testing.moto import (  # noqa: E402
+from edge_gateway.testing.moto import (
     ACCESS_KEY,
     REGION,
     SECRET_KEY,
