@@ -42,6 +42,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
@@ -56,10 +57,10 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
 )
 from azure.core.pipeline.transport import RequestsTransport
-from azure.storage.blob import BlobServiceClient, ContainerClient
+from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
-from edge_gateway.bucket._cloudconfig import AzureConfig
+from edge_gateway.bucket._cloudconfig import AZURE_MAX_PUT, AzureConfig
 from edge_gateway.bucket._errors import (
     AccessDenied,
     BucketUnavailable,
@@ -68,6 +69,7 @@ from edge_gateway.bucket._errors import (
     NotFound,
     PreconditionFailed,
 )
+from edge_gateway.bucket._probe import probe_key
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 
 __all__ = ["AzureBucket", "translate_error"]
@@ -87,8 +89,15 @@ if _http_log.level == logging.NOTSET:
     _http_log.setLevel(logging.WARNING)
 
 
-def _service_client(config: AzureConfig) -> BlobServiceClient:
-    """Build the SDK client for ``config`` (blocking: may read a file)."""
+def _service_client(
+    config: AzureConfig, *, single_put_up_to: int | None = None
+) -> BlobServiceClient:
+    """Build the SDK client for ``config`` (blocking: may read a file).
+
+    ``single_put_up_to`` replaces ``max_single_put_size`` (the client that
+    sends every create-only put as one Put Blob on a store that ignores the
+    condition on Put Block List).
+    """
     import requests
     import requests.adapters
 
@@ -106,7 +115,7 @@ def _service_client(config: AzureConfig) -> BlobServiceClient:
             read_timeout=config.read_timeout,
         ),
         "retry_total": config.max_attempts - 1,
-        "max_single_put_size": config.max_single_put_size,
+        "max_single_put_size": single_put_up_to or config.max_single_put_size,
         "max_block_size": config.block_size,
         "connection_timeout": config.connect_timeout,
         "read_timeout": config.read_timeout,
@@ -165,6 +174,18 @@ class AzureBucket(Bucket):
         self._service = service
         self._container: ContainerClient = service.get_container_client(config.container)
         self._limiter = trio.CapacityLimiter(config.max_concurrency)
+        #: Whether Put Block List honours If-None-Match here (None: not probed yet).
+        self._blocks_conditional: bool | None = None
+        self._blocks_probe_lock = trio.Lock()
+        #: Sends any object as one Put Blob (built when a store needs it).
+        self._single_put: BlobServiceClient | None = None
+
+    #: For ``edgegw bucket check``: how this store commits a large object.
+    multipart_commit = "Put Block List"
+    multipart_workaround = (
+        "the store ignores If-None-Match on Put Block List; edgegw sends every create-only "
+        "put as one Put Blob on it (up to 5000 MiB), so it stays create-only"
+    )
 
     @classmethod
     async def open(cls, config: AzureConfig) -> AzureBucket:
@@ -216,8 +237,21 @@ class AzureBucket(Bucket):
         kwargs: dict[str, Any] = {"overwrite": not if_none_match, "max_concurrency": 4}
         if if_match is not None:
             kwargs.update(etag=if_match, match_condition=MatchConditions.IfNotModified)
+        container = self._container
+        if (
+            if_none_match
+            and len(data) > self._config.max_single_put_size
+            and not await self.multipart_create_is_conditional(near=key)
+        ):
+            if len(data) > AZURE_MAX_PUT:
+                raise InvalidRequest(
+                    f"put of {len(data)} bytes create-only on {self.describe()}, which ignores "
+                    "If-None-Match on Put Block List, exceeds Azure's single Put Blob limit",
+                    key=key,
+                )
+            container = await self._single_put_container()
 
-        def call(container: ContainerClient) -> dict[str, Any]:
+        def call(_: ContainerClient) -> dict[str, Any]:
             result: dict[str, Any] = container.get_blob_client(full).upload_blob(data, **kwargs)
             return result
 
@@ -229,6 +263,61 @@ class AzureBucket(Bucket):
                 await self._head(key)  # NotFound when there is none
             raise
         return ObjectInfo(key, len(data), _etag(answer.get("etag"), key), _when(answer))
+
+    async def multipart_create_is_conditional(self, near: str = "") -> bool:
+        """Whether Put Block List with ``If-None-Match: *`` onto an existing blob is refused.
+
+        Azure and Azurite refuse it (409/412); a store that replaced the
+        blob would let a large create-only put overwrite a log entry, so
+        there every create-only put goes up as one Put Blob. Probed once per
+        bucket object (three small requests under ``_edgegw-probe/``, in the
+        region folder of ``near`` when it is in one), then remembered.
+        """
+        if self._blocks_conditional is not None:
+            return self._blocks_conditional
+        async with self._blocks_probe_lock:
+            if self._blocks_conditional is None:
+                honoured = await self._probe_block_condition(near)
+                if not honoured:
+                    _log.warning(
+                        "%s ignores If-None-Match on Put Block List: create-only puts go up "
+                        "as single Put Blobs there, whatever their size",
+                        self.describe(),
+                    )
+                self._blocks_conditional = honoured
+        return self._blocks_conditional
+
+    async def _probe_block_condition(self, near: str) -> bool:
+        folder = near.split("/", 2)
+        key = probe_key("/".join(folder[:2]) if len(folder) == 3 and folder[0] == "regions" else "")
+        full = self._full_key(key)
+        block_id = "ZWRnZWd3LXByb2Jl"  # base64 of "edgegw-probe"
+
+        def commit_over(container: ContainerClient) -> None:
+            blob = container.get_blob_client(full)
+            blob.stage_block(block_id, b"edgegw block probe: second\n")
+            blob.commit_block_list([BlobBlock(block_id)], if_none_match="*")
+
+        await self._put(key, b"edgegw block probe: first\n", if_none_match=False, if_match=None)
+        try:
+            try:
+                await self._run("put", key, commit_over)
+            except PreconditionFailed:
+                return True
+            return False
+        finally:
+            with trio.move_on_after(10, shield=True):
+                try:
+                    await self._delete(key)
+                except EdgeGatewayError as exc:
+                    _log.warning("could not delete probe object %r in %s: %s", key, self.name, exc)
+
+    async def _single_put_container(self) -> ContainerClient:
+        if self._single_put is None:
+            self._single_put = await trio.to_thread.run_sync(
+                partial(_service_client, self._config, single_put_up_to=AZURE_MAX_PUT)
+            )
+        return self._single_put.get_container_client(self._config.container)
 
     async def _get(self, key: str, start: int, end: int | None) -> GetResult:
         full = self._full_key(key)
@@ -326,6 +415,8 @@ class AzureBucket(Bucket):
 
     async def _aclose(self) -> None:
         await trio.to_thread.run_sync(self._service.close)
+        if self._single_put is not None:
+            await trio.to_thread.run_sync(self._single_put.close)
 
     # -- thread boundary ----------------------------------------------------------
 

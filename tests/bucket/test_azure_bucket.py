@@ -31,6 +31,7 @@ from edge_gateway.bucket._azure import AzureBucket, translate_error
 from edge_gateway.bucket._cloudconfig import AzureConfig
 from edge_gateway.config import load_config
 from edge_gateway.errors import ConfigError
+from edge_gateway.testing.emulators import azurite_connection_string
 from edge_gateway.testing.moto import free_port
 
 WRONG_KEY = "d3Jvbmcga2V5IGZvciB0aGUgZGV2IGFjY291bnQ="
@@ -153,3 +154,37 @@ def test_sdk_errors_are_translated(exc: BaseException, expected: type[Exception]
     error = translate_error(exc, operation="put", key="k", where="Azure container 'c'")
     assert type(error) is expected
     assert "put of key 'k' on Azure container 'c'" in str(error)
+
+
+async def test_put_block_list_is_create_only_on_azurite(
+    azurite_endpoint: str, azure_container_name: str
+) -> None:
+    config = azure_config(azurite_endpoint, azure_container_name)
+    async with await AzureBucket.open(config) as bucket:
+        assert await bucket.multipart_create_is_conditional(near="regions/r1/log/1")
+        assert await bucket.list() == []  # the probe cleaned up
+
+
+async def test_large_creates_go_as_one_put_blob_where_block_lists_ignore_the_condition(
+    azurite_endpoint: str, azure_container_name: str
+) -> None:
+    # A store whose Put Block List ignored If-None-Match (none known; Azurite
+    # and Azure honour it) gets every create-only put as one Put Blob.
+    config = azure_config(azurite_endpoint, azure_container_name)
+    data = bytes(range(256)) * (5 * 4096)  # 5 MiB: above the fixture's 4 MiB blocks
+    async with await AzureBucket.open(config) as bucket:
+        bucket._blocks_conditional = False
+        info = await bucket.put("regions/r1/log/big", data, if_none_match=True)
+        with pytest.raises(PreconditionFailed):
+            await bucket.put("regions/r1/log/big", data[:100], if_none_match=True)
+        got = await bucket.get("regions/r1/log/big")
+        assert (got.data == data, got.etag) == (True, info.etag)
+        assert bucket._single_put is not None  # the one-Put-Blob client was used
+    from azure.storage.blob import ContainerClient
+
+    with ContainerClient.from_connection_string(
+        azurite_connection_string(azurite_endpoint), azure_container_name
+    ) as container:
+        blocks = container.get_blob_client("edgegw/regions/r1/log/big").get_block_list()
+    # One Put Blob leaves no committed block list; staged blocks would show.
+    assert blocks == ([], [])
