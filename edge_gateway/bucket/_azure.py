@@ -57,7 +57,7 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
 )
 from azure.core.pipeline.transport import RequestsTransport
-from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient
+from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient, ExponentialRetry
 
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
 from edge_gateway.bucket._cloudconfig import AZURE_MAX_PUT, AzureConfig
@@ -114,7 +114,15 @@ def _service_client(
             connection_timeout=config.connect_timeout,
             read_timeout=config.read_timeout,
         ),
-        "retry_total": config.max_attempts - 1,
+        # The SDK's default waits 15 s, then 18 s, between attempts: far longer
+        # than a bounded shutdown allows. The callers retry with their own
+        # backoff, so a few short waits here are enough (1 s, 3 s, 5 s ...).
+        "retry_policy": ExponentialRetry(
+            initial_backoff=1,
+            increment_base=2,
+            retry_total=config.max_attempts - 1,
+            random_jitter_range=1,
+        ),
         "max_single_put_size": single_put_up_to or config.max_single_put_size,
         "max_block_size": config.block_size,
         "connection_timeout": config.connect_timeout,
