@@ -919,6 +919,14 @@ type = "local"
 # access_key = ""             # or the standard AWS credential chain (read again
 # secret_key = ""             #   when refused); better: EDGEGW_BUCKET_SECRET_KEY
 # profile = ""                # e.g. one with a credential_process (docs/operations.md)
+# For Azure Blob Storage (pip install 'edgegw[azure]'; docs/stores.md):
+# type = "azure"
+# container = "edgegw-fleet"
+# connection_string_file = "/etc/edgegw/azure-connection-string"
+# For Google Cloud Storage (pip install 'edgegw[gcs]'; docs/stores.md):
+# type = "gcs"
+# bucket = "edgegw-fleet"
+# credentials_file = ""       # a service account key; unset: Application Default Credentials
 
 [link]
 # The site's link to the bucket. A cap paces uploads and downloads together;
