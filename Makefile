@@ -13,7 +13,7 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph
+.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph azurite
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert v >= (3, 11), "edgegw needs Python 3.11+"; v > (3, 13) and print("warning: edgegw is tested on Python 3.11 to 3.13, not %d.%d yet" % v)'
@@ -70,7 +70,21 @@ deploy-tools:
 	    echo "shellcheck or promtool missing and this is not root with apt-get: tests/deploy will fail (apt-get install shellcheck prometheus)"; \
 	  fi; }
 
-pytest: $(STAMP) faketime deploy-tools
+# The Azure Blob tests run against Azurite, Microsoft's storage emulator from
+# npm, installed into .tools/azurite (idempotent; ~20 s the first time, then
+# nothing). Without node/npm the Azure tests skip, saying why.
+AZURITE := .tools/azurite/node_modules/.bin/azurite-blob
+azurite: $(AZURITE)
+
+$(AZURITE):
+	@if command -v npm >/dev/null; then \
+	  echo "installing Azurite (npm install --prefix .tools/azurite azurite@3) ..."; \
+	  npm install --silent --no-audit --no-fund --prefix .tools/azurite azurite@3; \
+	else \
+	  echo "npm is not installed: the Azure Blob tests will skip (install node and npm)"; \
+	fi
+
+pytest: $(STAMP) faketime deploy-tools azurite
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

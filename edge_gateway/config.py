@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
 from edge_gateway.bucket import LinkPolicy, S3Config, parse_window
+from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
 from edge_gateway.clock import ClockConfig
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
 from edge_gateway.journal import JournalConfig, Priority
@@ -70,10 +71,11 @@ _UNITS = {
 
 @dataclass(frozen=True, slots=True)
 class BucketConfig:
-    """Where the shared bucket is: a local directory (the default) or S3."""
+    """Where the shared bucket is: a local directory (the default), S3, Azure Blob or GCS."""
 
-    #: ``local`` (a directory; the embedded default) or ``s3``.
-    type: Literal["local", "s3"] = "local"
+    #: ``local`` (a directory; the embedded default), ``s3``, ``azure`` or ``gcs``
+    #: (docs/stores.md).
+    type: Literal["local", "s3", "azure", "gcs"] = "local"
     #: Local bucket directory; default ``<data_dir>/bucket``.
     path: str = ""
     #: Every key under this prefix (both types).
@@ -94,10 +96,75 @@ class BucketConfig:
     max_concurrency: int = 16
     multipart_threshold: int = 16 << 20
     part_size: int = 8 << 20
+    # --- azure only (endpoint_url, prefix, timeouts, max_attempts, max_concurrency,
+    # multipart_threshold and part_size apply too) ---
+    container: str = ""
+    connection_string: str = field(default="", repr=False)
+    connection_string_file: str = ""
+    account_key: str = field(default="", repr=False)
+    # --- gcs only (bucket, endpoint_url, prefix, timeouts ... apply too) ---
+    project: str = ""
+    credentials_file: str = ""
+    anonymous: bool = False
 
     def __post_init__(self) -> None:
-        if self.type == "s3" and not self.bucket:
-            raise ConfigError("bucket.bucket: required when bucket.type = 's3'")
+        if self.type in ("s3", "gcs") and not self.bucket:
+            raise ConfigError(f"bucket.bucket: required when bucket.type = {self.type!r}")
+        if self.type == "azure" and not self.container:
+            raise ConfigError("bucket.container: required when bucket.type = 'azure'")
+        # Check the store's own rules at load time, not at the first request.
+        if self.type == "azure":
+            self.azure_config()
+        elif self.type == "gcs":
+            self.gcs_config()
+
+    def cloud_config(self) -> S3Config | AzureConfig | GcsConfig:
+        """The config of the cloud store ``type`` names (not for ``local``)."""
+        if self.type == "azure":
+            return self.azure_config()
+        if self.type == "gcs":
+            return self.gcs_config()
+        return self.s3_config()
+
+    def azure_config(self) -> AzureConfig:
+        """The ``[bucket]`` of an Azure Blob container (``type = "azure"``)."""
+
+        def opt(value: str) -> str | None:
+            return value or None
+
+        return AzureConfig(
+            container=self.container,
+            prefix=self.prefix,
+            endpoint_url=opt(self.endpoint_url),
+            connection_string=opt(self.connection_string),
+            connection_string_file=opt(self.connection_string_file),
+            account_key=opt(self.account_key),
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            max_attempts=self.max_attempts,
+            max_concurrency=self.max_concurrency,
+            max_single_put_size=self.multipart_threshold,
+            block_size=self.part_size,
+        )
+
+    def gcs_config(self) -> GcsConfig:
+        """The ``[bucket]`` of a Google Cloud Storage bucket (``type = "gcs"``)."""
+
+        def opt(value: str) -> str | None:
+            return value or None
+
+        return GcsConfig(
+            bucket=self.bucket,
+            prefix=self.prefix,
+            endpoint_url=opt(self.endpoint_url),
+            project=opt(self.project),
+            credentials_file=opt(self.credentials_file),
+            anonymous=self.anonymous,
+            connect_timeout=self.connect_timeout,
+            read_timeout=self.read_timeout,
+            max_attempts=self.max_attempts,
+            max_concurrency=self.max_concurrency,
+        )
 
     def s3_config(self) -> S3Config:
         def opt(value: str) -> str | None:
@@ -125,6 +192,11 @@ class BucketConfig:
     def describe(self, data_dir: Path) -> str:
         if self.type == "local":
             return f"local directory {self.local_path(data_dir)}"
+        if self.type == "azure":
+            where = self.endpoint_url or "the connection string's account"
+            return f"azure container {self.container}/{self.prefix} at {where}"
+        if self.type == "gcs":
+            return f"gs://{self.bucket}/{self.prefix} at {self.endpoint_url or 'Google'}"
         where = self.endpoint_url or "AWS"
         return f"s3://{self.bucket}/{self.prefix} at {where}"
 
@@ -847,6 +919,14 @@ type = "local"
 # access_key = ""             # or the standard AWS credential chain (read again
 # secret_key = ""             #   when refused); better: EDGEGW_BUCKET_SECRET_KEY
 # profile = ""                # e.g. one with a credential_process (docs/operations.md)
+# For Azure Blob Storage (pip install 'edgegw[azure]'; docs/stores.md):
+# type = "azure"
+# container = "edgegw-fleet"
+# connection_string_file = "/etc/edgegw/azure-connection-string"
+# For Google Cloud Storage (pip install 'edgegw[gcs]'; docs/stores.md):
+# type = "gcs"
+# bucket = "edgegw-fleet"
+# credentials_file = ""       # a service account key; unset: Application Default Credentials
 
 [link]
 # The site's link to the bucket. A cap paces uploads and downloads together;

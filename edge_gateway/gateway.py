@@ -699,11 +699,12 @@ class Gateway:
         one is refused by name.
         """
         cfg = self.config.bucket
-        if cfg.type == "s3":
-            # boto3 loads here, and only for an S3 bucket (docs/operations.md, "Footprint").
-            from edge_gateway.bucket._s3 import S3Bucket
+        if cfg.type != "local":
+            # boto3 (or the Azure or GCS SDK) loads here, and only for such a
+            # bucket (docs/operations.md, "Footprint").
+            from edge_gateway.bucket._open import open_cloud_bucket
 
-            bucket: Bucket = await S3Bucket.open(cfg.s3_config())
+            bucket: Bucket = await open_cloud_bucket(cfg.cloud_config())
             try:
                 await bucket.check_exists()
             except (BucketUnavailable, Denied) as exc:

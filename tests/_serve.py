@@ -281,8 +281,9 @@ class Fleet:
 
     ``s3=(moto_port, bucket_name)`` puts them on moto's server, each behind
     its own :class:`TcpProxy` (``fleet.proxies[region]``); otherwise they
-    share a local-directory bucket under ``root``. ``sections`` override
-    config sections for every region, ``per_region`` for one.
+    share a local-directory bucket under ``root``, or the ``[bucket]``
+    section ``bucket`` (an Azure container on Azurite, say). ``sections``
+    override config sections for every region, ``per_region`` for one.
     """
 
     def __init__(
@@ -292,6 +293,7 @@ class Fleet:
         topics: Sequence[TopicSpec],
         *,
         s3: tuple[int, str] | None = None,
+        bucket: Mapping[str, object] | None = None,
         sections: Mapping[str, Mapping[str, object]] | None = None,
         per_region: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
     ) -> None:
@@ -304,14 +306,16 @@ class Fleet:
         self.bucket_dir.mkdir(exist_ok=True)
         self.gateways: dict[str, Gateway] = {}
         for region in regions:
-            bucket: dict[str, object]
-            if s3 is None:
-                bucket = {"type": "local", "path": str(self.bucket_dir)}
+            section: dict[str, object]
+            if bucket is not None:
+                section = dict(bucket)
+            elif s3 is None:
+                section = {"type": "local", "path": str(self.bucket_dir)}
             else:
                 port, name = s3
                 proxy = TcpProxy("127.0.0.1", port).start()
                 self.proxies[region] = proxy
-                bucket = {
+                section = {
                     "type": "s3",
                     "bucket": name,
                     "endpoint_url": proxy.url,
@@ -327,7 +331,7 @@ class Fleet:
             for src in (sections or {}, (per_region or {}).get(region, {})):
                 for name, values in src.items():
                     merged.setdefault(name, {}).update(values)
-            self.gateways[region] = Gateway(region, root, bucket, topics, merged)
+            self.gateways[region] = Gateway(region, root, section, topics, merged)
 
     def __getitem__(self, region: str) -> Gateway:
         return self.gateways[region]

@@ -11,6 +11,10 @@ server behind the conditional-write quirks of another store -- Ceph RGW
 single-node Ceph cluster with RGW for the session (tests/_rgw.py), for the
 tests marked ``rgw`` (``pytest -m rgw``, ``make test-stores``; deselected by
 default); ``rgw_bucket_name`` gives each test a fresh bucket on it.
+``azurite_endpoint`` and ``gcs_emulator_endpoint`` start Azurite (Azure Blob)
+and gcp-storage-emulator (GCS) for the session (edge_gateway/testing/emulators.py; about a
+second each); ``azure_container_name`` and ``gcs_bucket_name`` give each
+test a fresh container / bucket.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from _rgw import PACKAGES as RGW_PACKAGES
 from _rgw import SECRET_KEY as RGW_SECRET_KEY
 from _rgw import missing_binaries, start_rgw
 
+from edge_gateway.testing import emulators
 from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 
 if TYPE_CHECKING:
@@ -127,6 +132,60 @@ def rgw_bucket_name(rgw_endpoint: str) -> str:
     )
     try:
         client.create_bucket(Bucket=name)
+    finally:
+        client.close()
+    return name
+
+
+@pytest.fixture(scope="session")
+def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT/devstoreaccount1``: Azurite's blob service for the session."""
+    reason = emulators.azurite_missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    server = emulators.start_azurite(tmp_path_factory.mktemp("azurite"))
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def azure_container_name(azurite_endpoint: str) -> str:
+    """A new, empty container on the session's Azurite, unique to the test."""
+    from azure.storage.blob import BlobServiceClient
+
+    name = f"edgegw-test-{uuid.uuid4().hex[:16]}"
+    connection = emulators.azurite_connection_string(azurite_endpoint)
+    with BlobServiceClient.from_connection_string(connection) as service:
+        service.create_container(name)
+    return name
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``http://127.0.0.1:PORT`` of gcp-storage-emulator (in memory) for the session."""
+    server = emulators.start_gcs_emulator(tmp_path_factory.mktemp("gcs"))
+    try:
+        yield server.endpoint
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def gcs_bucket_name(gcs_emulator_endpoint: str) -> str:
+    """A new, empty bucket on the session's GCS emulator, unique to the test."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    name = f"edgegw-test-{uuid.uuid4().hex[:16]}"
+    client = storage.Client(
+        project="edgegw",
+        credentials=AnonymousCredentials(),
+        client_options={"api_endpoint": gcs_emulator_endpoint},
+    )
+    try:
+        client.create_bucket(name)
     finally:
         client.close()
     return name

@@ -108,10 +108,10 @@ async def _open(
         cfg = load_config(config)
     except EdgeGatewayError as exc:
         raise fail(str(exc), code=2) from None
-    if cfg.bucket.type == "s3":
-        from edge_gateway.bucket._s3 import S3Bucket
+    if cfg.bucket.type != "local":
+        from edge_gateway.bucket._open import open_cloud_bucket
 
-        bucket: Bucket = await S3Bucket.open(cfg.bucket.s3_config())
+        bucket: Bucket = await open_cloud_bucket(cfg.bucket.cloud_config())
         try:
             await bucket.check_exists()
         except BaseException:

@@ -6,6 +6,10 @@ compare-and-swap), ranged ``get``, ``head``, sorted ``list`` and idempotent
 
 * :class:`S3Bucket` — any S3-compatible store through boto3 (AWS, MinIO, R2,
   Ceph, moto's server), configured by :class:`S3Config`;
+* :class:`AzureBucket` — an Azure Blob Storage container (``edgegw[azure]``),
+  configured by :class:`AzureConfig`;
+* :class:`GcsBucket` — a Google Cloud Storage bucket through its JSON API
+  (``edgegw[gcs]``), configured by :class:`GcsConfig`;
 * :class:`LocalBucket` — a local or shared-mount directory, the embedded default;
 * :class:`FaultyBucket` — wraps either and injects outages, latency, errors
   and lost responses, for tests;
@@ -21,7 +25,9 @@ component's refusal by the store, which callers retry like an outage.
 
 :class:`S3Bucket` loads on first use (with boto3 and botocore: ~100 ms and
 ~15 MB), so a gateway on a local-directory bucket never imports them;
-:class:`S3Config` does not need them.
+:class:`S3Config` does not need them. Likewise :class:`AzureBucket` and
+:class:`GcsBucket` load their SDKs on first use; ``docs/stores.md`` says
+which stores were tested and how.
 """
 
 from typing import TYPE_CHECKING
@@ -38,6 +44,7 @@ from edge_gateway.bucket._base import (
     validate_prefix,
 )
 from edge_gateway.bucket._check import CheckResult, StoreReport, check_store
+from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
 from edge_gateway.bucket._denied import Denial, DenialTracker
 from edge_gateway.bucket._errors import (
     AccessDenied,
@@ -69,6 +76,8 @@ from edge_gateway.bucket._probe import probe_key, verify_conditional_create
 from edge_gateway.bucket._s3config import S3Config
 
 if TYPE_CHECKING:
+    from edge_gateway.bucket._azure import AzureBucket
+    from edge_gateway.bucket._gcs import GcsBucket
     from edge_gateway.bucket._s3 import S3Bucket
 
 __all__ = [
@@ -76,6 +85,8 @@ __all__ = [
     "OPERATIONS",
     "PRIORITIES",
     "AccessDenied",
+    "AzureBucket",
+    "AzureConfig",
     "Bucket",
     "BucketError",
     "BucketGone",
@@ -85,6 +96,8 @@ __all__ = [
     "Denial",
     "DenialTracker",
     "FaultyBucket",
+    "GcsBucket",
+    "GcsConfig",
     "GetResult",
     "HeldBucket",
     "InvalidRequest",
@@ -115,4 +128,11 @@ __all__ = [
     "validate_prefix",
 ]
 
-__getattr__ = lazy_attributes(__name__, {"S3Bucket": "edge_gateway.bucket._s3"})
+__getattr__ = lazy_attributes(
+    __name__,
+    {
+        "S3Bucket": "edge_gateway.bucket._s3",
+        "AzureBucket": "edge_gateway.bucket._azure",
+        "GcsBucket": "edge_gateway.bucket._gcs",
+    },
+)

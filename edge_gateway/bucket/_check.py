@@ -305,11 +305,16 @@ async def _multipart(bucket: Bucket) -> str:
     )
     if probe is None:
         return "not applicable (this backend has no multipart uploads)"
+    commit = getattr(bucket, "multipart_commit", "CompleteMultipartUpload")
     if await probe():
-        return "412 on CompleteMultipartUpload onto an existing key"
+        return f"412 on {commit} onto an existing key"
     raise _Workaround(
-        "the store ignores If-None-Match on CompleteMultipartUpload; edgegw sends every "
-        "create-only put as one PutObject on it (up to 5 GiB), so it stays create-only"
+        getattr(
+            bucket,
+            "multipart_workaround",
+            "the store ignores If-None-Match on CompleteMultipartUpload; edgegw sends every "
+            "create-only put as one PutObject on it (up to 5 GiB), so it stays create-only",
+        )
     )
 
 

@@ -62,10 +62,11 @@ async def verify_conditional_create(bucket: Bucket, prefix: str = "") -> None:
         else:
             raise UnsupportedStore(
                 f"{bucket.describe()} accepted a second create-only put of {key!r} "
-                "(it ignores If-None-Match: *). Without conditional creates two gateways "
+                "(it ignores the create-only condition: If-None-Match: * on S3 and Azure, "
+                "ifGenerationMatch=0 on GCS). Without conditional creates two gateways "
                 "writing one region cannot be fenced, so edgegw refuses to run unfenced; "
-                "use a store that enforces S3 conditional writes (If-None-Match on "
-                "PutObject and CompleteMultipartUpload)."
+                "use a store that enforces them (S3: If-None-Match on PutObject and "
+                "CompleteMultipartUpload; docs/stores.md)."
             )
         if (await bucket.get(key)).data != first:
             raise UnsupportedStore(

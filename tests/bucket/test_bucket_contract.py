@@ -88,6 +88,7 @@ async def test_a_prefix_of_keys_is_not_an_object(bucket: Bucket) -> None:
 # -- create-only ----------------------------------------------------------------
 
 
+@pytest.mark.conditional
 async def test_create_only_refuses_existing_key(bucket: Bucket) -> None:
     created = await bucket.put("log/1", b"first", if_none_match=True)
     with pytest.raises(PreconditionFailed) as excinfo:
@@ -97,6 +98,7 @@ async def test_create_only_refuses_existing_key(bucket: Bucket) -> None:
     assert (got.data, got.etag) == (b"first", created.etag)
 
 
+@pytest.mark.conditional
 async def test_concurrent_creators_exactly_one_wins(bucket: Bucket) -> None:
     writers = 8
     for round_ in range(3):
@@ -137,6 +139,7 @@ async def test_if_match_replaces_current_version(bucket: Bucket) -> None:
     assert (await bucket.get("cursors/r2.json")).data == b'{"seq": 2}'
 
 
+@pytest.mark.conditional
 async def test_if_match_with_stale_etag_fails(bucket: Bucket) -> None:
     v1 = await bucket.put("cursors/r2.json", b'{"seq": 1}')
     await bucket.put("cursors/r2.json", b'{"seq": 2}', if_match=v1.etag)
@@ -145,6 +148,7 @@ async def test_if_match_with_stale_etag_fails(bucket: Bucket) -> None:
     assert (await bucket.get("cursors/r2.json")).data == b'{"seq": 2}'
 
 
+@pytest.mark.conditional
 async def test_if_match_on_missing_key_is_not_found(bucket: Bucket) -> None:
     etag = (await bucket.put("other", b"x")).etag
     with pytest.raises(NotFound):
@@ -153,6 +157,7 @@ async def test_if_match_on_missing_key_is_not_found(bucket: Bucket) -> None:
         await bucket.head("cursors/none.json")
 
 
+@pytest.mark.conditional
 async def test_concurrent_compare_and_swap_exactly_one_wins(bucket: Bucket) -> None:
     base = await bucket.put("gc-boundary.json", b'{"seq": 0}')
     outcomes: list[bool] = []
@@ -223,6 +228,7 @@ async def test_invalid_ranges_are_refused(bucket: Bucket) -> None:
 # -- large objects (multipart on S3) ----------------------------------------------
 
 
+@pytest.mark.conditional
 async def test_large_object_create_only_and_ranges(bucket: Bucket) -> None:
     # 11 MiB: above the S3 fixture's 5 MiB threshold, so three parts there.
     data = os.urandom(11 * MIB + 123)
@@ -359,6 +365,7 @@ async def test_unusual_but_valid_keys_round_trip(bucket: Bucket) -> None:
 # -- statistics and lifecycle ------------------------------------------------------------------
 
 
+@pytest.mark.conditional
 async def test_statistics_count_calls_bytes_and_answers(bucket: Bucket) -> None:
     await bucket.put("s/1", b"12345", if_none_match=True)
     with pytest.raises(PreconditionFailed):
@@ -393,6 +400,7 @@ async def test_closed_bucket_refuses_calls(bucket_opener: Opener) -> None:
 # -- the conditional-create probe ------------------------------------------------------------
 
 
+@pytest.mark.conditional
 async def test_probe_accepts_real_backend_and_cleans_up(bucket: Bucket) -> None:
     await verify_conditional_create(bucket, "regions/")
     await verify_conditional_create(bucket)

@@ -9,6 +9,7 @@ from edge_gateway.bucket import Bucket, BucketUnavailable, FaultyBucket, check_s
 from edge_gateway.bucket._check import INFO, PASS, WORKAROUND
 
 
+@pytest.mark.conditional
 async def test_every_backend_passes_and_is_left_clean(bucket: Bucket) -> None:
     await bucket.put("regions/r1/log/1", b"user data")  # not touched by the check
     report = await check_store(
@@ -47,6 +48,7 @@ async def test_a_store_ignoring_conditions_fails_by_name(bucket: Bucket) -> None
     assert await bucket.list() == []
 
 
+@pytest.mark.conditional
 async def test_a_store_refusing_cas_fails_by_name(bucket: Bucket) -> None:
     refusing = FaultyBucket(bucket, close_inner=False)
     refusing.refuse_if_match = True

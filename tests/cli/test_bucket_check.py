@@ -3,6 +3,8 @@
 moto passes; moto behind Ceph RGW 16.2's quirks passes with edgegw working
 around them; a store that ignores conditional writes (like s3rver) and one
 that refuses compare-and-swap fail with a line that names what is missing.
+Azure Blob passes on Azurite (50 racers: exactly one wins); the GCS
+emulator, which ignores ifGenerationMatch, is refused like s3rver.
 Every run leaves the bucket as it found it.
 """
 
@@ -21,6 +23,7 @@ from _rgw import ACCESS_KEY as RGW_ACCESS_KEY
 from _rgw import SECRET_KEY as RGW_SECRET_KEY
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.testing.emulators import azurite_connection_string
 from edge_gateway.testing.moto import s3_client
 
 FAST = ("--samples", "5", "--throughput-mib", "4", "--racers", "20")
@@ -157,3 +160,69 @@ def test_ceph_rgw_passes_with_the_workarounds(rgw_endpoint: str, rgw_bucket_name
         in (rows["conditional overwrite (If-Match)"]["detail"])
     )
     assert all(r["result"] in ("pass", "workaround", "info") for r in rows.values())
+
+
+def _azure_config(tmp_path: Path, endpoint: str, container: str) -> Path:
+    config = tmp_path / "edgegw.toml"
+    config.write_text(
+        f'region = "north"\ndata_dir = "{tmp_path / "data"}"\n\n'
+        f'[bucket]\ntype = "azure"\ncontainer = "{container}"\nprefix = "fleet"\n'
+        f'connection_string_file = "{tmp_path / "azure.conn"}"\n'
+    )
+    (tmp_path / "azure.conn").write_text(azurite_connection_string(endpoint) + "\n")
+    return config
+
+
+def _azure_blobs(endpoint: str, container: str) -> list[str]:
+    from azure.storage.blob import BlobServiceClient
+
+    with BlobServiceClient.from_connection_string(azurite_connection_string(endpoint)) as svc:
+        return [b.name for b in svc.get_container_client(container).list_blobs()]
+
+
+def test_azurite_passes_with_50_racers_and_is_left_clean(
+    tmp_path: Path, azurite_endpoint: str, azure_container_name: str
+) -> None:
+    config = _azure_config(tmp_path, azurite_endpoint, azure_container_name)
+    proc = run_edgegw(
+        "bucket", "check", "--config", config, "--samples", "5", "--throughput-mib", "4", "--json"
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(proc.stdout)
+    rows = _rows(doc)
+    assert rows["conditional create: 50 racers"]["result"] == "pass"
+    assert rows["conditional create: 50 racers"]["detail"] == "exactly one winner, 49 got 412"
+    assert rows["conditional overwrite: 10 racers"]["result"] == "pass"
+    assert rows["conditional overwrite (If-Match)"]["result"] == "pass"
+    multipart = rows["conditional multipart complete"]
+    assert (multipart["result"], multipart["detail"]) == (
+        "pass",
+        "412 on Put Block List onto an existing key",
+    )
+    assert all(r["result"] in ("pass", "info") for r in rows.values()), rows
+    assert doc["store"].startswith(f"Azure container {azure_container_name!r}")
+    assert _azure_blobs(azurite_endpoint, azure_container_name) == []
+
+
+def test_a_missing_azure_container_is_named(tmp_path: Path, azurite_endpoint: str) -> None:
+    config = _azure_config(tmp_path, azurite_endpoint, "no-such-container")
+    res = run_edgegw("bucket", "check", "--config", config, *FAST)
+    line = assert_one_line_failure(res.returncode, res.stderr, "no such container")
+    assert "no-such-container" in line
+
+
+def test_the_gcs_emulator_is_refused_naming_the_conditional_create(
+    tmp_path: Path, gcs_emulator_endpoint: str, gcs_bucket_name: str
+) -> None:
+    # gcp-storage-emulator ignores ifGenerationMatch, as s3rver ignores If-None-Match.
+    config = tmp_path / "edgegw.toml"
+    config.write_text(
+        f'region = "north"\ndata_dir = "{tmp_path / "data"}"\n\n'
+        f'[bucket]\ntype = "gcs"\nbucket = "{gcs_bucket_name}"\n'
+        f'endpoint_url = "{gcs_emulator_endpoint}"\nanonymous = true\n'
+    )
+    proc = run_edgegw("bucket", "check", "--config", config, *FAST)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    verdict = proc.stdout.rstrip().splitlines()[-1]
+    assert verdict.startswith("edgegw cannot run on this store: conditional create: existing key")
+    assert "20 of 20 concurrent creators succeeded" in verdict

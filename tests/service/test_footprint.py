@@ -7,7 +7,7 @@ imported once it was ready. boto3 is for an S3 bucket, hypercorn for
 pydantic for the other commands, Starlette for the metadata server: a gateway
 on a local-directory bucket loads none of them. The positive cases (hypercorn
 when chosen, botocore with an S3 bucket) show that the list is read late
-enough to see them.
+enough to see them; an Azure bucket loads the Azure SDK and not boto3.
 
 Speed and memory are measured by ``bench/footprint.py``, not asserted here.
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from _serve import _toml_value
 
+from edge_gateway.testing.emulators import azurite_connection_string
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 CHILD = Path(__file__).with_name("footprint_child.py")
@@ -29,6 +30,8 @@ CHILD = Path(__file__).with_name("footprint_child.py")
 #: Top-level packages a gateway loads only when its configuration asks for them.
 BY_CONFIG = {
     "s3 bucket": ("boto3", "botocore", "s3transfer", "urllib3"),
+    "azure bucket": ("azure", "requests", "isodate"),
+    "gcs bucket": ("google", "requests", "proto"),
     "hypercorn": ("hypercorn", "h2", "wsproto", "priority", "hpack"),
     "metadata server": ("httpx", "httpcore"),
 }
@@ -106,6 +109,25 @@ def test_an_s3_bucket_loads_botocore(
     assert "botocore" in modules  # the S3 bucket uses botocore directly
     assert "edge_gateway.bucket._s3" in modules
     assert not _loaded(modules, BY_CONFIG["metadata server"] + NEVER)
+    assert not _loaded(modules, ("azure", "google"))
+
+
+def test_an_azure_bucket_loads_its_sdk_and_not_boto3(
+    tmp_path: Path, azurite_endpoint: str, azure_container_name: str
+) -> None:
+    bucket = {
+        "type": "azure",
+        "container": azure_container_name,
+        "connection_string": azurite_connection_string(azurite_endpoint),
+    }
+    modules = _serve_modules(tmp_path, {"bucket": bucket})
+    assert "azure.storage.blob" in modules
+    assert "edge_gateway.bucket._azure" in modules
+    assert not _loaded(modules, ("boto3", "botocore", "google", *BY_CONFIG["metadata server"]))
+    # azure-core imports asyncio (unused: the SDK's sync client runs in trio's
+    # worker threads); nothing else of NEVER.
+    never = tuple(p for p in NEVER if p != "asyncio")
+    assert not _loaded(modules, never), _loaded(modules, never)
 
 
 @pytest.mark.parametrize(
