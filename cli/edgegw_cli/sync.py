@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ from edge_gateway.journal import Journal
 from edge_gateway.journal._lanes import refuse_lanes
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
+from edgegw_cli._api import TlsOptions, verify_for
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
 from edgegw_cli._common import console, err_console, fail
 from edgegw_cli._errors import leaf, reason
@@ -148,19 +150,29 @@ def _sync_through_gateway(cfg: GatewayConfig, busy: InUse, *, pull: bool) -> Non
             f"{busy}, but its API address is unknown ({exc}); is it still starting?"
         ) from None
     token = cfg.api.token or os.environ.get("EDGEGW_API_TOKEN") or None
+    try:
+        verify = verify_for(url, cfg, TlsOptions())
+    except EdgeGatewayError as exc:
+        raise fail(str(exc), 2) from None
     err_console.print(f"the gateway is running ({busy.holder_text}): asking it at {url}")
     try:
-        trio.run(_ask_gateway, url, token, pull)
+        trio.run(_ask_gateway, url, token, pull, verify)
     except* (EdgeGatewayError, OSError) as group:
         exc = leaf(group)
         assert isinstance(exc, EdgeGatewayError | OSError)
         raise fail(reason(exc)) from None
 
 
-async def _ask_gateway(url: str, token: str | None, pull: bool) -> None:
+async def _ask_gateway(
+    url: str, token: str | None, pull: bool, verify: ssl.SSLContext | None
+) -> None:
     from edge_gateway.client import AsyncClient
 
-    async with AsyncClient(url, token=token) as client, AsyncClient(url, token=token) as watch:
+    tls = verify if verify is not None else True
+    async with (
+        AsyncClient(url, token=token, verify=tls) as client,
+        AsyncClient(url, token=token, verify=tls) as watch,
+    ):
         st = await watch.status()
         first = st["shipper"]["shipped_lsn"]
         target = st["journal"]["next_lsn"] - 1
