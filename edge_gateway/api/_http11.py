@@ -70,6 +70,15 @@ _CLOSE_TIMEOUT_S: Final = 1.0
 _PLAIN_ON_TLS_BODY: Final = (
     b'{"error":{"code":"tls_required","message":"this port serves HTTPS: use an https:// URL"}}'
 )
+_NO_CLIENT_CERT_BODY: Final = (
+    b'{"error":{"code":"client_certificate_required","message":"this gateway requires a '
+    b'client certificate signed by its api.tls_client_ca (client_cert=, --client-cert)"}}'
+)
+_NO_CLIENT_CERT: Final = (
+    b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%b"
+    % (len(_NO_CLIENT_CERT_BODY), _NO_CLIENT_CERT_BODY)
+)
 _PLAIN_ON_TLS: Final = (
     b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
     b"content-length: %d\r\nconnection: close\r\n\r\n%b"
@@ -169,6 +178,7 @@ class Http11Server:
         keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT_S,
         ssl_context: ssl.SSLContext | None = None,
         handshake_timeout: float = 10.0,
+        require_client_cert: bool = False,
     ) -> None:
         self.app = app
         self.log = log
@@ -176,6 +186,9 @@ class Http11Server:
         self.keep_alive_timeout = keep_alive_timeout
         self.ssl_context = ssl_context
         self.handshake_timeout = handshake_timeout
+        #: Refuse (403) a TLS client that presented no certificate; the
+        #: context (``CERT_OPTIONAL``) verifies one that is presented.
+        self.require_client_cert = require_client_cert
         self._scheme = "https" if ssl_context is not None else "http"
         #: TLS connections closed before their handshake completed (timed out,
         #: refused by either side, or plain HTTP on the TLS port).
@@ -312,6 +325,15 @@ class Http11Server:
                     return None
                 tls = trio.SSLStream(raw, self.ssl_context, server_side=True, https_compatible=True)
                 await tls.do_handshake()
+                if self.require_client_cert and not tls.getpeercert():
+                    self.tls_handshake_failures += 1
+                    self.log.debug("TLS client %s presented no certificate: 403", peer)
+                    # Read the request (bounded) so that closing does not reset
+                    # the connection before the client reads the answer.
+                    await tls.receive_some(self.max_header_bytes)
+                    await tls.send_all(_NO_CLIENT_CERT)
+                    await tls.aclose()
+                    return None
                 return tls
             except (trio.BrokenResourceError, OSError) as exc:
                 why = str(exc.__cause__ or exc)

@@ -51,6 +51,8 @@ def _hypercorn_config(gateway: Gateway, graceful: float) -> HypercornConfig:
         cfg.keyfile = api.tls_key
         cfg.alpn_protocols = ["http/1.1"]
         if api.tls_client_ca:
+            # Required in the handshake: hypercorn cannot answer a missing
+            # certificate with a 403 as the builtin server does.
             cfg.ca_certs = api.tls_client_ca
             cfg.verify_mode = ssl.CERT_REQUIRED
     return cfg
@@ -142,6 +144,7 @@ async def serve_api(
                 keep_alive_timeout=api.keep_alive_timeout_s,
                 ssl_context=tls,
                 handshake_timeout=api.tls_handshake_timeout_s,
+                require_client_cert=bool(api.tls_client_ca),
             )
             app.metrics.api_connections = lambda: http.connections
             if tls is not None:

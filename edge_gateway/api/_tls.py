@@ -25,12 +25,13 @@ TLS_HANDSHAKE_RECORD: Final = 0x16
 
 
 def _reason(exc: Exception) -> str:
-    if isinstance(exc, OSError) and exc.strerror:
+    if isinstance(exc, ssl.SSLError):
+        if exc.reason == "PEM_LIB" or "PEM lib" in str(exc):
+            return "not PEM (or an encrypted key, which the gateway cannot use)"
+        if exc.reason:
+            return exc.reason.replace("_", " ").lower()
+    elif isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
-    if isinstance(exc, ssl.SSLError) and exc.reason == "PEM_LIB":
-        return "not PEM (or an encrypted key, which the gateway cannot use)"
-    if isinstance(exc, ssl.SSLError) and exc.reason:
-        return exc.reason.replace("_", " ").lower()
     return str(exc)
 
 
@@ -53,5 +54,9 @@ def server_context(api: ApiConfig) -> ssl.SSLContext:
             raise ConfigError(
                 f"api.tls_client_ca: cannot load {api.tls_client_ca}: {_reason(exc)}"
             ) from None
-        ctx.verify_mode = ssl.CERT_REQUIRED
+        # Optional in the handshake: a certificate presented is verified
+        # there (a bad one fails it), a missing one is answered over TLS with
+        # 403 client_certificate_required, which says what is wrong, where a
+        # failed handshake only closes the connection.
+        ctx.verify_mode = ssl.CERT_OPTIONAL
     return ctx
