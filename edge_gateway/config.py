@@ -563,6 +563,9 @@ NON_CONFIG_ENV: frozenset[str] = frozenset(
         "EDGEGW_S3_ACCESS_KEY",  # edgegw pipeline run --access-key
         "EDGEGW_S3_SECRET_KEY",  # edgegw pipeline run --secret-key
         "EDGEGW_FAILPOINTS",  # edge_gateway.failpoints: faults for tests of real processes
+        "EDGEGW_CA_FILE",  # edgegw status/produce/consume/topics --ca-file
+        "EDGEGW_CLIENT_CERT",  # ... --client-cert
+        "EDGEGW_CLIENT_KEY",  # ... --client-key
     }
 )
 
