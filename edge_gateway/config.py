@@ -247,10 +247,6 @@ class ApiConfig(ListenAddress):
     def scheme(self) -> str:
         return "https" if self.tls else "http"
 
-    def client_ca(self) -> str:
-        """The CA file a client on this machine verifies the API with ("" : the system's)."""
-        return self.tls_ca or self.tls_cert
-
 
 # RFC 1123 labels, plus '_' (container runtimes' DNS resolves service names with it)
 _HOST_LABEL = re.compile(r"(?!-)[A-Za-z0-9_-]{1,63}(?<!-)")

@@ -1,6 +1,7 @@
 """Bearer tokens never reach a log, even at DEBUG (docs/security.md, "Tokens").
 
-Real processes: a metadata server, one gateway with the right region token
+Real processes: a metadata server over TLS (the gateways verify it with
+``metadata.ca_file``), one gateway with the right region token
 and one with a wrong one (it is refused and logs that), both at
 ``[log] level = "debug"`` (httpx and httpcore then log every request), their
 local APIs with a token and TLS, clients sending the right token and a
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _meta_support import ADMIN_TOKEN, MetaServer, http
+from _meta_support import ADMIN_TOKEN, MetaServer
 from _serve import Server, wait_until
 
 from edge_gateway.client import Client
@@ -27,7 +28,7 @@ WRONG_API_TOKEN = "wrong-api-token-never-logged-0123456789"
 WRONG_METADATA_TOKEN = "wrong-metadata-token-never-logged-0123456789"
 
 
-def _gateway(root: Path, region: str, meta_url: str, meta_token: str) -> Server:
+def _gateway(root: Path, region: str, meta_url: str, meta_token: str, meta_ca: Path) -> Server:
     certs = make_tls_files(root / "certs", names=("127.0.0.1",), client=False)
     config = root / "edgegw.toml"
     config.write_text(
@@ -46,6 +47,7 @@ tls_ca = "{certs.ca}"
 [metadata]
 url = "{meta_url}"
 token = "{meta_token}"
+ca_file = "{meta_ca}"
 poll_interval_ms = 200
 heartbeat_interval_ms = 200
 [log]
@@ -56,20 +58,30 @@ level = "debug"
 
 
 def test_no_token_is_ever_logged(tmp_path: Path) -> None:
-    meta = MetaServer(tmp_path / "meta.sqlite")
+    meta_tls = make_tls_files(tmp_path / "meta-certs", names=("127.0.0.1",), client=False)
+    meta = MetaServer(
+        tmp_path / "meta.sqlite",
+        extra=("--tls-cert", str(meta_tls.cert), "--tls-key", str(meta_tls.key)),
+    )
     gateways: list[Server] = []
     try:
+        assert meta.url.startswith("https://")
         tokens: dict[str, str] = {}
-        with http(meta.url) as c:
+        with httpx.Client(
+            base_url=meta.url,
+            headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            verify=ssl.create_default_context(cafile=str(meta_tls.ca)),
+            timeout=30,
+        ) as c:
             for region in ("north", "south"):
                 r = c.post("/v1/regions", json={"id": region})
                 assert r.status_code == 201, r.text
                 tokens[region] = r.json()["token"]
             r = c.post("/v1/topics", json={"name": "t", "home": "north", "partitions": 1})
             assert r.status_code < 300, r.text
-        north = _gateway(tmp_path / "north", "north", meta.url, tokens["north"])
+        north = _gateway(tmp_path / "north", "north", meta.url, tokens["north"], meta_tls.ca)
         gateways.append(north)
-        south = _gateway(tmp_path / "south", "south", meta.url, WRONG_METADATA_TOKEN)
+        south = _gateway(tmp_path / "south", "south", meta.url, WRONG_METADATA_TOKEN, meta_tls.ca)
         gateways.append(south)
         ca = tmp_path / "north" / "certs" / "ca.pem"
 
