@@ -143,3 +143,30 @@ def test_sync_asks_the_running_gateway_over_tls(served: Served) -> None:
     out = run("sync", "-c", served.config)
     assert out.returncode == 0, out.stderr
     assert f"asking it at {served.url}" in out.stderr
+
+
+def test_client_certificates_from_the_command_line(tmp_path: Path) -> None:
+    certs = make_tls_files(tmp_path / "certs", names=("127.0.0.1",))
+    assert certs.client_cert is not None
+    assert certs.client_key is not None
+    config = _config(tmp_path, certs, f'tls_client_ca = "{certs.ca}"')
+    server = Server(config)
+    try:
+        out = run("status", "-c", config)
+        assert_one_line_failure(out.returncode, out.stderr, "requires a client certificate")
+        mine = ("--client-cert", certs.client_cert, "--client-key", certs.client_key)
+        out = run("produce", "t", "-c", config, *mine, stdin="from a device\n")
+        assert out.returncode == 0, out.stderr
+        out = run("status", "-c", config, *mine)
+        assert out.returncode == 0, out.stderr
+        assert "client certificates required" in out.stdout
+        # The same from the environment, and for sync asking the running gateway.
+        env = {
+            "EDGEGW_CLIENT_CERT": str(certs.client_cert),
+            "EDGEGW_CLIENT_KEY": str(certs.client_key),
+        }
+        out = run("sync", "-c", config, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "asking it" in out.stderr
+    finally:
+        server.stop(signal.SIGTERM)
