@@ -66,7 +66,7 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> TlsFiles:
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, certs: TlsFiles) -> Iterator[Server]:
     root = tmp_path_factory.mktemp("tls")
-    server = Server(write_tls_config(root, certs, tls_handshake_timeout_s=1.0))
+    server = Server(write_tls_config(root, certs, tls_handshake_timeout_s=3.0))
     try:
         yield server
     finally:
@@ -231,7 +231,7 @@ def test_stalled_handshakes_do_not_hold_up_others_and_are_closed(
             with client(gateway, certs) as c:
                 assert c.produce("t", [b"while stalled"]).offsets
         # The server closes each stalled connection after its handshake
-        # deadline (1 s here); the 10 s socket timeout bounds the wait.
+        # deadline (3 s here); the 10 s socket timeout bounds the wait.
         for s in stalled:
             assert s.recv(100) == b""
     finally:
