@@ -494,14 +494,19 @@ def tls_context(
     except (OSError, ssl.SSLError) as exc:
         raise InvalidInput(f"CA file {ca_file}: cannot load it: {_ssl_reason(exc)}") from None
     if client_cert is not None:
-        cert, key = (os.fspath(p) for p in client_cert)
-        try:
-            ctx.load_cert_chain(cert, key)
-        except (OSError, ssl.SSLError) as exc:
-            raise InvalidInput(
-                f"client certificate {cert} with key {key}: cannot load them: {_ssl_reason(exc)}"
-            ) from None
+        load_client_cert(ctx, client_cert)
     return ctx
+
+
+def load_client_cert(ctx: ssl.SSLContext, client_cert: tuple[PathLike, PathLike]) -> None:
+    """Present ``(cert, key)`` from ``ctx``; :class:`InvalidInput` naming a bad file."""
+    cert, key = (os.fspath(p) for p in client_cert)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInput(
+            f"client certificate {cert} with key {key}: cannot load them: {_ssl_reason(exc)}"
+        ) from None
 
 
 def _ssl_reason(exc: BaseException) -> str:

@@ -78,13 +78,39 @@ def verify_for(url: str, cfg: GatewayConfig | None, tls: TlsOptions) -> ssl.SSLC
     if cfg is not None and cfg.api.tls_ca:
         return tls_context(cfg.api.tls_ca, cert)
     if cfg is not None and cfg.api.tls_cert:
-        # The gateway's own certificate, pinned: it is trusted as it is, also
-        # when a CA issued it; its names are not checked (the pin is the identity).
-        ctx = tls_context(cfg.api.tls_cert, cert)
-        ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
-        ctx.check_hostname = False
-        return ctx
+        return _pinned(Path(cfg.api.tls_cert), cert)
     return tls_context(None, cert)
+
+
+def _pinned(cert_file: Path, client_cert: tuple[Path, Path] | None) -> ssl.SSLContext:
+    """Trust exactly the first certificate of ``cert_file`` (the gateway's own).
+
+    Only that one: the file may hold the chain too, and trusting an
+    intermediate CA without checking names would accept any certificate it
+    issued. Its names are not checked: the pin is the identity. No system CAs.
+    """
+    from edge_gateway.client import load_client_cert
+    from edge_gateway.errors import InvalidInput
+
+    begin, end = "-----BEGIN CERTIFICATE-----", "-----END CERTIFICATE-----"
+    try:
+        text = cert_file.read_text(encoding="ascii", errors="replace")
+    except OSError as exc:
+        raise InvalidInput(f"api.tls_cert {cert_file}: cannot read it: {exc.strerror}") from None
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise InvalidInput(f"api.tls_cert {cert_file}: no PEM certificate in it")
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = False
+    try:
+        ctx.load_verify_locations(cadata=text[start : stop + len(end)] + "\n")
+    except ssl.SSLError as exc:
+        raise InvalidInput(f"api.tls_cert {cert_file}: not a PEM certificate ({exc})") from None
+    ctx.verify_flags |= ssl.VERIFY_X509_PARTIAL_CHAIN
+    if client_cert is not None:
+        load_client_cert(ctx, client_cert)
+    return ctx
 
 
 #: The config file used when neither --url nor --config is given.

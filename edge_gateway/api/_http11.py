@@ -300,7 +300,7 @@ class Http11Server:
         so a client that stalls or fails its handshake costs the others nothing.
         """
         assert self.ssl_context is not None
-        why = "timed out"
+        why: str | None = "timed out"  # None: counted and logged already
         with trio.CancelScope() as scope:
             scope.deadline = trio.current_time() + self.handshake_timeout
             self._idle.add(scope)  # a shutdown closes it
@@ -312,6 +312,7 @@ class Http11Server:
                 if first[0] != TLS_HANDSHAKE_RECORD:
                     self.tls_handshake_failures += 1
                     self.log.debug("TLS handshake with %s failed: plain HTTP on the TLS port", peer)
+                    why = None
                     # Take the request head off the socket first: closing with
                     # unread bytes would reset the connection before the
                     # client reads the answer.
@@ -328,6 +329,7 @@ class Http11Server:
                 if self.require_client_cert and not tls.getpeercert():
                     self.tls_handshake_failures += 1
                     self.log.debug("TLS client %s presented no certificate: 403", peer)
+                    why = None
                     # Read the request (bounded) so that closing does not reset
                     # the connection before the client reads the answer.
                     await tls.receive_some(self.max_header_bytes)
@@ -336,10 +338,11 @@ class Http11Server:
                     return None
                 return tls
             except (trio.BrokenResourceError, OSError) as exc:
-                why = str(exc.__cause__ or exc)
+                if why is not None:
+                    why = str(exc.__cause__ or exc)
             finally:
                 self._idle.discard(scope)
-        if not (scope.cancelled_caught and self._stopping):
+        if why is not None and not (scope.cancelled_caught and self._stopping):
             self.tls_handshake_failures += 1
             self.log.debug("TLS handshake with %s failed: %s", peer, why)
         return None

@@ -11,15 +11,18 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
 from _cli_support import assert_one_line_failure
 from _serve import EDGEGW, Server
+from edgegw_cli._api import TlsOptions, verify_for
 
+from edge_gateway.config import load_config
 from edge_gateway.testing.tls import TlsFiles, make_tls_files
 
 
@@ -30,7 +33,7 @@ class Served:
     certs: TlsFiles
 
 
-def _config(root: Path, certs: TlsFiles, extra: str = "") -> Path:
+def _config(root: Path, certs: TlsFiles, extra: str = "", *, chain: bool = False) -> Path:
     path = root / "edgegw.toml"
     path.write_text(
         f"""
@@ -41,7 +44,7 @@ shutdown_grace_s = 10.0
 flush_interval_ms = 50
 [api]
 listen = "127.0.0.1:0"
-tls_cert = "certs/server.pem"
+tls_cert = "certs/{"chain.pem" if chain else "server.pem"}"
 tls_key = "certs/server-key.pem"
 {extra}
 [[topics]]
@@ -56,9 +59,11 @@ partitions = 1
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     root = tmp_path_factory.mktemp("tls-cli")
-    # A CA-issued certificate (not self-signed): pinning it must still work.
+    # A CA-issued certificate (not self-signed), served with its chain as
+    # deployments do: pinning it must still work, and pin the leaf alone.
     certs = make_tls_files(root / "certs", names=("127.0.0.1",))
-    config = _config(root, certs)
+    (root / "certs" / "chain.pem").write_text(certs.cert.read_text() + certs.ca.read_text())
+    config = _config(root, certs, chain=True)
     server = Server(config)
     try:
         yield Served(config, server.url, certs)
@@ -96,6 +101,26 @@ def test_with_the_config_the_gateways_own_certificate_is_trusted(served: Served)
     assert f"{served.url} (TLS)" in out.stdout
     out = run("topics", "list", "-c", served.config)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_pin_is_the_gateways_certificate_alone(served: Served) -> None:
+    # The config's tls_cert holds the chain (leaf + CA): only the leaf is
+    # trusted, since names are not checked under the pin; any other
+    # certificate the CA issued must not pass.
+    cfg = load_config(served.config, env={})
+    ctx = verify_for(served.url, cfg, TlsOptions())
+    assert ctx is not None
+    # One certificate in the trust store, and not a CA.
+    assert ctx.cert_store_stats() == {"x509": 1, "crl": 0, "x509_ca": 0}
+    assert not ctx.check_hostname
+    assert ctx.verify_mode == ssl.CERT_REQUIRED
+    # With tls_ca, names are checked and the CA is the anchor.
+    with_ca = verify_for(
+        served.url, replace(cfg, api=replace(cfg.api, tls_ca=str(served.certs.ca))), TlsOptions()
+    )
+    assert with_ca is not None
+    assert with_ca.check_hostname
+    assert with_ca.cert_store_stats()["x509_ca"] == 1
 
 
 def test_with_a_url_the_ca_file_is_given(served: Served) -> None:
