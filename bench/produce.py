@@ -27,7 +27,15 @@ local API on 127.0.0.1:
               process from ``/proc``). The load comes from ``bench/_load.py``
               in its own process (one thread, epoll, pre-built requests,
               ~20 us of CPU per request), so the two share the machine's cores;
-* ``idle``    the gateway's resident memory (RSS) once started and idle.
+* ``idle``    the gateway's resident memory (RSS) once started and idle;
+* ``tls``     the cost of TLS on the local API (``[api] tls_cert``; skipped
+              with ``--no-tls`` or without ``cryptography``): a second gateway
+              serving HTTPS with a certificate made for the run, started next
+              to the first; single-record p50/p99 with the raw client over
+              TLS and over plain HTTP, one request of each in turn (the same
+              load for both), and the capacity run again over TLS (the load
+              generator does the handshakes before it measures), beside the
+              plain figures of this run, as ratios.
 
 Next to it, the same on NATS JetStream when ``nats-server`` is installed
 (started by the bench on 127.0.0.1 with ``-js`` and a file-backed stream in
@@ -55,6 +63,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -90,9 +99,12 @@ BATCH_MEDIA_TYPE = "application/vnd.edgegw.batch"
 class GatewayProcess:
     """``edgegw serve`` in a child process; stderr drained in a thread."""
 
-    def __init__(self, root: Path, server: str) -> None:
-        self.data_dir = root / "gw"
-        config = root / "edgegw.toml"
+    def __init__(
+        self, root: Path, server: str, *, name: str = "gw", tls: tuple[Path, Path] | None = None
+    ) -> None:
+        self.data_dir = root / name
+        config = root / f"{name}.toml"
+        tls_toml = f'tls_cert = "{tls[0]}"\ntls_key = "{tls[1]}"\n' if tls else ""
         config.write_text(
             f"""
 region = "bench"
@@ -103,7 +115,7 @@ fsync = "interval"
 [api]
 listen = "127.0.0.1:0"
 server = "{server}"
-[log]
+{tls_toml}[log]
 level = "warning"
 [[topics]]
 name = "t"
@@ -132,7 +144,8 @@ partitions = 1
                 self.stop()
                 raise SystemExit("edgegw serve did not start:\n" + "".join(self.stderr[-30:]))
             time.sleep(0.05)
-        host, _, port = addr_file.read_text().strip().rpartition(":")
+        addr = addr_file.read_text().strip().removeprefix("https://")
+        host, _, port = addr.rpartition(":")
         self.host, self.port = host.strip("[]"), int(port)
 
     def _drain(self) -> None:
@@ -163,9 +176,10 @@ class RawHttp:
     not the client library (``http.client`` parses headers with ``email``, which
     costs more CPU here than the gateway's whole request path)."""
 
-    def __init__(self, host: str, port: int) -> None:
-        self.sock = socket.create_connection((host, port), timeout=30)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, host: str, port: int, tls: ssl.SSLContext | None = None) -> None:
+        sock = socket.create_connection((host, port), timeout=30)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock if tls is None else tls.wrap_socket(sock, server_hostname=host)
         self.host = f"{host}:{port}".encode()
         self.buf = b""
 
@@ -231,6 +245,36 @@ def gw_single(gw: GatewayProcess, values: list[bytes], warmup: int) -> list[floa
         return _timed(send, len(values), warmup)
     finally:
         raw.close()
+
+
+def gw_single_pair(
+    plain: GatewayProcess,
+    tls: GatewayProcess,
+    ctx: ssl.SSLContext,
+    values: list[bytes],
+    warmup: int,
+) -> tuple[list[float], list[float]]:
+    """Latencies of the raw client over plain HTTP and over TLS, one request of
+    each in turn (two gateways side by side), so that both see the same load."""
+    bodies = [b'{"records":[{"value":' + json.dumps(v.decode()).encode() + b"}]}" for v in values]
+    path = "/v1/topics/t/records"
+    a, b = RawHttp(plain.host, plain.port), RawHttp(tls.host, tls.port, ctx)
+    lat_plain: list[float] = []
+    lat_tls: list[float] = []
+    try:
+        for i, body in enumerate(bodies):
+            t0 = time.perf_counter()
+            a.post(path, body, "application/json")
+            t1 = time.perf_counter()
+            b.post(path, body, "application/json")
+            t2 = time.perf_counter()
+            if i >= warmup:
+                lat_plain.append(t1 - t0)
+                lat_tls.append(t2 - t1)
+    finally:
+        a.close()
+        b.close()
+    return lat_plain, lat_tls
 
 
 def gw_clients_interleaved(
@@ -313,7 +357,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def gw_capacity(gw: GatewayProcess, seconds: float) -> dict[str, float]:
+def gw_capacity(
+    gw: GatewayProcess, seconds: float, ca_file: Path | None = None
+) -> dict[str, float]:
     """Closed-loop load from CONNECTIONS keep-alive connections (``bench/_load.py``)."""
     body = '{"records":[{"value":' + json.dumps("x" * (RECORD - 2)) + "}]}"
     proc = subprocess.Popen(
@@ -328,6 +374,7 @@ def gw_capacity(gw: GatewayProcess, seconds: float) -> dict[str, float]:
             str(seconds),
             "--body",
             body,
+            *(("--ca-file", str(ca_file)) if ca_file is not None else ()),
         ],
         stdout=subprocess.PIPE,
         text=True,
@@ -475,6 +522,72 @@ def nats_bench(
     return asyncio.run(run())
 
 
+# ---------------------------------------------------------------------- TLS
+
+TLS_KEYS = (
+    "tls_produce_p50_us",
+    "tls_produce_p99_us",
+    "tls_plain_p50_us",
+    "tls_plain_p99_us",
+    "tls_concurrent_requests_per_s",
+    "tls_concurrent_p50_ms",
+    "tls_concurrent_p99_ms",
+    "tls_concurrent_cpu_us_per_request",
+    "tls_p50_ratio_vs_plain",
+    "tls_capacity_ratio_vs_plain",
+    "tls_cpu_ratio_vs_plain",
+)
+
+
+def tls_figures(
+    root: Path,
+    plain: GatewayProcess,
+    args: argparse.Namespace,
+    values: list[bytes],
+    warmup: int,
+    plain_cap: dict[str, float],
+    capacity_s: float,
+) -> dict[str, Any]:
+    """The TLS figures (null when skipped): see the module docstring, ``tls``."""
+    out: dict[str, Any] = dict.fromkeys(TLS_KEYS)
+    if args.no_tls:
+        return out
+    try:
+        from edge_gateway.testing.tls import make_tls_files
+    except ImportError:  # pragma: no cover - the bench extra has it
+        progress("cryptography not installed (pip install -e '.[bench]'): TLS figures left null")
+        return out
+    try:
+        files = make_tls_files(root / "certs", names=("127.0.0.1",), client=False)
+    except ImportError:
+        progress("cryptography not installed (pip install -e '.[bench]'): TLS figures left null")
+        return out
+    progress("starting a second gateway serving TLS ...")
+    tls = GatewayProcess(root, args.server, name="gw-tls", tls=(files.cert, files.key))
+    try:
+        ctx = ssl.create_default_context(cafile=str(files.ca))
+        progress(f"single-record latency, plain and TLS in turn ({len(values) - warmup} each) ...")
+        lat_plain, lat_tls = gw_single_pair(plain, tls, ctx, values, warmup)
+        out["tls_plain_p50_us"] = percentile(lat_plain, 50) * 1e6
+        out["tls_plain_p99_us"] = percentile(lat_plain, 99) * 1e6
+        out["tls_produce_p50_us"] = percentile(lat_tls, 50) * 1e6
+        out["tls_produce_p99_us"] = percentile(lat_tls, 99) * 1e6
+        progress(f"capacity over TLS: {CONNECTIONS} connections ...")
+        cap = gw_capacity(tls, capacity_s, files.ca)
+        for key in ("requests_per_s", "p50_ms", "p99_ms", "cpu_us_per_request"):
+            out[f"tls_concurrent_{key}"] = cap[key]
+    finally:
+        tls.stop()
+    out["tls_p50_ratio_vs_plain"] = ratio(out["tls_produce_p50_us"], out["tls_plain_p50_us"])
+    out["tls_capacity_ratio_vs_plain"] = ratio(
+        out["tls_concurrent_requests_per_s"], plain_cap["requests_per_s"]
+    )
+    out["tls_cpu_ratio_vs_plain"] = ratio(
+        out["tls_concurrent_cpu_us_per_request"], plain_cap["cpu_us_per_request"]
+    )
+    return out
+
+
 # --------------------------------------------------------------------- main
 
 
@@ -488,6 +601,7 @@ def main() -> None:
         default="builtin",
         help="api.server of the gateway under test",
     )
+    ap.add_argument("--no-tls", action="store_true", help="skip the TLS figures")
     args = ap.parse_args()
     single_n, warmup, seconds = (3000, 500, 3.0) if args.quick else (20000, 2000, 10.0)
     capacity_s = 5.0 if args.quick else 20.0
@@ -525,6 +639,9 @@ def main() -> None:
             for key, value in cap.items():
                 figures[f"concurrent_{key}"] = value
             figures["loaded_rss_mb"] = gw.rss_mb()
+            figures.update(
+                tls_figures(root, gw, args, values[: single_n + warmup], warmup, cap, capacity_s)
+            )
         finally:
             gw.stop()
         figures["gateway_exit_code"] = gw.proc.returncode
@@ -561,6 +678,38 @@ def main() -> None:
 
     def ok(value: float | None, good: bool) -> bool | None:
         return None if value is None else good
+
+    tls_rows: list[Row | str] = [
+        "TLS on the local API (a second gateway with api.tls_cert, same run)",
+        Row(
+            "p50, raw client over TLS",
+            figures["tls_produce_p50_us"],
+            "us",
+            "plain HTTP, in turn",
+            figures["tls_plain_p50_us"],
+        ),
+        Row(
+            "p99, raw client over TLS",
+            figures["tls_produce_p99_us"],
+            "us",
+            "plain HTTP, in turn",
+            figures["tls_plain_p99_us"],
+        ),
+        Row(
+            "capacity over TLS",
+            figures["tls_concurrent_requests_per_s"],
+            "req/s",
+            "plain HTTP capacity",
+            figures["concurrent_requests_per_s"],
+        ),
+        Row(
+            "server CPU per request, TLS",
+            figures["tls_concurrent_cpu_us_per_request"],
+            "us",
+            "plain HTTP",
+            figures["concurrent_cpu_us_per_request"],
+        ),
+    ]
 
     br, pr = figures["batched_ratio_vs_nats"], figures["p50_ratio_vs_nats"]
     cr = figures["client_p50_ratio_vs_raw"]
@@ -652,6 +801,7 @@ def main() -> None:
             ok=figures["idle_rss_mb"] <= 80,
         ),
         Row("RSS after the runs", figures["loaded_rss_mb"], "MB"),
+        *tls_rows,
     ]
     print(render_table("edgegw local API produce vs NATS JetStream", rows))
     emit_json(figures)

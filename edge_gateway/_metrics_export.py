@@ -190,6 +190,13 @@ class _GatewayCollector(Collector):
                 "Open connections of the local API (builtin server).",
                 owner.api_connections(),
             )
+        if owner.api_tls_handshake_failures is not None:
+            yield _counter(
+                "edgegw_api_tls_handshake_failures",
+                "Connections to the local API closed before their TLS handshake completed "
+                "(timed out, refused certificate, or plain HTTP on the TLS port).",
+                owner.api_tls_handshake_failures(),
+            )
 
     @staticmethod
     def _tasks(gw: Gateway) -> Iterator[Metric]:

@@ -28,6 +28,16 @@ over one keep-alive socket (:class:`_Connection`: h11 frames the messages),
 which costs a producer about what a bare ``http.client`` request does; httpx
 carries ``https://``, a custom ``transport`` and :class:`AsyncClient`.
 
+TLS (``https://``): the server's certificate is verified against
+``ca_file`` (a PEM bundle: the gateway's CA, or its self-signed certificate)
+or, without one, the system's trust store; ``verify`` takes a ready
+:class:`ssl.SSLContext` instead (or ``False``: no verification, for tests
+only); ``client_cert=(cert, key)`` presents a client certificate (the
+gateway's ``api.tls_client_ca``). A certificate that does not verify, or a
+client certificate the gateway refuses, raises :class:`Denied` naming the
+problem (a person must act; retrying cannot help until then); a bad
+``ca_file`` raises :class:`InvalidInput` when the client is made.
+
 The client imports neither trio nor boto3: only httpx, h11 and the sans-IO
 batch encoding (``edge_gateway.format.batch``).
 """
@@ -39,6 +49,7 @@ import json
 import os
 import select
 import socket
+import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -58,7 +69,7 @@ from edge_gateway.api.wire import (
     NEXT_OFFSET_HEADER,
     error_class,
 )
-from edge_gateway.errors import EdgeGatewayError, InvalidInput, Unavailable, WrongRegion
+from edge_gateway.errors import Denied, EdgeGatewayError, InvalidInput, Unavailable, WrongRegion
 from edge_gateway.format.batch import Record, encode_batch, iter_batches
 from edge_gateway.names import validate_group, validate_topic
 
@@ -455,7 +466,10 @@ def _group_offsets(response: _Reply) -> list[GroupOffset]:
 
 
 def read_addr_file(data_dir: str | os.PathLike[str]) -> str:
-    """``http://host:port`` of the gateway whose data directory is ``data_dir``."""
+    """``http(s)://host:port`` of the gateway whose data directory is ``data_dir``.
+
+    The file holds ``host:port`` (HTTP) or ``https://host:port`` (TLS).
+    """
     path = Path(data_dir) / "api.addr"
     try:
         addr = path.read_text(encoding="utf-8").strip()
@@ -463,7 +477,62 @@ def read_addr_file(data_dir: str | os.PathLike[str]) -> str:
         raise Unavailable(f"{path} does not exist: is the gateway running?") from None
     if not addr:
         raise Unavailable(f"{path} is empty")
-    return f"http://{addr}"
+    return addr if "://" in addr else f"http://{addr}"
+
+
+PathLike = str | os.PathLike[str]
+
+
+def tls_context(
+    ca_file: PathLike | None = None,
+    client_cert: tuple[PathLike, PathLike] | None = None,
+) -> ssl.SSLContext:
+    """A client context verifying with ``ca_file`` (default: the system's CAs);
+    :class:`InvalidInput` naming the file when one cannot be loaded."""
+    try:
+        ctx = ssl.create_default_context(cafile=os.fspath(ca_file) if ca_file else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInput(f"CA file {ca_file}: cannot load it: {_ssl_reason(exc)}") from None
+    if client_cert is not None:
+        load_client_cert(ctx, client_cert)
+    return ctx
+
+
+def load_client_cert(ctx: ssl.SSLContext, client_cert: tuple[PathLike, PathLike]) -> None:
+    """Present ``(cert, key)`` from ``ctx``; :class:`InvalidInput` naming a bad file."""
+    cert, key = (os.fspath(p) for p in client_cert)
+    try:
+        ctx.load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise InvalidInput(
+            f"client certificate {cert} with key {key}: cannot load them: {_ssl_reason(exc)}"
+        ) from None
+
+
+def _ssl_reason(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        return str(exc.verify_message)
+    if isinstance(exc, OSError) and exc.strerror and not isinstance(exc, ssl.SSLError):
+        return exc.strerror
+    if isinstance(exc, ssl.SSLError) and exc.reason:
+        return exc.reason.replace("_", " ").lower()
+    return str(exc)
+
+
+def _verify_of(
+    verify: ssl.SSLContext | bool,
+    ca_file: PathLike | None,
+    client_cert: tuple[PathLike, PathLike] | None,
+) -> ssl.SSLContext | bool:
+    if isinstance(verify, ssl.SSLContext):
+        if ca_file or client_cert:
+            raise InvalidInput("give either verify=<SSLContext> or ca_file/client_cert, not both")
+        return verify
+    ctx = tls_context(ca_file, client_cert)
+    if not verify:  # tests only: anyone in the path could read and answer
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+    return ctx
 
 
 def _base_url(url: str) -> str:
@@ -482,6 +551,31 @@ def _client_headers(token: str | None) -> dict[str, str]:
 
 
 def _unavailable(base_url: str, exc: Exception) -> Unavailable:
+    """The error for a transport failure; a TLS failure says what it was."""
+    cause: BaseException | None = exc
+    while cause is not None and not isinstance(cause, ssl.SSLError):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ssl.SSLCertVerificationError):
+        return Denied(
+            f"the gateway at {base_url} presented a certificate that does not verify: "
+            f"{_ssl_reason(cause)}",
+            code="certificate_verify_failed",
+            action="give the CA that signed the gateway's certificate (ca_file=, --ca-file) "
+            "and connect with the name or address the certificate holds",
+        )
+    if isinstance(cause, ssl.SSLError):
+        reason = _ssl_reason(cause)
+        if "certificate" in reason:  # the gateway refused our (missing) client certificate
+            return Denied(
+                f"the gateway at {base_url} refused the TLS connection: {reason}",
+                code="client_certificate_refused",
+                action="present a client certificate the gateway's api.tls_client_ca "
+                "signed (client_cert=, --client-cert/--client-key)",
+            )
+        return Unavailable(
+            f"TLS with the gateway at {base_url} failed: {reason} "
+            "(does it serve https on that port?)"
+        )
     return Unavailable(f"cannot reach the gateway at {base_url}: {type(exc).__name__}: {exc}")
 
 
@@ -584,6 +678,9 @@ class Client:
         token: str | None = None,
         timeout: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        ca_file: PathLike | None = None,
+        verify: ssl.SSLContext | bool = True,
+        client_cert: tuple[PathLike, PathLike] | None = None,
     ) -> None:
         self.base_url = _base_url(base_url)
         self.timeout = timeout
@@ -598,6 +695,7 @@ class Client:
                 headers=_client_headers(token),
                 timeout=timeout,
                 transport=transport,
+                verify=_verify_of(verify, ca_file, client_cert) if url.scheme == "https" else True,
             )
 
     @classmethod
@@ -732,14 +830,19 @@ class AsyncClient:
         token: str | None = None,
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        ca_file: PathLike | None = None,
+        verify: ssl.SSLContext | bool = True,
+        client_cert: tuple[PathLike, PathLike] | None = None,
     ) -> None:
         self.base_url = _base_url(base_url)
         self.timeout = timeout
+        https = httpx.URL(self.base_url).scheme == "https"
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             headers=_client_headers(token),
             timeout=timeout,
             transport=transport,
+            verify=_verify_of(verify, ca_file, client_cert) if https else True,
         )
 
     @classmethod

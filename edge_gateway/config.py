@@ -270,9 +270,32 @@ class ApiConfig(ListenAddress):
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
     #: Seconds each read of a request body may wait for data (408 and close after).
     read_timeout_s: float = READ_TIMEOUT_S
+    #: TLS: the server's certificate chain (PEM); with ``tls_key`` the API speaks
+    #: only HTTPS. Relative paths are relative to the config file's folder.
+    tls_cert: str = ""
+    #: TLS: the certificate's private key (PEM, unencrypted).
+    tls_key: str = ""
+    #: TLS: CA bundle (PEM) of client certificates: set, every client must
+    #: present a certificate it signed (mutual TLS).
+    tls_client_ca: str = ""
+    #: TLS: CA bundle (PEM) that clients on this machine (``edgegw status``,
+    #: ``produce``, ... with ``--config``) verify the server with; empty: the
+    #: certificate file itself (a self-signed certificate), else the system's.
+    tls_ca: str = ""
+    #: Seconds a new connection may take to complete its TLS handshake.
+    tls_handshake_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         _check_listen(self.listen, "api.listen")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError(
+                "api.tls_cert and api.tls_key: set both (the API serves HTTPS) or neither"
+            )
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError(
+                "api.tls_client_ca: needs api.tls_cert and api.tls_key (client "
+                "certificates are checked only over TLS)"
+            )
         if not self.is_loopback and not self.token:
             raise ConfigError(
                 f"api.token: required when api.listen ({self.listen}) is not a loopback "
@@ -282,10 +305,19 @@ class ApiConfig(ListenAddress):
             raise ConfigError("api.max_body_bytes must be at least 1 KiB")
         if self.max_wait_ms < 0:
             raise ConfigError("api.max_wait_ms must be >= 0")
-        for key in ("keep_alive_timeout_s", "read_timeout_s"):
+        for key in ("keep_alive_timeout_s", "read_timeout_s", "tls_handshake_timeout_s"):
             value = getattr(self, key)
             if not 0 < value < float("inf"):  # also refuses NaN
                 raise ConfigError(f"api.{key} must be a number of seconds > 0, not {value!r}")
+
+    @property
+    def tls(self) -> bool:
+        """True when the API serves HTTPS."""
+        return bool(self.tls_cert)
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
 
 
 # RFC 1123 labels, plus '_' (container runtimes' DNS resolves service names with it)
@@ -599,6 +631,9 @@ NON_CONFIG_ENV: frozenset[str] = frozenset(
         "EDGEGW_S3_ACCESS_KEY",  # edgegw pipeline run --access-key
         "EDGEGW_S3_SECRET_KEY",  # edgegw pipeline run --secret-key
         "EDGEGW_FAILPOINTS",  # edge_gateway.failpoints: faults for tests of real processes
+        "EDGEGW_CA_FILE",  # edgegw status/produce/consume/topics --ca-file
+        "EDGEGW_CLIENT_CERT",  # ... --client-cert
+        "EDGEGW_CLIENT_KEY",  # ... --client-key
     }
 )
 
@@ -707,9 +742,20 @@ def _parse(data: Mapping[str, Any], base_dir: Path | None) -> GatewayConfig:
     data_dir = kwargs.get("data_dir")
     if isinstance(data_dir, Path) and not data_dir.is_absolute() and base_dir is not None:
         kwargs["data_dir"] = base_dir / data_dir
+    api = kwargs.get("api")
+    if isinstance(api, ApiConfig) and base_dir is not None:
+        # The API's TLS files are relative to the config file, like data_dir.
+        files: dict[str, Any] = {
+            key: str(base_dir / value)
+            for key in _API_TLS_FILES
+            if (value := getattr(api, key)) and not Path(value).is_absolute()
+        }
+        kwargs["api"] = dataclasses.replace(api, **files)
     cfg: GatewayConfig = _construct(GatewayConfig, kwargs, "")
     return cfg
 
+
+_API_TLS_FILES = ("tls_cert", "tls_key", "tls_client_ca", "tls_ca")
 
 _SECTIONS: dict[str, type[Any]] = {
     "journal": JournalConfig,
@@ -960,6 +1006,10 @@ type = "local"
 # server = "builtin"           # or "hypercorn" (docs/api.md, "Choosing the server")
 # keep_alive_timeout_s = 75.0  # idle connections (and unfinished request heads) close after
 # read_timeout_s = 60.0        # each read of a request body; 408 and close after
+# tls_cert = ""                # with tls_key: HTTPS only (paths relative to this file)
+# tls_key = ""
+# tls_client_ca = ""           # require client certificates signed by this CA (mutual TLS)
+# tls_ca = ""                  # what edgegw status/produce/... verify with (default: tls_cert)
 
 [metadata]
 # The metadata server holds the fleet's topic routing (docs/metadata-api.md).

@@ -807,9 +807,22 @@ class Gateway:
         async with AsyncExitStack() as stack:
             agent = None
             if cfg.metadata.enabled:
-                from edge_gateway.metadata.agent import MetadataAgent
+                from edge_gateway.metadata.agent import AgentHooks, MetadataAgent
 
-                agent = MetadataAgent(self, cfg.metadata)
+                def shipper_statistics() -> ShipperStats:
+                    return self.shipper.statistics()  # the shipper is made below
+
+                def tailers() -> dict[str, Tailer]:
+                    return self.tailers
+
+                hooks = AgentHooks(
+                    region=self.region,
+                    data_dir=cfg.data_dir,
+                    apply_routing=self.apply_routing,
+                    shipper_statistics=shipper_statistics,
+                    tailers=tailers,
+                )
+                agent = MetadataAgent(hooks, cfg.metadata)
                 self._metadata = agent
                 stack.push_async_callback(agent.aclose)
                 table = await agent.load()

@@ -52,7 +52,9 @@ Families (``_total`` is added to counters by the exposition format):
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
 * ``edgegw_api_waits_abandoned_total``: long polls, ``ack=shipped`` waits and
   syncs ended because their client disconnected; ``edgegw_api_connections``:
-  open connections of the API (the builtin server; absent with hypercorn)
+  open connections of the API (the builtin server; absent with hypercorn);
+  ``edgegw_api_tls_handshake_failures_total``: connections closed before
+  their TLS handshake completed (builtin server with TLS)
 """
 
 from __future__ import annotations
@@ -199,6 +201,8 @@ class GatewayMetrics:
         self.api_waits_abandoned = 0
         #: Open API connections right now, when the server can tell (set by serve_api).
         self.api_connections: Callable[[], int] | None = None
+        #: TLS handshakes that failed or timed out (builtin server with TLS; set by serve_api).
+        self.api_tls_handshake_failures: Callable[[], int] | None = None
 
     def observe_request(self, route: str, method: str, code: int, seconds: float) -> None:
         """Record one API request (called by the API for every response)."""

@@ -32,7 +32,7 @@ import httpx
 from edgegw_cli._fleet import stop_process
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE, NEXT_OFFSET_HEADER
-from edge_gateway.client import Client
+from edge_gateway.client import Client, read_addr_file
 from edge_gateway.config import load_config
 from edge_gateway.format.batch import Record, encode_batch, iter_batches
 from edge_gateway.testing.tcpproxy import TcpProxy
@@ -81,7 +81,7 @@ class Server:
                 self.proc.kill()
                 raise AssertionError(f"serve did not start: {self.log.read_text()}")
             time.sleep(0.05)
-        self.url = f"http://{self.addr_file.read_text().strip()}"
+        self.url = read_addr_file(self.addr_file.parent)  # https://... when it serves TLS
 
     def stop(self, sig: int) -> tuple[int, str]:
         self.proc.send_signal(sig)

@@ -168,7 +168,8 @@ class Site:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise fail(f"gateway {self.region} did not start; see {self.log_path}")
             time.sleep(0.05)
-        self.url = "http://" + addr.read_text().strip()
+        text = addr.read_text().strip()
+        self.url = text if "://" in text else f"http://{text}"
 
     @property
     def running(self) -> bool:

@@ -148,8 +148,9 @@ async def _serve(cfg: GatewayConfig) -> None:
             async def announce() -> None:
                 addr = gateway.api_address
                 log.info(
-                    "serving region %s on http://%s:%s",
+                    "serving region %s on %s://%s:%s",
                     cfg.region,
+                    cfg.api.scheme,
                     *(addr if addr else ("?", "?")),
                 )
 

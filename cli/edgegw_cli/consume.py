@@ -10,7 +10,17 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
+from edgegw_cli._api import (
+    CA_FILE_OPTION,
+    CLIENT_CERT_OPTION,
+    CLIENT_KEY_OPTION,
+    CONFIG_OPTION,
+    TOKEN_OPTION,
+    URL_OPTION,
+    TlsOptions,
+    check_name,
+    connect,
+)
 from edgegw_cli._common import fail
 
 if TYPE_CHECKING:
@@ -59,6 +69,9 @@ def consume(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    ca_file: Path | None = CA_FILE_OPTION,
+    client_cert: Path | None = CLIENT_CERT_OPTION,
+    client_key: Path | None = CLIENT_KEY_OPTION,
 ) -> None:
     """Print records as JSON lines (or raw values), optionally following new ones.
 
@@ -72,7 +85,7 @@ def consume(
         check_name(validate_group, group)
     out = sys.stdout.buffer
     printed = 0
-    with connect(config, url, token) as client:
+    with connect(config, url, token, TlsOptions(ca_file, client_cert, client_key)) as client:
         try:
             info = client.topic(topic)
             parts = partition or [p["partition"] for p in info["partitions"]]

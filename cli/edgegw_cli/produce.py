@@ -10,7 +10,17 @@ from typing import IO
 
 import typer
 
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
+from edgegw_cli._api import (
+    CA_FILE_OPTION,
+    CLIENT_CERT_OPTION,
+    CLIENT_KEY_OPTION,
+    CONFIG_OPTION,
+    TOKEN_OPTION,
+    URL_OPTION,
+    TlsOptions,
+    check_name,
+    connect,
+)
 from edgegw_cli._common import console, fail
 from edgegw_cli._errors import reason
 
@@ -43,6 +53,9 @@ def produce(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    ca_file: Path | None = CA_FILE_OPTION,
+    client_cert: Path | None = CLIENT_CERT_OPTION,
+    client_key: Path | None = CLIENT_KEY_OPTION,
 ) -> None:
     """Produce one record per line of stdin (or --file); empty lines are skipped.
 
@@ -62,7 +75,7 @@ def produce(
             raise fail(f"--file: {reason(exc)}", code=2) from None
     total = 0
     try:
-        with connect(config, url, token) as client:
+        with connect(config, url, token, TlsOptions(ca_file, client_cert, client_key)) as client:
 
             def send(values: list[bytes]) -> None:
                 nonlocal total

@@ -11,7 +11,16 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, connect
+from edgegw_cli._api import (
+    CA_FILE_OPTION,
+    CLIENT_CERT_OPTION,
+    CLIENT_KEY_OPTION,
+    CONFIG_OPTION,
+    TOKEN_OPTION,
+    URL_OPTION,
+    TlsOptions,
+    connect,
+)
 from edgegw_cli._common import console, fail, human_bytes
 
 
@@ -85,6 +94,9 @@ def status(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    ca_file: Path | None = CA_FILE_OPTION,
+    client_cert: Path | None = CLIENT_CERT_OPTION,
+    client_key: Path | None = CLIENT_KEY_OPTION,
     as_json: bool = typer.Option(False, "--json", help="Print the raw status document."),
 ) -> None:
     """Per topic: head offsets, what is shipped, mirror lag; the shipper and each mirror.
@@ -93,7 +105,7 @@ def status(
     """
     from edge_gateway.errors import EdgeGatewayError
 
-    with connect(config, url, token) as client:
+    with connect(config, url, token, TlsOptions(ca_file, client_cert, client_key)) as client:
         try:
             doc = client.status()
         except EdgeGatewayError as exc:
@@ -102,6 +114,20 @@ def status(
         console.print_json(json.dumps(doc))
         return
     render(doc)
+
+
+def _api(api: dict[str, Any]) -> Text:
+    """``https://127.0.0.1:8470 (TLS, client certificates required; 2 failed handshakes)``."""
+    line = Text(api["url"])
+    if api.get("tls"):
+        notes = ["TLS"]
+        if api.get("client_certificates"):
+            notes.append("client certificates required")
+        line.append(f" ({', '.join(notes)})")
+        failures = api.get("tls_handshake_failures")
+        if failures:
+            line.append(f"; {failures} failed TLS handshakes", style="yellow")
+    return line
 
 
 def _link(k: dict[str, Any]) -> str:
@@ -150,6 +176,9 @@ def render(doc: dict[str, Any]) -> None:
     head.add_column("", style="bold")
     head.add_column("")
     head.add_row("state", "serving" if doc["accepting"] else "not accepting writes")
+    api = doc.get("api")
+    if api and api.get("url"):
+        head.add_row("api", _api(api))
     head.add_row("bucket", doc["bucket"])
     meta = doc.get("metadata")
     if meta:

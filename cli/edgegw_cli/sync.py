@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,13 @@ from edge_gateway.journal import Journal
 from edge_gateway.journal._lanes import refuse_lanes
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
+from edgegw_cli._api import (
+    CA_FILE_OPTION,
+    CLIENT_CERT_OPTION,
+    CLIENT_KEY_OPTION,
+    TlsOptions,
+    verify_for,
+)
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
 from edgegw_cli._common import console, err_console, fail
 from edgegw_cli._errors import leaf, reason
@@ -52,6 +60,9 @@ def sync(
         help="Accept a bucket that holds no edgegw data yet (and make a missing local "
         "directory); without it such a bucket is refused as a likely typo.",
     ),
+    ca_file: Path | None = CA_FILE_OPTION,
+    client_cert: Path | None = CLIENT_CERT_OPTION,
+    client_key: Path | None = CLIENT_KEY_OPTION,
 ) -> None:
     """Ship everything pending, pull every subscribed source up to its head, then exit.
 
@@ -87,7 +98,12 @@ def sync(
         if exc.holder is not None and exc.holder.role == "gateway":
             if flush_bytes is not None:
                 err_console.print("note: --flush-bytes is ignored: the gateway ships as configured")
-            _sync_through_gateway(cfg, exc, pull=config is not None and not ship_only)
+            _sync_through_gateway(
+                cfg,
+                exc,
+                pull=config is not None and not ship_only,
+                tls=TlsOptions(ca_file, client_cert, client_key),
+            )
             return
         raise fail(f"{exc}; wait for it to finish, then run sync again") from None
     except (EdgeGatewayError, OSError) as exc:
@@ -137,7 +153,7 @@ def sync(
         lock.release()
 
 
-def _sync_through_gateway(cfg: GatewayConfig, busy: InUse, *, pull: bool) -> None:
+def _sync_through_gateway(cfg: GatewayConfig, busy: InUse, *, pull: bool, tls: TlsOptions) -> None:
     """``edgegw sync`` while the gateway runs: ask it, through its local API."""
     from edge_gateway.client import read_addr_file
 
@@ -148,19 +164,29 @@ def _sync_through_gateway(cfg: GatewayConfig, busy: InUse, *, pull: bool) -> Non
             f"{busy}, but its API address is unknown ({exc}); is it still starting?"
         ) from None
     token = cfg.api.token or os.environ.get("EDGEGW_API_TOKEN") or None
+    try:
+        verify = verify_for(url, cfg, tls)
+    except EdgeGatewayError as exc:
+        raise fail(str(exc), 2) from None
     err_console.print(f"the gateway is running ({busy.holder_text}): asking it at {url}")
     try:
-        trio.run(_ask_gateway, url, token, pull)
+        trio.run(_ask_gateway, url, token, pull, verify)
     except* (EdgeGatewayError, OSError) as group:
         exc = leaf(group)
         assert isinstance(exc, EdgeGatewayError | OSError)
         raise fail(reason(exc)) from None
 
 
-async def _ask_gateway(url: str, token: str | None, pull: bool) -> None:
+async def _ask_gateway(
+    url: str, token: str | None, pull: bool, verify: ssl.SSLContext | None
+) -> None:
     from edge_gateway.client import AsyncClient
 
-    async with AsyncClient(url, token=token) as client, AsyncClient(url, token=token) as watch:
+    tls = verify if verify is not None else True
+    async with (
+        AsyncClient(url, token=token, verify=tls) as client,
+        AsyncClient(url, token=token, verify=tls) as watch,
+    ):
         st = await watch.status()
         first = st["shipper"]["shipped_lsn"]
         target = st["journal"]["next_lsn"] - 1

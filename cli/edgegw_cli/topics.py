@@ -17,7 +17,17 @@ from rich.table import Table
 
 from edge_gateway.errors import EdgeGatewayError
 from edge_gateway.names import validate_topic
-from edgegw_cli._api import CONFIG_OPTION, TOKEN_OPTION, URL_OPTION, check_name, connect
+from edgegw_cli._api import (
+    CA_FILE_OPTION,
+    CLIENT_CERT_OPTION,
+    CLIENT_KEY_OPTION,
+    CONFIG_OPTION,
+    TOKEN_OPTION,
+    URL_OPTION,
+    TlsOptions,
+    check_name,
+    connect,
+)
 from edgegw_cli._common import console, fail
 from edgegw_cli.meta import topics_alter, topics_create, topics_delete, topics_describe, topics_list
 
@@ -49,6 +59,9 @@ def list_topics(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    ca_file: Path | None = CA_FILE_OPTION,
+    client_cert: Path | None = CLIENT_CERT_OPTION,
+    client_key: Path | None = CLIENT_KEY_OPTION,
     metadata: str | None = FLEET_OPTION,
     metadata_token: str | None = FLEET_TOKEN_OPTION,
     as_json: bool = typer.Option(False, "--json", help="With --metadata: print JSON."),
@@ -62,7 +75,7 @@ def list_topics(
     if metadata:
         topics_list(metadata, metadata_token, as_json)
         return
-    with connect(config, url, token) as client:
+    with connect(config, url, token, TlsOptions(ca_file, client_cert, client_key)) as client:
         try:
             topics = client.topics()
         except EdgeGatewayError as exc:
@@ -90,6 +103,9 @@ def describe(
     config: Path | None = CONFIG_OPTION,
     url: str | None = URL_OPTION,
     token: str | None = TOKEN_OPTION,
+    ca_file: Path | None = CA_FILE_OPTION,
+    client_cert: Path | None = CLIENT_CERT_OPTION,
+    client_key: Path | None = CLIENT_KEY_OPTION,
     metadata: str | None = FLEET_OPTION,
     metadata_token: str | None = FLEET_TOKEN_OPTION,
 ) -> None:
@@ -103,7 +119,7 @@ def describe(
         topics_describe(topic, metadata, metadata_token)
         return
     check_name(validate_topic, topic)
-    with connect(config, url, token) as client:
+    with connect(config, url, token, TlsOptions(ca_file, client_cert, client_key)) as client:
         try:
             t = client.topic(topic)
         except EdgeGatewayError as exc:

@@ -375,7 +375,23 @@ class ApiApp:
         return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def status(self, request: Request) -> Response:
-        return JSONResponse(self.gateway.status())
+        doc = self.gateway.status()
+        doc["api"] = self.api_status()
+        return JSONResponse(doc)
+
+    def api_status(self) -> dict[str, Any]:
+        """The API itself: its URL, TLS, and failed handshakes (``edgegw status``)."""
+        cfg = self.config
+        addr = self.gateway.api_address
+        host = None if addr is None else f"[{addr[0]}]" if ":" in addr[0] else addr[0]
+        failures = self.metrics.api_tls_handshake_failures
+        return {
+            "url": None if addr is None else f"{cfg.scheme}://{host}:{addr[1]}",
+            "server": cfg.server,
+            "tls": cfg.tls,
+            "client_certificates": bool(cfg.tls_client_ca),
+            "tls_handshake_failures": failures() if failures is not None else None,
+        }
 
     async def list_topics(self, request: Request) -> Response:
         return JSONResponse({"topics": [t.to_json() for t in self.gateway.topics()]})

@@ -15,8 +15,11 @@ pipelining (h11 does the parsing and framing, and refuses malformed or
 oversized requests), HTTP/1.0, ``Expect: 100-continue``, request bodies
 streamed to the app, ``HEAD``, a keep-alive timeout, and a graceful stop
 (:meth:`Http11Server.shutdown`: stop accepting, close idle connections, let
-requests in flight finish with ``Connection: close``). Not in scope: TLS,
-HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
+requests in flight finish with ``Connection: close``), and TLS (``ssl_context``: each
+accepted connection is wrapped in a :class:`trio.SSLStream` once its
+handshake completes within ``handshake_timeout``; a connection whose first
+byte is not a TLS handshake gets a plain-HTTP ``400 tls_required``). Not in
+scope: HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
 lifecycle).
 
 Timeouts work as hypercorn's do, so that both servers keep the same promises
@@ -35,6 +38,8 @@ import contextlib
 import logging
 import os
 import re
+import socket
+import ssl
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -45,6 +50,7 @@ import h11
 import trio
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S
+from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD
 
 __all__ = ["Http11Server"]
 
@@ -58,6 +64,26 @@ ASGIApp = Callable[
 _READ_SIZE: Final = 64 * 1024
 _ERROR_BODY: Final = b'{"error":{"code":"%s","message":"%s"}}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
+#: Seconds a closing TLS connection may take to send its close_notify.
+_CLOSE_TIMEOUT_S: Final = 1.0
+#: The answer to a plain HTTP request on a TLS port (sent unencrypted).
+_PLAIN_ON_TLS_BODY: Final = (
+    b'{"error":{"code":"tls_required","message":"this port serves HTTPS: use an https:// URL"}}'
+)
+_NO_CLIENT_CERT_BODY: Final = (
+    b'{"error":{"code":"client_certificate_required","message":"this gateway requires a '
+    b'client certificate signed by its api.tls_client_ca (client_cert=, --client-cert)"}}'
+)
+_NO_CLIENT_CERT: Final = (
+    b"HTTP/1.1 403 Forbidden\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%b"
+    % (len(_NO_CLIENT_CERT_BODY), _NO_CLIENT_CERT_BODY)
+)
+_PLAIN_ON_TLS: Final = (
+    b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n"
+    b"content-length: %d\r\nconnection: close\r\n\r\n%b"
+    % (len(_PLAIN_ON_TLS_BODY), _PLAIN_ON_TLS_BODY)
+)
 
 
 class _ClientGone(Exception):
@@ -150,11 +176,23 @@ class Http11Server:
         log: logging.Logger,
         max_header_bytes: int = 16 * 1024,
         keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT_S,
+        ssl_context: ssl.SSLContext | None = None,
+        handshake_timeout: float = 10.0,
+        require_client_cert: bool = False,
     ) -> None:
         self.app = app
         self.log = log
         self.max_header_bytes = max_header_bytes
         self.keep_alive_timeout = keep_alive_timeout
+        self.ssl_context = ssl_context
+        self.handshake_timeout = handshake_timeout
+        #: Refuse (403) a TLS client that presented no certificate; the
+        #: context (``CERT_OPTIONAL``) verifies one that is presented.
+        self.require_client_cert = require_client_cert
+        self._scheme = "https" if ssl_context is not None else "http"
+        #: TLS connections closed before their handshake completed (timed out,
+        #: refused by either side, or plain HTTP on the TLS port).
+        self.tls_handshake_failures = 0
         self._stopping = False
         self._listen_scope: trio.CancelScope | None = None
         #: Cancel scopes of connections waiting for their next request.
@@ -204,11 +242,17 @@ class Http11Server:
 
     # ------------------------------------------------------------ connections
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
+    async def _connection(self, raw: trio.SocketStream) -> None:
         self._connections += 1
+        stream: trio.abc.Stream = raw
         try:
-            peer = _addr(stream.socket.getpeername())
-            local = _addr(stream.socket.getsockname())
+            peer = _addr(raw.socket.getpeername())
+            local = _addr(raw.socket.getsockname())
+            if self.ssl_context is not None:
+                tls = await self._handshake(raw, peer)
+                if tls is None:
+                    return
+                stream = tls
             buf = b""
             while not self._stopping:
                 got = await self._next_head(stream, buf)
@@ -239,11 +283,72 @@ class Http11Server:
             pass
         finally:
             self._connections -= 1
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            # A TLS stream sends close_notify first: bounded, a peer that reads
+            # nothing must not hold the task (trio closes the socket anyway).
+            with (
+                trio.move_on_after(_CLOSE_TIMEOUT_S),
+                contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError),
+            ):
                 await stream.aclose()
 
+    async def _handshake(
+        self, raw: trio.SocketStream, peer: tuple[str, int] | None
+    ) -> trio.SSLStream[trio.SocketStream] | None:
+        """The TLS stream of a new connection; None when it failed (the caller closes).
+
+        Each connection shakes hands in its own task under its own deadline,
+        so a client that stalls or fails its handshake costs the others nothing.
+        """
+        assert self.ssl_context is not None
+        why: str | None = "timed out"  # None: counted and logged already
+        with trio.CancelScope() as scope:
+            scope.deadline = trio.current_time() + self.handshake_timeout
+            self._idle.add(scope)  # a shutdown closes it
+            try:
+                # Peek: the bytes stay for the TLS layer.
+                first = await raw.socket.recv(1, socket.MSG_PEEK)
+                if not first:
+                    return None  # closed before saying anything (a port probe)
+                if first[0] != TLS_HANDSHAKE_RECORD:
+                    self.tls_handshake_failures += 1
+                    self.log.debug("TLS handshake with %s failed: plain HTTP on the TLS port", peer)
+                    why = None
+                    # Take the request head off the socket first: closing with
+                    # unread bytes would reset the connection before the
+                    # client reads the answer.
+                    await raw.receive_some(self.max_header_bytes)
+                    await raw.send_all(_PLAIN_ON_TLS)
+                    with contextlib.suppress(OSError):
+                        raw.socket.shutdown(socket.SHUT_WR)
+                    # Wait (bounded) for the client to close its side.
+                    while await raw.receive_some(_READ_SIZE):
+                        pass
+                    return None
+                tls = trio.SSLStream(raw, self.ssl_context, server_side=True, https_compatible=True)
+                await tls.do_handshake()
+                if self.require_client_cert and not tls.getpeercert():
+                    self.tls_handshake_failures += 1
+                    self.log.debug("TLS client %s presented no certificate: 403", peer)
+                    why = None
+                    # Read the request (bounded) so that closing does not reset
+                    # the connection before the client reads the answer.
+                    await tls.receive_some(self.max_header_bytes)
+                    await tls.send_all(_NO_CLIENT_CERT)
+                    await tls.aclose()
+                    return None
+                return tls
+            except (trio.BrokenResourceError, OSError) as exc:
+                if why is not None:
+                    why = str(exc.__cause__ or exc)
+            finally:
+                self._idle.discard(scope)
+        if why is not None and not (scope.cancelled_caught and self._stopping):
+            self.tls_handshake_failures += 1
+            self.log.debug("TLS handshake with %s failed: %s", peer, why)
+        return None
+
     async def _next_head(
-        self, stream: trio.SocketStream, buf: bytes
+        self, stream: trio.abc.Stream, buf: bytes
     ) -> tuple[_Head | None, bytes] | None:
         """Read until ``buf`` holds a request the fast path serves (its head) or
         one it leaves to h11 (None); None when the connection should close (idle
@@ -274,7 +379,7 @@ class Http11Server:
 
     async def _fast_exchange(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         request: _Head,
         body: bytes,
         rest: bytes,
@@ -290,7 +395,7 @@ class Http11Server:
             "asgi": _ASGI_VERSION,
             "http_version": "1.1",
             "method": method,
-            "scheme": "http",
+            "scheme": self._scheme,
             "path": unquote(text_path) if "%" in text_path else text_path,
             "raw_path": raw_path,
             "query_string": query,
@@ -325,7 +430,7 @@ class Http11Server:
                 if sum(map(len, pending)) > self.max_header_bytes + _READ_SIZE:
                     await trio.sleep_forever()
                 try:
-                    data = await stream.receive_some(_READ_SIZE)
+                    data = bytes(await stream.receive_some(_READ_SIZE))
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
                 if not data:
@@ -398,7 +503,7 @@ class Http11Server:
         return b"".join(lines)
 
     async def _next_request(
-        self, conn: h11.Connection, stream: trio.SocketStream
+        self, conn: h11.Connection, stream: trio.abc.Stream
     ) -> h11.Request | None:
         """The next request's head, or None when the connection should close."""
         with trio.CancelScope() as idle:
@@ -412,7 +517,7 @@ class Http11Server:
                         await self._refuse(conn, stream, exc)
                         return None
                     if event is h11.NEED_DATA:
-                        data = await stream.receive_some(_READ_SIZE)
+                        data = bytes(await stream.receive_some(_READ_SIZE))
                         # A request has begun: a shutdown lets it finish, but the
                         # deadline stays: its head must be complete by then.
                         idle.shield = True
@@ -426,7 +531,7 @@ class Http11Server:
         return None  # idle timeout or shutdown
 
     async def _refuse(
-        self, conn: h11.Connection, stream: trio.SocketStream, exc: h11.RemoteProtocolError
+        self, conn: h11.Connection, stream: trio.abc.Stream, exc: h11.RemoteProtocolError
     ) -> None:
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
@@ -452,7 +557,7 @@ class Http11Server:
     async def _exchange(
         self,
         conn: h11.Connection,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         request: h11.Request,
         peer: tuple[str, int] | None,
         local: tuple[str, int] | None,
@@ -466,7 +571,7 @@ class Http11Server:
             "asgi": _ASGI_VERSION,
             "http_version": request.http_version.decode("ascii"),
             "method": method,
-            "scheme": "http",
+            "scheme": self._scheme,
             "path": unquote(raw_path.decode("latin-1")),
             "raw_path": raw_path,
             "query_string": query,
@@ -494,7 +599,7 @@ class Http11Server:
                     if len(conn.trailing_data[0]) > self.max_header_bytes + _READ_SIZE:
                         await trio.sleep_forever()
                     try:
-                        data = await stream.receive_some(_READ_SIZE)
+                        data = bytes(await stream.receive_some(_READ_SIZE))
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         data = b""
                     conn.receive_data(data)  # b"": the peer closed
@@ -516,7 +621,7 @@ class Http11Server:
                         )
                     # No deadline here: the app bounds its body reads (module docstring).
                     try:
-                        conn.receive_data(await stream.receive_some(_READ_SIZE))
+                        conn.receive_data(bytes(await stream.receive_some(_READ_SIZE)))
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         conn.receive_data(b"")
                     continue
@@ -604,7 +709,7 @@ _ERROR_MESSAGE: Final = {
 }
 
 
-async def _send_now(stream: trio.SocketStream, data: bytes) -> None:
+async def _send_now(stream: trio.abc.Stream, data: bytes) -> None:
     """``stream.send_all(data)`` without its two scheduler round trips when the
     socket takes all of ``data`` at once (a small response: nearly always).
 
@@ -613,6 +718,9 @@ async def _send_now(stream: trio.SocketStream, data: bytes) -> None:
     connection's task. The connection task checkpoints anyway at its next
     read; it is the only writer of the stream.
     """
+    if not isinstance(stream, trio.SocketStream):  # TLS: the SSL object writes
+        await stream.send_all(data)
+        return
     try:
         sent = os.write(stream.socket.fileno(), data)
     except BlockingIOError:

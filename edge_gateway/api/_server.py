@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -13,6 +14,7 @@ import trio
 from edge_gateway._http import hypercorn_config
 from edge_gateway.api._app import ApiApp
 from edge_gateway.api._http11 import Http11Server
+from edge_gateway.api._tls import server_context
 from edge_gateway.gateway import Gateway
 
 if TYPE_CHECKING:
@@ -22,7 +24,8 @@ __all__ = ["ADDR_FILE", "serve_api"]
 
 log = logging.getLogger("edgegw.api")
 
-#: ``<data_dir>/api.addr`` holds ``host:port`` of the running API (``[v6]:port`` for IPv6).
+#: ``<data_dir>/api.addr`` holds ``host:port`` of the running API (``[v6]:port`` for
+#: IPv6); ``https://host:port`` when it serves TLS (a plain ``host:port`` is HTTP).
 ADDR_FILE = "api.addr"
 
 #: Seconds in-flight requests get to finish once the API stops.
@@ -43,6 +46,15 @@ def _hypercorn_config(gateway: Gateway, graceful: float) -> HypercornConfig:
     )
     # Keep-alive connections of busy producers are not recycled every 1000 requests.
     cfg.keep_alive_max_requests = 1 << 30
+    if api.tls:
+        cfg.certfile = api.tls_cert
+        cfg.keyfile = api.tls_key
+        cfg.alpn_protocols = ["http/1.1"]
+        if api.tls_client_ca:
+            # Required in the handshake: hypercorn cannot answer a missing
+            # certificate with a 403 as the builtin server does.
+            cfg.ca_certs = api.tls_client_ca
+            cfg.verify_mode = ssl.CERT_REQUIRED
     return cfg
 
 
@@ -96,6 +108,9 @@ async def serve_api(
     ~4x the CPU per small request); see docs/api.md, "Choosing the server".
     """
     server = server or gateway.config.api.server
+    api = gateway.config.api
+    # Loaded before anything listens: a bad file is a config error at start.
+    tls = server_context(api) if api.tls else None
     app = ApiApp(gateway)
     addr_path = gateway.config.data_dir / ADDR_FILE
     graceful = min(GRACEFUL_TIMEOUT_S, gateway.config.shutdown_grace_s)
@@ -124,9 +139,16 @@ async def serve_api(
             listeners = await _listen(gateway.config.api.host, gateway.config.api.port)
             host, port = _addr_of(listeners[0])
             http = Http11Server(
-                cast(Any, app), log=log, keep_alive_timeout=gateway.config.api.keep_alive_timeout_s
+                cast(Any, app),
+                log=log,
+                keep_alive_timeout=api.keep_alive_timeout_s,
+                ssl_context=tls,
+                handshake_timeout=api.tls_handshake_timeout_s,
+                require_client_cert=bool(api.tls_client_ca),
             )
             app.metrics.api_connections = lambda: http.connections
+            if tls is not None:
+                app.metrics.api_tls_handshake_failures = lambda: http.tls_handshake_failures
 
             async def run_builtin(*, task_status: trio.TaskStatus[None]) -> None:
                 with server_scope:
@@ -136,6 +158,9 @@ async def serve_api(
             begin_stop = http.shutdown
         try:
             text = _format_addr(host, port)
+            url = f"{api.scheme}://{text}"
+            if api.tls:  # a plain host:port stays HTTP, as older clients read it
+                text = url
             gateway._api_addr = (host, port)
 
             # Bound: the gateway goes on starting (it claims the region's
@@ -145,7 +170,11 @@ async def serve_api(
             # written once it is.
             async def announce() -> None:
                 await trio.to_thread.run_sync(_write_addr, addr_path, text)
-                log.info("local API listening on http://%s", text)
+                log.info(
+                    "local API listening on %s%s",
+                    url,
+                    " (client certificates required)" if api.tls_client_ca else "",
+                )
 
             if gateway.ready:  # a restart of the API by the supervisor
                 await announce()
@@ -155,6 +184,7 @@ async def serve_api(
             await trio.sleep_forever()
         finally:
             app.metrics.api_connections = None
+            app.metrics.api_tls_handshake_failures = None
             app.begin_shutdown()
             begin_stop()
             server_scope.deadline = trio.current_time() + graceful + 2.0

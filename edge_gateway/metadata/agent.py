@@ -1,7 +1,9 @@
 """The gateway's side of the metadata server: routing, heartbeats and the head relay.
 
 A :class:`~edge_gateway.gateway.Gateway` configured with ``[metadata] url``
-owns one :class:`MetadataAgent`. It
+owns one :class:`MetadataAgent`, and hands it the few things it needs of the
+gateway as :class:`AgentHooks` (imports run one way: the gateway imports the
+agent, never the reverse). It
 
 * **starts from the disk cache** (:class:`RoutingCache`, ``<data_dir>/routing.json``)
   when there is one, so a gateway starts and serves while the server is
@@ -9,9 +11,9 @@ owns one :class:`MetadataAgent`. It
   otherwise starts with no topics and keeps asking;
 * **polls** ``GET /v1/routing`` every ``poll_interval_ms`` with ``If-None-Match``
   (a 304 costs nothing), saves every new table to the cache atomically, and
-  hands it to :meth:`Gateway.apply_routing <edge_gateway.gateway.Gateway.apply_routing>`,
-  which applies it live; a heartbeat answer naming a newer routing version
-  polls at once;
+  hands it to ``AgentHooks.apply_routing`` (the gateway's
+  :meth:`~edge_gateway.gateway.Gateway.apply_routing`), which applies it
+  live; a heartbeat answer naming a newer routing version polls at once;
 * **heartbeats** every ``heartbeat_interval_ms`` with the gateway's version,
   its log head and lag figures (mirror lag per source, shipper backlog);
 * **relays heads** (``head_relay``): the shipper calls :meth:`report_head`
@@ -37,6 +39,8 @@ import logging
 import random
 import ssl
 import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +52,11 @@ from edge_gateway.mirror._plan import retry_delay
 
 if TYPE_CHECKING:
     from edge_gateway.config import MetadataSettings
-    from edge_gateway.gateway import Gateway
     from edge_gateway.metadata.routing import RoutingTable
+    from edge_gateway.mirror import Tailer
+    from edge_gateway.shipper import ShipperStats
 
-__all__ = ["MetadataAgent"]
+__all__ = ["AgentHooks", "MetadataAgent"]
 
 log = logging.getLogger("edgegw.metadata.agent")
 
@@ -73,16 +78,32 @@ def _when(ms: int) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ms / 1000))
 
 
+@dataclass(frozen=True, slots=True)
+class AgentHooks:
+    """What the agent needs of its gateway: the gateway passes its own methods."""
+
+    #: This gateway's region (named in every request).
+    region: str
+    #: ``<data_dir>``: the routing cache lives there by default.
+    data_dir: Path
+    #: Apply a new routing table (``Gateway.apply_routing``).
+    apply_routing: Callable[[RoutingTable], Awaitable[None]]
+    #: The shipper's figures; raises :class:`ClosedError` while it does not run.
+    shipper_statistics: Callable[[], ShipperStats]
+    #: Source region -> its running tailer (``Gateway.tailers``).
+    tailers: Callable[[], Mapping[str, Tailer]]
+
+
 class MetadataAgent:
     """The metadata client of one running gateway (see the module docstring)."""
 
-    def __init__(self, gateway: Gateway, settings: MetadataSettings) -> None:
+    def __init__(self, hooks: AgentHooks, settings: MetadataSettings) -> None:
         from edge_gateway import __version__
 
-        self.gateway = gateway
+        self.hooks = hooks
         self.settings = settings
         self.version = __version__
-        self.cache = RoutingCache(settings.cache_file(gateway.config.data_dir))
+        self.cache = RoutingCache(settings.cache_file(hooks.data_dir))
         verify: ssl.SSLContext | bool = True
         if settings.ca_file:
             verify = ssl.create_default_context(cafile=settings.ca_file)
@@ -90,7 +111,7 @@ class MetadataAgent:
             settings.url,
             token=settings.token or None,
             token_file=Path(settings.token_file) if settings.token_file else None,
-            region=gateway.region,
+            region=hooks.region,
             timeout_s=settings.timeout_s,
             verify=verify,
         )
@@ -214,7 +235,7 @@ class MetadataAgent:
         while True:
             if await self._fetch():
                 assert self._table is not None
-                await self.gateway.apply_routing(self._table)
+                await self.hooks.apply_routing(self._table)
                 self._tables_applied += 1
             with trio.move_on_after(interval):
                 await self._poll_now.wait()
@@ -226,12 +247,12 @@ class MetadataAgent:
         """What a heartbeat reports: shipper backlog, and per source mirror lag."""
         out: dict[str, float] = {}
         try:
-            s = self.gateway.shipper.statistics()
+            s = self.hooks.shipper_statistics()
         except ClosedError:
             return out
         out["shipper_pending_entries"] = float(sum(lane.backlog_entries for lane in s.lanes))
         out["shipper_retries"] = float(s.retries)
-        for src, tailer in sorted(self.gateway.tailers.items()):
+        for src, tailer in sorted(self.hooks.tailers().items()):
             if len(out) + 2 > _MAX_LAG_FIGURES:
                 break
             t = tailer.statistics()
@@ -243,7 +264,7 @@ class MetadataAgent:
         if self.reporter is None:
             return None
         try:
-            s = self.gateway.shipper.statistics()
+            s = self.hooks.shipper_statistics()
         except ClosedError:
             return None
         return s.next_seq - 1 if s.claimed else None
@@ -275,11 +296,11 @@ class MetadataAgent:
 
     def tailers_changed(self) -> None:
         """The gateway started or stopped tailers: follow the new set of sources."""
-        for src, tailer in self.gateway.tailers.items():
+        for src, tailer in self.hooks.tailers().items():
             if self._relay_active and src in self._heads:
                 tailer.set_relay(True)
                 tailer.relayed_head(self._heads[src])
-        if self._heads_scope is not None and self._following != sorted(self.gateway.tailers):
+        if self._heads_scope is not None and self._following != sorted(self.hooks.tailers()):
             self._heads_scope.cancel()
 
     def _relay_up(self) -> None:
@@ -293,7 +314,7 @@ class MetadataAgent:
             log.warning("head relay unavailable (%s): mirrors poll the bucket", error)
         self._relay_active = False
         self._relay_error = error
-        for tailer in self.gateway.tailers.values():
+        for tailer in self.hooks.tailers().values():
             tailer.set_relay(False)
 
     async def _follow_heads(self) -> None:
@@ -302,7 +323,7 @@ class MetadataAgent:
         wait_ms = self.settings.relay_wait_ms
         cap_s = self.settings.poll_interval_ms / 1000
         while True:
-            sources = sorted(self.gateway.tailers)
+            sources = sorted(self.hooks.tailers())
             self._following = sources
             with trio.CancelScope() as scope:
                 self._heads_scope = scope
@@ -326,7 +347,7 @@ class MetadataAgent:
             since = update.version
             self._relay_up()
             self._heads.update(update.heads)
-            tailers = self.gateway.tailers
+            tailers = self.hooks.tailers()
             for src, seq in update.heads.items():
                 tailer = tailers.get(src)
                 if tailer is not None:

@@ -25,7 +25,6 @@ import socket
 import struct
 from collections.abc import Callable
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -36,8 +35,8 @@ from _serve import Gateway, wait_until
 
 from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S, KEEP_ALIVE_TIMEOUT_S
 from edge_gateway.config import MetadataSettings
-from edge_gateway.errors import Unavailable
-from edge_gateway.metadata.agent import MetadataAgent
+from edge_gateway.errors import ClosedError, Unavailable
+from edge_gateway.metadata.agent import AgentHooks, MetadataAgent
 from edge_gateway.metadata.client import MetadataClient
 from edge_gateway.metadata.server import MetadataServerConfig, _hypercorn_config, serve_metadata
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
@@ -103,8 +102,21 @@ class ScriptedServer:
 
 def agent_for(url: str, tmp_path: Path) -> MetadataAgent:
     """A gateway's metadata agent (its counters are what the status and metrics show)."""
-    gateway: Any = SimpleNamespace(config=SimpleNamespace(data_dir=tmp_path), region="north")
-    return MetadataAgent(gateway, MetadataSettings(url=url, head_relay=False))
+
+    async def apply_routing(table: object) -> None:
+        raise AssertionError("no table is applied here")
+
+    def shipper_statistics() -> Any:
+        raise ClosedError("no shipper")
+
+    hooks = AgentHooks(
+        region="north",
+        data_dir=tmp_path,
+        apply_routing=apply_routing,
+        shipper_statistics=shipper_statistics,
+        tailers=dict,
+    )
+    return MetadataAgent(hooks, MetadataSettings(url=url, head_relay=False))
 
 
 async def test_a_reset_of_a_reused_connection_is_retried_and_not_counted(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ import trio
 from _meta_support import ADMIN_TOKEN, EDGEGW, MetaServer, http
 from conftest import Fleet
 
+from edge_gateway.testing.tls import make_tls_files
+
 
 def _name(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -267,24 +269,14 @@ def test_open_mode_on_loopback(tmp_path: Path) -> None:
 
 
 def test_tls(tmp_path: Path) -> None:
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(
-        [
-            *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"),
-            *("-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"),
-            *("-keyout", str(key), "-out", str(cert)),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    files = make_tls_files(tmp_path / "certs", names=("127.0.0.1",), client=False)
     server = MetaServer(
-        tmp_path / "tls.sqlite", extra=("--tls-cert", str(cert), "--tls-key", str(key))
+        tmp_path / "tls.sqlite", extra=("--tls-cert", str(files.cert), "--tls-key", str(files.key))
     )
     try:
         assert server.url.startswith("https://")
         headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-        ctx = ssl.create_default_context(cafile=str(cert))
+        ctx = ssl.create_default_context(cafile=str(files.ca))
         with httpx.Client(base_url=server.url, verify=ctx, headers=headers) as c:
             assert c.get("/v1/routing").status_code == 200
     finally:
