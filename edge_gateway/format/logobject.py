@@ -254,7 +254,7 @@ def _int_in(value: int, lo: int, hi: int) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
-_KEY_ID_RE: Final = re.compile(r"[A-Za-z0-9._-]{1,%d}" % MAX_KEY_ID_BYTES)
+_KEY_ID_RE: Final = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_KEY_ID_BYTES}}}")
 
 
 def valid_key_id(key_id: object) -> bool:
