@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -212,6 +212,31 @@ def write_key_file(path: Path, key: bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def keyring_from_files(files: Iterable[tuple[str, str]]) -> Keyring:
+    """A keyring from ``(region, key file)`` pairs (the pipeline's and inspect's ``--key-file``)."""
+    ring = Keyring()
+    for region, name in files:
+        where = f"key file for region {region!r}"
+        try:
+            validate_region(region)
+        except InvalidName as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        path = Path(name)
+        _add(ring, region, key_id_of(path, where), read_key_file(path, where), where)
+    return ring
+
+
+def parse_key_file_options(values: Iterable[str]) -> tuple[tuple[str, str], ...]:
+    """``REGION=PATH`` command-line values as ``(region, path)`` pairs."""
+    out = []
+    for value in values:
+        region, eq, path = value.partition("=")
+        if not eq or not region or not path:
+            raise ConfigError(f"--key-file {value!r}: expected REGION=PATH")
+        out.append((region, str(Path(path).expanduser())))
+    return tuple(out)
 
 
 def check_sources(keys: Keys, sources: Sequence[str]) -> list[str]:

@@ -506,6 +506,36 @@ def block_aad(context: bytes, b: BlockIndex) -> bytes:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class SealRef:
+    """What a reader needs besides the region and seq to open an encrypted object's blocks."""
+
+    key_id: str
+    epoch: int
+    first_lsn: int
+    last_lsn: int
+    #: Blocks of the whole object (not only the ones read).
+    n_blocks: int
+
+    @classmethod
+    def of(cls, key_id: str | None, entry: _HasLsns, n_blocks: int) -> SealRef | None:
+        """The reference of a header or manifest entry (None when it is not encrypted)."""
+        if key_id is None:
+            return None
+        return cls(key_id, entry.epoch, entry.first_lsn, entry.last_lsn, n_blocks)
+
+
+class _HasLsns(Protocol):
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def first_lsn(self) -> int: ...
+
+    @property
+    def last_lsn(self) -> int: ...
+
+
 class BlockSealer(Protocol):
     """Seals the blocks of one object (see :class:`edge_gateway.format.crypt.WriteKey`)."""
 
