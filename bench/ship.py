@@ -378,8 +378,12 @@ async def ship_backlog(
     boto_client(server).create_bucket(Bucket=name)
     bucket = await S3Bucket.open(s3_config(server, name))
     try:
-        # A fresh bucket: the journal ships from its first LSN again.
-        shipper = Shipper(j, bucket, REGION_NAME, key=key)
+        # A fresh bucket: the journal ships from its first LSN again, with a
+        # shipper state of its own (the journal's would call the new bucket
+        # one that lost the log shipped to the previous one).
+        shipper = Shipper(
+            j, bucket, REGION_NAME, key=key, state_path=j.path.parent / f"shipper-{name}.json"
+        )
         await shipper.claim()
         written0 = bucket.statistics().bytes_written
         mark = await settled_position(server)

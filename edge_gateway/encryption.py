@@ -163,7 +163,7 @@ def key_id_of(path: Path, where: str) -> str:
 def read_key_file(path: Path, where: str) -> bytes:
     """The 32 bytes of a key file, refused if others may read it or it is not a key."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        fd = os.open(path, os.O_RDONLY)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot open key file {path}: {exc.strerror}") from None
     try:

@@ -16,20 +16,22 @@ app = typer.Typer(
 
 @app.command()
 def keygen(
-    path: Path = typer.Argument(
+    path: Path = typer.Option(
         ...,
+        "--output",
+        "-o",
         help="The key file to create, named <key id>.key (e.g. north-2026-11.key); "
         "never overwritten.",
     ),
 ) -> None:
     """Write a new random 32-byte key to a file of mode 0600; its id is the file name.
 
-    Give it to the region's gateways as [encryption] key_file, and to every
-    reader of that region (mirrors: [encryption.sources.<region>] key_files;
-    the pipeline: --key-file <region>=<path>). docs/operations.md, "Key
-    rotation", says how to roll a new key out.
+    Give it to the region's gateways as encryption.key_file, and to every
+    reader of that region (mirrors: encryption.sources.REGION.key_files;
+    the pipeline: --key-file REGION=PATH). docs/operations.md, "Encryption
+    keys and rotation", says how to roll a new key out.
 
-    Example: edgegw encryption keygen /etc/edgegw/keys/north-2026-11.key
+    Example: edgegw encryption keygen -o /etc/edgegw/keys/north-2026-11.key
     """
     from edge_gateway.encryption import key_id_of, write_key_file
     from edge_gateway.errors import ConfigError
