@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -237,8 +237,3 @@ def parse_key_file_options(values: Iterable[str]) -> tuple[tuple[str, str], ...]
             raise ConfigError(f"--key-file {value!r}: expected REGION=PATH")
         out.append((region, str(Path(path).expanduser())))
     return tuple(out)
-
-
-def check_sources(keys: Keys, sources: Sequence[str]) -> list[str]:
-    """The sources this gateway mirrors that it holds no key for (a note for the log)."""
-    return [s for s in sources if not keys.ring.key_ids(s)]
