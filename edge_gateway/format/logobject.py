@@ -41,6 +41,14 @@ object version 2") instead of misreading it.
 A block's raw content is the partition's record batches (``batch.py``)
 concatenated as the journal holds them; the shipper never re-encodes records.
 
+Encrypted objects (``[encryption]``) set flag bit 1 (:data:`FLAG_ENCRYPTED`)
+and carry ``u8 key_id_len | key_id`` right before ``n_blocks``; each block's
+stored bytes are then ``nonce(12) | AES-256-GCM(compressed payload) |
+tag(16)``, sealed under a key derived for the object from
+:func:`seal_context`, with :func:`block_aad` as associated data (the keys
+and the AEAD: :mod:`edge_gateway.format.crypt`). A reader from before
+encryption refuses the flag ("unknown flags 0x02").
+
 The index comes first because the shipper builds the whole object before its
 one PUT: a reader GETs the first :data:`FIRST_GET_BYTES` (the index, and all of
 a small object), asks :func:`header_length_hint` whether the header is longer,

@@ -23,6 +23,10 @@ with several journal lanes): such an entry has one more key, ``"lanes":
 entries without it are version 1 log objects. A manifest with no such entry
 is written as version 1, byte for byte as before.
 
+Version 3 is written only when an entry is an encrypted log object: such an
+entry has the key ``"key_id"`` (its header's key id); a version 3 manifest
+may hold lane tables too, and one with no key id in any entry is refused.
+
 :meth:`Manifest.decode` applies every rule of the log object format to each
 entry (through :func:`~edge_gateway.format.logobject.validate_header`), and
 across entries: seqs contiguous from ``first_seq``, journal LSNs growing,
