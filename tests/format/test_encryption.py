@@ -520,3 +520,19 @@ def test_key_file_options() -> None:
 def test_generated_keys_differ() -> None:
     assert crypt.generate_key() != crypt.generate_key()
     assert len(crypt.generate_key()) == crypt.KEY_BYTES
+
+
+def test_a_reader_from_before_encryption_refuses_sealed_objects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The previous reader knew only the FENCE flag: it refuses bit 1 at the first 12 bytes."""
+    from edge_gateway.format import logobject
+
+    sealed = build(key=WriteKey("k", K1))
+    plain = build()
+    monkeypatch.setattr(logobject, "_KNOWN_FLAGS", logobject.FLAG_FENCE)
+    with pytest.raises(CorruptData, match="unknown flags 0x02"):
+        header_length_hint(sealed[:12])
+    with pytest.raises(CorruptData, match="unknown flags 0x02"):
+        decode_header(sealed, where=KEY)
+    assert decode_header(plain, where=KEY).key_id is None  # and reads plaintext as before
