@@ -903,6 +903,12 @@ type = "local"
 # timeout_s = 10.0
 # ca_file = ""
 
+# [encryption]                 # seal this region's log objects (AES-256-GCM; docs/security.md)
+# key_file = "/etc/edgegw/keys/{region}-2026-11.key"  # edgegw encryption keygen -o PATH
+# decrypt_keys = []            # older keys of this region (after a rotation)
+# [encryption.sources.south]   # keys of a region mirrored here, if it encrypts
+# key_files = ["/etc/edgegw/keys/south-2026-11.key"]
+
 [log]
 # level = "info"
 # format = "text"             # text | json
