@@ -31,7 +31,6 @@ from edge_gateway.format.logobject import (
     SEAL_OVERHEAD,
     Buffer,
     LogObjectHeader,
-    header_seal_context,
     seal_context,
     valid_key_id,
 )
@@ -168,7 +167,7 @@ class Keyring:
 
     def header_opener(self, header: LogObjectHeader, *, where: str | None = None) -> _Opener | None:
         """The opener for an object with ``header`` (None when it is not encrypted)."""
-        if header_seal_context(header) is None or header.key_id is None:
+        if header.key_id is None:
             return None
         return self.opener(
             header.region,

@@ -470,21 +470,6 @@ def seal_context(
     )
 
 
-def header_seal_context(header: LogObjectHeader) -> bytes | None:
-    """:func:`seal_context` of an encrypted header (None when it is not encrypted)."""
-    if header.key_id is None:
-        return None
-    return seal_context(
-        header.region,
-        header.key_id,
-        header.epoch,
-        header.seq,
-        header.first_lsn,
-        header.last_lsn,
-        len(header.blocks),
-    )
-
-
 def block_aad(context: bytes, b: BlockIndex) -> bytes:
     """A block's associated data: the object's context and its index entry but the CRC.
 
