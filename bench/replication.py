@@ -23,7 +23,13 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     metadata serve``) holding the same topology; end-to-end latency again,
     now with ``b``'s mirror woken by relayed heads instead of polling, and
     the requests both gateways make to the bucket over 30 s of idleness
-    (10 s with --quick; the target is none at all).
+    (10 s with --quick; the target is none at all);
+(f) encryption: both restart in S3 polling mode with ``[encryption]`` on
+    (``a`` seals its log objects with AES-256-GCM, ``b`` holds ``a``'s key);
+    (a) and (b) again -- latency, catch-up MB/s of records and CPU per MB --
+    each printed beside the plaintext figure of the same run, with the ratio
+    (``sealed_catchup_ratio`` = sealed / plaintext records MB/s). Runs before
+    (e), so both use the same polling mode.
 
 Usage: python bench/replication.py [--quick]. Last line: one JSON object.
 """
@@ -57,7 +63,9 @@ from _common import (
 )
 from edgegw_cli._fleet import BATCH_TYPE, MetadataProcess, Site, high_watermarks
 
+from edge_gateway.encryption import write_key_file
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.crypt import generate_key
 from edge_gateway.telemetry import TelemetryGenerator
 from edge_gateway.testing.moto import start_moto_server
 from edge_gateway.testing.tcpproxy import TcpProxy
@@ -67,7 +75,19 @@ KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 PARTITIONS = 4
 
 
-def write_config(site: Site, proxy: TcpProxy, metadata: tuple[str, str] | None = None) -> None:
+def write_config(
+    site: Site,
+    proxy: TcpProxy,
+    metadata: tuple[str, str] | None = None,
+    key_file: Path | None = None,
+) -> None:
+    encryption = ""
+    if key_file is not None:  # a seals with it, b opens a's objects with it
+        encryption = (
+            f'[encryption]\nkey_file = "{key_file}"\n'
+            if site.region == "a"
+            else f'[encryption.sources.a]\nkey_files = ["{key_file}"]\n'
+        )
     topology = f"""
 [[topics]]
 name = "t"
@@ -110,7 +130,7 @@ enabled = false
 listen = "127.0.0.1:0"
 [log]
 level = "warning"
-{topology}"""
+{encryption}{topology}"""
     )
 
 
@@ -220,6 +240,30 @@ def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
             time.sleep(0.02)
 
 
+def catch_up(
+    a: Site, b: Site, s3: Any, backlog: int
+) -> tuple[int, list[tuple[str, int]], int, float, float]:
+    """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
+
+    Returns (record bytes produced, the log objects, their bytes, seconds to
+    catch up, CPU seconds of ``b``'s process meanwhile).
+    """
+    wait_shipped(a)
+    before = head_seq(s3)
+    assert b.stop() == 0
+    produced = produce_backlog(a, backlog)
+    wait_shipped(a)
+    objects = log_objects(s3, before)
+    wire = sum(size for _, size in objects)
+    b.start()
+    b.wait_ready()
+    assert b.proc is not None
+    c0 = cpu_seconds(b.proc.pid)
+    t0 = time.perf_counter()
+    wait_caught_up(a, b)
+    return produced, objects, wire, time.perf_counter() - t0, cpu_seconds(b.proc.pid) - c0
+
+
 def log_objects(s3: Any, after_seq: int) -> list[tuple[str, int]]:
     out = []
     for page in s3.get_paginator("list_objects_v2").paginate(
@@ -305,21 +349,7 @@ def main() -> None:
                 figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
             progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-            wait_shipped(a)
-            before = head_seq(s3)
-            assert b.stop() == 0
-            produced = produce_backlog(a, backlog)
-            wait_shipped(a)
-            objects = log_objects(s3, before)
-            wire = sum(size for _, size in objects)
-            b.start()
-            b.wait_ready()
-            assert b.proc is not None
-            c0 = cpu_seconds(b.proc.pid)
-            t0 = time.perf_counter()
-            wait_caught_up(a, b)
-            catchup_s = time.perf_counter() - t0
-            catchup_cpu = cpu_seconds(b.proc.pid) - c0
+            produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
             figures.update(
                 catchup_objects=len(objects),
                 catchup_wire_mb=wire / MB,
@@ -383,6 +413,35 @@ def main() -> None:
                 figures["resume_s"] = time.perf_counter() - t0
             stop.set()
             producer.join(timeout=10)
+
+            progress("(f) encryption: a and b restart with [encryption]; (a) and (b) again ...")
+            key_file = root.resolve() / "a-bench.key"
+            write_key_file(key_file, generate_key())
+            for site in (b, a):
+                assert site.stop() == 0
+            for site, proxy in ((a, proxy_a), (b, proxy_b)):
+                write_config(site, proxy, key_file=key_file)
+                site.start()
+                site.wait_ready()
+            lat = latency(a, b, probes, rate)
+            for q in (50, 90, 99):
+                figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
+            produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
+            figures.update(
+                sealed_catchup_objects=len(objects),
+                sealed_catchup_wire_mb=wire / MB,
+                sealed_catchup_journal_mb=produced / MB,
+                sealed_catchup_s=catchup_s,
+                sealed_catchup_mb_per_s=wire / MB / catchup_s,
+                sealed_catchup_journal_mb_per_s=produced / MB / catchup_s,
+                sealed_catchup_cpu_ms_per_journal_mb=catchup_cpu * 1000 / (produced / MB),
+            )
+            figures["sealed_catchup_ratio"] = ratio(
+                figures["sealed_catchup_journal_mb_per_s"], figures["catchup_journal_mb_per_s"]
+            )
+            with httpx.Client(base_url=b.url, timeout=30) as cb:
+                m = cb.get("/v1/status").json()["mirrors"]["a"]
+            figures["sealed_mirror_state"] = m["state"]
 
             progress("(e) head relay: restarting a and b with a metadata server ...")
             for site in (b, a):
@@ -481,6 +540,23 @@ def main() -> None:
         ),
         "(d) resume after 10 s cut off",
         Row("time to advance", f["resume_s"], "s", target="<= 1.0 s", ok=f["resume_s"] <= 1.0),
+        "(f) encryption on (a seals, b opens), same polling mode as (a) and (b)",
+        Row("p50, sealed", f["sealed_e2e_p50_ms"], "ms", "plaintext (a)", f["e2e_p50_ms"]),
+        Row("p99, sealed", f["sealed_e2e_p99_ms"], "ms", "plaintext (a)", f["e2e_p99_ms"]),
+        Row(
+            "catch-up (records), sealed",
+            f["sealed_catchup_journal_mb_per_s"],
+            "MB/s",
+            "plaintext (b)",
+            f["catchup_journal_mb_per_s"],
+        ),
+        Row(
+            "CPU per MB of records, sealed",
+            f["sealed_catchup_cpu_ms_per_journal_mb"],
+            "ms",
+            "plaintext (b)",
+            f["catchup_cpu_ms_per_journal_mb"],
+        ),
         f"(e) with the metadata server's head relay ({f['relay_e2e_samples']} records)",
         Row(
             "p50",

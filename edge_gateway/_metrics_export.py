@@ -619,7 +619,15 @@ class _GatewayCollector(Collector):
             "1 for the state each source's tailer is in.",
             labels=["source", "state"],
         )
+        missing = GaugeMetricFamily(
+            "edgegw_mirror_missing_key",
+            "1 while a source's encrypted entry names a key this gateway was not given "
+            "([encryption.sources.<region>]); the source waits, the others go on.",
+            labels=["source", "key"],
+        )
         for lag in lags:
+            if lag.missing_key is not None:
+                missing.add_metric([lag.source, lag.missing_key], 1)
             for attr, family in families.items():
                 value = getattr(lag, attr)
                 if value is not None:
@@ -632,3 +640,4 @@ class _GatewayCollector(Collector):
         yield in_flight
         yield misses
         yield state
+        yield missing

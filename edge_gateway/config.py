@@ -32,6 +32,7 @@ from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddre
 from edge_gateway.bucket import LinkPolicy, S3Config, parse_window
 from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
 from edge_gateway.clock import ClockConfig
+from edge_gateway.encryption import EncryptionConfig, parse_encryption
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
 from edge_gateway.journal import JournalConfig, Priority
 from edge_gateway.names import mirror_topic, validate_home_topic, validate_region, validate_topic
@@ -513,6 +514,7 @@ class GatewayConfig:
     api: ApiConfig = field(default_factory=ApiConfig)
     metadata: MetadataSettings = field(default_factory=MetadataSettings)
     log: LogConfig = field(default_factory=LogConfig)
+    encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -642,7 +644,7 @@ def env_overrides() -> dict[str, str]:
     """Each config key's environment variable → the key (``EDGEGW_API_LISTEN`` → ``api.listen``)."""
     out: dict[str, str] = {}
     for f in dataclasses.fields(GatewayConfig):
-        if f.name == "topics":
+        if f.name in ("topics", "encryption"):  # tables of tables; keys never from env
             continue
         if _is_section(f.name):
             for sub in dataclasses.fields(_section_class(f.name)):
@@ -673,7 +675,10 @@ def parse_config(
     data = dict(doc)
     env = env or {}
     overrides = env_overrides()
-    _check_env_names(env, overrides)
+    enc = data.get("encryption")
+    key_env = enc.get("key_env") if isinstance(enc, Mapping) else None
+    # The variable that holds the write key may be named EDGEGW_...: not a config key.
+    _check_env_names({k: v for k, v in env.items() if k != key_env}, overrides)
     # Environment overrides, applied before validation so errors name the key
     # (and say that its value came from the environment).
     from_env: dict[str, str] = {}
@@ -733,6 +738,8 @@ def _parse(data: Mapping[str, Any], base_dir: Path | None) -> GatewayConfig:
     for key, value in data.items():
         if key == "topics":
             kwargs["topics"] = _topics(value)
+        elif key == "encryption":
+            kwargs[key] = parse_encryption(_table(value, key))
         elif key in sections:
             kwargs[key] = _build(_section_class(key), _table(value, key), key)
         elif key in hints:
@@ -1025,6 +1032,12 @@ type = "local"
 # cache_path = ""              # default <data_dir>/routing.json
 # timeout_s = 10.0
 # ca_file = ""
+
+# [encryption]                 # seal this region's log objects (AES-256-GCM; docs/security.md)
+# key_file = "/etc/edgegw/keys/{region}-2026-11.key"  # edgegw encryption keygen -o PATH
+# decrypt_keys = []            # older keys of this region (after a rotation)
+# [encryption.sources.south]   # keys of a region mirrored here, if it encrypts
+# key_files = ["/etc/edgegw/keys/south-2026-11.key"]
 
 [log]
 # level = "info"

@@ -25,9 +25,12 @@ so callers only ever handle these kinds::
     │   ├── DiskFull          the filesystem under the journal is full
     │   │                     (ENOSPC, EDQUOT); retry when space returns
     │   └── Denied            a dependency refuses this gateway (credentials,
-    │                         policy, a missing bucket, the wrong region or
-    │                         endpoint): a person must act; keep working
-    │                         locally and retry with backoff meanwhile
+    │       │                 policy, a missing bucket, the wrong region or
+    │       │                 endpoint): a person must act; keep working
+    │       │                 locally and retry with backoff meanwhile
+    │       └── MissingKey    an encrypted log object names a key id this
+    │                         reader was not given: a person must add the
+    │                         key; the other sources go on
     ├── Fenced                another writer claimed this region with a higher
     │                         epoch; stop writing, never retry
     ├── InUse                 another process holds the data directory (or the
@@ -158,6 +161,29 @@ class Denied(Unavailable):
         self.code = code
         self.action = action
         super().__init__(message)
+
+
+class MissingKey(Denied):
+    """An encrypted log object is sealed with a key this reader does not hold.
+
+    Handled like :class:`Denied`: the reader of that source waits with
+    backoff (no retry storm) until the key is configured, says so in status,
+    metrics and the log, and the other sources go on. ``region`` and
+    ``key_id`` name the key that is missing.
+    """
+
+    def __init__(self, region: str, key_id: str, *, where: str | None = None) -> None:
+        self.region = region
+        self.key_id = key_id
+        at = f"{where}: " if where else ""
+        super().__init__(
+            f"{at}no decryption key {key_id!r} for region {region!r}",
+            code="MissingKey",
+            action=(
+                f"give this reader the key: [encryption.sources.{region}] key_files "
+                "(a gateway), or --key-file (the pipeline, edgegw inspect)"
+            ),
+        )
 
 
 class Fenced(EdgeGatewayError):

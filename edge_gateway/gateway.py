@@ -61,6 +61,7 @@ from edge_gateway.config import (
     topology_subscribers,
 )
 from edge_gateway.datadir import DirectoryLock, lock_directory
+from edge_gateway.encryption import Keys
 from edge_gateway.errors import (
     ClosedError,
     Denied,
@@ -211,6 +212,9 @@ class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.region = config.region
+        #: ``[encryption]``'s keys, read now: a missing or exposed key file
+        #: stops the start with a ConfigError naming it.
+        self.keys: Keys = config.encryption.load(config.region)
         self._topics: dict[str, _Topic] = {}
         #: The fleet's topics as this gateway knows them (config, or routing table).
         self._topology: tuple[TopicConfig, ...] = ()
@@ -487,7 +491,14 @@ class Gateway:
         tcfg = self.tailer_config()
         return {
             source: Tailer(
-                journal, bucket, source, topics, self.region, tcfg, prefix=self.key_prefix
+                journal,
+                bucket,
+                source,
+                topics,
+                self.region,
+                tcfg,
+                prefix=self.key_prefix,
+                keyring=self.keys.ring,
             )
             for source, topics in sorted(topology_sources(self._topology, self.region).items())
         }
@@ -532,7 +543,14 @@ class Gateway:
                 if src in self._tailer_tasks:
                     continue
                 tailer = Tailer(
-                    journal, bucket, src, topics, self.region, tcfg, prefix=self.key_prefix
+                    journal,
+                    bucket,
+                    src,
+                    topics,
+                    self.region,
+                    tcfg,
+                    prefix=self.key_prefix,
+                    keyring=self.keys.ring,
                 )
                 task = _TailerTask(src, tailer, topics)
                 self._tailer_tasks[src] = task
@@ -855,6 +873,7 @@ class Gateway:
                 on_commit=agent.report_head if agent is not None else None,
                 bucket_clock=self._bucket_clock,
                 lanes=lanes if lanes.multi else None,
+                key=self.keys.write,
             )
             if self.link_gate.restricts:
                 # The link policy holds lanes back (bulk windows, allowances).
@@ -946,6 +965,7 @@ class Gateway:
                 self.region,
                 old.config,
                 prefix=self.key_prefix,
+                keyring=self.keys.ring,
             )
             if self._metadata is not None:
                 self._metadata.tailers_changed()
@@ -1417,6 +1437,7 @@ class Gateway:
                 "last_error": s.last_error,
             },
             "lanes": self._lanes_json(s),
+            "encryption": self._encryption_json(),
             "mirrors": {src: _tailer_json(t) for src, t in sorted(self.tailers.items())},
             "link": self._link_json(),
             "metadata": self.metadata_status(),
@@ -1435,6 +1456,15 @@ class Gateway:
             "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
+        }
+
+    def _encryption_json(self) -> dict[str, Any]:
+        """Which keys this gateway holds, by id (never the keys)."""
+        ring = self.keys.ring
+        return {
+            "enabled": self.keys.write is not None,
+            "key_id": self.keys.write.key_id if self.keys.write is not None else None,
+            "keys": {region: list(ring.key_ids(region)) for region in ring.regions()},
         }
 
     def _lanes_json(self, s: ShipperStats) -> dict[str, Any]:
@@ -1518,6 +1548,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         ],
         "last_error": s.last_error,
         "denied": s.denied.to_json() if s.denied is not None else None,
+        "missing_key": s.missing_key,
         "stopped_by": s.stopped_by,
         "relay": s.relay,
         "relay_head": s.relay_head,

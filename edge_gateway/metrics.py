@@ -116,13 +116,15 @@ class MirrorLag:
     gaps: int
     #: Seconds to catch up at the recent apply rate (None: unknown or idle).
     catch_up_eta_seconds: float | None = None
-    #: The tailer's state (following, idle, catching-up, retrying, denied, quarantined,
-    #: stopped).
+    #: The tailer's state (following, idle, catching-up, retrying, denied, missing-key,
+    #: quarantined, stopped).
     state: str = ""
     #: Log entries being fetched now (header reads, GETs, decoding).
     fetches_in_flight: int = 0
     #: 404s of entries asked for ahead of the first missing one (probing cost).
     probe_misses: int = 0
+    #: ``<region>/<key id>`` an encrypted entry needs and this reader lacks (None: none).
+    missing_key: str | None = None
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -138,6 +140,7 @@ class MirrorLag:
             state=stats.state,
             fetches_in_flight=stats.fetches_in_flight,
             probe_misses=stats.probe_misses,
+            missing_key=stats.missing_key,
         )
 
 

@@ -98,7 +98,12 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.format.logobject import LaneRange, LogObjectBuilder
+from edge_gateway.format.logobject import (
+    LaneRange,
+    LogObjectBuilder,
+    LogObjectHeader,
+    WriteKeyLike,
+)
 from edge_gateway.format.manifest import (
     Manifest,
     ManifestEntry,
@@ -338,8 +343,11 @@ class Shipper:
         bucket_clock: BucketClock | None = None,
         reship: bool = False,
         lanes: Lanes | None = None,
+        key: WriteKeyLike | None = None,
     ) -> None:
         self.journal = journal
+        #: The region's write key: every object with data is sealed with it (None: plaintext).
+        self.key = key
         if lanes is not None and lanes.main is not journal:
             raise InvalidInput("the shipper's journal must be the lanes' normal lane")
         #: (lane, journal) in drain order; the normal lane alone without priorities.
@@ -1128,6 +1136,7 @@ class Shipper:
             builder.add_batch(e.topic, e.partition, e.payload)
         epoch, created, level = self._epoch, self._clock(), self.config.compression_level
         lanes = self._lane_table(read.first, read.last)
+        key = self.key
         obj = await trio.to_thread.run_sync(
             lambda: builder.build(
                 region=self.region,
@@ -1138,6 +1147,7 @@ class Shipper:
                 created_ms=created,
                 level=level,
                 lanes=lanes,
+                key=key,
             )
         )
         return _Prepared(
@@ -1188,10 +1198,11 @@ class Shipper:
         lanes = self._lane_table(first, last)
         key = log_key(self.prefix, self.region, seq)
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
+        landed: LogObjectHeader | None = None
         while True:
             t0 = time.perf_counter()
             try:
-                await self._create(key, obj, epoch, first_lsn, last_lsn, lanes)
+                landed = await self._create(key, obj, epoch, first_lsn, last_lsn, lanes)
                 self._upload_s += time.perf_counter() - t0
                 break
             except BucketGone as exc:
@@ -1207,7 +1218,10 @@ class Shipper:
                 await self._retry_later(backoff, f"{key} not committed", exc)
         self._accepted()
         await self._after_create(seq)
-        header = logobject.decode_header(obj, where=key)
+        # An entry found already ours after a 412 (a lost response, or the
+        # same range re-shipped after a restart) is summarised from what the
+        # bucket holds: a sealed object rebuilt has other nonces and CRCs.
+        header = landed if landed is not None else logobject.decode_header(obj, where=key)
         self._next_seq = seq + 1
         self._objects += 1
         self._wire_bytes += len(obj)
@@ -1215,7 +1229,7 @@ class Shipper:
         self._last_error = None
         for b in header.blocks:
             self._next_offsets[(b.topic, b.partition)] = b.last_offset + 1
-        self._pending_manifest.append(ManifestEntry.from_header(header, len(obj)))
+        self._pending_manifest.append(ManifestEntry.from_header(header, header.total_length))
         self._schedule.committed()
         self._notify_commit(seq)
 
@@ -1227,8 +1241,11 @@ class Shipper:
         first_lsn: int,
         last_lsn: int,
         lanes: tuple[LaneRange, ...] = (),
-    ) -> None:
+    ) -> LogObjectHeader | None:
         """One attempt to create the entry; returns once it is committed (by us).
+
+        Returns the header of the entry in the bucket when it was found there
+        already ours (None when this attempt created it).
 
         A corrupt or foreign object where the entry goes is set aside
         (:meth:`_set_aside`) and the create tried again, at most
@@ -1238,7 +1255,7 @@ class Shipper:
         for _ in range(_SET_ASIDE_MAX + 1):
             try:
                 await self._create_timed(key, obj)
-                return
+                return None
             except PreconditionFailed:
                 pass
             try:
@@ -1274,7 +1291,7 @@ class Shipper:
             )
         if outcome is Conflict.OURS:
             log.info("shipper: %s was already ours (a lost response); committed", key)
-            return
+            return theirs
         if outcome is Conflict.FENCED:
             raise Fenced(
                 f"region {self.region}: {key} was written with epoch {theirs.epoch}; "

@@ -17,6 +17,11 @@ The first input byte picks a mode: bit 0 recomputes the header CRC and bit 1
 every block CRC the (parsable) index names, so mutations reach the structure
 checks, zstd and the batch decoder behind the CRCs, which a random flip
 otherwise never gets past.
+
+Encrypted objects (sealed with the keys of :data:`KEYRING`) are in the seed
+corpus too: with the CRCs recomputed, a mutation is an attacker's forgery,
+and it must fail the tag as ``CorruptData`` (or name a key id the ring does
+not hold: ``MissingKey``); a forged block that decodes is a failure.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ from pathlib import Path
 
 import crc32c
 
-from edge_gateway.errors import CorruptData
+from edge_gateway.errors import CorruptData, MissingKey
 from edge_gateway.format.batch import Record, encode_batch, encode_records
+from edge_gateway.format.crypt import Keyring, WriteKey
 from edge_gateway.format.logobject import (
     PREFIX_BYTES,
     LaneRange,
@@ -48,6 +54,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _harness
 
 KEY = "regions/r1/log/00000000000000000007.egw"
+_K1 = bytes(range(32))
+#: The reader's keys: the seeds' key ``k1`` of both regions, and a second id.
+KEYRING = Keyring({"r1": {"k1": _K1, "k2": bytes(32)}, "west_2": {"k1": _K1}})
 
 
 def _seeds() -> list[bytes]:
@@ -71,10 +80,28 @@ def _seeds() -> list[bytes]:
         # version 2: a lane table (lanes 1 and 2 beside lane 0's fixed range)
         b1.build("r1", 1, 7, 3, 2, 0, lanes=(LaneRange(1, 10, 12), LaneRange(2, 5, 4))),
         encode_fence("r1", 2, 7, 41, 1_700_000_000_000, {1: 9, 2: 0}),
+        # encrypted (FLAG_ENCRYPTED, a key id after the region or the lane table)
+        b1.build("r1", 1, 7, 1, 2, 0, key=WriteKey("k1", _K1)),
+        b2.build("west_2", 3, 8, 5, 6, -1, key=WriteKey("k1", _K1)),
+        b1.build("r1", 1, 7, 3, 2, 0, lanes=(LaneRange(1, 10, 12),), key=WriteKey("k1", _K1)),
     ]
 
 
 SEEDS = _seeds()
+
+
+def _sealed_blocks() -> dict[tuple[str, int, int, int], bytes]:
+    """(region, seq, epoch, offset) -> stored bytes of every sealed block of the seeds."""
+    out: dict[tuple[str, int, int, int], bytes] = {}
+    for s in SEEDS:
+        h = decode_header(s, where=KEY)
+        if h.key_id is not None:
+            for b in h.blocks:
+                out[(h.region, h.seq, h.epoch, b.offset)] = s[b.offset : b.end]
+    return out
+
+
+_SEALED = _sealed_blocks()
 
 
 def _fix_header_crc(buf: bytearray) -> None:
@@ -91,6 +118,8 @@ def _fix_block_crcs(buf: bytearray) -> None:
     except CorruptData:
         return
     pos = 54 + len(h.region.encode()) + 4 + (1 + 17 * len(h.lanes) if h.lanes else 0)
+    if h.key_id is not None:
+        pos += 1 + len(h.key_id.encode())
     for b in h.blocks:
         pos += 2 + len(b.topic.encode())
         stored = bytes(buf[b.offset : b.end])
@@ -115,9 +144,19 @@ def fuzz_one_input(data: bytes) -> None:
     except CorruptData:
         return
     assert encode_header(h) == obj[: h.header_length]
+    try:
+        opener = KEYRING.header_opener(h, where=KEY)
+    except MissingKey:
+        return
     for b in h.blocks:
         with contextlib.suppress(CorruptData):
-            raw = decode_block(b, slice_block(b, [(0, obj)], where=KEY), where=KEY)
+            stored = slice_block(b, [(0, obj)], where=KEY)
+            raw = decode_block(b, stored, where=KEY, opener=opener)
+            if opener is not None:
+                # Opened: these must be a seed's own bytes at this place.
+                assert _SEALED.get((h.region, h.seq, h.epoch, b.offset)) == bytes(stored), (
+                    "a forged sealed block decoded"
+                )
             for batch in iter_block_batches(b, raw, where=KEY):
                 batch.records()
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from edge_gateway.errors import CorruptData
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.crypt import WriteKey
 from edge_gateway.format.logobject import (
     LaneRange,
     LogObjectBuilder,
@@ -83,7 +84,16 @@ def _seeds() -> list[bytes]:
         low_watermark=1,
         created_ms=0,
     )
-    return [one.encode(), two.encode(), three.encode()]
+    # version 3: entries of encrypted log objects name their key id
+    sealed = b.build("north", 4, 7, 19, 27, 0, key=WriteKey("north-1", bytes(32)))
+    four = Manifest.covering(
+        region="north",
+        epoch=4,
+        entries=[ManifestEntry.from_header(decode_header(sealed, where="seed"), len(sealed))],
+        low_watermark=1,
+        created_ms=0,
+    )
+    return [one.encode(), two.encode(), three.encode(), four.encode()]
 
 
 SEEDS = _seeds()

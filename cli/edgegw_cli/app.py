@@ -83,6 +83,10 @@ COMMANDS: dict[str, _Lazy] = {
         "edgegw_cli.iam_cmd:app",
         "IAM policies for the fleet's bucket: one per region, the pipeline's, an admin's.",
     ),
+    "encryption": _Lazy(
+        "edgegw_cli.encryption_cmd:app",
+        "Keys for client-side encryption of log objects (AES-256-GCM).",
+    ),
     "pipeline": _Lazy("edgegw_cli.pipeline:app", "Bucket -> Iceberg/Parquet tables with PySpark."),
     "metadata": _Lazy("edgegw_cli.meta:serve_app", "The reference metadata server."),
     "regions": _Lazy(

@@ -157,6 +157,12 @@ def object_(
     topic: str | None = typer.Option(None, help="Only blocks (and records) of this topic."),
     partition: int | None = typer.Option(None, min=0, help="Only blocks of this partition."),
     limit: int = typer.Option(100, min=1, help="At most this many records or table rows."),
+    key_file: list[Path] = typer.Option(
+        [],
+        "--key-file",
+        help="A key file of the object's region, for --records of an encrypted object "
+        "(its id is the file name without .key). Repeatable.",
+    ),
 ) -> None:
     """Print a log object's header and block index, or a manifest's entries.
 
@@ -185,12 +191,12 @@ def object_(
     async def run() -> None:
         if not use_bucket:
             source = _Source(str(path), _key_in_path(path), path=path)
-            await _show(source, records, topic, partition, limit)
+            await _show(source, records, topic, partition, limit, key_file)
             return
         bucket, _ = await open_bucket(bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style)
         try:
             source = _Source(f"{target} in {bucket.name}", target, bucket=bucket)
-            await _show(source, records, topic, partition, limit)
+            await _show(source, records, topic, partition, limit, key_file)
         finally:
             await bucket.aclose()
 
@@ -223,7 +229,12 @@ async def _read(source: _Source, start: int, end: int | None) -> tuple[bytes, in
 
 
 async def _show(
-    source: _Source, records: bool, topic: str | None, partition: int | None, limit: int
+    source: _Source,
+    records: bool,
+    topic: str | None,
+    partition: int | None,
+    limit: int,
+    key_files: Sequence[Path] = (),
 ) -> None:
     # The first GET of every reader (docs/log-object.md); a local file is read whole.
     first_end = logobject.FIRST_GET_BYTES if source.bucket is not None else None
@@ -246,7 +257,7 @@ async def _show(
     selected = [b for b in header.blocks if _matches(b, topic, partition)]
     _print_header(source, header, size, selected, topic, partition, limit)
     if records:
-        await _print_records(source, header, fetched, selected, limit)
+        await _print_records(source, header, fetched, selected, limit, key_files)
 
 
 def _check_log_key(source: _Source, header: LogObjectHeader) -> None:
@@ -310,6 +321,11 @@ def _print_header(
         ("epoch", str(h.epoch)),
         ("LSNs", lsns),
         ("created", _time(h.created_ms)),
+        *(
+            [("encryption", f"AES-256-GCM blocks, key id {h.key_id}")]
+            if h.key_id is not None
+            else []
+        ),
         ("size", f"{size:,} bytes (header {h.header_length:,})"),
         (
             "blocks",
@@ -366,9 +382,15 @@ async def _print_records(
     fetched: _Fetched,
     selected: Sequence[BlockIndex],
     limit: int,
+    key_files: Sequence[Path] = (),
 ) -> None:
     if not selected:
         return
+    from edge_gateway.encryption import keyring_from_files
+
+    # Raises MissingKey (a clear error) for an encrypted object without its key.
+    keyring = keyring_from_files((header.region, str(p)) for p in key_files)
+    opener = keyring.header_opener(header, where=source.label)
     # Only the blocks needed for `limit` records, fetched as a reader would.
     needed: list[BlockIndex] = []
     count = 0
@@ -400,7 +422,7 @@ async def _print_records(
     try:
         for b in needed:
             stored = logobject.slice_block(b, fetched.ranges, where=source.label)
-            raw = logobject.decode_block(b, stored, where=source.label)
+            raw = logobject.decode_block(b, stored, where=source.label, opener=opener)
             for batch in logobject.iter_block_batches(b, raw, where=source.label):
                 for r in batch.records():
                     if shown == limit:

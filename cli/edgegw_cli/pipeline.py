@@ -71,6 +71,13 @@ def run(
     conf: list[str] = typer.Option([], help="Extra Spark conf KEY=VALUE. Repeatable."),
     max_partition_mb: int = typer.Option(128, help="Raw MiB of batches per write task."),
     dry_run: bool = typer.Option(False, help="Print the plan (log ranges to read) and exit."),
+    key_file: list[str] = typer.Option(
+        [],
+        "--key-file",
+        help="REGION=PATH: a key file of an encrypted region (id: the file name without "
+        ".key); every key still in use by that region's objects. Repeatable. Spark "
+        "executors read the same paths.",
+    ),
     metrics_file: Path | None = typer.Option(
         None,
         help="Write the run's figures (success, rows, lag per topic and region) to this file "
@@ -89,7 +96,7 @@ def run(
             namespace=namespace, iceberg=iceberg, region=region, topic=topic,
             json_topic=json_topic, endpoint_url=endpoint_url, s3_region=s3_region,
             access_key=access_key, secret_key=secret_key, path_style=path_style, conf=conf,
-            max_partition_mb=max_partition_mb, dry_run=dry_run,
+            max_partition_mb=max_partition_mb, dry_run=dry_run, key_file=key_file,
         )  # fmt: skip
     finally:
         if metrics_file is not None and not dry_run:
@@ -126,8 +133,10 @@ def _run_job(
     conf: list[str],
     max_partition_mb: int,
     dry_run: bool,
+    key_file: list[str],
 ) -> Any:
     _imports()
+    from edge_gateway.encryption import parse_key_file_options
     from edge_gateway.pipeline._store import BucketSpec
     from edge_gateway.pipeline.job import JobConfig, run_job
     from edge_gateway.pipeline.tables import Output
@@ -147,6 +156,7 @@ def _run_job(
             topics=tuple(topic) or None,
             json_topics=_parse_kv(json_topic, "--json"),
             max_partition_bytes=max_partition_mb * 1024 * 1024,
+            key_files=parse_key_file_options(key_file),
         )
         spark_conf = {k: v or "" for k, v in _parse_kv(conf, "--conf").items()}
         from edge_gateway.pipeline.session import LazySession

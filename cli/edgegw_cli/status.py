@@ -216,6 +216,11 @@ def render(doc: dict[str, Any]) -> None:
             head.add_row(f"lane {lane['lane']}", _lane(lane))
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
+    enc = doc.get("encryption")
+    if enc and (enc.get("enabled") or enc.get("keys")):
+        held = ", ".join(f"{r}: {' '.join(ids)}" for r, ids in sorted(enc["keys"].items()))
+        sealed = f"sealed with key {enc['key_id']}" if enc.get("enabled") else "shipped in clear"
+        head.add_row("encryption", f"{sealed}; keys held: {held or 'none'}")
     link = doc.get("link")
     if link:
         head.add_row("link", _link(link))
@@ -271,6 +276,8 @@ def render(doc: dict[str, Any]) -> None:
         for src, m in sorted(mirrors.items()):
             problems = [f"gap: {g['description']}" for g in m["gaps"]]
             problems += [f"quarantined {q['key']}: {q['reason']}" for q in m["quarantined"]]
+            if m.get("missing_key"):
+                problems.append(f"no key {m['missing_key']} ([encryption.sources])")
             if m.get("stopped_by"):
                 problems.append(f"stopped: {m['stopped_by']}")
             elif m.get("last_error"):

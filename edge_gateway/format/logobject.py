@@ -41,6 +41,14 @@ object version 2") instead of misreading it.
 A block's raw content is the partition's record batches (``batch.py``)
 concatenated as the journal holds them; the shipper never re-encodes records.
 
+Encrypted objects (``[encryption]``) set flag bit 1 (:data:`FLAG_ENCRYPTED`)
+and carry ``u8 key_id_len | key_id`` right before ``n_blocks``; each block's
+stored bytes are then ``nonce(12) | AES-256-GCM(compressed payload) |
+tag(16)``, sealed under a key derived for the object from
+:func:`seal_context`, with :func:`block_aad` as associated data (the keys
+and the AEAD: :mod:`edge_gateway.format.crypt`). A reader from before
+encryption refuses the flag ("unknown flags 0x02").
+
 The index comes first because the shipper builds the whole object before its
 one PUT: a reader GETs the first :data:`FIRST_GET_BYTES` (the index, and all of
 a small object), asks :func:`header_length_hint` whether the header is longer,
@@ -52,6 +60,8 @@ else on bad input; encoders raise :class:`~edge_gateway.errors.InvalidInput`.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import struct
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
@@ -78,7 +88,13 @@ LANE_MAIN: Final = 0
 #: Highest lane id of a lane table.
 MAX_LANE: Final = 255
 FLAG_FENCE: Final = 0x01
-_KNOWN_FLAGS: Final = FLAG_FENCE
+#: The blocks are sealed with AES-256-GCM; a key id follows the region (and lane table).
+FLAG_ENCRYPTED: Final = 0x02
+_KNOWN_FLAGS: Final = FLAG_FENCE | FLAG_ENCRYPTED
+#: Bytes an encrypted block adds to its payload: a 96-bit nonce and a 128-bit tag.
+SEAL_OVERHEAD: Final = 12 + 16
+#: Longest key id (bytes of ``[A-Za-z0-9._-]``).
+MAX_KEY_ID_BYTES: Final = 64
 CODEC_NONE: Final = 0
 CODEC_ZSTD: Final = 1
 _CODECS: Final = (CODEC_NONE, CODEC_ZSTD)
@@ -196,10 +212,16 @@ class LogObjectHeader:
     #: Version 2: the LSN ranges of the lanes other than lane 0, by lane id
     #: (``first_lsn``/``last_lsn`` above are lane 0's). Empty in version 1.
     lanes: tuple[LaneRange, ...] = ()
+    #: With :data:`FLAG_ENCRYPTED`: the id of the key the blocks are sealed with.
+    key_id: str | None = None
 
     @property
     def is_fence(self) -> bool:
         return bool(self.flags & FLAG_FENCE)
+
+    @property
+    def is_encrypted(self) -> bool:
+        return bool(self.flags & FLAG_ENCRYPTED)
 
     @property
     def total_length(self) -> int:
@@ -221,12 +243,16 @@ class HasBlocks(Protocol):
 # validation shared by the decoder, the encoder and the manifest
 
 
-def header_size(region: str, topics: Iterable[str], lanes: int = 0) -> int:
-    """Bytes of the header for ``region``, one index entry per topic in ``topics``
-    and (version 2) a lane table of ``lanes`` entries."""
+def header_size(
+    region: str, topics: Iterable[str], lanes: int = 0, key_id: str | None = None
+) -> int:
+    """Bytes of the header for ``region``, one index entry per topic in ``topics``,
+    (version 2) a lane table of ``lanes`` entries and (encrypted) ``key_id``."""
     size = _FIXED_SIZE + len(region.encode("utf-8")) + 4 + 4
     if lanes:
         size += 1 + lanes * _LANE_SIZE
+    if key_id is not None:
+        size += 1 + len(key_id.encode("utf-8"))
     for topic in topics:
         size += _BLOCK_FIXED + len(topic.encode("utf-8"))
     return size
@@ -236,7 +262,15 @@ def _int_in(value: int, lo: int, hi: int) -> bool:
     return type(value) is int and lo <= value <= hi
 
 
-def _check_block(b: BlockIndex, where: str) -> None:
+_KEY_ID_RE: Final = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_KEY_ID_BYTES}}}")
+
+
+def valid_key_id(key_id: object) -> bool:
+    """Whether ``key_id`` may name an encryption key: 1-64 characters of ``[A-Za-z0-9._-]``."""
+    return type(key_id) is str and _KEY_ID_RE.fullmatch(key_id) is not None
+
+
+def _check_block(b: BlockIndex, where: str, overhead: int = 0) -> None:
     what = f"block {b.topic!r}/{b.partition} at {b.offset}"
     if not (
         _int_in(b.partition, 0, _U32_MAX)
@@ -269,9 +303,13 @@ def _check_block(b: BlockIndex, where: str) -> None:
         raise CorruptData(
             f"{what}: {b.record_count} records cannot fit in {b.raw_length} bytes", where=where
         )
-    if b.codec == CODEC_NONE and b.stored_length != b.raw_length:
-        raise CorruptData(f"{what}: uncompressed but stored_length != raw_length", where=where)
-    if not 0 < b.stored_length <= b.raw_length:
+    if b.codec == CODEC_NONE and b.stored_length != b.raw_length + overhead:
+        raise CorruptData(
+            f"{what}: uncompressed but stored_length != raw_length"
+            + (f" + {overhead}" if overhead else ""),
+            where=where,
+        )
+    if not overhead < b.stored_length <= b.raw_length + overhead:
         raise CorruptData(
             f"{what}: stored_length {b.stored_length} for raw_length {b.raw_length}", where=where
         )
@@ -311,6 +349,14 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
     if h.first_lsn > h.last_lsn + 1:
         raise CorruptData(f"LSN range {h.first_lsn}..{h.last_lsn} is negative", where=where)
     _check_lanes(h, where)
+    if h.is_encrypted:
+        if not valid_key_id(h.key_id):
+            raise CorruptData(f"encrypted entry with a bad key id {h.key_id!r}", where=where)
+        if not h.blocks:
+            raise CorruptData("an encrypted entry has blocks (a fence never is)", where=where)
+    elif h.key_id is not None:
+        raise CorruptData("a key id without the ENCRYPTED flag", where=where)
+    overhead = SEAL_OVERHEAD if h.is_encrypted else 0
     empty = h.first_lsn > h.last_lsn and all(r.is_empty for r in h.lanes)
     if h.blocks and empty:
         raise CorruptData("an entry with blocks has an empty LSN range", where=where)
@@ -326,7 +372,7 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
             except InvalidName as exc:
                 raise CorruptData(str(exc), where=where) from None
             checked.add(b.topic)
-    expected = header_size(h.region, (b.topic for b in h.blocks), len(h.lanes))
+    expected = header_size(h.region, (b.topic for b in h.blocks), len(h.lanes), h.key_id)
     if h.header_length != expected or expected > MAX_HEADER_BYTES:
         raise CorruptData(
             f"header_length {h.header_length} for a header of {expected} bytes", where=where
@@ -334,7 +380,7 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
     pos = h.header_length
     prev: BlockIndex | None = None
     for b in h.blocks:
-        _check_block(b, where)
+        _check_block(b, where, overhead)
         if b.offset != pos:
             raise CorruptData(
                 f"block {b.topic!r}/{b.partition} at {b.offset}, expected at {pos} "
@@ -393,6 +439,128 @@ def lanes_version(lanes: Sequence[LaneRange]) -> int:
 
 
 # --------------------------------------------------------------------------
+# sealing (AES-256-GCM, the AEAD itself is in edge_gateway.format.crypt)
+
+_SEAL_TAG: Final = b"EGWL-SEAL\x01"
+_SEAL_FIXED = struct.Struct("<QQQQI")  # epoch, seq, first_lsn, last_lsn, n_blocks
+_SEAL_BLOCK = struct.Struct("<IqqIqqQIIB")  # an index entry after its topic, without crc
+
+
+def seal_context(
+    region: str, key_id: str, epoch: int, seq: int, first_lsn: int, last_lsn: int, n_blocks: int
+) -> bytes:
+    """What binds every block of one encrypted object to that object.
+
+    ``"EGWL-SEAL" 01 | u16 len region | u8 len key_id | epoch | seq | first_lsn
+    | last_lsn | u32 n_blocks`` (``docs/log-object.md``, "Encryption"). The
+    per-object key is derived from it and it starts every block's associated
+    data, so a block is bound to its region, seq, epoch, key and object.
+    """
+    r = region.encode("utf-8")
+    k = key_id.encode("ascii")
+    return b"".join(
+        (
+            _SEAL_TAG,
+            _U16.pack(len(r)),
+            r,
+            _U8.pack(len(k)),
+            k,
+            _SEAL_FIXED.pack(epoch, seq, first_lsn, last_lsn, n_blocks),
+        )
+    )
+
+
+def block_aad(context: bytes, b: BlockIndex) -> bytes:
+    """A block's associated data: the object's context and its index entry but the CRC.
+
+    The entry holds the block's position (``offset``) as well as what it
+    claims to hold (topic, partition, offsets, counts, timestamps, sizes,
+    codec); the CRC is left out because it is computed over the sealed bytes.
+    """
+    t = b.topic.encode("utf-8")
+    return b"".join(
+        (
+            context,
+            _U16.pack(len(t)),
+            t,
+            _SEAL_BLOCK.pack(
+                b.partition,
+                b.first_offset,
+                b.last_offset,
+                b.record_count,
+                b.min_ts,
+                b.max_ts,
+                b.offset,
+                b.stored_length,
+                b.raw_length,
+                b.codec,
+            ),
+        )
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SealRef:
+    """What a reader needs besides the region and seq to open an encrypted object's blocks."""
+
+    key_id: str
+    epoch: int
+    first_lsn: int
+    last_lsn: int
+    #: Blocks of the whole object (not only the ones read).
+    n_blocks: int
+
+    @classmethod
+    def of(cls, key_id: str | None, entry: _HasLsns, n_blocks: int) -> SealRef | None:
+        """The reference of a header or manifest entry (None when it is not encrypted)."""
+        if key_id is None:
+            return None
+        return cls(key_id, entry.epoch, entry.first_lsn, entry.last_lsn, n_blocks)
+
+
+class _HasLsns(Protocol):
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def first_lsn(self) -> int: ...
+
+    @property
+    def last_lsn(self) -> int: ...
+
+
+class BlockSealer(Protocol):
+    """Seals the blocks of one object (see :class:`edge_gateway.format.crypt.WriteKey`)."""
+
+    def seal(self, aad: bytes, payload: bytes) -> bytes:
+        """``nonce | ciphertext | tag`` of ``payload`` (exactly :data:`SEAL_OVERHEAD` longer)."""
+        ...
+
+
+class WriteKeyLike(Protocol):
+    """A region's write key: its id and a sealer per object."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    def sealer(self, context: bytes) -> BlockSealer: ...
+
+
+class BlockOpener(Protocol):
+    """Opens the blocks of one object (see :class:`edge_gateway.format.crypt.Keyring`)."""
+
+    @property
+    def key_id(self) -> str: ...
+
+    @property
+    def context(self) -> bytes: ...
+
+    def open(self, aad: bytes, stored: Buffer) -> bytes | None:
+        """The payload of ``nonce | ciphertext | tag``, or None when it fails authentication."""
+        ...
+
+
+# --------------------------------------------------------------------------
 # encoding
 
 
@@ -423,6 +591,9 @@ def encode_header(header: LogObjectHeader) -> bytes:
     if h.lanes:
         parts.append(_U8.pack(len(h.lanes)))
         parts += (_LANE.pack(r.lane, r.first_lsn, r.last_lsn) for r in h.lanes)
+    if h.key_id is not None:
+        key_id = h.key_id.encode("ascii")
+        parts += (_U8.pack(len(key_id)), key_id)
     parts.append(_U32.pack(len(h.blocks)))
     for b in h.blocks:
         topic = b.topic.encode("utf-8")
@@ -636,6 +807,7 @@ class LogObjectBuilder:
         *,
         threads: int = 0,
         lanes: Sequence[LaneRange] = (),
+        key: WriteKeyLike | None = None,
     ) -> bytes:
         """The whole object: the header (with the index) followed by the blocks.
 
@@ -648,6 +820,12 @@ class LogObjectBuilder:
         ``first_lsn``/``last_lsn`` are lane 0's range; ``lanes`` (the other
         lanes' ranges, ascending lane ids) makes it a version 2 object. Without
         ``lanes`` the object is version 1, as every older writer built it.
+
+        ``key`` (the region's write key, :class:`~edge_gateway.format.crypt.WriteKey`)
+        seals every block with AES-256-GCM after compression and sets
+        :data:`FLAG_ENCRYPTED` with the key's id; the nonces are random, so the
+        output is then no longer a pure function of the input. An entry
+        without blocks is never encrypted (there is nothing to hide).
         """
         validate_region(region)  # InvalidName is an InvalidInput
         if not _int_in(level, _MIN_LEVEL, zstd.MAX_COMPRESSION_LEVEL):
@@ -661,9 +839,19 @@ class LogObjectBuilder:
             return _encode_empty(region, epoch, seq, first_lsn, last_lsn, created_ms, 0, lane_table)
         cctx = _compressor(level, threads)
         keys = sorted(self._slices)
+        key_id = key.key_id if key is not None else None
+        if key_id is not None and not valid_key_id(key_id):
+            raise InvalidInput(f"bad key id {key_id!r}")
+        n_blocks = sum(len(v) for v in self._slices.values())
         hlen = header_size(
-            region, (t for t, p in keys for _ in self._slices[(t, p)]), len(lane_table)
+            region, (t for t, p in keys for _ in self._slices[(t, p)]), len(lane_table), key_id
         )
+        context = b""
+        sealer: BlockSealer | None = None
+        if key is not None and key_id is not None:
+            context = seal_context(region, key_id, epoch, seq, first_lsn, last_lsn, n_blocks)
+            sealer = key.sealer(context)
+        overhead = SEAL_OVERHEAD if sealer is not None else 0
         if hlen > MAX_HEADER_BYTES:
             raise InvalidInput(
                 f"{len(keys)} partitions need a header of {hlen} bytes; "
@@ -679,27 +867,31 @@ class LogObjectBuilder:
                 codec = CODEC_ZSTD
                 if len(packed) >= len(raw):
                     packed, codec = raw, CODEC_NONE
-                blocks.append(
-                    BlockIndex(
-                        topic,
-                        partition,
-                        s.first_offset,
-                        s.next_offset - 1,
-                        s.next_offset - s.first_offset,
-                        s.min_ts,
-                        s.max_ts,
-                        pos,
-                        len(packed),
-                        len(raw),
-                        codec,
-                        crc32c(packed),
-                    )
+                index = BlockIndex(
+                    topic,
+                    partition,
+                    s.first_offset,
+                    s.next_offset - 1,
+                    s.next_offset - s.first_offset,
+                    s.min_ts,
+                    s.max_ts,
+                    pos,
+                    len(packed) + overhead,
+                    len(raw),
+                    codec,
+                    0,
                 )
+                if sealer is not None:
+                    # Compression before encryption: ciphertext does not compress.
+                    packed = sealer.seal(block_aad(context, index), packed)
+                    if len(packed) != index.stored_length:
+                        raise InvalidInput("the sealer did not add exactly SEAL_OVERHEAD bytes")
+                blocks.append(dataclasses.replace(index, crc=crc32c(packed)))
                 stored.append(packed)
                 pos += len(packed)
         header = LogObjectHeader(
             lanes_version(lane_table),
-            0,
+            FLAG_ENCRYPTED if sealer is not None else 0,
             hlen,
             epoch,
             seq,
@@ -709,6 +901,7 @@ class LogObjectBuilder:
             region,
             tuple(blocks),
             lane_table,
+            key_id if sealer is not None else None,
         )
         return b"".join([encode_header(header), *stored])
 
@@ -791,6 +984,14 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
         for _ in range(n_lanes):
             lanes.append(LaneRange(*_LANE.unpack_from(view, pos)))
             pos += _LANE_SIZE
+    key_id: str | None = None
+    if flags & FLAG_ENCRYPTED:
+        (klen,) = _U8.unpack_from(view, pos)
+        pos += 1
+        if pos + klen + 4 > end:
+            raise CorruptData("key id overruns the header", where=where)
+        key_id = _utf8(view[pos : pos + klen], "key id", where)
+        pos += klen
     (n_blocks,) = _U32.unpack_from(view, pos)
     pos += 4
     if n_blocks * MIN_INDEX_ENTRY_BYTES > end - pos:
@@ -827,6 +1028,7 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
         region,
         tuple(blocks),
         tuple(lanes),
+        key_id,
     )
     validate_header(header, where=where)
     if object_size is not None and object_size != header.total_length:
@@ -844,12 +1046,17 @@ def _utf8(data: Buffer, what: str, where: str) -> str:
         raise CorruptData(f"{what} is not UTF-8", where=where) from None
 
 
-def decode_block(index: BlockIndex, stored: Buffer, *, where: str) -> bytes:
+def decode_block(
+    index: BlockIndex, stored: Buffer, *, where: str, opener: BlockOpener | None = None
+) -> bytes:
     """The raw batches of a block from its stored bytes, checked against ``index``.
 
-    Checks the length and CRC first, then decompresses into at most
-    ``raw_length`` bytes: a frame that claims or produces any other size is
-    refused before it can allocate more.
+    Checks the length and CRC first, then (an encrypted object: ``opener``
+    from the reader's keyring, :mod:`edge_gateway.format.crypt`) authenticates
+    and decrypts, then decompresses into at most ``raw_length`` bytes: a frame
+    that claims or produces any other size is refused before it can allocate
+    more. A wrong tag (tampered bytes, a block moved from another position,
+    object or region, or the wrong key) is :class:`CorruptData`.
     """
     what = f"block {index.topic}/{index.partition} at {index.offset}"
     if len(stored) != index.stored_length:
@@ -861,6 +1068,17 @@ def decode_block(index: BlockIndex, stored: Buffer, *, where: str) -> bytes:
         raise CorruptData(
             f"{what}: CRC mismatch (stored {index.crc:08x}, computed {actual:08x})", where=where
         )
+    if opener is not None:
+        if len(stored) <= SEAL_OVERHEAD:
+            raise CorruptData(f"{what}: too short for a sealed block", where=where)
+        plain = opener.open(block_aad(opener.context, index), stored)
+        if plain is None:
+            raise CorruptData(
+                f"{what}: authentication failed (tampered, moved from another object or "
+                f"position, or sealed with another key under key id {opener.key_id!r})",
+                where=where,
+            )
+        stored = plain
     if index.codec == CODEC_NONE:
         raw = bytes(stored)
     elif index.codec == CODEC_ZSTD:

@@ -23,6 +23,10 @@ with several journal lanes): such an entry has one more key, ``"lanes":
 entries without it are version 1 log objects. A manifest with no such entry
 is written as version 1, byte for byte as before.
 
+Version 3 is written only when an entry is an encrypted log object: such an
+entry has the key ``"key_id"`` (its header's key id); a version 3 manifest
+may hold lane tables too, and one with no key id in any entry is refused.
+
 :meth:`Manifest.decode` applies every rule of the log object format to each
 entry (through :func:`~edge_gateway.format.logobject.validate_header`), and
 across entries: seqs contiguous from ``first_seq``, journal LSNs growing,
@@ -41,6 +45,7 @@ from typing import Any, Final, NoReturn
 
 from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
 from edge_gateway.format.logobject import (
+    FLAG_ENCRYPTED,
     FLAG_FENCE,
     MAX_HEADER_BYTES,
     MAX_LANE,
@@ -48,6 +53,7 @@ from edge_gateway.format.logobject import (
     LaneRange,
     LogObjectHeader,
     lanes_version,
+    valid_key_id,
     validate_header,
 )
 from edge_gateway.names import validate_region, validate_topic
@@ -56,7 +62,9 @@ FORMAT: Final = "edgegw-manifest"
 VERSION: Final = 1
 #: The version whose entries may carry a lane table (``"lanes"``).
 VERSION_LANES: Final = 2
-_VERSIONS: Final = (VERSION, VERSION_LANES)
+#: The version whose entries may also name the key of an encrypted log object (``"key_id"``).
+VERSION_KEYS: Final = 3
+_VERSIONS: Final = (VERSION, VERSION_LANES, VERSION_KEYS)
 #: Most entries one manifest may cover.
 MAX_ENTRIES: Final = 100_000
 #: Largest manifest document a reader accepts.
@@ -87,6 +95,8 @@ _ENTRY_KEYS: Final = frozenset(
     {"seq", "epoch", "first_lsn", "last_lsn", "fence", "header_length", "size", "blocks"}
 )
 _LANE_ENTRY_KEYS: Final = _ENTRY_KEYS | {"lanes"}
+_KEY_ENTRY_KEYS: Final = _ENTRY_KEYS | {"key_id"}
+_LANE_KEY_ENTRY_KEYS: Final = _LANE_ENTRY_KEYS | {"key_id"}
 # Name and (lo, hi) of each field of a block row after the topic, in order:
 # the fields of BlockIndex, with the ranges of the log object's index entry.
 _BLOCK_FIELDS: Final = (
@@ -121,6 +131,8 @@ class ManifestEntry:
     blocks: tuple[BlockIndex, ...] = ()
     #: The log object's lane table (version 2); ``first_lsn``/``last_lsn`` are lane 0's.
     lanes: tuple[LaneRange, ...] = ()
+    #: The id of the key an encrypted log object is sealed with (None: not encrypted).
+    key_id: str | None = None
 
     @classmethod
     def from_header(cls, header: LogObjectHeader, size: int) -> ManifestEntry:
@@ -139,6 +151,7 @@ class ManifestEntry:
             size,
             header.blocks,
             header.lanes,
+            header.key_id,
         )
 
     def to_block_index(self) -> tuple[BlockIndex, ...]:
@@ -154,7 +167,7 @@ class ManifestEntry:
         """The log object header this entry summarises (``created_ms`` is not recorded)."""
         return LogObjectHeader(
             lanes_version(self.lanes),
-            FLAG_FENCE if self.fence else 0,
+            (FLAG_FENCE if self.fence else 0) | (FLAG_ENCRYPTED if self.key_id is not None else 0),
             self.header_length,
             self.epoch,
             self.seq,
@@ -164,6 +177,7 @@ class ManifestEntry:
             region,
             self.blocks,
             self.lanes,
+            self.key_id,
         )
 
     def _to_doc(self) -> dict[str, Any]:
@@ -195,6 +209,8 @@ class ManifestEntry:
         }
         if self.lanes:
             doc["lanes"] = [[r.lane, r.first_lsn, r.last_lsn] for r in self.lanes]
+        if self.key_id is not None:
+            doc["key_id"] = self.key_id
         return doc
 
 
@@ -319,9 +335,10 @@ class Manifest:
 
     def _to_doc(self) -> dict[str, Any]:
         lanes = any(e.lanes for e in self.entries)
+        keys = any(e.key_id is not None for e in self.entries)
         return {
             "format": FORMAT,
-            "version": VERSION_LANES if lanes else VERSION,
+            "version": VERSION_KEYS if keys else VERSION_LANES if lanes else VERSION,
             "region": self.region,
             "epoch": self.epoch,
             "first_seq": self.first_seq,
@@ -479,10 +496,24 @@ def _parse(doc: object, where: str) -> Manifest:
     # lane -> last_lsn of the previous entry that listed the lane (lane 0: every entry)
     prev_lsns: dict[int, int] = {0: 0}
     any_lanes = False
+    any_keys = False
     for i, raw in enumerate(raw_entries):
         what = f"entries[{i}]"
-        has_lanes = version == VERSION_LANES and type(raw) is dict and "lanes" in raw
-        e = _object(raw, _LANE_ENTRY_KEYS if has_lanes else _ENTRY_KEYS, what, where)
+        has_lanes = version >= VERSION_LANES and type(raw) is dict and "lanes" in raw
+        has_key = version >= VERSION_KEYS and type(raw) is dict and "key_id" in raw
+        e = _object(
+            raw,
+            (_LANE_KEY_ENTRY_KEYS if has_lanes else _KEY_ENTRY_KEYS)
+            if has_key
+            else (_LANE_ENTRY_KEYS if has_lanes else _ENTRY_KEYS),
+            what,
+            where,
+        )
+        key_id: str | None = None
+        if has_key:
+            key_id = e["key_id"]
+            if not valid_key_id(key_id):
+                _fail(f"{what}.key_id {_show(key_id)} is not a key id", where)
         seq = _int(e["seq"], 0, _U64_MAX, f"{what}.seq", where)
         if seq != first_seq + i:
             _fail(f"{what} has seq {seq}, expected {first_seq + i} (seqs are contiguous)", where)
@@ -502,8 +533,10 @@ def _parse(doc: object, where: str) -> Manifest:
             _int(e["size"], 0, _U64_MAX, f"{what}.size", where),
             blocks,
             _lanes(e["lanes"], f"{what}.lanes", where) if has_lanes else (),
+            key_id,
         )
         any_lanes = any_lanes or has_lanes
+        any_keys = any_keys or has_key
         header = entry.to_header(region)
         try:
             validate_header(header, where=where)
@@ -556,6 +589,8 @@ def _parse(doc: object, where: str) -> Manifest:
         next_offsets[key] = _int(triple[2], _I64_MIN, _NEXT_OFFSET_MAX, f"{what} offset", where)
     if version == VERSION_LANES and not any_lanes:
         _fail("a version 2 manifest with no lane table in any entry (write version 1)", where)
+    if version == VERSION_KEYS and not any_keys:
+        _fail("a version 3 manifest with no key id in any entry (write version 1 or 2)", where)
     for key, offset in shipped.items():
         if next_offsets.get(key) != offset:
             _fail(

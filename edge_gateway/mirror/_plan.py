@@ -131,6 +131,10 @@ class EntryInfo:
     blocks: tuple[BlockIndex, ...]
     #: True when the info came from a manifest (no header was read).
     planned: bool = False
+    #: An encrypted entry: the id of its key, and the LSN range its blocks are bound to.
+    key_id: str | None = None
+    first_lsn: int = 0
+    last_lsn: int = 0
 
     @property
     def total_length(self) -> int:
@@ -148,6 +152,9 @@ class EntryInfo:
             header.total_length,
             header.header_length,
             header.blocks,
+            key_id=header.key_id,
+            first_lsn=header.first_lsn,
+            last_lsn=header.last_lsn,
         )
 
     @classmethod
@@ -162,6 +169,9 @@ class EntryInfo:
             entry.header_length,
             entry.blocks,
             planned=True,
+            key_id=entry.key_id,
+            first_lsn=entry.first_lsn,
+            last_lsn=entry.last_lsn,
         )
 
 

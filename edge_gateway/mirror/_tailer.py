@@ -56,10 +56,11 @@ from edge_gateway.bucket import (
     DenialTracker,
     NotFound,
 )
-from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.errors import CorruptData, InvalidInput, MissingKey, Unavailable
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import RecordBatch
+from edge_gateway.format.crypt import Keyring
 from edge_gateway.format.logobject import BlockIndex
 from edge_gateway.format.manifest import (
     Manifest,
@@ -113,7 +114,8 @@ class TailerStats:
 
     source: str
     reader: str
-    #: starting, following, idle, catching-up, retrying, denied, quarantined, stopped
+    #: starting, following, idle, catching-up, retrying, denied, missing-key,
+    #: quarantined, stopped
     state: str
     next_seq: int
     accepted_epoch: int
@@ -163,6 +165,9 @@ class TailerStats:
     relay_wakeups: int = 0
     #: The bucket's refusal in force (state ``denied``).
     denied: Denial | None = None
+    #: ``<region>/<key id>`` of the key an encrypted entry needs and this
+    #: reader lacks (state ``missing-key``); None otherwise.
+    missing_key: str | None = None
     #: Entries being fetched now (header reads, GETs, decoding) and the most at once.
     fetches_in_flight: int = 0
     fetches_in_flight_peak: int = 0
@@ -256,9 +261,14 @@ class Tailer:
         *,
         prefix: str = "",
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        keyring: Keyring | None = None,
     ) -> None:
         self.journal = journal
         self.bucket = bucket
+        #: Keys to open the source's encrypted objects with (None: holds none).
+        self.keyring = keyring
+        #: The key an encrypted entry needs and this tailer lacks (state ``missing-key``).
+        self._missing_key: MissingKey | None = None
         self.source = validate_region(source_region)
         self.local_region = validate_region(local_region)
         if self.source == self.local_region:
@@ -422,7 +432,21 @@ class Tailer:
                     unavailable, cfg.retry_base_s, cfg.retry_cap_s, self._rand.random()
                 )
                 unavailable += 1
-                if isinstance(exc, AccessDenied):
+                if isinstance(exc, MissingKey):
+                    # Waits for a person to add the key: an ERROR when it
+                    # starts (or names another key), backoff up to the cap.
+                    self._status = "missing-key"
+                    if self._missing_key is None or self._missing_key.key_id != exc.key_id:
+                        log.error(
+                            "mirror %s: %s -- what to do: %s. The other sources go on; "
+                            "retrying every %.0fs at most.",
+                            self.source,
+                            exc,
+                            exc.action,
+                            cfg.retry_cap_s,
+                        )
+                    self._missing_key = exc
+                elif isinstance(exc, AccessDenied):
                     # Refused: retried the same way (new credentials or a
                     # fixed policy work at the next attempt), logged at ERROR
                     # when it starts and as a reminder, not per attempt.
@@ -454,6 +478,7 @@ class Tailer:
                 continue
             unavailable = 0
             self._last_error = None
+            self._missing_key = None
             self._denial.cleared()
             await self._publish_cursor()
             self._pull_ended(generation, None)
@@ -521,6 +546,11 @@ class Tailer:
             relay_head=self._relay_head,
             relay_wakeups=self._relay_wakeups,
             denied=self._denial.current,
+            missing_key=(
+                None
+                if self._missing_key is None
+                else f"{self._missing_key.region}/{self._missing_key.key_id}"
+            ),
             fetches_in_flight=self._in_flight,
             fetches_in_flight_peak=self._in_flight_peak,
             probe_misses=self._probe_misses,
@@ -707,6 +737,23 @@ class Tailer:
         cost = len(have) + sum(e - s for s, e in ranges) + 2 * sum(b.raw_length for b in wanted)
         return _FetchPlan(info, have, ranges, wanted, cost)
 
+    def _opener(self, info: EntryInfo) -> logobject.BlockOpener | None:
+        """The opener of an encrypted entry's blocks (:class:`MissingKey` without the key)."""
+        if info.key_id is None:
+            return None
+        if self.keyring is None:
+            raise MissingKey(info.region, info.key_id, where=info.key)
+        return self.keyring.opener(
+            info.region,
+            info.key_id,
+            info.epoch,
+            info.seq,
+            info.first_lsn,
+            info.last_lsn,
+            len(info.blocks),
+            where=info.key,
+        )
+
     async def _fetch(self, plan: _FetchPlan) -> _Fetched:
         """GET the planned ranges and decode every wanted block (CRCs, batch structure)."""
         info = plan.info
@@ -723,11 +770,14 @@ class Tailer:
             pieces.append((start, res.data))
         if not plan.wanted:
             return _Fetched(info, {})
+        opener = self._opener(info)
         raw_total = sum(b.raw_length for b in plan.wanted)
         if raw_total > self.config.decode_in_thread_bytes:
-            batches = await trio.to_thread.run_sync(_decode_blocks, info.key, plan.wanted, pieces)
+            batches = await trio.to_thread.run_sync(
+                _decode_blocks, info.key, plan.wanted, pieces, opener
+            )
         else:
-            batches = _decode_blocks(info.key, plan.wanted, pieces)
+            batches = _decode_blocks(info.key, plan.wanted, pieces, opener)
         return _Fetched(info, batches)
 
     # ------------------------------------------------------------ applying
@@ -1160,12 +1210,15 @@ class Tailer:
 
 
 def _decode_blocks(
-    key: str, wanted: Sequence[BlockIndex], pieces: Sequence[tuple[int, bytes]]
+    key: str,
+    wanted: Sequence[BlockIndex],
+    pieces: Sequence[tuple[int, bytes]],
+    opener: logobject.BlockOpener | None = None,
 ) -> dict[BlockIndex, list[RecordBatch]]:
-    """Check and decode every wanted block (pure; may run in a worker thread)."""
+    """Check, open and decode every wanted block (pure; may run in a worker thread)."""
     out: dict[BlockIndex, list[RecordBatch]] = {}
     for b in wanted:
         stored = logobject.slice_block(b, pieces, where=key)
-        raw = logobject.decode_block(b, stored, where=key)
+        raw = logobject.decode_block(b, stored, where=key, opener=opener)
         out[b] = list(logobject.iter_block_batches(b, raw, where=key))
     return out

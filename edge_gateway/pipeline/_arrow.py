@@ -16,8 +16,10 @@ import pyarrow as pa
 
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import FLAG_HEADERS, FLAG_KEYS, HEADER_SIZE, RecordBatch
+from edge_gateway.pipeline.plan import slice_opener
 
 if TYPE_CHECKING:
+    from edge_gateway.format.crypt import Keyring
     from edge_gateway.pipeline._store import BucketReader
     from edge_gateway.pipeline.plan import ObjectSlice
 
@@ -160,19 +162,25 @@ def block_to_arrow(
 
 
 def read_blocks(
-    reader: BucketReader, slices: Sequence[ObjectSlice], *, verify: bool = True
+    reader: BucketReader,
+    slices: Sequence[ObjectSlice],
+    *,
+    verify: bool = True,
+    keyring: Keyring | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """Arrow record batches of the slices' records, one per block, in slice order.
 
     Fetches each object's wanted byte ranges (coalesced by
     :func:`logobject.plan_ranges`), checks every block's CRC, decompresses it
-    and checks its batches with the gateway's own sans-IO code.
+    and checks its batches with the gateway's own sans-IO code. Encrypted
+    objects are opened with ``keyring`` (:class:`MissingKey` without their key).
     """
     for s in slices:
+        opener = slice_opener(s, keyring)
         ranges = logobject.plan_ranges(s, lambda _t, _p: True)
         fetched = [(start, reader.get(s.key, start, stop)[0]) for start, stop in ranges]
         for b in s.blocks:
             stored = logobject.slice_block(b, fetched, where=s.key)
-            raw = logobject.decode_block(b, stored, where=s.key)
+            raw = logobject.decode_block(b, stored, where=s.key, opener=opener)
             batches = logobject.iter_block_batches(b, raw, where=s.key, verify=verify)
             yield block_to_arrow(s.region, b.topic, b.partition, s.seq, batches)

@@ -38,6 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from edge_gateway.encryption import keyring_from_files
 from edge_gateway.pipeline._arrow import SCHEMA, from_numpy, read_blocks
 from edge_gateway.pipeline._json import JsonDecoder, decoder_for
 from edge_gateway.pipeline._store import BucketSpec
@@ -90,6 +91,9 @@ class WriteTask:
     #: between the two commits): those are not written again
     rejects_done: Mapping[str, int] = field(default_factory=dict)
     verify: bool = True
+    #: (region, key file) of every key the slices may need: executors read the
+    #: files (at the same paths) so that keys never travel in the task itself
+    key_files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +127,9 @@ def run_write_task(task: WriteTask) -> WriteResult:
     )
     records = rejected = 0
     try:
-        for chunk in _chunks(read_blocks(task.bucket.open(), task.slices, verify=task.verify)):
+        keyring = keyring_from_files(task.key_files) if task.key_files else None
+        blocks = read_blocks(task.bucket.open(), task.slices, verify=task.verify, keyring=keyring)
+        for chunk in _chunks(blocks):
             table = pa.Table.from_batches(chunk, schema=SCHEMA)
             table = table.append_column(DATE, pc.cast(table.column("timestamp"), DATE.type))
             records += table.num_rows

@@ -27,6 +27,7 @@ the topic's never writes a reject twice.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -35,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edge_gateway.encryption import keyring_from_files
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.pipeline._json import decoder_for
 from edge_gateway.pipeline._store import BucketSpec
@@ -48,6 +50,7 @@ from edge_gateway.pipeline._task import (
 from edge_gateway.pipeline.plan import (
     ObjectSlice,
     RegionPlan,
+    check_keys,
     list_regions,
     plan_region,
     split_slices,
@@ -66,6 +69,8 @@ class JobConfig:
     json_topics: Mapping[str, str | None] = field(default_factory=dict)
     prefix: str = ""
     max_partition_bytes: int = 128 * 1024 * 1024
+    #: (region, key file) of the keys of encrypted regions (``--key-file``)
+    key_files: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(slots=True)
@@ -131,6 +136,8 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
     )
     if REJECTS in topic_names:
         raise InvalidInput(f"a topic named {REJECTS!r} clashes with the rejects table")
+    # An encrypted region without its key stops the run here, before Spark starts.
+    check_keys(region_plans.values(), keyring_from_files(cfg.key_files))
     tables = {**known, **_tables(cfg, catalog, (t for t in topic_names if t not in known))}
     results: dict[str, TopicResult] = {}
     for topic in topic_names:
@@ -179,6 +186,7 @@ def _json_schema(
             .options(
                 **cfg.bucket.to_options(),
                 prefix=cfg.prefix,
+                key_files=json.dumps(_key_files_option(cfg.key_files)),
                 topics=topic,
                 ranges=json.dumps({r: list(v) for r, v in ranges.items()}),
             )
@@ -199,6 +207,13 @@ def _json_schema(
     return text, schema.simpleString()
 
 
+def _key_files_option(pairs: Iterable[tuple[str, str]]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for region, path in pairs:
+        out.setdefault(region, []).append(path)
+    return out
+
+
 def _topic_slices(
     plan: JobPlan, topic: str, ranges: Mapping[str, tuple[int, int]]
 ) -> list[ObjectSlice]:
@@ -209,7 +224,7 @@ def _topic_slices(
             if first <= s.seq <= last:
                 blocks = tuple(b for b in s.blocks if b.topic == topic)
                 if blocks:
-                    out.append(ObjectSlice(s.region, s.seq, s.key, s.size, blocks))
+                    out.append(dataclasses.replace(s, blocks=blocks))
     return out
 
 
@@ -302,6 +317,7 @@ def run_job(
                     json_schema_text=schema_text,
                     rejects_dir=str(rejects_staging) if rejects_staging else None,
                     rejects_done=done,
+                    key_files=cfg.key_files,
                 )
                 for i, group in enumerate(groups)
             ]

@@ -13,13 +13,15 @@ carry no data.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
-from edge_gateway.errors import CorruptData, InvalidInput
+from edge_gateway.errors import CorruptData, InvalidInput, MissingKey
 from edge_gateway.format import logobject
-from edge_gateway.format.logobject import BlockIndex
+from edge_gateway.format.crypt import Keyring
+from edge_gateway.format.logobject import BlockIndex, SealRef
 from edge_gateway.format.manifest import (
     Manifest,
     gc_boundary_key,
@@ -42,6 +44,8 @@ class ObjectSlice:
     #: size of the whole object
     size: int
     blocks: tuple[BlockIndex, ...]
+    #: An encrypted object: what its blocks are bound to (None: plaintext).
+    seal: SealRef | None = None
 
     @property
     def total_length(self) -> int:
@@ -90,6 +94,34 @@ class _Entry:
     epoch: int
     size: int
     blocks: tuple[BlockIndex, ...]
+    seal: SealRef | None = None
+
+
+def slice_opener(s: ObjectSlice, keyring: Keyring | None) -> logobject.BlockOpener | None:
+    """The opener of an encrypted slice's blocks (None: plaintext; :class:`MissingKey`)."""
+    if s.seal is None:
+        return None
+    ring = keyring if keyring is not None else Keyring()
+    return ring.opener(
+        s.region,
+        s.seal.key_id,
+        s.seal.epoch,
+        s.seq,
+        s.seal.first_lsn,
+        s.seal.last_lsn,
+        s.seal.n_blocks,
+        where=s.key,
+    )
+
+
+def check_keys(plans: Iterable[RegionPlan], keyring: Keyring | None) -> None:
+    """Raise :class:`MissingKey` for the first encrypted slice ``keyring`` cannot open."""
+    for plan in plans:
+        for s in plan.slices:
+            if s.seal is not None and (
+                keyring is None or s.seal.key_id not in keyring.key_ids(s.region)
+            ):
+                raise MissingKey(s.region, s.seal.key_id, where=s.key)
 
 
 def read_gc_boundary(reader: BucketReader, region: str, prefix: str = "") -> int:
@@ -174,7 +206,9 @@ def plan_region(
         data, _ = reader.get(key)
         manifest = Manifest.decode(data, where=key, region=region, last_seq=m_last)
         for e in manifest.entries:
-            entries[e.seq] = _Entry(e.seq, e.epoch, e.size, e.blocks)
+            entries[e.seq] = _Entry(
+                e.seq, e.epoch, e.size, e.blocks, SealRef.of(e.key_id, e, len(e.blocks))
+            )
         covered = max(covered, m_last)
     if last_seq is None:
         last_seq = find_head(reader, region, covered, prefix)
@@ -196,14 +230,20 @@ def plan_region(
                 raise CorruptData(
                     f"entry claims seq {header.seq} of region {header.region!r}", where=key
                 )
-            entry = _Entry(seq, header.epoch, size, header.blocks)
+            entry = _Entry(
+                seq,
+                header.epoch,
+                size,
+                header.blocks,
+                SealRef.of(header.key_id, header, len(header.blocks)),
+            )
         if entry.epoch < epoch:
             skipped.append(seq)
             continue
         epoch = entry.epoch
         blocks = tuple(b for b in entry.blocks if wanted(b.topic))
         if blocks:
-            slices.append(ObjectSlice(region, seq, key, entry.size, blocks))
+            slices.append(ObjectSlice(region, seq, key, entry.size, blocks, entry.seal))
     return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped))
 
 
@@ -249,12 +289,12 @@ def split_slices(
             pending.append(b)
             done += b.raw_length
             if done * parts >= cut * total:
-                group.append(ObjectSlice(s.region, s.seq, s.key, s.size, tuple(pending)))
+                group.append(dataclasses.replace(s, blocks=tuple(pending)))
                 yield group
                 group, pending = [], []
                 while done * parts >= cut * total:
                     cut += 1
         if pending:
-            group.append(ObjectSlice(s.region, s.seq, s.key, s.size, tuple(pending)))
+            group.append(dataclasses.replace(s, blocks=tuple(pending)))
     if group:
         yield group

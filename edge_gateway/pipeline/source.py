@@ -10,6 +10,7 @@
           .option("regions", "north,south")             # default: every region in the bucket
           .option("topics", "telemetry")                 # default: every topic
           .option("ranges", '{"north": [1, 120]}')       # inclusive log seqs per region
+          .option("key_files", '{"north": ["/etc/edgegw/keys/north-2026-11.key"]}')  # encrypted
           .load())
 
 Rows: ``region, topic, partition, offset, timestamp, key, value, headers,
@@ -65,6 +66,8 @@ class ReadOptions:
     max_partition_bytes: int
     min_partitions: int
     verify: bool
+    #: (region, key file) of the keys of encrypted regions
+    key_files: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def parse(cls, options: Any) -> ReadOptions:
@@ -95,6 +98,18 @@ class ReadOptions:
                 raise InvalidInput(
                     f'option "ranges" must be JSON {{"region": [first, last]}}: {exc}'
                 ) from None
+        key_files: list[tuple[str, str]] = []
+        raw_keys = options.get("key_files")
+        if raw_keys:
+            try:
+                for region, paths in json.loads(raw_keys).items():
+                    if not isinstance(paths, list):
+                        raise TypeError("a region's key files are a list")
+                    key_files += [(str(region), str(p)) for p in paths]
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise InvalidInput(
+                    f'option "key_files" must be JSON {{"region": ["path", ...]}}: {exc}'
+                ) from None
         regions = items("regions")
         if regions is None and ranges:
             regions = sorted(ranges)
@@ -111,6 +126,7 @@ class ReadOptions:
             or DEFAULT_PARTITION_BYTES,
             min_partitions=integer("min_partitions", 2) or 1,
             verify=str(options.get("verify", "true")).lower() != "false",
+            key_files=tuple(key_files),
         )
 
 
@@ -152,9 +168,11 @@ def plan_partitions(opts: ReadOptions) -> list[list[ObjectSlice]]:
 
 def read_slices(opts: ReadOptions, slices: Sequence[ObjectSlice]) -> Iterator[Any]:
     """Arrow record batches of the slices' records, one per block (runs on a worker)."""
+    from edge_gateway.encryption import keyring_from_files
     from edge_gateway.pipeline._arrow import read_blocks
 
-    return read_blocks(opts.bucket.open(), slices, verify=opts.verify)
+    keyring = keyring_from_files(opts.key_files) if opts.key_files else None
+    return read_blocks(opts.bucket.open(), slices, verify=opts.verify, keyring=keyring)
 
 
 class EdgegwReader(DataSourceReader):

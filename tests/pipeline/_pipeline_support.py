@@ -15,6 +15,7 @@ import trio
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.crypt import WriteKey
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.shipper import Shipper, ShipperConfig
 
@@ -40,6 +41,8 @@ class Site:
         self.journal_dir = journal_dir
         self._open_bucket = open_bucket
         self.expected: Rows = {}
+        #: The region's write key: its objects are sealed with it (None: plaintext).
+        self.key: WriteKey | None = None
 
     def ship(
         self,
@@ -86,7 +89,7 @@ class Site:
                     )
                     for o, v, k, ts, h in zip(offsets, values, keys, stamps, hdrs, strict=True):
                         self.expected[(self.region, topic, p, o)] = (ts, k, v, h)
-            s = Shipper(j, bucket, self.region, config=FAST)
+            s = Shipper(j, bucket, self.region, config=FAST, key=self.key)
             await s.claim()
             return await s.ship_pending()
         finally:
