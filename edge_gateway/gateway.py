@@ -273,11 +273,18 @@ class Gateway:
         """The priority of a topic homed here (``normal`` unless ``[[topics]]`` says else)."""
         return self._priorities.get(topic, Priority.NORMAL)
 
+    def lane_of(self, topic: str) -> Lane:
+        """The journal lane of a topic homed here: its priority and ``on_full`` policy."""
+        return self._lane_of.get(topic, MAIN_LANE)
+
     def _set_topology(self, topology: Sequence[TopicConfig]) -> None:
         """Rebuild the topic table from ``topology`` (plus topics auto-created here)."""
         self._topology = tuple(topology)
         self._homes = {t.name: t.home for t in self._topology}
         self._priorities = {t.name: t.priority for t in self._topology if t.home == self.region}
+        self._lane_of = {
+            t.name: Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region
+        }
         if getattr(self, "_lanes", None) is not None:
             self.lanes.priorities_changed()
         self._topics = {}
@@ -823,8 +830,8 @@ class Gateway:
                 open_lanes(
                     cfg.journal_path,
                     cfg.journal,
-                    {t.priority for t in self._topology if t.home == self.region},
-                    self.priority_of,
+                    {Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region},
+                    self.lane_of,
                 )
             )
             journal = lanes.main
@@ -1426,25 +1433,27 @@ class Gateway:
     def _lanes_json(self, s: ShipperStats) -> dict[str, Any]:
         """The ``lanes`` block of :meth:`status`: per priority lane, its journal and backlog."""
         lanes = self.lanes
-        journals = {str(lane): j for lane, j in lanes.journals.items()}
+        journals = {str(lane): (lane, j) for lane, j in lanes.journals.items()}
         cfg = self.config.journal
-        return {
-            "pending_moves": lanes.pending_moves,
-            "lanes": [
-                {
-                    "lane": ls.lane,
-                    "shipped_lsn": ls.shipped_lsn,
-                    "next_lsn": ls.next_lsn,
-                    "backlog_entries": ls.backlog_entries,
-                    "backlog_bytes": ls.backlog_bytes,
-                    "held": ls.held,
-                    "journal_bytes": journals[ls.lane].disk_bytes,
-                    "budget_bytes": journals[ls.lane].budget_bytes,
-                    "reserve_bytes": cfg.reserved(Priority(ls.lane)),
-                }
-                for ls in s.lanes
-            ],
-        }
+        out = []
+        for ls in s.lanes:
+            lane, j = journals[ls.lane]
+            row: dict[str, Any] = {
+                "lane": ls.lane,
+                "shipped_lsn": ls.shipped_lsn,
+                "next_lsn": ls.next_lsn,
+                "backlog_entries": ls.backlog_entries,
+                "backlog_bytes": ls.backlog_bytes,
+                "held": ls.held,
+                "journal_bytes": j.disk_bytes,
+                "budget_bytes": j.budget_bytes,
+                "reserve_bytes": 0 if lane.drops else cfg.reserved(lane.priority),
+                "on_full": str(lane.on_full),
+            }
+            if lane.drops:
+                row["dropped"] = _dropped_json(j)
+            out.append(row)
+        return {"pending_moves": lanes.pending_moves, "lanes": out}
 
     def _clock_json(self) -> dict[str, Any]:
         """The ``clock`` block of :meth:`status`: this gateway's clock against the bucket's."""
@@ -1460,6 +1469,33 @@ class Gateway:
             "warn_skew_s": c.warn_skew_s,
             "gc_pause_skew_s": c.gc_pause_skew_s,
         }
+
+
+def _dropped_json(j: Journal) -> dict[str, Any]:
+    """What a drop-oldest lane deleted unshipped: totals, and per partition the exact
+    ranges (the last 20 of them; ``dropped.log`` in the lane's directory has all)."""
+    drops = j.dropped(held=False)
+    ranges = [
+        {
+            "topic": r.topic,
+            "partition": r.partition,
+            "first": r.first,
+            "last": r.last,
+            "records": r.records,
+            "bytes": r.bytes,
+            "lsn_first": d.lsn_first,
+            "lsn_last": d.lsn_last,
+            "time_ms": d.time_ms,
+        }
+        for d in drops
+        for r in d.ranges
+    ]
+    return {
+        "segments": len({d.segment for d in drops}),
+        "records": sum(r["records"] for r in ranges),
+        "bytes": sum(r["bytes"] for r in ranges),
+        "ranges": ranges[-20:],
+    }
 
 
 def _mirror_task(source: str) -> str:
