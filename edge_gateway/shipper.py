@@ -1075,6 +1075,9 @@ class Shipper:
         self._wire_bytes += len(obj)
         self._last_ship_ms = self._clock()
         self._last_error = None
+        for g in header.gaps:
+            gap_key = (g.topic, g.partition)
+            self._next_offsets[gap_key] = max(self._next_offsets.get(gap_key, 0), g.last_offset + 1)
         for b in header.blocks:
             self._next_offsets[(b.topic, b.partition)] = b.last_offset + 1
         self._pending_manifest.append(ManifestEntry.from_header(header, len(obj)))

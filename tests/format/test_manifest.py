@@ -497,7 +497,7 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "format missing": (_apply(_delete(("format",))), "not a manifest (format None)"),
     "format nested": (_nested(100), "not a manifest (format an array)"),
     "deep nesting": (b"[" * 100_000, "not valid JSON"),
-    "version 3": (_apply(_set(("version",), 3)), "unsupported manifest version 3"),
+    "version 4": (_apply(_set(("version",), 4)), "unsupported manifest version 4"),
     "version string": (_apply(_set(("version",), "1")), "unsupported manifest version '1'"),
     "version bool": (_text(b'"version":1', b'"version":true'), "unsupported manifest version"),
     # JSON that is not ours
