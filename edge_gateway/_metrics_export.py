@@ -624,6 +624,12 @@ class _GatewayCollector(Collector):
             "(the cost of fetching ahead while following).",
             labels=["source"],
         )
+        dropped = CounterMetricFamily(
+            "edgegw_mirror_gap_records",
+            "Records of a source topic that the source dropped before shipping them "
+            "(on_full = drop-oldest), as its gap markers say; exact ranges in edgegw status.",
+            labels=["source", "topic"],
+        )
         state = GaugeMetricFamily(
             "edgegw_mirror_state",
             "1 for the state each source's tailer is in.",
@@ -638,7 +644,10 @@ class _GatewayCollector(Collector):
                 state.add_metric([lag.source, lag.state], 1)
             in_flight.add_metric([lag.source], float(lag.fetches_in_flight))
             misses.add_metric([lag.source], float(lag.probe_misses))
+            for topic, records in lag.dropped_gap_records:
+                dropped.add_metric([lag.source, topic], float(records))
         yield from families.values()
         yield in_flight
         yield misses
+        yield dropped
         yield state

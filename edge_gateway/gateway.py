@@ -133,6 +133,10 @@ class FetchResult:
     #: The raw batches covering the records (the binary fetch format); the
     #: first may start before the requested offset.
     batches: list[bytes] = field(repr=False, default_factory=list)
+    #: The requested offset is in a hole of the partition (a mirror of a source
+    #: gap: offsets the source dropped or lost): the first offset after it, where
+    #: the records start. None when the records start at the requested offset.
+    gap_end: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1275,6 +1279,7 @@ class Gateway:
             next_offset,
             journal.next_offset(t.name, partition),
             batches,
+            records[0].offset if records and records[0].offset > offset else None,
         )
 
     # ------------------------------------------------------------ groups
@@ -1534,6 +1539,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "records": s.records,
         "accepted_epoch": s.accepted_epoch,
         "gaps": [_gap_json(g) for g in s.gaps],
+        "dropped_gap_records": dict(s.dropped_gap_records),
         "quarantined": [
             {"key": q.key, "seq": q.seq, "reason": q.reason, "attempts": q.attempts}
             for q in s.quarantined

@@ -121,6 +121,8 @@ class MirrorLag:
     fetches_in_flight: int = 0
     #: 404s of entries asked for ahead of the first missing one (probing cost).
     probe_misses: int = 0
+    #: Per source topic, records the source declared dropped (drop-oldest gap markers).
+    dropped_gap_records: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -136,6 +138,7 @@ class MirrorLag:
             state=stats.state,
             fetches_in_flight=stats.fetches_in_flight,
             probe_misses=stats.probe_misses,
+            dropped_gap_records=tuple(stats.dropped_gap_records),
         )
 
 
