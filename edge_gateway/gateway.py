@@ -1266,7 +1266,13 @@ class Gateway:
         )
         records: list[Record] = []
         batches: list[bytes] = []
+        expected = offset
         for e in entries:
+            if batches and e.base_offset > expected:
+                # A hole (a mirrored source gap): stop before it, so the next
+                # fetch, at the hole, says where the records resume (gap_end).
+                break
+            expected = e.next_offset
             batches.append(e.payload)
             for b in iter_batches(e.payload, where=f"{t.name}/{partition}@{e.lsn}", verify=False):
                 records.extend(b.records(offset))
@@ -1478,28 +1484,36 @@ class Gateway:
 
 def _dropped_json(j: Journal) -> dict[str, Any]:
     """What a drop-oldest lane deleted unshipped: totals, and per partition the exact
-    ranges (the last 20 of them; ``dropped.log`` in the lane's directory has all)."""
-    drops = j.dropped(held=False)
-    ranges = [
-        {
-            "topic": r.topic,
-            "partition": r.partition,
-            "first": r.first,
-            "last": r.last,
-            "records": r.records,
-            "bytes": r.bytes,
-            "lsn_first": d.lsn_first,
-            "lsn_last": d.lsn_last,
-            "time_ms": d.time_ms,
-        }
-        for d in drops
-        for r in d.ranges
-    ]
+    ranges, adjacent ones merged (the last 50; ``dropped.log`` in the lane's
+    directory has every drop)."""
+    merged: list[dict[str, Any]] = []
+    last: dict[tuple[str, int], dict[str, Any]] = {}
+    for d in j.dropped(held=False):
+        for r in d.ranges:
+            prev = last.get((r.topic, r.partition))
+            if prev is not None and prev["last"] + 1 == r.first:
+                prev["last"] = r.last
+                prev["records"] += r.records
+                prev["bytes"] += r.bytes
+                prev["time_ms"] = d.time_ms
+                continue
+            row = {
+                "topic": r.topic,
+                "partition": r.partition,
+                "first": r.first,
+                "last": r.last,
+                "records": r.records,
+                "bytes": r.bytes,
+                "time_ms": d.time_ms,
+            }
+            merged.append(row)
+            last[(r.topic, r.partition)] = row
+    st = j.statistics()
     return {
-        "segments": len({d.segment for d in drops}),
-        "records": sum(r["records"] for r in ranges),
-        "bytes": sum(r["bytes"] for r in ranges),
-        "ranges": ranges[-20:],
+        "segments": st.dropped_segments,
+        "records": st.dropped_records,
+        "bytes": st.dropped_bytes,
+        "ranges": merged[-50:],
     }
 
 
