@@ -1380,12 +1380,14 @@ class Journal:
         segment, the next one, or the active segment's index).
         """
         assert seg.index is not None
-        positions = seg.entry_positions
+        positions = seg.index.positions().to_array()
+        positions.append(seg.size)
         ranges: list[DroppedRange] = []
         for (topic, partition), p in sorted(self._partitions.items()):
             if not p.seg_bases or p.seg_bases[0] != seg.base_lsn:
                 continue
-            lsns, offsets = seg.index.run(p.seg_at[0], p.seg_count[0])
+            run_lsns, run_offsets = seg.index.run(p.seg_at[0], p.seg_count[0])
+            lsns, offsets = run_lsns.to_array(), run_offsets.to_array()
             n = len(lsns)
             ka = bisect.bisect_left(lsns, lsn_a)
             kb = bisect.bisect_left(lsns, lsn_b)
@@ -1399,10 +1401,8 @@ class Journal:
                 end = p.offsets[0]
             else:
                 end = p.next_offset
-            size = 0
-            for k in range(ka, kb):
-                i = lsns[k] - seg.base_lsn
-                size += (positions[i + 1] if i + 1 < seg.entries else seg.size) - positions[i]
+            base = seg.base_lsn
+            size = sum(positions[i - base + 1] - positions[i - base] for i in lsns[ka:kb])
             first = offsets[ka]
             ranges.append(DroppedRange(topic, partition, first, end - 1, end - first, size))
         return Drop(seg.base_lsn, seg.end_lsn, lsn_a, lsn_b - 1, _now_ms(), held, tuple(ranges))
