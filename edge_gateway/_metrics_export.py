@@ -112,11 +112,33 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
     used = GaugeMetricFamily(
         "edgegw_lane_journal_bytes", "Bytes of the lane's journal on disk.", labels=["lane"]
     )
+    dropped = CounterMetricFamily(
+        "edgegw_journal_dropped_records",
+        "Records a drop-oldest lane deleted before they were shipped (exact ranges: "
+        "edgegw status, the lane's dropped.log), per topic.",
+        labels=["lane", "topic"],
+    )
+    dropped_bytes = CounterMetricFamily(
+        "edgegw_journal_dropped_bytes",
+        "Journal bytes a drop-oldest lane deleted before they were shipped, per topic.",
+        labels=["lane", "topic"],
+    )
     for name, j in gw.lanes.journals.items():
         budget.add_metric([str(name)], j.budget_bytes)
         used.add_metric([str(name)], j.disk_bytes)
+        per_topic: dict[str, list[int]] = {}
+        for d in j.dropped(held=False):
+            for r in d.ranges:
+                t = per_topic.setdefault(r.topic, [0, 0])
+                t[0] += r.records
+                t[1] += r.bytes
+        for topic, (records, nbytes) in sorted(per_topic.items()):
+            dropped.add_metric([str(name), topic], records)
+            dropped_bytes.add_metric([str(name), topic], nbytes)
     yield budget
     yield used
+    yield dropped
+    yield dropped_bytes
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
@@ -614,6 +636,12 @@ class _GatewayCollector(Collector):
             "(the cost of fetching ahead while following).",
             labels=["source"],
         )
+        dropped = CounterMetricFamily(
+            "edgegw_mirror_gap_records",
+            "Records of a source topic that the source dropped before shipping them "
+            "(on_full = drop-oldest), as its gap markers say; exact ranges in edgegw status.",
+            labels=["source", "topic"],
+        )
         state = GaugeMetricFamily(
             "edgegw_mirror_state",
             "1 for the state each source's tailer is in.",
@@ -636,8 +664,11 @@ class _GatewayCollector(Collector):
                 state.add_metric([lag.source, lag.state], 1)
             in_flight.add_metric([lag.source], float(lag.fetches_in_flight))
             misses.add_metric([lag.source], float(lag.probe_misses))
+            for topic, records in lag.dropped_gap_records:
+                dropped.add_metric([lag.source, topic], float(records))
         yield from families.values()
         yield in_flight
         yield misses
+        yield dropped
         yield state
         yield missing

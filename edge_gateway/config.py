@@ -34,7 +34,7 @@ from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
 from edge_gateway.clock import ClockConfig
 from edge_gateway.encryption import EncryptionConfig, parse_encryption
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
-from edge_gateway.journal import JournalConfig, Priority
+from edge_gateway.journal import JournalConfig, OnFull, Priority
 from edge_gateway.names import mirror_topic, validate_home_topic, validate_region, validate_topic
 from edge_gateway.shipper import ShipperConfig
 
@@ -478,6 +478,10 @@ class TopicConfig:
     #: Which journal lane holds it and so when it ships after an outage
     #: (``critical`` first, then ``normal``, then ``bulk``); docs/journal.md, "Lanes".
     priority: Priority = Priority.NORMAL
+    #: When its lane's disk budget is full: refuse appends (``block``) or delete the
+    #: lane's oldest unshipped segments, reporting the exact gap (``drop-oldest``).
+    #: A ``drop-oldest`` topic has a lane of its own; docs/journal.md, "Drop-oldest lanes".
+    on_full: OnFull = OnFull.BLOCK
 
     def __post_init__(self) -> None:
         validate_topic(self.name)

@@ -134,6 +134,10 @@ class FetchResult:
     #: The raw batches covering the records (the binary fetch format); the
     #: first may start before the requested offset.
     batches: list[bytes] = field(repr=False, default_factory=list)
+    #: The requested offset is in a hole of the partition (a mirror of a source
+    #: gap: offsets the source dropped or lost): the first offset after it, where
+    #: the records start. None when the records start at the requested offset.
+    gap_end: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,11 +281,18 @@ class Gateway:
         """The priority of a topic homed here (``normal`` unless ``[[topics]]`` says else)."""
         return self._priorities.get(topic, Priority.NORMAL)
 
+    def lane_of(self, topic: str) -> Lane:
+        """The journal lane of a topic homed here: its priority and ``on_full`` policy."""
+        return self._lane_of.get(topic, MAIN_LANE)
+
     def _set_topology(self, topology: Sequence[TopicConfig]) -> None:
         """Rebuild the topic table from ``topology`` (plus topics auto-created here)."""
         self._topology = tuple(topology)
         self._homes = {t.name: t.home for t in self._topology}
         self._priorities = {t.name: t.priority for t in self._topology if t.home == self.region}
+        self._lane_of = {
+            t.name: Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region
+        }
         if getattr(self, "_lanes", None) is not None:
             self.lanes.priorities_changed()
         self._topics = {}
@@ -855,8 +866,8 @@ class Gateway:
                 open_lanes(
                     cfg.journal_path,
                     cfg.journal,
-                    {t.priority for t in self._topology if t.home == self.region},
-                    self.priority_of,
+                    {Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region},
+                    self.lane_of,
                 )
             )
             journal = lanes.main
@@ -1289,7 +1300,13 @@ class Gateway:
         )
         records: list[Record] = []
         batches: list[bytes] = []
+        expected = offset
         for e in entries:
+            if batches and e.base_offset > expected:
+                # A hole (a mirrored source gap): stop before it, so the next
+                # fetch, at the hole, says where the records resume (gap_end).
+                break
+            expected = e.next_offset
             batches.append(e.payload)
             for b in iter_batches(e.payload, where=f"{t.name}/{partition}@{e.lsn}", verify=False):
                 records.extend(b.records(offset))
@@ -1302,6 +1319,7 @@ class Gateway:
             next_offset,
             journal.next_offset(t.name, partition),
             batches,
+            records[0].offset if records and records[0].offset > offset else None,
         )
 
     # ------------------------------------------------------------ groups
@@ -1470,25 +1488,27 @@ class Gateway:
     def _lanes_json(self, s: ShipperStats) -> dict[str, Any]:
         """The ``lanes`` block of :meth:`status`: per priority lane, its journal and backlog."""
         lanes = self.lanes
-        journals = {str(lane): j for lane, j in lanes.journals.items()}
+        journals = {str(lane): (lane, j) for lane, j in lanes.journals.items()}
         cfg = self.config.journal
-        return {
-            "pending_moves": lanes.pending_moves,
-            "lanes": [
-                {
-                    "lane": ls.lane,
-                    "shipped_lsn": ls.shipped_lsn,
-                    "next_lsn": ls.next_lsn,
-                    "backlog_entries": ls.backlog_entries,
-                    "backlog_bytes": ls.backlog_bytes,
-                    "held": ls.held,
-                    "journal_bytes": journals[ls.lane].disk_bytes,
-                    "budget_bytes": journals[ls.lane].budget_bytes,
-                    "reserve_bytes": cfg.reserved(Priority(ls.lane)),
-                }
-                for ls in s.lanes
-            ],
-        }
+        out = []
+        for ls in s.lanes:
+            lane, j = journals[ls.lane]
+            row: dict[str, Any] = {
+                "lane": ls.lane,
+                "shipped_lsn": ls.shipped_lsn,
+                "next_lsn": ls.next_lsn,
+                "backlog_entries": ls.backlog_entries,
+                "backlog_bytes": ls.backlog_bytes,
+                "held": ls.held,
+                "journal_bytes": j.disk_bytes,
+                "budget_bytes": j.budget_bytes,
+                "reserve_bytes": 0 if lane.drops else cfg.reserved(lane.priority),
+                "on_full": str(lane.on_full),
+            }
+            if lane.drops:
+                row["dropped"] = _dropped_json(j)
+            out.append(row)
+        return {"pending_moves": lanes.pending_moves, "lanes": out}
 
     def _clock_json(self) -> dict[str, Any]:
         """The ``clock`` block of :meth:`status`: this gateway's clock against the bucket's."""
@@ -1504,6 +1524,41 @@ class Gateway:
             "warn_skew_s": c.warn_skew_s,
             "gc_pause_skew_s": c.gc_pause_skew_s,
         }
+
+
+def _dropped_json(j: Journal) -> dict[str, Any]:
+    """What a drop-oldest lane deleted unshipped: totals, and per partition the exact
+    ranges, adjacent ones merged (the last 50; ``dropped.log`` in the lane's
+    directory has every drop)."""
+    merged: list[dict[str, Any]] = []
+    last: dict[tuple[str, int], dict[str, Any]] = {}
+    for d in j.dropped(held=False):
+        for r in d.ranges:
+            prev = last.get((r.topic, r.partition))
+            if prev is not None and prev["last"] + 1 == r.first:
+                prev["last"] = r.last
+                prev["records"] += r.records
+                prev["bytes"] += r.bytes
+                prev["time_ms"] = d.time_ms
+                continue
+            row = {
+                "topic": r.topic,
+                "partition": r.partition,
+                "first": r.first,
+                "last": r.last,
+                "records": r.records,
+                "bytes": r.bytes,
+                "time_ms": d.time_ms,
+            }
+            merged.append(row)
+            last[(r.topic, r.partition)] = row
+    st = j.statistics()
+    return {
+        "segments": st.dropped_segments,
+        "records": st.dropped_records,
+        "bytes": st.dropped_bytes,
+        "ranges": merged[-50:],
+    }
 
 
 def _mirror_task(source: str) -> str:
@@ -1542,6 +1597,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "records": s.records,
         "accepted_epoch": s.accepted_epoch,
         "gaps": [_gap_json(g) for g in s.gaps],
+        "dropped_gap_records": dict(s.dropped_gap_records),
         "quarantined": [
             {"key": q.key, "seq": q.seq, "reason": q.reason, "attempts": q.attempts}
             for q in s.quarantined

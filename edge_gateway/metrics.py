@@ -125,6 +125,8 @@ class MirrorLag:
     probe_misses: int = 0
     #: ``<region>/<key id>`` an encrypted entry needs and this reader lacks (None: none).
     missing_key: str | None = None
+    #: Per source topic, records the source declared dropped (drop-oldest gap markers).
+    dropped_gap_records: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -141,6 +143,7 @@ class MirrorLag:
             fetches_in_flight=stats.fetches_in_flight,
             probe_misses=stats.probe_misses,
             missing_key=stats.missing_key,
+            dropped_gap_records=tuple(stats.dropped_gap_records),
         )
 
 

@@ -210,9 +210,18 @@ async def read_skipped(bucket: Bucket, prefix: str, region: str, state: LogState
     state.tail.sort(key=lambda entry: entry[0].seq)
     state.next_offsets = dict(state.manifest.next_offsets) if state.manifest is not None else {}
     for header, _ in state.tail:
-        for b in header.blocks:
-            state.next_offsets[(b.topic, b.partition)] = b.last_offset + 1
+        _advance_offsets(state.next_offsets, header)
     return state
+
+
+def _advance_offsets(next_offsets: dict[tuple[str, int], int], header: LogObjectHeader) -> None:
+    """Move each partition's next offset past ``header``'s gaps, then its blocks (a gap
+    marker names offsets before the blocks of the same entry)."""
+    for g in header.gaps:
+        key = (g.topic, g.partition)
+        next_offsets[key] = max(next_offsets.get(key, 0), g.last_offset + 1)
+    for b in header.blocks:
+        next_offsets[(b.topic, b.partition)] = b.last_offset + 1
 
 
 def _check_seq(header: LogObjectHeader, seq: int, region: str, key: str) -> None:
@@ -231,8 +240,7 @@ async def _read_tail(
         _check_seq(header, seq, region, key)
         state.tail.append((header, read.size))
         state.head_header = header
-        for b in header.blocks:
-            state.next_offsets[(b.topic, b.partition)] = b.last_offset + 1
+        _advance_offsets(state.next_offsets, header)
     state.head = max(state.head, head)
 
 

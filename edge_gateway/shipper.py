@@ -99,6 +99,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.format.logobject import (
+    GapRange,
     LaneRange,
     LogObjectBuilder,
     LogObjectHeader,
@@ -116,6 +117,7 @@ from edge_gateway.format.manifest import (
     region_prefix,
 )
 from edge_gateway.journal import MAIN_LANE, Entry, Journal, Lane, Priority
+from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._lanes import Lanes
 from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
@@ -163,6 +165,9 @@ class _Prepared:
     obj: bytes | None
     records: int
     journal_bytes: int
+    #: Per drop-oldest lane, the first LSNs of the drops whose gaps the object carries.
+    drops: dict[Lane, tuple[int, ...]] = field(default_factory=dict)
+    gap_records: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +180,10 @@ class _Read:
     last: LaneLsns
     #: The DATA entries of the ranges (empty: mirror entries only, nothing to ship).
     data: list[Entry]
+    #: Gap markers: offsets drop-oldest lanes dropped in these ranges (docs/protocol.md).
+    gaps: tuple[GapRange, ...] = ()
+    #: Per drop-oldest lane, the first LSNs of the drops behind ``gaps``.
+    drops: dict[Lane, tuple[int, ...]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -184,6 +193,40 @@ class _Building:
     read: _Read
     prepared: _Prepared | None = None
     done: trio.Event = field(default_factory=trio.Event)
+
+
+def _gap_ranges(lane: Lane, drops: list[Drop]) -> list[GapRange]:
+    """The gap markers of ``drops`` (records a drop-oldest lane dropped unshipped)."""
+    return [
+        GapRange(lane.id, r.topic, r.partition, r.first, r.last, r.records, r.bytes)
+        for d in drops
+        for r in d.ranges
+    ]
+
+
+def _merge_gaps(gaps: list[GapRange]) -> tuple[GapRange, ...]:
+    """Sorted by (topic, partition, offset), adjacent ranges of a partition merged
+    (consecutive dropped segments): the gap table's order (docs/log-object.md)."""
+    out: list[GapRange] = []
+    for g in sorted(gaps, key=lambda g: (g.topic, g.partition, g.first_offset)):
+        prev = out[-1] if out else None
+        if (
+            prev is not None
+            and (prev.topic, prev.partition, prev.lane) == (g.topic, g.partition, g.lane)
+            and prev.last_offset + 1 == g.first_offset
+        ):
+            out[-1] = GapRange(
+                g.lane,
+                g.topic,
+                g.partition,
+                prev.first_offset,
+                g.last_offset,
+                prev.records + g.records,
+                prev.bytes + g.bytes,
+            )
+        else:
+            out.append(g)
+    return tuple(out)
 
 
 class Diverged(Fenced):
@@ -313,6 +356,8 @@ class ShipperStats:
     lanes: tuple[LaneShipStats, ...] = ()
     #: Corrupt or foreign objects set aside from where the next entry went.
     set_aside: int = 0
+    #: Records named by gap markers committed (drop-oldest lanes, this run).
+    gap_records: int = 0
 
 
 #: The states of :attr:`ShipperStats.state`.
@@ -402,6 +447,8 @@ class Shipper:
         self._objects = self._fences = self._manifests = self._records = 0
         self._set_aside_count = 0
         self._journal_bytes = self._wire_bytes = self._retries = 0
+        #: Records named by the gap markers this shipper committed (drop-oldest lanes).
+        self._gap_records = 0
         self._last_ship_ms = 0
         self._last_error: str | None = None
         self._upload_s = 0.0
@@ -969,10 +1016,16 @@ class Shipper:
         """Ship up to ``max_object_bytes`` of durable entries as one object. False if none."""
         if not self._claimed:
             raise InvalidInput("claim() first")
-        read = await self._read(dict(self._ship_from), self._next_seq, self.config.max_object_bytes)
-        if read is None:
-            return False
-        await self._publish(await self._build(read))
+        while True:
+            read = await self._read(
+                dict(self._ship_from), self._next_seq, self.config.max_object_bytes
+            )
+            if read is None:
+                return False
+            prepared = await self._build(read)
+            if not self._stale(prepared):
+                break
+        await self._publish(prepared)
         return True
 
     async def _ship_many(
@@ -1045,7 +1098,7 @@ class Shipper:
                 async for slot in receive:
                     await slot.done.wait()
                     assert slot.prepared is not None
-                    if not self._may_publish(slot.prepared):
+                    if not self._may_publish(slot.prepared) or self._stale(slot.prepared):
                         # The link policy closed for a lane in it while it was
                         # built (an allowance ran out meanwhile): drop it and
                         # what was built after it; read again once it opens.
@@ -1085,6 +1138,8 @@ class Shipper:
         entries: list[Entry] = []
         last = {lane: lsn - 1 for lane, lsn in first.items()}
         room = limit
+        gaps: list[GapRange] = []
+        drops: dict[Lane, tuple[int, ...]] = {}
         for lane, j in self._lanes:
             if room <= 0:
                 break
@@ -1097,10 +1152,18 @@ class Shipper:
                 last[lane] = got[-1].lsn
                 room -= sum(e.length for e in got)
                 entries += got
-        if not entries or (due is not None and not due(entries)):
+            if lane.drops:
+                # What the lane dropped from this object's first LSN on: before
+                # the entries read (their LSNs are after every dropped one).
+                dropped = j.drops_from(first[lane], got[-1].lsn if got else None)
+                if dropped:
+                    last[lane] = max(last[lane], dropped[-1].lsn_last)
+                    gaps += _gap_ranges(lane, dropped)
+                    drops[lane] = tuple(d.lsn_first for d in dropped)
+        if not (entries or gaps) or (due is not None and not due(entries)):
             return None
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
-        return _Read(seq, dict(first), last, data)
+        return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops)
 
     async def _read_entries(self, j: Journal, first_lsn: int, limit: int) -> list[Entry]:
         """Up to ``limit`` bytes of durable entries from ``first_lsn``, in LSN order.
@@ -1129,7 +1192,7 @@ class Shipper:
 
     async def _build(self, read: _Read) -> _Prepared:
         """Build the object of ``read`` (compression in a worker thread)."""
-        if not read.data:
+        if not read.data and not read.gaps:
             return _Prepared(read.seq, read.first, read.last, None, 0, 0)
         builder = LogObjectBuilder()
         for e in read.data:
@@ -1148,6 +1211,7 @@ class Shipper:
                 level=level,
                 lanes=lanes,
                 key=key,
+                gaps=read.gaps,
             )
         )
         return _Prepared(
@@ -1157,6 +1221,8 @@ class Shipper:
             obj,
             sum(e.count for e in read.data),
             sum(e.length for e in read.data),
+            read.drops,
+            sum(g.records for g in read.gaps),
         )
 
     def _lane_table(self, first: LaneLsns, last: LaneLsns) -> tuple[LaneRange, ...]:
@@ -1169,14 +1235,32 @@ class Shipper:
             if not lane.is_main
         )
 
+    def _stale(self, p: _Prepared) -> bool:
+        """Whether a drop-oldest lane dropped entries of ``p``'s ranges after they were
+        read: then ``p`` would ship records also reported dropped, or miss a gap;
+        it is read and built again."""
+        for lane, j in self._lanes:
+            if not lane.drops or p.last[lane] < p.first[lane]:
+                continue
+            now = tuple(d.lsn_first for d in j.drops_from(p.first[lane], p.last[lane]))
+            if now != p.drops.get(lane, ()):
+                return True
+        return False
+
     async def _publish(self, p: _Prepared) -> None:
         """Commit a prepared object (if it holds data) and move the shipped watermarks past it."""
         assert p.first == self._ship_from, "objects must be published in LSN order"
         if p.obj is not None:
             assert p.seq == self._next_seq, "objects must be published in seq order"
+            for lane, j in self._lanes:
+                if lane.drops:
+                    # From now on a drop of these entries is marked held: they
+                    # reach the bucket with this object.
+                    j.take(p.last[lane] + 1)
             await self._commit(p.obj, p.seq, p.first, p.last)
             self._records += p.records
             self._journal_bytes += p.journal_bytes
+            self._gap_records += p.gap_records
         # The commit is done: advance the watermark BEFORE anything else can
         # wait (the manifest PUT below). A cancellation there (shutdown) must
         # not leave a committed object looking unshipped, or the next drain
@@ -1227,6 +1311,9 @@ class Shipper:
         self._wire_bytes += len(obj)
         self._last_ship_ms = self._clock()
         self._last_error = None
+        for g in header.gaps:
+            gap_key = (g.topic, g.partition)
+            self._next_offsets[gap_key] = max(self._next_offsets.get(gap_key, 0), g.last_offset + 1)
         for b in header.blocks:
             self._next_offsets[(b.topic, b.partition)] = b.last_offset + 1
         self._pending_manifest.append(ManifestEntry.from_header(header, header.total_length))
@@ -1613,6 +1700,7 @@ class Shipper:
             state=self.state,
             denied=self._denial.current,
             lanes=tuple(self._lane_stats()),
+            gap_records=self._gap_records,
         )
 
     def _lane_stats(self) -> list[LaneShipStats]:

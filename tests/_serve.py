@@ -129,6 +129,8 @@ class TopicSpec:
     subscribers: tuple[str, ...] = ("*",)
     #: ``[[topics]] priority`` (written only when not the default).
     priority: str = "normal"
+    #: ``[[topics]] on_full`` (written only when not the default).
+    on_full: str = "block"
 
 
 #: Settings that keep a fleet quick on a small machine (every section may be overridden).
@@ -185,6 +187,8 @@ class Gateway:
             ]
             if t.priority != "normal":
                 lines.append(f"priority = {_toml_value(t.priority)}")
+            if t.on_full != "block":
+                lines.append(f"on_full = {_toml_value(t.on_full)}")
         self.config.write_text("\n".join(lines) + "\n")
 
     # -------------------------------------------------------- process

@@ -51,6 +51,21 @@ def _lane(lane: dict[str, Any]) -> str:
         f"{human_bytes(lane['journal_bytes'])} of {human_bytes(lane['budget_bytes'])}"
         + (f" ({human_bytes(reserve)} reserved)" if reserve else "")
         + held
+        + _dropped(lane.get("dropped"))
+    )
+
+
+def _dropped(d: dict[str, Any] | None) -> str:
+    """What a drop-oldest lane dropped unshipped: totals, and the last ranges exactly."""
+    if not d or not d.get("records"):
+        return ""
+    ranges = ", ".join(
+        f"{r['topic']}/{r['partition']} {r['first']}-{r['last']}" for r in d["ranges"][-5:]
+    )
+    more = " (last 5)" if len(d["ranges"]) > 5 else ""
+    return (
+        f"; DROPPED unshipped (on_full = drop-oldest): {d['records']:,} records, "
+        f"{human_bytes(d['bytes'])} in {d['segments']} segments: {ranges}{more}"
     )
 
 

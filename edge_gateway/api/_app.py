@@ -517,13 +517,16 @@ class ApiApp:
                     HIGH_WATERMARK_HEADER: str(res.high_watermark),
                 },
             )
-        return JSONResponse(
-            {
-                "records": [_codec.record_json(r) for r in res.records],
-                "next_offset": res.next_offset,
-                "high_watermark": res.high_watermark,
-            }
-        )
+        doc: dict[str, Any] = {
+            "records": [_codec.record_json(r) for r in res.records],
+            "next_offset": res.next_offset,
+            "high_watermark": res.high_watermark,
+        }
+        if res.gap_end is not None:
+            # The offset asked for is in a hole (a source's gap, mirrored):
+            # say so, rather than leave the jump to be noticed in the offsets.
+            doc["gap"] = {"first_offset": offset, "end_offset": res.gap_end}
+        return JSONResponse(doc)
 
     async def sync(self, request: Request) -> Response:
         # ?pull=false ships only. Ends (503) when the API stops, like a long poll.

@@ -1,4 +1,4 @@
-"""Log object encoding, versions 1 and 2 (sans-IO).
+"""Log object encoding, versions 1, 2 and 3 (sans-IO).
 
 Each shipper flush writes ONE object, ``regions/<region>/log/<seq:020d>.egw``,
 holding slices of many partitions; the object *is* the region's log entry
@@ -37,6 +37,19 @@ The fixed ``first_lsn``/``last_lsn`` are then the LSN range of lane 0 (the
 the range of every other lane in use (empty at its watermark when the object
 ships nothing of it). A version 1 reader refuses version 2 ("unsupported log
 object version 2") instead of misreading it.
+
+Version 3 (written only for an entry that carries a *gap marker*: records a
+``drop-oldest`` lane deleted before they were shipped) is version 2 plus a gap
+table right after the lane table::
+
+           4    n_gaps          u32 >= 1, then n_gaps entries:
+                  u8 lane | u16 topic_len | topic | u32 partition
+                  i64 first_offset | i64 last_offset | u64 records | u64 bytes
+
+Each names offsets ``first_offset..last_offset`` of one partition that the
+source dropped (``records = last - first + 1``; ``bytes``: the journal bytes
+that held them). A version 2 reader refuses version 3 ("unsupported log
+object version 3"): it never mistakes the offsets after a gap for a loss.
 
 A block's raw content is the partition's record batches (``batch.py``)
 concatenated as the journal holds them; the shipper never re-encodes records.
@@ -81,8 +94,10 @@ MAGIC: Final = b"EGWL"
 VERSION: Final = 1
 #: The version with a lane table (:class:`LaneRange`), written with several lanes.
 VERSION_LANES: Final = 2
+#: The version with a gap table (:class:`GapRange`), written only by an entry that has one.
+VERSION_GAPS: Final = 3
 #: Versions this reader decodes.
-VERSIONS: Final = (VERSION, VERSION_LANES)
+VERSIONS: Final = (VERSION, VERSION_LANES, VERSION_GAPS)
 #: Lane whose LSN range is in the fixed header fields (the ``normal`` lane).
 LANE_MAIN: Final = 0
 #: Highest lane id of a lane table.
@@ -111,6 +126,8 @@ _BLOCK_FIXED: Final = 2 + _BLOCK.size  # 63: topic_len + the fields above
 _U8 = struct.Struct("<B")
 _LANE = struct.Struct("<BQQ")  # a lane table entry
 _LANE_SIZE: Final = _LANE.size  # 17
+_GAP = struct.Struct("<IqqQQ")  # a gap table entry after its lane and topic
+_GAP_FIXED: Final = 1 + 2 + _GAP.size  # 39: lane, topic_len and the fields above
 #: Smallest index entry: a one-character topic.
 MIN_INDEX_ENTRY_BYTES: Final = _BLOCK_FIXED + 1  # 64
 #: Smallest header: a one-character region, no blocks.
@@ -193,6 +210,25 @@ class LaneRange:
 
 
 @dataclass(frozen=True, slots=True)
+class GapRange:
+    """A version 3 gap table entry: offsets ``first_offset..last_offset`` (inclusive) of
+    one partition, dropped by lane ``lane`` of the source before they were shipped.
+
+    They are in no log object: a reader's next offset of the partition jumps
+    past them.
+    """
+
+    lane: int
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    records: int
+    #: journal bytes that held them (informational)
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
 class LogObjectHeader:
     """The decoded header of a log object: the entry's coordinates and its index."""
 
@@ -214,6 +250,8 @@ class LogObjectHeader:
     lanes: tuple[LaneRange, ...] = ()
     #: With :data:`FLAG_ENCRYPTED`: the id of the key the blocks are sealed with.
     key_id: str | None = None
+    #: Version 3: offsets the source dropped unshipped (a drop-oldest lane).
+    gaps: tuple[GapRange, ...] = ()
 
     @property
     def is_fence(self) -> bool:
@@ -244,13 +282,21 @@ class HasBlocks(Protocol):
 
 
 def header_size(
-    region: str, topics: Iterable[str], lanes: int = 0, key_id: str | None = None
+    region: str,
+    topics: Iterable[str],
+    lanes: int = 0,
+    key_id: str | None = None,
+    gap_topics: Iterable[str] = (),
 ) -> int:
     """Bytes of the header for ``region``, one index entry per topic in ``topics``,
-    (version 2) a lane table of ``lanes`` entries and (encrypted) ``key_id``."""
+    (version 2) a lane table of ``lanes`` entries, (version 3) a gap table of
+    one entry per topic in ``gap_topics`` and (encrypted) ``key_id``."""
     size = _FIXED_SIZE + len(region.encode("utf-8")) + 4 + 4
     if lanes:
         size += 1 + lanes * _LANE_SIZE
+    gap_topics = list(gap_topics)
+    if gap_topics:
+        size += 4 + sum(_GAP_FIXED + len(t.encode("utf-8")) for t in gap_topics)
     if key_id is not None:
         size += 1 + len(key_id.encode("utf-8"))
     for topic in topics:
@@ -349,6 +395,7 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
     if h.first_lsn > h.last_lsn + 1:
         raise CorruptData(f"LSN range {h.first_lsn}..{h.last_lsn} is negative", where=where)
     _check_lanes(h, where)
+    _check_gaps(h, where)
     if h.is_encrypted:
         if not valid_key_id(h.key_id):
             raise CorruptData(f"encrypted entry with a bad key id {h.key_id!r}", where=where)
@@ -372,7 +419,13 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
             except InvalidName as exc:
                 raise CorruptData(str(exc), where=where) from None
             checked.add(b.topic)
-    expected = header_size(h.region, (b.topic for b in h.blocks), len(h.lanes), h.key_id)
+    expected = header_size(
+        h.region,
+        (b.topic for b in h.blocks),
+        len(h.lanes),
+        h.key_id,
+        (g.topic for g in h.gaps),
+    )
     if h.header_length != expected or expected > MAX_HEADER_BYTES:
         raise CorruptData(
             f"header_length {h.header_length} for a header of {expected} bytes", where=where
@@ -410,7 +463,9 @@ def _check_lanes(h: LogObjectHeader, where: str) -> None:
             raise CorruptData("a version 1 entry has no lane table", where=where)
         return
     if not h.lanes:
-        raise CorruptData("a version 2 entry has a lane table of at least one lane", where=where)
+        raise CorruptData(
+            f"a version {h.version} entry has a lane table of at least one lane", where=where
+        )
     prev = LANE_MAIN
     for r in h.lanes:
         if not (
@@ -430,11 +485,71 @@ def _check_lanes(h: LogObjectHeader, where: str) -> None:
         prev = r.lane
 
 
+def _check_gaps(h: LogObjectHeader, where: str) -> None:
+    if type(h.gaps) is not tuple or not all(type(g) is GapRange for g in h.gaps):
+        raise CorruptData("gaps must be a tuple of GapRange", where=where)
+    if h.version != VERSION_GAPS:
+        if h.gaps:
+            raise CorruptData(f"a version {h.version} entry has no gap table", where=where)
+        return
+    if not h.gaps:
+        raise CorruptData("a version 3 entry has a gap table of at least one gap", where=where)
+    if h.is_fence:
+        raise CorruptData("a fence entry has no gap table", where=where)
+    shipping = {r.lane for r in h.lanes if not r.is_empty}
+    prev: GapRange | None = None
+    for g in h.gaps:
+        what = f"gap {g.topic!r}/{g.partition}"
+        if not (
+            _int_in(g.lane, 1, MAX_LANE)
+            and _int_in(g.partition, 0, _U32_MAX)
+            and _int_in(g.first_offset, 0, _I64_MAX)
+            and _int_in(g.last_offset, 0, _I64_MAX)
+            and _int_in(g.records, 1, _U64_MAX)
+            and _int_in(g.bytes, 0, _U64_MAX)
+        ):
+            raise CorruptData(f"{what}: a field is out of range", where=where)
+        try:
+            validate_topic(g.topic)
+        except InvalidName as exc:
+            raise CorruptData(str(exc), where=where) from None
+        if g.first_offset > g.last_offset or g.records != g.last_offset - g.first_offset + 1:
+            raise CorruptData(
+                f"{what}: {g.records} records for offsets {g.first_offset}..{g.last_offset}",
+                where=where,
+            )
+        if g.lane not in shipping:
+            raise CorruptData(
+                f"{what}: lane {g.lane} ships no LSNs in this entry (a gap belongs to "
+                "the LSN range of its lane)",
+                where=where,
+            )
+        if prev is not None:
+            key, pkey = (g.topic, g.partition), (prev.topic, prev.partition)
+            if pkey > key or (pkey == key and prev.last_offset >= g.first_offset):
+                raise CorruptData(
+                    "gaps are not sorted by (topic, partition, offset) or overlap", where=where
+                )
+        prev = g
+    for b in h.blocks:
+        for g in h.gaps:
+            if (g.topic, g.partition) == (b.topic, b.partition) and not (
+                g.last_offset < b.first_offset or b.last_offset < g.first_offset
+            ):
+                raise CorruptData(
+                    f"gap {g.topic!r}/{g.partition} {g.first_offset}..{g.last_offset} "
+                    f"overlaps a block ({b.first_offset}..{b.last_offset})",
+                    where=where,
+                )
+
+
 _KNOWN: Final = ", ".join(map(str, VERSIONS))
 
 
-def lanes_version(lanes: Sequence[LaneRange]) -> int:
-    """The version an entry with lane table ``lanes`` is written in."""
+def lanes_version(lanes: Sequence[LaneRange], gaps: Sequence[GapRange] = ()) -> int:
+    """The version an entry with lane table ``lanes`` and gap table ``gaps`` is written in."""
+    if gaps:
+        return VERSION_GAPS
     return VERSION_LANES if lanes else VERSION
 
 
@@ -591,6 +706,16 @@ def encode_header(header: LogObjectHeader) -> bytes:
     if h.lanes:
         parts.append(_U8.pack(len(h.lanes)))
         parts += (_LANE.pack(r.lane, r.first_lsn, r.last_lsn) for r in h.lanes)
+    if h.gaps:
+        parts.append(_U32.pack(len(h.gaps)))
+        for g in h.gaps:
+            topic = g.topic.encode("utf-8")
+            parts += (
+                _U8.pack(g.lane),
+                _U16.pack(len(topic)),
+                topic,
+                _GAP.pack(g.partition, g.first_offset, g.last_offset, g.records, g.bytes),
+            )
     if h.key_id is not None:
         key_id = h.key_id.encode("ascii")
         parts += (_U8.pack(len(key_id)), key_id)
@@ -646,12 +771,13 @@ def _encode_empty(
     created_ms: int,
     flags: int,
     lanes: tuple[LaneRange, ...] = (),
+    gaps: tuple[GapRange, ...] = (),
 ) -> bytes:
     validate_region(region)  # InvalidName is an InvalidInput
     header = LogObjectHeader(
-        lanes_version(lanes),
+        lanes_version(lanes, gaps),
         flags,
-        header_size(region, (), len(lanes)),
+        header_size(region, (), len(lanes), gap_topics=(g.topic for g in gaps)),
         epoch,
         seq,
         first_lsn,
@@ -660,6 +786,7 @@ def _encode_empty(
         region,
         (),
         lanes,
+        gaps=gaps,
     )
     return encode_header(header)
 
@@ -808,6 +935,7 @@ class LogObjectBuilder:
         threads: int = 0,
         lanes: Sequence[LaneRange] = (),
         key: WriteKeyLike | None = None,
+        gaps: Sequence[GapRange] = (),
     ) -> bytes:
         """The whole object: the header (with the index) followed by the blocks.
 
@@ -820,6 +948,7 @@ class LogObjectBuilder:
         ``first_lsn``/``last_lsn`` are lane 0's range; ``lanes`` (the other
         lanes' ranges, ascending lane ids) makes it a version 2 object. Without
         ``lanes`` the object is version 1, as every older writer built it.
+        ``gaps`` (offsets a drop-oldest lane dropped) makes it version 3.
 
         ``key`` (the region's write key, :class:`~edge_gateway.format.crypt.WriteKey`)
         seals every block with AES-256-GCM after compression and sets
@@ -835,8 +964,11 @@ class LogObjectBuilder:
         if not _int_in(first_lsn, 1, _U64_MAX) or not _int_in(last_lsn, 0, _U64_MAX):
             raise InvalidInput("LSNs must be u64, first_lsn >= 1")
         lane_table = tuple(lanes)
+        gap_table = tuple(gaps)
         if not self._slices:
-            return _encode_empty(region, epoch, seq, first_lsn, last_lsn, created_ms, 0, lane_table)
+            return _encode_empty(
+                region, epoch, seq, first_lsn, last_lsn, created_ms, 0, lane_table, gap_table
+            )
         cctx = _compressor(level, threads)
         keys = sorted(self._slices)
         key_id = key.key_id if key is not None else None
@@ -844,7 +976,11 @@ class LogObjectBuilder:
             raise InvalidInput(f"bad key id {key_id!r}")
         n_blocks = sum(len(v) for v in self._slices.values())
         hlen = header_size(
-            region, (t for t, p in keys for _ in self._slices[(t, p)]), len(lane_table), key_id
+            region,
+            (t for t, p in keys for _ in self._slices[(t, p)]),
+            len(lane_table),
+            key_id,
+            (g.topic for g in gap_table),
         )
         context = b""
         sealer: BlockSealer | None = None
@@ -890,7 +1026,7 @@ class LogObjectBuilder:
                 stored.append(packed)
                 pos += len(packed)
         header = LogObjectHeader(
-            lanes_version(lane_table),
+            lanes_version(lane_table, gap_table),
             FLAG_ENCRYPTED if sealer is not None else 0,
             hlen,
             epoch,
@@ -902,6 +1038,7 @@ class LogObjectBuilder:
             tuple(blocks),
             lane_table,
             key_id if sealer is not None else None,
+            gap_table,
         )
         return b"".join([encode_header(header), *stored])
 
@@ -976,7 +1113,7 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
     region = _utf8(view[pos : pos + rlen], "region", where)
     pos += rlen
     lanes: list[LaneRange] = []
-    if version == VERSION_LANES:
+    if version in (VERSION_LANES, VERSION_GAPS):
         (n_lanes,) = _U8.unpack_from(view, pos)
         pos += 1
         if pos + n_lanes * _LANE_SIZE + 4 > end:
@@ -984,6 +1121,28 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
         for _ in range(n_lanes):
             lanes.append(LaneRange(*_LANE.unpack_from(view, pos)))
             pos += _LANE_SIZE
+    gaps: list[GapRange] = []
+    if version == VERSION_GAPS:
+        (n_gaps,) = _U32.unpack_from(view, pos)
+        pos += 4
+        if n_gaps * (_GAP_FIXED + 1) > end - pos:
+            raise CorruptData(
+                f"{n_gaps} gap entries cannot fit in a header of {hlen} bytes", where=where
+            )
+        for _ in range(n_gaps):
+            if pos + 3 > end:
+                raise CorruptData("gap entry overruns the header", where=where)
+            (gap_lane,) = _U8.unpack_from(view, pos)
+            (tlen,) = _U16.unpack_from(view, pos + 1)
+            pos += 3
+            if pos + tlen + _GAP.size + 4 > end:
+                raise CorruptData("gap entry overruns the header", where=where)
+            gap_topic = _utf8(view[pos : pos + tlen], "topic", where)
+            pos += tlen
+            gaps.append(GapRange(gap_lane, gap_topic, *_GAP.unpack_from(view, pos)))
+            pos += _GAP.size
+        if pos + 4 > end:
+            raise CorruptData("gap table overruns the header", where=where)
     key_id: str | None = None
     if flags & FLAG_ENCRYPTED:
         (klen,) = _U8.unpack_from(view, pos)
@@ -1029,6 +1188,7 @@ def decode_header(buf: Buffer, *, where: str, object_size: int | None = None) ->
         tuple(blocks),
         tuple(lanes),
         key_id,
+        tuple(gaps),
     )
     validate_header(header, where=where)
     if object_size is not None and object_size != header.total_length:

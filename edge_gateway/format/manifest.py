@@ -1,4 +1,4 @@
-"""Manifest encoding, versions 1 and 2 (sans-IO), and the bucket keys of a region's log.
+"""Manifest encoding, versions 1, 2 and 3 (sans-IO), and the bucket keys of a region's log.
 
 Every ``manifest_interval`` the writer creates
 ``regions/<region>/manifest/<last_seq:020d>.json``: a summary of the log
@@ -21,7 +21,10 @@ Version 2 is written only when an entry is a version 2 log object (a gateway
 with several journal lanes): such an entry has one more key, ``"lanes":
 [[lane, first_lsn, last_lsn], ...]`` -- its log object's lane table -- and
 entries without it are version 1 log objects. A manifest with no such entry
-is written as version 1, byte for byte as before.
+is written as version 1, byte for byte as before. Version 3 is written only
+when an entry is a version 3 log object (it carries a gap marker): such an
+entry also has ``"gaps": [[lane, topic, partition, first_offset, last_offset,
+records, bytes], ...]``, and a partition's offsets may jump over a gap.
 
 Version 3 is written only when an entry is an encrypted log object: such an
 entry has the key ``"key_id"`` (its header's key id); a version 3 manifest
@@ -30,7 +33,7 @@ may hold lane tables too, and one with no key id in any entry is refused.
 :meth:`Manifest.decode` applies every rule of the log object format to each
 entry (through :func:`~edge_gateway.format.logobject.validate_header`), and
 across entries: seqs contiguous from ``first_seq``, journal LSNs growing,
-each partition's offsets gap-free, ``next_offsets`` matching the last block
+each partition's offsets gap-free but for declared gaps, ``next_offsets`` matching the last block
 of every partition shipped. It raises only
 :class:`~edge_gateway.errors.CorruptData`, with a one-line message.
 """
@@ -50,6 +53,7 @@ from edge_gateway.format.logobject import (
     MAX_HEADER_BYTES,
     MAX_LANE,
     BlockIndex,
+    GapRange,
     LaneRange,
     LogObjectHeader,
     lanes_version,
@@ -62,8 +66,10 @@ FORMAT: Final = "edgegw-manifest"
 VERSION: Final = 1
 #: The version whose entries may carry a lane table (``"lanes"``).
 VERSION_LANES: Final = 2
-#: The version whose entries may also name the key of an encrypted log object (``"key_id"``).
+#: The version whose entries may also name the key of an encrypted log object
+#: (``"key_id"``) and carry the log object's gap table (``"gaps"``).
 VERSION_KEYS: Final = 3
+VERSION_GAPS: Final = VERSION_KEYS
 _VERSIONS: Final = (VERSION, VERSION_LANES, VERSION_KEYS)
 #: Most entries one manifest may cover.
 MAX_ENTRIES: Final = 100_000
@@ -95,8 +101,6 @@ _ENTRY_KEYS: Final = frozenset(
     {"seq", "epoch", "first_lsn", "last_lsn", "fence", "header_length", "size", "blocks"}
 )
 _LANE_ENTRY_KEYS: Final = _ENTRY_KEYS | {"lanes"}
-_KEY_ENTRY_KEYS: Final = _ENTRY_KEYS | {"key_id"}
-_LANE_KEY_ENTRY_KEYS: Final = _LANE_ENTRY_KEYS | {"key_id"}
 # Name and (lo, hi) of each field of a block row after the topic, in order:
 # the fields of BlockIndex, with the ranges of the log object's index entry.
 _BLOCK_FIELDS: Final = (
@@ -133,6 +137,8 @@ class ManifestEntry:
     lanes: tuple[LaneRange, ...] = ()
     #: The id of the key an encrypted log object is sealed with (None: not encrypted).
     key_id: str | None = None
+    #: The log object's gap table (version 3): offsets the source dropped unshipped.
+    gaps: tuple[GapRange, ...] = ()
 
     @classmethod
     def from_header(cls, header: LogObjectHeader, size: int) -> ManifestEntry:
@@ -152,6 +158,7 @@ class ManifestEntry:
             header.blocks,
             header.lanes,
             header.key_id,
+            header.gaps,
         )
 
     def to_block_index(self) -> tuple[BlockIndex, ...]:
@@ -166,7 +173,7 @@ class ManifestEntry:
     def to_header(self, region: str, created_ms: int = 0) -> LogObjectHeader:
         """The log object header this entry summarises (``created_ms`` is not recorded)."""
         return LogObjectHeader(
-            lanes_version(self.lanes),
+            lanes_version(self.lanes, self.gaps),
             (FLAG_FENCE if self.fence else 0) | (FLAG_ENCRYPTED if self.key_id is not None else 0),
             self.header_length,
             self.epoch,
@@ -178,6 +185,7 @@ class ManifestEntry:
             self.blocks,
             self.lanes,
             self.key_id,
+            self.gaps,
         )
 
     def _to_doc(self) -> dict[str, Any]:
@@ -211,6 +219,11 @@ class ManifestEntry:
             doc["lanes"] = [[r.lane, r.first_lsn, r.last_lsn] for r in self.lanes]
         if self.key_id is not None:
             doc["key_id"] = self.key_id
+        if self.gaps:
+            doc["gaps"] = [
+                [g.lane, g.topic, g.partition, g.first_offset, g.last_offset, g.records, g.bytes]
+                for g in self.gaps
+            ]
         return doc
 
 
@@ -256,6 +269,14 @@ class Manifest:
             raise InvalidInput("a manifest covers at least one log entry")
         offsets = dict(previous_offsets or {})
         for entry in entries:
+            for g in entry.gaps:
+                key = (g.topic, g.partition)
+                if key in offsets and offsets[key] != g.first_offset:
+                    raise InvalidInput(
+                        f"log entry {entry.seq}: gap of {g.topic}/{g.partition} starts at "
+                        f"offset {g.first_offset}, but the partition continues at {offsets[key]}"
+                    )
+                offsets[key] = g.last_offset + 1
             for b in entry.blocks:
                 key = (b.topic, b.partition)
                 if key in offsets and offsets[key] != b.first_offset:
@@ -335,10 +356,10 @@ class Manifest:
 
     def _to_doc(self) -> dict[str, Any]:
         lanes = any(e.lanes for e in self.entries)
-        keys = any(e.key_id is not None for e in self.entries)
+        v3 = any(e.key_id is not None or e.gaps for e in self.entries)
         return {
             "format": FORMAT,
-            "version": VERSION_KEYS if keys else VERSION_LANES if lanes else VERSION,
+            "version": VERSION_KEYS if v3 else VERSION_LANES if lanes else VERSION,
             "region": self.region,
             "epoch": self.epoch,
             "first_seq": self.first_seq,
@@ -466,6 +487,29 @@ def _lanes(value: object, what: str, where: str) -> tuple[LaneRange, ...]:
     return tuple(lanes)
 
 
+def _gaps(value: object, what: str, where: str) -> tuple[GapRange, ...]:
+    rows = _list(value, what, where)
+    if not rows:
+        _fail(f"{what} is empty (an entry without gaps has no such key)", where)
+    gaps: list[GapRange] = []
+    for j, row in enumerate(rows):
+        f = _list(row, f"{what}[{j}]", where)
+        if len(f) != 7:
+            _fail(f"{what}[{j}] has {len(f)} fields, expected 7", where)
+        gaps.append(
+            GapRange(
+                _int(f[0], 1, MAX_LANE, f"{what}[{j}] lane", where),
+                _name(f[1], validate_topic, f"{what}[{j}] topic", where),
+                _int(f[2], 0, _U32_MAX, f"{what}[{j}] partition", where),
+                _int(f[3], 0, _I64_MAX, f"{what}[{j}] first_offset", where),
+                _int(f[4], 0, _I64_MAX, f"{what}[{j}] last_offset", where),
+                _int(f[5], 1, _U64_MAX, f"{what}[{j}] records", where),
+                _int(f[6], 0, _U64_MAX, f"{what}[{j}] bytes", where),
+            )
+        )
+    return tuple(gaps)
+
+
 def _parse(doc: object, where: str) -> Manifest:
     if type(doc) is not dict:
         _fail(f"manifest must be a JSON object, got {_type(doc)}", where)
@@ -495,20 +539,18 @@ def _parse(doc: object, where: str) -> Manifest:
     shipped: dict[tuple[str, int], int] = {}
     # lane -> last_lsn of the previous entry that listed the lane (lane 0: every entry)
     prev_lsns: dict[int, int] = {0: 0}
-    any_lanes = False
-    any_keys = False
+    any_lanes = any_v3 = False
     for i, raw in enumerate(raw_entries):
         what = f"entries[{i}]"
         has_lanes = version >= VERSION_LANES and type(raw) is dict and "lanes" in raw
         has_key = version >= VERSION_KEYS and type(raw) is dict and "key_id" in raw
-        e = _object(
-            raw,
-            (_LANE_KEY_ENTRY_KEYS if has_lanes else _KEY_ENTRY_KEYS)
-            if has_key
-            else (_LANE_ENTRY_KEYS if has_lanes else _ENTRY_KEYS),
-            what,
-            where,
-        )
+        has_gaps = version >= VERSION_GAPS and type(raw) is dict and "gaps" in raw
+        allowed = _LANE_ENTRY_KEYS if has_lanes else _ENTRY_KEYS
+        if has_key:
+            allowed = allowed | {"key_id"}
+        if has_gaps:
+            allowed = allowed | {"gaps"}
+        e = _object(raw, allowed, what, where)
         key_id: str | None = None
         if has_key:
             key_id = e["key_id"]
@@ -534,9 +576,10 @@ def _parse(doc: object, where: str) -> Manifest:
             blocks,
             _lanes(e["lanes"], f"{what}.lanes", where) if has_lanes else (),
             key_id,
+            _gaps(e["gaps"], f"{what}.gaps", where) if has_gaps else (),
         )
         any_lanes = any_lanes or has_lanes
-        any_keys = any_keys or has_key
+        any_v3 = any_v3 or has_key or has_gaps
         header = entry.to_header(region)
         try:
             validate_header(header, where=where)
@@ -560,7 +603,18 @@ def _parse(doc: object, where: str) -> Manifest:
                     where,
                 )
             prev_lsns[lane] = last
-        # Offsets of a partition are gap-free along the log.
+        # Offsets of a partition are gap-free along the log, but for the gaps
+        # the log declares (offsets a drop-oldest lane dropped): a gap starts
+        # where the partition's shipped offsets end and moves them on.
+        for g in entry.gaps:
+            key = (g.topic, g.partition)
+            if key in shipped and shipped[key] != g.first_offset:
+                _fail(
+                    f"{what} (log entry {seq}): gap of {g.topic}/{g.partition} starts at "
+                    f"offset {g.first_offset}, but the previous entries end before {shipped[key]}",
+                    where,
+                )
+            shipped[key] = g.last_offset + 1
         for b in blocks:
             key = (b.topic, b.partition)
             if key in shipped and shipped[key] != b.first_offset:
@@ -589,8 +643,12 @@ def _parse(doc: object, where: str) -> Manifest:
         next_offsets[key] = _int(triple[2], _I64_MIN, _NEXT_OFFSET_MAX, f"{what} offset", where)
     if version == VERSION_LANES and not any_lanes:
         _fail("a version 2 manifest with no lane table in any entry (write version 1)", where)
-    if version == VERSION_KEYS and not any_keys:
-        _fail("a version 3 manifest with no key id in any entry (write version 1 or 2)", where)
+    if version == VERSION_KEYS and not any_v3:
+        _fail(
+            "a version 3 manifest with neither a key id nor a gap table in any entry "
+            "(write version 1 or 2)",
+            where,
+        )
     for key, offset in shipped.items():
         if next_offsets.get(key) != offset:
             _fail(

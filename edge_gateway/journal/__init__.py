@@ -9,7 +9,7 @@ from edge_gateway.journal._journal import (
     OffsetOutOfRange,
     open_journal,
 )
-from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, Priority
+from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, OnFull, Priority
 
 __all__ = [
     "DRAIN_ORDER",
@@ -22,6 +22,7 @@ __all__ = [
     "JournalStats",
     "Lane",
     "OffsetOutOfRange",
+    "OnFull",
     "Priority",
     "SourceCoords",
     "open_journal",

@@ -291,6 +291,24 @@ class IndexFile:
         """(LSNs, base offsets) of one partition's run (see :class:`PartitionRun`)."""
         return DiskArray(self, at, count), DiskArray(self, at + 8 * count, count)
 
+    def read_array(self, at: int, n: int) -> array[int]:
+        """``n`` i64 from byte ``at``, read at once (bypassing the page cache): for a
+        one-off scan of a whole run, such as a drop-oldest lane describing a
+        segment it drops."""
+        if self.data is not None:
+            return _arr_from(self.data[at : at + 8 * n])
+        try:
+            fd = _fs.ops.open(self.path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, 8 * n, at)
+            finally:
+                _fs.ops.close(fd)
+        except OSError as exc:
+            raise Unavailable(f"journal: cannot read index file {self.path}: {exc}") from exc
+        if len(data) != 8 * n:
+            raise Unavailable(f"journal: index file {self.path} is shorter than when it was opened")
+        return _arr_from(data)
+
     def read_page(self, page: int) -> bytes:
         if self.data is not None:
             return self.data[page << _PAGE_SHIFT : (page + 1) << _PAGE_SHIFT]
@@ -301,6 +319,10 @@ class DiskArray:
     """A read-only array of i64 in an index file: ``len``, ``[i]`` and ``bisect`` work."""
 
     __slots__ = ("_at", "_file", "_n")
+
+    def to_array(self) -> array[int]:
+        """All of it in memory (one read)."""
+        return self._file.read_array(self._at, self._n)
 
     def __init__(self, file: IndexFile, at: int, n: int) -> None:
         self._file = file

@@ -78,6 +78,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
+from edge_gateway.journal._dropped import Drop, DroppedRange, append_drops, load_drops
 from edge_gateway.journal._index import (
     IndexCache,
     IndexFile,
@@ -187,6 +188,14 @@ class JournalStats:
     #: index page lookups served from the cache, and read from the file
     index_cache_hits: int = 0
     index_cache_misses: int = 0
+    #: A ``drop-oldest`` journal (docs/journal.md, "Drop-oldest lanes").
+    drop_oldest: bool = False
+    #: Unshipped segments it deleted to make room, and the records and bytes in them
+    #: (over the life of the journal: counted from ``dropped.log`` at open; records
+    #: the shipper was committing when they were dropped are not counted).
+    dropped_segments: int = 0
+    dropped_records: int = 0
+    dropped_bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -326,6 +335,14 @@ class Journal:
         self._truncated_on_open = 0
         self._open_seconds = 0.0
         self._lock: DirectoryLock | None = None
+        #: A drop-oldest journal: over budget, delete the oldest unshipped segment.
+        self.drop_oldest = False
+        #: What drop-oldest deleted unshipped (dropped.log), oldest first.
+        self._drops: list[Drop] = []
+        #: Bumped at each drop (the shipper notices drops under an object it built).
+        self.drop_generation = 0
+        #: Entries below this LSN are in an object the shipper is committing.
+        self._taken_lsn = 0
 
     # ------------------------------------------------------------------ open
 
@@ -337,6 +354,7 @@ class Journal:
         *,
         start: Checkpoint | None = None,
         start_lsn: int = 1,
+        drop_oldest: bool = False,
     ) -> Journal:
         """Open (or create) the journal in ``path`` and recover its state.
 
@@ -349,6 +367,7 @@ class Journal:
         if start_lsn < 1:
             raise InvalidInput("start_lsn must be >= 1")
         j = cls(Path(path), config or JournalConfig())
+        j.drop_oldest = drop_oldest
         # One process per journal: a second one would truncate the segment the
         # first writes through its map (see edge_gateway.datadir).
         try:
@@ -359,6 +378,7 @@ class Journal:
         j._next_lsn = start_lsn
         try:
             j._fit_disk()
+            j._finish_drops()
             j._recover(start or Checkpoint({}, {}))
         except BaseException as exc:
             j._release_files()
@@ -423,6 +443,28 @@ class Journal:
             raise
         self._apply_checkpoint(start)
         self._lsn_at_open = self._next_lsn
+
+    def _finish_drops(self) -> None:
+        """Load ``dropped.log``; complete a drop whose record is durable but whose
+        segment is still there (the process died between the two)."""
+        self._drops = load_drops(self.path)
+        if not self._drops:
+            return
+        last = self._drops[-1]
+        seg = self.path / segment_name(last.segment)
+        if seg.exists():
+            _fs.ops.unlink(seg)
+            with contextlib.suppress(FileNotFoundError):
+                _fs.ops.unlink(seg.with_suffix(".idx"))
+            log.warning(
+                "journal: completed the drop of segment %s (LSN %d-%d) recorded in %s "
+                "before the last run ended",
+                seg.name,
+                last.segment,
+                last.end - 1,
+                self.path / "dropped.log",
+            )
+        self._safe_lsn = max(self._safe_lsn, last.end)
 
     def _fit_disk(self) -> None:
         """Roll smaller segments on a small disk (see :meth:`DiskSpace.fit`)."""
@@ -946,6 +988,9 @@ class Journal:
             raise
         if self._total_bytes + length > self._max_bytes:
             self._delete_segments(need=length)
+            if self.drop_oldest:
+                while self._total_bytes + length > self._max_bytes and self._drop_unshipped():
+                    pass
             if self._total_bytes + length > self._max_bytes:
                 self._full_rejections += 1
                 raise JournalFull(
@@ -1263,6 +1308,127 @@ class Journal:
             if early:
                 self._space.deleted_early()
         return deleted
+
+    # ------------------------------------------------------------ drop-oldest
+
+    def take(self, lsn: int) -> None:
+        """The shipper is committing an object holding the entries below ``lsn``.
+
+        A drop of those entries from now on records them as ``held``: they
+        reach the bucket with that object (docs/journal.md, "Drop-oldest lanes").
+        """
+        self._taken_lsn = max(self._taken_lsn, lsn)
+
+    def _drop_unshipped(self) -> bool:
+        """Delete the oldest sealed segment though it is not (all) shipped, after
+        recording exactly what it held in ``dropped.log`` (fsynced). False if there
+        is none (only the active segment is left) or it could not be deleted."""
+        if len(self._segments) < 2 or self._broken is not None:
+            return False
+        seg = self._segments[0]
+        first = max(seg.base_lsn, self._safe_lsn)
+        held_to = min(max(first, self._taken_lsn), seg.end_lsn)
+        parts = [(first, held_to, True), (held_to, seg.end_lsn, False)]
+        drops = [self._describe_drop(seg, a, b, held) for a, b, held in parts if a < b]
+        if not self._drops or self._drops[-1].segment != seg.base_lsn:
+            # (A second try after a failed unlink records nothing twice.)
+            try:
+                append_drops(self.path, drops)
+            except OSError as exc:
+                log.warning("journal: cannot record a drop in %s: %s", self.path, exc)
+                return False
+            self._drops += drops
+            self.drop_generation += 1
+        self._safe_lsn = max(self._safe_lsn, seg.end_lsn)
+        for d in drops:
+            log.warning(
+                "journal: dropping unshipped segment %s of drop-oldest lane %s (LSN %d-%d%s): %s",
+                seg.path.name,
+                self.path.name,
+                d.lsn_first,
+                d.lsn_last,
+                ", in an object being shipped" if d.held else "",
+                "; ".join(
+                    f"{r.topic}/{r.partition} offsets {r.first}-{r.last} "
+                    f"({r.records} records, {r.bytes} bytes)"
+                    for r in d.ranges
+                )
+                or "no records",
+            )
+        return self._drop_oldest(" (drop-oldest: the lane is over its budget)")
+
+    def shed(self, nbytes: int) -> int:
+        """Free at least ``nbytes`` of the budget if this is a drop-oldest journal:
+        shipped segments first, then the oldest unshipped ones (recorded as any
+        drop). For a block lane of the same gateway that is full (``Lanes``).
+        Returns the bytes freed (0 for a block journal)."""
+        if not self.drop_oldest or self._closed:
+            return 0
+        before = self._total_bytes
+        while before - self._total_bytes < nbytes:
+            if self._delete_segments(force=True, limit=1):
+                continue
+            if not self._drop_unshipped():
+                break
+        return before - self._total_bytes
+
+    def _describe_drop(self, seg: Segment, lsn_a: int, lsn_b: int, held: bool) -> Drop:
+        """What ``seg``'s entries with LSNs ``lsn_a <= lsn < lsn_b`` hold, per partition.
+
+        From the index only: a partition's offsets within a lane are contiguous,
+        so an entry ends where the partition's next entry starts (in this
+        segment, the next one, or the active segment's index).
+        """
+        assert seg.index is not None
+        positions = seg.index.positions().to_array()
+        positions.append(seg.size)
+        ranges: list[DroppedRange] = []
+        for (topic, partition), p in sorted(self._partitions.items()):
+            if not p.seg_bases or p.seg_bases[0] != seg.base_lsn:
+                continue
+            run_lsns, run_offsets = seg.index.run(p.seg_at[0], p.seg_count[0])
+            lsns, offsets = run_lsns.to_array(), run_offsets.to_array()
+            n = len(lsns)
+            ka = bisect.bisect_left(lsns, lsn_a)
+            kb = bisect.bisect_left(lsns, lsn_b)
+            if ka >= kb:
+                continue
+            if kb < n:
+                end = offsets[kb]
+            elif len(p.seg_first) > 1:
+                end = p.seg_first[1]
+            elif p.offsets:
+                end = p.offsets[0]
+            else:
+                end = p.next_offset
+            base = seg.base_lsn
+            size = sum(positions[i - base + 1] - positions[i - base] for i in lsns[ka:kb])
+            first = offsets[ka]
+            ranges.append(DroppedRange(topic, partition, first, end - 1, end - first, size))
+        return Drop(seg.base_lsn, seg.end_lsn, lsn_a, lsn_b - 1, _now_ms(), held, tuple(ranges))
+
+    def drops_from(self, lsn: int, through: int | None = None) -> list[Drop]:
+        """The recorded drops of LSNs from ``lsn`` on (through ``through``), oldest first:
+        the gaps the shipper ships in its object whose range starts at ``lsn``.
+
+        A ``held`` record (entries that were in an object being committed) is
+        among them only if that object never committed: the next object then
+        starts at or before its ``lsn_first``.
+        """
+        out = []
+        for d in reversed(self._drops):
+            if d.lsn_first < lsn:
+                break
+            if through is None or d.lsn_first <= through:
+                out.append(d)
+        out.reverse()
+        return out
+
+    def dropped(self, *, held: bool = True) -> list[Drop]:
+        """Every drop recorded in ``dropped.log``, oldest first; without the ``held``
+        ones if ``held`` is False (entries dropped while the shipper committed
+        them: gaps only if the process died before that commit)."""
+        return [d for d in self._drops if held or not d.held]
 
     def _drop_oldest(self, why: str = "") -> bool:
         seg = self._segments[0]
@@ -1709,6 +1875,10 @@ class Journal:
             index_cache_capacity_bytes=self._index_cache.capacity,
             index_cache_hits=self._index_cache.hits,
             index_cache_misses=self._index_cache.misses,
+            drop_oldest=self.drop_oldest,
+            dropped_segments=len({d.segment for d in self._drops}),
+            dropped_records=sum(r.records for d in self._drops if not d.held for r in d.ranges),
+            dropped_bytes=sum(r.bytes for d in self._drops if not d.held for r in d.ranges),
         )
 
     def index_memory(self) -> int:
@@ -1791,14 +1961,16 @@ class Journal:
 
 @asynccontextmanager
 async def open_journal(
-    path: str | os.PathLike[str], config: JournalConfig | None = None
+    path: str | os.PathLike[str], config: JournalConfig | None = None, *, drop_oldest: bool = False
 ) -> AsyncIterator[Journal]:
     """Open the journal (recovery runs in a worker thread) with its background tasks.
 
     For embedding and tests; the gateway instead starts :meth:`Journal.run`
     in its own nursery.
     """
-    journal = await trio.to_thread.run_sync(Journal.open_sync, path, config)
+    journal = await trio.to_thread.run_sync(
+        lambda: Journal.open_sync(path, config, drop_oldest=drop_oldest)
+    )
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(journal.run)

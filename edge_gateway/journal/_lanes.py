@@ -32,11 +32,11 @@ from typing import NamedTuple
 
 import trio
 
-from edge_gateway.errors import ConfigError, InvalidInput
+from edge_gateway.errors import ConfigError, InvalidInput, JournalFull
 from edge_gateway.format.entry import Entry
 from edge_gateway.journal._config import JournalConfig
 from edge_gateway.journal._journal import Journal, OffsetOutOfRange, open_journal
-from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, Priority
+from edge_gateway.journal._lane import ALL_LANES, MAIN_LANE, Lane, Priority
 
 log = logging.getLogger("edgegw.journal")
 
@@ -67,7 +67,7 @@ class Lanes:
     def __init__(
         self,
         journals: Mapping[Lane, Journal],
-        priority_of: Callable[[str], Priority],
+        priority_of: Callable[[str], Priority | Lane],
         config: JournalConfig | None = None,
     ) -> None:
         if MAIN_LANE not in journals:
@@ -91,7 +91,11 @@ class Lanes:
         # partition whose lane is settled (its owner is the lane it wants),
         # the lane's index in them.
         cfg = self._config
-        self._plan = [(j, cfg.reserved(lane.priority)) for lane, j in self.journals.items()]
+        # A priority's reserve is its block lane's (a drop-oldest lane makes its own room).
+        self._plan = [
+            (j, 0 if lane.drops else cfg.reserved(lane.priority))
+            for lane, j in self.journals.items()
+        ]
         self._pool = cfg.max_bytes - sum(r for _, r in self._plan)
         self._others = [
             [other for k, other in enumerate(self._plan) if k != i] for i in range(len(self._plan))
@@ -103,7 +107,8 @@ class Lanes:
 
     def lane_for(self, topic: str) -> Lane:
         """The lane the configuration puts ``topic`` in (one that is open here)."""
-        lane = Lane(self._priority_of(topic))
+        want = self._priority_of(topic)
+        lane = want if isinstance(want, Lane) else Lane(want)
         return lane if lane in self.journals else MAIN_LANE
 
     # ---------------------------------------------------------------- owners
@@ -189,6 +194,19 @@ class Lanes:
                 taken += used - r
         j.set_budget(reserve + self._pool - taken)
 
+    def _shed_for(self, i: int, length: int) -> bool:
+        """Make drop-oldest lanes other than ``i`` give up shared room for an append of
+        ``length`` bytes to lane ``i``. True if any was freed."""
+        need = length + self._config.segment_bytes
+        freed = 0
+        for k, (j, reserve) in enumerate(self._plan):
+            if k == i or not j.drop_oldest or j.disk_bytes <= reserve:
+                continue
+            freed += j.shed(min(need - freed, j.disk_bytes - reserve))
+            if freed >= need:
+                break
+        return freed > 0
+
     def _fit_budgets(self) -> None:
         if self.multi:
             for i in range(len(self._plan)):
@@ -221,7 +239,15 @@ class Lanes:
                 self._settled[key] = i
         self._fit(i)
         lane = self._lane_at[i]
-        lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch)
+        try:
+            lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch)
+        except JournalFull:
+            # Drop-oldest data is what gives way: a full lane takes the shared
+            # room a drop-oldest lane holds beyond its reserve, then tries again.
+            if not self._shed_for(i, len(batch)):
+                raise
+            self._fit(i)
+            lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch)
         if key in self._pending_moves:
             # Only a partition waiting to move needs its last LSN in the old lane.
             self._last_lsn[key] = lsn
@@ -311,7 +337,7 @@ class Lanes:
             await j.flush()
 
     def in_drain_order(self) -> list[tuple[Lane, Journal]]:
-        return [(lane, self.journals[lane]) for lane in map(Lane, DRAIN_ORDER) if lane in self]
+        return [(lane, self.journals[lane]) for lane in ALL_LANES if lane in self]
 
     def __contains__(self, lane: object) -> bool:
         return lane in self.journals
@@ -319,15 +345,15 @@ class Lanes:
 
 def lane_path(main: Path, lane: Lane) -> Path:
     """The journal directory of ``lane``: ``main`` itself for the normal lane, else
-    ``<main>-<priority>`` beside it (``journal-critical``, ``journal-bulk``)."""
-    return main if lane.is_main else main.with_name(f"{main.name}-{lane.priority.value}")
+    ``<main>-<lane>`` beside it (``journal-critical``, ``journal-bulk``,
+    ``journal-bulk-drop``)."""
+    return main if lane.is_main else main.with_name(f"{main.name}-{lane}")
 
 
 def lanes_on_disk(main: Path) -> set[Lane]:
     """The lanes whose journal directory exists beside ``main`` (the normal lane always)."""
     found = {MAIN_LANE}
-    for priority in Priority:
-        lane = Lane(priority)
+    for lane in ALL_LANES:
         if lane_path(main, lane).is_dir():
             found.add(lane)
     return found
@@ -349,16 +375,18 @@ def refuse_lanes(main: Path, command: str) -> None:
 async def open_lanes(
     main: Path,
     config: JournalConfig,
-    priorities: Iterable[Priority],
-    priority_of: Callable[[str], Priority],
+    priorities: Iterable[Priority | Lane],
+    priority_of: Callable[[str], Priority | Lane],
 ) -> AsyncIterator[Lanes]:
-    """Open the normal lane's journal at ``main`` and one per other priority in
-    ``priorities`` -- or on disk: a lane that still holds data is always opened,
+    """Open the normal lane's journal at ``main`` and one per other lane (or priority)
+    in ``priorities`` -- or on disk: a lane that still holds data is always opened,
     whatever the configuration says now."""
-    wanted = lanes_on_disk(main) | {Lane(p) for p in priorities}
+    wanted = lanes_on_disk(main) | {p if isinstance(p, Lane) else Lane(p) for p in priorities}
     async with contextlib.AsyncExitStack() as stack:
         journals = {
-            lane: await stack.enter_async_context(open_journal(lane_path(main, lane), config))
+            lane: await stack.enter_async_context(
+                open_journal(lane_path(main, lane), config, drop_oldest=lane.drops)
+            )
             for lane in sorted(wanted, key=lambda lane: lane.rank)
         }
         if len(journals) > 1:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from edge_gateway.errors import CorruptData, EdgeGatewayError, InvalidInput
 from edge_gateway.format.batch import RecordBatch
 from edge_gateway.format.entry import SourceCoords
-from edge_gateway.format.logobject import BlockIndex, LogObjectHeader
+from edge_gateway.format.logobject import BlockIndex, GapRange, LogObjectHeader
 from edge_gateway.format.manifest import ManifestEntry
 from edge_gateway.names import mirror_topic
 
@@ -63,6 +63,11 @@ class GapKind(enum.StrEnum):
     #: earlier data was gone (or not subscribed) before this mirror began.
     #: Not a loss of this mirror, so no policy applies; it is still recorded.
     START = "start"
+    #: The source dropped these offsets before shipping them (a drop-oldest
+    #: topic over its disk budget) and says so in its log (a gap marker): the
+    #: exact range, declared by the source, so no policy applies; recorded and
+    #: reported (WARNING, metrics, status).
+    DROPPED = "dropped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +96,14 @@ class Gap:
             return (
                 f"{self.kind} gap in region {self.source}'s log: entries "
                 f"{self.first_seq}..{self.last_seq} are gone"
+            )
+        if self.kind is GapKind.DROPPED:
+            return (
+                f"dropped gap in {self.source}:{self.topic}/{self.partition}: offsets "
+                f"{self.first_offset}..{(self.end_offset or 0) - 1} "
+                f"({(self.end_offset or 0) - (self.first_offset or 0)} records) were dropped "
+                f"by the source before they were shipped (on_full = drop-oldest; gap marker "
+                f"in entry {self.first_seq})"
             )
         return (
             f"{self.kind} gap in {self.source}:{self.topic}/{self.partition}: offsets "
@@ -135,6 +148,8 @@ class EntryInfo:
     key_id: str | None = None
     first_lsn: int = 0
     last_lsn: int = 0
+    #: Gap markers: offsets the source dropped unshipped (version 3 entries).
+    gaps: tuple[GapRange, ...] = ()
 
     @property
     def total_length(self) -> int:
@@ -155,6 +170,7 @@ class EntryInfo:
             key_id=header.key_id,
             first_lsn=header.first_lsn,
             last_lsn=header.last_lsn,
+            gaps=header.gaps,
         )
 
     @classmethod
@@ -172,6 +188,7 @@ class EntryInfo:
             key_id=entry.key_id,
             first_lsn=entry.first_lsn,
             last_lsn=entry.last_lsn,
+            gaps=entry.gaps,
         )
 
 
@@ -212,6 +229,9 @@ class EntryPlan:
     gaps: tuple[Gap, ...] = ()
     #: The entry is the one a crash interrupted: some of it is applied already.
     resumed: bool = False
+    #: Gap markers whose jump no block of this entry makes: ((topic, partition),
+    #: offset after the gap) for :meth:`SourceState.applied` to remember.
+    declared: tuple[tuple[tuple[str, int], int], ...] = ()
 
     @property
     def partition_gaps(self) -> tuple[Gap, ...]:
@@ -248,6 +268,10 @@ class SourceState:
     ) -> None:
         self.source = source
         self._subscribed = subscribed
+        #: (source topic, partition) -> the offset after a gap marker already
+        #: applied whose jump the mirror partition has not made yet (its next
+        #: append skips to here). In memory: see docs/mirroring.md, "Dropped gaps".
+        self._declared: dict[tuple[str, int], int] = {}
         #: Nothing from this source was ever applied (no progress recorded).
         self.fresh = progress is None
         if progress is None:
@@ -363,6 +387,46 @@ class SourceState:
         blocks: list[BlockPlan] = []
         gaps: list[Gap] = []
         expected: dict[tuple[str, int], int] = {}
+        #: partitions whose next block may jump to a declared gap's end
+        declared: dict[tuple[str, int], int] = {}
+        for g in info.gaps:
+            if not self._subscribed(g.topic):
+                continue
+            key = (g.topic, g.partition)
+            exp = expected.get(key)
+            if exp is None:
+                exp = max(
+                    local_next(mirror_topic(self.source, g.topic), g.partition),
+                    self._declared.get(key, 0),
+                )
+            if g.last_offset < exp:
+                continue  # applied before (a resumed entry)
+            if g.first_offset > exp > 0:
+                gaps.append(
+                    Gap(
+                        GapKind.PARTITION,
+                        self.source,
+                        info.seq,
+                        info.seq,
+                        g.topic,
+                        g.partition,
+                        exp,
+                        g.first_offset,
+                    )
+                )
+            gaps.append(
+                Gap(
+                    GapKind.DROPPED,
+                    self.source,
+                    info.seq,
+                    info.seq,
+                    g.topic,
+                    g.partition,
+                    max(exp, g.first_offset),
+                    g.last_offset + 1,
+                )
+            )
+            expected[key] = declared[key] = g.last_offset + 1
         for b in info.blocks:
             if not self._subscribed(b.topic):
                 continue
@@ -372,9 +436,17 @@ class SourceState:
             first_here = exp is None
             if exp is None:
                 exp = local_next(local, b.partition)
+                # A gap marker of an earlier entry: the mirror jumps to its end.
+                end = self._declared.get(key)
+                if end is not None and exp < end:
+                    exp = end
+                    declared[key] = end
             what = f"{b.topic}/{b.partition} offsets {b.first_offset}..{b.last_offset}"
             allow_gap = False
-            if b.first_offset > exp:
+            if key in declared and b.first_offset == declared.pop(key):
+                # The jump a gap marker declared (recorded as a DROPPED gap).
+                allow_gap = local_next(local, b.partition) < b.first_offset
+            elif b.first_offset > exp:
                 # A partition the mirror never held starts wherever the log
                 # first shows it; any other jump is data the source lost.
                 start = first_here and exp == 0
@@ -406,7 +478,14 @@ class SourceState:
             blocks.append(BlockPlan(b, local, exp, allow_gap))
             expected[key] = b.last_offset + 1
         action = Action.APPLY if blocks else Action.PROGRESS
-        return EntryPlan(info, action, tuple(blocks), tuple(gaps), resumed=self.resume_inside)
+        return EntryPlan(
+            info,
+            action,
+            tuple(blocks),
+            tuple(gaps),
+            resumed=self.resume_inside,
+            declared=tuple(declared.items()),
+        )
 
     def assemble(
         self, plan: EntryPlan, batches: Mapping[BlockIndex, Sequence[RecordBatch]]
@@ -473,6 +552,10 @@ class SourceState:
             raise InvalidInput(f"applied seq {plan.info.seq}, expected {self.next_seq}")
         if plan.action is not Action.STALE:
             self.accepted_epoch = max(self.accepted_epoch, plan.info.epoch)
+            for key, end in plan.declared:
+                self._declared[key] = max(self._declared.get(key, 0), end)
+            for bp in plan.blocks:
+                self._declared.pop((bp.index.topic, bp.index.partition), None)
         self.next_seq = plan.info.seq + 1
         self.resume_inside = False
         self.anchored = True

@@ -157,6 +157,8 @@ class TailerStats:
     quarantine_events: int
     cursor_through_seq: int
     stopped_by: str | None
+    #: Per source topic, records the source declared dropped (gap markers, this run).
+    dropped_gap_records: tuple[tuple[str, int], ...] = ()
     #: Idle waits are for relayed heads (no polling), see :meth:`Tailer.set_relay`.
     relay: bool = False
     #: Highest head the relay announced (0: none).
@@ -301,6 +303,8 @@ class Tailer:
         self._quarantine: dict[str, QuarantinedEntry] = {}
         self._quarantine_attempt = 0
         self._gaps: deque[Gap] = deque(maxlen=_MAX_GAPS_KEPT)
+        #: Per source topic: records the source declared dropped (gap markers), this run.
+        self._dropped_records: dict[str, int] = {}
         self._avg_entry_bytes = 0.0
         self._rate: deque[tuple[float, int]] = deque()
         # counters
@@ -538,6 +542,7 @@ class Tailer:
             retries=self._retries,
             last_error=self._last_error,
             gaps=tuple(self._gaps),
+            dropped_gap_records=tuple(sorted(self._dropped_records.items())),
             quarantined=tuple(self._quarantine.values()),
             quarantine_events=self._quarantine_events,
             cursor_through_seq=self._published_through,
@@ -1144,6 +1149,11 @@ class Tailer:
         self._gaps.append(gap)
         if gap.kind is GapKind.START:
             log.info("mirror %s: %s", self.source, gap.describe())
+        elif gap.kind is GapKind.DROPPED:
+            assert gap.topic is not None
+            records = (gap.end_offset or 0) - (gap.first_offset or 0)
+            self._dropped_records[gap.topic] = self._dropped_records.get(gap.topic, 0) + records
+            log.warning("mirror %s: %s", self.source, gap.describe())
         elif self.config.gap_policy is GapPolicy.SKIP:
             log.warning("mirror %s: SKIPPED %s", self.source, gap.describe())
         else:

@@ -335,7 +335,7 @@ def test_corrupt_block(site: Site, broken: Path) -> None:
     [
         ((20, b"\x09"), "header CRC mismatch"),
         ((0, b"EGWX"), "not a log object"),
-        ((4, b"\x03"), "unsupported log object version 3"),
+        ((4, b"\x04"), "unsupported log object version 4"),
         ((-1, None), "object is"),
     ],
 )

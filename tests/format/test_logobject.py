@@ -423,7 +423,7 @@ def test_header_length_hint() -> None:
         with pytest.raises(CorruptData, match="not a log object"):
             header_length_hint(bad)
     cases = {
-        "version": obj[:4] + b"\x03" + obj[5:12],
+        "version": obj[:4] + b"\x04" + obj[5:12],
         "flags": obj[:5] + b"\x04" + obj[6:12],
         "reserved": obj[:6] + b"\x01\x00" + obj[8:12],
         "small": obj[:8] + struct.pack("<I", MIN_HEADER_BYTES - 1),

@@ -135,7 +135,7 @@ def test_v2_entry_without_data_in_lane_0() -> None:
         ({"lanes": (LaneRange(1, 1, 0), LaneRange(1, 1, 0))}, "ascending"),
         ({"lanes": (LaneRange(1, 0, 0),)}, "out of range"),
         ({"lanes": (LaneRange(1, 5, 3),)}, "negative"),
-        ({"version": 3}, "unsupported log object version 3"),
+        ({"version": 4}, "unsupported log object version 4"),
     ],
 )
 def test_v2_header_validation(change: dict[str, object], fragment: str) -> None:

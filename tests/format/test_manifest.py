@@ -498,7 +498,10 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "format nested": (_nested(100), "not a manifest (format an array)"),
     "deep nesting": (b"[" * 100_000, "not valid JSON"),
     "version 4": (_apply(_set(("version",), 4)), "unsupported manifest version 4"),
-    "version 3 without key ids": (_apply(_set(("version",), 3)), "no key id in any entry"),
+    "version 3 without key ids or gaps": (
+        _apply(_set(("version",), 3)),
+        "neither a key id nor a gap table",
+    ),
     "version string": (_apply(_set(("version",), "1")), "unsupported manifest version '1'"),
     "version bool": (_text(b'"version":1', b'"version":true'), "unsupported manifest version"),
     # JSON that is not ours

@@ -385,3 +385,73 @@ def test_any_log_any_crashes_mirror_equals_log(
     mirrored = {(t.split(".", 1)[1], p): b for (t, p), b in j.batches.items()}
     assert mirrored == expected
     assert j.progress == SourceCoords(SRC, len(log), epoch, True)
+
+
+# ---------------------------------------------------------------- gap markers (drop-oldest)
+
+
+def gap_entry(
+    seq: int,
+    gaps: list[tuple[str, int, int, int]],
+    parts: Mapping[tuple[str, int], list[tuple[int, int]]] | None = None,
+) -> tuple[EntryInfo, dict[BlockIndex, list[RecordBatch]]]:
+    """A version 3 entry of lane 5 with gap markers (topic, partition, first, last)."""
+    b = LogObjectBuilder()
+    for (t, p), batches in sorted((parts or {}).items()):
+        for first, n in batches:
+            b.add_batch(t, p, make_batch(t, p, first, n))
+    table = tuple(logobject.GapRange(5, t, p, a, z, z - a + 1, 100) for t, p, a, z in sorted(gaps))
+    data = b.build(SRC, 1, seq, 1, 0, 0, lanes=(logobject.LaneRange(5, seq, seq),), gaps=table)
+    info = info_of(data)
+    decoded = {
+        bi: [
+            decode_batch(x.raw)
+            for x in logobject.iter_block_batches(
+                bi, logobject.decode_block(bi, data[bi.offset : bi.end], where="k")
+            )
+        ]
+        for bi in info.blocks
+    }
+    return info, decoded
+
+
+def test_a_gap_marker_and_the_data_after_it_in_one_entry() -> None:
+    s, local = fresh(), Local()
+    local.apply(s, *entry(1, 1, {("t", 0): [(0, 10)]}))
+    info, batches = gap_entry(2, [("t", 0, 10, 49)], {("t", 0): [(50, 5)]})
+    plan = s.plan(info, local)
+    assert [(g.kind, g.first_offset, g.end_offset) for g in plan.gaps] == [
+        (GapKind.DROPPED, 10, 50)
+    ]
+    assert plan.partition_gaps == ()  # declared by the source: no gap policy applies
+    appends, _ = s.assemble(plan, batches)
+    assert appends[0].base_offset == 50
+    assert appends[0].allow_gap
+    assert "dropped by the source" in plan.gaps[0].describe()
+
+
+def test_a_gap_marker_alone_then_the_data_in_a_later_entry() -> None:
+    s, local = fresh(), Local()
+    local.apply(s, *entry(1, 1, {("t", 0): [(0, 10)]}))
+    info, batches = gap_entry(2, [("t", 0, 10, 49)])
+    plan = s.plan(info, local)
+    assert [g.kind for g in plan.gaps] == [GapKind.DROPPED]
+    assert local.apply(s, info, batches) == 0
+    # the next entry's block starts after the gap: no second gap, no policy
+    info, batches = entry(3, 1, {("t", 0): [(50, 5)]})
+    plan = s.plan(info, local)
+    assert plan.gaps == ()
+    appends, _ = s.assemble(plan, batches)
+    assert appends[0].allow_gap
+    assert local.apply(s, info, batches) == 1
+    assert local.next[("north.t", 0)] == 55
+    # and then normal contiguity rules again
+    info, _ = entry(4, 1, {("t", 0): [(60, 1)]})
+    assert s.plan(info, local).partition_gaps
+
+
+def test_a_gap_marker_of_an_unsubscribed_topic_or_applied_before_is_ignored() -> None:
+    s, local = fresh({"t"}), Local()
+    local.apply(s, *entry(1, 1, {("t", 0): [(0, 60)]}))
+    info, _ = gap_entry(2, [("t", 0, 10, 49), ("u", 0, 0, 9)])
+    assert s.plan(info, local).gaps == ()

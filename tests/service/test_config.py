@@ -336,3 +336,18 @@ def test_the_starter_quotes_any_data_dir_and_warns_about_the_local_bucket() -> N
         assert cfg.data_dir == Path(data_dir)
     text = starter_config("north")
     assert "deleting the data directory deletes the\n# bucket too" in text
+
+
+def test_topic_on_full_policy() -> None:
+    from edge_gateway.journal import OnFull
+
+    topics = [
+        {"name": "alarms", "home": "north"},
+        {"name": "telemetry", "home": "north", "priority": "bulk", "on_full": "drop-oldest"},
+    ]
+    cfg = parse_config({"region": "north", "topics": topics})
+    assert cfg.local_topics()["alarms"].on_full is OnFull.BLOCK
+    assert cfg.local_topics()["telemetry"].on_full is OnFull.DROP_OLDEST
+    bad = [{"name": "t", "home": "north", "on_full": "drop-newest"}]
+    with pytest.raises(ConfigError, match=r"topics\[0\]\.on_full: 'drop-newest' is not one of"):
+        parse_config({"region": "north", "topics": bad})

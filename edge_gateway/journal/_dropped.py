@@ -1,0 +1,171 @@
+"""The record of what a ``drop-oldest`` lane deleted unshipped (``docs/journal.md``,
+"Drop-oldest lanes").
+
+A drop-oldest journal over its budget deletes its oldest sealed segment even
+when the bucket does not have it yet. Before the unlink it appends one line
+per dropped LSN range to ``dropped.log`` in the journal directory and fsyncs
+it, so that what was dropped is known exactly, whatever happens next:
+
+- the process dies after the record and before the unlink: the next open
+  finds the segment named by the last record still there and deletes it then
+  (the drop is completed, never undone, so the record never names data that
+  is still served or shipped);
+- the process dies while writing the record: the line is torn (its CRC does
+  not match), the unlink never happened, and the open cuts the line away.
+
+A line is ``<crc32c of the JSON, 8 hex digits> <JSON>\\n``; the JSON::
+
+    {"v": 1, "segment": <base LSN of the segment>, "end": <its end LSN>,
+     "lsn_first": a, "lsn_last": b, "time_ms": ..., "held": false,
+     "ranges": [[topic, partition, first_offset, last_offset, records, bytes], ...]}
+
+``lsn_first..lsn_last`` (inclusive) is the part of the segment the record
+covers; the shipper ships a record as a gap marker in the object whose lane
+range starts at or before ``lsn_first``, so a record of LSNs the bucket
+already has (``lsn_last`` below the shipped watermark) is never shipped.
+``held``: the shipper had these entries in an object being committed when
+they were dropped (they reach the bucket with it unless the process dies
+first; then the record reports them, see ``Journal.drops_from``).
+
+Pure file handling, no trio.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from edge_gateway._crc import crc32c
+from edge_gateway.errors import CorruptData
+from edge_gateway.journal import _fs
+
+DROPPED_NAME: Final = "dropped.log"
+VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class DroppedRange:
+    """One partition's records dropped unshipped: offsets ``first..last`` (inclusive)."""
+
+    topic: str
+    partition: int
+    first: int
+    last: int
+    records: int
+    #: bytes of the journal entries that held them
+    bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """The records of one LSN range of a dropped segment (one line of ``dropped.log``)."""
+
+    segment: int
+    end: int
+    lsn_first: int
+    lsn_last: int
+    time_ms: int
+    held: bool
+    ranges: tuple[DroppedRange, ...]
+
+    def encode(self) -> bytes:
+        doc = {
+            "v": VERSION,
+            "segment": self.segment,
+            "end": self.end,
+            "lsn_first": self.lsn_first,
+            "lsn_last": self.lsn_last,
+            "time_ms": self.time_ms,
+            "held": self.held,
+            "ranges": [
+                [r.topic, r.partition, r.first, r.last, r.records, r.bytes] for r in self.ranges
+            ],
+        }
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        return b"%08x " % crc32c(body) + body + b"\n"
+
+
+def _decode(body: bytes, where: str) -> Drop:
+    try:
+        doc = json.loads(body)
+        if doc.get("v") != VERSION:
+            raise CorruptData(
+                f"unsupported dropped.log record version {doc.get('v')!r}", where=where
+            )
+        ranges = tuple(
+            DroppedRange(str(t), int(p), int(a), int(b), int(n), int(s))
+            for t, p, a, b, n, s in doc["ranges"]
+        )
+        return Drop(
+            int(doc["segment"]),
+            int(doc["end"]),
+            int(doc["lsn_first"]),
+            int(doc["lsn_last"]),
+            int(doc["time_ms"]),
+            bool(doc["held"]),
+            ranges,
+        )
+    except CorruptData:
+        raise
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CorruptData(f"bad dropped.log record: {exc}", where=where) from None
+
+
+def load_drops(directory: Path) -> list[Drop]:
+    """The records of ``directory/dropped.log``, oldest first; a torn last line is cut away.
+
+    A bad line before the last one is damage, not a torn write: :class:`CorruptData`.
+    """
+    path = directory / DROPPED_NAME
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    drops: list[Drop] = []
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        line = data[pos:nl] if nl >= 0 else data[pos:]
+        where = f"{path}@{pos}"
+        ok = nl >= 0 and len(line) > 9 and line[8:9] == b" "
+        if ok:
+            try:
+                ok = int(line[:8], 16) == crc32c(line[9:])
+            except ValueError:
+                ok = False
+        if not ok:
+            if nl >= 0 and nl + 1 < len(data):
+                raise CorruptData("corrupt record in the middle of dropped.log", where=where)
+            # A torn last line: written by a drop that never reached its unlink.
+            fd = _fs.ops.open(path, os.O_RDWR)
+            try:
+                _fs.ops.ftruncate(fd, pos)
+                _fs.ops.fsync(fd)
+            finally:
+                _fs.ops.close(fd)
+            break
+        drops.append(_decode(line[9:], where))
+        pos = nl + 1
+    return drops
+
+
+def append_drops(directory: Path, drops: list[Drop]) -> None:
+    """Append ``drops`` to ``directory/dropped.log`` and fsync it (and the directory
+    when the file is new): durable before the segment is unlinked."""
+    path = directory / DROPPED_NAME
+    new = not path.exists()
+    fd = _fs.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        _fs.write_all(_fs.ops, fd, b"".join(d.encode() for d in drops))
+        _fs.ops.fsync(fd)
+    finally:
+        _fs.ops.close(fd)
+    if new:
+        dfd = _fs.ops.open(directory, os.O_RDONLY)
+        try:
+            _fs.ops.fsync(dfd)
+        finally:
+            _fs.ops.close(dfd)
