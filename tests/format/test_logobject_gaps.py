@@ -179,22 +179,25 @@ else:
 """
 
 
+#: The last commit whose reader knew versions 1 and 2 only (2026-11-25).
+BEFORE_VERSION_3 = "103480f7b46a17af76fd84ea6dd02075f78f6a3e"
+
+
 def test_a_version_2_reader_refuses_version_3(tmp_path: Path) -> None:
-    """The reader before version 3 (the main checkout's committed code) refuses it clearly."""
-    main = Path("/work/main")
-    if not (main / ".git").exists():
-        pytest.skip("no main checkout to take the version 2 reader from")
+    """The reader before version 3 (this repository's code at that commit) refuses it clearly."""
+    root = Path(__file__).resolve().parents[2]
     old = tmp_path / "old"
     done = subprocess.run(
-        ["git", "-C", str(main), "archive", "--format=tar", "HEAD", "edge_gateway"],
+        ["git", "-C", str(root), "archive", "--format=tar", BEFORE_VERSION_3, "edge_gateway"],
         capture_output=True,
-        check=True,
+        check=False,
         timeout=60,
     )
+    if done.returncode != 0:  # a copy of the sources without their history
+        pytest.skip(f"no git history here to take the version 2 reader from: {done.stderr!r}")
     old.mkdir()
     subprocess.run(["tar", "-x", "-C", str(old)], input=done.stdout, check=True, timeout=60)
-    if "VERSION_GAPS" in (old / "edge_gateway/format/logobject.py").read_text():
-        pytest.skip("the main checkout already reads version 3")
+    assert "VERSION_GAPS" not in (old / "edge_gateway/format/logobject.py").read_text()
     env = {**os.environ, "PYTHONPATH": str(old)}
     out = subprocess.run(
         [sys.executable, "-c", OLD_READER],
