@@ -33,7 +33,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -483,6 +483,17 @@ class Gateway:
             relay_safety_poll_s=self.config.metadata.relay_safety_poll_ms / 1000,
         )
 
+    def open_lanes(self) -> AbstractAsyncContextManager[Lanes]:
+        """Open the journals of this gateway's lanes: those of its topics' priorities and
+        every lane on disk (the gateway, and ``edgegw sync``/``reship`` without it)."""
+        cfg = self.config
+        return open_lanes(
+            cfg.journal_path,
+            cfg.journal,
+            {t.priority for t in self._topology if t.home == self.region},
+            self.priority_of,
+        )
+
     def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:
         tcfg = self.tailer_config()
         return {
@@ -819,14 +830,7 @@ class Gateway:
             self._bucket = await self.open_bucket()
             self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
-            lanes = await stack.enter_async_context(
-                open_lanes(
-                    cfg.journal_path,
-                    cfg.journal,
-                    {t.priority for t in self._topology if t.home == self.region},
-                    self.priority_of,
-                )
-            )
+            lanes = await stack.enter_async_context(self.open_lanes())
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
