@@ -163,8 +163,10 @@ async def _ask_gateway(url: str, token: str | None, pull: bool) -> None:
 
     async with AsyncClient(url, token=token) as client, AsyncClient(url, token=token) as watch:
         st = await watch.status()
-        first = st["shipper"]["shipped_lsn"]
-        target = st["journal"]["next_lsn"] - 1
+        # Entries over every lane (LSNs are per lane); a gateway without a
+        # ``lanes`` block (an older one) has the normal lane only.
+        first = _lane_sum(st, "shipped_lsn", st["shipper"]["shipped_lsn"])
+        target = _lane_sum(st, "next_lsn", st["journal"]["next_lsn"]) - _lane_count(st)
         result: dict[str, Any] = {}
         with _progress("syncing") as progress:
             ship = progress.add_task(
@@ -183,7 +185,7 @@ async def _ask_gateway(url: str, token: str | None, pull: bool) -> None:
                 s = st["shipper"]
                 progress.update(
                     ship,
-                    completed=min(s["shipped_lsn"], target) - first,
+                    completed=min(_lane_sum(st, "shipped_lsn", s["shipped_lsn"]), target) - first,
                     detail=f"{s['objects']} objects, {s['wire_bytes'] / 1e6:.1f} MB",
                 )
                 for src, task in pulls.items():
@@ -219,6 +221,16 @@ async def _ask_gateway(url: str, token: str | None, pull: bool) -> None:
             f"pulled {res['records']:,} records in {res['entries']} entries from {src} "
             f"(next seq {res['next_seq']})"
         )
+
+
+def _lane_sum(status: dict[str, Any], field: str, single: int) -> int:
+    """``field`` summed over the lanes of a gateway's status (``single`` without lanes)."""
+    lanes = status.get("lanes", {}).get("lanes")
+    return sum(int(lane[field]) for lane in lanes) if lanes else single
+
+
+def _lane_count(status: dict[str, Any]) -> int:
+    return len(status.get("lanes", {}).get("lanes") or [None])
 
 
 def _progress(label: str) -> Progress:
