@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -322,7 +322,9 @@ class Gateway:
         changes (each resumes from the progress recorded in the journal).
         """
         before = self._topics
+        priorities_before = self._priorities
         self._set_topology(topology)
+        self._log_priority_changes(priorities_before, before)
         for name in sorted(self._topics.keys() - before.keys()):
             t = self._topics[name]
             log.info(
@@ -339,6 +341,27 @@ class Gateway:
                 log.info("topic %s: %d -> %d partitions", name, old, new)
         if self._workers is not None:
             await self._sync_tailers()
+
+    def _log_priority_changes(
+        self, before: Mapping[str, Priority], topics_before: Mapping[str, object]
+    ) -> None:
+        """Say which local topics changed priority, and when one's lane is not open (its
+        journal opens at the next start; until then the topic stays in the normal lane)."""
+        lanes = self._lanes
+        for name, priority in sorted(self._priorities.items()):
+            was = before.get(name, Priority.NORMAL)
+            if name in topics_before and priority == was:
+                continue
+            if name in topics_before:
+                log.info("topic %s: priority %s -> %s", name, was, priority)
+            if lanes is not None and Lane(priority) not in lanes:
+                log.warning(
+                    "topic %s: priority %s has no journal lane in this run: its records go to "
+                    "the normal lane until the gateway restarts (then it moves, once the normal "
+                    "lane has shipped it)",
+                    name,
+                    priority,
+                )
 
     def _topics_path(self) -> Path:
         return self.config.data_dir / "topics.json"
