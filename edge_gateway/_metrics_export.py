@@ -602,6 +602,16 @@ class _GatewayCollector(Collector):
             "(the cost of fetching ahead while following).",
             labels=["source"],
         )
+        holds = CounterMetricFamily(
+            "edgegw_mirror_priority_holds",
+            "Fetches that waited while another source caught up a higher priority.",
+            labels=["source"],
+        )
+        held = GaugeMetricFamily(
+            "edgegw_mirror_priority_held",
+            "1 while the source's catch-up waits for another source's higher priority.",
+            labels=["source"],
+        )
         state = GaugeMetricFamily(
             "edgegw_mirror_state",
             "1 for the state each source's tailer is in.",
@@ -616,7 +626,11 @@ class _GatewayCollector(Collector):
                 state.add_metric([lag.source, lag.state], 1)
             in_flight.add_metric([lag.source], float(lag.fetches_in_flight))
             misses.add_metric([lag.source], float(lag.probe_misses))
+            holds.add_metric([lag.source], float(lag.priority_holds))
+            held.add_metric([lag.source], 1.0 if lag.priority_held else 0.0)
         yield from families.values()
         yield in_flight
         yield misses
+        yield holds
+        yield held
         yield state

@@ -32,7 +32,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,7 +77,7 @@ from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batche
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
 from edge_gateway.journal._lanes import Lanes, open_lanes
-from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
+from edge_gateway.mirror import Gap, PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
@@ -223,6 +223,8 @@ class Gateway:
         self._workers: trio.Nursery | None = None
         self._tailer_lock: trio.Lock | None = None
         self._tailer_tasks: dict[str, _TailerTask] = {}
+        #: The tailers' catch-up order across sources (docs/mirroring.md, "Priorities").
+        self._priority_gate = PriorityGate()
         self._journal: Journal | None = None
         self._lanes: Lanes | None = None
         self._shipper: Shipper | None = None
@@ -518,13 +520,32 @@ class Gateway:
         )
 
     def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:
-        tcfg = self.tailer_config()
+        gate = PriorityGate()
         return {
-            source: Tailer(
-                journal, bucket, source, topics, self.region, tcfg, prefix=self.key_prefix
-            )
+            source: self._make_tailer(journal, bucket, source, topics, gate)
             for source, topics in sorted(topology_sources(self._topology, self.region).items())
         }
+
+    def _make_tailer(
+        self,
+        journal: Journal,
+        bucket: Bucket,
+        source: str,
+        topics: Iterable[str],
+        gate: PriorityGate,
+    ) -> Tailer:
+        """A tailer of ``source``, taking its turn by priority with the others (``gate``)."""
+        return Tailer(
+            journal,
+            bucket,
+            source,
+            topics,
+            self.region,
+            self.tailer_config(),
+            prefix=self.key_prefix,
+            priorities={t.name: t.priority for t in self._topology if t.home == source},
+            gate=gate,
+        )
 
     def load_cached_routing(self) -> bool:
         """Take the topology from the routing cache on disk (tools that do not run the gateway).
@@ -561,13 +582,10 @@ class Gateway:
                 self._supervisor.forget(_mirror_task(src))
                 if src not in want:
                     log.info("mirror %s: stopped (no topic of it is subscribed any more)", src)
-            tcfg = self.tailer_config()
             for src, topics in sorted(want.items()):
                 if src in self._tailer_tasks:
                     continue
-                tailer = Tailer(
-                    journal, bucket, src, topics, self.region, tcfg, prefix=self.key_prefix
-                )
+                tailer = self._make_tailer(journal, bucket, src, topics, self._priority_gate)
                 task = _TailerTask(src, tailer, topics)
                 self._tailer_tasks[src] = task
                 await workers.start(self._run_tailer, task)
@@ -1538,6 +1556,10 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "fetches_in_flight": s.fetches_in_flight,
         "fetches_in_flight_peak": s.fetches_in_flight_peak,
         "probe_misses": s.probe_misses,
+        "catching_up_priority": s.catching_up_priority,
+        "priority_held": s.priority_held,
+        "priority_holds": s.priority_holds,
+        "priority_held_s": round(s.priority_held_s, 3),
         "prefetch_peak_objects": s.prefetch_peak_objects,
         "prefetch_peak_bytes": s.prefetch_peak_bytes,
     }

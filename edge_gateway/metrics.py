@@ -44,7 +44,7 @@ Families (``_total`` is added to counters by the exposition format):
   person must act: alert on it.
 * ``edgegw_mirror_*{source}``: entries_behind, bytes_behind, lag_seconds,
   quarantined_entries, gaps, catch_up_eta_seconds, state{state},
-  fetches_in_flight, probe_misses_total — from the
+  fetches_in_flight, probe_misses_total, priority_holds_total, priority_held — from the
   gateway's tailers, or from the provider given to
   :meth:`GatewayMetrics.set_mirror_lag_provider`
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
@@ -121,6 +121,10 @@ class MirrorLag:
     fetches_in_flight: int = 0
     #: 404s of entries asked for ahead of the first missing one (probing cost).
     probe_misses: int = 0
+    #: Fetches that waited for another source's higher-priority catch-up, and
+    #: whether one waits now (docs/mirroring.md, "Priorities").
+    priority_holds: int = 0
+    priority_held: bool = False
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -136,6 +140,8 @@ class MirrorLag:
             state=stats.state,
             fetches_in_flight=stats.fetches_in_flight,
             probe_misses=stats.probe_misses,
+            priority_holds=stats.priority_holds,
+            priority_held=stats.priority_held,
         )
 
 
