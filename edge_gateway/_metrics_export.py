@@ -642,6 +642,16 @@ class _GatewayCollector(Collector):
             "(on_full = drop-oldest), as its gap markers say; exact ranges in edgegw status.",
             labels=["source", "topic"],
         )
+        holds = CounterMetricFamily(
+            "edgegw_mirror_priority_holds",
+            "Fetches that waited while another source caught up a higher priority.",
+            labels=["source"],
+        )
+        held = GaugeMetricFamily(
+            "edgegw_mirror_priority_held",
+            "1 while the source's catch-up waits for another source's higher priority.",
+            labels=["source"],
+        )
         state = GaugeMetricFamily(
             "edgegw_mirror_state",
             "1 for the state each source's tailer is in.",
@@ -666,9 +676,13 @@ class _GatewayCollector(Collector):
             misses.add_metric([lag.source], float(lag.probe_misses))
             for topic, records in lag.dropped_gap_records:
                 dropped.add_metric([lag.source, topic], float(records))
+            holds.add_metric([lag.source], float(lag.priority_holds))
+            held.add_metric([lag.source], 1.0 if lag.priority_held else 0.0)
         yield from families.values()
         yield in_flight
         yield misses
         yield dropped
+        yield holds
+        yield held
         yield state
         yield missing

@@ -535,13 +535,17 @@ class GatewayConfig:
             if t.name in seen:
                 raise ConfigError(f"topics: {t.name!r} is defined twice")
             seen.add(t.name)
-        if self.link.bulk_windows and not any(t.priority == "bulk" for t in self.topics):
-            # A setting with no effect is refused, not accepted silently.
+        if (
+            self.link.bulk_windows
+            and not self.metadata.enabled
+            and not any(t.priority == "bulk" for t in self.topics)
+        ):
+            # A setting with no effect is refused, not accepted silently. (With
+            # a metadata server the routing table says which topics are bulk.)
             raise ConfigError(
                 'link.bulk_windows: no [[topics]] has priority = "bulk", so no data is bulk '
-                "and the windows would hold nothing (topics from a metadata server and "
-                "auto-created ones are normal); give the bulk topics that priority, or remove "
-                "link.bulk_windows"
+                "and the windows would hold nothing (auto-created topics are normal); give "
+                "the bulk topics that priority, or remove link.bulk_windows"
             )
         if self.metadata.enabled and self.topics:
             raise ConfigError(

@@ -32,8 +32,8 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -78,7 +78,7 @@ from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batche
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
 from edge_gateway.journal._lanes import Lanes, open_lanes
-from edge_gateway.mirror import Gap, SourceGap, Tailer, TailerConfig
+from edge_gateway.mirror import Gap, PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
@@ -231,6 +231,8 @@ class Gateway:
         self._workers: trio.Nursery | None = None
         self._tailer_lock: trio.Lock | None = None
         self._tailer_tasks: dict[str, _TailerTask] = {}
+        #: The tailers' catch-up order across sources (docs/mirroring.md, "Priorities").
+        self._priority_gate = PriorityGate()
         self._journal: Journal | None = None
         self._lanes: Lanes | None = None
         self._shipper: Shipper | None = None
@@ -337,7 +339,9 @@ class Gateway:
         changes (each resumes from the progress recorded in the journal).
         """
         before = self._topics
+        priorities_before = self._priorities
         self._set_topology(topology)
+        self._log_priority_changes(priorities_before, before)
         for name in sorted(self._topics.keys() - before.keys()):
             t = self._topics[name]
             log.info(
@@ -354,6 +358,27 @@ class Gateway:
                 log.info("topic %s: %d -> %d partitions", name, old, new)
         if self._workers is not None:
             await self._sync_tailers()
+
+    def _log_priority_changes(
+        self, before: Mapping[str, Priority], topics_before: Mapping[str, object]
+    ) -> None:
+        """Say which local topics changed priority, and when one's lane is not open (its
+        journal opens at the next start; until then the topic stays in the normal lane)."""
+        lanes = self._lanes
+        for name, priority in sorted(self._priorities.items()):
+            was = before.get(name, Priority.NORMAL)
+            if name in topics_before and priority == was:
+                continue
+            if name in topics_before:
+                log.info("topic %s: priority %s -> %s", name, was, priority)
+            if lanes is not None and Lane(priority) not in lanes:
+                log.warning(
+                    "topic %s: priority %s has no journal lane in this run: its records go to "
+                    "the normal lane until the gateway restarts (then it moves, once the normal "
+                    "lane has shipped it)",
+                    name,
+                    priority,
+                )
 
     def _topics_path(self) -> Path:
         return self.config.data_dir / "topics.json"
@@ -498,21 +523,45 @@ class Gateway:
             relay_safety_poll_s=self.config.metadata.relay_safety_poll_ms / 1000,
         )
 
+    def open_lanes(self) -> AbstractAsyncContextManager[Lanes]:
+        """Open the journals of this gateway's lanes: those of its topics' priorities and
+        every lane on disk (the gateway, and ``edgegw sync``/``reship`` without it)."""
+        cfg = self.config
+        return open_lanes(
+            cfg.journal_path,
+            cfg.journal,
+            {Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region},
+            self.lane_of,
+        )
+
     def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:
-        tcfg = self.tailer_config()
+        gate = PriorityGate()
         return {
-            source: Tailer(
-                journal,
-                bucket,
-                source,
-                topics,
-                self.region,
-                tcfg,
-                prefix=self.key_prefix,
-                keyring=self.keys.ring,
-            )
+            source: self._make_tailer(journal, bucket, source, topics, gate)
             for source, topics in sorted(topology_sources(self._topology, self.region).items())
         }
+
+    def _make_tailer(
+        self,
+        journal: Journal,
+        bucket: Bucket,
+        source: str,
+        topics: Iterable[str],
+        gate: PriorityGate,
+    ) -> Tailer:
+        """A tailer of ``source``, taking its turn by priority with the others (``gate``)."""
+        return Tailer(
+            journal,
+            bucket,
+            source,
+            topics,
+            self.region,
+            self.tailer_config(),
+            prefix=self.key_prefix,
+            priorities={t.name: t.priority for t in self._topology if t.home == source},
+            gate=gate,
+            keyring=self.keys.ring,
+        )
 
     def load_cached_routing(self) -> bool:
         """Take the topology from the routing cache on disk (tools that do not run the gateway).
@@ -549,20 +598,10 @@ class Gateway:
                 self._supervisor.forget(_mirror_task(src))
                 if src not in want:
                     log.info("mirror %s: stopped (no topic of it is subscribed any more)", src)
-            tcfg = self.tailer_config()
             for src, topics in sorted(want.items()):
                 if src in self._tailer_tasks:
                     continue
-                tailer = Tailer(
-                    journal,
-                    bucket,
-                    src,
-                    topics,
-                    self.region,
-                    tcfg,
-                    prefix=self.key_prefix,
-                    keyring=self.keys.ring,
-                )
+                tailer = self._make_tailer(journal, bucket, src, topics, self._priority_gate)
                 task = _TailerTask(src, tailer, topics)
                 self._tailer_tasks[src] = task
                 await workers.start(self._run_tailer, task)
@@ -862,14 +901,7 @@ class Gateway:
             self._bucket = await self.open_bucket()
             self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
-            lanes = await stack.enter_async_context(
-                open_lanes(
-                    cfg.journal_path,
-                    cfg.journal,
-                    {Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region},
-                    self.lane_of,
-                )
-            )
+            lanes = await stack.enter_async_context(self.open_lanes())
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
@@ -1612,6 +1644,10 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "fetches_in_flight": s.fetches_in_flight,
         "fetches_in_flight_peak": s.fetches_in_flight_peak,
         "probe_misses": s.probe_misses,
+        "catching_up_priority": s.catching_up_priority,
+        "priority_held": s.priority_held,
+        "priority_holds": s.priority_holds,
+        "priority_held_s": round(s.priority_held_s, 3),
         "prefetch_peak_objects": s.prefetch_peak_objects,
         "prefetch_peak_bytes": s.prefetch_peak_bytes,
     }

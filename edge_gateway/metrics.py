@@ -44,7 +44,7 @@ Families (``_total`` is added to counters by the exposition format):
   person must act: alert on it.
 * ``edgegw_mirror_*{source}``: entries_behind, bytes_behind, lag_seconds,
   quarantined_entries, gaps, catch_up_eta_seconds, state{state},
-  fetches_in_flight, probe_misses_total — from the
+  fetches_in_flight, probe_misses_total, priority_holds_total, priority_held — from the
   gateway's tailers, or from the provider given to
   :meth:`GatewayMetrics.set_mirror_lag_provider`
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
@@ -127,6 +127,10 @@ class MirrorLag:
     missing_key: str | None = None
     #: Per source topic, records the source declared dropped (drop-oldest gap markers).
     dropped_gap_records: tuple[tuple[str, int], ...] = ()
+    #: Fetches that waited for another source's higher-priority catch-up, and
+    #: whether one waits now (docs/mirroring.md, "Priorities").
+    priority_holds: int = 0
+    priority_held: bool = False
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -144,6 +148,8 @@ class MirrorLag:
             probe_misses=stats.probe_misses,
             missing_key=stats.missing_key,
             dropped_gap_records=tuple(stats.dropped_gap_records),
+            priority_holds=stats.priority_holds,
+            priority_held=stats.priority_held,
         )
 
 

@@ -1046,13 +1046,42 @@ class Shipper:
         ones until every lane that may ship has read through its LSN in ``until``,
         while ``next_due`` accepts their entries, each up to
         ``backlog_object_bytes``. Returns the number of objects shipped.
+
+        With lanes, an object whose upload had to be retried (the link went
+        down under it) is committed as built -- its outcome was unknown --
+        but the objects built ahead of it are dropped and read again once it
+        is in: they were read before the outage, and the lanes' backlogs that
+        piled up meanwhile must ship in drain order (critical first). So after
+        an outage at most that one object precedes the critical backlog.
         """
         if not self._claimed:
             raise InvalidInput("claim() first")
+        shipped = 0
+        while True:
+            first = await self._read(
+                dict(self._ship_from), self._next_seq, self.config.max_object_bytes
+            )
+            if first is None:
+                return shipped
+            n, again = await self._ship_round(first, until, next_due, progress)
+            shipped += n
+            if not again:
+                return shipped
+            if until is not None and all(
+                self._shipped[lane] >= until[lane] for lane, _ in self._lanes if self._may(lane)
+            ):
+                return shipped
+
+    async def _ship_round(
+        self,
+        first: _Read,
+        until: LaneLsns | None,
+        next_due: Callable[[list[Entry]], bool] | None,
+        progress: Callable[[int, int], None] | None,
+    ) -> tuple[int, bool]:
+        """One run of :meth:`_ship_many` from ``first``: (objects shipped, whether to read
+        again because an upload was retried and what was built ahead is stale)."""
         cfg = self.config
-        first = await self._read(dict(self._ship_from), self._next_seq, cfg.max_object_bytes)
-        if first is None:
-            return 0
         # Memory of a drain: at most _BUILD_THREADS objects are being read or
         # built (their entries in memory), and at most one more is read and
         # not yet committed (built objects waiting to upload hold only their
@@ -1092,6 +1121,7 @@ class Shipper:
                         in_memory.release()
 
         shipped = 0
+        again = False
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(read_ahead, nursery)
@@ -1104,6 +1134,7 @@ class Shipper:
                         # what was built after it; read again once it opens.
                         nursery.cancel_scope.cancel()
                         break
+                    retries = self._retries
                     await self._publish(slot.prepared)
                     slot.prepared = None
                     in_memory.release()
@@ -1111,12 +1142,18 @@ class Shipper:
                     if progress is not None:
                         done = sum(self._shipped.values())
                         progress(done, sum(until.values()) if until else done)
+                    if self._multi and self._retries != retries:
+                        # Retried: what was built ahead predates the outage
+                        # (see _ship_many); read it again in drain order.
+                        again = True
+                        nursery.cancel_scope.cancel()
+                        break
         except BaseExceptionGroup as group:
             # Surface the commit's own error (Fenced, ...), not a group of one.
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
-        return shipped
+        return shipped, again
 
     async def _read(
         self,

@@ -19,6 +19,8 @@ import trio
 import typer
 from rich.table import Table
 
+from edge_gateway.errors import InvalidInput
+from edge_gateway.metadata.routing import parse_priority
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
 from edgegw_cli._api import check_name
 from edgegw_cli._common import console, fail
@@ -181,7 +183,7 @@ def _parse_subscribers(text: str | None) -> list[str] | str | None:
 
 def _topic_table(topics: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for col in ("topic", "home", "partitions", "retention_ms", "subscribers"):
+    for col in ("topic", "home", "partitions", "retention_ms", "subscribers", "priority"):
         table.add_column(col, justify="right" if col in ("partitions", "retention_ms") else "left")
     for t in topics:
         retention = t["retention_ms"]
@@ -191,6 +193,8 @@ def _topic_table(topics: list[dict[str, Any]], title: str) -> Table:
             str(t["partitions"]),
             "-" if retention is None else f"{retention:,}",
             _subs(t["subscribers"]),
+            # absent: normal (the server writes it only otherwise; older servers never)
+            t.get("priority", "normal"),
         )
     return table
 
@@ -216,6 +220,21 @@ def topics_describe(topic: str, metadata: str, token: str | None) -> None:
     console.print(_topic_table([t], t["name"]))
 
 
+PRIORITY_OPTION = typer.Option(
+    None,
+    "--priority",
+    help="critical, normal or bulk: the topic's journal lane at its home, and so the order "
+    "in which backlogs ship after an outage (default normal).",
+)
+
+
+def _check_priority(value: str) -> str:
+    try:
+        return parse_priority(value)
+    except InvalidInput as exc:
+        _die(f"--priority: {exc}")
+
+
 def topics_create(
     topic: str = typer.Argument(..., help="Topic name."),
     home: str = typer.Option(..., "--home", help="The region that accepts writes."),
@@ -224,12 +243,13 @@ def topics_create(
         None, "--subscribers", "-s", help="Comma-separated regions that mirror it, or '*'."
     ),
     retention_ms: int | None = typer.Option(None, "--retention-ms", help="Retention (ms)."),
+    priority: str | None = PRIORITY_OPTION,
     metadata: str = METADATA_OPTION,
     token: str | None = META_TOKEN_OPTION,
 ) -> None:
     """Create a topic homed in one region.
 
-    Example: edgegw topics create telemetry --home north -p 4 -s south,east
+    Example: edgegw topics create alarms --home north -p 4 -s south,east --priority critical
     """
     check_name(validate_home_topic, topic)
     check_name(validate_region, home)
@@ -239,6 +259,8 @@ def topics_create(
         body["subscribers"] = subs
     if retention_ms is not None:
         body["retention_ms"] = retention_ms
+    if priority is not None:
+        body["priority"] = _check_priority(priority)
     with _Admin(metadata, token) as m:
         t = m.call("POST", "/v1/topics", body)
     console.print(_topic_table([t], f"created {t['name']}"))
@@ -254,12 +276,16 @@ def topics_alter(
     no_retention: bool = typer.Option(
         False, "--no-retention", help="Use each gateway's own retention."
     ),
+    priority: str | None = PRIORITY_OPTION,
     metadata: str = METADATA_OPTION,
     token: str | None = META_TOKEN_OPTION,
 ) -> None:
-    """Change partitions (grow only), subscribers or retention.
+    """Change partitions (grow only), subscribers, retention or priority.
 
-    Example: edgegw topics alter telemetry -p 8 -s '*'
+    A new priority moves the topic to that journal lane at its home once the
+    old lane has shipped what it holds of it (docs/journal.md, "Lanes").
+
+    Example: edgegw topics alter telemetry -p 8 -s '*' --priority bulk
     """
     check_name(validate_topic, topic)
     body: dict[str, Any] = {}
@@ -274,8 +300,10 @@ def topics_alter(
         body["retention_ms"] = retention_ms
     if no_retention:
         body["retention_ms"] = None
+    if priority is not None:
+        body["priority"] = _check_priority(priority)
     if not body:
-        _die("nothing to change: give --partitions, --subscribers or --retention-ms")
+        _die("nothing to change: give --partitions, --subscribers, --retention-ms or --priority")
     with _Admin(metadata, token) as m:
         t = m.call("PATCH", f"/v1/topics/{_quote(topic)}", body)
     console.print(_topic_table([t], f"altered {t['name']}"))

@@ -40,8 +40,6 @@ def reship(
     """
     from edge_gateway.config import load_config
     from edge_gateway.gateway import Gateway
-    from edge_gateway.journal import Journal
-    from edge_gateway.journal._lanes import refuse_lanes
     from edge_gateway.shipper import Shipper
     from edgegw_cli.sync import _ship
 
@@ -64,16 +62,22 @@ def reship(
         bucket, prefix = await open_edgegw_bucket(
             open_, local=cfg.bucket.type == "local", region=cfg.region, new_bucket=new_bucket
         )
-        refuse_lanes(cfg.journal_path, "edgegw reship")
-        journal = await trio.to_thread.run_sync(Journal.open_sync, cfg.journal_path, cfg.journal)
         try:
-            shipper = Shipper(
-                journal, bucket, cfg.region, prefix=prefix, config=cfg.shipper, reship=True
-            )
-            await _ship(shipper)
-            await journal.flush()
+            # Every lane on disk, re-shipped in drain order from its own
+            # watermark in the surviving head's lane table.
+            async with gateway.open_lanes() as lanes:
+                shipper = Shipper(
+                    lanes.main,
+                    bucket,
+                    cfg.region,
+                    prefix=prefix,
+                    config=cfg.shipper,
+                    reship=True,
+                    lanes=lanes if lanes.multi else None,
+                )
+                await _ship(shipper)
+                await lanes.flush()
         finally:
-            journal.close_sync()
             await bucket.aclose()
         return shipper, bucket.describe()
 

@@ -298,9 +298,15 @@ def render(doc: dict[str, Any]) -> None:
             elif m.get("last_error"):
                 problems.append(m["last_error"])
             eta = m.get("eta_s")
+            state = m["state"]
+            if m.get("catching_up_priority"):
+                state += f" ({m['catching_up_priority']})"
+            if m.get("priority_held"):
+                # another source catches up a higher priority first
+                state += ", waits for a higher priority"
             table.add_row(
                 src,
-                m["state"],
+                state,
                 str(m["next_seq"]),
                 f"{m['entries_behind']} entries, {human_bytes(m['bytes_behind'])}, "
                 f"{m.get('seconds_behind', 0):.0f}s"

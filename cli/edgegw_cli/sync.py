@@ -14,8 +14,6 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
-from edge_gateway.journal import Journal
-from edge_gateway.journal._lanes import refuse_lanes
 from edge_gateway.mirror import CatchUpResult, Tailer
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edgegw_cli._api import (
@@ -123,24 +121,27 @@ def sync(
         bucket, prefix = await open_edgegw_bucket(
             open_, local=local, region=cfg.region, new_bucket=new_bucket
         )
-        refuse_lanes(cfg.journal_path, "edgegw sync")
-        journal = await trio.to_thread.run_sync(Journal.open_sync, cfg.journal_path, cfg.journal)
         try:
-            shipper = Shipper(
-                journal,
-                bucket,
-                cfg.region,
-                prefix=prefix,
-                config=ShipperConfig()
-                if flush_bytes is None
-                else ShipperConfig(max_object_bytes=flush_bytes, backlog_object_bytes=flush_bytes),
-            )
-            await _ship(shipper)
-            if config is not None and not ship_only:
-                await _pull(gateway.make_tailers(journal, bucket))
-            await journal.flush()
+            # Every lane (topic priority) on disk, shipped in drain order by
+            # the gateway's own shipper, with the same per-lane watermarks.
+            async with gateway.open_lanes() as lanes:
+                shipper = Shipper(
+                    lanes.main,
+                    bucket,
+                    cfg.region,
+                    prefix=prefix,
+                    config=ShipperConfig()
+                    if flush_bytes is None
+                    else ShipperConfig(
+                        max_object_bytes=flush_bytes, backlog_object_bytes=flush_bytes
+                    ),
+                    lanes=lanes if lanes.multi else None,
+                )
+                await _ship(shipper)
+                if config is not None and not ship_only:
+                    await _pull(gateway.make_tailers(lanes.main, bucket))
+                await lanes.flush()
         finally:
-            journal.close_sync()
             await bucket.aclose()
 
     try:
@@ -188,8 +189,10 @@ async def _ask_gateway(
         AsyncClient(url, token=token, verify=tls) as watch,
     ):
         st = await watch.status()
-        first = st["shipper"]["shipped_lsn"]
-        target = st["journal"]["next_lsn"] - 1
+        # Entries over every lane (LSNs are per lane); a gateway without a
+        # ``lanes`` block (an older one) has the normal lane only.
+        first = _lane_sum(st, "shipped_lsn", st["shipper"]["shipped_lsn"])
+        target = _lane_sum(st, "next_lsn", st["journal"]["next_lsn"]) - _lane_count(st)
         result: dict[str, Any] = {}
         with _progress("syncing") as progress:
             ship = progress.add_task(
@@ -208,7 +211,7 @@ async def _ask_gateway(
                 s = st["shipper"]
                 progress.update(
                     ship,
-                    completed=min(s["shipped_lsn"], target) - first,
+                    completed=min(_lane_sum(st, "shipped_lsn", s["shipped_lsn"]), target) - first,
                     detail=f"{s['objects']} objects, {s['wire_bytes'] / 1e6:.1f} MB",
                 )
                 for src, task in pulls.items():
@@ -246,6 +249,16 @@ async def _ask_gateway(
         )
 
 
+def _lane_sum(status: dict[str, Any], field: str, single: int) -> int:
+    """``field`` summed over the lanes of a gateway's status (``single`` without lanes)."""
+    lanes = status.get("lanes", {}).get("lanes")
+    return sum(int(lane[field]) for lane in lanes) if lanes else single
+
+
+def _lane_count(status: dict[str, Any]) -> int:
+    return len(status.get("lanes", {}).get("lanes") or [None])
+
+
 def _progress(label: str) -> Progress:
     return Progress(
         TextColumn(f"[bold]{label:<8}[/]"),
@@ -260,9 +273,11 @@ def _progress(label: str) -> Progress:
 
 
 async def _ship(shipper: Shipper) -> None:
+    """Claim the region's log and ship every lane's pending entries (in drain order)."""
     await shipper.claim()
-    first = shipper.shipped_lsn
-    target = shipper.journal.next_lsn - 1
+    # Progress counts entries over every lane: LSNs are per lane, so the sums.
+    first = sum(shipper.shipped_lsns().values())
+    target = sum(lane.next_lsn - 1 for lane in shipper.statistics().lanes)
     with _progress("shipping") as progress:
         task = progress.add_task(shipper.region, total=max(target - first, 0), detail="")
 
@@ -275,12 +290,17 @@ async def _ship(shipper: Shipper) -> None:
             )
 
         await shipper.ship_pending(update)
-        update(shipper.shipped_lsn, target)
+        update(sum(shipper.shipped_lsns().values()), target)
     st = shipper.statistics()
     console.print(
         f"shipped {st.records:,} records in {st.objects} objects "
         f"({st.wire_bytes / 1e6:.2f} MB on the wire)"
     )
+    if len(st.lanes) > 1:
+        console.print(
+            "lanes shipped through LSN: "
+            + ", ".join(f"{lane.lane} {lane.shipped_lsn}" for lane in st.lanes)
+        )
 
 
 async def _pull(tailers: dict[str, Tailer]) -> None:

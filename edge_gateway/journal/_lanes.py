@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 import trio
 
-from edge_gateway.errors import ConfigError, InvalidInput, JournalFull
+from edge_gateway.errors import InvalidInput, JournalFull
 from edge_gateway.format.entry import Entry
 from edge_gateway.journal._config import JournalConfig
 from edge_gateway.journal._journal import Journal, OffsetOutOfRange, open_journal
@@ -40,7 +40,7 @@ from edge_gateway.journal._lane import ALL_LANES, MAIN_LANE, Lane, Priority
 
 log = logging.getLogger("edgegw.journal")
 
-__all__ = ["LaneAppended", "Lanes", "lane_path", "lanes_on_disk", "open_lanes", "refuse_lanes"]
+__all__ = ["LaneAppended", "Lanes", "lane_path", "lanes_on_disk", "open_lanes"]
 
 
 #: Builds a NamedTuple without its Python-level ``__new__`` (as the journal's append does).
@@ -357,18 +357,6 @@ def lanes_on_disk(main: Path) -> set[Lane]:
         if lane_path(main, lane).is_dir():
             found.add(lane)
     return found
-
-
-def refuse_lanes(main: Path, command: str) -> None:
-    """Refuse a command that ships or rebuilds only the normal lane's journal on a data
-    directory that has other lanes: it would ship their data never, or twice."""
-    others = sorted(lane_path(main, lane).name for lane in lanes_on_disk(main) - {MAIN_LANE})
-    if others:
-        raise ConfigError(
-            f"{command} does not handle journal lanes yet, and this data directory has "
-            f"{', '.join(others)} beside {main.name} (topic priorities): start the gateway, "
-            "which ships every lane (and `edgegw sync` asks a running gateway to)"
-        )
 
 
 @contextlib.asynccontextmanager

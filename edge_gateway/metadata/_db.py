@@ -33,6 +33,7 @@ from edge_gateway.metadata.routing import (
     RoutingTable,
     TopicRoute,
     parse_partitions,
+    parse_priority,
     parse_retention,
     parse_subscribers,
 )
@@ -74,6 +75,12 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     ALTER TABLE regions ADD COLUMN prev_token_hash TEXT;
     ALTER TABLE regions ADD COLUMN prev_expires_ms INTEGER;
     CREATE UNIQUE INDEX regions_prev_token_id ON regions (prev_token_id);
+    """,
+    # 3: topic priorities (the journal lane at the home region). Every topic
+    # stored before is 'normal', as the gateways treated it.
+    """
+    ALTER TABLE topics ADD COLUMN priority TEXT NOT NULL DEFAULT 'normal'
+        CHECK (priority IN ('critical', 'normal', 'bulk'));
     """,
 )
 
@@ -356,13 +363,14 @@ class MetadataStore:
                 raise Refused(409, "topic_exists", f"topic {topic.name!r} already exists")
             db.execute(
                 "INSERT INTO topics (name, home, partitions, retention_ms, subscribers,"
-                " created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                " priority, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     topic.name,
                     topic.home,
                     topic.partitions,
                     topic.retention_ms,
                     _subs_text(topic.subscribers),
+                    topic.priority,
                     now_ms,
                     now_ms,
                 ),
@@ -370,8 +378,9 @@ class MetadataStore:
             self._bump(db)
 
     def alter_topic(self, name: str, changes: Mapping[str, Any], now_ms: int) -> TopicRoute:
-        """Apply ``changes`` (partitions, retention_ms, subscribers); returns the new topic."""
-        extra = sorted(set(changes) - {"partitions", "retention_ms", "subscribers"})
+        """Apply ``changes`` (partitions, retention_ms, subscribers, priority); returns the
+        new topic."""
+        extra = sorted(set(changes) - {"partitions", "retention_ms", "subscribers", "priority"})
         if extra:
             hint = " (a topic's home region cannot change)" if "home" in extra else ""
             raise InvalidInput(f"cannot alter {', '.join(map(repr, extra))}{hint}")
@@ -394,12 +403,15 @@ class MetadataStore:
             if "subscribers" in changes:
                 subscribers = parse_subscribers(changes["subscribers"], current.home)
                 self._check_regions(db, current.home, subscribers)
-            new = TopicRoute(name, current.home, partitions, retention, subscribers)
+            priority = current.priority
+            if "priority" in changes:
+                priority = parse_priority(changes["priority"])
+            new = TopicRoute(name, current.home, partitions, retention, subscribers, priority)
             if new != current:
                 db.execute(
                     "UPDATE topics SET partitions = ?, retention_ms = ?, subscribers = ?,"
-                    " updated_ms = ? WHERE name = ?",
-                    (partitions, retention, _subs_text(subscribers), now_ms, name),
+                    " priority = ?, updated_ms = ? WHERE name = ?",
+                    (partitions, retention, _subs_text(subscribers), priority, now_ms, name),
                 )
                 self._bump(db)
             return new
@@ -416,7 +428,8 @@ class MetadataStore:
     def _topic(self, db: sqlite3.Connection, name: str) -> TopicRoute:
         validate_topic(name)
         row = db.execute(
-            "SELECT name, home, partitions, retention_ms, subscribers FROM topics WHERE name = ?",
+            "SELECT name, home, partitions, retention_ms, subscribers, priority FROM topics"
+            " WHERE name = ?",
             (name,),
         ).fetchone()
         if row is None:
@@ -479,7 +492,7 @@ class MetadataStore:
             topics = tuple(
                 _topic_of(r)
                 for r in db.execute(
-                    "SELECT name, home, partitions, retention_ms, subscribers"
+                    "SELECT name, home, partitions, retention_ms, subscribers, priority"
                     " FROM topics ORDER BY name"
                 )
             )
@@ -513,9 +526,9 @@ def _subs_text(subscribers: tuple[str, ...] | str) -> str:
 
 
 def _topic_of(row: tuple[Any, ...]) -> TopicRoute:
-    name, home, partitions, retention, subs = row
+    name, home, partitions, retention, subs, priority = row
     subscribers: tuple[str, ...] | str = ALL if subs == ALL else tuple(json.loads(subs))
-    return TopicRoute(name, home, partitions, retention, subscribers)  # type: ignore[arg-type]
+    return TopicRoute(name, home, partitions, retention, subscribers, priority)  # type: ignore[arg-type]
 
 
 def _region_json(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from edge_gateway.metadata.routing import DEFAULT_PRIORITY, PRIORITIES
+
 __all__ = ["openapi_document"]
 
 _NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,200}$"}
@@ -29,6 +31,14 @@ _RETENTION = {
     "description": "Milliseconds records are kept; null: each gateway's own setting.",
     "type": ["integer", "null"],
     "minimum": 1,
+}
+
+_PRIORITY: dict[str, Any] = {
+    "type": "string",
+    "enum": list(PRIORITIES),
+    "default": DEFAULT_PRIORITY,
+    "description": "The topic's journal lane at its home: the order in which backlogs ship "
+    "after an outage (critical first). Absent in answers when normal.",
 }
 
 _SCHEMAS: dict[str, Any] = {
@@ -52,6 +62,7 @@ _SCHEMAS: dict[str, Any] = {
             "partitions": _PARTITIONS,
             "retention_ms": _RETENTION,
             "subscribers": _SUBSCRIBERS,
+            "priority": _PRIORITY,
         },
     },
     "TopicCreate": {
@@ -64,6 +75,7 @@ _SCHEMAS: dict[str, Any] = {
             "partitions": {**_PARTITIONS, "default": 1},
             "retention_ms": _RETENTION,
             "subscribers": _SUBSCRIBERS,
+            "priority": _PRIORITY,
         },
     },
     "TopicAlter": {
@@ -74,6 +86,7 @@ _SCHEMAS: dict[str, Any] = {
             "partitions": _PARTITIONS,
             "retention_ms": _RETENTION,
             "subscribers": _SUBSCRIBERS,
+            "priority": _PRIORITY,
         },
     },
     "Topics": {

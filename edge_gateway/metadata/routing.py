@@ -13,7 +13,10 @@ A document looks like::
      "buckets": [{"name": "default", "type": "s3", "bucket": "fleet", ...}]}
 
 ``subscribers`` is a list of region names, or the string ``"*"`` for every
-other region.
+other region. ``priority`` (``"critical"``, ``"normal"`` or ``"bulk"``) is
+written only when it is not ``"normal"``: a document without it (an older
+server's) means ``"normal"``, and gateways from before priorities, which
+refuse unknown fields, read a table whose topics are all normal as before.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from edge_gateway.names import validate_region, validate_topic
 
 __all__ = [
     "ALL",
+    "DEFAULT_PRIORITY",
     "MAX_PARTITIONS",
+    "PRIORITIES",
     "BucketLocation",
     "RoutingTable",
     "TopicRoute",
@@ -39,6 +44,10 @@ __all__ = [
 ALL: Final = "*"
 MAX_PARTITIONS: Final = 100_000
 _BUCKET_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: A topic's priority classes, in drain order (``edge_gateway.journal.Priority``'s
+#: values; kept here as strings so the metadata server need not import the journal).
+PRIORITIES: Final = ("critical", "normal", "bulk")
+DEFAULT_PRIORITY: Final = "normal"
 #: Fields a bucket location may carry; credentials never go to the metadata server.
 BUCKET_FIELDS: Final = frozenset(
     {"type", "bucket", "prefix", "endpoint_url", "region", "path_style", "path"}
@@ -56,6 +65,9 @@ class TopicRoute:
     retention_ms: int | None
     #: Regions that mirror it, or ``"*"`` for every other region.
     subscribers: tuple[str, ...] | Literal["*"]
+    #: The journal lane of the topic at its home, and so the order in which its
+    #: backlog ships after an outage (one of :data:`PRIORITIES`).
+    priority: str = DEFAULT_PRIORITY
 
     def subscribed_by(self, region: str) -> bool:
         if region == self.home:
@@ -63,19 +75,24 @@ class TopicRoute:
         return self.subscribers == ALL or region in self.subscribers
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        doc: dict[str, Any] = {
             "name": self.name,
             "home": self.home,
             "partitions": self.partitions,
             "retention_ms": self.retention_ms,
             "subscribers": self.subscribers if self.subscribers == ALL else list(self.subscribers),
         }
+        if self.priority != DEFAULT_PRIORITY:
+            # Only when not the default: gateways from before priorities refuse
+            # a topic with a field they do not know (see the module docstring).
+            doc["priority"] = self.priority
+        return doc
 
     @classmethod
     def from_json(cls, doc: object) -> TopicRoute:
         """Parse and validate one topic; raises :class:`InvalidInput` naming the field."""
         d = _mapping(doc, "topic")
-        _only(d, {"name", "home", "partitions", "retention_ms", "subscribers"}, "topic")
+        _only(d, {"name", "home", "partitions", "retention_ms", "subscribers", "priority"}, "topic")
         name = validate_topic(d.get("name"))
         return cls(
             name=name,
@@ -83,6 +100,7 @@ class TopicRoute:
             partitions=parse_partitions(d.get("partitions")),
             retention_ms=parse_retention(d.get("retention_ms")),
             subscribers=parse_subscribers(d.get("subscribers", []), str(d.get("home"))),
+            priority=parse_priority(d.get("priority", DEFAULT_PRIORITY)),
         )
 
 
@@ -153,6 +171,7 @@ def topology(table: RoutingTable) -> tuple[Any, ...]:
     ``TopicConfig`` yet and is dropped.
     """
     from edge_gateway.config import TopicConfig  # the config pulls in the journal and bucket
+    from edge_gateway.journal import Priority
 
     return tuple(
         TopicConfig(
@@ -160,6 +179,7 @@ def topology(table: RoutingTable) -> tuple[Any, ...]:
             home=t.home,
             partitions=t.partitions,
             subscribers=(ALL,) if t.subscribers == ALL else tuple(t.subscribers),
+            priority=Priority(t.priority),
         )
         for t in table.topics
     )
@@ -182,6 +202,14 @@ def parse_retention(value: object) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < 2**62:
         raise InvalidInput(f"retention_ms must be a positive integer or null, not {value!r}")
+    return value
+
+
+def parse_priority(value: object) -> str:
+    """One of :data:`PRIORITIES`; :class:`InvalidInput` naming the allowed values."""
+    if not isinstance(value, str) or value not in PRIORITIES:
+        allowed = ", ".join(repr(p) for p in PRIORITIES)
+        raise InvalidInput(f"priority must be one of {allowed}, not {value!r}")
     return value
 
 

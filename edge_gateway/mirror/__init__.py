@@ -3,6 +3,7 @@
 * :class:`Tailer` follows one source region's log and appends the batches of
   the subscribed topics to the local journal as ``<source>.<topic>``, with the
   source's offsets, exactly once and in order;
+* :class:`PriorityGate` orders the catch-up of several sources by priority;
 * :mod:`edge_gateway.mirror.cursor` publishes how far each reader mirrored;
 * :mod:`edge_gateway.mirror.gc` deletes what every reader has mirrored (home side).
 
@@ -22,6 +23,7 @@ from edge_gateway.mirror._plan import (
     SourceGap,
     SourceState,
 )
+from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror._tailer import CatchUpResult, QuarantinedEntry, Tailer, TailerStats
 from edge_gateway.mirror.cursor import Cursor
 
@@ -35,6 +37,7 @@ __all__ = [
     "GapKind",
     "GapPolicy",
     "MirrorAppend",
+    "PriorityGate",
     "QuarantinedEntry",
     "SourceGap",
     "SourceState",

@@ -43,7 +43,7 @@ import math
 import random
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import trio
@@ -69,7 +69,7 @@ from edge_gateway.format.manifest import (
     manifest_prefix,
     parse_manifest_key,
 )
-from edge_gateway.journal import Journal
+from edge_gateway.journal import Journal, Lane, Priority
 from edge_gateway.mirror._config import TailerConfig
 from edge_gateway.mirror._plan import (
     Action,
@@ -83,6 +83,7 @@ from edge_gateway.mirror._plan import (
     SourceState,
     retry_delay,
 )
+from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
 from edge_gateway.mirror.gc import GcState, read_gc_state
 from edge_gateway.names import validate_region, validate_topic
@@ -176,6 +177,14 @@ class TailerStats:
     #: 404s of entries asked for ahead of the first missing one while following
     #: (the cost of probing past the known head, see ``docs/mirroring.md``).
     probe_misses: int = 0
+    #: The highest priority of the backlog this tailer catches up now (None:
+    #: not catching up); see :class:`~edge_gateway.mirror.PriorityGate`.
+    catching_up_priority: str | None = None
+    #: Whether it waits now for another source's higher-priority catch-up,
+    #: how many fetches waited so, and for how long in all.
+    priority_held: bool = False
+    priority_holds: int = 0
+    priority_held_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +273,8 @@ class Tailer:
         prefix: str = "",
         clock: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         keyring: Keyring | None = None,
+        priorities: Mapping[str, Priority] | None = None,
+        gate: PriorityGate | None = None,
     ) -> None:
         self.journal = journal
         self.bucket = bucket
@@ -280,6 +291,15 @@ class Tailer:
         self.prefix = prefix
         self._clock = clock
         self._rand = random.Random()
+        #: The source's topics' priorities (absent: normal), for the catch-up
+        #: order across sources that ``gate`` keeps (None: no such order).
+        self._priorities = dict(priorities or {})
+        self._gate = gate
+        self._backlog_manifest: Manifest | None = None
+        self._backlog_priority: Priority | None = None
+        self._held_now = 0
+        self._holds = 0
+        self._held_s = 0.0
         self._state = SourceState(
             self.source, self._subscribed, journal.source_progress().get(self.source)
         )
@@ -559,6 +579,12 @@ class Tailer:
             fetches_in_flight=self._in_flight,
             fetches_in_flight_peak=self._in_flight_peak,
             probe_misses=self._probe_misses,
+            catching_up_priority=None
+            if self._backlog_priority is None
+            else str(self._backlog_priority),
+            priority_held=self._held_now > 0,
+            priority_holds=self._holds,
+            priority_held_s=self._held_s,
         )
 
     # ------------------------------------------------------------ following
@@ -940,8 +966,38 @@ class Tailer:
             head,
             len(manifests),
         )
-        applied, _ = await self._pipeline(first, head, manifests)
+        if self._gate is not None and manifests:
+            self._backlog_manifest = await self._load_manifest(*manifests[-1])
+            self._announce_backlog()
+        try:
+            applied, _ = await self._pipeline(first, head, manifests)
+        finally:
+            self._backlog_manifest = None
+            self._announce_backlog()
         return applied
+
+    def _announce_backlog(self) -> None:
+        """Tell the gate the highest priority of what this catch-up still has to apply.
+
+        Read from the newest manifest of the backlog: a subscribed partition
+        whose mirror is below the manifest's next offset has records to come
+        (entries after that manifest are few: at most ``manifest_every``).
+        """
+        if self._gate is None:
+            return
+        best: Priority | None = None
+        m = self._backlog_manifest
+        if m is not None:
+            for (topic, p), nxt in m.next_offsets.items():
+                prio = self._priorities.get(topic, Priority.NORMAL)
+                if best is not None and Lane(prio).rank >= Lane(best).rank:
+                    continue
+                if self._subscribed(topic) and (
+                    self.journal.next_offset(f"{self.source}.{topic}", p) < nxt
+                ):
+                    best = prio
+        self._backlog_priority = best
+        self._gate.announce(self.source, best)
 
     async def _pipeline(
         self, first: int, last: int | None, manifests: Sequence[tuple[int, str]]
@@ -985,6 +1041,8 @@ class Tailer:
                         await self._apply_slot(slot)
                         applied += 1
                         streak += 1
+                        if self._backlog_manifest is not None:
+                            self._announce_backlog()
                     finally:
                         budget.release(slot.cost)
                         count.release()
@@ -1119,6 +1177,8 @@ class Tailer:
             slot.cost = plan.cost
             slot.budgeted.set()
             self._prefetch_peak_bytes = max(self._prefetch_peak_bytes, budget.peak)
+            if self._gate is not None and self._gate.held(self.source):
+                await self._wait_turn()
             slot.fetched = await self._fetch(plan)
         except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
             slot.error = exc
@@ -1130,6 +1190,18 @@ class Tailer:
             self._in_flight -= 1
             slot.budgeted.set()
             slot.done.set()
+
+    async def _wait_turn(self) -> None:
+        """Hold this fetch while another source catches up a higher priority."""
+        assert self._gate is not None
+        self._held_now += 1
+        self._holds += 1
+        t0 = time.monotonic()
+        try:
+            await self._gate.wait_turn(self.source)
+        finally:
+            self._held_now -= 1
+            self._held_s += time.monotonic() - t0
 
     async def _load_manifest(self, last_seq: int, key: str) -> Manifest | None:
         """A manifest of the source, or ``None`` (with a warning) when it cannot be used."""
