@@ -1,10 +1,10 @@
 """Client-side encryption with real gateways: nothing readable in the bucket, keys rotate.
 
-Three regions on one local-directory bucket, each an ``edgegw serve``
-process. ``a`` and ``b`` seal their log objects (``[encryption]``) and hold
-each other's keys; ``c`` ships in clear and holds no key. ``a`` homes ``t``
-(mirrored by ``b`` and ``c``), ``b`` homes ``u`` (mirrored by ``a``), ``c``
-homes ``v`` (mirrored by ``b``).
+Three regions on one bucket (a local directory, and moto's S3 server over
+HTTP), each an ``edgegw serve`` process. ``a`` and ``b`` seal their log
+objects (``[encryption]``) and hold each other's keys; ``c`` ships in clear
+and holds no key. ``a`` homes ``t`` (mirrored by ``b`` and ``c``), ``b``
+homes ``u`` (mirrored by ``a``), ``c`` homes ``v`` (mirrored by ``b``).
 
 * Every record reaches its mirrors through sealed objects, and no byte of
   the bucket holds a record value of ``a`` or ``b`` (``c``'s plaintext
@@ -21,6 +21,7 @@ homes ``v`` (mirrored by ``b``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -49,34 +50,81 @@ def _produce(g: Gateway, topic: str, marker: str, n: int, start: int = 0) -> Non
             c.produce(topic, [f"{marker} {topic} #{i}"], partition=i % 2 if topic != "v" else 0)
 
 
-def _bucket_bytes(root: Path) -> bytes:
-    return b"".join(p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file())
+class RawBucket:
+    """Every object of the fleet's bucket as stored bytes: files, or S3 objects."""
+
+    def __init__(self, root: Path, s3: tuple[Any, str] | None) -> None:
+        self.root = root
+        self.s3 = s3
+
+    def objects(self) -> dict[str, bytes]:
+        if self.s3 is None:
+            return {
+                p.relative_to(self.root).as_posix(): p.read_bytes()
+                for p in sorted(self.root.rglob("*"))
+                if p.is_file()
+            }
+        client, name = self.s3
+        out: dict[str, bytes] = {}
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+            for o in page.get("Contents", []):
+                out[o["Key"]] = client.get_object(Bucket=name, Key=o["Key"])["Body"].read()
+        return out
+
+    def raw(self) -> bytes:
+        return b"".join(self.objects().values())
+
+    def log_headers(self, region: str) -> list[logobject.LogObjectHeader]:
+        out = [
+            logobject.decode_header(data, where=key, object_size=len(data))
+            for key, data in self.objects().items()
+            if f"regions/{region}/log/" in key and key.endswith(".egw")
+        ]
+        return sorted(out, key=lambda h: h.seq)
+
+    def spec(self) -> Any:
+        from edge_gateway.pipeline._store import BucketSpec
+
+        if self.s3 is None:
+            return BucketSpec(str(self.root))
+        client, name = self.s3
+        return BucketSpec(
+            f"s3://{name}",
+            endpoint_url=client.meta.endpoint_url,
+            region="us-east-1",
+            access_key="testing",
+            secret_key="testing",
+            path_style=True,
+        )
 
 
-def _log_headers(bucket_dir: Path, region: str) -> list[logobject.LogObjectHeader]:
-    out = []
-    for p in sorted(bucket_dir.rglob("*.egw")):
-        if f"regions/{region}/log/" in p.as_posix():
-            data = p.read_bytes()
-            out.append(logobject.decode_header(data, where=str(p), object_size=len(data)))
-    return sorted(out, key=lambda h: h.seq)
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Any]:
+    if request.param == "local":
+        return "local", None
+    endpoint = request.getfixturevalue("moto_endpoint")
+    name = request.getfixturevalue("s3_bucket_name")
+    return "s3", (int(endpoint.rsplit(":", 1)[1]), name, request.getfixturevalue("s3_admin"))
 
 
 @pytest.mark.slow
-def test_encrypted_fleet(tmp_path: Path) -> None:
+def test_encrypted_fleet(tmp_path: Path, store: tuple[str, Any]) -> None:
     keys = tmp_path / "keys"
     keys.mkdir()
     a1, a2, b1 = _key(keys / "a-1.key"), _key(keys / "a-2.key"), _key(keys / "b-1.key")
+    s3 = store[1]
     fleet = Fleet(
         tmp_path,
         ["a", "b", "c"],
         [T, U, V],
+        s3=(s3[0], s3[1]) if s3 else None,
         per_region={
             "a": {"encryption": {"key_file": a1}, "encryption.sources.b": {"key_files": [b1]}},
             # a's next key reaches its readers before a uses it (docs/operations.md).
             "b": {"encryption": {"key_file": b1}, "encryption.sources.a": {"key_files": [a1, a2]}},
         },
     )
+    bucket = RawBucket(fleet.bucket_dir, (s3[2], s3[1]) if s3 else None)
     try:
         fleet.start()
         a, b, c = fleet["a"], fleet["b"], fleet["c"]
@@ -104,10 +152,10 @@ def test_encrypted_fleet(tmp_path: Path) -> None:
         assert c.log.read_text().count("no decryption key 'a-1'") >= 1
 
         # The bucket holds no plaintext of a's or b's records (c's are in clear).
-        raw = _bucket_bytes(fleet.bucket_dir)
+        raw = bucket.raw()
         assert CLEAR.encode() in raw
         assert SECRET.encode() not in raw
-        assert {h.key_id for h in _log_headers(fleet.bucket_dir, "a") if h.blocks} == {"a-1"}
+        assert {h.key_id for h in bucket.log_headers("a") if h.blocks} == {"a-1"}
 
         # Rotation: a seals with a-2 from now on; a-1 stays decrypt-only.
         a.stop()
@@ -119,7 +167,7 @@ def test_encrypted_fleet(tmp_path: Path) -> None:
         a.start()
         _produce(a, "t", SECRET, 40, start=40)
         wait_mirrored(a, "t", b, 30)
-        headers = [h for h in _log_headers(fleet.bucket_dir, "a") if h.blocks]
+        headers = [h for h in bucket.log_headers("a") if h.blocks]
         assert headers[0].key_id == "a-1"
         assert headers[-1].key_id == "a-2"
         assert a.status()["encryption"]["keys"]["a"] == ["a-1", "a-2"]
@@ -128,10 +176,9 @@ def test_encrypted_fleet(tmp_path: Path) -> None:
         # only the new key, the old objects are refused by name.
         pytest.importorskip("pyarrow")
         from edge_gateway.pipeline._arrow import read_blocks
-        from edge_gateway.pipeline._store import BucketSpec
         from edge_gateway.pipeline.plan import check_keys, plan_region
 
-        reader = BucketSpec(str(fleet.bucket_dir)).open()
+        reader = bucket.spec().open()
         plan = plan_region(reader, "a")
         both = keyring_from_files([("a", a1), ("a", a2)])
         check_keys([plan], both)
@@ -153,7 +200,7 @@ def test_encrypted_fleet(tmp_path: Path) -> None:
         m = c.mirror("a")
         assert (m["missing_key"], m["quarantined"]) == (None, []), m
         assert fleet.mismatches() == []
-        assert SECRET.encode() not in _bucket_bytes(fleet.bucket_dir)
+        assert SECRET.encode() not in bucket.raw()
     finally:
         codes = fleet.close()
     assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
