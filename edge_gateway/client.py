@@ -565,7 +565,11 @@ def _unavailable(base_url: str, exc: Exception) -> Unavailable:
         )
     if isinstance(cause, ssl.SSLError):
         reason = _ssl_reason(cause)
-        if "certificate" in reason:  # the gateway refused our (missing) client certificate
+        # An alert from the gateway about our (missing) client certificate:
+        # "certificate required", "bad certificate", "unknown ca", ...
+        if "alert" in reason and any(
+            word in reason for word in ("certificate", "unknown ca", "access denied")
+        ):
             return Denied(
                 f"the gateway at {base_url} refused the TLS connection: {reason}",
                 code="client_certificate_refused",

@@ -16,8 +16,8 @@ oversized requests), HTTP/1.0, ``Expect: 100-continue``, request bodies
 streamed to the app, ``HEAD``, a keep-alive timeout, and a graceful stop
 (:meth:`Http11Server.shutdown`: stop accepting, close idle connections, let
 requests in flight finish with ``Connection: close``), and TLS (``ssl_context``: each
-accepted connection is wrapped in a :class:`trio.SSLStream` once its
-handshake completes within ``handshake_timeout``; a connection whose first
+accepted connection is wrapped in a :class:`~edge_gateway.api._tlsstream.TlsStream`
+once its handshake completes within ``handshake_timeout``; a connection whose first
 byte is not a TLS handshake gets a plain-HTTP ``400 tls_required``). Not in
 scope: HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
 lifecycle).
@@ -51,6 +51,7 @@ import trio
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S
 from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD
+from edge_gateway.api._tlsstream import TlsStream
 
 __all__ = ["Http11Server"]
 
@@ -293,7 +294,7 @@ class Http11Server:
 
     async def _handshake(
         self, raw: trio.SocketStream, peer: tuple[str, int] | None
-    ) -> trio.SSLStream[trio.SocketStream] | None:
+    ) -> TlsStream | None:
         """The TLS stream of a new connection; None when it failed (the caller closes).
 
         Each connection shakes hands in its own task under its own deadline,
@@ -324,7 +325,7 @@ class Http11Server:
                     while await raw.receive_some(_READ_SIZE):
                         pass
                     return None
-                tls = trio.SSLStream(raw, self.ssl_context, server_side=True, https_compatible=True)
+                tls = TlsStream(raw, self.ssl_context)
                 await tls.do_handshake()
                 if self.require_client_cert and not tls.getpeercert():
                     self.tls_handshake_failures += 1

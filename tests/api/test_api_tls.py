@@ -24,7 +24,7 @@ from _serve import EDGEGW, Server, wait_until
 
 from edge_gateway.client import Client
 from edge_gateway.config import parse_config
-from edge_gateway.errors import ConfigError, Denied, InvalidInput, Unavailable
+from edge_gateway.errors import ConfigError, Denied, InvalidInput
 from edge_gateway.testing.tls import TlsFiles, make_tls_files
 
 TOKEN = "api-token-for-tls-tests-0123456789"
@@ -265,9 +265,10 @@ def test_client_certificates_when_required(tmp_path: Path, certs: TlsFiles) -> N
         # No certificate: a 403 over TLS that says what is missing.
         with pytest.raises(InvalidInput, match="requires a client certificate"):
             client(server, certs).topics()
-        # One from another issuer fails the handshake (the connection closes).
-        with pytest.raises(Unavailable):
+        # One from another issuer fails the handshake; the server's alert says why.
+        with pytest.raises(Denied, match="refused the TLS connection") as refused:
             client(server, certs, client_cert=(certs.self_signed, certs.self_signed_key)).topics()
+        assert refused.value.code == "client_certificate_refused"
         with client(server, certs, client_cert=(certs.client_cert, certs.client_key)) as c:
             assert c.status()["api"]["tls_handshake_failures"] >= 2
     finally:
