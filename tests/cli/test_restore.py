@@ -208,15 +208,13 @@ def test_sync_refuses_a_bucket_that_is_not_edgegws(
     assert "edgegw-bucket.json" in keys
 
 
-def test_restore_moves_every_lane_aside_and_offline_sync_refuses_lanes(tmp_path: Path) -> None:
+def test_restore_moves_every_lane_aside(tmp_path: Path) -> None:
+    # (Offline sync and reship ship every lane: tests/system/test_offline_lanes.py.)
     bucket = shipped_bucket(tmp_path)
     data = tmp_path / "data"
     write_journal(data)
     crit = Journal.open_sync(data / "journal-critical", JournalConfig())  # a lane's journal
     crit.close_sync()
-    # ``edgegw sync`` without a gateway ships the normal lane only: refused.
-    proc = run_edgegw("sync", "--data-dir", data, "--region", SITE, "--bucket-dir", bucket)
-    assert_one_line_failure(proc.returncode, proc.stderr, "journal-critical")
     code, out, err = restore(data, SITE, "--bucket-dir", bucket)
     assert code == 0, err
     assert "journal-critical" in out
