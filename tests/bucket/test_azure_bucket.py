@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _bucket_support import azure_config
 from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
@@ -16,7 +17,6 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from conftest import azure_config
 
 from edge_gateway.bucket import (
     AccessDenied,

@@ -10,7 +10,7 @@ ranges, listing, errors -- is tested.
 from __future__ import annotations
 
 import pytest
-from conftest import gcs_config
+from _bucket_support import gcs_config
 
 from edge_gateway.bucket import (
     BucketUnavailable,
