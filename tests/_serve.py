@@ -286,7 +286,8 @@ class Fleet:
     ``s3=(moto_port, bucket_name)`` puts them on moto's server, each behind
     its own :class:`TcpProxy` (``fleet.proxies[region]``); otherwise they
     share a local-directory bucket under ``root``, or the ``[bucket]``
-    section ``bucket`` (an Azure container on Azurite, say). ``sections``
+    section ``bucket`` (an Azure container on Azurite, say), or the section
+    ``bucket(region)`` returns. ``sections``
     override config sections for every region, ``per_region`` for one.
     """
 
@@ -297,7 +298,7 @@ class Fleet:
         topics: Sequence[TopicSpec],
         *,
         s3: tuple[int, str] | None = None,
-        bucket: Mapping[str, object] | None = None,
+        bucket: Mapping[str, object] | Callable[[str], Mapping[str, object]] | None = None,
         sections: Mapping[str, Mapping[str, object]] | None = None,
         per_region: Mapping[str, Mapping[str, Mapping[str, object]]] | None = None,
     ) -> None:
@@ -311,7 +312,9 @@ class Fleet:
         self.gateways: dict[str, Gateway] = {}
         for region in regions:
             section: dict[str, object]
-            if bucket is not None:
+            if callable(bucket):
+                section = dict(bucket(region))
+            elif bucket is not None:
                 section = dict(bucket)
             elif s3 is None:
                 section = {"type": "local", "path": str(self.bucket_dir)}

@@ -15,7 +15,14 @@ import typer
 from rich.table import Table
 from rich.text import Text
 
-from edge_gateway.bucket import Bucket, LocalBucket, StoreReport, check_store
+from edge_gateway.bucket import (
+    AzureConfig,
+    Bucket,
+    GcsConfig,
+    LocalBucket,
+    StoreReport,
+    check_store,
+)
 from edge_gateway.bucket._check import FAIL, INFO, PASS, WORKAROUND
 from edge_gateway.errors import EdgeGatewayError
 from edgegw_cli._bucket import open_bucket
@@ -40,6 +47,19 @@ def check(
     s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL (MinIO, R2, Ceph, ...)."),
     s3_prefix: str = typer.Option("", help="Key prefix inside the bucket."),
     s3_path_style: bool = typer.Option(False, help="Path-style S3 addressing."),
+    azure_container: str | None = typer.Option(
+        None,
+        help="An Azure Blob container; credentials from AZURE_STORAGE_CONNECTION_STRING "
+        "(or --azure-endpoint with azure-identity's default chain).",
+    ),
+    azure_endpoint: str | None = typer.Option(
+        None, help="The account's blob endpoint (https://<account>.blob.core.windows.net)."
+    ),
+    gcs_bucket: str | None = typer.Option(
+        None, help="A Google Cloud Storage bucket; Application Default Credentials."
+    ),
+    gcs_endpoint: str | None = typer.Option(None, help="Another GCS API endpoint (an emulator)."),
+    prefix: str = typer.Option("", help="Key prefix in the Azure container or GCS bucket."),
     racers: int = typer.Option(50, min=2, max=500, help="Concurrent creators of one key."),
     samples: int = typer.Option(20, min=1, max=10_000, help="Small PUTs and GETs timed."),
     throughput_mib: int = typer.Option(
@@ -59,16 +79,29 @@ def check(
     requirement holds; 1 when one does not; 2 for bad options.
 
     Example: edgegw bucket check --config /etc/edgegw/edgegw.toml
+    (Azure: --azure-container NAME with AZURE_STORAGE_CONNECTION_STRING set;
+    GCS: --gcs-bucket NAME with Application Default Credentials.)
     """
 
-    async def run() -> StoreReport:
-        bucket, prefix = await _open(
-            config, bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
+    cloud = _cloud_config(azure_container, azure_endpoint, gcs_bucket, gcs_endpoint, prefix)
+    if cloud is not None and (config or bucket_dir or s3_bucket):
+        raise fail(
+            "give one store: --config, --bucket-dir, --s3-bucket, --azure-container "
+            "or --gcs-bucket",
+            code=2,
         )
+
+    async def run() -> StoreReport:
+        if cloud is not None:
+            bucket, key_prefix = await _open_cloud(cloud), ""
+        else:
+            bucket, key_prefix = await _open(
+                config, bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
+            )
         async with bucket:
             return await check_store(
                 bucket,
-                prefix,
+                key_prefix,
                 racers=racers,
                 samples=samples,
                 throughput_bytes=throughput_mib * 1024 * 1024,
@@ -88,6 +121,42 @@ def check(
         raise typer.Exit(1)
 
 
+def _cloud_config(
+    azure_container: str | None,
+    azure_endpoint: str | None,
+    gcs_bucket: str | None,
+    gcs_endpoint: str | None,
+    prefix: str,
+) -> AzureConfig | GcsConfig | None:
+    """The Azure or GCS store the options name (``None``: neither)."""
+    if azure_container and gcs_bucket:
+        raise fail("give --azure-container or --gcs-bucket, not both", code=2)
+    try:
+        if azure_container:
+            return AzureConfig(
+                container=azure_container, prefix=prefix, endpoint_url=azure_endpoint
+            )
+        if gcs_bucket:
+            return GcsConfig(bucket=gcs_bucket, prefix=prefix, endpoint_url=gcs_endpoint)
+    except EdgeGatewayError as exc:
+        raise fail(str(exc), code=2) from None
+    if azure_endpoint or gcs_endpoint:
+        raise fail("--azure-endpoint needs --azure-container, --gcs-endpoint --gcs-bucket", code=2)
+    return None
+
+
+async def _open_cloud(config: AzureConfig | GcsConfig) -> Bucket:
+    from edge_gateway.bucket._open import open_cloud_bucket
+
+    bucket = await open_cloud_bucket(config)
+    try:
+        await bucket.check_exists()
+    except BaseException:
+        await bucket.aclose()
+        raise
+    return bucket
+
+
 async def _open(
     config: Path | None,
     bucket_dir: Path | None,
@@ -98,7 +167,10 @@ async def _open(
 ) -> tuple[Bucket, str]:
     if config is None:
         if not bucket_dir and not s3_bucket:
-            raise fail("give --config, --bucket-dir or --s3-bucket", code=2)
+            raise fail(
+                "give --config, --bucket-dir, --s3-bucket, --azure-container or --gcs-bucket",
+                code=2,
+            )
         return await open_bucket(bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style)
     if bucket_dir or s3_bucket:
         raise fail("give --config or bucket options, not both", code=2)

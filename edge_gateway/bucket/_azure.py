@@ -81,6 +81,16 @@ _T = TypeVar("_T")
 CONNECTION_STRING_ENV: Final = "AZURE_STORAGE_CONNECTION_STRING"
 _PRECONDITION_CODES: Final = frozenset({"ConditionNotMet", "BlobAlreadyExists"})
 _CONTAINER_CODES: Final = frozenset({"ContainerNotFound", "ContainerBeingDeleted"})
+_DENIED_ACTION: Final = (
+    "give the gateway valid Azure credentials ([bucket] connection_string, "
+    "connection_string_file or account_key, read at start; AZURE_STORAGE_CONNECTION_STRING; "
+    "or the identity DefaultAzureCredential finds) with a role that reads, writes and "
+    "deletes blobs in the container (Storage Blob Data Contributor); docs/stores.md"
+)
+_NO_CONTAINER_ACTION: Final = (
+    "create the container (edgegw never creates one), or correct [bucket] container or "
+    "the account; shipping resumes by itself once it exists"
+)
 
 # The SDK logs every request and answer at INFO: keep it to warnings unless
 # the operator configured that logger.
@@ -458,7 +468,10 @@ def translate_error(
         message = f"{what} on {where}: HTTP {status} {code or reason}"
         if code in _CONTAINER_CODES:
             return AccessDenied(
-                f"{message}: the container does not exist", key=key, code="NoSuchBucket"
+                f"{message}: the container does not exist",
+                key=key,
+                code="NoSuchBucket",
+                action=_NO_CONTAINER_ACTION,
             )
         if (
             isinstance(exc, (ResourceModifiedError, ResourceExistsError))
@@ -468,7 +481,9 @@ def translate_error(
         if isinstance(exc, ResourceNotFoundError) or status == 404:
             return NotFound(message, key=key)
         if status in (401, 403) or isinstance(exc, ClientAuthenticationError):
-            return AccessDenied(message, key=key, code=code or "AccessDenied")
+            # No status: the credential chain found nothing (DefaultAzureCredential).
+            fallback = "AccessDenied" if status else "NoCredentialsError"
+            return AccessDenied(message, key=key, code=code or fallback, action=_DENIED_ACTION)
         if status >= 500 or status in (408, 409, 429) or status == 0:
             return BucketUnavailable(message, key=key)
         if 400 <= status < 500:
@@ -478,7 +493,7 @@ def translate_error(
     message = f"{what} on {where}: {type(exc).__name__}: {detail}"
     if isinstance(exc, ClientAuthenticationError):
         # A credential chain that found nothing usable: a person must act.
-        return AccessDenied(message, key=key, code="NoCredentialsError")
+        return AccessDenied(message, key=key, code="NoCredentialsError", action=_DENIED_ACTION)
     # ServiceRequestError (connect), ServiceResponseError (read), a timeout,
     # a broken stream, an unknown AzureError: transient, the caller retries.
     return BucketUnavailable(message, key=key)

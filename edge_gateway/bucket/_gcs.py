@@ -55,12 +55,14 @@ __all__ = ["GcsBucket", "translate_error"]
 _log = logging.getLogger(__name__)
 _T = TypeVar("_T")
 
-_TRANSIENT: Final = (
-    requests.exceptions.ConnectionError,
-    requests.exceptions.Timeout,
-    requests.exceptions.ChunkedEncodingError,
-    google.auth.exceptions.TransportError,
-    OSError,
+_DENIED_ACTION: Final = (
+    "give the gateway valid GCS credentials ([bucket] credentials_file, or Application "
+    "Default Credentials) with a role that creates, reads and deletes objects in the "
+    "bucket (roles/storage.objectUser); docs/stores.md"
+)
+_NO_BUCKET_ACTION: Final = (
+    "create the bucket (edgegw never creates one), or correct [bucket] bucket; shipping "
+    "resumes by itself once it exists"
 )
 
 
@@ -121,7 +123,9 @@ class GcsBucket(Bucket):
             client = await trio.to_thread.run_sync(_client, config)
         except google.auth.exceptions.DefaultCredentialsError as exc:
             raise AccessDenied(
-                f"GCS bucket {config.bucket!r}: no credentials: {exc}", code="NoCredentialsError"
+                f"GCS bucket {config.bucket!r}: no credentials: {exc}",
+                code="NoCredentialsError",
+                action=_DENIED_ACTION,
             ) from None
         return cls(config, client)
 
@@ -331,16 +335,16 @@ def translate_error(
         if status == 404:
             return NotFound(message, key=key)
         if status in (401, 403):
-            return AccessDenied(message, key=key, code="AccessDenied")
+            return AccessDenied(message, key=key, code="AccessDenied", action=_DENIED_ACTION)
         if status >= 500 or status in (408, 409, 429):
             return BucketUnavailable(message, key=key)
         if 400 <= status < 500:
             return InvalidRequest(message, key=key)
         return BucketUnavailable(message, key=key)
     if isinstance(exc, google.auth.exceptions.DefaultCredentialsError):
-        return AccessDenied(message, key=key, code="NoCredentialsError")
+        return AccessDenied(message, key=key, code="NoCredentialsError", action=_DENIED_ACTION)
     if isinstance(exc, google.auth.exceptions.RefreshError):
-        return AccessDenied(message, key=key, code="ExpiredToken")
+        return AccessDenied(message, key=key, code="ExpiredToken", action=_DENIED_ACTION)
     # Transport failures, retry deadlines, unknown client errors: transient.
     return BucketUnavailable(message, key=key)
 

@@ -201,8 +201,9 @@ _SCHEMAS: dict[str, Any] = {
         "required": ["type"],
         "additionalProperties": False,
         "properties": {
-            "type": {"type": "string", "enum": ["s3", "local"]},
+            "type": {"type": "string", "enum": ["s3", "local", "azure", "gcs"]},
             "bucket": {"type": "string"},
+            "container": {"type": "string"},
             "prefix": {"type": "string"},
             "endpoint_url": {"type": "string"},
             "region": {"type": "string"},

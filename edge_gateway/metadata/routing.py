@@ -50,7 +50,7 @@ PRIORITIES: Final = ("critical", "normal", "bulk")
 DEFAULT_PRIORITY: Final = "normal"
 #: Fields a bucket location may carry; credentials never go to the metadata server.
 BUCKET_FIELDS: Final = frozenset(
-    {"type", "bucket", "prefix", "endpoint_url", "region", "path_style", "path"}
+    {"type", "bucket", "container", "prefix", "endpoint_url", "region", "path_style", "path"}
 )
 
 
@@ -245,16 +245,18 @@ def parse_bucket_settings(doc: object) -> dict[str, Any]:
     d = _mapping(doc, "bucket")
     _only(d, BUCKET_FIELDS, "bucket")
     kind = d.get("type")
-    if kind not in ("s3", "local"):
-        raise InvalidInput(f"bucket: type must be 's3' or 'local', not {kind!r}")
+    if kind not in ("s3", "local", "azure", "gcs"):
+        raise InvalidInput(f"bucket: type must be 's3', 'local', 'azure' or 'gcs', not {kind!r}")
     for key, value in d.items():
         if key == "path_style":
             if not isinstance(value, bool):
                 raise InvalidInput("bucket: path_style must be true or false")
         elif not isinstance(value, str) or len(value) > 2048:
             raise InvalidInput(f"bucket: {key} must be a string (at most 2048 characters)")
-    if kind == "s3" and not d.get("bucket"):
-        raise InvalidInput("bucket: 'bucket' is required when type is 's3'")
+    if kind in ("s3", "gcs") and not d.get("bucket"):
+        raise InvalidInput(f"bucket: 'bucket' is required when type is {kind!r}")
+    if kind == "azure" and not d.get("container"):
+        raise InvalidInput("bucket: 'container' is required when type is 'azure'")
     return dict(d)
 
 

@@ -19,13 +19,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from _bucket_support import Opener, make_s3_config
+from _bucket_support import Opener, azure_config, gcs_config, make_s3_config
 from _rgw import ACCESS_KEY as RGW_ACCESS_KEY
 from _rgw import SECRET_KEY as RGW_SECRET_KEY
 
 from edge_gateway.bucket import Bucket, FaultyBucket, LocalBucket, S3Bucket, S3Config
-from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
-from edge_gateway.testing.emulators import azurite_connection_string
 
 #: Why the GCS emulator cannot pass the conditional tests (docs/stores.md).
 GCS_EMULATOR_IGNORES = (
@@ -38,42 +36,6 @@ GCS_EMULATOR_IGNORES = (
 def s3_config(moto_endpoint: str, s3_bucket_name: str) -> S3Config:
     """Config of a fresh bucket on the session's moto server."""
     return make_s3_config(moto_endpoint, s3_bucket_name, prefix="edgegw/")
-
-
-def azure_config(endpoint: str, container: str, **overrides: object) -> AzureConfig:
-    """An AzureConfig for Azurite with short timeouts and small blocks (so the
-    contract suite's 11 MiB object goes up as staged blocks)."""
-    values: dict[str, object] = {
-        "container": container,
-        "prefix": "edgegw/",
-        "connection_string": azurite_connection_string(endpoint),
-        "connect_timeout": 2.0,
-        "read_timeout": 10.0,
-        "max_attempts": 2,
-        "max_concurrency": 8,
-        "max_single_put_size": 4 * 1024 * 1024,
-        "block_size": 4 * 1024 * 1024,
-        "list_page_size": 7,
-    }
-    values.update(overrides)
-    return AzureConfig.from_mapping(values)
-
-
-def gcs_config(endpoint: str, bucket: str, **overrides: object) -> GcsConfig:
-    """A GcsConfig for the emulator (anonymous) with short timeouts and small pages."""
-    values: dict[str, object] = {
-        "bucket": bucket,
-        "prefix": "edgegw/",
-        "endpoint_url": endpoint,
-        "anonymous": True,
-        "connect_timeout": 2.0,
-        "read_timeout": 10.0,
-        "max_attempts": 2,
-        "max_concurrency": 8,
-        "list_page_size": 7,
-    }
-    values.update(overrides)
-    return GcsConfig.from_mapping(values)
 
 
 @pytest.fixture(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from _bucket_support import azure_config
 from azure.core.exceptions import (
     ClientAuthenticationError,
     HttpResponseError,
@@ -16,7 +17,6 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from conftest import azure_config
 
 from edge_gateway.bucket import (
     AccessDenied,
@@ -45,7 +45,7 @@ async def test_a_missing_container_is_named(azurite_endpoint: str) -> None:
         with pytest.raises(AccessDenied) as excinfo:
             await bucket.put("k", b"x", if_none_match=True)
     assert excinfo.value.code == "NoSuchBucket"
-    assert "create the bucket" in excinfo.value.action
+    assert "create the container" in excinfo.value.action
 
 
 async def test_a_wrong_key_is_access_denied(
@@ -62,6 +62,7 @@ async def test_a_wrong_key_is_access_denied(
         with pytest.raises(AccessDenied) as excinfo:
             await bucket.put("k", b"x")
     assert "HTTP 403" in str(excinfo.value)
+    assert "Storage Blob Data Contributor" in excinfo.value.action
 
 
 async def test_a_store_that_is_not_there_is_unavailable(tmp_path: Path) -> None:

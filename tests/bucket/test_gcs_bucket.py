@@ -10,7 +10,7 @@ ranges, listing, errors -- is tested.
 from __future__ import annotations
 
 import pytest
-from conftest import gcs_config
+from _bucket_support import gcs_config
 
 from edge_gateway.bucket import (
     BucketUnavailable,
@@ -111,6 +111,7 @@ def test_sdk_errors_are_translated() -> None:
         assert type(error) is expected, (exc, error)
     denied = translate_error(gexc.Forbidden("no"), operation="get", key="k", where="w")
     assert getattr(denied, "code", None) == "AccessDenied"
+    assert "roles/storage.objectUser" in getattr(denied, "action", "")
 
 
 async def test_a_large_object_goes_up_resumable_and_reads_back_in_ranges(

@@ -134,7 +134,11 @@ def test_bad_options_and_an_unreachable_store(tmp_path: Path) -> None:
     res = invoke("bucket", "check")
     assert res.exit_code == 2
     res = invoke("bucket", "check", "--samples", "3")
-    assert_one_line_failure(res.exit_code, res.stderr, "give --config, --bucket-dir or --s3-bucket")
+    assert_one_line_failure(
+        res.exit_code,
+        res.stderr,
+        "give --config, --bucket-dir, --s3-bucket, --azure-container or --gcs-bucket",
+    )
     assert res.exit_code == 2
     res = invoke("bucket", "check", "--bucket-dir", tmp_path / "nowhere")
     assert_one_line_failure(res.exit_code, res.stderr, "could not check the store")
@@ -226,3 +230,42 @@ def test_the_gcs_emulator_is_refused_naming_the_conditional_create(
     verdict = proc.stdout.rstrip().splitlines()[-1]
     assert verdict.startswith("edgegw cannot run on this store: conditional create: existing key")
     assert "20 of 20 concurrent creators succeeded" in verdict
+
+
+def test_azure_and_gcs_by_options(
+    azurite_endpoint: str,
+    azure_container_name: str,
+    gcs_emulator_endpoint: str,
+    gcs_bucket_name: str,
+) -> None:
+    env = {"AZURE_STORAGE_CONNECTION_STRING": azurite_connection_string(azurite_endpoint)}
+    proc = run_edgegw(
+        "bucket",
+        "check",
+        "--azure-container",
+        azure_container_name,
+        "--prefix",
+        "p",
+        *FAST,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.rstrip().endswith("edgegw can run on this store.")
+    assert _azure_blobs(azurite_endpoint, azure_container_name) == []
+    proc = run_edgegw(
+        "bucket",
+        "check",
+        "--gcs-bucket",
+        gcs_bucket_name,
+        "--gcs-endpoint",
+        gcs_emulator_endpoint,
+        *FAST,
+        env={"GOOGLE_APPLICATION_CREDENTIALS": "", "STORAGE_EMULATOR_HOST": gcs_emulator_endpoint},
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "edgegw cannot run on this store: conditional create: existing key" in proc.stdout
+    res = invoke("bucket", "check", "--azure-container", "c1x", "--gcs-bucket", "b1x")
+    assert_one_line_failure(res.exit_code, res.stderr, "not both")
+    assert res.exit_code == 2
+    res = invoke("bucket", "check", "--azure-container", "Bad_Name")
+    assert_one_line_failure(res.exit_code, res.stderr, "not an Azure container name")
