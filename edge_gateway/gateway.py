@@ -257,6 +257,8 @@ class Gateway:
         self._dir_lock: DirectoryLock | None = None
         #: Extra long-lived tasks (API server, tailers) started after the core.
         self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
+        #: The MQTT bridges (``[[mqtt.ingest]]``, ``[[mqtt.publish]]``) while running.
+        self._mqtt: list[Any] = []
 
     # ------------------------------------------------------------ topology
 
@@ -780,6 +782,11 @@ class Gateway:
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
         cfg = self.config
+        if cfg.mqtt.configured:
+            # Before anything else: a missing extra is a config error, said at once.
+            from edge_gateway.mqtt._bridge import require_paho
+
+            require_paho()
         # One process per data directory, before anything in it is touched
         # (see edge_gateway.datadir); released when run() ends, or by the
         # kernel when the process dies.
@@ -877,6 +884,7 @@ class Gateway:
                                 functools.partial(sup.supervise, "gc", self._gc_loop)
                             )
                         self._accepting = True
+                        await self._start_mqtt(workers)
                         for hook in self._ready_hooks:
                             await hook()
                         self._ready = True
@@ -901,6 +909,35 @@ class Gateway:
                 self._journal = None
                 self._lanes = None
                 self._shipper = None
+                self._mqtt = []
+
+    async def _start_mqtt(self, workers: trio.Nursery) -> None:
+        """Start the MQTT bridges (docs/mqtt.md) once produce is accepted."""
+        if not self.config.mqtt.configured:
+            return
+        from edge_gateway.mqtt._bridge import make_services
+
+        for name, fn, bridge in make_services(self):
+            self._mqtt.append(bridge)
+            await workers.start(functools.partial(self._supervisor.supervise, name, fn))
+
+    @property
+    def mqtt_bridges(self) -> list[Any]:
+        """The running MQTT bridges (``MqttIngest`` and ``MqttPublisher``)."""
+        return list(self._mqtt)
+
+    def status_mqtt(self) -> dict[str, Any] | None:
+        """The ``mqtt`` block of :meth:`status` (None: no bridge configured)."""
+        if not self._mqtt:
+            return None
+        from edge_gateway.mqtt._bridge import MqttIngest
+
+        return {
+            "ingest": [b.statistics().to_json() for b in self._mqtt if isinstance(b, MqttIngest)],
+            "publish": [
+                b.statistics().to_json(self) for b in self._mqtt if not isinstance(b, MqttIngest)
+            ],
+        }
 
     def _task_failed(self, name: str) -> None:
         self._task_failures[name] = self._task_failures.get(name, 0) + 1
@@ -1421,6 +1458,7 @@ class Gateway:
             "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
+            "mqtt": self.status_mqtt(),
         }
 
     def _lanes_json(self, s: ShipperStats) -> dict[str, Any]:
