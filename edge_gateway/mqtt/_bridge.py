@@ -32,6 +32,7 @@ import trio
 
 from edge_gateway.config import MqttIngestConfig, MqttPublishConfig, _MqttBroker
 from edge_gateway.errors import ConfigError, InvalidInput, Unavailable, UnknownTopic
+from edge_gateway.failpoints import fail_point
 from edge_gateway.mqtt._topics import filter_matches, render_topic
 
 if TYPE_CHECKING:
@@ -418,6 +419,7 @@ class MqttIngest:
                             f.idle = False
                             log.info("%s: filter %s gets messages again", self._where(), f.filter)
             await self._journal([self._record(m) for m in batch])
+            fail_point("mqtt.before_ack")
             generation = self._generation
             for m in batch:
                 if m.generation == generation:

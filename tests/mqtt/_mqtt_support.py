@@ -9,6 +9,7 @@ that is away. Tests skip, saying why, only when the binary is absent.
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -56,6 +57,9 @@ class Mosquitto:
         self.conf = root / "mosquitto.conf"
         self.conf.write_text(
             f"listener {self.port} 127.0.0.1\n"
+            # Started as root, mosquitto drops to user "mosquitto", which
+            # could not write its persistence file here.
+            f"user {getpass.getuser()}\n"
             f"{auth}"
             "persistence true\n"
             f"persistence_location {root}/\n"

@@ -162,6 +162,47 @@ def test_kill9_mid_stream_loses_no_acknowledged_message(tmp_path: Path, broker: 
         fleet.close()
 
 
+def test_failure_between_append_and_puback_gives_marked_duplicates(
+    tmp_path: Path, broker: Mosquitto
+) -> None:
+    """Journaled but not PUBACKed: the broker redelivers, the copy says mqtt-dup."""
+    fleet = _fleet(tmp_path, ["a"], [TopicSpec("telemetry", "a", partitions=1)])
+    g = fleet["a"]
+    g.env["EDGEGW_FAILPOINTS"] = "mqtt.before_ack=1"
+    _with_mqtt(g, mqtt_tables("ingest", port=broker.port, filters=["dev/#"], topic="telemetry"))
+    fleet.start()
+    device = Device(broker.port)
+    try:
+        wait_until(lambda: g.status()["mqtt"]["ingest"][0]["connected"], 30, "ingest connected")
+        for i in range(300):
+            device.publish("dev/x", f"m{i}".encode())
+        device.wait_acked(300)
+        want = {f"m{i}".encode() for i in range(300)}
+        wait_until(
+            lambda: want <= {r.value for r in read_partition(g.url, "telemetry", 0)},
+            60,
+            "every message after the ingest's restart",
+            interval=0.2,
+        )
+        recs = read_partition(g.url, "telemetry", 0)
+        counts = collections.Counter(r.value for r in recs)
+        dups = [v for v, n in counts.items() if n > 1]
+        assert dups, "the failed batch was journaled, so its redelivery is a duplicate"
+        assert all(n == 2 for n in counts.values() if n > 1)
+        # The second copy of each is marked as a redelivery.
+        seen: set[bytes] = set()
+        for r in recs:
+            if r.value in seen:
+                assert ("mqtt-dup", b"1") in r.headers
+            seen.add(r.value)
+        st = g.status()
+        assert st["mqtt"]["ingest"][0]["redeliveries"] >= len(dups)
+        assert any(t["name"] == "mqtt ingest telemetry" and t["failures"] == 1 for t in st["tasks"])
+    finally:
+        device.close()
+        fleet.close()
+
+
 def test_broker_restart_mid_stream(tmp_path: Path, broker: Mosquitto) -> None:
     fleet = _fleet(tmp_path, ["a"], [TopicSpec("telemetry", "a", partitions=1)])
     g = fleet["a"]
