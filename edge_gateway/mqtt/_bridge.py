@@ -132,6 +132,31 @@ async def _connect(
         raise _connect_error(cfg, exc) from exc
 
 
+async def _connect_retrying(
+    client: paho_client.Client,
+    cfg: _MqttBroker,
+    report: Callable[[str], None],
+    *,
+    persistent: bool,
+    receive_max: int = 0,
+) -> None:
+    """:func:`_connect` until it works: a broker away is expected, not a task failure.
+
+    Each new reason is reported once (``report`` logs it and shows it in
+    status); the attempts back off from 1 s to 30 s.
+    """
+    delay = 1.0
+    while True:
+        try:
+            await _connect(client, cfg, persistent=persistent, receive_max=receive_max)
+        except Unavailable as exc:
+            report(f"{exc} (retrying in {delay:.0f} s at most)")
+        else:
+            return
+        await trio.sleep(delay)
+        delay = min(delay * 2, 30.0)
+
+
 async def _stop(client: paho_client.Client) -> None:
     def stop() -> None:
         try:
@@ -266,12 +291,9 @@ class MqttIngest:
         # Started before connecting: a broker away at start is retried by
         # the supervisor, the gateway serves meanwhile.
         task_status.started()
-        try:
-            await _connect(client, cfg, persistent=True, receive_max=cfg.max_inflight)
-        except Unavailable as exc:
-            self._error(str(exc))
-            st.state = "disconnected"
-            raise
+        await _connect_retrying(
+            client, cfg, self._error, persistent=True, receive_max=cfg.max_inflight
+        )
         client.loop_start()
         try:
             async with recv, trio.open_nursery() as nursery:
@@ -564,12 +586,7 @@ class MqttPublisher:
         self._install_callbacks(client, token)
         st.state = "connecting"
         task_status.started()
-        try:
-            await _connect(client, cfg, persistent=False)
-        except Unavailable as exc:
-            self._error(str(exc))
-            st.state = "disconnected"
-            raise
+        await _connect_retrying(client, cfg, self._error, persistent=False)
         client.loop_start()
         try:
             async with trio.open_nursery() as nursery:
@@ -667,7 +684,14 @@ class MqttPublisher:
                 for r in res.records
             ]
             await self._connected.wait()
-            await trio.to_thread.run_sync(self._publish_all, client, messages)
+            try:
+                await trio.to_thread.run_sync(self._publish_all, client, messages)
+            except Unavailable as exc:
+                # The connection broke mid-round: publish the round again
+                # once reconnected (at least once: some went through).
+                self._error(f"{exc}; publishing {topic}/{partition} again from {offset}")
+                await trio.sleep(1.0)
+                continue
             await gw.commit_offsets(cfg.group_name, [(topic, partition, res.next_offset, "")])
             st.positions[key] = res.next_offset
             st.messages_out += len(messages)

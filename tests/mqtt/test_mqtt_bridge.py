@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _mqtt_support import Device, Mosquitto, Subscriber, mqtt_tables, needs_mosquitto
+from _mqtt_support import Device, Mosquitto, Subscriber, free_port, mqtt_tables, needs_mosquitto
 from _serve import Fleet, Gateway, TopicSpec, read_partition, wait_until
 
 pytestmark = needs_mosquitto
@@ -321,3 +321,89 @@ def test_two_regions_device_at_a_reaches_subscriber_at_b(tmp_path: Path) -> None
         fleet.close()
         broker_a.stop()
         broker_b.stop()
+
+
+def test_bad_address_and_refused_credentials_are_clear_errors(tmp_path: Path) -> None:
+    """The gateway serves meanwhile; status and the log say what is wrong and where."""
+    import shutil
+    import subprocess
+
+    passwd = shutil.which("mosquitto_passwd")
+    if passwd is None:
+        pytest.skip("mosquitto_passwd (package mosquitto) is not installed")
+    pw_file = tmp_path / "broker.passwd"
+    subprocess.run([passwd, "-c", "-b", str(pw_file), "gw", "right-password"], check=True)
+    broker = Mosquitto(tmp_path / "mosq", password_file=pw_file)
+    wrong = tmp_path / "wrong.txt"
+    wrong.write_text("wrong-password\n")
+    right = tmp_path / "right.txt"
+    right.write_text("right-password\n")
+    nobody = free_port()
+    fleet = _fleet(tmp_path, ["a"], [TopicSpec("t1", "a", partitions=1)])
+    g = fleet["a"]
+    g.env["BROKER_PASSWORD"] = "right-password"
+    _with_mqtt(
+        g,
+        mqtt_tables("ingest", name="nobody", port=nobody, filters=["x/#"], topic="t1"),
+        mqtt_tables(
+            "ingest",
+            name="refused",
+            port=broker.port,
+            filters=["x/#"],
+            topic="t1",
+            username="gw",
+            password_file=str(wrong),
+        ),
+        mqtt_tables(
+            "ingest",
+            name="file",
+            port=broker.port,
+            filters=["x/#"],
+            topic="t1",
+            username="gw",
+            password_file=str(right),
+        ),
+        mqtt_tables(
+            "publish",
+            name="env",
+            port=broker.port,
+            topics=["t1"],
+            username="gw",
+            password_env="BROKER_PASSWORD",
+        ),
+    )
+    try:
+        fleet.start()
+
+        def bridges() -> dict[str, dict[str, Any]]:
+            doc = g.status()["mqtt"]
+            return {b["name"]: b for b in doc["ingest"] + doc["publish"]}
+
+        wait_until(
+            lambda: bridges()["nobody"]["last_error"] and bridges()["refused"]["last_error"],
+            30,
+            "both errors",
+        )
+        b = bridges()
+        assert b["nobody"]["last_error"].startswith(
+            f"cannot connect to the MQTT broker mqtt://127.0.0.1:{nobody}: "
+        )
+        assert "refused" in b["nobody"]["last_error"].lower()
+        assert "the broker refused the connection" in b["refused"]["last_error"]
+        assert (
+            "Not authorized" in b["refused"]["last_error"]
+            or "Bad user name or password" in b["refused"]["last_error"]
+        )
+        assert not b["refused"]["connected"]
+        wait_until(lambda: bridges()["file"]["connected"], 30, "the right password to connect")
+        wait_until(lambda: bridges()["env"]["connected"], 30, "the password from env to connect")
+        log = g.tail(400)
+        assert (
+            f"mqtt.ingest[nobody]: cannot connect to the MQTT broker mqtt://127.0.0.1:{nobody}"
+            in log
+        )
+        with g.client() as c:  # the gateway serves all along
+            c.produce("t1", ["still taking records"])
+    finally:
+        fleet.close()
+        broker.stop()
