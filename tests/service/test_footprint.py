@@ -31,6 +31,7 @@ BY_CONFIG = {
     "s3 bucket": ("boto3", "botocore", "s3transfer", "urllib3"),
     "hypercorn": ("hypercorn", "h2", "wsproto", "priority", "hpack"),
     "metadata server": ("httpx", "httpcore"),
+    "mqtt bridge": ("paho",),
 }
 #: Never in a gateway: the command line's other commands, the pipeline, and
 #: Starlette with anyio and asyncio (the metadata server's; the local API has
