@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from _mqtt_support import Device, Mosquitto, Subscriber, free_port, mqtt_tables, needs_mosquitto
-from _serve import Fleet, Gateway, TopicSpec, read_partition, wait_until
+from _serve import EDGEGW, Fleet, Gateway, TopicSpec, read_partition, wait_until
 
 pytestmark = needs_mosquitto
 
@@ -404,6 +404,19 @@ def test_bad_address_and_refused_credentials_are_clear_errors(tmp_path: Path) ->
         )
         with g.client() as c:  # the gateway serves all along
             c.produce("t1", ["still taking records"])
+        out = subprocess.run(
+            [str(EDGEGW), "status", "--config", str(g.config)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "250"},
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr
+        assert "ingest nobody -> t1" in out.stdout
+        assert "cannot connect to the MQTT broker" in out.stdout
+        assert "Not authorized" in out.stdout or "Bad user name" in out.stdout
+        assert "publish env <- t1" in out.stdout
     finally:
         fleet.close()
         broker.stop()
