@@ -280,3 +280,19 @@ async def test_missing_paho_is_a_config_error_naming_the_extra(
     with pytest.raises(ConfigError, match=r"pip install 'edgegw\[mqtt\]'"):
         await gw.run()
     assert not (tmp_path / "data").exists()  # refused before touching anything
+
+
+def test_every_mqtt_key_is_documented() -> None:
+    import dataclasses
+
+    from edge_gateway.config import MqttIngestConfig, MqttPublishConfig
+
+    doc = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    section = doc.split("## MQTT bridge", 1)[1].split("\n## ", 1)[0]
+    missing = [
+        f"{cls.__name__}.{f.name}"
+        for cls in (MqttIngestConfig, MqttPublishConfig)
+        for f in dataclasses.fields(cls)
+        if f"`{f.name}`" not in section
+    ]
+    assert not missing, f"undocumented in docs/configuration.md, MQTT bridge: {missing}"
