@@ -1,113 +1,27 @@
-"""A real mosquitto for the MQTT bridge tests, and MQTT devices (paho clients) to drive it.
+"""MQTT devices and subscribers (paho clients) for the MQTT bridge tests.
 
-:class:`Mosquitto` starts ``mosquitto`` (Debian package; ``make mosquitto``
-installs it) on a free loopback port with a generated config: persistence on
-(so a persistent session and its queued messages survive a broker restart),
-listener on 127.0.0.1 only, no limit on the messages queued for a session
-that is away. Tests skip, saying why, only when the binary is absent.
+The broker is :class:`edge_gateway.testing.mosquitto.Mosquitto` (Debian's
+mosquitto on a free loopback port); tests skip, saying why, only when the
+binary is absent.
 """
 
 from __future__ import annotations
 
-import getpass
-import os
-import shutil
-import signal
-import socket
-import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-BINARY = shutil.which("mosquitto") or (
-    "/usr/sbin/mosquitto" if os.access("/usr/sbin/mosquitto", os.X_OK) else None
-)
+from edge_gateway.testing.mosquitto import BINARY, Mosquitto, free_port
+
+__all__ = ["Device", "Mosquitto", "Subscriber", "free_port", "mqtt_client", "needs_mosquitto"]
 
 needs_mosquitto = pytest.mark.skipif(
     BINARY is None,
     reason="mosquitto is not installed (make mosquitto, or apt-get install mosquitto)",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-class Mosquitto:
-    """One broker process; :meth:`restart` keeps its port and persistence file."""
-
-    def __init__(self, root: Path, *, password_file: Path | None = None) -> None:
-        assert BINARY is not None
-        root.mkdir(parents=True, exist_ok=True)
-        self.root = root
-        self.port = free_port()
-        self.log = root / "mosquitto.log"
-        auth = (
-            f"allow_anonymous false\npassword_file {password_file}\n"
-            if password_file
-            else "allow_anonymous true\n"
-        )
-        self.conf = root / "mosquitto.conf"
-        self.conf.write_text(
-            f"listener {self.port} 127.0.0.1\n"
-            # Started as root, mosquitto drops to user "mosquitto", which
-            # could not write its persistence file here.
-            f"user {getpass.getuser()}\n"
-            f"{auth}"
-            "persistence true\n"
-            f"persistence_location {root}/\n"
-            "autosave_interval 1\n"
-            # Queue everything for a persistent session that is away (the
-            # gateway killed): mosquitto's default (1000) drops the rest.
-            "max_queued_messages 0\n"
-            "max_inflight_messages 0\n"
-            "log_type error\nlog_type warning\n"
-        )
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.start()
-
-    def start(self) -> None:
-        assert BINARY is not None
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [BINARY, "-c", str(self.conf)],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 20
-        while True:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"mosquitto exited: {self.log.read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                return
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise AssertionError("mosquitto did not listen in 20 s") from None
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        """SIGTERM: mosquitto saves its persistence file and exits."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
 
 
 def mqtt_client(port: int, client_id: str | None = None, **kwargs: Any) -> Any:
