@@ -1,14 +1,15 @@
 """The MQTT bridge's services, run by the gateway: :class:`MqttIngest`, :class:`MqttPublisher`.
 
 Integration with trio: each service runs one paho-mqtt ``Client`` with its
-own network thread (``loop_start``), and hands off to trio through a bounded
-memory channel. Why a thread and not paho's socket callbacks driven by
+own network thread (``loop_start``), and an ingest hands messages to trio
+through a bounded :class:`~edge_gateway.mqtt._handoff.Handoff`. Why a thread
+and not paho's socket callbacks driven by
 ``trio.wait_readable``: paho's ``loop_read``/``loop_write``/``loop_misc``
 interface wants the caller to track its socket's registration changes and
 its keepalive timer, and its reconnect logic lives in ``loop_forever``; the
 thread keeps all of that inside paho, and the bounded hand-off is the
 backpressure: when the journal refuses (full disk, journal budget, shutdown),
-the trio side stops receiving, the channel fills, paho's thread blocks in
+the trio side stops taking, the hand-off fills, paho's thread blocks in
 ``on_message`` and stops reading the socket, and the broker queues for our
 persistent session. Nothing is acknowledged and nothing is dropped.
 
@@ -33,6 +34,7 @@ import trio
 from edge_gateway.config import MqttIngestConfig, MqttPublishConfig, _MqttBroker
 from edge_gateway.errors import ConfigError, InvalidInput, Unavailable, UnknownTopic
 from edge_gateway.failpoints import fail_point
+from edge_gateway.mqtt._handoff import Handoff
 from edge_gateway.mqtt._topics import filter_matches, render_topic
 
 if TYPE_CHECKING:
@@ -284,9 +286,9 @@ class MqttIngest:
         """Connect, subscribe, and journal what arrives until cancelled."""
         cfg, st = self.cfg, self._stats
         token = trio.lowlevel.current_trio_token()
-        send, recv = trio.open_memory_channel[_Message](cfg.max_inflight)
+        handoff = Handoff[_Message](cfg.max_inflight, token)
         client = _client(cfg, self.client_id, self._where(), manual_ack=True)
-        self._install_callbacks(client, token, send)
+        self._install_callbacks(client, token, handoff)
         st.state = "connecting"
         # Started before connecting: a broker away at start is retried by
         # the supervisor, the gateway serves meanwhile.
@@ -296,10 +298,13 @@ class MqttIngest:
         )
         client.loop_start()
         try:
-            async with recv, trio.open_nursery() as nursery:
+            async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_idle)
-                await self._consume(client, recv)
+                await self._consume(client, handoff)
         finally:
+            # Releases paho's thread if it waits for room: what it holds is
+            # not acknowledged, and the broker redelivers it.
+            handoff.close()
             st.connected = False
             st.state = "disconnected"
             await _stop(client)
@@ -313,7 +318,7 @@ class MqttIngest:
         self,
         client: paho_client.Client,
         token: trio.lowlevel.TrioToken,
-        send: trio.MemorySendChannel[_Message],
+        handoff: Handoff[_Message],
     ) -> None:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
@@ -384,11 +389,10 @@ class MqttIngest:
                 self._generation,
             )
             try:
-                # Blocks paho's thread while the channel is full: it stops
-                # reading the socket, and the broker holds the rest.
-                trio.from_thread.run(send.send, item, trio_token=token)
-            except (trio.BrokenResourceError, trio.ClosedResourceError, trio.RunFinishedError):
-                pass  # stopping: not acked, the broker redelivers it
+                # Blocks paho's thread while max_inflight messages wait: it
+                # stops reading the socket, and the broker holds the rest.
+                # False: stopping; not acked, the broker redelivers it.
+                handoff.put(item)
             except BaseException as exc:  # noqa: BLE001 - never let paho's loop die
                 log.debug("%s: hand-off failed: %r", self._where(), exc)
 
@@ -413,20 +417,12 @@ class MqttIngest:
             headers.append((RETAIN_HEADER, b"1"))
         return ProduceRecord(value=m.payload, key=key, headers=tuple(headers))
 
-    async def _consume(
-        self, client: paho_client.Client, recv: trio.MemoryReceiveChannel[_Message]
-    ) -> None:
+    async def _consume(self, client: paho_client.Client, handoff: Handoff[_Message]) -> None:
         cfg, st = self.cfg, self._stats
         while True:
-            batch = [await recv.receive()]
-            size = len(batch[0].payload)
-            while len(batch) < cfg.max_batch and size < MAX_BATCH_BYTES:
-                try:
-                    m = recv.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                batch.append(m)
-                size += len(m.payload)
+            batch = await handoff.get_batch(
+                cfg.max_batch, lambda m: len(m.payload) + 64, MAX_BATCH_BYTES
+            )
             now = _now_ms()
             for m in batch:
                 st.messages_in += 1
