@@ -3,15 +3,22 @@
 (a) baseline: mosquitto's own QoS 1 throughput: one publisher (QoS 1, a
     window of 1000 messages in flight) to one plain QoS 1 subscriber; messages
     per second from the first publish to the last message received;
+(a2) baseline: a plain subscriber with a persistent session drains ``n``
+    messages queued for it while it was away (the broker's delivery rate,
+    free of the publisher's);
 (b) ingest: the same publisher into a broker that gateway ``a`` ingests from
     (``[[mqtt.ingest]]``, journal ``fsync = "always"``: each batch on disk
     before its PUBACKs); messages per second from the first publish until the
     gateway has journaled and PUBACKed them all (its status' ``acked``).
-    ``ingest_ratio`` = (b) / (a), target >= 0.5;
-(c) publish: gateway ``b`` (started once ``a`` shipped everything) mirrors
-    ``a.t`` and publishes it into its own broker (``[[mqtt.publish]]``) to a
-    plain subscriber; messages per second from the first to the last message
-    the subscriber receives;
+    ``ingest_ratio`` = (b) / (a), target >= 0.5. Publisher and subscriber of
+    (a) are paho-mqtt, as the gateway's client is;
+(b2) ingest drain: ``a`` stopped, ``n`` messages queued for its session, ``a``
+    restarted; messages per second from its start until all are journaled and
+    PUBACKed, next to (a2);
+(c) publish: gateway ``b`` (started once ``a`` shipped everything: ``2 n``
+    records) mirrors ``a.t`` and publishes it into its own broker
+    (``[[mqtt.publish]]``) to a plain subscriber; messages per second from the
+    first to the last message the subscriber receives;
 (d) end to end: a device at A publishes one message every 20 ms (its send
     time inside); a subscriber at B's broker receives it through A's journal,
     the bucket (a local directory; flush 250 ms), B's mirror (poll 100 ms) and
@@ -52,14 +59,21 @@ PAYLOAD = 100
 PARTITIONS = 4
 
 
-def _client(port: int, name: str) -> Any:
+def _client(port: int, name: str, *, persistent: bool = False) -> Any:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.properties import Properties
 
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
     c.max_inflight_messages_set(1000)
     c.max_queued_messages_set(0)
-    c.connect("127.0.0.1", port)
+    props = None
+    if persistent:
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = 3600
+        props.ReceiveMaximum = 1000
+    c.connect("127.0.0.1", port, clean_start=not persistent, properties=props)
     c.loop_start()
     return c
 
@@ -67,12 +81,12 @@ def _client(port: int, name: str) -> Any:
 class Counter:
     """A plain QoS 1 subscriber counting messages (and the first/last arrival)."""
 
-    def __init__(self, port: int, pattern: str, name: str) -> None:
+    def __init__(self, port: int, pattern: str, name: str, *, persistent: bool = False) -> None:
         self.n = 0
         self.first = 0.0
         self.last = 0.0
         self.latencies: list[float] = []
-        self.client = _client(port, name)
+        self.client = _client(port, name, persistent=persistent)
         subscribed = threading.Event()
 
         def on_message(_c: Any, _u: Any, msg: Any) -> None:
@@ -104,12 +118,12 @@ class Counter:
         self.client.loop_stop()
 
 
-def publish(port: int, n: int, name: str) -> float:
+def publish(port: int, n: int, name: str, prefix: str = "dev") -> float:
     """Publish ``n`` QoS 1 messages of PAYLOAD bytes; returns the start (monotonic)."""
     c = _client(port, name)
     payload = b"\0" * 8 + b"x" * (PAYLOAD - 8)  # send time 0: not a latency sample
     start = time.monotonic()
-    infos = [c.publish(f"dev/{i % 16}", payload, qos=1) for i in range(n)]
+    infos = [c.publish(f"{prefix}/{i % 16}", payload, qos=1) for i in range(n)]
     for info in infos:
         info.wait_for_publish(120)
     c.disconnect()
@@ -177,6 +191,17 @@ def main() -> None:
             c.loop_stop()
             base.close()
 
+            # (a2) mosquitto alone: a persistent session drains its queue.
+            progress(f"(a2) mosquitto: a plain subscriber drains {n} queued messages ...")
+            sub = Counter(broker_a.port, "drain/#", "bench-drain-sub", persistent=True)
+            sub.close()
+            publish(broker_a.port, n, "bench-drain-pub", prefix="drain")
+            start = time.monotonic()
+            sub = Counter(broker_a.port, "drain/#", "bench-drain-sub", persistent=True)
+            sub.wait(n, 300)
+            mosq_drain = n / (sub.last - start)
+            sub.close()
+
             # (b) ingest into a's journal.
             progress(f"(b) ingest: {n} messages into gateway a's journal ...")
             a.start()
@@ -194,6 +219,16 @@ def main() -> None:
             ingest_rate = n / (time.monotonic() - start)
             assert a.proc is not None
             rss = rss_mb(a.proc.pid)
+
+            # (b2) a stopped, n messages queued for its session, a restarted.
+            progress(f"(b2) ingest drain: gateway a restarts and journals {n} queued messages ...")
+            a.stop()
+            publish(broker_a.port, n, "bench-dev")
+            start = time.monotonic()
+            a.start()
+            a.wait_ready()
+            wait_for(lambda: acked(a) >= n, 600, "the ingest drain", 0.01)
+            ingest_drain = n / (time.monotonic() - start)
             httpx.post(f"{a.url}/v1/sync", params={"pull": "false"}, timeout=300)
 
             # (c) b mirrors a.t and publishes it.
@@ -201,8 +236,8 @@ def main() -> None:
             out = Counter(broker_b.port, "edgegw/#", "bench-b-sub")
             b.start()
             b.wait_ready()
-            out.wait(n, 600)
-            publish_rate = (n - 1) / (out.last - out.first) if out.last > out.first else None
+            out.wait(2 * n, 600)
+            publish_rate = (2 * n - 1) / (out.last - out.first) if out.last > out.first else None
             out.close()
 
             # (d) end to end, one message every 20 ms.
@@ -228,6 +263,9 @@ def main() -> None:
                 "ingest_msgs_per_s": ingest_rate,
                 "mosquitto_msgs_per_s": mosq_rate,
                 "ingest_ratio": ratio(ingest_rate, mosq_rate),
+                "ingest_drain_msgs_per_s": ingest_drain,
+                "mosquitto_drain_msgs_per_s": mosq_drain,
+                "ingest_drain_ratio": ratio(ingest_drain, mosq_drain),
                 "publish_msgs_per_s": publish_rate,
                 "publish_ratio": ratio(publish_rate, mosq_rate),
                 "e2e_p50_ms": percentile(lat, 50),
@@ -248,6 +286,13 @@ def main() -> None:
             mosq_rate,
             ">= 0.5x",
             ir is not None and ir >= 0.5,
+        ),
+        Row(
+            "(b2) drain of a queued session into the journal",
+            ingest_drain,
+            "msg/s",
+            "(a2) a plain subscriber drains its session",
+            mosq_drain,
         ),
         Row(
             "(c) publish out of a mirror topic",
