@@ -1157,18 +1157,28 @@ class Gateway:
         offsets = [0] * len(records)
         lanes = self.lanes
         lane_lsns: dict[Lane, int] = {}
-        for p, idx in by_partition.items():
+        batches = []
+        for idx in by_partition.values():
             rs = [records[i] for i in idx]
-            batch = encode_batch(
-                [r.value for r in rs],
-                keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
-                timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
-                headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+            batches.append(
+                encode_batch(
+                    [r.value for r in rs],
+                    keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
+                    timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
+                    headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+                )
             )
-            res = await lanes.append(t.name, p, batch)
+        # Every partition's entry first, with no checkpoint in between, then
+        # one wait per lane: with fsync=always the records of all partitions
+        # share one fsync (group commit) instead of one fsync per partition.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        for (p, idx), batch in zip(by_partition.items(), batches, strict=True):
+            res = lanes.append_nowait(t.name, p, batch)
             lane_lsns[res.lane] = max(lane_lsns.get(res.lane, 0), res.lsn)
             for k, i in enumerate(idx):
                 offsets[i] = res.base_offset + k
+        for lane, lsn in lane_lsns.items():
+            await lanes.journals[lane].after_append(lsn)
         result = ProduceResult(
             t.name,
             parts,

@@ -420,3 +420,52 @@ def test_bad_address_and_refused_credentials_are_clear_errors(tmp_path: Path) ->
     finally:
         fleet.close()
         broker.stop()
+
+
+def test_a_full_journal_stops_the_ingest_and_loses_nothing(
+    tmp_path: Path, broker: Mosquitto, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    """The bucket away, the journal's budget fills: the ingest stops reading (the
+    broker queues), then drains everything once shipping frees space."""
+    port = int(moto_endpoint.rsplit(":", 1)[1])
+    fleet = Fleet(
+        tmp_path / "fleet",
+        ["a", "b"],
+        [TopicSpec("telemetry", "a", partitions=2, subscribers=("b",))],
+        s3=(port, s3_bucket_name),
+        per_region={"a": {"journal": {"segment_bytes": 64 * 1024, "max_bytes": 128 * 1024}}},
+    )
+    g = fleet["a"]
+    _with_mqtt(g, mqtt_tables("ingest", port=broker.port, filters=["dev/#"], topic="telemetry"))
+    device = Device(broker.port)
+    try:
+        fleet.start()
+        wait_until(lambda: g.status()["mqtt"]["ingest"][0]["connected"], 30, "ingest connected")
+        fleet.proxies["a"].set_mode("refuse")  # nothing ships: nothing can be deleted
+        total = 400
+        for i in range(total):
+            device.publish(f"dev/{i % 5}", f"{i:06d}".encode() + b"x" * 1000)
+        device.wait_acked(total)
+
+        def ingest() -> dict[str, Any]:
+            doc: dict[str, Any] = g.status()["mqtt"]["ingest"][0]
+            return doc
+
+        wait_until(lambda: ingest()["blocked"], 60, "the ingest to stop on a full journal")
+        st = ingest()
+        assert st["state"] == "blocked"
+        assert "journal" in st["blocked"]
+        assert st["acked"] < total
+        import httpx
+
+        assert 'edgegw_mqtt_blocked{bridge="telemetry"} 1.0' in httpx.get(f"{g.url}/metrics").text
+        fleet.proxies["a"].set_mode("pass")
+        wait_until(lambda: ingest()["acked"] >= total, 120, "the ingest to drain", interval=0.2)
+        assert ingest()["blocked"] is None
+        # Every message reached b's mirror through the bucket, none twice.
+        fleet.wait_converged(120)
+        values = [r.value[:6] for r in _records(fleet["b"], "a.telemetry", 2)]
+        assert sorted(values) == [f"{i:06d}".encode() for i in range(total)]
+    finally:
+        device.close()
+        fleet.close()
