@@ -1191,6 +1191,66 @@ class Gateway:
             await self.wait_shipped(result)
         return result
 
+    def group_by_partition(
+        self, topic: str, records: Sequence[ProduceRecord]
+    ) -> list[tuple[int, list[ProduceRecord]]]:
+        """``records`` grouped by the partition :meth:`produce` would write each to.
+
+        For :meth:`append_groups`: a caller that must retry exactly what the
+        journal refused (the MQTT ingest) writes one group per partition.
+        """
+        self._check_accepting()
+        t = self._writable(topic)
+        sticky = next(self._round_robin) % t.partitions
+        groups: dict[int, list[ProduceRecord]] = {}
+        for rec in records:
+            groups.setdefault(self._partition_of(t, rec, sticky), []).append(rec)
+        return list(groups.items())
+
+    async def append_groups(
+        self, topic: str, groups: Sequence[tuple[int, Sequence[ProduceRecord]]]
+    ) -> int:
+        """Journal each (partition, records) group as one entry, in order; wait once per lane.
+
+        Stops at the first group the journal refuses (full, disk full):
+        returns how many groups were written and are durable, so the caller
+        retries only the rest (no group is written twice). Raises the
+        refusal when not even the first group was written.
+        """
+        self._check_accepting()
+        t = self._writable(topic)
+        lanes = self.lanes
+        now = _now_ms()
+        lane_lsns: dict[Lane, int] = {}
+        written = 0
+        refusal: Unavailable | None = None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        for p, rs in groups:
+            if not 0 <= p < t.partitions:
+                raise InvalidInput(
+                    f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {p}"
+                )
+            batch = encode_batch(
+                [r.value for r in rs],
+                keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
+                timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
+                headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+            )
+            try:
+                res = lanes.append_nowait(t.name, p, batch)
+            except Unavailable as exc:
+                if not written:
+                    raise
+                refusal = exc
+                break
+            lane_lsns[res.lane] = max(lane_lsns.get(res.lane, 0), res.lsn)
+            written += 1
+        for lane, lsn in lane_lsns.items():
+            await lanes.journals[lane].after_append(lsn)
+        if refusal is not None:
+            log.debug("append_groups: %d of %d written: %s", written, len(groups), refusal)
+        return written
+
     async def produce_batch(
         self, topic: str, partition: int, batch: bytes, *, ack: Ack = "local"
     ) -> ProduceResult:

@@ -419,10 +419,12 @@ class MqttIngest:
 
     async def _consume(self, client: paho_client.Client, handoff: Handoff[_Message]) -> None:
         cfg, st = self.cfg, self._stats
+        # A batch's entry must fit the journal's budget and a segment with
+        # room to spare, or a full journal could never take it.
+        j = self.gateway.config.journal
+        limit = min(MAX_BATCH_BYTES, j.segment_bytes // 4, j.max_bytes // 8)
         while True:
-            batch = await handoff.get_batch(
-                cfg.max_batch, lambda m: len(m.payload) + 64, MAX_BATCH_BYTES
-            )
+            batch = await handoff.get_batch(cfg.max_batch, lambda m: len(m.payload) + 64, limit)
             now = _now_ms()
             for m in batch:
                 st.messages_in += 1
@@ -446,12 +448,20 @@ class MqttIngest:
             st.batches += 1
 
     async def _journal(self, records: list[Any]) -> None:
-        """Append durably, retrying while the journal refuses (never dropping)."""
-        st = self._stats
+        """Append durably, retrying while the journal refuses (never dropping).
+
+        One entry per partition, all written before one wait for durability;
+        when the journal refuses part way, the partitions written stay
+        written and only the rest is retried (nothing is journaled twice).
+        """
+        st, gw, topic = self._stats, self.gateway, self.cfg.topic
         delay = 0.1
+        groups: list[tuple[int, list[Any]]] | None = None
         while True:
             try:
-                await self.gateway.produce(self.cfg.topic, records)
+                if groups is None:
+                    groups = gw.group_by_partition(topic, records)
+                groups = groups[await gw.append_groups(topic, groups) :]
             except (UnknownTopic, InvalidInput) as exc:
                 # Not something a retry fixes quickly, but dropping is not an
                 # option: hold the messages (unacked) and say why, loudly.
@@ -459,11 +469,13 @@ class MqttIngest:
             except Unavailable as exc:
                 self._block(f"the journal refuses: {exc}", error=False)
             else:
-                if st.blocked is not None:
-                    log.info("%s: the journal takes messages again", self._where())
-                    st.blocked = None
-                    st.state = "connected" if st.connected else "disconnected"
-                return
+                if not groups:
+                    if st.blocked is not None:
+                        log.info("%s: the journal takes messages again", self._where())
+                        st.blocked = None
+                        st.state = "connected" if st.connected else "disconnected"
+                    return
+                self._block("the journal refuses: it took part of a batch only", error=False)
             await trio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
@@ -482,8 +494,8 @@ class MqttIngest:
         while True:
             await trio.sleep(min(limit / 4, 5.0))
             st = self._stats
-            if not st.connected:
-                continue
+            if not st.connected or st.blocked is not None:
+                continue  # not reading now: silence says nothing of the filters
             now_mono, now = time.monotonic(), _now_ms()
             for f in st.filters:
                 quiet_since = max(self._subscribed_at, now_mono - (now - f.last_ms) / 1000)
