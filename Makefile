@@ -13,7 +13,7 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph azurite
+.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph azurite mosquitto
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert v >= (3, 11), "edgegw needs Python 3.11+"; v > (3, 13) and print("warning: edgegw is tested on Python 3.11 to 3.13, not %d.%d yet" % v)'
@@ -84,7 +84,19 @@ $(AZURITE):
 	  echo "npm is not installed: the Azure Blob tests will skip (install node and npm)"; \
 	fi
 
-pytest: $(STAMP) faketime deploy-tools azurite
+# tests/mqtt run the MQTT bridge against a real mosquitto (Debian package
+# mosquitto), started by the tests on a loopback port. Installed here when
+# missing and we are root with apt-get; otherwise those tests skip, saying why.
+mosquitto:
+	@command -v mosquitto >/dev/null || test -x /usr/sbin/mosquitto || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q mosquitto || { apt-get update -q && apt-get install -y -q mosquitto; } \
+	      || echo "could not install mosquitto: the MQTT tests will skip"; \
+	  else \
+	    echo "mosquitto is not installed and this is not root with apt-get: the MQTT tests will skip (apt-get install mosquitto)"; \
+	  fi; }
+
+pytest: $(STAMP) faketime deploy-tools azurite mosquitto
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

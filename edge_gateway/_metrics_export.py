@@ -190,6 +190,7 @@ class _GatewayCollector(Collector):
         yield from self._denied(gw)
         yield from self._metadata(gw)
         yield from self._tasks(gw)
+        yield from self._mqtt(gw)
         owner = self._owner()
         if owner is not None:
             try:
@@ -198,6 +199,61 @@ class _GatewayCollector(Collector):
                 log.exception("mirror lag provider failed")
                 lags = []
             yield from self._mirror(lags)
+
+    @staticmethod
+    def _mqtt(gw: Gateway) -> Iterator[Metric]:
+        doc = gw.status_mqtt()
+        if doc is None:
+            return
+        labels = ["bridge", "direction"]
+        connected = GaugeMetricFamily(
+            "edgegw_mqtt_connected", "1 while the bridge is connected to its broker.", labels=labels
+        )
+        messages = CounterMetricFamily(
+            "edgegw_mqtt_messages",
+            "Messages taken from the broker (ingest) or published and acknowledged (publish).",
+            labels=labels,
+        )
+        acked = CounterMetricFamily(
+            "edgegw_mqtt_acked",
+            "Ingested messages journaled durably and then PUBACKed.",
+            labels=["bridge"],
+        )
+        redeliveries = CounterMetricFamily(
+            "edgegw_mqtt_redeliveries",
+            "Messages the broker redelivered (DUP flag): they may be in the journal twice.",
+            labels=["bridge"],
+        )
+        blocked = GaugeMetricFamily(
+            "edgegw_mqtt_blocked",
+            "1 while the journal refuses an ingest's messages (it stops reading; the broker "
+            "queues).",
+            labels=["bridge"],
+        )
+        idle = GaugeMetricFamily(
+            "edgegw_mqtt_idle_filters",
+            "Subscribed filters that matched no message for idle_warning_s.",
+            labels=["bridge"],
+        )
+        lag = GaugeMetricFamily(
+            "edgegw_mqtt_publish_lag_records",
+            "Records of the published topics not yet published and acknowledged.",
+            labels=["bridge"],
+        )
+        for b in doc["ingest"]:
+            name = b["name"]
+            connected.add_metric([name, "ingest"], 1 if b["connected"] else 0)
+            messages.add_metric([name, "ingest"], b["messages_in"])
+            acked.add_metric([name], b["acked"])
+            redeliveries.add_metric([name], b["redeliveries"])
+            blocked.add_metric([name], 1 if b["blocked"] else 0)
+            idle.add_metric([name], sum(1 for f in b["filters"] if f["idle"]))
+        for b in doc["publish"]:
+            name = b["name"]
+            connected.add_metric([name, "publish"], 1 if b["connected"] else 0)
+            messages.add_metric([name, "publish"], b["messages_out"])
+            lag.add_metric([name], b["lag_records"])
+        yield from (connected, messages, acked, redeliveries, blocked, idle, lag)
 
     @staticmethod
     def _api(owner: GatewayMetrics) -> Iterator[Metric]:

@@ -35,7 +35,14 @@ from edge_gateway.clock import ClockConfig
 from edge_gateway.encryption import EncryptionConfig, parse_encryption
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
 from edge_gateway.journal import JournalConfig, OnFull, Priority
-from edge_gateway.names import mirror_topic, validate_home_topic, validate_region, validate_topic
+from edge_gateway.mqtt._topics import validate_filter, validate_template
+from edge_gateway.names import (
+    mirror_topic,
+    validate_group,
+    validate_home_topic,
+    validate_region,
+    validate_topic,
+)
 from edge_gateway.shipper import ShipperConfig
 
 __all__ = [
@@ -48,6 +55,9 @@ __all__ = [
     "LogConfig",
     "MetadataSettings",
     "MirrorConfig",
+    "MqttConfig",
+    "MqttIngestConfig",
+    "MqttPublishConfig",
     "TopicConfig",
     "load_config",
     "parse_config",
@@ -459,6 +469,231 @@ class MetadataSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class _MqttBroker:
+    """How to reach the site's MQTT broker (``[[mqtt.ingest]]`` and ``[[mqtt.publish]]``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 1883
+    #: TLS to the broker: on when ``tls`` is true or any of the files is set.
+    tls: bool = False
+    #: CA bundle (PEM) to verify the broker with; empty: the system's.
+    ca_file: str = ""
+    #: Client certificate and key (PEM) when the broker authenticates clients by certificate.
+    cert_file: str = ""
+    key_file: str = ""
+    username: str = ""
+    #: The password comes from a file or an environment variable, never from the config.
+    password_file: str = ""
+    password_env: str = ""
+    #: Empty: ``edgegw-<region>-<name>`` (ingest) or ``edgegw-<region>-pub-<name>`` (publish).
+    client_id: str = ""
+    keepalive_s: int = 30
+
+    def _check_broker(self, where: str) -> None:
+        if not self.host or any(c.isspace() for c in self.host):
+            raise ConfigError(f"{where}.host: {self.host!r} is not a host name or address")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"{where}.port must be 1..65535")
+        if self.password_file and self.password_env:
+            raise ConfigError(f"{where}: set password_file or password_env, not both")
+        if (self.password_file or self.password_env) and not self.username:
+            raise ConfigError(f"{where}: a password needs a username")
+        if self.password_env.startswith(ENV_PREFIX):
+            raise ConfigError(
+                f"{where}.password_env: {self.password_env!r}: names starting with {ENV_PREFIX} "
+                "are config overrides; use another name (like MQTT_PASSWORD)"
+            )
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ConfigError(f"{where}: cert_file and key_file go together")
+        if len(self.client_id.encode()) > 65535:
+            raise ConfigError(f"{where}.client_id is too long")
+        if not 5 <= self.keepalive_s <= 65535:
+            raise ConfigError(f"{where}.keepalive_s must be 5..65535")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.tls or bool(self.ca_file or self.cert_file)
+
+    def describe(self) -> str:
+        return f"mqtt{'s' if self.uses_tls else ''}://{self.host}:{self.port}"
+
+    def password(self, where: str) -> str | None:
+        """The broker password from ``password_file`` or ``password_env`` (None: none)."""
+        if self.password_file:
+            try:
+                return Path(self.password_file).read_text(encoding="utf-8").strip("\r\n")
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(
+                    f"{where}.password_file: cannot read {self.password_file}: {_os_reason(exc)}"
+                ) from None
+        if self.password_env:
+            value = os.environ.get(self.password_env)
+            if value is None:
+                raise ConfigError(
+                    f"{where}.password_env: the environment variable {self.password_env} is not set"
+                )
+            return value
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class MqttIngestConfig(_MqttBroker):
+    """One ``[[mqtt.ingest]]``: topic filters of the site's broker journaled into a topic."""
+
+    #: MQTT topic filters subscribed to (QoS 1, persistent session).
+    filters: tuple[str, ...] = ()
+    #: The edgegw topic (homed here) the messages are journaled in.
+    topic: str = ""
+    #: The name in status, metrics and logs; empty: the topic's name.
+    name: str = ""
+    #: ``topic``: the MQTT topic name is the record's key; any other value
+    #: names an MQTT 5 user property whose value is the key (the topic name
+    #: goes in header ``mqtt-topic`` then).
+    key_from: str = "topic"
+    #: Only QoS 1 (at least once; PUBACK after the journal holds the message).
+    qos: int = 1
+    #: Messages handed from the MQTT client to the journal at most at once
+    #: (also the MQTT 5 receive maximum asked of the broker).
+    max_inflight: int = 1000
+    #: Messages journaled in one append at most (one fsync for all).
+    max_batch: int = 500
+    #: A filter that gets no message for this long is reported (log warning, status).
+    idle_warning_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        where = f"mqtt.ingest[{self.name or self.topic}]"
+        self._check_broker(where)
+        if not self.filters:
+            raise ConfigError(f'{where}.filters: required (MQTT topic filters, like ["sensors/#"])')
+        for f in self.filters:
+            try:
+                validate_filter(f)
+            except EdgeGatewayError as exc:
+                raise ConfigError(f"{where}.filters: {exc}") from None
+        if len(set(self.filters)) != len(self.filters):
+            raise ConfigError(f"{where}.filters: a filter is listed twice")
+        if not self.topic:
+            raise ConfigError(f"{where}.topic: required (the edgegw topic to journal into)")
+        try:
+            validate_home_topic(self.topic)
+        except EdgeGatewayError as exc:
+            raise ConfigError(f"{where}.topic: {exc}") from None
+        if self.name:
+            _check_bridge_name(self.name, where)
+        if not self.key_from:
+            raise ConfigError(f"{where}.key_from: 'topic' or an MQTT 5 user property name")
+        if self.qos != 1:
+            raise ConfigError(
+                f"{where}.qos: only 1 is supported (at least once, acknowledged after the "
+                "journal holds the message)"
+            )
+        if not 1 <= self.max_inflight <= 65535:
+            raise ConfigError(f"{where}.max_inflight must be 1..65535")
+        if not 1 <= self.max_batch <= 100_000:
+            raise ConfigError(f"{where}.max_batch must be 1..100000")
+        if self.idle_warning_s <= 0:
+            raise ConfigError(f"{where}.idle_warning_s must be > 0")
+
+    @property
+    def bridge_name(self) -> str:
+        return self.name or self.topic
+
+
+@dataclass(frozen=True, slots=True)
+class MqttPublishConfig(_MqttBroker):
+    """One ``[[mqtt.publish]]``: topics (mirrors or local) published into the site's broker."""
+
+    #: edgegw topics to publish: mirror topics (``<region>.<topic>``) or topics homed here.
+    topics: tuple[str, ...] = ()
+    #: The MQTT topic of each record; fields {region} (the topic's home),
+    #: {topic} (its name there), {key}, {partition}, {offset}.
+    template: str = "edgegw/{region}/{topic}/{key}"
+    #: The name in status, metrics, logs and its consumer group; required.
+    name: str = ""
+    #: The consumer group its progress is kept in; empty: ``mqtt-publish-<name>``.
+    group: str = ""
+    qos: int = 1
+    #: Publish with the MQTT retain flag (the broker keeps the last message per topic).
+    retain: bool = False
+    #: Messages in flight to the broker (sent, PUBACK not yet back).
+    max_inflight: int = 100
+    #: Records read and published per round (progress is committed after each).
+    max_batch: int = 500
+
+    def __post_init__(self) -> None:
+        where = f"mqtt.publish[{self.name}]" if self.name else "mqtt.publish"
+        self._check_broker(where)
+        if not self.name:
+            raise ConfigError(f"{where}.name: required (names its consumer group and metrics)")
+        _check_bridge_name(self.name, where)
+        if not self.topics:
+            raise ConfigError(f"{where}.topics: required (edgegw topics to publish)")
+        for t in self.topics:
+            try:
+                validate_topic(t)
+            except EdgeGatewayError as exc:
+                raise ConfigError(f"{where}.topics: {exc}") from None
+        try:
+            validate_template(self.template)
+        except EdgeGatewayError as exc:
+            raise ConfigError(f"{where}.template: {exc}") from None
+        try:
+            validate_group(self.group_name)
+        except EdgeGatewayError as exc:
+            raise ConfigError(f"{where}.group: {exc}") from None
+        if self.qos != 1:
+            raise ConfigError(f"{where}.qos: only 1 is supported (at least once)")
+        if not 1 <= self.max_inflight <= 65535:
+            raise ConfigError(f"{where}.max_inflight must be 1..65535")
+        if not 1 <= self.max_batch <= 100_000:
+            raise ConfigError(f"{where}.max_batch must be 1..100000")
+
+    @property
+    def group_name(self) -> str:
+        return self.group or f"mqtt-publish-{self.name}"
+
+
+_BRIDGE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}")
+
+
+def _check_bridge_name(name: str, where: str) -> None:
+    if not _BRIDGE_NAME.fullmatch(name):
+        raise ConfigError(
+            f"{where}.name: {name!r}: 1-63 letters, digits, '_', '.' or '-', starting with a "
+            "letter or digit"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MqttConfig:
+    """``[mqtt]``: the bridge to the site's MQTT broker (docs/mqtt.md)."""
+
+    ingest: tuple[MqttIngestConfig, ...] = ()
+    publish: tuple[MqttPublishConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        names = [c.bridge_name for c in self.ingest]
+        for n in names:
+            if names.count(n) > 1:
+                raise ConfigError(f"mqtt.ingest: two have the name {n!r} (set name = ...)")
+        pub = [c.name for c in self.publish]
+        for n in pub:
+            if pub.count(n) > 1:
+                raise ConfigError(f"mqtt.publish: two have the name {n!r}")
+        ids = [c.client_id for c in (*self.ingest, *self.publish) if c.client_id]
+        for i in ids:
+            if ids.count(i) > 1:
+                raise ConfigError(
+                    f"mqtt: client_id {i!r} is used twice (the broker would drop one connection "
+                    "whenever the other connects)"
+                )
+
+    @property
+    def configured(self) -> bool:
+        return bool(self.ingest or self.publish)
+
+
+@dataclass(frozen=True, slots=True)
 class LogConfig:
     level: Literal["debug", "info", "warning", "error"] = "info"
     #: ``text`` for people, ``json`` (one object per line) for log collectors.
@@ -519,6 +754,7 @@ class GatewayConfig:
     metadata: MetadataSettings = field(default_factory=MetadataSettings)
     log: LogConfig = field(default_factory=LogConfig)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -552,6 +788,34 @@ class GatewayConfig:
                 "topics: with metadata.url set, the metadata server holds the topology; "
                 "remove the [[topics]] tables (or metadata.url for static mode)"
             )
+        self._check_mqtt_topics()
+
+    def _check_mqtt_topics(self) -> None:
+        """In static mode, the bridge's topics must be ones this gateway has."""
+        if self.metadata.enabled:
+            return  # the routing table decides; the bridge reports unknown topics
+        local = self.local_topics()
+        mirrors = self.mirrored_topics()
+        for ing in self.mqtt.ingest:
+            if ing.topic in local or self.auto_create:
+                continue
+            other = next((t for t in self.topics if t.name == ing.topic), None)
+            if other is not None:
+                raise ConfigError(
+                    f"mqtt.ingest[{ing.bridge_name}].topic: {ing.topic!r} is homed in region "
+                    f"{other.home!r}, not here: ingest writes topics homed here"
+                )
+            raise ConfigError(
+                f"mqtt.ingest[{ing.bridge_name}].topic: unknown topic {ing.topic!r} (define it "
+                "in [[topics]] with home = this region, or set auto_create = true)"
+            )
+        for pub in self.mqtt.publish:
+            for t in pub.topics:
+                if t not in local and t not in mirrors:
+                    raise ConfigError(
+                        f"mqtt.publish[{pub.name}].topics: {t!r} is neither a topic homed here nor "
+                        "a mirror topic (<region>.<topic>) this region subscribes to"
+                    )
 
     @property
     def journal_path(self) -> Path:
@@ -652,7 +916,7 @@ def env_overrides() -> dict[str, str]:
     """Each config key's environment variable → the key (``EDGEGW_API_LISTEN`` → ``api.listen``)."""
     out: dict[str, str] = {}
     for f in dataclasses.fields(GatewayConfig):
-        if f.name in ("topics", "encryption"):  # tables of tables; keys never from env
+        if f.name in ("topics", "encryption", "mqtt"):  # tables of tables; keys never from env
             continue
         if _is_section(f.name):
             for sub in dataclasses.fields(_section_class(f.name)):
@@ -748,6 +1012,8 @@ def _parse(data: Mapping[str, Any], base_dir: Path | None) -> GatewayConfig:
             kwargs["topics"] = _topics(value)
         elif key == "encryption":
             kwargs[key] = parse_encryption(_table(value, key))
+        elif key == "mqtt":
+            kwargs["mqtt"] = _mqtt(value)
         elif key in sections:
             kwargs[key] = _build(_section_class(key), _table(value, key), key)
         elif key in hints:
@@ -816,6 +1082,29 @@ def _topics(value: object) -> tuple[TopicConfig, ...]:
             raise ConfigError(f"{where}.name: {exc}") from None
         out.append(topic)
     return tuple(out)
+
+
+def _mqtt(value: object) -> MqttConfig:
+    table = _table(value, "mqtt")
+    kinds: dict[str, type[Any]] = {"ingest": MqttIngestConfig, "publish": MqttPublishConfig}
+    kwargs: dict[str, Any] = {}
+    for key, rows in table.items():
+        cls = kinds.get(key)
+        if cls is None:
+            raise ConfigError(f"mqtt.{key}: unknown key{_suggest(key, kinds)}")
+        if not isinstance(rows, list):
+            raise ConfigError(f"mqtt.{key}: must be an array of tables ([[mqtt.{key}]])")
+        built = []
+        for i, row in enumerate(rows):
+            t = _table(row, f"mqtt.{key}[{i}]")
+            if isinstance(t.get("filters"), str):
+                t = {**t, "filters": [t["filters"]]}
+            if isinstance(t.get("topics"), str):
+                t = {**t, "topics": [t["topics"]]}
+            built.append(_build(cls, t, f"mqtt.{key}[{i}]"))
+        kwargs[key] = tuple(built)
+    cfg: MqttConfig = _construct(MqttConfig, kwargs, "mqtt")
+    return cfg
 
 
 def _build(cls: type[Any], table: Mapping[str, Any], where: str) -> Any:

@@ -11,7 +11,8 @@ expected, so no honest input makes a task raise one; a test of a real
 makes the next two GC runs and the next mirror poll raise
 :class:`FailPointError` (a ``RuntimeError``: unexpected by design). Unset,
 a point costs one check of an empty dict. The points: ``shipper.loop``,
-``mirror.pull``, ``gc.run``.
+``mirror.pull``, ``gc.run``, ``mqtt.before_ack`` (an ingest batch is durable in
+the journal, its PUBACKs not sent yet).
 """
 
 from __future__ import annotations

@@ -267,6 +267,8 @@ class Gateway:
         self._dir_lock: DirectoryLock | None = None
         #: Extra long-lived tasks (API server, tailers) started after the core.
         self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
+        #: The MQTT bridges (``[[mqtt.ingest]]``, ``[[mqtt.publish]]``) while running.
+        self._mqtt: list[Any] = []
 
     # ------------------------------------------------------------ topology
 
@@ -849,6 +851,11 @@ class Gateway:
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
         cfg = self.config
+        if cfg.mqtt.configured:
+            # Before anything else: a missing extra is a config error, said at once.
+            from edge_gateway.mqtt._bridge import require_paho
+
+            require_paho()
         # One process per data directory, before anything in it is touched
         # (see edge_gateway.datadir); released when run() ends, or by the
         # kernel when the process dies.
@@ -953,6 +960,7 @@ class Gateway:
                                 functools.partial(sup.supervise, "gc", self._gc_loop)
                             )
                         self._accepting = True
+                        await self._start_mqtt(workers)
                         for hook in self._ready_hooks:
                             await hook()
                         self._ready = True
@@ -977,6 +985,35 @@ class Gateway:
                 self._journal = None
                 self._lanes = None
                 self._shipper = None
+                self._mqtt = []
+
+    async def _start_mqtt(self, workers: trio.Nursery) -> None:
+        """Start the MQTT bridges (docs/mqtt.md) once produce is accepted."""
+        if not self.config.mqtt.configured:
+            return
+        from edge_gateway.mqtt._bridge import make_services
+
+        for name, fn, bridge in make_services(self):
+            self._mqtt.append(bridge)
+            await workers.start(functools.partial(self._supervisor.supervise, name, fn))
+
+    @property
+    def mqtt_bridges(self) -> list[Any]:
+        """The running MQTT bridges (``MqttIngest`` and ``MqttPublisher``)."""
+        return list(self._mqtt)
+
+    def status_mqtt(self) -> dict[str, Any] | None:
+        """The ``mqtt`` block of :meth:`status` (None: no bridge configured)."""
+        if not self._mqtt:
+            return None
+        from edge_gateway.mqtt._bridge import MqttIngest
+
+        return {
+            "ingest": [b.statistics().to_json() for b in self._mqtt if isinstance(b, MqttIngest)],
+            "publish": [
+                b.statistics().to_json(self) for b in self._mqtt if not isinstance(b, MqttIngest)
+            ],
+        }
 
     def _task_failed(self, name: str) -> None:
         self._task_failures[name] = self._task_failures.get(name, 0) + 1
@@ -1197,18 +1234,28 @@ class Gateway:
         offsets = [0] * len(records)
         lanes = self.lanes
         lane_lsns: dict[Lane, int] = {}
-        for p, idx in by_partition.items():
+        batches = []
+        for idx in by_partition.values():
             rs = [records[i] for i in idx]
-            batch = encode_batch(
-                [r.value for r in rs],
-                keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
-                timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
-                headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+            batches.append(
+                encode_batch(
+                    [r.value for r in rs],
+                    keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
+                    timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
+                    headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+                )
             )
-            res = await lanes.append(t.name, p, batch)
+        # Every partition's entry first, with no checkpoint in between, then
+        # one wait per lane: with fsync=always the records of all partitions
+        # share one fsync (group commit) instead of one fsync per partition.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        for (p, idx), batch in zip(by_partition.items(), batches, strict=True):
+            res = lanes.append_nowait(t.name, p, batch)
             lane_lsns[res.lane] = max(lane_lsns.get(res.lane, 0), res.lsn)
             for k, i in enumerate(idx):
                 offsets[i] = res.base_offset + k
+        for lane, lsn in lane_lsns.items():
+            await lanes.journals[lane].after_append(lsn)
         result = ProduceResult(
             t.name,
             parts,
@@ -1220,6 +1267,66 @@ class Gateway:
         if ack == "shipped":
             await self.wait_shipped(result)
         return result
+
+    def group_by_partition(
+        self, topic: str, records: Sequence[ProduceRecord]
+    ) -> list[tuple[int, list[ProduceRecord]]]:
+        """``records`` grouped by the partition :meth:`produce` would write each to.
+
+        For :meth:`append_groups`: a caller that must retry exactly what the
+        journal refused (the MQTT ingest) writes one group per partition.
+        """
+        self._check_accepting()
+        t = self._writable(topic)
+        sticky = next(self._round_robin) % t.partitions
+        groups: dict[int, list[ProduceRecord]] = {}
+        for rec in records:
+            groups.setdefault(self._partition_of(t, rec, sticky), []).append(rec)
+        return list(groups.items())
+
+    async def append_groups(
+        self, topic: str, groups: Sequence[tuple[int, Sequence[ProduceRecord]]]
+    ) -> int:
+        """Journal each (partition, records) group as one entry, in order; wait once per lane.
+
+        Stops at the first group the journal refuses (full, disk full):
+        returns how many groups were written and are durable, so the caller
+        retries only the rest (no group is written twice). Raises the
+        refusal when not even the first group was written.
+        """
+        self._check_accepting()
+        t = self._writable(topic)
+        lanes = self.lanes
+        now = _now_ms()
+        lane_lsns: dict[Lane, int] = {}
+        written = 0
+        refusal: Unavailable | None = None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        for p, rs in groups:
+            if not 0 <= p < t.partitions:
+                raise InvalidInput(
+                    f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {p}"
+                )
+            batch = encode_batch(
+                [r.value for r in rs],
+                keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
+                timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
+                headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
+            )
+            try:
+                res = lanes.append_nowait(t.name, p, batch)
+            except Unavailable as exc:
+                if not written:
+                    raise
+                refusal = exc
+                break
+            lane_lsns[res.lane] = max(lane_lsns.get(res.lane, 0), res.lsn)
+            written += 1
+        for lane, lsn in lane_lsns.items():
+            await lanes.journals[lane].after_append(lsn)
+        if refusal is not None:
+            log.debug("append_groups: %d of %d written: %s", written, len(groups), refusal)
+        return written
 
     async def produce_batch(
         self, topic: str, partition: int, batch: bytes, *, ack: Ack = "local"
@@ -1506,6 +1613,7 @@ class Gateway:
             "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
+            "mqtt": self.status_mqtt(),
         }
 
     def _encryption_json(self) -> dict[str, Any]:

@@ -49,6 +49,9 @@ Families (``_total`` is added to counters by the exposition format):
   :meth:`GatewayMetrics.set_mirror_lag_provider`
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
   ``edgegw_task_degraded{task}`` — the supervised tasks (``edge_gateway.supervisor``)
+* ``edgegw_mqtt_*`` (docs/mqtt.md): connected{bridge,direction},
+  messages_total{bridge,direction}, acked_total{bridge}, redeliveries_total{bridge},
+  blocked{bridge}, idle_filters{bridge}, publish_lag_records{bridge}
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
 * ``edgegw_api_waits_abandoned_total``: long polls, ``ack=shipped`` waits and
   syncs ended because their client disconnected; ``edgegw_api_connections``:

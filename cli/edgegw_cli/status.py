@@ -316,3 +316,39 @@ def render(doc: dict[str, Any]) -> None:
                 _red("; ".join(problems)) if problems else "ok",
             )
         console.print(table)
+
+    mqtt = doc.get("mqtt")
+    if mqtt:
+        console.print(_mqtt_table(mqtt))
+
+
+def _mqtt_table(mqtt: dict[str, Any]) -> Table:
+    """The MQTT bridges (docs/mqtt.md): connection, counts, and what needs a look."""
+    table = Table(title="mqtt")
+    for col in ("bridge", "broker", "state", "messages", "problems"):
+        table.add_column(col, justify="right" if col == "messages" else "left")
+    for b in mqtt.get("ingest", []):
+        problems = []
+        if b.get("blocked"):
+            problems.append(f"not reading: {b['blocked']}")
+        if b.get("last_error"):
+            problems.append(b["last_error"])
+        idle = [f["filter"] for f in b["filters"] if f["idle"]]
+        if idle:
+            problems.append(f"no messages on {', '.join(idle)}")
+        table.add_row(
+            f"ingest {b['name']} -> {b['topic']}",
+            b["broker"],
+            b["state"],
+            f"{b['messages_in']:,} in, {b['acked']:,} acked, {b['redeliveries']:,} redelivered",
+            _red("; ".join(problems)) if problems else "ok",
+        )
+    for b in mqtt.get("publish", []):
+        table.add_row(
+            f"publish {b['name']} <- {', '.join(b['topics'])}",
+            b["broker"],
+            b["state"],
+            f"{b['messages_out']:,} out, lag {b['lag_records']:,}",
+            _red(b["last_error"]) if b.get("last_error") else "ok",
+        )
+    return table

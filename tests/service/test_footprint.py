@@ -34,6 +34,7 @@ BY_CONFIG = {
     "gcs bucket": ("google", "requests", "proto"),
     "hypercorn": ("hypercorn", "h2", "wsproto", "priority", "hpack"),
     "metadata server": ("httpx", "httpcore"),
+    "mqtt bridge": ("paho",),
 }
 #: Never in a gateway: the command line's other commands, the pipeline, and
 #: Starlette with anyio and asyncio (the metadata server's; the local API has
