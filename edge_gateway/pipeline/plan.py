@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format import logobject
-from edge_gateway.format.logobject import BlockIndex
+from edge_gateway.format.logobject import BlockIndex, GapRange
 from edge_gateway.format.manifest import (
     Manifest,
     gc_boundary_key,
@@ -62,6 +62,28 @@ class ObjectSlice:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedGap:
+    """Offsets ``first_offset..last_offset`` of a topic partition that the source
+    dropped before shipping them (a gap marker in log entry ``seq``; docs/protocol.md,
+    "Gap markers"). They are in no object: the tables have a hole there."""
+
+    region: str
+    seq: int
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    records: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.region}:{self.topic}/{self.partition} offsets "
+            f"{self.first_offset}..{self.last_offset} ({self.records} records) were dropped "
+            f"at the source before they were shipped (on_full = drop-oldest; entry {self.seq})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RegionPlan:
     """What to read of one region: entries ``first_seq..last_seq`` (empty if first > last)."""
 
@@ -71,6 +93,8 @@ class RegionPlan:
     slices: tuple[ObjectSlice, ...]
     #: entries skipped by the epoch rule
     skipped_seqs: tuple[int, ...] = ()
+    #: gap markers of the wanted topics in the planned entries
+    gaps: tuple[PlannedGap, ...] = ()
 
     @property
     def records(self) -> int:
@@ -90,6 +114,7 @@ class _Entry:
     epoch: int
     size: int
     blocks: tuple[BlockIndex, ...]
+    gaps: tuple[GapRange, ...] = ()
 
 
 def read_gc_boundary(reader: BucketReader, region: str, prefix: str = "") -> int:
@@ -174,7 +199,7 @@ def plan_region(
         data, _ = reader.get(key)
         manifest = Manifest.decode(data, where=key, region=region, last_seq=m_last)
         for e in manifest.entries:
-            entries[e.seq] = _Entry(e.seq, e.epoch, e.size, e.blocks)
+            entries[e.seq] = _Entry(e.seq, e.epoch, e.size, e.blocks, e.gaps)
         covered = max(covered, m_last)
     if last_seq is None:
         last_seq = find_head(reader, region, covered, prefix)
@@ -182,6 +207,7 @@ def plan_region(
     epoch = max((e.epoch for s, e in entries.items() if s < first_seq), default=0)
     slices: list[ObjectSlice] = []
     skipped: list[int] = []
+    gaps: list[PlannedGap] = []
     for seq in range(first_seq, last_seq + 1):
         key = log_key(prefix, region, seq)
         entry = entries.get(seq)
@@ -196,15 +222,20 @@ def plan_region(
                 raise CorruptData(
                     f"entry claims seq {header.seq} of region {header.region!r}", where=key
                 )
-            entry = _Entry(seq, header.epoch, size, header.blocks)
+            entry = _Entry(seq, header.epoch, size, header.blocks, header.gaps)
         if entry.epoch < epoch:
             skipped.append(seq)
             continue
         epoch = entry.epoch
+        gaps += (
+            PlannedGap(region, seq, g.topic, g.partition, g.first_offset, g.last_offset, g.records)
+            for g in entry.gaps
+            if wanted(g.topic)
+        )
         blocks = tuple(b for b in entry.blocks if wanted(b.topic))
         if blocks:
             slices.append(ObjectSlice(region, seq, key, entry.size, blocks))
-    return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped))
+    return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped), tuple(gaps))
 
 
 def list_regions(reader: BucketReader, prefix: str = "") -> list[str]:
