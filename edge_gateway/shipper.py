@@ -623,6 +623,12 @@ class Shipper:
         )
         self._schedule.committed(len(self._pending_manifest))
         self._fences += 1
+        for lane, j in self._lanes:
+            if lane.drops:
+                # Entries dropped while an object holding them was being
+                # committed, which never committed (the process died): the
+                # log resumes at or before them, so they are gaps after all.
+                j.release_held(self._ship_from[lane])
         self._claimed = True
         self._claimed_event.set()
         self._accepted()
@@ -940,7 +946,12 @@ class Shipper:
                     f"{head_lsn} but that journal ends at {last}: it lost data. Run "
                     "`edgegw restore`."
                 )
-            elif not j.is_new and head_lsn + 1 < j.statistics().first_lsn:
+            elif (
+                not j.is_new
+                and head_lsn + 1 < j.statistics().first_lsn
+                # (a drop-oldest lane deleted them unshipped and recorded it)
+                and not j.drops_cover(head_lsn + 1, j.statistics().first_lsn)
+            ):
                 raise self._lost(
                     f"it covers lane {lane}'s journal LSNs up to {head_lsn}, but that journal "
                     f"deleted LSNs up to {j.statistics().first_lsn - 1} after the bucket had "

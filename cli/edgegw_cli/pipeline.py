@@ -183,14 +183,15 @@ def _run_job(
 
 def _summary(plan: Any, dry_run: bool) -> None:
     table = Table(title="plan" if dry_run else "pipeline run")
-    for column in ("topic", "regions (seqs)", "records", "bytes"):
+    for column in ("topic", "regions (seqs)", "records", "bytes", "dropped at source"):
         table.add_column(column, overflow="fold")
     if not dry_run:
         for column in ("rows", "rejects", "files", "seconds", "committed"):
             table.add_column(column, overflow="fold")
     for res in plan.topics.values():
         ranges = ", ".join(f"{r} {a}..{b}" for r, (a, b) in sorted(res.ranges.items())) or "-"
-        cells = [res.topic, ranges, str(res.planned_records), str(res.planned_bytes)]
+        dropped = str(res.gap_records) if res.gaps else "-"
+        cells = [res.topic, ranges, str(res.planned_records), str(res.planned_bytes), dropped]
         if not dry_run:
             cells += [
                 str(res.rows),
@@ -201,6 +202,9 @@ def _summary(plan: Any, dry_run: bool) -> None:
             ]
         table.add_row(*cells)
     console.print(table)
+    for res in plan.topics.values():
+        for gap in res.gaps:
+            console.print(f"GAP: {gap.describe()}", style="red", highlight=False)
     if dry_run:
         for r, p in sorted(plan.regions.items()):
             console.print(

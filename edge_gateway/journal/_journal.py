@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import dataclasses
 import logging
 import os
 import struct
@@ -1423,6 +1424,24 @@ class Journal:
                 out.append(d)
         out.reverse()
         return out
+
+    def drops_cover(self, first: int, end: int) -> bool:
+        """Whether recorded drops account for every LSN ``first <= lsn < end`` (a
+        drop-oldest journal that starts after the bucket's head is not a lost log)."""
+        cur = first
+        for d in self._drops:
+            if d.lsn_first <= cur <= d.lsn_last:
+                cur = d.lsn_last + 1
+        return cur >= end
+
+    def release_held(self, lsn: int) -> None:
+        """The shipper's log resumes at ``lsn``: ``held`` drops from there on were in an
+        object that never committed, so they are gaps (counted as such from now on;
+        ``dropped.log`` keeps the flag, and the next claim decides again)."""
+        self._drops = [
+            dataclasses.replace(d, held=False) if d.held and d.lsn_first >= lsn else d
+            for d in self._drops
+        ]
 
     def dropped(self, *, held: bool = True) -> list[Drop]:
         """Every drop recorded in ``dropped.log``, oldest first; without the ``held``

@@ -109,6 +109,10 @@ class QuarantinedEntry:
     last_seen_ms: int
 
 
+#: Entries a partition jump is traced back through to the gap marker that declared it.
+_DECLARED_LOOKBACK = 256
+
+
 @dataclass(frozen=True, slots=True)
 class TailerStats:
     """A snapshot of a tailer (see :meth:`Tailer.statistics`)."""
@@ -732,6 +736,47 @@ class Tailer:
             await self.journal.append_mirror("", 0, None, coords)
         return True
 
+    async def _declared_before(self, gap: Gap) -> Gap | None:
+        """The DROPPED gap for a partition jump ``gap`` if an earlier entry's gap marker
+        declared exactly it; None otherwise.
+
+        Looks back through the headers of at most :data:`_DECLARED_LOOKBACK`
+        entries before the one that shows the jump, and stops at the first
+        block or marker of the partition.
+        """
+        assert gap.topic is not None
+        assert gap.partition is not None
+        assert gap.first_offset is not None
+        assert gap.end_offset is not None
+        for seq in range(gap.first_seq - 1, max(0, gap.first_seq - _DECLARED_LOOKBACK), -1):
+            try:
+                header = (
+                    await read_header(self.bucket, log_key(self.prefix, self.source, seq))
+                ).header
+            except (NotFound, CorruptData):
+                return None
+            self._header_reads += 1
+            key = (gap.topic, gap.partition)
+            for g in header.gaps:
+                if (g.topic, g.partition) == key and g.last_offset + 1 == gap.end_offset:
+                    if g.first_offset <= gap.first_offset:
+                        return Gap(
+                            GapKind.DROPPED,
+                            self.source,
+                            seq,
+                            seq,
+                            gap.topic,
+                            gap.partition,
+                            gap.first_offset,
+                            gap.end_offset,
+                        )
+                    return None
+            if any((b.topic, b.partition) == key for b in header.blocks) or any(
+                (g.topic, g.partition) == key for g in header.gaps
+            ):
+                return None
+        return None
+
     # ------------------------------------------------------------ fetching
 
     async def _prepare_unplanned(self, seq: int) -> _FetchPlan:
@@ -832,8 +877,14 @@ class Tailer:
             self._stale += 1
             await self._progress_only(plan)
             return
+        explained: dict[Gap, Gap] = {}
         for gap in plan.partition_gaps:
-            if self.config.gap_policy is GapPolicy.FAIL:
+            # A jump a gap marker of an entry applied before a restart declared
+            # (the pending jump was in memory only): a DROPPED gap, no policy.
+            declared = await self._declared_before(gap)
+            if declared is not None:
+                explained[gap] = declared
+            elif self.config.gap_policy is GapPolicy.FAIL:
                 self._record_gap(gap)
                 raise SourceGap(gap)
         appends, dropped = state.assemble(plan, fetched.batches)
@@ -847,7 +898,7 @@ class Tailer:
             )
         self._dropped += dropped
         for gap in plan.gaps:
-            self._record_gap(gap)
+            self._record_gap(explained.get(gap, gap))
         if info.fence:
             self._fences += 1
         if not appends:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -49,6 +50,7 @@ from edge_gateway.pipeline._task import (
 )
 from edge_gateway.pipeline.plan import (
     ObjectSlice,
+    PlannedGap,
     RegionPlan,
     check_keys,
     list_regions,
@@ -57,6 +59,8 @@ from edge_gateway.pipeline.plan import (
 )
 from edge_gateway.pipeline.session import LazySession
 from edge_gateway.pipeline.tables import JSON_SCHEMA, REJECTS, Output, Table, warehouse_lock
+
+log = logging.getLogger("edgegw.pipeline")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +97,13 @@ class TopicResult:
     committed: bool = False
     #: region -> last committed seq: before the run, after it once ``committed``
     positions: dict[str, int] = field(default_factory=dict)
+    #: offsets the source dropped before shipping them, in the entries read
+    #: (gap markers): the table has a hole there, reported, never silent
+    gaps: list[PlannedGap] = field(default_factory=list)
+
+    @property
+    def gap_records(self) -> int:
+        return sum(g.records for g in self.gaps)
 
 
 @dataclass(slots=True)
@@ -148,6 +159,7 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
             if first > plan.last_seq:
                 continue
             res.ranges[region] = (first, plan.last_seq)
+            res.gaps += (g for g in plan.gaps if g.topic == topic and g.seq >= first)
             for s in plan.slices:
                 if s.seq >= first:
                     for b in s.blocks:
@@ -272,6 +284,9 @@ def run_job(
         for topic, res in plan.topics.items():
             if not res.ranges:
                 continue
+            for gap in res.gaps:
+                log.warning("pipeline: %s", gap.describe())
+                progress(f"{topic}: GAP: {gap.describe()}")
             started = time.monotonic()
             table = tables[topic]
             positions = {**table.positions(), **{r: last for r, (_, last) in res.ranges.items()}}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from edge_gateway.errors import CorruptData, InvalidInput, MissingKey
 from edge_gateway.format import logobject
 from edge_gateway.format.crypt import Keyring
-from edge_gateway.format.logobject import BlockIndex, SealRef
+from edge_gateway.format.logobject import BlockIndex, GapRange, SealRef
 from edge_gateway.format.manifest import (
     Manifest,
     gc_boundary_key,
@@ -66,6 +66,28 @@ class ObjectSlice:
 
 
 @dataclass(frozen=True, slots=True)
+class PlannedGap:
+    """Offsets ``first_offset..last_offset`` of a topic partition that the source
+    dropped before shipping them (a gap marker in log entry ``seq``; docs/protocol.md,
+    "Gap markers"). They are in no object: the tables have a hole there."""
+
+    region: str
+    seq: int
+    topic: str
+    partition: int
+    first_offset: int
+    last_offset: int
+    records: int
+
+    def describe(self) -> str:
+        return (
+            f"{self.region}:{self.topic}/{self.partition} offsets "
+            f"{self.first_offset}..{self.last_offset} ({self.records} records) were dropped "
+            f"at the source before they were shipped (on_full = drop-oldest; entry {self.seq})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class RegionPlan:
     """What to read of one region: entries ``first_seq..last_seq`` (empty if first > last)."""
 
@@ -75,6 +97,8 @@ class RegionPlan:
     slices: tuple[ObjectSlice, ...]
     #: entries skipped by the epoch rule
     skipped_seqs: tuple[int, ...] = ()
+    #: gap markers of the wanted topics in the planned entries
+    gaps: tuple[PlannedGap, ...] = ()
 
     @property
     def records(self) -> int:
@@ -95,6 +119,7 @@ class _Entry:
     size: int
     blocks: tuple[BlockIndex, ...]
     seal: SealRef | None = None
+    gaps: tuple[GapRange, ...] = ()
 
 
 def slice_opener(s: ObjectSlice, keyring: Keyring | None) -> logobject.BlockOpener | None:
@@ -207,7 +232,7 @@ def plan_region(
         manifest = Manifest.decode(data, where=key, region=region, last_seq=m_last)
         for e in manifest.entries:
             entries[e.seq] = _Entry(
-                e.seq, e.epoch, e.size, e.blocks, SealRef.of(e.key_id, e, len(e.blocks))
+                e.seq, e.epoch, e.size, e.blocks, SealRef.of(e.key_id, e, len(e.blocks)), e.gaps
             )
         covered = max(covered, m_last)
     if last_seq is None:
@@ -216,6 +241,7 @@ def plan_region(
     epoch = max((e.epoch for s, e in entries.items() if s < first_seq), default=0)
     slices: list[ObjectSlice] = []
     skipped: list[int] = []
+    gaps: list[PlannedGap] = []
     for seq in range(first_seq, last_seq + 1):
         key = log_key(prefix, region, seq)
         entry = entries.get(seq)
@@ -236,15 +262,21 @@ def plan_region(
                 size,
                 header.blocks,
                 SealRef.of(header.key_id, header, len(header.blocks)),
+                header.gaps,
             )
         if entry.epoch < epoch:
             skipped.append(seq)
             continue
         epoch = entry.epoch
+        gaps += (
+            PlannedGap(region, seq, g.topic, g.partition, g.first_offset, g.last_offset, g.records)
+            for g in entry.gaps
+            if wanted(g.topic)
+        )
         blocks = tuple(b for b in entry.blocks if wanted(b.topic))
         if blocks:
             slices.append(ObjectSlice(region, seq, key, entry.size, blocks, entry.seal))
-    return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped))
+    return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped), tuple(gaps))
 
 
 def list_regions(reader: BucketReader, prefix: str = "") -> list[str]:

@@ -670,3 +670,67 @@ def test_a_region_cannot_mirror_itself(journal: Journal) -> None:
 
     with pytest.raises(InvalidInput):
         Tailer(journal, None, "a", None, "a")  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------
+# gap markers (drop-oldest at the source)
+
+
+async def test_gap_marker_then_restart_then_data_is_a_dropped_gap(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    """A source's gap marker alone in an entry, the mirror restarts, the data after
+    the gap comes in a later entry: still the declared DROPPED gap (policy fail
+    does not stop), and the records land at their source offsets."""
+    from _mirror_support import make_batch
+
+    from edge_gateway.format.logobject import GapRange, LaneRange, LogObjectBuilder
+
+    log = HandLog(bucket, "a")
+    await log.fence()
+    await log.entry({("t", 0): [5]})  # 2: t/0 0..4
+    await Tailer(journal, bucket, "a", None, "b", QUICK).catch_up()
+    gap = GapRange(5, "t", 0, 5, 44, 40, 4000)
+    marker = LogObjectBuilder().build("a", 1, 3, 1, 0, 0, lanes=(LaneRange(5, 1, 9),), gaps=(gap,))
+    await log.put(3, marker)
+    b = LogObjectBuilder()
+    b.add_batch("t", 0, make_batch("t", 0, 45, 3))
+    await log.put(4, b.build("a", 1, 4, 1, 0, 0, lanes=(LaneRange(5, 10, 12),)))
+    log.seq = 4
+    first = Tailer(journal, bucket, "a", None, "b", QUICK)
+    await first.catch_up()  # applies up to 4 in one go: the jump is known in memory
+    assert [(g.kind, g.first_offset, g.end_offset) for g in first.statistics().gaps] == [
+        (GapKind.DROPPED, 5, 45)
+    ]
+    assert first.statistics().dropped_gap_records == (("t", 40),)
+    t0 = [r.offset for r in mirror_of(journal, "a", [("t", 0)])[("t", 0)]]
+    assert t0 == [0, 1, 2, 3, 4, 45, 46, 47]
+
+
+async def test_gap_marker_applied_before_a_restart_explains_the_jump_after_it(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    from _mirror_support import make_batch
+
+    from edge_gateway.format.logobject import GapRange, LaneRange, LogObjectBuilder
+
+    log = HandLog(bucket, "a")
+    await log.fence()
+    await log.entry({("t", 0): [5]})  # 2: t/0 0..4
+    gap = GapRange(5, "t", 0, 5, 44, 40, 4000)
+    marker = LogObjectBuilder().build("a", 1, 3, 1, 0, 0, lanes=(LaneRange(5, 1, 9),), gaps=(gap,))
+    await log.put(3, marker)
+    log.seq = 3
+    first = Tailer(journal, bucket, "a", None, "b", QUICK)
+    await first.catch_up()  # up to the marker; then "restart"
+    assert [g.kind for g in first.statistics().gaps] == [GapKind.DROPPED]
+    b = LogObjectBuilder()
+    b.add_batch("t", 0, make_batch("t", 0, 45, 3))
+    await log.put(4, b.build("a", 1, 4, 1, 0, 0, lanes=(LaneRange(5, 10, 12),)))
+    again = Tailer(journal, bucket, "a", None, "b", QUICK)  # policy fail
+    await again.catch_up()
+    assert [
+        (g.kind, g.first_seq, g.first_offset, g.end_offset) for g in again.statistics().gaps
+    ] == [(GapKind.DROPPED, 3, 5, 45)]
+    t0 = [r.offset for r in mirror_of(journal, "a", [("t", 0)])[("t", 0)]]
+    assert t0 == [0, 1, 2, 3, 4, 45, 46, 47]

@@ -186,3 +186,37 @@ def test_split_slices_balances_tasks(
     # cut at the multiples of total / tasks: no task is more than a block off the mean
     for g in groups:
         assert sum(s.raw_bytes for s in g) <= mean + biggest
+
+
+def test_plan_reports_gap_markers(tmp_path: Path) -> None:
+    """Offsets a drop-oldest topic dropped at the source are planned as gaps (no Spark)."""
+    from edge_gateway.format.batch import encode_batch
+    from edge_gateway.format.logobject import GapRange, LaneRange, LogObjectBuilder, encode_fence
+
+    bucket = tmp_path / "bucket"
+    objects = bucket / "objects"
+
+    def put(seq: int, data: bytes) -> None:
+        path = objects / log_key("", "north", seq)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+    put(1, encode_fence("north", 1, 1, 0, 0, {5: 0}))
+    b = LogObjectBuilder()
+    b.add_batch("t", 0, encode_batch([b"a"] * 10, timestamps=T0))
+    put(2, b.build("north", 1, 2, 1, 0, 0, lanes=(LaneRange(5, 1, 3),)))
+    b = LogObjectBuilder()
+    b.add_batch("t", 0, encode_batch([b"b"] * 5, timestamps=T0, base_offset=50))
+    gaps = (GapRange(5, "t", 0, 10, 49, 40, 4000), GapRange(5, "u", 0, 0, 9, 10, 1000))
+    put(3, b.build("north", 1, 3, 1, 0, 0, lanes=(LaneRange(5, 4, 9),), gaps=gaps))
+    reader = BucketSpec(str(bucket)).open()
+    plan = plan_region(reader, "north")
+    assert plan.records == 15
+    assert [(g.topic, g.first_offset, g.last_offset, g.records, g.seq) for g in plan.gaps] == [
+        ("t", 10, 49, 40, 3),
+        ("u", 0, 9, 10, 3),
+    ]
+    assert "dropped at the source" in plan.gaps[0].describe()
+    only_t = plan_region(reader, "north", wanted=lambda t: t == "t")
+    assert [g.topic for g in only_t.gaps] == ["t"]
+    assert plan_region(reader, "north", first_seq=4, last_seq=3).gaps == ()

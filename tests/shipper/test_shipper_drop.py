@@ -169,3 +169,36 @@ async def test_a_drop_of_entries_being_committed_is_not_a_gap(tmp_path: Path) ->
         assert not set(held) & set(gone)
         assert sorted(shipped + gone) == list(range(lanes.next_offset("telemetry", 0)))
         assert gone == journal_dropped(lanes)
+
+
+async def test_held_entries_of_an_object_that_never_committed_are_gaps(tmp_path: Path) -> None:
+    """The shipper dies while its object is being committed, after the entries in it
+    were dropped: the next shipper's log resumes before them, so they ship as gaps."""
+    inner = await LocalBucket.open(tmp_path / "bucket", create=True)
+    bucket = FaultyBucket(inner)
+    with open_lanes(tmp_path) as lanes:
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        await s.claim()
+        produce(lanes, "telemetry", 200)
+        await lanes.flush()
+        bucket.outage = True
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(s.ship_once)
+            await trio.sleep(0.1)
+            produce(lanes, "telemetry", 6000)
+            nursery.cancel_scope.cancel()  # the process dies before the commit
+        drop = lanes.journals[DROP]
+        held = [d for d in drop.dropped() if d.held]
+        assert held
+        counted = drop.statistics().dropped_records
+        bucket.outage = False
+        s2 = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        await s2.claim()
+        await s2.ship_pending()
+        _, offsets, gaps = await read_log(bucket)
+        shipped, gone = offsets.get("telemetry", []), gap_offsets(gaps, "telemetry")
+        assert sorted(shipped + gone) == list(range(lanes.next_offset("telemetry", 0)))
+        held_offsets = [o for d in held for r in d.ranges for o in range(r.first, r.last + 1)]
+        assert set(held_offsets) <= set(gone)
+        assert gone == journal_dropped(lanes)  # counted as dropped now
+        assert drop.statistics().dropped_records == counted + len(held_offsets)

@@ -10,6 +10,8 @@ Region ``a`` homes ``alarms`` (``on_full = "block"``) and ``telemetry``
    until ``a`` answers ``503 journal_full`` (the drop-oldest lane gives the
    block topic its room, but never a byte of ``alarms`` is dropped);
 2. ``a``'s status, metrics and log name the dropped ranges exactly;
+   ``a`` is killed (-9) and restarted, still offline: the record of the
+   drops survives;
 3. the link returns: ``a``'s log holds every acknowledged ``alarms`` record,
    and for ``telemetry`` every offset once, as a record or inside a gap
    marker, the gap markers naming exactly the ranges ``a`` reported;
@@ -178,6 +180,13 @@ def test_drop_oldest_topic_reports_exact_gaps_end_to_end(
         assert "DROPPED unshipped" in shown, shown
         log_text = a.log.read_text()
         assert "dropping unshipped segment" in log_text
+        # kill -9 while still offline: the drops survive, and the restarted
+        # gateway (its log's head long behind its drop-oldest journal) serves
+        a.kill()
+        a.start()
+        again = lanes(a.status())["bulk-drop"]["dropped"]
+        assert again["records"] == dropped["records"]
+        assert again["ranges"] == dropped["ranges"]
 
         # 3. the link returns
         fleet.proxies["a"].set_mode("pass")
