@@ -473,3 +473,43 @@ def test_a_full_journal_stops_the_ingest_and_loses_nothing(
     finally:
         device.close()
         fleet.close()
+
+
+def test_retained_messages_are_journaled_once_and_marked(tmp_path: Path, broker: Mosquitto) -> None:
+    """The documented choice (docs/mqtt.md, "Retained messages"): a filter's retained
+    messages come when its subscription is new, marked ``mqtt-retain: 1``; a restart
+    of the gateway (the session persists) does not journal them again."""
+    from _mqtt_support import mqtt_client
+
+    setter = mqtt_client(broker.port)
+    try:  # a setpoint retained before the gateway ever subscribed
+        setter.publish("config/line1/setpoint", b"42", qos=1, retain=True).wait_for_publish(30)
+    finally:
+        setter.disconnect()
+        setter.loop_stop()
+    fleet = _fleet(tmp_path, ["a"], [TopicSpec("settings", "a", partitions=1)])
+    g = fleet["a"]
+    _with_mqtt(g, mqtt_tables("ingest", port=broker.port, filters=["config/#"], topic="settings"))
+    fleet.start()
+    device = Device(broker.port)
+    try:
+        wait_until(lambda: _count(g, "settings") >= 1, 60, "the retained setpoint")
+        [retained] = _records(g, "settings", 1)
+        assert (retained.key, retained.value) == (b"config/line1/setpoint", b"42")
+        assert ("mqtt-retain", b"1") in retained.headers
+        assert g.status()["mqtt"]["ingest"][0]["retained"] == 1
+        g.stop()
+        g.start()  # the same session: the subscription is not new
+        wait_until(lambda: g.status()["mqtt"]["ingest"][0]["connected"], 30, "ingest connected")
+        device.publish("config/line1/mode", b"auto")
+        device.wait_acked(1)
+        wait_until(lambda: _count(g, "settings") >= 2, 60, "the live message")
+        recs = _records(g, "settings", 1)
+        assert [(r.key, r.value) for r in recs] == [
+            (b"config/line1/setpoint", b"42"),
+            (b"config/line1/mode", b"auto"),
+        ]
+        assert ("mqtt-retain", b"1") not in recs[1].headers
+    finally:
+        device.close()
+        fleet.close()
