@@ -571,15 +571,18 @@ def test_publish_goes_on_across_a_broker_restart(tmp_path: Path, broker: Mosquit
     fleet.start()
     sub = _SessionSubscriber(broker.port, "site/#")
     try:
-        with g.client() as c:
-            for i in range(0, 3000, 100):
-                c.produce("cmds", [{"key": "k", "value": f"v{j}"} for j in range(i, i + 100)])
+        with g.client() as c:  # about three seconds of publishing
+            for i in range(0, 20_000, 500):
+                c.produce("cmds", [{"key": "k", "value": f"v{j}"} for j in range(i, i + 500)])
         wait_until(lambda: len(sub.values()) > 300, 60, "publishing under way", interval=0.01)
         broker.restart()
+        assert len(sub.values()) < 20_000, "published everything before the restart"
         wait_until(
             lambda: g.status()["mqtt"]["publish"][0]["connects"] >= 2, 60, "the publish reconnect"
         )
-        want = [f"v{j}".encode() for j in range(3000)]
+        with g.client() as c:  # and after it
+            c.produce("cmds", [{"key": "k", "value": f"v{j}"} for j in range(20_000, 21_000)])
+        want = [f"v{j}".encode() for j in range(21_000)]
         wait_until(lambda: set(want) <= {v for _, v in sub.values()}, 120, "every record published")
         wait_until(
             lambda: g.status()["mqtt"]["publish"][0]["lag_records"] == 0, 60, "lag 0", interval=0.2
