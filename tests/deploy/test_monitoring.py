@@ -49,11 +49,15 @@ def _dashboard_exprs() -> list[str]:
 
 def _exposed_names(text: str) -> set[str]:
     """Every family (``# TYPE`` lines: also those with no sample now, such as
-    ``edgegw_bucket_denied``) and every sample name in an exposition."""
+    ``edgegw_bucket_denied`` or ``edgegw_journal_dropped_records_total``) and
+    every sample name in an exposition."""
     names = set()
     for line in text.splitlines():
         if line.startswith("# TYPE "):
-            names.add(line.split()[2])
+            _, _, name, kind = line.split()[:4]
+            names.add(name)
+            if kind == "counter":  # its samples, when it has some: <name>_total
+                names.add(f"{name}_total")
         elif line and not line.startswith("#"):
             names.add(re.split(r"[{ ]", line, maxsplit=1)[0])
     return names
