@@ -227,3 +227,45 @@ def test_reship_recreates_the_log_of_every_lane(tmp_path: Path) -> None:
     finally:
         codes = fleet.close()
     assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
+
+
+@pytest.mark.slow
+def test_offline_sync_ships_a_drop_oldest_lane(tmp_path: Path) -> None:
+    """A drop-oldest topic has a lane (and journal) of its own: `edgegw sync` without
+    the gateway ships its backlog too, and the other region mirrors it exactly once."""
+    topics = [
+        TopicSpec(
+            "tele", "a", partitions=2, subscribers=("b",), priority="bulk", on_full="drop-oldest"
+        ),
+        TopicSpec("norm", "a", partitions=2, subscribers=("b",)),
+    ]
+    fleet = Fleet(tmp_path, ["a", "b"], topics, per_region={"a": SLOW_SHIP})
+    a, b = fleet["a"], fleet["b"]
+    try:
+        fleet.start()
+        acked: dict[tuple[str, int, int], bytes] = {}
+        with a.client() as c:
+            for t in topics:
+                for p in range(t.partitions):
+                    values = [os.urandom(KiB) for _ in range(30)]
+                    res = c.produce_batch(t.name, p, values)
+                    acked |= {(t.name, p, o): v for v, o in zip(values, res.offsets, strict=True)}
+        backlogs = lane_backlogs(a)
+        assert len(backlogs) == 2, backlogs
+        assert all(n > 0 for n in backlogs.values()), backlogs
+        a.kill()
+        proc = run("sync", "--config", a.config, "--ship-only")
+        assert proc.returncode == 0, proc.stderr + proc.stdout
+        values = {k: v for _, _, vals in read_log(fleet.bucket_dir) for k, v in vals.items()}
+        assert {k: values.get(k) for k in acked} == acked
+        for t in topics:
+            wait_until(
+                lambda t=t: b.next_offsets(f"a.{t.name}") == [30, 30],
+                60,
+                f"b to mirror a.{t.name}",
+            )
+        a.start()
+        assert set(lane_backlogs(a).values()) == {0}
+    finally:
+        codes = fleet.close()
+    assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
