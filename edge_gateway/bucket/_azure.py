@@ -69,6 +69,7 @@ from edge_gateway.bucket._errors import (
     NotFound,
     PreconditionFailed,
 )
+from edge_gateway.bucket._paging import collect_listing
 from edge_gateway.bucket._probe import probe_key
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 
@@ -387,7 +388,6 @@ class AzureBucket(Bucket):
         self, prefix: str, *, start_after: str | None, limit: int | None
     ) -> builtins.list[ObjectInfo]:
         full_prefix = self._prefix + prefix
-        out: builtins.list[ObjectInfo] = []
         pages: Iterator[Iterator[Any]] | None = None
 
         def next_page(container: ContainerClient) -> builtins.list[Any] | None:
@@ -400,31 +400,18 @@ class AzureBucket(Bucket):
             page = next(pages, None)
             return None if page is None else builtins.list(page)
 
-        # One worker-thread call per page: a long listing neither holds a
-        # limiter slot throughout nor ignores cancellation between pages.
-        while limit is None or len(out) < limit:
-            page = await self._run("list", None, next_page)
-            if page is None:
-                break
-            for props in page:
-                name: str = props.name
-                if not name.startswith(self._prefix):
-                    continue
-                key = name[len(self._prefix) :]
-                if start_after is not None and key <= start_after:
-                    continue
-                out.append(
-                    ObjectInfo(
-                        key,
-                        int(props.size),
-                        _etag(props.etag, key),
-                        _need(props.last_modified, "Last-Modified", key),
-                    )
-                )
-        # Azure lists in UTF-8 byte order, which is code-point order; sort anyway
-        # so that the interface's promise never rests on a service detail.
-        out.sort(key=lambda info: info.key)
-        return out if limit is None else out[:limit]
+        return await collect_listing(
+            lambda: self._run("list", None, next_page),
+            self._prefix,
+            start_after,
+            limit,
+            lambda props, key: ObjectInfo(
+                key,
+                int(props.size),
+                _etag(props.etag, key),
+                _need(props.last_modified, "Last-Modified", key),
+            ),
+        )
 
     async def _delete(self, key: str) -> None:
         full = self._full_key(key)

@@ -48,6 +48,7 @@ from edge_gateway.bucket._errors import (
     NotFound,
     PreconditionFailed,
 )
+from edge_gateway.bucket._paging import collect_listing
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 
 __all__ = ["GcsBucket", "translate_error"]
@@ -244,7 +245,6 @@ class GcsBucket(Bucket):
         self, prefix: str, *, start_after: str | None, limit: int | None
     ) -> builtins.list[ObjectInfo]:
         full_prefix = self._prefix + prefix
-        out: builtins.list[ObjectInfo] = []
         pages: Iterator[Any] | None = None
         # GCS's startOffset is inclusive; keys up to start_after are also
         # skipped on this side (an emulator may ignore the parameter).
@@ -266,22 +266,15 @@ class GcsBucket(Bucket):
             page = next(pages, None)
             return None if page is None else builtins.list(page)
 
-        while limit is None or len(out) < limit:
-            page = await self._run("list", None, next_page)
-            if page is None:
-                break
-            for blob in page:
-                name: str = blob.name
-                if not name.startswith(self._prefix):
-                    continue
-                key = name[len(self._prefix) :]
-                if start_after is not None and key <= start_after:
-                    continue
-                out.append(
-                    ObjectInfo(key, int(blob.size), str(blob.generation), _when(blob.updated))
-                )
-        out.sort(key=lambda info: info.key)
-        return out if limit is None else out[:limit]
+        return await collect_listing(
+            lambda: self._run("list", None, next_page),
+            self._prefix,
+            start_after,
+            limit,
+            lambda blob, key: ObjectInfo(
+                key, int(blob.size), str(blob.generation), _when(blob.updated)
+            ),
+        )
 
     async def _delete(self, key: str) -> None:
         full = self._full_key(key)
