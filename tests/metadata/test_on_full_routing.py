@@ -240,6 +240,26 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
         )
         wait_until(lambda: south.next_offsets("north.events") == [20, 20], 60, "south to mirror")
         assert mirror_mismatches(north, "events", 2, south) == []
+
+        # telemetry becomes drop-oldest while the gateway runs (the CLI sets it):
+        # the normal-drop lane is open, so once the normal lane has shipped it
+        # its appends go there, offsets running on.
+        r = cli(server.url, "topics", "alter", "telemetry", "--on-full", "drop-oldest")
+        assert r.returncode == 0, r.stderr
+        version = _admin(server.url, "GET", "/v1/routing")["version"]
+        wait_until(
+            lambda: north.status()["metadata"]["version"] == version, 30, "north to apply it"
+        )
+        before = _lanes(north)
+        _produce(north, "telemetry", 20)
+        after = _lanes(north)
+        assert after[str(drop_lane)]["next_lsn"] == before[str(drop_lane)]["next_lsn"] + 2, after
+        assert after["normal"]["next_lsn"] == before["normal"]["next_lsn"], after
+        assert "telemetry: on_full block -> drop-oldest" in north.log.read_text()
+        for p in range(2):
+            assert [r.offset for r in read_partition(north.url, "telemetry", p)] == list(range(40))
+        wait_until(lambda: south.next_offsets("north.telemetry") == [40, 40], 60, "south to mirror")
+        assert mirror_mismatches(north, "telemetry", 2, south) == []
     finally:
         codes = fleet.close()
     assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
