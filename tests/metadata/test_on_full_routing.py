@@ -260,6 +260,22 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
             assert [r.offset for r in read_partition(north.url, "telemetry", p)] == list(range(40))
         wait_until(lambda: south.next_offsets("north.telemetry") == [40, 40], 60, "south to mirror")
         assert mirror_mismatches(north, "telemetry", 2, south) == []
+
+        # A lane not open in this run (bulk-drop): logged, taken at the next start;
+        # the topic stays writable, its offsets running on.
+        r = cli(server.url, "topics", "alter", "events", "--priority", "bulk")
+        assert r.returncode == 0, r.stderr
+        version = _admin(server.url, "GET", "/v1/routing")["version"]
+        wait_until(
+            lambda: north.status()["metadata"]["version"] == version, 30, "north to apply it"
+        )
+        assert "bulk-drop" not in _lanes(north)
+        log = north.log.read_text()
+        assert "events: priority normal -> bulk" in log
+        assert "events: lane bulk-drop (priority bulk, on_full drop-oldest) has no journal" in log
+        _produce(north, "events", 20)
+        for p in range(2):
+            assert [r.offset for r in read_partition(north.url, "events", p)] == list(range(40))
     finally:
         codes = fleet.close()
     assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
