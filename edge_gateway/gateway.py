@@ -341,9 +341,9 @@ class Gateway:
         changes (each resumes from the progress recorded in the journal).
         """
         before = self._topics
-        priorities_before = self._priorities
+        lanes_before = self._lane_of
         self._set_topology(topology)
-        self._log_priority_changes(priorities_before, before)
+        self._log_lane_changes(lanes_before, before)
         for name in sorted(self._topics.keys() - before.keys()):
             t = self._topics[name]
             log.info(
@@ -361,25 +361,31 @@ class Gateway:
         if self._workers is not None:
             await self._sync_tailers()
 
-    def _log_priority_changes(
-        self, before: Mapping[str, Priority], topics_before: Mapping[str, object]
+    def _log_lane_changes(
+        self, before: Mapping[str, Lane], topics_before: Mapping[str, object]
     ) -> None:
-        """Say which local topics changed priority, and when one's lane is not open (its
-        journal opens at the next start; until then the topic stays in the normal lane)."""
+        """Say which local topics changed lane (priority or ``on_full``), and when one's
+        lane is not open (its journal opens at the next start; until then the topic stays
+        in the normal lane)."""
         lanes = self._lanes
-        for name, priority in sorted(self._priorities.items()):
-            was = before.get(name, Priority.NORMAL)
-            if name in topics_before and priority == was:
+        for name, lane in sorted(self._lane_of.items()):
+            was = before.get(name, MAIN_LANE)
+            if name in topics_before and lane == was:
                 continue
             if name in topics_before:
-                log.info("topic %s: priority %s -> %s", name, was, priority)
-            if lanes is not None and Lane(priority) not in lanes:
+                if lane.priority != was.priority:
+                    log.info("topic %s: priority %s -> %s", name, was.priority, lane.priority)
+                if lane.on_full != was.on_full:
+                    log.info("topic %s: on_full %s -> %s", name, was.on_full, lane.on_full)
+            if lanes is not None and lane not in lanes:
                 log.warning(
-                    "topic %s: priority %s has no journal lane in this run: its records go to "
-                    "the normal lane until the gateway restarts (then it moves, once the normal "
-                    "lane has shipped it)",
+                    "topic %s: lane %s (priority %s, on_full %s) has no journal in this run: "
+                    "its records go to the normal lane until the gateway restarts (then it "
+                    "moves, once the normal lane has shipped it)",
                     name,
-                    priority,
+                    lane,
+                    lane.priority,
+                    lane.on_full,
                 )
 
     def _topics_path(self) -> Path:

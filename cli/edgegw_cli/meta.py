@@ -20,7 +20,7 @@ import typer
 from rich.table import Table
 
 from edge_gateway.errors import InvalidInput
-from edge_gateway.metadata.routing import parse_priority
+from edge_gateway.metadata.routing import parse_on_full, parse_priority
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
 from edgegw_cli._api import check_name
 from edgegw_cli._common import console, fail
@@ -183,7 +183,8 @@ def _parse_subscribers(text: str | None) -> list[str] | str | None:
 
 def _topic_table(topics: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title)
-    for col in ("topic", "home", "partitions", "retention_ms", "subscribers", "priority"):
+    cols = ("topic", "home", "partitions", "retention_ms", "subscribers", "priority", "on_full")
+    for col in cols:
         table.add_column(col, justify="right" if col in ("partitions", "retention_ms") else "left")
     for t in topics:
         retention = t["retention_ms"]
@@ -195,6 +196,7 @@ def _topic_table(topics: list[dict[str, Any]], title: str) -> Table:
             _subs(t["subscribers"]),
             # absent: normal (the server writes it only otherwise; older servers never)
             t.get("priority", "normal"),
+            t.get("on_full", "block"),  # likewise: absent is block
         )
     return table
 
@@ -235,6 +237,21 @@ def _check_priority(value: str) -> str:
         _die(f"--priority: {exc}")
 
 
+ON_FULL_OPTION = typer.Option(
+    None,
+    "--on-full",
+    help="block or drop-oldest: what the topic's journal lane at its home does when its disk "
+    "budget is full (refuse appends, or delete the oldest unshipped records; default block).",
+)
+
+
+def _check_on_full(value: str) -> str:
+    try:
+        return parse_on_full(value)
+    except InvalidInput as exc:
+        _die(f"--on-full: {exc}")
+
+
 def topics_create(
     topic: str = typer.Argument(..., help="Topic name."),
     home: str = typer.Option(..., "--home", help="The region that accepts writes."),
@@ -244,6 +261,7 @@ def topics_create(
     ),
     retention_ms: int | None = typer.Option(None, "--retention-ms", help="Retention (ms)."),
     priority: str | None = PRIORITY_OPTION,
+    on_full: str | None = ON_FULL_OPTION,
     metadata: str = METADATA_OPTION,
     token: str | None = META_TOKEN_OPTION,
 ) -> None:
@@ -261,6 +279,8 @@ def topics_create(
         body["retention_ms"] = retention_ms
     if priority is not None:
         body["priority"] = _check_priority(priority)
+    if on_full is not None:
+        body["on_full"] = _check_on_full(on_full)
     with _Admin(metadata, token) as m:
         t = m.call("POST", "/v1/topics", body)
     console.print(_topic_table([t], f"created {t['name']}"))
@@ -277,10 +297,11 @@ def topics_alter(
         False, "--no-retention", help="Use each gateway's own retention."
     ),
     priority: str | None = PRIORITY_OPTION,
+    on_full: str | None = ON_FULL_OPTION,
     metadata: str = METADATA_OPTION,
     token: str | None = META_TOKEN_OPTION,
 ) -> None:
-    """Change partitions (grow only), subscribers, retention or priority.
+    """Change partitions (grow only), subscribers, retention, priority or on_full.
 
     A new priority moves the topic to that journal lane at its home once the
     old lane has shipped what it holds of it (docs/journal.md, "Lanes").
@@ -302,8 +323,13 @@ def topics_alter(
         body["retention_ms"] = None
     if priority is not None:
         body["priority"] = _check_priority(priority)
+    if on_full is not None:
+        body["on_full"] = _check_on_full(on_full)
     if not body:
-        _die("nothing to change: give --partitions, --subscribers, --retention-ms or --priority")
+        _die(
+            "nothing to change: give --partitions, --subscribers, --retention-ms, --priority "
+            "or --on-full"
+        )
     with _Admin(metadata, token) as m:
         t = m.call("PATCH", f"/v1/topics/{_quote(topic)}", body)
     console.print(_topic_table([t], f"altered {t['name']}"))

@@ -32,6 +32,7 @@ from edge_gateway.metadata.routing import (
     BucketLocation,
     RoutingTable,
     TopicRoute,
+    parse_on_full,
     parse_partitions,
     parse_priority,
     parse_retention,
@@ -81,6 +82,13 @@ MIGRATIONS: Final[tuple[str, ...]] = (
     """
     ALTER TABLE topics ADD COLUMN priority TEXT NOT NULL DEFAULT 'normal'
         CHECK (priority IN ('critical', 'normal', 'bulk'));
+    """,
+    # 4: a topic's on_full policy (its lane at the home region drops its oldest
+    # unshipped records when full, or refuses appends). Every topic stored
+    # before is 'block', as the gateways treated it.
+    """
+    ALTER TABLE topics ADD COLUMN on_full TEXT NOT NULL DEFAULT 'block'
+        CHECK (on_full IN ('block', 'drop-oldest'));
     """,
 )
 
@@ -363,7 +371,8 @@ class MetadataStore:
                 raise Refused(409, "topic_exists", f"topic {topic.name!r} already exists")
             db.execute(
                 "INSERT INTO topics (name, home, partitions, retention_ms, subscribers,"
-                " priority, created_ms, updated_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " priority, on_full, created_ms, updated_ms)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     topic.name,
                     topic.home,
@@ -371,6 +380,7 @@ class MetadataStore:
                     topic.retention_ms,
                     _subs_text(topic.subscribers),
                     topic.priority,
+                    topic.on_full,
                     now_ms,
                     now_ms,
                 ),
@@ -378,9 +388,10 @@ class MetadataStore:
             self._bump(db)
 
     def alter_topic(self, name: str, changes: Mapping[str, Any], now_ms: int) -> TopicRoute:
-        """Apply ``changes`` (partitions, retention_ms, subscribers, priority); returns the
-        new topic."""
-        extra = sorted(set(changes) - {"partitions", "retention_ms", "subscribers", "priority"})
+        """Apply ``changes`` (partitions, retention_ms, subscribers, priority, on_full);
+        returns the new topic."""
+        allowed = {"partitions", "retention_ms", "subscribers", "priority", "on_full"}
+        extra = sorted(set(changes) - allowed)
         if extra:
             hint = " (a topic's home region cannot change)" if "home" in extra else ""
             raise InvalidInput(f"cannot alter {', '.join(map(repr, extra))}{hint}")
@@ -406,12 +417,25 @@ class MetadataStore:
             priority = current.priority
             if "priority" in changes:
                 priority = parse_priority(changes["priority"])
-            new = TopicRoute(name, current.home, partitions, retention, subscribers, priority)
+            on_full = current.on_full
+            if "on_full" in changes:
+                on_full = parse_on_full(changes["on_full"])
+            new = TopicRoute(
+                name, current.home, partitions, retention, subscribers, priority, on_full
+            )
             if new != current:
                 db.execute(
                     "UPDATE topics SET partitions = ?, retention_ms = ?, subscribers = ?,"
-                    " priority = ?, updated_ms = ? WHERE name = ?",
-                    (partitions, retention, _subs_text(subscribers), priority, now_ms, name),
+                    " priority = ?, on_full = ?, updated_ms = ? WHERE name = ?",
+                    (
+                        partitions,
+                        retention,
+                        _subs_text(subscribers),
+                        priority,
+                        on_full,
+                        now_ms,
+                        name,
+                    ),
                 )
                 self._bump(db)
             return new
@@ -428,8 +452,8 @@ class MetadataStore:
     def _topic(self, db: sqlite3.Connection, name: str) -> TopicRoute:
         validate_topic(name)
         row = db.execute(
-            "SELECT name, home, partitions, retention_ms, subscribers, priority FROM topics"
-            " WHERE name = ?",
+            "SELECT name, home, partitions, retention_ms, subscribers, priority, on_full"
+            " FROM topics WHERE name = ?",
             (name,),
         ).fetchone()
         if row is None:
@@ -492,8 +516,8 @@ class MetadataStore:
             topics = tuple(
                 _topic_of(r)
                 for r in db.execute(
-                    "SELECT name, home, partitions, retention_ms, subscribers, priority"
-                    " FROM topics ORDER BY name"
+                    "SELECT name, home, partitions, retention_ms, subscribers, priority,"
+                    " on_full FROM topics ORDER BY name"
                 )
             )
             buckets = tuple(
@@ -526,9 +550,9 @@ def _subs_text(subscribers: tuple[str, ...] | str) -> str:
 
 
 def _topic_of(row: tuple[Any, ...]) -> TopicRoute:
-    name, home, partitions, retention, subs, priority = row
+    name, home, partitions, retention, subs, priority, on_full = row
     subscribers: tuple[str, ...] | str = ALL if subs == ALL else tuple(json.loads(subs))
-    return TopicRoute(name, home, partitions, retention, subscribers, priority)  # type: ignore[arg-type]
+    return TopicRoute(name, home, partitions, retention, subscribers, priority, on_full)  # type: ignore[arg-type]
 
 
 def _region_json(row: tuple[Any, ...]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from edge_gateway.metadata.routing import DEFAULT_PRIORITY, PRIORITIES
+from edge_gateway.metadata.routing import DEFAULT_ON_FULL, DEFAULT_PRIORITY, ON_FULL, PRIORITIES
 
 __all__ = ["openapi_document"]
 
@@ -41,6 +41,15 @@ _PRIORITY: dict[str, Any] = {
     "after an outage (critical first). Absent in answers when normal.",
 }
 
+_ON_FULL: dict[str, Any] = {
+    "type": "string",
+    "enum": list(ON_FULL),
+    "default": DEFAULT_ON_FULL,
+    "description": "What the topic's journal lane at its home does when its disk budget is "
+    "full: block refuses appends (503), drop-oldest deletes the oldest unshipped records "
+    "and records the ranges dropped. Absent in answers when block.",
+}
+
 _SCHEMAS: dict[str, Any] = {
     "Error": {
         "type": "object",
@@ -63,6 +72,7 @@ _SCHEMAS: dict[str, Any] = {
             "retention_ms": _RETENTION,
             "subscribers": _SUBSCRIBERS,
             "priority": _PRIORITY,
+            "on_full": _ON_FULL,
         },
     },
     "TopicCreate": {
@@ -76,6 +86,7 @@ _SCHEMAS: dict[str, Any] = {
             "retention_ms": _RETENTION,
             "subscribers": _SUBSCRIBERS,
             "priority": _PRIORITY,
+            "on_full": _ON_FULL,
         },
     },
     "TopicAlter": {
@@ -87,6 +98,7 @@ _SCHEMAS: dict[str, Any] = {
             "retention_ms": _RETENTION,
             "subscribers": _SUBSCRIBERS,
             "priority": _PRIORITY,
+            "on_full": _ON_FULL,
         },
     },
     "Topics": {

@@ -17,6 +17,8 @@ other region. ``priority`` (``"critical"``, ``"normal"`` or ``"bulk"``) is
 written only when it is not ``"normal"``: a document without it (an older
 server's) means ``"normal"``, and gateways from before priorities, which
 refuse unknown fields, read a table whose topics are all normal as before.
+``on_full`` (``"block"`` or ``"drop-oldest"``) likewise is written only when it
+is not ``"block"``.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from edge_gateway.names import validate_region, validate_topic
 
 __all__ = [
     "ALL",
+    "DEFAULT_ON_FULL",
     "DEFAULT_PRIORITY",
     "MAX_PARTITIONS",
+    "ON_FULL",
     "PRIORITIES",
     "BucketLocation",
     "RoutingTable",
@@ -48,6 +52,10 @@ _BUCKET_NAME: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: values; kept here as strings so the metadata server need not import the journal).
 PRIORITIES: Final = ("critical", "normal", "bulk")
 DEFAULT_PRIORITY: Final = "normal"
+#: What a topic's lane does when its disk budget is full (``edge_gateway.journal.OnFull``'s
+#: values, as strings for the same reason).
+ON_FULL: Final = ("block", "drop-oldest")
+DEFAULT_ON_FULL: Final = "block"
 #: Fields a bucket location may carry; credentials never go to the metadata server.
 BUCKET_FIELDS: Final = frozenset(
     {"type", "bucket", "container", "prefix", "endpoint_url", "region", "path_style", "path"}
@@ -68,6 +76,8 @@ class TopicRoute:
     #: The journal lane of the topic at its home, and so the order in which its
     #: backlog ships after an outage (one of :data:`PRIORITIES`).
     priority: str = DEFAULT_PRIORITY
+    #: The topic's lane's policy when its disk budget is full (one of :data:`ON_FULL`).
+    on_full: str = DEFAULT_ON_FULL
 
     def subscribed_by(self, region: str) -> bool:
         if region == self.home:
@@ -86,13 +96,19 @@ class TopicRoute:
             # Only when not the default: gateways from before priorities refuse
             # a topic with a field they do not know (see the module docstring).
             doc["priority"] = self.priority
+        if self.on_full != DEFAULT_ON_FULL:
+            doc["on_full"] = self.on_full  # likewise
         return doc
 
     @classmethod
     def from_json(cls, doc: object) -> TopicRoute:
         """Parse and validate one topic; raises :class:`InvalidInput` naming the field."""
         d = _mapping(doc, "topic")
-        _only(d, {"name", "home", "partitions", "retention_ms", "subscribers", "priority"}, "topic")
+        _only(
+            d,
+            {"name", "home", "partitions", "retention_ms", "subscribers", "priority", "on_full"},
+            "topic",
+        )
         name = validate_topic(d.get("name"))
         return cls(
             name=name,
@@ -101,6 +117,7 @@ class TopicRoute:
             retention_ms=parse_retention(d.get("retention_ms")),
             subscribers=parse_subscribers(d.get("subscribers", []), str(d.get("home"))),
             priority=parse_priority(d.get("priority", DEFAULT_PRIORITY)),
+            on_full=parse_on_full(d.get("on_full", DEFAULT_ON_FULL)),
         )
 
 
@@ -171,7 +188,7 @@ def topology(table: RoutingTable) -> tuple[Any, ...]:
     ``TopicConfig`` yet and is dropped.
     """
     from edge_gateway.config import TopicConfig  # the config pulls in the journal and bucket
-    from edge_gateway.journal import Priority
+    from edge_gateway.journal import OnFull, Priority
 
     return tuple(
         TopicConfig(
@@ -180,6 +197,7 @@ def topology(table: RoutingTable) -> tuple[Any, ...]:
             partitions=t.partitions,
             subscribers=(ALL,) if t.subscribers == ALL else tuple(t.subscribers),
             priority=Priority(t.priority),
+            on_full=OnFull(t.on_full),
         )
         for t in table.topics
     )
@@ -210,6 +228,14 @@ def parse_priority(value: object) -> str:
     if not isinstance(value, str) or value not in PRIORITIES:
         allowed = ", ".join(repr(p) for p in PRIORITIES)
         raise InvalidInput(f"priority must be one of {allowed}, not {value!r}")
+    return value
+
+
+def parse_on_full(value: object) -> str:
+    """One of :data:`ON_FULL`; :class:`InvalidInput` naming the allowed values."""
+    if not isinstance(value, str) or value not in ON_FULL:
+        allowed = ", ".join(repr(p) for p in ON_FULL)
+        raise InvalidInput(f"on_full must be one of {allowed}, not {value!r}")
     return value
 
 

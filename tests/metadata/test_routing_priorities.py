@@ -58,7 +58,7 @@ def test_a_version_2_database_is_migrated_and_its_topics_are_normal(tmp_path: Pa
 
     s = MetadataStore(path)
     try:
-        assert s.schema_version == len(MIGRATIONS) == 3
+        assert s.schema_version == len(MIGRATIONS) >= 3
         before = s.routing()
         (t,) = before.topics
         assert t == TopicRoute("t", "north", 3, None, ("south",), "normal")
