@@ -538,7 +538,9 @@ class Tailer:
         return TailerStats(
             source=self.source,
             reader=self.local_region,
-            state=self._status,
+            # Until a pull gets past the entry, each retry starts as following or
+            # catching-up: the state stays what a person has to act on.
+            state="missing-key" if self._missing_key is not None else self._status,
             next_seq=self._state.next_seq,
             accepted_epoch=self._state.accepted_epoch,
             known_head=self._known_head,
