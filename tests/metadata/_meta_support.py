@@ -7,8 +7,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+from _serve import Gateway
 
 EDGEGW = Path(sys.executable).parent / "edgegw"
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
@@ -54,3 +56,23 @@ class MetaServer:
 def http(url: str, token: str | None = ADMIN_TOKEN) -> httpx.Client:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url, headers=headers, timeout=30)
+
+
+def admin(url: str, method: str, path: str, body: object = None) -> Any:
+    """One admin request that must succeed; its JSON answer (None when empty)."""
+    with http(url) as c:
+        r = c.request(method, path, json=body)
+        assert r.status_code < 300, r.text
+        return r.json() if r.content else None
+
+
+def lanes(g: Gateway) -> dict[str, dict[str, Any]]:
+    """A gateway's lanes in its status, by name."""
+    return {lane["lane"]: lane for lane in g.status()["lanes"]["lanes"]}
+
+
+def produce_two_partitions(g: Gateway, topic: str, n: int) -> None:
+    """``n`` records ``<topic>-<p>-<i>`` into each of partitions 0 and 1."""
+    with g.client() as c:
+        for p in range(2):
+            c.produce(topic, [f"{topic}-{p}-{i}" for i in range(n)], partition=p)

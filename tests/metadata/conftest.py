@@ -1,9 +1,11 @@
-"""Fixtures of the metadata tests: one server process per module, with two regions."""
+"""Fixtures of the metadata tests: one server process per module, with two regions
+(``fleet``), or one per test with nothing in it (``server``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from _meta_support import MetaServer, http
@@ -31,3 +33,13 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         yield Fleet(server, server.url, tokens)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[MetaServer]:
+    """A metadata server of its own for one test, empty."""
+    s = MetaServer(tmp_path / "meta.sqlite")
+    try:
+        yield s
+    finally:
+        s.stop()

@@ -14,25 +14,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
-from _meta_support import EDGEGW, MetaServer, http
+from _meta_support import EDGEGW, MetaServer, admin, http
 from _serve import Fleet, Gateway, mirror_mismatches, wait_until
 
 DEADLINE = 60.0
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[MetaServer]:
-    s = MetaServer(tmp_path / "meta.sqlite")
-    try:
-        yield s
-    finally:
-        s.stop()
 
 
 def _regions(url: str, *names: str) -> dict[str, str]:
@@ -43,13 +32,6 @@ def _regions(url: str, *names: str) -> dict[str, str]:
             assert r.status_code == 201, r.text
             tokens[name] = r.json()["token"]
         return tokens
-
-
-def _admin(url: str, method: str, path: str, body: object = None) -> Any:
-    with http(url) as c:
-        r = c.request(method, path, json=body)
-        assert r.status_code < 300, r.text
-        return r.json() if r.content else None
 
 
 def _fleet(
@@ -107,7 +89,7 @@ def _metadata(g: Gateway) -> dict[str, Any]:
 
 def test_live_routing_changes(tmp_path: Path, server: MetaServer) -> None:
     tokens = _regions(server.url, "north", "south")
-    _admin(server.url, "POST", "/v1/topics", {"name": "a", "home": "north", "partitions": 2})
+    admin(server.url, "POST", "/v1/topics", {"name": "a", "home": "north", "partitions": 2})
     fleet = _fleet(tmp_path, server.url, tokens)
     north, south = fleet["north"], fleet["south"]
     try:
@@ -131,7 +113,7 @@ def test_live_routing_changes(tmp_path: Path, server: MetaServer) -> None:
         assert south.status()["mirrors"] == {}
 
         # A subscription added at runtime: south starts mirroring, no restart.
-        _admin(server.url, "PATCH", "/v1/topics/a", {"subscribers": ["south"]})
+        admin(server.url, "PATCH", "/v1/topics/a", {"subscribers": ["south"]})
         wait_until(lambda: "north" in south.status()["mirrors"], DEADLINE, "south's tailer")
         wait_until(
             lambda: (
@@ -142,7 +124,7 @@ def test_live_routing_changes(tmp_path: Path, server: MetaServer) -> None:
             "south to mirror north.a",
         )
         # Partitions added: writable at home, mirrored with the new partition.
-        _admin(server.url, "PATCH", "/v1/topics/a", {"partitions": 4})
+        admin(server.url, "PATCH", "/v1/topics/a", {"partitions": 4})
         wait_until(lambda: _partitions(north, "a") == 4, DEADLINE, "north to see 4 partitions")
         assert _produce(north, "a", 5, partition=3).status_code == 200
         wait_until(
@@ -154,7 +136,7 @@ def test_live_routing_changes(tmp_path: Path, server: MetaServer) -> None:
             "south to mirror partition 3",
         )
         # A new topic homed at south becomes writable there, and north mirrors it.
-        _admin(server.url, "POST", "/v1/topics", {"name": "b", "home": "south", "subscribers": "*"})
+        admin(server.url, "POST", "/v1/topics", {"name": "b", "home": "south", "subscribers": "*"})
         wait_until(lambda: _produce(south, "b", 3).status_code == 200, DEADLINE, "b writable")
         wait_until(
             lambda: _error(_produce(north, "b", 1))["code"] == "wrong_region",
@@ -171,14 +153,14 @@ def test_live_routing_changes(tmp_path: Path, server: MetaServer) -> None:
         )
 
         # The subscription removed: south's tailer of north stops, the mirror topic goes.
-        _admin(server.url, "PATCH", "/v1/topics/a", {"subscribers": []})
+        admin(server.url, "PATCH", "/v1/topics/a", {"subscribers": []})
         wait_until(lambda: "north" not in south.status()["mirrors"], DEADLINE, "tailer stopped")
         assert _partitions(south, "north.a") is None
         # Produced meanwhile, then the subscription is back: the new tailer resumes
         # where the old one stopped (the progress is in the journal) — no gap, no duplicate.
         for p in range(4):
             assert _produce(north, "a", 7, partition=p).status_code == 200
-        _admin(server.url, "PATCH", "/v1/topics/a", {"subscribers": "*"})
+        admin(server.url, "PATCH", "/v1/topics/a", {"subscribers": "*"})
         wait_until(
             lambda: (
                 _partitions(south, "north.a") == 4
@@ -195,7 +177,7 @@ def test_live_routing_changes(tmp_path: Path, server: MetaServer) -> None:
 
         # The server heard from both: heartbeats with lag figures and heads.
         def regions() -> dict[str, Any]:
-            return {r["id"]: r for r in _admin(server.url, "GET", "/v1/regions")["regions"]}
+            return {r["id"]: r for r in admin(server.url, "GET", "/v1/regions")["regions"]}
 
         wait_until(
             lambda: "mirror.north.seconds_behind" in (regions()["south"]["lag"] or {}),
@@ -224,7 +206,7 @@ def test_auto_create_is_per_region(tmp_path: Path, server: MetaServer) -> None:
         assert (r.status_code, _error(r)["code"]) == (404, "unknown_topic")
         # Once the routing table homes the name elsewhere, the routing table wins.
         before = _metadata(north)["version"]
-        _admin(server.url, "POST", "/v1/topics", {"name": "taken", "home": "south"})
+        admin(server.url, "POST", "/v1/topics", {"name": "taken", "home": "south"})
         wait_until(lambda: _metadata(north)["version"] > before, DEADLINE, "north to see the topic")
         r = _produce(north, "taken", 1)
         assert (r.status_code, _error(r)["code"]) == (409, "wrong_region")
@@ -238,7 +220,7 @@ def test_start_from_cache_while_the_server_is_down(tmp_path: Path) -> None:
     server = MetaServer(db)
     port = int(server.url.rsplit(":", 1)[1])
     tokens = _regions(server.url, "north", "south")
-    _admin(server.url, "POST", "/v1/topics", {"name": "t", "home": "north", "subscribers": "*"})
+    admin(server.url, "POST", "/v1/topics", {"name": "t", "home": "north", "subscribers": "*"})
     fleet = _fleet(tmp_path, server.url, tokens)
     north, south = fleet["north"], fleet["south"]
     try:
@@ -282,7 +264,7 @@ def test_start_from_cache_while_the_server_is_down(tmp_path: Path) -> None:
         # The server comes back on the same address; a change is picked up.
         server = MetaServer(db, listen=f"127.0.0.1:{port}")
         wait_until(lambda: _metadata(south)["mode"] == "live", DEADLINE, "south live again")
-        _admin(server.url, "POST", "/v1/topics", {"name": "u", "home": "south"})
+        admin(server.url, "POST", "/v1/topics", {"name": "u", "home": "south"})
         wait_until(lambda: _produce(south, "u", 1).status_code == 200, DEADLINE, "u writable")
         m = _metadata(south)
         assert m["describe"] == f"metadata: live (version {m['version']})"

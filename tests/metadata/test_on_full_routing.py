@@ -15,13 +15,19 @@ import json
 import os
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from _meta_support import ADMIN_TOKEN, EDGEGW, MetaServer, http
-from _serve import Fleet, Gateway, mirror_mismatches, read_partition, wait_until
+from _meta_support import (
+    ADMIN_TOKEN,
+    EDGEGW,
+    MetaServer,
+    admin,
+    http,
+    lanes,
+    produce_two_partitions,
+)
+from _serve import Fleet, mirror_mismatches, read_partition, wait_until
 from conftest import Fleet as MetaFleet
 
 from edge_gateway.errors import InvalidInput
@@ -164,32 +170,6 @@ def test_api_and_cli(fleet: MetaFleet) -> None:
 # ---------------------------------------------------------------- gateways
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[MetaServer]:
-    s = MetaServer(tmp_path / "meta.sqlite")
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def _admin(url: str, method: str, path: str, body: object = None) -> Any:
-    with http(url) as c:
-        r = c.request(method, path, json=body)
-        assert r.status_code < 300, r.text
-        return r.json() if r.content else None
-
-
-def _lanes(g: Gateway) -> dict[str, dict[str, Any]]:
-    return {lane["lane"]: lane for lane in g.status()["lanes"]["lanes"]}
-
-
-def _produce(g: Gateway, topic: str, n: int) -> None:
-    with g.client() as c:
-        for p in range(2):
-            c.produce(topic, [f"{topic}-{p}-{i}" for i in range(n)], partition=p)
-
-
 @pytest.mark.slow
 def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
     tmp_path: Path, server: MetaServer
@@ -201,7 +181,7 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
             assert r.status_code == 201, r.text
             tokens[region] = r.json()["token"]
     for name, on_full in (("events", "drop-oldest"), ("telemetry", "block")):
-        _admin(
+        admin(
             server.url,
             "POST",
             "/v1/topics",
@@ -220,13 +200,13 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
     drop_lane = Lane(Priority.NORMAL, OnFull.DROP_OLDEST)
     try:
         fleet.start()
-        assert str(drop_lane) in _lanes(north), _lanes(north)
+        assert str(drop_lane) in lanes(north), lanes(north)
         assert (north.data_dir / drop_lane.dirname).is_dir()
         assert drop_lane.dirname == "journal-normal-drop"
         for topic, lane in (("events", str(drop_lane)), ("telemetry", "normal")):
-            before = {k: v["next_lsn"] for k, v in _lanes(north).items()}
-            _produce(north, topic, 20)  # one entry per partition
-            after = {k: v["next_lsn"] for k, v in _lanes(north).items()}
+            before = {k: v["next_lsn"] for k, v in lanes(north).items()}
+            produce_two_partitions(north, topic, 20)  # one entry per partition
+            after = {k: v["next_lsn"] for k, v in lanes(north).items()}
             assert after == {**before, lane: before[lane] + 2}, (topic, before, after)
         # The drop lane's journal holds the topic's records on disk.
         segments = [p for p in (north.data_dir / drop_lane.dirname).rglob("*") if p.is_file()]
@@ -234,7 +214,7 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
         for p in range(2):
             assert [r.offset for r in read_partition(north.url, "events", p)] == list(range(20))
         wait_until(
-            lambda: all(v["backlog_entries"] == 0 for v in _lanes(north).values()),
+            lambda: all(v["backlog_entries"] == 0 for v in lanes(north).values()),
             30,
             "north to ship",
         )
@@ -246,13 +226,13 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
         # its appends go there, offsets running on.
         r = cli(server.url, "topics", "alter", "telemetry", "--on-full", "drop-oldest")
         assert r.returncode == 0, r.stderr
-        version = _admin(server.url, "GET", "/v1/routing")["version"]
+        version = admin(server.url, "GET", "/v1/routing")["version"]
         wait_until(
             lambda: north.status()["metadata"]["version"] == version, 30, "north to apply it"
         )
-        before = _lanes(north)
-        _produce(north, "telemetry", 20)
-        after = _lanes(north)
+        before = lanes(north)
+        produce_two_partitions(north, "telemetry", 20)
+        after = lanes(north)
         assert after[str(drop_lane)]["next_lsn"] == before[str(drop_lane)]["next_lsn"] + 2, after
         assert after["normal"]["next_lsn"] == before["normal"]["next_lsn"], after
         assert "telemetry: on_full block -> drop-oldest" in north.log.read_text()
@@ -265,15 +245,15 @@ def test_a_drop_oldest_topic_from_the_table_lands_in_its_drop_lane(
         # the topic stays writable, its offsets running on.
         r = cli(server.url, "topics", "alter", "events", "--priority", "bulk")
         assert r.returncode == 0, r.stderr
-        version = _admin(server.url, "GET", "/v1/routing")["version"]
+        version = admin(server.url, "GET", "/v1/routing")["version"]
         wait_until(
             lambda: north.status()["metadata"]["version"] == version, 30, "north to apply it"
         )
-        assert "bulk-drop" not in _lanes(north)
+        assert "bulk-drop" not in lanes(north)
         log = north.log.read_text()
         assert "events: priority normal -> bulk" in log
         assert "events: lane bulk-drop (priority bulk, on_full drop-oldest) has no journal" in log
-        _produce(north, "events", 20)
+        produce_two_partitions(north, "events", 20)
         for p in range(2):
             assert [r.offset for r in read_partition(north.url, "events", p)] == list(range(40))
     finally:

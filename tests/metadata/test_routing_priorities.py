@@ -17,14 +17,20 @@ import json
 import os
 import sqlite3
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import trio
-from _meta_support import ADMIN_TOKEN, EDGEGW, MetaServer, http
-from _serve import Fleet, Gateway, mirror_mismatches, read_partition, wait_until
+from _meta_support import (
+    ADMIN_TOKEN,
+    EDGEGW,
+    MetaServer,
+    admin,
+    http,
+    lanes,
+    produce_two_partitions,
+)
+from _serve import Fleet, mirror_mismatches, read_partition, wait_until
 from conftest import Fleet as MetaFleet
 
 from edge_gateway.bucket import LocalBucket
@@ -162,32 +168,6 @@ def test_api_and_cli(fleet: MetaFleet) -> None:
 # ---------------------------------------------------------------- gateways
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[MetaServer]:
-    s = MetaServer(tmp_path / "meta.sqlite")
-    try:
-        yield s
-    finally:
-        s.stop()
-
-
-def _admin(url: str, method: str, path: str, body: object = None) -> Any:
-    with http(url) as c:
-        r = c.request(method, path, json=body)
-        assert r.status_code < 300, r.text
-        return r.json() if r.content else None
-
-
-def _lanes(g: Gateway) -> dict[str, dict[str, int]]:
-    return {lane["lane"]: lane for lane in g.status()["lanes"]["lanes"]}
-
-
-def _produce(g: Gateway, topic: str, n: int) -> None:
-    with g.client() as c:
-        for p in range(2):
-            c.produce(topic, [f"{topic}-{p}-{i}" for i in range(n)], partition=p)
-
-
 def _log_offsets(bucket_dir: Path, region: str) -> dict[tuple[str, int], list[int]]:
     async def read() -> dict[tuple[str, int], list[int]]:
         bucket = await LocalBucket.open(bucket_dir)
@@ -221,7 +201,7 @@ def test_a_gateway_takes_its_lanes_from_the_routing_table(
             assert r.status_code == 201, r.text
             tokens[region] = r.json()["token"]
     for name, priority in (("alarms", "critical"), ("telemetry", "normal"), ("logs", "bulk")):
-        _admin(
+        admin(
             server.url,
             "POST",
             "/v1/topics",
@@ -245,36 +225,36 @@ def test_a_gateway_takes_its_lanes_from_the_routing_table(
     try:
         fleet.start()
         # The lanes of the table's priorities, each topic in its own.
-        assert list(_lanes(north)) == ["critical", "normal", "bulk"]
+        assert list(lanes(north)) == ["critical", "normal", "bulk"]
         for topic, lane in (("alarms", "critical"), ("telemetry", "normal"), ("logs", "bulk")):
-            before = {k: v["next_lsn"] for k, v in _lanes(north).items()}
-            _produce(north, topic, 20)  # one entry per partition
-            after = {k: v["next_lsn"] for k, v in _lanes(north).items()}
+            before = {k: v["next_lsn"] for k, v in lanes(north).items()}
+            produce_two_partitions(north, topic, 20)  # one entry per partition
+            after = {k: v["next_lsn"] for k, v in lanes(north).items()}
             assert after == {**before, lane: before[lane] + 2}, (topic, before, after)
 
         # telemetry becomes critical while the gateway runs (the CLI sets it):
         # once the normal lane has shipped it, its appends go to the critical lane.
         r = cli(server.url, "topics", "alter", "telemetry", "--priority", "critical")
         assert r.returncode == 0, r.stderr
-        version = _admin(server.url, "GET", "/v1/routing")["version"]
+        version = admin(server.url, "GET", "/v1/routing")["version"]
         wait_until(
             lambda: north.status()["metadata"]["version"] == version, 30, "north to apply it"
         )
         wait_until(
-            lambda: all(v["backlog_entries"] == 0 for v in _lanes(north).values()),
+            lambda: all(v["backlog_entries"] == 0 for v in lanes(north).values()),
             30,
             "north to ship",
         )
-        before = _lanes(north)
-        _produce(north, "telemetry", 20)
-        after = _lanes(north)
+        before = lanes(north)
+        produce_two_partitions(north, "telemetry", 20)
+        after = lanes(north)
         assert after["critical"]["next_lsn"] == before["critical"]["next_lsn"] + 2, after
         assert after["normal"]["next_lsn"] == before["normal"]["next_lsn"], after
         assert "telemetry: priority normal -> critical" in north.log.read_text()
 
         # Offsets run on across the move, once each along the log and in the mirror.
         wait_until(
-            lambda: all(v["backlog_entries"] == 0 for v in _lanes(north).values()),
+            lambda: all(v["backlog_entries"] == 0 for v in lanes(north).values()),
             30,
             "north to ship",
         )
