@@ -20,11 +20,27 @@ from edge_gateway.format.manifest import (
     log_key,
     manifest_key,
 )
-from edge_gateway.journal import Journal
+from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.mirror import TailerConfig
 from edge_gateway.names import mirror_topic
 from edge_gateway.regionlog import encode_gc_boundary, find_head
 
 Key = tuple[str, int]
+
+#: Small segments, no retention: what the mirror tests' journals use.
+JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
+#: A tailer that polls, retries and writes its cursor every few tens of ms.
+QUICK = TailerConfig(
+    poll_interval_s=0.01,
+    max_poll_interval_s=0.05,
+    retry_base_s=0.01,
+    retry_cap_s=0.05,
+    quarantine_retry_base_s=0.02,
+    quarantine_retry_cap_s=0.1,
+    gap_check_interval_s=0.05,
+    cursor_interval_s=0.05,
+    catch_up_threshold=8,
+)
 
 
 def record_value(topic: str, partition: int, offset: int) -> bytes:

@@ -9,18 +9,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from _mirror_support import produce
+from _mirror_support import JCFG, produce
 
 from edge_gateway.bucket import FaultyBucket
 from edge_gateway.clock import BucketClock, ClockConfig, ClockState
 from edge_gateway.errors import ConfigError, CorruptData
 from edge_gateway.format.manifest import gc_boundary_key
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, GcState, collect_garbage, read_gc_state
 from edge_gateway.shipper import Shipper, ShipperConfig
@@ -114,16 +113,6 @@ def test_clock_config_is_checked() -> None:
 # GC on the bucket's clock
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=2, retry_base_s=0.01, retry_cap_s=0.05)
-JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
-
-
-@pytest.fixture
-def source(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal.open_sync(tmp_path / "a", JCFG)
-    try:
-        yield j
-    finally:
-        j.close_sync()
 
 
 async def shipped_with(

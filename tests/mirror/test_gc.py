@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
-from _mirror_support import HandLog, log_records, mirror_of, produce
+from _mirror_support import JCFG, HandLog, log_records, mirror_of, produce
 from _quirky_s3 import new_bucket_on
 
 from edge_gateway.bucket import (
@@ -23,7 +23,7 @@ from edge_gateway.bucket import (
 )
 from edge_gateway.errors import ConfigError, CorruptData, Unavailable
 from edge_gateway.format.manifest import gc_boundary_key, log_key, parse_manifest_key
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.cursor import Cursor, cursor_key, publish_cursor, read_cursor, read_cursors
 from edge_gateway.mirror.gc import (
@@ -38,7 +38,6 @@ from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=4, retry_base_s=0.01, retry_cap_s=0.05)
-JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
 NOW = 1_000_000_000
 H = 3_600_000
 NO_RETENTION = GcConfig(retention_ms=0, age_cap_ms=10 * H)
@@ -122,15 +121,6 @@ async def test_cursor_round_trip_and_hostile_documents(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------
 # against a bucket
-
-
-@pytest.fixture
-def source(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal.open_sync(tmp_path / "a", JCFG)
-    try:
-        yield j
-    finally:
-        j.close_sync()
 
 
 async def ship(j: Journal, bucket: FaultyBucket, rounds: int) -> Shipper:

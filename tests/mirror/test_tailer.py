@@ -8,66 +8,30 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import trio
 from _mirror_support import (
+    JCFG,
+    QUICK,
     HandLog,
     Key,
     eventually,
     log_records,
     mirror_of,
-    open_bucket,
     produce,
 )
 
 from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, ObjectInfo
 from edge_gateway.format.manifest import Manifest, ManifestEntry, parse_manifest_key
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.cursor import read_cursor
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=4, retry_base_s=0.01, retry_cap_s=0.05)
-JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
-QUICK = TailerConfig(
-    poll_interval_s=0.01,
-    max_poll_interval_s=0.05,
-    retry_base_s=0.01,
-    retry_cap_s=0.05,
-    quarantine_retry_base_s=0.02,
-    quarantine_retry_cap_s=0.1,
-    gap_check_interval_s=0.05,
-    cursor_interval_s=0.05,
-    catch_up_threshold=8,
-)
-
-
-@pytest.fixture(params=["local", "s3", pytest.param("rgw", marks=pytest.mark.rgw)])
-async def any_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
-    endpoint = name = None
-    if request.param == "s3":
-        endpoint = request.getfixturevalue("moto_endpoint")
-        name = request.getfixturevalue("s3_bucket_name")
-    if request.param == "rgw":  # a real Ceph RGW 16.2: -m rgw
-        endpoint = request.getfixturevalue("rgw_endpoint")
-        name = request.getfixturevalue("rgw_bucket_name")
-    b = await open_bucket(request.param, tmp_path, endpoint, name)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal.open_sync(tmp_path / "mirror-journal", JCFG)
-    try:
-        yield j
-    finally:
-        j.close_sync()
 
 
 def only(records: dict[Key, list], topic: str) -> dict[Key, list]:  # type: ignore[type-arg]

@@ -11,13 +11,12 @@ quarantined like any other, never applied and never a crash.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import crc32c
 import pytest
 import trio
-from _mirror_support import Key, eventually, mirror_of, open_bucket, produce
+from _mirror_support import JCFG, QUICK, Key, eventually, mirror_of, produce
 
 from edge_gateway.bucket import Bucket, FaultyBucket
 from edge_gateway.errors import MissingKey
@@ -25,24 +24,12 @@ from edge_gateway.format import logobject
 from edge_gateway.format.batch import Record
 from edge_gateway.format.crypt import Keyring, WriteKey
 from edge_gateway.format.manifest import log_key
-from edge_gateway.journal import Journal, JournalConfig
-from edge_gateway.mirror import Tailer, TailerConfig
+from edge_gateway.journal import Journal
+from edge_gateway.mirror import Tailer
 from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=4, retry_base_s=0.01, retry_cap_s=0.05)
-JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
-QUICK = TailerConfig(
-    poll_interval_s=0.01,
-    max_poll_interval_s=0.05,
-    retry_base_s=0.01,
-    retry_cap_s=0.05,
-    quarantine_retry_base_s=0.02,
-    quarantine_retry_cap_s=0.1,
-    gap_check_interval_s=0.05,
-    cursor_interval_s=0.05,
-    catch_up_threshold=8,
-)
 K1 = bytes(range(32))
 K2 = bytes(range(1, 33))
 
@@ -52,28 +39,6 @@ def keys(*pairs: tuple[str, bytes]) -> Keyring:
     for key_id, key in pairs:
         ring.add("a", key_id, key)
     return ring
-
-
-@pytest.fixture(params=["local", "s3"])
-async def any_bucket(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Bucket]:
-    endpoint = name = None
-    if request.param == "s3":
-        endpoint = request.getfixturevalue("moto_endpoint")
-        name = request.getfixturevalue("s3_bucket_name")
-    b = await open_bucket(request.param, tmp_path, endpoint, name)
-    try:
-        yield b
-    finally:
-        await b.aclose()
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal.open_sync(tmp_path / "mirror-journal", JCFG)
-    try:
-        yield j
-    finally:
-        j.close_sync()
 
 
 async def ship_sealed(bucket: Bucket, path: Path, rounds: int, key: WriteKey) -> None:

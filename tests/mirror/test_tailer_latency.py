@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 import trio
-from _mirror_support import log_records, mirror_of, open_bucket, produce
+from _mirror_support import JCFG, log_records, mirror_of, open_bucket, produce
 
 from edge_gateway.bucket import Bucket
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal
 from edge_gateway.mirror import Tailer, TailerConfig
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy
 
-JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=256 * 1024 * 1024, retention_ms=0)
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=1000)
 CFG = TailerConfig(
     poll_interval_s=0.01,
@@ -66,15 +65,6 @@ async def mirror_bucket(
         yield bucket
     finally:
         await bucket.aclose()
-
-
-@pytest.fixture
-def journal(tmp_path: Path) -> Iterator[Journal]:
-    j = Journal.open_sync(tmp_path / "b", JCFG)
-    try:
-        yield j
-    finally:
-        j.close_sync()
 
 
 async def ship(shipper: Shipper, j: Journal, entries: int) -> None:
