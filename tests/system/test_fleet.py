@@ -24,7 +24,7 @@ REGIONS = ("a", "b", "c")
 
 @pytest.mark.parametrize(
     ("bucket_kind", "regions"),
-    # two regions on S3 are also in test_outage_s3 (both ways, with outages)
+    # two regions on S3 are also in test_bucket_outage (both ways, with outages)
     [("local", 2), ("local", 3), ("s3", 3), ("azure", 2)],
 )
 def test_every_mirror_equals_its_source(

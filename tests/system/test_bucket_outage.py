@@ -1,27 +1,36 @@
-"""Bucket outages through TCP fault proxies in front of moto's S3 server.
+"""Bucket outages through a TCP fault proxy per region, on S3 (moto) and Azure (Azurite).
 
 Regions ``a`` and ``b`` each home a topic the other mirrors, and each
-reaches the bucket through its own proxy. While both keep producing:
+reaches the store through its own proxy. While both keep producing:
 
 1. ``b``'s proxy refuses connections: ``b`` keeps accepting records, and its
    status shows the outage — the mirror of ``a`` retrying with the error,
-   the shipper's ``last_error``, records piling up unshipped — while ``a``
-   ships as usual;
+   the shipper's ``last_error`` naming the store, records piling up
+   unshipped — while ``a`` ships as usual;
 2. then both links are blackholed (requests hang until the read timeout;
    bytes held meanwhile arrive late, after the link heals): ``a`` shows its
-   shipper's error and unshipped records;
+   shipper's error and unshipped records, and both keep accepting;
 3. both links heal: everything ships, both mirrors catch up and equal their
    sources record for record, and the errors clear from the status.
+
+Each SDK's connection errors and timeouts must come out as
+``BucketUnavailable`` (retried), never as a failure that stops the gateway.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from _serve import Fleet, Gateway, Producer, TopicSpec, check_acknowledged, wait_until
 
+from edge_gateway.testing.emulators import azurite_connection_string
+from edge_gateway.testing.tcpproxy import TcpProxy
+
+MakeFleet = Callable[[pytest.FixtureRequest, Path], tuple[Fleet, str]]
 TOPICS = [TopicSpec("t", "a", partitions=3), TopicSpec("u", "b", partitions=2)]
 
 
@@ -30,13 +39,48 @@ def unshipped(g: Gateway, topic: str) -> int:
         return sum(p["unshipped"] for p in c.topic(topic)["partitions"])
 
 
-@pytest.mark.slow
+def s3_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Fleet, str]:
+    endpoint: str = request.getfixturevalue("moto_endpoint")
+    name: str = request.getfixturevalue("s3_bucket_name")
+    port = int(endpoint.rsplit(":", 1)[1])
+    return Fleet(tmp_path, ["a", "b"], TOPICS, s3=(port, name)), "on S3 bucket"
+
+
+def azure_fleet(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Fleet, str]:
+    endpoint: str = request.getfixturevalue("azurite_endpoint")
+    container: str = request.getfixturevalue("azure_container_name")
+    parts = urlsplit(endpoint)  # http://127.0.0.1:PORT/devstoreaccount1
+    port, account = parts.port, parts.path.strip("/")
+    assert port is not None
+    proxies = {r: TcpProxy("127.0.0.1", port).start() for r in ("a", "b")}
+
+    def bucket(region: str) -> dict[str, object]:
+        return {
+            "type": "azure",
+            "container": container,
+            "prefix": "fleet",
+            "connection_string": azurite_connection_string(f"{proxies[region].url}/{account}"),
+            "connect_timeout": 1.0,
+            "read_timeout": 2.0,
+            "max_attempts": 1,
+        }
+
+    fleet = Fleet(tmp_path, ["a", "b"], TOPICS, bucket=bucket)
+    fleet.proxies.update(proxies)  # healed and stopped by fleet.close()
+    return fleet, "on Azure container"
+
+
+@pytest.mark.parametrize(
+    "make_fleet",
+    [
+        pytest.param(s3_fleet, id="s3", marks=pytest.mark.slow),
+        pytest.param(azure_fleet, id="azure"),
+    ],
+)
 def test_bucket_outage_for_one_then_both_converges(
-    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+    request: pytest.FixtureRequest, tmp_path: Path, make_fleet: MakeFleet
 ) -> None:
-    fleet = Fleet(
-        tmp_path, ["a", "b"], TOPICS, s3=(int(moto_endpoint.rsplit(":", 1)[1]), s3_bucket_name)
-    )
+    fleet, names_store = make_fleet(request, tmp_path)
     try:
         fleet.start()
         a, b = fleet["a"], fleet["b"]
@@ -63,6 +107,7 @@ def test_bucket_outage_for_one_then_both_converges(
             )
 
         wait_until(b_shows_outage, 20, "b's status to show the outage")
+        assert names_store in str(b.status()["shipper"]["last_error"])
         assert b.status()["accepting"]
         # a is unaffected: it ships, and b's topic simply stops arriving
         wait_until(lambda: a.status()["shipper"]["next_seq"] > mark_a + 3, 20, "a to keep shipping")
@@ -73,9 +118,11 @@ def test_bucket_outage_for_one_then_both_converges(
         fleet.proxies["b"].set_mode("blackhole")
         wait_until(
             lambda: a.status()["shipper"]["last_error"] and unshipped(a, "t") > 0,
-            20,
+            30,
             "a's status to show its shipper's error",
         )
+        assert a.status()["accepting"]
+        assert b.status()["accepting"]
 
         # 3. both heal
         fleet.proxies["a"].set_mode("pass")
