@@ -200,6 +200,10 @@ class Http11Server:
         self._idle: set[trio.CancelScope] = set()
         self._connections = 0
 
+    def stopping(self) -> bool:
+        """Whether :meth:`shutdown` was called (responses then say ``Connection: close``)."""
+        return self._stopping
+
     @property
     def connections(self) -> int:
         """Open connections right now."""
@@ -407,27 +411,19 @@ class Http11Server:
             # The body is in hand: the app may take it without a read (or a deadline).
             "extensions": {"edgegw.buffered_body": body},
         }
-        head_only = method == "HEAD"
         received = False
-        disconnected = False
-        started = False
-        head_sent = False
-        finished = False
-        chunked = False
-        close = self._stopping
-        status = 0
-        headers: list[tuple[bytes, bytes]] = []
+        reply = _Reply(stream, _RawFraming(self.stopping), head_only=method == "HEAD")
         pending: list[bytes] = [rest]
 
         async def receive() -> Message:
-            nonlocal received, disconnected
+            nonlocal received
             if not received:
                 received = True
                 return {"type": "http.request", "body": body, "more_body": False}
             # After the body: wait for the client to go away (ASGI). Bytes of a
             # pipelined request are kept for after this one; while they pile up
             # past a request head's size, stop reading and just wait.
-            while not disconnected:
+            while not reply.gone:
                 if sum(map(len, pending)) > self.max_header_bytes + _READ_SIZE:
                     await trio.sleep_forever()
                 try:
@@ -435,73 +431,21 @@ class Http11Server:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     data = b""
                 if not data:
-                    disconnected = True
+                    reply.gone = True
                 else:
                     pending.append(data)
             return _DISCONNECT
 
-        async def send(message: Message) -> None:
-            nonlocal started, head_sent, finished, chunked, close, status, headers
-            kind = message["type"]
-            if kind == "http.response.start" and not started:
-                started = True
-                status = message["status"]
-                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
-                return
-            if kind != "http.response.body" or not started or finished:
-                raise RuntimeError(f"unexpected ASGI message {kind!r}")
-            data = bytes(message.get("body", b""))
-            more = message.get("more_body", False)
-            if disconnected:  # nobody to answer (ASGI: sends after a disconnect are no-ops)
-                finished = not more
-                return
-            parts = []
-            if not head_sent:
-                head_sent = True
-                parts.append(self._response_head(status, headers, data, more))
-                chunked = parts[0].find(b"\r\ntransfer-encoding: chunked\r\n") >= 0
-                close = close or _says_close(headers)
-            if data and not head_only:
-                parts.append(b"%x\r\n%b\r\n" % (len(data), data) if chunked else data)
-            if not more:
-                finished = True
-                if chunked and not head_only:
-                    parts.append(b"0\r\n\r\n")
-            await _send_now(stream, b"".join(parts))
-
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, reply)
         except Exception:
             self.log.exception("unhandled error in the ASGI app for %s %s", method, scope["path"])
-            if started:
-                raise _ClientGone from None  # cannot finish the response: drop it
-            await send(_ERROR_START)
-            await send(_ERROR_MESSAGE)
+            await reply.internal_error()
             return False, b""
-        if not finished:
+        if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
-        return not (close or disconnected), b"".join(pending)
-
-    def _response_head(
-        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool
-    ) -> bytes:
-        """Status line and headers; Content-Length (or chunked) added when missing."""
-        names = set()
-        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
-        for name, value in headers:
-            if b"\r" in name or b"\n" in name or b"\r" in value or b"\n" in value:
-                raise RuntimeError(f"illegal response header {name!r}: {value!r}")
-            names.add(name.lower())
-            lines.append(b"%b: %b\r\n" % (name, value))
-        if b"content-length" not in names and b"transfer-encoding" not in names:
-            if more:
-                lines.append(b"transfer-encoding: chunked\r\n")
-            else:
-                lines.append(b"content-length: %d\r\n" % len(body))
-        if self._stopping and b"connection" not in names:
-            lines.append(b"connection: close\r\n")
-        lines.append(b"\r\n")
-        return b"".join(lines)
+        close = self._stopping or _says_close(reply.headers)
+        return not (close or reply.gone), b"".join(pending)
 
     async def _next_request(
         self, conn: h11.Connection, stream: trio.abc.Stream
@@ -566,7 +510,6 @@ class Http11Server:
         target = request.target
         raw_path, _, query = target.partition(b"?")
         method = request.method.decode("ascii")
-        head = method == "HEAD"
         scope: Scope = {
             "type": "http",
             "asgi": _ASGI_VERSION,
@@ -582,21 +525,15 @@ class Http11Server:
             "server": local,
         }
         body_done = False
-        started = False
-        head_sent = False
-        finished = False
-        status = 0
-        headers: list[tuple[bytes, bytes]] = []
-
-        disconnected = False
+        reply = _Reply(stream, _H11Framing(conn, self.stopping), head_only=method == "HEAD")
 
         async def receive() -> Message:
-            nonlocal body_done, disconnected
+            nonlocal body_done
             if body_done:
                 # After the body: wait for the client to go away (ASGI; a long
                 # poll watches for it). h11 keeps the bytes of a pipelined
                 # request for after this one; past a head's size, stop reading.
-                while not disconnected and conn.their_state is h11.DONE:
+                while not reply.gone and conn.their_state is h11.DONE:
                     if len(conn.trailing_data[0]) > self.max_header_bytes + _READ_SIZE:
                         await trio.sleep_forever()
                     try:
@@ -604,7 +541,7 @@ class Http11Server:
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         data = b""
                     conn.receive_data(data)  # b"": the peer closed
-                    disconnected = not data
+                    reply.gone = not data
                 return _DISCONNECT
             chunks: list[bytes] = []
             while True:
@@ -636,57 +573,12 @@ class Http11Server:
                     body_done = True
                     return _DISCONNECT
 
-        async def send(message: Message) -> None:
-            nonlocal started, head_sent, finished, status, headers
-            kind = message["type"]
-            if kind == "http.response.start" and not started:
-                started = True
-                status = message["status"]
-                headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
-                if self._stopping:
-                    headers.append((b"connection", b"close"))
-                return
-            if kind != "http.response.body" or not started or finished:
-                raise RuntimeError(f"unexpected ASGI message {kind!r}")
-            body = bytes(message.get("body", b""))
-            more = message.get("more_body", False)
-            if disconnected:  # nobody to answer (ASGI: sends after a disconnect are no-ops)
-                finished = not more
-                return
-            parts = []
-            if not head_sent:
-                head_sent = True
-                if not more and not any(k.lower() == b"content-length" for k, _ in headers):
-                    headers.append((b"content-length", str(len(body)).encode()))
-                parts.append(conn.send(h11.Response(status_code=status, headers=headers)))
-            if body and not head:
-                parts.append(conn.send(h11.Data(data=body)))
-            if not more:
-                finished = True
-                parts.append(conn.send(h11.EndOfMessage()))
-            # The whole response in one write when the body comes in one message.
-            await stream.send_all(b"".join(parts))
-
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, reply)
         except Exception:
             self.log.exception("unhandled error in the ASGI app for %s %s", method, scope["path"])
-            if started:
-                raise _ClientGone from None  # cannot finish the response: drop it
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 500,
-                    "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
-                }
-            )
-            await send(
-                {
-                    "type": "http.response.body",
-                    "body": _ERROR_BODY % (b"internal", b"internal error"),
-                }
-            )
-        if not finished:
+            await reply.internal_error()
+        if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
         # Consume what is already buffered of the request (a bodyless GET still
         # has its EndOfMessage to take) so that the connection can be reused.
@@ -708,6 +600,137 @@ _ERROR_MESSAGE: Final = {
     "type": "http.response.body",
     "body": _ERROR_BODY % (b"internal", b"internal error"),
 }
+
+
+class _RawFraming:
+    """HTTP/1.1 framing of the fast path's responses, written by hand."""
+
+    __slots__ = ("_chunked", "_stopping")
+
+    def __init__(self, stopping: Callable[[], bool]) -> None:
+        self._stopping = stopping
+        self._chunked = False
+
+    def head(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool
+    ) -> bytes:
+        """Status line and headers; Content-Length (or chunked) added when missing."""
+        names = set()
+        lines = [_STATUS_LINES.get(status) or b"HTTP/1.1 %d \r\n" % status]
+        for name, value in headers:
+            if b"\r" in name or b"\n" in name or b"\r" in value or b"\n" in value:
+                raise RuntimeError(f"illegal response header {name!r}: {value!r}")
+            names.add(name.lower())
+            lines.append(b"%b: %b\r\n" % (name, value))
+        if b"content-length" not in names and b"transfer-encoding" not in names:
+            if more:
+                lines.append(b"transfer-encoding: chunked\r\n")
+            else:
+                lines.append(b"content-length: %d\r\n" % len(body))
+        if self._stopping() and b"connection" not in names:
+            lines.append(b"connection: close\r\n")
+        lines.append(b"\r\n")
+        head = b"".join(lines)
+        self._chunked = head.find(b"\r\ntransfer-encoding: chunked\r\n") >= 0
+        return head
+
+    def data(self, body: bytes) -> bytes:
+        return b"%x\r\n%b\r\n" % (len(body), body) if self._chunked else body
+
+    def end(self, head_only: bool) -> bytes:
+        return b"0\r\n\r\n" if self._chunked and not head_only else b""
+
+
+class _H11Framing:
+    """HTTP/1.1 framing of the responses to requests h11 parsed, by h11."""
+
+    __slots__ = ("_conn", "_stopping")
+
+    def __init__(self, conn: h11.Connection, stopping: Callable[[], bool]) -> None:
+        self._conn = conn
+        self._stopping = stopping
+
+    def head(
+        self, status: int, headers: list[tuple[bytes, bytes]], body: bytes, more: bool
+    ) -> bytes:
+        if self._stopping():
+            headers = [*headers, (b"connection", b"close")]
+        if not more and not any(k.lower() == b"content-length" for k, _ in headers):
+            headers = [*headers, (b"content-length", str(len(body)).encode())]
+        return self._conn.send(h11.Response(status_code=status, headers=headers))
+
+    def data(self, body: bytes) -> bytes:
+        return self._conn.send(h11.Data(data=body))
+
+    def end(self, head_only: bool) -> bytes:
+        return self._conn.send(h11.EndOfMessage())
+
+
+class _Reply:
+    """The ASGI ``send`` of one exchange, on either path.
+
+    Checks the order of the app's messages and writes each response (head,
+    body, end) with one write when the app gives the body in one message,
+    which is what Starlette responses do. ``gone``: the client went away
+    (set by the exchange's ``receive``); later sends are no-ops, as ASGI says.
+    """
+
+    __slots__ = (
+        "_framing",
+        "_head_only",
+        "_head_sent",
+        "_status",
+        "_stream",
+        "finished",
+        "gone",
+        "headers",
+        "started",
+    )
+
+    def __init__(
+        self, stream: trio.abc.Stream, framing: _RawFraming | _H11Framing, *, head_only: bool
+    ) -> None:
+        self._stream = stream
+        self._framing = framing
+        self._head_only = head_only
+        self._head_sent = False
+        self._status = 0
+        self.started = False
+        self.finished = False
+        self.gone = False
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    async def __call__(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start" and not self.started:
+            self.started = True
+            self._status = message["status"]
+            self.headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", ())]
+            return
+        if kind != "http.response.body" or not self.started or self.finished:
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        body = bytes(message.get("body", b""))
+        more = message.get("more_body", False)
+        if self.gone:  # nobody to answer
+            self.finished = not more
+            return
+        parts = []
+        if not self._head_sent:
+            self._head_sent = True
+            parts.append(self._framing.head(self._status, self.headers, body, more))
+        if body and not self._head_only:
+            parts.append(self._framing.data(body))
+        if not more:
+            self.finished = True
+            parts.append(self._framing.end(self._head_only))
+        await _send_now(self._stream, b"".join(parts))
+
+    async def internal_error(self) -> None:
+        """Answer 500 for an app that failed; raise :class:`_ClientGone` if it had begun."""
+        if self.started:
+            raise _ClientGone  # cannot finish the response: drop it
+        await self(_ERROR_START)
+        await self(_ERROR_MESSAGE)
 
 
 async def _send_now(stream: trio.abc.Stream, data: bytes) -> None:
