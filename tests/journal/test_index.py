@@ -24,6 +24,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from _journal_support import read_records
 
 from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import Journal, JournalConfig, SourceCoords
@@ -35,16 +36,7 @@ MiB = 1024 * 1024
 
 
 def _records(j: Journal, topic: str, partition: int) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    offset = j.first_offset(topic, partition)
-    while True:
-        entries = j.read(topic, partition, offset, max_records=50, max_bytes=4096)
-        if not entries:
-            return out
-        for e in entries:
-            for r in decode_batch(e.payload).records(offset):
-                out.append((r.offset, r.value))
-                offset = r.offset + 1
+    return [(r.offset, r.value) for r in read_records(j, topic, partition)]
 
 
 def _version(idx: Path) -> int:

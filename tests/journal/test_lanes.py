@@ -13,9 +13,10 @@ import tarfile
 from pathlib import Path
 
 import pytest
+from _journal_support import read_records
 
 from edge_gateway.errors import ConfigError, JournalFull
-from edge_gateway.format.batch import decode_batch, encode_record
+from edge_gateway.format.batch import encode_record
 from edge_gateway.journal import MAIN_LANE, JournalConfig, Lane, OffsetOutOfRange, Priority
 from edge_gateway.journal._lanes import Lanes, lane_path, lanes_on_disk, open_lanes
 
@@ -36,16 +37,10 @@ class Priorities:
 
 
 def _records(lanes: Lanes, topic: str, partition: int) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    offset = lanes.first_offset(topic, partition)
-    while True:
-        entries = lanes.read(topic, partition, offset, max_records=7, max_bytes=512)
-        if not entries:
-            return out
-        for e in entries:
-            for r in decode_batch(e.payload).records(offset):
-                out.append((r.offset, r.value))
-                offset = r.offset + 1
+    return [
+        (r.offset, r.value)
+        for r in read_records(lanes, topic, partition, max_records=7, max_bytes=512)
+    ]
 
 
 def _value(topic: str, offset: int) -> bytes:
