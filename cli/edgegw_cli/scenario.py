@@ -85,6 +85,9 @@ from edgegw_cli._serve_run import EXIT_FENCED
 app = typer.Typer(help="Multi-region scenarios with faults.", no_args_is_help=True)
 
 S3_BUCKET = "edgegw-scenario"
+#: How long a process fault on a region waits for that region's split brain
+#: (restore, start, the first gateway fenced) before it is a failure.
+SPLIT_BRAIN_SETTLE_S = 180.0
 _LINK_MODES = {
     "link_down": ProxyMode.REFUSE,
     "blackhole": ProxyMode.BLACKHOLE,
@@ -533,6 +536,9 @@ def run(
     planted: list[Planted] = []
     splits: list[SplitBrain] = []
     restoring: list[threading.Thread] = []
+    #: Per region with a split brain under way: set once it settled (the first
+    #: gateway fenced and the producers on the second, or the attempt failed).
+    settled: dict[str, threading.Event] = {}
     #: Topics and mirrors served from an offset above 0, by reader: their first offsets.
     trimmed: dict[str, list[int]] = {}
     tokens: dict[str, str] = {}
@@ -560,6 +566,14 @@ def run(
         next upload. (Frozen, because a claim racing a first gateway that
         ships every flush interval may take long on a slow link.)
         """
+        try:
+            _split_brain(region)
+        finally:
+            sb = next((sb for sb in splits if sb.region == region and not sb.done.is_set()), None)
+            if sb is None:  # failed before the watch: nothing to wait for
+                settled[region].set()
+
+    def _split_brain(region: str) -> None:
         sites[region].pause()
         name = f"{region}.restored"
         new = _site(sc, region, work_dir / name, name=name)
@@ -594,6 +608,7 @@ def run(
             for p in producers:
                 if p.w.region == region:
                     p.follow(new)
+            settled[region].set()
 
         sb.watch(fenced)
 
@@ -649,10 +664,29 @@ def run(
                     planted.append(got)
             elif fault.action == "split_brain":
                 # A restore and a claim take a while: the timeline goes on meanwhile.
+                settled[fault.region] = threading.Event()
                 t = threading.Thread(target=split_brain, args=(fault.region,), daemon=True)
                 t.start()
                 restoring.append(t)
             else:
+                # A process fault on a region whose split brain is under way is
+                # meant for the survivor: wait until the first gateway is fenced
+                # (a loaded machine can take longer than the timeline allows).
+                pending = settled.get(fault.region)
+                if pending is not None and not pending.is_set():
+                    console.print(
+                        f"  {fault.label()}: waiting for the split brain of {fault.region} "
+                        "to settle",
+                        highlight=False,
+                    )
+                    if pending.wait(timeout=SPLIT_BRAIN_SETTLE_S):
+                        late = time.monotonic() - t0 - fault.at_s
+                        console.print(f"  settled, {late:.1f}s late", highlight=False)
+                    else:
+                        failures.append(
+                            f"split brain of {fault.region}: not settled {SPLIT_BRAIN_SETTLE_S} s "
+                            f"after the fault at t={fault.at_s} was due"
+                        )
                 _apply(fault, sites, timers)
             console.print("  " + fault.label(), highlight=False)
         time.sleep(max(0.0, t0 + sc.duration_s - time.monotonic()))
