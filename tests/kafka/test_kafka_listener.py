@@ -33,4 +33,4 @@ def test_kafka_python_sees_the_broker_and_its_topics(tmp_path: Path) -> None:
         status = gw.get("/v1/status")
         assert status["kafka"]["listen"] == gw.bootstrap
         assert status["kafka"]["requests"]["metadata"] >= 1
-        assert gw.proc.poll() is None
+        assert gw.alive
