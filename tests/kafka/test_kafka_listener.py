@@ -34,3 +34,19 @@ def test_kafka_python_sees_the_broker_and_its_topics(tmp_path: Path) -> None:
         assert status["kafka"]["listen"] == gw.bootstrap
         assert status["kafka"]["requests"]["metadata"] >= 1
         assert gw.alive
+
+
+def test_edgegw_status_shows_the_listener(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        out = subprocess.run(
+            [sys.executable, "-m", "edgegw_cli", "status", "--url", gw.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert out.returncode == 0, out.stderr
+    assert f"kafka: {gw.bootstrap}, " in out.stdout
