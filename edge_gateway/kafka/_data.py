@@ -313,8 +313,13 @@ async def fetch(conn: Connection, req: RequestFrame) -> Any:
         ]
         if not waiting:
             break
-        with trio.move_on_at(deadline):
+        server = conn.gateway.kafka_server
+        if server is None:
+            break
+        with server.interruptible(deadline) as scope:
             await _wait_any(conn, waiting)
+        if scope.cancelled_caught and server.stopping:
+            break
     topics: dict[str, list[dict[str, Any]]] = {}
     for topic, p, _, _ in wanted:
         topics.setdefault(topic, []).append(results[(topic, p)])
