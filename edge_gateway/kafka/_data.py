@@ -23,7 +23,7 @@ from edge_gateway.format.kafka_batch import KafkaRecord, UnsupportedCompression,
 from edge_gateway.idempotence import ProducerSeq
 from edge_gateway.kafka._handlers import topic_id
 from edge_gateway.kafka._protocol import RequestFrame
-from edge_gateway.kafka._records import encode_fetch_batches, to_batch, to_produce_records
+from edge_gateway.kafka._records import encode_fetch_batches, to_batch
 from edge_gateway.kafka._registry import Connection, error_for, register, response_for
 
 __all__: list[str] = []
@@ -124,12 +124,9 @@ async def _produce_topic(
 
     async def append(p: int, records: list[KafkaRecord], seq: ProducerSeq | None) -> None:
         try:
-            if seq is None:
-                res = await gw.produce_batch(name, p, to_batch(records), ack=ack)
-            else:
-                res = await gw.produce_partition(
-                    name, p, to_produce_records(records, p), ack=ack, producer=seq
-                )
+            # With ``seq``, a retry of a batch already written answers with its
+            # original offsets (Gateway.produce_batch, edge_gateway.idempotence).
+            res = await gw.produce_batch(name, p, to_batch(records), ack=ack, producer=seq)
         except EdgeGatewayError as exc:
             out[p] = _partition_error(p, error_for(exc), str(exc))
             return
