@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from _kafka_support import KafkaGateway, kafka_gateway
+from _serve import wait_until
 
 TOPICS = """
 [[topics]]
@@ -375,3 +376,46 @@ def test_tls_on_the_api_terms(tmp_path: Path) -> None:
             status = c.get("/v1/status").json()["kafka"]
         assert status["tls"] is True
         assert status["tls_handshake_failures"] == 1
+
+
+def test_a_waiting_fetch_returns_what_is_produced_meanwhile(tmp_path: Path) -> None:
+    """A consumer at the end of a partition long-polls (fetch.wait.max.ms) and gets new records."""
+    import threading
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": gw.bootstrap,
+                "group.id": "g",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10_000,
+            }
+        )
+        got: list[Any] = []
+        done = threading.Event()
+
+        def poll() -> None:
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                m = consumer.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append((m.partition(), m.offset(), m.value()))
+            done.set()
+
+        try:
+            consumer.assign([TopicPartition("events", 1, 0)])
+            thread = threading.Thread(target=poll)
+            thread.start()
+            wait_until(
+                lambda: gw.get("/v1/status")["kafka"]["requests"].get("fetch", 0),
+                30,
+                "the consumer's first Fetch",
+            )
+            _produce_confluent(gw, "events", [(1, b"k", b"late", [])])
+            assert done.wait(40)
+            thread.join(timeout=10)
+        finally:
+            consumer.close()
+        assert got == [(1, 0, b"late")]
