@@ -419,3 +419,17 @@ def test_a_waiting_fetch_returns_what_is_produced_meanwhile(tmp_path: Path) -> N
         finally:
             consumer.close()
         assert got == [(1, 0, b"late")]
+
+
+def test_snappy_is_refused_with_unsupported_compression_type(tmp_path: Path) -> None:
+    from confluent_kafka import KafkaError
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        reports = _produce_confluent(
+            gw, "events", [(0, None, b"x" * 100, [])], **{"compression.type": "snappy"}
+        )
+        ((err, _, _),) = reports
+        assert err is not None
+        assert err.code() == KafkaError.UNSUPPORTED_COMPRESSION_TYPE
+        assert gw.get("/v1/topics/events")["partitions"][0]["next_offset"] == 0
+        assert gw.get("/v1/status")["kafka"]["errors"] == {"unsupported_compression_type": 1}
