@@ -433,3 +433,32 @@ def test_snappy_is_refused_with_unsupported_compression_type(tmp_path: Path) -> 
         assert err.code() == KafkaError.UNSUPPORTED_COMPRESSION_TYPE
         assert gw.get("/v1/topics/events")["partitions"][0]["next_offset"] == 0
         assert gw.get("/v1/status")["kafka"]["errors"] == {"unsupported_compression_type": 1}
+
+
+def test_mutual_tls_requires_a_client_certificate(tmp_path: Path) -> None:
+    """With api.tls_client_ca, a Kafka client must present a certificate that CA signed."""
+    from edge_gateway.testing.tls import make_tls_files
+
+    files = make_tls_files(tmp_path / "tls", names=("127.0.0.1",))
+    assert files.client_cert is not None
+    assert files.client_key is not None
+    tls = f'tls_cert = "{files.cert}"\ntls_key = "{files.key}"\ntls_client_ca = "{files.ca}"'
+    with kafka_gateway(tmp_path, topics=TOPICS, extra_toml=tls) as gw:
+        ssl = {"security.protocol": "SSL", "ssl.ca.location": str(files.ca)}
+        mutual = {
+            **ssl,
+            "ssl.certificate.location": str(files.client_cert),
+            "ssl.key.location": str(files.client_key),
+        }
+        reports = _produce_confluent(gw, "events", [(0, None, b"signed", [])], **mutual)
+        assert [err for err, _, _ in reports] == [None]
+        anonymous = _produce_confluent(
+            gw, "events", [(0, None, b"anonymous", [])], **ssl, **{"message.timeout.ms": 3000}
+        )
+        ((err, _, _),) = anonymous
+        assert err is not None
+        ctx = ssl_module.create_default_context(cafile=str(files.ca))
+        ctx.load_cert_chain(str(files.client_cert), str(files.client_key))
+        with httpx.Client(base_url=gw.url, verify=ctx, timeout=30) as c:
+            assert c.get("/v1/topics/events").json()["partitions"][0]["next_offset"] == 1
+            assert c.get("/v1/status").json()["kafka"]["tls_handshake_failures"] >= 1
