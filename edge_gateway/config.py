@@ -49,8 +49,10 @@ __all__ = [
     "ApiConfig",
     "BucketConfig",
     "ClockConfig",
+    "IdempotenceConfig",
     "GatewayConfig",
     "GcSettings",
+    "KafkaConfig",
     "LinkConfig",
     "LogConfig",
     "MetadataSettings",
@@ -329,6 +331,57 @@ class ApiConfig(ListenAddress):
     @property
     def scheme(self) -> str:
         return "https" if self.tls else "http"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConfig(ListenAddress):
+    """``[kafka]``: the Kafka protocol listener (docs/kafka.md); off unless ``listen`` is set."""
+
+    #: ``host:port`` of the Kafka listener (``127.0.0.1:9092``); empty: off. Port 0
+    #: picks a free one (written to ``<data_dir>/kafka.addr``). It speaks TLS
+    #: exactly when the HTTP API does (``api.tls_*``: same certificate, same
+    #: client CA); when ``api.token`` is set, clients authenticate with SASL/PLAIN.
+    listen: str = ""
+    #: The host name and port Metadata answers clients to connect to; empty: the
+    #: bound address (set it when clients reach the gateway through NAT or a name).
+    advertised: str = ""
+    #: Largest request frame accepted; a larger size prefix closes the connection
+    #: before any of it is read.
+    max_request_bytes: int = 16 << 20
+    #: Largest Fetch response (all partitions); Kafka's ``fetch.max.bytes`` is
+    #: honoured below this.
+    max_fetch_bytes: int = 16 << 20
+    #: Upper bound on a Fetch's ``max_wait_ms`` (long poll).
+    max_wait_ms: int = 60_000
+    #: Seconds a connection may stay idle (no request) before it is closed.
+    idle_timeout_s: float = 600.0
+    #: Open connections at most; more are closed at once.
+    max_connections: int = 1024
+    #: What ``acks=all`` waits for: ``local`` (in the journal, as ``acks=1``) or
+    #: ``shipped`` (committed to the bucket, as the HTTP API's ``ack=shipped``).
+    acks_all: Literal["local", "shipped"] = "local"
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            _check_listen(self.listen, "kafka.listen")
+        if self.advertised:
+            _check_listen(self.advertised, "kafka.advertised")
+            if self.advertised.endswith(":0"):
+                raise ConfigError("kafka.advertised: the port must be the one clients use, not 0")
+        if not 1024 <= self.max_request_bytes <= 1 << 30:
+            raise ConfigError("kafka.max_request_bytes must be 1 KiB..1 GiB")
+        if not 1024 <= self.max_fetch_bytes <= 1 << 30:
+            raise ConfigError("kafka.max_fetch_bytes must be 1 KiB..1 GiB")
+        if self.max_wait_ms < 0:
+            raise ConfigError("kafka.max_wait_ms must be >= 0")
+        if not 0 < self.idle_timeout_s < float("inf"):
+            raise ConfigError("kafka.idle_timeout_s must be a number of seconds > 0")
+        if self.max_connections < 1:
+            raise ConfigError("kafka.max_connections must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
 
 
 # RFC 1123 labels, plus '_' (container runtimes' DNS resolves service names with it)
@@ -732,6 +785,27 @@ class TopicConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class IdempotenceConfig:
+    """``[idempotence]``: how many idempotent producers are remembered, and for how long.
+
+    docs/api.md, "Idempotent produce": beyond these limits a producer is
+    forgotten and its next produce gets ``unknown_producer``.
+    """
+
+    #: Producers remembered at most; past this the one idle longest is forgotten.
+    max_producers: int = 10_000
+    #: A producer idle (no produce, no init) this long is forgotten (Kafka's
+    #: ``producer.id.expiration.ms``, default 24 h).
+    producer_expiry_ms: int = 24 * 3600 * 1000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_producers <= 1_000_000:
+            raise ConfigError("idempotence.max_producers must be 1..1000000")
+        if self.producer_expiry_ms < 1000:
+            raise ConfigError("idempotence.producer_expiry_ms must be >= 1000")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything ``edgegw serve`` needs; see ``docs/configuration.md``."""
 
@@ -755,6 +829,8 @@ class GatewayConfig:
     log: LogConfig = field(default_factory=LogConfig)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    idempotence: IdempotenceConfig = field(default_factory=IdempotenceConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -789,6 +865,11 @@ class GatewayConfig:
                 "remove the [[topics]] tables (or metadata.url for static mode)"
             )
         self._check_mqtt_topics()
+        if self.kafka.enabled and not self.kafka.is_loopback and not self.api.token:
+            raise ConfigError(
+                f"api.token: required when kafka.listen ({self.kafka.listen}) is not a loopback "
+                "address (Kafka clients then authenticate with SASL/PLAIN and the token)"
+            )
 
     def _check_mqtt_topics(self) -> None:
         """In static mode, the bridge's topics must be ones this gateway has."""
@@ -1047,8 +1128,10 @@ _SECTIONS: dict[str, type[Any]] = {
     "gc": GcSettings,
     "clock": ClockConfig,
     "api": ApiConfig,
+    "kafka": KafkaConfig,
     "metadata": MetadataSettings,
     "log": LogConfig,
+    "idempotence": IdempotenceConfig,
 }
 
 
@@ -1314,6 +1397,12 @@ type = "local"
 # tls_key = ""
 # tls_client_ca = ""           # require client certificates signed by this CA (mutual TLS)
 # tls_ca = ""                  # what edgegw status/produce/... verify with (default: tls_cert)
+
+[kafka]
+# Kafka clients produce and consume here too (docs/kafka.md); TLS as [api].
+# listen = "127.0.0.1:9092"    # off while empty; non-loopback needs api.token (SASL/PLAIN)
+# advertised = ""              # host:port clients are told to use (NAT, DNS names)
+# acks_all = "local"           # or "shipped": acks=all waits for the bucket
 
 [metadata]
 # The metadata server holds the fleet's topic routing (docs/metadata-api.md).
