@@ -145,6 +145,59 @@ class Appended(NamedTuple):
         return self.base_offset + self.count
 
 
+class _Run(NamedTuple):
+    """A run of consecutive entries of one segment file, to read in a worker thread."""
+
+    fd: int  # a duplicate, closed by the caller after the read
+    path: Path
+    start: int
+    length: int
+    entries: int
+
+
+def _decode_run(
+    data: bytes,
+    count: int,
+    path: Path,
+    start: int,
+    payload_kinds: Container[int] | None,
+    out: list[Entry],
+) -> int:
+    """Decode ``count`` entries from ``data`` (read at ``start`` of ``path``) into ``out``,
+    checkpoints left out; return the bytes of the entries kept."""
+    size = cur = 0
+    for _ in range(count):
+        if (
+            payload_kinds is not None
+            and len(data) - cur > fentry.KIND_OFFSET
+            and data[cur + fentry.KIND_OFFSET] not in payload_kinds
+        ):
+            e = fentry.decode_entry_header(data, cur, where=f"{path}@{start + cur}")
+        else:
+            e = fentry.decode_entry(data, cur, where=f"{path}@{start + cur}")
+        cur += e.length
+        if e.kind != fentry.KIND_CHECKPOINT:
+            out.append(e)
+            size += e.length
+    return size
+
+
+def _read_runs(runs: list[_Run], payload_kinds: Container[int] | None) -> list[Entry]:
+    """Read and decode ``runs`` (blocking: runs in a worker thread)."""
+    out: list[Entry] = []
+    for run in runs:
+        try:
+            data = os.pread(run.fd, run.length, run.start)
+        except OSError as exc:
+            raise Unavailable(f"journal: cannot read {run.path}@{run.start}: {exc}") from exc
+        if len(data) != run.length:
+            raise CorruptData(
+                f"short read: {len(data)} of {run.length} bytes", where=f"{run.path}@{run.start}"
+            )
+        _decode_run(data, run.entries, run.path, run.start, payload_kinds, out)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class JournalStats:
     """A snapshot of the journal's counters (see :meth:`Journal.statistics`)."""
@@ -1736,22 +1789,61 @@ class Journal:
             j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
             stop = positions[j] if j < seg.entries else seg.size
             data = self._pread(seg, stop - start, start)
-            cur = 0
-            for _ in range(i, j):
-                if (
-                    payload_kinds is not None
-                    and len(data) - cur > fentry.KIND_OFFSET
-                    and data[cur + fentry.KIND_OFFSET] not in payload_kinds
-                ):
-                    e = fentry.decode_entry_header(data, cur, where=f"{seg.path}@{start + cur}")
-                else:
-                    e = fentry.decode_entry(data, cur, where=f"{seg.path}@{start + cur}")
-                cur += e.length
-                if e.kind != fentry.KIND_CHECKPOINT:
-                    out.append(e)
-                    size += e.length
+            size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
             lsn = seg.base_lsn + j
         return out
+
+    async def read_entries_in_thread(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        payload_kinds: Container[int] | None = None,
+    ) -> list[Entry]:
+        """:meth:`read_entries` of durable entries, the reading and checking in a worker thread.
+
+        Reading a backlog object's entries (a ``pread`` of many MB, a CRC32C
+        and a copy of every payload) costs about as much CPU as compressing
+        them; done on the event loop it stalls local produce and consume and
+        keeps a second core idle. Only the lookup of the byte runs happens
+        here; each run is read through a duplicate of its segment's file
+        descriptor, so a segment that is closed or deleted meanwhile (a
+        drop-oldest lane under disk pressure, the read-fd cache) is still read
+        whole or not at all -- durable entries are never rewritten in place.
+        ``max_bytes`` counts the runs' bytes (checkpoint entries included),
+        so an object's boundary may differ by a checkpoint from
+        :meth:`read_entries`'.
+        """
+        while True:
+            self._check_readable()
+            end_lsn = self._durable_lsn + 1
+            lsn = max(from_lsn, self._segments[0].base_lsn)
+            runs: list[_Run] = []
+            size = 0
+            try:
+                while lsn < end_lsn and (size < max_bytes or not runs):
+                    seg, _ = self._locate(lsn)
+                    i = lsn - seg.base_lsn
+                    last = min(seg.end_lsn, end_lsn) - seg.base_lsn
+                    positions = seg.entry_positions
+                    start = positions[i]
+                    j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
+                    stop = positions[j] if j < seg.entries else seg.size
+                    try:
+                        fd = os.dup(self._read_fd(seg))
+                    except OSError as exc:
+                        raise Unavailable(f"journal: cannot read {seg.path}: {exc}") from exc
+                    runs.append(_Run(fd, seg.path, start, stop - start, j - i))
+                    size += stop - start
+                    lsn = seg.base_lsn + j
+                out = await trio.to_thread.run_sync(_read_runs, runs, payload_kinds)
+            finally:
+                for run in runs:
+                    os.close(run.fd)
+            # Runs of checkpoint entries only: go on from after them.
+            if out or lsn >= end_lsn:
+                return out
+            from_lsn = lsn
 
     # ----------------------------------------------------------------- waits
 
