@@ -423,6 +423,48 @@ async def test_multipart_entries_commit_once_and_fence_a_second_writer(
         assert [h.epoch for h in log.headers] == [1, 1, 2]
 
 
+async def test_lost_answer_to_a_completion_resolves_as_committed(
+    proxy: TcpProxy,
+    s3: S3Bucket,
+    direct: S3Bucket,
+    s3_admin: S3Client,
+    s3_bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """The store completes the upload; the answer (and botocore's retry's) never arrives."""
+    cfg = ShipperConfig(max_object_bytes=16 * MIB, retry_base_s=0.05, retry_cap_s=0.5)
+    rng = random.Random(17)
+    async with open_journal(tmp_path / "j", JCFG) as j:
+        s = Shipper(j, s3, REGION_NAME, config=cfg)
+        await s.claim()
+        sent = await append_random(j, 2, 6, rng)
+        client = s3._client
+        complete = client.complete_multipart_upload
+        lost: list[str] = []
+
+        def answer_lost(**kwargs: Any) -> Any:
+            if "/log/" not in kwargs["Key"] or lost:
+                return complete(**kwargs)
+            lost.append(kwargs["UploadId"])
+            proxy.set_mode(ProxyMode.DROP_RESPONSES)  # parts are in: only this answer goes
+            try:
+                return complete(**kwargs)
+            finally:
+                proxy.set_mode(ProxyMode.PASS)
+
+        client.complete_multipart_upload = answer_lost  # type: ignore[method-assign]
+        assert await s.ship_pending() == 1
+        assert lost
+        # Unknown outcome, retried as a new upload whose completion got 412;
+        # the entry read back was ours: committed once, the retry aborted.
+        assert s.statistics().retries == 1
+        assert s.shipped_lsn == j.next_lsn - 1
+    assert s3_admin.list_multipart_uploads(Bucket=s3_bucket_name).get("Uploads", []) == []
+    log = await read_log(direct)
+    assert [(h.epoch, h.is_fence) for h in log.headers] == [(1, True), (1, False)]
+    assert await read_values(direct, 2) == sent
+
+
 async def test_killed_between_parts_and_completion_next_claim_aborts_the_upload(
     moto_endpoint: str,
     direct: S3Bucket,
