@@ -1230,7 +1230,7 @@ class Shipper:
                 continue
             if j.durable_lsn < j.next_lsn - 1:
                 await j.wait_durable(j.next_lsn - 1)
-            got = await self._read_entries(j, first[lane], room)
+            got = await self._read_entries(j, first[lane], room, drops=lane.drops)
             if got:
                 last[lane] = got[-1].lsn
                 room -= sum(e.length for e in got)
@@ -1248,18 +1248,27 @@ class Shipper:
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
         return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops)
 
-    async def _read_entries(self, j: Journal, first_lsn: int, limit: int) -> list[Entry]:
+    async def _read_entries(
+        self, j: Journal, first_lsn: int, limit: int, *, drops: bool = False
+    ) -> list[Entry]:
         """Up to ``limit`` bytes of durable entries from ``first_lsn``, in LSN order.
 
         Read and checked in a worker thread (:meth:`Journal.read_entries_in_thread`):
         a backlog object's entries cost tens of milliseconds of CPU (the read,
         a CRC32C and a copy of every payload) that must not stall the event
         loop (local produce and consume share it), and in a thread they run on
-        the second core beside the previous object's compression.
+        the second core beside the previous object's compression. A
+        drop-oldest lane (``drops``) may drop entries while they are read:
+        then they are read again, so that no object ships records its gap
+        markers also report dropped.
         """
-        return await j.read_entries_in_thread(
-            first_lsn, max_bytes=limit, payload_kinds=_SHIPPED_KINDS
-        )
+        while True:
+            before = j.drops_from(first_lsn) if drops else None
+            entries = await j.read_entries_in_thread(
+                first_lsn, max_bytes=limit, payload_kinds=_SHIPPED_KINDS
+            )
+            if before is None or j.drops_from(first_lsn) == before:
+                return entries
 
     async def _build(self, read: _Read) -> _Prepared:
         """Build the object of ``read`` (compression in a worker thread)."""

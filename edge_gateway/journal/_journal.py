@@ -145,6 +145,11 @@ class Appended(NamedTuple):
         return self.base_offset + self.count
 
 
+#: Segments read by one worker-thread call of ``read_entries_in_thread`` (a file
+#: descriptor duplicated for each while it runs).
+_RUNS_PER_THREAD: Final = 16
+
+
 class _Run(NamedTuple):
     """A run of consecutive entries of one segment file, to read in a worker thread."""
 
@@ -1809,19 +1814,27 @@ class Journal:
         here; each run is read through a duplicate of its segment's file
         descriptor, so a segment that is closed or deleted meanwhile (a
         drop-oldest lane under disk pressure, the read-fd cache) is still read
-        whole or not at all -- durable entries are never rewritten in place.
-        ``max_bytes`` counts the runs' bytes (checkpoint entries included),
-        so an object's boundary may differ by a checkpoint from
-        :meth:`read_entries`'.
+        whole -- durable entries are never rewritten in place. A caller that
+        must not ship entries dropped meanwhile compares :meth:`drops_from`
+        before and after. ``max_bytes`` counts the runs' bytes (checkpoint
+        entries included), so a read may end a checkpoint earlier than
+        :meth:`read_entries`'. At most :data:`_RUNS_PER_THREAD` segments'
+        descriptors are duplicated at once.
         """
+        out: list[Entry] = []
+        size = 0
+        lsn = from_lsn
         while True:
             self._check_readable()
             end_lsn = self._durable_lsn + 1
-            lsn = max(from_lsn, self._segments[0].base_lsn)
+            lsn = max(lsn, self._segments[0].base_lsn)
             runs: list[_Run] = []
-            size = 0
             try:
-                while lsn < end_lsn and (size < max_bytes or not runs):
+                while (
+                    lsn < end_lsn
+                    and (size < max_bytes or not (out or runs))
+                    and len(runs) < _RUNS_PER_THREAD
+                ):
                     seg, _ = self._locate(lsn)
                     i = lsn - seg.base_lsn
                     last = min(seg.end_lsn, end_lsn) - seg.base_lsn
@@ -1836,14 +1849,15 @@ class Journal:
                     runs.append(_Run(fd, seg.path, start, stop - start, j - i))
                     size += stop - start
                     lsn = seg.base_lsn + j
-                out = await trio.to_thread.run_sync(_read_runs, runs, payload_kinds)
+                if not runs:
+                    return out
+                out += await trio.to_thread.run_sync(_read_runs, runs, payload_kinds)
             finally:
                 for run in runs:
                     os.close(run.fd)
-            # Runs of checkpoint entries only: go on from after them.
-            if out or lsn >= end_lsn:
+            # Go on after runs of checkpoint entries only, or past the cap on runs.
+            if lsn >= end_lsn or (out and size >= max_bytes):
                 return out
-            from_lsn = lsn
 
     # ----------------------------------------------------------------- waits
 

@@ -388,10 +388,15 @@ async def test_read_entries_in_lsn_order_for_the_shipper(tmp_path: Path) -> None
         assert 1 <= len(page) < 90
 
 
-async def test_read_entries_in_thread_reads_what_read_entries_reads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("runs_per_thread", [2, 1000])
+async def test_read_entries_in_thread_reads_what_read_entries_reads(
+    tmp_path: Path, runs_per_thread: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Many small segments: every one starts with a checkpoint entry, which
-    # both leave out; runs cross segment boundaries; mirror entries come
-    # with their header only when payload_kinds says so.
+    # both leave out; runs cross segment boundaries (in one worker-thread call,
+    # or in several of two segments each); mirror entries come with their
+    # header only when payload_kinds says so.
+    monkeypatch.setattr(journal_module, "_RUNS_PER_THREAD", runs_per_thread)
     async with open_journal(tmp_path, SMALL) as j:
         for i in range(300):
             await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 30))
