@@ -145,9 +145,12 @@ class Appended(NamedTuple):
         return self.base_offset + self.count
 
 
-#: Segments read by one worker-thread call of ``read_entries_in_thread`` (a file
+#: Runs read by one worker-thread call of ``read_entries_in_thread`` (a file
 #: descriptor duplicated for each while it runs).
 _RUNS_PER_THREAD: Final = 16
+#: Bytes of one ``pread`` there: the buffer lives beside the entries copied out
+#: of it until they are decoded (the shipper's objects are 16 MiB of entries).
+_RUN_BYTES: Final = 4 * 1024 * 1024
 
 
 class _Run(NamedTuple):
@@ -1818,8 +1821,9 @@ class Journal:
         must not ship entries dropped meanwhile compares :meth:`drops_from`
         before and after. ``max_bytes`` counts the runs' bytes (checkpoint
         entries included), so a read may end a checkpoint earlier than
-        :meth:`read_entries`'. At most :data:`_RUNS_PER_THREAD` segments'
-        descriptors are duplicated at once.
+        :meth:`read_entries`'. Runs are read :data:`_RUN_BYTES` at most at a
+        time, and at most :data:`_RUNS_PER_THREAD` descriptors are duplicated
+        at once.
         """
         out: list[Entry] = []
         size = 0
@@ -1840,7 +1844,8 @@ class Journal:
                     last = min(seg.end_lsn, end_lsn) - seg.base_lsn
                     positions = seg.entry_positions
                     start = positions[i]
-                    j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
+                    step = min(max_bytes - size, _RUN_BYTES)
+                    j = bisect.bisect_left(positions, start + step, i + 1, last)
                     stop = positions[j] if j < seg.entries else seg.size
                     try:
                         fd = os.dup(self._read_fd(seg))
