@@ -953,8 +953,9 @@ def translate_error(
             )
         if code == "NoSuchUpload":
             return BucketUnavailable(
-                f"{message} (the multipart upload is gone: aborted by a lifecycle rule, "
-                "or completed by an earlier attempt whose response was lost; "
+                f"{message} (the multipart upload is gone: aborted by a lifecycle rule "
+                "or by a newer writer's claim, or completed by an earlier attempt whose "
+                "response was lost; "
                 "the outcome is unknown)",
                 key=key,
             )
