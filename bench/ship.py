@@ -38,6 +38,15 @@ access log, so botocore retries and multipart parts count too. Phases:
               makes it exceed 1). ``drain_peak_rss_mib``: the process's peak
               resident memory during the drain, above its resident memory
               before it (Linux; the journal's page cache is not counted).
+              ``drain_cpu_seconds`` / ``drain_server_cpu_seconds``: CPU time
+              (user + system, all threads) of this process and of the moto
+              server during the drain, beside the raw upload's
+              (``raw_upload_cpu_seconds``, ``raw_upload_server_cpu_seconds``):
+              on a machine of ``cpus`` cores a drain cannot take less than
+              their sum over ``cpus`` seconds, which is what bounds
+              ``ship_ratio`` here. ``drain_loop_stall_max_ms``: the longest
+              time the event loop was kept from waking a 1 ms sleep during
+              the drain (what local produce and consume would wait).
 * ``compression`` zstd ratio of that data as shipped (raw block bytes over
               stored bytes, and journal bytes over wire bytes).
 * ``encryption`` the same drain with ``[encryption]`` on (AES-256-GCM over
@@ -390,9 +399,15 @@ async def ship_backlog(
         written0 = bucket.statistics().bytes_written
         mark = await settled_position(server)
         rss0 = reset_peak_rss()
+        stalls: list[float] = []
+        cpu0 = _cpu_seconds(server)
         t0 = time.perf_counter()
-        objects = await shipper.ship_pending()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_watch_loop, stalls)
+            objects = await shipper.ship_pending()
+            nursery.cancel_scope.cancel()
         elapsed = time.perf_counter() - t0
+        cpu = [b - a for a, b in zip(cpu0, _cpu_seconds(server), strict=True)]
         peak = _rss_kib("VmHWM")
         stats = shipper.statistics()
         wire = bucket.statistics().bytes_written - written0
@@ -410,6 +425,9 @@ async def ship_backlog(
             "journal_to_wire_ratio": stats.journal_bytes / wire,
             "wire_bytes_per_object": wire / objects,
             "drain_peak_rss_mib": (peak - rss0) / 1024 if peak and rss0 else None,
+            "drain_cpu_seconds": cpu[0],
+            "drain_server_cpu_seconds": cpu[1],
+            "drain_loop_stall_max_ms": max(stalls, default=0.0) * 1000,
         }
         # Compression as shipped: raw block bytes over stored block bytes.
         raw = stored = 0
@@ -421,6 +439,26 @@ async def ship_backlog(
         return fig
     finally:
         await bucket.aclose()
+
+
+async def _watch_loop(stalls: list[float]) -> None:
+    """Record how late 1 ms sleeps wake up: how long the event loop was kept busy."""
+    while True:
+        t = time.perf_counter()
+        await trio.sleep(0.001)
+        stalls.append(time.perf_counter() - t - 0.001)
+
+
+def _cpu_seconds(server: MotoServer) -> tuple[float, float]:
+    """CPU seconds (user + system) used so far by this process and by the moto server."""
+    own = time.process_time()
+    try:
+        with open(f"/proc/{server.process.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        theirs = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        theirs = float("nan")
+    return own, theirs
 
 
 def _rss_kib(field: str) -> int | None:
@@ -471,6 +509,7 @@ async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
         runs: list[dict[str, Any]] = []
         sealed: list[dict[str, Any]] = []
         raw_seconds: list[float] = []
+        raw_cpu: list[list[float]] = []
         data = b""
         key = WriteKey("bench-1", generate_key())
         for k in range(DRAIN_RUNS):
@@ -478,7 +517,9 @@ async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
             sealed.append(await ship_backlog(j, server, f"sealed-{k}", key))
             if not data:
                 data = os.urandom(runs[0]["wire_bytes"])
+            cpu0 = _cpu_seconds(server)
             raw_seconds.append(await trio.to_thread.run_sync(raw_upload, server, data, f"up-{k}"))
+            raw_cpu.append([b - a for a, b in zip(cpu0, _cpu_seconds(server), strict=True)])
         fig.update(seal_cost(j, key))
     best = max(runs, key=lambda r: r["wire_mb_per_s"])
     best_sealed = max(sealed, key=lambda r: r["ship_mb_per_s"])
@@ -490,6 +531,10 @@ async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
     fig["wire_mb_per_s_runs"] = [r["wire_mb_per_s"] for r in runs]
     fig["ship_mb_per_s_runs"] = [r["ship_mb_per_s"] for r in runs]
     fig["drain_peak_rss_mib_runs"] = [r["drain_peak_rss_mib"] for r in runs]
+    fig["drain_cpu_seconds_runs"] = [r["drain_cpu_seconds"] for r in runs]
+    fig["drain_loop_stall_max_ms_runs"] = [r["drain_loop_stall_max_ms"] for r in runs]
+    fastest = raw_seconds.index(min(raw_seconds))
+    fig["raw_upload_cpu_seconds"], fig["raw_upload_server_cpu_seconds"] = raw_cpu[fastest]
     fig["raw_upload_seconds"] = min(raw_seconds)
     fig["raw_upload_mb_per_s"] = len(data) / min(raw_seconds) / MB
     fig["raw_upload_mb_per_s_runs"] = [len(data) / s / MB for s in raw_seconds]
@@ -611,6 +656,21 @@ def report(fig: dict[str, Any], plan: Plan) -> tuple[list[Row | str], dict[str, 
         Row(
             "time in PUTs (of the drain)", fig["upload_seconds"], "s", "drain", fig["drain_seconds"]
         ),
+        Row(
+            "CPU of the drain (this process)",
+            fig["drain_cpu_seconds"],
+            "s",
+            "raw upload's",
+            fig["raw_upload_cpu_seconds"],
+        ),
+        Row(
+            "CPU of the server (moto) in the drain",
+            fig["drain_server_cpu_seconds"],
+            "s",
+            "raw upload's",
+            fig["raw_upload_server_cpu_seconds"],
+        ),
+        Row("longest event-loop stall in the drain", fig["drain_loop_stall_max_ms"], "ms"),
         Row("peak memory of the drain (RSS)", fig["drain_peak_rss_mib"], "MiB"),
         "compression",
         Row(

@@ -476,6 +476,11 @@ class _GatewayCollector(Collector):
             "Corrupt or foreign objects set aside from where the next log entry went.",
             s.set_aside,
         )
+        yield _counter(
+            "edgegw_shipper_uploads_aborted",
+            "Unfinished multipart uploads of log objects aborted at a claim (crash leftovers).",
+            s.uploads_aborted,
+        )
         yield _counter("edgegw_shipper_manifests", "Manifests written.", s.manifests)
         yield _counter("edgegw_shipper_records", "Records shipped.", s.records)
         yield _counter(

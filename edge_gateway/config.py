@@ -109,6 +109,7 @@ class BucketConfig:
     max_concurrency: int = 16
     multipart_threshold: int = 16 << 20
     part_size: int = 8 << 20
+    part_concurrency: int = 4
     # --- azure only (endpoint_url, prefix, timeouts, max_attempts, max_concurrency,
     # multipart_threshold and part_size apply too) ---
     container: str = ""
@@ -200,6 +201,7 @@ class BucketConfig:
             max_concurrency=self.max_concurrency,
             multipart_threshold=self.multipart_threshold,
             part_size=self.part_size,
+            part_concurrency=self.part_concurrency,
         )
 
     def describe(self, data_dir: Path) -> str:

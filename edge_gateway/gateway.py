@@ -1864,6 +1864,7 @@ class Gateway:
                 "manifests": s.manifests,
                 "wire_bytes": s.wire_bytes,
                 "retries": s.retries,
+                "uploads_aborted": s.uploads_aborted,
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
             },

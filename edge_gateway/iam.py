@@ -91,6 +91,16 @@ def region_policy(
                 "Resource": _arn(partition, bucket, f"{region_prefix(base, region)}*"),
             },
             {
+                # A claim aborts the unfinished multipart uploads of its own
+                # log (crash leftovers); listing them is a bucket-level
+                # action that AWS cannot narrow by prefix. It shows the keys
+                # and ids of uploads in progress, nothing of their data.
+                "Sid": "EdgegwListUploads",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucketMultipartUploads"],
+                "Resource": _arn(partition, bucket),
+            },
+            {
                 "Sid": "EdgegwWriteOwnCursors",
                 "Effect": "Allow",
                 "Action": ["s3:PutObject"],

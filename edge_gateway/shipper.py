@@ -358,6 +358,8 @@ class ShipperStats:
     set_aside: int = 0
     #: Records named by gap markers committed (drop-oldest lanes, this run).
     gap_records: int = 0
+    #: Unfinished multipart uploads of log objects aborted at claims (crash leftovers).
+    uploads_aborted: int = 0
 
 
 #: The states of :attr:`ShipperStats.state`.
@@ -445,6 +447,7 @@ class Shipper:
         self._idle_wait: trio.CancelScope | None = None
         # counters
         self._objects = self._fences = self._manifests = self._records = 0
+        self._uploads_aborted = 0
         self._set_aside_count = 0
         self._journal_bytes = self._wire_bytes = self._retries = 0
         #: Records named by the gap markers this shipper committed (drop-oldest lanes).
@@ -642,6 +645,38 @@ class Shipper:
         )
         self._notify_commit(seq)
         await self._mark_bucket()
+        await self._abort_incomplete_uploads()
+
+    async def _abort_incomplete_uploads(self) -> None:
+        """Abort the multipart uploads of log objects that earlier writers left unfinished.
+
+        A crash (or a lost abort) between a large object's parts and its
+        completion leaves an upload behind that no read sees but the store
+        keeps (and AWS bills). This writer holds the newest epoch now, so an
+        unfinished upload under its log is a fenced writer's: aborting it
+        removes no object, and a zombie still sending it only has its
+        completion fail and then finds itself fenced. Best effort: without
+        the permission (``s3:ListBucketMultipartUploads``) or during an outage
+        it is left to the bucket's lifecycle rule (docs/bucket.md).
+        """
+        try:
+            aborted = await self.bucket.abort_incomplete_uploads(
+                log_prefix(self.prefix, self.region)
+            )
+        except _RETRIED as exc:
+            log.warning(
+                "shipper: could not look for unfinished multipart uploads under the log (%s); "
+                "a lifecycle rule that aborts incomplete uploads cleans them",
+                exc,
+            )
+            return
+        if aborted:
+            self._uploads_aborted += aborted
+            log.warning(
+                "shipper: aborted %d unfinished multipart upload(s) of log objects "
+                "(a crash or a fenced writer left them)",
+                aborted,
+            )
 
     async def _corrupt_head(self, exc: CorruptData) -> bool:
         """Set aside a corrupt entry found while loading the log, if it is the head.
@@ -1195,7 +1230,7 @@ class Shipper:
                 continue
             if j.durable_lsn < j.next_lsn - 1:
                 await j.wait_durable(j.next_lsn - 1)
-            got = await self._read_entries(j, first[lane], room)
+            got = await self._read_entries(j, first[lane], room, drops=lane.drops)
             if got:
                 last[lane] = got[-1].lsn
                 room -= sum(e.length for e in got)
@@ -1213,30 +1248,27 @@ class Shipper:
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
         return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops)
 
-    async def _read_entries(self, j: Journal, first_lsn: int, limit: int) -> list[Entry]:
+    async def _read_entries(
+        self, j: Journal, first_lsn: int, limit: int, *, drops: bool = False
+    ) -> list[Entry]:
         """Up to ``limit`` bytes of durable entries from ``first_lsn``, in LSN order.
 
-        Beyond ``max_object_bytes`` the entries are read one ``max_object_bytes``
-        step at a time, letting other tasks run in between: reading and
-        checking a large object's entries takes tens of milliseconds that
-        must not stall the event loop (local produce and consume share it).
+        Read and checked in a worker thread (:meth:`Journal.read_entries_in_thread`):
+        a backlog object's entries cost tens of milliseconds of CPU (the read,
+        a CRC32C and a copy of every payload) that must not stall the event
+        loop (local produce and consume share it), and in a thread they run on
+        the second core beside the previous object's compression. A
+        drop-oldest lane (``drops``) may drop entries while they are read:
+        then they are read again, so that no object ships records its gap
+        markers also report dropped.
         """
-        step = self.config.max_object_bytes
-        entries = j.read_entries(
-            first_lsn, max_bytes=min(step, limit), payload_kinds=_SHIPPED_KINDS
-        )
-        size = sum(e.length for e in entries)
-        # A short read means nothing more is durable yet: no backlog.
-        while entries and step <= size < limit:
-            await trio.lowlevel.checkpoint()
-            more = j.read_entries(
-                entries[-1].lsn + 1, max_bytes=min(step, limit - size), payload_kinds=_SHIPPED_KINDS
+        while True:
+            before = j.drops_from(first_lsn) if drops else None
+            entries = await j.read_entries_in_thread(
+                first_lsn, max_bytes=limit, payload_kinds=_SHIPPED_KINDS
             )
-            if not more:
-                break
-            entries.extend(more)
-            size += sum(e.length for e in more)
-        return entries
+            if before is None or j.drops_from(first_lsn) == before:
+                return entries
 
     async def _build(self, read: _Read) -> _Prepared:
         """Build the object of ``read`` (compression in a worker thread)."""
@@ -1737,6 +1769,7 @@ class Shipper:
             objects=self._objects,
             fences=self._fences,
             set_aside=self._set_aside_count,
+            uploads_aborted=self._uploads_aborted,
             manifests=self._manifests,
             records=self._records,
             journal_bytes=self._journal_bytes,

@@ -218,6 +218,8 @@ def render(doc: dict[str, Any]) -> None:
     if disk:
         head.add_row("disk", _disk(disk))
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
+    if s.get("uploads_aborted"):
+        claim += f"; aborted {s['uploads_aborted']} unfinished multipart upload(s) at its claim"
     head.add_row("shipper", claim)
     head.add_row(
         "shipped",

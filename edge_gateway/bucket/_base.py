@@ -346,6 +346,24 @@ class Bucket(abc.ABC):
         with self._counters.track("delete"):
             await self._delete(key)
 
+    async def abort_incomplete_uploads(self, prefix: str) -> int:
+        """Abort the unfinished multipart uploads to keys under ``prefix``; return how many.
+
+        What a crash between a multipart upload's parts and its completion
+        leaves behind: invisible to reads and lists, but stored (and on AWS
+        billed) until aborted. Only S3 keeps such state that it does not
+        clean itself (Azure drops uncommitted blocks after a week; local and
+        GCS uploads are single-shot), so elsewhere this returns 0 without a
+        request. Aborting an upload that another writer is still sending makes
+        its completion fail (:class:`BucketUnavailable`: it sends it again);
+        it never removes an object. One list request per page of uploads,
+        counted as a ``list``; the aborts are not counted as requests.
+        """
+        validate_prefix(prefix)
+        self._check_open()
+        with self._counters.track("list"):
+            return await self._abort_incomplete_uploads(prefix)
+
     def statistics(self) -> BucketStatistics:
         """A snapshot of this bucket object's counters."""
         return self._counters.snapshot()
@@ -404,3 +422,7 @@ class Bucket(abc.ABC):
 
     @abc.abstractmethod
     async def _aclose(self) -> None: ...
+
+    async def _abort_incomplete_uploads(self, prefix: str) -> int:
+        """Backends without leftover upload state have nothing to abort."""
+        return 0

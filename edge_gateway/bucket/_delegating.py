@@ -51,6 +51,9 @@ class DelegatingBucket(Bucket):
     async def _delete(self, key: str) -> None:
         await self.inner.delete(key)
 
+    async def _abort_incomplete_uploads(self, prefix: str) -> int:
+        return await self.inner.abort_incomplete_uploads(prefix)
+
     async def _aclose(self) -> None:
         if self._close_inner:
             await self.inner.aclose()

@@ -698,9 +698,17 @@ class S3Bucket(Bucket):
                     failures.append(exc)
                     nursery.cancel_scope.cancel()
 
+            # The parts wait for a slot here, not in the worker-thread
+            # limiter: each part's slice is copied only when it is sent.
+            in_flight = trio.Semaphore(self._config.part_concurrency)
+
+            async def upload_part_bounded(index: int, nursery: trio.Nursery) -> None:
+                async with in_flight:
+                    await upload_part(index, nursery)
+
             async with trio.open_nursery() as nursery:
                 for index in range(count):
-                    nursery.start_soon(upload_part, index, nursery)
+                    nursery.start_soon(upload_part_bounded, index, nursery)
             if failures:
                 raise failures[0]
 
@@ -724,6 +732,31 @@ class S3Bucket(Bucket):
         return ObjectInfo(
             key, len(data), _field(response, "ETag", "put", key), _response_date(response)
         )
+
+    async def _abort_incomplete_uploads(self, prefix: str) -> int:
+        bucket, full_prefix = self._config.bucket, self._prefix + prefix
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": full_prefix}
+        aborted = 0
+        while True:
+            page = await self._run(
+                "list", prefix or None, partial(_list_uploads_page, kwargs=dict(kwargs))
+            )
+            for upload in page.get("Uploads", []):
+                full_key = _field(upload, "Key", "list", prefix or None)
+                upload_id = _field(upload, "UploadId", "list", prefix or None)
+                key = full_key[len(self._prefix) :]
+                _log.info(
+                    "%s: aborting an unfinished multipart upload of %r (started %s)",
+                    self.describe(),
+                    key,
+                    upload.get("Initiated"),
+                )
+                await self._abort(key, full_key, upload_id)
+                aborted += 1
+            if not page.get("IsTruncated"):
+                return aborted
+            kwargs["KeyMarker"] = page.get("NextKeyMarker", "")
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker", "")
 
     async def _abort(self, key: str, full_key: str, upload_id: str) -> None:
         try:
@@ -920,8 +953,9 @@ def translate_error(
             )
         if code == "NoSuchUpload":
             return BucketUnavailable(
-                f"{message} (the multipart upload is gone: aborted by a lifecycle rule, "
-                "or completed by an earlier attempt whose response was lost; "
+                f"{message} (the multipart upload is gone: aborted by a lifecycle rule "
+                "or by a newer writer's claim, or completed by an earlier attempt whose "
+                "response was lost; "
                 "the outcome is unknown)",
                 key=key,
             )
@@ -973,6 +1007,10 @@ def _etag_form(etag: str, form: str) -> str:
     """``etag`` quoted (``"abc"``) or bare (``abc``), whichever form it came in."""
     bare = etag[1:-1] if len(etag) >= 2 and etag[0] == etag[-1] == '"' else etag
     return f'"{bare}"' if form == "quoted" else bare
+
+
+def _list_uploads_page(client: S3Client, *, kwargs: dict[str, Any]) -> Any:
+    return client.list_multipart_uploads(**kwargs)
 
 
 def _list_page(client: S3Client, *, kwargs: dict[str, Any]) -> Any:

@@ -48,6 +48,7 @@ _FIELD_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "max_concurrency": (int,),
     "multipart_threshold": (int,),
     "part_size": (int,),
+    "part_concurrency": (int,),
     "checksums": (str,),
     "list_page_size": (int,),
 }
@@ -96,6 +97,11 @@ class S3Config:
     multipart_threshold: int = 16 * MIB
     #: Size of each part but the last; raised automatically beyond 10,000 parts.
     part_size: int = 8 * MIB
+    #: Parts of one multipart upload in flight at once. Each holds a copy of
+    #: its slice of the object while it is sent, so this bounds an upload's
+    #: extra memory (``part_concurrency * part_size``: 32 MiB by default);
+    #: ``max_concurrency`` bounds all requests together.
+    part_concurrency: int = 4
     #: ``when_supported`` sends a CRC32 with every upload (boto3's default);
     #: ``when_required`` only where the API demands one, for stores that
     #: reject boto3's checksum headers.
@@ -144,6 +150,8 @@ class S3Config:
             raise bad("max_attempts", "must be >= 1 (1 = no retries)")
         if self.max_concurrency < 1:
             raise bad("max_concurrency", "must be >= 1")
+        if self.part_concurrency < 1:
+            raise bad("part_concurrency", "must be >= 1")
         if not MIN_PART_SIZE <= self.part_size <= MAX_PART_SIZE:
             raise bad(
                 "part_size", f"must be between {MIN_PART_SIZE} (5 MiB) and {MAX_PART_SIZE} (5 GiB)"

@@ -147,6 +147,67 @@ class Appended(NamedTuple):
         return self.base_offset + self.count
 
 
+#: Runs read by one worker-thread call of ``read_entries_in_thread`` (a file
+#: descriptor duplicated for each while it runs).
+_RUNS_PER_THREAD: Final = 16
+#: Bytes of one ``pread`` there: the buffer lives beside the entries copied out
+#: of it until they are decoded (the shipper's objects are 16 MiB of entries).
+_RUN_BYTES: Final = 4 * 1024 * 1024
+
+
+class _Run(NamedTuple):
+    """A run of consecutive entries of one segment file, to read in a worker thread."""
+
+    fd: int  # a duplicate, closed by the caller after the read
+    path: Path
+    start: int
+    length: int
+    entries: int
+
+
+def _decode_run(
+    data: bytes,
+    count: int,
+    path: Path,
+    start: int,
+    payload_kinds: Container[int] | None,
+    out: list[Entry],
+) -> int:
+    """Decode ``count`` entries from ``data`` (read at ``start`` of ``path``) into ``out``,
+    checkpoints left out; return the bytes of the entries kept."""
+    size = cur = 0
+    for _ in range(count):
+        if (
+            payload_kinds is not None
+            and len(data) - cur > fentry.KIND_OFFSET
+            and data[cur + fentry.KIND_OFFSET] not in payload_kinds
+        ):
+            e = fentry.decode_entry_header(data, cur, where=f"{path}@{start + cur}")
+        else:
+            e = fentry.decode_entry(data, cur, where=f"{path}@{start + cur}")
+        cur += e.length
+        if e.kind != fentry.KIND_CHECKPOINT:
+            out.append(e)
+            size += e.length
+    return size
+
+
+def _read_runs(runs: list[_Run], payload_kinds: Container[int] | None) -> list[Entry]:
+    """Read and decode ``runs`` (blocking: runs in a worker thread)."""
+    out: list[Entry] = []
+    for run in runs:
+        try:
+            data = os.pread(run.fd, run.length, run.start)
+        except OSError as exc:
+            raise Unavailable(f"journal: cannot read {run.path}@{run.start}: {exc}") from exc
+        if len(data) != run.length:
+            raise CorruptData(
+                f"short read: {len(data)} of {run.length} bytes", where=f"{run.path}@{run.start}"
+            )
+        _decode_run(data, run.entries, run.path, run.start, payload_kinds, out)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class JournalStats:
     """A snapshot of the journal's counters (see :meth:`Journal.statistics`)."""
@@ -1790,22 +1851,72 @@ class Journal:
             j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
             stop = positions[j] if j < seg.entries else seg.size
             data = self._pread(seg, stop - start, start)
-            cur = 0
-            for _ in range(i, j):
-                if (
-                    payload_kinds is not None
-                    and len(data) - cur > fentry.KIND_OFFSET
-                    and data[cur + fentry.KIND_OFFSET] not in payload_kinds
-                ):
-                    e = fentry.decode_entry_header(data, cur, where=f"{seg.path}@{start + cur}")
-                else:
-                    e = fentry.decode_entry(data, cur, where=f"{seg.path}@{start + cur}")
-                cur += e.length
-                if e.kind != fentry.KIND_CHECKPOINT:
-                    out.append(e)
-                    size += e.length
+            size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
             lsn = seg.base_lsn + j
         return out
+
+    async def read_entries_in_thread(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        payload_kinds: Container[int] | None = None,
+    ) -> list[Entry]:
+        """:meth:`read_entries` of durable entries, the reading and checking in a worker thread.
+
+        Reading a backlog object's entries (a ``pread`` of many MB, a CRC32C
+        and a copy of every payload) costs about as much CPU as compressing
+        them; done on the event loop it stalls local produce and consume and
+        keeps a second core idle. Only the lookup of the byte runs happens
+        here; each run is read through a duplicate of its segment's file
+        descriptor, so a segment that is closed or deleted meanwhile (a
+        drop-oldest lane under disk pressure, the read-fd cache) is still read
+        whole -- durable entries are never rewritten in place. A caller that
+        must not ship entries dropped meanwhile compares :meth:`drops_from`
+        before and after. ``max_bytes`` counts the runs' bytes (checkpoint
+        entries included), so a read may end a checkpoint earlier than
+        :meth:`read_entries`'. Runs are read :data:`_RUN_BYTES` at most at a
+        time, and at most :data:`_RUNS_PER_THREAD` descriptors are duplicated
+        at once.
+        """
+        out: list[Entry] = []
+        size = 0
+        lsn = from_lsn
+        while True:
+            self._check_readable()
+            end_lsn = self._durable_lsn + 1
+            lsn = max(lsn, self._segments[0].base_lsn)
+            runs: list[_Run] = []
+            try:
+                while (
+                    lsn < end_lsn
+                    and (size < max_bytes or not (out or runs))
+                    and len(runs) < _RUNS_PER_THREAD
+                ):
+                    seg, _ = self._locate(lsn)
+                    i = lsn - seg.base_lsn
+                    last = min(seg.end_lsn, end_lsn) - seg.base_lsn
+                    positions = seg.entry_positions
+                    start = positions[i]
+                    step = min(max_bytes - size, _RUN_BYTES)
+                    j = bisect.bisect_left(positions, start + step, i + 1, last)
+                    stop = positions[j] if j < seg.entries else seg.size
+                    try:
+                        fd = os.dup(self._read_fd(seg))
+                    except OSError as exc:
+                        raise Unavailable(f"journal: cannot read {seg.path}: {exc}") from exc
+                    runs.append(_Run(fd, seg.path, start, stop - start, j - i))
+                    size += stop - start
+                    lsn = seg.base_lsn + j
+                if not runs:
+                    return out
+                out += await trio.to_thread.run_sync(_read_runs, runs, payload_kinds)
+            finally:
+                for run in runs:
+                    os.close(run.fd)
+            # Go on after runs of checkpoint entries only, or past the cap on runs.
+            if lsn >= end_lsn or (out and size >= max_bytes):
+                return out
 
     # ----------------------------------------------------------------- waits
 

@@ -249,6 +249,15 @@ async def test_large_object_create_only_and_ranges(bucket: Bucket) -> None:
     assert (await bucket.head("regions/r1/log/big")).etag == info.etag
 
 
+async def test_abort_incomplete_uploads_leaves_objects_alone(bucket: Bucket) -> None:
+    # A completed upload (multipart on S3) is an object, not leftover state:
+    # a backend aborts only what never completed, here nothing.
+    data = os.urandom(6 * MIB)
+    await bucket.put("regions/r1/log/big", data, if_none_match=True)
+    assert await bucket.abort_incomplete_uploads("regions/r1/log/") == 0
+    assert (await bucket.get("regions/r1/log/big")).data == data
+
+
 # -- list ----------------------------------------------------------------------------
 
 

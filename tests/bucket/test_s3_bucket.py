@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -139,6 +140,66 @@ async def test_cancelled_upload_is_aborted(s3_config: S3Config, s3_admin: S3Clie
         else:  # the machine was fast enough to finish: then all of it
             assert got.data == data
     assert s3_admin.list_multipart_uploads(Bucket=s3_config.bucket).get("Uploads", []) == []
+
+
+async def test_abort_incomplete_uploads_under_a_prefix(
+    s3_config: S3Config, s3_admin: S3Client
+) -> None:
+    # What a process killed between its parts and the completion leaves: an
+    # upload with parts and no object. Only those under the prefix go.
+    keys = ["regions/r1/log/7.egw", "regions/r1/log/8.egw", "regions/r2/log/7.egw"]
+    for key in keys:
+        full_key = s3_config.key_prefix + key
+        upload = s3_admin.create_multipart_upload(Bucket=s3_config.bucket, Key=full_key)
+        s3_admin.upload_part(
+            Bucket=s3_config.bucket,
+            Key=full_key,
+            UploadId=upload["UploadId"],
+            PartNumber=1,
+            Body=b"a part",
+        )
+    async with await S3Bucket.open(s3_config) as bucket:
+        await bucket.put("regions/r1/log/1.egw", b"committed")
+        assert await bucket.abort_incomplete_uploads("regions/r1/log/") == 2
+        assert await bucket.abort_incomplete_uploads("regions/r1/log/") == 0
+        assert (await bucket.get("regions/r1/log/1.egw")).data == b"committed"
+        assert bucket.statistics().lists == 2
+        for key in keys[:2]:
+            with pytest.raises(NotFound):
+                await bucket.head(key)
+    uploads = s3_admin.list_multipart_uploads(Bucket=s3_config.bucket).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == [s3_config.key_prefix + keys[2]]
+
+
+async def test_part_concurrency_bounds_the_parts_in_flight(
+    moto_endpoint: str, s3_bucket_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_s3_config(moto_endpoint, s3_bucket_name, part_concurrency=2)
+    data = os.urandom(16 * MIB)  # 4 parts of 5 MiB (the last 1 MiB)
+    in_flight: list[int] = []
+    lock = threading.Lock()
+    # The first two parts wait for each other: both in flight at once.
+    meet = threading.Barrier(2, timeout=30)
+    async with await S3Bucket.open(config) as bucket:
+        real_upload_part = bucket._client.upload_part
+
+        def upload_part(**kwargs: Any) -> Any:
+            with lock:
+                in_flight.append(in_flight[-1] + 1 if in_flight else 1)
+            try:
+                # (Not the store probe's one-part upload, which comes first.)
+                if kwargs["Key"].endswith("log/big") and kwargs["PartNumber"] <= 2:
+                    meet.wait()
+                return real_upload_part(**kwargs)
+            finally:
+                with lock:
+                    in_flight.append(in_flight[-1] - 1)
+
+        monkeypatch.setattr(bucket._client, "upload_part", upload_part)
+        await bucket.put("log/big", data, if_none_match=True)
+        assert (await bucket.get("log/big")).data == data
+    assert max(in_flight) == 2
+    assert in_flight[-1] == 0
 
 
 async def test_if_match_on_large_object_uses_single_put(s3_config: S3Config) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import itertools
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -385,6 +386,55 @@ async def test_read_entries_in_lsn_order_for_the_shipper(tmp_path: Path) -> None
         page = j.read_entries(entries[10].lsn, max_bytes=2000)
         assert page[0].lsn == entries[10].lsn
         assert 1 <= len(page) < 90
+
+
+@pytest.mark.parametrize("runs_per_thread", [2, 1000])
+async def test_read_entries_in_thread_reads_what_read_entries_reads(
+    tmp_path: Path, runs_per_thread: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Many small segments: every one starts with a checkpoint entry, which
+    # both leave out; runs cross segment boundaries (in one worker-thread call,
+    # or in several of two segments each); mirror entries come with their
+    # header only when payload_kinds says so.
+    monkeypatch.setattr(journal_module, "_RUNS_PER_THREAD", runs_per_thread)
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(300):
+            await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 30))
+            if i % 7 == 0:
+                b = encode_batch([b"m"] * 3, timestamps=1, base_offset=3 * (i // 7))
+                await j.append_mirror("north.t", 0, b, SourceCoords("north", i + 1, 1))
+        await j.flush()
+        assert j.statistics().segments > 5
+        kinds = {fentry.KIND_DATA}
+        everything = j.read_entries(1, max_bytes=1 << 30, payload_kinds=kinds)
+        assert await j.read_entries_in_thread(1, max_bytes=1 << 30, payload_kinds=kinds) == (
+            everything
+        )
+        lsns = [e.lsn for e in everything]
+        for k in (0, 1, 57, len(everything) - 1):
+            for max_bytes in (1, 700, 20_000, 200_000):
+                got = await j.read_entries_in_thread(
+                    lsns[k], max_bytes=max_bytes, payload_kinds=kinds
+                )
+                # A non-empty run of what follows, in order, about max_bytes long.
+                assert got == everything[k : k + len(got)]
+                assert got
+                assert sum(e.length for e in got[:-1]) < max_bytes
+        assert await j.read_entries_in_thread(lsns[-1] + 1) == []
+
+
+async def test_read_entries_in_thread_skips_a_run_of_checkpoints(tmp_path: Path) -> None:
+    # The first LSN of a segment is its checkpoint: a read of one byte from
+    # there must go on to the data after it rather than report nothing.
+    async with open_journal(tmp_path, SMALL) as j:
+        while j.statistics().segments < 3:
+            await j.append("t", 0, batch_for("t", 0, j.next_offset("t", 0), 50))
+        await j.flush()
+        everything = j.read_entries(1, max_bytes=1 << 30)
+        gap = next(a.lsn + 1 for a, b in itertools.pairwise(everything) if b.lsn != a.lsn + 1)
+        assert await j.read_entries_in_thread(gap, max_bytes=1) == [
+            e for e in everything if e.lsn == gap + 1
+        ]
 
 
 async def test_read_entries_steps_over_kinds_without_their_payload(tmp_path: Path) -> None:

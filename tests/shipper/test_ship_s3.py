@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -21,6 +23,7 @@ from edge_gateway.bucket import (
     Bucket,
     BucketUnavailable,
     FaultyBucket,
+    NotFound,
     PreconditionFailed,
     S3Bucket,
     S3Config,
@@ -40,6 +43,7 @@ if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
 
 MIB = 1024 * 1024
+MULTIPART_CHILD = Path(__file__).parent / "multipart_child.py"
 OBJECT_BYTES = 64 * 1024  # small objects, so a backlog makes many of them
 CFG = ShipperConfig(
     flush_interval_ms=50,
@@ -417,6 +421,125 @@ async def test_multipart_entries_commit_once_and_fence_a_second_writer(
         # B's journal restarted after A's last LSN (its checkpoint takes one).
         log = await read_log(direct, single_writer=False)
         assert [h.epoch for h in log.headers] == [1, 1, 2]
+
+
+async def test_lost_answer_to_a_completion_resolves_as_committed(
+    proxy: TcpProxy,
+    s3: S3Bucket,
+    direct: S3Bucket,
+    s3_admin: S3Client,
+    s3_bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    """The store completes the upload; the answer (and botocore's retry's) never arrives."""
+    cfg = ShipperConfig(max_object_bytes=16 * MIB, retry_base_s=0.05, retry_cap_s=0.5)
+    rng = random.Random(17)
+    async with open_journal(tmp_path / "j", JCFG) as j:
+        s = Shipper(j, s3, REGION_NAME, config=cfg)
+        await s.claim()
+        sent = await append_random(j, 2, 6, rng)
+        client = s3._client
+        complete = client.complete_multipart_upload
+        lost: list[str] = []
+
+        def answer_lost(**kwargs: Any) -> Any:
+            if "/log/" not in kwargs["Key"] or lost:
+                return complete(**kwargs)
+            lost.append(kwargs["UploadId"])
+            proxy.set_mode(ProxyMode.DROP_RESPONSES)  # parts are in: only this answer goes
+            try:
+                return complete(**kwargs)
+            finally:
+                proxy.set_mode(ProxyMode.PASS)
+
+        client.complete_multipart_upload = answer_lost  # type: ignore[method-assign]
+        assert await s.ship_pending() == 1
+        assert lost
+        # Unknown outcome, retried as a new upload whose completion got 412;
+        # the entry read back was ours: committed once, the retry aborted.
+        assert s.statistics().retries == 1
+        assert s.shipped_lsn == j.next_lsn - 1
+    assert s3_admin.list_multipart_uploads(Bucket=s3_bucket_name).get("Uploads", []) == []
+    log = await read_log(direct)
+    assert [(h.epoch, h.is_fence) for h in log.headers] == [(1, True), (1, False)]
+    assert await read_values(direct, 2) == sent
+
+
+async def test_killed_between_parts_and_completion_next_claim_aborts_the_upload(
+    moto_endpoint: str,
+    direct: S3Bucket,
+    s3_admin: S3Client,
+    s3_bucket_name: str,
+    tmp_path: Path,
+) -> None:
+    rng = random.Random(11)
+    async with open_journal(tmp_path / "j", JCFG) as j:
+        sent = await append_random(j, 2, 6, rng)  # 12 MiB, incompressible: 3 parts
+    # A real process, killed -9 after its parts are in, before the completion.
+    with trio.fail_after(120):
+        child = await trio.run_process(
+            [sys.executable, str(MULTIPART_CHILD), tmp_path / "j", moto_endpoint, s3_bucket_name],
+            capture_stderr=True,
+            check=False,
+        )
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    uploads = s3_admin.list_multipart_uploads(Bucket=s3_bucket_name).get("Uploads", [])
+    assert [u["Key"] for u in uploads] == [log_key("", REGION_NAME, 2)]
+    parts = s3_admin.list_parts(
+        Bucket=s3_bucket_name, Key=uploads[0]["Key"], UploadId=uploads[0]["UploadId"]
+    )
+    assert len(parts["Parts"]) == 3
+    with pytest.raises(NotFound):
+        await direct.head(log_key("", REGION_NAME, 2))
+
+    cfg = ShipperConfig(max_object_bytes=16 * MIB, retry_base_s=0.05, retry_cap_s=0.5)
+    async with open_journal(tmp_path / "j", JCFG) as j:
+        s = Shipper(j, direct, REGION_NAME, config=cfg)
+        await s.claim()
+        assert s.statistics().uploads_aborted == 1
+        assert s3_admin.list_multipart_uploads(Bucket=s3_bucket_name).get("Uploads", []) == []
+        assert await s.ship_pending() == 1
+        assert s.shipped_lsn == j.next_lsn - 1
+    log = await read_log(direct)
+    assert [(h.epoch, h.is_fence) for h in log.headers] == [(1, True), (2, True), (2, False)]
+    assert await read_values(direct, 3) == sent
+
+
+async def test_a_new_writer_claims_while_an_upload_completes_the_old_one_is_fenced(
+    s3: S3Bucket, direct: S3Bucket, s3_admin: S3Client, s3_bucket_name: str, tmp_path: Path
+) -> None:
+    """B claims the region between A's parts and A's completion of the same seq."""
+    cfg = ShipperConfig(max_object_bytes=16 * MIB, retry_base_s=0.05, retry_cap_s=0.5)
+    rng = random.Random(13)
+    async with (
+        open_journal(tmp_path / "a", JCFG) as ja,
+        open_journal(tmp_path / "b", JCFG) as jb,
+    ):
+        a = Shipper(ja, s3, REGION_NAME, config=cfg)
+        b = Shipper(jb, direct, REGION_NAME, config=cfg)
+        await a.claim()
+        await append_random(ja, 2, 6, rng)
+        client = s3._client
+        complete = client.complete_multipart_upload
+        claimed: list[int] = []
+
+        def b_claims_first(**kwargs: Any) -> Any:
+            # In A's worker thread, with A's parts in: B claims (its fence
+            # takes A's seq, and it aborts A's unfinished upload), then A's
+            # completion goes out.
+            if "/log/" in kwargs["Key"] and not claimed:
+                trio.from_thread.run(b.claim)
+                claimed.append(b.statistics().uploads_aborted)
+            return complete(**kwargs)
+
+        client.complete_multipart_upload = b_claims_first  # type: ignore[method-assign]
+        with pytest.raises(Fenced):
+            await a.ship_pending()
+        assert claimed == [1]
+        assert a.shipped_lsn == 0
+        assert s3_admin.list_multipart_uploads(Bucket=s3_bucket_name).get("Uploads", []) == []
+        log = await read_log(direct, single_writer=False)
+        assert [(h.epoch, h.is_fence) for h in log.headers] == [(1, True), (2, True)]
 
 
 # ------------------------------------------------------------ (d) two writers

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -20,6 +21,7 @@ import trio
 from edge_gateway.bucket import Bucket, FaultyBucket, LocalBucket
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.entry import Entry
 from edge_gateway.format.logobject import GapRange, LogObjectHeader
 from edge_gateway.format.manifest import Manifest, log_key
 from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, Lane, OnFull, Priority
@@ -202,3 +204,37 @@ async def test_held_entries_of_an_object_that_never_committed_are_gaps(tmp_path:
         assert set(held_offsets) <= set(gone)
         assert gone == journal_dropped(lanes)  # counted as dropped now
         assert drop.statistics().dropped_records == counted + len(held_offsets)
+
+
+async def test_a_drop_while_entries_are_read_reads_them_again(
+    bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries are read in a worker thread: the lane can drop them meanwhile (a
+    producer fills the disk), and then they must not ship beside the gap
+    marker that reports them dropped."""
+    with open_lanes(tmp_path) as lanes:
+        s = Shipper(lanes.main, bucket, "north", config=FAST, lanes=lanes)
+        await s.claim()
+        produce(lanes, "telemetry", 200)
+        await lanes.flush()
+        drop_lane = lanes.journals[DROP]
+        read = drop_lane.read_entries_in_thread
+        dropped_during_read: list[int] = []
+
+        async def read_then_drop(*args: Any, **kwargs: Any) -> list[Entry]:
+            got = await read(*args, **kwargs)
+            if got and not dropped_during_read:
+                produce(lanes, "telemetry", 6000)  # far past the budget: drops what was read
+                dropped_during_read.append(drop_lane.statistics().dropped_records)
+            return got
+
+        monkeypatch.setattr(drop_lane, "read_entries_in_thread", read_then_drop)
+        await s.ship_pending()
+        assert dropped_during_read
+        assert dropped_during_read[0] > 0
+        _, offsets, gaps = await read_log(bucket)
+        shipped, gone = offsets["telemetry"], gap_offsets(gaps, "telemetry")
+        assert 0 in gone  # the first entries read were dropped before they shipped
+        assert not set(shipped) & set(gone)
+        assert sorted(shipped + gone) == list(range(lanes.next_offset("telemetry", 0)))
+        assert gone == journal_dropped(lanes)
