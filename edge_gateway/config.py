@@ -51,6 +51,7 @@ __all__ = [
     "ClockConfig",
     "GatewayConfig",
     "GcSettings",
+    "KafkaConfig",
     "LinkConfig",
     "LogConfig",
     "MetadataSettings",
@@ -329,6 +330,54 @@ class ApiConfig(ListenAddress):
     @property
     def scheme(self) -> str:
         return "https" if self.tls else "http"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaConfig(ListenAddress):
+    """``[kafka]``: the Kafka protocol listener (docs/kafka.md); off unless ``listen`` is set."""
+
+    #: ``host:port`` of the Kafka listener (``127.0.0.1:9092``); empty: off. Port 0
+    #: picks a free one (written to ``<data_dir>/kafka.addr``). It speaks TLS
+    #: exactly when the HTTP API does (``api.tls_*``: same certificate, same
+    #: client CA); when ``api.token`` is set, clients authenticate with SASL/PLAIN.
+    listen: str = ""
+    #: The host name and port Metadata answers clients to connect to; empty: the
+    #: bound address (set it when clients reach the gateway through NAT or a name).
+    advertised: str = ""
+    #: Largest request frame accepted; a larger size prefix closes the connection
+    #: before any of it is read.
+    max_request_bytes: int = 16 << 20
+    #: Largest Fetch response (all partitions); Kafka's ``fetch.max.bytes`` is
+    #: honoured below this.
+    max_fetch_bytes: int = 16 << 20
+    #: Upper bound on a Fetch's ``max_wait_ms`` (long poll).
+    max_wait_ms: int = 60_000
+    #: Seconds a connection may stay idle (no request) before it is closed.
+    idle_timeout_s: float = 600.0
+    #: Open connections at most; more are closed at once.
+    max_connections: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.listen:
+            _check_listen(self.listen, "kafka.listen")
+        if self.advertised:
+            _check_listen(self.advertised, "kafka.advertised")
+            if self.advertised.endswith(":0"):
+                raise ConfigError("kafka.advertised: the port must be the one clients use, not 0")
+        if not 1024 <= self.max_request_bytes <= 1 << 30:
+            raise ConfigError("kafka.max_request_bytes must be 1 KiB..1 GiB")
+        if not 1024 <= self.max_fetch_bytes <= 1 << 30:
+            raise ConfigError("kafka.max_fetch_bytes must be 1 KiB..1 GiB")
+        if self.max_wait_ms < 0:
+            raise ConfigError("kafka.max_wait_ms must be >= 0")
+        if not 0 < self.idle_timeout_s < float("inf"):
+            raise ConfigError("kafka.idle_timeout_s must be a number of seconds > 0")
+        if self.max_connections < 1:
+            raise ConfigError("kafka.max_connections must be >= 1")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.listen)
 
 
 # RFC 1123 labels, plus '_' (container runtimes' DNS resolves service names with it)
@@ -755,6 +804,7 @@ class GatewayConfig:
     log: LogConfig = field(default_factory=LogConfig)
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -789,6 +839,11 @@ class GatewayConfig:
                 "remove the [[topics]] tables (or metadata.url for static mode)"
             )
         self._check_mqtt_topics()
+        if self.kafka.enabled and not self.kafka.is_loopback and not self.api.token:
+            raise ConfigError(
+                f"api.token: required when kafka.listen ({self.kafka.listen}) is not a loopback "
+                "address (Kafka clients then authenticate with SASL/PLAIN and the token)"
+            )
 
     def _check_mqtt_topics(self) -> None:
         """In static mode, the bridge's topics must be ones this gateway has."""
@@ -1047,6 +1102,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "gc": GcSettings,
     "clock": ClockConfig,
     "api": ApiConfig,
+    "kafka": KafkaConfig,
     "metadata": MetadataSettings,
     "log": LogConfig,
 }

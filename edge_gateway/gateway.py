@@ -269,6 +269,8 @@ class Gateway:
         self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
         #: The MQTT bridges (``[[mqtt.ingest]]``, ``[[mqtt.publish]]``) while running.
         self._mqtt: list[Any] = []
+        #: The Kafka listener (``edge_gateway.kafka.KafkaServer``) while it runs.
+        self.kafka_server: Any = None
 
     # ------------------------------------------------------------ topology
 
@@ -468,6 +470,21 @@ class Gateway:
                 f"{t.home!r}; produce to it there"
             )
         return t
+
+    def ensure_topic(self, topic: str) -> TopicInfo:
+        """The topic homed here, auto-created when ``auto_create`` allows it.
+
+        Raises what a produce to it would: :class:`UnknownTopic` (auto_create
+        off), :class:`ReadOnlyTopic` (a mirror, or homed elsewhere),
+        :class:`InvalidName`. The Kafka listener's Metadata and CreateTopics use it.
+        """
+        self._check_accepting()
+        return self.describe_topic(self._writable(topic).name)
+
+    def topic_kind(self, topic: str) -> Literal["local", "mirror"] | None:
+        """``local``, ``mirror``, or None when this gateway has no such topic."""
+        t = self._topics.get(topic)
+        return None if t is None else t.kind
 
     def _readable(self, topic: str) -> _Topic:
         t = self._topics.get(topic)
@@ -943,7 +960,7 @@ class Gateway:
                         # bind its port exits before it claims the region's
                         # epoch, so it fences nobody. Requests get 503 until
                         # the gateway accepts.
-                        for name, fn in self._services:
+                        for name, fn in self._with_kafka(self._services):
                             await workers.start(
                                 functools.partial(sup.supervise, name, functools.partial(fn, self))
                             )
@@ -992,6 +1009,21 @@ class Gateway:
                 self._lanes = None
                 self._shipper = None
                 self._mqtt = []
+
+    def _with_kafka(
+        self, services: list[tuple[str, Callable[..., Awaitable[Any]]]]
+    ) -> list[tuple[str, Callable[..., Awaitable[Any]]]]:
+        """``services`` plus the Kafka listener when ``[kafka] listen`` is set (docs/kafka.md)."""
+        if not self.config.kafka.enabled or any(n == "kafka" for n, _ in services):
+            return services
+        from edge_gateway.kafka import serve_kafka  # loaded only when configured
+
+        return [*services, ("kafka", serve_kafka)]
+
+    def status_kafka(self) -> dict[str, Any] | None:
+        """The ``kafka`` block of :meth:`status` (None: no Kafka listener)."""
+        server = self.kafka_server
+        return None if server is None else server.statistics().to_json()
 
     async def _start_mqtt(self, workers: trio.Nursery) -> None:
         """Start the MQTT bridges (docs/mqtt.md) once produce is accepted."""
@@ -1620,6 +1652,7 @@ class Gateway:
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
             "mqtt": self.status_mqtt(),
+            "kafka": self.status_kafka(),
         }
 
     def _encryption_json(self) -> dict[str, Any]:

@@ -168,6 +168,9 @@ def demo(
             + ", ".join(f"{t.name} (home {t.home}, {t.partitions} partitions)" for t in TOPICS)
         )
         for site in sites:
+            # Kafka clients can join in (docs/kafka.md): each gateway's listener
+            # address is printed below and kept in <dir>/<region>/kafka.addr.
+            site.extra_toml = '[kafka]\nlisten = "127.0.0.1:0"\n'
             site.write_config(
                 bucket, TOPICS, flush_ms, poll_ms, metadata=(meta.url, tokens[site.region])
             )
@@ -176,7 +179,7 @@ def demo(
             site.wait_ready()
         console.print(
             f"gateways up in {time.monotonic() - t0:.1f}s: "
-            + ", ".join(f"{s.region} at {s.url}" for s in sites)
+            + ", ".join(f"{s.region} at {s.url} (Kafka {_kafka_addr(s)})" for s in sites)
         )
         _wait_routed(sites)
         produced: dict[str, tuple[int, int]] = {}
@@ -250,6 +253,12 @@ def demo(
             f" ({time.monotonic() - t0:.1f}s; data and logs in {work_dir})",
         )
     )
+
+
+def _kafka_addr(site: Site) -> str:
+    """The Kafka bootstrap address of a started site (written with api.addr)."""
+    path = site.data_dir / "kafka.addr"
+    return path.read_text().strip() if path.exists() else "?"
 
 
 def _status(site: Site) -> dict[str, Any]:

@@ -1,0 +1,141 @@
+"""The table of Kafka APIs this broker serves: API key -> versions and handler.
+
+A handler module registers its APIs at import with :func:`register`::
+
+    @register(ApiKey.HEARTBEAT, 0, 4)
+    async def heartbeat(conn: Connection, req: RequestFrame) -> Any: ...
+
+The server dispatches each decoded request to the handler of its API key;
+ApiVersions answers with this table, so registering is all it takes to
+advertise an API. A handler returns kio's response entity of the request's
+version (:func:`edge_gateway.kafka._protocol.build` and
+:func:`response_for` help), or None to send nothing (Produce with
+``acks=0``). It may raise :class:`CloseConnection` to end the connection
+(after sending ``response`` when the exception carries one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from kio.schema.errors import ErrorCode
+
+from edge_gateway.errors import (
+    CorruptData,
+    DiskFull,
+    InvalidInput,
+    InvalidName,
+    ReadOnlyTopic,
+    Unavailable,
+    UnknownTopic,
+)
+from edge_gateway.kafka._protocol import RequestFrame, build, response_class
+
+if TYPE_CHECKING:
+    from edge_gateway.config import KafkaConfig
+    from edge_gateway.gateway import Gateway
+
+__all__ = [
+    "HANDLERS",
+    "Api",
+    "CloseConnection",
+    "Connection",
+    "Handler",
+    "error_for",
+    "register",
+    "response_for",
+    "supported_versions",
+]
+
+
+@dataclass(eq=False)
+class Connection:
+    """One client connection's state, shared by the handlers of its requests."""
+
+    gateway: Gateway
+    config: KafkaConfig
+    #: ``host:port`` of the client.
+    peer: str
+    #: (host, port) clients are told to connect to (Metadata's one broker).
+    advertised: tuple[str, int]
+    tls: bool = False
+    #: The client's ``client.id`` from its last request header.
+    client_id: str | None = None
+    #: False until SASL succeeds, when ``api.token`` is set; True from the start otherwise.
+    authenticated: bool = True
+    #: Who authenticated (the SASL user name), when anyone did.
+    principal: str | None = None
+    #: Per-connection state other modules keep (the SASL handshake's mechanism, ...).
+    state: dict[str, Any] = field(default_factory=dict)
+
+
+class CloseConnection(Exception):
+    """Raised by a handler: close the connection (after sending ``response``, if any)."""
+
+    def __init__(self, reason: str, response: Any = None) -> None:
+        super().__init__(reason)
+        self.response = response
+
+
+Handler = Callable[[Connection, RequestFrame], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    handler: Handler
+    #: Served before SASL authentication (ApiVersions, SaslHandshake, SaslAuthenticate).
+    before_auth: bool = False
+
+
+#: API key -> what serves it. Filled at import by the handler modules.
+HANDLERS: dict[int, Api] = {}
+
+
+def register(
+    api_key: int, min_version: int, max_version: int, *, before_auth: bool = False
+) -> Callable[[Handler], Handler]:
+    """Decorator: serve ``api_key`` versions ``min_version..max_version`` with the function."""
+
+    def deco(fn: Handler) -> Handler:
+        if api_key in HANDLERS and HANDLERS[api_key].handler is not fn:
+            raise RuntimeError(f"Kafka API key {api_key} is registered twice")
+        HANDLERS[api_key] = Api(api_key, min_version, max_version, fn, before_auth)
+        return fn
+
+    return deco
+
+
+def supported_versions() -> dict[int, tuple[int, int]]:
+    return {k: (a.min_version, a.max_version) for k, a in HANDLERS.items()}
+
+
+def response_for(req: RequestFrame, values: Mapping[str, Any]) -> Any:
+    """The response entity of ``req``'s API and version, built from ``values``."""
+    return build(response_class(req.api_key, req.api_version), values)
+
+
+def error_for(exc: Exception) -> ErrorCode:
+    """The Kafka error code for a gateway error (docs/kafka.md, "Errors")."""
+    if isinstance(exc, UnknownTopic):
+        return ErrorCode.unknown_topic_or_partition
+    if isinstance(exc, ReadOnlyTopic):
+        # Kafka has no read-only topics; "not authorized to write it" is what a
+        # mirror is, and every client treats it as final (no retry loop).
+        return ErrorCode.topic_authorization_failed
+    if isinstance(exc, InvalidName):
+        return ErrorCode.invalid_topic_exception
+    if isinstance(exc, CorruptData):
+        return ErrorCode.corrupt_message
+    if isinstance(exc, DiskFull):
+        return ErrorCode.kafka_storage_error
+    if isinstance(exc, Unavailable):
+        # Not written; retriable (the journal is full, the gateway is stopping).
+        return ErrorCode.not_enough_replicas
+    if isinstance(exc, InvalidInput):
+        return ErrorCode.invalid_request
+    return ErrorCode.unknown_server_error
