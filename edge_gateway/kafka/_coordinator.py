@@ -350,8 +350,12 @@ class GroupCoordinator:
 
     # ------------------------------------------------------------------ time
 
-    def tick(self, now: float) -> None:
-        """Expire sessions and pending member ids; end join phases past their timeout."""
+    def tick(self, now: float) -> bool:
+        """Expire sessions and pending member ids; end join phases past their timeout.
+
+        Returns whether anything changed (a ticket may have got its result).
+        """
+        changed = False
         for group in list(self._groups.values()):
             removed = False
             for member_id, deadline in list(group.pending.items()):
@@ -371,7 +375,10 @@ class GroupCoordinator:
                 and group.rebalance_deadline <= now
             ):
                 self._complete_join(now, group)
+                removed = True
             self._drop_if_empty(group)
+            changed = changed or removed
+        return changed
 
     def next_deadline(self) -> float | None:
         """When :meth:`tick` next has something to do (None: nothing scheduled)."""
