@@ -356,6 +356,9 @@ class KafkaConfig(ListenAddress):
     idle_timeout_s: float = 600.0
     #: Open connections at most; more are closed at once.
     max_connections: int = 1024
+    #: What ``acks=all`` waits for: ``local`` (in the journal, as ``acks=1``) or
+    #: ``shipped`` (committed to the bucket, as the HTTP API's ``ack=shipped``).
+    acks_all: Literal["local", "shipped"] = "local"
 
     def __post_init__(self) -> None:
         if self.listen:

@@ -14,6 +14,7 @@ Layout: :mod:`._protocol` (framing, headers, versions; sans-IO),
 from __future__ import annotations
 
 # Handler modules register their APIs when imported.
+from edge_gateway.kafka import _data as _data
 from edge_gateway.kafka import _groups as _groups
 from edge_gateway.kafka import _handlers as _handlers
 from edge_gateway.kafka._registry import HANDLERS, Connection, register
