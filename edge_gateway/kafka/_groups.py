@@ -23,7 +23,7 @@ import math
 import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import trio
 from kio.schema.errors import ErrorCode
@@ -46,7 +46,7 @@ from edge_gateway.kafka._registry import (
     register,
     response_for,
 )
-from edge_gateway.kafka._sasl import SaslPlain
+from edge_gateway.kafka._sasl import SaslOutcome, SaslPlain
 from edge_gateway.names import validate_group
 
 if TYPE_CHECKING:
@@ -196,10 +196,12 @@ def groups_for(gateway: Gateway) -> KafkaGroups:
     return groups
 
 
-def groups_statistics(gateway: Gateway) -> GroupsStatistics | None:
-    """The gateway's Kafka group figures; None before any group request."""
+def groups_statistics(gateway: Gateway) -> GroupsStatistics:
+    """The gateway's Kafka group figures (zeros before any group request)."""
     groups = _BY_GATEWAY.get(gateway)
-    return None if groups is None else groups.statistics()
+    if groups is None:
+        return GroupsStatistics(0, 0, 0, 0, 0, {})
+    return groups.statistics()
 
 
 def _ms(value: Any) -> int:
@@ -573,6 +575,15 @@ async def list_groups(conn: Connection, req: RequestFrame) -> Any:
 # ------------------------------------------------------------------ SASL
 
 
+def _refuse(conn: Connection, outcome: SaslOutcome, response: Any) -> NoReturn:
+    # The listener counts error codes of responses it sends normally; a response
+    # sent on the way out (CloseConnection) is counted here.
+    server = conn.gateway.kafka_server
+    if server is not None:
+        server.count_error(outcome.error)
+    raise CloseConnection(outcome.message or "SASL refused", response)
+
+
 def _sasl(conn: Connection) -> SaslPlain:
     sasl = conn.state.get("sasl")
     if not isinstance(sasl, SaslPlain):
@@ -588,7 +599,7 @@ async def sasl_handshake(conn: Connection, req: RequestFrame) -> Any:
         req, {"error_code": outcome.error, "mechanisms": list(sasl.mechanisms())}
     )
     if outcome.close:
-        raise CloseConnection(outcome.message or "SASL handshake refused", response)
+        _refuse(conn, outcome, response)
     return response
 
 
@@ -607,7 +618,7 @@ async def sasl_authenticate(conn: Connection, req: RequestFrame) -> Any:
     )
     if outcome.close:
         log.warning("kafka: %s: SASL authentication failed: %s", conn.peer, outcome.message)
-        raise CloseConnection(outcome.message or "SASL authentication failed", response)
+        _refuse(conn, outcome, response)
     conn.authenticated = True
     conn.principal = sasl.username
     log.info("kafka: %s: authenticated as %r", conn.peer, sasl.username)

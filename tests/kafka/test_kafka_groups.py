@@ -1,0 +1,301 @@
+"""Kafka consumer groups and SASL/PLAIN on a real ``edgegw serve``, with real clients.
+
+Every wait is bounded (a deadline, then a failure that says what was missing);
+nothing asserts on timings.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _kafka_support import KafkaGateway, kafka_gateway
+
+TOPICS = """
+[[topics]]
+name = "events"
+home = "north"
+partitions = 3
+"""
+
+TOPIC = "events"
+
+
+def wait_for(what: str, cond: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def produce(gw: KafkaGateway, per_partition: int, tag: str) -> None:
+    from kafka import KafkaProducer
+
+    # Idempotence is kafka23's (InitProducerId); plain produce is all these tests need.
+    producer = KafkaProducer(
+        bootstrap_servers=gw.bootstrap,
+        acks="all",
+        request_timeout_ms=20_000,
+        enable_idempotence=False,
+    )
+    try:
+        futures = [
+            producer.send(TOPIC, value=f"{tag}-{p}-{i}".encode(), partition=p)
+            for p in range(3)
+            for i in range(per_partition)
+        ]
+        producer.flush(timeout=30)
+        for f in futures:
+            f.get(timeout=30)
+    finally:
+        producer.close(timeout=10)
+
+
+class Member:
+    """A confluent-kafka (librdkafka) consumer of group ``group`` polling in its own thread.
+
+    It commits (synchronously) after every poll that returned a record, so the
+    group's committed offsets always cover what it has consumed.
+    """
+
+    def __init__(self, gw: KafkaGateway, group: str, name: str) -> None:
+        from confluent_kafka import Consumer
+
+        self.name = name
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": gw.bootstrap,
+                "group.id": group,
+                "client.id": name,
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6_000,
+                "heartbeat.interval.ms": 500,
+                "topic.metadata.refresh.interval.ms": 1_000,
+            }
+        )
+        self.consumer.subscribe([TOPIC])
+        self.values: list[bytes] = []
+        #: (partition, offset) of every record, in the order consumed
+        self.positions: list[tuple[int, int]] = []
+        self.assigned: set[int] = set()
+        self.errors: list[Any] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                msg = self.consumer.poll(0.2)
+                with self._lock:
+                    self.assigned = {tp.partition for tp in self.consumer.assignment()}
+                if msg is None:
+                    continue
+                if msg.error() is not None:
+                    self.errors.append(msg.error())
+                    continue
+                with self._lock:
+                    self.values.append(msg.value())
+                    self.positions.append((msg.partition(), msg.offset()))
+                self.consumer.commit(message=msg, asynchronous=False)
+        except BaseException as exc:  # reported by the test, not lost in the thread
+            self.errors.append(exc)
+        finally:
+            self.consumer.close()  # LeaveGroup
+
+    def snapshot(self) -> tuple[set[int], list[bytes]]:
+        with self._lock:
+            return set(self.assigned), list(self.values)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+        assert not self._thread.is_alive(), f"{self.name} did not stop"
+        assert not self.errors, f"{self.name} failed: {self.errors!r}"
+
+
+@contextmanager
+def member(gw: KafkaGateway, group: str, name: str) -> Iterator[Member]:
+    m = Member(gw, group, name)
+    try:
+        yield m
+    finally:
+        m.stop()
+
+
+def committed(gw: KafkaGateway, group: str) -> dict[int, int]:
+    with gw.http() as http:
+        doc = http.get(f"/v1/groups/{group}/offsets", params={"topic": TOPIC}).json()
+    return {o["partition"]: o["offset"] for o in doc["offsets"]}
+
+
+def expected(tag: str, per_partition: int) -> set[bytes]:
+    return {f"{tag}-{p}-{i}".encode() for p in range(3) for i in range(per_partition)}
+
+
+def test_group_of_two_rebalances_commits_and_resumes_after_restart(tmp_path: Path) -> None:
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 10, "a")
+        with member(gw, "readers", "m1") as m1:
+            with member(gw, "readers", "m2") as m2:
+
+                def split() -> bool:
+                    a1, v1 = m1.snapshot()
+                    a2, v2 = m2.snapshot()
+                    return (
+                        bool(a1)
+                        and bool(a2)
+                        and not a1 & a2
+                        and a1 | a2 == {0, 1, 2}
+                        and set(v1) | set(v2) >= expected("a", 10)
+                    )
+
+                wait_for("two members sharing the partitions and all of 'a'", split)
+                # Nobody read a partition the other one owned at the same time twice
+                # in a way that loses records: every record arrived at least once.
+            # m2 left (LeaveGroup): m1 takes all three partitions over.
+            wait_for("m1 to own every partition", lambda: m1.snapshot()[0] == {0, 1, 2})
+            produce(gw, 5, "b")
+            wait_for("m1 to read 'b'", lambda: set(m1.snapshot()[1]) >= expected("b", 5))
+            wait_for(
+                "commits of 15 per partition",
+                lambda: committed(gw, "readers") == {0: 15, 1: 15, 2: 15},
+            )
+        with gw.http() as http:
+            groups = http.get("/v1/status").json()["kafka"]["groups"]
+        assert groups["rebalances_total"] >= 3  # m1 alone, m1+m2, m1 alone again
+    # A new gateway process on the same data directory: the commits survived.
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        assert committed(gw, "readers") == {0: 15, 1: 15, 2: 15}
+        produce(gw, 2, "c")
+        with member(gw, "readers", "m3") as m3:
+            wait_for("m3 to read 'c'", lambda: set(m3.snapshot()[1]) >= expected("c", 2))
+            time.sleep(0.5)  # room for anything it should not read to show up
+            _, values = m3.snapshot()
+            # Resumed from the committed offsets: nothing of 'a' or 'b' again.
+            assert set(values) == expected("c", 2)
+            assert min(off for _, off in m3.positions) == 15
+
+
+def test_http_commit_is_where_a_kafka_consumer_starts(tmp_path: Path) -> None:
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 4, "x")
+        with gw.http() as http:
+            r = http.post(
+                "/v1/groups/mixed/offsets",
+                json={"offsets": [{"topic": TOPIC, "partition": p, "offset": 3} for p in range(3)]},
+            )
+            assert r.status_code == 200, r.text
+        with member(gw, "mixed", "k1") as k1:
+            wait_for(
+                "k1 to read the last record of each partition", lambda: len(k1.snapshot()[1]) >= 3
+            )
+            time.sleep(0.5)
+            assert sorted(k1.positions) == [(0, 3), (1, 3), (2, 3)]
+            wait_for(
+                "k1's commit to show over HTTP",
+                lambda: committed(gw, "mixed") == {0: 4, 1: 4, 2: 4},
+            )
+
+
+def test_admin_client_lists_and_describes_groups(tmp_path: Path) -> None:
+    from kafka import KafkaAdminClient
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 1, "d")
+        with member(gw, "watched", "w1") as w1:
+            wait_for("w1 to own every partition", lambda: w1.snapshot()[0] == {0, 1, 2})
+            admin = KafkaAdminClient(bootstrap_servers=gw.bootstrap, request_timeout_ms=10_000)
+            try:
+                listed = admin.list_groups()
+                assert {
+                    "group_id": "watched",
+                    "protocol_type": "consumer",
+                    "group_state": "Stable",
+                } in listed
+                desc = admin.describe_groups(["watched"])["watched"]
+                assert (desc["group_state"], desc["protocol_type"]) == ("Stable", "consumer")
+                (m,) = desc["members"]
+                assert m["client_id"] == "w1"
+                assert m["member_assignment"]["assigned_partitions"] == [
+                    {"topic": TOPIC, "partitions": [0, 1, 2]}
+                ]
+                wait_for("w1 to commit all three", lambda: len(committed(gw, "watched")) == 3)
+                offsets = admin.list_group_offsets("watched")["watched"]
+                assert {tp.partition: o.offset for tp, o in offsets.items()} == {0: 1, 1: 1, 2: 1}
+            finally:
+                admin.close()
+
+
+def _confluent_producer(gw: KafkaGateway, password: str, errors: list[Any]) -> Any:
+    from confluent_kafka import Producer
+
+    return Producer(
+        {
+            "bootstrap.servers": gw.bootstrap,
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "site-7",
+            "sasl.password": password,
+            "error_cb": errors.append,
+            "message.timeout.ms": 20_000,
+        }
+    )
+
+
+def test_sasl_plain_with_the_token_and_with_a_wrong_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from confluent_kafka import KafkaError
+
+    token = "s3cret-token-23"
+    monkeypatch.setenv("EDGEGW_API_TOKEN", token)
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        errors: list[Any] = []
+        delivered: list[Any] = []
+        good = _confluent_producer(gw, token, errors)
+        good.produce(
+            TOPIC, b"authenticated", partition=1, on_delivery=lambda e, m: delivered.append((e, m))
+        )
+        assert good.flush(30) == 0
+        assert [e for e, _ in delivered] == [None]
+        assert delivered[0][1].offset() == 0
+
+        bad_errors: list[Any] = []
+        bad = _confluent_producer(gw, "not-the-token", bad_errors)
+        bad.produce(TOPIC, b"refused", partition=1)
+        wait_for(
+            "librdkafka to report the failed authentication",
+            lambda: bad.poll(0.2) >= 0 and bool(bad_errors),
+        )
+        assert any(e.code() == KafkaError._AUTHENTICATION for e in bad_errors), bad_errors
+        assert bad.flush(0) == 1  # still queued: nothing was written
+        bad.purge()
+        bad.flush(5)
+        bad = None  # librdkafka stops retrying before the gateway goes away
+        # A client that skips SASL is disconnected at its first other request.
+        import socket
+        import struct
+
+        host, _, port = gw.bootstrap.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            # Metadata v1, correlation id 7, client id "x", all topics (null array)
+            body = struct.pack(">hhih", 3, 1, 7, 1) + b"x" + struct.pack(">i", -1)
+            sock.sendall(struct.pack(">i", len(body)) + body)
+            assert sock.recv(100) == b""
+        headers = {"Authorization": f"Bearer {token}"}
+        with gw.http() as http:
+            records = http.get(
+                f"/v1/topics/{TOPIC}/partitions/1/records", params={"offset": 0}, headers=headers
+            )
+            assert records.status_code == 200, records.text
+            status = http.get("/v1/status", headers=headers).json()
+        assert status["kafka"]["errors"].get("sasl_authentication_failed", 0) >= 1
