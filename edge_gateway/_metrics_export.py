@@ -190,8 +190,9 @@ class _GatewayCollector(Collector):
         yield from self._denied(gw)
         yield from self._metadata(gw)
         yield from self._tasks(gw)
-        yield from self._kafka_groups(gw)
         yield from self._mqtt(gw)
+        yield from self._kafka(gw)
+        yield from self._kafka_groups(gw)
         owner = self._owner()
         if owner is not None:
             try:
@@ -200,6 +201,45 @@ class _GatewayCollector(Collector):
                 log.exception("mirror lag provider failed")
                 lags = []
             yield from self._mirror(lags)
+
+    @staticmethod
+    def _kafka(gw: Gateway) -> Iterator[Metric]:
+        doc = gw.status_kafka()
+        if doc is None:
+            return
+        yield GaugeMetricFamily(
+            "edgegw_kafka_connections", "Open Kafka client connections.", value=doc["connections"]
+        )
+        yield CounterMetricFamily(
+            "edgegw_kafka_connections_accepted",
+            "Kafka client connections accepted.",
+            value=doc["connections_total"],
+        )
+        requests = CounterMetricFamily(
+            "edgegw_kafka_requests", "Kafka requests by API (produce, fetch, ...).", labels=["api"]
+        )
+        for api, n in doc["requests"].items():
+            requests.add_metric([api], n)
+        yield requests
+        errors = CounterMetricFamily(
+            "edgegw_kafka_errors",
+            "Kafka error codes in responses (per topic or partition), by Kafka error name.",
+            labels=["error"],
+        )
+        for name, n in doc["errors"].items():
+            errors.add_metric([name], n)
+        yield errors
+        yield CounterMetricFamily(
+            "edgegw_kafka_protocol_errors",
+            "Kafka connections closed for a request that could not be answered (unknown API "
+            "or version, malformed or oversized frame, a request before SASL).",
+            value=doc["protocol_errors"],
+        )
+        yield CounterMetricFamily(
+            "edgegw_kafka_tls_handshake_failures",
+            "Kafka connections closed before their TLS handshake completed.",
+            value=doc["tls_handshake_failures"],
+        )
 
     @staticmethod
     def _kafka_groups(gw: Gateway) -> Iterator[Metric]:

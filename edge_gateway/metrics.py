@@ -49,6 +49,9 @@ Families (``_total`` is added to counters by the exposition format):
   :meth:`GatewayMetrics.set_mirror_lag_provider`
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
   ``edgegw_task_degraded{task}`` — the supervised tasks (``edge_gateway.supervisor``)
+* ``edgegw_kafka_*`` (docs/kafka.md): connections, connections_accepted_total,
+  requests_total{api}, errors_total{error}, protocol_errors_total,
+  tls_handshake_failures_total — while the Kafka listener runs
 * ``edgegw_mqtt_*`` (docs/mqtt.md): connected{bridge,direction},
   messages_total{bridge,direction}, acked_total{bridge}, redeliveries_total{bridge},
   blocked{bridge}, idle_filters{bridge}, publish_lag_records{bridge}

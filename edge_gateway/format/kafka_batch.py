@@ -44,6 +44,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import zstandard
+
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
 
@@ -173,8 +175,6 @@ def _decompress(codec: int, data: bytes | memoryview, max_bytes: int, where: str
                 raise CorruptData("truncated gzip stream", where=where)
             return out
         if codec == COMPRESSION_ZSTD:
-            import zstandard
-
             with zstandard.ZstdDecompressor().stream_reader(bytes(data)) as reader:
                 out = reader.read(max_bytes + 1)
             if len(out) > max_bytes:
@@ -197,8 +197,8 @@ def _decompress(codec: int, data: bytes | memoryview, max_bytes: int, where: str
             return bytes(out)
     except CorruptData:
         raise
-    except (zlib.error, RuntimeError, ValueError, OSError, MemoryError) as exc:
-        # zstandard.ZstdError is a RuntimeError subclass, lz4's errors RuntimeError.
+    except (zlib.error, zstandard.ZstdError, RuntimeError, ValueError, OSError) as exc:
+        # lz4.frame raises RuntimeError for a bad frame.
         raise CorruptData(f"{name} records do not decompress: {exc}", where=where) from None
     raise UnsupportedCompression(
         f"{name or f'codec {codec}'} compression is not supported (none, gzip, lz4, zstd are)",

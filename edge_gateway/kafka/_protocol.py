@@ -37,9 +37,26 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from kio._kio_native import (
+    get_reader,
+    read_compact_array_length,
+    read_int8,
+    read_int16,
+    read_legacy_array_length,
+    read_unsigned_varint,
+)
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
+from kio.serial._introspect import (
+    EntityField,
+    EntityTupleField,
+    PrimitiveTupleField,
+    classify_field,
+    get_field_tag,
+    get_schema_field_type,
+    is_optional,
+)
 from kio.serial.errors import SerialError
 
 __all__ = [
@@ -196,9 +213,17 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Re
             correlation_id,
         )
     try:
+        # kio's native decoder sizes an array by its length field before
+        # reading it: a hostile length (2**31 entries) aborts the process on
+        # the failed allocation. So every length is checked against the bytes
+        # left first (check_bounds); only then does kio decode.
+        check_bounds(cls, frame)
         header, used = _reader(cls.__header_schema__)(frame, 0)
         request, size = _reader(cls)(frame, used)
-    except (SerialError, ValueError, TypeError, OverflowError, UnicodeDecodeError) as exc:
+    except (SerialError, LookupError, ValueError, TypeError, OverflowError) as exc:
+        # kio's native decoder raises SerialError for short or bad fields, but
+        # also KeyError (an unknown tagged field), ValueError (a bad enum or
+        # UUID) and UnicodeDecodeError: all mean "malformed", said once here.
         raise ProtocolError(
             f"{api_name(api_key)} v{api_version}: malformed request: {exc}"
         ) from None
@@ -208,6 +233,82 @@ def decode_request(frame: bytes, supported: Mapping[int, tuple[int, int]]) -> Re
             "request"
         )
     return RequestFrame(api_key, api_version, correlation_id, header.client_id, request)
+
+
+def _tagged_section(buf: bytes, pos: int) -> int:
+    """Skip a flexible entity's tagged fields, each length checked; returns the position after."""
+    count, used = read_unsigned_varint(buf, pos)
+    pos += used
+    if count > len(buf) - pos:
+        raise ProtocolError(f"{count} tagged fields in {len(buf) - pos} bytes")
+    for _ in range(count):
+        _tag, used = read_unsigned_varint(buf, pos)
+        pos += used
+        size, used = read_unsigned_varint(buf, pos)
+        pos += used
+        if size > len(buf) - pos:
+            raise ProtocolError(f"a tagged field of {size} bytes in {len(buf) - pos}")
+        pos += size
+    return pos
+
+
+def _array_length(flexible: bool, buf: bytes, pos: int) -> tuple[int, int]:
+    """(length, bytes read) of an array; -1 for a null array; checked against what is left."""
+    if flexible:
+        n, used = read_compact_array_length(buf, pos)
+        n = -1 if n is None else n
+    else:
+        n, used = read_legacy_array_length(buf, pos)
+    if n < -1 or n > len(buf) - pos - used:
+        raise ProtocolError(f"array of {n} entries in {len(buf) - pos - used} bytes")
+    return n, used
+
+
+def _check_entity(cls: type[Any], buf: bytes, pos: int, depth: int) -> int:
+    if depth > 8:
+        raise ProtocolError("entities nested too deeply")
+    flexible = bool(cls.__flexible__)
+    for f in dataclasses.fields(cls):
+        if get_field_tag(f) is not None:
+            continue  # in the tagged section
+        kind = classify_field(f)
+        optional = is_optional(f)
+        if isinstance(kind, EntityTupleField | PrimitiveTupleField):
+            n, used = _array_length(flexible, buf, pos)
+            pos += used
+            if isinstance(kind, EntityTupleField):
+                for _ in range(max(n, 0)):
+                    pos = _check_entity(kind.type_, buf, pos, depth + 1)
+            else:
+                item = get_reader(get_schema_field_type(f), flexible, False)
+                for _ in range(max(n, 0)):
+                    pos += item(buf, pos)[1]
+        elif isinstance(kind, EntityField):
+            if optional:
+                marker, used = read_int8(buf, pos)
+                pos += used
+                if marker < 0:
+                    continue
+            pos = _check_entity(kind.type_, buf, pos, depth + 1)
+        else:
+            pos += get_reader(get_schema_field_type(f), flexible, optional)(buf, pos)[1]
+    return _tagged_section(buf, pos) if flexible else pos
+
+
+def check_bounds(cls: type[Any], frame: bytes) -> None:
+    """Walk a request frame by ``cls``'s schema, checking every length against the bytes left.
+
+    Raises :class:`ProtocolError` (or a kio read error) before any length
+    could make kio allocate more than the frame could hold.
+    """
+    pos = 8  # api key, version, correlation id
+    n, used = read_int16(frame, pos)  # client_id: a nullable legacy string in every version
+    pos += used + max(n, 0)
+    if pos > len(frame):
+        raise ProtocolError("client id runs past the frame")
+    if cls.__header_schema__.__flexible__:
+        pos = _tagged_section(frame, pos)
+    _check_entity(cls, frame, pos, 0)
 
 
 def encode_response(correlation_id: int, response: Any) -> bytes:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 from _serve import EDGEGW
@@ -35,11 +36,18 @@ class KafkaGateway:
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30)
 
+    def get(self, path: str) -> Any:
+        """GET ``path`` on the HTTP API: its JSON (or text for /metrics)."""
+        with self.http() as c:
+            r = c.get(path)
+            r.raise_for_status()
+            return r.text if path == "/metrics" else r.json()
+
     def tail(self) -> str:
         return self.log.read_text(errors="replace")[-4000:]
 
 
-def _config(tmp_path: Path, region: str, topics: str, extra: str) -> Path:
+def _config(tmp_path: Path, region: str, topics: str, extra: str, extra_toml: str) -> Path:
     path = tmp_path / f"{region}.toml"
     path.write_text(
         f"""
@@ -54,6 +62,7 @@ path = "{tmp_path / "bucket"}"
 flush_interval_ms = 50
 [api]
 listen = "127.0.0.1:0"
+{extra_toml}
 [kafka]
 listen = "127.0.0.1:0"
 {extra}
@@ -65,10 +74,15 @@ listen = "127.0.0.1:0"
 
 @contextmanager
 def kafka_gateway(
-    tmp_path: Path, region: str = "north", *, topics: str = "", extra: str = ""
+    tmp_path: Path,
+    region: str = "north",
+    *,
+    topics: str = "",
+    extra: str = "",
+    extra_toml: str = "",
 ) -> Iterator[KafkaGateway]:
     """A running gateway with ``[kafka]`` on; stopped (SIGTERM) at the end."""
-    config = _config(tmp_path, region, topics, extra)
+    config = _config(tmp_path, region, topics, extra, extra_toml)
     (tmp_path / "bucket").mkdir(exist_ok=True)
     data = tmp_path / region
     log = tmp_path / f"{region}.log"

@@ -30,7 +30,7 @@ def test_kafka_python_sees_the_broker_and_its_topics(tmp_path: Path) -> None:
             assert [(b["host"], b["port"]) for b in cluster["brokers"]] == [(host, int(port))]
         finally:
             admin.close()
-        status = gw.http().get("/v1/status").json()
+        status = gw.get("/v1/status")
         assert status["kafka"]["listen"] == gw.bootstrap
         assert status["kafka"]["requests"]["metadata"] >= 1
         assert gw.proc.poll() is None
