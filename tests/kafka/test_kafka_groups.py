@@ -305,3 +305,60 @@ def test_sasl_plain_with_the_token_and_with_a_wrong_one(
             assert records.status_code == 200, records.text
             status = http.get("/v1/status", headers=headers).json()
         assert status["kafka"]["errors"].get("sasl_authentication_failed", 0) >= 1
+
+
+def test_aiokafka_group_of_two_rebalances_when_one_leaves(tmp_path: Path) -> None:
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer
+
+    async def run(bootstrap: str) -> tuple[set[int], set[int], set[int], set[bytes]]:
+        def consumer(name: str) -> AIOKafkaConsumer:
+            return AIOKafkaConsumer(
+                TOPIC,
+                bootstrap_servers=bootstrap,
+                group_id="aio",
+                client_id=name,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                session_timeout_ms=6_000,
+                heartbeat_interval_ms=500,
+                metadata_max_age_ms=1_000,
+            )
+
+        seen: set[bytes] = set()
+
+        async def drain(c: AIOKafkaConsumer) -> None:
+            batch = await c.getmany(timeout_ms=100)
+            for msgs in batch.values():
+                seen.update(m.value for m in msgs)
+            if batch:
+                await c.commit()
+
+        a, b = consumer("aio-a"), consumer("aio-b")
+        await a.start()
+        await b.start()
+        async with asyncio.timeout(60):
+            # Both poll (a join phase waits for every member) until they split the partitions.
+            while True:
+                await asyncio.gather(drain(a), drain(b))
+                pa = {tp.partition for tp in a.assignment()}
+                pb = {tp.partition for tp in b.assignment()}
+                if pa and pb and not pa & pb and pa | pb == {0, 1, 2}:
+                    break
+            await b.stop()  # LeaveGroup
+            while {tp.partition for tp in a.assignment()} != {0, 1, 2}:
+                await drain(a)
+            while not seen >= expected("a", 3):
+                await drain(a)
+        after = {tp.partition for tp in a.assignment()}
+        await a.stop()
+        return pa, pb, after, seen
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 3, "a")
+        pa, pb, after, seen = asyncio.run(run(gw.bootstrap))
+        assert pa | pb == {0, 1, 2}
+        assert after == {0, 1, 2}
+        assert seen >= expected("a", 3)
+        wait_for("the group's commits", lambda: committed(gw, "aio") == {0: 3, 1: 3, 2: 3})
