@@ -208,11 +208,13 @@ class GroupCoordinator:
         min_session_timeout_ms: int = 1_000,
         max_session_timeout_ms: int = 1_800_000,
         max_group_size: int = 1_000,
+        max_groups: int = 10_000,
         new_member_id: Callable[[str], str] | None = None,
     ) -> None:
         self.min_session_timeout_ms = min_session_timeout_ms
         self.max_session_timeout_ms = max_session_timeout_ms
         self.max_group_size = max_group_size
+        self.max_groups = max_groups
         self._new_member_id = new_member_id or _random_member_id
         self._groups: dict[str, _Group] = {}
         self._rebalances = 0
@@ -229,6 +231,10 @@ class GroupCoordinator:
             return ticket
         group = self._groups.get(req.group_id)
         if group is None:
+            if len(self._groups) >= self.max_groups:
+                # Memory is bounded by groups x members; a client retries later.
+                ticket._resolve(JoinResult(ErrorCode.coordinator_not_available))
+                return ticket
             group = self._groups[req.group_id] = _Group(req.group_id)
         if not self._protocols_fit(group, req):
             ticket._resolve(

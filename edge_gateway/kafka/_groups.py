@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Final, NoReturn
 import trio
 from kio.schema.errors import ErrorCode
 
-from edge_gateway.errors import EdgeGatewayError, InvalidInput
+from edge_gateway.errors import ClosedError, DiskFull, EdgeGatewayError, InvalidInput, Unavailable
 from edge_gateway.kafka._coordinator import (
     CoordinatorStatistics,
     GroupCoordinator,
@@ -210,6 +210,16 @@ def _ms(value: Any) -> int:
         return value
     seconds: float = value.total_seconds()
     return round(seconds * 1000)
+
+
+def _store_error(exc: EdgeGatewayError) -> ErrorCode:
+    """The error code for a failed read or write of committed offsets."""
+    if isinstance(exc, DiskFull):
+        return ErrorCode.kafka_storage_error  # retriable
+    if isinstance(exc, ClosedError | Unavailable):
+        # Stopping, or not started: retriable, and clients look the coordinator up again.
+        return ErrorCode.coordinator_not_available
+    return error_for(exc)
 
 
 def _group_error(group_id: str | None) -> ErrorCode | None:
@@ -407,7 +417,7 @@ async def offset_commit(conn: Connection, req: RequestFrame) -> Any:
             await gw.commit_offsets(r.group_id, rows)
         except EdgeGatewayError as exc:
             log.info("kafka: %s: OffsetCommit of %r failed: %s", conn.peer, r.group_id, exc)
-            failed = error_for(exc)
+            failed = _store_error(exc)
             for t, part, _, _ in rows:
                 errors[(t, part)] = failed
     return response_for(
@@ -448,7 +458,7 @@ async def _fetch_group(
         committed = await gw.fetch_offsets(group_id)
     except EdgeGatewayError as exc:
         log.info("kafka: OffsetFetch of %r failed: %s", group_id, exc)
-        return error_for(exc), []
+        return _store_error(exc), []
     by_key = {(c.topic, c.partition): c for c in committed}
     wanted: list[tuple[str, list[int]]]
     if topics is None:  # every partition the group committed
@@ -559,7 +569,11 @@ async def list_groups(conn: Connection, req: RequestFrame) -> Any:
     groups = groups_for(gw)
     groups.tick()
     live = {v.group_id: v for v in groups.coordinator.groups()}
-    stored = await trio.to_thread.run_sync(gw.groups.groups_sync)
+    try:
+        stored = await trio.to_thread.run_sync(gw.groups.groups_sync)
+    except EdgeGatewayError as exc:
+        error = _store_error(exc)
+        return response_for(req, {"throttle_time": 0, "error_code": error, "groups": []})
     states_filter = {s.lower() for s in getattr(req.request, "states_filter", ()) or ()}
     listed = []
     for group_id in sorted(set(live) | set(stored)):

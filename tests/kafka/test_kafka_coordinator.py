@@ -350,6 +350,16 @@ def test_group_size_is_bounded() -> None:
     assert done(c.join(0.0, req(v4=True))).error is ErrorCode.group_max_size_reached
 
 
+def test_number_of_groups_is_bounded() -> None:
+    c = coordinator(max_groups=2)
+    done(c.join(0.0, req(group="a", v4=True)))
+    done(c.join(0.0, req(group="b")))
+    assert done(c.join(0.0, req(group="c"))).error is ErrorCode.coordinator_not_available
+    assert c.statistics().groups == 2
+    c.tick(11.0)  # a's pending id and b's member expire: room again
+    assert done(c.join(11.0, req(group="c"))).error is ErrorCode.none
+
+
 def test_follower_rejoin_with_same_metadata_gets_current_generation() -> None:
     c = coordinator()
     leader, follower, gen = stable_pair(c)
