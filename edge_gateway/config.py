@@ -49,6 +49,7 @@ __all__ = [
     "ApiConfig",
     "BucketConfig",
     "ClockConfig",
+    "IdempotenceConfig",
     "GatewayConfig",
     "GcSettings",
     "KafkaConfig",
@@ -784,6 +785,27 @@ class TopicConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class IdempotenceConfig:
+    """``[idempotence]``: how many idempotent producers are remembered, and for how long.
+
+    docs/api.md, "Idempotent produce": beyond these limits a producer is
+    forgotten and its next produce gets ``unknown_producer``.
+    """
+
+    #: Producers remembered at most; past this the one idle longest is forgotten.
+    max_producers: int = 10_000
+    #: A producer idle (no produce, no init) this long is forgotten (Kafka's
+    #: ``producer.id.expiration.ms``, default 24 h).
+    producer_expiry_ms: int = 24 * 3600 * 1000
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_producers <= 1_000_000:
+            raise ConfigError("idempotence.max_producers must be 1..1000000")
+        if self.producer_expiry_ms < 1000:
+            raise ConfigError("idempotence.producer_expiry_ms must be >= 1000")
+
+
+@dataclass(frozen=True, slots=True)
 class GatewayConfig:
     """Everything ``edgegw serve`` needs; see ``docs/configuration.md``."""
 
@@ -808,6 +830,7 @@ class GatewayConfig:
     encryption: EncryptionConfig = field(default_factory=EncryptionConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    idempotence: IdempotenceConfig = field(default_factory=IdempotenceConfig)
     topics: tuple[TopicConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -1108,6 +1131,7 @@ _SECTIONS: dict[str, type[Any]] = {
     "kafka": KafkaConfig,
     "metadata": MetadataSettings,
     "log": LogConfig,
+    "idempotence": IdempotenceConfig,
 }
 
 

@@ -10,8 +10,13 @@ so callers only ever handle these kinds::
     │   ├── InvalidName       a topic or region name breaks the naming rules
     │   ├── ConfigError       a configuration key is missing or wrong
     │   ├── UnknownTopic      no such topic here (and auto_create is off)
-    │   └── ReadOnlyTopic     a mirror topic, or a topic homed in another region
-    │       └── WrongRegion   the topic is homed in another region (``.home``)
+    │   ├── ReadOnlyTopic     a mirror topic, or a topic homed in another region
+    │   │   └── WrongRegion   the topic is homed in another region (``.home``)
+    │   ├── UnknownProducer   an idempotent producer id this gateway does not
+    │   │                     remember (never issued, or forgotten: idle past
+    │   │                     the expiry or evicted); get a new id
+    │   └── OutOfOrderSequence  a producer's sequence leaves a gap (or is older
+    │                         than the batches remembered); never retried as is
     ├── CorruptData           bytes on disk or in the bucket fail a check
     │   │                     (CRC, length, magic, version, structure)
     │   └── BucketLost        the bucket no longer holds the region's log
@@ -32,7 +37,9 @@ so callers only ever handle these kinds::
     │                         reader was not given: a person must add the
     │                         key; the other sources go on
     ├── Fenced                another writer claimed this region with a higher
-    │                         epoch; stop writing, never retry
+    │   │                     epoch; stop writing, never retry
+    │   └── ProducerFenced    an idempotent producer's epoch was bumped by a
+    │                         newer instance; this one stops
     ├── InUse                 another process holds the data directory (or the
     │                         journal); never retry while it runs
     └── ClosedError           the resource was closed by its owner
@@ -79,6 +86,32 @@ class WrongRegion(ReadOnlyTopic):
     def __init__(self, message: str, home: str | None = None) -> None:
         super().__init__(message)
         self.home = home
+
+
+class UnknownProducer(InvalidInput):
+    """An idempotent produce names a producer id this gateway does not remember.
+
+    Never issued here, or forgotten: idle longer than
+    ``idempotence.producer_expiry``, or evicted as the oldest idle when more
+    than ``idempotence.max_producers`` are remembered (docs/api.md,
+    "Idempotent produce"). The producer gets a new id and starts its
+    sequences at 0; what it is retrying may then be written twice, which is
+    why the expiry is long.
+    """
+
+
+class OutOfOrderSequence(InvalidInput):
+    """An idempotent produce's sequence is not the next one for its partition.
+
+    A gap (records of an earlier request were never acknowledged) or a
+    sequence older than the batches the gateway remembers. ``expected`` is
+    the sequence the gateway would accept next (None: only 0 after a new
+    epoch, or unknown).
+    """
+
+    def __init__(self, message: str, *, expected: int | None = None) -> None:
+        super().__init__(message)
+        self.expected = expected
 
 
 class CorruptData(EdgeGatewayError):
@@ -188,6 +221,15 @@ class MissingKey(Denied):
 
 class Fenced(EdgeGatewayError):
     """Another writer owns this region's log with a higher epoch; stop writing."""
+
+
+class ProducerFenced(Fenced):
+    """An idempotent producer's epoch is older than its id's current epoch.
+
+    A newer instance of the producer called ``init_producer`` with the same
+    id, which bumped the epoch: the older one must stop (Kafka's
+    ``PRODUCER_FENCED``).
+    """
 
 
 class InUse(EdgeGatewayError):

@@ -12,7 +12,8 @@ makes the next two GC runs and the next mirror poll raise
 :class:`FailPointError` (a ``RuntimeError``: unexpected by design). Unset,
 a point costs one check of an empty dict. The points: ``shipper.loop``,
 ``mirror.pull``, ``gc.run``, ``mqtt.before_ack`` (an ingest batch is durable in
-the journal, its PUBACKs not sent yet).
+the journal, its PUBACKs not sent yet), ``kafka.produce_before_response`` (a
+Kafka Produce is durable, its response not sent: the connection closes).
 """
 
 from __future__ import annotations

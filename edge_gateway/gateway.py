@@ -64,6 +64,7 @@ from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.encryption import Keys
 from edge_gateway.errors import (
     ClosedError,
+    CorruptData,
     Denied,
     DiskFull,
     EdgeGatewayError,
@@ -75,8 +76,11 @@ from edge_gateway.errors import (
 )
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
+from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
+from edge_gateway.idempotence import ProducerSeq, ProducerTable
 from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
+from edge_gateway.journal._lane import lane_by_id
 from edge_gateway.journal._lanes import Lanes, open_lanes
 from edge_gateway.mirror import Gap, PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
@@ -93,6 +97,10 @@ __all__ = ["FetchResult", "Gateway", "ProduceRecord", "ProduceResult", "TopicInf
 log = logging.getLogger("edgegw.gateway")
 
 Ack = Literal["local", "shipped"]
+#: The idempotent producers' registry in the data dir: issued ids, bumped epochs.
+_PRODUCERS_FILE = "producers.json"
+#: Producer ids reserved per write of the registry.
+_ID_BLOCK = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +128,10 @@ class ProduceResult:
     #: there (a partition moving between lanes can touch two); empty: the
     #: normal lane only, at ``last_lsn``.
     lane_lsns: dict[Lane, int] = field(default_factory=dict)
+    #: True: an idempotent produce that repeated an append already written
+    #: (same producer id, epoch, sequence and count): nothing was appended and
+    #: ``offsets`` are the original append's.
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +283,14 @@ class Gateway:
         self._mqtt: list[Any] = []
         #: The Kafka listener (``edge_gateway.kafka.KafkaServer``) while it runs.
         self.kafka_server: Any = None
+        #: Idempotent producers (docs/api.md, "Idempotent produce"); rebuilt
+        #: from the journal when the gateway starts.
+        self._producers = self._new_producer_table()
+        #: Producer ids below this may have been issued (producers.json).
+        self._id_limit = 1
+        #: Epochs bumped by init_producer: id -> (epoch, ms), kept in producers.json.
+        self._bumped: dict[int, tuple[int, int]] = {}
+        self._registry_lock = trio.Lock()
 
     # ------------------------------------------------------------ topology
 
@@ -935,6 +955,7 @@ class Gateway:
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
+            self._restore_producers(lanes)
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)
             self._shipper = Shipper(
@@ -1373,15 +1394,26 @@ class Gateway:
         return written
 
     async def produce_batch(
-        self, topic: str, partition: int, batch: bytes, *, ack: Ack = "local"
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes,
+        *,
+        ack: Ack = "local",
+        producer: ProducerSeq | None = None,
     ) -> ProduceResult:
-        """Journal an encoded batch (the binary produce format) as is."""
+        """Journal an encoded batch (the binary produce format) as is.
+
+        ``producer``: an idempotent append (see :meth:`produce_partition`).
+        """
         self._check_accepting()
         t = self._writable(topic)
         if not 0 <= partition < t.partitions:
             raise InvalidInput(
                 f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
             )
+        if producer is not None:
+            return await self._append_idempotent(t.name, partition, batch, producer, ack)
         lanes = self.lanes
         res = await lanes.append(t.name, partition, batch)
         result = ProduceResult(
@@ -1391,6 +1423,210 @@ class Gateway:
             res.lsn if res.lane.is_main else 0,
             ack == "shipped",
             {res.lane: res.lsn} if lanes.multi else {},
+        )
+        if ack == "shipped":
+            await self.wait_shipped(result)
+        return result
+
+    # ------------------------------------------------------------ idempotence
+
+    @property
+    def producers(self) -> ProducerTable:
+        """The idempotent producers' state (docs/api.md, "Idempotent produce")."""
+        return self._producers
+
+    async def init_producer(
+        self, producer_id: int | None = None, epoch: int | None = None
+    ) -> tuple[int, int]:
+        """A producer id and epoch for idempotent produce.
+
+        No ``producer_id``: a new id at epoch 0 (ids are never reused, also
+        across restarts). With one: the same id at the next epoch, which
+        fences the older epoch (:class:`ProducerFenced` on its next produce);
+        ``epoch`` is the caller's current one (older: ``ProducerFenced``;
+        None: whatever it is). An id the gateway does not remember raises
+        :class:`UnknownProducer`.
+        """
+        self._check_accepting()
+        await trio.lowlevel.checkpoint()
+        now = _now_ms()
+        if producer_id is None:
+            pid, new_epoch = self._producers.new_producer(now)
+        else:
+            pid, new_epoch = self._producers.bump(producer_id, epoch, now)
+        await self._save_producers(pid, new_epoch)
+        return pid, new_epoch
+
+    def _new_producer_table(self) -> ProducerTable:
+        cfg = self.config.idempotence
+        return ProducerTable(max_producers=cfg.max_producers, expiry_ms=cfg.producer_expiry_ms)
+
+    def _registry_path(self) -> Path:
+        return self.config.data_dir / _PRODUCERS_FILE
+
+    def _restore_producers(self, lanes: Lanes) -> None:
+        """Rebuild the producers' state: each lane's last checkpoint, then its entries after it.
+
+        Then ``producers.json``: the ids issued (never issued again) and the
+        epochs bumped since. Each lane's journal gets the snapshot hook its
+        next checkpoint writes.
+        """
+        table = self._new_producer_table()
+        for lane, j in lanes.journals.items():
+            if j.recovered_producers is not None:
+                table.restore(j.recovered_producers, lane=lane.id, where=f"{j.path} checkpoint")
+            for e in j.recovered_producer_entries:
+                assert e.producer is not None
+                seq = ProducerSeq(e.producer.producer_id, e.producer.epoch, e.producer.sequence)
+                table.replay(
+                    e.topic,
+                    e.partition,
+                    seq,
+                    e.count,
+                    e.base_offset,
+                    lsn=e.lsn,
+                    lane=lane.id,
+                    append_time=e.append_time,
+                )
+            j.recovered_producer_entries = []
+            j.producer_snapshot = functools.partial(self._producer_snapshot, lane.id)
+        path = self._registry_path()
+        try:
+            doc = json.loads(path.read_bytes())
+            if doc.get("v") != 1:
+                raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
+            limit = int(doc["id_limit"])
+            bumped = {int(pid): (int(ep), int(at)) for pid, ep, at in doc["epochs"]}
+        except FileNotFoundError:
+            limit, bumped = 1, {}
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptData(f"malformed producer registry: {exc}", where=str(path)) from None
+        table.next_id = max(table.next_id, limit)
+        for pid, (ep, at) in bumped.items():
+            table.note_epoch(pid, ep, at)
+        table.expire(_now_ms())
+        self._bumped = {pid: v for pid, v in bumped.items() if pid in table}
+        self._id_limit = table.next_id
+        self._producers = table
+        if len(table):
+            log.info("idempotence: %d producers remembered, next id %d", len(table), table.next_id)
+
+    def _producer_snapshot(self, lane_id: int) -> dict[str, Any]:
+        """What a lane's next segment checkpoint keeps of the producers (at the roll)."""
+        self._producers.expire(_now_ms())
+        return self._producers.snapshot(lane_id)
+
+    async def _save_producers(self, producer_id: int, epoch: int) -> None:
+        """Make an issued id (and a bumped epoch) durable before it is handed out.
+
+        Ids are reserved in blocks of :data:`_ID_BLOCK`: the file is written
+        once per block, and a restart issues from the block's end.
+        """
+        table = self._producers
+        if epoch > 0:
+            self._bumped[producer_id] = (epoch, _now_ms())
+        elif table.next_id <= self._id_limit:
+            return
+        async with self._registry_lock:
+            limit = max(self._id_limit, table.next_id + _ID_BLOCK)
+            self._bumped = {pid: v for pid, v in self._bumped.items() if pid in table}
+            doc = {
+                "v": 1,
+                "id_limit": limit,
+                "epochs": [[pid, e, at] for pid, (e, at) in sorted(self._bumped.items())],
+            }
+            data = json.dumps(doc, separators=(",", ":")).encode()
+            await trio.to_thread.run_sync(_write_durably, self._registry_path(), data)
+            self._id_limit = limit
+
+    async def produce_partition(
+        self,
+        topic: str,
+        partition: int,
+        records: Sequence[ProduceRecord],
+        *,
+        ack: Ack = "local",
+        producer: ProducerSeq | None = None,
+    ) -> ProduceResult:
+        """Journal ``records`` to one partition as one entry (the records' own
+        ``partition`` is ignored).
+
+        With ``producer`` the append is idempotent: ``producer.sequence`` is
+        the sequence number of the first record for this (topic, partition).
+        A repeat of an append already written (same id, epoch, sequence and
+        count) appends nothing and returns the original offsets with
+        ``duplicate=True`` (after waiting, like the original, for the
+        durability ``ack`` asks). Raises :class:`UnknownProducer`,
+        :class:`ProducerFenced` or :class:`OutOfOrderSequence` (see
+        :mod:`edge_gateway.idempotence`).
+        """
+        self._check_accepting()
+        t = self._writable(topic)
+        if not records:
+            raise InvalidInput("nothing to produce: no records")
+        if not 0 <= partition < t.partitions:
+            raise InvalidInput(
+                f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
+            )
+        now = _now_ms()
+        batch = encode_batch(
+            [r.value for r in records],
+            keys=[r.key for r in records] if any(r.key is not None for r in records) else None,
+            timestamps=[now if r.timestamp is None else r.timestamp for r in records],
+            headers=[r.headers for r in records] if any(r.headers for r in records) else None,
+        )
+        if producer is not None:
+            return await self._append_idempotent(t.name, partition, batch, producer, ack)
+        return await self.produce_batch(t.name, partition, batch, ack=ack)
+
+    async def _append_idempotent(
+        self, topic: str, partition: int, batch: bytes, producer: ProducerSeq, ack: Ack
+    ) -> ProduceResult:
+        lanes = self.lanes
+        try:
+            count = read_batch_header(batch, 0, where=f"produce to {topic}/{partition}").count
+        except CorruptData as exc:
+            raise InvalidInput(f"bad batch: {exc}") from None
+        await trio.lowlevel.checkpoint_if_cancelled()
+        # No checkpoint between the check, the append and the record: a
+        # retry that arrives while this append waits for its fsync finds it.
+        now = _now_ms()
+        table = self._producers
+        dup = table.check(topic, partition, producer, count, now)
+        if dup is not None:
+            found = lane_by_id(dup.lane)
+            lane = found if found is not None and found in lanes else MAIN_LANE
+            lsn = dup.lsn
+            journal = lanes.journals[lane]
+            if lsn >= journal.next_lsn:
+                # Remembered from before a restart at an LSN the journal does
+                # not hold (cannot happen: the checkpoint is the journal's).
+                lsn = journal.next_lsn - 1
+            if journal.durable_lsn < lsn:
+                await journal.wait_durable(lsn)
+            base, n = dup.base_offset, dup.count
+        else:
+            res = lanes.append_nowait(topic, partition, batch, producer=producer)
+            table.record(
+                topic,
+                partition,
+                producer,
+                count,
+                res.base_offset,
+                lsn=res.lsn,
+                lane=res.lane.id,
+                now=now,
+            )
+            await lanes.journals[res.lane].after_append(res.lsn)
+            lane, lsn, base, n = res.lane, res.lsn, res.base_offset, res.count
+        result = ProduceResult(
+            topic,
+            [partition] * n,
+            list(range(base, base + n)),
+            lsn if lane.is_main else 0,
+            ack == "shipped",
+            {lane: lsn} if lanes.multi else {},
+            duplicate=dup is not None,
         )
         if ack == "shipped":
             await self.wait_shipped(result)
@@ -1744,6 +1980,21 @@ def _dropped_json(j: Journal) -> dict[str, Any]:
         "bytes": st.dropped_bytes,
         "ranges": merged[-50:],
     }
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write ``path`` by a temporary file, fsync, rename and fsync of the directory."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _mirror_task(source: str) -> str:

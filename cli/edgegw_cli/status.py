@@ -320,6 +320,27 @@ def render(doc: dict[str, Any]) -> None:
     mqtt = doc.get("mqtt")
     if mqtt:
         console.print(_mqtt_table(mqtt))
+    kafka = doc.get("kafka")
+    if kafka:
+        console.print(_kafka_line(kafka))
+
+
+def _kafka_line(kafka: dict[str, Any]) -> Text:
+    """The Kafka listener (docs/kafka.md) in one line: where, load, and what went wrong."""
+    requests = sum(kafka["requests"].values())
+    errors = ", ".join(f"{name} {n:,}" for name, n in kafka["errors"].items())
+    problems = []
+    if kafka["protocol_errors"]:
+        problems.append(f"{kafka['protocol_errors']:,} connections closed for bad requests")
+    if kafka["tls_handshake_failures"]:
+        problems.append(f"{kafka['tls_handshake_failures']:,} failed TLS handshakes")
+    return Text.assemble(
+        f"kafka: {kafka['listen']}{' (TLS)' if kafka['tls'] else ''}, "
+        f"{kafka['connections']} connections, {requests:,} requests"
+        + (f"; errors: {errors}" if errors else ""),
+        ("; " if problems else ""),
+        _red("; ".join(problems)),
+    )
 
 
 def _mqtt_table(mqtt: dict[str, Any]) -> Table:

@@ -1,8 +1,8 @@
-"""Journal entry and segment encodings, version 1 (sans-IO).
+"""Journal entry and segment encodings, version 2 (sans-IO).
 
 A journal segment file is a 16-byte segment header followed by entries::
 
-    segment header: magic "EGWJ" | u8 version=1 | 3 bytes zero | u64 base_lsn
+    segment header: magic "EGWJ" | u8 version (1 or 2) | 3 bytes zero | u64 base_lsn
 
     entry:
     offset size field
@@ -10,7 +10,8 @@ A journal segment file is a 16-byte segment header followed by entries::
     4      4    crc             u32 CRC32C of bytes [8, length)
     8      8    lsn             u64 journal sequence number (global, +1 per entry)
     16     1    kind            u8 1 DATA, 2 MIRROR, 3 CHECKPOINT
-    17     1    flags           u8 bit0 END_OF_SOURCE_OBJECT (MIRROR only)
+    17     1    flags           u8 bit0 END_OF_SOURCE_OBJECT (MIRROR only),
+                                   bit1 PRODUCER (DATA only, version 2)
     18     2    topic_len       u16
     20     4    partition       u32
     24     8    base_offset     i64 offset of the first record
@@ -18,6 +19,8 @@ A journal segment file is a 16-byte segment header followed by entries::
     36     8    append_time     i64 wall-clock ms at append
     44          topic           utf-8, topic_len bytes
                 MIRROR only:    u16 region_len | region | u64 source_seq | u64 source_epoch
+                PRODUCER only:  u64 producer_id | u16 epoch | u16 zero | u32 sequence
+                                (an idempotent produce, edge_gateway.idempotence)
                 payload         DATA/MIRROR: one record batch (empty for a MIRROR marker
                                 with count 0); CHECKPOINT: UTF-8 JSON state snapshot
 
@@ -28,7 +31,15 @@ bytes up to the preallocated size, and a reader stops where only zeros remain
 Every segment begins with a CHECKPOINT entry holding the next offset of every
 partition and the mirror progress of every source region at the moment the
 segment was opened, so a journal whose old segments were deleted still knows
-where each partition continues.
+where each partition continues. Version 2 checkpoints add the idempotent
+producers' state (``ProducerTable.snapshot``), Kafka's producer snapshot.
+
+Versions: version 2 segments may hold PRODUCER entries and version 2
+checkpoints; a version 1 segment holds neither and reads as before (the
+journal keeps appending to an old active segment without producer entries and
+writes version 2 from its next segment). A version 1 reader refuses a version
+2 segment ("unsupported segment version") instead of cutting the producer
+entries it does not know as a torn tail.
 """
 
 from __future__ import annotations
@@ -37,14 +48,16 @@ import json
 import re
 import struct
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format import batch as _batch
 
 SEGMENT_MAGIC: Final = b"EGWJ"
-SEGMENT_VERSION: Final = 1
+SEGMENT_VERSION: Final = 2
+#: Segment versions this code reads.
+SEGMENT_VERSIONS: Final = (1, 2)
 _SEGMENT_HEADER = struct.Struct("<4sB3xQ")
 SEGMENT_HEADER_SIZE: Final = _SEGMENT_HEADER.size  # 16
 
@@ -52,11 +65,16 @@ KIND_DATA: Final = 1
 KIND_MIRROR: Final = 2
 KIND_CHECKPOINT: Final = 3
 _KINDS: Final = (KIND_DATA, KIND_MIRROR, KIND_CHECKPOINT)
+_KIND_NAMES: Final = {KIND_DATA: "data", KIND_MIRROR: "mirror", KIND_CHECKPOINT: "checkpoint"}
 FLAG_END_OF_SOURCE_OBJECT: Final = 0x01
+FLAG_PRODUCER: Final = 0x02
 
 ENTRY_HEADER = struct.Struct("<IIQBBHIqIq")
 ENTRY_HEADER_SIZE: Final = ENTRY_HEADER.size  # 44
 _SOURCE_TAIL = struct.Struct("<QQ")
+#: producer id, epoch, zero, sequence (after the topic of a PRODUCER entry)
+PRODUCER_TAIL = struct.Struct("<QHHI")
+PRODUCER_TAIL_SIZE: Final = PRODUCER_TAIL.size  # 16
 _U16 = struct.Struct("<H")
 #: Largest entry the journal writes or accepts when reading.
 MAX_ENTRY_BYTES: Final = _batch.MAX_BATCH_BYTES + 64 * 1024
@@ -74,6 +92,26 @@ class SourceCoords:
     end_of_object: bool = True
 
 
+class ProducerFields(Protocol):
+    """What a PRODUCER entry stores (``ProducerStamp``, ``idempotence.ProducerSeq``)."""
+
+    @property
+    def producer_id(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...
+    @property
+    def sequence(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStamp:
+    """The idempotent producer of a DATA entry (``edge_gateway.idempotence.ProducerSeq``)."""
+
+    producer_id: int
+    epoch: int
+    sequence: int
+
+
 @dataclass(frozen=True, slots=True)
 class Entry:
     """A decoded journal entry. ``payload`` is the batch (or checkpoint JSON)."""
@@ -88,6 +126,8 @@ class Entry:
     source: SourceCoords | None
     payload: bytes
     length: int
+    #: the idempotent producer that wrote a DATA entry, if any
+    producer: ProducerStamp | None = None
 
     @property
     def next_offset(self) -> int:
@@ -105,9 +145,14 @@ def decode_segment_header(buf: bytes, *, where: str) -> int:
     magic, version, base_lsn = _SEGMENT_HEADER.unpack_from(buf)
     if magic != SEGMENT_MAGIC:
         raise CorruptData(f"not a journal segment (magic {magic!r})", where=where)
-    if version != SEGMENT_VERSION:
+    if version not in SEGMENT_VERSIONS:
         raise CorruptData(f"unsupported segment version {version}", where=where)
     return int(base_lsn)
+
+
+def segment_version(buf: bytes) -> int:
+    """The version byte of a segment header (checked by :func:`decode_segment_header`)."""
+    return int(buf[4])
 
 
 ENTRY_REST = struct.Struct("<QBBHIqIq")  # the entry header after length and crc
@@ -125,6 +170,7 @@ def encode_entry_rest(
     count: int,
     append_time: int,
     source: SourceCoords | None = None,
+    producer: ProducerFields | None = None,
 ) -> bytes:
     """The bytes of an entry from offset 8 up to its payload.
 
@@ -148,7 +194,22 @@ def encode_entry_rest(
             + region
             + _SOURCE_TAIL.pack(source.seq, source.epoch)
         )
+    if producer is not None:
+        if kind != KIND_DATA:
+            raise InvalidInput("only a data entry has a producer")
+        rest = _REST.pack(
+            lsn, kind, FLAG_PRODUCER, len(topic), partition, base_offset, count, append_time
+        )
+        return rest + topic + encode_producer(producer)
     return rest + topic
+
+
+def encode_producer(producer: ProducerFields) -> bytes:
+    """The 16 bytes after the topic of a PRODUCER entry."""
+    try:
+        return PRODUCER_TAIL.pack(producer.producer_id, producer.epoch, 0, producer.sequence)
+    except struct.error:
+        raise InvalidInput(f"producer fields out of range: {producer}") from None
 
 
 def entry_crc(rest: bytes, *payload: bytes | memoryview) -> int:
@@ -170,9 +231,11 @@ def encode_entry(
     append_time: int,
     payload: bytes,
     source: SourceCoords | None = None,
+    producer: ProducerFields | None = None,
 ) -> bytes:
     """A whole entry (for tests, tools and small entries)."""
     rest = encode_entry_rest(
+        producer=producer,
         lsn=lsn,
         kind=kind,
         topic=topic,
@@ -285,15 +348,36 @@ def decode_entry(
         seq, epoch = _SOURCE_TAIL.unpack_from(view, cur)
         cur += _SOURCE_TAIL.size
         source = SourceCoords(region, seq, epoch, bool(flags & FLAG_END_OF_SOURCE_OBJECT))
-    elif flags:
-        raise CorruptData(f"flags 0x{flags:02x} on a non-mirror entry", where=where)
+        if flags & ~FLAG_END_OF_SOURCE_OBJECT:
+            raise CorruptData(f"flags 0x{flags:02x} on a mirror entry", where=where)
+    producer = None
+    if kind == KIND_DATA and flags == FLAG_PRODUCER:
+        if cur + PRODUCER_TAIL_SIZE > length:
+            raise CorruptData("producer fields overrun the entry", where=where)
+        pid, pepoch, zero, pseq = PRODUCER_TAIL.unpack_from(view, cur)
+        if zero:
+            raise CorruptData("reserved producer bytes are not zero", where=where)
+        cur += PRODUCER_TAIL_SIZE
+        producer = ProducerStamp(pid, pepoch, pseq)
+    elif kind != KIND_MIRROR and flags:
+        raise CorruptData(f"flags 0x{flags:02x} on a {_KIND_NAMES[kind]} entry", where=where)
     payload = bytes(view[cur:])
     if kind != KIND_CHECKPOINT and (count > 0 or payload):
         h = _batch.read_header(payload, 0, where=where)
         if h.length != len(payload) or h.count != count or h.base_offset != base_offset:
             raise CorruptData("entry header disagrees with its batch", where=where)
     return Entry(
-        lsn, kind, topic, partition, base_offset, count, append_time, source, payload, length
+        lsn,
+        kind,
+        topic,
+        partition,
+        base_offset,
+        count,
+        append_time,
+        source,
+        payload,
+        length,
+        producer,
     )
 
 
@@ -305,23 +389,31 @@ class Checkpoint:
     next_offsets: dict[tuple[str, int], int]
     #: source region -> coordinates of the last mirror entry applied from it
     sources: dict[str, SourceCoords]
+    #: the idempotent producers' state (``ProducerTable.snapshot``) as of the
+    #: segment's start; None: none (written as a version 1 checkpoint)
+    producers: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
         doc: dict[str, Any] = {
-            "v": 1,
+            "v": 1 if self.producers is None else 2,
             "partitions": [[t, p, o] for (t, p), o in sorted(self.next_offsets.items())],
             "sources": {
                 r: [s.seq, s.epoch, s.end_of_object] for r, s in sorted(self.sources.items())
             },
         }
+        if self.producers is not None:
+            doc["producers"] = self.producers
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, payload: bytes, *, where: str) -> Checkpoint:
         try:
             doc = json.loads(payload)
-            if doc.get("v") != 1:
+            if doc.get("v") not in (1, 2):
                 raise CorruptData(f"unsupported checkpoint version {doc.get('v')!r}", where=where)
+            producers = doc.get("producers") if doc["v"] == 2 else None
+            if producers is not None and not isinstance(producers, dict):
+                raise CorruptData("checkpoint producers is not an object", where=where)
             offsets = {(str(t), int(p)): int(o) for t, p, o in doc["partitions"]}
             sources = {
                 str(r): SourceCoords(str(r), int(s), int(e), bool(end))
@@ -331,4 +423,4 @@ class Checkpoint:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as exc:
             raise CorruptData(f"malformed checkpoint: {exc}", where=where) from None
-        return cls(offsets, sources)
+        return cls(offsets, sources, producers)

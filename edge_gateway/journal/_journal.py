@@ -55,11 +55,11 @@ import sys
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Container, Iterator
+from collections.abc import AsyncIterator, Callable, Container, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final, NamedTuple, NoReturn
+from typing import Any, Final, NamedTuple, NoReturn
 
 import trio
 import trio.lowlevel
@@ -76,7 +76,7 @@ from edge_gateway.errors import (
 )
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
-from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
+from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop, DroppedRange, append_drops, load_drops
@@ -105,6 +105,8 @@ _SMALL_WRITE: Final = 16 * 1024
 # a batch header: length, version, flags, reserved, (base offset, crc), count, min/max ts
 _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
+# the batch's first 16 bytes with the assigned base offset (length, version, flags, reserved)
+_BATCH_START = struct.Struct("<IBBHq")
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
 #: RAM of one segment's summary beyond its arrays: the Segment, its paths, its
@@ -344,6 +346,15 @@ class Journal:
         self.drop_generation = 0
         #: Entries below this LSN are in an object the shipper is committing.
         self._taken_lsn = 0
+        #: The active segment's version: producer entries go only into a version 2 one.
+        self._active_version = fentry.SEGMENT_VERSION
+        #: The idempotent producers' state for the checkpoint of each new
+        #: segment (set by the gateway; ``ProducerTable.snapshot``).
+        self.producer_snapshot: Callable[[], dict[str, Any]] | None = None
+        #: What open found for the producers: the last segment's checkpoint
+        #: state and the producer entries after it (``Gateway`` rebuilds its table).
+        self.recovered_producers: dict[str, Any] | None = None
+        self.recovered_producer_entries: list[Entry] = []
 
     # ------------------------------------------------------------------ open
 
@@ -534,6 +545,11 @@ class Journal:
 
     def _add_scanned(self, scanned: Scanned, *, last: bool) -> Segment:
         """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
+        if last:
+            self._active_version = scanned.version
+            self.recovered_producer_entries = scanned.producers
+            if scanned.checkpoint is not None:
+                self.recovered_producers = scanned.checkpoint.producers
         if last and scanned.checkpoint is not None:
             self._apply_checkpoint(scanned.checkpoint)
         for (topic, partition), sp in scanned.parts.items():
@@ -710,6 +726,7 @@ class Journal:
         self._next_lsn = base_lsn + 1
         self._durable_lsn = base_lsn
         self._total_bytes += len(data)
+        self._active_version = fentry.SEGMENT_VERSION
 
     def _roll(self) -> None:
         """Seal the active segment (fsync + index file) and start the next one.
@@ -736,7 +753,11 @@ class Journal:
         old.last_append_time = max(old.last_append_time, self._now)
         self._keep_free()
         cp = Checkpoint(
-            {key: p.next_offset for key, p in self._partitions.items()}, dict(self._sources)
+            {key: p.next_offset for key, p in self._partitions.items()},
+            dict(self._sources),
+            # Every entry so far is durable (the fsync above): the state
+            # covers exactly the LSNs before the new segment.
+            self.producer_snapshot() if self.producer_snapshot is not None else None,
         )
         self._start_segment(self._next_lsn, cp)
         # The new segment exists: the roll is done.
@@ -802,13 +823,19 @@ class Journal:
         raise InvalidInput(f"{where}: batch length field {h.length} but {len(batch)} bytes given")
 
     def append_nowait(
-        self, topic: str, partition: int, batch: bytes | bytearray | memoryview
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray | memoryview,
+        producer: ProducerFields | None = None,
     ) -> Appended:
         """Append an encoded batch; offsets are assigned here, gap-free.
 
         Returns once the entry is written to the OS: it is readable at once and
         survives a crash of this process. With ``fsync=always`` use
-        :meth:`append`, which also waits for the fsync.
+        :meth:`append`, which also waits for the fsync. ``producer``: the
+        idempotent producer's id, epoch and sequence, written into the entry
+        (the caller checked them, see ``edge_gateway.idempotence``).
         """
         # The hot path of the whole gateway: kept flat on purpose (one dict
         # lookup per topic and partition, one struct pack, one CRC, one copy
@@ -838,6 +865,10 @@ class Journal:
         ):
             self._bad_batch(topic, partition, batch)
         length = t.overhead + n
+        if producer is not None:
+            length += fentry.PRODUCER_TAIL_SIZE
+            if self._active_version < 2:
+                self._roll_for_producers()
         seg = self._active
         if seg.size + length > self._roll_at or self._total_bytes + length > self._max_bytes:
             self._reserve(length)
@@ -845,9 +876,21 @@ class Journal:
         lsn = self._next_lsn
         base = p.next_offset
         now = _time_ns() // 1_000_000
-        head = t.head.pack(
-            lsn, 1, 0, len(t.raw), partition, base, count, now, t.raw, n, 1, flags, 0, base
-        )
+        if producer is None:
+            head = t.head.pack(
+                lsn, 1, 0, len(t.raw), partition, base, count, now, t.raw, n, 1, flags, 0, base
+            )
+        else:
+            head = fentry.encode_entry_rest(
+                lsn=lsn,
+                kind=fentry.KIND_DATA,
+                topic=t.raw,
+                partition=partition,
+                base_offset=base,
+                count=count,
+                append_time=now,
+                producer=producer,
+            ) + _BATCH_START.pack(n, 1, flags, 0, base)
         pos = seg.size
         end = pos + length
         if n <= _SMALL_WRITE:
@@ -874,6 +917,17 @@ class Journal:
         if p.waiters:
             p.lot.unpark_all()
         return _new_appended(Appended, (lsn, base, count))
+
+    def _roll_for_producers(self) -> None:
+        """Start a version 2 segment: the active one is an older gateway's version 1."""
+        log.info("journal %s: starting a version 2 segment for producer entries", self.path)
+        try:
+            if self._space.full_since is not None:
+                self._while_disk_full(0)
+            self._roll_making_room()
+        except DiskFull:
+            self._refused()
+            raise
 
     async def append(
         self, topic: str, partition: int, batch: bytes | bytearray | memoryview

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import trio
 
 from edge_gateway.errors import InvalidInput, JournalFull
-from edge_gateway.format.entry import Entry
+from edge_gateway.format.entry import Entry, ProducerFields
 from edge_gateway.journal._config import JournalConfig
 from edge_gateway.journal._journal import Journal, OffsetOutOfRange, open_journal
 from edge_gateway.journal._lane import ALL_LANES, MAIN_LANE, Lane, Priority
@@ -224,11 +224,15 @@ class Lanes:
     # ---------------------------------------------------------------- append
 
     def append_nowait(
-        self, topic: str, partition: int, batch: bytes | bytearray | memoryview
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray | memoryview,
+        producer: ProducerFields | None = None,
     ) -> LaneAppended:
         """Append to the partition's lane (see :meth:`Journal.append_nowait`)."""
         if not self.multi:
-            lsn, base, count = self.main.append_nowait(topic, partition, batch)
+            lsn, base, count = self.main.append_nowait(topic, partition, batch, producer)
             return _new(LaneAppended, (MAIN_LANE, lsn, base, count))
         key = (topic, partition)
         i = self._settled.get(key)
@@ -240,14 +244,14 @@ class Lanes:
         self._fit(i)
         lane = self._lane_at[i]
         try:
-            lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch)
+            lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch, producer)
         except JournalFull:
             # Drop-oldest data is what gives way: a full lane takes the shared
             # room a drop-oldest lane holds beyond its reserve, then tries again.
             if not self._shed_for(i, len(batch)):
                 raise
             self._fit(i)
-            lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch)
+            lsn, base, count = self._plan[i][0].append_nowait(topic, partition, batch, producer)
         if key in self._pending_moves:
             # Only a partition waiting to move needs its last LSN in the old lane.
             self._last_lsn[key] = lsn

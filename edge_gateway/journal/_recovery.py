@@ -22,7 +22,7 @@ from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
-from edge_gateway.format.entry import Checkpoint, SourceCoords
+from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._segment import INDEX_SUFFIX, SEGMENT_SUFFIX, Segment
 
@@ -60,6 +60,10 @@ class Scanned:
     sources: dict[str, SourceCoords]
     #: bytes of a torn tail cut away
     truncated: int = 0
+    #: the segment's version (``fentry.SEGMENT_VERSIONS``)
+    version: int = fentry.SEGMENT_VERSION
+    #: the entries of idempotent producers (the last segment only), in LSN order
+    producers: list[Entry] = field(default_factory=list)
 
 
 def list_segments(path: Path) -> list[tuple[int, Path]]:
@@ -105,7 +109,7 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
     if fentry.decode_segment_header(buf[: fentry.SEGMENT_HEADER_SIZE], where=where) != base:
         raise CorruptData("segment header LSN does not match its file name", where=where)
     seg = Segment(base, path, size, 0)
-    out = Scanned(seg, None, {}, {})
+    out = Scanned(seg, None, {}, {}, version=fentry.segment_version(buf))
     pos = fentry.SEGMENT_HEADER_SIZE
     lsn = base
     positions = seg.positions
@@ -227,6 +231,8 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
             p.next_offset = max(p.next_offset, e.next_offset)
         if e.source is not None:
             out.sources[e.source.region] = e.source
+        if last and e.producer is not None:
+            out.producers.append(e)
         pos += e.length
         lsn += 1
     if not positions:

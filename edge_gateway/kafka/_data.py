@@ -18,8 +18,10 @@ import trio
 from kio.schema.errors import ErrorCode
 
 from edge_gateway.errors import CorruptData, EdgeGatewayError, InvalidInput
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format.kafka_batch import UnsupportedCompression, decode_batches
 from edge_gateway.gateway import ProduceRecord
+from edge_gateway.idempotence import ProducerSeq
 from edge_gateway.kafka._handlers import topic_id
 from edge_gateway.kafka._protocol import RequestFrame
 from edge_gateway.kafka._records import encode_fetch_batches, to_produce_records
@@ -74,27 +76,37 @@ async def _produce_topic(
     out: dict[int, dict[str, Any]] = {}
     records: list[ProduceRecord] = []
     spans: list[tuple[int, int, int]] = []  # (partition, first index, count)
+    idempotent: list[tuple[int, list[ProduceRecord], ProducerSeq]] = []
     for pd in partitions:
         p = int(pd.index)
         try:
             if pd.records is None:
                 raise InvalidInput(f"partition {p}: no records")
             batch_records: list[ProduceRecord] = []
+            seqs: list[ProducerSeq] = []
+            nbatches = 0
             for batch in decode_batches(
                 pd.records,
                 max_records_bytes=conn.config.max_request_bytes * 4,
                 where=f"{name}/{p}",
             ):
-                if batch.producer_id != -1:
-                    raise InvalidInput(
-                        "idempotent produce (producer id "
-                        f"{batch.producer_id}) is not supported yet: set enable.idempotence=false"
-                    )
+                nbatches += 1
                 if batch.transactional or batch.control:
                     raise InvalidInput("transactions are not supported")
+                if batch.producer_id != -1:
+                    seqs.append(
+                        ProducerSeq(batch.producer_id, batch.producer_epoch, batch.base_sequence)
+                    )
                 batch_records += to_produce_records(batch.records, p)
             if not batch_records:
                 raise InvalidInput(f"partition {p}: no records")
+            if seqs:
+                if nbatches > 1:
+                    # Kafka producers send one batch per partition and request.
+                    raise InvalidInput("idempotent produce: one record batch per partition")
+                seqs[0].check()
+                idempotent.append((p, batch_records, seqs[0]))
+                continue
         except UnsupportedCompression as exc:
             out[p] = _partition_error(p, ErrorCode.unsupported_compression_type, str(exc))
             continue
@@ -126,6 +138,25 @@ async def _produce_topic(
                     "record_errors": [],
                     "error_message": None,
                 }
+    for p, recs, seq in idempotent:
+        shipped = acks == -1 and conn.config.acks_all == "shipped"
+        try:
+            res = await gw.produce_partition(
+                name, p, recs, ack="shipped" if shipped else "local", producer=seq
+            )
+        except EdgeGatewayError as exc:
+            out[p] = _partition_error(p, error_for(exc), str(exc))
+            continue
+        # A retried batch already written answers with its original offsets.
+        out[p] = {
+            "index": p,
+            "error_code": ErrorCode.none,
+            "base_offset": res.offsets[0],
+            "log_append_time": None,
+            "log_start_offset": gw.lanes.first_offset(name, p),
+            "record_errors": [],
+            "error_message": None,
+        }
     return [out[int(pd.index)] for pd in partitions]
 
 
@@ -171,6 +202,8 @@ async def produce(conn: Connection, req: RequestFrame) -> Any:
                 }
             )
     response = response_for(req, {"responses": body, "throttle_time": 0})
+    # Tests: the records are durable, the response is lost (the client retries).
+    fail_point("kafka.produce_before_response")
     if acks == 0:
         # No response at all (Kafka's acks=0); errors are only counted.
         server = conn.gateway.kafka_server
@@ -280,8 +313,13 @@ async def fetch(conn: Connection, req: RequestFrame) -> Any:
         ]
         if not waiting:
             break
-        with trio.move_on_at(deadline):
+        server = conn.gateway.kafka_server
+        if server is None:
+            break
+        with server.interruptible(deadline) as scope:
             await _wait_any(conn, waiting)
+        if scope.cancelled_caught and server.stopping:
+            break
     topics: dict[str, list[dict[str, Any]]] = {}
     for topic, p, _, _ in wanted:
         topics.setdefault(topic, []).append(results[(topic, p)])
@@ -492,13 +530,27 @@ async def describe_configs(conn: Connection, req: RequestFrame) -> Any:
 
 @register(INIT_PRODUCER_ID_KEY, 0, 4)
 async def init_producer_id(conn: Connection, req: RequestFrame) -> Any:
-    # Idempotent produce is not wired yet: a clear, final error (clients with
-    # idempotence off never send this request).
-    if req.request.transactional_id is not None:
-        code = ErrorCode.transactional_id_authorization_failed
-    else:
-        code = ErrorCode.cluster_authorization_failed
-    return response_for(
-        req,
-        {"throttle_time": 0, "error_code": code, "producer_id": -1, "producer_epoch": -1},
-    )
+    """A producer id and epoch (idempotence; edge_gateway.idempotence). No transactions."""
+    r = req.request
+    body: dict[str, Any] = {"throttle_time": 0, "producer_id": -1, "producer_epoch": -1}
+    if r.transactional_id is not None:
+        body["error_code"] = ErrorCode.transactional_id_authorization_failed
+        return response_for(req, body)
+    pid = int(getattr(r, "producer_id", -1))
+    epoch = int(getattr(r, "producer_epoch", -1))
+    try:
+        if pid == -1:
+            got = await conn.gateway.init_producer()
+        else:
+            # KIP-360: a producer that lost track of its sequences bumps its epoch.
+            got = await conn.gateway.init_producer(pid, None if epoch == -1 else epoch)
+    except EdgeGatewayError as exc:
+        code = error_for(exc)
+        if code == ErrorCode.unknown_producer_id:
+            code = ErrorCode.invalid_producer_id_mapping
+        elif code == ErrorCode.invalid_producer_epoch:
+            code = ErrorCode.producer_fenced
+        body["error_code"] = code
+        return response_for(req, body)
+    body.update(error_code=ErrorCode.none, producer_id=got[0], producer_epoch=got[1])
+    return response_for(req, body)

@@ -27,8 +27,11 @@ from edge_gateway.errors import (
     DiskFull,
     InvalidInput,
     InvalidName,
+    OutOfOrderSequence,
+    ProducerFenced,
     ReadOnlyTopic,
     Unavailable,
+    UnknownProducer,
     UnknownTopic,
 )
 from edge_gateway.kafka._protocol import RequestFrame, build, response_class
@@ -121,6 +124,12 @@ def response_for(req: RequestFrame, values: Mapping[str, Any]) -> Any:
 
 def error_for(exc: Exception) -> ErrorCode:
     """The Kafka error code for a gateway error (docs/kafka.md, "Errors")."""
+    if isinstance(exc, UnknownProducer):
+        return ErrorCode.unknown_producer_id
+    if isinstance(exc, OutOfOrderSequence):
+        return ErrorCode.out_of_order_sequence_number
+    if isinstance(exc, ProducerFenced):
+        return ErrorCode.invalid_producer_epoch
     if isinstance(exc, UnknownTopic):
         return ErrorCode.unknown_topic_or_partition
     if isinstance(exc, ReadOnlyTopic):

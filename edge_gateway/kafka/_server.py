@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import time
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -55,6 +57,8 @@ log = logging.getLogger("edgegw.kafka")
 #: ``<data_dir>/kafka.addr`` holds ``host:port`` of the running listener.
 ADDR_FILE: Final = "kafka.addr"
 _READ_SIZE: Final = 64 * 1024
+#: Seconds a request in progress gets to be answered once the listener stops.
+GRACEFUL_TIMEOUT_S: Final = 3.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,28 @@ class KafkaServer:
     errors: Counter[str] = field(default_factory=Counter)
     protocol_errors: int = 0
     tls_handshake_failures: int = 0
+    #: Set when the listener stops: connections end after their current request.
+    stopping: bool = False
+    #: Waits that end at once when the listener stops (idle reads, Fetch long polls).
+    _waits: set[trio.CancelScope] = field(default_factory=set)
+
+    @contextlib.contextmanager
+    def interruptible(self, deadline: float = math.inf) -> Iterator[trio.CancelScope]:
+        """A cancel scope (until ``deadline``) that the listener's stop cancels."""
+        scope = trio.CancelScope(deadline=deadline)
+        if self.stopping:
+            scope.cancel()
+        self._waits.add(scope)
+        try:
+            with scope:
+                yield scope
+        finally:
+            self._waits.discard(scope)
+
+    def begin_stop(self) -> None:
+        self.stopping = True
+        for scope in list(self._waits):
+            scope.cancel()
 
     def count_error(self, code: ErrorCode | int, n: int = 1) -> None:
         """Count ``n`` occurrences of a non-zero error code in responses."""
@@ -174,15 +200,39 @@ async def serve_kafka(
         await trio.to_thread.run_sync(_write_addr, addr_path, text)
         log.info("Kafka listener on %s%s", text, " (TLS)" if tls is not None else "")
 
+    # Stopping (the gateway shuts down): no new connections; idle connections
+    # and long polls end at once; a request in progress (a Produce waiting for
+    # its fsync) gets up to GRACEFUL_TIMEOUT_S to be answered, so a client is
+    # not left to retry what was written. The connections run shielded for
+    # that; the deadline is set when the stop begins.
+    accepting = trio.CancelScope()
+    connections = trio.CancelScope(shield=True)
+    graceful = min(GRACEFUL_TIMEOUT_S, gateway.config.shutdown_grace_s)
+
+    async def run(*, task_status: trio.TaskStatus[list[trio.SocketListener]]) -> None:
+        with connections:
+            async with trio.open_nursery() as conns:
+                with accepting:
+                    await trio.serve_listeners(
+                        handle, listeners, handler_nursery=conns, task_status=task_status
+                    )
+                for listener in listeners:
+                    await listener.aclose()
+
     try:
         async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, handle, listeners)
+            await nursery.start(run)
             if gateway.ready:
                 await announce()
             else:
                 gateway.on_ready(announce)
             task_status.started((host, port))
-            await trio.sleep_forever()
+            try:
+                await trio.sleep_forever()
+            finally:
+                server.begin_stop()
+                accepting.cancel()
+                connections.deadline = trio.current_time() + graceful
     finally:
         if gateway.kafka_server is server:
             gateway.kafka_server = None
@@ -245,7 +295,9 @@ async def _serve_connection(
                 return
             if frame is None:
                 data: bytes | bytearray = b""
-                with trio.move_on_after(cfg.idle_timeout_s):
+                if server.stopping:
+                    return
+                with server.interruptible(trio.current_time() + cfg.idle_timeout_s):
                     try:
                         data = await stream.receive_some(_READ_SIZE)
                     except trio.BrokenResourceError:

@@ -1,19 +1,20 @@
 """A real ``edgegw serve`` with the Kafka listener on, for the Kafka tests.
 
 :func:`kafka_gateway` writes a config (local directory bucket, the HTTP API
-and the Kafka listener on free loopback ports), starts the process and
-waits for both address files; :class:`KafkaGateway` knows the bootstrap
-address and the HTTP API's URL.
+and the Kafka listener on loopback ports), starts the process and waits for
+both address files; :class:`KafkaGateway` knows the bootstrap address and
+the HTTP API's URL, and can be killed (-9) and started again on the same
+Kafka port.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +26,58 @@ from edge_gateway.client import read_addr_file
 __all__ = ["KafkaGateway", "kafka_gateway"]
 
 
-@dataclass
 class KafkaGateway:
-    proc: subprocess.Popen[bytes]
-    data_dir: Path
-    log: Path
-    bootstrap: str
-    url: str
+    def __init__(
+        self, config: Path, data_dir: Path, log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.env = env
+        self.config = config
+        self.data_dir = data_dir
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.bootstrap = ""
+        self.url = ""
+
+    def start(self) -> None:
+        for name in ("kafka.addr", "api.addr"):
+            (self.data_dir / name).unlink(missing_ok=True)
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(EDGEGW), "serve", "--config", str(self.config)],
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+                env={**os.environ, **self.env} if self.env else None,
+            )
+        deadline = time.monotonic() + 60
+        data = self.data_dir
+        while not ((data / "kafka.addr").exists() and (data / "api.addr").exists()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise AssertionError(f"serve did not start: {self.tail()}")
+            time.sleep(0.05)
+        self.bootstrap = (data / "kafka.addr").read_text().strip()
+        self.url = read_addr_file(data)
+
+    def kill(self) -> None:
+        """kill -9: no flush, no goodbye."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> int:
+        """SIGTERM and wait (kill -9 after 30 s)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return 0 if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return -9
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30)
@@ -47,7 +93,9 @@ class KafkaGateway:
         return self.log.read_text(errors="replace")[-4000:]
 
 
-def _config(tmp_path: Path, region: str, topics: str, extra: str, extra_toml: str) -> Path:
+def _config(
+    tmp_path: Path, region: str, topics: str, extra: str, extra_toml: str, listen: str
+) -> Path:
     path = tmp_path / f"{region}.toml"
     path.write_text(
         f"""
@@ -64,7 +112,7 @@ flush_interval_ms = 50
 listen = "127.0.0.1:0"
 {extra_toml}
 [kafka]
-listen = "127.0.0.1:0"
+listen = "{listen}"
 {extra}
 {topics}
 """
@@ -80,31 +128,15 @@ def kafka_gateway(
     topics: str = "",
     extra: str = "",
     extra_toml: str = "",
+    listen: str = "127.0.0.1:0",
+    env: dict[str, str] | None = None,
 ) -> Iterator[KafkaGateway]:
     """A running gateway with ``[kafka]`` on; stopped (SIGTERM) at the end."""
-    config = _config(tmp_path, region, topics, extra, extra_toml)
     (tmp_path / "bucket").mkdir(exist_ok=True)
-    data = tmp_path / region
-    log = tmp_path / f"{region}.log"
-    with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [str(EDGEGW), "serve", "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=out,
-        )
+    config = _config(tmp_path, region, topics, extra, extra_toml, listen)
+    gw = KafkaGateway(config, tmp_path / region, tmp_path / f"{region}.log", env)
+    gw.start()
     try:
-        deadline = time.monotonic() + 60
-        while not ((data / "kafka.addr").exists() and (data / "api.addr").exists()):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"serve did not start: {log.read_text()}")
-            time.sleep(0.05)
-        bootstrap = (data / "kafka.addr").read_text().strip()
-        yield KafkaGateway(proc, data, log, bootstrap, read_addr_file(data))
+        yield gw
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        gw.stop()

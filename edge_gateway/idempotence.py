@@ -1,0 +1,450 @@
+"""Idempotent produce: producer ids, epochs and per-partition sequences (sans-IO).
+
+Kafka's idempotent producer is the model (its ``ProducerStateManager``):
+
+- a producer gets an id (and epoch 0) from :meth:`ProducerTable.new_producer`;
+  a new instance of the same producer may bump the epoch
+  (:meth:`ProducerTable.bump`), which fences the older instance
+  (:class:`~edge_gateway.errors.ProducerFenced`);
+- every append of that producer to a partition carries a :class:`ProducerSeq`:
+  the sequence number of its first record, per (topic, partition), starting at
+  0 and counting records (a batch of 3 at sequence 7 is followed by 10);
+- per producer and partition the last :data:`REMEMBERED_BATCHES` batches are
+  remembered (:class:`BatchMeta`: sequence, count, offsets, journal LSN): an
+  append that repeats one of them exactly is a *duplicate* and answered with the
+  original offsets; one that leaves a gap is refused
+  (:class:`~edge_gateway.errors.OutOfOrderSequence`);
+- at most ``max_producers`` producers are remembered, each for
+  ``expiry_ms`` after its last append or init; beyond that the oldest idle
+  are forgotten and their next request gets
+  :class:`~edge_gateway.errors.UnknownProducer`.
+
+This module holds no I/O: the gateway checks an append with :meth:`check`,
+writes it to the journal (the producer id, epoch and sequence go into the
+journal entry), then calls :meth:`record`. The journal's checkpoint at the
+start of every segment carries :meth:`snapshot` (the state of producers whose
+entries a deleted segment took away), and recovery rebuilds the table from the
+last checkpoint plus the entries after it (:meth:`restore`, :meth:`replay`).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Final
+
+from edge_gateway.errors import (
+    CorruptData,
+    InvalidInput,
+    OutOfOrderSequence,
+    ProducerFenced,
+    UnknownProducer,
+)
+
+__all__ = [
+    "MAX_EPOCH",
+    "MAX_PRODUCER_ID",
+    "REMEMBERED_BATCHES",
+    "SEQUENCE_MODULUS",
+    "BatchMeta",
+    "ProducerSeq",
+    "ProducerStats",
+    "ProducerTable",
+]
+
+#: Batches remembered per producer and partition (Kafka: 5, its
+#: ``max.in.flight.requests.per.connection`` limit for idempotence).
+REMEMBERED_BATCHES: Final = 5
+#: Sequences are 31-bit and wrap to 0 after 2**31 - 1, as Kafka's.
+SEQUENCE_MODULUS: Final = 2**31
+#: Epochs are 15-bit (Kafka's int16 >= 0); an exhausted epoch gets a new id.
+MAX_EPOCH: Final = 2**15 - 1
+MAX_PRODUCER_ID: Final = 2**63 - 1
+#: Version of :meth:`ProducerTable.snapshot`'s document.
+SNAPSHOT_VERSION: Final = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerSeq:
+    """What an idempotent append carries: who wrote it and its place in the producer's sequence."""
+
+    #: from :meth:`ProducerTable.new_producer` (``Gateway.init_producer``)
+    producer_id: int
+    epoch: int
+    #: sequence number of the first record of this append, for this (topic, partition)
+    sequence: int
+
+    def check(self) -> None:
+        """Raise :class:`InvalidInput` unless every field is in range."""
+        if not 0 <= self.producer_id <= MAX_PRODUCER_ID:
+            raise InvalidInput(f"producer id {self.producer_id} out of range")
+        if not 0 <= self.epoch <= MAX_EPOCH:
+            raise InvalidInput(f"producer epoch {self.epoch} out of range 0..{MAX_EPOCH}")
+        if not 0 <= self.sequence < SEQUENCE_MODULUS:
+            raise InvalidInput(
+                f"producer sequence {self.sequence} out of range 0..{SEQUENCE_MODULUS - 1}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchMeta:
+    """One remembered append of a producer to a partition."""
+
+    epoch: int
+    sequence: int
+    count: int
+    base_offset: int
+    #: journal LSN of the entry (in lane ``lane``), to wait for its durability
+    lsn: int
+    #: the journal lane's id (``Lane.id``; 0 the normal lane)
+    lane: int
+
+    @property
+    def last_sequence(self) -> int:
+        return (self.sequence + self.count - 1) % SEQUENCE_MODULUS
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStats:
+    """:meth:`ProducerTable.statistics`."""
+
+    producers: int
+    partitions: int
+    duplicates: int
+    issued: int
+    expired: int
+    evicted: int
+    next_id: int
+
+
+class _Producer:
+    __slots__ = ("epoch", "last_seen", "parts")
+
+    def __init__(self, epoch: int, last_seen: int) -> None:
+        self.epoch = epoch
+        self.last_seen = last_seen
+        self.parts: dict[tuple[str, int], deque[BatchMeta]] = {}
+
+
+class ProducerTable:
+    """The de-duplication state of every idempotent producer (see the module docstring).
+
+    ``now`` arguments are wall-clock milliseconds (a journal entry's
+    ``append_time`` on replay), so expiry survives a restart.
+    """
+
+    def __init__(self, *, max_producers: int = 10_000, expiry_ms: int = 24 * 3600 * 1000) -> None:
+        if max_producers < 1:
+            raise InvalidInput("max_producers must be at least 1")
+        if expiry_ms < 1:
+            raise InvalidInput("the producer expiry must be positive")
+        self.max_producers = max_producers
+        self.expiry_ms = expiry_ms
+        #: the next producer id to issue; ids are never reused (the caller
+        #: persists it, see ``Gateway``)
+        self.next_id = 1
+        self._producers: dict[int, _Producer] = {}
+        self.duplicates = 0
+        self.issued = 0
+        self.expired = 0
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._producers)
+
+    def __contains__(self, producer_id: object) -> bool:
+        return producer_id in self._producers
+
+    def epoch_of(self, producer_id: int) -> int | None:
+        """The current epoch of a remembered producer, else None."""
+        p = self._producers.get(producer_id)
+        return None if p is None else p.epoch
+
+    # ------------------------------------------------------------ producers
+
+    def new_producer(self, now: int) -> tuple[int, int]:
+        """Issue a new producer id at epoch 0 (forgetting the oldest idle if full)."""
+        self.expire(now)
+        pid = self.next_id
+        if pid > MAX_PRODUCER_ID:
+            raise InvalidInput("producer ids exhausted")
+        self.next_id = pid + 1
+        self._make_room()
+        self._producers[pid] = _Producer(0, now)
+        self.issued += 1
+        return pid, 0
+
+    def bump(self, producer_id: int, epoch: int | None, now: int) -> tuple[int, int]:
+        """A new instance of ``producer_id``: its epoch + 1, fencing the older one.
+
+        ``epoch`` is the caller's current epoch (None: whatever it is); an
+        older one raises :class:`ProducerFenced` (a newer instance already
+        bumped it). An exhausted epoch gets a new id at epoch 0.
+        """
+        self.expire(now)
+        p = self._producers.get(producer_id)
+        if p is None:
+            raise UnknownProducer(
+                f"producer id {producer_id} is not known here (expired, evicted or never "
+                "issued): get a new one"
+            )
+        if epoch is not None:
+            if epoch < p.epoch:
+                raise ProducerFenced(
+                    f"producer {producer_id} epoch {epoch} is fenced by epoch {p.epoch}"
+                )
+            if epoch > p.epoch:
+                raise InvalidInput(
+                    f"producer {producer_id} epoch {epoch} is newer than its current {p.epoch}"
+                )
+        if p.epoch >= MAX_EPOCH:
+            del self._producers[producer_id]
+            return self.new_producer(now)
+        p.epoch += 1
+        p.last_seen = now
+        return producer_id, p.epoch
+
+    def _make_room(self) -> None:
+        over = len(self._producers) - self.max_producers + 1
+        if over <= 0:
+            return
+        oldest = sorted(self._producers.items(), key=lambda kv: kv[1].last_seen)[:over]
+        for pid, _ in oldest:
+            del self._producers[pid]
+        self.evicted += len(oldest)
+
+    def expire(self, now: int) -> int:
+        """Forget producers idle for longer than the expiry; returns how many."""
+        limit = now - self.expiry_ms
+        gone = [pid for pid, p in self._producers.items() if p.last_seen < limit]
+        for pid in gone:
+            del self._producers[pid]
+        self.expired += len(gone)
+        return len(gone)
+
+    # ------------------------------------------------------------ appends
+
+    def check(
+        self, topic: str, partition: int, seq: ProducerSeq, count: int, now: int
+    ) -> BatchMeta | None:
+        """Check an append of ``count`` records before it is written.
+
+        Returns the remembered batch when the append is a duplicate (write
+        nothing, answer with its offsets), None when it is the next in
+        sequence (write it, then :meth:`record`). Raises
+        :class:`UnknownProducer`, :class:`ProducerFenced` or
+        :class:`OutOfOrderSequence`; changes nothing but the producer's
+        last-seen time and the duplicate count.
+        """
+        seq.check()
+        if count < 1:
+            raise InvalidInput("an idempotent append needs at least one record")
+        p = self._producers.get(seq.producer_id)
+        if p is not None and p.last_seen < now - self.expiry_ms:
+            del self._producers[seq.producer_id]
+            self.expired += 1
+            p = None
+        if p is None:
+            raise UnknownProducer(
+                f"producer id {seq.producer_id} is not known here (expired, evicted or never "
+                "issued): get a new one"
+            )
+        if seq.epoch < p.epoch:
+            raise ProducerFenced(
+                f"producer {seq.producer_id} epoch {seq.epoch} is fenced by epoch {p.epoch}"
+            )
+        if seq.epoch > p.epoch:
+            raise ProducerFenced(
+                f"producer {seq.producer_id} epoch {seq.epoch} is newer than the gateway's "
+                f"{p.epoch}: get the epoch from init_producer"
+            )
+        p.last_seen = max(p.last_seen, now)
+        batches = p.parts.get((topic, partition))
+        if batches:
+            last = batches[-1]
+            if last.epoch == seq.epoch:
+                for b in batches:
+                    if b.epoch == seq.epoch and b.sequence == seq.sequence:
+                        if b.count != count:
+                            raise OutOfOrderSequence(
+                                f"producer {seq.producer_id} sequence {seq.sequence} on "
+                                f"{topic}/{partition} was written with {b.count} records, "
+                                f"not {count}",
+                                expected=(last.last_sequence + 1) % SEQUENCE_MODULUS,
+                            )
+                        self.duplicates += 1
+                        return b
+                expected = (last.last_sequence + 1) % SEQUENCE_MODULUS
+                if seq.sequence != expected:
+                    raise OutOfOrderSequence(
+                        f"producer {seq.producer_id} sequence {seq.sequence} on "
+                        f"{topic}/{partition}: expected {expected} ("
+                        + (
+                            "a gap: an earlier append was not written"
+                            if _ahead(seq.sequence, expected)
+                            else "older than the batches remembered"
+                        )
+                        + ")",
+                        expected=expected,
+                    )
+                return None
+        if seq.sequence != 0:
+            raise OutOfOrderSequence(
+                f"producer {seq.producer_id} epoch {seq.epoch} has written nothing to "
+                f"{topic}/{partition}: its first sequence there must be 0, not {seq.sequence}",
+                expected=0,
+            )
+        return None
+
+    def record(
+        self,
+        topic: str,
+        partition: int,
+        seq: ProducerSeq,
+        count: int,
+        base_offset: int,
+        *,
+        lsn: int,
+        lane: int = 0,
+        now: int,
+    ) -> None:
+        """Remember an append :meth:`check` passed and the journal wrote."""
+        p = self._producers.get(seq.producer_id)
+        if p is None:  # forgotten between check and record: cannot happen without an await
+            self._make_room()
+            p = self._producers[seq.producer_id] = _Producer(seq.epoch, now)
+        self._remember(p, topic, partition, seq, count, base_offset, lsn, lane, now)
+
+    @staticmethod
+    def _remember(
+        p: _Producer,
+        topic: str,
+        partition: int,
+        seq: ProducerSeq,
+        count: int,
+        base_offset: int,
+        lsn: int,
+        lane: int,
+        now: int,
+    ) -> None:
+        key = (topic, partition)
+        batches = p.parts.get(key)
+        if batches is None:
+            batches = p.parts[key] = deque(maxlen=REMEMBERED_BATCHES)
+        elif batches and batches[-1].epoch != seq.epoch:
+            batches.clear()  # a new epoch starts a new sequence
+        batches.append(BatchMeta(seq.epoch, seq.sequence, count, base_offset, lsn, lane))
+        p.epoch = max(p.epoch, seq.epoch)
+        p.last_seen = max(p.last_seen, now)
+
+    # ------------------------------------------------------------ recovery
+
+    def replay(
+        self,
+        topic: str,
+        partition: int,
+        seq: ProducerSeq,
+        count: int,
+        base_offset: int,
+        *,
+        lsn: int,
+        lane: int = 0,
+        append_time: int,
+    ) -> None:
+        """Apply a journal entry found at open (after the checkpoint it follows).
+
+        No checks: the entry was checked when it was written. The producer
+        comes back if it was not in the checkpoint (its first append), and
+        ids at or above it are never issued again.
+        """
+        p = self._producers.get(seq.producer_id)
+        if p is None:
+            p = self._producers[seq.producer_id] = _Producer(seq.epoch, append_time)
+        elif seq.epoch < p.epoch:
+            return  # an old epoch's entry after a bump: nothing to remember
+        self.next_id = max(self.next_id, seq.producer_id + 1)
+        self._remember(p, topic, partition, seq, count, base_offset, lsn, lane, append_time)
+
+    def note_epoch(self, producer_id: int, epoch: int, now: int) -> None:
+        """Raise a remembered producer's epoch (a bump persisted outside the journal)."""
+        p = self._producers.get(producer_id)
+        if p is None:
+            p = self._producers[producer_id] = _Producer(epoch, now)
+        elif epoch > p.epoch:
+            p.epoch = epoch
+            p.last_seen = max(p.last_seen, now)
+        self.next_id = max(self.next_id, producer_id + 1)
+
+    def snapshot(self, lane: int | None = None) -> dict[str, Any]:
+        """The table as a JSON-able document; with ``lane``, only batches written to that lane.
+
+        A lane's journal checkpoint holds only its own batches: another
+        lane's may not be durable yet, and a snapshot that remembered a
+        batch lost in a crash would answer its retry as a duplicate.
+        """
+        producers = []
+        for pid, p in sorted(self._producers.items()):
+            parts = []
+            for (topic, partition), batches in sorted(p.parts.items()):
+                rows = [
+                    [b.epoch, b.sequence, b.count, b.base_offset, b.lsn]
+                    for b in batches
+                    if lane is None or b.lane == lane
+                ]
+                if rows:
+                    parts.append([topic, partition, rows])
+            producers.append([pid, p.epoch, p.last_seen, parts])
+        return {"v": SNAPSHOT_VERSION, "next_id": self.next_id, "producers": producers}
+
+    def restore(self, doc: dict[str, Any], *, lane: int = 0, where: str = "snapshot") -> None:
+        """Merge a :meth:`snapshot` document (one lane's checkpoint) into the table.
+
+        Merging is a union: epochs and last-seen times take the larger, and a
+        partition's batches are merged by offset (keeping the last
+        :data:`REMEMBERED_BATCHES`), so lanes' checkpoints restore in any order.
+        """
+        try:
+            if doc.get("v") != SNAPSHOT_VERSION:
+                raise CorruptData(
+                    f"unsupported producer snapshot version {doc.get('v')!r}", where=where
+                )
+            self.next_id = max(self.next_id, int(doc["next_id"]))
+            for pid, epoch, last_seen, parts in doc["producers"]:
+                pid, epoch, last_seen = int(pid), int(epoch), int(last_seen)
+                p = self._producers.get(pid)
+                if p is None:
+                    p = self._producers[pid] = _Producer(epoch, last_seen)
+                p.epoch = max(p.epoch, epoch)
+                p.last_seen = max(p.last_seen, last_seen)
+                self.next_id = max(self.next_id, pid + 1)
+                for topic, partition, rows in parts:
+                    key = (str(topic), int(partition))
+                    merged = {b.base_offset: b for b in p.parts.get(key, ())}
+                    for e, s, c, off, lsn in rows:
+                        merged[int(off)] = BatchMeta(
+                            int(e), int(s), int(c), int(off), int(lsn), lane
+                        )
+                    ordered = [merged[k] for k in sorted(merged)]
+                    p.parts[key] = deque(ordered[-REMEMBERED_BATCHES:], maxlen=REMEMBERED_BATCHES)
+        except CorruptData:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise CorruptData(f"malformed producer snapshot: {exc}", where=where) from None
+
+    # ------------------------------------------------------------ status
+
+    def statistics(self) -> ProducerStats:
+        return ProducerStats(
+            producers=len(self._producers),
+            partitions=sum(len(p.parts) for p in self._producers.values()),
+            duplicates=self.duplicates,
+            issued=self.issued,
+            expired=self.expired,
+            evicted=self.evicted,
+            next_id=self.next_id,
+        )
+
+
+def _ahead(seq: int, expected: int) -> bool:
+    """Whether ``seq`` is after ``expected`` in the wrapping sequence space."""
+    return 0 < (seq - expected) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2
