@@ -6,6 +6,8 @@ nothing asserts on timings.
 
 from __future__ import annotations
 
+import os
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +17,7 @@ from typing import Any
 
 import pytest
 from _kafka_support import KafkaGateway, kafka_gateway
+from _serve import EDGEGW
 
 TOPICS = """
 [[topics]]
@@ -174,6 +177,17 @@ def test_group_of_two_rebalances_commits_and_resumes_after_restart(tmp_path: Pat
             assert groups["rebalances_total"] >= 2
             assert groups["by_group"]["readers"]["members"] == 1
             assert "edgegw_kafka_group_members 1.0" in metrics
+            shown = subprocess.run(
+                [str(EDGEGW), "status", "--url", gw.url],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "COLUMNS": "400"},
+                check=False,
+            )
+            assert shown.returncode == 0, shown.stderr
+            assert "kafka groups: 1 groups, 1 members" in shown.stdout
+            assert "readers Stable gen" in shown.stdout
             assert (
                 f"edgegw_kafka_group_rebalances_total {float(groups['rebalances_total'])}"
                 in metrics
