@@ -376,3 +376,62 @@ def test_aiokafka_group_of_two_rebalances_when_one_leaves(tmp_path: Path) -> Non
         assert after == {0, 1, 2}
         assert seen >= expected("a", 3)
         wait_for("the group's commits", lambda: committed(gw, "aio") == {0: 3, 1: 3, 2: 3})
+
+
+_KILLED_MEMBER = """
+import sys
+from confluent_kafka import Consumer
+
+c = Consumer({
+    "bootstrap.servers": sys.argv[1],
+    "group.id": "crashy",
+    "client.id": "doomed",
+    "enable.auto.commit": False,
+    "auto.offset.reset": "earliest",
+    "session.timeout.ms": 6000,
+    "heartbeat.interval.ms": 500,
+})
+c.subscribe(["events"])
+told = False
+while True:
+    c.poll(0.2)
+    if c.assignment() and not told:
+        print("assigned", flush=True)
+        told = True
+"""
+
+
+def test_a_member_killed_without_leaving_is_expired_after_its_session(tmp_path: Path) -> None:
+    import sys
+
+    script = tmp_path / "member.py"
+    script.write_text(_KILLED_MEMBER)
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 1, "k")
+        child = subprocess.Popen(
+            [sys.executable, str(script), gw.bootstrap], stdout=subprocess.PIPE, text=True
+        )
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "assigned"
+            with member(gw, "crashy", "survivor") as survivor:
+                wait_for(
+                    "the survivor to get a share",
+                    lambda: bool(survivor.snapshot()[0]) and survivor.snapshot()[0] != {0, 1, 2},
+                )
+                child.kill()  # no LeaveGroup: only the session timeout can tell
+                child.wait(timeout=30)
+                wait_for(
+                    "the survivor to own every partition",
+                    lambda: survivor.snapshot()[0] == {0, 1, 2},
+                )
+                with gw.http() as http:
+                    groups = http.get("/v1/status").json()["kafka"]["groups"]
+                assert groups["expired_members_total"] >= 1
+                assert groups["by_group"]["crashy"]["members"] == 1
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=30)
+            if child.stdout is not None:
+                child.stdout.close()
