@@ -319,6 +319,11 @@ def test_sasl_plain_with_the_token_and_with_a_wrong_one(
             assert records.status_code == 200, records.text
             status = http.get("/v1/status", headers=headers).json()
         assert status["kafka"]["errors"].get("sasl_authentication_failed", 0) >= 1
+        log = gw.log.read_text(errors="replace")
+        assert "SASL authentication failed" in log
+        assert "authenticated as 'site-7'" in log
+        assert token not in log
+        assert "not-the-token" not in log
 
 
 def test_aiokafka_group_of_two_rebalances_when_one_leaves(tmp_path: Path) -> None:
