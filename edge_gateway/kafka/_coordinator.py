@@ -441,6 +441,13 @@ class GroupCoordinator:
             return ErrorCode.inconsistent_group_protocol
         return None
 
+    def _rebalance_timeout(self, req: JoinRequest) -> float:
+        """Seconds a join phase waits for this member: its rebalance timeout (v0 and -1:
+        the session timeout), at most the longest session timeout accepted, so one
+        client cannot hold its group's join phase for days."""
+        ms = req.rebalance_timeout_ms if req.rebalance_timeout_ms >= 0 else req.session_timeout_ms
+        return min(ms, self.max_session_timeout_ms) / 1000
+
     def _protocols_fit(self, group: _Group, req: JoinRequest) -> bool:
         others = [m for m in group.members.values() if m.member_id != req.member_id]
         if not others:
@@ -468,7 +475,7 @@ class GroupCoordinator:
         self, now: float, group: _Group, req: JoinRequest, member_id: str, ticket: JoinTicket
     ) -> None:
         session = req.session_timeout_ms / 1000
-        rebalance = req.rebalance_timeout_ms / 1000 if req.rebalance_timeout_ms >= 0 else session
+        rebalance = self._rebalance_timeout(req)
         member = _Member(
             member_id=member_id,
             client_id=req.client_id,
@@ -494,10 +501,7 @@ class GroupCoordinator:
         same = member.protocols == req.protocols
         member.protocols = req.protocols
         member.session_timeout = req.session_timeout_ms / 1000
-        if req.rebalance_timeout_ms >= 0:
-            member.rebalance_timeout = req.rebalance_timeout_ms / 1000
-        else:
-            member.rebalance_timeout = member.session_timeout
+        member.rebalance_timeout = self._rebalance_timeout(req)
         if group.state is GroupState.PREPARING_REBALANCE:
             if member.join is not None:  # a retried JoinGroup replaces the first
                 member.join._resolve(JoinResult(ErrorCode.rebalance_in_progress))

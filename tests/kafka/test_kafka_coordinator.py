@@ -350,6 +350,18 @@ def test_group_size_is_bounded() -> None:
     assert done(c.join(0.0, req(v4=True))).error is ErrorCode.group_max_size_reached
 
 
+def test_rebalance_timeout_is_capped_at_the_longest_session() -> None:
+    c = coordinator(max_session_timeout_ms=60_000)
+    leader, follower, _gen = stable_pair(c)
+    tl = c.join(0.0, req(leader, rebalance_ms=2**31 - 1))  # "wait 24 days for the others"
+    for t in range(5, 60, 5):  # the follower stays alive but never rejoins
+        c.heartbeat(float(t), G, _gen, follower)
+        c.tick(float(t))
+    assert tl.result is None
+    c.tick(60.0)
+    assert done(tl).members == ((leader, None, b"meta"),)
+
+
 def test_number_of_groups_is_bounded() -> None:
     c = coordinator(max_groups=2)
     done(c.join(0.0, req(group="a", v4=True)))
@@ -400,15 +412,17 @@ def test_all_members_expire_group_disappears_and_restarts_at_generation_one() ->
     assert r.generation_id == 1
 
 
-def test_every_ticket_gets_exactly_one_result() -> None:
-    """A random walk of requests and ticks: no ticket is left pending forever."""
+@pytest.mark.parametrize("seed", [23, 7, 2026])
+def test_every_ticket_gets_exactly_one_result(seed: int) -> None:
+    """A random walk of requests and ticks: invariants hold; no ticket is left pending."""
     import random
 
-    rnd = random.Random(23)
+    rnd = random.Random(seed)
     c = coordinator()
     tickets: list[JoinTicket | SyncTicket] = []
     known: list[str] = []
     now = 0.0
+    last_gen = 0
     for _ in range(3000):
         now += rnd.choice((0.0, 0.1, 1.0, 7.0))
         op = rnd.randrange(6)
@@ -429,6 +443,18 @@ def test_every_ticket_gets_exactly_one_result() -> None:
             c.leave(now, G, [rnd.choice(known)])
         else:
             c.tick(now)
+        view = c.describe(G)
+        if view is None:
+            last_gen = 0
+            continue
+        # The generation only grows while the group exists; a settled group has a leader
+        # among its members; a member is listed once.
+        assert view.generation >= last_gen
+        last_gen = view.generation
+        ids = [m[0] for m in view.members]
+        assert len(ids) == len(set(ids))
+        if view.state in (GroupState.STABLE, GroupState.COMPLETING_REBALANCE):
+            assert view.leader in ids
     # Everyone stops talking: after the longest timeout, every ticket has its answer.
     c.tick(now + 31.0)
     c.tick(now + 62.0)
