@@ -67,7 +67,7 @@ class Member:
     group's committed offsets always cover what it has consumed.
     """
 
-    def __init__(self, gw: KafkaGateway, group: str, name: str) -> None:
+    def __init__(self, gw: KafkaGateway, group: str, name: str, **extra: Any) -> None:
         from confluent_kafka import Consumer
 
         self.name = name
@@ -81,6 +81,7 @@ class Member:
                 "session.timeout.ms": 6_000,
                 "heartbeat.interval.ms": 500,
                 "topic.metadata.refresh.interval.ms": 1_000,
+                **extra,
             }
         )
         self.consumer.subscribe([TOPIC])
@@ -126,8 +127,8 @@ class Member:
 
 
 @contextmanager
-def member(gw: KafkaGateway, group: str, name: str) -> Iterator[Member]:
-    m = Member(gw, group, name)
+def member(gw: KafkaGateway, group: str, name: str, **extra: Any) -> Iterator[Member]:
+    m = Member(gw, group, name, **extra)
     try:
         yield m
     finally:
@@ -440,3 +441,25 @@ def test_a_member_killed_without_leaving_is_expired_after_its_session(tmp_path: 
                 child.wait(timeout=30)
             if child.stdout is not None:
                 child.stdout.close()
+
+
+@pytest.mark.parametrize("strategy", ["roundrobin", "cooperative-sticky"])
+def test_librdkafka_assignors(tmp_path: Path, strategy: str) -> None:
+    """The assignment is the client's: eager (roundrobin) and incremental (cooperative-sticky)."""
+    cfg = {"partition.assignment.strategy": strategy}
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 2, "s")
+        with member(gw, "assigned", "s1", **cfg) as s1:
+            with member(gw, "assigned", "s2", **cfg) as s2:
+
+                def split() -> bool:
+                    a1, a2 = s1.snapshot()[0], s2.snapshot()[0]
+                    return bool(a1) and bool(a2) and not a1 & a2 and a1 | a2 == {0, 1, 2}
+
+                wait_for(f"{strategy} to split the partitions", split)
+            wait_for("s1 to own every partition", lambda: s1.snapshot()[0] == {0, 1, 2})
+            wait_for(
+                "the two to have read everything",
+                lambda: set(s1.snapshot()[1]) | set(s2.snapshot()[1]) >= expected("s", 2),
+            )
+            wait_for("the commits", lambda: committed(gw, "assigned") == {0: 2, 1: 2, 2: 2})
