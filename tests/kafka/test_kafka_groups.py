@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from _kafka_support import KafkaGateway, kafka_gateway
 from _serve import EDGEGW
@@ -463,3 +464,35 @@ def test_librdkafka_assignors(tmp_path: Path, strategy: str) -> None:
                 lambda: set(s1.snapshot()[1]) | set(s2.snapshot()[1]) >= expected("s", 2),
             )
             wait_for("the commits", lambda: committed(gw, "assigned") == {0: 2, 1: 2, 2: 2})
+
+
+def test_a_group_over_sasl_ssl(tmp_path: Path) -> None:
+    """TLS and SASL/PLAIN together: produce, a group member reads and commits."""
+    import ssl
+
+    from confluent_kafka import Producer
+
+    from edge_gateway.testing.tls import make_tls_files
+
+    files = make_tls_files(tmp_path / "tls", names=("127.0.0.1",))
+    token = "tls-and-sasl-23"
+    api = f'token = "{token}"\ntls_cert = "{files.cert}"\ntls_key = "{files.key}"'
+    secure = {
+        "security.protocol": "SASL_SSL",
+        "ssl.ca.location": str(files.ca),
+        "sasl.mechanism": "PLAIN",
+        "sasl.username": "line-3",
+        "sasl.password": token,
+    }
+    with kafka_gateway(tmp_path, topics=TOPICS, extra_toml=api) as gw:
+        producer = Producer({"bootstrap.servers": gw.bootstrap, **secure})
+        for p in range(3):
+            producer.produce(TOPIC, f"t-{p}-0".encode(), partition=p)
+        assert producer.flush(30) == 0
+        with member(gw, "secure", "t1", **secure) as t1:
+            wait_for("t1 to read everything", lambda: set(t1.snapshot()[1]) >= expected("t", 1))
+        ctx = ssl.create_default_context(cafile=str(files.ca))
+        headers = {"Authorization": f"Bearer {token}"}
+        with httpx.Client(base_url=gw.url, verify=ctx, timeout=30, headers=headers) as http:
+            doc = http.get("/v1/groups/secure/offsets", params={"topic": TOPIC}).json()
+        assert {o["partition"]: o["offset"] for o in doc["offsets"]} == {0: 1, 1: 1, 2: 1}
