@@ -194,7 +194,13 @@ def main() -> None:
         try:
             site.start()
             site.wait_ready()
-            bootstrap = (site.data_dir / "kafka.addr").read_text().strip()
+            addr = site.data_dir / "kafka.addr"  # written just after api.addr
+            deadline = time.monotonic() + 30
+            while not addr.exists():
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no {addr}; see {site.log_path}")
+                time.sleep(0.02)
+            bootstrap = addr.read_text().strip()
             progress(f"(a) HTTP binary batches: {n} records ...")
             http_rate = http_batches(site.url, "http", records)
             progress(f"(b) confluent-kafka, linger.ms 5, acks=all: {n} records ...")

@@ -1398,6 +1398,12 @@ type = "local"
 # tls_client_ca = ""           # require client certificates signed by this CA (mutual TLS)
 # tls_ca = ""                  # what edgegw status/produce/... verify with (default: tls_cert)
 
+[kafka]
+# Kafka clients produce and consume here too (docs/kafka.md); TLS as [api].
+# listen = "127.0.0.1:9092"    # off while empty; non-loopback needs api.token (SASL/PLAIN)
+# advertised = ""              # host:port clients are told to use (NAT, DNS names)
+# acks_all = "local"           # or "shipped": acks=all waits for the bucket
+
 [metadata]
 # The metadata server holds the fleet's topic routing (docs/metadata-api.md).
 # With a url, remove the [[topics]] below: the server's routing table replaces them.

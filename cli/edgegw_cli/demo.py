@@ -257,7 +257,10 @@ def demo(
 
 def _kafka_addr(site: Site) -> str:
     """The Kafka bootstrap address of a started site (written with api.addr)."""
-    path = site.data_dir / "kafka.addr"
+    path = site.data_dir / "kafka.addr"  # written just after api.addr
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     return path.read_text().strip() if path.exists() else "?"
 
 

@@ -42,7 +42,7 @@ import struct
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, NamedTuple
 
 import zstandard
 
@@ -88,8 +88,9 @@ class UnsupportedCompression(InvalidInput):
         self.codec = codec
 
 
-@dataclass(frozen=True, slots=True)
-class KafkaRecord:
+class KafkaRecord(NamedTuple):
+    """One record of a batch (a tuple: the decoder makes one per record)."""
+
     offset_delta: int
     timestamp: int
     key: bytes | None
@@ -219,40 +220,112 @@ def _bytes_field(
     return bytes(buf[pos : pos + n]), pos + n
 
 
+def _varint_at(data: bytes, pos: int) -> tuple[int, int]:
+    """A zigzag varint of two or more bytes (the one-byte case is inlined by the caller).
+
+    Reading past ``data`` raises IndexError, which :func:`_records` turns
+    into :class:`CorruptData`.
+    """
+    shift = 0
+    u = 0
+    while True:
+        b = data[pos]
+        pos += 1
+        u |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (u >> 1) ^ -(u & 1), pos
+        shift += 7
+        if shift > 63:
+            raise CorruptData("varint longer than 10 bytes")
+
+
 def _records(
     buf: bytes | memoryview, count: int, base_ts: int, log_append: int | None, where: str
 ) -> list[KafkaRecord]:
+    # The hot loop of Produce: varints are read inline for their common
+    # one-byte form (a call per field costs more than the rest of the work).
+    # Reading past the end raises IndexError (translated below); every
+    # length is checked against its record's end before a slice is taken,
+    # and each record must end exactly where its length says.
+    data = bytes(buf)
     records: list[KafkaRecord] = []
-    pos, total = 0, len(buf)
-    for i in range(count):
-        at = f"{where} record {i}"
-        length, pos = read_varint(buf, pos, total, at)
-        if length < 6 or length > total - pos:
-            raise CorruptData(f"record length {length} with {total - pos} bytes left", where=at)
-        end = pos + length
-        pos += 1  # attributes: unused in magic 2
-        ts_delta, pos = read_varint(buf, pos, end, at)
-        offset_delta, pos = read_varint(buf, pos, end, at)
-        key, pos = _bytes_field(buf, pos, end, at)
-        value, pos = _bytes_field(buf, pos, end, at)
-        nh, pos = read_varint(buf, pos, end, at)
-        if nh < 0 or nh > end - pos:
-            raise CorruptData(f"{nh} headers in {end - pos} bytes", where=at)
-        headers: list[tuple[str, bytes | None]] = []
-        for _ in range(nh):
-            hk, pos = _bytes_field(buf, pos, end, at)
-            if hk is None:
-                raise CorruptData("a header with a null key", where=at)
-            hv, pos = _bytes_field(buf, pos, end, at)
-            try:
-                name = hk.decode("utf-8")
-            except UnicodeDecodeError:
-                raise CorruptData("a header key is not UTF-8", where=at) from None
-            headers.append((name, hv))
-        if pos != end:
-            raise CorruptData(f"{end - pos} bytes after the record's fields", where=at)
-        ts = log_append if log_append is not None else base_ts + ts_delta
-        records.append(KafkaRecord(offset_delta, ts, key, value, tuple(headers)))
+    append = records.append
+    pos, total = 0, len(data)
+    try:
+        for _ in range(count):
+            b = data[pos]
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                length, pos = _varint_at(data, pos)
+            if length < 6 or length > total - pos:
+                raise CorruptData(f"record length {length} with {total - pos} bytes left")
+            end = pos + length
+            pos += 1  # attributes: unused in magic 2
+            b = data[pos]
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                ts_delta, pos = _varint_at(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                offset_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                offset_delta, pos = _varint_at(data, pos)
+            b = data[pos]
+            if b < 0x80:
+                n, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                n, pos = _varint_at(data, pos)
+            key: bytes | None = None
+            if n >= 0:
+                if n > end - pos:
+                    raise CorruptData(f"key length {n} runs past the record")
+                key = data[pos : pos + n]
+                pos += n
+            elif n != -1:
+                raise CorruptData(f"negative key length {n}")
+            b = data[pos]
+            if b < 0x80:
+                n, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                n, pos = _varint_at(data, pos)
+            value: bytes | None = None
+            if n >= 0:
+                if n > end - pos:
+                    raise CorruptData(f"value length {n} runs past the record")
+                value = data[pos : pos + n]
+                pos += n
+            elif n != -1:
+                raise CorruptData(f"negative value length {n}")
+            b = data[pos]
+            if b < 0x80:
+                nh, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                nh, pos = _varint_at(data, pos)
+            headers: tuple[tuple[str, bytes | None], ...] = ()
+            if nh:
+                if nh < 0 or nh > end - pos:
+                    raise CorruptData(f"{nh} headers in {end - pos} bytes")
+                hs: list[tuple[str, bytes | None]] = []
+                for _ in range(nh):
+                    hk, pos = _bytes_field(data, pos, end, where)
+                    if hk is None:
+                        raise CorruptData("a header with a null key")
+                    hv, pos = _bytes_field(data, pos, end, where)
+                    try:
+                        hs.append((hk.decode("utf-8"), hv))
+                    except UnicodeDecodeError:
+                        raise CorruptData("a header key is not UTF-8") from None
+                headers = tuple(hs)
+            if pos != end:
+                raise CorruptData(f"{end - pos} bytes after the record's fields")
+            ts = log_append if log_append is not None else base_ts + ts_delta
+            append(KafkaRecord(offset_delta, ts, key, value, headers))
+    except CorruptData as exc:
+        raise CorruptData(exc.reason, where=f"{where} record {len(records)}") from None
+    except IndexError:
+        raise CorruptData("truncated record", where=f"{where} record {len(records)}") from None
     if pos != total:
         raise CorruptData(f"{total - pos} bytes after {count} records", where=where)
     return records

@@ -12,19 +12,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import trio
 from kio.schema.errors import ErrorCode
 
 from edge_gateway.errors import CorruptData, EdgeGatewayError, InvalidInput
 from edge_gateway.failpoints import fail_point
-from edge_gateway.format.kafka_batch import UnsupportedCompression, decode_batches
-from edge_gateway.gateway import ProduceRecord
+from edge_gateway.format.kafka_batch import KafkaRecord, UnsupportedCompression, decode_batches
 from edge_gateway.idempotence import ProducerSeq
 from edge_gateway.kafka._handlers import topic_id
 from edge_gateway.kafka._protocol import RequestFrame
-from edge_gateway.kafka._records import encode_fetch_batches, to_produce_records
+from edge_gateway.kafka._records import encode_fetch_batches, to_batch
 from edge_gateway.kafka._registry import Connection, error_for, register, response_for
 
 __all__: list[str] = []
@@ -71,42 +70,44 @@ def _partition_error(index: int, code: ErrorCode, message: str | None) -> dict[s
 async def _produce_topic(
     conn: Connection, name: str, partitions: Sequence[Any], acks: int
 ) -> list[dict[str, Any]]:
-    """Journal one topic's partitions (one entry per partition, one durability wait)."""
+    """Journal one topic's partitions: one journal entry each, appended concurrently.
+
+    Each partition's append waits for its own durability; waiting together
+    lets one fsync cover them all (group commit). A batch with a producer id
+    goes through the idempotent append (a retry answers with the original
+    offsets).
+    """
     gw = conn.gateway
     out: dict[int, dict[str, Any]] = {}
-    records: list[ProduceRecord] = []
-    spans: list[tuple[int, int, int]] = []  # (partition, first index, count)
-    idempotent: list[tuple[int, list[ProduceRecord], ProducerSeq]] = []
+    work: list[tuple[int, list[KafkaRecord], ProducerSeq | None]] = []
     for pd in partitions:
         p = int(pd.index)
         try:
             if pd.records is None:
                 raise InvalidInput(f"partition {p}: no records")
-            batch_records: list[ProduceRecord] = []
+            records: list[KafkaRecord] = []
             seqs: list[ProducerSeq] = []
-            nbatches = 0
             for batch in decode_batches(
                 pd.records,
                 max_records_bytes=conn.config.max_request_bytes * 4,
                 where=f"{name}/{p}",
             ):
-                nbatches += 1
                 if batch.transactional or batch.control:
                     raise InvalidInput("transactions are not supported")
                 if batch.producer_id != -1:
+                    if records:
+                        # Kafka producers send one batch per partition and request.
+                        raise InvalidInput("idempotent produce: one record batch per partition")
                     seqs.append(
                         ProducerSeq(batch.producer_id, batch.producer_epoch, batch.base_sequence)
                     )
-                batch_records += to_produce_records(batch.records, p)
-            if not batch_records:
+                elif seqs:
+                    raise InvalidInput("idempotent produce: one record batch per partition")
+                records += batch.records
+            if not records:
                 raise InvalidInput(f"partition {p}: no records")
             if seqs:
-                if nbatches > 1:
-                    # Kafka producers send one batch per partition and request.
-                    raise InvalidInput("idempotent produce: one record batch per partition")
                 seqs[0].check()
-                idempotent.append((p, batch_records, seqs[0]))
-                continue
         except UnsupportedCompression as exc:
             out[p] = _partition_error(p, ErrorCode.unsupported_compression_type, str(exc))
             continue
@@ -116,38 +117,19 @@ async def _produce_topic(
         except InvalidInput as exc:
             out[p] = _partition_error(p, ErrorCode.invalid_record, str(exc))
             continue
-        spans.append((p, len(records), len(batch_records)))
-        records += batch_records
-    if records:
-        shipped = acks == -1 and conn.config.acks_all == "shipped"
+        work.append((p, records, seqs[0] if seqs else None))
+    ack: Literal["local", "shipped"] = (
+        "shipped" if acks == -1 and conn.config.acks_all == "shipped" else "local"
+    )
+
+    async def append(p: int, records: list[KafkaRecord], seq: ProducerSeq | None) -> None:
         try:
-            res = await gw.produce(name, records, ack="shipped" if shipped else "local")
-        except EdgeGatewayError as exc:
-            code = error_for(exc)
-            for p, _, _ in spans:
-                out[p] = _partition_error(p, code, str(exc))
-        else:
-            lanes = gw.lanes
-            for p, first, _ in spans:
-                out[p] = {
-                    "index": p,
-                    "error_code": ErrorCode.none,
-                    "base_offset": res.offsets[first],
-                    "log_append_time": None,
-                    "log_start_offset": lanes.first_offset(name, p),
-                    "record_errors": [],
-                    "error_message": None,
-                }
-    for p, recs, seq in idempotent:
-        shipped = acks == -1 and conn.config.acks_all == "shipped"
-        try:
-            res = await gw.produce_partition(
-                name, p, recs, ack="shipped" if shipped else "local", producer=seq
-            )
+            # With ``seq``, a retry of a batch already written answers with its
+            # original offsets (Gateway.produce_batch, edge_gateway.idempotence).
+            res = await gw.produce_batch(name, p, to_batch(records), ack=ack, producer=seq)
         except EdgeGatewayError as exc:
             out[p] = _partition_error(p, error_for(exc), str(exc))
-            continue
-        # A retried batch already written answers with its original offsets.
+            return
         out[p] = {
             "index": p,
             "error_code": ErrorCode.none,
@@ -157,6 +139,10 @@ async def _produce_topic(
             "record_errors": [],
             "error_message": None,
         }
+
+    async with trio.open_nursery() as nursery:
+        for p, records, seq in work:
+            nursery.start_soon(append, p, records, seq)
     return [out[int(pd.index)] for pd in partitions]
 
 

@@ -17,10 +17,11 @@ from typing import Final
 
 from edge_gateway.errors import InvalidInput
 from edge_gateway.format.batch import Record
+from edge_gateway.format.batch import encode_batch as encode_batch_v1
 from edge_gateway.format.kafka_batch import KafkaRecord, encode_batch
 from edge_gateway.gateway import ProduceRecord
 
-__all__ = ["NULL_HEADER", "encode_fetch_batches", "to_produce_records"]
+__all__ = ["NULL_HEADER", "encode_fetch_batches", "to_batch", "to_produce_records"]
 
 #: The reserved header that marks nulls (docs/kafka.md, "Null values").
 NULL_HEADER: Final = "edgegw.kafka.null"
@@ -56,6 +57,28 @@ def to_produce_records(records: Sequence[KafkaRecord], partition: int) -> list[P
             )
         )
     return out
+
+
+def to_batch(records: Sequence[KafkaRecord]) -> bytes:
+    """The journal's batch (docs/format.md) of Kafka records, nulls marked (see above)."""
+    values = [r.value for r in records]
+    if None in values or any(r.headers for r in records):
+        return _batch_of(to_produce_records(records, 0))
+    keys = [r.key for r in records]
+    return encode_batch_v1(
+        values,  # type: ignore[arg-type]  # no None: checked above
+        keys=keys if any(k is not None for k in keys) else None,
+        timestamps=[r.timestamp for r in records],
+    )
+
+
+def _batch_of(records: Sequence[ProduceRecord]) -> bytes:
+    return encode_batch_v1(
+        [r.value for r in records],
+        keys=[r.key for r in records] if any(r.key is not None for r in records) else None,
+        timestamps=[r.timestamp or 0 for r in records],
+        headers=[r.headers for r in records] if any(r.headers for r in records) else None,
+    )
 
 
 def _to_kafka(
