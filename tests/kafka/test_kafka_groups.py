@@ -496,3 +496,30 @@ def test_a_group_over_sasl_ssl(tmp_path: Path) -> None:
         with httpx.Client(base_url=gw.url, verify=ctx, timeout=30, headers=headers) as http:
             doc = http.get("/v1/groups/secure/offsets", params={"topic": TOPIC}).json()
         assert {o["partition"]: o["offset"] for o in doc["offsets"]} == {0: 1, 1: 1, 2: 1}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_consumer_rides_through_a_gateway_kill_and_restart(tmp_path: Path) -> None:
+    """kill -9 of the gateway under a live group: acknowledged commits survive, the member
+    rejoins (its member id is unknown to the new process) and goes on from where it was."""
+    listen = f"127.0.0.1:{_free_port()}"
+    with kafka_gateway(tmp_path, topics=TOPICS, listen=listen) as gw:
+        produce(gw, 2, "before")
+        with member(gw, "riders", "r1", **{"reconnect.backoff.max.ms": 500}) as r1:
+            wait_for("r1 to read 'before'", lambda: set(r1.snapshot()[1]) >= expected("before", 2))
+            wait_for("r1's commits", lambda: committed(gw, "riders") == {0: 2, 1: 2, 2: 2})
+            gw.kill()
+            gw.start()
+            assert gw.bootstrap == listen
+            assert committed(gw, "riders") == {0: 2, 1: 2, 2: 2}
+            produce(gw, 3, "after")
+            wait_for("r1 to read 'after'", lambda: set(r1.snapshot()[1]) >= expected("after", 3))
+            wait_for("r1's new commits", lambda: committed(gw, "riders") == {0: 5, 1: 5, 2: 5})
+            assert len(r1.positions) == len(set(r1.positions)) == 15  # nothing read twice
