@@ -65,7 +65,8 @@ class Member:
     """A confluent-kafka (librdkafka) consumer of group ``group`` polling in its own thread.
 
     It commits (synchronously) after every poll that returned a record, so the
-    group's committed offsets always cover what it has consumed.
+    group's committed offsets cover what it has consumed of the partitions it
+    still owns.
     """
 
     def __init__(self, gw: KafkaGateway, group: str, name: str, **extra: Any) -> None:
@@ -91,26 +92,53 @@ class Member:
         self.positions: list[tuple[int, int]] = []
         self.assigned: set[int] = set()
         self.errors: list[Any] = []
+        #: Commits refused by a rebalance in progress, retried after the next poll.
+        self.commit_retries = 0
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
+        from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+        # Offsets read and not yet committed, per partition. A commit that meets a
+        # rebalance (REBALANCE_IN_PROGRESS: Kafka refuses commits between JoinGroup and
+        # SyncGroup; with cooperative-sticky a member goes on consuming then) is retried
+        # after the next poll, for the partitions the member still owns.
+        pending: dict[int, int] = {}
+        retriable = {
+            KafkaError.REBALANCE_IN_PROGRESS,
+            KafkaError.ILLEGAL_GENERATION,
+            KafkaError.UNKNOWN_MEMBER_ID,
+        }
         try:
             while not self._stop.is_set():
                 msg = self.consumer.poll(0.2)
                 with self._lock:
                     self.assigned = {tp.partition for tp in self.consumer.assignment()}
-                if msg is None:
-                    continue
-                if msg.error() is not None:
+                    owned = set(self.assigned)
+                if msg is not None and msg.error() is not None:
                     self.errors.append(msg.error())
                     continue
-                with self._lock:
-                    self.values.append(msg.value())
-                    self.positions.append((msg.partition(), msg.offset()))
-                self.consumer.commit(message=msg, asynchronous=False)
+                if msg is not None:
+                    with self._lock:
+                        self.values.append(msg.value())
+                        self.positions.append((msg.partition(), msg.offset()))
+                    pending[msg.partition()] = msg.offset() + 1
+                for p in [p for p in pending if p not in owned]:
+                    del pending[p]  # revoked: its new owner reads on from the last commit
+                if not pending:
+                    continue
+                offsets = [TopicPartition(TOPIC, p, o) for p, o in pending.items()]
+                try:
+                    self.consumer.commit(offsets=offsets, asynchronous=False)
+                except KafkaException as exc:
+                    if exc.args[0].code() not in retriable:
+                        raise
+                    self.commit_retries += 1
+                else:
+                    pending.clear()
         except BaseException as exc:  # reported by the test, not lost in the thread
             self.errors.append(exc)
         finally:
@@ -508,7 +536,7 @@ def _free_port() -> int:
 
 def test_a_consumer_rides_through_a_gateway_kill_and_restart(tmp_path: Path) -> None:
     """kill -9 of the gateway under a live group: acknowledged commits survive, the member
-    rejoins (its member id is unknown to the new process) and goes on from where it was."""
+    rejoins (its member id is unknown to the new process) and goes on from its commits."""
     listen = f"127.0.0.1:{_free_port()}"
     with kafka_gateway(tmp_path, topics=TOPICS, listen=listen) as gw:
         produce(gw, 2, "before")
@@ -522,4 +550,9 @@ def test_a_consumer_rides_through_a_gateway_kill_and_restart(tmp_path: Path) -> 
             produce(gw, 3, "after")
             wait_for("r1 to read 'after'", lambda: set(r1.snapshot()[1]) >= expected("after", 3))
             wait_for("r1's new commits", lambda: committed(gw, "riders") == {0: 5, 1: 5, 2: 5})
-            assert len(r1.positions) == len(set(r1.positions)) == 15  # nothing read twice
+            # At least once: every record was read; a record read again is one read but
+            # not committed when the member had to rejoin (membership does not survive a
+            # restart), never one committed before the kill.
+            assert len(set(r1.positions)) == 15
+            again = {pos for pos in r1.positions if r1.positions.count(pos) > 1}
+            assert all(offset >= 2 for _, offset in again), again
