@@ -196,7 +196,7 @@ def _decompress(codec: int, data: bytes | memoryview, max_bytes: int, where: str
             if not dec.eof:
                 raise CorruptData("truncated lz4 frame", where=where)
             return bytes(out)
-    except CorruptData:
+    except (CorruptData, UnsupportedCompression):
         raise
     except (zlib.error, zstandard.ZstdError, RuntimeError, ValueError, OSError) as exc:
         # lz4.frame raises RuntimeError for a bad frame.

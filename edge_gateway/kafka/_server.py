@@ -193,6 +193,11 @@ async def serve_kafka(
         server.connections_total += 1
         try:
             await _serve_connection(server, stream, tls, advertised)
+        except Exception:
+            # One connection's unexpected failure (a bug, an OS error) ends that
+            # connection only; the listener and the other clients go on.
+            server.protocol_errors += 1
+            log.exception("kafka: a connection failed")
         finally:
             server.connections -= 1
 

@@ -163,3 +163,14 @@ def test_round_trip(base_offset: int, records: list[tuple]) -> None:  # type: ig
     assert batch.records == [
         KafkaRecord(i, ts, k, v, tuple(h)) for i, (ts, k, v, h) in enumerate(records)
     ]
+
+
+def test_lz4_without_the_extra_is_unsupported_compression(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    data = _client_batch(3)
+    monkeypatch.setitem(sys.modules, "lz4", None)
+    monkeypatch.setitem(sys.modules, "lz4.frame", None)
+    with pytest.raises(UnsupportedCompression, match=r"edgegw\[kafka\]") as info:
+        list(decode_batches(data))
+    assert info.value.codec == "lz4"

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from _kafka_support import KafkaGateway, kafka_gateway
+from _serve import wait_until
 
 TOPICS = """
 [[topics]]
@@ -381,3 +382,89 @@ def test_tls_on_the_api_terms(tmp_path: Path) -> None:
         assert status["tls"] is True
         assert status["tls_handshake_failures"] >= before + 1
         assert f"kafka: 127.0.0.1:{port}: TLS handshake failed" in gw.log.read_text()
+
+
+def test_a_waiting_fetch_returns_what_is_produced_meanwhile(tmp_path: Path) -> None:
+    """A consumer at the end of a partition long-polls (fetch.wait.max.ms) and gets new records."""
+    import threading
+
+    from confluent_kafka import Consumer, TopicPartition
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": gw.bootstrap,
+                "group.id": "g",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10_000,
+            }
+        )
+        got: list[Any] = []
+        done = threading.Event()
+
+        def poll() -> None:
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                m = consumer.poll(0.2)
+                if m is not None and m.error() is None:
+                    got.append((m.partition(), m.offset(), m.value()))
+            done.set()
+
+        try:
+            consumer.assign([TopicPartition("events", 1, 0)])
+            thread = threading.Thread(target=poll)
+            thread.start()
+            wait_until(
+                lambda: gw.get("/v1/status")["kafka"]["requests"].get("fetch", 0),
+                30,
+                "the consumer's first Fetch",
+            )
+            _produce_confluent(gw, "events", [(1, b"k", b"late", [])])
+            assert done.wait(40)
+            thread.join(timeout=10)
+        finally:
+            consumer.close()
+        assert got == [(1, 0, b"late")]
+
+
+def test_snappy_is_refused_with_unsupported_compression_type(tmp_path: Path) -> None:
+    from confluent_kafka import KafkaError
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        reports = _produce_confluent(
+            gw, "events", [(0, None, b"x" * 100, [])], **{"compression.type": "snappy"}
+        )
+        ((err, _, _),) = reports
+        assert err is not None
+        assert err.code() == KafkaError.UNSUPPORTED_COMPRESSION_TYPE
+        assert gw.get("/v1/topics/events")["partitions"][0]["next_offset"] == 0
+        assert gw.get("/v1/status")["kafka"]["errors"] == {"unsupported_compression_type": 1}
+
+
+def test_mutual_tls_requires_a_client_certificate(tmp_path: Path) -> None:
+    """With api.tls_client_ca, a Kafka client must present a certificate that CA signed."""
+    from edge_gateway.testing.tls import make_tls_files
+
+    files = make_tls_files(tmp_path / "tls", names=("127.0.0.1",))
+    assert files.client_cert is not None
+    assert files.client_key is not None
+    tls = f'tls_cert = "{files.cert}"\ntls_key = "{files.key}"\ntls_client_ca = "{files.ca}"'
+    with kafka_gateway(tmp_path, topics=TOPICS, extra_toml=tls) as gw:
+        ssl = {"security.protocol": "SSL", "ssl.ca.location": str(files.ca)}
+        mutual = {
+            **ssl,
+            "ssl.certificate.location": str(files.client_cert),
+            "ssl.key.location": str(files.client_key),
+        }
+        reports = _produce_confluent(gw, "events", [(0, None, b"signed", [])], **mutual)
+        assert [err for err, _, _ in reports] == [None]
+        anonymous = _produce_confluent(
+            gw, "events", [(0, None, b"anonymous", [])], **ssl, **{"message.timeout.ms": 3000}
+        )
+        ((err, _, _),) = anonymous
+        assert err is not None
+        ctx = ssl_module.create_default_context(cafile=str(files.ca))
+        ctx.load_cert_chain(str(files.client_cert), str(files.client_key))
+        with httpx.Client(base_url=gw.url, verify=ctx, timeout=30) as c:
+            assert c.get("/v1/topics/events").json()["partitions"][0]["next_offset"] == 1
+            assert c.get("/v1/status").json()["kafka"]["tls_handshake_failures"] >= 1

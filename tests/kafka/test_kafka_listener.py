@@ -61,7 +61,12 @@ def test_stops_cleanly_with_a_long_poll_open(tmp_path: Path) -> None:
 
     with kafka_gateway(tmp_path, topics=TOPICS) as gw:
         consumer = Consumer(
-            {"bootstrap.servers": gw.bootstrap, "group.id": "g", "fetch.wait.max.ms": 30_000}
+            {
+                "bootstrap.servers": gw.bootstrap,
+                "group.id": "g",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 30_000,
+            }
         )
         consumer.assign([TopicPartition("events", p, 0) for p in range(3)])
         stop = threading.Event()
