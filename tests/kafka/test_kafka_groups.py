@@ -556,3 +556,86 @@ def test_a_consumer_rides_through_a_gateway_kill_and_restart(tmp_path: Path) -> 
             assert len(set(r1.positions)) == 15
             again = {pos for pos in r1.positions if r1.positions.count(pos) > 1}
             assert all(offset >= 2 for _, offset in again), again
+
+
+_KAFKA_PYTHON_MEMBER = """
+import json, os, sys
+from kafka import KafkaConsumer
+
+bootstrap, group, name, state, stop = sys.argv[1:6]
+c = KafkaConsumer(
+    bootstrap_servers=bootstrap, group_id=group, client_id=name, enable_auto_commit=False,
+    auto_offset_reset="earliest", session_timeout_ms=6000, heartbeat_interval_ms=500,
+)
+c.subscribe(["events"])
+values = []
+while not os.path.exists(stop):
+    batches = c.poll(timeout_ms=200)
+    got = [r for rs in batches.values() for r in rs]
+    values.extend(r.value.decode() for r in got)
+    if got:
+        c.commit()
+    doc = {"assigned": sorted(tp.partition for tp in c.assignment()), "values": values}
+    with open(state + ".tmp", "w") as fh:
+        json.dump(doc, fh)
+    os.replace(state + ".tmp", state)
+c.close()  # LeaveGroup
+"""
+
+
+def test_kafka_python_group_of_two_in_two_processes(tmp_path: Path) -> None:
+    """kafka-python consumers, one per process (as they run in practice: two in one
+    process were seen to hang inside kafka-python 3.0.12, see docs/kafka.md)."""
+    import json
+    import sys
+
+    script = tmp_path / "kp_member.py"
+    script.write_text(_KAFKA_PYTHON_MEMBER)
+
+    def state(name: str) -> dict[str, Any]:
+        try:
+            return dict(json.loads((tmp_path / f"{name}.json").read_text()))
+        except (FileNotFoundError, ValueError):
+            return {"assigned": [], "values": []}
+
+    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+        produce(gw, 10, "p")
+        procs = {
+            name: subprocess.Popen(
+                [
+                    sys.executable,
+                    str(script),
+                    gw.bootstrap,
+                    "kp",
+                    name,
+                    str(tmp_path / f"{name}.json"),
+                    str(tmp_path / f"{name}.stop"),
+                ]
+            )
+            for name in ("kp1", "kp2")
+        }
+        try:
+
+            def split() -> bool:
+                a1, a2 = set(state("kp1")["assigned"]), set(state("kp2")["assigned"])
+                return bool(a1) and bool(a2) and not a1 & a2 and a1 | a2 == {0, 1, 2}
+
+            wait_for("kafka-python members to split the partitions", split)
+            wait_for(
+                "everything read",
+                lambda: (
+                    {v.encode() for v in state("kp1")["values"] + state("kp2")["values"]}
+                    >= expected("p", 10)
+                ),
+            )
+            (tmp_path / "kp2.stop").touch()
+            assert procs["kp2"].wait(timeout=60) == 0
+            wait_for("kp1 to own every partition", lambda: state("kp1")["assigned"] == [0, 1, 2])
+            wait_for("the commits", lambda: committed(gw, "kp") == {0: 10, 1: 10, 2: 10})
+            (tmp_path / "kp1.stop").touch()
+            assert procs["kp1"].wait(timeout=60) == 0
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait(timeout=30)
