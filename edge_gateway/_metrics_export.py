@@ -192,6 +192,7 @@ class _GatewayCollector(Collector):
         yield from self._tasks(gw)
         yield from self._mqtt(gw)
         yield from self._kafka(gw)
+        yield from self._kafka_groups(gw)
         owner = self._owner()
         if owner is not None:
             try:
@@ -238,6 +239,33 @@ class _GatewayCollector(Collector):
             "edgegw_kafka_tls_handshake_failures",
             "Kafka connections closed before their TLS handshake completed.",
             value=doc["tls_handshake_failures"],
+        )
+
+    @staticmethod
+    def _kafka_groups(gw: Gateway) -> Iterator[Metric]:
+        """The Kafka listener's consumer groups (docs/kafka.md, "Consumer groups")."""
+        doc = gw.status_kafka()
+        if doc is None:
+            return
+        g = doc["groups"]
+        yield _gauge("edgegw_kafka_groups", "Kafka consumer groups with members.", g["groups"])
+        yield _gauge(
+            "edgegw_kafka_group_members", "Members of the Kafka consumer groups.", g["members"]
+        )
+        yield _gauge(
+            "edgegw_kafka_group_pending_members",
+            "Member ids handed out (JoinGroup MEMBER_ID_REQUIRED) not yet joined.",
+            g["pending_members"],
+        )
+        yield _counter(
+            "edgegw_kafka_group_rebalances",
+            "Join phases completed (each a new generation of a group).",
+            g["rebalances_total"],
+        )
+        yield _counter(
+            "edgegw_kafka_group_expired_members",
+            "Members removed for a session timeout or for missing a rebalance.",
+            g["expired_members_total"],
         )
 
     @staticmethod

@@ -1044,7 +1044,13 @@ class Gateway:
     def status_kafka(self) -> dict[str, Any] | None:
         """The ``kafka`` block of :meth:`status` (None: no Kafka listener)."""
         server = self.kafka_server
-        return None if server is None else server.statistics().to_json()
+        if server is None:
+            return None
+        from edge_gateway.kafka._groups import groups_statistics
+
+        doc: dict[str, Any] = server.statistics().to_json()
+        doc["groups"] = groups_statistics(self).to_json()
+        return doc
 
     async def _start_mqtt(self, workers: trio.Nursery) -> None:
         """Start the MQTT bridges (docs/mqtt.md) once produce is accepted."""

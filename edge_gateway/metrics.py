@@ -56,6 +56,9 @@ Families (``_total`` is added to counters by the exposition format):
 * ``edgegw_mqtt_*`` (docs/mqtt.md): connected{bridge,direction},
   messages_total{bridge,direction}, acked_total{bridge}, redeliveries_total{bridge},
   blocked{bridge}, idle_filters{bridge}, publish_lag_records{bridge}
+* ``edgegw_kafka_groups``, ``edgegw_kafka_group_members``,
+  ``edgegw_kafka_group_pending_members``, ``edgegw_kafka_group_rebalances_total``,
+  ``edgegw_kafka_group_expired_members_total`` (docs/kafka.md), with the Kafka listener on
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
 * ``edgegw_api_waits_abandoned_total``: long polls, ``ack=shipped`` waits and
   syncs ended because their client disconnected; ``edgegw_api_connections``:

@@ -325,6 +325,8 @@ def render(doc: dict[str, Any]) -> None:
     kafka = doc.get("kafka")
     if kafka:
         console.print(_kafka_line(kafka))
+        if kafka.get("groups", {}).get("groups"):
+            console.print(_kafka_groups_line(kafka["groups"]))
 
 
 def _kafka_line(kafka: dict[str, Any]) -> Text:
@@ -342,6 +344,19 @@ def _kafka_line(kafka: dict[str, Any]) -> Text:
         + (f"; errors: {errors}" if errors else ""),
         ("; " if problems else ""),
         _red("; ".join(problems)),
+    )
+
+
+def _kafka_groups_line(groups: dict[str, Any]) -> Text:
+    """The Kafka consumer groups (docs/kafka.md, "Consumer groups") in one line."""
+    each = "; ".join(
+        f"{name} {g['state']} gen {g['generation']} {g['members']} members"
+        for name, g in groups["by_group"].items()
+    )
+    return Text(
+        f"kafka groups: {groups['groups']} groups, {groups['members']} members, "
+        f"{groups['rebalances_total']:,} rebalances, "
+        f"{groups['expired_members_total']:,} members expired ({each})"
     )
 
 

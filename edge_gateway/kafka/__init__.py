@@ -15,6 +15,7 @@ from __future__ import annotations
 
 # Handler modules register their APIs when imported.
 from edge_gateway.kafka import _data as _data
+from edge_gateway.kafka import _groups as _groups
 from edge_gateway.kafka import _handlers as _handlers
 from edge_gateway.kafka._registry import HANDLERS, Connection, register
 from edge_gateway.kafka._server import ADDR_FILE, KafkaServer, KafkaStats, serve_kafka
