@@ -1185,6 +1185,9 @@ class Journal:
             self._fsync_total += dt
             self._fsync_max = max(self._fsync_max, dt)
             self._durable_lsn = max(self._durable_lsn, target)
+            # Written pages of the map leave the RSS every few MiB (clean now,
+            # so nothing is left for writeback to do on their account).
+            self._segments[-1].release_written()
         except OSError as exc:
             raise self._fail(f"fsync of {self._segments[-1].path}", exc) from exc
         finally:
@@ -1263,6 +1266,8 @@ class Journal:
         while True:
             await trio.sleep(0.2 if self._space.full_since is not None else 1.0)
             self.check_disk()
+            # With fsync = "never" no fsync hands the map's pages back.
+            self._segments[-1].release_written()
 
     # -------------------------------------------------------------- deletion
 
