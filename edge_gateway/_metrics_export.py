@@ -436,6 +436,11 @@ class _GatewayCollector(Collector):
             "Corrupt or foreign objects set aside from where the next log entry went.",
             s.set_aside,
         )
+        yield _counter(
+            "edgegw_shipper_heap_trims",
+            "Drains after which the C heap's free pages went back to the kernel (malloc_trim).",
+            s.heap_trims,
+        )
         yield _counter("edgegw_shipper_manifests", "Manifests written.", s.manifests)
         yield _counter("edgegw_shipper_records", "Records shipped.", s.records)
         yield _counter(

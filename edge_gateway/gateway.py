@@ -1596,6 +1596,7 @@ class Gateway:
                 "manifests": s.manifests,
                 "wire_bytes": s.wire_bytes,
                 "retries": s.retries,
+                "heap_trims": s.heap_trims,
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
             },
