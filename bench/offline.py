@@ -282,9 +282,11 @@ def produce(
         while not stop.is_set():
             time.sleep(2.0)
             entries, size = journal_totals(httpx.get(f"{url}/v1/status", timeout=30).json())
+            note = ""
             if rss is not None and samples is not None:
                 samples.append((entries, rss.sample(), rss.anon_kb))
-            progress(f"  journals {size / GiB:.2f} GiB, {entries:,} entries")
+                note = f"; RSS {rss.last_kb / 1024:.0f} MB, anon {rss.anon_kb / 1024:.0f} MB"
+            progress(f"  journals {size / GiB:.2f} GiB, {entries:,} entries{note}")
             if size >= backlog:
                 break
     finally:
