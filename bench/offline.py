@@ -10,7 +10,7 @@ through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
 1. the gateway starts and claims its region while the link is up; then the
    link goes down (the proxy refuses connections);
 2. producers write to three topics (``alarms``, ``telemetry``, ``bulk``) until
-   the journal holds at least 8 GiB (``--quick``: 1 GiB): JSON requests whose
+   the journals hold at least 8 GiB (``--quick``: 1 GiB): JSON requests whose
    records each go to a different partition, so every journal entry holds
    ONE record (most of the backlog), and one request in ten is a small binary
    batch (20 records) to one partition;
@@ -18,28 +18,43 @@ through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
    answers ``/healthz`` again is the reopen;
 4. the link returns, with ``link.max_bytes_per_s`` = 4 MB/s (``--cap-mb``),
    and the backlog drains. The bench samples the gateway's ``/v1/status``
-   every 0.5 s and its VmRSS (``/proc/<pid>/status``) every 0.25 s throughout.
+   every 0.5 s and its VmRSS and RssAnon (``/proc/<pid>/status``) every
+   0.25 s throughout;
+5. the cap phase: the link goes down again, producers write ``--cap-seconds``
+   (100) seconds of the cap as binary batches of incompressible records
+   (~256 KiB each), and the link returns: a backlog the shipper reads and
+   compresses far faster than the cap, so the cap sets the rate.
 
 Figures, each beside its target (issue 16) and a baseline from the same run:
 
-* ``entries``, ``backlog_gib``: the journal's entries (LSNs) and bytes;
+* ``entries``, ``backlog_gib``: the journals' entries (LSNs) and bytes, over
+  every lane;
 * ``peak_rss_mb`` (target <= 150 MB for 8 GiB of single-record entries),
   baseline: the same gateway's RSS when it was ready with an empty journal;
-* ``rss_mb_per_million_entries`` (target <= 5): RSS growth over the fill per
-  million entries; baseline: what the in-RAM index of old cost (three 8-byte
-  slots per entry: 22.9 MB per million). VmRSS counts the mapped active
-  segment's page cache (file-backed, up to ``journal.segment_bytes``, given
-  back when the segment rolls); ``anon_rss_mb_per_million_entries`` is the
-  growth of the process's own memory (RssAnon) alone;
-* ``link_cap_mb_per_s``, ``achieved_mb_per_s``, ``cap_ratio`` (0.9-1.05): bytes
-  the gateway put on the link (its meter) over the drain's steady part;
-  ``link_waited_s`` / ``cap_bound``: whether transfers waited for the cap at
-  all (if not, the shipper set the rate and the ratio says nothing of the cap);
+  also per phase (``fill_peak_rss_mb``, ``drain_peak_rss_mb``, ...);
+* ``rss_mb_per_million_entries`` (target <= 5): the least-squares slope of
+  VmRSS against entries over the fill after its first million (warm-up), so
+  what configuration bounds (each lane's active segment and its in-memory
+  index, refilled at every roll) is not counted as growth;
+  ``anon_rss_mb_per_million_entries`` the same for RssAnon;
+  ``rss_mb_per_million_from_idle`` the old figure (end of fill less the idle,
+  empty gateway), baseline: what the in-RAM index of old cost (three 8-byte
+  slots per entry: 22.9 MB per million);
+* ``link_cap_mb_per_s``, ``achieved_mb_per_s``, ``cap_ratio`` (0.9-1.05): the
+  cap phase's bytes on the link by the gateway's meter over its moving part;
+  ``cap_minute_ratio_min``/``_max``: the lowest and highest rate over every
+  60 s window, over the cap; ``cap_proxy_mb_per_s``: the proxy's own count
+  of bytes to the store (HTTP and manifests included); ``cap_waited_s``:
+  seconds transfers waited for the cap;
+* ``single_drain_mb_per_s`` / ``single_drain_entries_per_s``: the drain of
+  the one-record backlog, which the shipper's CPU sets (``link_waited_s``,
+  ``cap_bound`` say whether the cap bound at all);
 * ``reopen_s_per_gib`` (target <= 2): the start with the backlog less the
   first start with an empty journal (the process's own start-up, same run),
   per GiB; ``reopen_s`` is the whole start;
 * ``critical_drained_s`` and ``bulk_before_critical_objects`` (target 0): only
   when this build's topics take a ``priority``; otherwise null, with a note.
+* ``load_avg``: the machine's load average at the end (other work shares it).
 
 The last line is one JSON object with every figure.
 """
