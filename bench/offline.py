@@ -10,7 +10,7 @@ through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
 1. the gateway starts and claims its region while the link is up; then the
    link goes down (the proxy refuses connections);
 2. producers write to three topics (``alarms``, ``telemetry``, ``bulk``) until
-   the journal holds at least 8 GiB (``--quick``: 1 GiB): JSON requests whose
+   the journals hold at least 8 GiB (``--quick``: 1 GiB): JSON requests whose
    records each go to a different partition, so every journal entry holds
    ONE record (most of the backlog), and one request in ten is a small binary
    batch (20 records) to one partition;
@@ -18,28 +18,43 @@ through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
    answers ``/healthz`` again is the reopen;
 4. the link returns, with ``link.max_bytes_per_s`` = 4 MB/s (``--cap-mb``),
    and the backlog drains. The bench samples the gateway's ``/v1/status``
-   every 0.5 s and its VmRSS (``/proc/<pid>/status``) every 0.25 s throughout.
+   every 0.5 s and its VmRSS and RssAnon (``/proc/<pid>/status``) every
+   0.25 s throughout;
+5. the cap phase: the link goes down again, producers write ``--cap-seconds``
+   (100) seconds of the cap as binary batches of incompressible records
+   (~256 KiB each), and the link returns: a backlog the shipper reads and
+   compresses far faster than the cap, so the cap sets the rate.
 
 Figures, each beside its target (issue 16) and a baseline from the same run:
 
-* ``entries``, ``backlog_gib``: the journal's entries (LSNs) and bytes;
+* ``entries``, ``backlog_gib``: the journals' entries (LSNs) and bytes, over
+  every lane;
 * ``peak_rss_mb`` (target <= 150 MB for 8 GiB of single-record entries),
   baseline: the same gateway's RSS when it was ready with an empty journal;
-* ``rss_mb_per_million_entries`` (target <= 5): RSS growth over the fill per
-  million entries; baseline: what the in-RAM index of old cost (three 8-byte
-  slots per entry: 22.9 MB per million). VmRSS counts the mapped active
-  segment's page cache (file-backed, up to ``journal.segment_bytes``, given
-  back when the segment rolls); ``anon_rss_mb_per_million_entries`` is the
-  growth of the process's own memory (RssAnon) alone;
-* ``link_cap_mb_per_s``, ``achieved_mb_per_s``, ``cap_ratio`` (0.9-1.05): bytes
-  the gateway put on the link (its meter) over the drain's steady part;
-  ``link_waited_s`` / ``cap_bound``: whether transfers waited for the cap at
-  all (if not, the shipper set the rate and the ratio says nothing of the cap);
+  also per phase (``fill_peak_rss_mb``, ``drain_peak_rss_mb``, ...);
+* ``rss_mb_per_million_entries`` (target <= 5): the least-squares slope of
+  VmRSS against entries over the fill after its first million (warm-up), so
+  what configuration bounds (each lane's active segment and its in-memory
+  index, refilled at every roll) is not counted as growth;
+  ``anon_rss_mb_per_million_entries`` the same for RssAnon;
+  ``rss_mb_per_million_from_idle`` the old figure (end of fill less the idle,
+  empty gateway), baseline: what the in-RAM index of old cost (three 8-byte
+  slots per entry: 22.9 MB per million);
+* ``link_cap_mb_per_s``, ``achieved_mb_per_s``, ``cap_ratio`` (0.9-1.05): the
+  cap phase's bytes on the link by the gateway's meter over its moving part;
+  ``cap_minute_ratio_min``/``_max``: the lowest and highest rate over every
+  60 s window, over the cap; ``cap_proxy_mb_per_s``: the proxy's own count
+  of bytes to the store (HTTP and manifests included); ``cap_waited_s``:
+  seconds transfers waited for the cap;
+* ``single_drain_mb_per_s`` / ``single_drain_entries_per_s``: the drain of
+  the one-record backlog, which the shipper's CPU sets (``link_waited_s``,
+  ``cap_bound`` say whether the cap bound at all);
 * ``reopen_s_per_gib`` (target <= 2): the start with the backlog less the
   first start with an empty journal (the process's own start-up, same run),
   per GiB; ``reopen_s`` is the whole start;
 * ``critical_drained_s`` and ``bulk_before_critical_objects`` (target 0): only
   when this build's topics take a ``priority``; otherwise null, with a note.
+* ``load_avg``: the machine's load average at the end (other work shares it).
 
 The last line is one JSON object with every figure.
 """
@@ -54,6 +69,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -212,8 +228,30 @@ server = "builtin"
     return config
 
 
-def produce(url: str, backlog: int, producers: int, value_bytes: int) -> None:
-    """``producers`` threads until the journal holds ``backlog`` bytes (checked every ~2 s)."""
+def journal_totals(doc: dict[str, Any]) -> tuple[int, int]:
+    """(entries, bytes) of the gateway's journals: every lane's, or the one journal's."""
+    lanes = doc.get("lanes", {}).get("lanes") or []
+    if lanes:
+        return sum(lane["next_lsn"] - 1 for lane in lanes), sum(
+            lane["journal_bytes"] for lane in lanes
+        )
+    return doc["journal"]["next_lsn"] - 1, doc["journal"]["bytes"]
+
+
+def produce(
+    url: str,
+    backlog: int,
+    producers: int,
+    value_bytes: int,
+    rss: RssSampler | None = None,
+    samples: list[tuple[int, int, int]] | None = None,
+) -> None:
+    """``producers`` threads until the journals hold ``backlog`` bytes (checked every ~2 s).
+
+    The journals' bytes are summed over the lanes (one journal per priority):
+    the normal lane alone held about two thirds of the backlog. With ``rss``,
+    each check appends (entries, VmRSS kB, RssAnon kB) to ``samples``.
+    """
     values = [v.decode() for v in fixed_size_values(PARTITIONS * 4, value_bytes)]
     weighted = [name for name, _, share in TOPICS for _ in range(share)]
     stop = threading.Event()
@@ -258,9 +296,13 @@ def produce(url: str, backlog: int, producers: int, value_bytes: int) -> None:
     try:
         while not stop.is_set():
             time.sleep(2.0)
-            j = httpx.get(f"{url}/v1/status", timeout=30).json()["journal"]
-            progress(f"  journal {j['bytes'] / GiB:.2f} GiB, {j['next_lsn'] - 1:,} entries")
-            if j["bytes"] >= backlog:
+            entries, size = journal_totals(httpx.get(f"{url}/v1/status", timeout=30).json())
+            note = ""
+            if rss is not None and samples is not None:
+                samples.append((entries, rss.sample(), rss.anon_kb))
+                note = f"; RSS {rss.last_kb / 1024:.0f} MB, anon {rss.anon_kb / 1024:.0f} MB"
+            progress(f"  journals {size / GiB:.2f} GiB, {entries:,} entries{note}")
+            if size >= backlog:
                 break
     finally:
         stop.set()
@@ -268,6 +310,140 @@ def produce(url: str, backlog: int, producers: int, value_bytes: int) -> None:
             t.join()
     if errors:
         raise errors[0]
+
+
+def produce_batches(url: str, total: int, producers: int) -> int:
+    """Binary batches of incompressible records (~256 KiB each) until ``total`` bytes went in.
+
+    For the cap phase: a backlog the shipper can read and compress far faster
+    than the cap (a few large entries instead of millions of one-record
+    ones), so the cap, not the shipper, sets the drain rate. 61 distinct
+    batches (a prime, against the 64 partitions) so no block repeats a batch.
+    """
+    pool = [
+        encode_batch([os.urandom(1024) for _ in range(256)], timestamps=[1_795_000_000_000] * 256)
+        for _ in range(61)
+    ]
+    sent = [0] * producers
+    errors: list[BaseException] = []
+
+    def producer(k: int) -> None:
+        try:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                n = k
+                while sum(sent) < total and not errors:
+                    batch = pool[n % len(pool)]
+                    r = c.post(
+                        f"/v1/topics/telemetry/partitions/{n % PARTITIONS}/batches",
+                        content=batch,
+                        headers={"content-type": BATCH_MEDIA_TYPE},
+                    )
+                    if r.status_code != 200:
+                        raise RuntimeError(f"produce: {r.status_code} {r.text[:200]}")
+                    sent[k] += len(batch)
+                    n += producers
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=producer, args=(k,)) for k in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return sum(sent)
+
+
+#: (monotonic s, the meter's up bytes, the proxy's bytes to the store, pending LSNs)
+DrainSample = tuple[float, int, int, int]
+
+
+def drain(
+    gw: Gateway,
+    proxy: TcpProxy,
+    on_sample: Callable[[dict[str, Any], float], None] | None = None,
+) -> tuple[list[DrainSample], float]:
+    """Link up; sample every 0.5 s until nothing is pending. (samples, seconds)."""
+    proxy.set_mode(ProxyMode.PASS)
+    began = time.monotonic()
+    samples: list[DrainSample] = []
+    while True:
+        doc = gw.status()
+        now = time.monotonic()
+        samples.append(
+            (
+                now,
+                doc["link"]["up_bytes"],
+                proxy.statistics().bytes_to_upstream,
+                doc["shipper"]["pending_lsns"],
+            )
+        )
+        if on_sample is not None:
+            on_sample(doc, now - began)
+        if doc["shipper"]["pending_lsns"] == 0:
+            return samples, time.monotonic() - began
+        if len(samples) % 20 == 0:
+            progress(
+                f"  {doc['shipper']['pending_lsns']:,} entries pending, "
+                f"{doc['link']['up_bytes'] / MB:.0f} MB up"
+            )
+        time.sleep(0.5)
+
+
+def moving_span(samples: list[DrainSample]) -> tuple[int, int] | None:
+    """Indexes of the samples around the part of a drain where bytes moved."""
+    moving = [i for i in range(1, len(samples)) if samples[i][1] > samples[i - 1][1]]
+    if not moving or samples[moving[-1]][0] <= samples[moving[0] - 1][0]:
+        return None
+    return moving[0] - 1, moving[-1]
+
+
+def rate(samples: list[DrainSample], column: int) -> float | None:
+    """MB/s of ``column`` over the moving part of a drain."""
+    span = moving_span(samples)
+    if span is None:
+        return None
+    a, b = samples[span[0]], samples[span[1]]
+    return (b[column] - a[column]) / (b[0] - a[0]) / MB
+
+
+def minute_ratios(samples: list[DrainSample], cap: int) -> tuple[float, float] | None:
+    """(lowest, highest) of the meter's rate over every 60 s window of the moving part, / cap."""
+    span = moving_span(samples)
+    if span is None:
+        return None
+    moving = samples[span[0] : span[1] + 1]
+    ratios = []
+    j = 0
+    for i, (t0, b0, _, _) in enumerate(moving):
+        j = max(j, i)
+        while j < len(moving) and moving[j][0] - t0 < 60.0:
+            j += 1
+        if j == len(moving):
+            break
+        t1, b1 = moving[j][0], moving[j][1]
+        ratios.append((b1 - b0) / (t1 - t0) / cap)
+    return (min(ratios), max(ratios)) if ratios else None
+
+
+def slope(points: list[tuple[int, int]]) -> float | None:
+    """Least-squares slope of kB against entries, in MB per million entries.
+
+    Over many samples the sawtooth of what is bounded by configuration (each
+    lane's active segment and its in-memory index, refilled at every roll)
+    averages out, and what is left is what grows with the backlog.
+    """
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx == 0:
+        return None
+    sxy = sum((x - mx) * (y - my) for x, y in points)
+    return sxy / sxx / 1024 * 1e6
 
 
 def main() -> None:
@@ -279,21 +455,28 @@ def main() -> None:
     ap.add_argument(
         "--value-bytes", type=int, default=VALUE_BYTES, help="bytes per record value (200)"
     )
+    ap.add_argument(
+        "--cap-seconds",
+        type=float,
+        default=100.0,
+        help="seconds of the cap the batched backlog of the cap phase holds (default 100)",
+    )
     args = ap.parse_args()
     cap = int(args.cap_mb * MB)
     backlog = int((args.backlog_gib or (1.0 if args.quick else 8.0)) * GiB)
+    cap_backlog = int(cap * args.cap_seconds)
     prio = priorities_supported()
 
     rss = RssSampler()
     rss.start()
     with scratch_dir("offline") as root:
         free = os.statvfs(root)
-        if free.f_bavail * free.f_frsize < backlog * 1.3:
+        if free.f_bavail * free.f_frsize < (backlog + cap_backlog) * 1.3:
             raise SystemExit(f"{root}: not enough free disk for a {backlog / GiB:.1f} GiB backlog")
         moto = start_moto_server(root / "moto.log")
         proxy = TcpProxy("127.0.0.1", int(moto.endpoint.rsplit(":", 1)[1])).start()
-        gw = Gateway(root, write_config(root, proxy.url, cap, backlog, prio))
-        samples: list[tuple[float, int, int]] = []
+        gw = Gateway(root, write_config(root, proxy.url, cap, backlog + cap_backlog, prio))
+        fill: list[tuple[int, int, int]] = []
         try:
             s3_client(moto.endpoint).create_bucket(Bucket="fleet")
             first_start_s = gw.start()
@@ -306,16 +489,10 @@ def main() -> None:
             proxy.set_mode(ProxyMode.REFUSE)
             progress(f"link down; producing a {backlog / GiB:.1f} GiB backlog ...")
             began = time.monotonic()
-            produce(gw.url, backlog, args.producers, args.value_bytes)
+            produce(gw.url, backlog, args.producers, args.value_bytes, rss, fill)
             produce_s = time.monotonic() - began
             st = gw.status()
-            lanes = st.get("lanes", {}).get("lanes") or []
-            if lanes:  # one journal per priority: count them all
-                entries = sum(lane["next_lsn"] - 1 for lane in lanes)
-                backlog_bytes = sum(lane["journal_bytes"] for lane in lanes)
-            else:
-                entries = st["journal"]["next_lsn"] - 1
-                backlog_bytes = st["journal"]["bytes"]
+            entries, backlog_bytes = journal_totals(st)
             filled_kb = rss.sample()
             filled_anon_kb = rss.anon_kb
             fill_peak_kb = rss.peak_kb
@@ -325,55 +502,70 @@ def main() -> None:
             reopen_s = gw.start()
             assert gw.proc is not None
             rss.pid = gw.proc.pid
+            time.sleep(1.0)
+            reopened_kb, reopened_anon_kb = rss.sample(), rss.anon_kb
+            rss.peak_kb = 0
             progress(f"  ready in {reopen_s:.2f} s; link up, capped at {cap / MB:.1f} MB/s ...")
-            proxy.set_mode(ProxyMode.PASS)
-            drain_began = time.monotonic()
             head_seq = st["shipper"]["next_seq"]
-            critical_drained_s: float | None = None
-            while True:
-                doc = gw.status()
-                samples.append(
-                    (time.monotonic(), doc["link"]["up_bytes"], doc["shipper"]["pending_lsns"])
-                )
-                if critical_drained_s is None and unshipped(doc, "alarms") == 0:
-                    critical_drained_s = time.monotonic() - drain_began
-                if doc["shipper"]["pending_lsns"] == 0:
-                    break
-                if len(samples) % 20 == 0:
-                    progress(
-                        f"  {doc['shipper']['pending_lsns']:,} entries pending, "
-                        f"{doc['link']['up_bytes'] / MB:.0f} MB up"
-                    )
-                time.sleep(0.5)
-            drain_s = time.monotonic() - drain_began
+            critical: list[float] = []
+            peak_anon = [0]
+
+            def watch(doc: dict[str, Any], elapsed: float) -> None:
+                peak_anon[0] = max(peak_anon[0], rss.anon_kb)
+                if not critical and unshipped(doc, "alarms") == 0:
+                    critical.append(elapsed)
+
+            waited0 = gw.status()["link"]["waited_s"]
+            single, drain_s = drain(gw, proxy, watch)
             end = gw.status()
+            drain_peak_kb = rss.peak_kb
+            drained_kb, drained_anon_kb = rss.sample(), rss.anon_kb
             wire_bytes = end["shipper"]["wire_bytes"]
             # Seconds transfers waited for the cap: ~0 means the cap never bound
-            # (the shipper could not fill the link), so cap_ratio is not about the cap.
-            waited_s = end["link"]["waited_s"]
+            # (the shipper could not fill the link), so the rate is not about the cap.
+            waited_s = end["link"]["waited_s"] - waited0
             bulk_before = bulk_before_critical(moto.endpoint, head_seq)
+
+            # The cap phase: a backlog the shipper drains faster than the cap.
+            proxy.set_mode(ProxyMode.REFUSE)
+            progress(
+                f"cap phase: link down; {cap_backlog / MB:.0f} MB of incompressible batches ..."
+            )
+            produce_batches(gw.url, cap_backlog, args.producers)
+            waited0 = gw.status()["link"]["waited_s"]
+            progress(f"  link up, capped at {cap / MB:.1f} MB/s ...")
+            capped, cap_drain_s = drain(gw, proxy)
+            cap_waited_s = gw.status()["link"]["waited_s"] - waited0
         finally:
             gw.stop()
             rss.stop()
             proxy.stop()
             moto.stop()
 
-    moving = [i for i in range(1, len(samples)) if samples[i][1] > samples[i - 1][1]]
-    if moving:
-        first, last = moving[0] - 1, moving[-1]
-        (t0, b0, _), (t1, b1, _) = samples[first], samples[last]
-        achieved = (b1 - b0) / (t1 - t0) / MB if t1 > t0 else None
-    else:
-        achieved = None
+    single_mb_s = rate(single, 1)
+    achieved = rate(capped, 1)
+    proxy_mb_s = rate(capped, 2)
     cap_ratio = None if achieved is None else achieved / (cap / MB)
+    minute = minute_ratios(capped, cap)
     gib = backlog_bytes / GiB
-    peak_mb = max(rss.peak_kb, fill_peak_kb) / 1024
-    per_million = (filled_kb - idle_kb) / 1024 / (entries / 1e6) if entries else None
-    anon_per_million = (filled_anon_kb - idle_anon_kb) / 1024 / (entries / 1e6) if entries else None
+    peak_mb = max(drain_peak_kb, fill_peak_kb) / 1024
+    # Growth with the backlog: the slope over the fill after its first million
+    # entries (warm-up: imports, pools, the first rolls of every lane).
+    warm = [(e, kb) for e, kb, _ in fill if e >= 1_000_000]
+    per_million = slope(warm)
+    anon_per_million = slope([(e, a) for e, _, a in fill if e >= 1_000_000])
+    from_idle = (filled_kb - idle_kb) / 1024 / (entries / 1e6) if entries else None
     # The start of an empty journal (same run) is the process's own start-up:
     # what a backlog adds to it is the journal's reopen.
     reopen_per_gib = max(0.0, reopen_s - first_start_s) / gib if gib else None
+    critical_drained_s = critical[0] if critical else None
     note = None if prio else "priorities not yet in this build"
+    span = moving_span(single)
+    single_entries_s = (
+        (single[span[0]][3] - single[span[1]][3]) / (single[span[1]][0] - single[span[0]][0])
+        if span
+        else None
+    )
     rows: list[Row | str] = [
         f"backlog: {entries:,} entries, {gib:.2f} GiB in {produce_s:.0f} s "
         f"({entries / produce_s:,.0f} entries/s)",
@@ -403,6 +595,13 @@ def main() -> None:
             OLD_INDEX_MB_PER_MILLION,
         ),
         Row(
+            "RSS end of fill - idle, per million",
+            from_idle,
+            "MB",
+            "old in-RAM index (3 x 8 B/entry)",
+            OLD_INDEX_MB_PER_MILLION,
+        ),
+        Row(
             "reopen with the backlog, per GiB",
             reopen_per_gib,
             "s",
@@ -412,7 +611,14 @@ def main() -> None:
             reopen_per_gib is not None and reopen_per_gib <= 2,
         ),
         Row(
-            "drain over the capped link",
+            "drain of 1-record entries (wire)",
+            single_mb_s,
+            "MB/s",
+            "link.max_bytes_per_s",
+            cap / MB,
+        ),
+        Row(
+            "capped drain of batches (meter)",
             achieved,
             "MB/s",
             "link.max_bytes_per_s",
@@ -420,11 +626,16 @@ def main() -> None:
             "0.9-1.05x",
             cap_ratio is not None and 0.9 <= cap_ratio <= 1.05,
         ),
+        f"cap phase: every 60 s window at {minute[0]:.3f}-{minute[1]:.3f}x the cap; "
+        f"transfers waited {cap_waited_s:.0f} s of {cap_drain_s:.0f} s; through the proxy "
+        f"{proxy_mb_s or 0:.2f} MB/s (HTTP and manifests included)"
+        if minute
+        else f"cap phase shorter than a minute ({cap_drain_s:.0f} s)",
     ]
     if waited_s <= 0.1 * drain_s:
         rows.append(
-            f"the cap hardly bound (transfers waited {waited_s:.1f} s of a {drain_s:.0f} s "
-            "drain): the shipper, not the link, set the drain rate"
+            f"1-record drain: the cap hardly bound (waited {waited_s:.1f} s of {drain_s:.0f} s); "
+            f"the shipper set the rate: {single_entries_s or 0:,.0f} entries/s"
         )
     if note:
         rows.append(
@@ -446,15 +657,34 @@ def main() -> None:
             "backlog_gib": round(gib, 3),
             "produce_s": round(produce_s, 1),
             "peak_rss_mb": round(peak_mb, 1),
+            "fill_peak_rss_mb": round(fill_peak_kb / 1024, 1),
+            "drain_peak_rss_mb": round(drain_peak_kb / 1024, 1),
+            "drain_peak_anon_mb": round(peak_anon[0] / 1024, 1),
             "idle_rss_mb": round(idle_kb / 1024, 1),
+            "idle_anon_mb": round(idle_anon_kb / 1024, 1),
             "filled_rss_mb": round(filled_kb / 1024, 1),
+            "filled_anon_mb": round(filled_anon_kb / 1024, 1),
+            "reopened_rss_mb": round(reopened_kb / 1024, 1),
+            "reopened_anon_mb": round(reopened_anon_kb / 1024, 1),
+            "drained_rss_mb": round(drained_kb / 1024, 1),
+            "drained_anon_mb": round(drained_anon_kb / 1024, 1),
             "rss_mb_per_million_entries": None if per_million is None else round(per_million, 2),
             "anon_rss_mb_per_million_entries": (
                 None if anon_per_million is None else round(anon_per_million, 2)
             ),
+            "rss_mb_per_million_from_idle": None if from_idle is None else round(from_idle, 2),
             "link_cap_mb_per_s": cap / MB,
             "achieved_mb_per_s": None if achieved is None else round(achieved, 3),
             "cap_ratio": None if cap_ratio is None else round(cap_ratio, 4),
+            "cap_minute_ratio_min": None if minute is None else round(minute[0], 4),
+            "cap_minute_ratio_max": None if minute is None else round(minute[1], 4),
+            "cap_drain_s": round(cap_drain_s, 1),
+            "cap_waited_s": round(cap_waited_s, 1),
+            "cap_proxy_mb_per_s": None if proxy_mb_s is None else round(proxy_mb_s, 3),
+            "single_drain_mb_per_s": None if single_mb_s is None else round(single_mb_s, 3),
+            "single_drain_entries_per_s": None
+            if single_entries_s is None
+            else round(single_entries_s),
             "drain_s": round(drain_s, 1),
             "link_waited_s": round(waited_s, 1),
             "cap_bound": waited_s > 0.1 * drain_s,
@@ -472,6 +702,7 @@ def main() -> None:
             "lsn_order_bulk_before_critical_objects": None if prio else bulk_before,
             "priorities": prio,
             "note": note,
+            "load_avg": list(os.getloadavg()),
             "targets": {
                 "peak_rss_mb": 150,
                 "rss_mb_per_million_entries": 5,

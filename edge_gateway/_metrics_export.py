@@ -509,6 +509,11 @@ class _GatewayCollector(Collector):
             "Unfinished multipart uploads of log objects aborted at a claim (crash leftovers).",
             s.uploads_aborted,
         )
+        yield _counter(
+            "edgegw_shipper_heap_trims",
+            "Drains after which the C heap's free pages went back to the kernel (malloc_trim).",
+            s.heap_trims,
+        )
         yield _counter("edgegw_shipper_manifests", "Manifests written.", s.manifests)
         yield _counter("edgegw_shipper_records", "Records shipped.", s.records)
         yield _counter(

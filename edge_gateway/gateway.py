@@ -1871,6 +1871,7 @@ class Gateway:
                 "wire_bytes": s.wire_bytes,
                 "retries": s.retries,
                 "uploads_aborted": s.uploads_aborted,
+                "heap_trims": s.heap_trims,
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
             },

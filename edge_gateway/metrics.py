@@ -26,7 +26,7 @@ Families (``_total`` is added to counters by the exposition format):
   index_cache_bytes, index_cache_hits_total, index_cache_misses_total
 * ``edgegw_shipper_*``: claimed, epoch, next_seq, shipped_lsn, pending_lsns,
   oldest_unshipped_age_seconds, objects_total, fences_total, set_aside_total,
-  uploads_aborted_total, manifests_total,
+  uploads_aborted_total, heap_trims_total, manifests_total,
   records_total, bytes_total (journal bytes shipped), wire_bytes_total
   (compressed object bytes), retries_total, upload_seconds_total,
   last_ship_timestamp_seconds, state{state} (1 for the one the shipper is in:

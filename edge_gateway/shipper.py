@@ -73,6 +73,7 @@ from pathlib import Path
 
 import trio
 
+from edge_gateway import _heap
 from edge_gateway.bucket import (
     AccessDenied,
     Bucket,
@@ -143,6 +144,10 @@ MAX_BACKLOG_OBJECT_BYTES = 1024 * MiB
 #: core nearly doubles its speed; more would hold more objects in memory for
 #: little gain on the small machines an edge site runs on.
 _BUILD_THREADS = max(1, min(2, os.cpu_count() or 1))
+#: A drain of at least this many objects back to back ends with a trim of the
+#: C heap (``edge_gateway._heap``): the buffers it went through stay with the
+#: process otherwise, fragmented, until the next drain.
+TRIM_AFTER_OBJECTS = 8
 #: Journal entries whose bodies the shipper reads; the others (mirror entries,
 #: which belong to other regions' logs) are stepped over by their headers
 #: (CRC-checked, not copied): a catch-up mirrors hundreds of MB that this
@@ -360,6 +365,8 @@ class ShipperStats:
     gap_records: int = 0
     #: Unfinished multipart uploads of log objects aborted at claims (crash leftovers).
     uploads_aborted: int = 0
+    #: Drains after which the C heap was trimmed (``edge_gateway._heap``).
+    heap_trims: int = 0
 
 
 #: The states of :attr:`ShipperStats.state`.
@@ -452,6 +459,7 @@ class Shipper:
         self._journal_bytes = self._wire_bytes = self._retries = 0
         #: Records named by the gap markers this shipper committed (drop-oldest lanes).
         self._gap_records = 0
+        self._heap_trims = 0
         self._last_ship_ms = 0
         self._last_error: str | None = None
         self._upload_s = 0.0
@@ -1103,20 +1111,26 @@ class Shipper:
         if not self._claimed:
             raise InvalidInput("claim() first")
         shipped = 0
-        while True:
-            first = await self._read(
-                dict(self._ship_from), self._next_seq, self.config.max_object_bytes
-            )
-            if first is None:
-                return shipped
-            n, again = await self._ship_round(first, until, next_due, progress)
-            shipped += n
-            if not again:
-                return shipped
-            if until is not None and all(
-                self._shipped[lane] >= until[lane] for lane, _ in self._lanes if self._may(lane)
-            ):
-                return shipped
+        try:
+            while True:
+                first = await self._read(
+                    dict(self._ship_from), self._next_seq, self.config.max_object_bytes
+                )
+                if first is None:
+                    return shipped
+                n, again = await self._ship_round(first, until, next_due, progress)
+                shipped += n
+                if not again:
+                    return shipped
+                if until is not None and all(
+                    self._shipped[lane] >= until[lane] for lane, _ in self._lanes if self._may(lane)
+                ):
+                    return shipped
+        finally:
+            if shipped >= TRIM_AFTER_OBJECTS:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(_heap.trim)
+                self._heap_trims += 1
 
     async def _ship_round(
         self,
@@ -1131,7 +1145,7 @@ class Shipper:
         # Memory of a drain: at most _BUILD_THREADS objects are being read or
         # built (their entries in memory), and at most one more is read and
         # not yet committed (built objects waiting to upload hold only their
-        # compressed bytes).
+        # compressed bytes: ``build`` drops the entries).
         building = trio.Semaphore(_BUILD_THREADS)
         in_memory = trio.Semaphore(_BUILD_THREADS + 1)
         building.acquire_nowait()  # for ``first``
@@ -1142,6 +1156,12 @@ class Shipper:
         async def build(slot: _Building) -> None:
             try:
                 slot.prepared = await self._build(slot.read)
+                # Built: the object holds what it needs (compressed). Let go
+                # of the entries now rather than at the commit, or every built
+                # object waiting for the link would keep its entries too (in
+                # place: the caller's first read refers to the same list).
+                # read_ahead took what it needs of ``data`` before yielding.
+                slot.read.data.clear()
             finally:
                 building.release()
             slot.done.set()
@@ -1157,10 +1177,11 @@ class Shipper:
                         read.last[lane] >= until[lane] for lane, _ in self._lanes if self._may(lane)
                     ):
                         return
-                    await in_memory.acquire()
-                    await building.acquire()
                     seq = read.seq + (1 if read.data else 0)
                     after = {lane: last + 1 for lane, last in read.last.items()}
+                    read = None  # (the slot holds it; its entries go once built)
+                    await in_memory.acquire()
+                    await building.acquire()
                     read = await self._read(after, seq, backlog_limit, due=next_due)
                     if read is None:
                         building.release()
@@ -1275,8 +1296,18 @@ class Shipper:
         if not read.data and not read.gaps:
             return _Prepared(read.seq, read.first, read.last, None, 0, 0)
         builder = LogObjectBuilder()
+        # One call per partition, not per entry: a backlog of one-record
+        # entries is ~16,000 entries an object, and the per-call checks were
+        # a third of a drain's event-loop time (bench/offline.py).
+        by_partition: dict[tuple[str, int], list[bytes]] = {}
         for e in read.data:
-            builder.add_batch(e.topic, e.partition, e.payload)
+            batches = by_partition.get((e.topic, e.partition))
+            if batches is None:
+                by_partition[(e.topic, e.partition)] = [e.payload]
+            else:
+                batches.append(e.payload)
+        for (topic, partition), batches in by_partition.items():
+            builder.add(topic, partition, batches)
         epoch, created, level = self._epoch, self._clock(), self.config.compression_level
         lanes = self._lane_table(read.first, read.last)
         key = self.key
@@ -1770,6 +1801,7 @@ class Shipper:
             fences=self._fences,
             set_aside=self._set_aside_count,
             uploads_aborted=self._uploads_aborted,
+            heap_trims=self._heap_trims,
             manifests=self._manifests,
             records=self._records,
             journal_bytes=self._journal_bytes,

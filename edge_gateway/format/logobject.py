@@ -875,12 +875,17 @@ class LogObjectBuilder:
         slices = self._slices.get((topic, partition), [])
         expected = slices[-1].next_offset if slices else None
         checked: list[tuple[bytes, _batch.BatchHeader]] = []
+        where = f"{topic}/{partition}"
+        read_header = _batch.read_header
         for raw in batches:
-            if not isinstance(raw, bytes | bytearray | memoryview):
+            if type(raw) is bytes:
+                data = raw
+            elif isinstance(raw, bytes | bytearray | memoryview):
+                data = bytes(raw)
+            else:
                 raise InvalidInput(f"a batch must be bytes, got {type(raw).__name__}")
-            data = bytes(raw)
             try:
-                h = _batch.read_header(data, 0, where=f"{topic}/{partition}")
+                h = read_header(data, 0, where=where)
             except CorruptData as exc:
                 raise InvalidInput(f"not a record batch: {exc}") from None
             if h.length != len(data):

@@ -27,6 +27,8 @@ log = logging.getLogger("edgegw.journal")
 
 SEGMENT_SUFFIX: Final = ".wal"
 INDEX_SUFFIX: Final = ".idx"
+#: Written bytes of the active segment's map handed back at a time (``Segment.release_written``).
+RELEASE_BYTES: Final = 4 * 1024 * 1024
 
 
 def segment_name(base_lsn: int) -> str:
@@ -48,6 +50,8 @@ class Segment:
     mm: mmap.mmap | None = None
     #: entries that end at or before this byte may be copied into ``mm``
     mm_end: int = 0
+    #: the map's pages below this byte were handed back (``release_written``)
+    mm_released: int = 0
 
     @property
     def entries(self) -> int:
@@ -83,6 +87,7 @@ class Segment:
                 _fs.ops.posix_fallocate(self.fd, 0, cap)
             self.mm = _fs.ops.mmap(self.fd, cap)
             self.mm_end = cap
+            self.mm_released = 0
         except (OSError, ValueError, AttributeError) as exc:
             log.info("journal: writing %s without a memory map: %s", self.path, exc)
             self.mm = None
@@ -92,12 +97,39 @@ class Segment:
                 if os.fstat(self.fd).st_size > self.size:
                     _fs.ops.ftruncate(self.fd, self.size)
 
+    def release_written(self, min_bytes: int = RELEASE_BYTES) -> int:
+        """Drop the map's pages of written bytes from this process (``MADV_DONTNEED``).
+
+        Pages of a shared file map that were written count in the process's
+        RSS (``RssFile``) until it lets them go: without this, each lane's
+        active segment would add up to ``segment_bytes`` to the RSS. The
+        data is not lost: for a shared file mapping the kernel moves a dirty
+        page's state to the page cache, and writeback and ``fdatasync`` find
+        it there (a later access would fault it in again from the cache).
+        Only whole pages wholly below ``size`` go, once at least
+        ``min_bytes`` are to go. Returns the bytes released; a kernel or
+        Python without ``madvise`` only costs the memory.
+        """
+        if self.mm is None:
+            return 0
+        end = min(self.size, self.mm_end) // mmap.PAGESIZE * mmap.PAGESIZE
+        n = end - self.mm_released
+        if n < max(min_bytes, mmap.PAGESIZE):
+            return 0
+        try:
+            self.mm.madvise(mmap.MADV_DONTNEED, self.mm_released, n)
+        except (OSError, ValueError, AttributeError):
+            return 0
+        self.mm_released = end
+        return n
+
     def unmap(self) -> None:
         """Unmap the segment and cut its preallocated tail (the data stays in the page cache)."""
         if self.mm is not None:
             self.mm.close()
             self.mm = None
             self.mm_end = 0
+            self.mm_released = 0
         if self.fd is not None and os.fstat(self.fd).st_size > self.size:
             _fs.ops.ftruncate(self.fd, self.size)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from edge_gateway.errors import CorruptData
@@ -53,3 +55,58 @@ def test_a_corrupt_entry_is_not_stepped_over(at: int) -> None:
 def test_a_truncated_entry_is_refused(cut: int) -> None:
     with pytest.raises(CorruptData, match="truncated"):
         fentry.decode_entry_header(mirror_entry()[:cut])
+
+
+def data_entry(flags: int) -> bytes:
+    keys = [b"k", None] if flags else None
+    return fentry.encode_entry(
+        lsn=7,
+        kind=fentry.KIND_DATA,
+        topic=b"telemetry",
+        partition=5,
+        base_offset=100,
+        count=2,
+        append_time=1_764_000_000_000,
+        payload=encode_batch([b"v1", b"v2"], timestamps=[3, 9], keys=keys, base_offset=100),
+    )
+
+
+def _outcome(fn: Callable[[bytes, int], fentry.Entry], buf: bytes) -> fentry.Entry | str:
+    try:
+        return fn(buf, 0)
+    except CorruptData:
+        return "corrupt"
+
+
+@pytest.mark.parametrize("flags", [0, 1])
+def test_the_fast_data_path_accepts_only_what_the_full_decode_accepts(flags: int) -> None:
+    """decode_data_entry (the drain's fast path) against decode_entry, byte by byte.
+
+    Every byte of the entry header, topic and batch header set to several
+    values, with the entry's CRC made right again (so each structural check is
+    what decides): whenever the fast path returns an entry, the full decode
+    returns the same one; when it returns None, the full decode either
+    refuses the bytes or they are not an ordinary DATA entry.
+    """
+    good = data_entry(flags)
+    assert fentry.decode_data_entry(good) == fentry.decode_entry(good)
+    accepted = 0
+    for at in range(fentry.ENTRY_HEADER_SIZE + len(b"telemetry") + 40):
+        for v in {0, 1, 2, 3, 0x7F, 0xFF, good[at] ^ 1, good[at] ^ 0x80}:
+            buf = bytearray(good)
+            buf[at] = v
+            length = int.from_bytes(buf[0:4], "little")
+            if 8 <= length <= len(buf):
+                buf[4:8] = fentry.crc32c(memoryview(buf)[8:length]).to_bytes(4, "little")
+            raw = bytes(buf)
+            fast = fentry.decode_data_entry(raw)
+            full = _outcome(fentry.decode_entry, raw)
+            if fast is not None:
+                accepted += 1
+                assert fast == full, (at, v)
+            else:
+                assert isinstance(full, str) or full.kind != fentry.KIND_DATA or not full.count, (
+                    at,
+                    v,
+                )
+    assert accepted > 0  # some changes keep the entry valid (the LSN, a partition number)

@@ -458,6 +458,34 @@ async def test_read_entries_steps_over_kinds_without_their_payload(tmp_path: Pat
                 assert f.source is not None
 
 
+async def test_read_entries_names_the_segment_and_byte_of_a_damaged_entry(
+    tmp_path: Path,
+) -> None:
+    """A flipped byte in a sealed segment: CorruptData with the file and the entry's position."""
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(600):
+            await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 4))
+        await j.flush()
+        assert len(segment_files(tmp_path)) > 2
+        entries = j.read_entries(1, max_bytes=1 << 30)
+        victim = entries[len(entries) // 2]
+        # The entry's segment (named after its first LSN) and its byte in it.
+        seg = max((p for p in segment_files(tmp_path) if int(p.stem) <= victim.lsn), key=str)
+        raw = seg.read_bytes()
+        pos = next(
+            k
+            for k in range(len(raw) - 16)
+            if raw[k + 8 : k + 16] == struct.pack("<Q", victim.lsn)
+            and struct.unpack_from("<I", raw, k)[0] == victim.length
+        )
+        with seg.open("r+b") as f:  # one bit of the entry's last byte
+            f.seek(pos + victim.length - 1)
+            f.write(bytes([raw[pos + victim.length - 1] ^ 1]))
+        with pytest.raises(CorruptData, match="CRC mismatch") as info:
+            j.read_entries(entries[0].lsn, max_bytes=1 << 30)
+        assert info.value.where == f"{seg}@{pos}"
+
+
 async def test_mirror_entries_keep_source_offsets_and_progress(tmp_path: Path) -> None:
     async with open_journal(tmp_path, SMALL) as j:
         src = SourceCoords("north", seq=7, epoch=2)
