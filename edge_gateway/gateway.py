@@ -1473,6 +1473,22 @@ class Gateway:
         if len(table):
             log.info("idempotence: %d producers remembered, next id %d", len(table), table.next_id)
 
+    def _producers_json(self) -> dict[str, Any]:
+        """The ``producers`` block of :meth:`status`."""
+        p = self._producers.statistics()
+        cfg = self.config.idempotence
+        return {
+            "remembered": p.producers,
+            "partitions": p.partitions,
+            "max_producers": cfg.max_producers,
+            "expiry_ms": cfg.producer_expiry_ms,
+            "duplicates": p.duplicates,
+            "issued": p.issued,
+            "expired": p.expired,
+            "evicted": p.evicted,
+            "next_id": p.next_id,
+        }
+
     def _producer_snapshot(self, lane_id: int) -> dict[str, Any]:
         """What a lane's next segment checkpoint keeps of the producers (at the roll)."""
         self._producers.expire(_now_ms())
@@ -1807,6 +1823,7 @@ class Gateway:
             "started_ms": self._started_ms,
             "accepting": self._accepting,
             "bucket": self.config.bucket.describe(self.config.data_dir),
+            "producers": self._producers_json(),
             "journal": {
                 "bytes": j.bytes,
                 "max_bytes": j.max_bytes,

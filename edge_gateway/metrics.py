@@ -52,6 +52,10 @@ Families (``_total`` is added to counters by the exposition format):
 * ``edgegw_mqtt_*`` (docs/mqtt.md): connected{bridge,direction},
   messages_total{bridge,direction}, acked_total{bridge}, redeliveries_total{bridge},
   blocked{bridge}, idle_filters{bridge}, publish_lag_records{bridge}
+* ``edgegw_producers_remembered``, ``edgegw_producer_partitions_remembered``,
+  ``edgegw_produce_duplicates_total``, ``edgegw_producers_issued_total``,
+  ``edgegw_producers_expired_total``, ``edgegw_producers_evicted_total`` — idempotent
+  producers (docs/api.md, "Idempotent produce")
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
 * ``edgegw_api_waits_abandoned_total``: long polls, ``ack=shipped`` waits and
   syncs ended because their client disconnected; ``edgegw_api_connections``:
