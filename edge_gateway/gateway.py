@@ -1580,8 +1580,8 @@ class Gateway:
                 # Remembered from before a restart at an LSN the journal does
                 # not hold (cannot happen: the checkpoint is the journal's).
                 lsn = journal.next_lsn - 1
-            if journal.durable_lsn < lsn:
-                await journal.wait_durable(lsn)
+            # As durable as the original's answer promised (fsync=always: fsynced).
+            await journal.after_append(lsn)
             base, n = dup.base_offset, dup.count
         else:
             res = lanes.append_nowait(topic, partition, batch, producer=producer)
