@@ -483,9 +483,9 @@ class _Plan(NamedTuple):
 class _Idempotence:
     """The client's producer (sans-IO): its id and epoch, and the next sequence per partition.
 
-    ``plan_*`` turn a produce into one request per partition, each with the
-    ``EdgeGW-Producer-*`` headers; :meth:`written` advances the partition's
-    sequence once the gateway answered. A request whose fate is unknown is
+    ``plan_*`` turn a produce into one request per partition; :meth:`sign`
+    adds the ``EdgeGW-Producer-*`` headers and takes the partition's next
+    sequences. A request whose fate is unknown is
     sent again unchanged (same sequence) until it is answered; if the client
     gives up on one, the sequences are uncertain and the next produce first
     bumps the epoch (:meth:`needs_init` then returns the bump), which starts
@@ -532,9 +532,11 @@ class _Idempotence:
             PRODUCER_SEQUENCE_HEADER: str(self.next_seq.get((topic, partition), 0)),
         }
 
-    def written(self, topic: str, partition: int, count: int) -> None:
+    def unsign(self, topic: str, partition: int, seq: int, count: int) -> None:
+        """Give back the sequences :meth:`sign` took, for a request surely not written."""
         key = (topic, partition)
-        self.next_seq[key] = (self.next_seq.get(key, 0) + count) % 2**31
+        if self.next_seq.get(key) == (seq + count) % 2**31:
+            self.next_seq[key] = seq
 
     def topic_call(self, topic: str) -> _Call | None:
         """``GET /v1/topics/<topic>`` when the partition count is not known yet."""
@@ -574,12 +576,20 @@ class _Idempotence:
             for p, idx in groups.items()
         ]
 
-    def sign(self, topic: str, plan: _Plan) -> _Call:
-        """The plan's request with the producer headers of its partition's next sequence."""
+    def sign(self, topic: str, plan: _Plan, count: int) -> tuple[_Call, int]:
+        """The plan's request with the producer headers, and the sequence it takes.
+
+        The partition's next ``count`` sequences are taken now: every retry
+        of the request is this same call (never signed again, so a retry can
+        never become a new write), and a concurrent request to the partition
+        gets the sequences after it (the async client sends one partition's
+        requests one at a time, so they arrive in order).
+        """
         call = plan.call
-        return call._replace(
-            headers={**(call.headers or {}), **self.headers(topic, plan.partition)}
-        )
+        headers = self.headers(topic, plan.partition)
+        seq = int(headers[PRODUCER_SEQUENCE_HEADER])
+        self.next_seq[(topic, plan.partition)] = (seq + count) % 2**31
+        return call._replace(headers={**(call.headers or {}), **headers}), seq
 
 
 def _retryable(exc: EdgeGatewayError) -> bool:
@@ -1015,30 +1025,34 @@ class Client:
                 except UnknownProducer:
                     idem.forget()  # a bump of an id the gateway forgot: a new id
                     continue
-            try:
-                res = _produced(self._send(idem.sign(topic, plan)))
-            except UnknownProducer:
-                # Forgotten (idle past the expiry, or issued just before a
-                # restart and never used): nothing of this id is remembered,
-                # so nothing it sent can be answered as a duplicate. New id.
-                if renewed:
+            call, seq = idem.sign(topic, plan, count)
+            while True:
+                try:
+                    return _produced(self._send(call))
+                except UnknownProducer:
+                    # Forgotten (idle past the expiry, or issued just before a
+                    # restart and never used): nothing of this id is remembered,
+                    # so nothing it sent can be answered as a duplicate. New id.
+                    if renewed:
+                        raise
+                    renewed = True
+                    idem.forget()
+                    break
+                except (OutOfOrderSequence, ProducerFenced):
+                    idem.uncertain = True
                     raise
-                renewed = True
-                idem.forget()
-                continue
-            except (OutOfOrderSequence, ProducerFenced):
-                idem.uncertain = True
-                raise
-            except EdgeGatewayError as exc:
-                if not _retryable(exc) or time.monotonic() >= deadline:
-                    if _retryable(exc):
+                except EdgeGatewayError as exc:
+                    if not _retryable(exc):
+                        if attempt == 0:  # refused (4xx): not written
+                            idem.unsign(topic, plan.partition, seq, count)
+                        else:
+                            idem.uncertain = True
+                        raise
+                    if time.monotonic() >= deadline:
                         idem.uncertain = True  # written or not: the next produce bumps the epoch
-                    raise
-                time.sleep(_backoff(attempt))
-                attempt += 1
-                continue
-            idem.written(topic, plan.partition, count)
-            return res
+                        raise
+                    time.sleep(_backoff(attempt))
+                    attempt += 1
 
     def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""
@@ -1140,6 +1154,9 @@ class AsyncClient:
         self.idempotent = idempotent
         self.retry_s = retry_s
         self._idem = _Idempotence()
+        # created on first use, in the caller's event loop
+        self._init_lock: Any = None
+        self._partition_locks: dict[tuple[str, int], Any] = {}
         https = httpx.URL(self.base_url).scheme == "https"
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -1230,48 +1247,68 @@ class AsyncClient:
             attempt += 1
 
     async def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
-        """:meth:`Client._send_idempotent`, async."""
+        """:meth:`Client._send_idempotent`, async: one partition's requests one at a time."""
         import anyio
 
         idem = self._idem
         deadline = time.monotonic() + self.retry_s
         renewed = False
         attempt = 0
-        while True:
-            init = idem.init_call()
-            if init is not None:
-                try:
-                    idem.initialized(await self._retrying(init, deadline))
-                except UnknownProducer:
-                    idem.forget()
-                    continue
-            try:
-                res = _produced(await self._send(idem.sign(topic, plan)))
-            except UnknownProducer:
-                if renewed:
-                    raise
-                renewed = True
-                idem.forget()
-                continue
-            except (OutOfOrderSequence, ProducerFenced):
-                idem.uncertain = True
-                raise
-            except EdgeGatewayError as exc:
-                if not _retryable(exc) or time.monotonic() >= deadline:
-                    if _retryable(exc):
+        key = (topic, plan.partition)
+        if self._init_lock is None:
+            self._init_lock = anyio.Lock()
+        lock = self._partition_locks.get(key)
+        if lock is None:
+            lock = self._partition_locks[key] = anyio.Lock()
+        async with lock:
+            while True:
+                async with self._init_lock:  # one producer id for all the client's tasks
+                    init = idem.init_call()
+                    if init is not None:
+                        try:
+                            idem.initialized(await self._retrying(init, deadline))
+                        except UnknownProducer:
+                            idem.forget()
+                            continue
+                call, seq = idem.sign(topic, plan, count)
+                while True:
+                    try:
+                        return _produced(await self._send(call))
+                    except UnknownProducer:
+                        if renewed:
+                            raise
+                        renewed = True
+                        async with self._init_lock:
+                            sent_id = (call.headers or {}).get(PRODUCER_ID_HEADER)
+                            if str(idem.producer_id) == sent_id:
+                                idem.forget()  # not renewed by another task meanwhile
+                        break
+                    except (OutOfOrderSequence, ProducerFenced):
                         idem.uncertain = True
-                    raise
-                await anyio.sleep(_backoff(attempt))
-                attempt += 1
-                continue
-            idem.written(topic, plan.partition, count)
-            return res
+                        raise
+                    except EdgeGatewayError as exc:
+                        if not _retryable(exc):
+                            if attempt == 0:
+                                idem.unsign(topic, plan.partition, seq, count)
+                            else:
+                                idem.uncertain = True
+                            raise
+                        if time.monotonic() >= deadline:
+                            idem.uncertain = True
+                            raise
+                        await anyio.sleep(_backoff(attempt))
+                        attempt += 1
 
     async def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""
-        init = self._idem.init_call()
-        if init is not None:
-            self._idem.initialized(await self._retrying(init))
+        import anyio
+
+        if self._init_lock is None:
+            self._init_lock = anyio.Lock()
+        async with self._init_lock:
+            init = self._idem.init_call()
+            if init is not None:
+                self._idem.initialized(await self._retrying(init))
         assert self._idem.producer_id is not None
         return self._idem.producer_id, self._idem.epoch
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trio
 from _api_support import gateway_thread, make_config, running, url_of
 
 from edge_gateway._crc import crc32c
@@ -155,3 +156,29 @@ def test_sync_client_plain_and_idempotent(tmp_path: Path) -> None:
             res = plain.produce("t", ["y"])
             assert not res.duplicate
             assert plain._idem.producer_id is None
+
+
+async def test_concurrent_tasks_of_one_async_client_never_share_a_sequence(
+    tmp_path: Path,
+) -> None:
+    """Tasks producing to the same partitions at once: each record written once, none lost."""
+    async with running(make_config(tmp_path)) as gw, AsyncClient(url_of(gw)) as client:
+        results: list[tuple[str, int, int]] = []
+
+        async def task(n: int) -> None:
+            for i in range(20):
+                values = [f"{n}-{i}-{k}" for k in range(3)]
+                res = await client.produce("t", values, partition=i % 2)
+                assert not res.duplicate
+                results.extend(zip(values, res.partitions, res.offsets, strict=True))
+
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(task, n)
+        assert len(results) == 8 * 20 * 3
+        stored = {}
+        for p in (0, 1):
+            page = await client.fetch("t", p, 0, max_records=10_000)
+            stored.update({r.value.decode(): (p, r.offset) for r in page.records})
+        assert len(stored) == len(results)
+        assert {v: (p, o) for v, p, o in results} == stored

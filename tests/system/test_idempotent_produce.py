@@ -18,7 +18,9 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
 from _serve import Server, wait_until, write_config
 
 from edge_gateway.client import Client, ProduceResponse
@@ -165,3 +167,66 @@ def test_an_idempotent_producer_through_repeated_kill_9(tmp_path: Path) -> None:
             assert status["producers"]["remembered"] >= 1
     finally:
         server.stop(signal.SIGTERM)
+
+
+def test_producer_state_across_restarts_then_expiry(tmp_path: Path) -> None:
+    """A real process: duplicates, fencing and gaps after SIGTERM and kill -9 restarts; expiry."""
+    config = write_config(tmp_path, segment_bytes=64 * 1024)
+    config.write_text(config.read_text() + "[idempotence]\nproducer_expiry_ms = 6000\n")
+    server = Server(config)
+    try:
+        issued = [_init(server.url)["producer_id"] for _ in range(3)]
+        pid = issued[0]
+        big = "v" * 3000
+        sent = []
+        for seq in range(0, 80, 2):  # ~240 KB: several segment rolls
+            sent.append(_post(server.url, pid, 0, seq, [big, big]))
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            server.stop(sig)
+            server = Server(config)
+            # the last five appends are remembered: answered with their offsets
+            for seq in range(70, 80, 2):
+                again = _post(server.url, pid, 0, seq, [big, big])
+                assert again == {**sent[seq // 2], "duplicate": True}
+            assert _post(server.url, pid, 0, 90, ["gap"], 409)["code"] == "out_of_order_sequence"
+        # ids issued before the restarts (two never used) are not issued again
+        assert _init(server.url)["producer_id"] > max(issued)
+        assert _init(server.url, {"producer_id": pid, "epoch": 0}) == {
+            "producer_id": pid,
+            "epoch": 1,
+        }
+        server.stop(signal.SIGKILL)
+        server = Server(config)
+        # the bump survived the kill: epoch 0 is fenced
+        assert _post(server.url, pid, 0, 80, ["z"], 409)["code"] == "producer_fenced"
+        assert _post(server.url, pid, 1, 0, ["e1"])["offsets"][0]["offset"] == 80
+        # idle past idempotence.producer_expiry_ms: forgotten
+        time.sleep(6.5)
+        assert _post(server.url, pid, 1, 1, ["late"], 409)["code"] == "unknown_producer"
+    finally:
+        server.stop(signal.SIGTERM)
+
+
+def _init(url: str, body: dict[str, int] | None = None) -> dict[str, Any]:
+    r = httpx.post(f"{url}/v1/producers", json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    doc: dict[str, Any] = r.json()
+    return doc
+
+
+def _post(
+    url: str, pid: int, epoch: int, seq: int, values: list[str], status: int = 200
+) -> dict[str, Any]:
+    r = httpx.post(
+        f"{url}/v1/topics/t/records",
+        json={"records": [{"value": v, "partition": 1} for v in values]},
+        headers={
+            "EdgeGW-Producer-Id": str(pid),
+            "EdgeGW-Producer-Epoch": str(epoch),
+            "EdgeGW-Producer-Sequence": str(seq),
+        },
+        timeout=30,
+    )
+    assert r.status_code == status, r.text
+    doc: dict[str, Any] = r.json()
+    return doc["error"] if status != 200 else doc
