@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -101,6 +102,8 @@ Ack = Literal["local", "shipped"]
 _PRODUCERS_FILE = "producers.json"
 #: Producer ids reserved per write of the registry.
 _ID_BLOCK = 1024
+#: A record batch's length and record count (docs/format.md, "Record batch").
+_BATCH_LENGTH_COUNT = struct.Struct("<I16xI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1561,10 +1564,18 @@ class Gateway:
         self, topic: str, partition: int, batch: bytes, producer: ProducerSeq, ack: Ack
     ) -> ProduceResult:
         lanes = self.lanes
+        # The count, for the check; the journal checks the rest of the batch
+        # before it writes anything (and nothing is remembered unless it did).
         try:
-            count = read_batch_header(batch, 0, where=f"produce to {topic}/{partition}").count
-        except CorruptData as exc:
-            raise InvalidInput(f"bad batch: {exc}") from None
+            length, count = _BATCH_LENGTH_COUNT.unpack_from(batch)
+        except struct.error:
+            length = count = -1
+        if length != len(batch) or count < 1:
+            try:
+                read_batch_header(batch, 0, where=f"produce to {topic}/{partition}")
+            except CorruptData as exc:
+                raise InvalidInput(f"bad batch: {exc}") from None
+            raise InvalidInput(f"produce to {topic}/{partition}: bad batch length or count")
         await trio.lowlevel.checkpoint_if_cancelled()
         # No checkpoint between the check, the append and the record: a
         # retry that arrives while this append waits for its fsync finds it.
