@@ -431,6 +431,9 @@ def _raise_for(response: _Reply) -> None:
     exc: EdgeGatewayError
     if code == "offset_out_of_range" and isinstance(extra.get("earliest_offset"), int):
         exc = OffsetOutOfRange(message, extra["earliest_offset"])
+    elif code == "out_of_order_sequence":
+        expected = extra.get("expected_sequence")
+        exc = OutOfOrderSequence(message, expected=expected if isinstance(expected, int) else None)
     elif code == "wrong_region":
         home = extra.get("home_region")
         exc = WrongRegion(message, home if isinstance(home, str) else None)

@@ -124,9 +124,11 @@ async def test_async_client_numbers_partitions_and_answers_duplicates(tmp_path: 
         assert again.duplicate
         assert again.offsets == res.offsets
         # a gap is refused; the next produce bumps the epoch and starts over
+        before = idem.next_seq[("t", p)]
         idem.next_seq[("t", p)] += 5
-        with pytest.raises(OutOfOrderSequence):
+        with pytest.raises(OutOfOrderSequence) as info:
             await client.produce("t", ["gap"], partition=p)
+        assert info.value.expected == before
         res = await client.produce("t", ["after"], partition=p)
         assert await client.init_producer() == (pid, epoch + 1)
         assert not res.duplicate
