@@ -180,6 +180,7 @@ class _GatewayCollector(Collector):
             yield from self._api(owner)
         yield from self._clock(gw)
         yield from self._link(gw)
+        yield from self._producers(gw)
         try:
             stats = gw.journal.statistics()
             gw.shipper  # noqa: B018 - raises ClosedError when not running
@@ -266,6 +267,38 @@ class _GatewayCollector(Collector):
             "edgegw_kafka_group_expired_members",
             "Members removed for a session timeout or for missing a rebalance.",
             g["expired_members_total"],
+        )
+
+    @staticmethod
+    def _producers(gw: Gateway) -> Iterator[Metric]:
+        p = gw.producers.statistics()
+        yield _gauge(
+            "edgegw_producers_remembered",
+            "Idempotent producers whose last appends the gateway remembers.",
+            p.producers,
+        )
+        yield _gauge(
+            "edgegw_producer_partitions_remembered",
+            "(producer, partition) pairs with remembered appends.",
+            p.partitions,
+        )
+        yield _counter(
+            "edgegw_produce_duplicates",
+            "Idempotent produce requests answered as duplicates (nothing appended).",
+            p.duplicates,
+        )
+        yield _counter(
+            "edgegw_producers_issued", "Producer ids issued since the gateway started.", p.issued
+        )
+        yield _counter(
+            "edgegw_producers_expired",
+            "Producers forgotten after idempotence.producer_expiry_ms idle, since the start.",
+            p.expired,
+        )
+        yield _counter(
+            "edgegw_producers_evicted",
+            "Producers forgotten beyond idempotence.max_producers since the start.",
+            p.evicted,
         )
 
     @staticmethod

@@ -38,6 +38,20 @@ client certificate the gateway refuses, raises :class:`Denied` naming the
 problem (a person must act; retrying cannot help until then); a bad
 ``ca_file`` raises :class:`InvalidInput` when the client is made.
 
+Produce is idempotent by default (docs/api.md, "Idempotent produce"): on
+its first produce a client gets a producer id (``POST /v1/producers``),
+numbers its records per (topic, partition), and when a request fails in a way
+that leaves its fate unknown -- a cut connection, a timeout, a 503 -- it
+sends the same request again, with the same sequence, for up to ``retry_s``
+seconds: the gateway writes it once and answers a repeat with the original
+offsets. So that every request writes one partition, the client chooses the
+partition of a record that names none, as the gateway would: ``crc32c(key) %
+partitions`` for a keyed record, one partition per call (round robin) for the
+others (the partition count comes from ``GET /v1/topics/<topic>``, read once;
+a topic that does not exist yet, which the produce auto-creates, gets its
+first call's records in partition 0). ``idempotent=False`` turns all of this
+off (one request per call, no retries: a retry of yours may then duplicate).
+
 The client imports neither trio nor boto3: only httpx, h11 and the sans-IO
 batch encoding (``edge_gateway.format.batch``).
 """
@@ -61,16 +75,31 @@ from urllib.parse import quote, urlencode
 import h11
 import httpx
 
+from edge_gateway._crc import crc32c
 from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     HIGH_WATERMARK_HEADER,
     JSON_MEDIA_TYPE,
     NEXT_OFFSET_HEADER,
+    PRODUCER_EPOCH_HEADER,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQUENCE_HEADER,
     error_class,
 )
-from edge_gateway.errors import Denied, EdgeGatewayError, InvalidInput, Unavailable, WrongRegion
-from edge_gateway.format.batch import Record, encode_batch, iter_batches
+from edge_gateway.errors import (
+    CorruptData,
+    Denied,
+    EdgeGatewayError,
+    InvalidInput,
+    OutOfOrderSequence,
+    ProducerFenced,
+    Unavailable,
+    UnknownProducer,
+    UnknownTopic,
+    WrongRegion,
+)
+from edge_gateway.format.batch import Record, encode_batch, iter_batches, read_header
 from edge_gateway.names import validate_group, validate_topic
 
 __all__ = [
@@ -110,6 +139,9 @@ class ProduceResponse:
     offsets: list[int]
     #: True when ``ack="shipped"``: the records are in the bucket.
     shipped: bool
+    #: True when the gateway had already written (some of) these records: a
+    #: retry answered with the original offsets (idempotent produce).
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +266,20 @@ def _record_doc(
     return doc
 
 
+def _record_docs(
+    records: Iterable[RecordLike] | RecordLike,
+    key: Bytesish | str | None,
+    partition: int | None,
+    headers: Iterable[tuple[str, Bytesish | str]] | None,
+    timestamp: int | None,
+) -> list[dict[str, Any]]:
+    if isinstance(records, str | bytes | bytearray | memoryview | Mapping) or hasattr(
+        records, "value"
+    ):
+        records = [records]  # one record given alone
+    return [_record_doc(r, key, partition, headers, timestamp) for r in records]
+
+
 def _produce_call(
     topic: str,
     records: Iterable[RecordLike] | RecordLike,
@@ -243,17 +289,18 @@ def _produce_call(
     timestamp: int | None,
     ack: Ack,
 ) -> _Call:
-    if isinstance(records, str | bytes | bytearray | memoryview | Mapping) or hasattr(
-        records, "value"
-    ):
-        records = [records]  # one record given alone
-    docs = [_record_doc(r, key, partition, headers, timestamp) for r in records]
+    return _records_call(topic, _record_docs(records, key, partition, headers, timestamp), ack)
+
+
+def _records_call(
+    topic: str, docs: list[dict[str, Any]], ack: Ack, extra: dict[str, str] | None = None
+) -> _Call:
     body = json.dumps({"records": docs}, separators=(",", ":"), ensure_ascii=False)
     return _Call(
         "POST",
         f"/v1/topics/{_topic_seg(topic)}/records",
         {"ack": ack} if ack != "local" else None,
-        {"content-type": JSON_MEDIA_TYPE},
+        {"content-type": JSON_MEDIA_TYPE, **(extra or {})},
         body.encode("utf-8"),
     )
 
@@ -384,6 +431,9 @@ def _raise_for(response: _Reply) -> None:
     exc: EdgeGatewayError
     if code == "offset_out_of_range" and isinstance(extra.get("earliest_offset"), int):
         exc = OffsetOutOfRange(message, extra["earliest_offset"])
+    elif code == "out_of_order_sequence":
+        expected = extra.get("expected_sequence")
+        exc = OutOfOrderSequence(message, expected=expected if isinstance(expected, int) else None)
     elif code == "wrong_region":
         home = extra.get("home_region")
         exc = WrongRegion(message, home if isinstance(home, str) else None)
@@ -410,7 +460,177 @@ def _produced(response: _Reply) -> ProduceResponse:
         [o["partition"] for o in offsets],
         [o["offset"] for o in offsets],
         bool(doc["shipped"]),
+        bool(doc.get("duplicate", False)),
     )
+
+
+# ---------------------------------------------------------------- idempotence
+
+
+def _key_bytes(doc: Mapping[str, Any]) -> bytes | None:
+    if doc.get("key") is not None:
+        return str(doc["key"]).encode("utf-8")
+    if doc.get("key_b64") is not None:
+        return base64.b64decode(doc["key_b64"])
+    return None
+
+
+class _Plan(NamedTuple):
+    """One request of an idempotent produce: a partition's records (by index)."""
+
+    partition: int
+    indices: list[int]
+    call: _Call
+
+
+class _Idempotence:
+    """The client's producer (sans-IO): its id and epoch, and the next sequence per partition.
+
+    ``plan_*`` turn a produce into one request per partition; :meth:`sign`
+    adds the ``EdgeGW-Producer-*`` headers and takes the partition's next
+    sequences. A request whose fate is unknown is
+    sent again unchanged (same sequence) until it is answered; if the client
+    gives up on one, the sequences are uncertain and the next produce first
+    bumps the epoch (:meth:`needs_init` then returns the bump), which starts
+    every sequence at 0 again (Kafka's producer does the same).
+    """
+
+    def __init__(self) -> None:
+        self.producer_id: int | None = None
+        self.epoch = 0
+        self.uncertain = False
+        self.next_seq: dict[tuple[str, int], int] = {}
+        #: partitions per topic (None: the topic does not exist yet)
+        self.partitions: dict[str, int | None] = {}
+        self._round_robin = 0
+
+    def init_call(self) -> _Call | None:
+        """The ``POST /v1/producers`` to make before producing, if one is needed."""
+        if self.producer_id is None:
+            return _Call("POST", "/v1/producers", None, {"content-type": JSON_MEDIA_TYPE}, b"")
+        if self.uncertain:
+            body = json.dumps({"producer_id": self.producer_id, "epoch": self.epoch})
+            return _Call(
+                "POST", "/v1/producers", None, {"content-type": JSON_MEDIA_TYPE}, body.encode()
+            )
+        return None
+
+    def initialized(self, response: _Reply) -> None:
+        doc = _json(response)
+        self.producer_id, self.epoch = int(doc["producer_id"]), int(doc["epoch"])
+        self.uncertain = False
+        self.next_seq.clear()
+
+    def forget(self) -> None:
+        """The gateway does not know the id (expired, or issued before it restarted): a new one."""
+        self.producer_id = None
+        self.uncertain = False
+        self.next_seq.clear()
+
+    def headers(self, topic: str, partition: int) -> dict[str, str]:
+        assert self.producer_id is not None
+        return {
+            PRODUCER_ID_HEADER: str(self.producer_id),
+            PRODUCER_EPOCH_HEADER: str(self.epoch),
+            PRODUCER_SEQUENCE_HEADER: str(self.next_seq.get((topic, partition), 0)),
+        }
+
+    def unsign(self, topic: str, partition: int, seq: int, count: int) -> None:
+        """Give back the sequences :meth:`sign` took, for a request surely not written."""
+        key = (topic, partition)
+        if self.next_seq.get(key) == (seq + count) % 2**31:
+            self.next_seq[key] = seq
+
+    def topic_call(self, topic: str) -> _Call | None:
+        """``GET /v1/topics/<topic>`` when the partition count is not known yet."""
+        if topic in self.partitions:
+            return None
+        return _Call("GET", f"/v1/topics/{_topic_seg(topic)}")
+
+    def topic_answered(self, topic: str, response: _Reply) -> None:
+        try:
+            doc = _json(response)
+        except UnknownTopic:
+            self.partitions[topic] = None  # auto-created by the produce: partition 0 first
+            return
+        self.partitions[topic] = len(doc["partitions"])
+
+    def plan_records(self, topic: str, docs: list[dict[str, Any]], ack: Ack) -> list[_Plan]:
+        """One request per partition; records without a partition placed as the gateway would."""
+        n = self.partitions.get(topic)
+        sticky = 0
+        if n:
+            sticky = self._round_robin % n
+            self._round_robin += 1
+        groups: dict[int, list[int]] = {}
+        for i, doc in enumerate(docs):
+            p = doc.get("partition")
+            if p is None:
+                key = _key_bytes(doc)
+                p = int(crc32c(key)) % n if (n and key is not None) else sticky
+                doc["partition"] = p
+            if not isinstance(p, int) or isinstance(p, bool):
+                raise InvalidInput(f"records[{i}].partition: must be an integer")
+            groups.setdefault(p, []).append(i)
+        if self.partitions.get(topic) is None:
+            self.partitions.pop(topic, None)  # learn the count after the topic exists
+        return [
+            _Plan(p, idx, _records_call(topic, [docs[i] for i in idx], ack))
+            for p, idx in groups.items()
+        ]
+
+    def sign(self, topic: str, plan: _Plan, count: int) -> tuple[_Call, int]:
+        """The plan's request with the producer headers, and the sequence it takes.
+
+        The partition's next ``count`` sequences are taken now: every retry
+        of the request is this same call (never signed again, so a retry can
+        never become a new write), and a concurrent request to the partition
+        gets the sequences after it (the async client sends one partition's
+        requests one at a time, so they arrive in order).
+        """
+        call = plan.call
+        headers = self.headers(topic, plan.partition)
+        seq = int(headers[PRODUCER_SEQUENCE_HEADER])
+        self.next_seq[(topic, plan.partition)] = (seq + count) % 2**31
+        return call._replace(headers={**(call.headers or {}), **headers}), seq
+
+
+def _retryable(exc: EdgeGatewayError) -> bool:
+    """Whether a produce that failed with ``exc`` may have been written, and a retry may help.
+
+    A cut connection, a timeout or a 503 (unavailable, journal or disk full,
+    shutting down): yes. A refusal a person must fix (:class:`Denied`): no.
+    """
+    return isinstance(exc, Unavailable) and not isinstance(exc, Denied)
+
+
+def _backoff(attempt: int) -> float:
+    return float(min(1.0, 0.05 * 2**attempt))
+
+
+def _merge(
+    topic: str, n: int, plans: list[_Plan], answers: list[ProduceResponse]
+) -> ProduceResponse:
+    partitions = [0] * n
+    offsets = [0] * n
+    for plan, res in zip(plans, answers, strict=True):
+        for k, i in enumerate(plan.indices):
+            partitions[i] = res.partitions[k]
+            offsets[i] = res.offsets[k]
+    return ProduceResponse(
+        answers[0].topic if answers else topic,
+        partitions,
+        offsets,
+        all(a.shipped for a in answers),
+        any(a.duplicate for a in answers),
+    )
+
+
+def _batch_count(call: _Call) -> int:
+    try:
+        return read_header(call.content or b"", 0, where="batch").count
+    except CorruptData as exc:
+        raise InvalidInput(f"bad batch: {exc}") from None
 
 
 def _bytes_of(doc: Mapping[str, Any], field: str) -> bytes | None:
@@ -685,9 +905,15 @@ class Client:
         ca_file: PathLike | None = None,
         verify: ssl.SSLContext | bool = True,
         client_cert: tuple[PathLike, PathLike] | None = None,
+        idempotent: bool = True,
+        retry_s: float = 30.0,
     ) -> None:
         self.base_url = _base_url(base_url)
         self.timeout = timeout
+        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
+        self.idempotent = idempotent
+        self.retry_s = retry_s
+        self._idem = _Idempotence()
         url = httpx.URL(self.base_url)
         self._conn: _Connection | None = None
         self._http: httpx.Client | None = None
@@ -737,9 +963,23 @@ class Client:
         timestamp: int | None = None,
         ack: Ack = "local",
     ) -> ProduceResponse:
-        """Produce records (values, or record-like objects); ``key`` etc. apply to all."""
-        call = _produce_call(topic, records, key, partition, headers, timestamp, ack)
-        return _produced(self._send(call))
+        """Produce records (values, or record-like objects); ``key`` etc. apply to all.
+
+        Idempotent (unless the client was made with ``idempotent=False``): one
+        request per partition, each retried until answered (see the module
+        docstring). If it raises after retrying, the records of some
+        partitions may have been written.
+        """
+        if not self.idempotent:
+            call = _produce_call(topic, records, key, partition, headers, timestamp, ack)
+            return _produced(self._send(call))
+        docs = _record_docs(records, key, partition, headers, timestamp)
+        topic_call = self._idem.topic_call(topic)
+        if topic_call is not None:
+            self._idem.topic_answered(topic, self._retrying(topic_call))
+        plans = self._idem.plan_records(topic, docs, ack)
+        answers = [self._send_idempotent(topic, plan, len(plan.indices)) for plan in plans]
+        return _merge(topic, len(docs), plans, answers)
 
     def produce_batch(
         self,
@@ -751,8 +991,79 @@ class Client:
         timestamp: int | None = None,
         ack: Ack = "local",
     ) -> ProduceResponse:
-        """Produce one encoded batch (or values, encoded here) to one partition."""
-        return _produced(self._send(_batch_call(topic, partition, batch, keys, timestamp, ack)))
+        """Produce one encoded batch (or values, encoded here) to one partition (idempotent
+        like :meth:`produce`)."""
+        call = _batch_call(topic, partition, batch, keys, timestamp, ack)
+        if not self.idempotent:
+            return _produced(self._send(call))
+        return self._send_idempotent(topic, _Plan(partition, [], call), _batch_count(call))
+
+    def _retrying(self, call: _Call, deadline: float | None = None) -> _Reply:
+        """Send ``call`` again after a cut connection, timeout or 503 until ``deadline``."""
+        if deadline is None:
+            deadline = time.monotonic() + self.retry_s
+        attempt = 0
+        while True:
+            try:
+                reply = self._send(call)
+                if reply.status != 503 or time.monotonic() >= deadline:
+                    return reply
+            except Unavailable as exc:
+                if not _retryable(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(_backoff(attempt))
+            attempt += 1
+
+    def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
+        """Send one partition's request until the gateway answers it, same sequence each time."""
+        idem = self._idem
+        deadline = time.monotonic() + self.retry_s
+        renewed = False
+        attempt = 0
+        while True:
+            init = idem.init_call()
+            if init is not None:
+                try:
+                    idem.initialized(self._retrying(init, deadline))
+                except UnknownProducer:
+                    idem.forget()  # a bump of an id the gateway forgot: a new id
+                    continue
+            call, seq = idem.sign(topic, plan, count)
+            while True:
+                try:
+                    return _produced(self._send(call))
+                except UnknownProducer:
+                    # Forgotten (idle past the expiry, or issued just before a
+                    # restart and never used): nothing of this id is remembered,
+                    # so nothing it sent can be answered as a duplicate. New id.
+                    if renewed:
+                        raise
+                    renewed = True
+                    idem.forget()
+                    break
+                except (OutOfOrderSequence, ProducerFenced):
+                    idem.uncertain = True
+                    raise
+                except EdgeGatewayError as exc:
+                    if not _retryable(exc):
+                        if attempt == 0:  # refused (4xx): not written
+                            idem.unsign(topic, plan.partition, seq, count)
+                        else:
+                            idem.uncertain = True
+                        raise
+                    if time.monotonic() >= deadline:
+                        idem.uncertain = True  # written or not: the next produce bumps the epoch
+                        raise
+                    time.sleep(_backoff(attempt))
+                    attempt += 1
+
+    def init_producer(self) -> tuple[int, int]:
+        """This client's producer id and epoch (asked for now if it has none)."""
+        init = self._idem.init_call()
+        if init is not None:
+            self._idem.initialized(self._retrying(init))
+        assert self._idem.producer_id is not None
+        return self._idem.producer_id, self._idem.epoch
 
     def fetch(
         self,
@@ -837,9 +1148,18 @@ class AsyncClient:
         ca_file: PathLike | None = None,
         verify: ssl.SSLContext | bool = True,
         client_cert: tuple[PathLike, PathLike] | None = None,
+        idempotent: bool = True,
+        retry_s: float = 30.0,
     ) -> None:
         self.base_url = _base_url(base_url)
         self.timeout = timeout
+        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
+        self.idempotent = idempotent
+        self.retry_s = retry_s
+        self._idem = _Idempotence()
+        # created on first use, in the caller's event loop
+        self._init_lock: Any = None
+        self._partition_locks: dict[tuple[str, int], Any] = {}
         https = httpx.URL(self.base_url).scheme == "https"
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
@@ -879,9 +1199,20 @@ class AsyncClient:
         timestamp: int | None = None,
         ack: Ack = "local",
     ) -> ProduceResponse:
-        """Produce records (values, or record-like objects); ``key`` etc. apply to all."""
-        call = _produce_call(topic, records, key, partition, headers, timestamp, ack)
-        return _produced(await self._send(call))
+        """Produce records (values, or record-like objects); ``key`` etc. apply to all.
+
+        Idempotent unless ``idempotent=False`` (see :meth:`Client.produce`).
+        """
+        if not self.idempotent:
+            call = _produce_call(topic, records, key, partition, headers, timestamp, ack)
+            return _produced(await self._send(call))
+        docs = _record_docs(records, key, partition, headers, timestamp)
+        topic_call = self._idem.topic_call(topic)
+        if topic_call is not None:
+            self._idem.topic_answered(topic, await self._retrying(topic_call))
+        plans = self._idem.plan_records(topic, docs, ack)
+        answers = [await self._send_idempotent(topic, plan, len(plan.indices)) for plan in plans]
+        return _merge(topic, len(docs), plans, answers)
 
     async def produce_batch(
         self,
@@ -893,9 +1224,96 @@ class AsyncClient:
         timestamp: int | None = None,
         ack: Ack = "local",
     ) -> ProduceResponse:
-        """Produce one encoded batch (or values, encoded here) to one partition."""
+        """Produce one encoded batch (or values, encoded here) to one partition (idempotent
+        like :meth:`produce`)."""
         call = _batch_call(topic, partition, batch, keys, timestamp, ack)
-        return _produced(await self._send(call))
+        if not self.idempotent:
+            return _produced(await self._send(call))
+        return await self._send_idempotent(topic, _Plan(partition, [], call), _batch_count(call))
+
+    async def _retrying(self, call: _Call, deadline: float | None = None) -> _Reply:
+        """:meth:`Client._retrying`, async."""
+        import anyio
+
+        if deadline is None:
+            deadline = time.monotonic() + self.retry_s
+        attempt = 0
+        while True:
+            try:
+                reply = await self._send(call)
+                if reply.status != 503 or time.monotonic() >= deadline:
+                    return reply
+            except Unavailable as exc:
+                if not _retryable(exc) or time.monotonic() >= deadline:
+                    raise
+            await anyio.sleep(_backoff(attempt))
+            attempt += 1
+
+    async def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
+        """:meth:`Client._send_idempotent`, async: one partition's requests one at a time."""
+        import anyio
+
+        idem = self._idem
+        deadline = time.monotonic() + self.retry_s
+        renewed = False
+        attempt = 0
+        key = (topic, plan.partition)
+        if self._init_lock is None:
+            self._init_lock = anyio.Lock()
+        lock = self._partition_locks.get(key)
+        if lock is None:
+            lock = self._partition_locks[key] = anyio.Lock()
+        async with lock:
+            while True:
+                async with self._init_lock:  # one producer id for all the client's tasks
+                    init = idem.init_call()
+                    if init is not None:
+                        try:
+                            idem.initialized(await self._retrying(init, deadline))
+                        except UnknownProducer:
+                            idem.forget()
+                            continue
+                call, seq = idem.sign(topic, plan, count)
+                while True:
+                    try:
+                        return _produced(await self._send(call))
+                    except UnknownProducer:
+                        if renewed:
+                            raise
+                        renewed = True
+                        async with self._init_lock:
+                            sent_id = (call.headers or {}).get(PRODUCER_ID_HEADER)
+                            if str(idem.producer_id) == sent_id:
+                                idem.forget()  # not renewed by another task meanwhile
+                        break
+                    except (OutOfOrderSequence, ProducerFenced):
+                        idem.uncertain = True
+                        raise
+                    except EdgeGatewayError as exc:
+                        if not _retryable(exc):
+                            if attempt == 0:
+                                idem.unsign(topic, plan.partition, seq, count)
+                            else:
+                                idem.uncertain = True
+                            raise
+                        if time.monotonic() >= deadline:
+                            idem.uncertain = True
+                            raise
+                        await anyio.sleep(_backoff(attempt))
+                        attempt += 1
+
+    async def init_producer(self) -> tuple[int, int]:
+        """This client's producer id and epoch (asked for now if it has none)."""
+        import anyio
+
+        if self._init_lock is None:
+            self._init_lock = anyio.Lock()
+        async with self._init_lock:
+            init = self._idem.init_call()
+            if init is not None:
+                self._idem.initialized(await self._retrying(init))
+        assert self._idem.producer_id is not None
+        return self._idem.producer_id, self._idem.epoch
 
     async def fetch(
         self,

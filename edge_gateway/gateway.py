@@ -31,6 +31,7 @@ import itertools
 import json
 import logging
 import os
+import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -101,6 +102,8 @@ Ack = Literal["local", "shipped"]
 _PRODUCERS_FILE = "producers.json"
 #: Producer ids reserved per write of the registry.
 _ID_BLOCK = 1024
+#: A record batch's length and record count (docs/format.md, "Record batch").
+_BATCH_LENGTH_COUNT = struct.Struct("<I16xI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -1511,6 +1514,22 @@ class Gateway:
         if len(table):
             log.info("idempotence: %d producers remembered, next id %d", len(table), table.next_id)
 
+    def _producers_json(self) -> dict[str, Any]:
+        """The ``producers`` block of :meth:`status`."""
+        p = self._producers.statistics()
+        cfg = self.config.idempotence
+        return {
+            "remembered": p.producers,
+            "partitions": p.partitions,
+            "max_producers": cfg.max_producers,
+            "expiry_ms": cfg.producer_expiry_ms,
+            "duplicates": p.duplicates,
+            "issued": p.issued,
+            "expired": p.expired,
+            "evicted": p.evicted,
+            "next_id": p.next_id,
+        }
+
     def _producer_snapshot(self, lane_id: int) -> dict[str, Any]:
         """What a lane's next segment checkpoint keeps of the producers (at the roll)."""
         self._producers.expire(_now_ms())
@@ -1583,10 +1602,18 @@ class Gateway:
         self, topic: str, partition: int, batch: bytes, producer: ProducerSeq, ack: Ack
     ) -> ProduceResult:
         lanes = self.lanes
+        # The count, for the check; the journal checks the rest of the batch
+        # before it writes anything (and nothing is remembered unless it did).
         try:
-            count = read_batch_header(batch, 0, where=f"produce to {topic}/{partition}").count
-        except CorruptData as exc:
-            raise InvalidInput(f"bad batch: {exc}") from None
+            length, count = _BATCH_LENGTH_COUNT.unpack_from(batch)
+        except struct.error:
+            length = count = -1
+        if length != len(batch) or count < 1:
+            try:
+                read_batch_header(batch, 0, where=f"produce to {topic}/{partition}")
+            except CorruptData as exc:
+                raise InvalidInput(f"bad batch: {exc}") from None
+            raise InvalidInput(f"produce to {topic}/{partition}: bad batch length or count")
         await trio.lowlevel.checkpoint_if_cancelled()
         # No checkpoint between the check, the append and the record: a
         # retry that arrives while this append waits for its fsync finds it.
@@ -1602,8 +1629,8 @@ class Gateway:
                 # Remembered from before a restart at an LSN the journal does
                 # not hold (cannot happen: the checkpoint is the journal's).
                 lsn = journal.next_lsn - 1
-            if journal.durable_lsn < lsn:
-                await journal.wait_durable(lsn)
+            # As durable as the original's answer promised (fsync=always: fsynced).
+            await journal.after_append(lsn)
             base, n = dup.base_offset, dup.count
         else:
             res = lanes.append_nowait(topic, partition, batch, producer=producer)
@@ -1845,6 +1872,7 @@ class Gateway:
             "started_ms": self._started_ms,
             "accepting": self._accepting,
             "bucket": self.config.bucket.describe(self.config.data_dir),
+            "producers": self._producers_json(),
             "journal": {
                 "bytes": j.bytes,
                 "max_bytes": j.max_bytes,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from edge_gateway.errors import (
     CorruptData,
@@ -86,13 +86,12 @@ class ProducerSeq:
             )
 
 
-@dataclass(frozen=True, slots=True)
-class BatchMeta:
-    """One remembered append of a producer to a partition."""
+class BatchMeta(NamedTuple):
+    """One remembered append of a producer to a partition (a tuple: made on every append)."""
 
     epoch: int
     sequence: int
-    count: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count, as LaneAppended does
     base_offset: int
     #: journal LSN of the entry (in lane ``lane``), to wait for its durability
     lsn: int

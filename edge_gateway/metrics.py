@@ -59,6 +59,10 @@ Families (``_total`` is added to counters by the exposition format):
 * ``edgegw_kafka_groups``, ``edgegw_kafka_group_members``,
   ``edgegw_kafka_group_pending_members``, ``edgegw_kafka_group_rebalances_total``,
   ``edgegw_kafka_group_expired_members_total`` (docs/kafka.md), with the Kafka listener on
+* ``edgegw_producers_remembered``, ``edgegw_producer_partitions_remembered``,
+  ``edgegw_produce_duplicates_total``, ``edgegw_producers_issued_total``,
+  ``edgegw_producers_expired_total``, ``edgegw_producers_evicted_total`` — idempotent
+  producers (docs/api.md, "Idempotent produce")
 * ``edgegw_api_request_seconds{route,method,code}`` (histogram)
 * ``edgegw_api_waits_abandoned_total``: long polls, ``ack=shipped`` waits and
   syncs ended because their client disconnected; ``edgegw_api_connections``:

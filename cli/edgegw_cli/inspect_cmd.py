@@ -83,7 +83,7 @@ def journal(
     except CorruptData as exc:
         raise fail(str(exc)) from None
     table = Table(title=f"{path.name}: journal segment from LSN {base}")
-    for col in ("lsn", "kind", "topic/partition", "offsets", "bytes", "source"):
+    for col in ("lsn", "kind", "topic/partition", "offsets", "bytes", "source / producer"):
         table.add_column(col)
     pos = fentry.SEGMENT_HEADER_SIZE
     shown = 0
@@ -96,6 +96,9 @@ def journal(
             console.print(table)
             raise fail(f"{exc} (entries before it are intact)") from None
         src = f"{e.source.region}#{e.source.seq} epoch {e.source.epoch}" if e.source else ""
+        if e.producer is not None:  # an idempotent produce (docs/api.md)
+            pr = e.producer
+            src = f"producer {pr.producer_id} epoch {pr.epoch} seq {pr.sequence}"
         offsets = f"{e.base_offset}..{e.next_offset - 1}" if e.count else ""
         table.add_row(
             str(e.lsn),

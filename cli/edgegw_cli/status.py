@@ -217,6 +217,13 @@ def render(doc: dict[str, Any]) -> None:
     disk = doc.get("disk")
     if disk:
         head.add_row("disk", _disk(disk))
+    producers = doc.get("producers")
+    if producers and (producers["remembered"] or producers["issued"]):
+        head.add_row(
+            "producers",
+            f"{producers['remembered']} idempotent producers remembered "
+            f"(of {producers['max_producers']}), {producers['duplicates']} duplicates answered",
+        )
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     if s.get("uploads_aborted"):
         claim += f"; aborted {s['uploads_aborted']} unfinished multipart upload(s) at its claim"

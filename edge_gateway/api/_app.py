@@ -57,6 +57,9 @@ from edge_gateway.api.wire import (
     HIGH_WATERMARK_HEADER,
     JSON_MEDIA_TYPE,
     NEXT_OFFSET_HEADER,
+    PRODUCER_EPOCH_HEADER,
+    PRODUCER_ID_HEADER,
+    PRODUCER_SEQUENCE_HEADER,
 )
 from edge_gateway.errors import (
     ClosedError,
@@ -67,8 +70,11 @@ from edge_gateway.errors import (
     InvalidInput,
     InvalidName,
     JournalFull,
+    OutOfOrderSequence,
+    ProducerFenced,
     ReadOnlyTopic,
     Unavailable,
+    UnknownProducer,
     UnknownTopic,
     WrongRegion,
 )
@@ -116,6 +122,7 @@ class ApiApp:
             self._route("/v1/groups/{group}/offsets", self.commit_offsets, ["POST"]),
             self._route("/v1/groups/{group}/offsets", self.fetch_offsets, ["GET"]),
             self._route("/v1/sync", self.sync, ["POST"]),
+            self._route("/v1/producers", self.init_producer, ["POST"]),
         ]
         self.router = Router(routes)
 
@@ -264,6 +271,14 @@ class ApiApp:
         if isinstance(exc, ApiError):
             return error_response(exc.status, exc.code, exc.message, exc.headers)
         message = str(exc)
+        if isinstance(exc, UnknownProducer):
+            return error_response(409, "unknown_producer", message)
+        if isinstance(exc, OutOfOrderSequence):
+            return error_response(
+                409, "out_of_order_sequence", message, expected_sequence=exc.expected
+            )
+        if isinstance(exc, ProducerFenced):
+            return error_response(409, "producer_fenced", message)
         if isinstance(exc, InvalidName):
             return error_response(400, "invalid_name", message)
         if isinstance(exc, UnknownTopic):
@@ -418,9 +433,22 @@ class ApiApp:
         receive: Receive,
     ) -> Response:
         ack = _codec.ack_param(query)
+        producer = _codec.producer_param(headers)
         self._require_type(headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
         records = _codec.produce_records(await self._body(headers.get("content-length"), receive))
-        res = await self.gateway.produce(topic, records)
+        if producer is None:
+            res = await self.gateway.produce(topic, records)
+        else:
+            # A sequence numbers the records of one partition: an idempotent
+            # request names it (the gateway does not choose).
+            partitions = {r.partition for r in records}
+            partition = partitions.pop() if len(partitions) == 1 else None
+            if partition is None:
+                raise InvalidInput(
+                    "an idempotent produce (EdgeGW-Producer-* headers) writes one partition: "
+                    'give every record the same "partition"'
+                )
+            res = await self.gateway.produce_partition(topic, partition, records, producer=producer)
         return await self._produced(res, ack, receive)
 
     async def _produce_batch(
@@ -433,6 +461,7 @@ class ApiApp:
     ) -> Response:
         ack = _codec.ack_param(query)
         partition = _codec.path_int(partition_text, "partition")
+        producer = _codec.producer_param(headers)
         self._require_type(headers.get("content-type"), BATCH_MEDIA_TYPE)
         body = await self._body(headers.get("content-length"), receive)
         try:
@@ -448,19 +477,27 @@ class ApiApp:
                 f"request body: {len(body) - batch.header.length} bytes after the batch "
                 "(send exactly one batch per request)",
             )
-        res = await self.gateway.produce_batch(topic, partition, body)
+        res = await self.gateway.produce_batch(topic, partition, body, producer=producer)
         return await self._produced(res, ack, receive)
+
+    async def init_producer(self, request: Request) -> Response:
+        self._require_type(request.headers.get("content-type"), JSON_MEDIA_TYPE, optional=True)
+        body = await self._body(request.headers.get("content-length"), request.receive)
+        producer_id, epoch = _codec.producer_request(body)
+        pid, new_epoch = await self.gateway.init_producer(producer_id, epoch)
+        return JSONResponse({"producer_id": pid, "epoch": new_epoch})
 
     async def _produced(self, res: ProduceResult, ack: _codec.Ack, receive: Receive) -> Response:
         if ack != "shipped":
             # The hot path: the JSON of the answer written directly (the same
             # bytes as JSONResponse would render), with precomputed headers.
-            body = b'{"topic":%b,"offsets":[%b],"shipped":false}' % (
+            body = b'{"topic":%b,"offsets":[%b],"shipped":false%b}' % (
                 _json_string(res.topic),
                 b",".join(
                     b'{"partition":%d,"offset":%d}' % po
                     for po in zip(res.partitions, res.offsets, strict=True)
                 ),
+                b',"duplicate":true' if res.duplicate else b"",
             )
             return Response.of(body, [(b"content-length", b"%d" % len(body)), _JSON_TYPE])
         offsets = [
@@ -480,7 +517,10 @@ class ApiApp:
                     {"Retry-After": self._retry_after},
                     offsets=offsets,
                 )
-        return JSONResponse({"topic": res.topic, "offsets": offsets, "shipped": ack == "shipped"})
+        doc: dict[str, Any] = {"topic": res.topic, "offsets": offsets, "shipped": ack == "shipped"}
+        if res.duplicate:
+            doc["duplicate"] = True
+        return JSONResponse(doc)
 
     async def fetch(self, request: Request) -> Response:
         q = request.query_params
@@ -685,7 +725,16 @@ RECORDS_ROUTE: Final = "/v1/topics/{topic}/records"
 BATCHES_ROUTE: Final = "/v1/topics/{topic}/partitions/{partition}/batches"
 _RECORDS_PATH: Final = re.compile(r"/v1/topics/([^/]+)/records")
 _BATCHES_PATH: Final = re.compile(r"/v1/topics/([^/]+)/partitions/([^/]+)/batches")
-_WANTED: Final = frozenset({b"authorization", b"content-type", b"content-length"})
+_WANTED: Final = frozenset(
+    {
+        b"authorization",
+        b"content-type",
+        b"content-length",
+        PRODUCER_ID_HEADER.lower().encode(),
+        PRODUCER_EPOCH_HEADER.lower().encode(),
+        PRODUCER_SEQUENCE_HEADER.lower().encode(),
+    }
+)
 
 
 def _headers_of(scope: Scope) -> dict[str, str]:

@@ -15,9 +15,11 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final, Literal
 
+from edge_gateway.api import wire
 from edge_gateway.errors import InvalidInput
 from edge_gateway.format.batch import Record
 from edge_gateway.gateway import ProduceRecord
+from edge_gateway.idempotence import MAX_EPOCH, MAX_PRODUCER_ID, SEQUENCE_MODULUS, ProducerSeq
 
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
@@ -314,6 +316,53 @@ def path_int(text: str, name: str, *, hi: int = 2**31 - 1) -> int:
     if value > hi:
         raise InvalidInput(f"{name} {value} is out of range 0..{hi}")
     return value
+
+
+_PRODUCER_HEADERS: Final = (
+    (wire.PRODUCER_ID_HEADER.lower(), "producer id", MAX_PRODUCER_ID),
+    (wire.PRODUCER_EPOCH_HEADER.lower(), "producer epoch", MAX_EPOCH),
+    (wire.PRODUCER_SEQUENCE_HEADER.lower(), "producer sequence", SEQUENCE_MODULUS - 1),
+)
+
+
+def producer_param(headers: Mapping[str, str]) -> ProducerSeq | None:
+    """The ``EdgeGW-Producer-*`` headers of an idempotent produce (all three), or None."""
+    values = [headers.get(name) for name, _, _ in _PRODUCER_HEADERS]
+    if all(v is None for v in values):
+        return None
+    out = []
+    for (name, what, hi), text in zip(_PRODUCER_HEADERS, values, strict=True):
+        if text is None:
+            raise InvalidInput(
+                f"an idempotent produce needs {wire.PRODUCER_ID_HEADER}, "
+                f"{wire.PRODUCER_EPOCH_HEADER} and {wire.PRODUCER_SEQUENCE_HEADER}: "
+                f"{name} is missing"
+            )
+        text = text.strip()
+        if _INT.fullmatch(text) is None or text[0] in "+-" or not 0 <= int(text) <= hi:
+            raise InvalidInput(f"{name}: {text!r} is not a {what} (an integer 0..{hi})")
+        out.append(int(text))
+    return ProducerSeq(out[0], out[1], out[2])
+
+
+def producer_request(body: bytes) -> tuple[int | None, int | None]:
+    """``POST /v1/producers``: an empty body (a new id) or ``{"producer_id": N, "epoch": E}``."""
+    if not body.strip():
+        return None, None
+    doc = _object(loads(body), "body")
+    unknown = doc.keys() - {"producer_id", "epoch"}
+    if unknown:
+        raise InvalidInput(f"body: unknown fields {sorted(unknown)}; known: epoch, producer_id")
+    pid = doc.get("producer_id")
+    epoch = doc.get("epoch")
+    if pid is None:
+        if epoch is not None:
+            raise InvalidInput("body: epoch without producer_id")
+        return None, None
+    return (
+        _int(pid, "producer_id", lo=0, hi=MAX_PRODUCER_ID),
+        None if epoch is None else _int(epoch, "epoch", lo=0, hi=MAX_EPOCH),
+    )
 
 
 def ack_param(params: Mapping[str, str]) -> Ack:

@@ -23,8 +23,11 @@ from edge_gateway.errors import (
     InvalidInput,
     InvalidName,
     JournalFull,
+    OutOfOrderSequence,
+    ProducerFenced,
     ReadOnlyTopic,
     Unavailable,
+    UnknownProducer,
     UnknownTopic,
     WrongRegion,
 )
@@ -35,6 +38,9 @@ __all__ = [
     "HIGH_WATERMARK_HEADER",
     "JSON_MEDIA_TYPE",
     "NEXT_OFFSET_HEADER",
+    "PRODUCER_EPOCH_HEADER",
+    "PRODUCER_ID_HEADER",
+    "PRODUCER_SEQUENCE_HEADER",
     "error_class",
 ]
 
@@ -44,6 +50,11 @@ JSON_MEDIA_TYPE: Final = "application/json"
 #: Binary fetch responses: the offset to fetch next and the partition's high watermark.
 NEXT_OFFSET_HEADER: Final = "EdgeGW-Next-Offset"
 HIGH_WATERMARK_HEADER: Final = "EdgeGW-High-Watermark"
+#: An idempotent produce (docs/api.md, "Idempotent produce"): all three or none.
+PRODUCER_ID_HEADER: Final = "EdgeGW-Producer-Id"
+PRODUCER_EPOCH_HEADER: Final = "EdgeGW-Producer-Epoch"
+#: The sequence number of the request's first record for its (topic, partition).
+PRODUCER_SEQUENCE_HEADER: Final = "EdgeGW-Producer-Sequence"
 
 #: code -> (HTTP status, the edgegw exception class a client raises for it).
 ERROR_CODES: Final[dict[str, tuple[int, type[EdgeGatewayError]]]] = {
@@ -58,6 +69,13 @@ ERROR_CODES: Final[dict[str, tuple[int, type[EdgeGatewayError]]]] = {
     "not_found": (404, InvalidInput),
     "method_not_allowed": (405, InvalidInput),
     "read_only_topic": (409, ReadOnlyTopic),
+    #: an idempotent produce names a producer id the gateway does not remember
+    #: (expired, evicted, never issued): get a new id (POST /v1/producers)
+    "unknown_producer": (409, UnknownProducer),
+    #: an idempotent produce's sequence is not the next; the body adds ``expected_sequence``
+    "out_of_order_sequence": (409, OutOfOrderSequence),
+    #: a newer instance bumped this producer's epoch: this one stops
+    "producer_fenced": (409, ProducerFenced),
     #: produce to a topic homed in another region; the body adds ``home_region``
     "wrong_region": (409, WrongRegion),
     #: a request body stalled for ``api.read_timeout_s``; the connection is closed

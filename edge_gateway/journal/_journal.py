@@ -105,8 +105,6 @@ _SMALL_WRITE: Final = 16 * 1024
 # a batch header: length, version, flags, reserved, (base offset, crc), count, min/max ts
 _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
-# the batch's first 16 bytes with the assigned base offset (length, version, flags, reserved)
-_BATCH_START = struct.Struct("<IBBHq")
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
 #: RAM of one segment's summary beyond its arrays: the Segment, its paths, its
@@ -329,6 +327,9 @@ class _Topic:
     #: ENTRY_HEADER_SIZE + len(raw): an entry's length minus its batch's
     overhead: int
     partitions: dict[int, _Partition] = field(default_factory=dict)
+    #: ``head`` with the producer fields after the topic (a PRODUCER entry), made
+    #: at the topic's first idempotent append
+    producer_head: struct.Struct | None = None
 
 
 def _now_ms() -> int:
@@ -873,6 +874,11 @@ class Journal:
                     t.partitions[partition] = p
         return t
 
+    @staticmethod
+    def _producer_head(t: _Topic) -> struct.Struct:
+        t.producer_head = struct.Struct(f"<QBBHIqIq{len(t.raw)}sQHHIIBBHq")
+        return t.producer_head
+
     def _check_open(self) -> None:
         """For writes: the journal is open and intake has not stopped."""
         if self._closed:
@@ -957,16 +963,30 @@ class Journal:
                 lsn, 1, 0, len(t.raw), partition, base, count, now, t.raw, n, 1, flags, 0, base
             )
         else:
-            head = fentry.encode_entry_rest(
-                lsn=lsn,
-                kind=fentry.KIND_DATA,
-                topic=t.raw,
-                partition=partition,
-                base_offset=base,
-                count=count,
-                append_time=now,
-                producer=producer,
-            ) + _BATCH_START.pack(n, 1, flags, 0, base)
+            phead = t.producer_head or self._producer_head(t)
+            try:
+                head = phead.pack(
+                    lsn,
+                    1,
+                    fentry.FLAG_PRODUCER,
+                    len(t.raw),
+                    partition,
+                    base,
+                    count,
+                    now,
+                    t.raw,
+                    producer.producer_id,
+                    producer.epoch,
+                    0,
+                    producer.sequence,
+                    n,
+                    1,
+                    flags,
+                    0,
+                    base,
+                )
+            except struct.error:
+                raise InvalidInput(f"producer fields out of range: {producer}") from None
         pos = seg.size
         end = pos + length
         if n <= _SMALL_WRITE:

@@ -57,7 +57,8 @@ async def test_disk_full_is_503_disk_full_and_intake_resumes_by_itself(
             assert r.json()["error"]["code"] == "disk_full"
             assert "disk full writing" in r.json()["error"]["message"]
             assert int(r.headers["retry-after"]) >= 1
-        async with AsyncClient(url_of(gw)) as client:
+        # (retry_s=0: the client would otherwise retry a 503 for 30 s, idempotently)
+        async with AsyncClient(url_of(gw), retry_s=0) as client:
             with pytest.raises(DiskFull) as info:
                 await client.produce("t", ["y"])
         assert "Retry-After" in info.value.__notes__[0]

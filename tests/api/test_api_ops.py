@@ -68,7 +68,7 @@ async def test_full_journal_is_503_with_retry_after(tmp_path: Path) -> None:
         assert "budget" in r.json()["error"]["message"]
         assert int(r.headers["retry-after"]) >= 1
         assert 50 < acked < 1000
-        async with AsyncClient(url_of(gw)) as client:
+        async with AsyncClient(url_of(gw), retry_s=0) as client:  # no retry of the 503
             with pytest.raises(JournalFull) as info:
                 await client.produce("t", [value_1k])
         assert "Retry-After" in info.value.__notes__[0]

@@ -50,12 +50,13 @@ def test_refused_and_gone_are_unavailable(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with Client(f"http://127.0.0.1:{port}", timeout=5) as client:
+    # retry_s: how long a produce retries (idempotently) before it raises
+    with Client(f"http://127.0.0.1:{port}", timeout=5, retry_s=0.3) as client:
         with pytest.raises(Unavailable, match="cannot reach the gateway"):
             client.produce("t", b"x")
         assert not client.healthy()
     with gateway_thread(make_config(tmp_path)) as g:
-        client = Client(g.url, timeout=5)
+        client = Client(g.url, timeout=5, retry_s=0.3)
         assert client.healthy()
     with pytest.raises(Unavailable):  # the gateway stopped: refused now
         client.produce("t", b"x")

@@ -175,3 +175,46 @@ async def test_idle_producers_are_forgotten(tmp_path: Path) -> None:
             await gw.produce_partition("t", 0, recs(b"b"), producer=ProducerSeq(pid, epoch, 1))
         assert gw.producers.statistics().expired == 1
         gw.request_shutdown()
+
+
+async def test_lanes_keep_their_own_producer_state(tmp_path: Path) -> None:
+    """Topics of two priorities: each lane's checkpoints and entries restore its batches."""
+    cfg = parse_config(
+        config(
+            tmp_path,
+            journal={"segment_bytes": 64 * 1024, "retention_ms": 0},
+            topics=[
+                {"name": "t", "home": "north", "partitions": 2},
+                {"name": "alarms", "home": "north", "partitions": 1, "priority": "critical"},
+            ],
+        )
+    )
+    big = b"a" * 4000
+    gw = Gateway(cfg)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gw.run)
+        assert gw.lanes.multi
+        pid, epoch = await gw.init_producer()
+        alarms = []
+        for seq in range(0, 60, 2):  # several rolls of the critical lane
+            res = await gw.produce_partition(
+                "alarms", 0, recs(big, big), producer=ProducerSeq(pid, epoch, seq)
+            )
+            alarms.append(res.offsets)
+        plain = await gw.produce_partition("t", 1, recs(b"n"), producer=ProducerSeq(pid, epoch, 0))
+        await gw.sync_now(pull=False)
+        gw.request_shutdown()
+    gw = Gateway(cfg)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(gw.run)
+        for k, seq in enumerate(range(50, 60, 2)):
+            res = await gw.produce_partition(
+                "alarms", 0, recs(big, big), producer=ProducerSeq(pid, epoch, seq)
+            )
+            assert res.duplicate
+            assert res.offsets == alarms[25 + k]
+            assert res.lane_lsns  # answered from the critical lane
+        res = await gw.produce_partition("t", 1, recs(b"n"), producer=ProducerSeq(pid, epoch, 0))
+        assert res.duplicate
+        assert res.offsets == plain.offsets
+        gw.request_shutdown()
