@@ -12,7 +12,9 @@ makes the next two GC runs and the next mirror poll raise
 :class:`FailPointError` (a ``RuntimeError``: unexpected by design). Unset,
 a point costs one check of an empty dict. The points: ``shipper.loop``,
 ``mirror.pull``, ``gc.run``, ``mqtt.before_ack`` (an ingest batch is durable in
-the journal, its PUBACKs not sent yet).
+the journal, its PUBACKs not sent yet), ``journal.mirror_publish`` (a group of
+mirror entries is written by its worker thread, not yet published: see
+``Journal.append_mirror_batches``).
 """
 
 from __future__ import annotations
