@@ -180,6 +180,8 @@ class _Reserved:
 
     __slots__ = (
         "appended",
+        "claim_lock",
+        "claimed",
         "done",
         "error",
         "failure",
@@ -211,12 +213,30 @@ class _Reserved:
         self.keys: list[tuple[_Partition, int, int]] = []
         self.appended: list[Appended] = []
         self.done = threading.Event()
+        #: whoever claims the group writes it: the worker thread, or a settler
+        #: on the loop when the thread has not started (it waits for a
+        #: limiter token, or its start was cancelled): never both, never neither
+        self.claim_lock = threading.Lock()
+        self.claimed = False
         #: what the write raised (set by the worker thread)
         self.error: BaseException | None = None
         #: the error for the owner after a rollback (None: retry on the synchronous path)
         self.failure: BaseException | None = None
         #: "reserved", then "published" or "failed"
         self.state = "reserved"
+
+    def claim(self) -> bool:
+        """Take the write on (True once: for the first caller)."""
+        with self.claim_lock:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def write_in_thread(self) -> None:
+        """The worker thread's part: write, unless a settler already did."""
+        if self.claim():
+            self.write()
 
     def write(self) -> None:
         """Compute the entries' CRCs and write them with pwritev (in a worker thread)."""
@@ -1153,7 +1173,7 @@ class Journal:
                 i += 1
                 continue
             try:
-                await trio.to_thread.run_sync(res.write)
+                await trio.to_thread.run_sync(res.write_in_thread)
             finally:
                 self._settle()
             if res.state == "published":
@@ -1240,12 +1260,15 @@ class Journal:
         """Finish the reserved group in flight, if any: publish it, or roll it back.
 
         Blocks until the worker thread's write returns (called by every other
-        writer before it touches the journal). Never raises: a failure is
+        writer before it touches the journal); if the thread has not started
+        yet (it needs the loop to start), writes the group itself. Never raises: a failure is
         left in the group for its owner.
         """
         res = self._inflight
         if res is None:
             return
+        if res.claim():  # the thread has not started: write here (no deadlock)
+            res.write()
         res.done.wait()
         self._inflight = None
         self._inflight_lot.unpark_all()

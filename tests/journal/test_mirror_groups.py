@@ -10,6 +10,7 @@ the runs of mirror entries without reading them.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 from _faults import FaultyFs
 
 from edge_gateway import failpoints
@@ -173,6 +175,41 @@ async def test_a_local_append_waits_for_the_group_in_flight(
     async with open_journal(tmp_path, CFG) as j:
         assert j.next_offset("local", 0) == 2
         assert j.next_offset(TOPIC, 1) == 12
+
+
+async def test_a_writer_does_not_wait_for_a_thread_that_has_not_started(tmp_path: Path) -> None:
+    # The group's worker thread waits for a token of trio's thread limiter
+    # (all taken here): a local append meanwhile writes the group itself
+    # (blocking on the thread would deadlock: it needs the loop to start).
+    limiter = trio.to_thread.current_default_thread_limiter()
+    held = threading.Event()
+    # A regression here is a deadlock of the event loop, which nothing in
+    # trio can interrupt: bound it by the process (tracebacks, then exit).
+    faulthandler.dump_traceback_later(120, exit=True)
+    async with open_journal(tmp_path, CFG) as j:
+        old = limiter.total_tokens
+        limiter.total_tokens = 1
+        try:
+            results = []
+
+            async def writer() -> None:
+                results.extend(await j.append_mirror_batches(group(1), *coords(1)))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(trio.to_thread.run_sync, held.wait)
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(writer)
+                await trio.testing.wait_all_tasks_blocked()
+                assert limiter.statistics().tasks_waiting == 1  # the group's thread
+                local = j.append_nowait("local", 0, mirrored(0, 0, 2))
+                assert local.lsn == j.next_lsn - 1 == 8  # checkpoint, 6 mirror entries, local
+                held.set()
+            assert [r.lsn for r in results] == list(range(2, 8))
+        finally:
+            limiter.total_tokens = old
+            held.set()
+            faulthandler.cancel_dump_traceback_later()
+        assert j.source_progress() == {"north": coords(1)[1]}
 
 
 async def test_a_failure_between_write_and_publish_leaves_nothing_visible(
