@@ -1149,8 +1149,9 @@ class Journal:
         made itself). A crash before the publish leaves a torn or unused tail,
         which the open truncates, with the source progress of the entries
         before. A write that fails is rolled back (the segment is cut back to
-        its published end); on a full disk the batches are then written one at
-        a time on the loop, which makes room as :meth:`append_mirror` does.
+        its published end); a full disk is handled as any append's write is
+        (a shipped segment deleted and the batches written again one at a
+        time on the loop, or ``DiskFull``).
 
         A cancelled call raises before it reserves anything, or after the
         batches are published (like ``fsync=always`` appends).
@@ -1181,7 +1182,14 @@ class Journal:
                 continue
             if res.failure is not None:
                 raise res.failure
-            # A full disk: the batches again, one at a time, making room.
+            # A full disk, handled as _put handles it: note the episode, delete
+            # a shipped segment or refuse; then the batches again, one at a
+            # time (each makes room or raises DiskFull).
+            assert isinstance(res.error, OSError)
+            error = self._disk_full(res.seg.path, res.error, res.length)
+            if not self._delete_segments(force=True, limit=1):
+                self._refused()
+                raise error from res.error
             first = i - len(res.sizes)
             for k in range(first, i):
                 b = batches[k]

@@ -2,7 +2,7 @@
 
 ``Journal.append_mirror_batches`` (docs/journal.md, "Mirror appends"): nothing
 of a group is visible before its write returned, other writers wait for it,
-a failure rolls it back (a full disk falls back to one entry at a time), a
+a failure rolls it back (a full disk is handled as any append's write), a
 crash mid-write leaves a tail the open truncates, and the shipper steps over
 the runs of mirror entries without reading them.
 """
@@ -24,7 +24,7 @@ import trio.testing
 from _faults import FaultyFs
 
 from edge_gateway import failpoints
-from edge_gateway.errors import Unavailable
+from edge_gateway.errors import DiskFull, Unavailable
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.journal import JournalConfig, MirrorBatch, SourceCoords, open_journal
@@ -240,16 +240,23 @@ def faulty(monkeypatch: pytest.MonkeyPatch) -> FaultyFs:
     return fs
 
 
-async def test_a_full_disk_mid_group_falls_back_to_one_entry_at_a_time(
+async def test_a_full_disk_mid_group_is_refused_like_any_append(
     tmp_path: Path, faulty: FaultyFs
 ) -> None:
     async with open_journal(tmp_path, CFG) as j:
         await j.append_mirror_batches(group(1), *coords(1))
-        # The group's pwritev fails half way (ENOSPC) once; the retry fits.
+        before = (j.next_lsn, j.next_offset(TOPIC, 0), j.source_progress())
+        # The group's pwritev fails half way (ENOSPC); nothing is shipped, so
+        # nothing can be deleted: DiskFull, as append_mirror raises it.
         faulty.fail("write", faulty.calls["write"] + 1, errno=errno.ENOSPC, count=1)
-        got = await j.append_mirror_batches(group(2), *coords(2))
+        with pytest.raises(DiskFull):
+            await j.append_mirror_batches(group(2), *coords(2))
         assert faulty.failures == 1
-        assert len(got) == 6
+        assert (j.next_lsn, j.next_offset(TOPIC, 0), j.source_progress()) == before
+        faulty.heal()
+        j.check_disk()  # room again: the episode ends
+        got = await j.append_mirror_batches(group(2), *coords(2))
+        assert got[0].lsn == before[0]
         assert j.source_progress() == {"north": coords(2)[1]}
         await j.flush()
         expect = entries_key(j.read_entries(1, max_bytes=1 << 30))
