@@ -13,7 +13,9 @@ makes the next two GC runs and the next mirror poll raise
 a point costs one check of an empty dict. The points: ``shipper.loop``,
 ``mirror.pull``, ``gc.run``, ``mqtt.before_ack`` (an ingest batch is durable in
 the journal, its PUBACKs not sent yet), ``kafka.produce_before_response`` (a
-Kafka Produce is durable, its response not sent: the connection closes).
+Kafka Produce is durable, its response not sent: the connection closes),
+``journal.mirror_publish`` (a group of mirror entries is written by its worker
+thread, not yet published: see ``Journal.append_mirror_batches``).
 """
 
 from __future__ import annotations

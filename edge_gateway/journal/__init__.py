@@ -6,6 +6,7 @@ from edge_gateway.journal._journal import (
     Appended,
     Journal,
     JournalStats,
+    MirrorBatch,
     OffsetOutOfRange,
     open_journal,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "JournalConfig",
     "JournalStats",
     "Lane",
+    "MirrorBatch",
     "OffsetOutOfRange",
     "OnFull",
     "Priority",

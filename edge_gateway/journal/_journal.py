@@ -52,10 +52,11 @@ import logging
 import os
 import struct
 import sys
+import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Container, Iterator
+from collections.abc import AsyncIterator, Callable, Container, Iterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +75,7 @@ from edge_gateway.errors import (
     JournalFull,
     Unavailable,
 )
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
@@ -93,7 +95,14 @@ from edge_gateway.journal._segment import Segment, segment_name, write_atomicall
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
 from edge_gateway.names import validate_topic
 
-__all__ = ["RESERVE_NAME", "Appended", "Journal", "JournalStats", "OffsetOutOfRange"]
+__all__ = [
+    "RESERVE_NAME",
+    "Appended",
+    "Journal",
+    "JournalStats",
+    "MirrorBatch",
+    "OffsetOutOfRange",
+]
 
 log = logging.getLogger("edgegw.journal")
 
@@ -105,6 +114,7 @@ _SMALL_WRITE: Final = 16 * 1024
 # a batch header: length, version, flags, reserved, (base offset, crc), count, min/max ts
 _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
+_LSN_FIELD = struct.Struct("<Q")
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
 #: RAM of one segment's summary beyond its arrays: the Segment, its paths, its
@@ -114,6 +124,10 @@ _SEGMENT_MEMORY: Final = 1280
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
+#: iovecs per pwritev (IOV_MAX is 1024 on Linux)
+_MAX_IOV: Final = 1020
+#: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
+_MAX_MIRROR_RUNS: Final = 65536
 _crc = crc32c
 _time_ns = time.time_ns
 _new_appended = tuple.__new__
@@ -154,13 +168,23 @@ _RUN_BYTES: Final = 4 * 1024 * 1024
 
 
 class _Run(NamedTuple):
-    """A run of consecutive entries of one segment file, to read in a worker thread."""
+    """A run of consecutive entries of one segment file, to read in a worker thread.
+
+    ``fd`` -1: a run of mirror entries stepped over unread (``last_lsn`` is its last).
+    """
 
     fd: int  # a duplicate, closed by the caller after the read
     path: Path
     start: int
     length: int
     entries: int
+    last_lsn: int = 0
+
+
+def _mirror_run_entry(last_lsn: int, length: int) -> Entry:
+    """What a read returns for a run of mirror entries it stepped over: one
+    entry with the run's last LSN, kind mirror and total length, nothing else."""
+    return Entry(last_lsn, fentry.KIND_MIRROR, "", 0, 0, 0, 0, None, b"", length)
 
 
 def _decode_run(
@@ -209,6 +233,9 @@ def _read_runs(runs: list[_Run], payload_kinds: Container[int] | None) -> list[E
     """Read and decode ``runs`` (blocking: runs in a worker thread)."""
     out: list[Entry] = []
     for run in runs:
+        if run.fd < 0:
+            out.append(_mirror_run_entry(run.last_lsn, run.length))
+            continue
         try:
             data = os.pread(run.fd, run.length, run.start)
         except OSError as exc:
@@ -219,6 +246,116 @@ def _read_runs(runs: list[_Run], payload_kinds: Container[int] | None) -> list[E
             )
         _decode_run(data, run.entries, run.path, run.start, payload_kinds, out)
     return out
+
+
+class MirrorBatch(NamedTuple):
+    """One batch of :meth:`Journal.append_mirror_batches`."""
+
+    topic: str
+    partition: int
+    batch: bytes | bytearray | memoryview
+    #: the batch may skip forward over offsets the source no longer has
+    allow_gap: bool = False
+
+
+class _Reserved:
+    """Entries whose space and LSNs are reserved at the end of the active segment.
+
+    Written by a worker thread, published on the event loop (see
+    :meth:`Journal.append_mirror_batches`). Until then nothing of them is
+    visible: not ``next_lsn``, not the segment's size or positions, not the
+    partitions' offsets, not the source progress, not ``durable_lsn``.
+    """
+
+    __slots__ = (
+        "appended",
+        "claim_lock",
+        "claimed",
+        "done",
+        "error",
+        "failure",
+        "heads",
+        "keys",
+        "length",
+        "lsn",
+        "now",
+        "parts",
+        "pos",
+        "seg",
+        "sizes",
+        "source",
+        "state",
+    )
+
+    def __init__(self, seg: Segment, lsn: int, now: int, source: SourceCoords) -> None:
+        self.seg = seg
+        self.pos = seg.size
+        self.lsn = lsn
+        self.now = now
+        self.source = source
+        self.length = 0
+        #: per entry: its header (without length and CRC), its batch, its length
+        self.heads: list[bytes] = []
+        self.parts: list[memoryview] = []
+        self.sizes: list[int] = []
+        #: per entry: (partition, base offset, next offset)
+        self.keys: list[tuple[_Partition, int, int]] = []
+        self.appended: list[Appended] = []
+        self.done = threading.Event()
+        #: whoever claims the group writes it: the worker thread, or a settler
+        #: on the loop when the thread has not started (it waits for a
+        #: limiter token, or its start was cancelled): never both, never neither
+        self.claim_lock = threading.Lock()
+        self.claimed = False
+        #: what the write raised (set by the worker thread)
+        self.error: BaseException | None = None
+        #: the error for the owner after a rollback (None: retry on the synchronous path)
+        self.failure: BaseException | None = None
+        #: "reserved", then "published" or "failed"
+        self.state = "reserved"
+
+    def claim(self) -> bool:
+        """Take the write on (True once: for the first caller)."""
+        with self.claim_lock:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def write_in_thread(self) -> None:
+        """The worker thread's part: write, unless a settler already did."""
+        if self.claim():
+            self.write()
+
+    def write(self) -> None:
+        """Compute the entries' CRCs and write them with pwritev (in a worker thread)."""
+        try:
+            iov: list[bytes | memoryview] = []
+            pack = _LEN_CRC.pack
+            for head, body, size in zip(self.heads, self.parts, self.sizes, strict=True):
+                iov.append(pack(size, _crc(body, _crc(head))))
+                iov.append(head)
+                iov.append(body)
+            fd = self.seg.fd
+            assert fd is not None
+            pos = self.pos
+            for i in range(0, len(iov), _MAX_IOV):
+                chunk = iov[i : i + _MAX_IOV]
+                want = sum(len(c) for c in chunk)
+                n = _fs.ops.pwritev(fd, chunk, pos)
+                if n != want:  # a short write: finish it byte-exactly
+                    rest = b"".join(chunk)[n:]
+                    at = pos + n
+                    while rest:
+                        k = _fs.ops.pwrite(fd, rest, at)
+                        rest = rest[k:]
+                        at += k
+                pos += want
+            fail_point("journal.mirror_publish")
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop
+            self.error = exc
+        finally:
+            self.done.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -432,6 +569,14 @@ class Journal:
         #: state and the producer entries after it (``Gateway`` rebuilds its table).
         self.recovered_producers: dict[str, Any] | None = None
         self.recovered_producer_entries: list[Entry] = []
+        #: mirror entries reserved and being written by a worker thread (at most one group)
+        self._inflight: _Reserved | None = None
+        self._inflight_lot = trio.lowlevel.ParkingLot()
+        #: LSN runs [start, end) of mirror entries appended since the open, for
+        #: :meth:`read_entries` to step over without reading them (a hint)
+        self._mirror_starts: array[int] = array("q")
+        self._mirror_ends: array[int] = array("q")
+        self._mirror_groups = 0
 
     # ------------------------------------------------------------------ open
 
@@ -509,6 +654,8 @@ class Journal:
         has data: LSNs and offsets continue where the bucket's log ends.
         """
         self._check_open()
+        if self._inflight is not None:
+            self._settle()
         if not self.is_new:
             raise InvalidInput("only a journal that holds no entries can be reset")
         if self._flushing:
@@ -524,6 +671,8 @@ class Journal:
         self._partitions.clear()
         self._topics.clear()
         self._sources.clear()
+        self._mirror_starts = array("q")
+        self._mirror_ends = array("q")
         try:
             self._start_segment(start_lsn, start)
         except DiskFull as exc:
@@ -813,6 +962,8 @@ class Journal:
         index file may come later (:meth:`_index_sealed`); until then the
         index stays in memory.
         """
+        if self._inflight is not None:
+            self._settle()
         old = self._segments[-1]
         assert old.fd is not None
         try:
@@ -923,6 +1074,8 @@ class Journal:
         # lookup per topic and partition, one struct pack, one CRC, one copy
         # into the mapped segment or one pwritev, then the bookkeeping; the
         # rare cases call out). docs/journal.md "The append path" has figures.
+        if self._inflight is not None:
+            self._settle()
         if self._closed or self._broken is not None:
             self._check_open()
         t = self._topics.get(topic) or self._topic(topic)
@@ -1080,42 +1233,275 @@ class Journal:
         progress is recovered from the journal with the data, atomically.
         """
         await _checkpoint_if_cancelled()
+        await self._wait_inflight()
+        res = self._append_mirror_sync(topic, partition, batch, source, allow_gap)
+        await self._after_append(res.lsn)
+        return res
+
+    def _append_mirror_sync(
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray | memoryview | None,
+        source: SourceCoords,
+        allow_gap: bool,
+    ) -> Appended:
         self._check_open()
         if batch is None:
             lsn = self._write(fentry.KIND_MIRROR, b"", 0, 0, 0, (), 0, source)
             self._sources[source.region] = source
-            res = Appended(lsn, 0, 0)
-        else:
-            t = self._topic(topic)
-            p = t.partitions.get(partition) or self._new_partition(t, partition)
-            h = fbatch.read_header(batch, 0, where=f"mirror to {topic}/{partition}")
-            if h.length != len(batch):
-                raise InvalidInput(f"batch length field {h.length} but {len(batch)} bytes given")
-            if h.base_offset < p.next_offset:
-                raise InvalidInput(
-                    f"{topic}/{partition}: mirrored offset {h.base_offset} is already present "
-                    f"(next is {p.next_offset})"
-                )
-            if h.base_offset > p.next_offset and not allow_gap:
-                raise InvalidInput(
-                    f"{topic}/{partition}: mirrored offset {h.base_offset} leaves a gap "
-                    f"after {p.next_offset}"
-                )
-            lsn = self._write(
-                fentry.KIND_MIRROR,
-                t.raw,
-                partition,
-                h.base_offset,
-                h.count,
-                (memoryview(batch),),
-                len(batch),
-                source,
+            self._mirror_run(lsn, lsn + 1)
+            return Appended(lsn, 0, 0)
+        t = self._topic(topic)
+        p = t.partitions.get(partition) or self._new_partition(t, partition)
+        h = self._check_mirrored(topic, partition, batch, p.next_offset, allow_gap)
+        lsn = self._write(
+            fentry.KIND_MIRROR,
+            t.raw,
+            partition,
+            h.base_offset,
+            h.count,
+            (memoryview(batch),),
+            len(batch),
+            source,
+        )
+        self._sources[source.region] = source
+        self._index(p, lsn, h.base_offset, h.next_offset)
+        self._mirror_run(lsn, lsn + 1)
+        return Appended(lsn, h.base_offset, h.count)
+
+    @staticmethod
+    def _check_mirrored(
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray | memoryview,
+        next_offset: int,
+        allow_gap: bool,
+    ) -> fbatch.BatchHeader:
+        h = fbatch.read_header(batch, 0, where=f"mirror to {topic}/{partition}")
+        if h.length != len(batch):
+            raise InvalidInput(f"batch length field {h.length} but {len(batch)} bytes given")
+        if h.base_offset < next_offset:
+            raise InvalidInput(
+                f"{topic}/{partition}: mirrored offset {h.base_offset} is already present "
+                f"(next is {next_offset})"
             )
-            self._sources[source.region] = source
-            self._index(p, lsn, h.base_offset, h.next_offset)
-            res = Appended(lsn, h.base_offset, h.count)
-        await self._after_append(res.lsn)
-        return res
+        if h.base_offset > next_offset and not allow_gap:
+            raise InvalidInput(
+                f"{topic}/{partition}: mirrored offset {h.base_offset} leaves a gap "
+                f"after {next_offset}"
+            )
+        return h
+
+    async def append_mirror_batches(
+        self, batches: Sequence[MirrorBatch], source: SourceCoords, last: SourceCoords
+    ) -> list[Appended]:
+        """Append the mirrored batches of one source entry, as :meth:`append_mirror` would
+        one by one (every entry records ``source``, the last one ``last``), with
+        one write from a worker thread.
+
+        Reserve, write, publish: on the event loop the batches are checked and
+        their space at the end of the active segment and their LSNs are
+        reserved (so order and LSN assignment stay serial); a worker thread
+        computes the entries' CRCs and writes them with one ``pwritev``; back
+        on the loop they are published in order (readers, the shipper,
+        durability waiters and the source progress see them only then). A
+        reserved range that is not written yet is never visible: any other
+        write to the journal first waits for it (a synchronous append blocks
+        until the thread's write returns, which is the copy it would have
+        made itself). A crash before the publish leaves a torn or unused tail,
+        which the open truncates, with the source progress of the entries
+        before. A write that fails is rolled back (the segment is cut back to
+        its published end); a full disk is handled as any append's write is
+        (a shipped segment deleted and the batches written again one at a
+        time on the loop, or ``DiskFull``).
+
+        A cancelled call raises before it reserves anything, or after the
+        batches are published (like ``fsync=always`` appends).
+        """
+        await _checkpoint_if_cancelled()
+        out: list[Appended] = []
+        i = 0
+        n = len(batches)
+        while i < n:
+            await self._wait_inflight()
+            self._check_open()
+            res, i = self._reserve_mirror(batches, i, source, last)
+            if res is None:  # one batch too large for a group: the general path
+                b = batches[i]
+                out.append(
+                    self._append_mirror_sync(
+                        b.topic, b.partition, b.batch, last if i == n - 1 else source, b.allow_gap
+                    )
+                )
+                i += 1
+                continue
+            try:
+                await trio.to_thread.run_sync(res.write_in_thread)
+            finally:
+                self._settle()
+            if res.state == "published":
+                out += res.appended
+                continue
+            if res.failure is not None:
+                raise res.failure
+            # A full disk, handled as _put handles it: note the episode, delete
+            # a shipped segment or refuse; then the batches again, one at a
+            # time (each makes room or raises DiskFull).
+            assert isinstance(res.error, OSError)
+            error = self._disk_full(res.seg.path, res.error, res.length)
+            if not self._delete_segments(force=True, limit=1):
+                self._refused()
+                raise error from res.error
+            first = i - len(res.sizes)
+            for k in range(first, i):
+                b = batches[k]
+                out.append(
+                    self._append_mirror_sync(
+                        b.topic, b.partition, b.batch, last if k == n - 1 else source, b.allow_gap
+                    )
+                )
+        if out:
+            await self._after_append(out[-1].lsn)
+        return out
+
+    def _reserve_mirror(
+        self, batches: Sequence[MirrorBatch], i: int, source: SourceCoords, last: SourceCoords
+    ) -> tuple[_Reserved | None, int]:
+        """Reserve space and LSNs for batches ``i``... (as many as one group holds).
+
+        Returns the reservation (now in flight) and the index after its last
+        batch, or ``(None, i)`` when batch ``i`` alone is over a group's size.
+        """
+        now = _time_ns() // 1_000_000
+        n = len(batches)
+        lsn0 = self._next_lsn
+        planned: list[tuple[_Partition, bytes, int, int, int, memoryview, int]] = []
+        expected: dict[tuple[str, int], int] = {}
+        total = 0
+        j = i
+        while j < n:
+            b = batches[j]
+            t = self._topic(b.topic)
+            p = t.partitions.get(b.partition) or self._new_partition(t, b.partition)
+            key = (b.topic, b.partition)
+            h = self._check_mirrored(
+                b.topic, b.partition, b.batch, expected.get(key, p.next_offset), b.allow_gap
+            )
+            src = last if j == n - 1 else source
+            head = fentry.encode_entry_rest(
+                lsn=lsn0 + (j - i),
+                kind=fentry.KIND_MIRROR,
+                topic=t.raw,
+                partition=b.partition,
+                base_offset=h.base_offset,
+                count=h.count,
+                append_time=now,
+                source=src,
+            )
+            size = 8 + len(head) + len(b.batch)
+            if total + size > fentry.MAX_ENTRY_BYTES:
+                break
+            total += size
+            expected[key] = h.next_offset
+            planned.append(
+                (p, head, size, h.base_offset, h.next_offset, memoryview(b.batch), h.count)
+            )
+            j += 1
+        if not planned:
+            return None, i
+        self._reserve(total)  # may roll the segment: the LSNs move with it
+        seg = self._active
+        lsn0b = self._next_lsn
+        res = _Reserved(seg, lsn0b, now, last if j == n else source)
+        for k, (p, head, size, base, nxt, body, count) in enumerate(planned):
+            if lsn0b != lsn0:
+                head = _LSN_FIELD.pack(lsn0b + k) + head[8:]
+            res.heads.append(head)
+            res.parts.append(body)
+            res.sizes.append(size)
+            res.keys.append((p, base, nxt))
+            res.appended.append(Appended(lsn0b + k, base, count))
+        res.length = total
+        self._inflight = res
+        self._mirror_groups += 1
+        return res, j
+
+    def _settle(self) -> None:
+        """Finish the reserved group in flight, if any: publish it, or roll it back.
+
+        Blocks until the worker thread's write returns (called by every other
+        writer before it touches the journal); if the thread has not started
+        yet (it needs the loop to start), writes the group itself. Never raises: a failure is
+        left in the group for its owner.
+        """
+        res = self._inflight
+        if res is None:
+            return
+        if res.claim():  # the thread has not started: write here (no deadlock)
+            res.write()
+        res.done.wait()
+        self._inflight = None
+        self._inflight_lot.unpark_all()
+        if res.error is None:
+            self._publish(res)
+            return
+        res.state = "failed"
+        seg = res.seg
+        exc = res.error
+        try:
+            if isinstance(exc, OSError):
+                # Cut back to the published end; raises unless the disk is full.
+                self._write_failed(seg, exc)
+                res.failure = None
+                return
+            if seg.mm is not None:
+                seg.mm.close()
+                seg.mm = None
+                seg.mm_end = 0
+            assert seg.fd is not None
+            try:
+                _fs.ops.ftruncate(seg.fd, seg.size)
+            except OSError as exc2:
+                raise self._fail(f"{seg.path}: rollback of a failed write", exc2) from exc
+            res.failure = exc
+        except Unavailable as failed:
+            res.failure = failed
+
+    def _publish(self, res: _Reserved) -> None:
+        """Make a written group visible, in LSN order (on the event loop)."""
+        seg = res.seg
+        pos = res.pos
+        for size in res.sizes:
+            seg.positions.append(pos)
+            pos += size
+        seg.size = pos
+        self._now = res.now
+        self._total_bytes += res.length
+        n = len(res.sizes)
+        self._next_lsn = res.lsn + n
+        self._appended_bytes += res.length
+        for (p, base, nxt), a in zip(res.keys, res.appended, strict=True):
+            self._index(p, a.lsn, base, nxt)
+        self._sources[res.source.region] = res.source
+        self._mirror_run(res.lsn, res.lsn + n)
+        res.state = "published"
+        if self._appended_bytes >= self._notify_at:
+            self._notify()
+
+    async def _wait_inflight(self) -> None:
+        """Wait (without blocking the loop) until no group is in flight."""
+        while self._inflight is not None:
+            await self._inflight_lot.park()
+
+    def _mirror_run(self, start: int, end: int) -> None:
+        """Note that LSNs [start, end) are mirror entries (for :meth:`read_entries`)."""
+        ends = self._mirror_ends
+        if ends and ends[-1] == start:
+            ends[-1] = end
+        elif len(ends) < _MAX_MIRROR_RUNS:
+            self._mirror_starts.append(start)
+            ends.append(end)
 
     def _index(self, p: _Partition, lsn: int, base: int, next_offset: int) -> None:
         p.lsns.append(lsn)
@@ -1126,6 +1512,8 @@ class Journal:
 
     def _reserve(self, length: int) -> None:
         """Make room for an entry of ``length`` bytes: roll the segment, check the budget."""
+        if self._inflight is not None:
+            self._settle()
         if length > fentry.MAX_ENTRY_BYTES:
             raise InvalidInput(f"journal entry of {length} bytes exceeds {fentry.MAX_ENTRY_BYTES}")
         try:
@@ -1226,6 +1614,8 @@ class Journal:
         source: SourceCoords | None,
     ) -> int:
         """Write one entry of any kind (the general path; data appends inline it)."""
+        if self._inflight is not None:
+            self._settle()
         now = _time_ns() // 1_000_000
         probe = fentry.encode_entry_rest(
             lsn=0,
@@ -1739,6 +2129,8 @@ class Journal:
         """
         if self._closed:
             return
+        if self._inflight is not None:
+            self._settle()
         if self._space.full_since is not None:
             free, _ = self._disk_space()
             if free < self._space.resume_at:
@@ -1874,19 +2266,34 @@ class Journal:
         could take back. With ``payload_kinds``, entries of other kinds come
         with their header fields only (``fentry.decode_entry_header``: no
         body, no CRC check): the shipper steps over mirror entries that way
-        instead of checking and copying every mirrored byte again.
+        instead of checking and copying every mirrored byte again; and when
+        ``payload_kinds`` leaves mirror entries out, a run of mirror entries
+        the journal appended since it opened comes back as **one** such entry
+        without reading them at all: the run's last LSN, kind mirror, its
+        total length, nothing else (mirror runs written before the open are
+        stepped over by their headers).
         """
         self._check_readable()
         end_lsn = (self._durable_lsn + 1) if durable_only else self._next_lsn
         out: list[Entry] = []
         lsn = max(from_lsn, self._segments[0].base_lsn)
         size = 0
+        skip = self._mirror_runs_from(lsn, payload_kinds)
         while lsn < end_lsn and (size < max_bytes or not out):
             seg, _ = self._locate(lsn)
             i = lsn - seg.base_lsn
             last = min(seg.end_lsn, end_lsn) - seg.base_lsn
             positions = seg.entry_positions
             start = positions[i]
+            if skip:
+                inside, last = self._mirror_run_at(lsn, seg, last)
+                if inside:  # step over the run unread
+                    j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
+                    end = positions[j] if j < seg.entries else seg.size
+                    out.append(_mirror_run_entry(seg.base_lsn + j - 1, end - start))
+                    size += end - start
+                    lsn = seg.base_lsn + j
+                    continue
             # one pread for a run of entries (at least one), bounded by max_bytes
             j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
             stop = positions[j] if j < seg.entries else seg.size
@@ -1894,6 +2301,31 @@ class Journal:
             size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
             lsn = seg.base_lsn + j
         return out
+
+    def _mirror_runs_from(self, lsn: int, payload_kinds: Container[int] | None) -> bool:
+        """Whether a read from ``lsn`` of ``payload_kinds`` steps over mirror runs
+        unread (the shipper's reads); forgets the runs it has passed."""
+        if payload_kinds is None or fentry.KIND_MIRROR in payload_kinds:
+            return False
+        starts, ends = self._mirror_starts, self._mirror_ends
+        if not starts:
+            return False
+        k = bisect.bisect_right(ends, lsn)
+        if k > 1024:  # runs the shipper has passed: forget them
+            del starts[:k], ends[:k]
+        return bool(starts)
+
+    def _mirror_run_at(self, lsn: int, seg: Segment, last: int) -> tuple[bool, int]:
+        """Where a read at ``lsn`` of ``seg`` (up to entry index ``last``) meets
+        the mirror runs: (True, the run's end index) inside one; (False, the
+        index to read up to: the next run's start, not into it) otherwise."""
+        starts, ends = self._mirror_starts, self._mirror_ends
+        k = bisect.bisect_right(starts, lsn) - 1
+        if k >= 0 and lsn < ends[k]:
+            return True, min(ends[k] - seg.base_lsn, last)
+        if k + 1 < len(starts):
+            return False, min(last, starts[k + 1] - seg.base_lsn)
+        return False, last
 
     async def read_entries_in_thread(
         self,
@@ -1926,6 +2358,7 @@ class Journal:
             self._check_readable()
             end_lsn = self._durable_lsn + 1
             lsn = max(lsn, self._segments[0].base_lsn)
+            skip = self._mirror_runs_from(lsn, payload_kinds)
             runs: list[_Run] = []
             try:
                 while (
@@ -1938,6 +2371,17 @@ class Journal:
                     last = min(seg.end_lsn, end_lsn) - seg.base_lsn
                     positions = seg.entry_positions
                     start = positions[i]
+                    if skip:
+                        inside, last = self._mirror_run_at(lsn, seg, last)
+                        if inside:  # step over the run unread
+                            j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
+                            end = positions[j] if j < seg.entries else seg.size
+                            runs.append(
+                                _Run(-1, seg.path, start, end - start, j - i, seg.base_lsn + j - 1)
+                            )
+                            size += end - start
+                            lsn = seg.base_lsn + j
+                            continue
                     step = min(max_bytes - size, _RUN_BYTES)
                     j = bisect.bisect_left(positions, start + step, i + 1, last)
                     stop = positions[j] if j < seg.entries else seg.size
@@ -1953,7 +2397,8 @@ class Journal:
                 out += await trio.to_thread.run_sync(_read_runs, runs, payload_kinds)
             finally:
                 for run in runs:
-                    os.close(run.fd)
+                    if run.fd >= 0:
+                        os.close(run.fd)
             # Go on after runs of checkpoint entries only, or past the cap on runs.
             if lsn >= end_lsn or (out and size >= max_bytes):
                 return out
@@ -2124,6 +2569,8 @@ class Journal:
         """Fsync and close every file. Idempotent."""
         if self._closed:
             return
+        if self._inflight is not None:
+            self._settle()
         self._closed = True
         try:
             active = self._segments[-1] if self._segments else None

@@ -69,7 +69,7 @@ from edge_gateway.format.manifest import (
     manifest_prefix,
     parse_manifest_key,
 )
-from edge_gateway.journal import Journal, Lane, Priority
+from edge_gateway.journal import Journal, Lane, MirrorBatch, Priority
 from edge_gateway.mirror._config import TailerConfig
 from edge_gateway.mirror._plan import (
     Action,
@@ -914,16 +914,13 @@ class Tailer:
         # Before the first append: an append may land and then be cancelled
         # (or fail) while waiting for its fsync; a retry must resume inside.
         state.entered(plan)
-        for i, a in enumerate(appends):
-            await self.journal.append_mirror(
-                a.topic,
-                a.partition,
-                a.batch,
-                last if i == len(appends) - 1 else mid,
-                allow_gap=a.allow_gap,
-            )
-            self._batches += 1
-            self._records += a.count
+        # One reservation and one write (in a worker thread) for the entry's
+        # batches: the loop goes on with the next entries meanwhile.
+        await self.journal.append_mirror_batches(
+            [MirrorBatch(a.topic, a.partition, a.batch, a.allow_gap) for a in appends], mid, last
+        )
+        self._batches += len(appends)
+        self._records += sum(a.count for a in appends)
         state.applied(plan)
         self._with_data += 1
         self._entry_done(info)

@@ -2,25 +2,44 @@
 
 Usage: python mirror_child.py DATA_DIR BUCKET_DIR [--catch-up]
 
-Runs a tailer into a journal with ``fsync=always`` (each append waits for
-its fsync, so applying an object takes long enough for a kill to land
-between two of its batches). Prints ``<partition> <next offset>`` whenever a
+Runs a tailer into a journal with ``fsync=always`` on a slow disk: the
+journal writes a source object's batches with one ``pwritev`` (see
+``Journal.append_mirror_batches``), which this disk carries out one entry at
+a time, 3 ms apart, so a kill can land between two batches of one object
+(a torn group, truncated by the next open). Prints ``<partition> <next offset>`` whenever a
 mirror partition grows. ``--catch-up`` pulls up to the head and exits
 (status 0), printing ``DONE <next seq>``.
 """
 
 from __future__ import annotations
 
+import os
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import trio
 
 from edge_gateway.bucket import LocalBucket
-from edge_gateway.journal import JournalConfig, open_journal
+from edge_gateway.journal import JournalConfig, _fs, open_journal
 from edge_gateway.mirror import Tailer, TailerConfig
 
 PARTITIONS = 3
+
+
+class SlowDisk(_fs.FileOps):
+    """A write of several entries (3 iovecs each) goes out entry by entry, slowly."""
+
+    def pwritev(self, fd: int, parts: Sequence[bytes | memoryview], pos: int) -> int:  # type: ignore[override]
+        if len(parts) <= 3:
+            return os.pwritev(fd, parts, pos)
+        done = 0
+        for i in range(0, len(parts), 3):
+            if i:
+                time.sleep(0.003)  # in the journal's worker thread
+            done += os.pwritev(fd, parts[i : i + 3], pos + done)
+        return done
 
 
 async def report(j: object, partitions: int) -> None:
@@ -39,6 +58,7 @@ async def report(j: object, partitions: int) -> None:
 
 
 async def main(data_dir: str, bucket_dir: str, catch_up: bool) -> None:
+    _fs.ops = SlowDisk()
     cfg = JournalConfig(fsync="always", segment_bytes=256 * 1024)  # type: ignore[arg-type]
     tcfg = TailerConfig(
         poll_interval_s=0.01,
