@@ -181,6 +181,13 @@ class _Run(NamedTuple):
     last_lsn: int = 0
 
 
+def _run_end(seg: Segment, i: int, limit: int, last: int) -> tuple[int, int]:
+    """The run of ``seg``'s entries from index ``i`` (at least one, up to index
+    ``last``) that starts before byte ``limit``: (the index after it, its end byte)."""
+    j = bisect.bisect_left(seg.entry_positions, limit, i + 1, last)
+    return j, seg.entry_positions[j] if j < seg.entries else seg.size
+
+
 def _mirror_run_entry(last_lsn: int, length: int) -> Entry:
     """What a read returns for a run of mirror entries it stepped over: one
     entry with the run's last LSN, kind mirror and total length, nothing else."""
@@ -2288,15 +2295,13 @@ class Journal:
             if skip:
                 inside, last = self._mirror_run_at(lsn, seg, last)
                 if inside:  # step over the run unread
-                    j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
-                    end = positions[j] if j < seg.entries else seg.size
+                    j, end = _run_end(seg, i, start + max_bytes - size, last)
                     out.append(_mirror_run_entry(seg.base_lsn + j - 1, end - start))
                     size += end - start
                     lsn = seg.base_lsn + j
                     continue
             # one pread for a run of entries (at least one), bounded by max_bytes
-            j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
-            stop = positions[j] if j < seg.entries else seg.size
+            j, stop = _run_end(seg, i, start + max_bytes - size, last)
             data = self._pread(seg, stop - start, start)
             size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
             lsn = seg.base_lsn + j
@@ -2374,8 +2379,7 @@ class Journal:
                     if skip:
                         inside, last = self._mirror_run_at(lsn, seg, last)
                         if inside:  # step over the run unread
-                            j = bisect.bisect_left(positions, start + max_bytes - size, i + 1, last)
-                            end = positions[j] if j < seg.entries else seg.size
+                            j, end = _run_end(seg, i, start + max_bytes - size, last)
                             runs.append(
                                 _Run(-1, seg.path, start, end - start, j - i, seg.base_lsn + j - 1)
                             )
@@ -2383,8 +2387,7 @@ class Journal:
                             lsn = seg.base_lsn + j
                             continue
                     step = min(max_bytes - size, _RUN_BYTES)
-                    j = bisect.bisect_left(positions, start + step, i + 1, last)
-                    stop = positions[j] if j < seg.entries else seg.size
+                    j, stop = _run_end(seg, i, start + step, last)
                     try:
                         fd = os.dup(self._read_fd(seg))
                     except OSError as exc:
