@@ -1305,14 +1305,7 @@ class Gateway:
         batches = []
         for idx in by_partition.values():
             rs = [records[i] for i in idx]
-            batches.append(
-                encode_batch(
-                    [r.value for r in rs],
-                    keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
-                    timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
-                    headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
-                )
-            )
+            batches.append(_encode_records(rs, now))
         # Every partition's entry first, with no checkpoint in between, then
         # one wait per lane: with fsync=always the records of all partitions
         # share one fsync (group commit) instead of one fsync per partition.
@@ -1375,12 +1368,7 @@ class Gateway:
                 raise InvalidInput(
                     f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {p}"
                 )
-            batch = encode_batch(
-                [r.value for r in rs],
-                keys=[r.key for r in rs] if any(r.key is not None for r in rs) else None,
-                timestamps=[now if r.timestamp is None else r.timestamp for r in rs],
-                headers=[r.headers for r in rs] if any(r.headers for r in rs) else None,
-            )
+            batch = _encode_records(rs, now)
             try:
                 res = lanes.append_nowait(t.name, p, batch)
             except Unavailable as exc:
@@ -1588,12 +1576,7 @@ class Gateway:
                 f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
             )
         now = _now_ms()
-        batch = encode_batch(
-            [r.value for r in records],
-            keys=[r.key for r in records] if any(r.key is not None for r in records) else None,
-            timestamps=[now if r.timestamp is None else r.timestamp for r in records],
-            headers=[r.headers for r in records] if any(r.headers for r in records) else None,
-        )
+        batch = _encode_records(records, now)
         if producer is not None:
             return await self._append_idempotent(t.name, partition, batch, producer, ack)
         return await self.produce_batch(t.name, partition, batch, ack=ack)
@@ -2010,6 +1993,16 @@ def _dropped_json(j: Journal) -> dict[str, Any]:
         "bytes": st.dropped_bytes,
         "ranges": merged[-50:],
     }
+
+
+def _encode_records(records: Sequence[ProduceRecord], now: int) -> bytes:
+    """One batch of ``records``; a record without a timestamp gets ``now``."""
+    return encode_batch(
+        [r.value for r in records],
+        keys=[r.key for r in records] if any(r.key is not None for r in records) else None,
+        timestamps=[now if r.timestamp is None else r.timestamp for r in records],
+        headers=[r.headers for r in records] if any(r.headers for r in records) else None,
+    )
 
 
 def _write_durably(path: Path, data: bytes) -> None:
