@@ -48,6 +48,8 @@ from pathlib import Path
 
 from _common import BENCH_DIR, Row, emit_json, median, progress, render_table, scratch_dir
 
+from edge_gateway.testing.ports import free_port
+
 
 def source() -> Path:
     """The checkout whose gateway is measured (``--source``; default: this one)."""
@@ -101,12 +103,6 @@ def edgegw_argv(*args: str) -> list[str]:
     if EDGEGW.exists():
         return [str(EDGEGW), *args]
     return [sys.executable, "-m", "edgegw_cli", *args]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mb(pid: int) -> float:

@@ -87,6 +87,7 @@ from _common import (
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.testing.ports import free_port
 
 BATCH = 1000
 RECORD = 100
@@ -403,12 +404,6 @@ def gw_capacity(
 
 
 # --------------------------------------------------------------------- NATS
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

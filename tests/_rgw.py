@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 #: The packages that provide the binaries below (Debian 12: 16.2).
 PACKAGES: Final = ("radosgw", "ceph-mon", "ceph-osd")

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 #: The checkout: ``make azurite`` installs Azurite under it.
 ROOT: Final = Path(__file__).resolve().parents[2]

@@ -19,19 +19,13 @@ import subprocess
 import time
 from pathlib import Path
 
+from edge_gateway.testing.ports import free_port
+
 __all__ = ["BINARY", "Mosquitto", "free_port"]
 
 BINARY: str | None = shutil.which("mosquitto") or (
     "/usr/sbin/mosquitto" if os.access("/usr/sbin/mosquitto", os.X_OK) else None
 )
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Mosquitto:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import http.client
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Final, Self
 from urllib.parse import unquote, urlsplit
+
+from edge_gateway.testing.ports import free_port
 
 #: Dummy credentials: moto accepts any, boto3 insists on having some.
 ACCESS_KEY: Final = "testing"
@@ -61,14 +62,6 @@ def s3_client(endpoint: str) -> S3Client:
 # werkzeug's access log line; some lines are coloured with ANSI escapes.
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _REQUEST_LINE = re.compile(r'"([A-Z]+) (\S+) HTTP/[0-9.]+" (\d{3}) ')
-
-
-def free_port() -> int:
-    """A loopback TCP port that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,7 +32,7 @@ from edge_gateway.bucket._cloudconfig import AzureConfig
 from edge_gateway.config import load_config
 from edge_gateway.errors import ConfigError
 from edge_gateway.testing.emulators import azurite_connection_string
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 WRONG_KEY = "d3Jvbmcga2V5IGZvciB0aGUgZGV2IGFjY291bnQ="
 

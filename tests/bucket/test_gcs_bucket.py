@@ -23,7 +23,7 @@ from edge_gateway.bucket import (
 from edge_gateway.bucket._cloudconfig import GcsConfig
 from edge_gateway.bucket._gcs import GcsBucket, translate_error
 from edge_gateway.errors import ConfigError
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 
 def test_the_emulator_still_ignores_if_generation_match(

@@ -23,7 +23,7 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.errors import ConfigError
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client

@@ -29,7 +29,7 @@ from edge_gateway.format.logobject import (
 )
 from edge_gateway.format.manifest import Manifest, ManifestEntry, log_key, manifest_key
 from edge_gateway.journal import Journal, JournalConfig
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client

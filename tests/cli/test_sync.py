@@ -26,7 +26,8 @@ from edge_gateway.format.manifest import (
 )
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.regionlog import find_head, latest_manifest, read_header
-from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, free_port
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
+from edge_gateway.testing.ports import free_port
 
 SITE = "north"
 TOPICS = {"telemetry": 3, "orders": 2}

@@ -20,6 +20,8 @@ import pytest
 from _kafka_support import KafkaGateway, kafka_gateway
 from _serve import EDGEGW
 
+from edge_gateway.testing.ports import free_port
+
 TOPICS = """
 [[topics]]
 name = "events"
@@ -526,18 +528,10 @@ def test_a_group_over_sasl_ssl(tmp_path: Path) -> None:
         assert {o["partition"]: o["offset"] for o in doc["offsets"]} == {0: 1, 1: 1, 2: 1}
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_consumer_rides_through_a_gateway_kill_and_restart(tmp_path: Path) -> None:
     """kill -9 of the gateway under a live group: acknowledged commits survive, the member
     rejoins (its member id is unknown to the new process) and goes on from its commits."""
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     with kafka_gateway(tmp_path, topics=TOPICS, listen=listen) as gw:
         produce(gw, 2, "before")
         with member(gw, "riders", "r1", **{"reconnect.backoff.max.ms": 500}) as r1:

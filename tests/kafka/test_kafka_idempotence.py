@@ -7,7 +7,6 @@ offsets (the producers' state lives in the journal), not appended again.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -15,18 +14,14 @@ from typing import Any
 
 from _kafka_support import kafka_gateway
 
+from edge_gateway.testing.ports import free_port
+
 TOPICS = """
 [[topics]]
 name = "events"
 home = "north"
 partitions = 2
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _read_all(gw: Any, partitions: int) -> list[bytes]:
@@ -49,7 +44,7 @@ def _read_all(gw: Any, partitions: int) -> list[bytes]:
 def test_idempotent_producer_through_kill_9(tmp_path: Path) -> None:
     from confluent_kafka import Producer
 
-    listen = f"127.0.0.1:{_free_port()}"
+    listen = f"127.0.0.1:{free_port()}"
     with kafka_gateway(tmp_path, topics=TOPICS, listen=listen) as gw:
         producer = Producer(
             {

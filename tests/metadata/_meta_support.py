@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,16 @@ class MetaServer:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         return self.proc.wait(timeout=30)
+
+
+@dataclass
+class Fleet:
+    """A running server with regions (the ``fleet`` fixture)."""
+
+    server: MetaServer
+    url: str
+    #: region -> its token
+    tokens: dict[str, str]
 
 
 def http(url: str, token: str | None = ADMIN_TOKEN) -> httpx.Client:

@@ -4,19 +4,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _meta_support import MetaServer, http
-
-
-@dataclass
-class Fleet:
-    server: MetaServer
-    url: str
-    #: region -> its token
-    tokens: dict[str, str]
+from _meta_support import Fleet, MetaServer, http
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 import uuid
 
-from _meta_support import ADMIN_TOKEN
-from conftest import Fleet
+from _meta_support import ADMIN_TOKEN, Fleet
 from edgegw_cli.app import app
 from typer.testing import CliRunner, Result
 

@@ -12,8 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import trio
-from _meta_support import MetaServer, http
-from conftest import Fleet
+from _meta_support import Fleet, MetaServer, http
 
 from edge_gateway.config import GatewayConfig, TopicConfig
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
@@ -27,6 +26,7 @@ from edge_gateway.metadata import (
     topology,
 )
 from edge_gateway.metadata.client import refresh_routing
+from edge_gateway.testing.ports import free_port
 
 _BOMB = gzip.compress(b"\0" * (64 << 20))
 _TRAVERSAL = json.dumps(
@@ -148,7 +148,7 @@ async def test_client_errors(fleet: Fleet, tmp_path: Path) -> None:
     async with MetadataClient(fleet.url, token=fleet.tokens["north"]) as c:
         with pytest.raises(InvalidInput, match="region="):
             await c.heartbeat(gateway_version="x")
-    async with MetadataClient(f"http://127.0.0.1:{_free_port()}", timeout_s=2) as c:
+    async with MetadataClient(f"http://127.0.0.1:{free_port()}", timeout_s=2) as c:
         with pytest.raises(Unavailable, match="unreachable"):
             await c.fetch_routing()
 
@@ -261,14 +261,8 @@ async def test_a_hostile_server_gets_a_clear_error_not_a_crash(
                 assert c.table is None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def test_cache_fallback_when_the_server_is_down(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     db = tmp_path / "meta.sqlite"
     server = MetaServer(db, listen=f"127.0.0.1:{port}")
     cache = RoutingCache(tmp_path / "gw" / "routing.json")

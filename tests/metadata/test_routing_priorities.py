@@ -30,8 +30,8 @@ from _meta_support import (
     lanes,
     produce_two_partitions,
 )
+from _meta_support import Fleet as MetaFleet
 from _serve import Fleet, mirror_mismatches, read_partition, wait_until
-from conftest import Fleet as MetaFleet
 
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.errors import InvalidInput

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import httpx
 import trio
-from _meta_support import ADMIN_TOKEN, EDGEGW, MetaServer, http
-from conftest import Fleet
+from _meta_support import ADMIN_TOKEN, EDGEGW, Fleet, MetaServer, http
 
 from edge_gateway.testing.tls import make_tls_files
 

@@ -5,8 +5,7 @@ mirror topic names, and no leading '-' or '.'."""
 from __future__ import annotations
 
 import pytest
-from _meta_support import http
-from conftest import Fleet
+from _meta_support import Fleet, http
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from edge_gateway.testing.mosquitto import BINARY, Mosquitto, free_port
+from edge_gateway.testing.mosquitto import BINARY, Mosquitto
 
-__all__ = ["Device", "Mosquitto", "Subscriber", "free_port", "mqtt_client", "needs_mosquitto"]
+__all__ = ["Device", "Mosquitto", "Subscriber", "mqtt_client", "needs_mosquitto"]
 
 needs_mosquitto = pytest.mark.skipif(
     BINARY is None,

@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import collections
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _mqtt_support import Device, Mosquitto, Subscriber, free_port, mqtt_tables, needs_mosquitto
+from _mqtt_support import Device, Mosquitto, Subscriber, mqtt_tables, needs_mosquitto
 from _serve import EDGEGW, Fleet, Gateway, TopicSpec, read_partition, wait_until
+
+from edge_gateway.testing.ports import closed_port
 
 pytestmark = needs_mosquitto
 
@@ -327,7 +330,14 @@ def test_two_regions_device_at_a_reaches_subscriber_at_b(tmp_path: Path) -> None
         broker_b.stop()
 
 
-def test_bad_address_and_refused_credentials_are_clear_errors(tmp_path: Path) -> None:
+@pytest.fixture
+def nobody() -> Iterator[int]:
+    """A port where nothing listens (held closed: see ``closed_port``)."""
+    with closed_port() as port:
+        yield port
+
+
+def test_bad_address_and_refused_credentials_are_clear_errors(tmp_path: Path, nobody: int) -> None:
     """The gateway serves meanwhile; status and the log say what is wrong and where."""
     import shutil
     import subprocess
@@ -342,7 +352,6 @@ def test_bad_address_and_refused_credentials_are_clear_errors(tmp_path: Path) ->
     wrong.write_text("wrong-password\n")
     right = tmp_path / "right.txt"
     right.write_text("right-password\n")
-    nobody = free_port()
     fleet = _fleet(tmp_path, ["a"], [TopicSpec("t1", "a", partitions=1)])
     g = fleet["a"]
     g.env["BROKER_PASSWORD"] = "right-password"

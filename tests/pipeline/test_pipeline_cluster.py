@@ -20,7 +20,7 @@ import pytest
 from _pipeline_support import s3_site
 from test_pipeline_job import iceberg_rows
 
-from edge_gateway.testing.moto import free_port
+from edge_gateway.testing.ports import free_port
 
 
 def _clean_env(tmp: Path) -> dict[str, str]:

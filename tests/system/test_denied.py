@@ -49,7 +49,8 @@ from edge_gateway.format.logobject import (
     iter_block_batches,
     slice_block,
 )
-from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, free_port
+from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
+from edge_gateway.testing.ports import free_port
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
 
 TOPICS = [TopicSpec("t-a", "a", partitions=3), TopicSpec("t-b", "b", partitions=2)]

@@ -34,7 +34,8 @@ from edge_gateway.errors import EdgeGatewayError
 from edge_gateway.format.manifest import parse_log_key
 from edge_gateway.iam import pipeline_policy, region_policy
 from edge_gateway.regionlog import bucket_marker_key, encode_bucket_marker
-from edge_gateway.testing.moto import REGION, free_port
+from edge_gateway.testing.moto import REGION
+from edge_gateway.testing.ports import free_port
 
 PREFIX = "plant"
 TOPICS = [TopicSpec("t-n", "north", partitions=2), TopicSpec("t-s", "south", partitions=2)]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ import httpx
 from _serve import Server, wait_until, write_config
 
 from edge_gateway.client import Client, ProduceResponse
+from edge_gateway.testing.ports import free_port
 from edge_gateway.testing.tcpproxy import TcpProxy
 
 
@@ -76,12 +76,6 @@ def test_a_produce_retried_after_a_cut_connection_is_written_once(tmp_path: Path
         server.stop(signal.SIGTERM)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class _Producer(threading.Thread):
     """Produces numbered records (keyed, 1-5 per call) until stopped; remembers each ack."""
 
@@ -116,7 +110,7 @@ def _written(url: str) -> int:
 
 
 def test_an_idempotent_producer_through_repeated_kill_9(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     config = write_config(tmp_path, segment_bytes=64 * 1024)
     config.write_text(config.read_text().replace("127.0.0.1:0", f"127.0.0.1:{port}"))
     server = Server(config)

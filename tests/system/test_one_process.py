@@ -196,7 +196,7 @@ def test_first_start_offline_answers_healthz_and_stops_on_sigterm(
     API answers at once with the reason, and SIGTERM ends the wait promptly."""
     import signal
 
-    from edge_gateway.testing.moto import free_port
+    from edge_gateway.testing.ports import free_port
     from edge_gateway.testing.tcpproxy import ProxyMode
 
     port = free_port()
