@@ -8,6 +8,7 @@ small corpus, reproducible from its seed: ``python fuzz/fuzz_X.py [N] [SEED]``.
 from __future__ import annotations
 
 import random
+import struct
 import sys
 from collections.abc import Callable, Iterable, Sequence
 
@@ -61,6 +62,42 @@ def mutate_text(
         else:
             start = rng.randrange(len(buf) + 1)
             buf[pos:pos] = buf[start : start + rng.randint(1, 40)]
+    return bytes(buf)
+
+
+def mutate_binary(
+    rng: random.Random,
+    data: bytes,
+    *,
+    ints: Sequence[int],
+    formats: Sequence[str],
+    max_cut: int | None = None,
+) -> bytes:
+    """1..4 edits of binary input: flip a bit, overwrite a byte with a boundary
+    value, cut the tail (or up to ``max_cut`` bytes), insert 1..8 random bytes,
+    or write one of ``ints`` (wrapped to the field) in one of the struct
+    ``formats`` over what may be a length, offset or count field."""
+    buf = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        op = rng.randrange(5)
+        pos = rng.randrange(len(buf) + 1)
+        if op == 0 and buf:
+            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
+        elif op == 1 and buf:
+            buf[pos % len(buf)] = rng.choice([0, 1, 0x7F, 0x80, 0xFF])
+        elif op == 2:
+            del buf[pos : None if max_cut is None else pos + rng.randint(1, max_cut)]
+        elif op == 3:
+            buf[pos:pos] = rng.randbytes(rng.randint(1, 8))
+        else:
+            fmt = rng.choice(formats)
+            size = struct.calcsize(fmt)
+            if len(buf) >= size:
+                bits = 8 * size
+                value = rng.choice(ints) % 2**bits
+                if fmt[-1].islower() and value >= 2 ** (bits - 1):
+                    value -= 2**bits  # a signed field: the same bits
+                struct.pack_into(fmt, buf, rng.randrange(len(buf) - size + 1), value)
     return bytes(buf)
 
 

@@ -92,24 +92,10 @@ def fuzz_one_input(data: bytes) -> None:
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(5)
-        pos = rng.randrange(len(buf) + 1)
-        if op == 0 and buf:
-            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
-        elif op == 1 and buf:
-            buf[pos % len(buf)] = rng.choice([0, 1, 0x7F, 0x80, 0xFF])
-        elif op == 2:
-            del buf[pos:]
-        elif op == 3:
-            buf[pos:pos] = rng.randbytes(rng.randint(1, 8))
-        elif len(buf) >= 4:
-            # An interesting i32 over a length column or header field.
-            at = rng.randrange(len(buf) - 3)
-            value = rng.choice([-2, -1, 0, 1, 2**31 - 1, -(2**31), 65535])
-            struct.pack_into("<i", buf, at, value)
-    return bytes(buf)
+    # An interesting i32 over a length column or header field.
+    return _harness.mutate_binary(
+        rng, data, ints=[-2, -1, 0, 1, 2**31 - 1, -(2**31), 65535], formats=["<i"]
+    )
 
 
 def _plain_loop(iterations: int, seed: int) -> None:

@@ -162,27 +162,14 @@ def fuzz_one_input(data: bytes) -> None:
 
 
 def _mutate(rng: random.Random, data: bytes) -> bytes:
-    buf = bytearray(data)
-    for _ in range(rng.randint(1, 4)):
-        op = rng.randrange(5)
-        pos = rng.randrange(len(buf) + 1)
-        if op == 0 and buf:
-            buf[pos % len(buf)] ^= 1 << rng.randrange(8)
-        elif op == 1 and buf:
-            buf[pos % len(buf)] = rng.choice([0, 1, 0x7F, 0x80, 0xFF])
-        elif op == 2:
-            del buf[pos : pos + rng.randint(1, 64)]
-        elif op == 3:
-            buf[pos:pos] = rng.randbytes(rng.randint(1, 8))
-        elif len(buf) >= 8:
-            # An interesting u32/i64 over a length, offset or count field.
-            at = rng.randrange(len(buf) - 7)
-            value = rng.choice([0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, -(2**63), -1])
-            if rng.random() < 0.5:
-                struct.pack_into("<Q", buf, at, value % 2**64)
-            else:
-                struct.pack_into("<I", buf, at, value % 2**32)
-    return bytes(buf)
+    # Interesting u32/i64 values over a length, offset or count field.
+    return _harness.mutate_binary(
+        rng,
+        data,
+        ints=[0, 1, 2**31 - 1, 2**32 - 1, 2**63 - 1, -(2**63), -1],
+        formats=["<Q", "<I"],
+        max_cut=64,
+    )
 
 
 def _plain_loop(iterations: int, seed: int) -> None:
