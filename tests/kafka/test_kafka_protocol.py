@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import io
 from typing import Any
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.serial import entity_writer
-from kio.static.primitive import Records, i16, i32
+from kio.static.primitive import Records, i16, i32, i64Timedelta
 
 import edge_gateway.kafka  # noqa: F401 - registers the handlers
 from edge_gateway.kafka._protocol import (
@@ -106,6 +107,41 @@ def test_a_hostile_array_length_never_reaches_kio() -> None:
 
 # kio registers strategies for its primitives, not for the opaque records blob.
 st.register_type_strategy(Records, st.binary(max_size=64))
+
+# kio's native reader turns an int64 of milliseconds into a timedelta through
+# microseconds, so it refuses |ms| > 2**63 // 1000 (about 292,000 years) that its
+# writer accepts; such a request is answered as malformed (next test). Its
+# writer goes through a float of seconds, exact only to about 2**43 ms (278
+# years), so the strategy stays within that: far beyond any retention a client
+# means.
+_KIO_MAX_MS = 2**63 // 1000
+st.register_type_strategy(
+    i64Timedelta,
+    st.integers(-(2**43), 2**43).map(lambda ms: i64Timedelta(datetime.timedelta(milliseconds=ms))),
+)
+
+
+def test_a_retention_beyond_what_kio_reads_is_malformed_not_a_crash() -> None:
+    cls = request_class(8, 2)
+    assert cls is not None
+    fields = {
+        "group_id": "g",
+        "generation_id_or_member_epoch": i32(-1),
+        "member_id": "",
+        "retention_time": datetime.timedelta(milliseconds=123),
+        "topics": (),
+    }
+    frame = _frame(8, 2, cls(**fields))
+    assert decode_request(frame, supported_versions()).api_key == 8
+    # The same frame with the int64 one past the limit (it sits right before the
+    # empty topics array, an int32 0 in this version).
+    tail = (0).to_bytes(4, "big")
+    assert frame.endswith((123).to_bytes(8, "big") + tail)
+    at_limit = frame[:-12] + _KIO_MAX_MS.to_bytes(8, "big") + tail
+    assert decode_request(at_limit, supported_versions()).api_key == 8
+    beyond = frame[:-12] + (_KIO_MAX_MS + 1).to_bytes(8, "big") + tail
+    with pytest.raises(ProtocolError, match="malformed request"):
+        decode_request(beyond, supported_versions())
 
 
 def _requests() -> st.SearchStrategy[tuple[int, int, Any]]:
