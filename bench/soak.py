@@ -15,7 +15,12 @@ blackholed; kill -9 and restart; a frozen gateway; a split brain from
 ``edgegw restore``) and through the regions. 20 minutes; ``--quick`` 2.
 
 The runner checks everything at the end (lost, duplicated, reordered, mirror
-divergence); this script adds the soak's figures. RSS growth is the slope of
+divergence); this script adds the soak's figures. Replication lag is the
+region's (from the most its mirrors held, by any of its gateways): a gateway
+restored from the bucket replays the homes' history, whose age is reported
+apart (``restore_replay_max_s``) next to each split brain's catch-up time
+(``restore_catch_up_s``: until every mirror holds what the homes held when
+the restored gateway took over). RSS growth is the slope of
 a least-squares line through each gateway process's resident set (sampled
 every 5 s) after the first quarter of the run, over the longest-lived
 process of each region, in MB per hour; the largest over the regions.
@@ -151,6 +156,16 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
         "kills": toml.count('action = "kill"'),
         "max_lag_s": max((v["max_s"] for v in lags), default=0.0),
         "p99_lag_s": max((v["p99_s"] for v in lags), default=0.0),
+        # A restored gateway's mirrors replaying the homes' history: how far
+        # behind they were at worst (the history's age), judged apart.
+        "restore_replay_max_s": max((v.get("replay_max_s", 0.0) for v in lags), default=0.0),
+        "catch_up_max_s": max(
+            (c["seconds"] for c in doc["catch_up"] if c["seconds"] is not None), default=0.0
+        ),
+        "restore_catch_up_s": [
+            c["seconds"] for c in doc["catch_up"] if str(c["fault"]).startswith("split brain")
+        ],
+        "not_caught_up": sum(1 for c in doc["catch_up"] if c["seconds"] is None),
         "peak_rss_mb": round(max(v["peak_rss_bytes"] for v in doc["regions"].values()) / 2**20, 1),
         "rss_growth_mb_per_hour": growth,
         "rss_growth_window_s": window,

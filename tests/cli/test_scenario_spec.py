@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from edgegw_cli._scenario_spec import LinkSpec, ScenarioError, parse_scenario
-from edgegw_cli.scenario import count_problems, held_since, split_old_writer
+from edgegw_cli.scenario import LagSampler, count_problems, held_since, split_old_writer
 
 from edge_gateway.testing.tcpproxy import LinkShape
 
@@ -206,6 +207,44 @@ def test_replication_lag_is_how_long_ago_the_home_held_what_the_mirror_holds() -
     assert held_since(history, [6, 3]) == 11.0
     assert held_since(history, [0, 0]) == 10.0
     assert held_since([(10.0, [4])], [1]) == 10.0  # behind the oldest: counted from it
+
+
+class _Marks:
+    """What LagSampler reads: the topics, the mirror pairs and each site's high watermarks."""
+
+    def __init__(self) -> None:
+        self.sc = SimpleNamespace(topics=[SimpleNamespace(name="t", home="h")])
+        self.hwms: dict[tuple[str, str], list[int]] = {}
+
+    def pairs(self) -> list[tuple[str, str, str]]:
+        return [("t", "h", "r")]
+
+    def hwm(self, region: str, topic: str) -> list[int] | None:
+        return self.hwms.get((region, topic))
+
+
+def test_a_restored_mirror_replaying_history_lags_from_what_the_region_held(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    marks = _Marks()
+    sampler = LagSampler(marks)  # type: ignore[arg-type]
+    clock = iter([100.0, 101.0, 102.0, 103.0, 104.0])
+    monkeypatch.setattr("edgegw_cli.scenario.time.monotonic", lambda: next(clock))
+
+    def at(home: int, mirror: int) -> None:
+        marks.hwms = {("h", "t"): [home], ("r", "h.t"): [mirror]}
+        sampler.sample()
+
+    at(10, 10)  # t=100: caught up
+    at(20, 20)  # t=101: caught up
+    at(30, 5)  # t=102: a restored gateway replays from the start: held 20 at t=101
+    at(40, 25)  # t=103: past what the region held; the home held 25 no later than t=101
+    at(50, 50)  # t=104: caught up
+    figures = sampler.figures()["r:h.t"]
+    assert sorted(sampler.samples["r:h.t"]) == [0.0, 0.0, 0.0, 1.0, 2.0]
+    assert figures["max_s"] == 2.0
+    # The replay's own lag: 5 is older than the oldest round (t=100, counted from it).
+    assert figures["replay_max_s"] == 2.0
 
 
 def test_region_budget_and_clock_skew() -> None:
