@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -136,3 +140,62 @@ def test_a_reader_from_before_nulls_refuses_the_manifest(
     monkeypatch.setattr(fmanifest, "_VERSIONS", (1, 2, 3))
     with pytest.raises(CorruptData, match="unsupported manifest version 4"):
         Manifest.decode(data, where="m")
+
+
+OLD_READER = """
+import sys
+from edge_gateway.errors import CorruptData, UnsupportedFormat
+from edge_gateway.format.batch import decode_batch
+from edge_gateway.format.logobject import decode_header
+from edge_gateway.format.manifest import Manifest
+obj, manifest, batch = sys.stdin.buffer.read().split(b"\\0SPLIT\\0")
+for what, read in (
+    ("object", lambda: decode_header(obj, where="k")),
+    ("manifest", lambda: Manifest.decode(manifest, where="m")),
+    ("batch", lambda: decode_batch(batch)),
+):
+    try:
+        read()
+    except UnsupportedFormat as exc:
+        print(what, "unsupported:", exc.reason)
+    except CorruptData as exc:
+        print(what, "corrupt:", exc.reason)
+    else:
+        print(what, "decoded")
+"""
+
+#: The last commit whose readers knew no nulls (this branch's base, 2026-11-26).
+BEFORE_NULLS = "4926e61fd99b2fd32ddcd380c911c4eaed7c191f"
+
+
+def test_the_reader_before_nulls_refuses_them_as_unknown_formats(tmp_path: Path) -> None:
+    """The code before nulls (this repository at that commit) refuses the object as an
+    unknown format (UnsupportedFormat: a mirror stops and waits for an upgrade instead
+    of setting the object aside) and the manifest as an unknown version."""
+    root = Path(__file__).resolve().parents[2]
+    old = tmp_path / "old"
+    done = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", BEFORE_NULLS, "edge_gateway"],
+        capture_output=True,
+        check=False,
+        timeout=60,
+    )
+    if done.returncode != 0:  # a copy of the sources without their history
+        pytest.skip(f"no git history here to take the old reader from: {done.stderr!r}")
+    old.mkdir()
+    subprocess.run(["tar", "-x", "-C", str(old)], input=done.stdout, check=True, timeout=60)
+    assert "FLAG_NULLS" not in (old / "edge_gateway/format/batch.py").read_text()
+    obj = _objects(True)
+    data = b"\0SPLIT\0".join([obj, _manifest(obj).encode(), encode_records(NULL_RECORDS)])
+    out = subprocess.run(
+        [sys.executable, "-c", OLD_READER],
+        input=data,
+        capture_output=True,
+        env={**os.environ, "PYTHONPATH": str(old)},
+        cwd=old,
+        timeout=60,
+        check=True,
+    ).stdout.decode()
+    assert "object unsupported: unknown flags 0x04" in out, out
+    assert "manifest corrupt: unsupported manifest version 4" in out, out
+    assert "batch corrupt: unknown flags 0x07" in out, out  # KEYS | HEADERS | NULLS
