@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import socket
 import ssl as ssl_module
 import time
@@ -130,7 +131,7 @@ def _http_records(gw: KafkaGateway, topic: str) -> dict[tuple[int, int], tuple[A
     return out
 
 
-@pytest.mark.parametrize("compression", ["none", "gzip", "lz4", "zstd"])
+@pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
 def test_confluent_round_trip(tmp_path: Path, compression: str) -> None:
     records = _records()
     with kafka_gateway(tmp_path, topics=TOPICS) as gw:
@@ -464,10 +465,15 @@ def test_nulls_stored_with_the_legacy_marker_still_fetch_as_nulls(tmp_path: Path
         assert reports[0][0] is not None
 
 
-def test_snappy_is_refused_with_unsupported_compression_type(tmp_path: Path) -> None:
+def test_snappy_without_cramjam_is_unsupported_compression_type(tmp_path: Path) -> None:
+    """Without the kafka extra's cramjam, snappy is refused as before (no record stored)."""
     from confluent_kafka import KafkaError
 
-    with kafka_gateway(tmp_path, topics=TOPICS) as gw:
+    hide = tmp_path / "hide"
+    hide.mkdir()
+    (hide / "cramjam.py").write_text('raise ImportError("cramjam hidden by the test")\n')
+    pythonpath = os.pathsep.join([str(hide), os.environ.get("PYTHONPATH", "")])
+    with kafka_gateway(tmp_path, topics=TOPICS, env={"PYTHONPATH": pythonpath}) as gw:
         reports = _produce_confluent(
             gw, "events", [(0, None, b"x" * 100, [])], **{"compression.type": "snappy"}
         )
