@@ -202,11 +202,11 @@ def _text_or_b64(data: Bytesish, field: str, doc: dict[str, Any]) -> None:
         doc[f"{field}_b64"] = base64.b64encode(raw).decode("ascii")
 
 
-def _headers_doc(headers: Iterable[tuple[str, Bytesish | str]], doc: dict[str, Any]) -> None:
-    text: dict[str, str] = {}
+def _headers_doc(headers: Iterable[tuple[str, Bytesish | str | None]], doc: dict[str, Any]) -> None:
+    text: dict[str, str | None] = {}
     binary: dict[str, str] = {}
     for name, value in headers:
-        if isinstance(value, str):
+        if value is None or isinstance(value, str):  # None: a null header value
             text[name] = value
             continue
         raw = bytes(value)
@@ -224,7 +224,7 @@ def _record_doc(
     item: RecordLike,
     key: Bytesish | str | None,
     partition: int | None,
-    headers: Iterable[tuple[str, Bytesish | str]] | None,
+    headers: Iterable[tuple[str, Bytesish | str | None]] | None,
     timestamp: int | None,
 ) -> dict[str, Any]:
     doc: dict[str, Any]
@@ -238,7 +238,7 @@ def _record_doc(
     elif hasattr(item, "value"):
         doc = {}
         value = item.value
-        if isinstance(value, str):
+        if value is None or isinstance(value, str):  # None: a null value (a tombstone)
             doc["value"] = value
         else:
             _text_or_b64(value, "value", doc)
@@ -270,7 +270,7 @@ def _record_docs(
     records: Iterable[RecordLike] | RecordLike,
     key: Bytesish | str | None,
     partition: int | None,
-    headers: Iterable[tuple[str, Bytesish | str]] | None,
+    headers: Iterable[tuple[str, Bytesish | str | None]] | None,
     timestamp: int | None,
 ) -> list[dict[str, Any]]:
     if isinstance(records, str | bytes | bytearray | memoryview | Mapping) or hasattr(
@@ -285,7 +285,7 @@ def _produce_call(
     records: Iterable[RecordLike] | RecordLike,
     key: Bytesish | str | None,
     partition: int | None,
-    headers: Iterable[tuple[str, Bytesish | str]] | None,
+    headers: Iterable[tuple[str, Bytesish | str | None]] | None,
     timestamp: int | None,
     ack: Ack,
 ) -> _Call:
@@ -663,14 +663,17 @@ def _fetched(response: _Reply, topic: str, partition: int, offset: int) -> Fetch
     doc = response.json()
     out = []
     for r in doc["records"]:
-        headers = [(k, v.encode("utf-8")) for k, v in (r.get("headers") or {}).items()]
+        headers: list[tuple[str, bytes | None]] = [
+            (k, None if v is None else v.encode("utf-8"))
+            for k, v in (r.get("headers") or {}).items()
+        ]
         headers += [(k, base64.b64decode(v)) for k, v in (r.get("headers_b64") or {}).items()]
         out.append(
             Record(
                 r["offset"],
                 r["timestamp"],
                 _bytes_of(r, "key"),
-                _bytes_of(r, "value") or b"",
+                _bytes_of(r, "value"),  # None: a null value
                 tuple(headers),
             )
         )
@@ -959,7 +962,7 @@ class Client:
         *,
         key: Bytesish | str | None = None,
         partition: int | None = None,
-        headers: Iterable[tuple[str, Bytesish | str]] | None = None,
+        headers: Iterable[tuple[str, Bytesish | str | None]] | None = None,
         timestamp: int | None = None,
         ack: Ack = "local",
     ) -> ProduceResponse:
@@ -1195,7 +1198,7 @@ class AsyncClient:
         *,
         key: Bytesish | str | None = None,
         partition: int | None = None,
-        headers: Iterable[tuple[str, Bytesish | str]] | None = None,
+        headers: Iterable[tuple[str, Bytesish | str | None]] | None = None,
         timestamp: int | None = None,
         ack: Ack = "local",
     ) -> ProduceResponse:

@@ -110,7 +110,7 @@ _BATCH_LENGTH_COUNT = struct.Struct("<I16xI")
 class ProduceRecord:
     """One record to produce. ``partition`` None: by key hash, or round robin if no key."""
 
-    value: bytes
+    value: bytes | None
     key: bytes | None = None
     headers: Headers = ()
     timestamp: int | None = None

@@ -53,6 +53,14 @@ SEEDS = [
             Record(7, 999, b"", b"\xff", (("", b""), ("\u00e9", b"yz"))),
         ]
     ),
+    # NULLS: a null value (length -1) and a null header value (length 0xFFFFFFFF)
+    encode_batch([None, b"v", None], timestamps=[3, 1, 2]),
+    encode_records(
+        [
+            Record(0, 5, b"k", None, (("h", None), ("g", b"x"))),
+            Record(1, 6, None, b"", (("n", None),)),
+        ]
+    ),
 ]
 
 

@@ -27,6 +27,7 @@ import struct
 import sys
 from pathlib import Path
 
+import cramjam
 import zstandard
 
 from edge_gateway._crc import crc32c
@@ -52,7 +53,19 @@ _RECORDS = [
 def _compressed(codec: int, data: bytes) -> bytes:
     """``data`` (one uncompressed batch) with its records compressed by ``codec``."""
     head, body = bytearray(data[:61]), data[61:]
-    body = gzip.compress(body) if codec == 1 else zstandard.ZstdCompressor().compress(body)
+    if codec == 1:
+        body = gzip.compress(body)
+    elif codec == 2:  # raw snappy (librdkafka)
+        body = bytes(cramjam.snappy.compress_raw(body))
+    elif codec == 0x102:  # xerial-framed snappy (the Java client), blocks of 16 bytes
+        blocks = [
+            bytes(cramjam.snappy.compress_raw(body[i : i + 16])) for i in range(0, len(body), 16)
+        ]
+        body = b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+        body += b"".join(struct.pack(">I", len(b)) + b for b in blocks)
+        codec = 2
+    else:
+        body = zstandard.ZstdCompressor().compress(body)
     struct.pack_into(">i", head, 8, 49 + len(body))
     struct.pack_into(">h", head, 21, codec)
     struct.pack_into(">I", head, 17, crc32c(bytes(head[21:]) + body))
@@ -64,6 +77,8 @@ SEEDS = [
     encode_batch(7, _RECORDS[:1]) + encode_batch(8, _RECORDS[1:]),
     _compressed(1, encode_batch(0, _RECORDS)),
     _compressed(4, encode_batch(3, _RECORDS)),
+    _compressed(2, encode_batch(0, _RECORDS)),
+    _compressed(0x102, encode_batch(5, _RECORDS)),
 ]
 
 #: ApiVersions v3, Metadata v12, Produce v9 and Fetch v12 request frames (size prefix included).

@@ -72,7 +72,13 @@ def _seeds() -> list[bytes]:
             encode_records([Record(11, 9, None, b"w")]),
         ],
     )
+    b3 = LogObjectBuilder()  # FLAG_NULLS: a batch with a null value and a null header value
+    b3.add_batch(
+        "t", 0, encode_records([Record(0, 1, b"k", None, (("h", None),)), Record(1, 2, None, b"")])
+    )
     return [
+        b3.build("r1", 1, 7, 1, 2, 0),
+        b3.build("r1", 1, 7, 1, 2, 0, key=WriteKey("k1", _K1)),
         encode_fence("r1", 2, 7, 41, 1_700_000_000_000),
         b1.build("r1", 1, 7, 1, 2, 0),
         b1.build("r1", 1, 7, 1, 2, 0, level=-5),

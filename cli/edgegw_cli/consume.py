@@ -47,7 +47,9 @@ def _json_line(topic: str, partition: int, r: Record) -> str:
         for suffix, v in _text(data).items():
             doc[name + suffix] = v
     if r.headers:
-        doc["headers"] = {k: v.decode("utf-8", "replace") for k, v in r.headers}
+        doc["headers"] = {  # a null header value prints as null
+            k: None if v is None else v.decode("utf-8", "replace") for k, v in r.headers
+        }
     return json.dumps(doc, ensure_ascii=False)
 
 
@@ -117,7 +119,10 @@ def consume(
                         if max_records is not None and printed >= max_records:
                             break
                         out.write(
-                            r.value + b"\n" if raw else _json_line(topic, p, r).encode() + b"\n"
+                            # --raw: a null value (a tombstone) prints as an empty line
+                            (r.value or b"") + b"\n"
+                            if raw
+                            else _json_line(topic, p, r).encode() + b"\n"
                         )
                         printed += 1
                         pos[p] = r.offset + 1

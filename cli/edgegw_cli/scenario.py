@@ -973,7 +973,7 @@ def journal_values(journal_dir: Path, topic: str) -> dict[tuple[int, int], str]:
             while entries := j.read(t, part, offset):
                 for e in entries:
                     for rec in decode_batch(e.payload, where=str(journal_dir)).records(offset):
-                        out[(part, rec.offset)] = rec.value.decode("utf-8", "replace")
+                        out[(part, rec.offset)] = (rec.value or b"").decode("utf-8", "replace")
                     offset = max(offset, e.next_offset)
     finally:
         j.close_sync()

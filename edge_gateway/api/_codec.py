@@ -145,16 +145,18 @@ def _object(value: object, where: str) -> dict[str, Any]:
 
 
 def _headers(
-    doc: dict[str, Any], i: int, field: str, decode: bool, out: list[tuple[str, bytes]]
+    doc: dict[str, Any], i: int, field: str, decode: bool, out: list[tuple[str, bytes | None]]
 ) -> None:
     where = f"records[{i}].{field}"
     for name, value in _object(doc[field], where).items():
-        if decode:
+        if value is None:  # a null header value (Kafka has them)
+            out.append((name, None))
+        elif decode:
             out.append((name, _b64(value, f"{where}.{name}")))
         elif isinstance(value, str):
             out.append((name, _utf8(value, f"{where}.{name}")))
         else:
-            raise InvalidInput(f"{where}.{name}: header values must be strings")
+            raise InvalidInput(f"{where}.{name}: header values must be strings or null")
 
 
 def _record(doc: object, i: int) -> ProduceRecord:
@@ -168,14 +170,19 @@ def _record(doc: object, i: int) -> ProduceRecord:
         raise InvalidInput(
             f"records[{i}]: unknown fields {sorted(unknown)}; known: {sorted(_RECORD_FIELDS)}"
         )
+    value: bytes | None
     if "value_b64" in r:
         if "value" in r:
             raise InvalidInput(f"records[{i}]: give value or value_b64, not both")
-        value = _b64(r["value_b64"], f"records[{i}].value_b64")
+        vb = r["value_b64"]
+        value = None if vb is None else _b64(vb, f"records[{i}].value_b64")
     elif "value" in r:
         v = r["value"]
         where = f"records[{i}].value"
-        value = _utf8(v, where) if isinstance(v, str) else _compact_json(v, where)
+        if v is None:  # a null value (a Kafka tombstone), not the text "null"
+            value = None
+        else:
+            value = _utf8(v, where) if isinstance(v, str) else _compact_json(v, where)
     else:
         raise InvalidInput(f"records[{i}]: value or value_b64 is required")
     key: bytes | None = None
@@ -188,7 +195,7 @@ def _record(doc: object, i: int) -> ProduceRecord:
         if not isinstance(k, str):
             raise InvalidInput(f"records[{i}].key: must be a string or null")
         key = _utf8(k, f"records[{i}].key")
-    headers: list[tuple[str, bytes]] = []
+    headers: list[tuple[str, bytes | None]] = []
     if r.get("headers") is not None:
         _headers(r, i, "headers", False, headers)
     if r.get("headers_b64") is not None:
@@ -256,7 +263,11 @@ def _text_or_b64(data: bytes | None) -> tuple[str | None, str | None]:
 
 
 def record_json(r: Record) -> dict[str, Any]:
-    """A fetched record as JSON: text as ``value``/``key``, other bytes as ``*_b64``."""
+    """A fetched record as JSON: text as ``value``/``key``, other bytes as ``*_b64``.
+
+    A null value has both ``value`` and ``value_b64`` null (an empty value is
+    ``""``); a null header value is null under ``headers``.
+    """
     key, key_b64 = _text_or_b64(r.key)
     value, value_b64 = _text_or_b64(r.value)
     out: dict[str, Any] = {
@@ -269,11 +280,11 @@ def record_json(r: Record) -> dict[str, Any]:
         "headers": {},
     }
     if r.headers:
-        headers: dict[str, str] = {}
+        headers: dict[str, str | None] = {}
         binary: dict[str, str] = {}
         for name, raw in r.headers:
             text, b64 = _text_or_b64(raw)
-            if text is not None:
+            if raw is None or text is not None:
                 headers[name] = text
             else:
                 binary[name] = b64 or ""

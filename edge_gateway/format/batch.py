@@ -9,7 +9,7 @@ specification is in ``docs/format.md`` ("Record batch"); the short form::
     offset size field
     0      4    length          u32 total bytes of the batch, header included
     4      1    version         u8 = 1
-    5      1    flags           u8 bit0 KEYS, bit1 HEADERS; other bits must be 0
+    5      1    flags           u8 bit0 KEYS, bit1 HEADERS, bit2 NULLS; others must be 0
     6      2    reserved        u16 = 0
     8      8    base_offset     i64 offset of the first record (not under the CRC)
     16     4    crc             u32 CRC32C of bytes [4, 8) ++ [20, length)
@@ -19,7 +19,7 @@ specification is in ``docs/format.md`` ("Record batch"); the short form::
     40          columns, little-endian, no padding:
                 timestamps      count x i64
                 key_lengths     count x i32 (-1 = null key)        if KEYS
-                value_lengths   count x i32
+                value_lengths   count x i32 (-1 = null value: only under NULLS)
                 header_lengths  count x i32 (bytes of header blob) if HEADERS
                 key bytes, value bytes, header blobs (each concatenated)
 
@@ -33,6 +33,13 @@ columns add up to. The flags must be under the CRC: flipping KEYS<->HEADERS
 keeps the column count, and with no null keys the column arithmetic still adds
 up, so only the CRC tells such a batch from a different, valid one. Every
 container (journal entry, log-object block) has a CRC of its own over all of it.
+
+NULLS (a Kafka tombstone, a Kafka null header value) lets a value length be -1
+(a null value, no bytes) and a header value length be 0xFFFFFFFF (a null header
+value, no bytes). The encoder sets it only for a batch that holds a null, so a
+batch without one is byte for byte what a reader from before NULLS wrote and
+reads; such a reader refuses a NULLS batch ("unknown flags 0x04"), which is why
+a log object carrying one says so in its own header (``logobject.FLAG_NULLS``).
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ from edge_gateway.errors import CorruptData, InvalidInput
 VERSION: Final = 1
 FLAG_KEYS: Final = 0x01
 FLAG_HEADERS: Final = 0x02
-_KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS
+#: A value may be null (length -1), a header value too (length 0xFFFFFFFF).
+FLAG_NULLS: Final = 0x04
+_KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS | FLAG_NULLS
 
 _HEADER = struct.Struct("<IBBHqIIqq")
 HEADER_SIZE: Final = _HEADER.size  # 40
@@ -73,8 +82,12 @@ _I64_MAX: Final = 2**63 - 1
 _BIG_ENDIAN: Final = sys.byteorder == "big"
 _HEADER_ENTRY = struct.Struct("<H")
 _HEADER_VALUE = struct.Struct("<I")
+#: A header value length meaning "null" (under FLAG_NULLS).
+_NULL_HEADER_VALUE: Final = 0xFFFFFFFF
 
-Headers = Sequence[tuple[str, bytes]]
+Headers = Sequence[tuple[str, bytes | None]]
+#: A record's headers as decoded: a value is None only in a NULLS batch.
+HeaderTuple = tuple[tuple[str, bytes | None], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +97,9 @@ class Record:
     offset: int
     timestamp: int
     key: bytes | None
-    value: bytes
-    headers: tuple[tuple[str, bytes], ...] = ()
+    #: None: a null value (a Kafka tombstone), distinct from an empty one.
+    value: bytes | None
+    headers: HeaderTuple = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,26 +138,32 @@ def _from_le(typecode: str, data: bytes | memoryview) -> array[int]:
     return arr
 
 
-def _encode_header_blob(headers: Headers) -> bytes:
+def _encode_header_blob(headers: Headers, nulls: list[bool]) -> bytes:
     parts: list[bytes] = []
     for pair in headers:
         if not isinstance(pair, tuple | list) or len(pair) != 2:
             raise InvalidInput("record headers must be (str, bytes) pairs")
         name, value = pair
-        if not isinstance(name, str) or not isinstance(value, bytes | bytearray):
-            raise InvalidInput("record headers must be (str, bytes) pairs")
+        if value is None and isinstance(name, str):
+            nulls.append(True)
+            value_len = _HEADER_VALUE.pack(_NULL_HEADER_VALUE)
+            value = b""
+        elif not isinstance(name, str) or not isinstance(value, bytes | bytearray):
+            raise InvalidInput("record headers must be (str, bytes | None) pairs")
+        else:
+            value_len = _HEADER_VALUE.pack(len(value))
         try:
             raw = name.encode("utf-8")
         except UnicodeEncodeError as exc:
             raise InvalidInput("a record header name is not encodable as UTF-8") from exc
         if len(raw) > 0xFFFF:
             raise InvalidInput("a record header name is longer than 65535 bytes")
-        parts += (_HEADER_ENTRY.pack(len(raw)), raw, _HEADER_VALUE.pack(len(value)), value)
+        parts += (_HEADER_ENTRY.pack(len(raw)), raw, value_len, value)
     return b"".join(parts)
 
 
 def encode_batch(
-    values: Sequence[bytes],
+    values: Sequence[bytes | None],
     *,
     keys: Sequence[bytes | None] | None = None,
     timestamps: Sequence[int] | int,
@@ -154,7 +174,8 @@ def encode_batch(
 
     ``values[i]``, ``keys[i]``, ``timestamps[i]`` and ``headers[i]`` describe
     record ``i``. ``timestamps`` may be one int shared by all records. Keys
-    and headers are optional columns: omitted, they cost nothing.
+    and headers are optional columns: omitted, they cost nothing. A value or
+    a header value may be None (null): the batch then has the NULLS flag.
     """
     # Written for whole batches of thousands of records: every column is
     # built by one C-level call (map/join/array), the CRC is computed piece
@@ -162,12 +183,20 @@ def encode_batch(
     count = len(values)
     if count == 0:
         raise InvalidInput("a batch holds at least one record")
+    flags = 0
     try:
         # array() from a list is faster than from an iterator (it sizes once)
-        value_lengths = array("i", list(map(len, values)))
-        value_data = b"".join(values)
-    except TypeError as exc:
-        raise InvalidInput("record values must be bytes") from exc
+        value_lengths = array("i", list(map(len, values)))  # type: ignore[arg-type]
+        value_data = b"".join(values)  # type: ignore[arg-type]  # TypeError on a null value
+    except TypeError:
+        try:
+            value_lengths = array("i", [-1 if v is None else len(v) for v in values])
+            value_data = b"".join([v for v in values if v is not None])
+        except TypeError as exc:
+            raise InvalidInput("record values must be bytes or None") from exc
+        except OverflowError as exc:
+            raise InvalidInput("a record value is larger than 2 GiB") from exc
+        flags |= FLAG_NULLS
     except OverflowError as exc:
         raise InvalidInput("a record value is larger than 2 GiB") from exc
 
@@ -186,7 +215,6 @@ def encode_batch(
         # min/max of the caller's ints: no int objects are created for them
         min_ts, max_ts = int(min(timestamps)), int(max(timestamps))
 
-    flags = 0
     columns = [_le(ts)]
     tail = [value_data]
     if keys is not None:
@@ -210,8 +238,9 @@ def encode_batch(
     if headers is not None and len(headers) != count:
         raise InvalidInput(f"{len(headers)} header lists for {count} records")
     if headers is not None and any(headers):
-        blobs = [_encode_header_blob(h) if h else b"" for h in headers]
-        flags |= FLAG_HEADERS
+        null_headers: list[bool] = []
+        blobs = [_encode_header_blob(h, null_headers) if h else b"" for h in headers]
+        flags |= FLAG_HEADERS | (FLAG_NULLS if null_headers else 0)
         columns.append(_le(array("i", list(map(len, blobs)))))
         tail.append(b"".join(blobs))
 
@@ -241,7 +270,7 @@ _PREFIX_CRC: Final = {
 
 
 def encode_record(
-    value: bytes,
+    value: bytes | None,
     *,
     timestamp: int,
     key: bytes | None = None,
@@ -366,7 +395,7 @@ class RecordBatch:
         key_start: int,
         value_lengths: array[int],
         value_start: int,
-        headers: list[tuple[tuple[str, bytes], ...]] | None,
+        headers: list[HeaderTuple] | None,
     ) -> None:
         # Keys and values are checked by decode_batch but split into bytes
         # objects only when asked for: a reader that forwards whole batches
@@ -379,7 +408,7 @@ class RecordBatch:
         self._value_lengths = value_lengths
         self._value_start = value_start
         self._keys: list[bytes | None] | None = None
-        self._values: list[bytes] | None = None
+        self._values: list[bytes | None] | None = None
         self._headers = headers
 
     @property
@@ -395,9 +424,13 @@ class RecordBatch:
         return self.header.next_offset
 
     @property
-    def values(self) -> list[bytes]:
+    def values(self) -> list[bytes | None]:
         if self._values is None:
-            self._values = _split(self.raw, self._value_lengths, self._value_start)
+            lengths = self._value_lengths
+            if self.header.flags & FLAG_NULLS and -1 in lengths:
+                self._values = _split_nullable(self.raw, lengths, self._value_start)
+            else:
+                self._values = list(_split(self.raw, lengths, self._value_start))
         return self._values
 
     @property
@@ -405,17 +438,11 @@ class RecordBatch:
         if self._key_lengths is None:
             return [None] * self.count
         if self._keys is None:
-            lengths = self._key_lengths
-            present = array("i", [max(k, 0) for k in lengths])
-            keys: list[bytes | None] = list(_split(self.raw, present, self._key_start))
-            for i, k in enumerate(lengths):
-                if k < 0:
-                    keys[i] = None
-            self._keys = keys
+            self._keys = _split_nullable(self.raw, self._key_lengths, self._key_start)
         return self._keys
 
     @property
-    def headers(self) -> list[tuple[tuple[str, bytes], ...]]:
+    def headers(self) -> list[HeaderTuple]:
         return self._headers if self._headers is not None else [()] * self.count
 
     def records(self, start_offset: int | None = None) -> list[Record]:
@@ -435,8 +462,8 @@ class RecordBatch:
         return f"RecordBatch(base_offset={self.base_offset}, count={self.count})"
 
 
-def _decode_header_blob(blob: bytes, where: str) -> tuple[tuple[str, bytes], ...]:
-    out: list[tuple[str, bytes]] = []
+def _decode_header_blob(blob: bytes, where: str, nulls: bool) -> HeaderTuple:
+    out: list[tuple[str, bytes | None]] = []
     pos, end = 0, len(blob)
     while pos < end:
         if pos + 2 > end:
@@ -452,6 +479,9 @@ def _decode_header_blob(blob: bytes, where: str) -> tuple[tuple[str, bytes], ...
         pos += nlen
         (vlen,) = _HEADER_VALUE.unpack_from(blob, pos)
         pos += 4
+        if vlen == _NULL_HEADER_VALUE and nulls:
+            out.append((name, None))
+            continue
         if pos + vlen > end:
             raise CorruptData("record header value overruns its blob", where=where)
         out.append((name, blob[pos : pos + vlen]))
@@ -462,6 +492,16 @@ def _decode_header_blob(blob: bytes, where: str) -> tuple[tuple[str, bytes], ...
 def _split(data: bytes, lengths: array[int], start: int) -> list[bytes]:
     ends = list(accumulate(lengths, initial=start))
     return [data[a:b] for a, b in pairwise(ends)]
+
+
+def _split_nullable(data: bytes, lengths: array[int], start: int) -> list[bytes | None]:
+    """Like :func:`_split`, a length of -1 giving None (and no bytes)."""
+    present = array("i", [max(n, 0) for n in lengths])
+    out: list[bytes | None] = list(_split(data, present, start))
+    for i, n in enumerate(lengths):
+        if n < 0:
+            out[i] = None
+    return out
 
 
 def decode_batch(
@@ -494,9 +534,13 @@ def decode_batch(
         header_lengths = _from_le("i", raw[cur : cur + 4 * n])
         cur += 4 * n
 
+    nulls = bool(h.flags & FLAG_NULLS)
+    null_values = 0
     if min(value_lengths) < 0:
-        raise CorruptData("negative value length", where=where)
-    data_len = sum(value_lengths)
+        if not nulls or min(value_lengths) < -1:
+            raise CorruptData("negative value length", where=where)
+        null_values = value_lengths.count(-1)
+    data_len = sum(value_lengths) + null_values
     if key_lengths is not None:
         if min(key_lengths) < -1:
             raise CorruptData("key length below -1", where=where)
@@ -516,11 +560,12 @@ def decode_batch(
     if key_lengths is not None:
         cur += sum(key_lengths) + key_lengths.count(-1)
     value_start = cur
-    cur += sum(value_lengths)
+    cur += sum(value_lengths) + null_values
     headers = None
     if header_lengths is not None:
         headers = [
-            _decode_header_blob(b, where) if b else () for b in _split(raw, header_lengths, cur)
+            _decode_header_blob(b, where, nulls) if b else ()
+            for b in _split(raw, header_lengths, cur)
         ]
     return RecordBatch(h, raw, ts, key_lengths, key_start, value_lengths, value_start, headers)
 

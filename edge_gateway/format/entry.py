@@ -417,7 +417,7 @@ def decode_data_entry(buf: bytes, pos: int = 0) -> Entry | None:
         and length <= MAX_ENTRY_BYTES
         and length <= avail
         and ver == _batch.VERSION
-        and not bflags & ~3
+        and not bflags & ~7  # KEYS, HEADERS, NULLS (batch.py)
         and not reserved
         and bbase == base
         and bcount == count

@@ -196,15 +196,69 @@ def _decompress(codec: int, data: bytes | memoryview, max_bytes: int, where: str
             if not dec.eof:
                 raise CorruptData("truncated lz4 frame", where=where)
             return bytes(out)
+        if codec == COMPRESSION_SNAPPY:
+            return _unsnappy(data, max_bytes, where)
     except (CorruptData, UnsupportedCompression):
         raise
     except (zlib.error, zstandard.ZstdError, RuntimeError, ValueError, OSError) as exc:
         # lz4.frame raises RuntimeError for a bad frame.
         raise CorruptData(f"{name} records do not decompress: {exc}", where=where) from None
     raise UnsupportedCompression(
-        f"{name or f'codec {codec}'} compression is not supported (none, gzip, lz4, zstd are)",
+        f"{name or f'codec {codec}'} compression is not supported "
+        "(none, gzip, snappy, lz4, zstd are)",
         name or str(codec),
     )
+
+
+#: Java clients (snappy-java's SnappyOutputStream) frame snappy: this magic, a
+#: big-endian i32 version and i32 compatible version, then blocks of a
+#: big-endian u32 length and that many bytes of raw snappy.
+_XERIAL_MAGIC: Final = b"\x82SNAPPY\x00"
+_XERIAL_HEADER: Final = 16
+_XERIAL_BLOCK = struct.Struct(">I")
+
+
+def _unsnappy(data: bytes | memoryview, max_bytes: int, where: str) -> bytes:
+    """Raw snappy (librdkafka, kafka-python) or xerial-framed snappy (the Java client).
+
+    Every raw block states its uncompressed length up front: that is checked
+    against ``max_bytes`` before anything is allocated.
+    """
+    try:
+        import cramjam
+    except ImportError:
+        raise UnsupportedCompression(
+            "snappy-compressed batch: install the kafka extra (pip install 'edgegw[kafka]')",
+            "snappy",
+        ) from None
+    raw = bytes(data)
+    blocks: list[bytes] = []
+    if raw.startswith(_XERIAL_MAGIC):
+        if len(raw) < _XERIAL_HEADER:
+            raise CorruptData("truncated xerial snappy header", where=where)
+        pos = _XERIAL_HEADER
+        while pos < len(raw):
+            if pos + 4 > len(raw):
+                raise CorruptData("truncated xerial snappy block length", where=where)
+            (n,) = _XERIAL_BLOCK.unpack_from(raw, pos)
+            pos += 4
+            if pos + n > len(raw):
+                raise CorruptData("a xerial snappy block overruns the records", where=where)
+            blocks.append(raw[pos : pos + n])
+            pos += n
+    else:
+        blocks.append(raw)
+    out: list[bytes] = []
+    total = 0
+    try:
+        for block in blocks:
+            total += cramjam.snappy.decompress_raw_len(block)
+            if total > max_bytes:
+                raise CorruptData(f"snappy records exceed {max_bytes} bytes", where=where)
+            out.append(bytes(cramjam.snappy.decompress_raw(block)))
+    except cramjam.DecompressionError as exc:
+        raise CorruptData(f"snappy records do not decompress: {exc}", where=where) from None
+    return out[0] if len(out) == 1 else b"".join(out)
 
 
 def _bytes_field(

@@ -9,7 +9,7 @@ form (little-endian, CRC-32C)::
     offset size field
     0      4    magic           "EGWL"
     4      1    version         u8 = 1
-    5      1    flags           u8 bit0 FENCE (no blocks); other bits must be 0
+    5      1    flags           u8 bit0 FENCE (no blocks), bit1 ENCRYPTED, bit2 NULLS
     6      2    reserved        u16 = 0
     8      4    header_length   u32 bytes of the header, its CRC included
     12     8    epoch           u64 writer's epoch
@@ -62,6 +62,12 @@ tag(16)``, sealed under a key derived for the object from
 and the AEAD: :mod:`edge_gateway.format.crypt`). A reader from before
 encryption refuses the flag ("unknown flags 0x02").
 
+An object with a block holding a record batch with null values or null header
+values (the batch's NULLS flag, ``batch.py``) sets flag bit 2
+(:data:`FLAG_NULLS`); a reader from before nulls refuses the object
+("unknown flags 0x04") as a format it does not know, and never reaches the
+batch it would take for a corrupt one. Objects without nulls keep flags 0.
+
 The index comes first because the shipper builds the whole object before its
 one PUT: a reader GETs the first :data:`FIRST_GET_BYTES` (the index, and all of
 a small object), asks :func:`header_length_hint` whether the header is longer,
@@ -105,7 +111,9 @@ MAX_LANE: Final = 255
 FLAG_FENCE: Final = 0x01
 #: The blocks are sealed with AES-256-GCM; a key id follows the region (and lane table).
 FLAG_ENCRYPTED: Final = 0x02
-_KNOWN_FLAGS: Final = FLAG_FENCE | FLAG_ENCRYPTED
+#: A block holds a batch with the NULLS flag (null values or null header values).
+FLAG_NULLS: Final = 0x04
+_KNOWN_FLAGS: Final = FLAG_FENCE | FLAG_ENCRYPTED | FLAG_NULLS
 #: Bytes an encrypted block adds to its payload: a 96-bit nonce and a 128-bit tag.
 SEAL_OVERHEAD: Final = 12 + 16
 #: Longest key id (bytes of ``[A-Za-z0-9._-]``).
@@ -262,6 +270,10 @@ class LogObjectHeader:
         return bool(self.flags & FLAG_ENCRYPTED)
 
     @property
+    def has_nulls(self) -> bool:
+        return bool(self.flags & FLAG_NULLS)
+
+    @property
     def total_length(self) -> int:
         """Size of the whole object: the end of the last block, or the header alone."""
         return self.blocks[-1].end if self.blocks else self.header_length
@@ -403,6 +415,8 @@ def validate_header(header: LogObjectHeader, *, where: str) -> None:
             raise CorruptData("an encrypted entry has blocks (a fence never is)", where=where)
     elif h.key_id is not None:
         raise CorruptData("a key id without the ENCRYPTED flag", where=where)
+    if h.has_nulls and not h.blocks:
+        raise CorruptData("an entry with the NULLS flag has blocks", where=where)
     overhead = SEAL_OVERHEAD if h.is_encrypted else 0
     empty = h.first_lsn > h.last_lsn and all(r.is_empty for r in h.lanes)
     if h.blocks and empty:
@@ -844,6 +858,7 @@ class LogObjectBuilder:
         self._raw_bytes = 0
         self._batch_count = 0
         self._record_count = 0
+        self._nulls = False
 
     @property
     def raw_bytes(self) -> int:
@@ -926,6 +941,8 @@ class LogObjectBuilder:
         self._raw_bytes += sum(len(d) for d, _ in checked)
         self._batch_count += len(checked)
         self._record_count += sum(h.count for _, h in checked)
+        if any(h.flags & _batch.FLAG_NULLS for _, h in checked):
+            self._nulls = True
 
     def build(
         self,
@@ -954,6 +971,8 @@ class LogObjectBuilder:
         lanes' ranges, ascending lane ids) makes it a version 2 object. Without
         ``lanes`` the object is version 1, as every older writer built it.
         ``gaps`` (offsets a drop-oldest lane dropped) makes it version 3.
+
+        A batch with null values (``batch.FLAG_NULLS``) sets :data:`FLAG_NULLS`.
 
         ``key`` (the region's write key, :class:`~edge_gateway.format.crypt.WriteKey`)
         seals every block with AES-256-GCM after compression and sets
@@ -1032,7 +1051,7 @@ class LogObjectBuilder:
                 pos += len(packed)
         header = LogObjectHeader(
             lanes_version(lane_table, gap_table),
-            FLAG_ENCRYPTED if sealer is not None else 0,
+            (FLAG_ENCRYPTED if sealer is not None else 0) | (FLAG_NULLS if self._nulls else 0),
             hlen,
             epoch,
             seq,

@@ -30,6 +30,11 @@ Version 3 is written only when an entry is an encrypted log object: such an
 entry has the key ``"key_id"`` (its header's key id); a version 3 manifest
 may hold lane tables too, and one with no key id in any entry is refused.
 
+Version 4 is written only when an entry is a log object with the NULLS flag
+(it holds null values): such an entry has ``"nulls": true``, and may have
+every key of versions 2 and 3. A reader from before refuses it ("unsupported
+manifest version 4"), as it refuses the log object ("unknown flags 0x04").
+
 :meth:`Manifest.decode` applies every rule of the log object format to each
 entry (through :func:`~edge_gateway.format.logobject.validate_header`), and
 across entries: seqs contiguous from ``first_seq``, journal LSNs growing,
@@ -50,6 +55,7 @@ from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
 from edge_gateway.format.logobject import (
     FLAG_ENCRYPTED,
     FLAG_FENCE,
+    FLAG_NULLS,
     MAX_HEADER_BYTES,
     MAX_LANE,
     BlockIndex,
@@ -70,7 +76,9 @@ VERSION_LANES: Final = 2
 #: (``"key_id"``) and carry the log object's gap table (``"gaps"``).
 VERSION_KEYS: Final = 3
 VERSION_GAPS: Final = VERSION_KEYS
-_VERSIONS: Final = (VERSION, VERSION_LANES, VERSION_KEYS)
+#: The version whose entries may also be log objects with null values (``"nulls"``).
+VERSION_NULLS: Final = 4
+_VERSIONS: Final = (VERSION, VERSION_LANES, VERSION_KEYS, VERSION_NULLS)
 #: Most entries one manifest may cover.
 MAX_ENTRIES: Final = 100_000
 #: Largest manifest document a reader accepts.
@@ -139,6 +147,8 @@ class ManifestEntry:
     key_id: str | None = None
     #: The log object's gap table (version 3): offsets the source dropped unshipped.
     gaps: tuple[GapRange, ...] = ()
+    #: The log object has the NULLS flag (version 4): a batch holds null values.
+    nulls: bool = False
 
     @classmethod
     def from_header(cls, header: LogObjectHeader, size: int) -> ManifestEntry:
@@ -159,6 +169,7 @@ class ManifestEntry:
             header.lanes,
             header.key_id,
             header.gaps,
+            header.has_nulls,
         )
 
     def to_block_index(self) -> tuple[BlockIndex, ...]:
@@ -174,7 +185,9 @@ class ManifestEntry:
         """The log object header this entry summarises (``created_ms`` is not recorded)."""
         return LogObjectHeader(
             lanes_version(self.lanes, self.gaps),
-            (FLAG_FENCE if self.fence else 0) | (FLAG_ENCRYPTED if self.key_id is not None else 0),
+            (FLAG_FENCE if self.fence else 0)
+            | (FLAG_ENCRYPTED if self.key_id is not None else 0)
+            | (FLAG_NULLS if self.nulls else 0),
             self.header_length,
             self.epoch,
             self.seq,
@@ -224,6 +237,8 @@ class ManifestEntry:
                 [g.lane, g.topic, g.partition, g.first_offset, g.last_offset, g.records, g.bytes]
                 for g in self.gaps
             ]
+        if self.nulls:
+            doc["nulls"] = True
         return doc
 
 
@@ -357,9 +372,12 @@ class Manifest:
     def _to_doc(self) -> dict[str, Any]:
         lanes = any(e.lanes for e in self.entries)
         v3 = any(e.key_id is not None or e.gaps for e in self.entries)
+        v4 = any(e.nulls for e in self.entries)
         return {
             "format": FORMAT,
-            "version": VERSION_KEYS if v3 else VERSION_LANES if lanes else VERSION,
+            "version": (
+                VERSION_NULLS if v4 else VERSION_KEYS if v3 else VERSION_LANES if lanes else VERSION
+            ),
             "region": self.region,
             "epoch": self.epoch,
             "first_seq": self.first_seq,
@@ -539,18 +557,23 @@ def _parse(doc: object, where: str) -> Manifest:
     shipped: dict[tuple[str, int], int] = {}
     # lane -> last_lsn of the previous entry that listed the lane (lane 0: every entry)
     prev_lsns: dict[int, int] = {0: 0}
-    any_lanes = any_v3 = False
+    any_lanes = any_v3 = any_nulls = False
     for i, raw in enumerate(raw_entries):
         what = f"entries[{i}]"
         has_lanes = version >= VERSION_LANES and type(raw) is dict and "lanes" in raw
         has_key = version >= VERSION_KEYS and type(raw) is dict and "key_id" in raw
         has_gaps = version >= VERSION_GAPS and type(raw) is dict and "gaps" in raw
+        has_nulls = version >= VERSION_NULLS and type(raw) is dict and "nulls" in raw
         allowed = _LANE_ENTRY_KEYS if has_lanes else _ENTRY_KEYS
         if has_key:
             allowed = allowed | {"key_id"}
         if has_gaps:
             allowed = allowed | {"gaps"}
+        if has_nulls:
+            allowed = allowed | {"nulls"}
         e = _object(raw, allowed, what, where)
+        if has_nulls and e["nulls"] is not True:
+            _fail(f"{what}.nulls must be true (or absent), got {_show(e['nulls'])}", where)
         key_id: str | None = None
         if has_key:
             key_id = e["key_id"]
@@ -577,9 +600,11 @@ def _parse(doc: object, where: str) -> Manifest:
             _lanes(e["lanes"], f"{what}.lanes", where) if has_lanes else (),
             key_id,
             _gaps(e["gaps"], f"{what}.gaps", where) if has_gaps else (),
+            has_nulls,
         )
         any_lanes = any_lanes or has_lanes
         any_v3 = any_v3 or has_key or has_gaps
+        any_nulls = any_nulls or has_nulls
         header = entry.to_header(region)
         try:
             validate_header(header, where=where)
@@ -643,6 +668,8 @@ def _parse(doc: object, where: str) -> Manifest:
         next_offsets[key] = _int(triple[2], _I64_MIN, _NEXT_OFFSET_MAX, f"{what} offset", where)
     if version == VERSION_LANES and not any_lanes:
         _fail("a version 2 manifest with no lane table in any entry (write version 1)", where)
+    if version == VERSION_NULLS and not any_nulls:
+        _fail("a version 4 manifest with no entry of null values (write version 1, 2 or 3)", where)
     if version == VERSION_KEYS and not any_v3:
         _fail(
             "a version 3 manifest with neither a key id nor a gap table in any entry "

@@ -1098,7 +1098,7 @@ class Journal:
         if (
             length != n
             or version != 1
-            or flags & ~3
+            or flags & ~7
             or reserved
             or count < 1
             or min_ts > max_ts
@@ -1111,6 +1111,10 @@ class Journal:
             length += fentry.PRODUCER_TAIL_SIZE
             if self._active_version < 2:
                 self._roll_for_producers()
+        elif flags & 4 and self._active_version < 2:
+            # A batch with nulls (batch.FLAG_NULLS) only in a version 2
+            # segment, which a gateway from before nulls refuses as a whole.
+            self._roll_for_producers()
         seg = self._active
         if seg.size + length > self._roll_at or self._total_bytes + length > self._max_bytes:
             self._reserve(length)
@@ -1176,7 +1180,9 @@ class Journal:
 
     def _roll_for_producers(self) -> None:
         """Start a version 2 segment: the active one is an older gateway's version 1."""
-        log.info("journal %s: starting a version 2 segment for producer entries", self.path)
+        log.info(
+            "journal %s: starting a version 2 segment (producer entries, null values)", self.path
+        )
         try:
             if self._space.full_since is not None:
                 self._while_disk_full(0)
@@ -1262,6 +1268,8 @@ class Journal:
         t = self._topic(topic)
         p = t.partitions.get(partition) or self._new_partition(t, partition)
         h = self._check_mirrored(topic, partition, batch, p.next_offset, allow_gap)
+        if h.flags & fbatch.FLAG_NULLS and self._active_version < 2:
+            self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
         lsn = self._write(
             fentry.KIND_MIRROR,
             t.raw,
@@ -1386,6 +1394,7 @@ class Journal:
         planned: list[tuple[_Partition, bytes, int, int, int, memoryview, int]] = []
         expected: dict[tuple[str, int], int] = {}
         total = 0
+        nulls = False
         j = i
         while j < n:
             b = batches[j]
@@ -1411,12 +1420,15 @@ class Journal:
                 break
             total += size
             expected[key] = h.next_offset
+            nulls = nulls or bool(h.flags & fbatch.FLAG_NULLS)
             planned.append(
                 (p, head, size, h.base_offset, h.next_offset, memoryview(b.batch), h.count)
             )
             j += 1
         if not planned:
             return None, i
+        if nulls and self._active_version < 2:
+            self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
         self._reserve(total)  # may roll the segment: the LSNs move with it
         seg = self._active
         lsn0b = self._next_lsn

@@ -163,7 +163,7 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
                 and length <= _MAX_ENTRY
                 and pos + length <= size
                 and ver == 1
-                and not bfl & ~3
+                and not bfl & ~7  # KEYS, HEADERS, NULLS (batch.py)
                 and not res
                 and bbase == boff
                 and bcount == count

@@ -1,13 +1,15 @@
 """Kafka records <-> the gateway's records (sans-IO).
 
-The journal's batch format (docs/format.md) has no null value and no null
-header value; Kafka has both (a null value is a tombstone). So a null is
-kept as an empty value (or empty header value) plus one reserved header,
-:data:`NULL_HEADER`, naming what was null (``value``, or ``h<i>`` for the
-header at index ``i``). Fetch over Kafka strips the marker and restores the
-nulls, so they round-trip through the journal, the bucket and mirrors; the
-HTTP API shows the marker as an ordinary header. A Kafka record whose own
-headers use the reserved name is refused.
+Kafka has null values (a tombstone) and null header values; so has the
+journal's batch format, under its NULLS flag (docs/format.md), so produce
+stores them as they are and Fetch returns them.
+
+Gateways from before NULLS stored a null as an empty value (or empty header
+value) plus one reserved header, :data:`NULL_HEADER`, naming what was null
+(``value``, or ``h<i>`` for the header at index ``i``). Such records are still
+in journals, buckets and mirrors: Fetch keeps stripping the marker and
+restoring the nulls, so a Kafka record whose own headers use the reserved name
+is still refused.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from edge_gateway.errors import InvalidInput
 from edge_gateway.format.batch import Record
 from edge_gateway.format.batch import encode_batch as encode_batch_v1
 from edge_gateway.format.kafka_batch import KafkaRecord, encode_batch
-from edge_gateway.gateway import ProduceRecord
 
-__all__ = ["NULL_HEADER", "encode_fetch_batches", "to_batch", "to_produce_records"]
+__all__ = ["NULL_HEADER", "encode_fetch_batches", "to_batch"]
 
-#: The reserved header that marks nulls (docs/kafka.md, "Null values").
+#: The legacy header that marked nulls (docs/kafka.md, "Null values").
 NULL_HEADER: Final = "edgegw.kafka.null"
 _NULL_VALUE: Final = b"value"
 
@@ -31,53 +32,21 @@ _NULL_VALUE: Final = b"value"
 _BATCH_RECORDS: Final = 1000
 
 
-def to_produce_records(records: Sequence[KafkaRecord], partition: int) -> list[ProduceRecord]:
-    out: list[ProduceRecord] = []
-    for r in records:
-        headers: list[tuple[str, bytes]] = []
-        marks: list[tuple[str, bytes]] = []
-        for i, (name, hv) in enumerate(r.headers):
-            if name == NULL_HEADER:
-                raise InvalidInput(f"record header name {NULL_HEADER!r} is reserved")
-            if hv is None:
-                marks.append((NULL_HEADER, b"h%d" % i))
-                hv = b""
-            headers.append((name, hv))
-        value = r.value
-        if value is None:
-            marks.append((NULL_HEADER, _NULL_VALUE))
-            value = b""
-        out.append(
-            ProduceRecord(
-                value=value,
-                key=r.key,
-                headers=tuple(headers + marks),
-                timestamp=r.timestamp,
-                partition=partition,
-            )
-        )
-    return out
-
-
 def to_batch(records: Sequence[KafkaRecord]) -> bytes:
-    """The journal's batch (docs/format.md) of Kafka records, nulls marked (see above)."""
-    values = [r.value for r in records]
-    if None in values or any(r.headers for r in records):
-        return _batch_of(to_produce_records(records, 0))
+    """The journal's batch (docs/format.md) of Kafka records, nulls as nulls."""
     keys = [r.key for r in records]
-    return encode_batch_v1(
-        values,  # type: ignore[arg-type]  # no None: checked above
-        keys=keys if any(k is not None for k in keys) else None,
-        timestamps=[r.timestamp for r in records],
-    )
-
-
-def _batch_of(records: Sequence[ProduceRecord]) -> bytes:
+    headers = [r.headers for r in records]
+    has_headers = any(headers)
+    if has_headers:
+        for hs in headers:
+            for name, _ in hs:
+                if name == NULL_HEADER:
+                    raise InvalidInput(f"record header name {NULL_HEADER!r} is reserved")
     return encode_batch_v1(
         [r.value for r in records],
-        keys=[r.key for r in records] if any(r.key is not None for r in records) else None,
-        timestamps=[r.timestamp or 0 for r in records],
-        headers=[r.headers for r in records] if any(r.headers for r in records) else None,
+        keys=keys if any(k is not None for k in keys) else None,
+        timestamps=[r.timestamp for r in records],
+        headers=headers if has_headers else None,
     )
 
 

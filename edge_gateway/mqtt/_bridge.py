@@ -686,8 +686,10 @@ class MqttPublisher:
                         partition=partition,
                         offset=r.offset,
                     ),
-                    r.value,
-                    list(r.headers),
+                    # MQTT has no null: a null value (a Kafka tombstone) is an
+                    # empty payload, a null header value an empty user property.
+                    b"" if r.value is None else r.value,
+                    [(k, b"" if v is None else v) for k, v in r.headers],
                 )
                 for r in res.records
             ]

@@ -15,7 +15,13 @@ import numpy as np
 import pyarrow as pa
 
 from edge_gateway.format import logobject
-from edge_gateway.format.batch import FLAG_HEADERS, FLAG_KEYS, HEADER_SIZE, RecordBatch
+from edge_gateway.format.batch import (
+    FLAG_HEADERS,
+    FLAG_KEYS,
+    FLAG_NULLS,
+    HEADER_SIZE,
+    RecordBatch,
+)
 from edge_gateway.pipeline.plan import slice_opener
 
 if TYPE_CHECKING:
@@ -69,6 +75,20 @@ def _repeat_string(text: str, n: int) -> pa.Array:
     )
 
 
+def _nullable_binary(lengths: Any, data: list[memoryview], n_rows: int) -> pa.Array:
+    """A binary column of lengths where -1 is null (SQL NULL), the bytes joined once."""
+    valid = lengths >= 0
+    return pa.Array.from_buffers(
+        pa.binary(),
+        n_rows,
+        [
+            None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little")),
+            pa.py_buffer(_offsets(np.maximum(lengths, 0))),
+            pa.py_buffer(b"".join(data)),
+        ],
+    )
+
+
 def block_to_arrow(
     region: str, topic: str, partition: int, log_seq: int, batches: Iterable[RecordBatch]
 ) -> pa.RecordBatch:
@@ -80,7 +100,7 @@ def block_to_arrow(
     value_lens: list[Any] = []
     value_data: list[memoryview] = []
     headers: list[list[dict[str, object]]] = []
-    any_keys = any_headers = False
+    any_keys = any_headers = any_null_values = False
     counts: list[int] = []
     batch_list = list(batches)
     any_headers = any(b.header.flags & FLAG_HEADERS for b in batch_list)
@@ -108,7 +128,11 @@ def block_to_arrow(
         key_lens.append(kl)
         key_data.append(view[cur : cur + key_total])
         cur += key_total
-        value_total = int(vl.sum())
+        if h.flags & FLAG_NULLS:  # a value length may be -1: a null value
+            any_null_values = True
+            value_total = int(np.maximum(vl, 0).sum())
+        else:
+            value_total = int(vl.sum())
         value_lens.append(vl)
         value_data.append(view[cur : cur + value_total])
         if any_headers:
@@ -120,23 +144,15 @@ def block_to_arrow(
         TIMESTAMP_TYPE, n_rows, [None, pa.py_buffer(ts_ms.astype(np.int64) * 1000)]
     )
     vls = np.concatenate(value_lens) if value_lens else np.zeros(0, np.int32)
-    values = pa.Array.from_buffers(
-        pa.binary(),
-        n_rows,
-        [None, pa.py_buffer(_offsets(vls)), pa.py_buffer(b"".join(value_data))],
-    )
-    if any_keys:
-        kls = np.concatenate(key_lens)
-        valid = kls >= 0
-        keys = pa.Array.from_buffers(
+    values = _nullable_binary(vls, value_data, n_rows) if any_null_values else None
+    if values is None:
+        values = pa.Array.from_buffers(
             pa.binary(),
             n_rows,
-            [
-                None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little")),
-                pa.py_buffer(_offsets(np.maximum(kls, 0))),
-                pa.py_buffer(b"".join(key_data)),
-            ],
+            [None, pa.py_buffer(_offsets(vls)), pa.py_buffer(b"".join(value_data))],
         )
+    if any_keys:
+        keys = _nullable_binary(np.concatenate(key_lens), key_data, n_rows)
     else:
         keys = pa.nulls(n_rows, pa.binary())
     if any_headers:

@@ -11,9 +11,9 @@ import trio
 from _api_support import make_config, running, url_of
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE, HIGH_WATERMARK_HEADER, NEXT_OFFSET_HEADER
-from edge_gateway.client import AsyncClient, OffsetOutOfRange
+from edge_gateway.client import AsyncClient, Client, OffsetOutOfRange
 from edge_gateway.errors import ReadOnlyTopic, UnknownTopic
-from edge_gateway.format.batch import encode_batch, iter_batches
+from edge_gateway.format.batch import FLAG_NULLS, encode_batch, iter_batches
 from edge_gateway.gateway import ProduceRecord
 
 
@@ -145,6 +145,71 @@ async def test_binary_round_trip_and_fetch_formats(tmp_path: Path) -> None:
         assert page.records[0].value == b"\xffbin"
         assert page.records[0].key == b"same"
         assert page.records[0].headers == (("a", b"b"),)
+
+
+async def test_null_values_round_trip(tmp_path: Path) -> None:
+    """A null value (a Kafka tombstone) and a null header value are data: JSON
+    produce takes them as null, JSON consume shows null (not "" nor the text
+    "null"), the binary route carries the batch's NULLS flag as it is, and both
+    clients give None back."""
+    async with (
+        running(make_config(tmp_path)) as gw,
+        httpx.AsyncClient(base_url=url_of(gw)) as http,
+        AsyncClient(url_of(gw)) as client,
+    ):
+        body = {
+            "records": [
+                {"value": None, "key": "k", "headers": {"h": None, "g": "x"}, "partition": 0},
+                {"value": "", "partition": 0},
+                {"value": "null", "partition": 0},
+                {"value_b64": None, "headers_b64": {"b": None}, "partition": 0},
+            ]
+        }
+        r = await http.post("/v1/topics/t/records", json=body)
+        assert r.status_code == 200, r.text
+        r = await http.get("/v1/topics/t/partitions/0/records", params={"offset": 0})
+        recs = r.json()["records"]
+        assert [(x["value"], x["value_b64"]) for x in recs] == [
+            (None, None),
+            ("", None),
+            ("null", None),
+            (None, None),
+        ]
+        assert recs[0]["headers"] == {"h": None, "g": "x"}
+        assert recs[3]["headers"] == {"b": None}
+        assert "headers_b64" not in recs[3]
+        expected = [
+            (b"k", None, (("h", None), ("g", b"x"))),
+            (None, b"", ()),
+            (None, b"null", ()),
+            (None, None, (("b", None),)),
+        ]
+        # the binary route: the journal's batch as stored, with its NULLS flag
+        r = await http.get(
+            "/v1/topics/t/partitions/0/records",
+            params={"offset": 0},
+            headers={"accept": BATCH_MEDIA_TYPE},
+        )
+        (batch,) = iter_batches(r.content)
+        assert batch.header.flags & FLAG_NULLS
+        assert [(x.key, x.value, x.headers) for x in batch.records()] == expected
+        for binary in (False, True):
+            page = await client.fetch("t", 0, 0, binary=binary)
+            assert [(x.key, x.value, x.headers) for x in page.records] == expected
+        sync = Client(url_of(gw))
+        try:
+            page = await trio.to_thread.run_sync(sync.fetch, "t", 0, 0)
+            assert [(x.key, x.value, x.headers) for x in page.records] == expected
+            # a fetched record produced again keeps its nulls (the client's JSON)
+            res = await trio.to_thread.run_sync(sync.produce, "t", page.records[0])
+        finally:
+            sync.close()
+        again = await client.fetch("t", res.partitions[0], res.offsets[0])
+        assert again.records[0].value is None
+        assert again.records[0].headers == (("h", None), ("g", b"x"))
+        # a header value that is neither a string nor null is still refused
+        r = await http.post("/v1/topics/t/records", json={"records": [{"headers": {"h": 1}}]})
+        assert r.status_code == 400
 
 
 async def test_long_poll_wakes_on_append(tmp_path: Path) -> None:

@@ -65,6 +65,27 @@ def test_produce_consume_round_trip(served: Path, tmp_path: Path) -> None:
     assert [json.loads(x)["offset"] for x in again.stdout.splitlines()] == [2]
 
 
+def test_consume_prints_null_values(served: Path) -> None:
+    """A null value (a Kafka tombstone) prints as JSON null, an empty value as "",
+    a null header value as null; --raw prints an empty line for a null value."""
+    from edge_gateway.client import Client, read_addr_file
+
+    data_dir = served.parent / "data"
+    with Client(read_addr_file(data_dir)) as client:
+        start = client.topic("t")["partitions"][2]["next_offset"]
+        client.produce(
+            "t",
+            [{"value": None, "headers": {"h": None}}, {"value": ""}],
+            partition=2,
+        )
+    out = run("consume", "t", "-p", "2", "--offset", str(start), "-c", str(served))
+    assert out.returncode == 0, out.stderr
+    docs = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(d["value"], d.get("headers")) for d in docs] == [(None, {"h": None}), ("", None)]
+    out = run("consume", "t", "-p", "2", "--offset", str(start), "--raw", "-c", str(served))
+    assert out.stdout == "\n\n"
+
+
 def test_status_and_topics(served: Path) -> None:
     out = run("status", "-c", str(served))
     assert out.returncode == 0, out.stderr

@@ -24,6 +24,7 @@ from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format.batch import (
     FLAG_HEADERS,
     FLAG_KEYS,
+    FLAG_NULLS,
     HEADER_SIZE,
     NEED_DATA,
     BatchReader,
@@ -55,6 +56,10 @@ timestamps_st = st.integers(I64_MIN, I64_MAX)
 any_timestamp = st.one_of(st.integers(-3, 3), timestamps_st)
 keys_st = st.one_of(st.none(), st.binary(max_size=12))
 headers_st = st.lists(st.tuples(st.text(max_size=6), st.binary(max_size=6)), max_size=3).map(tuple)
+# Under the NULLS flag: a header value may be None.
+null_headers_st = st.lists(
+    st.tuples(st.text(max_size=6), st.one_of(st.none(), st.binary(max_size=6))), max_size=3
+).map(tuple)
 
 
 @st.composite
@@ -64,13 +69,17 @@ def record_lists(draw: st.DrawFn, max_records: int = 12) -> list[Record]:
     base = draw(st.one_of(st.integers(0, 1000), st.integers(I64_MIN, I64_MAX - n + 1)))
     with_keys = draw(st.booleans())
     with_headers = draw(st.booleans())
+    # A third of the lists may hold null values and null header values.
+    with_nulls = draw(st.integers(0, 2)) == 0
+    values = st.one_of(st.none(), st.binary(max_size=24)) if with_nulls else st.binary(max_size=24)
+    hs = null_headers_st if with_nulls else headers_st
     return [
         Record(
             offset=base + i,
             timestamp=draw(any_timestamp),
             key=draw(keys_st) if with_keys else None,
-            value=draw(st.binary(max_size=24)),
-            headers=draw(headers_st) if with_headers else (),
+            value=draw(values),
+            headers=draw(hs) if with_headers else (),
         )
         for i in range(n)
     ]
@@ -146,7 +155,9 @@ def test_encode_records_round_trip(records: list[Record]) -> None:
     has_headers = any(r.headers for r in records)
     assert bool(b.header.flags & FLAG_KEYS) == has_keys
     assert bool(b.header.flags & FLAG_HEADERS) == has_headers
-    assert b.header.flags & ~(FLAG_KEYS | FLAG_HEADERS) == 0
+    has_nulls = any(r.value is None or any(v is None for _, v in r.headers) for r in records)
+    assert bool(b.header.flags & FLAG_NULLS) == has_nulls
+    assert b.header.flags & ~(FLAG_KEYS | FLAG_HEADERS | FLAG_NULLS) == 0
 
 
 @SLOW
@@ -185,6 +196,48 @@ def test_none_and_empty_key_stay_distinct() -> None:
     b = decode_batch(encode_records(records))
     assert b.keys == [None, b"", b"k"]
     assert b.records() == records
+
+
+def test_null_and_empty_values_stay_distinct() -> None:
+    # A null value (a Kafka tombstone) and a null header value are not empty ones.
+    records = [
+        Record(0, 1, b"k", None, (("a", None), ("b", b""))),
+        Record(1, 1, None, b"", (("a", b""),)),
+        Record(2, 1, None, b"v", ()),
+    ]
+    raw = encode_records(records)
+    b = decode_batch(raw)
+    assert b.header.flags == FLAG_KEYS | FLAG_HEADERS | FLAG_NULLS
+    assert b.values == [None, b"", b"v"]
+    assert b.records() == records
+    # The fast one-record path hands a null value to encode_batch: the same bytes.
+    assert batch_mod.encode_record(None, timestamp=1) == encode_batch([None], timestamps=1)
+    assert decode_batch(batch_mod.encode_record(None, timestamp=1)).values == [None]
+
+
+def test_batches_without_nulls_keep_their_bytes() -> None:
+    # The golden bytes of a batch with no null did not change (NULLS is not set).
+    raw = encode_records(GOLDEN_RECORDS)
+    assert raw.hex() == GOLDEN_HEX
+    assert not decode_batch(raw).header.flags & FLAG_NULLS
+
+
+def test_null_lengths_without_the_flag_are_corrupt() -> None:
+    # -1 as a value length, or 0xFFFFFFFF as a header value length, means null
+    # only under NULLS: without the flag the batch is corrupt, not misread.
+    raw = bytearray(encode_batch([None, b"ab"], timestamps=0))
+    raw[5] &= ~FLAG_NULLS
+    err = only_corrupt(lambda: decode_batch(fix_crc(raw)))
+    assert isinstance(err, CorruptData)
+    assert "negative value length" in str(err)
+    raw = bytearray(encode_batch([b"x"], timestamps=0, headers=[(("h", None),)]))
+    raw[5] &= ~FLAG_NULLS
+    err = only_corrupt(lambda: decode_batch(fix_crc(raw)))
+    assert isinstance(err, CorruptData)
+    # -2 is never a length, NULLS or not
+    raw = bytearray(encode_batch([None], timestamps=0))
+    struct.pack_into("<i", raw, HEADER_SIZE + 8, -2)
+    assert isinstance(only_corrupt(lambda: decode_batch(fix_crc(raw))), CorruptData)
 
 
 def test_all_empty_values_decode() -> None:
@@ -287,7 +340,6 @@ def test_encode_record_matches_encode_batch(
         (b"x", {"timestamp": 0, "key": "k"}),
         (b"x", {"timestamp": 0, "key": ""}),
         ("x", {"timestamp": 0}),
-        (None, {"timestamp": 0}),
     ],
 )
 def test_encode_record_rejects(value: object, kwargs: dict[str, object]) -> None:
@@ -425,7 +477,7 @@ def test_reader_hostile_length_fails_fast(length: int, max_batch_bytes: int) -> 
     [
         (struct.pack("<IBBH", 100, 2, 0, 0), "version"),
         (struct.pack("<IBBH", 100, 0, 0, 0), "version"),
-        (struct.pack("<IBBH", 100, 1, 0x04, 0), "flags"),
+        (struct.pack("<IBBH", 100, 1, 0x08, 0), "flags"),
         (struct.pack("<IBBH", 100, 1, 0x80, 0), "flags"),
     ],
 )
@@ -692,7 +744,7 @@ def _shrink(b: bytearray) -> None:
 TAMPERS: list[tuple[str, Callable[[bytearray], None], str]] = [
     ("version 0", _byte(4, 0), "version"),
     ("version 2", _byte(4, 2), "version"),
-    ("unknown flag", _byte(5, 0x07), "flags"),
+    ("unknown flag", _byte(5, 0x0F), "flags"),
     ("reserved", _byte(6, 1), "reserved"),
     ("length below header", _u32(0, HEADER_SIZE - 1), "length"),
     ("length past buffer", _u32(0, 92), "truncated"),
@@ -826,7 +878,6 @@ def test_corrupt_data_names_the_place() -> None:
         pytest.param({"values": ["text"], "timestamps": 0}, id="str-value"),
         pytest.param({"values": [""], "timestamps": 0}, id="empty-str-value"),
         pytest.param({"values": [1], "timestamps": 0}, id="int-value"),
-        pytest.param({"values": [None], "timestamps": 0}, id="none-value"),
         pytest.param({"values": b"abc", "timestamps": 0}, id="bytes-as-values"),
         pytest.param({"values": [b"a"], "keys": ["k"], "timestamps": 0}, id="str-key"),
         pytest.param({"values": [b"a"], "keys": [""], "timestamps": 0}, id="empty-str-key"),
@@ -845,9 +896,6 @@ def test_corrupt_data_names_the_place() -> None:
         pytest.param({"values": [b"a"], "headers": [(("h", "v"),)], "timestamps": 0}, id="h-str"),
         pytest.param(
             {"values": [b"a"], "headers": [((b"h", b"v"),)], "timestamps": 0}, id="h-bytes-name"
-        ),
-        pytest.param(
-            {"values": [b"a"], "headers": [(("h", None),)], "timestamps": 0}, id="h-none-value"
         ),
         pytest.param({"values": [b"a"], "headers": [(("h",),)], "timestamps": 0}, id="h-1-tuple"),
         pytest.param(

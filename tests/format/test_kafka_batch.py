@@ -69,13 +69,83 @@ def test_kafka_python_reads_what_we_encode() -> None:
     assert got == [(10 + i, ts, k, v, list(h)) for i, (ts, k, v, h) in enumerate(RECORDS)]
 
 
-def test_snappy_is_refused_by_name() -> None:
-    data = bytearray(encode_batch(0, RECORDS))
-    struct.pack_into(">h", data, 21, 2)
-    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
-    with pytest.raises(UnsupportedCompression, match="snappy") as info:
-        list(decode_batches(bytes(data)))
+def _compressed(codec: int, body: bytes, records: list = RECORDS) -> bytes:  # type: ignore[type-arg]
+    """The uncompressed batch of ``records`` with its records section replaced by ``body``."""
+    head = bytearray(encode_batch(0, records)[:HEADER_SIZE])
+    struct.pack_into(">i", head, 8, HEADER_SIZE - 12 + len(body))
+    struct.pack_into(">h", head, 21, codec)
+    return _with_crc(head + body)
+
+
+def _xerial(data: bytes, block: int) -> bytes:
+    """Snappy framed as the Java client (snappy-java) writes it."""
+    import cramjam
+
+    out = [b"\x82SNAPPY\x00", struct.pack(">ii", 1, 1)]
+    for i in range(0, len(data), block):
+        raw = bytes(cramjam.snappy.compress_raw(data[i : i + block]))
+        out += [struct.pack(">I", len(raw)), raw]
+    return b"".join(out)
+
+
+def test_snappy_raw_and_xerial_framed() -> None:
+    """librdkafka writes raw snappy, the Java client xerial-framed snappy: both decode."""
+    import cramjam
+
+    records = encode_batch(0, RECORDS)[HEADER_SIZE:]
+    want = [KafkaRecord(i, ts, k, v, tuple(h)) for i, (ts, k, v, h) in enumerate(RECORDS)]
+    raw = bytes(cramjam.snappy.compress_raw(records))
+    for body in (raw, _xerial(records, 16), _xerial(records, 1 << 15)):
+        (batch,) = decode_batches(_compressed(2, body))
+        assert batch.compression == "snappy"
+        assert batch.records == want
+
+
+def test_snappy_is_bounded_and_corruption_is_corrupt_data() -> None:
+    import cramjam
+
+    big = bytes(cramjam.snappy.compress_raw(b"\0" * (4 << 20)))
+    with pytest.raises(CorruptData, match="exceed"):
+        list(decode_batches(_compressed(2, big), max_records_bytes=1 << 20))
+    with pytest.raises(CorruptData, match="exceed"):  # the blocks' lengths add up
+        list(
+            decode_batches(
+                _compressed(2, _xerial(b"\0" * (2 << 20), 1 << 19)), max_records_bytes=1 << 20
+            )
+        )
+    framed = _xerial(encode_batch(0, RECORDS)[HEADER_SIZE:], 16)
+    for body, match in [
+        (b"not compressed at all", "decompress"),
+        (framed[:10], "truncated xerial snappy header"),
+        (framed[:18], "truncated xerial snappy block length"),
+        (framed[:-1], "overruns"),
+        (framed[:16] + struct.pack(">I", 3) + b"\xff\xff\xff", "decompress"),
+    ]:
+        with pytest.raises(CorruptData, match=match):
+            list(decode_batches(_compressed(2, body)))
+
+
+def test_snappy_without_cramjam_is_unsupported_compression(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import sys
+
+    import cramjam
+
+    data = _compressed(2, bytes(cramjam.snappy.compress_raw(b"x")))
+    monkeypatch.setitem(sys.modules, "cramjam", None)
+    with pytest.raises(UnsupportedCompression, match=r"edgegw\[kafka\]") as info:
+        list(decode_batches(data))
     assert info.value.codec == "snappy"
+
+
+def test_an_unknown_codec_is_refused_by_number() -> None:
+    data = bytearray(encode_batch(0, RECORDS))
+    struct.pack_into(">h", data, 21, 5)
+    struct.pack_into(">I", data, 17, crc32c(bytes(data[21:])))
+    with pytest.raises(UnsupportedCompression, match="codec 5") as info:
+        list(decode_batches(bytes(data)))
+    assert info.value.codec == "5"
 
 
 def test_a_flipped_bit_fails_the_crc() -> None:
@@ -138,7 +208,7 @@ def test_decompression_is_bounded() -> None:
 
 
 def test_garbage_compressed_records_are_corrupt_data() -> None:
-    for codec in (1, 3, 4):
+    for codec in (1, 2, 3, 4):
         head = bytearray(encode_batch(0, RECORDS[:1])[:HEADER_SIZE])
         body = b"not compressed at all"
         struct.pack_into(">i", head, 8, HEADER_SIZE - 12 + len(body))

@@ -424,7 +424,7 @@ def test_header_length_hint() -> None:
             header_length_hint(bad)
     cases = {
         "version": obj[:4] + b"\x04" + obj[5:12],
-        "flags": obj[:5] + b"\x04" + obj[6:12],
+        "flags": obj[:5] + b"\x08" + obj[6:12],
         "reserved": obj[:6] + b"\x01\x00" + obj[8:12],
         "small": obj[:8] + struct.pack("<I", MIN_HEADER_BYTES - 1),
         "large": obj[:8] + struct.pack("<I", MAX_HEADER_BYTES + 1),

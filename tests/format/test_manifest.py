@@ -497,7 +497,7 @@ HOSTILE: dict[str, tuple[bytes, str]] = {
     "format missing": (_apply(_delete(("format",))), "not a manifest (format None)"),
     "format nested": (_nested(100), "not a manifest (format an array)"),
     "deep nesting": (b"[" * 100_000, "not valid JSON"),
-    "version 4": (_apply(_set(("version",), 4)), "unsupported manifest version 4"),
+    "version 5": (_apply(_set(("version",), 5)), "unsupported manifest version 5"),
     "version 3 without key ids or gaps": (
         _apply(_set(("version",), 3)),
         "neither a key id nor a gap table",

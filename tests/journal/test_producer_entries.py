@@ -22,7 +22,7 @@ from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import decode_batch, encode_batch
 from edge_gateway.format.entry import Checkpoint, ProducerStamp, SourceCoords
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal, JournalConfig, MirrorBatch
 
 FIXTURE = Path(__file__).parent / "data" / "journal_v1_index.tar.gz"
 MiB = 1024 * 1024
@@ -187,3 +187,72 @@ def test_producer_entries_round_trip_and_never_decode_flipped(
         bad[pos] ^= 0x20
         with pytest.raises(CorruptData):
             fentry.decode_entry(bytes(bad))
+
+
+def _v1_journal(tmp_path: Path) -> Path:
+    with tarfile.open(FIXTURE) as tf:
+        tf.extractall(tmp_path, filter="data")
+    assert [_version(s) for s in sorted(tmp_path.glob("*.wal"))] == [1, 1, 1]
+    return tmp_path
+
+
+def _all_records(j: Journal, topic: str, partition: int) -> list[tuple[bytes | None, tuple]]:
+    offset = j.first_offset(topic, partition)
+    out = []
+    while entries := j.read(topic, partition, offset):
+        for e in entries:
+            for r in decode_batch(e.payload).records(offset):
+                out.append((r.value, r.headers))
+                offset = r.offset + 1
+    return out
+
+
+def test_null_values_go_only_into_version_2_segments(tmp_path: Path) -> None:
+    """A batch with nulls (batch flag NULLS) in an older gateway's version 1 active
+    segment starts a version 2 segment first: a gateway from before version 2
+    segments refuses the segment rather than meet a batch it takes for corrupt.
+    The reopen's scan (its fast path) takes such entries, and they read back."""
+    _v1_journal(tmp_path)
+    cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * MiB)
+    nulls = encode_batch([None, b""], timestamps=1, headers=[(("h", None),), ()])
+    j = Journal.open_sync(tmp_path, cfg)
+    try:
+        j.append_nowait("a", 0, encode_batch([b"plain"], timestamps=1))
+        assert len(sorted(tmp_path.glob("*.wal"))) == 3  # still the version 1 segment
+        j.append_nowait("a", 0, nulls)
+        j.append_nowait("a", 0, nulls)  # the version 2 segment goes on
+    finally:
+        j.close_sync()
+    assert [_version(s) for s in sorted(tmp_path.glob("*.wal"))] == [1, 1, 1, 2]
+    j = Journal.open_sync(tmp_path, cfg)
+    try:
+        got = _all_records(j, "a", 0)
+        tail = [(None, (("h", None),)), (b"", ())]
+        assert got[-5:] == [(b"plain", ()), *tail, *tail]
+    finally:
+        j.close_sync()
+
+
+async def test_mirrored_null_values_go_only_into_version_2_segments(tmp_path: Path) -> None:
+    _v1_journal(tmp_path)
+    cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * MiB)
+    j = Journal.open_sync(tmp_path, cfg)
+    src = SourceCoords("south", 1, 1, True)
+    try:
+        await j.append_mirror("south.x", 0, encode_batch([b"v"], timestamps=1), src)
+        assert len(sorted(tmp_path.glob("*.wal"))) == 3
+        await j.append_mirror("south.x", 0, encode_batch([None], timestamps=1, base_offset=1), src)
+        await j.append_mirror_batches(
+            [MirrorBatch("south.y", 0, encode_batch([b"", None], timestamps=1))],
+            SourceCoords("south", 2, 1, False),
+            SourceCoords("south", 2, 1, True),
+        )
+    finally:
+        j.close_sync()
+    assert [_version(s) for s in sorted(tmp_path.glob("*.wal"))] == [1, 1, 1, 2]
+    j = Journal.open_sync(tmp_path, cfg)
+    try:
+        assert _all_records(j, "south.x", 0) == [(b"v", ()), (None, ())]
+        assert _all_records(j, "south.y", 0) == [(b"", ()), (None, ())]
+    finally:
+        j.close_sync()
