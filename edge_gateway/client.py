@@ -499,6 +499,8 @@ class _Idempotence:
         self.epoch = 0
         self.uncertain = False
         self.next_seq: dict[tuple[str, int], int] = {}
+        #: the id and epoch headers, made once per id and epoch (:meth:`sign`)
+        self._id_headers: dict[str, str] = {}
         #: partitions per topic (None: the topic does not exist yet)
         self.partitions: dict[str, int | None] = {}
         self._round_robin = 0
@@ -517,6 +519,10 @@ class _Idempotence:
     def initialized(self, response: _Reply) -> None:
         doc = _json(response)
         self.producer_id, self.epoch = int(doc["producer_id"]), int(doc["epoch"])
+        self._id_headers = {
+            PRODUCER_ID_HEADER: str(self.producer_id),
+            PRODUCER_EPOCH_HEADER: str(self.epoch),
+        }
         self.uncertain = False
         self.next_seq.clear()
 
@@ -529,8 +535,7 @@ class _Idempotence:
     def headers(self, topic: str, partition: int) -> dict[str, str]:
         assert self.producer_id is not None
         return {
-            PRODUCER_ID_HEADER: str(self.producer_id),
-            PRODUCER_EPOCH_HEADER: str(self.epoch),
+            **self._id_headers,
             PRODUCER_SEQUENCE_HEADER: str(self.next_seq.get((topic, partition), 0)),
         }
 
@@ -561,6 +566,14 @@ class _Idempotence:
         if n:
             sticky = self._round_robin % n
             self._round_robin += 1
+        first = docs[0].get("partition") if docs else None
+        if type(first) is int and all(
+            type(p := doc.get("partition")) is int and p == first for doc in docs
+        ):
+            # The common case (a partition given to produce): one request as is.
+            if n is None:
+                self.partitions.pop(topic, None)  # learn the count after the topic exists
+            return [_Plan(first, list(range(len(docs))), _records_call(topic, docs, ack))]
         groups: dict[int, list[int]] = {}
         for i, doc in enumerate(docs):
             p = doc.get("partition")
@@ -587,11 +600,17 @@ class _Idempotence:
         gets the sequences after it (the async client sends one partition's
         requests one at a time, so they arrive in order).
         """
+        assert self.producer_id is not None
         call = plan.call
-        headers = self.headers(topic, plan.partition)
-        seq = int(headers[PRODUCER_SEQUENCE_HEADER])
-        self.next_seq[(topic, plan.partition)] = (seq + count) % 2**31
-        return call._replace(headers={**(call.headers or {}), **headers}), seq
+        key = (topic, plan.partition)
+        seq = self.next_seq.get(key, 0)
+        self.next_seq[key] = (seq + count) % 2**31
+        headers = {
+            **(call.headers or {}),
+            **self._id_headers,
+            PRODUCER_SEQUENCE_HEADER: str(seq),
+        }
+        return call._replace(headers=headers), seq
 
 
 def _retryable(exc: EdgeGatewayError) -> bool:
@@ -610,6 +629,8 @@ def _backoff(attempt: int) -> float:
 def _merge(
     topic: str, n: int, plans: list[_Plan], answers: list[ProduceResponse]
 ) -> ProduceResponse:
+    if len(plans) == 1 and len(plans[0].indices) == n:
+        return answers[0]  # one request of every record, in order (plan_records' common case)
     partitions = [0] * n
     offsets = [0] * n
     for plan, res in zip(plans, answers, strict=True):
