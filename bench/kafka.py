@@ -19,7 +19,8 @@ each phase on its own topic of 4 partitions, ~150-byte telemetry records:
     what the gateway's idempotence itself costs. (a), (b), (c') and (c) take
     turns, five rounds each (one with --quick), each on a fresh topic; the
     medians are compared, and the records per Produce request of each
-    (from the gateway's request counters) are reported. Each phase starts
+    (from the gateway's request counters) and the CPU per record of the
+    gateway (``/proc``) and of this producer process are reported. Each phase starts
     once the gateway has shipped what the previous one wrote, so no
     phase shares the machine with the compression and upload of another's
     records;
@@ -34,6 +35,7 @@ Usage: python bench/kafka.py [--quick]. Last line: one JSON object.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -128,6 +130,7 @@ def kafka_produce(
 
     producer.list_topics(topic, timeout=10)  # connected and warm before the clock starts
     start = time.perf_counter()
+    cpu0 = time.process_time()  # this process: the Python loop and librdkafka's threads
     for i, r in enumerate(records):
         while True:
             try:
@@ -145,9 +148,21 @@ def kafka_produce(
     if producer.flush(120) != 0:
         raise RuntimeError("records left unacknowledged after 120 s")
     elapsed = time.perf_counter() - start
+    CLIENT_CPU_S[topic] = time.process_time() - cpu0
     if failed:
         raise RuntimeError(f"{len(failed)} records failed: {failed[0]}")
     return len(records) / elapsed
+
+
+#: CPU seconds of this process (the producer: Python and librdkafka) per phase's topic.
+CLIENT_CPU_S: dict[str, float] = {}
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (``/proc``)."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def settle(url: str, topic: str | None) -> None:
@@ -250,6 +265,10 @@ def main() -> None:
             # measures the neighbours' load as much as the code.
             https, plain, same, idem = [], [], [], []
             produce_requests = {"kafka": 0.0, "inflight5": 0.0, "idem": 0.0}
+            gateway_cpu = {"kafka": 0.0, "inflight5": 0.0, "idem": 0.0}
+            client_cpu = {"kafka": 0.0, "inflight5": 0.0, "idem": 0.0}
+            assert site.proc is not None
+            gw_pid = site.proc.pid
 
             last: list[str | None] = [None]  # the previous phase's topic
 
@@ -257,7 +276,10 @@ def main() -> None:
                 settle(site.url, last[0])
                 last[0] = topic
                 before = produce_request_count(site.url)
+                cpu0 = cpu_seconds(gw_pid)
                 rate = float(run())
+                gateway_cpu[kind] += cpu_seconds(gw_pid) - cpu0
+                client_cpu[kind] += CLIENT_CPU_S[topic]
                 produce_requests[kind] += produce_request_count(site.url) - before
                 return rate
 
@@ -297,6 +319,10 @@ def main() -> None:
             http_rate, kafka_rate, idem_rate = median(https), median(plain), median(idem)
             same_rate = median(same)
             per_request = {k: (n * rounds / v if v else None) for k, v in produce_requests.items()}
+            # CPU per record over all rounds: the gateway's (it also ships the
+            # phase's records meanwhile) and the producer process's.
+            gw_us = {k: v / (n * rounds) * 1e6 for k, v in gateway_cpu.items()}
+            client_us = {k: v / (n * rounds) * 1e6 for k, v in client_cpu.items()}
             progress(f"(d) single-record produce, acks=all: {samples} samples ...")
             lat = kafka_latency(bootstrap, "lat", samples)
             progress(f"(e) consume {n} records ...")
@@ -350,6 +376,25 @@ def main() -> None:
         Row("plain (b)", per_request["kafka"] or 0.0, "rec"),
         Row("max.in.flight 5 (c')", per_request["inflight5"] or 0.0, "rec"),
         Row("idempotent (c)", per_request["idem"] or 0.0, "rec"),
+        "CPU per record (all rounds)",
+        Row("gateway, plain (b)", gw_us["kafka"], "us"),
+        Row("gateway, max.in.flight 5 (c')", gw_us["inflight5"], "us"),
+        Row(
+            "gateway, idempotent (c)",
+            gw_us["idem"],
+            "us",
+            "max.in.flight 5 (c')",
+            gw_us["inflight5"],
+        ),
+        Row("producer process, plain (b)", client_us["kafka"], "us"),
+        Row("producer process, max.in.flight 5 (c')", client_us["inflight5"], "us"),
+        Row(
+            "producer process, idempotent (c)",
+            client_us["idem"],
+            "us",
+            "max.in.flight 5 (c')",
+            client_us["inflight5"],
+        ),
         "single-record produce, acks=all",
         Row("p50", p50, "us"),
         Row("p99", p99, "us"),
@@ -366,6 +411,8 @@ def main() -> None:
         inflight5_rec_per_s=same_rate,
         idempotent_ratio_same_inflight=same_ratio,
         records_per_produce_request=per_request,
+        gateway_cpu_us_per_record=gw_us,
+        producer_cpu_us_per_record=client_us,
         rounds=rounds,
         kafka_p50_us=p50,
         kafka_p99_us=p99,
