@@ -12,7 +12,9 @@ performance").
 :func:`settle` (``edgegw serve`` calls it once the gateway is ready) runs one
 full collection, then ``gc.freeze()``: what is alive then (modules, the
 configuration, the journal's recovered state) lives as long as the process,
-and later collections no longer scan it. It raises the young generation's
+and later collections no longer scan it (a frozen object is still freed
+by reference counting when its last reference goes; only a reference cycle
+among frozen objects would stay until exit). It raises the young generation's
 threshold to :data:`GEN0_THRESHOLD`, so young collections are rarer and the
 full ones, which follow the young, rarer still. Garbage cycles are still
 collected, a little later. :func:`statistics` (``edgegw status`` under
