@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from edge_gateway import _gc
 from edge_gateway.errors import ClosedError, EdgeGatewayError
 from edge_gateway.metrics import GatewayMetrics, LatencyHistogram, MirrorLag
 from edge_gateway.shipper import SHIPPER_STATES, LaneShipStats
@@ -181,6 +182,7 @@ class _GatewayCollector(Collector):
         yield from self._clock(gw)
         yield from self._link(gw)
         yield from self._producers(gw)
+        yield from self._gc()
         try:
             stats = gw.journal.statistics()
             gw.shipper  # noqa: B018 - raises ClosedError when not running
@@ -268,6 +270,35 @@ class _GatewayCollector(Collector):
             "Members removed for a session timeout or for missing a rebalance.",
             g["expired_members_total"],
         )
+
+    @staticmethod
+    def _gc() -> Iterator[Metric]:
+        """The collector's pauses (``edgegw serve`` settles it: edge_gateway._gc)."""
+        doc = _gc.statistics()
+        if not doc["settled"]:
+            return
+        collections = CounterMetricFamily(
+            "edgegw_gc_collections",
+            "Garbage collections since the gateway became ready, by generation.",
+            labels=["generation"],
+        )
+        pauses = CounterMetricFamily(
+            "edgegw_gc_pause_seconds",
+            "Seconds the event loop stood still in garbage collections, by generation.",
+            labels=["generation"],
+        )
+        longest = GaugeMetricFamily(
+            "edgegw_gc_max_pause_seconds",
+            "The longest garbage collection since the gateway became ready, by generation.",
+            labels=["generation"],
+        )
+        for gen in range(3):
+            collections.add_metric([str(gen)], doc["collections"][gen])
+            pauses.add_metric([str(gen)], doc["pause_seconds"][gen])
+            longest.add_metric([str(gen)], doc["max_pause_ms"][gen] / 1e3)
+        yield collections
+        yield pauses
+        yield longest
 
     @staticmethod
     def _producers(gw: Gateway) -> Iterator[Metric]:

@@ -24,7 +24,7 @@ How it is built: every request is built, and every response parsed, once
 and without I/O (``_*_call`` build a :class:`_Call`, ``_produced`` /
 ``_fetched`` / ... parse a :class:`_Reply`); the two clients are thin I/O
 shells around that core. :class:`Client` on ``http://`` talks HTTP/1.1 itself
-over one keep-alive socket (:class:`_Connection`: h11 frames the messages),
+over one keep-alive socket (:class:`_Connection`, :class:`_ResponseParser`),
 which costs a producer about what a bare ``http.client`` request does; httpx
 carries ``https://``, a custom ``transport`` and :class:`AsyncClient`.
 
@@ -52,7 +52,7 @@ a topic that does not exist yet, which the produce auto-creates, gets its
 first call's records in partition 0). ``idempotent=False`` turns all of this
 off (one request per call, no retries: a retry of yours may then duplicate).
 
-The client imports neither trio nor boto3: only httpx, h11 and the sans-IO
+The client imports neither trio nor boto3: only httpx and the sans-IO
 batch encoding (``edge_gateway.format.batch``).
 """
 
@@ -69,10 +69,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, Final, Literal, NamedTuple, Self
 from urllib.parse import quote, urlencode
 
-import h11
 import httpx
 
 from edge_gateway._crc import crc32c
@@ -500,6 +499,8 @@ class _Idempotence:
         self.epoch = 0
         self.uncertain = False
         self.next_seq: dict[tuple[str, int], int] = {}
+        #: the id and epoch headers, made once per id and epoch (:meth:`sign`)
+        self._id_headers: dict[str, str] = {}
         #: partitions per topic (None: the topic does not exist yet)
         self.partitions: dict[str, int | None] = {}
         self._round_robin = 0
@@ -518,6 +519,10 @@ class _Idempotence:
     def initialized(self, response: _Reply) -> None:
         doc = _json(response)
         self.producer_id, self.epoch = int(doc["producer_id"]), int(doc["epoch"])
+        self._id_headers = {
+            PRODUCER_ID_HEADER: str(self.producer_id),
+            PRODUCER_EPOCH_HEADER: str(self.epoch),
+        }
         self.uncertain = False
         self.next_seq.clear()
 
@@ -530,8 +535,7 @@ class _Idempotence:
     def headers(self, topic: str, partition: int) -> dict[str, str]:
         assert self.producer_id is not None
         return {
-            PRODUCER_ID_HEADER: str(self.producer_id),
-            PRODUCER_EPOCH_HEADER: str(self.epoch),
+            **self._id_headers,
             PRODUCER_SEQUENCE_HEADER: str(self.next_seq.get((topic, partition), 0)),
         }
 
@@ -562,6 +566,14 @@ class _Idempotence:
         if n:
             sticky = self._round_robin % n
             self._round_robin += 1
+        first = docs[0].get("partition") if docs else None
+        if type(first) is int and all(
+            type(p := doc.get("partition")) is int and p == first for doc in docs
+        ):
+            # The common case (a partition given to produce): one request as is.
+            if n is None:
+                self.partitions.pop(topic, None)  # learn the count after the topic exists
+            return [_Plan(first, list(range(len(docs))), _records_call(topic, docs, ack))]
         groups: dict[int, list[int]] = {}
         for i, doc in enumerate(docs):
             p = doc.get("partition")
@@ -588,11 +600,17 @@ class _Idempotence:
         gets the sequences after it (the async client sends one partition's
         requests one at a time, so they arrive in order).
         """
+        assert self.producer_id is not None
         call = plan.call
-        headers = self.headers(topic, plan.partition)
-        seq = int(headers[PRODUCER_SEQUENCE_HEADER])
-        self.next_seq[(topic, plan.partition)] = (seq + count) % 2**31
-        return call._replace(headers={**(call.headers or {}), **headers}), seq
+        key = (topic, plan.partition)
+        seq = self.next_seq.get(key, 0)
+        self.next_seq[key] = (seq + count) % 2**31
+        headers = {
+            **(call.headers or {}),
+            **self._id_headers,
+            PRODUCER_SEQUENCE_HEADER: str(seq),
+        }
+        return call._replace(headers=headers), seq
 
 
 def _retryable(exc: EdgeGatewayError) -> bool:
@@ -611,6 +629,8 @@ def _backoff(attempt: int) -> float:
 def _merge(
     topic: str, n: int, plans: list[_Plan], answers: list[ProduceResponse]
 ) -> ProduceResponse:
+    if len(plans) == 1 and len(plans[0].indices) == n:
+        return answers[0]  # one request of every record, in order (plan_records' common case)
     partitions = [0] * n
     offsets = [0] * n
     for plan, res in zip(plans, answers, strict=True):
@@ -806,14 +826,178 @@ def _unavailable(base_url: str, exc: Exception) -> Unavailable:
     return Unavailable(f"cannot reach the gateway at {base_url}: {type(exc).__name__}: {exc}")
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection to an ``http://`` gateway (h11 frames it).
+class _BadResponse(Exception):
+    """What the gateway sent is not an HTTP/1.1 response this client can read."""
 
-    A whole request goes out in one ``sendall``. Before a connection is reused
-    it must be idle for less than :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the
-    server's keep-alive timeout) and have nothing to read (a server that closed
-    it leaves an EOF there): otherwise a new one is opened, so that a request
-    is never sent on a connection the server is closing. Not thread-safe, like
+
+#: A response head (status line and headers) longer than this is refused.
+_MAX_RESPONSE_HEAD: Final = 64 * 1024
+_DIGITS: Final = frozenset(b"0123456789")
+_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
+# _ResponseParser states
+_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
+
+
+class _ResponseParser:
+    """Sans-IO reader of one HTTP/1.1 response: bytes in (:meth:`feed`), status,
+    headers and body out.
+
+    Framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of
+    the connection (RFC 9112 section 6.3); ``1xx`` interim responses are
+    skipped; a response to ``HEAD`` and a ``204``/``304`` have no body.
+    :attr:`keep_alive` says whether the connection may carry the next request.
+    Anything malformed raises :class:`_BadResponse`.
+    """
+
+    __slots__ = (
+        "_buf",
+        "_chunks",
+        "_head_only",
+        "_remaining",
+        "_state",
+        "headers",
+        "keep_alive",
+        "status",
+    )
+
+    def __init__(self, *, head_only: bool = False) -> None:
+        self._buf = bytearray()
+        self._chunks: list[bytes] = []
+        self._head_only = head_only
+        self._remaining = 0
+        self._state = _HEAD
+        self.status = 0
+        #: Header values by lower-case name (the first of repeated ones).
+        self.headers: dict[str, str] = {}
+        self.keep_alive = True
+
+    @property
+    def body(self) -> bytes:
+        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
+
+    def feed(self, data: bytes) -> bool:
+        """Take the bytes received next (``b""``: the connection ended); True once complete."""
+        if data:
+            if self._state == _DONE:
+                raise _BadResponse("bytes after the end of the response")
+            self._buf += data
+        elif self._state == _UNTIL_CLOSE:
+            self._chunks.append(bytes(self._buf))
+            self._buf.clear()
+            self._state = _DONE
+            return True
+        elif self._state != _DONE:
+            raise _BadResponse("the gateway closed the connection mid-response")
+        while True:
+            state, buf = self._state, self._buf
+            if state == _DONE:
+                if buf:
+                    raise _BadResponse("bytes after the end of the response")
+                return True
+            if state == _HEAD:
+                end = buf.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(buf) > _MAX_RESPONSE_HEAD:
+                        raise _BadResponse("response head too long")
+                    return False
+                head = bytes(buf[:end])
+                del buf[: end + 4]
+                self._head(head)
+            elif state in (_LENGTH, _CHUNK_DATA):
+                n = self._remaining
+                if len(buf) < n:
+                    return False
+                self._chunks.append(bytes(buf[:n]))
+                del buf[:n]
+                self._state = _DONE if state == _LENGTH else _CHUNK_END
+            elif state == _CHUNK_END:
+                if len(buf) < 2:
+                    return False
+                if buf[:2] != b"\r\n":
+                    raise _BadResponse("chunk not followed by CRLF")
+                del buf[:2]
+                self._state = _CHUNK_SIZE
+            elif state == _CHUNK_SIZE:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > 1024:
+                        raise _BadResponse("chunk size line too long")
+                    return False
+                size = bytes(buf[:end]).partition(b";")[0].strip()
+                del buf[: end + 2]
+                if not size or not _HEX.issuperset(size) or len(size) > 16:
+                    raise _BadResponse(f"bad chunk size {size[:20]!r}")
+                self._remaining = int(size, 16)
+                self._state = _CHUNK_DATA if self._remaining else _TRAILERS
+            elif state == _TRAILERS:
+                end = buf.find(b"\r\n")
+                if end < 0:
+                    if len(buf) > _MAX_RESPONSE_HEAD:
+                        raise _BadResponse("trailers too long")
+                    return False
+                del buf[: end + 2]
+                if end == 0:
+                    self._state = _DONE
+            else:  # _UNTIL_CLOSE: everything until the end of the connection
+                return False
+
+    def _head(self, head: bytes) -> None:
+        lines = head.split(b"\r\n")
+        version, _, rest = lines[0].partition(b" ")
+        code = rest[:3]
+        if (
+            version not in (b"HTTP/1.1", b"HTTP/1.0")
+            or len(code) != 3
+            or not _DIGITS.issuperset(code)
+            or rest[3:4] not in (b"", b" ")
+        ):
+            raise _BadResponse(f"bad status line {lines[0][:80]!r}")
+        status = int(code)
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, colon, value = line.partition(b":")
+            if not colon or not name or name != name.strip():
+                raise _BadResponse(f"bad header line {line[:80]!r}")
+            headers.setdefault(name.decode("latin-1").lower(), value.strip().decode("latin-1"))
+        if 100 <= status < 200:
+            return  # interim (100 Continue, 103 Early Hints): the final response follows
+        self.status, self.headers = status, headers
+        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+        self.keep_alive = version == b"HTTP/1.1" and "close" not in tokens
+        te = headers.get("transfer-encoding")
+        if self._head_only or status in (204, 304):
+            self._state = _DONE
+        elif te is not None:
+            if te.rpartition(",")[2].strip().lower() != "chunked":
+                raise _BadResponse(f"unsupported transfer-encoding {te[:40]!r}")
+            self._state = _CHUNK_SIZE
+        elif "content-length" in headers:
+            length = headers["content-length"].encode("latin-1")
+            if not length or not _DIGITS.issuperset(length) or len(length) > 18:
+                raise _BadResponse(f"bad content-length {length[:20]!r}")
+            self._remaining = int(length)
+            self._state = _LENGTH
+        else:
+            self.keep_alive = False
+            self._state = _UNTIL_CLOSE
+
+
+def _header_line(name: str, value: str) -> bytes:
+    if "\r" in value or "\n" in value or "\0" in value:
+        raise InvalidInput(f"header {name}: a value must not hold CR, LF or NUL")
+    return f"{name}: {value}\r\n".encode("latin-1")
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection to an ``http://`` gateway.
+
+    A request's bytes are built here (the fixed headers once, when the
+    client is made) and go out in one ``sendall``; :class:`_ResponseParser`
+    reads the response. Before a connection is reused it must be idle for
+    less than :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the server's
+    keep-alive timeout) and have nothing to read (a server that closed it
+    leaves an EOF there): otherwise a new one is opened, so that a request is
+    never sent on a connection the server is closing. Not thread-safe, like
     the client that owns it.
     """
 
@@ -822,74 +1006,59 @@ class _Connection:
         self.prefix = url.raw_path.decode("ascii").rstrip("/")
         host = url.netloc.decode("ascii")
         self.origin = f"http://{host}"
-        self.headers = [(b"host", host.encode("ascii"))] + [
-            (k.encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()
-        ]
+        #: host and the client's own headers, as sent with every request
+        self.fixed = _header_line("host", host) + b"".join(
+            _header_line(k, v) for k, v in headers.items()
+        )
         self._sock: socket.socket | None = None
-        self._h11: h11.Connection | None = None
         self._idle_since = 0.0
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close()
-        self._sock = self._h11 = None
+        self._sock = None
 
-    def _ready(self, timeout: float) -> tuple[socket.socket, h11.Connection]:
-        sock, conn = self._sock, self._h11
-        if sock is not None and conn is not None:
-            if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
-                conn.start_next_cycle()
+    def _ready(self, timeout: float) -> socket.socket:
+        sock = self._sock
+        if sock is not None:
             stale = time.monotonic() - self._idle_since > CLIENT_KEEPALIVE_EXPIRY_S
-            if conn.our_state is h11.IDLE and not stale and not select.select([sock], [], [], 0)[0]:
+            if not stale and not select.select([sock], [], [], 0)[0]:
                 sock.settimeout(timeout)
-                return sock, conn
+                return sock
             self.close()
         sock = socket.create_connection(self.address, timeout=timeout)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._sock, self._h11 = sock, h11.Connection(h11.CLIENT)
-        return sock, self._h11
+        self._sock = sock
+        return sock
 
     def request(self, call: _Call, timeout: float) -> _Reply:
         target = self.prefix + call.path
         if call.params:
             target += "?" + urlencode(call.params)
-        headers = list(self.headers)
+        head = b"%s %s HTTP/1.1\r\n%s" % (
+            call.method.encode("ascii"),
+            target.encode("ascii"),
+            self.fixed,
+        )
         if call.headers:
-            headers += [(k.encode("latin-1"), v.encode("latin-1")) for k, v in call.headers.items()]
+            head += b"".join(_header_line(k, v) for k, v in call.headers.items())
         body = call.content
         if body is not None or call.method == "POST":
-            headers.append((b"content-length", b"%d" % len(body or b"")))
-        sock, conn = self._ready(timeout)
+            head += b"content-length: %d\r\n" % len(body or b"")
+        head += b"\r\n"
+        sock = self._ready(timeout)
+        parser = _ResponseParser(head_only=call.method == "HEAD")
         try:
-            data = conn.send(h11.Request(method=call.method, target=target, headers=headers))
-            if body:
-                data += conn.send(h11.Data(data=body))
-            sock.sendall(data + conn.send(h11.EndOfMessage()))
-            status = 0
-            reply_headers: dict[str, str] = {}
-            chunks: list[bytes] = []
-            while True:
-                event = conn.next_event()
-                if event is h11.NEED_DATA:
-                    conn.receive_data(sock.recv(65536))
-                elif isinstance(event, h11.Response):
-                    status = event.status_code
-                    for name, value in event.headers:
-                        reply_headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
-                elif isinstance(event, h11.Data):
-                    chunks.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                elif isinstance(event, h11.ConnectionClosed):
-                    raise h11.RemoteProtocolError("the gateway closed the connection mid-response")
-        except (OSError, h11.ProtocolError):
+            sock.sendall(head + body if body else head)
+            while not parser.feed(sock.recv(65536)):
+                pass
+        except (OSError, _BadResponse):
             self.close()
             raise
-        if conn.our_state is h11.MUST_CLOSE or conn.their_state is not h11.DONE:
+        if not parser.keep_alive:
             self.close()
         self._idle_since = time.monotonic()
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        return _Reply(status, reply_headers, body, call.method, self.origin + target)
+        return _Reply(parser.status, parser.headers, parser.body, call.method, self.origin + target)
 
 
 # ------------------------------------------------------------------ clients
@@ -952,7 +1121,7 @@ class Client:
                     timeout=timeout,
                 )
             )
-        except (httpx.TransportError, OSError, h11.ProtocolError) as exc:
+        except (httpx.TransportError, OSError, _BadResponse) as exc:
             raise _unavailable(self.base_url, exc) from exc
 
     def produce(

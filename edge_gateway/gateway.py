@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
+from edge_gateway import _gc
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
     PRIORITIES,
@@ -1856,6 +1857,7 @@ class Gateway:
             "accepting": self._accepting,
             "bucket": self.config.bucket.describe(self.config.data_dir),
             "producers": self._producers_json(),
+            "python_gc": _gc.statistics(),
             "journal": {
                 "bytes": j.bytes,
                 "max_bytes": j.max_bytes,

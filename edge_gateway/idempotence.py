@@ -262,6 +262,11 @@ class ProducerTable:
         if batches:
             last = batches[-1]
             if last.epoch == seq.epoch:
+                expected = (last.sequence + last.count) % SEQUENCE_MODULUS
+                if seq.sequence == expected:
+                    # The next in sequence (the common case): not a repeat of a
+                    # remembered batch, whose sequences all lie before it.
+                    return None
                 for b in batches:
                     if b.epoch == seq.epoch and b.sequence == seq.sequence:
                         if b.count != count:
@@ -273,20 +278,17 @@ class ProducerTable:
                             )
                         self.duplicates += 1
                         return b
-                expected = (last.last_sequence + 1) % SEQUENCE_MODULUS
-                if seq.sequence != expected:
-                    raise OutOfOrderSequence(
-                        f"producer {seq.producer_id} sequence {seq.sequence} on "
-                        f"{topic}/{partition}: expected {expected} ("
-                        + (
-                            "a gap: an earlier append was not written"
-                            if _ahead(seq.sequence, expected)
-                            else "older than the batches remembered"
-                        )
-                        + ")",
-                        expected=expected,
+                raise OutOfOrderSequence(
+                    f"producer {seq.producer_id} sequence {seq.sequence} on "
+                    f"{topic}/{partition}: expected {expected} ("
+                    + (
+                        "a gap: an earlier append was not written"
+                        if _ahead(seq.sequence, expected)
+                        else "older than the batches remembered"
                     )
-                return None
+                    + ")",
+                    expected=expected,
+                )
         if seq.sequence != 0:
             raise OutOfOrderSequence(
                 f"producer {seq.producer_id} epoch {seq.epoch} has written nothing to "

@@ -136,6 +136,7 @@ class _BindFailureFilter(logging.Filter):
 
 
 async def _serve(cfg: GatewayConfig) -> None:
+    from edge_gateway import _gc
     from edge_gateway.api import serve_api
     from edge_gateway.gateway import Gateway
 
@@ -146,6 +147,9 @@ async def _serve(cfg: GatewayConfig) -> None:
             nursery.start_soon(_on_signals, signals, gateway)
 
             async def announce() -> None:
+                # Startup's objects frozen out of the collector's way: its full
+                # collections were most of the p99 under load (edge_gateway._gc).
+                _gc.settle()
                 addr = gateway.api_address
                 log.info(
                     "serving region %s on %s://%s:%s",

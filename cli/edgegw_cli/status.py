@@ -224,6 +224,9 @@ def render(doc: dict[str, Any]) -> None:
             f"{producers['remembered']} idempotent producers remembered "
             f"(of {producers['max_producers']}), {producers['duplicates']} duplicates answered",
         )
+    gc_doc = doc.get("python_gc")
+    if gc_doc and gc_doc.get("settled"):
+        head.add_row("python gc", _gc_line(gc_doc))
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     if s.get("uploads_aborted"):
         claim += f"; aborted {s['uploads_aborted']} unfinished multipart upload(s) at its claim"
@@ -334,6 +337,17 @@ def render(doc: dict[str, Any]) -> None:
         console.print(_kafka_line(kafka))
         if kafka.get("groups", {}).get("groups"):
             console.print(_kafka_groups_line(kafka["groups"]))
+
+
+def _gc_line(doc: dict[str, Any]) -> str:
+    """The collector's pauses since the gateway became ready (edge_gateway._gc)."""
+    gens = ", ".join(
+        f"gen{g} {n:,} x, {secs * 1e3:,.0f} ms, longest {longest:,.1f} ms"
+        for g, (n, secs, longest) in enumerate(
+            zip(doc["collections"], doc["pause_seconds"], doc["max_pause_ms"], strict=True)
+        )
+    )
+    return f"{doc['frozen_objects']:,} startup objects frozen; collections: {gens}"
 
 
 def _kafka_line(kafka: dict[str, Any]) -> Text:

@@ -339,7 +339,7 @@ _PRODUCER_HEADERS: Final = (
 def producer_param(headers: Mapping[str, str]) -> ProducerSeq | None:
     """The ``EdgeGW-Producer-*`` headers of an idempotent produce (all three), or None."""
     values = [headers.get(name) for name, _, _ in _PRODUCER_HEADERS]
-    if all(v is None for v in values):
+    if values[0] is None and values[1] is None and values[2] is None:
         return None
     out = []
     for (name, what, hi), text in zip(_PRODUCER_HEADERS, values, strict=True):
@@ -350,9 +350,10 @@ def producer_param(headers: Mapping[str, str]) -> ProducerSeq | None:
                 f"{name} is missing"
             )
         text = text.strip()
-        if _INT.fullmatch(text) is None or text[0] in "+-" or not 0 <= int(text) <= hi:
+        # ASCII digits only (str.isdigit alone takes "²" and other scripts' digits)
+        if not (text.isascii() and text.isdigit() and len(text) <= 19) or (value := int(text)) > hi:
             raise InvalidInput(f"{name}: {text!r} is not a {what} (an integer 0..{hi})")
-        out.append(int(text))
+        out.append(value)
     return ProducerSeq(out[0], out[1], out[2])
 
 

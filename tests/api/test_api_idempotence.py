@@ -14,6 +14,7 @@ import trio
 from _api_support import gateway_thread, make_config, running, url_of
 
 from edge_gateway._crc import crc32c
+from edge_gateway.api._codec import producer_param
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     PRODUCER_EPOCH_HEADER,
@@ -23,6 +24,7 @@ from edge_gateway.api.wire import (
 from edge_gateway.client import AsyncClient, Client
 from edge_gateway.errors import InvalidInput, OutOfOrderSequence, ProducerFenced
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.idempotence import ProducerSeq
 
 
 def producer(pid: int, epoch: int, seq: int) -> dict[str, str]:
@@ -184,3 +186,20 @@ async def test_concurrent_tasks_of_one_async_client_never_share_a_sequence(
             stored.update({r.value.decode(): (p, r.offset) for r in page.records})
         assert len(stored) == len(results)
         assert {v: (p, o) for v, p, o in results} == stored
+
+
+def test_producer_headers_are_parsed_strictly() -> None:
+    """Only ASCII digits in range (a header's bytes are latin-1: b"\\xb2" is "²", a digit to
+    str.isdigit that int() refuses)."""
+    assert producer_param({}) is None
+    ok = {k.lower(): v for k, v in producer(7, 1, 3).items()}  # as the server has them
+    assert producer_param(ok) == ProducerSeq(7, 1, 3)
+    ok[PRODUCER_SEQUENCE_HEADER.lower()] = " 4 "
+    assert producer_param(ok) == ProducerSeq(7, 1, 4)
+    for bad in ("²", "+1", "-1", "", "1" * 20, "1_000", str(2**31), "٣"):
+        headers = {k.lower(): v for k, v in producer(7, 1, 3).items()}
+        headers[PRODUCER_SEQUENCE_HEADER.lower()] = bad
+        with pytest.raises(InvalidInput, match="is not a producer sequence"):
+            producer_param(headers)
+    with pytest.raises(InvalidInput, match="is not a producer epoch"):
+        producer_param({k.lower(): v for k, v in producer(7, 2**15, 3).items()})

@@ -244,3 +244,28 @@ def test_lz4_without_the_extra_is_unsupported_compression(monkeypatch: pytest.Mo
     with pytest.raises(UnsupportedCompression, match=r"edgegw\[kafka\]") as info:
         list(decode_batches(data))
     assert info.value.codec == "lz4"
+
+
+def test_varints_at_the_one_two_and_three_byte_boundaries() -> None:
+    """Every varint field of a record read across the sizes the decoder inlines (one and
+    two bytes) and the ones it calls for: zigzag 64 and 8192 are the first of two and
+    three bytes; 8,200 records take offset deltas past both."""
+    sizes = [0, 1, 31, 32, 63, 64, 65, 127, 128, 4095, 4096, 8191, 8192, 9000]
+    records = []
+    for i in range(8200):
+        n = sizes[i % len(sizes)]
+        ts = 1_700_000_000_000 + [0, 63, 64, 8191, 8192, -64, -65][i % 7]
+        key = None if i % 5 == 0 else b"k" * sizes[(i // 3) % len(sizes)]
+        value = None if i % 11 == 0 else bytes([i % 256]) * n
+        records.append((ts, key, value, [("h", b"v" * (i % 70))] if i % 13 == 0 else []))
+    (batch,) = decode_batches(encode_batch(5, records), max_records_bytes=256 << 20)
+    assert batch.records == [
+        KafkaRecord(i, ts, k, v, tuple(h)) for i, (ts, k, v, h) in enumerate(records)
+    ]
+    # and truncated in the middle of a two-byte varint: corrupt, not a crash
+    data = encode_batch(0, [(1, None, b"x" * 100, [])])
+    body_start = HEADER_SIZE
+    cut = bytearray(data[: body_start + 1])  # the record length's first byte only
+    struct.pack_into(">i", cut, 8, len(cut) - 12)
+    with pytest.raises(CorruptData, match="truncated"):
+        list(decode_batches(_with_crc(cut)))

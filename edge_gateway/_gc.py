@@ -1,0 +1,89 @@
+"""The serve process's garbage collector: settled once startup is done, and its pauses counted.
+
+A collection stops the event loop, and every request in flight waits for it.
+With CPython's defaults a young collection runs every 700 net allocations of
+container objects (several times per second under load), and a full one
+scans every object alive -- everything imported and built at startup too --
+for tens of milliseconds: on a gateway answering 5,000 requests/s on 64
+connections those full collections were most of the p99
+(``bench/produce.py``'s ``concurrent_p99_ms``; docs/api.md, "Produce
+performance").
+
+:func:`settle` (``edgegw serve`` calls it once the gateway is ready) runs one
+full collection, then ``gc.freeze()``: what is alive then (modules, the
+configuration, the journal's recovered state) lives as long as the process,
+and later collections no longer scan it (a frozen object is still freed
+by reference counting when its last reference goes; only a reference cycle
+among frozen objects would stay until exit). It raises the young generation's
+threshold to :data:`GEN0_THRESHOLD`, so young collections are rarer and the
+full ones, which follow the young, rarer still. Garbage cycles are still
+collected, a little later. :func:`statistics` (``edgegw status`` under
+``python_gc``, the ``edgegw_gc_*`` metrics)
+counts the collections and their pauses per generation from then on.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any, Final
+
+__all__ = ["GEN0_THRESHOLD", "settle", "statistics"]
+
+#: Net allocations of container objects between young collections (CPython: 700).
+GEN0_THRESHOLD: Final = 20_000
+
+
+class _Pauses:
+    """Collections and their pause seconds, per generation (a ``gc.callbacks`` hook)."""
+
+    def __init__(self) -> None:
+        #: in ``gc.callbacks`` (after :func:`settle`)
+        self.installed = False
+        self.started = 0.0
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.max_seconds = [0.0, 0.0, 0.0]
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+            return
+        took = time.perf_counter() - self.started
+        gen = min(int(info.get("generation", 0)), 2)
+        self.collections[gen] += 1
+        self.seconds[gen] += took
+        self.max_seconds[gen] = max(self.max_seconds[gen], took)
+
+
+_PAUSES: Final = _Pauses()
+
+
+def settle(gen0_threshold: int = GEN0_THRESHOLD) -> None:
+    """Collect, freeze what is alive, raise the young threshold, and count pauses from now on.
+
+    Once per process (a second call only collects and freezes what startup
+    added since). The thresholds of the older generations stay CPython's.
+    """
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(gen0_threshold, gen1, gen2)
+    if not _PAUSES.installed:
+        _PAUSES.installed = True
+        gc.callbacks.append(_PAUSES)
+
+
+def statistics() -> dict[str, Any]:
+    """What ``edgegw status`` shows under ``python_gc`` (``settled`` false: CPython's defaults)."""
+    p = _PAUSES
+    doc: dict[str, Any] = {
+        "settled": p.installed,
+        "frozen_objects": gc.get_freeze_count(),
+        "thresholds": list(gc.get_threshold()),
+    }
+    if p.installed:
+        doc["collections"] = list(p.collections)
+        doc["pause_seconds"] = [round(s, 6) for s in p.seconds]
+        doc["max_pause_ms"] = [round(s * 1e3, 3) for s in p.max_seconds]
+    return doc
