@@ -24,9 +24,9 @@ How it is built: every request is built, and every response parsed, once
 and without I/O (``_*_call`` build a :class:`_Call`, ``_produced`` /
 ``_fetched`` / ... parse a :class:`_Reply`); the two clients are thin I/O
 shells around that core. :class:`Client` on ``http://`` talks HTTP/1.1 itself
-over one keep-alive connection of the standard library's ``http.client``
-(:class:`_Connection`), which costs a producer about what a bare
-``http.client`` request does; httpx
+over one keep-alive socket (:class:`_Connection`: the request's bytes built
+once, the response read by ``http.client.HTTPResponse``), which costs a
+producer about what a bare ``http.client`` request does; httpx
 carries ``https://``, a custom ``transport`` and :class:`AsyncClient`.
 
 TLS (``https://``): the server's certificate is verified against
@@ -825,75 +825,82 @@ def _unavailable(base_url: str, exc: Exception) -> Unavailable:
     return Unavailable(f"cannot reach the gateway at {base_url}: {type(exc).__name__}: {exc}")
 
 
-def _checked_header(name: str, value: str) -> tuple[str, str]:
+def _header_line(name: str, value: str) -> bytes:
     if "\r" in value or "\n" in value or "\0" in value:
         raise InvalidInput(f"header {name}: a value must not hold CR, LF or NUL")
-    return name, value
+    return f"{name}: {value}\r\n".encode("latin-1")
 
 
 class _Connection:
     """One keep-alive HTTP/1.1 connection to an ``http://`` gateway.
 
-    The standard library's :class:`http.client.HTTPConnection` frames the
-    messages (the request head and a body go out in one send). Before a
-    connection is reused it must be idle for less than
-    :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the server's keep-alive timeout)
-    and have nothing to read (a server that closed it leaves an EOF there):
-    otherwise a new one is opened, so that a request is never sent on a
-    connection the server is closing. Not thread-safe, like the client that
-    owns it.
+    A request's bytes are built here (the fixed headers once, when the
+    client is made: every value checked) and go out in one ``sendall``; the
+    response is read by the standard library's
+    :class:`http.client.HTTPResponse` (status line, headers, Content-Length,
+    chunked and close-delimited bodies; malformed answers raise
+    :class:`http.client.HTTPException`). Before a connection is reused it
+    must be idle for less than :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the
+    server's keep-alive timeout) and have nothing to read (a server that
+    closed it leaves an EOF there): otherwise a new one is opened, so that a
+    request is never sent on a connection the server is closing. Not
+    thread-safe, like the client that owns it.
     """
 
     def __init__(self, url: httpx.URL, headers: Mapping[str, str]) -> None:
-        self.host, self.port = url.host, url.port or 80
+        self.address = (url.host, url.port or 80)
         self.prefix = url.raw_path.decode("ascii").rstrip("/")
-        self.origin = f"http://{url.netloc.decode('ascii')}"
-        #: the client's own headers, sent with every request (http.client adds host)
-        self.fixed = [_checked_header(k, v) for k, v in headers.items()]
-        self._http: http.client.HTTPConnection | None = None
+        host = url.netloc.decode("ascii")
+        self.origin = f"http://{host}"
+        #: host and the client's own headers, as sent with every request
+        self.fixed = _header_line("host", host) + b"".join(
+            _header_line(k, v) for k, v in headers.items()
+        )
+        self._sock: socket.socket | None = None
         self._idle_since = 0.0
 
-    @property
-    def _sock(self) -> socket.socket | None:
-        return None if self._http is None else self._http.sock
-
     def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
-        self._http = None
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = None
 
-    def _ready(self, timeout: float) -> http.client.HTTPConnection:
-        conn = self._http
-        if conn is not None and conn.sock is not None:
+    def _ready(self, timeout: float) -> socket.socket:
+        sock = self._sock
+        if sock is not None:
             stale = time.monotonic() - self._idle_since > CLIENT_KEEPALIVE_EXPIRY_S
-            if not stale and not select.select([conn.sock], [], [], 0)[0]:
-                conn.sock.settimeout(timeout)
-                return conn
+            if not stale and not select.select([sock], [], [], 0)[0]:
+                sock.settimeout(timeout)
+                return sock
             self.close()
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
-        conn.connect()
-        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._http = conn
-        return conn
+        sock = socket.create_connection(self.address, timeout=timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._sock = sock
+        return sock
 
     def request(self, call: _Call, timeout: float) -> _Reply:
         target = self.prefix + call.path
         if call.params:
             target += "?" + urlencode(call.params)
+        head = b"%s %s HTTP/1.1\r\n%s" % (
+            call.method.encode("ascii"),
+            target.encode("ascii"),
+            self.fixed,
+        )
+        if call.headers:
+            head += b"".join(_header_line(k, v) for k, v in call.headers.items())
         body = call.content
-        conn = self._ready(timeout)
+        if body is not None or call.method == "POST":
+            head += b"content-length: %d\r\n" % len(body or b"")
+        head += b"\r\n"
+        sock = self._ready(timeout)
         try:
-            conn.putrequest(call.method, target, skip_accept_encoding=True)
-            for name, value in self.fixed:
-                conn.putheader(name, value)
-            if call.headers:
-                for name, value in call.headers.items():
-                    conn.putheader(*_checked_header(name, value))
-            if body is not None or call.method == "POST":
-                conn.putheader("content-length", str(len(body or b"")))
-            conn.endheaders(body or None)
-            response = conn.getresponse()
-            data = response.read()
+            sock.sendall(head + body if body else head)
+            response = http.client.HTTPResponse(sock, method=call.method)
+            try:
+                response.begin()
+                data = response.read()
+            finally:
+                response.close()
         except (OSError, http.client.HTTPException):
             self.close()
             raise

@@ -106,7 +106,7 @@ def test_client_reads_chunked_and_close_delimited_responses() -> None:
             assert client._conn is not None
             assert client._conn._sock is None  # closed after it
         server.join(10)
-    assert requests[0].startswith(b"GET /v1/status HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert requests[0].startswith(b"GET /v1/status HTTP/1.1\r\nhost: 127.0.0.1:")
     assert b"\r\nauthorization: Bearer tok\r\n" in requests[0]
 
 
