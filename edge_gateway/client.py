@@ -24,8 +24,9 @@ How it is built: every request is built, and every response parsed, once
 and without I/O (``_*_call`` build a :class:`_Call`, ``_produced`` /
 ``_fetched`` / ... parse a :class:`_Reply`); the two clients are thin I/O
 shells around that core. :class:`Client` on ``http://`` talks HTTP/1.1 itself
-over one keep-alive socket (:class:`_Connection`, :class:`_ResponseParser`),
-which costs a producer about what a bare ``http.client`` request does; httpx
+over one keep-alive socket (:class:`_Connection`: the request's bytes built
+once, the response read by ``http.client.HTTPResponse``), which costs a
+producer about what a bare ``http.client`` request does; httpx
 carries ``https://``, a custom ``transport`` and :class:`AsyncClient`.
 
 TLS (``https://``): the server's certificate is verified against
@@ -59,6 +60,7 @@ batch encoding (``edge_gateway.format.batch``).
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
 import select
@@ -69,7 +71,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final, Literal, NamedTuple, Self
+from typing import Any, Literal, NamedTuple, Self
 from urllib.parse import quote, urlencode
 
 import httpx
@@ -826,162 +828,6 @@ def _unavailable(base_url: str, exc: Exception) -> Unavailable:
     return Unavailable(f"cannot reach the gateway at {base_url}: {type(exc).__name__}: {exc}")
 
 
-class _BadResponse(Exception):
-    """What the gateway sent is not an HTTP/1.1 response this client can read."""
-
-
-#: A response head (status line and headers) longer than this is refused.
-_MAX_RESPONSE_HEAD: Final = 64 * 1024
-_DIGITS: Final = frozenset(b"0123456789")
-_HEX: Final = frozenset(b"0123456789abcdefABCDEF")
-# _ResponseParser states
-_HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _UNTIL_CLOSE, _DONE = range(8)
-
-
-class _ResponseParser:
-    """Sans-IO reader of one HTTP/1.1 response: bytes in (:meth:`feed`), status,
-    headers and body out.
-
-    Framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the end of
-    the connection (RFC 9112 section 6.3); ``1xx`` interim responses are
-    skipped; a response to ``HEAD`` and a ``204``/``304`` have no body.
-    :attr:`keep_alive` says whether the connection may carry the next request.
-    Anything malformed raises :class:`_BadResponse`.
-    """
-
-    __slots__ = (
-        "_buf",
-        "_chunks",
-        "_head_only",
-        "_remaining",
-        "_state",
-        "headers",
-        "keep_alive",
-        "status",
-    )
-
-    def __init__(self, *, head_only: bool = False) -> None:
-        self._buf = bytearray()
-        self._chunks: list[bytes] = []
-        self._head_only = head_only
-        self._remaining = 0
-        self._state = _HEAD
-        self.status = 0
-        #: Header values by lower-case name (the first of repeated ones).
-        self.headers: dict[str, str] = {}
-        self.keep_alive = True
-
-    @property
-    def body(self) -> bytes:
-        return self._chunks[0] if len(self._chunks) == 1 else b"".join(self._chunks)
-
-    def feed(self, data: bytes) -> bool:
-        """Take the bytes received next (``b""``: the connection ended); True once complete."""
-        if data:
-            if self._state == _DONE:
-                raise _BadResponse("bytes after the end of the response")
-            self._buf += data
-        elif self._state == _UNTIL_CLOSE:
-            self._chunks.append(bytes(self._buf))
-            self._buf.clear()
-            self._state = _DONE
-            return True
-        elif self._state != _DONE:
-            raise _BadResponse("the gateway closed the connection mid-response")
-        while True:
-            state, buf = self._state, self._buf
-            if state == _DONE:
-                if buf:
-                    raise _BadResponse("bytes after the end of the response")
-                return True
-            if state == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_RESPONSE_HEAD:
-                        raise _BadResponse("response head too long")
-                    return False
-                head = bytes(buf[:end])
-                del buf[: end + 4]
-                self._head(head)
-            elif state in (_LENGTH, _CHUNK_DATA):
-                n = self._remaining
-                if len(buf) < n:
-                    return False
-                self._chunks.append(bytes(buf[:n]))
-                del buf[:n]
-                self._state = _DONE if state == _LENGTH else _CHUNK_END
-            elif state == _CHUNK_END:
-                if len(buf) < 2:
-                    return False
-                if buf[:2] != b"\r\n":
-                    raise _BadResponse("chunk not followed by CRLF")
-                del buf[:2]
-                self._state = _CHUNK_SIZE
-            elif state == _CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > 1024:
-                        raise _BadResponse("chunk size line too long")
-                    return False
-                size = bytes(buf[:end]).partition(b";")[0].strip()
-                del buf[: end + 2]
-                if not size or not _HEX.issuperset(size) or len(size) > 16:
-                    raise _BadResponse(f"bad chunk size {size[:20]!r}")
-                self._remaining = int(size, 16)
-                self._state = _CHUNK_DATA if self._remaining else _TRAILERS
-            elif state == _TRAILERS:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > _MAX_RESPONSE_HEAD:
-                        raise _BadResponse("trailers too long")
-                    return False
-                del buf[: end + 2]
-                if end == 0:
-                    self._state = _DONE
-            else:  # _UNTIL_CLOSE: everything until the end of the connection
-                return False
-
-    def _head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        version, _, rest = lines[0].partition(b" ")
-        code = rest[:3]
-        if (
-            version not in (b"HTTP/1.1", b"HTTP/1.0")
-            or len(code) != 3
-            or not _DIGITS.issuperset(code)
-            or rest[3:4] not in (b"", b" ")
-        ):
-            raise _BadResponse(f"bad status line {lines[0][:80]!r}")
-        status = int(code)
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, colon, value = line.partition(b":")
-            if not colon or not name or name != name.strip():
-                raise _BadResponse(f"bad header line {line[:80]!r}")
-            headers.setdefault(name.decode("latin-1").lower(), value.strip().decode("latin-1"))
-        if 100 <= status < 200:
-            return  # interim (100 Continue, 103 Early Hints): the final response follows
-        self.status, self.headers = status, headers
-        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
-        self.keep_alive = version == b"HTTP/1.1" and "close" not in tokens
-        te = headers.get("transfer-encoding")
-        if self._head_only or status in (204, 304):
-            self._state = _DONE
-        elif te is not None:
-            if te.rpartition(",")[2].strip().lower() != "chunked":
-                raise _BadResponse(f"unsupported transfer-encoding {te[:40]!r}")
-            self._state = _CHUNK_SIZE
-        elif "content-length" in headers:
-            length = headers["content-length"].encode("latin-1")
-            if not length or not _DIGITS.issuperset(length) or len(length) > 18:
-                raise _BadResponse(f"bad content-length {length[:20]!r}")
-            self._remaining = int(length)
-            self._state = _LENGTH
-        else:
-            self.keep_alive = False
-            self._state = _UNTIL_CLOSE
-
-
 def _header_line(name: str, value: str) -> bytes:
     if "\r" in value or "\n" in value or "\0" in value:
         raise InvalidInput(f"header {name}: a value must not hold CR, LF or NUL")
@@ -992,13 +838,16 @@ class _Connection:
     """One keep-alive HTTP/1.1 connection to an ``http://`` gateway.
 
     A request's bytes are built here (the fixed headers once, when the
-    client is made) and go out in one ``sendall``; :class:`_ResponseParser`
-    reads the response. Before a connection is reused it must be idle for
-    less than :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the server's
-    keep-alive timeout) and have nothing to read (a server that closed it
-    leaves an EOF there): otherwise a new one is opened, so that a request is
-    never sent on a connection the server is closing. Not thread-safe, like
-    the client that owns it.
+    client is made: every value checked) and go out in one ``sendall``; the
+    response is read by the standard library's
+    :class:`http.client.HTTPResponse` (status line, headers, Content-Length,
+    chunked and close-delimited bodies; malformed answers raise
+    :class:`http.client.HTTPException`). Before a connection is reused it
+    must be idle for less than :data:`CLIENT_KEEPALIVE_EXPIRY_S` (below the
+    server's keep-alive timeout) and have nothing to read (a server that
+    closed it leaves an EOF there): otherwise a new one is opened, so that a
+    request is never sent on a connection the server is closing. Not
+    thread-safe, like the client that owns it.
     """
 
     def __init__(self, url: httpx.URL, headers: Mapping[str, str]) -> None:
@@ -1047,18 +896,24 @@ class _Connection:
             head += b"content-length: %d\r\n" % len(body or b"")
         head += b"\r\n"
         sock = self._ready(timeout)
-        parser = _ResponseParser(head_only=call.method == "HEAD")
         try:
             sock.sendall(head + body if body else head)
-            while not parser.feed(sock.recv(65536)):
-                pass
-        except (OSError, _BadResponse):
+            response = http.client.HTTPResponse(sock, method=call.method)
+            try:
+                response.begin()
+                data = response.read()
+            finally:
+                response.close()
+        except (OSError, http.client.HTTPException):
             self.close()
             raise
-        if not parser.keep_alive:
+        headers: dict[str, str] = {}
+        for name, value in response.getheaders():
+            headers.setdefault(name.lower(), value)
+        if response.will_close:
             self.close()
         self._idle_since = time.monotonic()
-        return _Reply(parser.status, parser.headers, parser.body, call.method, self.origin + target)
+        return _Reply(response.status, headers, data, call.method, self.origin + target)
 
 
 # ------------------------------------------------------------------ clients
@@ -1121,7 +976,7 @@ class Client:
                     timeout=timeout,
                 )
             )
-        except (httpx.TransportError, OSError, _BadResponse) as exc:
+        except (httpx.TransportError, OSError, http.client.HTTPException) as exc:
             raise _unavailable(self.base_url, exc) from exc
 
     def produce(
