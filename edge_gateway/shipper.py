@@ -1251,11 +1251,16 @@ class Shipper:
                 continue
             if j.durable_lsn < j.next_lsn - 1:
                 await j.wait_durable(j.next_lsn - 1)
+            durable = j.durable_lsn
             got = await self._read_entries(j, first[lane], room, drops=lane.drops)
             if got:
                 last[lane] = got[-1].lsn
                 room -= sum(e.length for e in got)
                 entries += got
+            elif durable >= first[lane] and j.only_checkpoints(first[lane], durable):
+                # Only checkpoints (reads skip them: a fresh journal's first
+                # entry is one): nothing to ship, but the lane is past them.
+                last[lane] = durable
             if lane.drops:
                 # What the lane dropped from this object's first LSN on: before
                 # the entries read (their LSNs are after every dropped one).
@@ -1264,7 +1269,8 @@ class Shipper:
                     last[lane] = max(last[lane], dropped[-1].lsn_last)
                     gaps += _gap_ranges(lane, dropped)
                     drops[lane] = tuple(d.lsn_first for d in dropped)
-        if not (entries or gaps) or (due is not None and not due(entries)):
+        passed = any(last[lane] >= lsn for lane, lsn in first.items())
+        if not (entries or gaps or passed) or (due is not None and not due(entries)):
             return None
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
         return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops)

@@ -2270,6 +2270,20 @@ class Journal:
             yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
         yield p.lsns, 0
 
+    def only_checkpoints(self, first_lsn: int, last_lsn: int) -> bool:
+        """Whether every entry from ``first_lsn`` to ``last_lsn`` is a checkpoint.
+
+        A checkpoint is only ever the first entry of a segment, so this is a
+        count of segment bases in the range (no read). The shipper steps over
+        such a range (its reads skip checkpoints), e.g. a fresh journal's first
+        entry.
+        """
+        if last_lsn < first_lsn:
+            return True
+        bases = [seg.base_lsn for seg in self._segments]
+        inside = bisect.bisect_right(bases, last_lsn) - bisect.bisect_left(bases, first_lsn)
+        return inside == last_lsn - first_lsn + 1
+
     def read_entries(
         self,
         from_lsn: int,

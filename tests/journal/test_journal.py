@@ -667,3 +667,21 @@ async def test_a_wall_clock_set_back_does_not_stop_appends_from_yielding(
             await j.append("t", 0, batch_for("t", 0, i, 1))
         assert ran > before
         nursery.cancel_scope.cancel()
+
+
+def test_only_checkpoints_counts_segment_bases(tmp_path: Path) -> None:
+    j = Journal.open_sync(tmp_path / "j", JournalConfig(segment_bytes=64 * 1024, retention_ms=0))
+    try:
+        assert j.next_lsn == 2  # a fresh journal: its checkpoint
+        assert j.only_checkpoints(1, 1)
+        j.append_nowait("t", 0, encode_batch([b"x" * 100], timestamps=1))
+        assert not j.only_checkpoints(1, 2)
+        assert j.only_checkpoints(3, 2)  # an empty range
+        while j.statistics().segments < 2:
+            j.append_nowait("t", 0, encode_batch([b"x" * 8000], timestamps=1))
+        base = j.next_lsn - 2  # the new segment: its checkpoint, then the entry that rolled
+        assert j.only_checkpoints(base, base)
+        assert not j.only_checkpoints(base, base + 1)
+        assert not j.only_checkpoints(base - 1, base)
+    finally:
+        j.close_sync()

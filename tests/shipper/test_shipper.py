@@ -345,3 +345,27 @@ async def test_a_claim_racing_a_live_writer_lands_then_reads_what_it_skipped(
         jb.close_sync()
         await racing.aclose()
         await shared.aclose()
+
+
+async def test_a_journal_of_only_its_first_checkpoint_counts_as_shipped(tmp_path: Path) -> None:
+    # A fresh journal holds one entry, the checkpoint that starts its segment:
+    # nothing to ship, yet `edgegw sync` waits for it (it once waited for ever).
+    bucket = await LocalBucket.open(tmp_path / "b", create=True)
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        assert j.next_lsn - 1 >= 1
+        s = Shipper(j, bucket, "north", config=FAST)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            with trio.fail_after(10):
+                await s.wait_shipped(j.next_lsn - 1)
+            assert not s.pending()
+            assert s.statistics().objects == 0  # nothing went to the bucket for it
+            produce(j, "t", 1, 1)
+            with trio.fail_after(10):
+                await s.wait_shipped(j.next_lsn - 1)
+            nursery.cancel_scope.cancel()
+        assert await log_records(bucket, "north") == expected(1, 10)
+    finally:
+        j.close_sync()
+        await bucket.aclose()

@@ -228,3 +228,19 @@ def test_first_start_offline_answers_healthz_and_stops_on_sigterm(
         assert a.proc.wait(timeout=30) == 0, a.tail()
     finally:
         fleet.close()
+
+
+def test_sync_beside_a_fresh_gateway_that_holds_nothing_returns(tmp_path: Path) -> None:
+    # A fresh journal's only entry is the checkpoint that starts its segment:
+    # nothing to ship. `edgegw sync` asked the gateway and waited for it for ever.
+    fleet = Fleet(tmp_path, ["a"], TOPICS[:1], per_region=SLOW_A)
+    try:
+        fleet.start()
+        a = fleet["a"]
+        done = run_edgegw("sync", "--config", a.config, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert "shipped 0 records" in done.stdout, done.stdout
+        assert a.status()["shipper"]["pending_lsns"] == 0
+    finally:
+        codes = fleet.close()
+    assert codes["a"] == 0, fleet["a"].tail()
