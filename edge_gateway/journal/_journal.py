@@ -1933,7 +1933,7 @@ class Journal:
         try:
             append_drops(self.path, drops)
         except OSError as exc:
-            if not (no_room(exc) and self._space.release_reserve()):
+            if not (no_room(exc) and self._space.release_reserve("to record a drop")):
                 raise
             append_drops(self.path, drops)
 

@@ -185,8 +185,8 @@ class DiskSpace:
                     _fs.ops.close(fd)
         self.has_reserve = True
 
-    def release_reserve(self) -> bool:
-        """Delete the reserve file to make room for a roll; False if there is none."""
+    def release_reserve(self, why: str = "to roll over") -> bool:
+        """Delete the reserve file to make room for a roll (or ``why``); False if there is none."""
         if not self.has_reserve:
             return False
         try:
@@ -197,5 +197,5 @@ class DiskSpace:
             log.warning("journal: could not delete the reserve file: %s", exc)
             return False
         self.has_reserve = False
-        log.info("journal: the disk is full: released the reserve file to roll over")
+        log.info("journal: the disk is full: released the reserve file %s", why)
         return True

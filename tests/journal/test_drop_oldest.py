@@ -295,7 +295,7 @@ async def test_a_full_disk_makes_a_drop_oldest_journal_drop_its_oldest(
             assert gone == list(range(len(gone)))  # the oldest went first
             assert held[-1] == acked[-1]  # the newest are kept
             # The first drop on the full disk was paid for by the reserve file.
-            assert "released the reserve file" in caplog.text
+            assert "released the reserve file to record a drop" in caplog.text
             assert "(drop-oldest: the disk is full)" in caplog.text
             assert load_drops(path) == j.dropped()
             drops = j.dropped()
@@ -306,6 +306,33 @@ async def test_a_full_disk_makes_a_drop_oldest_journal_drop_its_oldest(
             assert sorted(_reported(j2, "t", 0) + _held(j2, "t", 0)) == acked
         finally:
             j2.close_sync()
+
+
+async def test_no_room_for_the_record_drops_nothing(tmp_path: Path) -> None:
+    # Without a reserve file, on a disk full to the last byte, the record of a
+    # drop cannot be written: then nothing is dropped (a drop is never
+    # unrecorded) and the append fails with DiskFull, as in a block journal.
+    with mounted_tmpfs(tmp_path / "disk", "8m") as disk:
+        path = disk / "j"
+        cfg = dataclasses.replace(DISK_CFG, reserve_bytes=0)
+        async with open_journal(path, cfg, drop_oldest=True) as j:
+            acked = _append(j, "t", 0, 2000)
+            fill(disk / "filler")
+            refused = 0
+            for _ in range(1000):
+                try:
+                    acked += _append(j, "t", 0, 1)
+                except DiskFull:
+                    refused += 1
+                    break
+            assert refused == 1
+            assert j.dropped() == []
+            assert not (path / DROPPED_NAME).exists() or load_drops(path) == []
+            assert _held(j, "t", 0) == acked
+            # Space returns: the next append goes in, nothing was lost.
+            (disk / "filler").unlink()
+            acked += _append(j, "t", 0, 1)
+            assert _held(j, "t", 0) == acked
 
 
 async def test_a_full_disk_with_only_the_active_segment_seals_it_and_drops_it(
