@@ -619,7 +619,7 @@ class Journal:
         if start_lsn < 1:
             raise InvalidInput("start_lsn must be >= 1")
         j = cls(Path(path), config or JournalConfig())
-        j.drop_oldest = drop_oldest
+        j.drop_oldest = j._space.drop_oldest = drop_oldest
         # One process per journal: a second one would truncate the segment the
         # first writes through its map (see edge_gateway.datadir).
         try:

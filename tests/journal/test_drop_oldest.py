@@ -297,6 +297,7 @@ async def test_a_full_disk_makes_a_drop_oldest_journal_drop_its_oldest(
             # The first drop on the full disk was paid for by the reserve file.
             assert "released the reserve file to record a drop" in caplog.text
             assert "(drop-oldest: the disk is full)" in caplog.text
+            assert "This drop-oldest lane keeps accepting" in caplog.text
             assert load_drops(path) == j.dropped()
             drops = j.dropped()
         # The record of the drops survives a reopen (the filler still there).
