@@ -1364,11 +1364,14 @@ class Journal:
             if res.failure is not None:
                 raise res.failure
             # A full disk, handled as _put handles it: note the episode, delete
-            # a shipped segment or refuse; then the batches again, one at a
-            # time (each makes room or raises DiskFull).
+            # a shipped segment (or make drop-oldest lanes give way) or refuse;
+            # then the batches again, one at a time (each makes room or raises
+            # DiskFull).
             assert isinstance(res.error, OSError)
             error = self._disk_full(res.seg.path, res.error, res.length)
-            if not self._delete_segments(force=True, limit=1):
+            if not (
+                self._delete_segments(force=True, limit=1) or self._make_room_unshipped(res.length)
+            ):
                 self._refused()
                 raise error from res.error
             first = i - len(res.sizes)

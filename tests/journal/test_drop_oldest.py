@@ -20,15 +20,17 @@ import pytest
 from _tmpfs import fill, free_bytes, mounted_tmpfs
 
 from edge_gateway.errors import CorruptData, DiskFull, JournalFull
-from edge_gateway.format.batch import decode_batch, encode_record
+from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import (
     MAIN_LANE,
     Journal,
     JournalConfig,
     Lane,
+    MirrorBatch,
     OffsetOutOfRange,
     OnFull,
     Priority,
+    SourceCoords,
     open_journal,
 )
 from edge_gateway.journal._dropped import DROPPED_NAME, load_drops
@@ -384,6 +386,19 @@ async def test_a_full_disk_under_lanes_drops_only_drop_oldest_data(tmp_path: Pat
                     lanes.append_nowait("telemetry", 0, record(lanes.next_offset("telemetry", 0)))
                 )
             assert tele.statistics().dropped_records > 0
+            # a mirror (into the normal lane) takes telemetry's room as well
+            dropped = tele.statistics().dropped_records
+            for seq in range(1, 301):  # ~270 KiB: past the preallocated segment
+                mirrored = encode_batch(
+                    [b"m" * 200] * 4, timestamps=[1] * 4, base_offset=(seq - 1) * 4
+                )
+                await lanes.main.append_mirror_batches(
+                    [MirrorBatch("north.m", 0, mirrored)],
+                    SourceCoords("north", seq, 1, end_of_object=False),
+                    SourceCoords("north", seq, 1),
+                )
+            assert lanes.main.next_offset("north.m", 0) == 1200
+            assert tele.statistics().dropped_records > dropped
             # alarms (block) takes the room telemetry gives up, then is refused
             acked = refused = 0
             for _ in range(50_000):
