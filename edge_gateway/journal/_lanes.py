@@ -18,6 +18,12 @@ pool (``max_bytes`` minus every reserve) the other lanes do not use beyond
 their own reserves. A lane over its budget deletes its shipped segments or
 refuses the append (``JournalFull``), as a single journal does.
 
+**Drop-oldest data gives way.** A block lane over its budget first makes the
+drop-oldest lanes shed what they hold beyond their reserve; a block lane
+that finds the *filesystem* full (``ENOSPC``) with no shipped segment left
+makes the drop-oldest lanes on the same filesystem shed
+(``Journal.make_room_elsewhere``) before it answers ``DiskFull``.
+
 Mirror partitions never come here: tailers append to the main (``normal``)
 lane's journal directly.
 """
