@@ -70,6 +70,10 @@ def run_serve(config: Path) -> None:
     configure_logging(cfg.log.level, cfg.log.format)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_BindFailureFilter(cfg.api.listen))
+    from edge_gateway import _heap
+
+    # Before any thread starts: after a drain, memory goes back (edge_gateway._heap).
+    _heap.tune()
     try:
         trio.run(_serve, cfg)
     except* BucketLost as group:

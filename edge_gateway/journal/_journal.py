@@ -18,7 +18,10 @@ Invariants (the tests check each one):
   allows; a full disk budget makes appends fail with ``JournalFull`` and never
   touches acknowledged data. A full disk (``ENOSPC``, ``EDQUOT``) deletes
   shipped segments within retention, oldest first, before an append fails
-  with ``DiskFull``; it never deletes an unshipped byte.
+  with ``DiskFull``; it never deletes an unshipped byte, except in a
+  ``drop-oldest`` journal, which then drops its oldest unshipped segments
+  (recorded first in ``dropped.log``) as it does over its budget, and which a
+  block journal beside it may ask to (``make_room_elsewhere``).
 * A write that fails leaves the journal as it was before it: a partly written
   entry is truncated away, a roll that fails half way is undone (the old
   segment stays active) and retried by the next append, an index file that
@@ -124,6 +127,9 @@ _SEGMENT_MEMORY: Final = 1280
 #: On a full disk the active segment is sealed early (so it can be deleted once
 #: shipped) only if at least this much of it is shipped: no storm of tiny segments.
 _EARLY_ROLL_MIN: Final = 64 * 1024
+#: Why drop-oldest deleted an unshipped segment (the log line's tail).
+_OVER_BUDGET: Final = " (drop-oldest: the lane is over its budget)"
+_DISK_FULL: Final = " (drop-oldest: the disk is full)"
 #: iovecs per pwritev (IOV_MAX is 1024 on Linux)
 _MAX_IOV: Final = 1020
 #: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
@@ -559,8 +565,13 @@ class Journal:
         self._truncated_on_open = 0
         self._open_seconds = 0.0
         self._lock: DirectoryLock | None = None
-        #: A drop-oldest journal: over budget, delete the oldest unshipped segment.
+        #: A drop-oldest journal: over budget, or on a full disk, delete the oldest
+        #: unshipped segment.
         self.drop_oldest = False
+        #: A block journal on a full disk, with no shipped segment left to delete:
+        #: asks the drop-oldest journals beside it to free about ``n`` bytes of the
+        #: filesystem before refusing (set by ``Lanes``); True if any was freed.
+        self.make_room_elsewhere: Callable[[int], bool] | None = None
         #: What drop-oldest deleted unshipped (dropped.log), oldest first.
         self._drops: list[Drop] = []
         #: Bumped at each drop (the shipper notices drops under an object it built).
@@ -608,7 +619,7 @@ class Journal:
         if start_lsn < 1:
             raise InvalidInput("start_lsn must be >= 1")
         j = cls(Path(path), config or JournalConfig())
-        j.drop_oldest = drop_oldest
+        j.drop_oldest = j._space.drop_oldest = drop_oldest
         # One process per journal: a second one would truncate the segment the
         # first writes through its map (see edge_gateway.datadir).
         try:
@@ -1361,11 +1372,14 @@ class Journal:
             if res.failure is not None:
                 raise res.failure
             # A full disk, handled as _put handles it: note the episode, delete
-            # a shipped segment or refuse; then the batches again, one at a
-            # time (each makes room or raises DiskFull).
+            # a shipped segment (or make drop-oldest lanes give way) or refuse;
+            # then the batches again, one at a time (each makes room or raises
+            # DiskFull).
             assert isinstance(res.error, OSError)
             error = self._disk_full(res.seg.path, res.error, res.length)
-            if not self._delete_segments(force=True, limit=1):
+            if not (
+                self._delete_segments(force=True, limit=1) or self._make_room_unshipped(res.length)
+            ):
                 self._refused()
                 raise error from res.error
             first = i - len(res.sizes)
@@ -1562,7 +1576,8 @@ class Journal:
         """Write one encoded entry (in pieces) at the end of the active segment.
 
         On a full disk the partial write is undone and shipped segments are
-        deleted, oldest first, until it fits; ``DiskFull`` if none is left.
+        deleted, oldest first, until it fits, then drop-oldest data (see
+        :meth:`_make_room_unshipped`); ``DiskFull`` if none is left.
         """
         pos = seg.size
         if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._syncing:
@@ -1577,7 +1592,9 @@ class Journal:
             except OSError as exc:
                 self._write_failed(seg, exc)  # raises unless the disk is full
                 error = self._disk_full(seg.path, exc, length)
-                if not self._delete_segments(force=True, limit=1):
+                if not (
+                    self._delete_segments(force=True, limit=1) or self._make_room_unshipped(length)
+                ):
                     self._refused()
                     raise error from exc
 
@@ -1884,10 +1901,14 @@ class Journal:
         """
         self._taken_lsn = max(self._taken_lsn, lsn)
 
-    def _drop_unshipped(self) -> bool:
+    def _drop_unshipped(self, why: str = _OVER_BUDGET) -> bool:
         """Delete the oldest sealed segment though it is not (all) shipped, after
         recording exactly what it held in ``dropped.log`` (fsynced). False if there
-        is none (only the active segment is left) or it could not be deleted."""
+        is none (only the active segment is left) or it could not be deleted.
+
+        On a disk full to the last byte the record itself needs room: the
+        reserve file gives it (the drop then frees a whole segment, and the
+        reserve comes back once the disk has room for it)."""
         if len(self._segments) < 2 or self._broken is not None:
             return False
         seg = self._segments[0]
@@ -1898,7 +1919,7 @@ class Journal:
         if not self._drops or self._drops[-1].segment != seg.base_lsn:
             # (A second try after a failed unlink records nothing twice.)
             try:
-                append_drops(self.path, drops)
+                self._record_drops(drops)
             except OSError as exc:
                 log.warning("journal: cannot record a drop in %s: %s", self.path, exc)
                 return False
@@ -1920,20 +1941,55 @@ class Journal:
                 )
                 or "no records",
             )
-        return self._drop_oldest(" (drop-oldest: the lane is over its budget)")
+        return self._drop_oldest(why)
 
-    def shed(self, nbytes: int) -> int:
+    def _record_drops(self, drops: list[Drop]) -> None:
+        """Append ``drops`` to ``dropped.log``; on no room, release the reserve file and retry."""
+        try:
+            append_drops(self.path, drops)
+        except OSError as exc:
+            if not (no_room(exc) and self._space.release_reserve("to record a drop")):
+                raise
+            append_drops(self.path, drops)
+
+    def _make_room_unshipped(self, need: int) -> bool:
+        """The disk is full and no shipped segment is left to delete: a drop-oldest
+        journal drops its oldest unshipped sealed segment (recorded as any drop);
+        a block journal asks the drop-oldest journals beside it
+        (:attr:`make_room_elsewhere`) and never drops a byte of its own. True if
+        room was made."""
+        if self.drop_oldest:
+            return self._drop_unshipped(_DISK_FULL)
+        ask = self.make_room_elsewhere
+        return ask is not None and ask(need)
+
+    def _drop_for_space(self) -> bool:
+        """A drop-oldest journal on a full disk: drop its oldest unshipped segment; if
+        only the active one is left and it holds enough to be worth it, seal it
+        early first (the reserve file pays for the new segment). True if room was made."""
+        if len(self._segments) < 2:
+            if self._segments[-1].size < _EARLY_ROLL_MIN:
+                return False
+            try:
+                self._roll_making_room()
+            except DiskFull:
+                return False
+        return self._drop_unshipped(_DISK_FULL)
+
+    def shed(self, nbytes: int, *, disk_full: bool = False) -> int:
         """Free at least ``nbytes`` of the budget if this is a drop-oldest journal:
         shipped segments first, then the oldest unshipped ones (recorded as any
-        drop). For a block lane of the same gateway that is full (``Lanes``).
+        drop). For a block lane of the same gateway that is full, or that found
+        the disk full (``disk_full``: what the log says), see ``Lanes``.
         Returns the bytes freed (0 for a block journal)."""
         if not self.drop_oldest or self._closed:
             return 0
+        why = _DISK_FULL if disk_full else _OVER_BUDGET
         before = self._total_bytes
         while before - self._total_bytes < nbytes:
             if self._delete_segments(force=True, limit=1):
                 continue
-            if not self._drop_unshipped():
+            if not self._drop_unshipped(why):
                 break
         return before - self._total_bytes
 
@@ -2105,6 +2161,8 @@ class Journal:
             return
         if self._delete_segments(force=True, limit=1):
             return
+        if self.drop_oldest and self._drop_for_space():
+            return
         if self._shipped_bytes(seg) >= _EARLY_ROLL_MIN:
             # Everything shipped is in the active segment: seal it early, so
             # that it can be deleted (now, or once its tail is shipped).
@@ -2122,9 +2180,11 @@ class Journal:
     def _roll_making_room(self) -> None:
         """Roll; if the disk is too full for the new segment, make room and retry.
 
-        Room comes from shipped segments, oldest first, then from the
-        reserve file, which exists for this moment: with it gone, the new
-        segment fits, and the sealed one can be deleted once shipped.
+        Room comes from shipped segments, oldest first, then from drop-oldest
+        data (see :meth:`_make_room_unshipped`), then from the reserve file,
+        which exists for this moment: with it gone, the new segment fits, and
+        the sealed one can be deleted once shipped (or dropped, in a
+        drop-oldest journal).
         """
         while True:
             try:
@@ -2133,9 +2193,14 @@ class Journal:
             except DiskFull:
                 if self._delete_segments(force=True, limit=1):
                     continue
-                if self._shipped_bytes(self._segments[-1]) >= _EARLY_ROLL_MIN and (
-                    self._space.release_reserve()
-                ):
+                if self._make_room_unshipped(0):
+                    continue
+                # A drop-oldest journal's active segment is dropped once sealed,
+                # shipped or not.
+                active = self._segments[-1]
+                if (
+                    self.drop_oldest or self._shipped_bytes(active) >= _EARLY_ROLL_MIN
+                ) and self._space.release_reserve():
                     continue
                 raise
 

@@ -18,6 +18,12 @@ pool (``max_bytes`` minus every reserve) the other lanes do not use beyond
 their own reserves. A lane over its budget deletes its shipped segments or
 refuses the append (``JournalFull``), as a single journal does.
 
+**Drop-oldest data gives way.** A block lane over its budget first makes the
+drop-oldest lanes shed what they hold beyond their reserve; a block lane
+that finds the *filesystem* full (``ENOSPC``) with no shipped segment left
+makes the drop-oldest lanes on the same filesystem shed
+(``Journal.make_room_elsewhere``) before it answers ``DiskFull``.
+
 Mirror partitions never come here: tailers append to the main (``normal``)
 lane's journal directly.
 """
@@ -25,7 +31,9 @@ lane's journal directly.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
@@ -104,6 +112,13 @@ class Lanes:
         self._lane_at = list(self.journals)
         self._settled: dict[tuple[str, int], int] = {}
         self._fit_budgets()
+        # A full disk under a block lane makes the drop-oldest lanes on the same
+        # filesystem give way, as a full budget does (docs/journal.md, "Disk full").
+        self._devices = [_device(j.path) for j, _ in self._plan]
+        if any(j.drop_oldest for j, _ in self._plan):
+            for i, (j, _) in enumerate(self._plan):
+                if not j.drop_oldest:
+                    j.make_room_elsewhere = functools.partial(self._shed_for_disk, i)
 
     def lane_for(self, topic: str) -> Lane:
         """The lane the configuration puts ``topic`` in (one that is open here)."""
@@ -194,18 +209,26 @@ class Lanes:
                 taken += used - r
         j.set_budget(reserve + self._pool - taken)
 
-    def _shed_for(self, i: int, length: int) -> bool:
+    def _shed_for(self, i: int, length: int, *, disk_full: bool = False) -> bool:
         """Make drop-oldest lanes other than ``i`` give up shared room for an append of
-        ``length`` bytes to lane ``i``. True if any was freed."""
+        ``length`` bytes to lane ``i`` (of its filesystem if ``disk_full``). True if
+        any was freed."""
         need = length + self._config.segment_bytes
         freed = 0
         for k, (j, reserve) in enumerate(self._plan):
             if k == i or not j.drop_oldest or j.disk_bytes <= reserve:
                 continue
-            freed += j.shed(min(need - freed, j.disk_bytes - reserve))
+            if disk_full and self._devices[k] != self._devices[i]:
+                continue
+            freed += j.shed(min(need - freed, j.disk_bytes - reserve), disk_full=disk_full)
             if freed >= need:
                 break
         return freed > 0
+
+    def _shed_for_disk(self, i: int, length: int) -> bool:
+        """Lane ``i`` (a block lane) found its disk full with no shipped segment left to
+        delete: drop-oldest lanes on the same filesystem give way, as for the budget."""
+        return self._shed_for(i, length, disk_full=True)
 
     def _fit_budgets(self) -> None:
         if self.multi:
@@ -345,6 +368,14 @@ class Lanes:
 
     def __contains__(self, lane: object) -> bool:
         return lane in self.journals
+
+
+def _device(path: Path) -> int:
+    """The filesystem ``path`` is on (-1 if unknown)."""
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return -1
 
 
 def lane_path(main: Path, lane: Lane) -> Path:

@@ -35,6 +35,18 @@ EPISODE_GAP_S: Final = 60.0
 SEGMENTS_PER_DISK: Final = 16
 
 
+#: What a disk-full episode means for produce, by the lane's policy (the WARNING).
+_BLOCKING: Final = (
+    "Produce answers 503 disk_full (and mirrors wait) while no room can be made; shipped "
+    "segments are deleted to make room (and drop-oldest lanes' oldest segments), never "
+    "unshipped data of this journal."
+)
+_DROPPING: Final = (
+    "This drop-oldest lane keeps accepting: shipped segments, then its oldest unshipped "
+    "ones (recorded in dropped.log) are deleted to make room."
+)
+
+
 def no_room(exc: OSError) -> bool:
     return exc.errno in NO_ROOM
 
@@ -56,6 +68,8 @@ class DiskSpace:
         self.episode_deleted = 0
         self.deleted_for_space = 0
         self.has_reserve = False
+        #: The journal is a drop-oldest lane's (what the WARNING says).
+        self.drop_oldest = False
 
     def free_and_size(self) -> tuple[int, int]:
         """(bytes free for this user, size) of the filesystem; -1 if unknown."""
@@ -113,12 +127,12 @@ class DiskSpace:
             self.episode_rejections = 0
             self.episode_deleted = 0
             log.warning(
-                "journal: disk full writing %s (%s): %d bytes free. Produce answers 503 "
-                "disk_full (and mirrors wait) while no room can be made; shipped segments are "
-                "deleted to make room, never unshipped data. Free space on this filesystem.",
+                "journal: disk full writing %s (%s): %d bytes free. %s Free space on this "
+                "filesystem.",
                 where,
                 exc.strerror or exc,
                 free,
+                _DROPPING if self.drop_oldest else _BLOCKING,
             )
         return self.error(where, exc, free)
 
@@ -185,8 +199,8 @@ class DiskSpace:
                     _fs.ops.close(fd)
         self.has_reserve = True
 
-    def release_reserve(self) -> bool:
-        """Delete the reserve file to make room for a roll; False if there is none."""
+    def release_reserve(self, why: str = "to roll over") -> bool:
+        """Delete the reserve file to make room for a roll (or ``why``); False if there is none."""
         if not self.has_reserve:
             return False
         try:
@@ -197,5 +211,5 @@ class DiskSpace:
             log.warning("journal: could not delete the reserve file: %s", exc)
             return False
         self.has_reserve = False
-        log.info("journal: the disk is full: released the reserve file to roll over")
+        log.info("journal: the disk is full: released the reserve file %s", why)
         return True

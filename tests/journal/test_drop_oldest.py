@@ -11,24 +11,30 @@ must be every offset ever acknowledged, each once).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import logging
 import os
 from pathlib import Path
 
 import pytest
+from _tmpfs import fill, free_bytes, mounted_tmpfs
 
-from edge_gateway.errors import CorruptData, JournalFull
-from edge_gateway.format.batch import decode_batch, encode_record
+from edge_gateway.errors import CorruptData, DiskFull, JournalFull
+from edge_gateway.format.batch import decode_batch, encode_batch, encode_record
 from edge_gateway.journal import (
     MAIN_LANE,
     Journal,
     JournalConfig,
     Lane,
+    MirrorBatch,
     OffsetOutOfRange,
     OnFull,
     Priority,
+    SourceCoords,
     open_journal,
 )
 from edge_gateway.journal._dropped import DROPPED_NAME, load_drops
+from edge_gateway.journal._journal import RESERVE_NAME
 from edge_gateway.journal._lanes import Lanes, lane_path, lanes_on_disk, open_lanes
 
 KiB = 1024
@@ -253,3 +259,162 @@ def test_lane_identity() -> None:
     ids = {lane.id for p in Priority for lane in (Lane(p), Lane(p, OnFull.DROP_OLDEST))}
     assert ids == {0, 1, 2, 3, 4, 5}
     assert Lane(Priority.BULK).rank < BULK_DROP.rank
+
+
+# ------------------------------------------------- a real full disk (issue 16)
+#
+# The filesystem fills before the budget does (a small card shared with logs,
+# or a budget set too high): a drop-oldest lane makes room as it does over its
+# budget; a block lane beside it takes the room the drop-oldest lane gives up
+# and then refuses with DiskFull, never dropping a byte of its own. A small
+# tmpfs filled by another file (root only; skipped elsewhere, saying so).
+
+DISK_CFG = JournalConfig(
+    segment_bytes=128 * KiB, max_bytes=1 << 30, reserve_bytes=64 * KiB, fsync="never"
+)
+
+
+async def test_a_full_disk_makes_a_drop_oldest_journal_drop_its_oldest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with mounted_tmpfs(tmp_path / "disk", "8m") as disk:
+        path = disk / "j"
+        caplog.set_level(logging.INFO, logger="edgegw.journal")
+        async with open_journal(path, DISK_CFG, drop_oldest=True) as j:
+            assert (path / RESERVE_NAME).exists()
+            acked = _append(j, "t", 0, 2000)  # ~450 KiB, nothing shipped
+            # Another process takes every byte left (the budget is far away).
+            fill(disk / "filler")
+            assert free_bytes(disk) < 4 * KiB
+            for _ in range(200):  # ~7 MiB more: about the whole disk, twice over
+                acked += _append(j, "t", 0, 100)  # never refused
+            st = j.statistics()
+            assert st.disk_full_episodes >= 1
+            assert st.disk_full_rejections == 0
+            assert st.dropped_segments >= 5
+            held, gone = _held(j, "t", 0), _reported(j, "t", 0)
+            assert sorted(gone + held) == acked  # every acked offset once: kept or reported
+            assert gone == list(range(len(gone)))  # the oldest went first
+            assert held[-1] == acked[-1]  # the newest are kept
+            # The first drop on the full disk was paid for by the reserve file.
+            assert "released the reserve file to record a drop" in caplog.text
+            assert "(drop-oldest: the disk is full)" in caplog.text
+            assert "This drop-oldest lane keeps accepting" in caplog.text
+            assert load_drops(path) == j.dropped()
+            drops = j.dropped()
+        # The record of the drops survives a reopen (the filler still there).
+        j2 = Journal.open_sync(path, DISK_CFG, drop_oldest=True)
+        try:
+            assert j2.dropped() == drops
+            assert sorted(_reported(j2, "t", 0) + _held(j2, "t", 0)) == acked
+        finally:
+            j2.close_sync()
+
+
+async def test_no_room_for_the_record_drops_nothing(tmp_path: Path) -> None:
+    # Without a reserve file, on a disk full to the last byte, the record of a
+    # drop cannot be written: then nothing is dropped (a drop is never
+    # unrecorded) and the append fails with DiskFull, as in a block journal.
+    with mounted_tmpfs(tmp_path / "disk", "8m") as disk:
+        path = disk / "j"
+        cfg = dataclasses.replace(DISK_CFG, reserve_bytes=0)
+        async with open_journal(path, cfg, drop_oldest=True) as j:
+            acked = _append(j, "t", 0, 2000)
+            fill(disk / "filler")
+            refused = 0
+            for _ in range(1000):
+                try:
+                    acked += _append(j, "t", 0, 1)
+                except DiskFull:
+                    refused += 1
+                    break
+            assert refused == 1
+            assert j.dropped() == []
+            assert not (path / DROPPED_NAME).exists() or load_drops(path) == []
+            assert _held(j, "t", 0) == acked
+            # Space returns: the next append goes in, nothing was lost.
+            (disk / "filler").unlink()
+            acked += _append(j, "t", 0, 1)
+            assert _held(j, "t", 0) == acked
+
+
+async def test_a_full_disk_with_only_the_active_segment_seals_it_and_drops_it(
+    tmp_path: Path,
+) -> None:
+    # Everything unshipped is in the active segment (the disk filled within
+    # one segment): the reserve file pays for a new segment, the old one is
+    # sealed and dropped, and appends go on.
+    with mounted_tmpfs(tmp_path / "disk", "4m") as disk:
+        path = disk / "j"
+        cfg = dataclasses.replace(DISK_CFG, segment_bytes=1024 * KiB, reserve_bytes=128 * KiB)
+        async with open_journal(path, cfg, drop_oldest=True) as j:
+            acked = _append(j, "t", 0, 10)
+            fill(disk / "filler")
+            refused = 0
+            for _ in range(3000):  # ~700 KiB: more than the segment's preallocated tail
+                try:
+                    acked += _append(j, "t", 0, 1)
+                except DiskFull:
+                    refused += 1  # (the first write past the tail, at most once)
+            assert refused <= 1
+            assert j.statistics().dropped_segments >= 1
+            assert sorted(_reported(j, "t", 0) + _held(j, "t", 0)) == acked
+            assert _held(j, "t", 0)[-1] == acked[-1]
+
+
+async def test_a_full_disk_under_lanes_drops_only_drop_oldest_data(tmp_path: Path) -> None:
+    lanes_of = {"alarms": MAIN_LANE, "telemetry": BULK_DROP}
+
+    def lane_of(topic: str) -> Lane:
+        return lanes_of.get(topic, MAIN_LANE)
+
+    def record(offset: int) -> bytes:
+        return encode_record(b"v%d-" % offset + b"x" * 200, timestamp=1)
+
+    with mounted_tmpfs(tmp_path / "disk", "8m") as disk:
+        main = disk / "journal"
+        async with open_lanes(main, DISK_CFG, set(lanes_of.values()), lane_of) as lanes:
+            tele = lanes.journals[BULK_DROP]
+            telemetry = [
+                lanes.append_nowait("telemetry", 0, record(lanes.next_offset("telemetry", 0)))
+                for _ in range(8000)  # ~2.5 MiB, unshipped
+            ]
+            fill(disk / "filler")
+            # telemetry alone on the full disk: it drops, never refuses
+            for _ in range(2000):
+                telemetry.append(
+                    lanes.append_nowait("telemetry", 0, record(lanes.next_offset("telemetry", 0)))
+                )
+            assert tele.statistics().dropped_records > 0
+            # a mirror (into the normal lane) takes telemetry's room as well
+            dropped = tele.statistics().dropped_records
+            for seq in range(1, 301):  # ~270 KiB: past the preallocated segment
+                mirrored = encode_batch(
+                    [b"m" * 200] * 4, timestamps=[1] * 4, base_offset=(seq - 1) * 4
+                )
+                await lanes.main.append_mirror_batches(
+                    [MirrorBatch("north.m", 0, mirrored)],
+                    SourceCoords("north", seq, 1, end_of_object=False),
+                    SourceCoords("north", seq, 1),
+                )
+            assert lanes.main.next_offset("north.m", 0) == 1200
+            assert tele.statistics().dropped_records > dropped
+            # alarms (block) takes the room telemetry gives up, then is refused
+            acked = refused = 0
+            for _ in range(50_000):
+                try:
+                    lanes.append_nowait("alarms", 0, record(acked))
+                except DiskFull:
+                    refused += 1
+                    break
+                acked += 1
+            assert refused == 1
+            assert acked * 300 > 2 * 1024 * KiB  # most of telemetry's room
+            assert lanes.main.dropped() == []
+            assert not (main / DROPPED_NAME).exists()
+            assert _held(lanes.main, "alarms", 0) == list(range(acked))
+            assert lanes.main.statistics().disk_full_rejections == 1
+            # every telemetry offset acknowledged: kept, or reported dropped
+            offsets = [o for a in telemetry for o in range(a.base_offset, a.next_offset)]
+            assert sorted(_reported(tele, "telemetry", 0) + _held(tele, "telemetry", 0)) == offsets
+            assert tele.statistics().dropped_segments > 0

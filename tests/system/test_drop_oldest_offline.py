@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 from _serve import Fleet, TopicSpec, read_partition, wait_until
+from _tmpfs import fill, mounted_tmpfs
 from edgegw_cli.status import render
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE
@@ -263,3 +264,123 @@ def test_drop_oldest_topic_reports_exact_gaps_end_to_end(
     finally:
         codes = fleet.close()
     assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
+
+
+@pytest.mark.slow
+def test_a_full_disk_drops_the_oldest_telemetry_and_refuses_alarms(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    # Issue 16: the filesystem fills long before the budget (the default
+    # 4 GiB on a 16 MiB card, offline, and another process takes the rest).
+    # ``telemetry`` (drop-oldest) is never refused: its lane drops its oldest
+    # unshipped segments, recorded exactly; ``alarms`` (block) takes the room
+    # telemetry gives up, then answers ``503 disk_full``; not one acknowledged
+    # alarm is lost. When space and the link return, the log holds every
+    # alarm and every telemetry offset once, as a record or in a gap marker
+    # naming exactly the ranges reported.
+    root = tmp_path / "fleet"
+    root.mkdir()
+    topics = [
+        TopicSpec("alarms", "a", partitions=1),
+        TopicSpec("telemetry", "a", partitions=1, priority="bulk", on_full="drop-oldest"),
+    ]
+    with mounted_tmpfs(root / "a", "16m") as disk:
+        fleet = Fleet(
+            root,
+            ["a"],
+            topics,
+            s3=(int(moto_endpoint.rsplit(":", 1)[1]), s3_bucket_name),
+            per_region={
+                "a": {
+                    "journal": {"segment_bytes": 64 * KiB, "reserve_bytes": 256 * KiB},
+                    "shipper": {"max_object_bytes": 64 * KiB, "backlog_object_bytes": 64 * KiB},
+                }
+            },
+        )
+        try:
+            fleet.start()
+            a = fleet["a"]
+            telemetry: dict[int, bytes] = {}
+            alarms: dict[int, bytes] = {}
+            codes: dict[str, int] = {}
+            with httpx.Client(base_url=a.url, timeout=30) as c:
+
+                def produce(topic: str, acked: dict[int, bytes], n: int) -> httpx.Response:
+                    values = [os.urandom(KiB) for _ in range(n)]
+                    resp = post(c, topic, values)
+                    code = f"{resp.status_code} {topic}"
+                    if resp.status_code == 200:
+                        for v, o in zip(values, resp.json()["offsets"], strict=True):
+                            acked[o["offset"]] = v
+                    else:
+                        code += " " + resp.json()["error"]["code"]
+                    codes[code] = codes.get(code, 0) + 1
+                    return resp
+
+                assert produce("alarms", alarms, 4).status_code == 200
+                fleet.proxies["a"].set_mode("refuse")
+                wait_until(lambda: a.status()["shipper"]["last_error"], 30, "a to see the outage")
+                for _ in range(100):  # ~1.6 MiB of unshipped telemetry
+                    assert produce("telemetry", telemetry, 16).status_code == 200
+                # Another process takes every free byte of the card.
+                taken = fill(disk / "filler")
+                assert taken > 4 * MiB
+                for _ in range(400):  # ~6.4 MiB: telemetry is never refused
+                    resp = produce("telemetry", telemetry, 16)
+                    assert resp.status_code == 200, resp.text
+                refused = None
+                for _ in range(2000):
+                    resp = produce("alarms", alarms, 8)
+                    if resp.status_code != 200:
+                        refused = resp
+                        break
+                assert refused is not None, f"alarms were never refused: {codes}"
+                assert refused.status_code == 503
+                assert refused.json()["error"]["code"] == "disk_full", refused.text
+                assert "retry-after" in refused.headers
+                # alarms got the room telemetry gave up (beyond what was free)
+                assert len(alarms) * KiB > 1 * MiB, codes
+                assert set(codes) == {"200 alarms", "200 telemetry", "503 alarms disk_full"}
+
+            st = a.status()
+            dropped = lanes(st)["bulk-drop"]["dropped"]
+            assert dropped["records"] > 1000
+            reported = expand(
+                [(r["first"], r["last"]) for r in dropped["ranges"] if r["topic"] == "telemetry"]
+            )
+            assert len(reported) == dropped["records"]
+            assert st["disk"]["full_rejections"] >= 1
+            log_text = a.log.read_text()
+            assert "(drop-oldest: the disk is full)" in log_text
+            assert "Traceback" not in log_text
+
+            # Space and the link return: everything acknowledged reaches the log.
+            (disk / "filler").unlink()
+            fleet.proxies["a"].set_mode("pass")
+            wait_until(
+                lambda: all(x["backlog_entries"] == 0 for x in lanes(a.status()).values()),
+                120,
+                "a to ship its backlog",
+            )
+            values, gaps = read_log(moto_endpoint, s3_bucket_name)
+            assert sorted(values["alarms"]) == list(range(a.next_offsets("alarms")[0]))
+            for o, v in alarms.items():
+                assert values["alarms"][o] == v
+            assert [g for g in gaps if g.topic == "alarms"] == []
+            in_gaps = expand([(g.first_offset, g.last_offset) for g in gaps])
+            shipped = sorted(values["telemetry"])
+            end = a.next_offsets("telemetry")[0]
+            assert sorted(shipped + in_gaps) == list(range(end))
+            assert in_gaps == reported
+            for o in shipped:
+                assert values["telemetry"][o] == telemetry[o]
+            assert set(telemetry) <= set(shipped) | set(in_gaps)
+            # the newest telemetry survived the full disk
+            assert max(telemetry) in shipped
+            resp = httpx.post(
+                f"{a.url}/v1/topics/alarms/records", json={"records": [{"value": "after"}]}
+            )
+            assert resp.status_code == 200, resp.text
+        finally:
+            exit_codes = fleet.close()
+    assert set(exit_codes.values()) == {0}, f"exit codes {exit_codes}; logs in {root}"
