@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -127,6 +127,22 @@ def read_crc_seconds(files: Sequence[Path]) -> float:
     for f in files:
         crc32c.crc32c(f.read_bytes())
     return time.perf_counter() - t0
+
+
+def timed_rounds(fn: Callable[[], object], budget_s: float, rounds: int = 10) -> list[float]:
+    """Seconds per call of ``fn`` in each of ``rounds`` timed rounds of repeated calls,
+    within about ``budget_s`` together (one untimed call sizes the rounds)."""
+    t0 = time.perf_counter()
+    fn()
+    one = max(time.perf_counter() - t0, 1e-7)
+    n = max(1, int(budget_s / rounds / one))
+    out = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        out.append((time.perf_counter() - t0) / n)
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float:

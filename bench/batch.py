@@ -21,12 +21,11 @@ import importlib.util
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from _common import Row, emit_json, render_table, telemetry
+from _common import Row, emit_json, render_table, telemetry, timed_rounds
 
 from edge_gateway.format import batch as current
 
@@ -61,17 +60,7 @@ def before_nulls() -> ModuleType:
 def seconds_per_call(fn: Callable[[], object], budget_s: float) -> float:
     """The fastest of timed rounds of repeated calls, within about ``budget_s`` (the
     machine is shared: the fastest round is the one least disturbed)."""
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    n = max(1, int(budget_s / 10 / one))
-    rounds = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t0) / n)
-    return min(rounds)
+    return min(timed_rounds(fn, budget_s))
 
 
 def interleaved(fns: dict[str, Callable[[], object]], budget_s: float) -> dict[str, float]:

@@ -18,10 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Callable
 
-from _common import Row, emit_json, median, render_table, telemetry
+from _common import Row, emit_json, median, render_table, telemetry, timed_rounds
 
 from edge_gateway.api._codec import (
     MAX_BODY_DEPTH,
@@ -48,17 +47,7 @@ def bodies() -> dict[str, bytes]:
 
 def seconds_per_call(fn: Callable[[], object], budget_s: float) -> float:
     """The median of timed rounds of repeated calls, within about ``budget_s``."""
-    t0 = time.perf_counter()
-    fn()
-    one = max(time.perf_counter() - t0, 1e-7)
-    n = max(1, int(budget_s / 10 / one))
-    rounds = []
-    for _ in range(10):
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        rounds.append((time.perf_counter() - t0) / n)
-    return median(rounds)
+    return median(timed_rounds(fn, budget_s))
 
 
 def main() -> None:

@@ -83,6 +83,41 @@ def read_log(endpoint: str, bucket: str) -> tuple[dict[str, dict[int, bytes]], l
     return values, gaps
 
 
+def shipped_after_the_link_returns(
+    fleet: Fleet,
+    endpoint: str,
+    bucket: str,
+    alarms: dict[int, bytes],
+    telemetry: dict[int, bytes],
+    reported: list[int],
+) -> tuple[dict[str, dict[int, bytes]], list[int], int]:
+    """Let ``a`` ship its backlog, then check its log: every acknowledged alarm at its
+    offset, gap-free; every telemetry offset once, as a record or in a gap marker,
+    the markers naming exactly ``reported``. Returns (the log's values by topic and
+    offset, the telemetry offsets shipped, the telemetry's end offset)."""
+    a = fleet["a"]
+    fleet.proxies["a"].set_mode("pass")
+    wait_until(
+        lambda: all(x["backlog_entries"] == 0 for x in lanes(a.status()).values()),
+        120,
+        "a to ship its backlog",
+    )
+    values, gaps = read_log(endpoint, bucket)
+    assert sorted(values["alarms"]) == list(range(a.next_offsets("alarms")[0]))
+    for o, v in alarms.items():
+        assert values["alarms"][o] == v
+    assert [g for g in gaps if g.topic == "alarms"] == []
+    in_gaps = expand([(g.first_offset, g.last_offset) for g in gaps])
+    shipped = sorted(values["telemetry"])
+    end = a.next_offsets("telemetry")[0]
+    assert sorted(shipped + in_gaps) == list(range(end))
+    assert in_gaps == reported
+    for o in shipped:
+        assert values["telemetry"][o] == telemetry[o]
+    assert set(telemetry) <= set(shipped) | set(in_gaps)  # nothing acknowledged silently missing
+    return values, shipped, end
+
+
 def post(c: httpx.Client, topic: str, values: list[bytes]) -> httpx.Response:
     return c.post(
         f"/v1/topics/{topic}/partitions/0/batches",
@@ -190,29 +225,10 @@ def test_drop_oldest_topic_reports_exact_gaps_end_to_end(
         assert again["ranges"] == dropped["ranges"]
 
         # 3. the link returns
-        fleet.proxies["a"].set_mode("pass")
-        wait_until(
-            lambda: all(x["backlog_entries"] == 0 for x in lanes(a.status()).values()),
-            120,
-            "a to ship its backlog",
+        values, shipped, end = shipped_after_the_link_returns(
+            fleet, moto_endpoint, s3_bucket_name, alarms, telemetry, reported
         )
-        values, gaps = read_log(moto_endpoint, s3_bucket_name)
-        # alarms: every acknowledged record, at its offset, gap-free
-        assert sorted(values["alarms"]) == list(range(a.next_offsets("alarms")[0]))
-        for o, v in alarms.items():
-            assert values["alarms"][o] == v
-        assert [g for g in gaps if g.topic == "alarms"] == []
-        # telemetry: every offset once, as a record or in a gap marker; the
-        # markers name exactly what a reported; no acknowledged record is
-        # silently missing
-        in_gaps = expand([(g.first_offset, g.last_offset) for g in gaps])
-        shipped = sorted(values["telemetry"])
-        end = a.next_offsets("telemetry")[0]
-        assert sorted(shipped + in_gaps) == list(range(end))
-        assert in_gaps == reported
-        for o in shipped:
-            assert values["telemetry"][o] == telemetry[o]
-        assert set(telemetry) <= set(shipped) | set(in_gaps)
+        in_gaps = reported  # (checked equal to the log's gap markers)
 
         # 4. b mirrors everything else, at the source's offsets, and reports the gap
         wait_until(
@@ -356,25 +372,9 @@ def test_a_full_disk_drops_the_oldest_telemetry_and_refuses_alarms(
 
             # Space and the link return: everything acknowledged reaches the log.
             (disk / "filler").unlink()
-            fleet.proxies["a"].set_mode("pass")
-            wait_until(
-                lambda: all(x["backlog_entries"] == 0 for x in lanes(a.status()).values()),
-                120,
-                "a to ship its backlog",
+            _, shipped, _ = shipped_after_the_link_returns(
+                fleet, moto_endpoint, s3_bucket_name, alarms, telemetry, reported
             )
-            values, gaps = read_log(moto_endpoint, s3_bucket_name)
-            assert sorted(values["alarms"]) == list(range(a.next_offsets("alarms")[0]))
-            for o, v in alarms.items():
-                assert values["alarms"][o] == v
-            assert [g for g in gaps if g.topic == "alarms"] == []
-            in_gaps = expand([(g.first_offset, g.last_offset) for g in gaps])
-            shipped = sorted(values["telemetry"])
-            end = a.next_offsets("telemetry")[0]
-            assert sorted(shipped + in_gaps) == list(range(end))
-            assert in_gaps == reported
-            for o in shipped:
-                assert values["telemetry"][o] == telemetry[o]
-            assert set(telemetry) <= set(shipped) | set(in_gaps)
             # the newest telemetry survived the full disk
             assert max(telemetry) in shipped
             resp = httpx.post(
