@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _old_code import old_sources, run_old
 
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format.batch import encode_batch
@@ -185,27 +183,7 @@ BEFORE_VERSION_3 = "103480f7b46a17af76fd84ea6dd02075f78f6a3e"
 
 def test_a_version_2_reader_refuses_version_3(tmp_path: Path) -> None:
     """The reader before version 3 (this repository's code at that commit) refuses it clearly."""
-    root = Path(__file__).resolve().parents[2]
-    old = tmp_path / "old"
-    done = subprocess.run(
-        ["git", "-C", str(root), "archive", "--format=tar", BEFORE_VERSION_3, "edge_gateway"],
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
-    if done.returncode != 0:  # a copy of the sources without their history
-        pytest.skip(f"no git history here to take the version 2 reader from: {done.stderr!r}")
-    old.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(old)], input=done.stdout, check=True, timeout=60)
+    old = old_sources(BEFORE_VERSION_3, tmp_path / "old")
     assert "VERSION_GAPS" not in (old / "edge_gateway/format/logobject.py").read_text()
-    env = {**os.environ, "PYTHONPATH": str(old)}
-    out = subprocess.run(
-        [sys.executable, "-c", OLD_READER],
-        input=_gap_only(),
-        capture_output=True,
-        env=env,
-        cwd=old,
-        timeout=60,
-        check=True,
-    )
-    assert "unsupported log object version 3" in out.stdout.decode(), out
+    out = run_old(old, OLD_READER, _gap_only())
+    assert "unsupported log object version 3" in out, out

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from _old_code import old_sources, run_old
 
 from edge_gateway.errors import CorruptData, UnsupportedFormat
 from edge_gateway.format import logobject
@@ -172,30 +170,11 @@ def test_the_reader_before_nulls_refuses_them_as_unknown_formats(tmp_path: Path)
     """The code before nulls (this repository at that commit) refuses the object as an
     unknown format (UnsupportedFormat: a mirror stops and waits for an upgrade instead
     of setting the object aside) and the manifest as an unknown version."""
-    root = Path(__file__).resolve().parents[2]
-    old = tmp_path / "old"
-    done = subprocess.run(
-        ["git", "-C", str(root), "archive", "--format=tar", BEFORE_NULLS, "edge_gateway"],
-        capture_output=True,
-        check=False,
-        timeout=60,
-    )
-    if done.returncode != 0:  # a copy of the sources without their history
-        pytest.skip(f"no git history here to take the old reader from: {done.stderr!r}")
-    old.mkdir()
-    subprocess.run(["tar", "-x", "-C", str(old)], input=done.stdout, check=True, timeout=60)
+    old = old_sources(BEFORE_NULLS, tmp_path / "old")
     assert "FLAG_NULLS" not in (old / "edge_gateway/format/batch.py").read_text()
     obj = _objects(True)
     data = b"\0SPLIT\0".join([obj, _manifest(obj).encode(), encode_records(NULL_RECORDS)])
-    out = subprocess.run(
-        [sys.executable, "-c", OLD_READER],
-        input=data,
-        capture_output=True,
-        env={**os.environ, "PYTHONPATH": str(old)},
-        cwd=old,
-        timeout=60,
-        check=True,
-    ).stdout.decode()
+    out = run_old(old, OLD_READER, data)
     assert "object unsupported: unknown flags 0x04" in out, out
     assert "manifest corrupt: unsupported manifest version 4" in out, out
     assert "batch corrupt: unknown flags 0x07" in out, out  # KEYS | HEADERS | NULLS
