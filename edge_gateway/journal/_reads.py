@@ -27,7 +27,8 @@ from edge_gateway.journal._segment import Segment
 
 if TYPE_CHECKING:
     from edge_gateway.journal._index import IntSequence
-    from edge_gateway.journal._journal import Journal, _Partition
+    from edge_gateway.journal._journal import Journal
+    from edge_gateway.journal._state import _Partition
 
 _READ_FD_CACHE: Final = 32
 
