@@ -41,9 +41,18 @@ Invariants (the tests check each one):
 
 The parts, as in Kafka's log: ``_segment.py`` (a segment file),
 ``_index.py`` (its index file and the cache), ``_recovery.py`` (the open's
-scan), ``_space.py`` (the filesystem: disk full, the reserve file); this
-module orchestrates them. Every system call that writes goes through
-``_fs.ops`` (``_fs.py``), the seam the fault-injection tests swap.
+scan), ``_space.py`` (the filesystem: disk full, the reserve file),
+``_dropped.py`` (``dropped.log``), ``_state.py`` (the in-memory records:
+``Appended``, per partition, per topic). The Journal's own work is cut by
+role: this module holds its state, the open, segments and rolling, the
+append path and the queries; ``_open.py`` rebuilds its state from the files,
+``_durability.py`` fsyncs (group commit, the interval flusher),
+``_mirror_append.py`` appends mirrored batches, ``_room.py`` deletes
+(retention, drop-oldest, a full disk), ``_reads.py`` reads. Their functions
+are bound in the class body as the Journal's methods (``read =
+_reads.read``), so the Journal's methods and attributes are as before.
+Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
+the fault-injection tests swap.
 """
 
 from __future__ import annotations
@@ -69,7 +78,6 @@ from edge_gateway._crc import crc32c
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
-    CorruptData,
     DiskFull,
     InvalidInput,
     JournalFull,
@@ -78,19 +86,17 @@ from edge_gateway.errors import (
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _fs, _mirror_append, _reads, _room
+from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _reads, _room
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
-from edge_gateway.journal._dropped import Drop, load_drops
+from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._index import (
     IndexCache,
     IndexFile,
     PartitionRun,
     SegmentIndex,
-    file_version,
 )
 from edge_gateway.journal._mirror_append import MirrorBatch, _Reserved
 from edge_gateway.journal._reads import OffsetOutOfRange
-from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
 from edge_gateway.journal._state import Appended, _now_ms, _Partition, _Topic
@@ -360,157 +366,15 @@ class Journal:
         """True while the journal holds nothing but its first checkpoint."""
         return len(self._segments) == 1 and self._segments[0].entries == 1
 
-    def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
-        """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
-
-        Used when a new (or wiped) gateway continues a region log that already
-        has data: LSNs and offsets continue where the bucket's log ends.
-        """
-        self._check_open()
-        if self._inflight is not None:
-            self._settle()
-        if not self.is_new:
-            raise InvalidInput("only a journal that holds no entries can be reset")
-        if self._flushing:
-            raise InvalidInput("cannot reset a journal while an fsync is in flight")
-        old = self._segments.pop()
-        self._segment_bases.pop()
-        if old.mm is not None:
-            old.mm.close()
-        if old.fd is not None:
-            _fs.ops.close(old.fd)
-        _fs.ops.unlink(old.path)
-        self._total_bytes -= old.size
-        self._partitions.clear()
-        self._topics.clear()
-        self._sources.clear()
-        self._mirror_starts = array("q")
-        self._mirror_ends = array("q")
-        try:
-            self._start_segment(start_lsn, start)
-        except DiskFull as exc:
-            # The old segment is gone: there is nothing to append to.
-            self._broken = f"reset to LSN {start_lsn} failed: {exc}"
-            raise
-        self._apply_checkpoint(start)
-        self._lsn_at_open = self._next_lsn
-
-    def _finish_drops(self) -> None:
-        """Load ``dropped.log``; complete a drop whose record is durable but whose
-        segment is still there (the process died between the two)."""
-        self._drops = load_drops(self.path)
-        if not self._drops:
-            return
-        last = self._drops[-1]
-        seg = self.path / segment_name(last.segment)
-        if seg.exists():
-            _fs.ops.unlink(seg)
-            with contextlib.suppress(FileNotFoundError):
-                _fs.ops.unlink(seg.with_suffix(".idx"))
-            log.warning(
-                "journal: completed the drop of segment %s (LSN %d-%d) recorded in %s "
-                "before the last run ended",
-                seg.name,
-                last.segment,
-                last.end - 1,
-                self.path / "dropped.log",
-            )
-        self._safe_lsn = max(self._safe_lsn, last.end)
-
-    def _fit_disk(self) -> None:
-        """Roll smaller segments on a small disk (see :meth:`DiskSpace.fit`)."""
-        self._segment_bytes = self._roll_at = self._space.fit(
-            self._segment_bytes, self.config.max_bytes
-        )
-
-    def _recover(self, start: Checkpoint) -> None:
-        bases = list_segments(self.path)
-        if not bases:
-            self._start_segment(self._next_lsn, start)
-            self._apply_checkpoint(start)
-            return
-        expected = bases[0][0]
-        for i, (base, f) in enumerate(bases):
-            if base != expected:
-                raise CorruptData(
-                    f"segments are not contiguous: expected LSN {expected}, file starts at {base}",
-                    where=str(f),
-                )
-            last = i == len(bases) - 1
-            seg = self._load_segment(base, f, last=last)
-            expected = seg.end_lsn
-        active = self._segments[-1]
-        self._next_lsn = active.end_lsn
-        self._durable_lsn = self._next_lsn - 1
-        active.fd = _fs.ops.open(active.path, os.O_RDWR)
-        self._map(active)
-        self._total_bytes = sum(s.size for s in self._segments)
-        self._total_bytes += sum(
-            s.index_path.stat().st_size for s in self._segments[:-1] if s.index_path.exists()
-        )
-
-    def _load_segment(self, base: int, path: Path, *, last: bool) -> Segment:
-        if not last:
-            seg = self._load_indexed(base, path)
-            if seg is not None:
-                return seg
-        return self._add_scanned(scan_segment(base, path, last=last), last=last)
-
-    def _load_indexed(self, base: int, path: Path) -> Segment | None:
-        """A sealed segment from its index file (a version 1 file is converted); None to scan."""
-        seg = Segment(base, path, path.stat().st_size, 0)
-        idx_path = seg.index_path
-        try:
-            if file_version(idx_path) == 1:
-                old = SegmentIndex.decode_v1(idx_path.read_bytes(), where=str(idx_path))
-                if old.base_lsn != base or old.size != seg.size:
-                    raise CorruptData("index does not match its segment", where=str(idx_path))
-                log.info("journal: converting the index of %s to version 2", path.name)
-                seg.last_append_time = old.last_append_time
-                seg.positions = old.positions
-                self._add_segment(seg)
-                self._seal(seg, old.partitions)
-                return seg
-            f, seg.last_append_time, runs = IndexFile.open(
-                idx_path, self._index_cache, base_lsn=base, segment_size=seg.size
-            )
-        except (OSError, CorruptData) as exc:
-            log.info("journal: rebuilding index of %s (%s)", path, exc)
-            return None
-        seg.index = f
-        self._add_segment(seg)
-        self._add_runs(seg, runs)
-        return seg
-
-    def _add_scanned(self, scanned: Scanned, *, last: bool) -> Segment:
-        """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
-        if last:
-            self._active_version = scanned.version
-            self.recovered_producer_entries = scanned.producers
-            if scanned.checkpoint is not None:
-                self.recovered_producers = scanned.checkpoint.producers
-        if last and scanned.checkpoint is not None:
-            self._apply_checkpoint(scanned.checkpoint)
-        for (topic, partition), sp in scanned.parts.items():
-            p = self._partition(topic, partition)
-            p.next_offset = max(p.next_offset, sp.next_offset)
-            if last:
-                p.lsns.extend(sp.lsns)
-                p.offsets.extend(sp.offsets)
-        self._sources.update(scanned.sources)
-        self._truncated_on_open += scanned.truncated
-        seg = scanned.segment
-        self._add_segment(seg)
-        if not last:
-            self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
-        return seg
-
-    def _apply_checkpoint(self, cp: Checkpoint) -> None:
-        for (topic, partition), next_offset in cp.next_offsets.items():
-            p = self._partition(topic, partition)
-            p.next_offset = max(p.next_offset, next_offset)
-        for region, coords in cp.sources.items():
-            self._sources.setdefault(region, coords)
+    # bound from opening (_open.py)
+    reset_empty = _open.reset_empty
+    _finish_drops = _open._finish_drops
+    _fit_disk = _open._fit_disk
+    _recover = _open._recover
+    _load_segment = _open._load_segment
+    _load_indexed = _open._load_indexed
+    _add_scanned = _open._add_scanned
+    _apply_checkpoint = _open._apply_checkpoint
 
     def _add_segment(self, seg: Segment) -> None:
         self._active = seg
@@ -933,7 +797,7 @@ class Journal:
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
 
-    # _mirror_append.py
+    # bound from mirror appends (_mirror_append.py)
     append_mirror = _mirror_append.append_mirror
     _append_mirror_sync = _mirror_append._append_mirror_sync
     _check_mirrored = staticmethod(_mirror_append._check_mirrored)
@@ -1129,107 +993,12 @@ class Journal:
         """Every entry with an LSN up to this one is on stable storage."""
         return self._durable_lsn
 
-    async def wait_durable(self, lsn: int) -> None:
-        """Wait until entry ``lsn`` is fsynced; concurrent waiters share one fsync."""
-        while self._durable_lsn < lsn:
-            self._check_open()
-            if self._flushing:
-                await self._durable_lot.park()
-            else:
-                await self._flush()
-
-    async def flush(self) -> None:
-        """Fsync everything appended so far."""
-        await self.wait_durable(self._next_lsn - 1)
-
-    async def _flush(self) -> None:
-        # The leader of a group commit: one fsync covers every entry written
-        # before it started; waiters that arrive meanwhile park and the next
-        # of them leads the following round.
-        self._flushing = True
-        try:
-            if self.config.fsync_inline:
-                # Let every runnable appender write first, so this one blocking
-                # fsync covers them all (with a worker thread the same happens
-                # while the thread runs). Inside the try: a leader cancelled
-                # here must still hand over (finally) or every waiter hangs.
-                await trio.lowlevel.checkpoint()
-            target = self._next_lsn - 1
-            fd = self._segments[-1].fd
-            assert fd is not None
-            self._synced_mark = self._appended_bytes
-            t0 = time.perf_counter()
-            self._syncing = True
-            if self.config.fsync_inline:
-                self._fdatasync(fd)
-            else:
-                await trio.to_thread.run_sync(self._fdatasync, fd, limiter=self._fsync_limiter)
-            dt = time.perf_counter() - t0
-            self._fsyncs += 1
-            self._fsync_total += dt
-            self._fsync_max = max(self._fsync_max, dt)
-            self._durable_lsn = max(self._durable_lsn, target)
-            # Written pages of the map leave the RSS every few MiB (clean now,
-            # so nothing is left for writeback to do on their account).
-            self._segments[-1].release_written()
-        except OSError as exc:
-            raise self._fail(f"fsync of {self._segments[-1].path}", exc) from exc
-        finally:
-            self._flushing = False
-            self._syncing = False  # (if cancelled before the thread started)
-            for dfd in self._deferred_close:
-                with contextlib.suppress(OSError):
-                    _fs.ops.close(dfd)
-            self._deferred_close.clear()
-            self._durable_lot.unpark_all()
-
-    def _fdatasync(self, fd: int) -> None:
-        """fdatasync, flagged for the append path (runs in a worker thread, except inline).
-
-        While the flag is up, appends write with pwrite instead of copying
-        into the map: measured here, stores into mapped pages during an
-        fdatasync made it 5-10x slower, and an append loop that makes no
-        system call holds the GIL, so the worker thread waited up to the
-        5 ms switch interval at each step (fsyncs of up to 0.7 s under
-        load). pwrite releases the GIL on every call. The flag drops as soon
-        as the kernel returns, before trio hears of it.
-        """
-        try:
-            _fs.ops.fdatasync(fd)
-        finally:
-            self._syncing = False
-
-    async def _interval_flusher(self) -> None:
-        interval = self.config.fsync_interval_ms / 1000
-        while True:
-            if self._durable_lsn >= self._next_lsn - 1:
-                self._flusher_idle = True
-                self._arm()
-                try:
-                    await self._dirty_lot.park()
-                finally:
-                    self._flusher_idle = False
-                    self._arm()
-            if self._appended_bytes - self._synced_mark < self._fsync_bytes:
-                # sleep for the interval, or until fsync_bytes are unsynced
-                self._urgent_waiting = True
-                self._arm()
-                try:
-                    with trio.move_on_after(interval):
-                        await self._urgent_lot.park()
-                finally:
-                    self._urgent_waiting = False
-                    self._arm()
-            if self._broken is not None:
-                # Intake stopped after a failed fsync: never fsync again (a
-                # later success would not cover the dropped pages), and stay
-                # out of the way of reads and shipping.
-                await trio.sleep_forever()
-            if self._durable_lsn < self._next_lsn - 1 and not self._flushing:
-                with contextlib.suppress(Unavailable):  # the failure is logged and kept
-                    await self._flush()
-            else:
-                await trio.lowlevel.checkpoint()
+    # bound from fsync (_durability.py)
+    wait_durable = _durability.wait_durable
+    flush = _durability.flush
+    _flush = _durability._flush
+    _fdatasync = _durability._fdatasync
+    _interval_flusher = _durability._interval_flusher
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The journal's background work: the interval flusher, retention, the disk watch."""
@@ -1240,8 +1009,9 @@ class Journal:
             nursery.start_soon(self._disk_watch)
             task_status.started()
 
-    # ------------------------------------------------- making room (_room.py)
+    # ------------------------------------------------------------ making room
 
+    # bound from retention, drop-oldest and a full disk (_room.py)
     _retention_ticker = _room._retention_ticker
     _disk_watch = _room._disk_watch
     set_safe_lsn = _room.set_safe_lsn
@@ -1274,7 +1044,7 @@ class Journal:
 
     # ------------------------------------------------------------------ read
 
-    # _reads.py
+    # bound from reads (_reads.py)
     _read_fd = _reads._read_fd
     _pread = _reads._pread
     _locate = _reads._locate
