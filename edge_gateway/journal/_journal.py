@@ -41,29 +41,35 @@ Invariants (the tests check each one):
 
 The parts, as in Kafka's log: ``_segment.py`` (a segment file),
 ``_index.py`` (its index file and the cache), ``_recovery.py`` (the open's
-scan), ``_space.py`` (the filesystem: disk full, the reserve file); this
-module orchestrates them. Every system call that writes goes through
-``_fs.ops`` (``_fs.py``), the seam the fault-injection tests swap.
+scan), ``_space.py`` (the filesystem: disk full, the reserve file),
+``_dropped.py`` (``dropped.log``), ``_state.py`` (the in-memory records:
+``Appended``, per partition, per topic). The Journal's own work is cut by
+role: this module holds its state, the open, segments and rolling, the
+append path and the queries; ``_open.py`` rebuilds its state from the files,
+``_durability.py`` fsyncs (group commit, the interval flusher),
+``_mirror_append.py`` appends mirrored batches, ``_room.py`` deletes
+(retention, drop-oldest, a full disk), ``_reads.py`` reads. Their functions
+are bound in the class body as the Journal's methods (``read =
+_reads.read``), so the Journal's methods and attributes are as before.
+Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
+the fault-injection tests swap.
 """
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import dataclasses
 import logging
 import os
 import struct
 import sys
-import threading
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Container, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final, NamedTuple, NoReturn
+from typing import Any, Final, NoReturn
 
 import trio
 import trio.lowlevel
@@ -72,30 +78,28 @@ from edge_gateway._crc import crc32c
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
-    CorruptData,
     DiskFull,
     InvalidInput,
     JournalFull,
     Unavailable,
 )
-from edge_gateway.failpoints import fail_point
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _fs
+from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _reads, _room
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
-from edge_gateway.journal._dropped import Drop, DroppedRange, append_drops, load_drops
+from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._index import (
     IndexCache,
     IndexFile,
-    IntSequence,
     PartitionRun,
     SegmentIndex,
-    file_version,
 )
-from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
+from edge_gateway.journal._mirror_append import MirrorBatch, _Reserved
+from edge_gateway.journal._reads import OffsetOutOfRange
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
+from edge_gateway.journal._state import Appended, _now_ms, _Partition, _Topic
 from edge_gateway.names import validate_topic
 
 __all__ = [
@@ -110,265 +114,23 @@ __all__ = [
 log = logging.getLogger("edgegw.journal")
 
 _MAX_PARTITION: Final = 2**31 - 1
-_READ_FD_CACHE: Final = 32
 # Entries up to this size are assembled into one bytes object and copied into
 # the active segment's map; larger ones go out with pwritev, batch uncopied.
 _SMALL_WRITE: Final = 16 * 1024
 # a batch header: length, version, flags, reserved, (base offset, crc), count, min/max ts
 _BATCH_PEEK = struct.Struct("<IBBH12xIqq")
 _LEN_CRC = fentry.ENTRY_LEN_CRC
-_LSN_FIELD = struct.Struct("<Q")
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
 #: RAM of one segment's summary beyond its arrays: the Segment, its paths, its
 #: IndexFile, its slots in the journal's lists (~1.1 KiB measured with
 #: tracemalloc, rounded up; see docs/journal.md "Memory")
 _SEGMENT_MEMORY: Final = 1280
-#: On a full disk the active segment is sealed early (so it can be deleted once
-#: shipped) only if at least this much of it is shipped: no storm of tiny segments.
-_EARLY_ROLL_MIN: Final = 64 * 1024
-#: Why drop-oldest deleted an unshipped segment (the log line's tail).
-_OVER_BUDGET: Final = " (drop-oldest: the lane is over its budget)"
-_DISK_FULL: Final = " (drop-oldest: the disk is full)"
-#: iovecs per pwritev (IOV_MAX is 1024 on Linux)
-_MAX_IOV: Final = 1020
-#: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
-_MAX_MIRROR_RUNS: Final = 65536
 _crc = crc32c
 _time_ns = time.time_ns
 _new_appended = tuple.__new__
 _checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
 _cancel_shielded_checkpoint = trio.lowlevel.cancel_shielded_checkpoint
-
-
-class OffsetOutOfRange(InvalidInput):
-    """The requested offset is below the earliest one the journal still holds."""
-
-    def __init__(self, topic: str, partition: int, offset: int, earliest: int) -> None:
-        self.earliest = earliest
-        super().__init__(
-            f"{topic}/{partition}: offset {offset} is no longer in the journal "
-            f"(earliest available {earliest})"
-        )
-
-
-class Appended(NamedTuple):
-    """Where an append landed."""
-
-    lsn: int
-    base_offset: int
-    # shadows tuple.count on purpose: a NamedTuple is the cheapest result object
-    count: int  # type: ignore[assignment]
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.count
-
-
-#: Runs read by one worker-thread call of ``read_entries_in_thread`` (a file
-#: descriptor duplicated for each while it runs).
-_RUNS_PER_THREAD: Final = 16
-#: Bytes of one ``pread`` there: the buffer lives beside the entries copied out
-#: of it until they are decoded (the shipper's objects are 16 MiB of entries).
-_RUN_BYTES: Final = 4 * 1024 * 1024
-
-
-class _Run(NamedTuple):
-    """A run of consecutive entries of one segment file, to read in a worker thread.
-
-    ``fd`` -1: a run of mirror entries stepped over unread (``last_lsn`` is its last).
-    """
-
-    fd: int  # a duplicate, closed by the caller after the read
-    path: Path
-    start: int
-    length: int
-    entries: int
-    last_lsn: int = 0
-
-
-def _run_end(seg: Segment, i: int, limit: int, last: int) -> tuple[int, int]:
-    """The run of ``seg``'s entries from index ``i`` (at least one, up to index
-    ``last``) that starts before byte ``limit``: (the index after it, its end byte)."""
-    j = bisect.bisect_left(seg.entry_positions, limit, i + 1, last)
-    return j, seg.entry_positions[j] if j < seg.entries else seg.size
-
-
-def _mirror_run_entry(last_lsn: int, length: int) -> Entry:
-    """What a read returns for a run of mirror entries it stepped over: one
-    entry with the run's last LSN, kind mirror and total length, nothing else."""
-    return Entry(last_lsn, fentry.KIND_MIRROR, "", 0, 0, 0, 0, None, b"", length)
-
-
-def _decode_run(
-    data: bytes,
-    count: int,
-    path: Path,
-    start: int,
-    payload_kinds: Container[int] | None,
-    out: list[Entry],
-) -> int:
-    """Decode ``count`` entries from ``data`` (read at ``start`` of ``path``) into ``out``,
-    checkpoints left out; return the bytes of the entries kept."""
-    size = cur = 0
-    decode, decode_header = fentry.decode_entry, fentry.decode_entry_header
-    data_too = payload_kinds is None or fentry.KIND_DATA in payload_kinds
-    fast = fentry.decode_data_entry if data_too else None
-    for _ in range(count):
-        # An ordinary DATA entry takes the fast path (one unpack, one CRC);
-        # anything else, or anything it doubts, the full decode.
-        if fast is not None and (e := fast(data, cur)) is not None:
-            cur += e.length
-            out.append(e)
-            size += e.length
-            continue
-        # ``where`` is made only for an error: formatting it for every entry
-        # cost ~5% of a drain of one-record entries.
-        try:
-            if (
-                payload_kinds is not None
-                and len(data) - cur > fentry.KIND_OFFSET
-                and data[cur + fentry.KIND_OFFSET] not in payload_kinds
-            ):
-                e = decode_header(data, cur)
-            else:
-                e = decode(data, cur)
-        except CorruptData as exc:
-            raise type(exc)(exc.reason, where=f"{path}@{start + cur}") from None
-        cur += e.length
-        if e.kind != fentry.KIND_CHECKPOINT:
-            out.append(e)
-            size += e.length
-    return size
-
-
-def _read_runs(runs: list[_Run], payload_kinds: Container[int] | None) -> list[Entry]:
-    """Read and decode ``runs`` (blocking: runs in a worker thread)."""
-    out: list[Entry] = []
-    for run in runs:
-        if run.fd < 0:
-            out.append(_mirror_run_entry(run.last_lsn, run.length))
-            continue
-        try:
-            data = os.pread(run.fd, run.length, run.start)
-        except OSError as exc:
-            raise Unavailable(f"journal: cannot read {run.path}@{run.start}: {exc}") from exc
-        if len(data) != run.length:
-            raise CorruptData(
-                f"short read: {len(data)} of {run.length} bytes", where=f"{run.path}@{run.start}"
-            )
-        _decode_run(data, run.entries, run.path, run.start, payload_kinds, out)
-    return out
-
-
-class MirrorBatch(NamedTuple):
-    """One batch of :meth:`Journal.append_mirror_batches`."""
-
-    topic: str
-    partition: int
-    batch: bytes | bytearray | memoryview
-    #: the batch may skip forward over offsets the source no longer has
-    allow_gap: bool = False
-
-
-class _Reserved:
-    """Entries whose space and LSNs are reserved at the end of the active segment.
-
-    Written by a worker thread, published on the event loop (see
-    :meth:`Journal.append_mirror_batches`). Until then nothing of them is
-    visible: not ``next_lsn``, not the segment's size or positions, not the
-    partitions' offsets, not the source progress, not ``durable_lsn``.
-    """
-
-    __slots__ = (
-        "appended",
-        "claim_lock",
-        "claimed",
-        "done",
-        "error",
-        "failure",
-        "heads",
-        "keys",
-        "length",
-        "lsn",
-        "now",
-        "parts",
-        "pos",
-        "seg",
-        "sizes",
-        "source",
-        "state",
-    )
-
-    def __init__(self, seg: Segment, lsn: int, now: int, source: SourceCoords) -> None:
-        self.seg = seg
-        self.pos = seg.size
-        self.lsn = lsn
-        self.now = now
-        self.source = source
-        self.length = 0
-        #: per entry: its header (without length and CRC), its batch, its length
-        self.heads: list[bytes] = []
-        self.parts: list[memoryview] = []
-        self.sizes: list[int] = []
-        #: per entry: (partition, base offset, next offset)
-        self.keys: list[tuple[_Partition, int, int]] = []
-        self.appended: list[Appended] = []
-        self.done = threading.Event()
-        #: whoever claims the group writes it: the worker thread, or a settler
-        #: on the loop when the thread has not started (it waits for a
-        #: limiter token, or its start was cancelled): never both, never neither
-        self.claim_lock = threading.Lock()
-        self.claimed = False
-        #: what the write raised (set by the worker thread)
-        self.error: BaseException | None = None
-        #: the error for the owner after a rollback (None: retry on the synchronous path)
-        self.failure: BaseException | None = None
-        #: "reserved", then "published" or "failed"
-        self.state = "reserved"
-
-    def claim(self) -> bool:
-        """Take the write on (True once: for the first caller)."""
-        with self.claim_lock:
-            if self.claimed:
-                return False
-            self.claimed = True
-            return True
-
-    def write_in_thread(self) -> None:
-        """The worker thread's part: write, unless a settler already did."""
-        if self.claim():
-            self.write()
-
-    def write(self) -> None:
-        """Compute the entries' CRCs and write them with pwritev (in a worker thread)."""
-        try:
-            iov: list[bytes | memoryview] = []
-            pack = _LEN_CRC.pack
-            for head, body, size in zip(self.heads, self.parts, self.sizes, strict=True):
-                iov.append(pack(size, _crc(body, _crc(head))))
-                iov.append(head)
-                iov.append(body)
-            fd = self.seg.fd
-            assert fd is not None
-            pos = self.pos
-            for i in range(0, len(iov), _MAX_IOV):
-                chunk = iov[i : i + _MAX_IOV]
-                want = sum(len(c) for c in chunk)
-                n = _fs.ops.pwritev(fd, chunk, pos)
-                if n != want:  # a short write: finish it byte-exactly
-                    rest = b"".join(chunk)[n:]
-                    at = pos + n
-                    while rest:
-                        k = _fs.ops.pwrite(fd, rest, at)
-                        rest = rest[k:]
-                        at += k
-                pos += want
-            fail_point("journal.mirror_publish")
-        except BaseException as exc:  # noqa: BLE001 - handed to the event loop
-            self.error = exc
-        finally:
-            self.done.set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -423,67 +185,6 @@ class JournalStats:
     dropped_segments: int = 0
     dropped_records: int = 0
     dropped_bytes: int = 0
-
-
-@dataclass(slots=True)
-class _Partition:
-    topic: str
-    partition: int
-    next_offset: int = 0
-    #: LSNs and base offsets of its data entries in the active segment
-    lsns: array[int] = field(default_factory=lambda: array("q"))
-    offsets: array[int] = field(default_factory=lambda: array("q"))
-    lot: trio.lowlevel.ParkingLot = field(default_factory=trio.lowlevel.ParkingLot)
-    waiters: int = 0
-    # Per sealed segment holding its entries, oldest first (32 bytes each):
-    # the segment's base LSN, the first base offset in it, and where its run
-    # of (LSNs, base offsets) is in the index file, and how long.
-    seg_bases: array[int] = field(default_factory=lambda: array("q"))
-    seg_first: array[int] = field(default_factory=lambda: array("q"))
-    seg_at: array[int] = field(default_factory=lambda: array("q"))
-    seg_count: array[int] = field(default_factory=lambda: array("q"))
-
-    @property
-    def first_offset(self) -> int:
-        if self.seg_first:
-            return self.seg_first[0]
-        return self.offsets[0] if self.offsets else self.next_offset
-
-    def memory(self) -> int:
-        """Bytes of its index arrays (allocated, so over-allocation included)."""
-        return sum(
-            sys.getsizeof(a)
-            for a in (
-                self.lsns,
-                self.offsets,
-                self.seg_bases,
-                self.seg_first,
-                self.seg_at,
-                self.seg_count,
-            )
-        )
-
-
-@dataclass(slots=True)
-class _Topic:
-    """Per-topic constants of the append hot path, computed once."""
-
-    name: str
-    raw: bytes
-    #: entry bytes [8, 44 + len(raw) + 16): the entry header after length and
-    #: CRC, the topic, then the batch's first 16 bytes with the assigned base
-    #: offset (length, version, flags, reserved, base_offset)
-    head: struct.Struct
-    #: ENTRY_HEADER_SIZE + len(raw): an entry's length minus its batch's
-    overhead: int
-    partitions: dict[int, _Partition] = field(default_factory=dict)
-    #: ``head`` with the producer fields after the topic (a PRODUCER entry), made
-    #: at the topic's first idempotent append
-    producer_head: struct.Struct | None = None
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _fsync_dir(path: Path) -> None:
@@ -665,157 +366,15 @@ class Journal:
         """True while the journal holds nothing but its first checkpoint."""
         return len(self._segments) == 1 and self._segments[0].entries == 1
 
-    def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
-        """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
-
-        Used when a new (or wiped) gateway continues a region log that already
-        has data: LSNs and offsets continue where the bucket's log ends.
-        """
-        self._check_open()
-        if self._inflight is not None:
-            self._settle()
-        if not self.is_new:
-            raise InvalidInput("only a journal that holds no entries can be reset")
-        if self._flushing:
-            raise InvalidInput("cannot reset a journal while an fsync is in flight")
-        old = self._segments.pop()
-        self._segment_bases.pop()
-        if old.mm is not None:
-            old.mm.close()
-        if old.fd is not None:
-            _fs.ops.close(old.fd)
-        _fs.ops.unlink(old.path)
-        self._total_bytes -= old.size
-        self._partitions.clear()
-        self._topics.clear()
-        self._sources.clear()
-        self._mirror_starts = array("q")
-        self._mirror_ends = array("q")
-        try:
-            self._start_segment(start_lsn, start)
-        except DiskFull as exc:
-            # The old segment is gone: there is nothing to append to.
-            self._broken = f"reset to LSN {start_lsn} failed: {exc}"
-            raise
-        self._apply_checkpoint(start)
-        self._lsn_at_open = self._next_lsn
-
-    def _finish_drops(self) -> None:
-        """Load ``dropped.log``; complete a drop whose record is durable but whose
-        segment is still there (the process died between the two)."""
-        self._drops = load_drops(self.path)
-        if not self._drops:
-            return
-        last = self._drops[-1]
-        seg = self.path / segment_name(last.segment)
-        if seg.exists():
-            _fs.ops.unlink(seg)
-            with contextlib.suppress(FileNotFoundError):
-                _fs.ops.unlink(seg.with_suffix(".idx"))
-            log.warning(
-                "journal: completed the drop of segment %s (LSN %d-%d) recorded in %s "
-                "before the last run ended",
-                seg.name,
-                last.segment,
-                last.end - 1,
-                self.path / "dropped.log",
-            )
-        self._safe_lsn = max(self._safe_lsn, last.end)
-
-    def _fit_disk(self) -> None:
-        """Roll smaller segments on a small disk (see :meth:`DiskSpace.fit`)."""
-        self._segment_bytes = self._roll_at = self._space.fit(
-            self._segment_bytes, self.config.max_bytes
-        )
-
-    def _recover(self, start: Checkpoint) -> None:
-        bases = list_segments(self.path)
-        if not bases:
-            self._start_segment(self._next_lsn, start)
-            self._apply_checkpoint(start)
-            return
-        expected = bases[0][0]
-        for i, (base, f) in enumerate(bases):
-            if base != expected:
-                raise CorruptData(
-                    f"segments are not contiguous: expected LSN {expected}, file starts at {base}",
-                    where=str(f),
-                )
-            last = i == len(bases) - 1
-            seg = self._load_segment(base, f, last=last)
-            expected = seg.end_lsn
-        active = self._segments[-1]
-        self._next_lsn = active.end_lsn
-        self._durable_lsn = self._next_lsn - 1
-        active.fd = _fs.ops.open(active.path, os.O_RDWR)
-        self._map(active)
-        self._total_bytes = sum(s.size for s in self._segments)
-        self._total_bytes += sum(
-            s.index_path.stat().st_size for s in self._segments[:-1] if s.index_path.exists()
-        )
-
-    def _load_segment(self, base: int, path: Path, *, last: bool) -> Segment:
-        if not last:
-            seg = self._load_indexed(base, path)
-            if seg is not None:
-                return seg
-        return self._add_scanned(scan_segment(base, path, last=last), last=last)
-
-    def _load_indexed(self, base: int, path: Path) -> Segment | None:
-        """A sealed segment from its index file (a version 1 file is converted); None to scan."""
-        seg = Segment(base, path, path.stat().st_size, 0)
-        idx_path = seg.index_path
-        try:
-            if file_version(idx_path) == 1:
-                old = SegmentIndex.decode_v1(idx_path.read_bytes(), where=str(idx_path))
-                if old.base_lsn != base or old.size != seg.size:
-                    raise CorruptData("index does not match its segment", where=str(idx_path))
-                log.info("journal: converting the index of %s to version 2", path.name)
-                seg.last_append_time = old.last_append_time
-                seg.positions = old.positions
-                self._add_segment(seg)
-                self._seal(seg, old.partitions)
-                return seg
-            f, seg.last_append_time, runs = IndexFile.open(
-                idx_path, self._index_cache, base_lsn=base, segment_size=seg.size
-            )
-        except (OSError, CorruptData) as exc:
-            log.info("journal: rebuilding index of %s (%s)", path, exc)
-            return None
-        seg.index = f
-        self._add_segment(seg)
-        self._add_runs(seg, runs)
-        return seg
-
-    def _add_scanned(self, scanned: Scanned, *, last: bool) -> Segment:
-        """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
-        if last:
-            self._active_version = scanned.version
-            self.recovered_producer_entries = scanned.producers
-            if scanned.checkpoint is not None:
-                self.recovered_producers = scanned.checkpoint.producers
-        if last and scanned.checkpoint is not None:
-            self._apply_checkpoint(scanned.checkpoint)
-        for (topic, partition), sp in scanned.parts.items():
-            p = self._partition(topic, partition)
-            p.next_offset = max(p.next_offset, sp.next_offset)
-            if last:
-                p.lsns.extend(sp.lsns)
-                p.offsets.extend(sp.offsets)
-        self._sources.update(scanned.sources)
-        self._truncated_on_open += scanned.truncated
-        seg = scanned.segment
-        self._add_segment(seg)
-        if not last:
-            self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
-        return seg
-
-    def _apply_checkpoint(self, cp: Checkpoint) -> None:
-        for (topic, partition), next_offset in cp.next_offsets.items():
-            p = self._partition(topic, partition)
-            p.next_offset = max(p.next_offset, next_offset)
-        for region, coords in cp.sources.items():
-            self._sources.setdefault(region, coords)
+    # bound from opening (_open.py)
+    reset_empty = _open.reset_empty
+    _finish_drops = _open._finish_drops
+    _fit_disk = _open._fit_disk
+    _recover = _open._recover
+    _load_segment = _open._load_segment
+    _load_indexed = _open._load_indexed
+    _add_scanned = _open._add_scanned
+    _apply_checkpoint = _open._apply_checkpoint
 
     def _add_segment(self, seg: Segment) -> None:
         self._active = seg
@@ -1238,303 +797,16 @@ class Journal:
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
 
-    async def append_mirror(
-        self,
-        topic: str,
-        partition: int,
-        batch: bytes | bytearray | memoryview | None,
-        source: SourceCoords,
-        *,
-        allow_gap: bool = False,
-    ) -> Appended:
-        """Append a batch mirrored from another region, keeping its source offsets.
-
-        ``batch`` keeps the base offset it had at the source; it must continue
-        the local partition exactly (or, with ``allow_gap``, skip forward over
-        data the source no longer has). ``batch=None`` writes a marker that
-        only records progress through ``source`` (an entry with nothing
-        subscribed, a fence entry). The entry records ``source`` so mirror
-        progress is recovered from the journal with the data, atomically.
-        """
-        await _checkpoint_if_cancelled()
-        await self._wait_inflight()
-        res = self._append_mirror_sync(topic, partition, batch, source, allow_gap)
-        await self._after_append(res.lsn)
-        return res
-
-    def _append_mirror_sync(
-        self,
-        topic: str,
-        partition: int,
-        batch: bytes | bytearray | memoryview | None,
-        source: SourceCoords,
-        allow_gap: bool,
-    ) -> Appended:
-        self._check_open()
-        if batch is None:
-            lsn = self._write(fentry.KIND_MIRROR, b"", 0, 0, 0, (), 0, source)
-            self._sources[source.region] = source
-            self._mirror_run(lsn, lsn + 1)
-            return Appended(lsn, 0, 0)
-        t = self._topic(topic)
-        p = t.partitions.get(partition) or self._new_partition(t, partition)
-        h = self._check_mirrored(topic, partition, batch, p.next_offset, allow_gap)
-        if h.flags & fbatch.FLAG_NULLS and self._active_version < 2:
-            self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
-        lsn = self._write(
-            fentry.KIND_MIRROR,
-            t.raw,
-            partition,
-            h.base_offset,
-            h.count,
-            (memoryview(batch),),
-            len(batch),
-            source,
-        )
-        self._sources[source.region] = source
-        self._index(p, lsn, h.base_offset, h.next_offset)
-        self._mirror_run(lsn, lsn + 1)
-        return Appended(lsn, h.base_offset, h.count)
-
-    @staticmethod
-    def _check_mirrored(
-        topic: str,
-        partition: int,
-        batch: bytes | bytearray | memoryview,
-        next_offset: int,
-        allow_gap: bool,
-    ) -> fbatch.BatchHeader:
-        h = fbatch.read_header(batch, 0, where=f"mirror to {topic}/{partition}")
-        if h.length != len(batch):
-            raise InvalidInput(f"batch length field {h.length} but {len(batch)} bytes given")
-        if h.base_offset < next_offset:
-            raise InvalidInput(
-                f"{topic}/{partition}: mirrored offset {h.base_offset} is already present "
-                f"(next is {next_offset})"
-            )
-        if h.base_offset > next_offset and not allow_gap:
-            raise InvalidInput(
-                f"{topic}/{partition}: mirrored offset {h.base_offset} leaves a gap "
-                f"after {next_offset}"
-            )
-        return h
-
-    async def append_mirror_batches(
-        self, batches: Sequence[MirrorBatch], source: SourceCoords, last: SourceCoords
-    ) -> list[Appended]:
-        """Append the mirrored batches of one source entry, as :meth:`append_mirror` would
-        one by one (every entry records ``source``, the last one ``last``), with
-        one write from a worker thread.
-
-        Reserve, write, publish: on the event loop the batches are checked and
-        their space at the end of the active segment and their LSNs are
-        reserved (so order and LSN assignment stay serial); a worker thread
-        computes the entries' CRCs and writes them with one ``pwritev``; back
-        on the loop they are published in order (readers, the shipper,
-        durability waiters and the source progress see them only then). A
-        reserved range that is not written yet is never visible: any other
-        write to the journal first waits for it (a synchronous append blocks
-        until the thread's write returns, which is the copy it would have
-        made itself). A crash before the publish leaves a torn or unused tail,
-        which the open truncates, with the source progress of the entries
-        before. A write that fails is rolled back (the segment is cut back to
-        its published end); a full disk is handled as any append's write is
-        (a shipped segment deleted and the batches written again one at a
-        time on the loop, or ``DiskFull``).
-
-        A cancelled call raises before it reserves anything, or after the
-        batches are published (like ``fsync=always`` appends).
-        """
-        await _checkpoint_if_cancelled()
-        out: list[Appended] = []
-        i = 0
-        n = len(batches)
-        while i < n:
-            await self._wait_inflight()
-            self._check_open()
-            res, i = self._reserve_mirror(batches, i, source, last)
-            if res is None:  # one batch too large for a group: the general path
-                b = batches[i]
-                out.append(
-                    self._append_mirror_sync(
-                        b.topic, b.partition, b.batch, last if i == n - 1 else source, b.allow_gap
-                    )
-                )
-                i += 1
-                continue
-            try:
-                await trio.to_thread.run_sync(res.write_in_thread)
-            finally:
-                self._settle()
-            if res.state == "published":
-                out += res.appended
-                continue
-            if res.failure is not None:
-                raise res.failure
-            # A full disk, handled as _put handles it: note the episode, delete
-            # a shipped segment (or make drop-oldest lanes give way) or refuse;
-            # then the batches again, one at a time (each makes room or raises
-            # DiskFull).
-            assert isinstance(res.error, OSError)
-            error = self._disk_full(res.seg.path, res.error, res.length)
-            if not (
-                self._delete_segments(force=True, limit=1) or self._make_room_unshipped(res.length)
-            ):
-                self._refused()
-                raise error from res.error
-            first = i - len(res.sizes)
-            for k in range(first, i):
-                b = batches[k]
-                out.append(
-                    self._append_mirror_sync(
-                        b.topic, b.partition, b.batch, last if k == n - 1 else source, b.allow_gap
-                    )
-                )
-        if out:
-            await self._after_append(out[-1].lsn)
-        return out
-
-    def _reserve_mirror(
-        self, batches: Sequence[MirrorBatch], i: int, source: SourceCoords, last: SourceCoords
-    ) -> tuple[_Reserved | None, int]:
-        """Reserve space and LSNs for batches ``i``... (as many as one group holds).
-
-        Returns the reservation (now in flight) and the index after its last
-        batch, or ``(None, i)`` when batch ``i`` alone is over a group's size.
-        """
-        now = _time_ns() // 1_000_000
-        n = len(batches)
-        lsn0 = self._next_lsn
-        planned: list[tuple[_Partition, bytes, int, int, int, memoryview, int]] = []
-        expected: dict[tuple[str, int], int] = {}
-        total = 0
-        nulls = False
-        j = i
-        while j < n:
-            b = batches[j]
-            t = self._topic(b.topic)
-            p = t.partitions.get(b.partition) or self._new_partition(t, b.partition)
-            key = (b.topic, b.partition)
-            h = self._check_mirrored(
-                b.topic, b.partition, b.batch, expected.get(key, p.next_offset), b.allow_gap
-            )
-            src = last if j == n - 1 else source
-            head = fentry.encode_entry_rest(
-                lsn=lsn0 + (j - i),
-                kind=fentry.KIND_MIRROR,
-                topic=t.raw,
-                partition=b.partition,
-                base_offset=h.base_offset,
-                count=h.count,
-                append_time=now,
-                source=src,
-            )
-            size = 8 + len(head) + len(b.batch)
-            if total + size > fentry.MAX_ENTRY_BYTES:
-                break
-            total += size
-            expected[key] = h.next_offset
-            nulls = nulls or bool(h.flags & fbatch.FLAG_NULLS)
-            planned.append(
-                (p, head, size, h.base_offset, h.next_offset, memoryview(b.batch), h.count)
-            )
-            j += 1
-        if not planned:
-            return None, i
-        if nulls and self._active_version < 2:
-            self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
-        self._reserve(total)  # may roll the segment: the LSNs move with it
-        seg = self._active
-        lsn0b = self._next_lsn
-        res = _Reserved(seg, lsn0b, now, last if j == n else source)
-        for k, (p, head, size, base, nxt, body, count) in enumerate(planned):
-            if lsn0b != lsn0:
-                head = _LSN_FIELD.pack(lsn0b + k) + head[8:]
-            res.heads.append(head)
-            res.parts.append(body)
-            res.sizes.append(size)
-            res.keys.append((p, base, nxt))
-            res.appended.append(Appended(lsn0b + k, base, count))
-        res.length = total
-        self._inflight = res
-        self._mirror_groups += 1
-        return res, j
-
-    def _settle(self) -> None:
-        """Finish the reserved group in flight, if any: publish it, or roll it back.
-
-        Blocks until the worker thread's write returns (called by every other
-        writer before it touches the journal); if the thread has not started
-        yet (it needs the loop to start), writes the group itself. Never raises: a failure is
-        left in the group for its owner.
-        """
-        res = self._inflight
-        if res is None:
-            return
-        if res.claim():  # the thread has not started: write here (no deadlock)
-            res.write()
-        res.done.wait()
-        self._inflight = None
-        self._inflight_lot.unpark_all()
-        if res.error is None:
-            self._publish(res)
-            return
-        res.state = "failed"
-        seg = res.seg
-        exc = res.error
-        try:
-            if isinstance(exc, OSError):
-                # Cut back to the published end; raises unless the disk is full.
-                self._write_failed(seg, exc)
-                res.failure = None
-                return
-            if seg.mm is not None:
-                seg.mm.close()
-                seg.mm = None
-                seg.mm_end = 0
-            assert seg.fd is not None
-            try:
-                _fs.ops.ftruncate(seg.fd, seg.size)
-            except OSError as exc2:
-                raise self._fail(f"{seg.path}: rollback of a failed write", exc2) from exc
-            res.failure = exc
-        except Unavailable as failed:
-            res.failure = failed
-
-    def _publish(self, res: _Reserved) -> None:
-        """Make a written group visible, in LSN order (on the event loop)."""
-        seg = res.seg
-        pos = res.pos
-        for size in res.sizes:
-            seg.positions.append(pos)
-            pos += size
-        seg.size = pos
-        self._now = res.now
-        self._total_bytes += res.length
-        n = len(res.sizes)
-        self._next_lsn = res.lsn + n
-        self._appended_bytes += res.length
-        for (p, base, nxt), a in zip(res.keys, res.appended, strict=True):
-            self._index(p, a.lsn, base, nxt)
-        self._sources[res.source.region] = res.source
-        self._mirror_run(res.lsn, res.lsn + n)
-        res.state = "published"
-        if self._appended_bytes >= self._notify_at:
-            self._notify()
-
-    async def _wait_inflight(self) -> None:
-        """Wait (without blocking the loop) until no group is in flight."""
-        while self._inflight is not None:
-            await self._inflight_lot.park()
-
-    def _mirror_run(self, start: int, end: int) -> None:
-        """Note that LSNs [start, end) are mirror entries (for :meth:`read_entries`)."""
-        ends = self._mirror_ends
-        if ends and ends[-1] == start:
-            ends[-1] = end
-        elif len(ends) < _MAX_MIRROR_RUNS:
-            self._mirror_starts.append(start)
-            ends.append(end)
+    # bound from mirror appends (_mirror_append.py)
+    append_mirror = _mirror_append.append_mirror
+    _append_mirror_sync = _mirror_append._append_mirror_sync
+    _check_mirrored = staticmethod(_mirror_append._check_mirrored)
+    append_mirror_batches = _mirror_append.append_mirror_batches
+    _reserve_mirror = _mirror_append._reserve_mirror
+    _settle = _mirror_append._settle
+    _publish = _mirror_append._publish
+    _wait_inflight = _mirror_append._wait_inflight
+    _mirror_run = _mirror_append._mirror_run
 
     def _index(self, p: _Partition, lsn: int, base: int, next_offset: int) -> None:
         p.lsns.append(lsn)
@@ -1721,107 +993,12 @@ class Journal:
         """Every entry with an LSN up to this one is on stable storage."""
         return self._durable_lsn
 
-    async def wait_durable(self, lsn: int) -> None:
-        """Wait until entry ``lsn`` is fsynced; concurrent waiters share one fsync."""
-        while self._durable_lsn < lsn:
-            self._check_open()
-            if self._flushing:
-                await self._durable_lot.park()
-            else:
-                await self._flush()
-
-    async def flush(self) -> None:
-        """Fsync everything appended so far."""
-        await self.wait_durable(self._next_lsn - 1)
-
-    async def _flush(self) -> None:
-        # The leader of a group commit: one fsync covers every entry written
-        # before it started; waiters that arrive meanwhile park and the next
-        # of them leads the following round.
-        self._flushing = True
-        try:
-            if self.config.fsync_inline:
-                # Let every runnable appender write first, so this one blocking
-                # fsync covers them all (with a worker thread the same happens
-                # while the thread runs). Inside the try: a leader cancelled
-                # here must still hand over (finally) or every waiter hangs.
-                await trio.lowlevel.checkpoint()
-            target = self._next_lsn - 1
-            fd = self._segments[-1].fd
-            assert fd is not None
-            self._synced_mark = self._appended_bytes
-            t0 = time.perf_counter()
-            self._syncing = True
-            if self.config.fsync_inline:
-                self._fdatasync(fd)
-            else:
-                await trio.to_thread.run_sync(self._fdatasync, fd, limiter=self._fsync_limiter)
-            dt = time.perf_counter() - t0
-            self._fsyncs += 1
-            self._fsync_total += dt
-            self._fsync_max = max(self._fsync_max, dt)
-            self._durable_lsn = max(self._durable_lsn, target)
-            # Written pages of the map leave the RSS every few MiB (clean now,
-            # so nothing is left for writeback to do on their account).
-            self._segments[-1].release_written()
-        except OSError as exc:
-            raise self._fail(f"fsync of {self._segments[-1].path}", exc) from exc
-        finally:
-            self._flushing = False
-            self._syncing = False  # (if cancelled before the thread started)
-            for dfd in self._deferred_close:
-                with contextlib.suppress(OSError):
-                    _fs.ops.close(dfd)
-            self._deferred_close.clear()
-            self._durable_lot.unpark_all()
-
-    def _fdatasync(self, fd: int) -> None:
-        """fdatasync, flagged for the append path (runs in a worker thread, except inline).
-
-        While the flag is up, appends write with pwrite instead of copying
-        into the map: measured here, stores into mapped pages during an
-        fdatasync made it 5-10x slower, and an append loop that makes no
-        system call holds the GIL, so the worker thread waited up to the
-        5 ms switch interval at each step (fsyncs of up to 0.7 s under
-        load). pwrite releases the GIL on every call. The flag drops as soon
-        as the kernel returns, before trio hears of it.
-        """
-        try:
-            _fs.ops.fdatasync(fd)
-        finally:
-            self._syncing = False
-
-    async def _interval_flusher(self) -> None:
-        interval = self.config.fsync_interval_ms / 1000
-        while True:
-            if self._durable_lsn >= self._next_lsn - 1:
-                self._flusher_idle = True
-                self._arm()
-                try:
-                    await self._dirty_lot.park()
-                finally:
-                    self._flusher_idle = False
-                    self._arm()
-            if self._appended_bytes - self._synced_mark < self._fsync_bytes:
-                # sleep for the interval, or until fsync_bytes are unsynced
-                self._urgent_waiting = True
-                self._arm()
-                try:
-                    with trio.move_on_after(interval):
-                        await self._urgent_lot.park()
-                finally:
-                    self._urgent_waiting = False
-                    self._arm()
-            if self._broken is not None:
-                # Intake stopped after a failed fsync: never fsync again (a
-                # later success would not cover the dropped pages), and stay
-                # out of the way of reads and shipping.
-                await trio.sleep_forever()
-            if self._durable_lsn < self._next_lsn - 1 and not self._flushing:
-                with contextlib.suppress(Unavailable):  # the failure is logged and kept
-                    await self._flush()
-            else:
-                await trio.lowlevel.checkpoint()
+    # bound from fsync (_durability.py)
+    wait_durable = _durability.wait_durable
+    flush = _durability.flush
+    _flush = _durability._flush
+    _fdatasync = _durability._fdatasync
+    _interval_flusher = _durability._interval_flusher
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The journal's background work: the interval flusher, retention, the disk watch."""
@@ -1832,670 +1009,53 @@ class Journal:
             nursery.start_soon(self._disk_watch)
             task_status.started()
 
-    async def _retention_ticker(self, period: float = 5.0) -> None:
-        while True:
-            await trio.sleep(period)
-            self._delete_segments()
+    # ------------------------------------------------------------ making room
 
-    async def _disk_watch(self) -> None:
-        """Notice space returning to a full disk (5 times a second while full, else each second)."""
-        while True:
-            await trio.sleep(0.2 if self._space.full_since is not None else 1.0)
-            self.check_disk()
-            # With fsync = "never" no fsync hands the map's pages back.
-            self._segments[-1].release_written()
-
-    # -------------------------------------------------------------- deletion
-
-    def set_safe_lsn(self, lsn: int) -> None:
-        """Entries below ``lsn`` are confirmed elsewhere (shipped) and may be deleted.
-
-        Deletion still waits for the retention policy. The watermark only moves
-        forward.
-        """
-        if lsn > self._safe_lsn:
-            self._safe_lsn = min(lsn, self._durable_lsn + 1)
-            self._delete_segments()
+    # bound from retention, drop-oldest and a full disk (_room.py)
+    _retention_ticker = _room._retention_ticker
+    _disk_watch = _room._disk_watch
+    set_safe_lsn = _room.set_safe_lsn
+    _delete_segments = _room._delete_segments
+    take = _room.take
+    _drop_unshipped = _room._drop_unshipped
+    _record_drops = _room._record_drops
+    _make_room_unshipped = _room._make_room_unshipped
+    _drop_for_space = _room._drop_for_space
+    shed = _room.shed
+    _describe_drop = _room._describe_drop
+    drops_from = _room.drops_from
+    drops_cover = _room.drops_cover
+    release_held = _room.release_held
+    dropped = _room.dropped
+    _drop_oldest = _room._drop_oldest
+    _disk_space = _room._disk_space
+    _disk_full = _room._disk_full
+    _refused = _room._refused
+    _keep_free = _room._keep_free
+    _end_disk_full = _room._end_disk_full
+    _while_disk_full = _room._while_disk_full
+    _shipped_bytes = _room._shipped_bytes
+    _roll_making_room = _room._roll_making_room
+    check_disk = _room.check_disk
 
     @property
     def safe_lsn(self) -> int:
         return self._safe_lsn
 
-    def _delete_segments(self, need: int = 0, *, force: bool = False, limit: int = -1) -> int:
-        """Delete the oldest sealed segments the watermark and retention allow.
-
-        ``force`` (a full disk) deletes shipped segments within retention
-        too. Deletion always goes oldest first, so segments past retention
-        go before any within it, and stops at the first segment holding an
-        entry at or above the safe LSN: never an unshipped byte.
-        """
-        deleted = 0
-        now = _now_ms()
-        keep_bytes = self.config.effective_retention_bytes
-        while len(self._segments) > 1 and deleted != limit:
-            seg = self._segments[0]
-            if seg.end_lsn > self._safe_lsn:
-                break
-            expired = now - seg.last_append_time >= self.config.retention_ms
-            pressure = self._total_bytes > keep_bytes or (
-                need and self._total_bytes + need > self._max_bytes
-            )
-            if not (expired or pressure or force):
-                break
-            early = not (expired or pressure)
-            why = " before its retention ended: the disk is (nearly) full" if early else ""
-            if not self._drop_oldest(why):
-                break
-            deleted += 1
-            if early:
-                self._space.deleted_early()
-        return deleted
-
-    # ------------------------------------------------------------ drop-oldest
-
-    def take(self, lsn: int) -> None:
-        """The shipper is committing an object holding the entries below ``lsn``.
-
-        A drop of those entries from now on records them as ``held``: they
-        reach the bucket with that object (docs/journal.md, "Drop-oldest lanes").
-        """
-        self._taken_lsn = max(self._taken_lsn, lsn)
-
-    def _drop_unshipped(self, why: str = _OVER_BUDGET) -> bool:
-        """Delete the oldest sealed segment though it is not (all) shipped, after
-        recording exactly what it held in ``dropped.log`` (fsynced). False if there
-        is none (only the active segment is left) or it could not be deleted.
-
-        On a disk full to the last byte the record itself needs room: the
-        reserve file gives it (the drop then frees a whole segment, and the
-        reserve comes back once the disk has room for it)."""
-        if len(self._segments) < 2 or self._broken is not None:
-            return False
-        seg = self._segments[0]
-        first = max(seg.base_lsn, self._safe_lsn)
-        held_to = min(max(first, self._taken_lsn), seg.end_lsn)
-        parts = [(first, held_to, True), (held_to, seg.end_lsn, False)]
-        drops = [self._describe_drop(seg, a, b, held) for a, b, held in parts if a < b]
-        if not self._drops or self._drops[-1].segment != seg.base_lsn:
-            # (A second try after a failed unlink records nothing twice.)
-            try:
-                self._record_drops(drops)
-            except OSError as exc:
-                log.warning("journal: cannot record a drop in %s: %s", self.path, exc)
-                return False
-            self._drops += drops
-            self.drop_generation += 1
-        self._safe_lsn = max(self._safe_lsn, seg.end_lsn)
-        for d in drops:
-            log.warning(
-                "journal: dropping unshipped segment %s of drop-oldest lane %s (LSN %d-%d%s): %s",
-                seg.path.name,
-                self.path.name,
-                d.lsn_first,
-                d.lsn_last,
-                ", in an object being shipped" if d.held else "",
-                "; ".join(
-                    f"{r.topic}/{r.partition} offsets {r.first}-{r.last} "
-                    f"({r.records} records, {r.bytes} bytes)"
-                    for r in d.ranges
-                )
-                or "no records",
-            )
-        return self._drop_oldest(why)
-
-    def _record_drops(self, drops: list[Drop]) -> None:
-        """Append ``drops`` to ``dropped.log``; on no room, release the reserve file and retry."""
-        try:
-            append_drops(self.path, drops)
-        except OSError as exc:
-            if not (no_room(exc) and self._space.release_reserve("to record a drop")):
-                raise
-            append_drops(self.path, drops)
-
-    def _make_room_unshipped(self, need: int) -> bool:
-        """The disk is full and no shipped segment is left to delete: a drop-oldest
-        journal drops its oldest unshipped sealed segment (recorded as any drop);
-        a block journal asks the drop-oldest journals beside it
-        (:attr:`make_room_elsewhere`) and never drops a byte of its own. True if
-        room was made."""
-        if self.drop_oldest:
-            return self._drop_unshipped(_DISK_FULL)
-        ask = self.make_room_elsewhere
-        return ask is not None and ask(need)
-
-    def _drop_for_space(self) -> bool:
-        """A drop-oldest journal on a full disk: drop its oldest unshipped segment; if
-        only the active one is left and it holds enough to be worth it, seal it
-        early first (the reserve file pays for the new segment). True if room was made."""
-        if len(self._segments) < 2:
-            if self._segments[-1].size < _EARLY_ROLL_MIN:
-                return False
-            try:
-                self._roll_making_room()
-            except DiskFull:
-                return False
-        return self._drop_unshipped(_DISK_FULL)
-
-    def shed(self, nbytes: int, *, disk_full: bool = False) -> int:
-        """Free at least ``nbytes`` of the budget if this is a drop-oldest journal:
-        shipped segments first, then the oldest unshipped ones (recorded as any
-        drop). For a block lane of the same gateway that is full, or that found
-        the disk full (``disk_full``: what the log says), see ``Lanes``.
-        Returns the bytes freed (0 for a block journal)."""
-        if not self.drop_oldest or self._closed:
-            return 0
-        why = _DISK_FULL if disk_full else _OVER_BUDGET
-        before = self._total_bytes
-        while before - self._total_bytes < nbytes:
-            if self._delete_segments(force=True, limit=1):
-                continue
-            if not self._drop_unshipped(why):
-                break
-        return before - self._total_bytes
-
-    def _describe_drop(self, seg: Segment, lsn_a: int, lsn_b: int, held: bool) -> Drop:
-        """What ``seg``'s entries with LSNs ``lsn_a <= lsn < lsn_b`` hold, per partition.
-
-        From the index only: a partition's offsets within a lane are contiguous,
-        so an entry ends where the partition's next entry starts (in this
-        segment, the next one, or the active segment's index).
-        """
-        assert seg.index is not None
-        positions = seg.index.positions().to_array()
-        positions.append(seg.size)
-        ranges: list[DroppedRange] = []
-        for (topic, partition), p in sorted(self._partitions.items()):
-            if not p.seg_bases or p.seg_bases[0] != seg.base_lsn:
-                continue
-            run_lsns, run_offsets = seg.index.run(p.seg_at[0], p.seg_count[0])
-            lsns, offsets = run_lsns.to_array(), run_offsets.to_array()
-            n = len(lsns)
-            ka = bisect.bisect_left(lsns, lsn_a)
-            kb = bisect.bisect_left(lsns, lsn_b)
-            if ka >= kb:
-                continue
-            if kb < n:
-                end = offsets[kb]
-            elif len(p.seg_first) > 1:
-                end = p.seg_first[1]
-            elif p.offsets:
-                end = p.offsets[0]
-            else:
-                end = p.next_offset
-            base = seg.base_lsn
-            size = sum(positions[i - base + 1] - positions[i - base] for i in lsns[ka:kb])
-            first = offsets[ka]
-            ranges.append(DroppedRange(topic, partition, first, end - 1, end - first, size))
-        return Drop(seg.base_lsn, seg.end_lsn, lsn_a, lsn_b - 1, _now_ms(), held, tuple(ranges))
-
-    def drops_from(self, lsn: int, through: int | None = None) -> list[Drop]:
-        """The recorded drops of LSNs from ``lsn`` on (through ``through``), oldest first:
-        the gaps the shipper ships in its object whose range starts at ``lsn``.
-
-        A ``held`` record (entries that were in an object being committed) is
-        among them only if that object never committed: the next object then
-        starts at or before its ``lsn_first``.
-        """
-        out = []
-        for d in reversed(self._drops):
-            if d.lsn_first < lsn:
-                break
-            if through is None or d.lsn_first <= through:
-                out.append(d)
-        out.reverse()
-        return out
-
-    def drops_cover(self, first: int, end: int) -> bool:
-        """Whether recorded drops account for every LSN ``first <= lsn < end`` (a
-        drop-oldest journal that starts after the bucket's head is not a lost log)."""
-        cur = first
-        for d in self._drops:
-            if d.lsn_first <= cur <= d.lsn_last:
-                cur = d.lsn_last + 1
-        return cur >= end
-
-    def release_held(self, lsn: int) -> None:
-        """The shipper's log resumes at ``lsn``: ``held`` drops from there on were in an
-        object that never committed, so they are gaps (counted as such from now on;
-        ``dropped.log`` keeps the flag, and the next claim decides again)."""
-        self._drops = [
-            dataclasses.replace(d, held=False) if d.held and d.lsn_first >= lsn else d
-            for d in self._drops
-        ]
-
-    def dropped(self, *, held: bool = True) -> list[Drop]:
-        """Every drop recorded in ``dropped.log``, oldest first; without the ``held``
-        ones if ``held`` is False (entries dropped while the shipper committed
-        them: gaps only if the process died before that commit)."""
-        return [d for d in self._drops if held or not d.held]
-
-    def _drop_oldest(self, why: str = "") -> bool:
-        seg = self._segments[0]
-        try:
-            _fs.ops.unlink(seg.path)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            # Keep it: deleting a later segment would leave a hole the next
-            # open refuses (segments must be contiguous).
-            log.warning("journal: could not delete segment %s: %s", seg.path, exc)
-            return False
-        self._segments.pop(0)
-        self._segment_bases.pop(0)
-        if seg in self._unindexed:
-            self._unindexed.remove(seg)
-        fd = self._read_fds.pop(seg.base_lsn, None)
-        if fd is not None:
-            os.close(fd)
-        freed = seg.size
-        with contextlib.suppress(OSError):
-            freed += seg.index_path.stat().st_size
-            _fs.ops.unlink(seg.index_path)
-        self._total_bytes -= freed
-        base = seg.base_lsn
-        for p in self._partitions.values():
-            if p.seg_bases and p.seg_bases[0] == base:
-                del p.seg_bases[0], p.seg_first[0], p.seg_at[0], p.seg_count[0]
-        if seg.index is not None:
-            self._index_cache.forget(seg.index)
-        log.info(
-            "journal: deleted segment %s (LSN %d-%d)%s",
-            seg.path.name,
-            seg.base_lsn,
-            seg.end_lsn - 1,
-            why,
-        )
-        return True
-
-    # ------------------------------------------------------------- disk full
-
-    def _disk_space(self) -> tuple[int, int]:
-        """(bytes free for this user, size) of the filesystem under the journal; -1 if unknown."""
-        return self._space.free_and_size()
-
-    def _disk_full(self, where: Path, exc: OSError, need: int) -> DiskFull:
-        """Note that a write found no room (see :meth:`DiskSpace.full`); the error to raise.
-
-        Until the episode ends every append passes :meth:`_reserve`, which
-        makes room or notices the space.
-        """
-        if self._space.full_since is None:
-            self._roll_at = 0
-        return self._space.full(where, exc, need)
-
-    def _refused(self) -> None:
-        """Count an append refused with DiskFull."""
-        self._space.refused()
-
-    def _keep_free(self) -> None:
-        """Delete shipped segments while the disk has less room than the next two segments need.
-
-        Oldest first, within retention too: a disk about to fill would
-        otherwise refuse new data to keep old, already shipped data. Keeping
-        this headroom also keeps preallocation (and the fast append path)
-        working on a small disk.
-        """
-        free, _ = self._disk_space()
-        low = 2 * self._segment_bytes + self.config.reserve_bytes
-        while 0 <= free < low and len(self._segments) > 1:
-            oldest = self._segments[0]
-            if not self._delete_segments(force=True, limit=1):
-                return
-            free += oldest.size
-
-    def _end_disk_full(self, free: int) -> None:
-        self._space.end(free)
-        self._roll_at = self._segment_bytes
-        active = self._segments[-1]
-        if active.mm is None and active.fd is not None:
-            self._map(active)  # preallocation failed while the disk was full
-
-    def _while_disk_full(self, length: int) -> None:
-        """Before an append while the disk is full: notice space returning, or make room."""
-        seg = self._segments[-1]
-        if seg.size + length <= seg.mm_end:
-            return  # it goes into space preallocated before the disk filled
-        free, _ = self._disk_space()
-        if free >= self._space.resume_at:
-            self._end_disk_full(free)
-            return
-        if self._delete_segments(force=True, limit=1):
-            return
-        if self.drop_oldest and self._drop_for_space():
-            return
-        if self._shipped_bytes(seg) >= _EARLY_ROLL_MIN:
-            # Everything shipped is in the active segment: seal it early, so
-            # that it can be deleted (now, or once its tail is shipped).
-            self._roll_making_room()
-            self._delete_segments(force=True, limit=1)
-
-    def _shipped_bytes(self, seg: Segment) -> int:
-        """Bytes of ``seg``'s entries below the safe LSN."""
-        k = self._safe_lsn - seg.base_lsn
-        if k <= 1:
-            return 0
-        positions = seg.entry_positions
-        return (positions[k] if k < seg.entries else seg.size) - positions[0]
-
-    def _roll_making_room(self) -> None:
-        """Roll; if the disk is too full for the new segment, make room and retry.
-
-        Room comes from shipped segments, oldest first, then from drop-oldest
-        data (see :meth:`_make_room_unshipped`), then from the reserve file,
-        which exists for this moment: with it gone, the new segment fits, and
-        the sealed one can be deleted once shipped (or dropped, in a
-        drop-oldest journal).
-        """
-        while True:
-            try:
-                self._roll()
-                return
-            except DiskFull:
-                if self._delete_segments(force=True, limit=1):
-                    continue
-                if self._make_room_unshipped(0):
-                    continue
-                # A drop-oldest journal's active segment is dropped once sealed,
-                # shipped or not.
-                active = self._segments[-1]
-                if (
-                    self.drop_oldest or self._shipped_bytes(active) >= _EARLY_ROLL_MIN
-                ) and self._space.release_reserve():
-                    continue
-                raise
-
-    def check_disk(self) -> None:
-        """Look at the disk: end a disk-full episode when space returned, catch up on chores.
-
-        :meth:`run` calls it five times a second while the disk is full and
-        once a second otherwise. With room again it writes index files that
-        could not be written and recreates the reserve file.
-        """
-        if self._closed:
-            return
-        if self._inflight is not None:
-            self._settle()
-        if self._space.full_since is not None:
-            free, _ = self._disk_space()
-            if free < self._space.resume_at:
-                return
-            self._end_disk_full(free)
-        if self._broken is not None:
-            return
-        self._keep_free()
-        for seg in list(self._unindexed):
-            try:
-                self._write_index(seg)  # (and drop it from memory)
-            except OSError:
-                break
-            self._unindexed.remove(seg)
-            log.info("journal: wrote the index of %s", seg.path.name)
-        self._space.keep_reserve()
-
     # ------------------------------------------------------------------ read
 
-    def _read_fd(self, seg: Segment) -> int:
-        if seg.fd is not None:
-            return seg.fd
-        fd = self._read_fds.get(seg.base_lsn)
-        if fd is None:
-            try:
-                fd = _fs.ops.open(seg.path, os.O_RDONLY)
-            except OSError as exc:
-                raise Unavailable(f"journal: cannot open {seg.path} to read: {exc}") from exc
-            self._read_fds[seg.base_lsn] = fd
-            if len(self._read_fds) > _READ_FD_CACHE:
-                _, old = self._read_fds.popitem(last=False)
-                os.close(old)
-        else:
-            self._read_fds.move_to_end(seg.base_lsn)
-        return fd
-
-    def _pread(self, seg: Segment, n: int, pos: int) -> bytes:
-        try:
-            return os.pread(self._read_fd(seg), n, pos)
-        except OSError as exc:
-            raise Unavailable(f"journal: cannot read {seg.path}@{pos}: {exc}") from exc
-
-    def _locate(self, lsn: int) -> tuple[Segment, int]:
-        i = bisect.bisect_right(self._segment_bases, lsn) - 1
-        if i < 0 or lsn >= self._segments[i].end_lsn:
-            raise InvalidInput(f"LSN {lsn} is not in the journal")
-        return self._segments[i], i
-
-    def read_entry(self, lsn: int) -> Entry:
-        """Read and verify the entry with this LSN."""
-        self._check_readable()
-        seg, _ = self._locate(lsn)
-        i = lsn - seg.base_lsn
-        positions = seg.entry_positions
-        pos = positions[i]
-        end = positions[i + 1] if i + 1 < seg.entries else seg.size
-        data = self._pread(seg, end - pos, pos)
-        e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
-        if e.lsn != lsn:  # an index that does not match its segment
-            raise CorruptData(
-                f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}"
-            )
-        return e
-
-    def read(
-        self,
-        topic: str,
-        partition: int,
-        offset: int,
-        *,
-        max_records: int = 10_000,
-        max_bytes: int = 1024 * 1024,
-    ) -> list[Entry]:
-        """Entries of one partition from ``offset`` on, oldest first.
-
-        The first entry may start before ``offset`` (batches are not split;
-        see :meth:`RecordBatch.records`). At least one entry is returned when
-        data exists at ``offset``, however large. An empty list means nothing
-        at or after ``offset`` yet (see :meth:`wait_for`).
-        """
-        self._check_readable()
-        p = self._partitions.get((topic, partition))
-        if p is None or offset >= p.next_offset:
-            return []
-        if offset < p.first_offset:
-            raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
-        out: list[Entry] = []
-        records = size = 0
-        for lsns, i in self._runs_from(p, offset):
-            n = len(lsns)
-            while i < n:
-                e = self.read_entry(lsns[i])
-                i += 1
-                if e.next_offset <= offset:  # a mirror gap before ``offset``
-                    continue
-                out.append(e)
-                records += e.next_offset - max(offset, e.base_offset)
-                size += len(e.payload)
-                if records >= max_records or size >= max_bytes:
-                    return out
-        return out
-
-    def _runs_from(self, p: _Partition, offset: int) -> Iterator[tuple[IntSequence, int]]:
-        """The partition's LSNs per segment, from the entry holding ``offset``, oldest first.
-
-        Yields (LSNs, index to start at): sealed segments' runs are read from
-        their index files, the active segment's from memory.
-        """
-        active = p.offsets
-        if not p.seg_first or (active and offset >= active[0]):
-            yield p.lsns, max(bisect.bisect_right(active, offset) - 1, 0)
-            return
-        first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
-        for k in range(first, len(p.seg_bases)):
-            seg = self._segments[bisect.bisect_left(self._segment_bases, p.seg_bases[k])]
-            assert seg.index is not None
-            lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
-            yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
-        yield p.lsns, 0
-
-    def only_checkpoints(self, first_lsn: int, last_lsn: int) -> bool:
-        """Whether every entry from ``first_lsn`` to ``last_lsn`` is a checkpoint.
-
-        A checkpoint is only ever the first entry of a segment, so this is a
-        count of segment bases in the range (no read). The shipper steps over
-        such a range (its reads skip checkpoints), e.g. a fresh journal's first
-        entry.
-        """
-        if last_lsn < first_lsn:
-            return True
-        bases = [seg.base_lsn for seg in self._segments]
-        inside = bisect.bisect_right(bases, last_lsn) - bisect.bisect_left(bases, first_lsn)
-        return inside == last_lsn - first_lsn + 1
-
-    def read_entries(
-        self,
-        from_lsn: int,
-        *,
-        max_bytes: int = 8 * 1024 * 1024,
-        durable_only: bool = True,
-        payload_kinds: Container[int] | None = None,
-    ) -> list[Entry]:
-        """Entries in LSN order from ``from_lsn`` (for the shipper), up to ``max_bytes``.
-
-        Checkpoint entries are skipped. With ``durable_only`` only fsynced
-        entries are returned, so nothing leaves the machine that a power loss
-        could take back. With ``payload_kinds``, entries of other kinds come
-        with their header fields only (``fentry.decode_entry_header``: no
-        body, no CRC check): the shipper steps over mirror entries that way
-        instead of checking and copying every mirrored byte again; and when
-        ``payload_kinds`` leaves mirror entries out, a run of mirror entries
-        the journal appended since it opened comes back as **one** such entry
-        without reading them at all: the run's last LSN, kind mirror, its
-        total length, nothing else (mirror runs written before the open are
-        stepped over by their headers).
-        """
-        self._check_readable()
-        end_lsn = (self._durable_lsn + 1) if durable_only else self._next_lsn
-        out: list[Entry] = []
-        lsn = max(from_lsn, self._segments[0].base_lsn)
-        size = 0
-        skip = self._mirror_runs_from(lsn, payload_kinds)
-        while lsn < end_lsn and (size < max_bytes or not out):
-            seg, _ = self._locate(lsn)
-            i = lsn - seg.base_lsn
-            last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-            positions = seg.entry_positions
-            start = positions[i]
-            if skip:
-                inside, last = self._mirror_run_at(lsn, seg, last)
-                if inside:  # step over the run unread
-                    j, end = _run_end(seg, i, start + max_bytes - size, last)
-                    out.append(_mirror_run_entry(seg.base_lsn + j - 1, end - start))
-                    size += end - start
-                    lsn = seg.base_lsn + j
-                    continue
-            # one pread for a run of entries (at least one), bounded by max_bytes
-            j, stop = _run_end(seg, i, start + max_bytes - size, last)
-            data = self._pread(seg, stop - start, start)
-            size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
-            lsn = seg.base_lsn + j
-        return out
-
-    def _mirror_runs_from(self, lsn: int, payload_kinds: Container[int] | None) -> bool:
-        """Whether a read from ``lsn`` of ``payload_kinds`` steps over mirror runs
-        unread (the shipper's reads); forgets the runs it has passed."""
-        if payload_kinds is None or fentry.KIND_MIRROR in payload_kinds:
-            return False
-        starts, ends = self._mirror_starts, self._mirror_ends
-        if not starts:
-            return False
-        k = bisect.bisect_right(ends, lsn)
-        if k > 1024:  # runs the shipper has passed: forget them
-            del starts[:k], ends[:k]
-        return bool(starts)
-
-    def _mirror_run_at(self, lsn: int, seg: Segment, last: int) -> tuple[bool, int]:
-        """Where a read at ``lsn`` of ``seg`` (up to entry index ``last``) meets
-        the mirror runs: (True, the run's end index) inside one; (False, the
-        index to read up to: the next run's start, not into it) otherwise."""
-        starts, ends = self._mirror_starts, self._mirror_ends
-        k = bisect.bisect_right(starts, lsn) - 1
-        if k >= 0 and lsn < ends[k]:
-            return True, min(ends[k] - seg.base_lsn, last)
-        if k + 1 < len(starts):
-            return False, min(last, starts[k + 1] - seg.base_lsn)
-        return False, last
-
-    async def read_entries_in_thread(
-        self,
-        from_lsn: int,
-        *,
-        max_bytes: int = 8 * 1024 * 1024,
-        payload_kinds: Container[int] | None = None,
-    ) -> list[Entry]:
-        """:meth:`read_entries` of durable entries, the reading and checking in a worker thread.
-
-        Reading a backlog object's entries (a ``pread`` of many MB, a CRC32C
-        and a copy of every payload) costs about as much CPU as compressing
-        them; done on the event loop it stalls local produce and consume and
-        keeps a second core idle. Only the lookup of the byte runs happens
-        here; each run is read through a duplicate of its segment's file
-        descriptor, so a segment that is closed or deleted meanwhile (a
-        drop-oldest lane under disk pressure, the read-fd cache) is still read
-        whole -- durable entries are never rewritten in place. A caller that
-        must not ship entries dropped meanwhile compares :meth:`drops_from`
-        before and after. ``max_bytes`` counts the runs' bytes (checkpoint
-        entries included), so a read may end a checkpoint earlier than
-        :meth:`read_entries`'. Runs are read :data:`_RUN_BYTES` at most at a
-        time, and at most :data:`_RUNS_PER_THREAD` descriptors are duplicated
-        at once.
-        """
-        out: list[Entry] = []
-        size = 0
-        lsn = from_lsn
-        while True:
-            self._check_readable()
-            end_lsn = self._durable_lsn + 1
-            lsn = max(lsn, self._segments[0].base_lsn)
-            skip = self._mirror_runs_from(lsn, payload_kinds)
-            runs: list[_Run] = []
-            try:
-                while (
-                    lsn < end_lsn
-                    and (size < max_bytes or not (out or runs))
-                    and len(runs) < _RUNS_PER_THREAD
-                ):
-                    seg, _ = self._locate(lsn)
-                    i = lsn - seg.base_lsn
-                    last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-                    positions = seg.entry_positions
-                    start = positions[i]
-                    if skip:
-                        inside, last = self._mirror_run_at(lsn, seg, last)
-                        if inside:  # step over the run unread
-                            j, end = _run_end(seg, i, start + max_bytes - size, last)
-                            runs.append(
-                                _Run(-1, seg.path, start, end - start, j - i, seg.base_lsn + j - 1)
-                            )
-                            size += end - start
-                            lsn = seg.base_lsn + j
-                            continue
-                    step = min(max_bytes - size, _RUN_BYTES)
-                    j, stop = _run_end(seg, i, start + step, last)
-                    try:
-                        fd = os.dup(self._read_fd(seg))
-                    except OSError as exc:
-                        raise Unavailable(f"journal: cannot read {seg.path}: {exc}") from exc
-                    runs.append(_Run(fd, seg.path, start, stop - start, j - i))
-                    size += stop - start
-                    lsn = seg.base_lsn + j
-                if not runs:
-                    return out
-                out += await trio.to_thread.run_sync(_read_runs, runs, payload_kinds)
-            finally:
-                for run in runs:
-                    if run.fd >= 0:
-                        os.close(run.fd)
-            # Go on after runs of checkpoint entries only, or past the cap on runs.
-            if lsn >= end_lsn or (out and size >= max_bytes):
-                return out
+    # bound from reads (_reads.py)
+    _read_fd = _reads._read_fd
+    _pread = _reads._pread
+    _locate = _reads._locate
+    read_entry = _reads.read_entry
+    read = _reads.read
+    _runs_from = _reads._runs_from
+    only_checkpoints = _reads.only_checkpoints
+    read_entries = _reads.read_entries
+    _mirror_runs_from = _reads._mirror_runs_from
+    _mirror_run_at = _reads._mirror_run_at
+    read_entries_in_thread = _reads.read_entries_in_thread
 
     # ----------------------------------------------------------------- waits
 

@@ -32,6 +32,7 @@ from edge_gateway.journal import (
 )
 from edge_gateway.journal import _fs as fs_module
 from edge_gateway.journal import _journal as journal_module
+from edge_gateway.journal import _reads as reads_module
 
 SMALL = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024)
 
@@ -396,7 +397,7 @@ async def test_read_entries_in_thread_reads_what_read_entries_reads(
     # both leave out; runs cross segment boundaries (in one worker-thread call,
     # or in several of two segments each); mirror entries come with their
     # header only when payload_kinds says so.
-    monkeypatch.setattr(journal_module, "_RUNS_PER_THREAD", runs_per_thread)
+    monkeypatch.setattr(reads_module, "_RUNS_PER_THREAD", runs_per_thread)
     async with open_journal(tmp_path, SMALL) as j:
         for i in range(300):
             await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 30))

@@ -1,0 +1,463 @@
+"""The mirror append path: entries copied from another site's journal.
+
+What it owns: ``append_mirror`` (one batch, on the loop) and
+``append_mirror_batches`` (a group: its space and LSNs reserved at the end of
+the active segment on the loop, its CRCs computed and its bytes written by a
+worker thread, then published on the loop — or settled by the loop when the
+thread never ran), the ``_Reserved`` group in flight, and the runs of mirror
+LSNs it notes for ``read_entries`` to step over. The functions here are the
+Journal's methods (bound in its class body: ``Journal.append_mirror =
+_mirror_append.append_mirror``); they use the append path's helpers
+(``_reserve``, ``_put``, ``_write``, ``_notify``) through the journal.
+"""
+
+from __future__ import annotations
+
+import struct
+import threading
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Final, NamedTuple
+
+import trio
+import trio.lowlevel
+
+from edge_gateway._crc import crc32c
+from edge_gateway.errors import InvalidInput, Unavailable
+from edge_gateway.failpoints import fail_point
+from edge_gateway.format import batch as fbatch
+from edge_gateway.format import entry as fentry
+from edge_gateway.format.entry import SourceCoords
+from edge_gateway.journal import _fs
+from edge_gateway.journal._segment import Segment
+from edge_gateway.journal._state import Appended, _Partition
+
+if TYPE_CHECKING:
+    from edge_gateway.journal._journal import Journal
+
+_LEN_CRC = fentry.ENTRY_LEN_CRC
+_crc = crc32c
+_time_ns = time.time_ns
+_checkpoint_if_cancelled = trio.lowlevel.checkpoint_if_cancelled
+
+
+_LSN_FIELD = struct.Struct("<Q")
+
+
+#: iovecs per pwritev (IOV_MAX is 1024 on Linux)
+_MAX_IOV: Final = 1020
+#: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
+_MAX_MIRROR_RUNS: Final = 65536
+
+
+class MirrorBatch(NamedTuple):
+    """One batch of :meth:`Journal.append_mirror_batches`."""
+
+    topic: str
+    partition: int
+    batch: bytes | bytearray | memoryview
+    #: the batch may skip forward over offsets the source no longer has
+    allow_gap: bool = False
+
+
+class _Reserved:
+    """Entries whose space and LSNs are reserved at the end of the active segment.
+
+    Written by a worker thread, published on the event loop (see
+    :meth:`Journal.append_mirror_batches`). Until then nothing of them is
+    visible: not ``next_lsn``, not the segment's size or positions, not the
+    partitions' offsets, not the source progress, not ``durable_lsn``.
+    """
+
+    __slots__ = (
+        "appended",
+        "claim_lock",
+        "claimed",
+        "done",
+        "error",
+        "failure",
+        "heads",
+        "keys",
+        "length",
+        "lsn",
+        "now",
+        "parts",
+        "pos",
+        "seg",
+        "sizes",
+        "source",
+        "state",
+    )
+
+    def __init__(self, seg: Segment, lsn: int, now: int, source: SourceCoords) -> None:
+        self.seg = seg
+        self.pos = seg.size
+        self.lsn = lsn
+        self.now = now
+        self.source = source
+        self.length = 0
+        #: per entry: its header (without length and CRC), its batch, its length
+        self.heads: list[bytes] = []
+        self.parts: list[memoryview] = []
+        self.sizes: list[int] = []
+        #: per entry: (partition, base offset, next offset)
+        self.keys: list[tuple[_Partition, int, int]] = []
+        self.appended: list[Appended] = []
+        self.done = threading.Event()
+        #: whoever claims the group writes it: the worker thread, or a settler
+        #: on the loop when the thread has not started (it waits for a
+        #: limiter token, or its start was cancelled): never both, never neither
+        self.claim_lock = threading.Lock()
+        self.claimed = False
+        #: what the write raised (set by the worker thread)
+        self.error: BaseException | None = None
+        #: the error for the owner after a rollback (None: retry on the synchronous path)
+        self.failure: BaseException | None = None
+        #: "reserved", then "published" or "failed"
+        self.state = "reserved"
+
+    def claim(self) -> bool:
+        """Take the write on (True once: for the first caller)."""
+        with self.claim_lock:
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
+
+    def write_in_thread(self) -> None:
+        """The worker thread's part: write, unless a settler already did."""
+        if self.claim():
+            self.write()
+
+    def write(self) -> None:
+        """Compute the entries' CRCs and write them with pwritev (in a worker thread)."""
+        try:
+            iov: list[bytes | memoryview] = []
+            pack = _LEN_CRC.pack
+            for head, body, size in zip(self.heads, self.parts, self.sizes, strict=True):
+                iov.append(pack(size, _crc(body, _crc(head))))
+                iov.append(head)
+                iov.append(body)
+            fd = self.seg.fd
+            assert fd is not None
+            pos = self.pos
+            for i in range(0, len(iov), _MAX_IOV):
+                chunk = iov[i : i + _MAX_IOV]
+                want = sum(len(c) for c in chunk)
+                n = _fs.ops.pwritev(fd, chunk, pos)
+                if n != want:  # a short write: finish it byte-exactly
+                    rest = b"".join(chunk)[n:]
+                    at = pos + n
+                    while rest:
+                        k = _fs.ops.pwrite(fd, rest, at)
+                        rest = rest[k:]
+                        at += k
+                pos += want
+            fail_point("journal.mirror_publish")
+        except BaseException as exc:  # noqa: BLE001 - handed to the event loop
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+async def append_mirror(
+    self: Journal,
+    topic: str,
+    partition: int,
+    batch: bytes | bytearray | memoryview | None,
+    source: SourceCoords,
+    *,
+    allow_gap: bool = False,
+) -> Appended:
+    """Append a batch mirrored from another region, keeping its source offsets.
+
+    ``batch`` keeps the base offset it had at the source; it must continue
+    the local partition exactly (or, with ``allow_gap``, skip forward over
+    data the source no longer has). ``batch=None`` writes a marker that
+    only records progress through ``source`` (an entry with nothing
+    subscribed, a fence entry). The entry records ``source`` so mirror
+    progress is recovered from the journal with the data, atomically.
+    """
+    await _checkpoint_if_cancelled()
+    await self._wait_inflight()
+    res = self._append_mirror_sync(topic, partition, batch, source, allow_gap)
+    await self._after_append(res.lsn)
+    return res
+
+
+def _append_mirror_sync(
+    self: Journal,
+    topic: str,
+    partition: int,
+    batch: bytes | bytearray | memoryview | None,
+    source: SourceCoords,
+    allow_gap: bool,
+) -> Appended:
+    self._check_open()
+    if batch is None:
+        lsn = self._write(fentry.KIND_MIRROR, b"", 0, 0, 0, (), 0, source)
+        self._sources[source.region] = source
+        self._mirror_run(lsn, lsn + 1)
+        return Appended(lsn, 0, 0)
+    t = self._topic(topic)
+    p = t.partitions.get(partition) or self._new_partition(t, partition)
+    h = self._check_mirrored(topic, partition, batch, p.next_offset, allow_gap)
+    if h.flags & fbatch.FLAG_NULLS and self._active_version < 2:
+        self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
+    lsn = self._write(
+        fentry.KIND_MIRROR,
+        t.raw,
+        partition,
+        h.base_offset,
+        h.count,
+        (memoryview(batch),),
+        len(batch),
+        source,
+    )
+    self._sources[source.region] = source
+    self._index(p, lsn, h.base_offset, h.next_offset)
+    self._mirror_run(lsn, lsn + 1)
+    return Appended(lsn, h.base_offset, h.count)
+
+
+def _check_mirrored(
+    topic: str,
+    partition: int,
+    batch: bytes | bytearray | memoryview,
+    next_offset: int,
+    allow_gap: bool,
+) -> fbatch.BatchHeader:
+    h = fbatch.read_header(batch, 0, where=f"mirror to {topic}/{partition}")
+    if h.length != len(batch):
+        raise InvalidInput(f"batch length field {h.length} but {len(batch)} bytes given")
+    if h.base_offset < next_offset:
+        raise InvalidInput(
+            f"{topic}/{partition}: mirrored offset {h.base_offset} is already present "
+            f"(next is {next_offset})"
+        )
+    if h.base_offset > next_offset and not allow_gap:
+        raise InvalidInput(
+            f"{topic}/{partition}: mirrored offset {h.base_offset} leaves a gap after {next_offset}"
+        )
+    return h
+
+
+async def append_mirror_batches(
+    self: Journal, batches: Sequence[MirrorBatch], source: SourceCoords, last: SourceCoords
+) -> list[Appended]:
+    """Append the mirrored batches of one source entry, as :meth:`append_mirror` would
+    one by one (every entry records ``source``, the last one ``last``), with
+    one write from a worker thread.
+
+    Reserve, write, publish: on the event loop the batches are checked and
+    their space at the end of the active segment and their LSNs are
+    reserved (so order and LSN assignment stay serial); a worker thread
+    computes the entries' CRCs and writes them with one ``pwritev``; back
+    on the loop they are published in order (readers, the shipper,
+    durability waiters and the source progress see them only then). A
+    reserved range that is not written yet is never visible: any other
+    write to the journal first waits for it (a synchronous append blocks
+    until the thread's write returns, which is the copy it would have
+    made itself). A crash before the publish leaves a torn or unused tail,
+    which the open truncates, with the source progress of the entries
+    before. A write that fails is rolled back (the segment is cut back to
+    its published end); a full disk is handled as any append's write is
+    (a shipped segment deleted and the batches written again one at a
+    time on the loop, or ``DiskFull``).
+
+    A cancelled call raises before it reserves anything, or after the
+    batches are published (like ``fsync=always`` appends).
+    """
+    await _checkpoint_if_cancelled()
+    out: list[Appended] = []
+    i = 0
+    n = len(batches)
+    while i < n:
+        await self._wait_inflight()
+        self._check_open()
+        res, i = self._reserve_mirror(batches, i, source, last)
+        if res is None:  # one batch too large for a group: the general path
+            b = batches[i]
+            out.append(
+                self._append_mirror_sync(
+                    b.topic, b.partition, b.batch, last if i == n - 1 else source, b.allow_gap
+                )
+            )
+            i += 1
+            continue
+        try:
+            await trio.to_thread.run_sync(res.write_in_thread)
+        finally:
+            self._settle()
+        if res.state == "published":
+            out += res.appended
+            continue
+        if res.failure is not None:
+            raise res.failure
+        # A full disk, handled as _put handles it: note the episode, delete
+        # a shipped segment (or make drop-oldest lanes give way) or refuse;
+        # then the batches again, one at a time (each makes room or raises
+        # DiskFull).
+        assert isinstance(res.error, OSError)
+        error = self._disk_full(res.seg.path, res.error, res.length)
+        if not (
+            self._delete_segments(force=True, limit=1) or self._make_room_unshipped(res.length)
+        ):
+            self._refused()
+            raise error from res.error
+        first = i - len(res.sizes)
+        for k in range(first, i):
+            b = batches[k]
+            out.append(
+                self._append_mirror_sync(
+                    b.topic, b.partition, b.batch, last if k == n - 1 else source, b.allow_gap
+                )
+            )
+    if out:
+        await self._after_append(out[-1].lsn)
+    return out
+
+
+def _reserve_mirror(
+    self: Journal, batches: Sequence[MirrorBatch], i: int, source: SourceCoords, last: SourceCoords
+) -> tuple[_Reserved | None, int]:
+    """Reserve space and LSNs for batches ``i``... (as many as one group holds).
+
+    Returns the reservation (now in flight) and the index after its last
+    batch, or ``(None, i)`` when batch ``i`` alone is over a group's size.
+    """
+    now = _time_ns() // 1_000_000
+    n = len(batches)
+    lsn0 = self._next_lsn
+    planned: list[tuple[_Partition, bytes, int, int, int, memoryview, int]] = []
+    expected: dict[tuple[str, int], int] = {}
+    total = 0
+    nulls = False
+    j = i
+    while j < n:
+        b = batches[j]
+        t = self._topic(b.topic)
+        p = t.partitions.get(b.partition) or self._new_partition(t, b.partition)
+        key = (b.topic, b.partition)
+        h = self._check_mirrored(
+            b.topic, b.partition, b.batch, expected.get(key, p.next_offset), b.allow_gap
+        )
+        src = last if j == n - 1 else source
+        head = fentry.encode_entry_rest(
+            lsn=lsn0 + (j - i),
+            kind=fentry.KIND_MIRROR,
+            topic=t.raw,
+            partition=b.partition,
+            base_offset=h.base_offset,
+            count=h.count,
+            append_time=now,
+            source=src,
+        )
+        size = 8 + len(head) + len(b.batch)
+        if total + size > fentry.MAX_ENTRY_BYTES:
+            break
+        total += size
+        expected[key] = h.next_offset
+        nulls = nulls or bool(h.flags & fbatch.FLAG_NULLS)
+        planned.append((p, head, size, h.base_offset, h.next_offset, memoryview(b.batch), h.count))
+        j += 1
+    if not planned:
+        return None, i
+    if nulls and self._active_version < 2:
+        self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
+    self._reserve(total)  # may roll the segment: the LSNs move with it
+    seg = self._active
+    lsn0b = self._next_lsn
+    res = _Reserved(seg, lsn0b, now, last if j == n else source)
+    for k, (p, head, size, base, nxt, body, count) in enumerate(planned):
+        if lsn0b != lsn0:
+            head = _LSN_FIELD.pack(lsn0b + k) + head[8:]
+        res.heads.append(head)
+        res.parts.append(body)
+        res.sizes.append(size)
+        res.keys.append((p, base, nxt))
+        res.appended.append(Appended(lsn0b + k, base, count))
+    res.length = total
+    self._inflight = res
+    self._mirror_groups += 1
+    return res, j
+
+
+def _settle(self: Journal) -> None:
+    """Finish the reserved group in flight, if any: publish it, or roll it back.
+
+    Blocks until the worker thread's write returns (called by every other
+    writer before it touches the journal); if the thread has not started
+    yet (it needs the loop to start), writes the group itself. Never raises: a failure is
+    left in the group for its owner.
+    """
+    res = self._inflight
+    if res is None:
+        return
+    if res.claim():  # the thread has not started: write here (no deadlock)
+        res.write()
+    res.done.wait()
+    self._inflight = None
+    self._inflight_lot.unpark_all()
+    if res.error is None:
+        self._publish(res)
+        return
+    res.state = "failed"
+    seg = res.seg
+    exc = res.error
+    try:
+        if isinstance(exc, OSError):
+            # Cut back to the published end; raises unless the disk is full.
+            self._write_failed(seg, exc)
+            res.failure = None
+            return
+        if seg.mm is not None:
+            seg.mm.close()
+            seg.mm = None
+            seg.mm_end = 0
+        assert seg.fd is not None
+        try:
+            _fs.ops.ftruncate(seg.fd, seg.size)
+        except OSError as exc2:
+            raise self._fail(f"{seg.path}: rollback of a failed write", exc2) from exc
+        res.failure = exc
+    except Unavailable as failed:
+        res.failure = failed
+
+
+def _publish(self: Journal, res: _Reserved) -> None:
+    """Make a written group visible, in LSN order (on the event loop)."""
+    seg = res.seg
+    pos = res.pos
+    for size in res.sizes:
+        seg.positions.append(pos)
+        pos += size
+    seg.size = pos
+    self._now = res.now
+    self._total_bytes += res.length
+    n = len(res.sizes)
+    self._next_lsn = res.lsn + n
+    self._appended_bytes += res.length
+    for (p, base, nxt), a in zip(res.keys, res.appended, strict=True):
+        self._index(p, a.lsn, base, nxt)
+    self._sources[res.source.region] = res.source
+    self._mirror_run(res.lsn, res.lsn + n)
+    res.state = "published"
+    if self._appended_bytes >= self._notify_at:
+        self._notify()
+
+
+async def _wait_inflight(self: Journal) -> None:
+    """Wait (without blocking the loop) until no group is in flight."""
+    while self._inflight is not None:
+        await self._inflight_lot.park()
+
+
+def _mirror_run(self: Journal, start: int, end: int) -> None:
+    """Note that LSNs [start, end) are mirror entries (for :meth:`read_entries`)."""
+    ends = self._mirror_ends
+    if ends and ends[-1] == start:
+        ends[-1] = end
+    elif len(ends) < _MAX_MIRROR_RUNS:
+        self._mirror_starts.append(start)
+        ends.append(end)

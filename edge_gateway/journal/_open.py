@@ -1,0 +1,194 @@
+"""Opening a journal: its state rebuilt from the files in its directory.
+
+What it owns: ``_recover`` (load each segment, sealed ones from their index
+files, the last one — or one whose index file is unusable — by a scan), the
+conversion of version 1 index files, applying a segment's checkpoint,
+completing a drop recorded in ``dropped.log`` whose segment the last run left
+behind, fitting the segment size to a small disk, and ``reset_empty`` (restart
+a journal holding nothing at a given LSN). The scan itself is
+``_recovery.py``. The functions here are the Journal's methods (bound in its
+class body: ``Journal._recover = _open._recover``); ``Journal.open_sync``
+calls them in order.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from array import array
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
+from edge_gateway.format.entry import Checkpoint
+from edge_gateway.journal import _fs
+from edge_gateway.journal._dropped import load_drops
+from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
+from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
+from edge_gateway.journal._segment import Segment, segment_name
+
+log = logging.getLogger("edgegw.journal")
+
+if TYPE_CHECKING:
+    from edge_gateway.journal._journal import Journal
+
+
+def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
+    """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
+
+    Used when a new (or wiped) gateway continues a region log that already
+    has data: LSNs and offsets continue where the bucket's log ends.
+    """
+    self._check_open()
+    if self._inflight is not None:
+        self._settle()
+    if not self.is_new:
+        raise InvalidInput("only a journal that holds no entries can be reset")
+    if self._flushing:
+        raise InvalidInput("cannot reset a journal while an fsync is in flight")
+    old = self._segments.pop()
+    self._segment_bases.pop()
+    if old.mm is not None:
+        old.mm.close()
+    if old.fd is not None:
+        _fs.ops.close(old.fd)
+    _fs.ops.unlink(old.path)
+    self._total_bytes -= old.size
+    self._partitions.clear()
+    self._topics.clear()
+    self._sources.clear()
+    self._mirror_starts = array("q")
+    self._mirror_ends = array("q")
+    try:
+        self._start_segment(start_lsn, start)
+    except DiskFull as exc:
+        # The old segment is gone: there is nothing to append to.
+        self._broken = f"reset to LSN {start_lsn} failed: {exc}"
+        raise
+    self._apply_checkpoint(start)
+    self._lsn_at_open = self._next_lsn
+
+
+def _finish_drops(self: Journal) -> None:
+    """Load ``dropped.log``; complete a drop whose record is durable but whose
+    segment is still there (the process died between the two)."""
+    self._drops = load_drops(self.path)
+    if not self._drops:
+        return
+    last = self._drops[-1]
+    seg = self.path / segment_name(last.segment)
+    if seg.exists():
+        _fs.ops.unlink(seg)
+        with contextlib.suppress(FileNotFoundError):
+            _fs.ops.unlink(seg.with_suffix(".idx"))
+        log.warning(
+            "journal: completed the drop of segment %s (LSN %d-%d) recorded in %s "
+            "before the last run ended",
+            seg.name,
+            last.segment,
+            last.end - 1,
+            self.path / "dropped.log",
+        )
+    self._safe_lsn = max(self._safe_lsn, last.end)
+
+
+def _fit_disk(self: Journal) -> None:
+    """Roll smaller segments on a small disk (see :meth:`DiskSpace.fit`)."""
+    self._segment_bytes = self._roll_at = self._space.fit(
+        self._segment_bytes, self.config.max_bytes
+    )
+
+
+def _recover(self: Journal, start: Checkpoint) -> None:
+    bases = list_segments(self.path)
+    if not bases:
+        self._start_segment(self._next_lsn, start)
+        self._apply_checkpoint(start)
+        return
+    expected = bases[0][0]
+    for i, (base, f) in enumerate(bases):
+        if base != expected:
+            raise CorruptData(
+                f"segments are not contiguous: expected LSN {expected}, file starts at {base}",
+                where=str(f),
+            )
+        last = i == len(bases) - 1
+        seg = self._load_segment(base, f, last=last)
+        expected = seg.end_lsn
+    active = self._segments[-1]
+    self._next_lsn = active.end_lsn
+    self._durable_lsn = self._next_lsn - 1
+    active.fd = _fs.ops.open(active.path, os.O_RDWR)
+    self._map(active)
+    self._total_bytes = sum(s.size for s in self._segments)
+    self._total_bytes += sum(
+        s.index_path.stat().st_size for s in self._segments[:-1] if s.index_path.exists()
+    )
+
+
+def _load_segment(self: Journal, base: int, path: Path, *, last: bool) -> Segment:
+    if not last:
+        seg = self._load_indexed(base, path)
+        if seg is not None:
+            return seg
+    return self._add_scanned(scan_segment(base, path, last=last), last=last)
+
+
+def _load_indexed(self: Journal, base: int, path: Path) -> Segment | None:
+    """A sealed segment from its index file (a version 1 file is converted); None to scan."""
+    seg = Segment(base, path, path.stat().st_size, 0)
+    idx_path = seg.index_path
+    try:
+        if file_version(idx_path) == 1:
+            old = SegmentIndex.decode_v1(idx_path.read_bytes(), where=str(idx_path))
+            if old.base_lsn != base or old.size != seg.size:
+                raise CorruptData("index does not match its segment", where=str(idx_path))
+            log.info("journal: converting the index of %s to version 2", path.name)
+            seg.last_append_time = old.last_append_time
+            seg.positions = old.positions
+            self._add_segment(seg)
+            self._seal(seg, old.partitions)
+            return seg
+        f, seg.last_append_time, runs = IndexFile.open(
+            idx_path, self._index_cache, base_lsn=base, segment_size=seg.size
+        )
+    except (OSError, CorruptData) as exc:
+        log.info("journal: rebuilding index of %s (%s)", path, exc)
+        return None
+    seg.index = f
+    self._add_segment(seg)
+    self._add_runs(seg, runs)
+    return seg
+
+
+def _add_scanned(self: Journal, scanned: Scanned, *, last: bool) -> Segment:
+    """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
+    if last:
+        self._active_version = scanned.version
+        self.recovered_producer_entries = scanned.producers
+        if scanned.checkpoint is not None:
+            self.recovered_producers = scanned.checkpoint.producers
+    if last and scanned.checkpoint is not None:
+        self._apply_checkpoint(scanned.checkpoint)
+    for (topic, partition), sp in scanned.parts.items():
+        p = self._partition(topic, partition)
+        p.next_offset = max(p.next_offset, sp.next_offset)
+        if last:
+            p.lsns.extend(sp.lsns)
+            p.offsets.extend(sp.offsets)
+    self._sources.update(scanned.sources)
+    self._truncated_on_open += scanned.truncated
+    seg = scanned.segment
+    self._add_segment(seg)
+    if not last:
+        self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
+    return seg
+
+
+def _apply_checkpoint(self: Journal, cp: Checkpoint) -> None:
+    for (topic, partition), next_offset in cp.next_offsets.items():
+        p = self._partition(topic, partition)
+        p.next_offset = max(p.next_offset, next_offset)
+    for region, coords in cp.sources.items():
+        self._sources.setdefault(region, coords)
