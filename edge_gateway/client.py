@@ -534,13 +534,6 @@ class _Idempotence:
         self.uncertain = False
         self.next_seq.clear()
 
-    def headers(self, topic: str, partition: int) -> dict[str, str]:
-        assert self.producer_id is not None
-        return {
-            **self._id_headers,
-            PRODUCER_SEQUENCE_HEADER: str(self.next_seq.get((topic, partition), 0)),
-        }
-
     def unsign(self, topic: str, partition: int, seq: int, count: int) -> None:
         """Give back the sequences :meth:`sign` took, for a request surely not written."""
         key = (topic, partition)

@@ -1269,8 +1269,9 @@ class Shipper:
                     last[lane] = max(last[lane], dropped[-1].lsn_last)
                     gaps += _gap_ranges(lane, dropped)
                     drops[lane] = tuple(d.lsn_first for d in dropped)
+        # Entries, gaps and checkpoint-only ranges each move a lane's ``last`` past ``first``.
         passed = any(last[lane] >= lsn for lane, lsn in first.items())
-        if not (entries or gaps or passed) or (due is not None and not due(entries)):
+        if not passed or (due is not None and not due(entries)):
             return None
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
         return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops)
