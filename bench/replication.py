@@ -80,6 +80,11 @@ def write_config(
     proxy: TcpProxy,
     metadata: tuple[str, str] | None = None,
     key_file: Path | None = None,
+    *,
+    bucket: str = BUCKET,
+    flush_interval_ms: int = 250,
+    subscribers: tuple[str, ...] = ("b",),
+    mirror_packs: bool | None = None,
 ) -> None:
     encryption = ""
     if key_file is not None:  # a seals with it, b opens a's objects with it
@@ -93,7 +98,7 @@ def write_config(
 name = "t"
 home = "a"
 partitions = {PARTITIONS}
-subscribers = ["b"]
+subscribers = [{", ".join(f'"{r}"' for r in subscribers)}]
 """
     if metadata is not None:
         topology = f"""
@@ -102,6 +107,8 @@ url = "{metadata[0]}"
 token = "{metadata[1]}"
 poll_interval_ms = 1000
 """
+    # Written only when asked: the other sections run with the default.
+    packs = "" if mirror_packs is None else f"packs = {'true' if mirror_packs else 'false'}\n"
     site.data_dir.mkdir(parents=True, exist_ok=True)
     site.config = site.data_dir.parent / f"{site.region}.toml"
     site.log_path = site.data_dir.parent / f"{site.region}.log"
@@ -110,12 +117,12 @@ poll_interval_ms = 1000
 region = "{site.region}"
 data_dir = "{site.data_dir}"
 [shipper]
-flush_interval_ms = 250
+flush_interval_ms = {flush_interval_ms}
 [mirror]
 poll_interval_ms = 100
-[bucket]
+{packs}[bucket]
 type = "s3"
-bucket = "{BUCKET}"
+bucket = "{bucket}"
 endpoint_url = "{proxy.url}"
 region = "us-east-1"
 path_style = true
@@ -264,10 +271,10 @@ def catch_up(
     return produced, objects, wire, time.perf_counter() - t0, cpu_seconds(b.proc.pid) - c0
 
 
-def log_objects(s3: Any, after_seq: int) -> list[tuple[str, int]]:
+def log_objects(s3: Any, after_seq: int, bucket: str = BUCKET) -> list[tuple[str, int]]:
     out = []
     for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=BUCKET, Prefix="regions/a/log/"
+        Bucket=bucket, Prefix="regions/a/log/"
     ):
         for obj in page.get("Contents", []):
             seq = int(obj["Key"].rsplit("/", 1)[1].split(".")[0])
@@ -276,17 +283,17 @@ def log_objects(s3: Any, after_seq: int) -> list[tuple[str, int]]:
     return out
 
 
-def head_seq(s3: Any) -> int:
-    objs = log_objects(s3, 0)
+def head_seq(s3: Any, bucket: str = BUCKET) -> int:
+    objs = log_objects(s3, 0, bucket)
     return max((int(k.rsplit("/", 1)[1].split(".")[0]) for k, _ in objs), default=0)
 
 
-def raw_gets(s3: Any, keys: list[str]) -> tuple[float, float]:
+def raw_gets(s3: Any, keys: list[str], bucket: str = BUCKET) -> tuple[float, float]:
     """Seconds to GET ``keys`` with 8 threads, and the CPU seconds this process spent."""
     c0 = time.process_time()
     t0 = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda k: s3.get_object(Bucket=BUCKET, Key=k)["Body"].read(), keys))
+        list(pool.map(lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
     return time.perf_counter() - t0, time.process_time() - c0
 
 
@@ -303,16 +310,207 @@ def log_gets(reqs: list[Any]) -> tuple[int, int]:
     return len(gets), sum(1 for r in gets if r.status == 404)
 
 
+SMALL_BUCKET = "edgegw-bench-small"
+
+
+def produce_small(a: Site, s3: Any, entries: int) -> int:
+    """Single telemetry records (~200 B) at ``a``, one per flush, until its log holds ``entries``.
+
+    Returns the records produced.
+    """
+    gen = TelemetryGenerator(site="a", sensors=50, seed=5)
+    produced = 0
+    with httpx.Client(base_url=a.url, timeout=30) as c:
+        while head_seq(s3, SMALL_BUCKET) < entries:
+            for _ in range(100):
+                value = gen.take(1)[0].value.decode()
+                c.post(
+                    "/v1/topics/t/records",
+                    json={"records": [{"value": value, "partition": produced % PARTITIONS}]},
+                ).raise_for_status()
+                produced += 1
+                time.sleep(0.008)  # past a's 5 ms flush: about one entry per record
+    return produced
+
+
+def manifested_seq(s3: Any) -> int:
+    """The highest log seq a manifest of region ``a`` covers (manifests are named by it)."""
+    last = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=SMALL_BUCKET, Prefix="regions/a/manifest/"
+    ):
+        for obj in page.get("Contents", []):
+            last = max(last, int(obj["Key"].rsplit("/", 1)[1].split(".")[0]))
+    return last
+
+
+def small_reader(
+    root: Path, region: str, moto: Any, s3: Any, a: Site, packs: bool
+) -> dict[str, Any]:
+    """A fresh gateway ``region`` mirrors a's whole log of small entries; what it cost.
+
+    Seconds and CPU run from its API answering to its mirror holding every
+    record; the requests are moto's log of the same span (the bucket is this
+    section's own, so only this reader's requests are in it).
+    """
+    proxy = TcpProxy("127.0.0.1", moto.port).start()
+    site = Site(region, (root / region).resolve())
+    write_config(
+        site,
+        proxy,
+        bucket=SMALL_BUCKET,
+        subscribers=("b", "c"),
+        mirror_packs=packs,
+    )
+    try:
+        mark = moto.log_position()
+        site.start()
+        site.wait_ready()
+        assert site.proc is not None
+        c0 = cpu_seconds(site.proc.pid)
+        t0 = time.perf_counter()
+        wait_caught_up(a, site)
+        seconds = time.perf_counter() - t0
+        cpu = cpu_seconds(site.proc.pid) - c0
+        with httpx.Client(base_url=site.url, timeout=30) as c:
+            m = c.get("/v1/status").json()["mirrors"]["a"]
+        time.sleep(0.2)  # moto logs a request after answering it
+        reqs = [r for r in moto.requests(since=mark) if r.bucket == SMALL_BUCKET]
+    finally:
+        site.stop()
+        proxy.stop()
+    log_gets = [r for r in reqs if r.method == "GET" and r.key.startswith("regions/a/log/")]
+    return {
+        "s": seconds,
+        "cpu_s": cpu,
+        "log_gets": len(log_gets),
+        "log_404s": sum(1 for r in log_gets if r.status == 404),
+        "pack_gets": sum(
+            1 for r in reqs if r.method == "GET" and r.key.startswith("regions/a/pack/")
+        ),
+        "requests": len(reqs),
+        "pack_reads": m.get("pack_reads"),
+        "pack_entries": m.get("pack_entries"),
+        "pack_fallbacks": m.get("pack_fallbacks"),
+    }
+
+
+def small_catch_up(root: Path, moto: Any, s3: Any, entries: int) -> dict[str, Any]:
+    """(g): a log of ``entries`` small entries, mirrored by a fresh reader without and with packs.
+
+    Its own bucket and gateways: ``a`` flushes every 5 ms (so nearly every
+    record is an entry of its own, as at a quiet site), ``b`` reads it with
+    ``[mirror] packs = false``, then ``c`` (a fresh data dir, the same bucket
+    contents) with packs on. Baseline: raw boto3 GETs of the same entry keys,
+    8 threads.
+    """
+    s3.create_bucket(Bucket=SMALL_BUCKET)
+    proxy = TcpProxy("127.0.0.1", moto.port).start()
+    a = Site("a", (root / "a").resolve())
+    write_config(a, proxy, bucket=SMALL_BUCKET, flush_interval_ms=5, subscribers=("b", "c"))
+    f: dict[str, Any] = {}
+    try:
+        a.start()
+        a.wait_ready()
+        t0 = time.perf_counter()
+        f["small_records"] = produce_small(a, s3, entries)
+        wait_shipped(a)
+        head = head_seq(s3, SMALL_BUCKET)
+        # Wait for the manifest of the last entries (manifest_interval_ms, 10 s):
+        # the reader that was away finds every entry under a manifest (and its pack).
+        deadline = time.monotonic() + 30
+        while manifested_seq(s3) < head and time.monotonic() < deadline:
+            time.sleep(0.2)
+        f["small_produce_s"] = time.perf_counter() - t0
+        f["small_manifested_seq"] = manifested_seq(s3)
+        objects = log_objects(s3, 0, SMALL_BUCKET)
+        f["small_entries"] = len(objects)
+        f["small_entry_bytes_mean"] = sum(size for _, size in objects) / max(1, len(objects))
+        with httpx.Client(base_url=a.url, timeout=30) as c:
+            shipper = c.get("/v1/status").json()["shipper"]
+        f["small_packs_written"] = shipper.get("packs")
+        f["small_pack_bytes"] = shipper.get("pack_bytes")
+        for region, packs, tag in (("b", False, "off"), ("c", True, "on")):
+            progress(f"(g) {region} catches up on {len(objects)} entries, packs {tag} ...")
+            r = small_reader(root, region, moto, s3, a, packs)
+            for k, v in r.items():
+                f[f"small_{tag}_{k}"] = v
+            f[f"small_{tag}_entries_per_s"] = len(objects) / r["s"]
+        raw_s, _ = raw_gets(s3, [k for k, _ in objects], SMALL_BUCKET)
+        f["small_raw_s"] = raw_s
+        f["small_raw_entries_per_s"] = len(objects) / raw_s
+    finally:
+        a.stop()
+        proxy.stop()
+    f["small_catchup_ratio_vs_raw"] = ratio(
+        f["small_on_entries_per_s"], f["small_raw_entries_per_s"]
+    )
+    f["small_catchup_speedup_packs"] = ratio(
+        f["small_on_entries_per_s"], f["small_off_entries_per_s"]
+    )
+    return f
+
+
+def small_rows(f: dict[str, Any]) -> list[Row | str]:
+    """The table rows of (g)."""
+    return [
+        f"(g) small-entry catch-up: {f['small_entries']} entries of "
+        f"{f['small_entry_bytes_mean']:.0f} B (a flushes every 5 ms), "
+        f"{f['small_packs_written']} packs"
+        + (" -- quick: 400 entries instead of 1,500" if f["quick"] else ""),
+        Row(
+            "catch-up, packs on",
+            f["small_on_entries_per_s"],
+            "entries/s",
+            "raw boto3 GETs, 8 threads",
+            f["small_raw_entries_per_s"],
+        ),
+        Row(
+            "catch-up, packs off",
+            f["small_off_entries_per_s"],
+            "entries/s",
+            "packs on",
+            f["small_on_entries_per_s"],
+        ),
+        Row("seconds, packs on", f["small_on_s"], "s", "packs off", f["small_off_s"]),
+        Row(
+            "GETs of log entries, packs on",
+            f["small_on_log_gets"],
+            "GET",
+            "packs off",
+            f["small_off_log_gets"],
+        ),
+        Row("GETs of packs, packs on", f["small_on_pack_gets"], "GET"),
+        Row(
+            "bucket requests, packs on",
+            f["small_on_requests"],
+            "req",
+            "packs off",
+            f["small_off_requests"],
+        ),
+        Row(
+            "CPU of the reader, packs on",
+            f["small_on_cpu_s"],
+            "s",
+            "packs off",
+            f["small_off_cpu_s"],
+        ),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (under ~50 s)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch parent directory")
+    ap.add_argument("--small-only", action="store_true", help="run only (g)")
     args = ap.parse_args()
+    small_n = 400 if args.quick else 1500
     probes, rate = (500, 100.0) if args.quick else (2000, 100.0)
     backlog = (32 if args.quick else 256) * 1024 * 1024
     idle_s = 5.0 if args.quick else 10.0
     relay_idle_s = 10.0 if args.quick else 30.0
     figures: dict[str, Any] = {"quick": args.quick, "probes": probes, "backlog_bytes": backlog}
+    figures["small_target_entries"] = small_n
     with scratch_dir("replication-", args.dir) as root:
         figures["machine"] = machine_info(root)
         moto = start_moto_server(root / "moto.log")
@@ -332,143 +530,153 @@ def main() -> None:
         write_config(a, proxy_a)
         write_config(b, proxy_b)
         try:
-            progress("starting gateways a and b ...")
-            a.start()
-            a.wait_ready()
-            b.start()
-            b.wait_ready()
-            progress(f"(a) end-to-end latency: {probes} records at {rate:.0f}/s ...")
-            head0, mark = head_seq(s3), moto.log_position()
-            lat = latency(a, b, probes, rate)
-            gets, misses = log_gets(moto.requests(since=mark))
-            written = max(1, head_seq(s3) - head0)
-            figures["e2e_gets_per_entry"] = gets / written
-            figures["e2e_404s_per_entry"] = misses / written
-            figures["e2e_samples"] = len(lat)
-            for q in (50, 90, 99):
-                figures[f"e2e_p{q}_ms"] = percentile(lat, q)
+            if not args.small_only:
+                progress("starting gateways a and b ...")
+                a.start()
+                a.wait_ready()
+                b.start()
+                b.wait_ready()
+                progress(f"(a) end-to-end latency: {probes} records at {rate:.0f}/s ...")
+                head0, mark = head_seq(s3), moto.log_position()
+                lat = latency(a, b, probes, rate)
+                gets, misses = log_gets(moto.requests(since=mark))
+                written = max(1, head_seq(s3) - head0)
+                figures["e2e_gets_per_entry"] = gets / written
+                figures["e2e_404s_per_entry"] = misses / written
+                figures["e2e_samples"] = len(lat)
+                for q in (50, 90, 99):
+                    figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
-            progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-            produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
-            figures.update(
-                catchup_objects=len(objects),
-                catchup_wire_mb=wire / MB,
-                catchup_journal_mb=produced / MB,
-                catchup_s=catchup_s,
-                catchup_mb_per_s=wire / MB / catchup_s,
-                catchup_journal_mb_per_s=produced / MB / catchup_s,
-            )
-            raw_s, raw_cpu = raw_gets(s3, [k for k, _ in objects])
-            figures["raw_get_mb_per_s"] = wire / MB / raw_s
-            figures["catchup_cpu_s"] = catchup_cpu
-            figures["catchup_cpu_ms_per_mb"] = catchup_cpu * 1000 / (wire / MB)
-            figures["catchup_cpu_ms_per_journal_mb"] = catchup_cpu * 1000 / (produced / MB)
-            figures["raw_get_cpu_ms_per_mb"] = raw_cpu * 1000 / (wire / MB)
-            with httpx.Client(base_url=b.url, timeout=30) as cb:
-                m = cb.get("/v1/status").json()["mirrors"]["a"]
-            figures["catchup_fetches_in_flight_peak"] = m.get("fetches_in_flight_peak")
-            figures["catchup_prefetch_peak_mb"] = m.get("prefetch_peak_bytes", 0) / MB
-            figures["catchup_ratio"] = ratio(
-                figures["catchup_mb_per_s"], figures["raw_get_mb_per_s"]
-            )
+                progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
+                produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
+                figures.update(
+                    catchup_objects=len(objects),
+                    catchup_wire_mb=wire / MB,
+                    catchup_journal_mb=produced / MB,
+                    catchup_s=catchup_s,
+                    catchup_mb_per_s=wire / MB / catchup_s,
+                    catchup_journal_mb_per_s=produced / MB / catchup_s,
+                )
+                raw_s, raw_cpu = raw_gets(s3, [k for k, _ in objects])
+                figures["raw_get_mb_per_s"] = wire / MB / raw_s
+                figures["catchup_cpu_s"] = catchup_cpu
+                figures["catchup_cpu_ms_per_mb"] = catchup_cpu * 1000 / (wire / MB)
+                figures["catchup_cpu_ms_per_journal_mb"] = catchup_cpu * 1000 / (produced / MB)
+                figures["raw_get_cpu_ms_per_mb"] = raw_cpu * 1000 / (wire / MB)
+                with httpx.Client(base_url=b.url, timeout=30) as cb:
+                    m = cb.get("/v1/status").json()["mirrors"]["a"]
+                figures["catchup_fetches_in_flight_peak"] = m.get("fetches_in_flight_peak")
+                figures["catchup_prefetch_peak_mb"] = m.get("prefetch_peak_bytes", 0) / MB
+                figures["catchup_ratio"] = ratio(
+                    figures["catchup_mb_per_s"], figures["raw_get_mb_per_s"]
+                )
 
-            progress(f"(c) idle requests at b over {idle_s:.0f}s ...")
-            time.sleep(3.0)  # let the last polls settle into the idle backoff
-            mark = moto.log_position()
-            time.sleep(idle_s)
-            reqs = moto.requests(since=mark)
-            gets = sum(1 for r in reqs if r.method in ("GET", "HEAD") and "list-type" not in r.path)
-            lists = sum(
-                1 for r in reqs if "list-type" in r.path or r.path.rstrip("/").endswith(BUCKET)
-            )
-            figures["idle_gets_per_s_per_source"] = gets / idle_s
-            figures["idle_lists_per_s"] = lists / idle_s
-            figures["idle_requests_total"] = len(reqs)
+                progress(f"(c) idle requests at b over {idle_s:.0f}s ...")
+                time.sleep(3.0)  # let the last polls settle into the idle backoff
+                mark = moto.log_position()
+                time.sleep(idle_s)
+                reqs = moto.requests(since=mark)
+                gets = sum(
+                    1 for r in reqs if r.method in ("GET", "HEAD") and "list-type" not in r.path
+                )
+                lists = sum(
+                    1 for r in reqs if "list-type" in r.path or r.path.rstrip("/").endswith(BUCKET)
+                )
+                figures["idle_gets_per_s_per_source"] = gets / idle_s
+                figures["idle_lists_per_s"] = lists / idle_s
+                figures["idle_requests_total"] = len(reqs)
 
-            progress("(d) resume: b cut off from the bucket for 10 s while a produces ...")
-            stop = threading.Event()
+                progress("(d) resume: b cut off from the bucket for 10 s while a produces ...")
+                stop = threading.Event()
 
-            def steady() -> None:
-                with httpx.Client(base_url=a.url, timeout=30) as c:
-                    i = 0
-                    while not stop.is_set():
-                        c.post("/v1/topics/t/records", json={"records": [{"value": f"r{i}"}]})
-                        i += 1
-                        time.sleep(0.02)
+                def steady() -> None:
+                    with httpx.Client(base_url=a.url, timeout=30) as c:
+                        i = 0
+                        while not stop.is_set():
+                            c.post("/v1/topics/t/records", json={"records": [{"value": f"r{i}"}]})
+                            i += 1
+                            time.sleep(0.02)
 
-            producer = threading.Thread(target=steady, daemon=True)
-            producer.start()
-            proxy_b.set_mode("refuse")
-            proxy_b.reset_connections()
-            time.sleep(10)
-            with httpx.Client(base_url=b.url, timeout=30) as cb:
-                at_restore = sum(high_watermarks(cb, "a.t"))
-                proxy_b.set_mode("pass")
-                t0 = time.perf_counter()
-                deadline = t0 + 120
-                while sum(high_watermarks(cb, "a.t")) <= at_restore:
-                    if time.perf_counter() > deadline:
-                        break
-                    time.sleep(0.01)
-                figures["resume_s"] = time.perf_counter() - t0
-            stop.set()
-            producer.join(timeout=10)
+                producer = threading.Thread(target=steady, daemon=True)
+                producer.start()
+                proxy_b.set_mode("refuse")
+                proxy_b.reset_connections()
+                time.sleep(10)
+                with httpx.Client(base_url=b.url, timeout=30) as cb:
+                    at_restore = sum(high_watermarks(cb, "a.t"))
+                    proxy_b.set_mode("pass")
+                    t0 = time.perf_counter()
+                    deadline = t0 + 120
+                    while sum(high_watermarks(cb, "a.t")) <= at_restore:
+                        if time.perf_counter() > deadline:
+                            break
+                        time.sleep(0.01)
+                    figures["resume_s"] = time.perf_counter() - t0
+                stop.set()
+                producer.join(timeout=10)
 
-            progress("(f) encryption: a and b restart with [encryption]; (a) and (b) again ...")
-            key_file = root.resolve() / "a-bench.key"
-            write_key_file(key_file, generate_key())
-            for site in (b, a):
-                assert site.stop() == 0
-            for site, proxy in ((a, proxy_a), (b, proxy_b)):
-                write_config(site, proxy, key_file=key_file)
-                site.start()
-                site.wait_ready()
-            lat = latency(a, b, probes, rate)
-            for q in (50, 90, 99):
-                figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
-            produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
-            figures.update(
-                sealed_catchup_objects=len(objects),
-                sealed_catchup_wire_mb=wire / MB,
-                sealed_catchup_journal_mb=produced / MB,
-                sealed_catchup_s=catchup_s,
-                sealed_catchup_mb_per_s=wire / MB / catchup_s,
-                sealed_catchup_journal_mb_per_s=produced / MB / catchup_s,
-                sealed_catchup_cpu_ms_per_journal_mb=catchup_cpu * 1000 / (produced / MB),
-            )
-            figures["sealed_catchup_ratio"] = ratio(
-                figures["sealed_catchup_journal_mb_per_s"], figures["catchup_journal_mb_per_s"]
-            )
-            with httpx.Client(base_url=b.url, timeout=30) as cb:
-                m = cb.get("/v1/status").json()["mirrors"]["a"]
-            figures["sealed_mirror_state"] = m["state"]
+                progress("(f) encryption: a and b restart with [encryption]; (a) and (b) again ...")
+                key_file = root.resolve() / "a-bench.key"
+                write_key_file(key_file, generate_key())
+                for site in (b, a):
+                    assert site.stop() == 0
+                for site, proxy in ((a, proxy_a), (b, proxy_b)):
+                    write_config(site, proxy, key_file=key_file)
+                    site.start()
+                    site.wait_ready()
+                lat = latency(a, b, probes, rate)
+                for q in (50, 90, 99):
+                    figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
+                produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
+                figures.update(
+                    sealed_catchup_objects=len(objects),
+                    sealed_catchup_wire_mb=wire / MB,
+                    sealed_catchup_journal_mb=produced / MB,
+                    sealed_catchup_s=catchup_s,
+                    sealed_catchup_mb_per_s=wire / MB / catchup_s,
+                    sealed_catchup_journal_mb_per_s=produced / MB / catchup_s,
+                    sealed_catchup_cpu_ms_per_journal_mb=catchup_cpu * 1000 / (produced / MB),
+                )
+                figures["sealed_catchup_ratio"] = ratio(
+                    figures["sealed_catchup_journal_mb_per_s"], figures["catchup_journal_mb_per_s"]
+                )
+                with httpx.Client(base_url=b.url, timeout=30) as cb:
+                    m = cb.get("/v1/status").json()["mirrors"]["a"]
+                figures["sealed_mirror_state"] = m["state"]
 
-            progress("(e) head relay: restarting a and b with a metadata server ...")
-            for site in (b, a):
-                assert site.stop() == 0
-            meta.start()
-            tokens = {s.region: meta.add_region(s.region) for s in (a, b)}
-            meta.call(
-                "POST",
-                "/v1/topics",
-                {"name": "t", "home": "a", "partitions": PARTITIONS, "subscribers": ["b"]},
-            )
-            for site, proxy in ((a, proxy_a), (b, proxy_b)):
-                write_config(site, proxy, (meta.url, tokens[site.region]))
-                site.start()
-                site.wait_ready()
-            wait_relayed(b)
-            lat = latency(a, b, probes, rate)
-            figures["relay_e2e_samples"] = len(lat)
-            for q in (50, 90, 99):
-                figures[f"relay_e2e_p{q}_ms"] = percentile(lat, q)
-            progress(f"(e) idle requests of a and b over {relay_idle_s:.0f}s with the relay ...")
-            wait_caught_up(a, b)
-            time.sleep(3.0)
-            mark = moto.log_position()
-            time.sleep(relay_idle_s)
-            figures["relay_idle_s"] = relay_idle_s
-            figures["relay_idle_requests"] = len(moto.requests(since=mark))
+                progress("(e) head relay: restarting a and b with a metadata server ...")
+                for site in (b, a):
+                    assert site.stop() == 0
+                meta.start()
+                tokens = {s.region: meta.add_region(s.region) for s in (a, b)}
+                meta.call(
+                    "POST",
+                    "/v1/topics",
+                    {"name": "t", "home": "a", "partitions": PARTITIONS, "subscribers": ["b"]},
+                )
+                for site, proxy in ((a, proxy_a), (b, proxy_b)):
+                    write_config(site, proxy, (meta.url, tokens[site.region]))
+                    site.start()
+                    site.wait_ready()
+                wait_relayed(b)
+                lat = latency(a, b, probes, rate)
+                figures["relay_e2e_samples"] = len(lat)
+                for q in (50, 90, 99):
+                    figures[f"relay_e2e_p{q}_ms"] = percentile(lat, q)
+                progress(
+                    f"(e) idle requests of a and b over {relay_idle_s:.0f}s with the relay ..."
+                )
+                wait_caught_up(a, b)
+                time.sleep(3.0)
+                mark = moto.log_position()
+                time.sleep(relay_idle_s)
+                figures["relay_idle_s"] = relay_idle_s
+                figures["relay_idle_requests"] = len(moto.requests(since=mark))
+                for site in (b, a):
+                    assert site.stop() == 0
+                meta.stop()
+            progress(f"(g) small-entry catch-up: {small_n} entries ...")
+            figures.update(small_catch_up(root / "g", moto, s3, small_n))
         finally:
             for site in (a, b):
                 site.stop()
@@ -481,109 +689,114 @@ def main() -> None:
         return None if v is None else good
 
     f = figures
-    rows: list[Row | str] = [
-        f"(a) end-to-end, a -> b, {f['e2e_samples']} records (flush 250 ms, poll 100 ms)"
-        + (" -- quick: fewer records than the 2,000 of a full run" if f["quick"] else ""),
-        Row(
-            "p50",
-            f["e2e_p50_ms"],
-            "ms",
-            target="<= 300 ms",
-            ok=ok(f["e2e_p50_ms"], f["e2e_p50_ms"] <= 300),
-        ),
-        Row("p90", f["e2e_p90_ms"], "ms"),
-        Row("GETs of log entries per entry written", f["e2e_gets_per_entry"], "GET"),
-        Row("... of which 404s", f["e2e_404s_per_entry"], "GET"),
-        Row(
-            "p99",
-            f["e2e_p99_ms"],
-            "ms",
-            target="<= 600 ms",
-            ok=ok(f["e2e_p99_ms"], f["e2e_p99_ms"] <= 600),
-        ),
-        f"(b) catch-up: {f['catchup_objects']} objects, "
-        f"{f['catchup_journal_mb']:.0f} MB of records"
-        + (" -- quick: a 32 MiB backlog instead of 256 MiB" if f["quick"] else ""),
-        Row(
-            "catch-up (log objects)",
-            f["catchup_mb_per_s"],
-            "MB/s",
-            "raw boto3 GETs, 8 threads",
-            f["raw_get_mb_per_s"],
-            ">= 0.8x",
-            ok(f["catchup_ratio"], (f["catchup_ratio"] or 0) >= 0.8),
-        ),
-        Row("catch-up (records)", f["catchup_journal_mb_per_s"], "MB/s"),
-        Row(
-            "CPU per MB of log objects",
-            f["catchup_cpu_ms_per_mb"],
-            "ms",
-            "raw boto3 GETs (client CPU)",
-            f["raw_get_cpu_ms_per_mb"],
-        ),
-        Row("CPU per MB of records", f["catchup_cpu_ms_per_journal_mb"], "ms"),
-        Row("fetches in flight at most", f["catchup_fetches_in_flight_peak"], ""),
-        "(c) idle b, S3 polling, no metadata server",
-        Row(
-            "GETs/HEADs per second",
-            f["idle_gets_per_s_per_source"],
-            "req/s",
-            target="<= 10",
-            ok=f["idle_gets_per_s_per_source"] <= 10,
-        ),
-        Row(
-            "LISTs per second",
-            f["idle_lists_per_s"],
-            "req/s",
-            target="0",
-            ok=f["idle_lists_per_s"] == 0,
-        ),
-        "(d) resume after 10 s cut off",
-        Row("time to advance", f["resume_s"], "s", target="<= 1.0 s", ok=f["resume_s"] <= 1.0),
-        "(f) encryption on (a seals, b opens), same polling mode as (a) and (b)",
-        Row("p50, sealed", f["sealed_e2e_p50_ms"], "ms", "plaintext (a)", f["e2e_p50_ms"]),
-        Row("p99, sealed", f["sealed_e2e_p99_ms"], "ms", "plaintext (a)", f["e2e_p99_ms"]),
-        Row(
-            "catch-up (records), sealed",
-            f["sealed_catchup_journal_mb_per_s"],
-            "MB/s",
-            "plaintext (b)",
-            f["catchup_journal_mb_per_s"],
-        ),
-        Row(
-            "CPU per MB of records, sealed",
-            f["sealed_catchup_cpu_ms_per_journal_mb"],
-            "ms",
-            "plaintext (b)",
-            f["catchup_cpu_ms_per_journal_mb"],
-        ),
-        f"(e) with the metadata server's head relay ({f['relay_e2e_samples']} records)",
-        Row(
-            "p50",
-            f["relay_e2e_p50_ms"],
-            "ms",
-            "S3 polling (a)",
-            f["e2e_p50_ms"],
-            target="<= 300 ms",
-            ok=ok(f["relay_e2e_p50_ms"], f["relay_e2e_p50_ms"] <= 300),
-        ),
-        Row(
-            "p99",
-            f["relay_e2e_p99_ms"],
-            "ms",
-            "S3 polling (a)",
-            f["e2e_p99_ms"],
-            target="<= 600 ms",
-            ok=ok(f["relay_e2e_p99_ms"], f["relay_e2e_p99_ms"] <= 600),
-        ),
-        Row(
-            f"bucket requests, a and b idle {f['relay_idle_s']:.0f} s",
-            f["relay_idle_requests"],
-            "req",
-            target="0",
-            ok=f["relay_idle_requests"] == 0,
-        ),
-    ]
+    rows: list[Row | str] = (
+        []
+        if args.small_only
+        else [
+            f"(a) end-to-end, a -> b, {f['e2e_samples']} records (flush 250 ms, poll 100 ms)"
+            + (" -- quick: fewer records than the 2,000 of a full run" if f["quick"] else ""),
+            Row(
+                "p50",
+                f["e2e_p50_ms"],
+                "ms",
+                target="<= 300 ms",
+                ok=ok(f["e2e_p50_ms"], f["e2e_p50_ms"] <= 300),
+            ),
+            Row("p90", f["e2e_p90_ms"], "ms"),
+            Row("GETs of log entries per entry written", f["e2e_gets_per_entry"], "GET"),
+            Row("... of which 404s", f["e2e_404s_per_entry"], "GET"),
+            Row(
+                "p99",
+                f["e2e_p99_ms"],
+                "ms",
+                target="<= 600 ms",
+                ok=ok(f["e2e_p99_ms"], f["e2e_p99_ms"] <= 600),
+            ),
+            f"(b) catch-up: {f['catchup_objects']} objects, "
+            f"{f['catchup_journal_mb']:.0f} MB of records"
+            + (" -- quick: a 32 MiB backlog instead of 256 MiB" if f["quick"] else ""),
+            Row(
+                "catch-up (log objects)",
+                f["catchup_mb_per_s"],
+                "MB/s",
+                "raw boto3 GETs, 8 threads",
+                f["raw_get_mb_per_s"],
+                ">= 0.8x",
+                ok(f["catchup_ratio"], (f["catchup_ratio"] or 0) >= 0.8),
+            ),
+            Row("catch-up (records)", f["catchup_journal_mb_per_s"], "MB/s"),
+            Row(
+                "CPU per MB of log objects",
+                f["catchup_cpu_ms_per_mb"],
+                "ms",
+                "raw boto3 GETs (client CPU)",
+                f["raw_get_cpu_ms_per_mb"],
+            ),
+            Row("CPU per MB of records", f["catchup_cpu_ms_per_journal_mb"], "ms"),
+            Row("fetches in flight at most", f["catchup_fetches_in_flight_peak"], ""),
+            "(c) idle b, S3 polling, no metadata server",
+            Row(
+                "GETs/HEADs per second",
+                f["idle_gets_per_s_per_source"],
+                "req/s",
+                target="<= 10",
+                ok=f["idle_gets_per_s_per_source"] <= 10,
+            ),
+            Row(
+                "LISTs per second",
+                f["idle_lists_per_s"],
+                "req/s",
+                target="0",
+                ok=f["idle_lists_per_s"] == 0,
+            ),
+            "(d) resume after 10 s cut off",
+            Row("time to advance", f["resume_s"], "s", target="<= 1.0 s", ok=f["resume_s"] <= 1.0),
+            "(f) encryption on (a seals, b opens), same polling mode as (a) and (b)",
+            Row("p50, sealed", f["sealed_e2e_p50_ms"], "ms", "plaintext (a)", f["e2e_p50_ms"]),
+            Row("p99, sealed", f["sealed_e2e_p99_ms"], "ms", "plaintext (a)", f["e2e_p99_ms"]),
+            Row(
+                "catch-up (records), sealed",
+                f["sealed_catchup_journal_mb_per_s"],
+                "MB/s",
+                "plaintext (b)",
+                f["catchup_journal_mb_per_s"],
+            ),
+            Row(
+                "CPU per MB of records, sealed",
+                f["sealed_catchup_cpu_ms_per_journal_mb"],
+                "ms",
+                "plaintext (b)",
+                f["catchup_cpu_ms_per_journal_mb"],
+            ),
+            f"(e) with the metadata server's head relay ({f['relay_e2e_samples']} records)",
+            Row(
+                "p50",
+                f["relay_e2e_p50_ms"],
+                "ms",
+                "S3 polling (a)",
+                f["e2e_p50_ms"],
+                target="<= 300 ms",
+                ok=ok(f["relay_e2e_p50_ms"], f["relay_e2e_p50_ms"] <= 300),
+            ),
+            Row(
+                "p99",
+                f["relay_e2e_p99_ms"],
+                "ms",
+                "S3 polling (a)",
+                f["e2e_p99_ms"],
+                target="<= 600 ms",
+                ok=ok(f["relay_e2e_p99_ms"], f["relay_e2e_p99_ms"] <= 600),
+            ),
+            Row(
+                f"bucket requests, a and b idle {f['relay_idle_s']:.0f} s",
+                f["relay_idle_requests"],
+                "req",
+                target="0",
+                ok=f["relay_idle_requests"] == 0,
+            ),
+        ]
+    )
+    rows += small_rows(f)
     print(render_table("edgegw replication between two gateway processes", rows))
     emit_json(figures)
 
