@@ -3,8 +3,10 @@
 ``moto_endpoint`` starts one moto S3 server for the session (lazily: only
 tests that ask for it, directly or through ``s3_bucket_name``, pay for it);
 ``s3_bucket_name`` gives each test a fresh, empty bucket on it, so tests are
-isolated without restarting the server. ``moto_auth`` is a second server that
-enforces authentication (IAM users and keys that a test can revoke).
+isolated without restarting the server; ``moto_server`` is that server itself,
+for tests that count requests in its log (filtered by their bucket).
+``moto_auth`` is a second server that enforces authentication (IAM users and
+keys that a test can revoke).
 ``quirky_s3(quirks)`` starts (once per session and set of quirks) a moto
 server behind the conditional-write quirks of another store -- Ceph RGW
 16.2, s3rver -- see tests/_quirky_s3.py. ``rgw_endpoint`` starts a real
@@ -39,13 +41,19 @@ if TYPE_CHECKING:
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``http://127.0.0.1:PORT`` of a moto S3 server running for the session."""
+def moto_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MotoServer]:
+    """The session's moto S3 server (its request log: ``requests(since=log_position())``)."""
     server = start_moto_server(tmp_path_factory.mktemp("moto") / "moto.log")
     try:
-        yield server.endpoint
+        yield server
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(moto_server: MotoServer) -> str:
+    """``http://127.0.0.1:PORT`` of a moto S3 server running for the session."""
+    return moto_server.endpoint
 
 
 @pytest.fixture(scope="session")
