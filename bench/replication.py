@@ -30,8 +30,20 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     each printed beside the plaintext figure of the same run, with the ratio
     (``sealed_catchup_ratio`` = sealed / plaintext records MB/s). Runs before
     (e), so both use the same polling mode.
+(g) small-entry catch-up (last, on its own bucket and gateways): a fresh
+    ``a`` flushing every 5 ms takes single ~180 B telemetry records until its
+    log holds N entries (1,500; 400 with --quick) of ~400 B each, all under
+    manifests; a fresh ``b`` with ``[mirror] packs = false`` mirrors it (one
+    GET per entry), then a fresh ``c`` with packs on (a's shipper wrote a pack
+    before each manifest). For each: seconds and entries/s from its API
+    answering to its mirror holding every record, its GETs of log entries
+    and of packs and all its requests (moto's log), its CPU seconds; the
+    baseline is raw boto3 GETs of the same entry keys (8 threads).
+    ``small_catchup_ratio_vs_raw`` = packs on / raw GETs entries/s,
+    ``small_catchup_speedup_packs`` = packs on / packs off.
 
-Usage: python bench/replication.py [--quick]. Last line: one JSON object.
+Usage: python bench/replication.py [--quick] [--small-only]. Last line: one
+JSON object.
 """
 
 from __future__ import annotations
