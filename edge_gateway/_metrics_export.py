@@ -579,6 +579,12 @@ class _GatewayCollector(Collector):
             s.heap_trims,
         )
         yield _counter("edgegw_shipper_manifests", "Manifests written.", s.manifests)
+        yield _counter(
+            "edgegw_shipper_packs", "Packs of small log entries written (format/pack.py).", s.packs
+        )
+        yield _counter(
+            "edgegw_shipper_pack_bytes", "Bytes of packs uploaded (entry copies).", s.pack_bytes
+        )
         yield _counter("edgegw_shipper_records", "Records shipped.", s.records)
         yield _counter(
             "edgegw_shipper_bytes", "Journal bytes shipped (before compression).", s.journal_bytes
@@ -840,6 +846,16 @@ class _GatewayCollector(Collector):
             "(on_full = drop-oldest), as its gap markers say; exact ranges in edgegw status.",
             labels=["source", "topic"],
         )
+        pack_reads = CounterMetricFamily(
+            "edgegw_mirror_pack_reads",
+            "Packs of a source's small log entries read while catching up (one GET each).",
+            labels=["source"],
+        )
+        pack_entries = CounterMetricFamily(
+            "edgegw_mirror_pack_entries",
+            "Source log entries taken from packs instead of their own objects.",
+            labels=["source"],
+        )
         holds = CounterMetricFamily(
             "edgegw_mirror_priority_holds",
             "Fetches that waited while another source caught up a higher priority.",
@@ -875,12 +891,16 @@ class _GatewayCollector(Collector):
             for topic, records in lag.dropped_gap_records:
                 dropped.add_metric([lag.source, topic], float(records))
             holds.add_metric([lag.source], float(lag.priority_holds))
+            pack_reads.add_metric([lag.source], float(lag.pack_reads))
+            pack_entries.add_metric([lag.source], float(lag.pack_entries))
             held.add_metric([lag.source], 1.0 if lag.priority_held else 0.0)
         yield from families.values()
         yield in_flight
         yield misses
         yield dropped
         yield holds
+        yield pack_reads
+        yield pack_entries
         yield held
         yield state
         yield missing

@@ -431,6 +431,9 @@ class MirrorConfig:
     gap_policy: Literal["fail", "skip"] = "fail"
     #: Log objects fetched ahead while catching up.
     prefetch: int = 8
+    #: Catching up, fetch the source's packs of small entries (one GET each)
+    #: instead of each entry (``docs/mirroring.md``, "Packs").
+    packs: bool = True
     #: Publish ``regions/<src>/cursors/<region>.json`` this often.
     cursor_interval_ms: int = 10_000
     #: While the bucket is unreachable, retry at most this far apart, so a

@@ -567,6 +567,7 @@ class Gateway:
             max_poll_interval_s=m.max_poll_interval_ms / 1000,
             gap_policy=m.gap_policy,  # type: ignore[arg-type]
             prefetch_objects=m.prefetch,
+            packs=m.packs,
             cursor_interval_s=m.cursor_interval_ms / 1000,
             retry_cap_s=m.retry_cap_ms / 1000,
             relay_safety_poll_s=self.config.metadata.relay_safety_poll_ms / 1000,
@@ -1881,6 +1882,8 @@ class Gateway:
                 "pending_lsns": sum(lane.backlog_entries for lane in s.lanes),
                 "objects": s.objects,
                 "manifests": s.manifests,
+                "packs": s.packs,
+                "pack_bytes": s.pack_bytes,
                 "wire_bytes": s.wire_bytes,
                 "retries": s.retries,
                 "uploads_aborted": s.uploads_aborted,
@@ -2077,6 +2080,9 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "priority_held": s.priority_held,
         "priority_holds": s.priority_holds,
         "priority_held_s": round(s.priority_held_s, 3),
+        "pack_reads": s.pack_reads,
+        "pack_entries": s.pack_entries,
+        "pack_fallbacks": s.pack_fallbacks,
         "prefetch_peak_objects": s.prefetch_peak_objects,
         "prefetch_peak_bytes": s.prefetch_peak_bytes,
     }

@@ -45,7 +45,8 @@ Families (``_total`` is added to counters by the exposition format):
   person must act: alert on it.
 * ``edgegw_mirror_*{source}``: entries_behind, bytes_behind, lag_seconds,
   quarantined_entries, gaps, catch_up_eta_seconds, state{state},
-  fetches_in_flight, probe_misses_total, priority_holds_total, priority_held — from the
+  fetches_in_flight, probe_misses_total, priority_holds_total, priority_held,
+  pack_reads_total, pack_entries_total — from the
   gateway's tailers, or from the provider given to
   :meth:`GatewayMetrics.set_mirror_lag_provider`
 * ``edgegw_task_failures_total{task}``, ``edgegw_task_restarts_total{task}``,
@@ -145,6 +146,9 @@ class MirrorLag:
     #: whether one waits now (docs/mirroring.md, "Priorities").
     priority_holds: int = 0
     priority_held: bool = False
+    #: Packs of small entries read catching up, and the entries taken from them.
+    pack_reads: int = 0
+    pack_entries: int = 0
 
     @classmethod
     def from_tailer_stats(cls, stats: Any) -> MirrorLag:
@@ -164,6 +168,8 @@ class MirrorLag:
             dropped_gap_records=tuple(stats.dropped_gap_records),
             priority_holds=stats.priority_holds,
             priority_held=stats.priority_held,
+            pack_reads=stats.pack_reads,
+            pack_entries=stats.pack_entries,
         )
 
 

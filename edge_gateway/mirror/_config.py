@@ -47,6 +47,11 @@ class TailerConfig:
     #: ... and the bytes they may hold (fetched plus decompressed); one
     #: larger object is still fetched, alone.
     prefetch_bytes: int = 64 * MiB
+    #: Catching up from manifests, read the source's packs (one GET for many
+    #: small entries, ``format/pack.py``) instead of each entry's object.
+    packs: bool = True
+    #: A pack larger than this (as listed) is not read: its entries are GET alone.
+    pack_max_bytes: int = 64 * MiB
     #: Entries with nothing to append record progress in the journal at
     #: least every this many entries (and whenever the tailer goes idle).
     progress_every: int = 64

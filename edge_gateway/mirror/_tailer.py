@@ -71,6 +71,7 @@ from edge_gateway.format.manifest import (
 )
 from edge_gateway.journal import Journal, Lane, MirrorBatch, Priority
 from edge_gateway.mirror._config import TailerConfig
+from edge_gateway.mirror._packs import ListedPack, PackReader, list_packs
 from edge_gateway.mirror._plan import (
     Action,
     EntryInfo,
@@ -189,6 +190,11 @@ class TailerStats:
     priority_held: bool = False
     priority_holds: int = 0
     priority_held_s: float = 0.0
+    #: Packs of small entries read while catching up, entries taken from
+    #: them, and packs or bodies not used (the entries were GET alone).
+    pack_reads: int = 0
+    pack_entries: int = 0
+    pack_fallbacks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +221,8 @@ class _FetchPlan:
     ranges: list[tuple[int, int]]
     wanted: tuple[BlockIndex, ...]
     cost: int
+    #: The pack that may hold the entry's bytes (planned from a manifest).
+    pack: ListedPack | None = None
 
 
 @dataclass(slots=True)
@@ -345,6 +353,9 @@ class Tailer:
         # 404s of entries asked for ahead of the first missing one.
         self._found_prev = self._found_now = self._not_found_now = 0
         self._probe_misses = 0
+        #: Packs of small entries: read, entries served, misses (all runs).
+        self._pack_reads = self._pack_entries = self._pack_fallbacks = 0
+        self._packs: PackReader | None = None
         self._frontier_moved = trio.Event()
         self._last_error: str | None = None
         self._denial = DenialTracker(log, f"mirror {self.source}")
@@ -591,6 +602,9 @@ class Tailer:
             priority_held=self._held_now > 0,
             priority_holds=self._holds,
             priority_held_s=self._held_s,
+            pack_reads=self._pack_reads + (self._packs.reads if self._packs else 0),
+            pack_entries=self._pack_entries + (self._packs.entries if self._packs else 0),
+            pack_fallbacks=self._pack_fallbacks + (self._packs.fallbacks if self._packs else 0),
         )
 
     # ------------------------------------------------------------ following
@@ -832,8 +846,30 @@ class Tailer:
             where=info.key,
         )
 
-    async def _fetch(self, plan: _FetchPlan) -> _Fetched:
+    async def _fetch(self, plan: _FetchPlan, nursery: trio.Nursery | None = None) -> _Fetched:
         """GET the planned ranges and decode every wanted block (CRCs, batch structure)."""
+        packs, pack = self._packs, plan.pack
+        if packs is not None and pack is not None and nursery is not None and plan.ranges:
+            body = await packs.body(pack, plan.info.seq, nursery)
+            if body is not None:
+                try:
+                    return await self._fetch_packed(plan, body)
+                except CorruptData as exc:
+                    packs.rejected(pack, plan.info.seq, str(exc))
+        return await self._fetch_own(plan)
+
+    async def _fetch_packed(self, plan: _FetchPlan, body: bytes) -> _Fetched:
+        """Decode the planned ranges of an entry's bytes found in a pack."""
+        info = plan.info
+        if len(body) != info.size:
+            raise CorruptData(
+                f"{len(body)} bytes in the pack, its manifest entry says {info.size}",
+                where=info.key,
+            )
+        return await self._decode(plan, [(s, body[s:e]) for s, e in plan.ranges])
+
+    async def _fetch_own(self, plan: _FetchPlan) -> _Fetched:
+        """GET the planned ranges of the entry's own object."""
         info = plan.info
         pieces: list[tuple[int, bytes]] = [(0, plan.have)] if plan.have else []
         for start, end in plan.ranges:
@@ -846,6 +882,10 @@ class Tailer:
                     where=info.key,
                 )
             pieces.append((start, res.data))
+        return await self._decode(plan, pieces)
+
+    async def _decode(self, plan: _FetchPlan, pieces: list[tuple[int, bytes]]) -> _Fetched:
+        info = plan.info
         if not plan.wanted:
             return _Fetched(info, {})
         opener = self._opener(info)
@@ -1019,12 +1059,26 @@ class Tailer:
         if self._gate is not None and manifests:
             self._backlog_manifest = await self._load_manifest(*manifests[-1])
             self._announce_backlog()
+        if self.config.packs and manifests:
+            packs = await list_packs(
+                self.bucket, self.prefix, self.source, first, self.config.pack_max_bytes
+            )
+            self._packs = PackReader(self.bucket, self.source, packs) if packs else None
         try:
             applied, _ = await self._pipeline(first, head, manifests)
         finally:
             self._backlog_manifest = None
             self._announce_backlog()
+            self._count_packs()
         return applied
+
+    def _count_packs(self) -> None:
+        packs, self._packs = self._packs, None
+        if packs is not None:
+            self._pack_reads += packs.reads
+            self._pack_entries += packs.entries
+            self._pack_fallbacks += packs.fallbacks
+            self._bytes_fetched += packs.bytes_fetched
 
     def _announce_backlog(self) -> None:
         """Tell the gate the highest priority of what this catch-up still has to apply.
@@ -1089,6 +1143,8 @@ class Tailer:
                             break
                         self._denial.cleared()
                         await self._apply_slot(slot)
+                        if self._packs is not None:
+                            self._packs.applied(slot.seq)
                         applied += 1
                         streak += 1
                         if self._backlog_manifest is not None:
@@ -1198,6 +1254,8 @@ class Tailer:
                             plan = self._plan_fetch(
                                 EntryInfo.from_manifest(key, m.region, entry), b""
                             )
+                            if self._packs is not None:
+                                plan.pack = self._packs.covering(seq)
                 except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
                     slot.error = exc
                     slot.done.set()
@@ -1207,12 +1265,17 @@ class Tailer:
                 if last is None:
                     self._polls += 1
                 await send.send(slot)
-                nursery.start_soon(self._fetch_into, slot, plan, previous, budget)
+                nursery.start_soon(self._fetch_into, slot, plan, previous, budget, nursery)
                 previous = slot.budgeted
                 seq += 1
 
     async def _fetch_into(
-        self, slot: _Slot, plan: _FetchPlan | None, previous: trio.Event, budget: _ByteBudget
+        self,
+        slot: _Slot,
+        plan: _FetchPlan | None,
+        previous: trio.Event,
+        budget: _ByteBudget,
+        nursery: trio.Nursery,
     ) -> None:
         """Read the header (unless planned), take the budget in turn, fetch and decode."""
         self._in_flight += 1
@@ -1229,7 +1292,7 @@ class Tailer:
             self._prefetch_peak_bytes = max(self._prefetch_peak_bytes, budget.peak)
             if self._gate is not None and self._gate.held(self.source):
                 await self._wait_turn()
-            slot.fetched = await self._fetch(plan)
+            slot.fetched = await self._fetch(plan, nursery)
         except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer
             slot.error = exc
             if isinstance(exc, NotFound):

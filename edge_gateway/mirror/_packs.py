@@ -1,0 +1,155 @@
+"""A catch-up's packs: each GET once, its entries' bytes handed out by seq.
+
+A pack (``format/pack.py``) copies a source's small log entries into one
+object, so a tailer far behind fetches a hundred entries with one GET instead
+of a hundred. The tailer plans entries from manifests in seq order; for each
+planned entry it asks :meth:`PackReader.body`. The first entry of a pack
+fetches the pack (and starts fetching the next, so the round trip overlaps
+applying this one); the others wait for it. A pack that is gone, refused,
+too large or corrupt is only a miss: the entry is fetched from its own
+object, as without packs. Nothing here is trusted either: the tailer checks
+every body against the entry's manifest (size, block CRCs) and fetches the
+entry's own object when a body disagrees.
+
+Memory: a pack's bytes are dropped once the tailer applied its last entry
+(:meth:`PackReader.applied`), so at most the pack being applied and the one
+fetched ahead are held (each at most ``pack_max_bytes``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import trio
+
+from edge_gateway.bucket import Bucket, BucketError
+from edge_gateway.errors import CorruptData, EdgeGatewayError
+from edge_gateway.format.pack import Pack, decode_pack, pack_list_start, pack_prefix, parse_pack_key
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ListedPack:
+    """A pack as listed: its key, its range (from the key) and its size."""
+
+    key: str
+    first_seq: int
+    last_seq: int
+    size: int
+    #: Set once the fetch ended (``index`` is None if it failed).
+    loaded: trio.Event = field(default_factory=trio.Event)
+    started: bool = False
+    data: bytes = b""
+    index: Pack | None = None
+
+
+async def list_packs(
+    bucket: Bucket, prefix: str, source: str, first_seq: int, max_bytes: int
+) -> list[ListedPack]:
+    """The source's packs that hold seqs from ``first_seq`` on, by last seq (one LIST)."""
+    out = []
+    for info in await bucket.list(
+        pack_prefix(prefix, source), start_after=pack_list_start(prefix, source, first_seq)
+    ):
+        try:
+            region, first, last = parse_pack_key(info.key, prefix)
+        except CorruptData:
+            continue  # a stray object in the folder
+        if region == source and info.size <= max_bytes:
+            out.append(ListedPack(info.key, first, last, info.size))
+    return out
+
+
+class PackReader:
+    """The packs of one catch-up, walked in seq order."""
+
+    def __init__(self, bucket: Bucket, source: str, packs: Sequence[ListedPack]) -> None:
+        self.bucket = bucket
+        self.source = source
+        self._packs = list(packs)
+        #: Index of the first pack whose last seq is not behind the entries asked for.
+        self._at = 0
+        self.reads = 0
+        self.entries = 0
+        self.fallbacks = 0
+        self.bytes_fetched = 0
+
+    def covering(self, seq: int) -> ListedPack | None:
+        """The pack whose range holds ``seq`` (asked in ascending seq order), if any."""
+        while self._at < len(self._packs) and self._packs[self._at].last_seq < seq:
+            self._at += 1
+        for p in self._packs[self._at :]:
+            if p.first_seq > seq:
+                break
+            return p
+        return None
+
+    async def body(self, pack: ListedPack, seq: int, nursery: trio.Nursery) -> bytes | None:
+        """The bytes of entry ``seq`` from ``pack``, or None: GET the entry's own object."""
+        if not pack.started:
+            pack.started = True
+            self._prefetch_next(pack, nursery)
+            await self._load(pack)
+        await pack.loaded.wait()
+        if pack.index is None:
+            return None
+        e = pack.index.find(seq)
+        if e is None:
+            return None  # not packed (a fence, a large entry): its own GET
+        self.entries += 1
+        return pack.data[e.offset : e.offset + e.length]
+
+    def rejected(self, pack: ListedPack, seq: int, why: str) -> None:
+        """A body disagreed with its entry: count it and say so (the entry is GET alone)."""
+        self.entries -= 1
+        self.fallbacks += 1
+        log.warning(
+            "mirror %s: entry %d in pack %s disagrees with its manifest (%s); "
+            "fetching the entry itself",
+            self.source,
+            seq,
+            pack.key,
+            why,
+        )
+
+    def applied(self, seq: int) -> None:
+        """Entries up to ``seq`` are applied: let go of the packs that end there."""
+        for p in self._packs:
+            if p.last_seq > seq:
+                break
+            if p.data:
+                p.data = b""
+
+    def _prefetch_next(self, pack: ListedPack, nursery: trio.Nursery) -> None:
+        try:
+            nxt = self._packs[self._packs.index(pack) + 1]
+        except (ValueError, IndexError):
+            return
+        if not nxt.started and nxt.first_seq > pack.last_seq:
+            nxt.started = True
+            nursery.start_soon(self._load, nxt)
+
+    async def _load(self, pack: ListedPack) -> None:
+        try:
+            res = await self.bucket.get(pack.key)
+            self.reads += 1
+            self.bytes_fetched += len(res.data)
+            index = decode_pack(res.data, where=pack.key)
+            if index.region != self.source or not (
+                pack.first_seq == index.first_seq and pack.last_seq == index.last_seq
+            ):
+                raise CorruptData(
+                    f"pack of {index.region} {index.first_seq}..{index.last_seq} under the key "
+                    f"of {self.source} {pack.first_seq}..{pack.last_seq}",
+                    where=pack.key,
+                )
+            pack.data, pack.index = res.data, index
+        except (BucketError, EdgeGatewayError) as exc:
+            # A miss, never an error of the mirror: its entries are GET alone.
+            self.fallbacks += 1
+            log.warning("mirror %s: pack %s not used (%s)", self.source, pack.key, exc)
+        finally:
+            pack.loaded.set()
