@@ -120,7 +120,8 @@ def test_catch_up_from_packs(
         m, reqs = catch_up(fleet, moto_server, s3_bucket_name)
         fetched = entry_gets(reqs)
         # The packs held almost every entry: b fetched only a few on their own
-        # (the fence entry at seq 1 is never packed).
+        # (those of a last manifest too small to get a pack; the fence at
+        # seq 1 holds nothing to fetch).
         assert len(fetched) <= entries // 10, (len(fetched), entries, fetched[:20])
         pack_gets = [r for r in reqs if r.method == "GET" and r.key in packs]
         assert 1 <= len(pack_gets) <= len(packs) + 1
