@@ -527,7 +527,7 @@ def small_rows(f: dict[str, Any]) -> list[Row | str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short runs (under ~50 s)")
+    ap.add_argument("--quick", action="store_true", help="short runs (about 90 s, (g) included)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch parent directory")
     ap.add_argument("--small-only", action="store_true", help="run only (g)")
     args = ap.parse_args()
