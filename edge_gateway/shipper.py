@@ -1613,7 +1613,9 @@ class Shipper:
         an outage is logged and shipping goes on (the manifest follows).
         """
         bodies = [(s, b) for s, b in self._pack_bodies if first_seq <= s <= last_seq]
-        if len(bodies) < PACK_MIN_ENTRIES:
+        if len(bodies) < PACK_MIN_ENTRIES or not self.may_ship(Priority.BULK):
+            # A pack copies data already shipped: it is the first thing a
+            # link allowance or a bulk window holds back, never worth a wait.
             return
         key = pack_key(self.prefix, self.region, bodies[0][0], bodies[-1][0])
         data = encode_pack(self.region, bodies)
