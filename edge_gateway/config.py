@@ -1337,6 +1337,8 @@ data_dir = {data_dir}
 # backlog_object_bytes = "16MiB" # a backlog ships as objects of up to this much
 # manifest_interval_ms = 10000
 # manifest_every = 100
+# pack_max_bytes = "4MiB"     # copies of small entries for readers far behind (0: none)
+# pack_entry_max_bytes = "64KiB"
 # compression_level = 1
 
 [bucket]

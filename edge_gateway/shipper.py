@@ -117,7 +117,7 @@ from edge_gateway.format.manifest import (
     parse_manifest_key,
     region_prefix,
 )
-from edge_gateway.format.pack import encode_pack, pack_key
+from edge_gateway.format.pack import encode_pack, pack_key, pack_prefix, parse_pack_key
 from edge_gateway.journal import MAIN_LANE, Entry, Journal, Lane, Priority
 from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._lanes import Lanes
@@ -870,7 +870,7 @@ class Shipper:
         """Reship: delete what this region's old epochs left above the surviving head.
 
         A gateway that wrote on after its bucket was replaced by an empty one
-        created entries (and maybe a manifest) at seqs far above the new
+        created entries (and maybe a manifest and a pack) at seqs far above the new
         head, until a check noticed. The log is re-created from the journal
         from the head on, so these hold nothing the journal does not; left
         there, they would collide with the re-created entries at their seqs.
@@ -900,6 +900,13 @@ class Shipper:
             except CorruptData:
                 continue
             if last_seq > state.head:
+                stale.append(info.key)
+        for info in await self.bucket.list(pack_prefix(self.prefix, self.region)):
+            try:
+                _, _, last_seq = parse_pack_key(info.key, self.prefix)
+            except CorruptData:
+                continue
+            if last_seq > state.head:  # copies of entries that go now
                 stale.append(info.key)
         for key in stale:
             await self.bucket.delete(key)
@@ -1613,7 +1620,9 @@ class Shipper:
         an outage is logged and shipping goes on (the manifest follows).
         """
         bodies = [(s, b) for s, b in self._pack_bodies if first_seq <= s <= last_seq]
-        if len(bodies) < PACK_MIN_ENTRIES:
+        if len(bodies) < PACK_MIN_ENTRIES or not self.may_ship(Priority.BULK):
+            # A pack copies data already shipped: it is the first thing a
+            # link allowance or a bulk window holds back, never worth a wait.
             return
         key = pack_key(self.prefix, self.region, bodies[0][0], bodies[-1][0])
         data = encode_pack(self.region, bodies)

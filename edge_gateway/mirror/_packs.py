@@ -31,7 +31,7 @@ from edge_gateway.format.pack import Pack, decode_pack, pack_list_start, pack_pr
 log = logging.getLogger(__name__)
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class ListedPack:
     """A pack as listed: its key, its range (from the key) and its size."""
 
@@ -70,8 +70,11 @@ class PackReader:
         self.bucket = bucket
         self.source = source
         self._packs = list(packs)
+        self._position = {id(p): i for i, p in enumerate(self._packs)}
         #: Index of the first pack whose last seq is not behind the entries asked for.
         self._at = 0
+        #: Index of the first pack whose bytes may still be needed.
+        self._kept = 0
         self.reads = 0
         self.entries = 0
         self.fallbacks = 0
@@ -117,17 +120,15 @@ class PackReader:
 
     def applied(self, seq: int) -> None:
         """Entries up to ``seq`` are applied: let go of the packs that end there."""
-        for p in self._packs:
-            if p.last_seq > seq:
-                break
-            if p.data:
-                p.data = b""
+        while self._kept < len(self._packs) and self._packs[self._kept].last_seq <= seq:
+            self._packs[self._kept].data = b""
+            self._kept += 1
 
     def _prefetch_next(self, pack: ListedPack, nursery: trio.Nursery) -> None:
-        try:
-            nxt = self._packs[self._packs.index(pack) + 1]
-        except (ValueError, IndexError):
+        i = self._position[id(pack)] + 1
+        if i >= len(self._packs):
             return
+        nxt = self._packs[i]
         if not nxt.started and nxt.first_seq > pack.last_seq:
             nxt.started = True
             nursery.start_soon(self._load, nxt)
