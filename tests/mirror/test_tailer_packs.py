@@ -7,12 +7,15 @@ region ``b`` catches up from a local bucket that records every GET.
 from __future__ import annotations
 
 import builtins
+import os
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import trio
 from _mirror_support import JCFG, log_records, mirror_of, produce
+from _old_code import old_sources
 
 from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, ObjectInfo
 from edge_gateway.format.manifest import Manifest, log_key, manifest_prefix
@@ -182,3 +185,60 @@ async def test_gc_deletes_a_pack_with_the_entries_it_copies(
     assert res.boundary_after > 0
     after = [parse_pack_key(k)[2] for k in await packs_of(bucket)]
     assert after == [last for last in before if last > res.boundary_after]
+
+
+#: The last commit before packs: its tailer never heard of them.
+BEFORE_PACKS = "60ee123"
+
+OLD_TAILER = """
+import sys, trio
+from pathlib import Path
+from edge_gateway.bucket import LocalBucket
+from edge_gateway.format.batch import decode_batch
+from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.mirror import Tailer, TailerConfig
+from edge_gateway.names import mirror_topic
+
+bucket_dir, journal_dir = sys.argv[1], sys.argv[2]
+
+async def main():
+    bucket = await LocalBucket.open(Path(bucket_dir))
+    cfg = JournalConfig(segment_bytes=256 * 1024, retention_ms=0)
+    j = Journal.open_sync(Path(journal_dir), cfg)
+    try:
+        await Tailer(j, bucket, "a", None, "b", TailerConfig(catch_up_threshold=8)).catch_up()
+        for p in range(3):
+            topic, offset = mirror_topic("a", "t"), 0
+            while entries := j.read(topic, p, offset):
+                for e in entries:
+                    for r in decode_batch(e.payload).records():
+                        if r.offset >= offset:
+                            print(p, r.offset, r.value.hex())
+                            offset = r.offset + 1
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+trio.run(main)
+"""
+
+
+async def test_a_reader_from_before_packs_mirrors_a_log_with_packs(
+    bucket: FaultyBucket, tmp_path: Path
+) -> None:
+    """Mixed fleet: packs are a folder an older reader never looks in."""
+    await ship(bucket, tmp_path / "a", 30)
+    assert await packs_of(bucket)
+    old = old_sources(BEFORE_PACKS, tmp_path / "old")
+    assert not (old / "edge_gateway/format/pack.py").exists()
+    with trio.fail_after(60):
+        done = await trio.run_process(
+            [sys.executable, "-c", OLD_TAILER, str(tmp_path / "bucket"), str(tmp_path / "old-j")],
+            capture_stdout=True,
+            env={**os.environ, "PYTHONPATH": str(old)},
+            cwd=old,
+        )
+    source = await log_records(bucket, "a")
+    want = [f"{p} {r.offset} {r.value.hex()}" for (_, p), rs in sorted(source.items()) for r in rs]
+    assert len(want) == 30 * 3 * 2 * 5  # rounds x partitions x batches x records
+    assert done.stdout.decode().splitlines() == want
