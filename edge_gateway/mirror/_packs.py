@@ -4,16 +4,17 @@ A pack (``format/pack.py``) copies a source's small log entries into one
 object, so a tailer far behind fetches a hundred entries with one GET instead
 of a hundred. The tailer plans entries from manifests in seq order; for each
 planned entry it asks :meth:`PackReader.body`. The first entry of a pack
-fetches the pack (and starts fetching the next, so the round trip overlaps
-applying this one); the others wait for it. A pack that is gone, refused,
+fetches the pack (and starts fetching the next few, so their round trips
+overlap applying this one: on a 60 ms link, one pack at a time would cost a
+round trip per ~40 entries); the others wait for it. A pack that is gone, refused,
 too large or corrupt is only a miss: the entry is fetched from its own
 object, as without packs. Nothing here is trusted either: the tailer checks
 every body against the entry's manifest (size, block CRCs) and fetches the
 entry's own object when a body disagrees.
 
 Memory: a pack's bytes are dropped once the tailer applied its last entry
-(:meth:`PackReader.applied`), so at most the pack being applied and the one
-fetched ahead are held (each at most ``pack_max_bytes``).
+(:meth:`PackReader.applied`); packs are fetched ahead only while the packs
+held stay within ``ahead_bytes`` (and at most ``AHEAD`` of them).
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ from edge_gateway.errors import CorruptData, EdgeGatewayError
 from edge_gateway.format.pack import Pack, decode_pack, pack_list_start, pack_prefix, parse_pack_key
 
 log = logging.getLogger(__name__)
+
+#: Packs fetched ahead of the one being applied, at most.
+AHEAD = 4
 
 
 @dataclass(slots=True, eq=False)
@@ -66,9 +70,14 @@ async def list_packs(
 class PackReader:
     """The packs of one catch-up, walked in seq order."""
 
-    def __init__(self, bucket: Bucket, source: str, packs: Sequence[ListedPack]) -> None:
+    def __init__(
+        self, bucket: Bucket, source: str, packs: Sequence[ListedPack], ahead_bytes: int
+    ) -> None:
         self.bucket = bucket
         self.source = source
+        self.ahead_bytes = ahead_bytes
+        #: Listed bytes of the packs started and not let go of yet.
+        self._held = 0
         self._packs = list(packs)
         self._position = {id(p): i for i, p in enumerate(self._packs)}
         #: Index of the first pack whose last seq is not behind the entries asked for.
@@ -93,9 +102,11 @@ class PackReader:
     async def body(self, pack: ListedPack, seq: int, nursery: trio.Nursery) -> bytes | None:
         """The bytes of entry ``seq`` from ``pack``, or None: GET the entry's own object."""
         if not pack.started:
-            pack.started = True
+            self._start(pack)
             self._prefetch_next(pack, nursery)
             await self._load(pack)
+        else:
+            self._prefetch_next(pack, nursery)
         await pack.loaded.wait()
         if pack.index is None:
             return None
@@ -121,17 +132,25 @@ class PackReader:
     def applied(self, seq: int) -> None:
         """Entries up to ``seq`` are applied: let go of the packs that end there."""
         while self._kept < len(self._packs) and self._packs[self._kept].last_seq <= seq:
-            self._packs[self._kept].data = b""
+            p = self._packs[self._kept]
+            p.data = b""
+            if p.started:
+                self._held -= p.size
             self._kept += 1
 
     def _prefetch_next(self, pack: ListedPack, nursery: trio.Nursery) -> None:
-        i = self._position[id(pack)] + 1
-        if i >= len(self._packs):
-            return
-        nxt = self._packs[i]
-        if not nxt.started and nxt.first_seq > pack.last_seq:
-            nxt.started = True
+        i = self._position[id(pack)]
+        for nxt in self._packs[i + 1 : i + 1 + AHEAD]:
+            if nxt.started:
+                continue
+            if nxt.first_seq <= pack.last_seq or self._held + nxt.size > self.ahead_bytes:
+                return  # an overlapping pack is fetched only if needed; memory is bounded
+            self._start(nxt)
             nursery.start_soon(self._load, nxt)
+
+    def _start(self, pack: ListedPack) -> None:
+        pack.started = True
+        self._held += pack.size
 
     async def _load(self, pack: ListedPack) -> None:
         try:
