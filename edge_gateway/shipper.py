@@ -140,6 +140,9 @@ log = logging.getLogger("edgegw.shipper")
 MiB = 1024 * 1024
 #: Upper bound of ``backlog_object_bytes``: an object is built in memory.
 MAX_BACKLOG_OBJECT_BYTES = 1024 * MiB
+#: After an outage, how soon the shipper retries once another request to the
+#: store is answered (instead of the rest of its backoff).
+RETRY_AFTER_ANSWER_S = 0.5
 #: A manifest's pack is written only when it copies at least this many entries.
 PACK_MIN_ENTRIES = 4
 #: Objects of a drain compressed at once, each in a worker thread (zstd
@@ -1551,10 +1554,16 @@ class Shipper:
             # Logged at ERROR when it starts and as a periodic reminder, not
             # as a warning per attempt.
             self._denial.refused(exc)
-        else:
-            self._retrying = True
-            log.warning("shipper: %s (%s); retrying in %.2fs", what, exc, delay)
-        await trio.sleep(delay)
+            await trio.sleep(delay)
+            return
+        self._retrying = True
+        log.warning("shipper: %s (%s); retrying in %.2fs", what, exc, delay)
+        with trio.move_on_after(delay):
+            # A link back is usually seen first by a mirror (polling every
+            # second): retry shortly after, not at the end of a backoff that
+            # grew to retry_cap_s while the link was down.
+            await self.bucket.wait_reachable()
+            await trio.sleep(min(delay, RETRY_AFTER_ANSWER_S))
 
     def _accepted(self) -> None:
         """The bucket took a claim or a commit: any outage or refusal is over."""

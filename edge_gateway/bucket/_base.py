@@ -18,6 +18,8 @@ from datetime import datetime
 from types import TracebackType
 from typing import Final, Self
 
+import trio
+
 from edge_gateway.bucket._errors import (
     BucketUnavailable,
     InvalidRequest,
@@ -120,6 +122,10 @@ class _Counters:
         self.not_found = 0
         self.unavailable = 0
         self.errors = 0
+        #: The last request that ended found the store unreachable, and the
+        #: event set when one is answered again (:meth:`Bucket.wait_reachable`).
+        self.unreachable = False
+        self.reachable_again: trio.Event | None = None
 
     @contextmanager
     def track(self, operation: str) -> Iterator[None]:
@@ -128,17 +134,28 @@ class _Counters:
             yield
         except PreconditionFailed:
             self.precondition_failed += 1
+            self._answered()
             raise
         except NotFound:
             self.not_found += 1
+            self._answered()
             raise
         except BucketUnavailable:
             self.unavailable += 1
             self.errors += 1
+            self.unreachable = True
             raise
         except Exception:
             self.errors += 1
             raise
+        self._answered()
+
+    def _answered(self) -> None:
+        if self.unreachable:
+            self.unreachable = False
+            event, self.reachable_again = self.reachable_again, None
+            if event is not None:
+                event.set()
 
     def snapshot(self) -> BucketStatistics:
         r = self.requests
@@ -234,6 +251,22 @@ class Bucket(abc.ABC):
     def __init__(self) -> None:
         self._closed = False
         self._counters = _Counters()
+
+    async def wait_reachable(self) -> None:
+        """Return once a request to the store is answered after one found it unreachable.
+
+        At once if the last request that ended was answered (or none failed).
+        Lets a component backing off after an outage (the shipper, whose
+        backoff grows to ``retry_cap_s``) retry as soon as another one (a
+        mirror polling every second) finds the link back. Wrappers forward
+        it to the store they wrap, which sees every component's requests.
+        """
+        c = self._counters
+        if not c.unreachable:
+            return
+        if c.reachable_again is None:
+            c.reachable_again = trio.Event()
+        await c.reachable_again.wait()
 
     # -- identity -----------------------------------------------------------
 

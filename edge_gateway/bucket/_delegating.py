@@ -32,6 +32,9 @@ class DelegatingBucket(Bucket):
     async def check_exists(self) -> None:
         await self.inner.check_exists()
 
+    async def wait_reachable(self) -> None:
+        await self.inner.wait_reachable()
+
     async def _put(
         self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
     ) -> ObjectInfo:

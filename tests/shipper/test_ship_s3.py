@@ -7,6 +7,7 @@ follow each other, and every record of every partition once, in order.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import signal
@@ -301,6 +302,33 @@ async def test_entry_unreadable_after_412_is_retried_not_fatal(
         assert s.shipped_lsn == j.next_lsn - 1
         assert s.statistics().objects == 1
         assert_complete(await read_log(direct), j, 2)
+
+
+async def test_after_an_outage_another_answered_request_ends_the_backoff(
+    proxy: TcpProxy, s3: S3Bucket, tmp_path: Path
+) -> None:
+    """The shipper's backoff grew long while the link was down; a mirror's GET that
+    is answered once it is back wakes the shipper (it would wait out an hour here)."""
+    hour = dataclasses.replace(CFG, retry_base_s=3600.0, retry_cap_s=3600.0)
+    async with open_journal(tmp_path / "j", JCFG) as j:
+        s = Shipper(j, s3, REGION_NAME, config=hour)
+        s._rand = random.Random(0)  # the first delay: 0.84 h
+        async with trio.open_nursery() as nursery:
+            await nursery.start(s.run)
+            await produce(j, 2, 1)
+            with trio.fail_after(30):
+                await s.wait_shipped(j.next_lsn - 1)
+            proxy.set_mode(ProxyMode.REFUSE)
+            retries = s.statistics().retries
+            await produce(j, 2, 1)
+            await wait_until(lambda: s.statistics().retries > retries)
+            proxy.set_mode(ProxyMode.PASS)
+            # What a mirror's next poll does: a request the store answers.
+            await s3.head(log_key("", REGION_NAME, 1))
+            with trio.fail_after(30):
+                await s.wait_shipped(j.next_lsn - 1)
+            assert s.statistics().last_error is None
+            nursery.cancel_scope.cancel()
 
 
 async def test_outage_during_the_gc_check_after_a_commit_is_waited_out(
