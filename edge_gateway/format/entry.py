@@ -114,7 +114,13 @@ class ProducerStamp:
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """A decoded journal entry. ``payload`` is the batch (or checkpoint JSON)."""
+    """A decoded journal entry. ``payload`` is the batch (or checkpoint JSON).
+
+    ``payload`` is ``bytes``, or a read-only ``memoryview`` into the
+    (immutable) ``bytes`` the entry was decoded from when the decoder was
+    given a view (:func:`decode_data_entry`: the shipper's reads, which hand
+    the payloads to the log-object builder without copying each one).
+    """
 
     lsn: int
     kind: int
@@ -124,7 +130,7 @@ class Entry:
     count: int
     append_time: int
     source: SourceCoords | None
-    payload: bytes
+    payload: bytes | memoryview
     length: int
     #: the idempotent producer that wrote a DATA entry, if any
     producer: ProducerStamp | None = None
@@ -388,8 +394,12 @@ _TOPICS: dict[bytes, str] = {}
 _MAX_TOPICS_CACHED: Final = 4096
 
 
-def decode_data_entry(buf: bytes, pos: int = 0) -> Entry | None:
+def decode_data_entry(buf: bytes | memoryview, pos: int = 0) -> Entry | None:
     """The ordinary DATA entry at ``buf[pos:]`` if every check passes, else None.
+
+    The payload is a slice of ``buf``: a copy when ``buf`` is ``bytes``, a view
+    into it (no copy) when ``buf`` is a ``memoryview`` -- then of immutable
+    ``bytes``, or the entry's payload could change under it.
 
     The fast path of a drain of one-record entries: one ``struct`` unpack
     (entry header, topic and batch header together), one CRC, no object but
@@ -475,9 +485,9 @@ class Checkpoint:
         return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, payload: bytes, *, where: str) -> Checkpoint:
+    def decode(cls, payload: bytes | memoryview, *, where: str) -> Checkpoint:
         try:
-            doc = json.loads(payload)
+            doc = json.loads(bytes(payload))
             if doc.get("v") not in (1, 2):
                 raise CorruptData(f"unsupported checkpoint version {doc.get('v')!r}", where=where)
             producers = doc.get("producers") if doc["v"] == 2 else None
