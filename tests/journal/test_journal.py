@@ -402,6 +402,8 @@ async def test_read_entries_in_thread_reads_what_read_entries_reads(
     # the buffers of one ReadBuffers, reused from read to read.
     monkeypatch.setattr(reads_module, "_RUNS_PER_THREAD", runs_per_thread)
     buffers = ReadBuffers() if pooled else None
+    if pooled:  # every payload a view into the buffers (not only large ones)
+        monkeypatch.setattr(fentry, "VIEW_MIN_BYTES", 0)
     async with open_journal(tmp_path, SMALL) as j:
         for i in range(300):
             await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 30))
@@ -428,7 +430,9 @@ async def test_read_entries_in_thread_reads_what_read_entries_reads(
         assert await j.read_entries_in_thread(lsns[-1] + 1) == []
 
 
-async def test_pooled_reads_never_overwrite_entries_still_held(tmp_path: Path) -> None:
+async def test_pooled_reads_never_overwrite_entries_still_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Entries read into ReadBuffers view their run's buffer: it is reused only once
     none of them is left, so a held entry keeps the bytes it was checked with."""
     buffers = ReadBuffers(keep=2)
@@ -438,6 +442,11 @@ async def test_pooled_reads_never_overwrite_entries_still_held(tmp_path: Path) -
         await j.flush()
         everything = j.read_entries(1, max_bytes=1 << 30)
         want = {e.lsn: bytes(e.payload) for e in everything}
+        assert all(e.length < fentry.VIEW_MIN_BYTES for e in everything)
+        small = await j.read_entries_in_thread(1, max_bytes=3000, buffers=buffers)
+        assert all(type(e.payload) is bytes for e in small)  # short: copied
+        del small
+        monkeypatch.setattr(fentry, "VIEW_MIN_BYTES", 0)  # from here on, views
         kept: list[list[fentry.Entry]] = []
         lsn = 1
         while lsn <= everything[-1].lsn:
@@ -461,9 +470,12 @@ async def test_pooled_reads_never_overwrite_entries_still_held(tmp_path: Path) -
         assert all(a is b for a, b in zip(buffers._buffers, pool, strict=True))
 
 
-async def test_pooled_reads_name_a_damaged_entry(tmp_path: Path) -> None:
+async def test_pooled_reads_name_a_damaged_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A flipped byte read into a pooled buffer: CorruptData naming file and byte,
     and the next read of intact entries through the same buffers is intact."""
+    monkeypatch.setattr(fentry, "VIEW_MIN_BYTES", 0)
     buffers = ReadBuffers()
     async with open_journal(tmp_path, SMALL) as j:
         for i in range(600):
