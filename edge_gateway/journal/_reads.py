@@ -62,10 +62,10 @@ class ReadBuffers:
     """Buffers a caller lends :meth:`Journal.read_entries_in_thread`, to read runs into.
 
     Without them every run is read into fresh memory, and fresh memory costs
-    the kernel a page fault per 4 KiB the first time it is touched: a drain
-    of a backlog measured ~300-550 faults and ~0.5-0.9 ms of CPU per journal
-    MiB in them, a quarter to a third of its CPU (``edgegw serve``'s heap
-    settings, ``_heap.tune``, map every buffer above 256 KiB afresh). With
+    the kernel a page fault per 4 KiB the first time it is touched
+    (``edgegw serve``'s heap settings, ``_heap.tune``, map every buffer above
+    256 KiB afresh): ``bench/ship.py`` measured 560-685 faults per journal
+    MiB of a drain and 3.4-4.1 ms of CPU, ~90 and 2.1-2.4 ms with them. With
     them the runs of a drain land in the same few buffers again and again.
 
     A buffer is reused only once nothing refers into it: entries read into
