@@ -82,16 +82,21 @@ class ReadBuffers:
         self._buffers: list[bytearray] = []
         self._lock = threading.Lock()  # reads run in worker threads
 
-    def take(self, size: int) -> bytearray:
-        """A buffer of at least ``size`` bytes that no entry refers into."""
+    def take(self, size: int) -> memoryview:
+        """A writable view of ``size`` bytes of a buffer that nothing refers into.
+
+        The view itself marks the buffer taken (it is made under the lock), so
+        two reads at once never get the same buffer; views derived from it
+        (``toreadonly``, slices) keep it taken after the view is dropped.
+        """
         with self._lock:
             for buf in self._buffers:
                 if len(buf) >= size and self._unviewed(buf):
-                    return buf
+                    return memoryview(buf)[:size]
             buf = bytearray(-(-size // _BUFFER_STEP) * _BUFFER_STEP)
             if len(self._buffers) < self._keep:
                 self._buffers.append(buf)
-            return buf
+            return memoryview(buf)[:size]
 
     @staticmethod
     def _unviewed(buf: bytearray) -> bool:
@@ -196,10 +201,10 @@ def _read_runs(
                 data = os.pread(run.fd, run.length, run.start)
                 got = len(data)
             else:
-                buf = buffers.take(run.length)
-                with memoryview(buf) as target:
-                    got = os.preadv(run.fd, [target[: run.length]], run.start)
-                data = memoryview(buf).toreadonly()[: run.length]
+                target = buffers.take(run.length)
+                got = os.preadv(run.fd, [target], run.start)
+                data = target.toreadonly()  # keeps the buffer taken while entries view it
+                del target
         except OSError as exc:
             raise Unavailable(f"journal: cannot read {run.path}@{run.start}: {exc}") from exc
         if got != run.length:

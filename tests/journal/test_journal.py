@@ -470,6 +470,28 @@ async def test_pooled_reads_never_overwrite_entries_still_held(
         assert all(a is b for a, b in zip(buffers._buffers, pool, strict=True))
 
 
+def test_read_buffers_hand_a_buffer_to_one_taker_at_a_time() -> None:
+    """A taken buffer stays taken while its view, or any view derived from it, lives:
+    two reads at once (or one whose entries are still held) never share a buffer."""
+    buffers = ReadBuffers(keep=4)
+    a = buffers.take(10)
+    b = buffers.take(10)
+    assert a.obj is not b.obj
+    assert len(a) == 10
+    assert not a.readonly
+    held = a.toreadonly()[2:5]  # what entries keep
+    first = a.obj
+    del a
+    c = buffers.take(10)
+    assert c.obj is not first
+    del held
+    d = buffers.take(300_000)  # larger than the free buffer: a new one
+    assert d.obj is not first
+    e = buffers.take(10)
+    assert e.obj is first  # nothing refers into it any more: reused
+    assert len(buffers._buffers) == 4
+
+
 async def test_pooled_reads_name_a_damaged_entry(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
