@@ -1738,7 +1738,7 @@ class Gateway:
                 # fetch, at the hole, says where the records resume (gap_end).
                 break
             expected = e.next_offset
-            batches.append(e.payload)
+            batches.append(bytes(e.payload))  # bytes already (read() copies): no copy
             for b in iter_batches(e.payload, where=f"{t.name}/{partition}@{e.lsn}", verify=False):
                 records.extend(b.records(offset))
         records = records[:max_records]

@@ -79,7 +79,9 @@ else on bad input; encoders raise :class:`~edge_gateway.errors.InvalidInput`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import re
 import struct
 import threading
@@ -827,11 +829,35 @@ def _decompressor() -> zstd.ZstdDecompressor:
     return dctx
 
 
+@contextlib.contextmanager
+def _block_input(batches: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+    """A block's batches as one buffer, valid inside the ``with``.
+
+    Several batches are copied into this thread's reused buffer rather than
+    joined into fresh memory: a fresh buffer of a MiB costs the kernel 256
+    page faults (``edgegw serve`` maps every buffer above 256 KiB afresh,
+    ``_heap.tune``), about as much CPU as copying it. The buffer lives as long
+    as the worker thread (trio ends idle ones after seconds) and grows to the
+    largest block built on it.
+    """
+    if len(batches) == 1:
+        yield batches[0]
+        return
+    joined: io.BytesIO | None = getattr(_tls, "joined", None)
+    if joined is None:
+        joined = _tls.joined = io.BytesIO()
+    joined.seek(0)
+    joined.writelines(batches)
+    size = joined.tell()
+    with joined.getbuffer() as whole, whole[:size] as raw:
+        yield raw
+
+
 @dataclass(slots=True)
 class _Slice:
     """Batches of one partition collected for one block."""
 
-    batches: list[bytes]
+    batches: list[bytes | memoryview]
     first_offset: int
     next_offset: int
     min_ts: int
@@ -883,17 +909,29 @@ class LogObjectBuilder:
         self.add(topic, partition, (batch,))
 
     def add(self, topic: str, partition: int, batches: Iterable[Buffer]) -> None:
-        """Add a partition's batches, in offset order, all or none."""
+        """Add a partition's batches, in offset order, all or none.
+
+        ``bytes`` and read-only ``memoryview`` batches are kept as given until
+        :meth:`build` (a read-only view is the caller's promise that its bytes
+        do not change before then); anything else is copied.
+        """
         validate_topic(topic)
         if not _int_in(partition, 0, _U32_MAX):
             raise InvalidInput(f"partition must be an int in 0..{_U32_MAX}, got {partition!r}")
         slices = self._slices.get((topic, partition), [])
         expected = slices[-1].next_offset if slices else None
-        checked: list[tuple[bytes, _batch.BatchHeader]] = []
+        checked: list[tuple[bytes | memoryview, _batch.BatchHeader]] = []
         where = f"{topic}/{partition}"
         read_header = _batch.read_header
         for raw in batches:
             if type(raw) is bytes:
+                data: bytes | memoryview = raw
+            elif (
+                type(raw) is memoryview and raw.readonly and raw.c_contiguous and raw.itemsize == 1
+            ):
+                # A read-only view (the journal's reads hand payloads over so,
+                # into buffers reused only once no view of them lives): kept,
+                # and copied once, into its block, by build().
                 data = raw
             elif isinstance(raw, bytes | bytearray | memoryview):
                 data = bytes(raw)
@@ -1022,11 +1060,12 @@ class LogObjectBuilder:
         pos = hlen
         for topic, partition in keys:
             for s in self._slices[(topic, partition)]:
-                raw = s.batches[0] if len(s.batches) == 1 else b"".join(s.batches)
-                packed = cctx.compress(raw)
-                codec = CODEC_ZSTD
-                if len(packed) >= len(raw):
-                    packed, codec = raw, CODEC_NONE
+                with _block_input(s.batches) as raw:
+                    packed = cctx.compress(raw)
+                    codec = CODEC_ZSTD
+                    if len(packed) >= len(raw):
+                        packed, codec = bytes(raw), CODEC_NONE
+                    raw_length = len(raw)
                 index = BlockIndex(
                     topic,
                     partition,
@@ -1037,7 +1076,7 @@ class LogObjectBuilder:
                     s.max_ts,
                     pos,
                     len(packed) + overhead,
-                    len(raw),
+                    raw_length,
                     codec,
                     0,
                 )

@@ -11,6 +11,7 @@ from edge_gateway.journal._journal import (
     open_journal,
 )
 from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, OnFull, Priority
+from edge_gateway.journal._reads import ReadBuffers
 
 __all__ = [
     "DRAIN_ORDER",
@@ -26,6 +27,7 @@ __all__ = [
     "OffsetOutOfRange",
     "OnFull",
     "Priority",
+    "ReadBuffers",
     "SourceCoords",
     "open_journal",
 ]

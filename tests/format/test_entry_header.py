@@ -90,6 +90,11 @@ def test_the_fast_data_path_accepts_only_what_the_full_decode_accepts(flags: int
     """
     good = data_entry(flags)
     assert fentry.decode_data_entry(good) == fentry.decode_entry(good)
+    # From a view: the same entry, its payload a copy (short) or a view (long).
+    short = fentry.decode_data_entry(memoryview(good))
+    assert short == fentry.decode_entry(good)
+    assert short is not None
+    assert type(short.payload) is bytes
     accepted = 0
     for at in range(fentry.ENTRY_HEADER_SIZE + len(b"telemetry") + 40):
         for v in {0, 1, 2, 3, 0x7F, 0xFF, good[at] ^ 1, good[at] ^ 0x80}:
@@ -110,3 +115,30 @@ def test_the_fast_data_path_accepts_only_what_the_full_decode_accepts(flags: int
                     v,
                 )
     assert accepted > 0  # some changes keep the entry valid (the LSN, a partition number)
+
+
+def test_a_long_data_entry_decoded_from_a_view_views_its_payload() -> None:
+    """The shipper's reads: a long entry's payload is a view into the buffer read (no
+    copy), equal to what decode_entry copies out; a corrupt one is still refused."""
+    values = [b"reading %d" % i * 40 for i in range(40)]
+    raw = fentry.encode_entry(
+        lsn=9,
+        kind=fentry.KIND_DATA,
+        topic=b"telemetry",
+        partition=1,
+        base_offset=0,
+        count=len(values),
+        append_time=1,
+        payload=encode_batch(values, timestamps=1),
+    )
+    assert len(raw) >= fentry.VIEW_MIN_BYTES
+    buf = bytearray(b"\x00" * 3 + raw)
+    view = memoryview(buf).toreadonly()
+    e = fentry.decode_data_entry(view, 3)
+    assert e is not None
+    assert e == fentry.decode_entry(raw)
+    assert type(e.payload) is memoryview
+    assert e.payload.obj is buf
+    buf2 = bytearray(buf)
+    buf2[-1] ^= 1
+    assert fentry.decode_data_entry(memoryview(buf2), 3) is None

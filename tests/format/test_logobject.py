@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
-from edge_gateway.format.batch import Record, encode_batch, encode_records
+from edge_gateway.format.batch import Record, decode_batch, encode_batch, encode_records
 from edge_gateway.format.logobject import (
     CODEC_NONE,
     CODEC_ZSTD,
@@ -347,6 +347,52 @@ def test_big_partition_splits_into_contiguous_blocks() -> None:
     assert len(h.blocks) > 1
     assert all(b.raw_length <= 300 for b in h.blocks)
     assert [r.offset for r in read_all(obj, h)[("t", 0)]] == list(range(20))
+
+
+def test_views_build_the_same_bytes_and_writable_buffers_are_copied() -> None:
+    """Read-only views (the journal's pooled reads) are kept until build and give the
+    object bytes gives, byte for byte; a writable buffer is copied at add, so changing
+    it afterwards changes nothing. Blocks of several batches are joined in a buffer
+    the thread reuses: building again on it leaves the first object as it was."""
+    rnd = random.Random(5)
+    parts = {
+        p: [
+            encode_batch(
+                [b"reading %d" % rnd.randrange(1000) for _ in range(1 + i % 4)],
+                timestamps=i,
+                base_offset=sum(1 + k % 4 for k in range(i)),
+            )
+            for i in range(6 + p)
+        ]
+        for p in range(3)
+    }
+
+    def build(wrap: Callable[[bytes], Any]) -> bytes:
+        builder = LogObjectBuilder()
+        held = []
+        for p, batches in parts.items():
+            wrapped = [wrap(b) for b in batches]
+            held += wrapped
+            builder.add("t", p, wrapped)
+        for w in held:  # a caller scribbling over its buffers after add
+            if isinstance(w, bytearray):
+                w[:] = bytes(len(w))
+        return builder.build("r1", 1, 1, 1, 99, 0, level=1)
+
+    plain = build(lambda b: b)
+    as_views = build(lambda b: memoryview(bytes(b)))
+    pooled = build(lambda b: memoryview(bytearray(b)).toreadonly())
+    copied = build(bytearray)
+    assert as_views == plain
+    assert pooled == plain
+    assert copied == plain
+    assert build(memoryview) == plain  # built again on the thread's buffer
+    header = decode_header(plain, where=KEY)
+    records = read_all(plain, header)
+    for p, batches in parts.items():
+        assert [r.value for r in records[("t", p)]] == [
+            v for b in batches for v in decode_batch(b).values
+        ]
 
 
 def test_threads_option_decodes_the_same() -> None:

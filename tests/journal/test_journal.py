@@ -27,6 +27,7 @@ from edge_gateway.journal import (
     Journal,
     JournalConfig,
     OffsetOutOfRange,
+    ReadBuffers,
     SourceCoords,
     open_journal,
 )
@@ -389,15 +390,20 @@ async def test_read_entries_in_lsn_order_for_the_shipper(tmp_path: Path) -> None
         assert 1 <= len(page) < 90
 
 
+@pytest.mark.parametrize("pooled", [False, True])
 @pytest.mark.parametrize("runs_per_thread", [2, 1000])
 async def test_read_entries_in_thread_reads_what_read_entries_reads(
-    tmp_path: Path, runs_per_thread: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, runs_per_thread: int, pooled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Many small segments: every one starts with a checkpoint entry, which
     # both leave out; runs cross segment boundaries (in one worker-thread call,
     # or in several of two segments each); mirror entries come with their
-    # header only when payload_kinds says so.
+    # header only when payload_kinds says so. Read into fresh memory or into
+    # the buffers of one ReadBuffers, reused from read to read.
     monkeypatch.setattr(reads_module, "_RUNS_PER_THREAD", runs_per_thread)
+    buffers = ReadBuffers() if pooled else None
+    if pooled:  # every payload a view into the buffers (not only large ones)
+        monkeypatch.setattr(fentry, "VIEW_MIN_BYTES", 0)
     async with open_journal(tmp_path, SMALL) as j:
         for i in range(300):
             await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 30))
@@ -408,20 +414,114 @@ async def test_read_entries_in_thread_reads_what_read_entries_reads(
         assert j.statistics().segments > 5
         kinds = {fentry.KIND_DATA}
         everything = j.read_entries(1, max_bytes=1 << 30, payload_kinds=kinds)
-        assert await j.read_entries_in_thread(1, max_bytes=1 << 30, payload_kinds=kinds) == (
-            everything
-        )
+        assert await j.read_entries_in_thread(
+            1, max_bytes=1 << 30, payload_kinds=kinds, buffers=buffers
+        ) == (everything)
         lsns = [e.lsn for e in everything]
         for k in (0, 1, 57, len(everything) - 1):
             for max_bytes in (1, 700, 20_000, 200_000):
                 got = await j.read_entries_in_thread(
-                    lsns[k], max_bytes=max_bytes, payload_kinds=kinds
+                    lsns[k], max_bytes=max_bytes, payload_kinds=kinds, buffers=buffers
                 )
                 # A non-empty run of what follows, in order, about max_bytes long.
                 assert got == everything[k : k + len(got)]
                 assert got
                 assert sum(e.length for e in got[:-1]) < max_bytes
         assert await j.read_entries_in_thread(lsns[-1] + 1) == []
+
+
+async def test_pooled_reads_never_overwrite_entries_still_held(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Entries read into ReadBuffers view their run's buffer: it is reused only once
+    none of them is left, so a held entry keeps the bytes it was checked with."""
+    buffers = ReadBuffers(keep=2)
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(400):
+            await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 20))
+        await j.flush()
+        everything = j.read_entries(1, max_bytes=1 << 30)
+        want = {e.lsn: bytes(e.payload) for e in everything}
+        assert all(e.length < fentry.VIEW_MIN_BYTES for e in everything)
+        small = await j.read_entries_in_thread(1, max_bytes=3000, buffers=buffers)
+        assert all(type(e.payload) is bytes for e in small)  # short: copied
+        del small
+        monkeypatch.setattr(fentry, "VIEW_MIN_BYTES", 0)  # from here on, views
+        kept: list[list[fentry.Entry]] = []
+        lsn = 1
+        while lsn <= everything[-1].lsn:
+            got = await j.read_entries_in_thread(lsn, max_bytes=3000, buffers=buffers)
+            assert all(type(e.payload) is memoryview and e.payload.readonly for e in got)
+            kept.append(got)
+            lsn = got[-1].lsn + 1
+        assert len(kept) > 10  # more reads than the buffers kept (2): fresh ones beyond
+        # Every entry read still holds its own bytes, after all the reads since.
+        held = [e for got in kept for e in got]
+        assert [e.lsn for e in held] == [e.lsn for e in everything]
+        assert all(bytes(e.payload) == want[e.lsn] for e in held)
+        # Once nothing refers into them, the same buffers serve the next reads.
+        pool = list(buffers._buffers)
+        del kept, held, got
+        for _ in range(3):
+            again = await j.read_entries_in_thread(1, max_bytes=3000, buffers=buffers)
+            assert [bytes(e.payload) for e in again] == [want[e.lsn] for e in again]
+            del again
+        assert buffers._buffers == pool
+        assert all(a is b for a, b in zip(buffers._buffers, pool, strict=True))
+
+
+def test_read_buffers_hand_a_buffer_to_one_taker_at_a_time() -> None:
+    """A taken buffer stays taken while its view, or any view derived from it, lives:
+    two reads at once (or one whose entries are still held) never share a buffer."""
+    buffers = ReadBuffers(keep=4)
+    a = buffers.take(10)
+    b = buffers.take(10)
+    assert a.obj is not b.obj
+    assert len(a) == 10
+    assert not a.readonly
+    held = a.toreadonly()[2:5]  # what entries keep
+    first = a.obj
+    del a
+    c = buffers.take(10)
+    assert c.obj is not first
+    del held
+    d = buffers.take(300_000)  # larger than the free buffer: a new one
+    assert d.obj is not first
+    e = buffers.take(10)
+    assert e.obj is first  # nothing refers into it any more: reused
+    assert len(buffers._buffers) == 4
+
+
+async def test_pooled_reads_name_a_damaged_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flipped byte read into a pooled buffer: CorruptData naming file and byte,
+    and the next read of intact entries through the same buffers is intact."""
+    monkeypatch.setattr(fentry, "VIEW_MIN_BYTES", 0)
+    buffers = ReadBuffers()
+    async with open_journal(tmp_path, SMALL) as j:
+        for i in range(600):
+            await j.append("t", i % 3, batch_for("t", i % 3, j.next_offset("t", i % 3), 4))
+        await j.flush()
+        entries = j.read_entries(1, max_bytes=1 << 30)
+        victim = entries[len(entries) // 2]
+        seg = max((p for p in segment_files(tmp_path) if int(p.stem) <= victim.lsn), key=str)
+        raw = seg.read_bytes()
+        pos = next(
+            k
+            for k in range(len(raw) - 16)
+            if raw[k + 8 : k + 16] == struct.pack("<Q", victim.lsn)
+            and struct.unpack_from("<I", raw, k)[0] == victim.length
+        )
+        with seg.open("r+b") as f:
+            f.seek(pos + victim.length - 1)
+            f.write(bytes([raw[pos + victim.length - 1] ^ 1]))
+        with pytest.raises(CorruptData, match="CRC mismatch") as info:
+            await j.read_entries_in_thread(1, max_bytes=1 << 30, buffers=buffers)
+        assert info.value.where == f"{seg}@{pos}"
+        before = [e for e in entries if e.lsn < victim.lsn]
+        got = await j.read_entries_in_thread(1, max_bytes=100_000, buffers=buffers)
+        assert got == before[: len(got)]
 
 
 async def test_read_entries_in_thread_skips_a_run_of_checkpoints(tmp_path: Path) -> None:
