@@ -1643,18 +1643,30 @@ class Shipper:
             return
         key = pack_key(self.prefix, self.region, bodies[0][0], bodies[-1][0])
         data = encode_pack(self.region, bodies)
+        if await self._create_summary(key, data, "pack", "readers GET its entries"):
+            self._packs += 1
+            self._pack_bytes += len(data)
+
+    async def _create_summary(
+        self, key: str, data: bytes, what: str, meanwhile: str
+    ) -> bool | None:
+        """Create a manifest or a pack: objects shipping does not wait for.
+
+        True: created now; False: one exists already (a previous incarnation's:
+        entries are immutable, so either copy is right); None: not written
+        (logged with what happens ``meanwhile``). A bucket gone stops the shipper.
+        """
         try:
             await self._create_timed(key, data)
         except PreconditionFailed:
-            log.info("shipper: pack %s already exists", key)
-            return
+            log.info("shipper: %s %s already exists", what, key)
+            return False
         except BucketGone as exc:
             raise self._lost(f"{key} could not be created: {exc}") from None
         except _RETRIED as exc:
-            log.warning("shipper: pack %s not written (%s); readers GET its entries", key, exc)
-            return
-        self._packs += 1
-        self._pack_bytes += len(data)
+            log.warning("shipper: %s %s not written yet (%s); %s", what, key, exc, meanwhile)
+            return None
+        return True
 
     async def _maybe_write_manifest(self, *, force: bool = False) -> None:
         if not self._pending_manifest or not (force or self._schedule.due(self._mono_ms())):
@@ -1676,16 +1688,10 @@ class Shipper:
             next_offsets=dict(self._next_offsets),
         )
         key = manifest_key(self.prefix, self.region, manifest.last_seq)
-        try:
-            await self._create_timed(key, manifest.encode())
-        except PreconditionFailed:
-            log.info("shipper: manifest %s already exists", key)
-        except BucketGone as exc:
-            raise self._lost(f"{key} could not be created: {exc}") from None
-        except _RETRIED as exc:
-            # A refused manifest does not hold up shipping (the log is the
-            # truth; readers fall back to headers): the next one covers it.
-            log.warning("shipper: manifest %s not written yet (%s)", key, exc)
+        # A refused manifest does not hold up shipping (the log is the truth;
+        # readers fall back to headers): the next one covers it.
+        meanwhile = "the next one covers its entries"
+        if await self._create_summary(key, manifest.encode(), "manifest", meanwhile) is None:
             return
         self._manifests += 1
         self._last_manifest_key = key
