@@ -46,7 +46,7 @@ from typing import Final
 
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
-from edge_gateway.format.manifest import region_prefix
+from edge_gateway.format.manifest import _prefix, _seq, region_prefix
 from edge_gateway.names import validate_region
 
 MAGIC: Final = b"EGPK"
@@ -188,12 +188,6 @@ def pack_prefix(prefix: str, region: str) -> str:
     return f"{region_prefix(prefix, region)}pack/"
 
 
-def _seq(seq: int) -> int:
-    if type(seq) is not int or not 0 <= seq <= _U64_MAX:
-        raise InvalidInput(f"seq must be an int in 0..{_U64_MAX}, got {seq!r}")
-    return seq
-
-
 def pack_key(prefix: str, region: str, first_seq: int, last_seq: int) -> str:
     """``<prefix>/regions/<region>/pack/<last_seq:020d>-<first_seq:020d>.pack``."""
     if _seq(first_seq) > _seq(last_seq):
@@ -212,7 +206,7 @@ def pack_list_start(prefix: str, region: str, seq: int) -> str:
 
 def parse_pack_key(key: str, prefix: str = "") -> tuple[str, int, int]:
     """``(region, first_seq, last_seq)`` of a pack key; :class:`CorruptData` if it is not one."""
-    p = prefix if not prefix or prefix.endswith("/") else prefix + "/"
+    p = _prefix(prefix)
     if not isinstance(key, str) or not key.startswith(p):
         raise CorruptData(f"not a pack key under {p!r}", where=str(key))
     m = _KEY.fullmatch(key, len(p))

@@ -51,9 +51,12 @@ class ListedPack:
 
 
 async def list_packs(
-    bucket: Bucket, prefix: str, source: str, first_seq: int, max_bytes: int
+    bucket: Bucket, prefix: str, source: str, first_seq: int, max_bytes: int | None = None
 ) -> list[ListedPack]:
-    """The source's packs that hold seqs from ``first_seq`` on, by last seq (one LIST)."""
+    """The source's packs that hold seqs from ``first_seq`` on, by last seq (one LIST).
+
+    Packs listed larger than ``max_bytes`` are left out.
+    """
     out = []
     for info in await bucket.list(
         pack_prefix(prefix, source), start_after=pack_list_start(prefix, source, first_seq)
@@ -62,16 +65,33 @@ async def list_packs(
             region, first, last = parse_pack_key(info.key, prefix)
         except CorruptData:
             continue  # a stray object in the folder
-        if region == source and info.size <= max_bytes:
+        if region == source and (max_bytes is None or info.size <= max_bytes):
             out.append(ListedPack(info.key, first, last, info.size))
     return out
+
+
+@dataclass(slots=True)
+class PackStats:
+    """What a tailer's catch-ups did with packs (kept across catch-ups)."""
+
+    reads: int = 0
+    #: Entries taken from packs (a body that disagreed is not counted).
+    entries: int = 0
+    #: Packs not used, and bodies that disagreed with their manifest entry.
+    fallbacks: int = 0
+    bytes_fetched: int = 0
 
 
 class PackReader:
     """The packs of one catch-up, walked in seq order."""
 
     def __init__(
-        self, bucket: Bucket, source: str, packs: Sequence[ListedPack], ahead_bytes: int
+        self,
+        bucket: Bucket,
+        source: str,
+        packs: Sequence[ListedPack],
+        ahead_bytes: int,
+        stats: PackStats,
     ) -> None:
         self.bucket = bucket
         self.source = source
@@ -84,10 +104,7 @@ class PackReader:
         self._at = 0
         #: Index of the first pack whose bytes may still be needed.
         self._kept = 0
-        self.reads = 0
-        self.entries = 0
-        self.fallbacks = 0
-        self.bytes_fetched = 0
+        self.stats = stats
 
     def covering(self, seq: int) -> ListedPack | None:
         """The pack whose range holds ``seq`` (asked in ascending seq order), if any."""
@@ -113,13 +130,13 @@ class PackReader:
         e = pack.index.find(seq)
         if e is None:
             return None  # not packed (a fence, a large entry): its own GET
-        self.entries += 1
+        self.stats.entries += 1
         return pack.data[e.offset : e.offset + e.length]
 
     def rejected(self, pack: ListedPack, seq: int, why: str) -> None:
         """A body disagreed with its entry: count it and say so (the entry is GET alone)."""
-        self.entries -= 1
-        self.fallbacks += 1
+        self.stats.entries -= 1
+        self.stats.fallbacks += 1
         log.warning(
             "mirror %s: entry %d in pack %s disagrees with its manifest (%s); "
             "fetching the entry itself",
@@ -155,8 +172,8 @@ class PackReader:
     async def _load(self, pack: ListedPack) -> None:
         try:
             res = await self.bucket.get(pack.key)
-            self.reads += 1
-            self.bytes_fetched += len(res.data)
+            self.stats.reads += 1
+            self.stats.bytes_fetched += len(res.data)
             index = decode_pack(res.data, where=pack.key)
             if index.region != self.source or not (
                 pack.first_seq == index.first_seq and pack.last_seq == index.last_seq
@@ -169,7 +186,7 @@ class PackReader:
             pack.data, pack.index = res.data, index
         except (BucketError, EdgeGatewayError) as exc:
             # A miss, never an error of the mirror: its entries are GET alone.
-            self.fallbacks += 1
+            self.stats.fallbacks += 1
             log.warning("mirror %s: pack %s not used (%s)", self.source, pack.key, exc)
         finally:
             pack.loaded.set()

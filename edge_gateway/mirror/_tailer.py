@@ -71,7 +71,7 @@ from edge_gateway.format.manifest import (
 )
 from edge_gateway.journal import Journal, Lane, MirrorBatch, Priority
 from edge_gateway.mirror._config import TailerConfig
-from edge_gateway.mirror._packs import ListedPack, PackReader, list_packs
+from edge_gateway.mirror._packs import ListedPack, PackReader, PackStats, list_packs
 from edge_gateway.mirror._plan import (
     Action,
     EntryInfo,
@@ -403,8 +403,7 @@ class Tailer:
         # 404s of entries asked for ahead of the first missing one.
         self._found_prev = self._found_now = self._not_found_now = 0
         self._probe_misses = 0
-        #: Packs of small entries: read, entries served, misses (all runs).
-        self._pack_reads = self._pack_entries = self._pack_fallbacks = 0
+        self._pack_stats = PackStats()
         self._packs: PackReader | None = None
         self._frontier_moved = trio.Event()
         self._last_error: str | None = None
@@ -617,7 +616,7 @@ class Tailer:
             records=self._records,
             batches=self._batches,
             duplicates_dropped=self._dropped,
-            bytes_fetched=self._bytes_fetched,
+            bytes_fetched=self._bytes_fetched + self._pack_stats.bytes_fetched,
             header_reads=self._header_reads,
             planned_entries=self._planned,
             polls=self._polls,
@@ -652,9 +651,9 @@ class Tailer:
             priority_held=self._held_now > 0,
             priority_holds=self._holds,
             priority_held_s=self._held_s,
-            pack_reads=self._pack_reads + (self._packs.reads if self._packs else 0),
-            pack_entries=self._pack_entries + (self._packs.entries if self._packs else 0),
-            pack_fallbacks=self._pack_fallbacks + (self._packs.fallbacks if self._packs else 0),
+            pack_reads=self._pack_stats.reads,
+            pack_entries=self._pack_stats.entries,
+            pack_fallbacks=self._pack_stats.fallbacks,
         )
 
     # ------------------------------------------------------------ following
@@ -1114,7 +1113,9 @@ class Tailer:
                 self.bucket, self.prefix, self.source, first, self.config.pack_max_bytes
             )
             self._packs = (
-                PackReader(self.bucket, self.source, packs, self.config.prefetch_bytes)
+                PackReader(
+                    self.bucket, self.source, packs, self.config.prefetch_bytes, self._pack_stats
+                )
                 if packs
                 else None
             )
@@ -1123,16 +1124,8 @@ class Tailer:
         finally:
             self._backlog_manifest = None
             self._announce_backlog()
-            self._count_packs()
+            self._packs = None  # its bytes go with it
         return applied
-
-    def _count_packs(self) -> None:
-        packs, self._packs = self._packs, None
-        if packs is not None:
-            self._pack_reads += packs.reads
-            self._pack_entries += packs.entries
-            self._pack_fallbacks += packs.fallbacks
-            self._bytes_fetched += packs.bytes_fetched
 
     def _announce_backlog(self) -> None:
         """Tell the gate the highest priority of what this catch-up still has to apply.

@@ -67,7 +67,7 @@ from edge_gateway.format.manifest import (
     manifest_prefix,
     parse_manifest_key,
 )
-from edge_gateway.format.pack import pack_list_start, pack_prefix, parse_pack_key
+from edge_gateway.mirror._packs import list_packs
 from edge_gateway.mirror.cursor import read_cursors
 from edge_gateway.names import validate_region
 
@@ -475,7 +475,11 @@ async def collect_garbage(
     await _update_state(bucket, prefix, region, lambda s: _advanced(s, plan), config.cas_attempts)
     deleted = 0
     limiter = trio.CapacityLimiter(config.concurrency)
-    packs = await _packs(bucket, prefix, region, plan.boundary)
+    packs = [
+        (p.last_seq, p.key)
+        for p in await list_packs(bucket, prefix, region, 0)
+        if p.last_seq <= plan.boundary
+    ]
     lo = start
     for m in plan.manifests:
         keys = [log_key(prefix, region, s) for s in range(lo, m.last_seq + 1)]
@@ -537,20 +541,6 @@ async def _manifests(bucket: Bucket, prefix: str, region: str) -> list[_Listed]:
             continue
         out.append(_Listed(last_seq, info))
     return sorted(out, key=lambda m: m.last_seq)
-
-
-async def _packs(bucket: Bucket, prefix: str, region: str, boundary: int) -> list[tuple[int, str]]:
-    """``(last_seq, key)`` of the region's packs whose every entry is at or below ``boundary``."""
-    out = []
-    for info in await bucket.list(pack_prefix(prefix, region)):
-        if info.key > pack_list_start(prefix, region, boundary + 1):
-            break  # sorted: the rest copy entries that stay
-        try:
-            _, _, last_seq = parse_pack_key(info.key, prefix)
-        except CorruptData:
-            continue
-        out.append((last_seq, info.key))
-    return out
 
 
 def _ms(info: ObjectInfo) -> int:
