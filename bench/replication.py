@@ -41,9 +41,12 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     baseline is raw boto3 GETs of the same entry keys (8 threads).
     ``small_catchup_ratio_vs_raw`` = packs on / raw GETs entries/s,
     ``small_catchup_speedup_packs`` = packs on / packs off.
+    ``--small-entries N`` sets N; ``--small-link`` puts the readers (and
+    the raw GETs) behind the soak's link: 30 +- 10 ms each way, 8 Mbit/s up,
+    16 Mbit/s down (a restored site replaying the others' history).
 
-Usage: python bench/replication.py [--quick] [--small-only]. Last line: one
-JSON object.
+Usage: python bench/replication.py [--quick] [--small-only] [--small-entries N]
+[--small-link]. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.crypt import generate_key
 from edge_gateway.telemetry import TelemetryGenerator
 from edge_gateway.testing.moto import start_moto_server
-from edge_gateway.testing.tcpproxy import TcpProxy
+from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy
 
 BUCKET = "edgegw-bench"
 KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
@@ -309,6 +312,16 @@ def raw_gets(s3: Any, keys: list[str], bucket: str = BUCKET) -> tuple[float, flo
     return time.perf_counter() - t0, time.process_time() - c0
 
 
+def s3_client(endpoint: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        config=botocore.config.Config(s3={"addressing_style": "path"}),
+        **KEYS,
+    )
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of a process so far (Linux ``/proc``)."""
     with open(f"/proc/{pid}/stat") as f:
@@ -356,8 +369,14 @@ def manifested_seq(s3: Any) -> int:
     return last
 
 
+#: ``--small-link``: the soak's link (bench/soak.py), both ways.
+SOAK_LINK = LinkShape(
+    up_bytes_per_s=1_000_000, down_bytes_per_s=2_000_000, latency_s=0.03, jitter_s=0.01
+)
+
+
 def small_reader(
-    root: Path, region: str, moto: Any, s3: Any, a: Site, packs: bool
+    root: Path, region: str, moto: Any, s3: Any, a: Site, packs: bool, shape: LinkShape | None
 ) -> dict[str, Any]:
     """A fresh gateway ``region`` mirrors a's whole log of small entries; what it cost.
 
@@ -365,7 +384,7 @@ def small_reader(
     record; the requests are moto's log of the same span (the bucket is this
     section's own, so only this reader's requests are in it).
     """
-    proxy = TcpProxy("127.0.0.1", moto.port).start()
+    proxy = TcpProxy("127.0.0.1", moto.port, shape=shape).start()
     site = Site(region, (root / region).resolve())
     write_config(
         site,
@@ -415,7 +434,9 @@ def small_reader(
     }
 
 
-def small_catch_up(root: Path, moto: Any, s3: Any, entries: int) -> dict[str, Any]:
+def small_catch_up(
+    root: Path, moto: Any, s3: Any, entries: int, shape: LinkShape | None = None
+) -> dict[str, Any]:
     """(g): a log of ``entries`` small entries, mirrored by a fresh reader without and with packs.
 
     Its own bucket and gateways: ``a`` flushes every 5 ms (so nearly every
@@ -452,11 +473,16 @@ def small_catch_up(root: Path, moto: Any, s3: Any, entries: int) -> dict[str, An
         f["small_pack_bytes"] = shipper.get("pack_bytes")
         for region, packs, tag in (("b", False, "off"), ("c", True, "on")):
             progress(f"(g) {region} catches up on {len(objects)} entries, packs {tag} ...")
-            r = small_reader(root, region, moto, s3, a, packs)
+            r = small_reader(root, region, moto, s3, a, packs, shape)
             for k, v in r.items():
                 f[f"small_{tag}_{k}"] = v
             f[f"small_{tag}_entries_per_s"] = len(objects) / r["s"]
-        raw_s, _ = raw_gets(s3, [k for k, _ in objects], SMALL_BUCKET)
+        keys = [k for k, _ in objects]
+        if shape is None:
+            raw_s, _ = raw_gets(s3, keys, SMALL_BUCKET)
+        else:
+            with TcpProxy("127.0.0.1", moto.port, shape=shape) as link:
+                raw_s, _ = raw_gets(s3_client(link.url), keys, SMALL_BUCKET)
         f["small_raw_s"] = raw_s
         f["small_raw_entries_per_s"] = len(objects) / raw_s
     finally:
@@ -477,7 +503,12 @@ def small_rows(f: dict[str, Any]) -> list[Row | str]:
         f"(g) small-entry catch-up: {f['small_entries']} entries of "
         f"{f['small_entry_bytes_mean']:.0f} B (a flushes every 5 ms), "
         f"{f['small_packs_written']} packs"
-        + (" -- quick: 400 entries instead of 1,500" if f["quick"] else ""),
+        + (" -- quick: 400 entries instead of 1,500" if f["quick"] else "")
+        + (
+            "; readers and raw GETs behind the soak's link (60 ms RTT, 8/16 Mbit/s)"
+            if f.get("small_link") == "soak"
+            else ""
+        ),
         Row(
             "catch-up, packs on",
             f["small_on_entries_per_s"],
@@ -530,24 +561,23 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="short runs (about 90 s, (g) included)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch parent directory")
     ap.add_argument("--small-only", action="store_true", help="run only (g)")
+    ap.add_argument("--small-entries", type=int, default=None, help="(g)'s log length")
+    ap.add_argument(
+        "--small-link", action="store_true", help="(g)'s readers behind the soak's link"
+    )
     args = ap.parse_args()
-    small_n = 400 if args.quick else 1500
+    small_n = args.small_entries or (400 if args.quick else 1500)
     probes, rate = (500, 100.0) if args.quick else (2000, 100.0)
     backlog = (32 if args.quick else 256) * 1024 * 1024
     idle_s = 5.0 if args.quick else 10.0
     relay_idle_s = 10.0 if args.quick else 30.0
     figures: dict[str, Any] = {"quick": args.quick, "probes": probes, "backlog_bytes": backlog}
     figures["small_target_entries"] = small_n
+    figures["small_link"] = "soak" if args.small_link else "loopback"
     with scratch_dir("replication-", args.dir) as root:
         figures["machine"] = machine_info(root)
         moto = start_moto_server(root / "moto.log")
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=moto.endpoint,
-            region_name="us-east-1",
-            config=botocore.config.Config(s3={"addressing_style": "path"}),
-            **KEYS,
-        )
+        s3 = s3_client(moto.endpoint)
         s3.create_bucket(Bucket=BUCKET)
         proxy_a = TcpProxy("127.0.0.1", moto.port).start()
         proxy_b = TcpProxy("127.0.0.1", moto.port).start()
@@ -703,7 +733,11 @@ def main() -> None:
                     assert site.stop() == 0
                 meta.stop()
             progress(f"(g) small-entry catch-up: {small_n} entries ...")
-            figures.update(small_catch_up(root / "g", moto, s3, small_n))
+            figures.update(
+                small_catch_up(
+                    root / "g", moto, s3, small_n, SOAK_LINK if args.small_link else None
+                )
+            )
         finally:
             for site in (a, b):
                 site.stop()

@@ -23,7 +23,10 @@ apart (``restore_replay_max_s``) next to each split brain's catch-up time
 the restored gateway took over). RSS growth is the slope of
 a least-squares line through each gateway process's resident set (sampled
 every 5 s) after the first quarter of the run, over the longest-lived
-process of each region, in MB per hour; the largest over the regions.
+process of each region, in MB per hour; the largest over the regions
+(``rss_anon_growth_mb_per_hour``: the same of the anonymous part, the
+heap, without the journal's file pages mapped in, which the kernel takes
+back under pressure).
 
 The last line is one JSON object: ``acked``, ``lost``, ``duplicates``,
 ``reordered``, ``mirror_mismatches``, ``faults``, ``kills``, ``max_lag_s``,
@@ -106,20 +109,22 @@ def scenario_toml(duration_s: float) -> str:
 
 
 def rss_growth_mb_per_hour(
-    samples: dict[str, list[list[float]]], duration_s: float
+    samples: dict[str, list[list[float]]], duration_s: float, column: int = 2
 ) -> tuple[float, float]:
     """Largest per-region slope of RSS over time after warm-up (longest-lived process).
 
-    Returns (MB per hour, the shortest window it was fitted over in seconds):
-    a slope over two minutes says little about an hour.
+    ``column`` 2 is VmRSS, 3 RssAnon (the heap, without the journal's file
+    pages mapped in). Returns (MB per hour, the shortest window it was
+    fitted over in seconds): a slope over two minutes says little about an hour.
     """
     worst = 0.0
     window = float("inf")
     for series in samples.values():
         late = [s for s in series if s[0] >= duration_s / 4]
         by_pid: dict[int, list[tuple[float, float]]] = {}
-        for at, pid, rss in late:
-            by_pid.setdefault(int(pid), []).append((at, rss / 2**20))
+        for s in late:
+            value = s[column] if len(s) > column else s[2]
+            by_pid.setdefault(int(s[1]), []).append((s[0], value / 2**20))
         if not by_pid:
             continue
         points = max(by_pid.values(), key=len)
@@ -145,6 +150,7 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
         default=0.0,
     )
     growth, window = rss_growth_mb_per_hour(doc["rss_samples"], duration_s)
+    anon_growth, _ = rss_growth_mb_per_hour(doc["rss_samples"], duration_s, column=3)
     out = {
         "acked": doc["acknowledged"],
         "lost": doc["lost"],
@@ -169,6 +175,7 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
         "peak_rss_mb": round(max(v["peak_rss_bytes"] for v in doc["regions"].values()) / 2**20, 1),
         "rss_growth_mb_per_hour": growth,
         "rss_growth_window_s": window,
+        "rss_anon_growth_mb_per_hour": anon_growth,
         "longest_fault_s": longest,
         "duration_s": duration_s,
         "runner_passed": doc["passed"],

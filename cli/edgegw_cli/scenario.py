@@ -492,8 +492,10 @@ class RssSampler(threading.Thread):
         super().__init__(daemon=True)
         self.sites = sites
         self.peak: dict[str, int] = dict.fromkeys(sites, 0)
-        #: Every 5 s, per region: (seconds since start, pid, VmRSS bytes): growth over time.
-        self.series: dict[str, list[tuple[float, int, int]]] = {r: [] for r in sites}
+        #: Every 5 s, per region: (seconds since start, pid, VmRSS bytes, RssAnon
+        #: bytes): growth over time, and how much of it is heap rather than
+        #: file pages mapped from the journal (which the kernel can take back).
+        self.series: dict[str, list[tuple[float, int, int, int]]] = {r: [] for r in sites}
         self.stopping = threading.Event()
         self._began = time.monotonic()
 
@@ -509,12 +511,17 @@ class RssSampler(threading.Thread):
             if proc is None:
                 continue
             with contextlib.suppress(OSError, ValueError):
+                fields: dict[str, int] = {}
                 for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                    if line.startswith("VmHWM:"):
-                        self.peak[r] = max(self.peak[r], int(line.split()[1]) * 1024)
-                    elif line.startswith("VmRSS:") and keep:
-                        at = round(time.monotonic() - self._began, 1)
-                        self.series[r].append((at, proc.pid, int(line.split()[1]) * 1024))
+                    name, _, value = line.partition(":")
+                    if name in ("VmHWM", "VmRSS", "RssAnon"):
+                        fields[name] = int(value.split()[0]) * 1024
+                self.peak[r] = max(self.peak[r], fields.get("VmHWM", 0))
+                if keep and "VmRSS" in fields:
+                    at = round(time.monotonic() - self._began, 1)
+                    self.series[r].append(
+                        (at, proc.pid, fields["VmRSS"], fields.get("RssAnon", fields["VmRSS"]))
+                    )
 
 
 @app.command("run")

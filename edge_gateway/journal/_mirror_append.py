@@ -46,6 +46,10 @@ _LSN_FIELD = struct.Struct("<Q")
 
 #: iovecs per pwritev (IOV_MAX is 1024 on Linux)
 _MAX_IOV: Final = 1020
+#: a group up to this many bytes is written on the event loop: its CRC and
+#: copy take less than handing it to a worker thread and back (a quiet
+#: site's entries, replayed from packs, are a few hundred bytes each)
+_INLINE_BYTES: Final = 64 * 1024
 #: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
 _MAX_MIRROR_RUNS: Final = 65536
 
@@ -285,10 +289,13 @@ async def append_mirror_batches(
             )
             i += 1
             continue
-        try:
-            await trio.to_thread.run_sync(res.write_in_thread)
-        finally:
-            self._settle()
+        if res.length <= _INLINE_BYTES:
+            self._settle()  # a small group: written here, cheaper than a hand-off
+        else:
+            try:
+                await trio.to_thread.run_sync(res.write_in_thread)
+            finally:
+                self._settle()
         if res.state == "published":
             out += res.appended
             continue

@@ -27,7 +27,13 @@ from edge_gateway import failpoints
 from edge_gateway.errors import DiskFull, Unavailable
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.journal import JournalConfig, MirrorBatch, SourceCoords, open_journal
+from edge_gateway.journal import (
+    JournalConfig,
+    MirrorBatch,
+    SourceCoords,
+    _mirror_append,
+    open_journal,
+)
 from edge_gateway.journal import _fs as fs_module
 from edge_gateway.journal._fs import FileOps
 
@@ -58,6 +64,13 @@ def coords(seq: int) -> tuple[SourceCoords, SourceCoords]:
         SourceCoords("north", seq, 1, end_of_object=False),
         SourceCoords("north", seq, 1, end_of_object=True),
     )
+
+
+@pytest.fixture(autouse=True)
+def groups_in_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every group here goes through a worker thread, as a catch-up's large entries do
+    (a small one is written on the loop: see the last test)."""
+    monkeypatch.setattr(_mirror_append, "_INLINE_BYTES", 0)
 
 
 def entries_key(entries: Sequence[fentry.Entry]) -> list[tuple[object, ...]]:
@@ -392,3 +405,49 @@ async def test_the_shipper_steps_over_runs_of_mirror_entries_unread(tmp_path: Pa
         # After a reopen the runs are not known: stepped over by their headers.
         light = j.read_entries(1, max_bytes=1 << 30, payload_kinds={fentry.KIND_DATA})
         assert [e.lsn for e in light] == [e.lsn for e in full]
+
+
+async def test_a_small_group_is_written_on_the_loop_not_handed_to_a_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A quiet site's entries (a few hundred bytes, replayed from packs by the
+    thousand) cost more to hand to a worker thread and back than to write:
+    up to ``_INLINE_BYTES`` the group is written and published on the loop,
+    with the same bytes and the same visibility as the threaded path."""
+    monkeypatch.setattr(_mirror_append, "_INLINE_BYTES", 64 * 1024)
+    handed: list[object] = []
+    real = trio.to_thread.run_sync
+
+    async def counting(fn: object, *args: object, **kw: object) -> object:
+        handed.append(fn)
+        return await real(fn, *args, **kw)  # type: ignore[arg-type]
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    async with open_journal(a, CFG) as ja, open_journal(b, CFG) as jb:
+        monkeypatch.setattr(trio.to_thread, "run_sync", counting)
+        for seq in range(1, 4):
+            batches = group(seq)
+            assert sum(len(mb.batch) for mb in batches) < 64 * 1024
+            got = await ja.append_mirror_batches(batches, *coords(seq))
+            # Published when the call returns: readers and the offsets see it.
+            assert ja.next_lsn == got[-1].lsn + 1
+            assert ja.source_progress() == {"north": coords(seq)[1]}
+        writes = [fn for fn in handed if getattr(fn, "__name__", "") == "write_in_thread"]
+        assert writes == []
+        # A large group still goes to a worker thread.
+        big = [MirrorBatch(TOPIC, 0, mirrored(0, 3 * 3 * 4, 4, size=20_000))]
+        await ja.append_mirror_batches(big, *coords(4))
+        assert [getattr(fn, "__name__", "") for fn in handed].count("write_in_thread") == 1
+        monkeypatch.setattr(trio.to_thread, "run_sync", real)
+        for seq in range(1, 5):
+            batches = group(seq) if seq < 4 else big
+            mid, last = coords(seq)
+            for i, mb in enumerate(batches):
+                await jb.append_mirror(
+                    mb.topic, mb.partition, mb.batch, last if i == len(batches) - 1 else mid
+                )
+        await ja.flush()
+        await jb.flush()
+        assert entries_key(ja.read_entries(1, max_bytes=1 << 30)) == entries_key(
+            jb.read_entries(1, max_bytes=1 << 30)
+        )
