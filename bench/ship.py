@@ -18,7 +18,12 @@ access log, so botocore retries and multipart parts count too. Phases:
               with data in that flush -- counted exactly from the same flushes;
               without --quick, the fullest such flush is also executed, to
               show what it costs.
-* ``idle``    the same gateway, nothing produced: requests it makes in 10 s.
+* ``idle``    the same gateway, nothing produced: requests it makes in 10 s
+              (``idle_requests_by_kind``). The summary of the steady phase's
+              last entries is owed once, when ``manifest_interval_ms`` is up
+              after them (a pack and a manifest): counted apart
+              (``idle_summary_requests``); the target is on the rest
+              (``idle_other_requests``: none).
 * ``drain``   a backlog of 512 MiB (256 MiB with --quick) of journaled
               telemetry JSON (``TelemetryGenerator``; 16 partitions, batches of
               200 records), shipped by ``Shipper.ship_pending`` with the default
@@ -272,6 +277,13 @@ async def steady_and_idle(
                 i1 = server.log_position()
             idle = requests_of(server, "steady", i0, i1)
             fig["idle_requests_per_10s"] = len(idle) * 10.0 / IDLE_S
+            kinds = [kind_of(r) for r in idle]
+            fig["idle_requests_by_kind"] = {k: kinds.count(k) for k in sorted(set(kinds))}
+            # The summary owed after the last flush: one create of a pack and
+            # one of a manifest (written when manifest_interval_ms is up).
+            summary = [r for r in idle if r.is_write and kind_of(r) in ("pack", "manifest")]
+            fig["idle_summary_requests"] = len(summary)
+            fig["idle_other_requests"] = len(idle) - len(summary)
             fig["idle_objects"] = shipper.statistics().objects - idle_objects
             nursery.cancel_scope.cancel()
 
@@ -611,7 +623,7 @@ def seal_cost(j: Journal, key: WriteKey, reps: int = 9) -> dict[str, Any]:
 def report(fig: dict[str, Any], plan: Plan) -> tuple[list[Row | str], dict[str, bool]]:
     targets = {
         "puts_per_flush": (fig["puts_per_flush"] or 99) <= TARGET_PUTS_PER_FLUSH,
-        "idle_requests": fig["idle_requests_per_10s"] == 0,
+        "idle_requests": fig["idle_other_requests"] == 0 and fig["idle_summary_requests"] <= 2,
         "ship_ratio": fig["ship_ratio"] >= TARGET_SHIP_RATIO,
         "compression": fig["compression_ratio"] >= TARGET_COMPRESSION,
     }
@@ -637,9 +649,11 @@ def report(fig: dict[str, Any], plan: Plan) -> tuple[list[Row | str], dict[str, 
             FLUSH_MS / 1000,
         ),
         Row(
-            "idle gateway, requests in 10 s",
-            fig["idle_requests_per_10s"],
+            "idle gateway, requests in 10 s but the summary owed",
+            fig["idle_other_requests"],
             "req",
+            "the owed summary (pack + manifest)",
+            fig["idle_summary_requests"],
             target="= 0",
             ok=targets["idle_requests"],
         ),

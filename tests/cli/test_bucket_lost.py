@@ -22,6 +22,7 @@ from _cli_support import assert_one_line_failure, cli_env, run_edgegw
 from _serve import EDGEGW, Fleet, Gateway, TopicSpec
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
+from edge_gateway.errors import Unavailable
 from edge_gateway.format import logobject
 from edge_gateway.format.manifest import log_key
 from edge_gateway.regionlog import find_head
@@ -151,7 +152,13 @@ def test_bucket_wiped_while_running_stops_the_gateway_and_reship_recovers(
     before = produce(g, 0, 120)
     wipe(bucket_dir, how)
     # Accepted into the journal; its upload is where the loss shows.
-    after = produce(g, 120, 30, ack="local")
+    try:
+        after = produce(g, 120, 30, ack="local")
+    except Unavailable:
+        # The gateway's own next write (a manifest, a pack) met the loss
+        # first and it stopped: nothing more was acknowledged (a loaded
+        # machine widens the window between the wipe and this request).
+        after = {}
     assert exit_code(g) == EXIT_BUCKET_LOST
     line = lost_line(g)
     assert "edgegw reship" in line, line
