@@ -76,3 +76,41 @@ def test_settle_freezes_counts_and_still_collects_cycles() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_full_collections_still_run_after_settle() -> None:
+    """Cycles that outlive two young collections reach the old generation; a
+    full collection must still come every tenth middle one. Before the
+    collection after the freeze, CPython measured the old generation's growth
+    against everything startup had built, and none came for a long time."""
+    code = textwrap.dedent(
+        """
+        import gc
+        from edge_gateway import _gc
+
+        startup = [[i] for i in range(300_000)]  # a large heap at settle()
+        _gc.settle(gen0_threshold=2_000)
+
+        class Node:
+            def __init__(self):
+                self.me = self  # a cycle: only the collector frees it
+
+        live = []
+        for i in range(400_000):
+            node = Node()
+            if i % 50 == 0:
+                live.append(node)  # some live a while, then go
+            if len(live) > 2_000:
+                live = live[1_000:]
+        stats = _gc.statistics()
+        old = len(gc.get_objects(generation=2))
+        assert stats["collections"][2] >= 1, stats
+        assert old < 20_000, old
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
