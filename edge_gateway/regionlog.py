@@ -250,32 +250,38 @@ async def read_headers(
 ) -> list[tuple[LogObjectHeader, int]]:
     """The header and size of each of the region's entries ``seqs``, in that order.
 
-    Up to :data:`TAIL_READS` reads at once. Each header is checked to be
-    the entry its key names. When reads fail, the first failure in ``seqs``
-    order is raised (as reading them one by one would have), after the
-    reads in flight ended.
+    :data:`TAIL_READS` readers take the seqs in order. Each header is
+    checked to be the entry its key names. When reads fail, the first
+    failure in ``seqs`` order is raised (as reading them one by one would
+    have), once the reads of the seqs before it ended; no seq after a
+    failure is started.
     """
     results: list[tuple[LogObjectHeader, int] | Exception | None] = [None] * len(seqs)
-    limit = trio.Semaphore(TAIL_READS)
+    todo = iter(enumerate(seqs))
+    failed = False
 
-    async def one(i: int, seq: int) -> None:
-        key = log_key(prefix, region, seq)
-        try:
-            async with limit:
+    async def reader() -> None:
+        nonlocal failed
+        for i, seq in todo:  # shared: each seq goes to one reader, in order
+            if failed:
+                return
+            key = log_key(prefix, region, seq)
+            try:
                 read = await read_header(bucket, key)
-            _check_seq(read.header, seq, region, key)
-            results[i] = (read.header, read.size)  # not the bytes read: a tail may be long
-        except Exception as exc:  # noqa: BLE001 - raised below, in seq order
-            results[i] = exc
+                _check_seq(read.header, seq, region, key)
+                results[i] = (read.header, read.size)  # not the bytes read: a tail may be long
+            except Exception as exc:  # noqa: BLE001 - raised below, in seq order
+                results[i] = exc
+                failed = True
 
     async with trio.open_nursery() as nursery:
-        for i, seq in enumerate(seqs):
-            nursery.start_soon(one, i, seq)
+        for _ in range(min(TAIL_READS, len(seqs))):
+            nursery.start_soon(reader)
     out: list[tuple[LogObjectHeader, int]] = []
     for r in results:
         if isinstance(r, Exception):
             raise r
-        assert r is not None
+        assert r is not None  # every seq before a failure was read
         out.append(r)
     return out
 
