@@ -17,9 +17,9 @@ import base64
 import contextlib
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, TypeVar
 
 import trio
 
@@ -43,6 +43,12 @@ from edge_gateway.protocol.log import HeadSearch
 #: (up to a manifest interval of them); one after another that was one
 #: round trip each -- on a 60 ms link, seconds before a gateway could claim.
 TAIL_READS: Final = 16
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+#: HEADs in flight at once while looking for a log's head (:func:`find_head`).
+HEAD_PROBES: Final = 8
 
 #: First ranged GET of a log object: holds the index of all but huge objects,
 #: and the whole object when it is small.
@@ -96,11 +102,53 @@ async def exists(bucket: Bucket, key: str) -> bool:
 
 
 async def find_head(bucket: Bucket, prefix: str, region: str, known: int = 0) -> int:
-    """The highest seq in the region's log (0 if empty), by galloping HEADs above ``known``."""
+    """The highest seq in the region's log (0 if empty), by galloping HEADs above ``known``.
+
+    :data:`HEAD_PROBES` HEADs at once per round (:meth:`HeadSearch.next_probes`).
+    """
     search = HeadSearch(known)
-    while (probe := search.next_probe()) is not None:
-        search.record(probe, await exists(bucket, log_key(prefix, region, probe)))
+
+    async def probe(seq: int) -> bool:
+        return await exists(bucket, log_key(prefix, region, seq))
+
+    while probes := search.next_probes(HEAD_PROBES):
+        search.record_batch(zip(probes, await in_order(probes, probe, HEAD_PROBES), strict=True))
     return search.head
+
+
+async def in_order(items: Sequence[_T], fn: Callable[[_T], Awaitable[_R]], width: int) -> list[_R]:
+    """``fn(item)`` for each of ``items``, ``width`` at a time; the results in order.
+
+    The calls start in order. When calls fail, the first failure in order
+    is raised (as calling them one by one would have), once the calls
+    before it ended; no call starts after a failure. Nothing is wrapped in
+    an exception group: callers catch what ``fn`` raises.
+    """
+    results: list[_R | None] = [None] * len(items)
+    errors: list[Exception | None] = [None] * len(items)
+    todo = iter(enumerate(items))
+    failed = False
+
+    async def worker() -> None:
+        nonlocal failed
+        for i, item in todo:  # shared: each item goes to one worker, in order
+            if failed:
+                return
+            try:
+                results[i] = await fn(item)
+            except Exception as exc:  # noqa: BLE001 - raised below, in order
+                errors[i] = exc
+                failed = True
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(min(width, len(items))):
+            nursery.start_soon(worker)
+    out: list[_R] = []
+    for result, error in zip(results, errors, strict=True):
+        if error is not None:
+            raise error
+        out.append(result)  # type: ignore[arg-type]  # set: every call before a failure ran
+    return out
 
 
 async def read_gc_boundary(bucket: Bucket, prefix: str, region: str) -> int:
@@ -250,40 +298,17 @@ async def read_headers(
 ) -> list[tuple[LogObjectHeader, int]]:
     """The header and size of each of the region's entries ``seqs``, in that order.
 
-    :data:`TAIL_READS` readers take the seqs in order. Each header is
-    checked to be the entry its key names. When reads fail, the first
-    failure in ``seqs`` order is raised (as reading them one by one would
-    have), once the reads of the seqs before it ended; no seq after a
-    failure is started.
+    :data:`TAIL_READS` at once (:func:`in_order`: the first failure in seq
+    order is raised). Each header is checked to be the entry its key names.
     """
-    results: list[tuple[LogObjectHeader, int] | Exception | None] = [None] * len(seqs)
-    todo = iter(enumerate(seqs))
-    failed = False
 
-    async def reader() -> None:
-        nonlocal failed
-        for i, seq in todo:  # shared: each seq goes to one reader, in order
-            if failed:
-                return
-            key = log_key(prefix, region, seq)
-            try:
-                read = await read_header(bucket, key)
-                _check_seq(read.header, seq, region, key)
-                results[i] = (read.header, read.size)  # not the bytes read: a tail may be long
-            except Exception as exc:  # noqa: BLE001 - raised below, in seq order
-                results[i] = exc
-                failed = True
+    async def read(seq: int) -> tuple[LogObjectHeader, int]:
+        key = log_key(prefix, region, seq)
+        got = await read_header(bucket, key)
+        _check_seq(got.header, seq, region, key)
+        return got.header, got.size  # not the bytes read: a tail may be long
 
-    async with trio.open_nursery() as nursery:
-        for _ in range(min(TAIL_READS, len(seqs))):
-            nursery.start_soon(reader)
-    out: list[tuple[LogObjectHeader, int]] = []
-    for r in results:
-        if isinstance(r, Exception):
-            raise r
-        assert r is not None  # every seq before a failure was read
-        out.append(r)
-    return out
+    return await in_order(seqs, read, TAIL_READS)
 
 
 # ---------------------------------------------------------------- bucket identity

@@ -22,6 +22,7 @@ specified in ``docs/protocol.md``. In short:
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from edge_gateway.errors import CorruptData, Fenced
@@ -63,6 +64,37 @@ class HeadSearch:
                     "the log is not contiguous"
                 )
             self._hi = seq
+
+    def next_probes(self, width: int) -> list[int]:
+        """Up to ``width`` probes to make at once (ascending; empty: done).
+
+        Galloping, the next ``width`` steps (each twice the one before);
+        bisecting, ``width`` points splitting the range between what exists
+        and what is missing. A log ``k`` entries past ``known`` takes about
+        ``2·log2(k)/log2(width + 1)`` rounds instead of ``2·log2(k)`` probes
+        one after another -- on a 60 ms link, the difference between ~0.8 s
+        and ~0.25 s before a claim or a catch-up can start.
+        """
+        if self._hi is None:
+            return [self._lo + self._step * (1 << k) for k in range(width)]
+        gap = self._hi - self._lo
+        if gap <= 1:
+            return []
+        n = min(width, gap - 1)
+        return sorted({self._lo + gap * (k + 1) // (n + 1) for k in range(n)})
+
+    def record_batch(self, results: Iterable[tuple[int, bool]]) -> None:
+        """Record a round of :meth:`next_probes` (in any order).
+
+        A seq found above one found missing in the same round is ignored:
+        the log grew while the round was in flight (or has a hole), and the
+        answer stays the contiguous prefix, as probing one at a time would
+        have found it.
+        """
+        for seq, exists in sorted(results):
+            if exists and self._hi is not None and seq > self._hi:
+                continue
+            self.record(seq, exists)
 
     @property
     def head(self) -> int:
