@@ -44,11 +44,11 @@ from edge_gateway.protocol.log import HeadSearch
 #: round trip each -- on a 60 ms link, seconds before a gateway could claim.
 TAIL_READS: Final = 16
 
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
 #: HEADs in flight at once while looking for a log's head (:func:`find_head`).
 HEAD_PROBES: Final = 8
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 #: First ranged GET of a log object: holds the index of all but huge objects,
 #: and the whole object when it is small.
