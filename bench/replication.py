@@ -60,8 +60,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import boto3
-import botocore.config
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -82,11 +80,10 @@ from edge_gateway.encryption import write_key_file
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.crypt import generate_key
 from edge_gateway.telemetry import TelemetryGenerator
-from edge_gateway.testing.moto import start_moto_server
+from edge_gateway.testing.moto import s3_client, start_moto_server
 from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy
 
 BUCKET = "edgegw-bench"
-KEYS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 PARTITIONS = 4
 
 
@@ -310,16 +307,6 @@ def raw_gets(s3: Any, keys: list[str], bucket: str = BUCKET) -> tuple[float, flo
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda k: s3.get_object(Bucket=bucket, Key=k)["Body"].read(), keys))
     return time.perf_counter() - t0, time.process_time() - c0
-
-
-def s3_client(endpoint: str) -> Any:
-    return boto3.client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        config=botocore.config.Config(s3={"addressing_style": "path"}),
-        **KEYS,
-    )
 
 
 def cpu_seconds(pid: int) -> float:
