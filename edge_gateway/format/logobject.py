@@ -330,8 +330,12 @@ def valid_key_id(key_id: object) -> bool:
     return type(key_id) is str and _KEY_ID_RE.fullmatch(key_id) is not None
 
 
+def _block_what(b: BlockIndex) -> str:
+    """How an error names a block (built only for an error: a manifest checks thousands)."""
+    return f"block {b.topic!r}/{b.partition} at {b.offset}"
+
+
 def _check_block(b: BlockIndex, where: str, overhead: int = 0) -> None:
-    what = f"block {b.topic!r}/{b.partition} at {b.offset}"
     if not (
         _int_in(b.partition, 0, _U32_MAX)
         and _int_in(b.first_offset, _I64_MIN, _I64_MAX)
@@ -345,33 +349,38 @@ def _check_block(b: BlockIndex, where: str, overhead: int = 0) -> None:
         and _int_in(b.codec, 0, 0xFF)
         and _int_in(b.crc, 0, _U32_MAX)
     ):
-        raise CorruptData(f"{what}: a field is out of range", where=where)
+        raise CorruptData(f"{_block_what(b)}: a field is out of range", where=where)
     if b.first_offset > b.last_offset:
-        raise CorruptData(f"{what}: first_offset {b.first_offset} > last_offset", where=where)
+        raise CorruptData(
+            f"{_block_what(b)}: first_offset {b.first_offset} > last_offset", where=where
+        )
     if b.record_count != b.last_offset - b.first_offset + 1:
         raise CorruptData(
-            f"{what}: record_count {b.record_count} for offsets {b.first_offset}..{b.last_offset}",
+            f"{_block_what(b)}: record_count {b.record_count} for offsets "
+            f"{b.first_offset}..{b.last_offset}",
             where=where,
         )
     if b.min_ts > b.max_ts:
-        raise CorruptData(f"{what}: min_ts > max_ts", where=where)
+        raise CorruptData(f"{_block_what(b)}: min_ts > max_ts", where=where)
     if b.codec not in _CODECS:
-        raise CorruptData(f"{what}: unknown codec {b.codec}", where=where)
+        raise CorruptData(f"{_block_what(b)}: unknown codec {b.codec}", where=where)
     if not _batch.HEADER_SIZE <= b.raw_length <= MAX_BLOCK_RAW_BYTES:
-        raise CorruptData(f"{what}: raw_length {b.raw_length} out of bounds", where=where)
+        raise CorruptData(f"{_block_what(b)}: raw_length {b.raw_length} out of bounds", where=where)
     if _batch.HEADER_SIZE + b.record_count * _MIN_RECORD_BYTES > b.raw_length:
         raise CorruptData(
-            f"{what}: {b.record_count} records cannot fit in {b.raw_length} bytes", where=where
+            f"{_block_what(b)}: {b.record_count} records cannot fit in {b.raw_length} bytes",
+            where=where,
         )
     if b.codec == CODEC_NONE and b.stored_length != b.raw_length + overhead:
         raise CorruptData(
-            f"{what}: uncompressed but stored_length != raw_length"
+            f"{_block_what(b)}: uncompressed but stored_length != raw_length"
             + (f" + {overhead}" if overhead else ""),
             where=where,
         )
     if not overhead < b.stored_length <= b.raw_length + overhead:
         raise CorruptData(
-            f"{what}: stored_length {b.stored_length} for raw_length {b.raw_length}", where=where
+            f"{_block_what(b)}: stored_length {b.stored_length} for raw_length {b.raw_length}",
+            where=where,
         )
 
 
