@@ -45,6 +45,7 @@ of every partition shipped. It raises only
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -728,6 +729,7 @@ def _seq(seq: int) -> int:
     return seq
 
 
+@functools.lru_cache(maxsize=256)
 def region_prefix(prefix: str, region: str) -> str:
     """``<prefix>/regions/<region>/``: what every key of the region starts with.
 

@@ -107,11 +107,14 @@ class _Reserved:
         #: per entry: (partition, base offset, next offset)
         self.keys: list[tuple[_Partition, int, int]] = []
         self.appended: list[Appended] = []
-        self.done = threading.Event()
+        #: set by the write; made (with the lock) only for a group handed to
+        #: a worker thread (:meth:`handed`): a small group is written on the
+        #: loop, where nothing else can claim it, and most groups are small
+        self.done: threading.Event | None = None
         #: whoever claims the group writes it: the worker thread, or a settler
         #: on the loop when the thread has not started (it waits for a
         #: limiter token, or its start was cancelled): never both, never neither
-        self.claim_lock = threading.Lock()
+        self.claim_lock: threading.Lock | None = None
         self.claimed = False
         #: what the write raised (set by the worker thread)
         self.error: BaseException | None = None
@@ -120,8 +123,18 @@ class _Reserved:
         #: "reserved", then "published" or "failed"
         self.state = "reserved"
 
+    def handed(self) -> None:
+        """The group goes to a worker thread: from now on it is claimed under a lock."""
+        self.done = threading.Event()
+        self.claim_lock = threading.Lock()
+
     def claim(self) -> bool:
         """Take the write on (True once: for the first caller)."""
+        if self.claim_lock is None:  # never handed to a thread: only the loop sees it
+            if self.claimed:
+                return False
+            self.claimed = True
+            return True
         with self.claim_lock:
             if self.claimed:
                 return False
@@ -161,7 +174,8 @@ class _Reserved:
         except BaseException as exc:  # noqa: BLE001 - handed to the event loop
             self.error = exc
         finally:
-            self.done.set()
+            if self.done is not None:
+                self.done.set()
 
 
 async def append_mirror(
@@ -292,6 +306,7 @@ async def append_mirror_batches(
         if res.length <= _INLINE_BYTES:
             self._settle()  # a small group: written here, cheaper than a hand-off
         else:
+            res.handed()
             try:
                 await trio.to_thread.run_sync(res.write_in_thread)
             finally:
@@ -403,7 +418,8 @@ def _settle(self: Journal) -> None:
         return
     if res.claim():  # the thread has not started: write here (no deadlock)
         res.write()
-    res.done.wait()
+    if res.done is not None:
+        res.done.wait()
     self._inflight = None
     self._inflight_lot.unpark_all()
     if res.error is None:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import trio
 
+from edge_gateway._trio import wait_set
 from edge_gateway.bucket import Bucket, BucketError
 from edge_gateway.errors import CorruptData, EdgeGatewayError
 from edge_gateway.format.pack import Pack, decode_pack, pack_list_start, pack_prefix, parse_pack_key
@@ -124,12 +125,23 @@ class PackReader:
             await self._load(pack)
         else:
             self._prefetch_next(pack, nursery)
-        await pack.loaded.wait()
+        await wait_set(pack.loaded)
         if pack.index is None:
             return None
         e = pack.index.find(seq)
         if e is None:
             return None  # not packed (a fence, a large entry): its own GET
+        self.stats.entries += 1
+        return pack.data[e.offset : e.offset + e.length]
+
+    def body_now(self, pack: ListedPack, seq: int, nursery: trio.Nursery) -> bytes | None:
+        """The bytes of entry ``seq`` if ``pack`` holds them already (None: use :meth:`body`)."""
+        if not pack.loaded.is_set() or pack.index is None:
+            return None
+        e = pack.index.find(seq)
+        if e is None:
+            return None
+        self._prefetch_next(pack, nursery)
         self.stats.entries += 1
         return pack.data[e.offset : e.offset + e.length]
 

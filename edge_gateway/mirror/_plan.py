@@ -268,6 +268,8 @@ class SourceState:
     ) -> None:
         self.source = source
         self._subscribed = subscribed
+        #: source topic -> its mirror topic's name (checked and built once)
+        self._local_topics: dict[str, str] = {}
         #: (source topic, partition) -> the offset after a gap marker already
         #: applied whose jump the mirror partition has not made yet (its next
         #: append skips to here). In memory: see docs/mirroring.md, "Dropped gaps".
@@ -297,6 +299,12 @@ class SourceState:
     @property
     def started(self) -> bool:
         return self.next_seq > 0
+
+    def _local_topic(self, topic: str) -> str:
+        local = self._local_topics.get(topic)
+        if local is None:
+            local = self._local_topics[topic] = mirror_topic(self.source, topic)
+        return local
 
     def subscribed(self, topic: str) -> bool:
         return self._subscribed(topic)
@@ -396,7 +404,7 @@ class SourceState:
             exp = expected.get(key)
             if exp is None:
                 exp = max(
-                    local_next(mirror_topic(self.source, g.topic), g.partition),
+                    local_next(self._local_topic(g.topic), g.partition),
                     self._declared.get(key, 0),
                 )
             if g.last_offset < exp:
@@ -430,7 +438,7 @@ class SourceState:
         for b in info.blocks:
             if not self._subscribed(b.topic):
                 continue
-            local = mirror_topic(self.source, b.topic)
+            local = self._local_topic(b.topic)
             key = (b.topic, b.partition)
             exp = expected.get(key)
             first_here = exp is None
