@@ -577,6 +577,41 @@ class Shipper:
         finally:
             os.close(dfd)
 
+    async def _probe_and_read(self) -> LogState | Exception:
+        """The conditional-create probe, and meanwhile the first read of the log.
+
+        Both are round trips in a row (the probe ~4, the read a LIST, a few
+        GETs and rounds of HEADs) and the read changes nothing, so they
+        overlap: a claim, on every start, waits for the longer of the two
+        instead of both. The probe's error is raised as it was before the
+        read (``BucketGone`` as :class:`BucketLost`); the read's outcome,
+        its state or its error, is returned for :meth:`claim` to handle.
+        """
+        box: list[LogState | Exception] = []
+        probe_error: Exception | None = None
+
+        async def read() -> None:
+            try:
+                box.append(await load_log_state(self.bucket, self.prefix, self.region))
+            except Exception as exc:  # noqa: BLE001 - handled by claim(), in its order
+                box.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            try:
+                # Under the region's own keys: all a confined region may write.
+                await verify_conditional_create(
+                    self.bucket, region_prefix(self.prefix, self.region)
+                )
+            except Exception as exc:  # noqa: BLE001 - raised below, outside the nursery
+                probe_error = exc
+                nursery.cancel_scope.cancel()
+        if probe_error is not None:
+            if isinstance(probe_error, BucketGone):
+                raise self._lost(str(probe_error)) from None
+            raise probe_error
+        return box[0]
+
     async def claim(self) -> None:
         """Verify the bucket, find the log head, reconcile with the journal, claim an epoch.
 
@@ -587,17 +622,18 @@ class Shipper:
         conditional creates, ``BucketUnavailable`` when the bucket is away
         (retry later).
         """
-        try:
-            # Under the region's own keys: all a confined region may write.
-            await verify_conditional_create(self.bucket, region_prefix(self.prefix, self.region))
-        except BucketGone as exc:
-            raise self._lost(str(exc)) from None
+        first_read: LogState | Exception | None = await self._probe_and_read()
         state: LogState | None = None
         set_aside = 0
         while True:
             written = self._load_writer_state()
             try:
-                if state is None:
+                if first_read is not None:
+                    got, first_read = first_read, None
+                    if isinstance(got, Exception):
+                        raise got
+                    state = got
+                elif state is None:
                     state = await load_log_state(self.bucket, self.prefix, self.region)
                 else:  # lost a race to a live writer: straight to its head, read the rest after
                     state = await skip_to_head(self.bucket, self.prefix, self.region, state)

@@ -177,3 +177,64 @@ async def test_find_head_probes_in_rounds(tmp_path: Path) -> None:
     assert await find_head(bucket, "", "north", 35) == 35
     empty = _Slow(inner)
     assert await find_head(empty, "", "south", 0) == 0
+
+
+# ---------------------------------------------------------------- the probe
+
+
+class _Overlap(FaultyBucket):
+    """Every call takes 10 ms; notes whether the probe and a read of the log overlapped."""
+
+    def __init__(self, inner: Bucket) -> None:
+        super().__init__(inner, close_inner=False)
+        self.latency = 0.01
+        self.probes = 0
+        self.log_reads = 0
+        self.overlapped = False
+
+    async def _around(
+        self, operation: str, key: str | None, call: Callable[[], Awaitable[_T]]
+    ) -> _T:
+        probe = key is not None and "_edgegw-probe/" in key
+        log_read = operation in ("get", "head", "list") and not probe
+        self.probes += probe
+        self.log_reads += log_read
+        self.overlapped = self.overlapped or bool(self.probes and self.log_reads)
+        try:
+            return await super()._around(operation, key, call)
+        finally:
+            self.probes -= probe
+            self.log_reads -= log_read
+
+
+async def test_a_claim_reads_the_log_while_it_probes_the_bucket(tmp_path: Path) -> None:
+    """The probe's ~4 round trips and the log's read no longer add up at every start."""
+    inner = await _log_without_manifest(tmp_path)
+    bucket = _Overlap(inner)
+    j = Journal.open_sync(tmp_path / "j2", JCFG)
+    try:
+        shipper = Shipper(j, bucket, "north")
+        await shipper.claim()
+        assert shipper.statistics().epoch == 2
+        assert shipper.statistics().next_seq == ENTRIES + 3  # after the new fence
+    finally:
+        j.close_sync()
+    assert bucket.overlapped
+
+
+async def test_the_probes_error_wins_over_the_reads(tmp_path: Path) -> None:
+    """A store without conditional creates is named, whatever the read met meanwhile."""
+    from edge_gateway.bucket import UnsupportedStore
+
+    inner = await _log_without_manifest(tmp_path)
+    bucket = FaultyBucket(inner, close_inner=False)
+    bucket.honor_conditions = False
+    # The log's read fails too: a corrupt entry in its tail.
+    path = tmp_path / "b" / "objects" / log_key("", "north", 5)
+    path.write_bytes(b"EGWX not a log object" + b"\0" * 64)
+    j = Journal.open_sync(tmp_path / "j2", JCFG)
+    try:
+        with pytest.raises(UnsupportedStore, match="cannot be fenced"):
+            await Shipper(j, bucket, "north").claim()
+    finally:
+        j.close_sync()
