@@ -259,13 +259,15 @@ class _ByteBudget:
         self.used += n
         self.peak = max(self.peak, self.used)
 
-    def try_acquire(self, n: int) -> bool:
-        """Take ``n`` bytes if that needs no wait."""
-        if self.used and self.used + n > self.capacity:
-            return False
+    def fits(self, n: int) -> bool:
+        """Whether :meth:`acquire` of ``n`` bytes would return at once."""
+        return not self.used or self.used + n <= self.capacity
+
+    def take(self, n: int) -> None:
+        """:meth:`acquire` for ``n`` bytes that :meth:`fits`, without a checkpoint."""
+        assert self.fits(n)
         self.used += n
         self.peak = max(self.peak, self.used)
-        return True
 
     def release(self, n: int) -> None:
         self.used -= n
@@ -1305,18 +1307,7 @@ class Tailer:
                     while seq > self._frontier(first):
                         self._frontier_moved = trio.Event()
                         await self._frontier_moved.wait()
-                if last is None:
-                    await count.acquire()
-                else:
-                    # A catch-up launches as many entries as the count allows
-                    # before it yields: the consumer then applies them in one
-                    # go (one trip through the scheduler per entry each way was
-                    # ~30% of a small entry's cost). Following yields per entry:
-                    # its probes past the known head move the frontier.
-                    try:
-                        count.acquire_nowait()
-                    except trio.WouldBlock:
-                        await count.acquire()
+                await count.acquire()
                 slot = _Slot(seq)
                 plan: _FetchPlan | None = None
                 try:
@@ -1406,15 +1397,15 @@ class Tailer:
             or pack is None
             or not plan.ranges
             or not previous.is_set()
+            or not budget.fits(plan.cost)
             or (self._gate is not None and self._gate.held(self.source))
             or sum(b.raw_length for b in plan.wanted) > self.config.decode_in_thread_bytes
         ):
             return False
         body = packs.body_now(pack, plan.info.seq, nursery)
-        if body is None or not budget.try_acquire(plan.cost):
-            if body is not None:
-                packs.stats.entries -= 1
+        if body is None:
             return False
+        budget.take(plan.cost)
         slot.cost = plan.cost
         slot.budgeted.set()
         self._prefetch_peak_bytes = max(self._prefetch_peak_bytes, budget.peak)
