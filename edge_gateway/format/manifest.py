@@ -497,9 +497,11 @@ def _blocks(rows: list[Any], what: str, where: str) -> tuple[BlockIndex, ...]:
     by field (and :func:`_parse` runs :func:`_block` on the rows to name the
     bad one when it refuses). Checking them here too took a third of a
     manifest's decode, which a catch-up does for every entry of the backlog.
-    A row of the wrong shape gets :func:`_block`'s message at once.
+    A row of the wrong shape, or whose topic is not a string (which the
+    header's check could not even look up), gets :func:`_block`'s message
+    at once.
     """
-    if all(type(r) is list and len(r) == _BLOCK_ROW for r in rows):
+    if all(type(r) is list and len(r) == _BLOCK_ROW and type(r[0]) is str for r in rows):
         return tuple(BlockIndex(*r) for r in rows)
     return tuple(_block(r, f"{what}.blocks[{j}]", where) for j, r in enumerate(rows))
 
