@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -150,50 +149,35 @@ def main() -> None:
         )
         read_s = read_crc_seconds(read_files)
         info = machine_info(root)
-    applied = runs[0]["entries"]
-    cpu = statistics.median(r["cpu_s"] for r in runs)
+    applied = int(runs[0]["entries"])
+    cpu_us = statistics.median(r["cpu_s"] for r in runs) / applied * 1e6
     seconds = statistics.median(r["seconds"] for r in runs)
+    append_us = append_cpu / applied * 1e6
+    read_us = read_s / applied * 1e6
+    rows = [
+        Row("replay CPU per entry", cpu_us, "us", "journal append of the same", append_us),
+        Row("replay CPU per entry", cpu_us, "us", "read + CRC32C of its files", read_us),
+        Row("replay rate", applied / seconds, "entries/s"),
+        Row("entries from packs", runs[0]["pack_entries"], "", "pack reads", runs[0]["pack_reads"]),
+    ]
+    title = f"Replay of {applied} small entries (median of {RUNS} runs, in-process, local bucket)"
+    print(render_table(title, rows))
     fig: dict[str, object] = {
         "entries": applied,
         "replay_s": seconds,
         "replay_entries_per_s": applied / seconds,
-        "replay_cpu_us_per_entry": cpu / applied * 1e6,
+        "replay_cpu_us_per_entry": cpu_us,
         "replay_cpu_us_per_entry_runs": [r["cpu_s"] / applied * 1e6 for r in runs],
         "pack_entries": runs[0]["pack_entries"],
         "pack_reads": runs[0]["pack_reads"],
-        "journal_append_us_per_entry": append_cpu / applied * 1e6,
-        "read_crc_us_per_entry": read_s / applied * 1e6,
+        "journal_append_us_per_entry": append_us,
+        "read_crc_us_per_entry": read_us,
+        "cpu_ratio_vs_append": cpu_us / append_us,
         "quick": args.quick,
         **info,
     }
-    fig["cpu_ratio_vs_append"] = (
-        fig["replay_cpu_us_per_entry"] / fig["journal_append_us_per_entry"]  # type: ignore[operator]
-    )
-    print(
-        render_table(
-            f"Replay of {applied} small entries (median of {RUNS} runs, in-process, local bucket)",
-            [
-                Row(
-                    "replay CPU per entry",
-                    fig["replay_cpu_us_per_entry"],  # type: ignore[arg-type]
-                    "us",
-                    "journal append of the same",
-                    fig["journal_append_us_per_entry"],  # type: ignore[arg-type]
-                ),
-                Row(
-                    "replay CPU per entry",
-                    fig["replay_cpu_us_per_entry"],  # type: ignore[arg-type]
-                    "us",
-                    "read + CRC32C of its files",
-                    fig["read_crc_us_per_entry"],  # type: ignore[arg-type]
-                ),
-                Row("replay rate", fig["replay_entries_per_s"], "entries/s"),  # type: ignore[arg-type]
-                Row("entries from packs", fig["pack_entries"], "", "pack reads", fig["pack_reads"]),  # type: ignore[arg-type]
-            ],
-        )
-    )
     emit_json(fig)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
