@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/soak.py [--quick] [--seed N] [--dir DIR]
+    .venv/bin/python bench/soak.py [--quick | --minutes M] [--no-restarts] [--seed N] [--dir DIR]
 
 Built on the scenario runner (``edgegw scenario run``), not a second harness:
 it writes a scenario file and runs it. Three regions (``alpha``, ``beta``,
@@ -12,7 +12,11 @@ metadata server, one topic per region mirrored everywhere, steady load; from
 t = 30 s a fault every 30 s, rotating through the kinds (bucket link down,
 blackholed, answers lost, slow, lossy, capped; metadata server down and
 blackholed; kill -9 and restart; a frozen gateway; a split brain from
-``edgegw restore``) and through the regions. 20 minutes; ``--quick`` 2.
+``edgegw restore``) and through the regions. 20 minutes; ``--quick`` 2;
+``--minutes M`` another length. ``--no-restarts`` puts a link down where
+the kills and split brains were, so each region's gateway is one process
+for the whole run: what its heap does over a life longer than the ~15
+minutes the kills leave one.
 
 The runner checks everything at the end (lost, duplicated, reordered, mirror
 divergence); this script adds the soak's figures. Replication lag is the
@@ -67,7 +71,9 @@ PARAMS = {
 }
 
 
-def scenario_toml(duration_s: float) -> str:
+def scenario_toml(duration_s: float, restarts: bool = True) -> str:
+    """The soak's scenario; without ``restarts``, no kill and no split brain
+    (each gateway process then lives the whole run: its heap's course)."""
     out = [
         'name = "soak"',
         'description = "three regions, capped jittery links, a fault every 30 s"',
@@ -94,6 +100,8 @@ def scenario_toml(duration_s: float) -> str:
     for i, at in enumerate(range(30, int(duration_s) - 10, 30)):
         action, for_s = KINDS[i % len(KINDS)]
         region = REGIONS[i % len(REGIONS)]
+        if not restarts and action in ("kill", "split_brain"):
+            action, for_s = "link_down", 10
         if action == "split_brain":
             # One split brain per region: a second one would restore the restored.
             if region in split_done:
@@ -193,13 +201,26 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--quick", action="store_true", help="2 minutes instead of 20")
+    ap.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="run this long instead (the heap's growth needs hours to settle)",
+    )
+    ap.add_argument(
+        "--no-restarts",
+        action="store_true",
+        help="no kill -9 and no split brain (a link down instead): one process per region",
+    )
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--dir", type=Path, default=None, help="work directory (a temporary one)")
     args = ap.parse_args()
     duration = 120.0 if args.quick else 1200.0
+    if args.minutes is not None:
+        duration = args.minutes * 60
     work = args.dir or Path(tempfile.mkdtemp(prefix="edgegw-soak-"))
     work.mkdir(parents=True, exist_ok=True)
-    toml = scenario_toml(duration)
+    toml = scenario_toml(duration, restarts=not args.no_restarts)
     scenario = work / "soak.toml"
     scenario.write_text(toml)
     report = work / "report.json"
