@@ -126,22 +126,21 @@ class PackReader:
         else:
             self._prefetch_next(pack, nursery)
         await wait_set(pack.loaded)
+        return self._entry_bytes(pack, seq)
+
+    def body_now(self, pack: ListedPack, seq: int, nursery: trio.Nursery) -> bytes | None:
+        """The bytes of entry ``seq`` if ``pack`` holds them already (None: use :meth:`body`)."""
+        if not pack.loaded.is_set():
+            return None
+        self._prefetch_next(pack, nursery)
+        return self._entry_bytes(pack, seq)
+
+    def _entry_bytes(self, pack: ListedPack, seq: int) -> bytes | None:
         if pack.index is None:
             return None
         e = pack.index.find(seq)
         if e is None:
             return None  # not packed (a fence, a large entry): its own GET
-        self.stats.entries += 1
-        return pack.data[e.offset : e.offset + e.length]
-
-    def body_now(self, pack: ListedPack, seq: int, nursery: trio.Nursery) -> bytes | None:
-        """The bytes of entry ``seq`` if ``pack`` holds them already (None: use :meth:`body`)."""
-        if not pack.loaded.is_set() or pack.index is None:
-            return None
-        e = pack.index.find(seq)
-        if e is None:
-            return None
-        self._prefetch_next(pack, nursery)
         self.stats.entries += 1
         return pack.data[e.offset : e.offset + e.length]
 
