@@ -131,15 +131,15 @@ class _Reserved:
     def claim(self) -> bool:
         """Take the write on (True once: for the first caller)."""
         if self.claim_lock is None:  # never handed to a thread: only the loop sees it
-            if self.claimed:
-                return False
-            self.claimed = True
-            return True
+            return self._take()
         with self.claim_lock:
-            if self.claimed:
-                return False
-            self.claimed = True
-            return True
+            return self._take()
+
+    def _take(self) -> bool:
+        if self.claimed:
+            return False
+        self.claimed = True
+        return True
 
     def write_in_thread(self) -> None:
         """The worker thread's part: write, unless a settler already did."""

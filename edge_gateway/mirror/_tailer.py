@@ -924,11 +924,7 @@ class Tailer:
 
     def _decode_now(self, plan: _FetchPlan, body: bytes) -> _Fetched:
         """:meth:`_fetch_packed` on the loop (its blocks are small)."""
-        pieces = self._packed_pieces(plan, body)
-        if not plan.wanted:
-            return _Fetched(plan.info, {})
-        info = plan.info
-        return _Fetched(info, _decode_blocks(info.key, plan.wanted, pieces, self._opener(info)))
+        return self._decode_here(plan, self._packed_pieces(plan, body))
 
     @staticmethod
     def _packed_pieces(plan: _FetchPlan, body: bytes) -> list[tuple[int, bytes]]:
@@ -957,18 +953,24 @@ class Tailer:
         return await self._decode(plan, pieces)
 
     async def _decode(self, plan: _FetchPlan, pieces: list[tuple[int, bytes]]) -> _Fetched:
+        if not self._decodes_in_thread(plan):
+            return self._decode_here(plan, pieces)
+        info = plan.info
+        batches = await trio.to_thread.run_sync(
+            _decode_blocks, info.key, plan.wanted, pieces, self._opener(info)
+        )
+        return _Fetched(info, batches)
+
+    def _decodes_in_thread(self, plan: _FetchPlan) -> bool:
+        """Whether the wanted blocks are large enough to decode in a worker thread."""
+        return sum(b.raw_length for b in plan.wanted) > self.config.decode_in_thread_bytes
+
+    def _decode_here(self, plan: _FetchPlan, pieces: list[tuple[int, bytes]]) -> _Fetched:
+        """Decode the wanted blocks on the loop."""
         info = plan.info
         if not plan.wanted:
             return _Fetched(info, {})
-        opener = self._opener(info)
-        raw_total = sum(b.raw_length for b in plan.wanted)
-        if raw_total > self.config.decode_in_thread_bytes:
-            batches = await trio.to_thread.run_sync(
-                _decode_blocks, info.key, plan.wanted, pieces, opener
-            )
-        else:
-            batches = _decode_blocks(info.key, plan.wanted, pieces, opener)
-        return _Fetched(info, batches)
+        return _Fetched(info, _decode_blocks(info.key, plan.wanted, pieces, self._opener(info)))
 
     # ------------------------------------------------------------ applying
 
@@ -1399,7 +1401,7 @@ class Tailer:
             or not previous.is_set()
             or not budget.fits(plan.cost)
             or (self._gate is not None and self._gate.held(self.source))
-            or sum(b.raw_length for b in plan.wanted) > self.config.decode_in_thread_bytes
+            or self._decodes_in_thread(plan)
         ):
             return False
         body = packs.body_now(pack, plan.info.seq, nursery)
