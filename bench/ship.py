@@ -50,7 +50,15 @@ access log, so botocore retries and multipart parts count too. Phases:
               (``raw_upload_cpu_seconds``, ``raw_upload_server_cpu_seconds``):
               on a machine of ``cpus`` cores a drain cannot take less than
               their sum over ``cpus`` seconds, which is what bounds
-              ``ship_ratio`` here. ``drain_loop_stall_max_ms``: the longest
+              ``ship_ratio`` here (``drain_cpu_floor_seconds``, their sum
+              over the cores, and ``ship_ratio_cpu_ceiling``, the raw
+              upload's seconds over that floor: the most ``ship_ratio``
+              could be on this machine with this CPU per byte).
+              ``serial_creates_mb_per_s``: the drain's own objects created
+              again, one conditional PUT after the other with nothing else
+              running (``create_ratio`` over the raw upload): what the
+              log's one-create-at-a-time protocol costs by itself.
+              ``drain_loop_stall_max_ms``: the longest
               time the event loop was kept from waking a 1 ms sleep during
               the drain (what local produce and consume would wait).
 * ``compression`` zstd ratio of that data as shipped (raw block bytes over
@@ -435,6 +443,7 @@ async def ship_backlog(
         fig: dict[str, Any] = {
             "drain_seconds": elapsed,
             "drain_objects": objects,
+            "drain_seqs": range(stats.next_seq - objects, stats.next_seq),
             "drain_records": stats.records,
             "journal_bytes": stats.journal_bytes,
             "wire_bytes": wire,
@@ -505,6 +514,33 @@ def reset_peak_rss() -> int | None:
     return _rss_kib("VmRSS")
 
 
+async def drained_objects(server: MotoServer, name: str, seqs: range) -> list[bytes]:
+    """The log objects a drain created in bucket ``name``, as the bucket holds them."""
+    bucket = await S3Bucket.open(s3_config(server, name))
+    try:
+        return [(await bucket.get(log_key("", REGION_NAME, seq))).data for seq in seqs]
+    finally:
+        await bucket.aclose()
+
+
+async def serial_creates(server: MotoServer, objects: list[bytes], run: int) -> float:
+    """Seconds to create ``objects`` one after the other, create-only, nothing else.
+
+    What the log's protocol costs by itself -- the drain's own objects, one
+    conditional PUT each (through edgegw's bucket layer), each created once
+    the previous one is in -- with no reading, compressing or building
+    beside it.
+    """
+    bucket = await S3Bucket.open(s3_config(server, "raw"))
+    try:
+        t = time.perf_counter()
+        for i, obj in enumerate(objects):
+            await bucket.put(f"creates-{run}/{i:06d}", obj, if_none_match=True)
+        return time.perf_counter() - t
+    finally:
+        await bucket.aclose()
+
+
 def raw_upload(server: MotoServer, data: bytes, key: str) -> float:
     """Seconds for boto3's upload_fileobj (default TransferConfig) of ``data``."""
     client = boto_client(server)
@@ -532,16 +568,20 @@ async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
         sealed: list[dict[str, Any]] = []
         raw_seconds: list[float] = []
         raw_cpu: list[list[float]] = []
+        create_seconds: list[float] = []
         data = b""
+        objects: list[bytes] = []
         key = WriteKey("bench-1", generate_key())
         for k in range(DRAIN_RUNS):
             runs.append(await ship_backlog(j, server, f"drain-{k}"))
             sealed.append(await ship_backlog(j, server, f"sealed-{k}", key))
             if not data:
                 data = os.urandom(runs[0]["wire_bytes"])
+                objects = await drained_objects(server, "drain-0", runs[0]["drain_seqs"])
             cpu0 = _cpu_seconds(server)
             raw_seconds.append(await trio.to_thread.run_sync(raw_upload, server, data, f"up-{k}"))
             raw_cpu.append([b - a for a, b in zip(cpu0, _cpu_seconds(server), strict=True)])
+            create_seconds.append(await serial_creates(server, objects, k))
         fig.update(seal_cost(j, key))
     best = max(runs, key=lambda r: r["wire_mb_per_s"])
     best_sealed = max(sealed, key=lambda r: r["ship_mb_per_s"])
@@ -567,6 +607,20 @@ async def drain(root: Path, server: MotoServer) -> dict[str, Any]:
     # The spec: ship_ratio = wire MB/s / raw upload MB/s (the same bytes).
     fig["ship_ratio"] = fig["wire_mb_per_s"] / fig["raw_upload_mb_per_s"]
     fig["journal_ratio"] = fig["ship_mb_per_s"] / fig["raw_upload_mb_per_s"]
+    # The protocol alone (the drain's objects created one after the other)
+    # and the CPU alone (the drain's and the server's CPU spread over every
+    # core): what each would allow, next to the same raw upload.
+    wire = sum(len(o) for o in objects)
+    fig["serial_creates_seconds"] = min(create_seconds)
+    fig["serial_creates_mb_per_s"] = wire / min(create_seconds) / MB
+    fig["serial_creates_mb_per_s_runs"] = [wire / s / MB for s in create_seconds]
+    fig["create_ratio"] = fig["serial_creates_mb_per_s"] / fig["raw_upload_mb_per_s"]
+    cpus = os.cpu_count() or 1
+    fig["drain_cpu_floor_seconds"] = (
+        fig["drain_cpu_seconds"] + fig["drain_server_cpu_seconds"]
+    ) / cpus
+    fig["ship_ratio_cpu_ceiling"] = fig["raw_upload_seconds"] / fig["drain_cpu_floor_seconds"]
+    fig.pop("drain_seqs", None)
     fig["encryption_ratio"] = fig["sealed_ship_mb_per_s"] / fig["ship_mb_per_s"]
     return fig
 
@@ -683,6 +737,20 @@ def report(fig: dict[str, Any], plan: Plan) -> tuple[list[Row | str], dict[str, 
         Row("wire bytes per object", fig["wire_bytes_per_object"] / MB, "MB"),
         Row(
             "time in PUTs (of the drain)", fig["upload_seconds"], "s", "drain", fig["drain_seconds"]
+        ),
+        Row(
+            "the drain's objects created one by one, nothing else",
+            fig["serial_creates_mb_per_s"],
+            "MB/s",
+            "boto3 upload_fileobj, same bytes",
+            fig["raw_upload_mb_per_s"],
+        ),
+        Row(
+            "the drain's CPU and moto's over the cores",
+            fig["drain_cpu_floor_seconds"],
+            "s",
+            "raw upload",
+            fig["raw_upload_seconds"],
         ),
         Row(
             "CPU of the drain (this process)",
