@@ -13,7 +13,11 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     and mirrors it; MB/s of log objects until caught up, next to raw boto3
     GETs of the same objects (8 threads, like the tailer's prefetch); CPU
     seconds of ``b``'s process per MB of log objects, next to the CPU of the
-    raw GETs (this process) per MB;
+    raw GETs (this process) per MB; and what the CPU alone allows on this
+    machine: ``b``'s CPU and moto's over the catch-up, spread over the cores
+    (``catchup_cpu_floor_s``), and the raw GETs' seconds over that floor
+    (``catchup_ratio_cpu_ceiling``: the most ``catchup_ratio`` could be with
+    this CPU per byte, every core busy all the time);
 (c) idle: requests per second ``b`` makes when nothing happens (S3 polling
     mode, no metadata server), from moto's request log (``a`` has no sources,
     so an idle ``a`` makes none);
@@ -260,12 +264,14 @@ def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
 
 
 def catch_up(
-    a: Site, b: Site, s3: Any, backlog: int
+    a: Site, b: Site, s3: Any, backlog: int, server_pid: int | None = None
 ) -> tuple[int, list[tuple[str, int]], int, float, float]:
     """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
 
     Returns (record bytes produced, the log objects, their bytes, seconds to
-    catch up, CPU seconds of ``b``'s process meanwhile).
+    catch up, CPU seconds of ``b``'s process meanwhile). With ``server_pid``
+    (moto's), the server's CPU seconds over the catch-up are put in
+    :data:`LAST_SERVER_CPU`.
     """
     wait_shipped(a)
     before = head_seq(s3)
@@ -278,9 +284,17 @@ def catch_up(
     b.wait_ready()
     assert b.proc is not None
     c0 = cpu_seconds(b.proc.pid)
+    s0 = cpu_seconds(server_pid) if server_pid else 0.0
     t0 = time.perf_counter()
     wait_caught_up(a, b)
-    return produced, objects, wire, time.perf_counter() - t0, cpu_seconds(b.proc.pid) - c0
+    elapsed = time.perf_counter() - t0
+    if server_pid:
+        LAST_SERVER_CPU[0] = cpu_seconds(server_pid) - s0
+    return produced, objects, wire, elapsed, cpu_seconds(b.proc.pid) - c0
+
+
+#: moto's CPU seconds over the last :func:`catch_up` given its pid.
+LAST_SERVER_CPU = [0.0]
 
 
 def log_objects(s3: Any, after_seq: int, bucket: str = BUCKET) -> list[tuple[str, int]]:
@@ -592,7 +606,10 @@ def main() -> None:
                     figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
                 progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-                produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
+                produced, objects, wire, catchup_s, catchup_cpu = catch_up(
+                    a, b, s3, backlog, moto.process.pid
+                )
+                server_cpu = LAST_SERVER_CPU[0]
                 figures.update(
                     catchup_objects=len(objects),
                     catchup_wire_mb=wire / MB,
@@ -601,8 +618,24 @@ def main() -> None:
                     catchup_mb_per_s=wire / MB / catchup_s,
                     catchup_journal_mb_per_s=produced / MB / catchup_s,
                 )
+                raw_server0 = cpu_seconds(moto.process.pid)
                 raw_s, raw_cpu = raw_gets(s3, [k for k, _ in objects])
+                raw_server_cpu = cpu_seconds(moto.process.pid) - raw_server0
                 figures["raw_get_mb_per_s"] = wire / MB / raw_s
+                figures["raw_get_seconds"] = raw_s
+                figures["raw_get_server_cpu_s"] = raw_server_cpu
+                figures["catchup_server_cpu_s"] = server_cpu
+                # What the CPU alone allows: the catching-up gateway's CPU and
+                # moto's over the cores (the floor of the catch-up's time on
+                # this machine), and the ratio to the raw GETs that floor
+                # would give.
+                cores = os.cpu_count() or 1
+                figures["catchup_cpu_floor_s"] = (catchup_cpu + server_cpu) / cores
+                figures["catchup_ratio_cpu_ceiling"] = (
+                    raw_s / figures["catchup_cpu_floor_s"]
+                    if figures["catchup_cpu_floor_s"] > 0
+                    else None
+                )
                 figures["catchup_cpu_s"] = catchup_cpu
                 figures["catchup_cpu_ms_per_mb"] = catchup_cpu * 1000 / (wire / MB)
                 figures["catchup_cpu_ms_per_journal_mb"] = catchup_cpu * 1000 / (produced / MB)
@@ -781,6 +814,13 @@ def main() -> None:
                 f["raw_get_cpu_ms_per_mb"],
             ),
             Row("CPU per MB of records", f["catchup_cpu_ms_per_journal_mb"], "ms"),
+            Row(
+                "b's CPU and moto's over the cores",
+                f.get("catchup_cpu_floor_s"),
+                "s",
+                "raw boto3 GETs",
+                f.get("raw_get_seconds"),
+            ),
             Row("fetches in flight at most", f["catchup_fetches_in_flight_peak"], ""),
             "(c) idle b, S3 polling, no metadata server",
             Row(
