@@ -264,14 +264,13 @@ def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
 
 
 def catch_up(
-    a: Site, b: Site, s3: Any, backlog: int, server_pid: int | None = None
-) -> tuple[int, list[tuple[str, int]], int, float, float]:
+    a: Site, b: Site, s3: Any, backlog: int, server_pid: int
+) -> tuple[int, list[tuple[str, int]], int, float, float, float]:
     """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
 
     Returns (record bytes produced, the log objects, their bytes, seconds to
-    catch up, CPU seconds of ``b``'s process meanwhile). With ``server_pid``
-    (moto's), the server's CPU seconds over the catch-up are put in
-    :data:`LAST_SERVER_CPU`.
+    catch up, CPU seconds of ``b``'s process meanwhile, CPU seconds of the
+    server ``server_pid`` -- moto -- meanwhile).
     """
     wait_shipped(a)
     before = head_seq(s3)
@@ -284,17 +283,12 @@ def catch_up(
     b.wait_ready()
     assert b.proc is not None
     c0 = cpu_seconds(b.proc.pid)
-    s0 = cpu_seconds(server_pid) if server_pid else 0.0
+    s0 = cpu_seconds(server_pid)
     t0 = time.perf_counter()
     wait_caught_up(a, b)
     elapsed = time.perf_counter() - t0
-    if server_pid:
-        LAST_SERVER_CPU[0] = cpu_seconds(server_pid) - s0
-    return produced, objects, wire, elapsed, cpu_seconds(b.proc.pid) - c0
-
-
-#: moto's CPU seconds over the last :func:`catch_up` given its pid.
-LAST_SERVER_CPU = [0.0]
+    cpu = cpu_seconds(b.proc.pid) - c0
+    return produced, objects, wire, elapsed, cpu, cpu_seconds(server_pid) - s0
 
 
 def log_objects(s3: Any, after_seq: int, bucket: str = BUCKET) -> list[tuple[str, int]]:
@@ -606,10 +600,9 @@ def main() -> None:
                     figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
                 progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-                produced, objects, wire, catchup_s, catchup_cpu = catch_up(
+                produced, objects, wire, catchup_s, catchup_cpu, server_cpu = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
-                server_cpu = LAST_SERVER_CPU[0]
                 figures.update(
                     catchup_objects=len(objects),
                     catchup_wire_mb=wire / MB,
@@ -704,7 +697,9 @@ def main() -> None:
                 lat = latency(a, b, probes, rate)
                 for q in (50, 90, 99):
                     figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
-                produced, objects, wire, catchup_s, catchup_cpu = catch_up(a, b, s3, backlog)
+                produced, objects, wire, catchup_s, catchup_cpu, _ = catch_up(
+                    a, b, s3, backlog, moto.process.pid
+                )
                 figures.update(
                     sealed_catchup_objects=len(objects),
                     sealed_catchup_wire_mb=wire / MB,
