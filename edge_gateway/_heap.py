@@ -26,6 +26,24 @@ and the same drain left +11 MB, the rest Python's small-object arenas
 (docs/journal.md, "Memory"). An operator's own ``MALLOC_MMAP_THRESHOLD_``,
 ``MALLOC_TRIM_THRESHOLD_`` or ``GLIBC_TUNABLES`` of glibc.malloc wins.
 
+Two more settings are for a gateway that runs for weeks, not for a drain.
+glibc gives threads heaps of their own ("arenas"), up to eight per core,
+and an arena, once made, lives as long as the process and is handed from
+thread to thread. A gateway's worker threads come and go (trio ends one
+after 10 s idle; an hour of a soak made ~800) and each burst of them used
+a few more arenas: the soak's gateways (``python bench/soak.py
+--no-restarts``, smaps sampled every 30 s) had 16 arenas within minutes,
+their resident pages growing from 2.6 to 6.8 MB in 9 minutes while what
+was in use in them stayed ~2.5 MB, each arena's high-water mark reached
+by a rarer burst later. So :func:`tune` caps the arenas at
+:data:`ARENA_MAX` (``MALLOC_ARENA_MAX`` or ``glibc.malloc.arena_max`` of
+the environment win): the worker threads run zstd, ``pread`` and
+``fsync``, and allocate little outside the GIL, so they hardly contend for
+an arena's lock. And :func:`keep_trimmed` (``edgegw serve`` runs it) trims
+every :data:`TRIM_INTERVAL_S`: a free chunk in the middle of a heap stays
+resident until a trim hands its pages back, so without it the resident set
+follows the heap's high-water mark, not what is in use.
+
 Elsewhere (musl, macOS) there is no ``malloc_trim`` nor ``mallopt``:
 :func:`trim` and :func:`tune` do nothing and say so.
 """
@@ -37,8 +55,12 @@ import ctypes.util
 import functools
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Any, Final
+
+import trio
 
 log = logging.getLogger("edgegw.heap")
 
@@ -65,11 +87,16 @@ def _malloc_trim() -> Callable[[int], int] | None:
 #: glibc's mallopt parameters (malloc.h)
 _M_TRIM_THRESHOLD: Final = -1
 _M_MMAP_THRESHOLD: Final = -3
+_M_ARENA_MAX: Final = -8
 #: Buffers above this are mmapped, and unmapped when freed (glibc's default
 #: start; fixed, it no longer follows the largest buffer freed).
 MMAP_THRESHOLD: Final = 256 * 1024
 #: A heap's free top above this goes back to the kernel at a free.
 TRIM_THRESHOLD: Final = 1024 * 1024
+#: Heaps for threads besides the main one (glibc: 8 per core).
+ARENA_MAX: Final = 2
+#: Seconds between the serve process's trims (:func:`keep_trimmed`).
+TRIM_INTERVAL_S: Final = 300.0
 #: Environment that sets these thresholds itself (the operator's choice stands).
 _OWN_SETTINGS: Final = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
@@ -85,19 +112,42 @@ def _mallopt() -> Callable[[int, int], int] | None:
     return opt
 
 
-def tune(environ: Mapping[str, str] | None = None) -> bool:
-    """Fix glibc's mmap and trim thresholds for a long-running gateway (see above).
+class _State:
+    """What :func:`statistics` reports."""
 
-    Process-wide: for the ``edgegw serve`` process, at its start, not for a
-    library import. False (and nothing changed) where the C library has no
-    ``mallopt``, or when the environment sets the thresholds itself.
+    def __init__(self) -> None:
+        #: the cap :func:`tune` set (None: glibc's, or the environment's)
+        self.arena_max: int | None = None
+        self.trims = 0
+        self.trim_seconds = 0.0
+        self.max_trim_seconds = 0.0
+        #: trims run in worker threads (the shipper's and the periodic one)
+        self.lock = threading.Lock()
+
+
+_STATE: Final = _State()
+
+
+def tune(environ: Mapping[str, str] | None = None) -> bool:
+    """Fix glibc's mmap and trim thresholds and cap its arenas, for a long-running gateway.
+
+    Process-wide: for the ``edgegw serve`` process, at its start (before
+    worker threads make arenas), not for a library import. False (and
+    nothing changed) where the C library has no ``mallopt``, or when the
+    environment sets the thresholds itself; the arena cap is left to the
+    environment's ``MALLOC_ARENA_MAX`` or ``glibc.malloc.arena_max`` alone.
     """
     env = os.environ if environ is None else environ
-    if any(k in env for k in _OWN_SETTINGS) or "glibc.malloc." in env.get("GLIBC_TUNABLES", ""):
-        log.info("heap: malloc thresholds from the environment, left as they are")
-        return False
     fn = _mallopt()
     if fn is None:
+        return False
+    tunables = env.get("GLIBC_TUNABLES", "")
+    if "MALLOC_ARENA_MAX" not in env and "glibc.malloc.arena_max" not in tunables:
+        _STATE.arena_max = ARENA_MAX if fn(_M_ARENA_MAX, ARENA_MAX) else None
+    if any(k in env for k in _OWN_SETTINGS) or any(
+        f"glibc.malloc.{k}" in tunables for k in ("mmap_threshold", "trim_threshold")
+    ):
+        log.info("heap: malloc thresholds from the environment, left as they are")
         return False
     # mallopt returns 1 on success; setting either turns the dynamic thresholds off.
     return bool(fn(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(
@@ -114,5 +164,34 @@ def trim() -> bool:
     fn = _malloc_trim()
     if fn is None:
         return False
+    started = time.perf_counter()
     fn(0)
+    took = time.perf_counter() - started
+    with _STATE.lock:
+        _STATE.trims += 1
+        _STATE.trim_seconds += took
+        _STATE.max_trim_seconds = max(_STATE.max_trim_seconds, took)
     return True
+
+
+async def keep_trimmed(interval_s: float = TRIM_INTERVAL_S) -> None:
+    """Trim every ``interval_s`` (in a worker thread), for as long as the process serves.
+
+    Returns at once where the C library cannot trim.
+    """
+    if _malloc_trim() is None:
+        return
+    while True:
+        await trio.sleep(interval_s)
+        await trio.to_thread.run_sync(trim)
+
+
+def statistics() -> dict[str, Any]:
+    """What ``edgegw status`` shows under ``heap``: the arena cap and the trims so far."""
+    s = _STATE
+    return {
+        "arena_max": s.arena_max,
+        "trims": s.trims,
+        "trim_seconds": round(s.trim_seconds, 6),
+        "max_trim_ms": round(s.max_trim_seconds * 1e3, 3),
+    }

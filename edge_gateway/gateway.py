@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from edge_gateway import _gc
+from edge_gateway import _gc, _heap
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
     PRIORITIES,
@@ -1859,6 +1859,7 @@ class Gateway:
             "bucket": self.config.bucket.describe(self.config.data_dir),
             "producers": self._producers_json(),
             "python_gc": _gc.statistics(),
+            "heap": _heap.statistics(),
             "journal": {
                 "bytes": j.bytes,
                 "max_bytes": j.max_bytes,

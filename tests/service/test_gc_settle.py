@@ -19,7 +19,7 @@ import httpx
 from _serve import Server, write_config
 from edgegw_cli.status import _gc_line
 
-from edge_gateway import _gc
+from edge_gateway import _gc, _heap
 
 
 def test_serve_settles_the_collector_and_reports_its_pauses(tmp_path: Path) -> None:
@@ -29,7 +29,8 @@ def test_serve_settles_the_collector_and_reports_its_pauses(tmp_path: Path) -> N
             for i in range(50):
                 r = client.post("/v1/topics/t/records", json={"records": [{"value": f"v{i}"}]})
                 assert r.status_code == 200, r.text
-            doc = client.get("/v1/status").json()["python_gc"]
+            status = client.get("/v1/status").json()
+            doc = status["python_gc"]
             metrics = client.get("/metrics").text
     finally:
         assert server.stop(signal.SIGTERM)[0] == 0
@@ -40,6 +41,9 @@ def test_serve_settles_the_collector_and_reports_its_pauses(tmp_path: Path) -> N
     assert 'edgegw_gc_collections_total{generation="2"}' in metrics
     assert 'edgegw_gc_pause_seconds_total{generation="0"}' in metrics
     assert "startup objects frozen; collections: gen0" in _gc_line(doc)
+    # The serve process caps glibc's arenas too (edge_gateway._heap).
+    if sys.platform.startswith("linux"):
+        assert status["heap"]["arena_max"] == _heap.ARENA_MAX
 
 
 def test_settle_freezes_counts_and_still_collects_cycles() -> None:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import trio
 
 from edge_gateway import _heap
 
@@ -71,5 +72,70 @@ def test_tuned_thresholds_give_a_drains_buffers_back() -> None:
 
 
 def test_the_operators_own_thresholds_win() -> None:
-    assert _heap.tune({"MALLOC_MMAP_THRESHOLD_": "65536"}) is False
-    assert _heap.tune({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}) is False
+    # (with the operator's arena cap too, so that this process stays as it is)
+    own = {"MALLOC_ARENA_MAX": "4"}
+    assert _heap.tune({**own, "MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+    assert _heap.tune({**own, "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}) is False
+    tunables = "glibc.malloc.arena_max=4:glibc.malloc.mmap_threshold=65536"
+    assert _heap.tune({"GLIBC_TUNABLES": tunables}) is False
+    assert _heap.statistics()["arena_max"] is None
+
+
+# Eight threads alive at once, each allocating from the C heap (blocks below
+# the mmap threshold): glibc gives each a heap of its own, up to 8 per core,
+# each a 64 MiB-aligned mapping; capped, they share.
+ARENAS = """
+import sys, threading
+from edge_gateway import _heap
+if sys.argv[1] == "tune":
+    assert _heap.tune(), "mallopt refused"
+    assert _heap.statistics()["arena_max"] == _heap.ARENA_MAX
+barrier = threading.Barrier(8)
+kept = []
+def work():
+    barrier.wait()
+    kept.append([bytearray(100_000) for _ in range(4)])
+    barrier.wait()
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+heaps = 0
+for line in open("/proc/self/maps"):
+    lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+    fields = line.split()
+    if len(fields) == 5 and lo % (64 << 20) == 0 and "rw" in fields[1]:
+        heaps += 1
+print(heaps)
+"""
+
+
+def thread_heaps(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    env.pop("GLIBC_TUNABLES", None)
+    out = subprocess.run(
+        [sys.executable, "-c", ARENAS, mode],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env=env,
+    )
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc only")
+def test_tuned_threads_share_few_heaps() -> None:
+    # glibc's own limit is 8 per core: eight threads get eight heaps (if
+    # this stops being so, the cap may go).
+    assert thread_heaps("default") >= 4
+    # The cap counts the main heap (brk, not 64 MiB-aligned) too.
+    assert thread_heaps("tune") <= _heap.ARENA_MAX - 1
+
+
+async def test_keep_trimmed_trims_every_interval() -> None:
+    before = _heap.statistics()["trims"]
+    with trio.move_on_after(0.5):
+        await _heap.keep_trimmed(0.05)
+    assert _heap.statistics()["trims"] - before >= 3
