@@ -49,11 +49,12 @@ print(anon() - before)
 """
 
 
-def kept_after_drain(mode: str) -> int:
+def run_child(code: str, mode: str) -> int:
+    """The number ``code`` prints, run in a child without the environment's malloc settings."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     env.pop("GLIBC_TUNABLES", None)
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, mode],
+        [sys.executable, "-c", code, mode],
         capture_output=True,
         text=True,
         timeout=60,
@@ -61,6 +62,10 @@ def kept_after_drain(mode: str) -> int:
         env=env,
     )
     return int(out.stdout)
+
+
+def kept_after_drain(mode: str) -> int:
+    return run_child(CHILD, mode)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc only")
@@ -112,17 +117,7 @@ print(heaps)
 
 
 def thread_heaps(mode: str) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
-    env.pop("GLIBC_TUNABLES", None)
-    out = subprocess.run(
-        [sys.executable, "-c", ARENAS, mode],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-        env=env,
-    )
-    return int(out.stdout)
+    return run_child(ARENAS, mode)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc only")
