@@ -132,10 +132,11 @@ def tune(environ: Mapping[str, str] | None = None) -> bool:
     """Fix glibc's mmap and trim thresholds and cap its arenas, for a long-running gateway.
 
     Process-wide: for the ``edgegw serve`` process, at its start (before
-    worker threads make arenas), not for a library import. False (and
-    nothing changed) where the C library has no ``mallopt``, or when the
-    environment sets the thresholds itself; the arena cap is left to the
-    environment's ``MALLOC_ARENA_MAX`` or ``glibc.malloc.arena_max`` alone.
+    worker threads make arenas), not for a library import. False where the
+    C library has no ``mallopt`` (nothing changed), or when the environment
+    sets the thresholds itself (they are left alone; the arena cap may still
+    be set). The cap is left alone when the environment has its own
+    (``MALLOC_ARENA_MAX``, ``glibc.malloc.arena_max``).
     """
     env = os.environ if environ is None else environ
     fn = _mallopt()
