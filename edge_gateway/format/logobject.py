@@ -87,7 +87,7 @@ import struct
 import threading
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final, Protocol
+from typing import Final, Generic, Protocol, TypeVar
 
 import zstandard as zstd
 
@@ -816,50 +816,77 @@ def _encode_empty(
     return encode_header(header)
 
 
-# ZstdCompressor objects are not thread-safe, and the shipper may build in a
-# worker thread: keep one per thread and level, reused across flushes.
-_tls = threading.local()
+_T = TypeVar("_T")
 
 
-def _compressor(level: int, threads: int) -> zstd.ZstdCompressor:
-    cache: dict[tuple[int, int], zstd.ZstdCompressor] | None = getattr(_tls, "cctx", None)
-    if cache is None:
-        cache = _tls.cctx = {}
-    cctx = cache.get((level, threads))
-    if cctx is None:
-        cctx = cache[(level, threads)] = zstd.ZstdCompressor(level=level, threads=threads)
-    return cctx
+class _Pool(Generic[_T]):
+    """Objects one thread may use at a time (zstd contexts, buffers), lent out and kept.
+
+    The shipper builds and the mirrors decode in worker threads, which trio
+    ends after seconds idle and starts anew for the next burst: a context
+    per thread was made again for each new thread (a level-3 compressor's
+    workspace is ~1 MiB), and held by as many threads as a burst started
+    for as long as they lived. A pool keeps at most ``keep`` idle ones
+    whatever the threads do; a thread borrows one for one call.
+    """
+
+    def __init__(self, make: Callable[[], _T], keep: int = 4) -> None:
+        self._make = make
+        self._keep = keep
+        self._idle: list[_T] = []
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[_T]:
+        with self._lock:
+            item = self._idle.pop() if self._idle else None
+        if item is None:
+            item = self._make()
+        try:
+            yield item
+        finally:
+            with self._lock:
+                if len(self._idle) < self._keep:
+                    self._idle.append(item)
 
 
-def _decompressor() -> zstd.ZstdDecompressor:
-    dctx: zstd.ZstdDecompressor | None = getattr(_tls, "dctx", None)
-    if dctx is None:
-        dctx = _tls.dctx = zstd.ZstdDecompressor()
-    return dctx
+_COMPRESSORS: dict[tuple[int, int], _Pool[zstd.ZstdCompressor]] = {}
+_COMPRESSORS_LOCK: Final = threading.Lock()
+_DECOMPRESSORS: Final = _Pool(zstd.ZstdDecompressor)
+#: Buffers that join a block's batches (:func:`_block_input`).
+_JOINED: Final = _Pool(io.BytesIO)
+
+
+def _compressor(level: int, threads: int) -> contextlib.AbstractContextManager[zstd.ZstdCompressor]:
+    """A compressor of this level and thread count, lent for the ``with``."""
+    with _COMPRESSORS_LOCK:
+        pool = _COMPRESSORS.get((level, threads))
+        if pool is None:
+            pool = _COMPRESSORS[(level, threads)] = _Pool(
+                lambda: zstd.ZstdCompressor(level=level, threads=threads)
+            )
+    return pool.lend()
 
 
 @contextlib.contextmanager
 def _block_input(batches: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
     """A block's batches as one buffer, valid inside the ``with``.
 
-    Several batches are copied into this thread's reused buffer rather than
-    joined into fresh memory: a fresh buffer of a MiB costs the kernel 256
-    page faults (``edgegw serve`` maps every buffer above 256 KiB afresh,
-    ``_heap.tune``), about as much CPU as copying it. The buffer lives as long
-    as the worker thread (trio ends idle ones after seconds) and grows to the
-    largest block built on it.
+    Several batches are copied into a reused buffer (:data:`_JOINED`)
+    rather than joined into fresh memory: a fresh buffer of a MiB costs the
+    kernel 256 page faults (``edgegw serve`` maps every buffer above 256
+    KiB afresh, ``_heap.tune``), about as much CPU as copying it. A pooled
+    buffer grows to the largest block built in it.
     """
     if len(batches) == 1:
         yield batches[0]
         return
-    joined: io.BytesIO | None = getattr(_tls, "joined", None)
-    if joined is None:
-        joined = _tls.joined = io.BytesIO()
-    joined.seek(0)
-    joined.writelines(batches)
-    size = joined.tell()
-    with joined.getbuffer() as whole, whole[:size] as raw:
-        yield raw
+    with _JOINED.lend() as joined:
+        joined.seek(0)
+        joined.writelines(batches)
+        size = joined.tell()
+        with joined.getbuffer() as whole, whole[:size] as raw:
+            yield raw
 
 
 @dataclass(slots=True)
@@ -1040,7 +1067,6 @@ class LogObjectBuilder:
             return _encode_empty(
                 region, epoch, seq, first_lsn, last_lsn, created_ms, 0, lane_table, gap_table
             )
-        cctx = _compressor(level, threads)
         keys = sorted(self._slices)
         key_id = key.key_id if key is not None else None
         if key_id is not None and not valid_key_id(key_id):
@@ -1069,7 +1095,7 @@ class LogObjectBuilder:
         pos = hlen
         for topic, partition in keys:
             for s in self._slices[(topic, partition)]:
-                with _block_input(s.batches) as raw:
+                with _compressor(level, threads) as cctx, _block_input(s.batches) as raw:
                     packed = cctx.compress(raw)
                     codec = CODEC_ZSTD
                     if len(packed) >= len(raw):
@@ -1337,7 +1363,8 @@ def _unzstd(stored: Buffer, raw_length: int, what: str, where: str) -> bytes:
                 f"the index says {raw_length}",
                 where=where,
             )
-        raw = _decompressor().decompress(stored, max_output_size=raw_length, allow_extra_data=False)
+        with _DECOMPRESSORS.lend() as dctx:
+            raw = dctx.decompress(stored, max_output_size=raw_length, allow_extra_data=False)
     except zstd.ZstdError as exc:
         raise CorruptData(f"{what}: zstd: {exc}", where=where) from None
     return bytes(raw)

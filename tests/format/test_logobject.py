@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import struct
+import threading
 import tracemalloc
 from collections.abc import Callable, Sequence
 from itertools import pairwise
@@ -1018,3 +1019,48 @@ def test_block_split_by_the_first_get_is_joined(have: int, overlap: int) -> None
         holed = [(0, first), (len(first) + 1, obj[len(first) + 1 :])]
         with pytest.raises(CorruptData, match="not within the bytes read"):
             slice_block(split, holed, where=KEY)
+
+
+def test_zstd_contexts_outlive_threads_and_stay_few() -> None:
+    # Worker threads come and go (trio ends idle ones): the contexts and the
+    # join buffer an object was built and read with are kept for the next
+    # thread, not made again per thread nor held by each thread that ran.
+    from edge_gateway.format import logobject
+
+    b1 = encode_batch([b"x" * 500], timestamps=1, base_offset=0)
+    b2 = encode_batch([b"y" * 500], timestamps=1, base_offset=1)
+
+    def build_and_read() -> None:
+        builder = LogObjectBuilder()
+        builder.add("t", 0, [b1, b2])
+        obj = builder.build("r", 1, 1, 1, 2, 0)
+        (block,) = decode_header(obj, where=KEY).blocks
+        assert decode_block(block, obj[block.offset : block.end], where=KEY) == b1 + b2
+
+    build_and_read()
+    pools = [logobject._DECOMPRESSORS, logobject._JOINED, *logobject._COMPRESSORS.values()]
+    first = [list(p._idle) for p in pools]
+    assert all(first)
+    for _ in range(5):
+        t = threading.Thread(target=build_and_read)
+        t.start()
+        t.join()
+    assert [list(p._idle) for p in pools] == first  # the same objects, reused
+
+    # Many threads at once: each gets one, and at most `keep` stay afterwards.
+    pool: logobject._Pool[object] = logobject._Pool(object, keep=3)
+    barrier = threading.Barrier(8)
+    lent: list[object] = []
+
+    def hold() -> None:
+        with pool.lend() as item:
+            lent.append(item)
+            barrier.wait()
+
+    threads = [threading.Thread(target=hold) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len({id(x) for x in lent}) == 8
+    assert len(pool._idle) == 3
