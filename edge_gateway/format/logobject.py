@@ -825,8 +825,9 @@ class _Pool(Generic[_T]):
     The shipper builds and the mirrors decode in worker threads, which trio
     ends after seconds idle and starts anew for the next burst: a context
     per thread was made again for each new thread (a level-3 compressor's
-    workspace is ~1 MiB), and held by as many threads as a burst started
-    for as long as they lived. A pool keeps at most ``keep`` idle ones
+    workspace is 2.6 MB once it has compressed a MiB block), and held by
+    as many threads as a burst started for as long as they lived. A pool
+    keeps at most ``keep`` idle ones
     whatever the threads do; a thread borrows one for one call.
     """
 
