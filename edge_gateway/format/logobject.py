@@ -827,8 +827,8 @@ class _Pool(Generic[_T]):
     per thread was made again for each new thread (a level-3 compressor's
     workspace is 2.6 MB once it has compressed a MiB block), and held by
     as many threads as a burst started for as long as they lived. A pool
-    keeps at most ``keep`` idle ones
-    whatever the threads do; a thread borrows one for one call.
+    keeps at most ``keep`` idle ones whatever the threads do; a thread
+    borrows one for one call.
     """
 
     def __init__(self, make: Callable[[], _T], keep: int = 4) -> None:
