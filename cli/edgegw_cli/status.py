@@ -227,6 +227,9 @@ def render(doc: dict[str, Any]) -> None:
     gc_doc = doc.get("python_gc")
     if gc_doc and gc_doc.get("settled"):
         head.add_row("python gc", _gc_line(gc_doc))
+    heap_doc = doc.get("heap")
+    if heap_doc and (heap_doc.get("arena_max") or heap_doc.get("trims")):
+        head.add_row("c heap", _heap_line(heap_doc))
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     if s.get("uploads_aborted"):
         claim += f"; aborted {s['uploads_aborted']} unfinished multipart upload(s) at its claim"
@@ -348,6 +351,15 @@ def _gc_line(doc: dict[str, Any]) -> str:
         )
     )
     return f"{doc['frozen_objects']:,} startup objects frozen; collections: {gens}"
+
+
+def _heap_line(doc: dict[str, Any]) -> str:
+    """glibc's arena cap and the trims so far (edge_gateway._heap)."""
+    cap = f"arenas capped at {doc['arena_max']}" if doc.get("arena_max") else "glibc's arenas"
+    return (
+        f"{cap}; {doc['trims']:,} trims, {doc['trim_seconds'] * 1e3:,.1f} ms, "
+        f"longest {doc['max_trim_ms']:,.1f} ms"
+    )
 
 
 def _kafka_line(kafka: dict[str, Any]) -> Text:

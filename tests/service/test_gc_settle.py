@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 from _serve import Server, write_config
-from edgegw_cli.status import _gc_line
+from edgegw_cli.status import _gc_line, _heap_line
 
 from edge_gateway import _gc, _heap
 
@@ -44,6 +44,7 @@ def test_serve_settles_the_collector_and_reports_its_pauses(tmp_path: Path) -> N
     # The serve process caps glibc's arenas too (edge_gateway._heap).
     if sys.platform.startswith("linux"):
         assert status["heap"]["arena_max"] == _heap.ARENA_MAX
+        assert _heap_line(status["heap"]).startswith(f"arenas capped at {_heap.ARENA_MAX}; ")
 
 
 def test_settle_freezes_counts_and_still_collects_cycles() -> None:
