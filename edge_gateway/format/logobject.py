@@ -1094,36 +1094,38 @@ class LogObjectBuilder:
         blocks: list[BlockIndex] = []
         stored: list[bytes] = []
         pos = hlen
-        for topic, partition in keys:
-            for s in self._slices[(topic, partition)]:
-                with _compressor(level, threads) as cctx, _block_input(s.batches) as raw:
-                    packed = cctx.compress(raw)
-                    codec = CODEC_ZSTD
-                    if len(packed) >= len(raw):
-                        packed, codec = bytes(raw), CODEC_NONE
-                    raw_length = len(raw)
-                index = BlockIndex(
-                    topic,
-                    partition,
-                    s.first_offset,
-                    s.next_offset - 1,
-                    s.next_offset - s.first_offset,
-                    s.min_ts,
-                    s.max_ts,
-                    pos,
-                    len(packed) + overhead,
-                    raw_length,
-                    codec,
-                    0,
-                )
-                if sealer is not None:
-                    # Compression before encryption: ciphertext does not compress.
-                    packed = sealer.seal(block_aad(context, index), packed)
-                    if len(packed) != index.stored_length:
-                        raise InvalidInput("the sealer did not add exactly SEAL_OVERHEAD bytes")
-                blocks.append(dataclasses.replace(index, crc=crc32c(packed)))
-                stored.append(packed)
-                pos += len(packed)
+        # One compressor for the whole object, lent from the pool.
+        with _compressor(level, threads) as cctx:
+            for topic, partition in keys:
+                for s in self._slices[(topic, partition)]:
+                    with _block_input(s.batches) as raw:
+                        packed = cctx.compress(raw)
+                        codec = CODEC_ZSTD
+                        if len(packed) >= len(raw):
+                            packed, codec = bytes(raw), CODEC_NONE
+                        raw_length = len(raw)
+                    index = BlockIndex(
+                        topic,
+                        partition,
+                        s.first_offset,
+                        s.next_offset - 1,
+                        s.next_offset - s.first_offset,
+                        s.min_ts,
+                        s.max_ts,
+                        pos,
+                        len(packed) + overhead,
+                        raw_length,
+                        codec,
+                        0,
+                    )
+                    if sealer is not None:
+                        # Compression before encryption: ciphertext does not compress.
+                        packed = sealer.seal(block_aad(context, index), packed)
+                        if len(packed) != index.stored_length:
+                            raise InvalidInput("the sealer did not add exactly SEAL_OVERHEAD bytes")
+                    blocks.append(dataclasses.replace(index, crc=crc32c(packed)))
+                    stored.append(packed)
+                    pos += len(packed)
         header = LogObjectHeader(
             lanes_version(lane_table, gap_table),
             (FLAG_ENCRYPTED if sealer is not None else 0) | (FLAG_NULLS if self._nulls else 0),
