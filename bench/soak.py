@@ -30,7 +30,8 @@ every 5 s) after the first quarter of the run, over the longest-lived
 process of each region, in MB per hour; the largest over the regions
 (``rss_anon_growth_mb_per_hour``: the same of the anonymous part, the
 heap, without the journal's file pages mapped in, which the kernel takes
-back under pressure).
+back under pressure; ``rss_anon_growth_by_region``: that slope per region,
+a shrinking heap negative).
 
 The last line is one JSON object: ``acked``, ``lost``, ``duplicates``,
 ``reordered``, ``mirror_mismatches``, ``faults``, ``kills``, ``max_lag_s``,
@@ -116,16 +117,30 @@ def scenario_toml(duration_s: float, restarts: bool = True) -> str:
     return "\n".join(line for line in out if line) + "\n"
 
 
+def rss_growth_by_region(
+    samples: dict[str, list[list[float]]], duration_s: float, column: int = 3
+) -> dict[str, float]:
+    """Each region's slope of RSS after warm-up in MB per hour, signed (see below)."""
+    return {
+        region: rss_growth_mb_per_hour({region: series}, duration_s, column, signed=True)[0]
+        for region, series in sorted(samples.items())
+    }
+
+
 def rss_growth_mb_per_hour(
-    samples: dict[str, list[list[float]]], duration_s: float, column: int = 2
+    samples: dict[str, list[list[float]]],
+    duration_s: float,
+    column: int = 2,
+    signed: bool = False,
 ) -> tuple[float, float]:
     """Largest per-region slope of RSS over time after warm-up (longest-lived process).
 
     ``column`` 2 is VmRSS, 3 RssAnon (the heap, without the journal's file
     pages mapped in). Returns (MB per hour, the shortest window it was
     fitted over in seconds): a slope over two minutes says little about an hour.
+    A shrinking heap counts as 0 unless ``signed``.
     """
-    worst = 0.0
+    worst = -float("inf") if signed else 0.0
     window = float("inf")
     for series in samples.values():
         late = [s for s in series if s[0] >= duration_s / 4]
@@ -147,6 +162,8 @@ def rss_growth_mb_per_hour(
         slope = sum((t - mx) * (v - my) for t, v in points) / var  # MB per second
         worst = max(worst, slope * 3600)
         window = min(window, points[-1][0] - points[0][0])
+    if worst == -float("inf"):
+        worst = 0.0
     return round(worst, 2), round(window, 1) if window != float("inf") else 0.0
 
 
@@ -184,6 +201,7 @@ def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, An
         "rss_growth_mb_per_hour": growth,
         "rss_growth_window_s": window,
         "rss_anon_growth_mb_per_hour": anon_growth,
+        "rss_anon_growth_by_region": rss_growth_by_region(doc["rss_samples"], duration_s),
         "longest_fault_s": longest,
         "duration_s": duration_s,
         "runner_passed": doc["passed"],
