@@ -117,54 +117,57 @@ def scenario_toml(duration_s: float, restarts: bool = True) -> str:
     return "\n".join(line for line in out if line) + "\n"
 
 
+def region_slope(
+    series: list[list[float]], duration_s: float, column: int
+) -> tuple[float, float] | None:
+    """One region's least-squares slope of RSS after the first quarter, over its
+    longest-lived process: (MB per hour, seconds fitted over), or None with
+    fewer than three samples.
+
+    ``column`` 2 is VmRSS, 3 RssAnon (the heap, without the journal's file
+    pages mapped in).
+    """
+    by_pid: dict[int, list[tuple[float, float]]] = {}
+    for s in series:
+        if s[0] >= duration_s / 4:
+            value = s[column] if len(s) > column else s[2]
+            by_pid.setdefault(int(s[1]), []).append((s[0], value / 2**20))
+    points = max(by_pid.values(), key=len, default=[])
+    if len(points) < 3:
+        return None
+    n = len(points)
+    mx = sum(t for t, _ in points) / n
+    my = sum(v for _, v in points) / n
+    var = sum((t - mx) ** 2 for t, _ in points)
+    if var == 0:
+        return None
+    slope = sum((t - mx) * (v - my) for t, v in points) / var  # MB per second
+    return slope * 3600, points[-1][0] - points[0][0]
+
+
 def rss_growth_by_region(
     samples: dict[str, list[list[float]]], duration_s: float, column: int = 3
 ) -> dict[str, float]:
-    """Each region's slope of RSS after warm-up in MB per hour, signed (see below)."""
-    return {
-        region: rss_growth_mb_per_hour({region: series}, duration_s, column, signed=True)[0]
-        for region, series in sorted(samples.items())
-    }
+    """Each region's slope in MB per hour, negative when it shrank (0 without samples)."""
+    out = {}
+    for region, series in sorted(samples.items()):
+        fitted = region_slope(series, duration_s, column)
+        out[region] = round(fitted[0], 2) if fitted is not None else 0.0
+    return out
 
 
 def rss_growth_mb_per_hour(
-    samples: dict[str, list[list[float]]],
-    duration_s: float,
-    column: int = 2,
-    signed: bool = False,
+    samples: dict[str, list[list[float]]], duration_s: float, column: int = 2
 ) -> tuple[float, float]:
-    """Largest per-region slope of RSS over time after warm-up (longest-lived process).
-
-    ``column`` 2 is VmRSS, 3 RssAnon (the heap, without the journal's file
-    pages mapped in). Returns (MB per hour, the shortest window it was
-    fitted over in seconds): a slope over two minutes says little about an hour.
-    A shrinking heap counts as 0 unless ``signed``.
+    """The largest region's slope, at least 0, and the shortest window it was
+    fitted over in seconds: a slope over two minutes says little about an hour.
     """
-    worst = -float("inf") if signed else 0.0
-    window = float("inf")
-    for series in samples.values():
-        late = [s for s in series if s[0] >= duration_s / 4]
-        by_pid: dict[int, list[tuple[float, float]]] = {}
-        for s in late:
-            value = s[column] if len(s) > column else s[2]
-            by_pid.setdefault(int(s[1]), []).append((s[0], value / 2**20))
-        if not by_pid:
-            continue
-        points = max(by_pid.values(), key=len)
-        if len(points) < 3:
-            continue
-        n = len(points)
-        mx = sum(t for t, _ in points) / n
-        my = sum(v for _, v in points) / n
-        var = sum((t - mx) ** 2 for t, _ in points)
-        if var == 0:
-            continue
-        slope = sum((t - mx) * (v - my) for t, v in points) / var  # MB per second
-        worst = max(worst, slope * 3600)
-        window = min(window, points[-1][0] - points[0][0])
-    if worst == -float("inf"):
-        worst = 0.0
-    return round(worst, 2), round(window, 1) if window != float("inf") else 0.0
+    fitted = [
+        f for f in (region_slope(v, duration_s, column) for v in samples.values()) if f is not None
+    ]
+    worst = max([0.0] + [slope for slope, _ in fitted])
+    window = min((w for _, w in fitted), default=0.0)
+    return round(worst, 2), round(window, 1)
 
 
 def summarise(doc: dict[str, Any], toml: str, duration_s: float) -> dict[str, Any]:
