@@ -389,7 +389,7 @@ async def test_an_existing_bucket_read_only_at_open_opens_and_writes_wait(small_
     stale.write_bytes(b"leftover")
     os.utime(stale, (time.time() - 7200, time.time() - 7200))
     (small_fs / "b" / "lock").unlink()
-    subprocess.run(["mount", "-o", "remount,ro", str(small_fs)], check=True)
+    await trio.run_process(["mount", "-o", "remount,ro", str(small_fs)])
     try:
         ro = await LocalBucket.open(small_fs / "b")  # raised BucketUnavailable (EROFS: .../lock)
         assert (await ro.get("kept")).data == b"k"
@@ -402,7 +402,7 @@ async def test_an_existing_bucket_read_only_at_open_opens_and_writes_wait(small_
                 await call()
         assert stale.exists()
     finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(small_fs)], check=True)
+        await trio.run_process(["mount", "-o", "remount,rw", str(small_fs)])
     # Writable again: the first write keeps house (lock file, stale tmp/ files), then lands.
     await ro.put("new", b"n", if_none_match=True)
     assert (small_fs / "b" / "lock").exists()
