@@ -170,7 +170,8 @@ def mark(
     if outcome == "created":
         console.print(f"marked {where} as an edgegw bucket ({BUCKET_MARKER} written)")
     elif outcome == "present":
-        console.print(f"{where} is an edgegw bucket already ({BUCKET_MARKER}: {old.decode()})")
+        held = old.decode(errors="replace")
+        console.print(f"{where} is an edgegw bucket already ({BUCKET_MARKER}: {held})")
     else:
         console.print(
             f"replaced a malformed {BUCKET_MARKER} in {where}; it held {old[:200]!r}: find out "
