@@ -828,9 +828,18 @@ class Shipper:
         try:
             if await mark_bucket(self.bucket, self.prefix, self.region, self._clock()):
                 log.info("shipper: marked %s as an edgegw bucket", self.bucket.name)
-        except _RETRIED as exc:
-            # Only a hint for the CLI: the next claim writes it (or an admin
-            # does, where regions may not: docs/security.md).
+        except AccessDenied:
+            # A region's policy does not grant the marker (docs/security.md):
+            # it is the admin's to write, once per fleet. Only a hint for the
+            # CLI, which recognises the bucket by this region's log meanwhile.
+            log.warning(
+                "shipper: the fleet marker of %s is missing and this region may not write it: "
+                "the admin writes it once (edgegw bucket mark); commands recognise the bucket "
+                "by its region logs meanwhile",
+                self.bucket.name,
+            )
+        except BucketUnavailable as exc:
+            # The next claim writes it.
             log.warning("shipper: could not write the bucket marker (%s)", exc)
 
     def ship_now(self) -> None:
