@@ -83,7 +83,7 @@ class RawBucket:
         return sorted(out, key=lambda h: h.seq)
 
     def spec(self) -> Any:
-        from edge_gateway.pipeline._store import BucketSpec
+        from edge_gateway.pipeline.bucketspec import BucketSpec
 
         if self.s3 is None:
             return BucketSpec(str(self.root))
