@@ -134,7 +134,10 @@ class SyncBucket:
                 await bucket.aclose()
 
         thread = threading.Thread(
-            target=trio.run, args=(serve,), name=f"edgegw-bucket {config!r}", daemon=True
+            target=trio.run,
+            args=(serve,),
+            name=f"edgegw-bucket-{type(config).__name__}",
+            daemon=True,
         )
         thread.start()
         result = opened.get()
