@@ -137,12 +137,6 @@ def classify_conflict(
     )
 
 
-def check_epoch(our_epoch: int, their_epoch: int, where: str) -> None:
-    """Raise :class:`Fenced` if an entry we read shows a higher epoch than ours."""
-    if their_epoch > our_epoch:
-        raise Fenced(f"{where} was written with epoch {their_epoch}, ours is {our_epoch}")
-
-
 @dataclass(slots=True)
 class ManifestSchedule:
     """When the next manifest is due: every ``interval_ms`` or ``max_entries`` entries."""
