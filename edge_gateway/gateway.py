@@ -1652,30 +1652,33 @@ class Gateway:
         What ``edgegw sync`` does while this gateway runs (it owns the journal,
         so the command asks it through the API instead of opening the files).
         Returns what was shipped and pulled; raises :class:`Unavailable` when
-        a source's poll fails (the bucket is away), as the one-shot sync does.
-        Waits for the shipper as long as it takes (it retries while the
-        bucket is away); the caller bounds the wait.
+        a source's poll fails (the bucket is away), as the one-shot sync does,
+        and when an attempt to ship made after the call fails (the bucket is
+        away; :class:`Denied` when it refuses this gateway): it never waits
+        through an outage. On a working link it waits as long as shipping
+        takes; the caller bounds the wait.
         """
         self._check_accepting()
         shipper, lanes = self.shipper, self.lanes
-        denied = shipper.denied
-        if denied is not None:
+        if shipper.denied is not None:
             # It would wait until a person fixes access: say so at once.
-            raise Denied(
-                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
-                code=denied.code,
-                action=denied.action,
-            )
+            raise self._cannot_ship()
         held = self.held_priorities()
         if held:
             # It would wait until a window opens or the allowance renews: say so at once.
             raise Unavailable(f"cannot ship now: {self._describe_hold(held)}")
         targets = {lane: j.next_lsn - 1 for lane, j in lanes.journals.items()}
         before = shipper.statistics()
+        failures = shipper.failed_attempts
         await lanes.flush()
+        # A shipper waiting out an outage tries again now (the link may just
+        # be back); if that attempt fails too, the bucket is away: answer at
+        # once, as the one-shot sync does, rather than wait through the
+        # outage (the shipper keeps retrying on its own).
         shipper.ship_now()
         for lane, target in targets.items():
-            await shipper.wait_shipped(target, lane)
+            if not await shipper.wait_shipped_or_failed(target, failures, lane):
+                raise self._cannot_ship()
         after = shipper.statistics()
         pulled: dict[str, dict[str, int]] = {}
         if pull:
@@ -1701,6 +1704,21 @@ class Gateway:
             },
             "pulled": dict(sorted(pulled.items())),
         }
+
+    def _cannot_ship(self) -> Unavailable:
+        """Why :meth:`sync_now` cannot ship: the bucket refuses this gateway, or is away."""
+        denied = self.shipper.denied
+        if denied is not None:
+            return Denied(
+                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
+                code=denied.code,
+                action=denied.action,
+            )
+        why = self.shipper.statistics().last_error or "the bucket did not answer"
+        return Unavailable(
+            f"cannot ship now: the bucket is unreachable ({why}); the gateway keeps "
+            "every record and ships them when the bucket answers again: run sync again then"
+        )
 
     # ------------------------------------------------------------ fetch
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import trio
 from _cli_support import assert_one_line_failure, run_edgegw
+from _serve import Fleet, TopicSpec
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
 from edge_gateway.format import logobject
@@ -229,3 +231,50 @@ def test_sync_refuses_bad_arguments(tmp_path: Path) -> None:
         "sync", "--data-dir", data, "--region", "no/such", "--bucket-dir", tmp_path / "b"
     )
     assert_one_line_failure(proc.returncode, proc.stderr, "region")
+
+
+def test_sync_beside_a_gateway_whose_bucket_is_away_fails_with_a_reason(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    # Issue 41, item 6: `edgegw sync` asked the running gateway and then waited
+    # without a word for as long as the bucket was away (136 s in one run).
+    # Like the one-shot sync on an unreachable store, it must end non-zero
+    # with a one-line reason, and ship everything once the bucket is back.
+    fleet = Fleet(
+        tmp_path / "fleet",
+        [SITE],
+        [TopicSpec("t", SITE, partitions=2)],
+        s3=(int(moto_endpoint.rsplit(":", 1)[1]), s3_bucket_name),
+        # Ships only when asked: what is pending at the sync is still pending.
+        per_region={SITE: {"shipper": {"flush_interval_ms": 600_000}}},
+    )
+    try:
+        g = fleet[SITE]
+        g.start()
+        with g.client() as c:
+            for i in range(5):
+                c.produce("t", [b"v%d" % i], ack="local")
+        fleet.proxies[SITE].set_mode("refuse")
+        t0 = time.monotonic()
+        proc = run_edgegw("sync", "--config", g.config, timeout=120)
+        took = time.monotonic() - t0
+        line = assert_one_line_failure(proc.returncode, proc.stderr, "bucket")
+        assert took < 30, (took, proc.stderr)
+        assert "unreachable" in line or "away" in line, line
+        assert "the gateway keeps" in line, line
+        assert "run sync again" in line, line
+        assert "shipped " not in proc.stdout
+        assert g.running
+        # The link is back: the same command returns once all five are in the
+        # bucket (the gateway's own retry may have shipped them first).
+        fleet.proxies[SITE].set_mode("pass")
+        proc = run_edgegw("sync", "--config", g.config, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert summary(proc.stdout)
+        status = g.status()
+        assert status["shipper"]["pending_lsns"] == 0, status["shipper"]
+        (topic,) = [t for t in status["topics"] if t["name"] == "t"]
+        assert sum(p["unshipped"] for p in topic["partitions"]) == 0
+    finally:
+        codes = fleet.close()
+    assert codes[SITE] == 0, fleet[SITE].tail()
