@@ -442,10 +442,16 @@ class Http11Server:
             self.log.exception("unhandled error in the ASGI app for %s %s", method, scope["path"])
             await reply.internal_error()
             return False, b""
+        if reply.cut:
+            self._hung_up(peer, method, scope["path"])
         if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
         close = self._stopping or _says_close(reply.headers)
         return not (close or reply.gone), b"".join(pending)
+
+    def _hung_up(self, peer: tuple[str, int] | None, method: str, path: str) -> None:
+        where = f"{peer[0]}:{peer[1]}" if peer is not None else "a client"
+        self.log.debug("%s hung up during the answer to %s %s", where, method, path)
 
     async def _next_request(
         self, conn: h11.Connection, stream: trio.abc.Stream
@@ -578,6 +584,9 @@ class Http11Server:
         except Exception:
             self.log.exception("unhandled error in the ASGI app for %s %s", method, scope["path"])
             await reply.internal_error()
+        if reply.cut:
+            self._hung_up(peer, method, scope["path"])
+            raise _ClientGone
         if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
         # Consume what is already buffered of the request (a bodyless GET still
@@ -672,7 +681,10 @@ class _Reply:
     Checks the order of the app's messages and writes each response (head,
     body, end) with one write when the app gives the body in one message,
     which is what Starlette responses do. ``gone``: the client went away
-    (set by the exchange's ``receive``); later sends are no-ops, as ASGI says.
+    (seen by the exchange's ``receive``, or by a write that failed: ``cut``);
+    later sends are no-ops, as ASGI says. A client that hangs up in the middle
+    of a large answer (``curl ... | head -c 10``) is ordinary, not an error
+    of the app.
     """
 
     __slots__ = (
@@ -681,6 +693,7 @@ class _Reply:
         "_head_sent",
         "_status",
         "_stream",
+        "cut",
         "finished",
         "gone",
         "headers",
@@ -698,6 +711,8 @@ class _Reply:
         self.started = False
         self.finished = False
         self.gone = False
+        #: A write failed: the client hung up while being answered.
+        self.cut = False
         self.headers: list[tuple[bytes, bytes]] = []
 
     async def __call__(self, message: Message) -> None:
@@ -723,7 +738,10 @@ class _Reply:
         if not more:
             self.finished = True
             parts.append(self._framing.end(self._head_only))
-        await _send_now(self._stream, b"".join(parts))
+        try:
+            await _send_now(self._stream, b"".join(parts))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.gone = self.cut = True
 
     async def internal_error(self) -> None:
         """Answer 500 for an app that failed; raise :class:`_ClientGone` if it had begun."""
