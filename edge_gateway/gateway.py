@@ -674,9 +674,10 @@ class Gateway:
         self._ready_hooks.append(hook)
 
     def not_ready_reason(self) -> str:
-        """Why produce is refused now (``/healthz``): starting, stopping, or what it waits on."""
+        """Why produce is refused now (``/healthz`` and every refused request): starting,
+        stopping, or what it waits on -- and what to do."""
         if self._shutdown.is_set():
-            return "the gateway is shutting down"
+            return "the gateway is shutting down: retry once it runs again"
         shipper = self._shipper
         if shipper is not None and not shipper.statistics().claimed:
             denied = shipper.denied
@@ -689,11 +690,18 @@ class Gateway:
                     f"({denied.code}): {denied.error} -- what to do: {denied.action}"
                 )
             err = shipper.statistics().last_error
+            if err is None:
+                return (
+                    "the gateway is starting: a first start learns the region's offsets from "
+                    "the bucket before it accepts records; retry after Retry-After"
+                )
             return (
                 "the gateway is starting: a first start learns the region's offsets from the "
-                f"bucket before it accepts records{f' (last attempt: {err})' if err else ''}"
+                f"bucket before it accepts records (last attempt: {err}) -- what to do: check "
+                "the link to the bucket and [bucket] in the config; it starts by itself once "
+                "the bucket answers (retry after Retry-After)"
             )
-        return "the gateway is starting"
+        return "the gateway is starting: retry after Retry-After"
 
     @property
     def ready(self) -> bool:
@@ -1272,7 +1280,9 @@ class Gateway:
 
     def _check_accepting(self) -> None:
         if not self._accepting:
-            raise Unavailable("the gateway is shutting down or not started")
+            # The reason /healthz gives (a first start waiting for the bucket
+            # says so), not just "not started".
+            raise Unavailable(self.not_ready_reason())
 
     def _partition_of(self, t: _Topic, rec: ProduceRecord, sticky: int) -> int:
         if rec.partition is not None:

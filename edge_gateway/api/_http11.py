@@ -35,6 +35,7 @@ socket read timeout would also cut long polls.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -487,8 +488,16 @@ class Http11Server:
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         status = exc.error_status_hint
-        code = b"invalid_request" if status != 431 else b"headers_too_large"
-        body = _ERROR_BODY % (code, b"malformed HTTP request")
+        if status == 431:
+            code = "headers_too_large"
+            message = (
+                f"the request head (request line and headers) is over {self.max_header_bytes} "
+                "bytes: send shorter headers and URL (large data goes in the body)"
+            )
+        else:
+            code = "invalid_request"
+            message = f"malformed HTTP request ({exc}): the client must send valid HTTP/1.1"
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
         with contextlib.suppress(h11.LocalProtocolError):
             data = conn.send(
                 h11.Response(
