@@ -50,7 +50,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
-from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S
+from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
 from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD
 from edge_gateway.api._tlsstream import TlsStream
 
@@ -134,13 +134,21 @@ class _Head:
 
 #: :func:`_parse_head`'s answer for a request the fast path leaves to h11.
 _DECLINE: Final = _Head(b"", b"", [], 0, 0)
+#: :func:`_parse_head`'s answer for a head over the limit (431).
+_TOO_LARGE: Final = _Head(b"", b"", [], 0, 0)
 
 
 def _parse_head(buf: bytes, max_head: int) -> _Head | None:
-    """The head at the start of ``buf``; None: incomplete; :data:`_DECLINE`: for h11."""
-    end = buf.find(b"\r\n\r\n", 0, max_head + 4)
+    """The head at the start of ``buf``; None: incomplete; :data:`_DECLINE`: for h11;
+    :data:`_TOO_LARGE`: over ``max_head`` bytes (blank line included).
+
+    Every request passes here first, so the limit holds however the head
+    arrives: h11's own bound (``max_incomplete_event_size``) covers only a
+    head still arriving, and took a whole one of up to a read's 64 KiB.
+    """
+    end = buf.find(b"\r\n\r\n", 0, max_head)
     if end < 0:
-        return None if len(buf) <= max_head else _DECLINE
+        return None if len(buf) < max_head else _TOO_LARGE
     lines = buf[:end].split(b"\r\n")
     m = _REQUEST_LINE.fullmatch(lines[0])
     if m is None:
@@ -176,7 +184,7 @@ class Http11Server:
         app: ASGIApp,
         *,
         log: logging.Logger,
-        max_header_bytes: int = 16 * 1024,
+        max_header_bytes: int = MAX_HEAD_BYTES,
         keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT_S,
         ssl_context: ssl.SSLContext | None = None,
         handshake_timeout: float = 10.0,
@@ -369,6 +377,9 @@ class Http11Server:
                         # deadline stays: its head must be complete by then.
                         idle.shield = True
                         head = _parse_head(buf, self.max_header_bytes)
+                        if head is _TOO_LARGE:
+                            await self._refuse_head(stream)
+                            return None
                         if head is _DECLINE:
                             return None, buf
                         if head is not None:
@@ -489,11 +500,7 @@ class Http11Server:
             return
         status = exc.error_status_hint
         if status == 431:
-            code = "headers_too_large"
-            message = (
-                f"the request head (request line and headers) is over {self.max_header_bytes} "
-                "bytes: send shorter headers and URL (large data goes in the body)"
-            )
+            code, message = "headers_too_large", head_too_large(self.max_header_bytes)
         else:
             code = "invalid_request"
             message = f"malformed HTTP request ({exc}): the client must send valid HTTP/1.1"
@@ -511,6 +518,21 @@ class Http11Server:
             )
             data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
             await stream.send_all(data)
+
+    async def _refuse_head(self, stream: trio.abc.Stream) -> None:
+        """Answer 431 to a head over the limit (the connection closes after it)."""
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "headers_too_large",
+                    "message": head_too_large(self.max_header_bytes),
+                }
+            }
+        ).encode()
+        await stream.send_all(
+            _STATUS_LINES[431] + b"content-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%b" % (len(body), body)
+        )
 
     # --------------------------------------------------------------- requests
 
