@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -275,6 +276,53 @@ def test_sync_beside_a_gateway_whose_bucket_is_away_fails_with_a_reason(
         assert status["shipper"]["pending_lsns"] == 0, status["shipper"]
         (topic,) = [t for t in status["topics"] if t["name"] == "t"]
         assert sum(p["unshipped"] for p in topic["partitions"]) == 0
+    finally:
+        codes = fleet.close()
+    assert codes[SITE] == 0, fleet[SITE].tail()
+
+
+def _bar_and_summary_objects(stdout: str) -> tuple[list[int], int]:
+    """The objects counts on the progress bar's lines, and the summary's."""
+    bars = [int(m[1]) for m in re.finditer(r"entries (\d+) objects,", stdout)]
+    m = re.match(r"shipped [\d,]+ records in (\d+) objects", summary(stdout))
+    assert m is not None, stdout
+    return bars, int(m[1])
+
+
+def test_the_progress_bar_and_the_summary_count_the_same_objects(tmp_path: Path) -> None:
+    # Issue 41, item 9: the bar said "3 objects" beside "shipped 2 records in 2
+    # objects" (the bar counted every object the gateway shipped since it
+    # started, the summary those of this sync).
+    data, bucket_dir = tmp_path / "data", tmp_path / "bucket"
+    journal_records(data, batches=2)
+    args = ["sync", "--data-dir", data, "--region", SITE, "--bucket-dir", bucket_dir]
+    for extra in (["--new-bucket"], []):  # the second run finds the fence of the first
+        journal_records(data, batches=1)
+        proc = run_edgegw(*args, *extra)
+        assert proc.returncode == 0, proc.stderr
+        bars, shipped = _bar_and_summary_objects(proc.stdout)
+        assert bars, proc.stdout
+        assert bars[-1] == shipped, proc.stdout
+
+    # Through a running gateway, which had shipped before this sync.
+    fleet = Fleet(
+        tmp_path / "fleet",
+        [SITE],
+        [TopicSpec("t", SITE, partitions=2)],
+        per_region={SITE: {"shipper": {"flush_interval_ms": 600_000}}},
+    )
+    try:
+        g = fleet[SITE]
+        g.start()
+        for round_ in range(2):
+            with g.client() as c:
+                c.produce("t", [b"a%d" % round_, b"b%d" % round_], ack="local")
+            proc = run_edgegw("sync", "--config", g.config, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            bars, shipped = _bar_and_summary_objects(proc.stdout)
+            assert shipped == 1, proc.stdout
+            assert bars, proc.stdout
+            assert bars[-1] == shipped, proc.stdout
     finally:
         codes = fleet.close()
     assert codes[SITE] == 0, fleet[SITE].tail()
