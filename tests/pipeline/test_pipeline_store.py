@@ -9,14 +9,17 @@ from __future__ import annotations
 import os
 import threading
 import time
+from typing import TYPE_CHECKING
 
 import pytest
-from mypy_boto3_s3.client import S3Client
 
 from edge_gateway.errors import Unavailable
 from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
+
+if TYPE_CHECKING:  # typing stubs: the dev extra, not needed to run the tests
+    from mypy_boto3_s3.client import S3Client
 
 
 def _spec(bucket: str, proxy: TcpProxy) -> BucketSpec:
