@@ -1672,7 +1672,7 @@ class Gateway:
         shipper, lanes = self.shipper, self.lanes
         if shipper.denied is not None:
             # It would wait until a person fixes access: say so at once.
-            raise self._cannot_ship()
+            raise shipper.cannot_ship()
         held = self.held_priorities()
         if held:
             # It would wait until a window opens or the allowance renews: say so at once.
@@ -1688,7 +1688,7 @@ class Gateway:
         shipper.ship_now()
         for lane, target in targets.items():
             if not await shipper.wait_shipped_or_failed(target, failures, lane):
-                raise self._cannot_ship()
+                raise shipper.cannot_ship()
         after = shipper.statistics()
         pulled: dict[str, dict[str, int]] = {}
         if pull:
@@ -1714,21 +1714,6 @@ class Gateway:
             },
             "pulled": dict(sorted(pulled.items())),
         }
-
-    def _cannot_ship(self) -> Unavailable:
-        """Why :meth:`sync_now` cannot ship: the bucket refuses this gateway, or is away."""
-        denied = self.shipper.denied
-        if denied is not None:
-            return Denied(
-                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
-                code=denied.code,
-                action=denied.action,
-            )
-        why = self.shipper.statistics().last_error or "the bucket did not answer"
-        return Unavailable(
-            f"cannot ship now: the bucket is unreachable ({why}); the gateway keeps "
-            "every record and ships them when the bucket answers again: run sync again then"
-        )
 
     # ------------------------------------------------------------ fetch
 

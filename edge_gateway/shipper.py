@@ -90,9 +90,11 @@ from edge_gateway.errors import (
     BucketLost,
     ConfigError,
     CorruptData,
+    Denied,
     DiskFull,
     Fenced,
     InvalidInput,
+    Unavailable,
     UnsupportedFormat,
 )
 from edge_gateway.failpoints import fail_point
@@ -1140,6 +1142,27 @@ class Shipper:
                 return False
             await self._shipped_lot.park()
         return True
+
+    async def wait_failed_attempt(self, failures: int) -> None:
+        """Wait until an attempt fails after :attr:`failed_attempts` was ``failures``."""
+        while self._failed_attempts <= failures:
+            await self._shipped_lot.park()
+
+    def cannot_ship(self) -> Unavailable:
+        """Why the last attempt failed, as the error ``edgegw sync`` ends with: the
+        bucket refuses this shipper (:class:`Denied`), or is away."""
+        denied = self._denial.current
+        if denied is not None:
+            return Denied(
+                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
+                code=denied.code,
+                action=denied.action,
+            )
+        return Unavailable(
+            f"cannot ship now: the bucket is unreachable "
+            f"({self._last_error or 'it did not answer'}); nothing is lost: the records stay "
+            "in the journal and ship when the bucket answers again (run sync again then)"
+        )
 
     def _attempt_failed(self) -> None:
         self._failed_attempts += 1

@@ -298,7 +298,19 @@ async def _ship(shipper: Shipper) -> None:
                 detail=_shipped_detail(st.objects, st.wire_bytes),
             )
 
-        await shipper.ship_pending(update)
+        # The bucket away mid-way ends the sync at the first failed attempt,
+        # as it does at the start (and as a sync through the gateway does),
+        # instead of retrying for as long as the outage lasts.
+        failures = shipper.failed_attempts
+        async with trio.open_nursery() as nursery:
+
+            async def give_up_on_outage() -> None:
+                await shipper.wait_failed_attempt(failures)
+                raise shipper.cannot_ship()
+
+            nursery.start_soon(give_up_on_outage)
+            await shipper.ship_pending(update)
+            nursery.cancel_scope.cancel()
         update(sum(shipper.shipped_lsns().values()), target)
     st = shipper.statistics()
     console.print(
