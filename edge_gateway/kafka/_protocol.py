@@ -7,8 +7,9 @@ What this module adds is the part kio leaves to the caller:
 * **Framing** (:class:`FrameReader`): a request is a 4-byte big-endian size
   and that many bytes. A size above the limit (or negative) is refused before
   any of the frame is buffered, so memory per connection is bounded by the
-  limit -- except a Produce whose header came with its size: it is read
-  through without keeping its records (:class:`OversizedProduce`), so that it
+  limit -- except a Produce (its 8-byte header says so, and a size up to
+  1 GiB): it is read through without keeping its records
+  (:class:`OversizedProduce`), so that it
   can be answered ``MESSAGE_TOO_LARGE`` per partition, as a Kafka broker
   answers a batch over ``message.max.bytes``, instead of a closed connection
   that a client reports as a network or TLS problem.
