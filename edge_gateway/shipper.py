@@ -90,9 +90,11 @@ from edge_gateway.errors import (
     BucketLost,
     ConfigError,
     CorruptData,
+    Denied,
     DiskFull,
     Fenced,
     InvalidInput,
+    Unavailable,
     UnsupportedFormat,
 )
 from edge_gateway.failpoints import fail_point
@@ -478,6 +480,13 @@ class Shipper:
         self._ship_now = False
         self._flush_wait: trio.CancelScope | None = None
         self._idle_wait: trio.CancelScope | None = None
+        #: The backoff between two attempts while the bucket is away or
+        #: refuses (:meth:`ship_now` cuts it short).
+        self._retry_wait: trio.CancelScope | None = None
+        #: Attempts (claims, creates) the bucket failed or refused, ever: a
+        #: waiter that must not wait through an outage (``edgegw sync``)
+        #: compares it with the count it read before asking.
+        self._failed_attempts = 0
         # counters
         self._objects = self._fences = self._manifests = self._records = 0
         self._packs = self._pack_bytes = 0
@@ -843,10 +852,16 @@ class Shipper:
             log.warning("shipper: could not write the bucket marker (%s)", exc)
 
     def ship_now(self) -> None:
-        """Ship what is pending at once instead of at the flush deadline (``edgegw sync``)."""
+        """Ship what is pending at once instead of at the flush deadline (``edgegw sync``).
+
+        A shipper waiting to retry (the bucket was away) tries again at once:
+        the link may just have come up, which is when ``edgegw sync`` runs.
+        """
         self._ship_now = True
         if self._flush_wait is not None:
             self._flush_wait.cancel()
+        if self._retry_wait is not None:
+            self._retry_wait.cancel()
 
     def reset(self) -> None:
         """Forget the claim, so that :meth:`run` claims again (the supervisor's restart).
@@ -1117,6 +1132,50 @@ class Shipper:
         """Wait until entry ``lsn`` of ``lane``'s journal is committed to the bucket."""
         while self._shipped[lane] < lsn:
             await self._shipped_lot.park()
+
+    @property
+    def failed_attempts(self) -> int:
+        """How many claims and creates the bucket failed (away) or refused so far."""
+        return self._failed_attempts
+
+    async def wait_shipped_or_failed(self, lsn: int, failures: int, lane: Lane = MAIN_LANE) -> bool:
+        """Wait until entry ``lsn`` of ``lane`` is committed (True), or until an
+        attempt fails after :attr:`failed_attempts` was ``failures`` (False).
+
+        For a waiter that must not wait through an outage (``edgegw sync``):
+        the shipper itself goes on retrying; :attr:`statistics` ``last_error``
+        and :attr:`denied` say why it failed.
+        """
+        while self._shipped[lane] < lsn:
+            if self._failed_attempts > failures:
+                return False
+            await self._shipped_lot.park()
+        return True
+
+    async def wait_failed_attempt(self, failures: int) -> None:
+        """Wait until an attempt fails after :attr:`failed_attempts` was ``failures``."""
+        while self._failed_attempts <= failures:
+            await self._shipped_lot.park()
+
+    def cannot_ship(self) -> Unavailable:
+        """Why the last attempt failed, as the error ``edgegw sync`` ends with: the
+        bucket refuses this shipper (:class:`Denied`), or is away."""
+        denied = self._denial.current
+        if denied is not None:
+            return Denied(
+                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
+                code=denied.code,
+                action=denied.action,
+            )
+        return Unavailable(
+            f"cannot ship now: the bucket is unreachable "
+            f"({self._last_error or 'it did not answer'}); nothing is lost: the records stay "
+            "in the journal and ship when the bucket answers again (run sync again then)"
+        )
+
+    def _attempt_failed(self) -> None:
+        self._failed_attempts += 1
+        self._shipped_lot.unpark_all()
 
     async def wait_claimed(self) -> None:
         """Wait until this shipper owns the region's log (see :meth:`run`)."""
@@ -1607,16 +1666,21 @@ class Shipper:
             # Logged at ERROR when it starts and as a periodic reminder, not
             # as a warning per attempt.
             self._denial.refused(exc)
-            await trio.sleep(delay)
+            self._attempt_failed()
+            with trio.move_on_after(delay) as self._retry_wait:
+                await trio.sleep_forever()
+            self._retry_wait = None
             return
         self._retrying = True
+        self._attempt_failed()
         log.warning("shipper: %s (%s); retrying in %.2fs", what, exc, delay)
-        with trio.move_on_after(delay):
+        with trio.move_on_after(delay) as self._retry_wait:
             # A link back is usually seen first by a mirror (polling every
             # second): retry shortly after, not at the end of a backoff that
             # grew to retry_cap_s while the link was down.
             await self.bucket.wait_reachable()
             await trio.sleep(min(delay, RETRY_AFTER_ANSWER_S))
+        self._retry_wait = None
 
     def _accepted(self) -> None:
         """The bucket took a claim or a commit: any outage or refusal is over."""
@@ -1820,7 +1884,11 @@ class Shipper:
                     log.warning(
                         "shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay
                     )
-                await trio.sleep(delay)
+                if not isinstance(exc, DiskFull):
+                    self._attempt_failed()
+                with trio.move_on_after(delay) as self._retry_wait:
+                    await trio.sleep_forever()
+                self._retry_wait = None
         if not met_bucket:
             task_status.started()
         flush_s = self.config.flush_interval_ms / 1000
