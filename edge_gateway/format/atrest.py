@@ -26,7 +26,7 @@ replaced (:func:`expand_segment`)::
 
     directory:
       u64 base_lsn | u64 last_lsn | i64 last_append_time | u64 wal_bytes
-      u32 n_parts | u32 n_chunks | u32 n_frames | u32 flags (0)
+      u32 n_parts | u32 n_chunks | u32 n_frames | u8 wal_version (= the header's) | 3 zero
       parts   n_parts  x (u16 topic_len | topic | u32 partition)   first appearance order
       chunks  n_chunks x (u64 first_lsn | u64 last_lsn | u32 first_frame | u32 n_frames
                           | u64 meta_offset | u32 meta_stored | u32 meta_raw | u8 meta_codec
@@ -120,7 +120,7 @@ HEADER_SIZE: Final = _HEADER.size  # 16
 _WAL_HEADER = struct.Struct("<4sB3xQ")
 _TRAILER = struct.Struct("<QI4s")
 TRAILER_SIZE: Final = _TRAILER.size  # 16
-_DIR_FIXED = struct.Struct("<QQqQIIII")
+_DIR_FIXED = struct.Struct("<QQqQIIIB3x")
 _PART = struct.Struct("<I")
 _CHUNK = struct.Struct("<QQIIQIIBI")
 _FRAME = struct.Struct("<IBBqqIqqQIIBII")
@@ -642,14 +642,17 @@ def decode_directory(
             f"directory CRC mismatch (stored {stored_crc:08x}, computed {actual:08x})",
             where=where,
         )
-    (d_base, last_lsn, last_time, wal_bytes, n_parts, n_chunks, n_frames, flags) = (
+    (d_base, last_lsn, last_time, wal_bytes, n_parts, n_chunks, n_frames, d_wal_version) = (
         _DIR_FIXED.unpack_from(view, 0)
     )
+    if bytes(view[_DIR_FIXED.size - 3 : _DIR_FIXED.size]) != b"\0\0\0":
+        raise CorruptData("directory reserved bytes are not zero", where=where)
     if d_base != base_lsn:
         raise CorruptData(f"directory base_lsn {d_base}, the header says {base_lsn}", where=where)
-    if flags or last_lsn < base_lsn or n_chunks < 1:
+    if d_wal_version != wal_version or last_lsn < base_lsn or n_chunks < 1:
         raise CorruptData(
-            f"directory flags 0x{flags:x}, LSNs {base_lsn}..{last_lsn}, {n_chunks} chunks",
+            f"directory of journal segment version {d_wal_version} (the header says "
+            f"{wal_version}), LSNs {base_lsn}..{last_lsn}, {n_chunks} chunks",
             where=where,
         )
     body = n - 4 - _DIR_FIXED.size
@@ -1432,7 +1435,7 @@ class SegmentEncoder:
                 len(self._part_list),
                 len(self._chunks),
                 self._n_frames,
-                0,
+                self._wal_version,
             )
             + parts
             + b"".join(self._chunks)
