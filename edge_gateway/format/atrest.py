@@ -40,7 +40,7 @@ replaced (:func:`expand_segment`)::
     entry table (raw, before its codec), n = last_lsn - first_lsn + 1 of the chunk:
       u32 n | u32 extras_length
       kinds n x u8 | flags n x u8 | parts n x u32 | frames n x u32 | counts n x u32
-      raw_lengths n x u32 | extra_lengths n x u32 | append_time deltas n x i64
+      raw_lengths n x u32 | extra_lengths n x u32 | append_time deltas n x u64 (mod 2**64)
       extras (concatenated)
 
 **The block entry** (journal entry kind 4, :data:`KIND_BLOCK`, only in a
@@ -114,6 +114,8 @@ _U32_MAX: Final = 2**32 - 1
 _U64_MAX: Final = 2**64 - 1
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
+_U64_SPAN: Final = 2**64
+_I64_SPAN: Final = 2**63
 
 _HEADER = struct.Struct("<4sBB2xQ")
 HEADER_SIZE: Final = _HEADER.size  # 16
@@ -986,14 +988,12 @@ def decode_entries(
     counts, cur = _column("I", view, n, cur)
     raw_lengths, cur = _column("I", view, n, cur)
     extra_lengths, cur = _column("I", view, n, cur)
-    deltas, cur = _column("q", view, n, cur)
+    deltas, cur = _column("Q", view, n, cur)
     extras = bytes(view[cur:])
     extra_starts = list(accumulate(extra_lengths, initial=0))
     if extra_starts[-1] != len(extras):
         raise CorruptData(f"{what}: extras add up to {extra_starts[-1]} bytes", where=where)
-    times = list(accumulate(deltas))
-    if times and (min(times) < _I64_MIN or max(times) > _I64_MAX):
-        raise CorruptData(f"{what}: append time out of range", where=where)
+    times = [(t + _I64_SPAN) % _U64_SPAN - _I64_SPAN for t in accumulate(deltas)]
     first_frame = c.first_frame
     end_frame = first_frame + c.n_frames
     fr = directory.frames
@@ -1107,6 +1107,14 @@ def wal_entry(
         source = SourceCoords(
             region, seq, epoch, bool(entries.flags[i] & _entry.FLAG_END_OF_SOURCE_OBJECT)
         )
+        stored = frame_stored(fno)
+        actual = crc32c(stored)
+        if actual != f.crc:
+            # the frame is passed on compressed, so nothing else would look at its bytes
+            raise CorruptData(
+                f"frame {fno}: CRC mismatch (stored {f.crc:08x}, computed {actual:08x})",
+                where=where,
+            )
         try:
             return encode_block_entry(
                 lsn=lsn,
@@ -1115,7 +1123,7 @@ def wal_entry(
                 append_time=entries.append_times[i],
                 source=source,
                 index=f.block_index(),
-                stored=frame_stored(fno),
+                stored=stored,
                 nulls=f.nulls,
             )
         except InvalidInput as exc:
@@ -1405,7 +1413,11 @@ class SegmentEncoder:
         raw_lengths = array("I", (r[5] for r in rows))
         extra_lengths = array("I", (len(r[7]) for r in rows))
         times = [r[6] for r in rows]
-        deltas = array("q", [times[0], *(b - a for a, b in pairwise(times))])
+        # differences modulo 2**64: any i64 times, however far apart, and small numbers
+        # (which compress to almost nothing) for the usual ones
+        deltas = array(
+            "Q", [times[0] % _U64_SPAN, *((b - a) % _U64_SPAN for a, b in pairwise(times))]
+        )
         cols = [parts, frames, counts, raw_lengths, extra_lengths, deltas]
         if struct.pack("=H", 1) != struct.pack("<H", 1):  # pragma: no cover - big-endian
             for c in cols:
