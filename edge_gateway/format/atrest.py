@@ -132,7 +132,7 @@ _U16 = struct.Struct("<H")
 _SOURCE_TAIL = struct.Struct("<QQ")
 _BLOCK_DESC = struct.Struct("<BBHIqqI")
 BLOCK_DESC_SIZE: Final = _BLOCK_DESC.size  # 28
-_BATCH_LEN_BASE = struct.Struct("<I4xq")  # a batch's length and base offset
+_BATCH_FLAGS_TS = struct.Struct("<5xB18xqq")  # a batch's flags, min and max timestamps
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 
 Buffer = bytes | bytearray | memoryview
@@ -1226,6 +1226,7 @@ class SegmentEncoder:
         self._finished = False
         self._parts: dict[tuple[str, int], int] = {}
         self._part_list: list[tuple[str, int]] = []
+        self._tlen: list[int] = []
         #: per partition: the offset after its last record so far
         self._part_next: dict[int, int] = {}
         self._chunks: list[bytes] = []
@@ -1255,10 +1256,16 @@ class SegmentEncoder:
             validate_topic(topic)
             p = self._parts[key] = len(self._part_list)
             self._part_list.append(key)
+            self._tlen.append(len(topic.encode("utf-8")))
         return p
 
-    def add(self, e: AnyEntry) -> bytes:
-        """Add the next entry; the bytes to append to the file (often none)."""
+    def add(self, e: AnyEntry, raw: bytes | None = None) -> bytes:
+        """Add the next entry; the bytes to append to the file (often none).
+
+        ``raw``: the journal bytes ``e`` was decoded from (by ``decode_entry``,
+        ``decode_data_entry`` or :func:`decode_any_entry`), which saves
+        encoding it again; without them the entry is encoded from its fields.
+        """
         if self._finished:
             raise InvalidInput("the segment is finished")
         if e.lsn != self._next_lsn:
@@ -1267,11 +1274,17 @@ class SegmentEncoder:
         if not self._started:
             self._started = True
             out = _HEADER.pack(MAGIC, VERSION, self._wal_version, self._base_lsn)
-        wal = encode_any_entry(e)  # the exact bytes: checks every field's range too
+        # the exact bytes (encoding checks every field's range too)
+        wal = encode_any_entry(e) if raw is None else bytes(raw)
         if len(wal) != e.length:
-            raise InvalidInput(
-                f"LSN {e.lsn}: an entry of {e.length} bytes re-encodes to {len(wal)}"
-            )
+            raise InvalidInput(f"LSN {e.lsn}: an entry of {e.length} bytes in {len(wal)} bytes")
+        if raw is None and isinstance(e, Entry) and _is_batch_entry(e):
+            try:
+                h = _batch.read_header(e.payload, 0, where=f"LSN {e.lsn}")
+            except CorruptData as exc:
+                raise InvalidInput(exc.reason) from None
+            if (h.length, h.base_offset, h.count) != (len(e.payload), e.base_offset, e.count):
+                raise InvalidInput(f"LSN {e.lsn}: the entry disagrees with its batch")
         if isinstance(e, BlockEntry):
             self._add_block(e)
         elif _is_batch_entry(e):
@@ -1294,39 +1307,42 @@ class SegmentEncoder:
             )
 
     def _add_batches(self, e: Entry, wal: bytes) -> None:
+        # The entry was checked against its batch header when it was decoded (or by
+        # add()), so the header's fields are read here without checking them again.
         part = self._part(e.topic, e.partition)
-        self._check_offsets(part, e.topic, e.partition, e.base_offset)
-        # the payload as a view of the bytes just encoded: no copy, and no view
-        # of a buffer the caller may reuse once add() returns
-        payload = memoryview(wal)[len(wal) - len(e.payload) :]
-        h = _batch.read_header(payload, 0, where=f"LSN {e.lsn}")
+        base, count = e.base_offset, e.count
+        prev = self._part_next.get(part)
+        if prev is not None and base < prev:
+            raise InvalidInput(
+                f"{e.topic}/{e.partition}: offset {base} after {prev - 1}: offsets go back"
+            )
+        size = len(e.payload)
+        end = len(wal)
+        # the payload as a view of the entry's bytes: no copy
+        payload = memoryview(wal)[end - size :]
+        bflags, min_ts, max_ts = _BATCH_FLAGS_TS.unpack_from(wal, end - size)
         origin = ORIGIN_DATA if e.kind == _entry.KIND_DATA else ORIGIN_MIRROR
         cur = self._open.get(part)
         if (
             cur is None
             or cur.origin != origin
-            or cur.next_offset != e.base_offset
-            or cur.raw_length + h.length > self._frame_max
+            or cur.next_offset != base
+            or cur.raw_length + size > self._frame_max
         ):
-            cur = _FrameBuild(
-                part, origin, len(self._builds), e.base_offset, e.base_offset, h.min_timestamp,
-                h.max_timestamp,
-            )  # fmt: skip
+            cur = _FrameBuild(part, origin, len(self._builds), base, base, min_ts, max_ts)
             self._builds.append(cur)
             self._open[part] = cur
         cur.batches.append(payload)
-        cur.next_offset = h.next_offset
-        cur.min_ts = min(cur.min_ts, h.min_timestamp)
-        cur.max_ts = max(cur.max_ts, h.max_timestamp)
-        cur.raw_length += h.length
+        cur.next_offset = self._part_next[part] = base + count
+        cur.min_ts = min(cur.min_ts, min_ts)
+        cur.max_ts = max(cur.max_ts, max_ts)
+        cur.raw_length += size
         cur.n_entries += 1
-        cur.nulls = cur.nulls or bool(h.flags & _batch.FLAG_NULLS)
-        self._part_next[part] = h.next_offset
+        if bflags & _batch.FLAG_NULLS:
+            cur.nulls = True
         # the bytes between the topic and the payload: a producer's or a source's
-        t = len(e.topic.encode("utf-8"))
-        tail = wal[_entry.ENTRY_HEADER_SIZE + t : len(wal) - len(payload)]
-        flags = wal[17]
-        self._rows.append((e.kind, flags, part, cur, e.count, h.length, e.append_time, bytes(tail)))
+        tail = wal[_entry.ENTRY_HEADER_SIZE + self._tlen[part] : end - size]
+        self._rows.append((e.kind, wal[17], part, cur, count, size, e.append_time, tail))
 
     def _add_block(self, e: BlockEntry) -> None:
         part = self._part(e.topic, e.partition)
@@ -1505,9 +1521,36 @@ def compress_segment(
         frame_raw_bytes=frame_raw_bytes,
         chunk_raw_bytes=chunk_raw_bytes,
     )
-    out = [enc.add(e) for e in iter_wal_entries(wal, where=where)]
+    out = [enc.add(e, raw) for e, raw in _iter_wal(wal, where)]
     out.append(enc.finish())
     return b"".join(out)
+
+
+def _iter_wal(wal: Buffer, where: str) -> Iterator[tuple[AnyEntry, bytes]]:
+    """The entries of a journal segment with the bytes of each (ordinary data entries on
+    the journal's fast path, ``decode_data_entry``; anything else as the journal checks it)."""
+    buf = bytes(wal)
+    if len(buf) < _entry.SEGMENT_HEADER_SIZE:
+        raise CorruptData("segment header truncated", where=where)
+    magic, version, base_lsn = _WAL_HEADER.unpack_from(buf)
+    if magic != _WAL_MAGIC or version not in WAL_VERSIONS:
+        raise CorruptData(
+            f"not a journal segment ({bytes(magic)!r} version {version})", where=where
+        )
+    pos = _entry.SEGMENT_HEADER_SIZE
+    lsn = base_lsn
+    fast = _entry.decode_data_entry
+    while pos < len(buf) and not (buf[pos] == 0 and _entry.is_zero_tail(buf, pos)):
+        e: AnyEntry | None = fast(buf, pos)
+        if e is None:
+            e = decode_any_entry(buf, pos, where=f"{where}@{pos}")
+            if isinstance(e, BlockEntry) and version != WAL_VERSION_BLOCKS:
+                raise CorruptData(f"a block entry in a version {version} segment", where=where)
+        if e.lsn != lsn:
+            raise CorruptData(f"entry LSN {e.lsn} where {lsn} comes next", where=f"{where}@{pos}")
+        yield e, buf[pos : pos + e.length]
+        pos += e.length
+        lsn += 1
 
 
 class CompressedSegment:
@@ -1564,18 +1607,24 @@ class CompressedSegment:
         return decode_entries(self.directory, chunk_no, stored, where=self.where)
 
     def iter_wal(self) -> Iterator[bytes]:
-        """Every journal entry's bytes, in LSN order, exactly as first written."""
+        """Every journal entry's bytes, in LSN order, exactly as first written.
+
+        Each frame is decompressed once: a chunk's frames are held while its
+        entries are rebuilt (about ``chunk_raw_bytes``), not the whole segment.
+        """
         for ci in range(len(self.directory.chunks)):
             ents = self.chunk_entries(ci)
+            held: dict[int, bytes] = {}
+
+            def raw_of(n: int, held: dict[int, bytes] = held) -> bytes:
+                raw = held.get(n)
+                if raw is None:
+                    f = self.directory.frames[n]
+                    raw = held[n] = decode_frame(f, self.stored(n), where=f"{self.where} frame {n}")
+                return raw
+
             for i in range(ents.chunk.n_entries):
-                yield wal_entry(
-                    self.directory,
-                    ents,
-                    i,
-                    lambda n: self.frame(n).raw,
-                    self.stored,
-                    where=self.where,
-                )
+                yield wal_entry(self.directory, ents, i, raw_of, self.stored, where=self.where)
 
     def entries(self) -> Iterator[AnyEntry]:
         """Every entry, decoded, in LSN order."""
