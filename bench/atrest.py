@@ -106,7 +106,7 @@ def journal_segment(n: int, per_entry: int) -> tuple[bytes, list[bytes], list[in
     for piece in out:
         positions.append(pos)
         pos += len(piece)
-    return b"".join(out), values, positions[1:]
+    return b"".join(out), values, positions[2:]  # the data entries
 
 
 def zstd_blocks(data: bytes, block: int = MiB) -> bytes:

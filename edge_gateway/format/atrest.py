@@ -133,6 +133,7 @@ _SOURCE_TAIL = struct.Struct("<QQ")
 _BLOCK_DESC = struct.Struct("<BBHIqqI")
 BLOCK_DESC_SIZE: Final = _BLOCK_DESC.size  # 28
 _BATCH_FLAGS_TS = struct.Struct("<5xB18xqq")  # a batch's flags, min and max timestamps
+_BATCH_LEN_BASE_COUNT = struct.Struct("<I4xq4xI")  # a batch's length, base offset and count
 _ZSTD_MAGIC: Final = b"\x28\xb5\x2f\xfd"
 
 Buffer = bytes | bytearray | memoryview
@@ -174,6 +175,27 @@ class BlockEntry:
     @property
     def next_offset(self) -> int:
         return self.first_offset + self.record_count
+
+    def frame_index(self, offset: int = 0) -> FrameIndex:
+        """The block as a frame (for :class:`FrameBatches`: a read of the block entry)."""
+        return FrameIndex(
+            _NONE,
+            self.topic,
+            self.partition,
+            ORIGIN_BLOCK,
+            FRAME_NULLS if self.nulls else 0,
+            self.first_offset,
+            self.last_offset,
+            self.record_count,
+            self.min_ts,
+            self.max_ts,
+            offset,
+            len(self.stored),
+            self.raw_length,
+            self.codec,
+            self.crc,
+            1,
+        )
 
     def block_index(self, offset: int = 0) -> BlockIndex:
         """The block's log-object index entry (at byte ``offset`` of some container)."""
@@ -795,41 +817,40 @@ def decode_frame(frame: FrameIndex, stored: Buffer, *, where: str) -> bytes:
 class FrameBatches:
     """The batches of one decompressed frame, found by offset without decoding them all.
 
-    Built from the raw bytes by one walk over the batch headers (each checked
-    for structure; offsets must run ``first_offset..last_offset`` with no gap
-    and fill the frame exactly); a batch's CRC and columns are checked when it
-    is decoded (:meth:`batch`).
+    Built from the raw bytes by one walk along the batches' length fields:
+    each batch must be at least a header long and lie inside the frame, the
+    offsets must run ``first_offset..last_offset`` with no gap and the batches
+    fill the frame exactly. Everything else about a batch (version, flags,
+    CRC, columns, timestamps) is checked when it is decoded (:meth:`batch`),
+    so a lookup pays for the one batch it reads.
     """
 
     __slots__ = ("_bases", "_positions", "frame", "raw", "where")
 
     def __init__(self, frame: FrameIndex, raw: bytes, *, where: str) -> None:
-        if len(raw) != frame.raw_length:
+        end = len(raw)
+        if end != frame.raw_length:
             raise CorruptData(
-                f"frame of {len(raw)} raw bytes, the index says {frame.raw_length}", where=where
+                f"frame of {end} raw bytes, the index says {frame.raw_length}", where=where
             )
         positions = array("q")
         bases = array("q")
-        pos, end = 0, len(raw)
+        pos = 0
         expected = frame.first_offset
-        read_header = _batch.read_header
-        while pos < end:
-            h = read_header(raw, pos, where=f"{where}+{pos}")
-            if h.base_offset != expected or h.last_offset > frame.last_offset:
-                raise CorruptData(
-                    f"batch with offsets {h.base_offset}..{h.last_offset} where "
-                    f"{expected}..{frame.last_offset} remain",
-                    where=where,
-                )
-            if h.min_timestamp < frame.min_ts or h.max_timestamp > frame.max_ts:
-                raise CorruptData("batch timestamps outside the frame's", where=where)
+        unpack = _BATCH_LEN_BASE_COUNT.unpack_from
+        limit = end - _batch.HEADER_SIZE
+        while pos <= limit:
+            length, base, count = unpack(raw, pos)
+            if base != expected or length < _batch.HEADER_SIZE or count < 1:
+                break
             positions.append(pos)
-            bases.append(h.base_offset)
-            expected = h.next_offset
-            pos += h.length
-        if expected != frame.last_offset + 1:
+            bases.append(base)
+            expected = base + count
+            pos += length
+        if pos != end or expected != frame.last_offset + 1:
             raise CorruptData(
-                f"batches end at offset {expected - 1}, the frame at {frame.last_offset}",
+                f"batches at byte {pos} of {end}: offsets {frame.first_offset}..{expected - 1} "
+                f"where the frame holds {frame.first_offset}..{frame.last_offset}",
                 where=where,
             )
         self.frame = frame
@@ -852,8 +873,13 @@ class FrameBatches:
 
     def batch(self, offset: int) -> RecordBatch:
         """The decoded (CRC-checked) batch holding ``offset``."""
-        pos, _ = self.locate(offset)
-        return _batch.decode_batch(self.raw, pos, where=f"{self.where}+{pos}")
+        pos, length = self.locate(offset)
+        where = f"{self.where}+{pos}"
+        b = _batch.decode_batch(memoryview(self.raw)[: pos + length], pos, where=where)
+        f = self.frame
+        if b.header.min_timestamp < f.min_ts or b.header.max_timestamp > f.max_ts:
+            raise CorruptData("batch timestamps outside the frame's", where=where)
+        return b
 
     def record(self, offset: int) -> Record:
         b = self.batch(offset)
@@ -1511,6 +1537,27 @@ def compress_segment(
     where: str = "segment",
 ) -> bytes:
     """The compressed segment of a sealed journal segment's bytes (all in memory)."""
+    return b"".join(
+        iter_compressed(
+            wal,
+            level=level,
+            frame_raw_bytes=frame_raw_bytes,
+            chunk_raw_bytes=chunk_raw_bytes,
+            where=where,
+        )
+    )
+
+
+def iter_compressed(
+    wal: Buffer,
+    *,
+    level: int = _lo.DEFAULT_LEVEL,
+    frame_raw_bytes: int = DEFAULT_FRAME_RAW_BYTES,
+    chunk_raw_bytes: int = DEFAULT_CHUNK_RAW_BYTES,
+    where: str = "segment",
+) -> Iterator[bytes]:
+    """The compressed segment of a sealed journal segment, a piece at a time (a chunk
+    each): what a rewriter writes to its temporary file, holding about one chunk."""
     if len(wal) < _entry.SEGMENT_HEADER_SIZE:
         raise CorruptData("segment header truncated", where=where)
     _, version, base_lsn = _WAL_HEADER.unpack_from(wal)
@@ -1521,9 +1568,11 @@ def compress_segment(
         frame_raw_bytes=frame_raw_bytes,
         chunk_raw_bytes=chunk_raw_bytes,
     )
-    out = [enc.add(e, raw) for e, raw in _iter_wal(wal, where)]
-    out.append(enc.finish())
-    return b"".join(out)
+    for e, raw in _iter_wal(wal, where):
+        piece = enc.add(e, raw)
+        if piece:
+            yield piece
+    yield enc.finish()
 
 
 def _iter_wal(wal: Buffer, where: str) -> Iterator[tuple[AnyEntry, bytes]]:
@@ -1694,6 +1743,7 @@ __all__ = [
     "encode_any_entry",
     "encode_block_entry",
     "expand_segment",
+    "iter_compressed",
     "iter_wal_entries",
     "parse_entries",
     "wal_entry",

@@ -710,3 +710,26 @@ def test_expanding_checks_a_block_frame_it_does_not_decompress() -> None:
         bad[pos] ^= 0x10
         with pytest.raises(CorruptData, match="CRC mismatch"):
             expand_segment(bytes(bad))
+
+
+def test_a_block_entry_is_read_like_a_frame() -> None:
+    """The journal serves a mirrored block from its entry (active segment) as from a frame."""
+    recs = [Record(40 + i, 100 + i, None, b"x%d" % i) for i in range(30)]
+    index, stored = fetched_block(recs)
+    e = decode_block_entry(
+        encode_block_entry(
+            lsn=1, topic="south.t", partition=0, append_time=0,
+            source=SourceCoords("south", 1, 1, True), index=index, stored=stored,
+        )
+    )  # fmt: skip
+    f = e.frame_index()
+    fb = atrest.FrameBatches(f, atrest.decode_frame(f, e.stored, where="t"), where="t")
+    assert [fb.record(o) for o in (40, 55, 69)] == [recs[0], recs[15], recs[29]]
+    assert b"".join(fb.batches_from(40)) == decode_block(index, stored, where="t")
+
+
+def test_iter_compressed_streams_the_same_bytes() -> None:
+    wal = telemetry_wal(2000)
+    pieces = list(atrest.iter_compressed(wal, chunk_raw_bytes=50_000))
+    assert len(pieces) > 3
+    assert b"".join(pieces) == compress_segment(wal, chunk_raw_bytes=50_000)
