@@ -95,6 +95,8 @@ ORIGIN_MIRROR: Final = 2
 #: One :data:`KIND_BLOCK` entry: the block as the source region shipped it.
 ORIGIN_BLOCK: Final = 3
 _ORIGINS: Final = (ORIGIN_DATA, ORIGIN_MIRROR, ORIGIN_BLOCK)
+#: Kinds of the entries an entry table keeps whole: a checkpoint, a mirror marker.
+_KEPT_WHOLE: Final = (_entry.KIND_CHECKPOINT, _entry.KIND_MIRROR)
 #: Frame flag: a batch in the frame has the batch flag NULLS.
 FRAME_NULLS: Final = 0x01
 
@@ -1035,7 +1037,7 @@ def decode_entries(
         kind, fl, part, fno, cnt = kinds[i], flags[i], parts[i], frames[i], counts[i]
         if fno == _NONE:
             # not a batch entry: the whole journal entry is in its extras
-            if part != _NONE or cnt or raw_lengths[i] or kind == KIND_BLOCK:
+            if part != _NONE or cnt or raw_lengths[i] or kind not in _KEPT_WHOLE:
                 raise CorruptData(f"{what}: entry {i} (kind {kind}) without a frame", where=where)
             continue
         if not (first_frame <= fno < end_frame) or part >= n_parts or fr[fno].part != part:
