@@ -24,7 +24,9 @@ Every figure stands beside a baseline measured in the same run:
   warm one, beside decoding the record's entry from the uncompressed journal
   bytes in memory (today's read, without the disk);
 - the mirror: log objects built as the shipper does (one per 250 ms at 1,000
-  records/s), kept as block entries and rewritten: mirror bytes per bucket byte.
+  records/s), kept as block entries and rewritten: mirror bytes per bucket byte;
+  and the CPU of applying them (MB of bucket bytes per second) beside today's
+  path (decompress, decode every batch, one MIRROR entry per batch).
 
 The last line is one JSON object with every figure, among them
 ``bytes_per_record_at_rest`` (one-record entries, default frames) and
@@ -46,7 +48,12 @@ from edge_gateway.format import atrest
 from edge_gateway.format import entry as E
 from edge_gateway.format.batch import decode_batch, encode_batch
 from edge_gateway.format.entry import Checkpoint, SourceCoords
-from edge_gateway.format.logobject import LogObjectBuilder, decode_header
+from edge_gateway.format.logobject import (
+    LogObjectBuilder,
+    decode_block,
+    decode_header,
+    iter_block_batches,
+)
 from edge_gateway.telemetry import TelemetryGenerator, partition_for
 
 PARTITIONS = 16
@@ -163,7 +170,44 @@ def lookups(
     }
 
 
-def mirror_figures(n: int) -> dict[str, float]:
+def apply_seconds(objects: list[bytes], rounds: int) -> tuple[float, float]:
+    """CPU of applying fetched objects to a mirror's journal, sans-IO: today (check, decompress
+    and decode every block, then one MIRROR entry per batch, as ``_decode_blocks`` and
+    ``append_mirror_batches`` do) and with block entries (check, keep the block as is)."""
+    headers = [decode_header(o, where="apply") for o in objects]
+
+    def today() -> None:
+        lsn = 1
+        for obj, h in zip(objects, headers, strict=True):
+            for k, blk in enumerate(h.blocks):
+                raw = decode_block(blk, obj[blk.offset : blk.end], where="apply")
+                batches = list(iter_block_batches(blk, raw, where="apply"))
+                for j, b in enumerate(batches):
+                    E.encode_entry(
+                        lsn=lsn, kind=E.KIND_MIRROR, topic=b"south." + blk.topic.encode(),
+                        partition=blk.partition, base_offset=b.base_offset, count=b.count,
+                        append_time=0, payload=b.raw,
+                        source=SourceCoords(
+                            "south", h.seq, 1, k == len(h.blocks) - 1 and j == len(batches) - 1
+                        ),
+                    )  # fmt: skip
+                    lsn += 1
+
+    def kept() -> None:
+        lsn = 1
+        for obj, h in zip(objects, headers, strict=True):
+            for k, blk in enumerate(h.blocks):
+                atrest.encode_block_entry(
+                    lsn=lsn, topic="south." + blk.topic, partition=blk.partition,
+                    append_time=0, source=SourceCoords("south", h.seq, 1, k == len(h.blocks) - 1),
+                    index=blk, stored=obj[blk.offset : blk.end],
+                )  # fmt: skip
+                lsn += 1
+
+    return best_seconds(today, rounds), best_seconds(kept, rounds)
+
+
+def mirror_figures(n: int, rounds: int) -> dict[str, float]:
     """Log objects as the shipper builds them (one per 250 records: 250 ms at 1,000/s),
     mirrored as block entries, then rewritten: bytes kept per bucket byte."""
     wal, _, positions = journal_segment(n, 1)
@@ -172,11 +216,13 @@ def mirror_figures(n: int) -> dict[str, float]:
     lsn = 1
     per_object = 250
     entries = [E.decode_entry(wal, pos) for pos in positions]
+    objects: list[bytes] = []
     for i in range(0, len(entries), per_object):
         b = LogObjectBuilder()
         for e in entries[i : i + per_object]:
             b.add_batch(e.topic, e.partition, e.payload)
         obj = b.build("south", 1, 1 + i // per_object, 1, 1, 0)
+        objects.append(obj)
         bucket += len(obj)
         h = decode_header(obj, where="mirror")
         for k, blk in enumerate(h.blocks):
@@ -194,7 +240,12 @@ def mirror_figures(n: int) -> dict[str, float]:
             lsn += 1
     mirror_wal = _WAL_HEADER.pack(b"EGWJ", atrest.WAL_VERSION_BLOCKS, 1) + b"".join(blocks)
     rewritten = atrest.compress_segment(mirror_wal)
+    today_s, kept_s = apply_seconds(objects, rounds)
+    mb = bucket / MB
     return {
+        "mirror_apply_today_mb_s": mb / today_s,
+        "mirror_apply_blocks_mb_s": mb / kept_s,
+        "mirror_apply_ratio": today_s / kept_s,
         "bucket_bytes": bucket,
         "mirror_journal_bytes": len(mirror_wal),
         "mirror_rewritten_bytes": len(rewritten),
@@ -332,7 +383,7 @@ def main() -> None:
             figures[f"lookup_{k}k_{key}"] = value
 
     progress("the mirror's blocks ...")
-    mirror = mirror_figures(n // 2)
+    mirror = mirror_figures(n // 2, rounds)
     rows.append("mirror (log objects of 250 records kept as block entries)")
     rows.append(
         Row(
@@ -352,6 +403,15 @@ def main() -> None:
             "B",
             "bucket bytes",
             mirror["bucket_bytes"],
+        )
+    )
+    rows.append(
+        Row(
+            "apply fetched objects (sans-IO CPU)",
+            mirror["mirror_apply_blocks_mb_s"],
+            "MB/s",
+            "today: decode + entry per batch",
+            mirror["mirror_apply_today_mb_s"],
         )
     )
     figures.update(mirror)
