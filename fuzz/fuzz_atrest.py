@@ -21,7 +21,8 @@ so mutations reach the structure checks behind the CRCs. Bit 2 makes the rest
 of the input the *raw* entry table of chunk 0 of seed ``input[1]``: the file
 is rebuilt around it (stored uncompressed, positions and CRCs made valid), so
 mutations reach the entry table's checks, which sit behind a CRC and zstd.
-Bit 3 feeds the input to ``decode_block_entry`` instead.
+Bit 3 feeds the input to ``decode_block_entry`` instead (with bit 0, its
+block's CRC and its own recomputed first).
 """
 
 from __future__ import annotations

@@ -1580,7 +1580,8 @@ def iter_compressed(
 def _iter_wal(wal: Buffer, where: str) -> Iterator[tuple[AnyEntry, bytes]]:
     """The entries of a journal segment with the bytes of each (ordinary data entries on
     the journal's fast path, ``decode_data_entry``; anything else as the journal checks it)."""
-    buf = bytes(wal)
+    # a view, not a copy: the rewriter hands a map of the whole segment
+    buf: bytes | memoryview = wal if isinstance(wal, bytes) else memoryview(wal)
     if len(buf) < _entry.SEGMENT_HEADER_SIZE:
         raise CorruptData("segment header truncated", where=where)
     magic, version, base_lsn = _WAL_HEADER.unpack_from(buf)
@@ -1599,7 +1600,7 @@ def _iter_wal(wal: Buffer, where: str) -> Iterator[tuple[AnyEntry, bytes]]:
                 raise CorruptData(f"a block entry in a version {version} segment", where=where)
         if e.lsn != lsn:
             raise CorruptData(f"entry LSN {e.lsn} where {lsn} comes next", where=f"{where}@{pos}")
-        yield e, buf[pos : pos + e.length]
+        yield e, bytes(buf[pos : pos + e.length])
         pos += e.length
         lsn += 1
 

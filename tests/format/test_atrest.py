@@ -733,3 +733,12 @@ def test_iter_compressed_streams_the_same_bytes() -> None:
     pieces = list(atrest.iter_compressed(wal, chunk_raw_bytes=50_000))
     assert len(pieces) > 3
     assert b"".join(pieces) == compress_segment(wal, chunk_raw_bytes=50_000)
+
+
+def test_compressing_a_mapped_segment_with_a_zero_tail() -> None:
+    """The rewriter hands a view of the file (a map); the zeros of an interrupted seal's
+    preallocation end the entries, as they do for the journal's scan."""
+    wal = telemetry_wal(500)
+    z = compress_segment(memoryview(bytearray(wal + bytes(4096))))
+    assert z == compress_segment(wal)
+    assert expand_segment(z) == wal
