@@ -1183,7 +1183,10 @@ class Shipper:
         if head_lsn > journal_last:
             raise Diverged(
                 f"region {self.region}'s log covers journal LSNs up to {head_lsn} but the local "
-                f"journal ends at {journal_last}: the journal lost data. Run `edgegw restore`."
+                f"journal ends at {journal_last}: the journal lost entries the bucket holds (a "
+                "segment moved aside, deleted or restored from an older copy). Appending would "
+                "hand out LSNs and offsets the bucket holds already. Run `edgegw restore` to "
+                "continue from the bucket."
             )
         # (A journal that starts after head_lsn + 1 was refused as a lost
         # bucket above: its segments are deleted only once shipped.)

@@ -1,0 +1,325 @@
+"""A journal that lost entries the bucket holds never hands their offsets out again (issue 41).
+
+With real processes: ``edgegw serve``, its HTTP API and a local bucket. A
+site produces and ships 300 records and stops; one byte of its last journal
+segment flips, ``serve`` refuses the damaged journal and says to move the
+segment aside; the operator does, and starts the gateway while a producer
+keeps posting. Before, intake opened at once: produce answered 200 at
+offsets 280, 281, ... -- offsets the bucket held already -- and the claim
+passed once those appends had pushed the journal past the log's last LSN,
+so the bucket held offsets 280..299 twice and the shipper failed for good.
+
+Now the shipper compares each journal's end with what shipper.json says the
+bucket confirmed *before* intake opens: the gateway refuses produce and
+exits 3 naming ``edgegw restore``, whatever the producer does; after
+``edgegw restore --yes`` the site ships again, and every acknowledged record
+is in the bucket exactly once.
+
+A second test makes the shipper fail on every run (a fail point): status,
+its JSON and the metrics say ``failing`` with the error, and the supervisor's
+restarts claim no new epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from _serve import Gateway, TopicSpec, wait_until
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from _cli_support import run_edgegw
+
+from edge_gateway import failpoints
+from edge_gateway.format.logobject import (
+    decode_block,
+    decode_header,
+    iter_block_batches,
+    slice_block,
+)
+
+TOPIC = "t"
+VALUE_BYTES = 900
+EXIT_FENCED = 3
+
+
+def _gateway(tmp_path: Path, *, manifests: bool = True) -> Gateway:
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    sections: dict[str, dict[str, object]] = {"journal": {"segment_bytes": "64KiB"}}
+    if not manifests:  # none in the test's time: shipper.json's log_lsn stays at the claim's
+        sections["shipper"] = {"manifest_interval_ms": 3_600_000, "manifest_every": 100_000}
+    return Gateway(
+        "north",
+        tmp_path,
+        {"type": "local", "path": str(bucket)},
+        [TopicSpec(TOPIC, "north", partitions=1)],
+        sections,
+    )
+
+
+def _value(tag: str, i: int) -> str:
+    return f"{tag}-{i:06d}-".ljust(VALUE_BYTES, "x")
+
+
+def _produce(url: str, values: list[str]) -> dict[int, str]:
+    """One POST of ``values``; offset -> value of what it acknowledged."""
+    r = httpx.post(
+        f"{url}/v1/topics/{TOPIC}/records",
+        json={"records": [{"value": v} for v in values]},
+        timeout=30,
+    )
+    assert r.status_code == 200, r.text
+    return {o["offset"]: v for v, o in zip(values, r.json()["offsets"], strict=True)}
+
+
+class _ProduceLoop(threading.Thread):
+    """Posts batches of 10 records as fast as it can to whatever gateway ``api.addr`` names.
+
+    Keeps what was acknowledged (offset -> value) and the answers that were not 200.
+    """
+
+    def __init__(self, g: Gateway, tag: str) -> None:
+        super().__init__(daemon=True, name=f"produce-{tag}")
+        self.addr = g.data_dir / "api.addr"
+        self.tag = tag
+        self.acked: dict[int, str] = {}
+        self.refused: list[str] = []
+        self.attempts = 0
+        self.stopping = threading.Event()
+        self.error: str | None = None
+
+    def run(self) -> None:
+        n = 0
+        try:
+            with httpx.Client(timeout=10) as c:
+                while not self.stopping.is_set():
+                    try:
+                        addr = self.addr.read_text().strip()
+                    except FileNotFoundError:
+                        addr = ""
+                    if not addr:
+                        time.sleep(0.002)
+                        continue
+                    values = [_value(self.tag, n + i) for i in range(10)]
+                    self.attempts += 1
+                    try:
+                        r = c.post(
+                            f"http://{addr}/v1/topics/{TOPIC}/records",
+                            json={"records": [{"value": v} for v in values]},
+                        )
+                    except httpx.HTTPError:
+                        time.sleep(0.002)  # not listening (yet, or any more)
+                        continue
+                    if r.status_code == 200:
+                        for v, o in zip(values, r.json()["offsets"], strict=True):
+                            self.acked[o["offset"]] = v
+                        n += 10
+                    else:
+                        self.refused.append(f"{r.status_code} {r.text}")
+        except Exception as exc:  # reported to the test
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join(timeout=60)
+        assert not self.is_alive()
+        assert self.error is None, self.error
+
+
+def _log_keys(bucket: Path) -> list[str]:
+    return sorted(p.name for p in (bucket / "objects/regions/north/log").iterdir())
+
+
+def _bucket_records(bucket: Path) -> list[tuple[int, str, str]]:
+    """Every record of topic ``t`` in region north's log: (offset, value, object), in seq order."""
+    out = []
+    for name in _log_keys(bucket):
+        obj = (bucket / "objects/regions/north/log" / name).read_bytes()
+        header = decode_header(obj, where=name, object_size=len(obj))
+        for b in header.blocks:
+            assert (b.topic, b.partition) == (TOPIC, 0)
+            raw = decode_block(b, slice_block(b, [(0, obj)], where=name), where=name)
+            for batch in iter_block_batches(b, raw, where=name):
+                out.extend((rec.offset, rec.value.decode(), name) for rec in batch.records())
+    return out
+
+
+def _assert_exactly_once(bucket: Path, acked: dict[int, str]) -> None:
+    """The bucket holds offsets 0..n-1 of t/0 once each, and every acknowledged record."""
+    records = _bucket_records(bucket)
+    seen: dict[int, list[str]] = {}
+    for offset, _, name in records:
+        seen.setdefault(offset, []).append(name)
+    twice = {o: names for o, names in seen.items() if len(names) > 1}
+    assert not twice, f"offsets in the bucket twice: {dict(list(twice.items())[:5])}"
+    assert sorted(seen) == list(range(len(seen))), "a gap in the bucket's offsets"
+    values = {offset: value for offset, value, _ in records}
+    missing = sorted(o for o in acked if values.get(o) != acked[o])
+    assert not missing, f"acknowledged records missing or different in the bucket: {missing[:10]}"
+
+
+def _last_segment(g: Gateway) -> Path:
+    return max((g.data_dir / "journal").glob("*.wal"))
+
+
+def _flip_a_byte_inside(segment: Path) -> None:
+    """Flip a byte inside the segment's first record entry (after its checkpoint): damage
+    followed by a valid entry, not a torn tail."""
+    data = bytearray(segment.read_bytes())
+    data[200] ^= 0xFF
+    segment.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    "summarised",
+    [
+        # shipper.json's log_lsn (the last manifest) covers the moved segment:
+        # the start refuses from local state alone, before any bucket request.
+        pytest.param(True, id="confirmed-by-a-manifest"),
+        # Only the LSNs sent (written before each create) cover it: intake
+        # waits for the claim, which finds the log's head above the journal.
+        pytest.param(False, id="sent-only"),
+    ],
+)
+def test_a_segment_moved_aside_is_refused_whatever_a_producer_does(
+    tmp_path: Path, summarised: bool
+) -> None:
+    g = _gateway(tmp_path, manifests=summarised)
+    bucket = tmp_path / "bucket"
+    acked: dict[int, str] = {}
+    try:
+        g.start()
+        for i in range(30):
+            acked |= _produce(g.url, [_value("first", 10 * i + j) for j in range(10)])
+        assert sorted(acked) == list(range(300))
+        wait_until(lambda: g.status()["shipper"]["pending_lsns"] == 0, 60, "everything shipped")
+        last_lsn = g.status()["journal"]["next_lsn"] - 1
+        state = g.data_dir / "journal/shipper.json"
+        if summarised:
+            wait_until(
+                lambda: json.loads(state.read_text())["log_lsn"] == last_lsn, 60, "a manifest"
+            )
+        assert g.stop() == 0
+        assert json.loads(state.read_text())["sent"] == {"0": last_lsn}
+        keys_before = _log_keys(bucket)
+        _assert_exactly_once(bucket, acked)
+
+        # One byte flips in the middle of the last segment: serve refuses it.
+        segment = _last_segment(g)
+        assert segment.name != "00000000000000000001.wal", "the journal must have rolled"
+        first_moved = int(segment.stem)
+        confirmed = json.loads(state.read_text())["log_lsn"]
+        assert (confirmed >= first_moved) == summarised, confirmed
+        _flip_a_byte_inside(segment)
+        g.spawn()
+        assert g.proc is not None
+        assert g.proc.wait(timeout=60) != 0
+        assert "restore the segment or move it aside" in g.tail(), g.tail()
+
+        # The operator moves it aside, a producer keeps posting, the gateway starts.
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        shutil.move(segment, aside / segment.name)
+        loop = _ProduceLoop(g, "during")
+        loop.start()
+        try:
+            time.sleep(0.2)  # the producer is posting (to nothing yet) when serve starts
+            g.spawn()
+            assert g.proc is not None
+            code = g.proc.wait(timeout=60)
+            time.sleep(0.2)
+        finally:
+            loop.stop()
+        log = g.tail(200)
+        assert code == EXIT_FENCED, log
+        # (a) no offset or LSN the bucket holds was handed out again: nothing
+        # was acknowledged, the bucket is as it was, and the error names the
+        # cause and the remedy.
+        assert loop.acked == {}, f"produce acknowledged offsets {sorted(loop.acked)[:10]}"
+        assert all(r.startswith("503") for r in loop.refused), loop.refused[:3]
+        assert _log_keys(bucket) == keys_before
+        _assert_exactly_once(bucket, acked)
+        fenced = [line for line in log.splitlines() if line.startswith("error: fenced: ")]
+        assert len(fenced) == 1, log
+        assert "the journal lost entries the bucket holds" in fenced[0], log
+        assert ("but the bucket confirmed it through LSN" in fenced[0]) == summarised, log
+        assert "Run `edgegw restore`" in fenced[0], log
+
+        # (b) restore, and the site ships again: every acknowledged record once.
+        done = run_edgegw("restore", "--config", g.config, "--yes")
+        assert done.returncode == 0, done.stderr
+        loop = _ProduceLoop(g, "after")
+        loop.start()
+        try:
+            g.start()
+            wait_until(lambda: len(loop.acked) >= 100, 60, "produce after the restore")
+        finally:
+            loop.stop()
+        assert min(loop.acked) == 300  # offsets continue after the bucket's, none reused
+        acked |= loop.acked
+        wait_until(lambda: g.status()["shipper"]["pending_lsns"] == 0, 60, "everything shipped")
+        shipper = g.status()["shipper"]
+        assert shipper["state"] == "shipping"
+        assert shipper["last_error"] is None
+        assert g.stop() == 0
+        _assert_exactly_once(bucket, acked)
+        assert len(_bucket_records(bucket)) == len(acked)
+    finally:
+        g.kill()
+
+
+def _metric(text: str, name: str, labels: str = "") -> float:
+    m = re.search(rf"^{name}{re.escape(labels)} (\S+)$", text, re.MULTILINE)
+    assert m, f"no {name}{labels} in the metrics"
+    return float(m.group(1))
+
+
+def test_a_shipper_failing_on_every_run_shows_in_status_and_claims_no_new_epochs(
+    tmp_path: Path,
+) -> None:
+    g = _gateway(tmp_path)
+    g.env = {failpoints.ENV: "shipper.loop=1000"}
+    try:
+        g.start()
+        acked = _produce(g.url, [_value("stuck", i) for i in range(10)])
+
+        def failing() -> dict[str, Any] | None:
+            s: dict[str, Any] = g.status()["shipper"]
+            return s if s["state"] == "failing" and s["failures"] >= 3 else None
+
+        shipper = wait_until(failing, 60, "three failed shipper runs")
+        assert "FailPointError" in shipper["last_error"]
+        assert shipper["pending_lsns"] > 0  # never "nothing pending" while nothing ships
+        # A restart resumes this process's epoch: no fence per restart.
+        assert shipper["epoch"] == 1
+        fences = [
+            name
+            for name in _log_keys(tmp_path / "bucket")
+            if not decode_header(
+                data := (tmp_path / "bucket/objects/regions/north/log" / name).read_bytes(),
+                where=name,
+                object_size=len(data),
+            ).blocks
+        ]
+        assert len(fences) == 1, fences
+        text = httpx.get(f"{g.url}/metrics", timeout=10).text
+        assert _metric(text, "edgegw_shipper_state", '{state="failing"}') == 1
+        assert _metric(text, "edgegw_shipper_state", '{state="shipping"}') == 0
+        assert _metric(text, "edgegw_shipper_failed_runs") >= 3
+        shown = run_edgegw("status", "--config", g.config)
+        assert shown.returncode == 0, shown.stderr
+        flat = " ".join(shown.stdout.split())
+        assert "FAILING: " in flat, shown.stdout
+        assert "FailPointError" in flat, shown.stdout
+        assert len(acked) == 10
+    finally:
+        g.kill()
