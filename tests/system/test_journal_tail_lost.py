@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
-from _serve import Gateway, TopicSpec, wait_until
+from _serve import Fleet, Gateway, TopicSpec, wait_until
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
 from _cli_support import run_edgegw
@@ -45,6 +45,7 @@ from edge_gateway.format.logobject import (
     iter_block_batches,
     slice_block,
 )
+from edge_gateway.testing.ports import free_port
 
 TOPIC = "t"
 VALUE_BYTES = 900
@@ -54,7 +55,12 @@ EXIT_FENCED = 3
 def _gateway(tmp_path: Path, *, manifests: bool = True) -> Gateway:
     bucket = tmp_path / "bucket"
     bucket.mkdir()
-    sections: dict[str, dict[str, object]] = {"journal": {"segment_bytes": "64KiB"}}
+    sections: dict[str, dict[str, object]] = {
+        "journal": {"segment_bytes": "64KiB"},
+        # A fixed port: producers reach the API while the gateway starts,
+        # before it writes api.addr (once ready).
+        "api": {"listen": f"127.0.0.1:{free_port()}"},
+    }
     if not manifests:  # none in the test's time: shipper.json's log_lsn stays at the claim's
         sections["shipper"] = {"manifest_interval_ms": 3_600_000, "manifest_every": 100_000}
     return Gateway(
@@ -82,14 +88,14 @@ def _produce(url: str, values: list[str]) -> dict[int, str]:
 
 
 class _ProduceLoop(threading.Thread):
-    """Posts batches of 10 records as fast as it can to whatever gateway ``api.addr`` names.
+    """Posts batches of 10 records as fast as it can to the gateway's (fixed) address.
 
     Keeps what was acknowledged (offset -> value) and the answers that were not 200.
     """
 
-    def __init__(self, g: Gateway, tag: str) -> None:
+    def __init__(self, url: str, tag: str) -> None:
         super().__init__(daemon=True, name=f"produce-{tag}")
-        self.addr = g.data_dir / "api.addr"
+        self.url = url
         self.tag = tag
         self.acked: dict[int, str] = {}
         self.refused: list[str] = []
@@ -102,18 +108,11 @@ class _ProduceLoop(threading.Thread):
         try:
             with httpx.Client(timeout=10) as c:
                 while not self.stopping.is_set():
-                    try:
-                        addr = self.addr.read_text().strip()
-                    except FileNotFoundError:
-                        addr = ""
-                    if not addr:
-                        time.sleep(0.002)
-                        continue
                     values = [_value(self.tag, n + i) for i in range(10)]
                     self.attempts += 1
                     try:
                         r = c.post(
-                            f"http://{addr}/v1/topics/{TOPIC}/records",
+                            f"{self.url}/v1/topics/{TOPIC}/records",
                             json={"records": [{"value": v} for v in values]},
                         )
                     except httpx.HTTPError:
@@ -165,6 +164,12 @@ def _assert_exactly_once(bucket: Path, acked: dict[int, str]) -> None:
     values = {offset: value for offset, value, _ in records}
     missing = sorted(o for o in acked if values.get(o) != acked[o])
     assert not missing, f"acknowledged records missing or different in the bucket: {missing[:10]}"
+
+
+def _listen_url(g: Gateway) -> str:
+    listen = re.search(r'^listen = "([^"]+)"$', g.config.read_text(), re.MULTILINE)
+    assert listen, "no fixed api.listen"
+    return f"http://{listen.group(1)}"
 
 
 def _last_segment(g: Gateway) -> Path:
@@ -228,7 +233,7 @@ def test_a_segment_moved_aside_is_refused_whatever_a_producer_does(
         aside = tmp_path / "aside"
         aside.mkdir()
         shutil.move(segment, aside / segment.name)
-        loop = _ProduceLoop(g, "during")
+        loop = _ProduceLoop(_listen_url(g), "during")
         loop.start()
         try:
             time.sleep(0.2)  # the producer is posting (to nothing yet) when serve starts
@@ -244,6 +249,9 @@ def test_a_segment_moved_aside_is_refused_whatever_a_producer_does(
         # was acknowledged, the bucket is as it was, and the error names the
         # cause and the remedy.
         assert loop.acked == {}, f"produce acknowledged offsets {sorted(loop.acked)[:10]}"
+        # (It may or may not reach the API in the moments the start lasts: the
+        # test with the bucket away below sees the refusals themselves.)
+        assert loop.attempts > 0
         assert all(r.startswith("503") for r in loop.refused), loop.refused[:3]
         assert _log_keys(bucket) == keys_before
         _assert_exactly_once(bucket, acked)
@@ -256,7 +264,7 @@ def test_a_segment_moved_aside_is_refused_whatever_a_producer_does(
         # (b) restore, and the site ships again: every acknowledged record once.
         done = run_edgegw("restore", "--config", g.config, "--yes")
         assert done.returncode == 0, done.stderr
-        loop = _ProduceLoop(g, "after")
+        loop = _ProduceLoop(_listen_url(g), "after")
         loop.start()
         try:
             g.start()
@@ -322,3 +330,111 @@ def test_a_shipper_failing_on_every_run_shows_in_status_and_claims_no_new_epochs
         assert len(acked) == 10
     finally:
         g.kill()
+
+
+def test_with_the_bucket_away_a_start_holds_produce_only_when_the_journal_may_have_lost_entries(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str, s3_admin: Any
+) -> None:
+    """An intact journal starts and takes writes with the bucket unreachable, as promised.
+    One that ends below what it sent refuses produce (503, naming the cause and the
+    remedy) until the bucket answers, and then stops with exit 3."""
+    port = int(moto_endpoint.rsplit(":", 1)[1])
+    fleet = Fleet(
+        tmp_path,
+        ["north"],
+        [TopicSpec(TOPIC, "north", partitions=1)],
+        s3=(port, s3_bucket_name),
+        sections={
+            "journal": {"segment_bytes": "64KiB"},
+            # No manifest in the test's time: only the sent LSNs tell (the
+            # confirmed ones would stop the start without waiting).
+            "shipper": {"manifest_interval_ms": 3_600_000, "manifest_every": 100_000},
+            "api": {"listen": f"127.0.0.1:{free_port()}"},
+        },
+    )
+    g, proxy = fleet["north"], fleet.proxies["north"]
+
+    def log_keys() -> list[str]:
+        got = s3_admin.list_objects_v2(Bucket=s3_bucket_name, Prefix="regions/north/log/")
+        return sorted(o["Key"] for o in got.get("Contents", []))
+
+    def shipped() -> bool:
+        return bool(g.status()["shipper"]["pending_lsns"] == 0)
+
+    try:
+        g.start()
+        for i in range(30):
+            _produce(g.url, [_value("first", 10 * i + j) for j in range(10)])
+        wait_until(shipped, 60, "everything shipped")
+        assert g.stop() == 0
+
+        # The promise kept: with the bucket away, an intact journal takes writes at once.
+        proxy.set_mode("refuse")
+        g.spawn()
+        url = g.url = _listen_url(g)
+        acked = wait_until(
+            lambda: _try_produce(url, [_value("offline", i) for i in range(10)]),
+            60,
+            "produce with the bucket away",
+        )
+        assert sorted(acked) == list(range(300, 310))
+        proxy.set_mode("pass")
+        wait_until(shipped, 60, "everything shipped")
+        # (The claim, and the first manifest after it, confirm the log up to
+        # there: more, in a new segment, that only the sent LSNs cover.)
+        segment = _last_segment(g)
+        while _last_segment(g) == segment:
+            _produce(g.url, [_value("more", i) for i in range(10)])
+        _produce(g.url, [_value("more", i) for i in range(10)])
+        wait_until(shipped, 60, "everything shipped")
+        assert g.stop() == 0
+        keys_before = log_keys()
+
+        segment = _last_segment(g)
+        state = json.loads((g.data_dir / "journal/shipper.json").read_text())
+        assert state["log_lsn"] < int(segment.stem) <= state["sent"]["0"], state
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        shutil.move(segment, aside / segment.name)
+        proxy.set_mode("refuse")
+        g.spawn()
+        url = g.url = _listen_url(g)
+        refusals: list[str] = []
+
+        def refused() -> bool:
+            try:
+                r = httpx.post(
+                    f"{url}/v1/topics/{TOPIC}/records",
+                    json={"records": [{"value": "never"}]},
+                    timeout=10,
+                )
+            except httpx.ConnectError:
+                return False  # not listening yet
+            assert r.status_code != 200, f"produce acknowledged: {r.text}"
+            refusals.append(r.text)
+            return "does not accept writes yet" in r.text
+
+        wait_until(refused, 60, "produce refused with the reason", interval=0.1)
+        assert r"edgegw restore" in refusals[-1], refusals[-1]
+        assert "sent LSNs up to" in refusals[-1], refusals[-1]
+        for _ in range(20):  # it keeps refusing while the bucket is away
+            refused()
+            time.sleep(0.05)
+        assert g.status()["shipper"]["intake_hold"] is not None
+        assert g.proc is not None
+        assert g.proc.poll() is None
+
+        # The bucket answers: its head is above the journal's end.
+        proxy.set_mode("pass")
+        assert g.proc.wait(timeout=60) == EXIT_FENCED, g.tail()
+        assert "the journal lost entries the bucket holds" in g.tail(), g.tail()
+        assert log_keys() == keys_before
+    finally:
+        fleet.close()
+
+
+def _try_produce(url: str, values: list[str]) -> dict[int, str] | None:
+    try:
+        return _produce(url, values)
+    except (AssertionError, httpx.HTTPError):
+        return None
