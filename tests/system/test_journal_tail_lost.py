@@ -10,12 +10,16 @@ passed once those appends had pushed the journal past the log's last LSN,
 so the bucket held offsets 280..299 twice and the shipper failed for good.
 
 Now the shipper compares each journal's end with what shipper.json says the
-bucket confirmed *before* intake opens: the gateway refuses produce and
-exits 3 naming ``edgegw restore``, whatever the producer does; after
-``edgegw restore --yes`` the site ships again, and every acknowledged record
-is in the bucket exactly once.
+bucket confirmed, or may hold (the LSNs sent), *before* intake opens: the
+gateway refuses produce and exits 3 naming ``edgegw restore``, whatever the
+producer does; after ``edgegw restore --yes`` the site ships again, and every
+acknowledged record is in the bucket exactly once.
 
-A second test makes the shipper fail on every run (a fail point): status,
+With the bucket away (S3 behind a proxy that refuses), an intact journal
+still takes writes at once, while one that ends below what it sent answers
+produce with 503 and the reason until the bucket answers, then exits 3.
+
+Another test makes the shipper fail on every run (a fail point): status,
 its JSON and the metrics say ``failing`` with the error, and the supervisor's
 restarts claim no new epoch.
 """
