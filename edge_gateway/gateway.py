@@ -1280,6 +1280,13 @@ class Gateway:
 
     def _check_accepting(self) -> None:
         if not self._accepting:
+            hold = self._shipper.intake_hold if self._shipper is not None else None
+            if hold is not None:
+                raise Unavailable(
+                    f"the gateway does not accept writes yet: {hold}; it waits for the "
+                    "bucket to tell whether the journal lost entries the bucket holds (then it "
+                    "stops: run `edgegw restore`)"
+                )
             # The reason /healthz gives (a first start waiting for the bucket
             # says so), not just "not started".
             raise Unavailable(self.not_ready_reason())
@@ -1904,6 +1911,8 @@ class Gateway:
                 "heap_trims": s.heap_trims,
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
+                "failures": s.failures,
+                "intake_hold": self.shipper.intake_hold,
             },
             "lanes": self._lanes_json(s),
             "encryption": self._encryption_json(),
