@@ -31,7 +31,6 @@ import itertools
 import json
 import logging
 import os
-import struct
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -77,7 +76,7 @@ from edge_gateway.errors import (
     WrongRegion,
 )
 from edge_gateway.failpoints import fail_point
-from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches
+from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches, peek_count
 from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.idempotence import ProducerSeq, ProducerTable
@@ -103,8 +102,6 @@ Ack = Literal["local", "shipped"]
 _PRODUCERS_FILE = "producers.json"
 #: Producer ids reserved per write of the registry.
 _ID_BLOCK = 1024
-#: A record batch's length and record count (docs/format.md, "Record batch").
-_BATCH_LENGTH_COUNT = struct.Struct("<I16xI")
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +203,14 @@ class _Topic:
     partitions: int
     source_topic: str
     subscribers: tuple[str, ...]
+
+    def check_partition(self, partition: int) -> int:
+        """``partition`` if the topic has it; else :class:`InvalidInput` naming the range."""
+        if not 0 <= partition < self.partitions:
+            raise InvalidInput(
+                f"topic {self.name!r} has partitions 0..{self.partitions - 1}, not {partition}"
+            )
+        return partition
 
 
 @dataclass(slots=True, eq=False)
@@ -1293,11 +1298,7 @@ class Gateway:
 
     def _partition_of(self, t: _Topic, rec: ProduceRecord, sticky: int) -> int:
         if rec.partition is not None:
-            if not 0 <= rec.partition < t.partitions:
-                raise InvalidInput(
-                    f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {rec.partition}"
-                )
-            return rec.partition
+            return t.check_partition(rec.partition)
         if rec.key is not None:
             return int(crc32c(rec.key)) % t.partitions
         return sticky
@@ -1336,17 +1337,7 @@ class Gateway:
                 offsets[i] = res.base_offset + k
         for lane, lsn in lane_lsns.items():
             await lanes.journals[lane].after_append(lsn)
-        result = ProduceResult(
-            t.name,
-            parts,
-            offsets,
-            lane_lsns.get(MAIN_LANE, 0),
-            ack == "shipped",
-            lane_lsns if lanes.multi else {},
-        )
-        if ack == "shipped":
-            await self.wait_shipped(result)
-        return result
+        return await self._acknowledge(t.name, parts, offsets, lane_lsns, ack)
 
     def group_by_partition(
         self, topic: str, records: Sequence[ProduceRecord]
@@ -1383,10 +1374,7 @@ class Gateway:
         refusal: Unavailable | None = None
         await trio.lowlevel.checkpoint_if_cancelled()
         for p, rs in groups:
-            if not 0 <= p < t.partitions:
-                raise InvalidInput(
-                    f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {p}"
-                )
+            t.check_partition(p)
             batch = _encode_records(rs, now)
             try:
                 res = lanes.append_nowait(t.name, p, batch)
@@ -1418,21 +1406,40 @@ class Gateway:
         """
         self._check_accepting()
         t = self._writable(topic)
-        if not 0 <= partition < t.partitions:
-            raise InvalidInput(
-                f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
-            )
+        t.check_partition(partition)
         if producer is not None:
             return await self._append_idempotent(t.name, partition, batch, producer, ack)
-        lanes = self.lanes
-        res = await lanes.append(t.name, partition, batch)
-        result = ProduceResult(
+        res = await self.lanes.append(t.name, partition, batch)
+        return await self._acknowledge(
             t.name,
             [partition] * res.count,
             list(range(res.base_offset, res.base_offset + res.count)),
-            res.lsn if res.lane.is_main else 0,
+            {res.lane: res.lsn},
+            ack,
+        )
+
+    async def _acknowledge(
+        self,
+        topic: str,
+        partitions: list[int],
+        offsets: list[int],
+        lane_lsns: dict[Lane, int],
+        ack: Ack,
+        *,
+        duplicate: bool = False,
+    ) -> ProduceResult:
+        """The answer to a produce whose entries are durable at ``lane_lsns``.
+
+        With ``ack='shipped'`` it returns once they are in the bucket too.
+        """
+        result = ProduceResult(
+            topic,
+            partitions,
+            offsets,
+            lane_lsns.get(MAIN_LANE, 0),
             ack == "shipped",
-            {res.lane: res.lsn} if lanes.multi else {},
+            lane_lsns if self.lanes.multi else {},
+            duplicate=duplicate,
         )
         if ack == "shipped":
             await self.wait_shipped(result)
@@ -1590,10 +1597,7 @@ class Gateway:
         t = self._writable(topic)
         if not records:
             raise InvalidInput("nothing to produce: no records")
-        if not 0 <= partition < t.partitions:
-            raise InvalidInput(
-                f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
-            )
+        t.check_partition(partition)
         now = _now_ms()
         batch = _encode_records(records, now)
         if producer is not None:
@@ -1606,11 +1610,8 @@ class Gateway:
         lanes = self.lanes
         # The count, for the check; the journal checks the rest of the batch
         # before it writes anything (and nothing is remembered unless it did).
-        try:
-            length, count = _BATCH_LENGTH_COUNT.unpack_from(batch)
-        except struct.error:
-            length = count = -1
-        if length != len(batch) or count < 1:
+        count = peek_count(batch)
+        if count is None:
             try:
                 read_batch_header(batch, 0, where=f"produce to {topic}/{partition}")
             except CorruptData as exc:
@@ -1648,18 +1649,14 @@ class Gateway:
             )
             await lanes.journals[res.lane].after_append(res.lsn)
             lane, lsn, base, n = res.lane, res.lsn, res.base_offset, res.count
-        result = ProduceResult(
+        return await self._acknowledge(
             topic,
             [partition] * n,
             list(range(base, base + n)),
-            lsn if lane.is_main else 0,
-            ack == "shipped",
-            {lane: lsn} if lanes.multi else {},
+            {lane: lsn},
+            ack,
             duplicate=dup is not None,
         )
-        if ack == "shipped":
-            await self.wait_shipped(result)
-        return result
 
     # ------------------------------------------------------------ sync
 
@@ -1736,10 +1733,7 @@ class Gateway:
     ) -> FetchResult:
         """Records from ``offset``; with ``wait_ms``, wait that long for the first one."""
         t = self._readable(topic)
-        if not 0 <= partition < t.partitions:
-            raise InvalidInput(
-                f"topic {t.name!r} has partitions 0..{t.partitions - 1}, not {partition}"
-            )
+        t.check_partition(partition)
         if offset < 0 or max_records < 1 or max_bytes < 1:
             raise InvalidInput("offset must be >= 0, max_records and max_bytes >= 1")
         journal = self.lanes

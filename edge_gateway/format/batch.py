@@ -65,6 +65,7 @@ _KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS | FLAG_NULLS
 _HEADER = struct.Struct("<IBBHqIIqq")
 HEADER_SIZE: Final = _HEADER.size  # 40
 _COUNT_TS = struct.Struct("<Iqq")  # header bytes [20, 40): count, min/max timestamp
+_LENGTH_COUNT = struct.Struct("<I16xI")  # header bytes [0, 24): length ... count
 _crc = crc32c
 _BASE_OFFSET = struct.Struct("<q")
 _CRC = struct.Struct("<I")
@@ -328,6 +329,19 @@ def batch_crc(buf: bytes | bytearray | memoryview, pos: int, length: int) -> int
     view = memoryview(buf)
     crc = crc32c(view[pos + _VERSION_POS : pos + _BASE_OFFSET_POS])
     return int(crc32c(view[pos + _CRC_END : pos + length], value=crc))
+
+
+def peek_count(buf: bytes | bytearray | memoryview) -> int | None:
+    """The record count of ``buf`` if its header claims exactly ``len(buf)`` bytes and a record.
+
+    None otherwise (:func:`read_header` says what is wrong). Nothing else is
+    checked: a quick look before the checks of whoever writes the batch.
+    """
+    try:
+        length, count = _LENGTH_COUNT.unpack_from(buf)
+    except struct.error:
+        return None
+    return count if length == len(buf) and count >= 1 else None
 
 
 def read_header(
