@@ -79,7 +79,7 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches, peek_count
 from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
-from edge_gateway.idempotence import ProducerSeq, ProducerTable
+from edge_gateway.idempotence import ProducerRegistry, ProducerSeq, ProducerTable
 from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
 from edge_gateway.journal._lane import lane_by_id
 from edge_gateway.journal._lanes import Lanes, open_lanes
@@ -98,10 +98,6 @@ __all__ = ["FetchResult", "Gateway", "ProduceRecord", "ProduceResult", "TopicInf
 log = logging.getLogger("edgegw.gateway")
 
 Ack = Literal["local", "shipped"]
-#: The idempotent producers' registry in the data dir: issued ids, bumped epochs.
-_PRODUCERS_FILE = "producers.json"
-#: Producer ids reserved per write of the registry.
-_ID_BLOCK = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,12 +290,11 @@ class Gateway:
         self.kafka_server: Any = None
         #: Idempotent producers (docs/api.md, "Idempotent produce"); rebuilt
         #: from the journal when the gateway starts.
-        self._producers = self._new_producer_table()
-        #: Producer ids below this may have been issued (producers.json).
-        self._id_limit = 1
-        #: Epochs bumped by init_producer: id -> (epoch, ms), kept in producers.json.
-        self._bumped: dict[int, tuple[int, int]] = {}
-        self._registry_lock = trio.Lock()
+        self._registry = ProducerRegistry(
+            config.data_dir,
+            max_producers=config.idempotence.max_producers,
+            expiry_ms=config.idempotence.producer_expiry_ms,
+        )
 
     # ------------------------------------------------------------ topology
 
@@ -973,7 +968,7 @@ class Gateway:
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
-            self._restore_producers(lanes)
+            self._registry.restore((lane.id, j) for lane, j in lanes.journals.items())
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)
             self._shipper = Shipper(
@@ -1450,7 +1445,7 @@ class Gateway:
     @property
     def producers(self) -> ProducerTable:
         """The idempotent producers' state (docs/api.md, "Idempotent produce")."""
-        return self._producers
+        return self._registry.table
 
     async def init_producer(
         self, producer_id: int | None = None, epoch: int | None = None
@@ -1465,72 +1460,11 @@ class Gateway:
         :class:`UnknownProducer`.
         """
         self._check_accepting()
-        await trio.lowlevel.checkpoint()
-        now = _now_ms()
-        if producer_id is None:
-            pid, new_epoch = self._producers.new_producer(now)
-        else:
-            pid, new_epoch = self._producers.bump(producer_id, epoch, now)
-        await self._save_producers(pid, new_epoch)
-        return pid, new_epoch
-
-    def _new_producer_table(self) -> ProducerTable:
-        cfg = self.config.idempotence
-        return ProducerTable(max_producers=cfg.max_producers, expiry_ms=cfg.producer_expiry_ms)
-
-    def _registry_path(self) -> Path:
-        return self.config.data_dir / _PRODUCERS_FILE
-
-    def _restore_producers(self, lanes: Lanes) -> None:
-        """Rebuild the producers' state: each lane's last checkpoint, then its entries after it.
-
-        Then ``producers.json``: the ids issued (never issued again) and the
-        epochs bumped since. Each lane's journal gets the snapshot hook its
-        next checkpoint writes.
-        """
-        table = self._new_producer_table()
-        for lane, j in lanes.journals.items():
-            if j.recovered_producers is not None:
-                table.restore(j.recovered_producers, lane=lane.id, where=f"{j.path} checkpoint")
-            for e in j.recovered_producer_entries:
-                assert e.producer is not None
-                seq = ProducerSeq(e.producer.producer_id, e.producer.epoch, e.producer.sequence)
-                table.replay(
-                    e.topic,
-                    e.partition,
-                    seq,
-                    e.count,
-                    e.base_offset,
-                    lsn=e.lsn,
-                    lane=lane.id,
-                    append_time=e.append_time,
-                )
-            j.recovered_producer_entries = []
-            j.producer_snapshot = functools.partial(self._producer_snapshot, lane.id)
-        path = self._registry_path()
-        try:
-            doc = json.loads(path.read_bytes())
-            if doc.get("v") != 1:
-                raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
-            limit = int(doc["id_limit"])
-            bumped = {int(pid): (int(ep), int(at)) for pid, ep, at in doc["epochs"]}
-        except FileNotFoundError:
-            limit, bumped = 1, {}
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptData(f"malformed producer registry: {exc}", where=str(path)) from None
-        table.next_id = max(table.next_id, limit)
-        for pid, (ep, at) in bumped.items():
-            table.note_epoch(pid, ep, at)
-        table.expire(_now_ms())
-        self._bumped = {pid: v for pid, v in bumped.items() if pid in table}
-        self._id_limit = table.next_id
-        self._producers = table
-        if len(table):
-            log.info("idempotence: %d producers remembered, next id %d", len(table), table.next_id)
+        return await self._registry.init_producer(producer_id, epoch)
 
     def _producers_json(self) -> dict[str, Any]:
         """The ``producers`` block of :meth:`status`."""
-        p = self._producers.statistics()
+        p = self._registry.table.statistics()
         cfg = self.config.idempotence
         return {
             "remembered": p.producers,
@@ -1543,34 +1477,6 @@ class Gateway:
             "evicted": p.evicted,
             "next_id": p.next_id,
         }
-
-    def _producer_snapshot(self, lane_id: int) -> dict[str, Any]:
-        """What a lane's next segment checkpoint keeps of the producers (at the roll)."""
-        self._producers.expire(_now_ms())
-        return self._producers.snapshot(lane_id)
-
-    async def _save_producers(self, producer_id: int, epoch: int) -> None:
-        """Make an issued id (and a bumped epoch) durable before it is handed out.
-
-        Ids are reserved in blocks of :data:`_ID_BLOCK`: the file is written
-        once per block, and a restart issues from the block's end.
-        """
-        table = self._producers
-        if epoch > 0:
-            self._bumped[producer_id] = (epoch, _now_ms())
-        elif table.next_id <= self._id_limit:
-            return
-        async with self._registry_lock:
-            limit = max(self._id_limit, table.next_id + _ID_BLOCK)
-            self._bumped = {pid: v for pid, v in self._bumped.items() if pid in table}
-            doc = {
-                "v": 1,
-                "id_limit": limit,
-                "epochs": [[pid, e, at] for pid, (e, at) in sorted(self._bumped.items())],
-            }
-            data = json.dumps(doc, separators=(",", ":")).encode()
-            await trio.to_thread.run_sync(_write_durably, self._registry_path(), data)
-            self._id_limit = limit
 
     async def produce_partition(
         self,
@@ -1621,7 +1527,7 @@ class Gateway:
         # No checkpoint between the check, the append and the record: a
         # retry that arrives while this append waits for its fsync finds it.
         now = _now_ms()
-        table = self._producers
+        table = self._registry.table
         dup = table.check(topic, partition, producer, count, now)
         if dup is not None:
             found = lane_by_id(dup.lane)
@@ -2025,21 +1931,6 @@ def _encode_records(records: Sequence[ProduceRecord], now: int) -> bytes:
         timestamps=[now if r.timestamp is None else r.timestamp for r in records],
         headers=[r.headers for r in records] if any(r.headers for r in records) else None,
     )
-
-
-def _write_durably(path: Path, data: bytes) -> None:
-    """Write ``path`` by a temporary file, fsync, rename and fsync of the directory."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _mirror_task(source: str) -> str:

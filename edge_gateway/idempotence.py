@@ -19,19 +19,35 @@ Kafka's idempotent producer is the model (its ``ProducerStateManager``):
   are forgotten and their next request gets
   :class:`~edge_gateway.errors.UnknownProducer`.
 
-This module holds no I/O: the gateway checks an append with :meth:`check`,
-writes it to the journal (the producer id, epoch and sequence go into the
-journal entry), then calls :meth:`record`. The journal's checkpoint at the
-start of every segment carries :meth:`snapshot` (the state of producers whose
+:class:`ProducerTable` holds no I/O: the gateway checks an append with
+:meth:`~ProducerTable.check`, writes it to the journal (the producer id, epoch
+and sequence go into the journal entry), then calls
+:meth:`~ProducerTable.record`. The journal's checkpoint at the start of every
+segment carries :meth:`~ProducerTable.snapshot` (the state of producers whose
 entries a deleted segment took away), and recovery rebuilds the table from the
-last checkpoint plus the entries after it (:meth:`restore`, :meth:`replay`).
+last checkpoint plus the entries after it (:meth:`~ProducerTable.restore`,
+:meth:`~ProducerTable.replay`).
+
+:class:`ProducerRegistry` is the table's thin I/O shell in the gateway: it
+rebuilds the table from the journals at start and keeps ``producers.json`` in
+the data dir (the ids issued, never issued again, and the epochs bumped), which
+it writes before an id or an epoch is handed out.
 """
 
 from __future__ import annotations
 
+import functools
+import json
+import logging
+import os
+import time
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Final, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
+
+import trio
 
 from edge_gateway.errors import (
     CorruptData,
@@ -41,16 +57,23 @@ from edge_gateway.errors import (
     UnknownProducer,
 )
 
+if TYPE_CHECKING:
+    from edge_gateway.journal import Journal
+
 __all__ = [
     "MAX_EPOCH",
     "MAX_PRODUCER_ID",
+    "PRODUCERS_FILE",
     "REMEMBERED_BATCHES",
     "SEQUENCE_MODULUS",
     "BatchMeta",
+    "ProducerRegistry",
     "ProducerSeq",
     "ProducerStats",
     "ProducerTable",
 ]
+
+log = logging.getLogger("edgegw.gateway")
 
 #: Batches remembered per producer and partition (Kafka: 5, its
 #: ``max.in.flight.requests.per.connection`` limit for idempotence).
@@ -62,6 +85,10 @@ MAX_EPOCH: Final = 2**15 - 1
 MAX_PRODUCER_ID: Final = 2**63 - 1
 #: Version of :meth:`ProducerTable.snapshot`'s document.
 SNAPSHOT_VERSION: Final = 1
+#: The idempotent producers' registry in the data dir: issued ids, bumped epochs.
+PRODUCERS_FILE: Final = "producers.json"
+#: Producer ids reserved per write of the registry.
+_ID_BLOCK: Final = 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -444,3 +471,147 @@ class ProducerTable:
 def _ahead(seq: int, expected: int) -> bool:
     """Whether ``seq`` is after ``expected`` in the wrapping sequence space."""
     return 0 < (seq - expected) % SEQUENCE_MODULUS < SEQUENCE_MODULUS // 2
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ProducerRegistry:
+    """The gateway's :class:`ProducerTable` and ``producers.json`` (docs/api.md,
+    "Idempotent produce").
+
+    :meth:`restore` rebuilds the table when the gateway starts: each lane's
+    last checkpoint, then its entries after it, then the registry file.
+    :meth:`init_producer` issues ids and bumps epochs, durably.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        max_producers: int,
+        expiry_ms: int,
+        clock: Callable[[], int] = _now_ms,
+    ) -> None:
+        self.path = data_dir / PRODUCERS_FILE
+        self._max_producers = max_producers
+        self._expiry_ms = expiry_ms
+        #: Wall-clock milliseconds.
+        self._clock = clock
+        #: Rebuilt from the journal when the gateway starts.
+        self.table = self._new_table()
+        #: Producer ids below this may have been issued (producers.json).
+        self._id_limit = 1
+        #: Epochs bumped by init_producer: id -> (epoch, ms), kept in producers.json.
+        self._bumped: dict[int, tuple[int, int]] = {}
+        self._lock = trio.Lock()
+
+    def _new_table(self) -> ProducerTable:
+        return ProducerTable(max_producers=self._max_producers, expiry_ms=self._expiry_ms)
+
+    def restore(self, journals: Iterable[tuple[int, Journal]]) -> None:
+        """Rebuild the table: each lane's last checkpoint, then its entries after it.
+
+        ``journals``: (lane id, the lane's journal). Then ``producers.json``:
+        the ids issued (never issued again) and the epochs bumped since. Each
+        lane's journal gets the snapshot hook its next checkpoint writes.
+        """
+        table = self._new_table()
+        for lane_id, j in journals:
+            if j.recovered_producers is not None:
+                table.restore(j.recovered_producers, lane=lane_id, where=f"{j.path} checkpoint")
+            for e in j.recovered_producer_entries:
+                assert e.producer is not None
+                seq = ProducerSeq(e.producer.producer_id, e.producer.epoch, e.producer.sequence)
+                table.replay(
+                    e.topic,
+                    e.partition,
+                    seq,
+                    e.count,
+                    e.base_offset,
+                    lsn=e.lsn,
+                    lane=lane_id,
+                    append_time=e.append_time,
+                )
+            j.recovered_producer_entries = []
+            j.producer_snapshot = functools.partial(self.snapshot, lane_id)
+        path = self.path
+        try:
+            doc = json.loads(path.read_bytes())
+            if doc.get("v") != 1:
+                raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
+            limit = int(doc["id_limit"])
+            bumped = {int(pid): (int(ep), int(at)) for pid, ep, at in doc["epochs"]}
+        except FileNotFoundError:
+            limit, bumped = 1, {}
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptData(f"malformed producer registry: {exc}", where=str(path)) from None
+        table.next_id = max(table.next_id, limit)
+        for pid, (ep, at) in bumped.items():
+            table.note_epoch(pid, ep, at)
+        table.expire(self._clock())
+        self._bumped = {pid: v for pid, v in bumped.items() if pid in table}
+        self._id_limit = table.next_id
+        self.table = table
+        if len(table):
+            log.info("idempotence: %d producers remembered, next id %d", len(table), table.next_id)
+
+    def snapshot(self, lane_id: int) -> dict[str, Any]:
+        """What a lane's next segment checkpoint keeps of the producers (at the roll)."""
+        self.table.expire(self._clock())
+        return self.table.snapshot(lane_id)
+
+    async def init_producer(
+        self, producer_id: int | None = None, epoch: int | None = None
+    ) -> tuple[int, int]:
+        """A new id at epoch 0, or ``producer_id`` at its next epoch; durable when returned.
+
+        See ``Gateway.init_producer``.
+        """
+        await trio.lowlevel.checkpoint()
+        now = self._clock()
+        if producer_id is None:
+            pid, new_epoch = self.table.new_producer(now)
+        else:
+            pid, new_epoch = self.table.bump(producer_id, epoch, now)
+        await self._save(pid, new_epoch)
+        return pid, new_epoch
+
+    async def _save(self, producer_id: int, epoch: int) -> None:
+        """Make an issued id (and a bumped epoch) durable before it is handed out.
+
+        Ids are reserved in blocks of :data:`_ID_BLOCK`: the file is written
+        once per block, and a restart issues from the block's end.
+        """
+        table = self.table
+        if epoch > 0:
+            self._bumped[producer_id] = (epoch, self._clock())
+        elif table.next_id <= self._id_limit:
+            return
+        async with self._lock:
+            limit = max(self._id_limit, table.next_id + _ID_BLOCK)
+            self._bumped = {pid: v for pid, v in self._bumped.items() if pid in table}
+            doc = {
+                "v": 1,
+                "id_limit": limit,
+                "epochs": [[pid, e, at] for pid, (e, at) in sorted(self._bumped.items())],
+            }
+            data = json.dumps(doc, separators=(",", ":")).encode()
+            await trio.to_thread.run_sync(_write_durably, self.path, data)
+            self._id_limit = limit
+
+
+def _write_durably(path: Path, data: bytes) -> None:
+    """Write ``path`` by a temporary file, fsync, rename and fsync of the directory."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
