@@ -207,7 +207,7 @@ class _GatewayCollector(Collector):
 
     @staticmethod
     def _kafka(gw: Gateway) -> Iterator[Metric]:
-        doc = gw.status_kafka()
+        doc = gw.service_status("kafka")
         if doc is None:
             return
         yield GaugeMetricFamily(
@@ -247,7 +247,7 @@ class _GatewayCollector(Collector):
     @staticmethod
     def _kafka_groups(gw: Gateway) -> Iterator[Metric]:
         """The Kafka listener's consumer groups (docs/kafka.md, "Consumer groups")."""
-        doc = gw.status_kafka()
+        doc = gw.service_status("kafka")
         if doc is None:
             return
         g = doc["groups"]
@@ -334,7 +334,7 @@ class _GatewayCollector(Collector):
 
     @staticmethod
     def _mqtt(gw: Gateway) -> Iterator[Metric]:
-        doc = gw.status_mqtt()
+        doc = gw.service_status("mqtt")
         if doc is None:
             return
         labels = ["bridge", "direction"]

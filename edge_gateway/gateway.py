@@ -282,12 +282,13 @@ class Gateway:
         self._supervisor = Supervisor(on_failure=self._task_failed)
         self._task_failures: dict[str, int] = {}
         self._dir_lock: DirectoryLock | None = None
-        #: Extra long-lived tasks (API server, tailers) started after the core.
+        #: Long-lived tasks attached from outside (the API, the Kafka listener),
+        #: started after the core, before the shipper.
         self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
-        #: The MQTT bridges (``[[mqtt.ingest]]``, ``[[mqtt.publish]]``) while running.
-        self._mqtt: list[Any] = []
-        #: The Kafka listener (``edge_gateway.kafka.KafkaServer``) while it runs.
-        self.kafka_server: Any = None
+        #: Attached tasks started once produce is accepted (the MQTT bridges).
+        self._accepting_services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
+        #: The attached services' blocks of :meth:`status` (``kafka``, ``mqtt``).
+        self._service_status: dict[str, Callable[[], dict[str, Any] | None]] = {}
         #: Idempotent producers (docs/api.md, "Idempotent produce"); rebuilt
         #: from the journal when the gateway starts.
         self._registry = ProducerRegistry(
@@ -723,9 +724,25 @@ class Gateway:
         """This gateway's clock compared with the bucket's (see ``edge_gateway.clock``)."""
         return self._bucket_clock
 
-    def add_service(self, name: str, fn: Callable[..., Awaitable[Any]]) -> None:
-        """Run ``fn(gateway, task_status=...)`` as a long-lived task once the core is up."""
-        self._services.append((name, fn))
+    def add_service(
+        self, name: str, fn: Callable[..., Awaitable[Any]], *, once_accepting: bool = False
+    ) -> None:
+        """Run ``fn(gateway, task_status=...)`` as a long-lived, supervised task.
+
+        It starts once the core is up, before the shipper (a listener that
+        cannot bind stops the start before the region's epoch is claimed); with
+        ``once_accepting``, once produce is accepted (a bridge that journals).
+        """
+        (self._accepting_services if once_accepting else self._services).append((name, fn))
+
+    def add_status(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> None:
+        """Report ``fn()`` as the ``name`` block of :meth:`status` (an attached service's)."""
+        self._service_status[name] = fn
+
+    def service_status(self, name: str) -> dict[str, Any] | None:
+        """The ``name`` block of :meth:`status` (``kafka``, ``mqtt``); None: not attached."""
+        fn = self._service_status.get(name)
+        return None if fn is None else fn()
 
     @property
     def link(self) -> LinkMeter:
@@ -907,11 +924,6 @@ class Gateway:
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
         cfg = self.config
-        if cfg.mqtt.configured:
-            # Before anything else: a missing extra is a config error, said at once.
-            from edge_gateway.mqtt._bridge import require_paho
-
-            require_paho()
         # One process per data directory, before anything in it is touched
         # (see edge_gateway.datadir); released when run() ends, or by the
         # kernel when the process dies.
@@ -994,10 +1006,7 @@ class Gateway:
                         # bind its port exits before it claims the region's
                         # epoch, so it fences nobody. Requests get 503 until
                         # the gateway accepts.
-                        for name, fn in self._with_kafka(self._services):
-                            await workers.start(
-                                functools.partial(sup.supervise, name, functools.partial(fn, self))
-                            )
+                        await self._start_services(workers, self._services)
                         shipper = self._shipper
                         await workers.start(
                             functools.partial(
@@ -1017,7 +1026,7 @@ class Gateway:
                                 functools.partial(sup.supervise, "gc", self._gc_loop)
                             )
                         self._accepting = True
-                        await self._start_mqtt(workers)
+                        await self._start_services(workers, self._accepting_services)
                         for hook in self._ready_hooks:
                             await hook()
                         self._ready = True
@@ -1042,56 +1051,13 @@ class Gateway:
                 self._journal = None
                 self._lanes = None
                 self._shipper = None
-                self._mqtt = []
 
-    def _with_kafka(
-        self, services: list[tuple[str, Callable[..., Awaitable[Any]]]]
-    ) -> list[tuple[str, Callable[..., Awaitable[Any]]]]:
-        """``services`` plus the Kafka listener when ``[kafka] listen`` is set (docs/kafka.md)."""
-        if not self.config.kafka.enabled or any(n == "kafka" for n, _ in services):
-            return services
-        from edge_gateway.kafka import serve_kafka  # loaded only when configured
-
-        return [*services, ("kafka", serve_kafka)]
-
-    def status_kafka(self) -> dict[str, Any] | None:
-        """The ``kafka`` block of :meth:`status` (None: no Kafka listener)."""
-        server = self.kafka_server
-        if server is None:
-            return None
-        from edge_gateway.kafka._groups import groups_statistics
-
-        doc: dict[str, Any] = server.statistics().to_json()
-        doc["groups"] = groups_statistics(self).to_json()
-        return doc
-
-    async def _start_mqtt(self, workers: trio.Nursery) -> None:
-        """Start the MQTT bridges (docs/mqtt.md) once produce is accepted."""
-        if not self.config.mqtt.configured:
-            return
-        from edge_gateway.mqtt._bridge import make_services
-
-        for name, fn, bridge in make_services(self):
-            self._mqtt.append(bridge)
-            await workers.start(functools.partial(self._supervisor.supervise, name, fn))
-
-    @property
-    def mqtt_bridges(self) -> list[Any]:
-        """The running MQTT bridges (``MqttIngest`` and ``MqttPublisher``)."""
-        return list(self._mqtt)
-
-    def status_mqtt(self) -> dict[str, Any] | None:
-        """The ``mqtt`` block of :meth:`status` (None: no bridge configured)."""
-        if not self._mqtt:
-            return None
-        from edge_gateway.mqtt._bridge import MqttIngest
-
-        return {
-            "ingest": [b.statistics().to_json() for b in self._mqtt if isinstance(b, MqttIngest)],
-            "publish": [
-                b.statistics().to_json(self) for b in self._mqtt if not isinstance(b, MqttIngest)
-            ],
-        }
+    async def _start_services(
+        self, workers: trio.Nursery, services: list[tuple[str, Callable[..., Awaitable[Any]]]]
+    ) -> None:
+        sup = self._supervisor
+        for name, fn in services:
+            await workers.start(functools.partial(sup.supervise, name, functools.partial(fn, self)))
 
     def _task_failed(self, name: str) -> None:
         self._task_failures[name] = self._task_failures.get(name, 0) + 1
@@ -1834,8 +1800,8 @@ class Gateway:
             "denied": denied,
             "topics": [t.to_json() for t in self.topics()],
             "disk": _disk_json(j, self.config.journal_path),
-            "mqtt": self.status_mqtt(),
-            "kafka": self.status_kafka(),
+            "mqtt": self.service_status("mqtt"),
+            "kafka": self.service_status("kafka"),
         }
 
     def _encryption_json(self) -> dict[str, Any]:

@@ -11,6 +11,7 @@ which loads rich then: only on the way out).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -153,7 +154,18 @@ async def _serve(cfg: GatewayConfig) -> None:
     from edge_gateway.gateway import Gateway
 
     gateway = Gateway(cfg)
+    # The front doors attach from outside; the gateway imports none of them.
     gateway.add_service("api", serve_api)
+    if cfg.kafka.enabled:
+        from edge_gateway.kafka import kafka_status, serve_kafka  # loaded only when configured
+
+        gateway.add_service("kafka", serve_kafka)
+        gateway.add_status("kafka", functools.partial(kafka_status, gateway))
+    if cfg.mqtt.configured:
+        from edge_gateway.mqtt import attach_bridges
+
+        # Before anything else: a missing extra is a config error, said at once.
+        attach_bridges(gateway)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, signals, gateway)

@@ -17,15 +17,24 @@ from __future__ import annotations
 from edge_gateway.kafka import _data as _data
 from edge_gateway.kafka import _groups as _groups
 from edge_gateway.kafka import _handlers as _handlers
+from edge_gateway.kafka._core import GatewayCore
 from edge_gateway.kafka._registry import HANDLERS, Connection, register
-from edge_gateway.kafka._server import ADDR_FILE, KafkaServer, KafkaStats, serve_kafka
+from edge_gateway.kafka._server import (
+    ADDR_FILE,
+    KafkaServer,
+    KafkaStats,
+    kafka_status,
+    serve_kafka,
+)
 
 __all__ = [
     "ADDR_FILE",
     "HANDLERS",
     "Connection",
+    "GatewayCore",
     "KafkaServer",
     "KafkaStats",
+    "kafka_status",
     "register",
     "serve_kafka",
 ]

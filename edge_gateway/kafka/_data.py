@@ -192,7 +192,7 @@ async def produce(conn: Connection, req: RequestFrame) -> Any:
     fail_point("kafka.produce_before_response")
     if acks == 0:
         # No response at all (Kafka's acks=0); errors are only counted.
-        server = conn.gateway.kafka_server
+        server = conn.server
         if server is not None:
             for t in body:
                 for pr in t["partition_responses"]:
@@ -220,7 +220,7 @@ def too_large(conn: Connection, req: OversizedProduce) -> Any:
         for name, partitions in req.topics
     ]
     if req.acks == 0:
-        server = conn.gateway.kafka_server
+        server = conn.server
         if server is not None:
             for _ in range(sum(len(partitions) for _, partitions in req.topics)):
                 server.count_error(ErrorCode.message_too_large)
@@ -328,7 +328,7 @@ async def fetch(conn: Connection, req: RequestFrame) -> Any:
         ]
         if not waiting:
             break
-        server = conn.gateway.kafka_server
+        server = conn.server
         if server is None:
             break
         with server.interruptible(deadline) as scope:

@@ -50,7 +50,7 @@ from edge_gateway.kafka._sasl import SaslOutcome, SaslPlain
 from edge_gateway.names import validate_group
 
 if TYPE_CHECKING:
-    from edge_gateway.gateway import Gateway
+    from edge_gateway.kafka._core import GatewayCore
 
 __all__ = ["GroupsStatistics", "KafkaGroups", "groups_for", "groups_statistics"]
 
@@ -185,10 +185,10 @@ class KafkaGroups:
         )
 
 
-_BY_GATEWAY: weakref.WeakKeyDictionary[Gateway, KafkaGroups] = weakref.WeakKeyDictionary()
+_BY_GATEWAY: weakref.WeakKeyDictionary[GatewayCore, KafkaGroups] = weakref.WeakKeyDictionary()
 
 
-def groups_for(gateway: Gateway) -> KafkaGroups:
+def groups_for(gateway: GatewayCore) -> KafkaGroups:
     """The gateway's Kafka groups (made at the first group request)."""
     groups = _BY_GATEWAY.get(gateway)
     if groups is None:
@@ -196,7 +196,7 @@ def groups_for(gateway: Gateway) -> KafkaGroups:
     return groups
 
 
-def groups_statistics(gateway: Gateway) -> GroupsStatistics:
+def groups_statistics(gateway: GatewayCore) -> GroupsStatistics:
     """The gateway's Kafka group figures (zeros before any group request)."""
     groups = _BY_GATEWAY.get(gateway)
     if groups is None:
@@ -441,7 +441,7 @@ async def offset_commit(conn: Connection, req: RequestFrame) -> Any:
     )
 
 
-def _partition_count(gw: Gateway, topic: str) -> int | None:
+def _partition_count(gw: GatewayCore, topic: str) -> int | None:
     try:
         return gw.describe_topic(topic).partitions
     except EdgeGatewayError:
@@ -449,7 +449,7 @@ def _partition_count(gw: Gateway, topic: str) -> int | None:
 
 
 async def _fetch_group(
-    gw: Gateway, group_id: str, topics: Any
+    gw: GatewayCore, group_id: str, topics: Any
 ) -> tuple[ErrorCode, list[dict[str, Any]]]:
     """(group error, topics) of one group of an OffsetFetch."""
     if _group_error(group_id) is not None:
@@ -592,7 +592,7 @@ async def list_groups(conn: Connection, req: RequestFrame) -> Any:
 def _refuse(conn: Connection, outcome: SaslOutcome, response: Any) -> NoReturn:
     # The listener counts error codes of responses it sends normally; a response
     # sent on the way out (CloseConnection) is counted here.
-    server = conn.gateway.kafka_server
+    server = conn.server
     if server is not None:
         server.count_error(outcome.error)
     raise CloseConnection(outcome.message or "SASL refused", response)

@@ -38,7 +38,8 @@ from edge_gateway.kafka._protocol import RequestFrame, build, response_class
 
 if TYPE_CHECKING:
     from edge_gateway.config import KafkaConfig
-    from edge_gateway.gateway import Gateway
+    from edge_gateway.kafka._core import GatewayCore
+    from edge_gateway.kafka._server import KafkaServer
 
 __all__ = [
     "HANDLERS",
@@ -57,7 +58,7 @@ __all__ = [
 class Connection:
     """One client connection's state, shared by the handlers of its requests."""
 
-    gateway: Gateway
+    gateway: GatewayCore
     config: KafkaConfig
     #: ``host:port`` of the client.
     peer: str
@@ -72,6 +73,8 @@ class Connection:
     principal: str | None = None
     #: Per-connection state other modules keep (the SASL handshake's mechanism, ...).
     state: dict[str, Any] = field(default_factory=dict)
+    #: The listener the connection came through (its counters).
+    server: KafkaServer | None = None
 
 
 class CloseConnection(Exception):

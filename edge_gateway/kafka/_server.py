@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,8 +31,9 @@ from kio.schema.errors import ErrorCode
 
 from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD, server_context
 from edge_gateway.api._tlsstream import TlsStream
-from edge_gateway.gateway import Gateway
+from edge_gateway.kafka._core import GatewayCore
 from edge_gateway.kafka._data import PRODUCE_KEY, too_large
+from edge_gateway.kafka._groups import groups_statistics
 from edge_gateway.kafka._handlers import api_versions_body
 from edge_gateway.kafka._protocol import (
     API_VERSIONS_KEY,
@@ -52,7 +54,7 @@ from edge_gateway.kafka._registry import (
     supported_versions,
 )
 
-__all__ = ["ADDR_FILE", "KafkaServer", "KafkaStats", "serve_kafka"]
+__all__ = ["ADDR_FILE", "KafkaServer", "KafkaStats", "kafka_status", "serve_kafka"]
 
 log = logging.getLogger("edgegw.kafka")
 
@@ -94,9 +96,9 @@ class KafkaStats:
 
 @dataclass(eq=False)
 class KafkaServer:
-    """The listener's counters and open connections (``gateway.kafka_server``)."""
+    """The listener's counters and open connections (:func:`kafka_status`)."""
 
-    gateway: Gateway
+    gateway: GatewayCore
     listen: str = ""
     tls: bool = False
     connections: int = 0
@@ -153,8 +155,22 @@ def _error_name(code: ErrorCode | int) -> str:
         return f"error_{int(code)}"
 
 
+#: The running listener of each gateway.
+_SERVERS: weakref.WeakKeyDictionary[GatewayCore, KafkaServer] = weakref.WeakKeyDictionary()
+
+
+def kafka_status(gateway: GatewayCore) -> dict[str, Any] | None:
+    """The ``kafka`` block of the gateway's status (None: no listener running)."""
+    server = _SERVERS.get(gateway)
+    if server is None:
+        return None
+    doc: dict[str, Any] = server.statistics().to_json()
+    doc["groups"] = groups_statistics(gateway).to_json()
+    return doc
+
+
 async def serve_kafka(
-    gateway: Gateway,
+    gateway: GatewayCore,
     *,
     task_status: trio.TaskStatus[tuple[str, int]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -183,7 +199,7 @@ async def serve_kafka(
     else:
         advertised = (host, port)
     server = KafkaServer(gateway, listen=text, tls=tls is not None)
-    gateway.kafka_server = server
+    _SERVERS[gateway] = server
     addr_path = gateway.config.data_dir / ADDR_FILE
 
     async def handle(stream: trio.SocketStream) -> None:
@@ -241,8 +257,8 @@ async def serve_kafka(
                 accepting.cancel()
                 connections.deadline = trio.current_time() + graceful
     finally:
-        if gateway.kafka_server is server:
-            gateway.kafka_server = None
+        if _SERVERS.get(gateway) is server:
+            del _SERVERS[gateway]
         with contextlib.suppress(OSError):
             addr_path.unlink()
 
@@ -290,6 +306,7 @@ async def _serve_connection(
             advertised,
             tls=tls is not None,
             authenticated=not gateway.config.api.token,
+            server=server,
         )
         reader = FrameReader(cfg.max_request_bytes, supported_versions()[PRODUCE_KEY])
         first = True

@@ -23,6 +23,7 @@ with the DUP flag): they are journaled twice (docs/mqtt.md, "Duplicates").
 
 from __future__ import annotations
 
+import functools
 import logging
 import ssl
 import threading
@@ -51,6 +52,7 @@ __all__ = [
     "MqttIngest",
     "MqttPublisher",
     "PublishStats",
+    "attach",
     "require_paho",
 ]
 
@@ -822,13 +824,49 @@ class MqttPublisher:
                 )
 
 
-def make_services(gateway: Gateway) -> list[tuple[str, Callable[..., Any], Any]]:
-    """The configured bridges as (task name, run function, the object) for the gateway."""
-    out: list[tuple[str, Callable[..., Any], Any]] = []
+def attach(gateway: Gateway) -> None:
+    """Attach the configured bridges to ``gateway`` (what ``edgegw serve`` does).
+
+    Raises :class:`ConfigError` at once when paho-mqtt is missing. Each bridge
+    runs as a supervised service once the gateway accepts produce; the
+    ``mqtt`` block of its status reports the bridges started.
+    """
+    require_paho()
+    bridges: list[tuple[str, MqttIngest | MqttPublisher]] = []
     for ing in gateway.config.mqtt.ingest:
         ingest = MqttIngest(gateway, ing)
-        out.append((f"mqtt ingest {ingest.name}", ingest.run, ingest))
+        bridges.append((f"mqtt ingest {ingest.name}", ingest))
     for pub in gateway.config.mqtt.publish:
         publisher = MqttPublisher(gateway, pub)
-        out.append((f"mqtt publish {publisher.name}", publisher.run, publisher))
-    return out
+        bridges.append((f"mqtt publish {publisher.name}", publisher))
+    started: list[MqttIngest | MqttPublisher] = []
+    for name, bridge in bridges:
+        run = functools.partial(_run_bridge, started, bridge)
+        gateway.add_service(name, run, once_accepting=True)
+    gateway.add_status("mqtt", functools.partial(_status_json, gateway, started))
+
+
+async def _run_bridge(
+    started: list[MqttIngest | MqttPublisher],
+    bridge: MqttIngest | MqttPublisher,
+    gateway: Gateway,
+    *,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    if bridge not in started:  # the supervisor restarts it: counted once
+        started.append(bridge)
+    await bridge.run(task_status=task_status)
+
+
+def _status_json(
+    gateway: Gateway, started: list[MqttIngest | MqttPublisher]
+) -> dict[str, Any] | None:
+    """The ``mqtt`` block of the gateway's status (None: no bridge started)."""
+    if not started:
+        return None
+    return {
+        "ingest": [b.statistics().to_json() for b in started if isinstance(b, MqttIngest)],
+        "publish": [
+            b.statistics().to_json(gateway) for b in started if isinstance(b, MqttPublisher)
+        ],
+    }

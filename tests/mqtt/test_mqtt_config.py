@@ -14,6 +14,7 @@ from edge_gateway.config import parse_config
 from edge_gateway.errors import ConfigError, InvalidInput
 from edge_gateway.gateway import Gateway
 from edge_gateway.mqtt import (
+    attach_bridges,
     filter_matches,
     render_topic,
     topic_level,
@@ -270,7 +271,7 @@ def test_password_sources(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         cfg.mqtt.ingest[0].password("w")
 
 
-async def test_missing_paho_is_a_config_error_naming_the_extra(
+def test_missing_paho_is_a_config_error_naming_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setitem(sys.modules, "paho.mqtt.client", None)  # import fails
@@ -278,7 +279,7 @@ async def test_missing_paho_is_a_config_error_naming_the_extra(
     doc["data_dir"] = str(tmp_path / "data")
     gw = Gateway(parse_config(doc))
     with pytest.raises(ConfigError, match=r"pip install 'edgegw\[mqtt\]'"):
-        await gw.run()
+        attach_bridges(gw)  # what `edgegw serve` does before it runs the gateway
     assert not (tmp_path / "data").exists()  # refused before touching anything
 
 
