@@ -614,22 +614,6 @@ class Gateway:
             keyring=self.keys.ring,
         )
 
-    def load_cached_routing(self) -> bool:
-        """Take the topology from the routing cache on disk (tools that do not run the gateway).
-
-        Returns False in static mode or when there is no cache.
-        """
-        if not self.config.metadata.enabled:
-            return False
-        from edge_gateway.metadata.client import RoutingCache
-        from edge_gateway.metadata.routing import topology
-
-        cached = RoutingCache(self.config.metadata.cache_file(self.config.data_dir)).load()
-        if cached is None:
-            return False
-        self._set_topology(topology(cached.table))
-        return True
-
     async def _sync_tailers(self) -> None:
         """Start, stop and restart tailers to match the topology (one at a time)."""
         assert self._tailer_lock is not None
