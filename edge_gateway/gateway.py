@@ -1,9 +1,12 @@
 """The gateway: one object that owns the journal, the shipper, the tailers and the API.
 
 :class:`Gateway` is also the in-process API for embedding edgegw in a Python
-program (a function runtime, a device agent): ``produce``, ``fetch``,
-consumer-group offsets and ``status`` are plain async methods; the HTTP API in
-``edge_gateway.api`` is a thin layer over them.
+program (a function runtime, a device agent): ``produce``, ``fetch`` and
+consumer-group offsets are plain async methods, each component reports its
+``statistics()``; the HTTP API in ``edge_gateway.api`` is a thin layer over them
+(``edge_gateway.api.status_document`` builds the status from the statistics).
+The front doors attach from outside with :meth:`Gateway.add_service` (``edgegw
+serve`` attaches the API, the Kafka listener and the MQTT bridges).
 
 Lifecycle (``run``): open the bucket, the journal and the group store; start
 the journal, the shipper, the tailers and the API with ``nursery.start``, each
@@ -40,7 +43,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import trio
 
-from edge_gateway import _gc, _heap
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
     PRIORITIES,
@@ -80,10 +82,10 @@ from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batche
 from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.idempotence import ProducerRegistry, ProducerSeq, ProducerTable
-from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
+from edge_gateway.journal import MAIN_LANE, Journal, Lane, Priority
 from edge_gateway.journal._lane import lane_by_id
 from edge_gateway.journal._lanes import Lanes, open_lanes
-from edge_gateway.mirror import Gap, PriorityGate, SourceGap, Tailer, TailerConfig
+from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
@@ -93,7 +95,15 @@ if TYPE_CHECKING:
     from edge_gateway.metadata.agent import MetadataAgent
     from edge_gateway.metadata.routing import RoutingTable
 
-__all__ = ["FetchResult", "Gateway", "ProduceRecord", "ProduceResult", "TopicInfo"]
+__all__ = [
+    "FetchResult",
+    "GcStats",
+    "Gateway",
+    "ProduceRecord",
+    "ProduceResult",
+    "TopicInfo",
+    "mirror_task",
+]
 
 log = logging.getLogger("edgegw.gateway")
 
@@ -189,6 +199,21 @@ class TopicInfo:
             "source_topic": self.source_topic,
             "subscribers": list(self.subscribers),
         }
+
+
+@dataclass(frozen=True, slots=True)
+class GcStats:
+    """:meth:`Gateway.gc_statistics`: the GC loop's runs since the start."""
+
+    runs: int
+    #: Runs that ended in an error (the store away, refusing, ...).
+    failed_runs: int
+    deleted_entries: int
+    last_error: str | None
+    #: Why the last run deleted nothing at all (a wrong clock), or None.
+    paused: str | None
+    #: Why GC cannot advance on this store (it refuses compare-and-swap), or None.
+    store_unsupported: str | None
 
 
 @dataclass(slots=True)
@@ -287,7 +312,7 @@ class Gateway:
         self._services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
         #: Attached tasks started once produce is accepted (the MQTT bridges).
         self._accepting_services: list[tuple[str, Callable[..., Awaitable[Any]]]] = []
-        #: The attached services' blocks of :meth:`status` (``kafka``, ``mqtt``).
+        #: The attached services' blocks of the status document (``kafka``, ``mqtt``).
         self._service_status: dict[str, Callable[[], dict[str, Any] | None]] = {}
         #: Idempotent producers (docs/api.md, "Idempotent produce"); rebuilt
         #: from the journal when the gateway starts.
@@ -630,7 +655,7 @@ class Gateway:
                 task.scope.cancel()
                 await task.done.wait()
                 del self._tailer_tasks[src]
-                self._supervisor.forget(_mirror_task(src))
+                self._supervisor.forget(mirror_task(src))
                 if src not in want:
                     log.info("mirror %s: stopped (no topic of it is subscribed any more)", src)
             for src, topics in sorted(want.items()):
@@ -720,11 +745,11 @@ class Gateway:
         (self._accepting_services if once_accepting else self._services).append((name, fn))
 
     def add_status(self, name: str, fn: Callable[[], dict[str, Any] | None]) -> None:
-        """Report ``fn()`` as the ``name`` block of :meth:`status` (an attached service's)."""
+        """Report ``fn()`` as the ``name`` block of the status document (an attached service's)."""
         self._service_status[name] = fn
 
     def service_status(self, name: str) -> dict[str, Any] | None:
-        """The ``name`` block of :meth:`status` (``kafka``, ``mqtt``); None: not attached."""
+        """The ``name`` block of the status document (``kafka``, ``mqtt``); None: not attached."""
         fn = self._service_status.get(name)
         return None if fn is None else fn()
 
@@ -1084,7 +1109,7 @@ class Gateway:
             # resumes exactly where this one stopped.
             with task.scope:
                 await self._supervisor.supervise(
-                    _mirror_task(task.source),
+                    mirror_task(task.source),
                     follow,
                     before_restart=fresh_tailer,
                     task_status=task_status,
@@ -1151,6 +1176,17 @@ class Gateway:
                     if res.overridden
                     else "",
                 )
+
+    def gc_statistics(self) -> GcStats:
+        """The GC loop's runs, deletions and state (the status's ``gc`` block)."""
+        return GcStats(
+            self._gc_runs,
+            self._gc_failed_runs,
+            self._gc_deleted,
+            self._gc_last_error,
+            self._gc_paused,
+            self._gc_unsupported,
+        )
 
     @property
     def gc_store_unsupported(self) -> str | None:
@@ -1412,22 +1448,6 @@ class Gateway:
         self._check_accepting()
         return await self._registry.init_producer(producer_id, epoch)
 
-    def _producers_json(self) -> dict[str, Any]:
-        """The ``producers`` block of :meth:`status`."""
-        p = self._registry.table.statistics()
-        cfg = self.config.idempotence
-        return {
-            "remembered": p.producers,
-            "partitions": p.partitions,
-            "max_producers": cfg.max_producers,
-            "expiry_ms": cfg.producer_expiry_ms,
-            "duplicates": p.duplicates,
-            "issued": p.issued,
-            "expired": p.expired,
-            "evicted": p.evicted,
-            "next_id": p.next_id,
-        }
-
     async def produce_partition(
         self,
         topic: str,
@@ -1665,213 +1685,6 @@ class Gateway:
             t.subscribers,
         )
 
-    def _link_json(self) -> dict[str, Any]:
-        k = self.link.statistics()
-        return {
-            "cap_bytes_per_s": k.cap_bytes_per_s,
-            "up_bytes": k.up_bytes,
-            "down_bytes": k.down_bytes,
-            "waited_s": round(k.waited_s, 3),
-            "day": k.day,
-            "day_bytes": k.day_bytes,
-            "month": k.month,
-            "month_bytes": k.month_bytes,
-            "policy": self._link_policy_json(),
-        }
-
-    def _link_policy_json(self) -> dict[str, Any] | None:
-        """``[link]``'s windows and allowances now (None: none configured)."""
-        gate = self.link_gate
-        if not gate.restricts:
-            return None
-        p = gate.statistics()
-        return {
-            "bulk_windows": list(p.windows),
-            "window_open": p.window_open,
-            "window_change_in_s": _round(p.window_change_in_s),
-            "daily_bytes": p.daily_bytes,
-            "day_used_bytes": p.day_used,
-            "day_remaining_bytes": p.day_remaining,
-            "monthly_bytes": p.monthly_bytes,
-            "month_used_bytes": p.month_used,
-            "month_remaining_bytes": p.month_remaining,
-            "allowed": p.allowed,
-            "opens_in_s": {k: round(v, 1) for k, v in p.opens_in_s.items()},
-            "held_objects": p.held,
-            "holding": p.holding,
-        }
-
-    def metadata_status(self) -> dict[str, Any]:
-        """Where the topology comes from: ``static``, or the metadata server's state."""
-        if self._metadata is None:
-            return {
-                "mode": "static",
-                "describe": "metadata: static (topics from the config file)",
-            }
-        return self._metadata.status()
-
-    def status(self) -> dict[str, Any]:
-        """Everything ``edgegw status`` shows, as JSON-ready data."""
-        j = self.journal.statistics()
-        s = self.shipper.statistics()
-        health = self.task_health()
-        # Every component the bucket refuses, with what to do: needs a person.
-        denied = {"shipper": s.denied.to_json()} if s.denied is not None else {}
-        for src, t in sorted(self.tailers.items()):
-            refusal = t.statistics().denied
-            if refusal is not None:
-                denied[_mirror_task(src)] = refusal.to_json()
-        return {
-            "region": self.region,
-            "version": _version(),
-            "started_ms": self._started_ms,
-            "accepting": self._accepting,
-            "bucket": self.config.bucket.describe(self.config.data_dir),
-            "producers": self._producers_json(),
-            "python_gc": _gc.statistics(),
-            "heap": _heap.statistics(),
-            "journal": {
-                "bytes": j.bytes,
-                "max_bytes": j.max_bytes,
-                "segments": j.segments,
-                "next_lsn": j.next_lsn,
-                "durable_lsn": j.durable_lsn,
-                "appends": j.appends,
-                "fsyncs": j.fsyncs,
-                "full_rejections": j.full_rejections,
-                "index_bytes": j.index_memory_bytes,
-                "index_cache_bytes": j.index_cache_bytes,
-                "index_cache_capacity_bytes": j.index_cache_capacity_bytes,
-            },
-            "shipper": {
-                "state": s.state,
-                "denied": s.denied.to_json() if s.denied is not None else None,
-                "claimed": s.claimed,
-                "epoch": s.epoch,
-                "next_seq": s.next_seq,
-                "shipped_lsn": s.shipped_lsn,
-                "pending_lsns": sum(lane.backlog_entries for lane in s.lanes),
-                "objects": s.objects,
-                "manifests": s.manifests,
-                "packs": s.packs,
-                "pack_bytes": s.pack_bytes,
-                "wire_bytes": s.wire_bytes,
-                "retries": s.retries,
-                "uploads_aborted": s.uploads_aborted,
-                "heap_trims": s.heap_trims,
-                "last_ship_ms": s.last_ship_ms,
-                "last_error": s.last_error,
-                "failures": s.failures,
-                "intake_hold": self.shipper.intake_hold,
-            },
-            "lanes": self._lanes_json(s),
-            "encryption": self._encryption_json(),
-            "mirrors": {src: _tailer_json(t) for src, t in sorted(self.tailers.items())},
-            "link": self._link_json(),
-            "metadata": self.metadata_status(),
-            "gc": {
-                "runs": self._gc_runs,
-                "failed_runs": self._gc_failed_runs,
-                "deleted_entries": self._gc_deleted,
-                "last_error": self._gc_last_error,
-                "paused": self._gc_paused,
-                "store_unsupported": self._gc_unsupported,
-            },
-            "clock": self._clock_json(),
-            # The supervised tasks; "errors" keeps, per degraded task, its last error.
-            "tasks": [h.to_json() for h in health],
-            "errors": {h.name: h.last_error or "" for h in health if h.degraded},
-            "denied": denied,
-            "topics": [t.to_json() for t in self.topics()],
-            "disk": _disk_json(j, self.config.journal_path),
-            "mqtt": self.service_status("mqtt"),
-            "kafka": self.service_status("kafka"),
-        }
-
-    def _encryption_json(self) -> dict[str, Any]:
-        """Which keys this gateway holds, by id (never the keys)."""
-        ring = self.keys.ring
-        return {
-            "enabled": self.keys.write is not None,
-            "key_id": self.keys.write.key_id if self.keys.write is not None else None,
-            "keys": {region: list(ring.key_ids(region)) for region in ring.regions()},
-        }
-
-    def _lanes_json(self, s: ShipperStats) -> dict[str, Any]:
-        """The ``lanes`` block of :meth:`status`: per priority lane, its journal and backlog."""
-        lanes = self.lanes
-        journals = {str(lane): (lane, j) for lane, j in lanes.journals.items()}
-        cfg = self.config.journal
-        out = []
-        for ls in s.lanes:
-            lane, j = journals[ls.lane]
-            row: dict[str, Any] = {
-                "lane": ls.lane,
-                "shipped_lsn": ls.shipped_lsn,
-                "next_lsn": ls.next_lsn,
-                "backlog_entries": ls.backlog_entries,
-                "backlog_bytes": ls.backlog_bytes,
-                "held": ls.held,
-                "journal_bytes": j.disk_bytes,
-                "budget_bytes": j.budget_bytes,
-                "reserve_bytes": 0 if lane.drops else cfg.reserved(lane.priority),
-                "on_full": str(lane.on_full),
-            }
-            if lane.drops:
-                row["dropped"] = _dropped_json(j)
-            out.append(row)
-        return {"pending_moves": lanes.pending_moves, "lanes": out}
-
-    def _clock_json(self) -> dict[str, Any]:
-        """The ``clock`` block of :meth:`status`: this gateway's clock against the bucket's."""
-        c = self._bucket_clock.statistics()
-        return {
-            "state": str(c.state),
-            "skew_s": None if c.skew_s is None else round(c.skew_s, 3),
-            "local_ms": _now_ms(),
-            "bucket_ms": c.bucket_now_ms,
-            "measured_on": c.measured_on,
-            "sample_age_s": None if c.sample_age_s is None else round(c.sample_age_s, 3),
-            "samples": c.samples,
-            "warn_skew_s": c.warn_skew_s,
-            "gc_pause_skew_s": c.gc_pause_skew_s,
-        }
-
-
-def _dropped_json(j: Journal) -> dict[str, Any]:
-    """What a drop-oldest lane deleted unshipped: totals, and per partition the exact
-    ranges, adjacent ones merged (the last 50; ``dropped.log`` in the lane's
-    directory has every drop)."""
-    merged: list[dict[str, Any]] = []
-    last: dict[tuple[str, int], dict[str, Any]] = {}
-    for d in j.dropped(held=False):
-        for r in d.ranges:
-            prev = last.get((r.topic, r.partition))
-            if prev is not None and prev["last"] + 1 == r.first:
-                prev["last"] = r.last
-                prev["records"] += r.records
-                prev["bytes"] += r.bytes
-                prev["time_ms"] = d.time_ms
-                continue
-            row = {
-                "topic": r.topic,
-                "partition": r.partition,
-                "first": r.first,
-                "last": r.last,
-                "records": r.records,
-                "bytes": r.bytes,
-                "time_ms": d.time_ms,
-            }
-            merged.append(row)
-            last[(r.topic, r.partition)] = row
-    st = j.statistics()
-    return {
-        "segments": st.dropped_segments,
-        "records": st.dropped_records,
-        "bytes": st.dropped_bytes,
-        "ranges": merged[-50:],
-    }
-
 
 def _encode_records(records: Sequence[ProduceRecord], now: int) -> bytes:
     """One batch of ``records``; a record without a timestamp gets ``now``."""
@@ -1883,84 +1696,6 @@ def _encode_records(records: Sequence[ProduceRecord], now: int) -> bytes:
     )
 
 
-def _mirror_task(source: str) -> str:
+def mirror_task(source: str) -> str:
+    """The supervised task name of the tailer of ``source``."""
     return f"mirror {source}"
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 1)
-
-
-def _disk_json(j: JournalStats, path: Path) -> dict[str, Any]:
-    """The filesystem under the journal (docs/operations.md, "Disk full")."""
-    return {
-        "path": str(path),
-        "state": "failed" if j.failed else "full" if j.disk_full else "ok",
-        "free_bytes": j.disk_free_bytes,
-        "size_bytes": j.disk_size_bytes,
-        "full_rejections": j.disk_full_rejections,
-        "full_episodes": j.disk_full_episodes,
-        "segments_deleted_for_space": j.segments_deleted_for_space,
-        "error": j.failed,
-    }
-
-
-def _tailer_json(t: Tailer) -> dict[str, Any]:
-    s = t.statistics()
-    return {
-        "state": s.state,
-        "next_seq": s.next_seq,
-        "known_head": s.known_head,
-        "entries_behind": s.entries_behind,
-        "bytes_behind": s.bytes_behind,
-        "seconds_behind": round(s.seconds_behind, 3),
-        "eta_s": s.eta_s,
-        "entries": s.entries,
-        "records": s.records,
-        "accepted_epoch": s.accepted_epoch,
-        "gaps": [_gap_json(g) for g in s.gaps],
-        "dropped_gap_records": dict(s.dropped_gap_records),
-        "quarantined": [
-            {"key": q.key, "seq": q.seq, "reason": q.reason, "attempts": q.attempts}
-            for q in s.quarantined
-        ],
-        "last_error": s.last_error,
-        "denied": s.denied.to_json() if s.denied is not None else None,
-        "missing_key": s.missing_key,
-        "stopped_by": s.stopped_by,
-        "relay": s.relay,
-        "relay_head": s.relay_head,
-        "relay_wakeups": s.relay_wakeups,
-        "fetches_in_flight": s.fetches_in_flight,
-        "fetches_in_flight_peak": s.fetches_in_flight_peak,
-        "probe_misses": s.probe_misses,
-        "catching_up_priority": s.catching_up_priority,
-        "priority_held": s.priority_held,
-        "priority_holds": s.priority_holds,
-        "priority_held_s": round(s.priority_held_s, 3),
-        "pack_reads": s.pack_reads,
-        "pack_entries": s.pack_entries,
-        "pack_fallbacks": s.pack_fallbacks,
-        "prefetch_peak_objects": s.prefetch_peak_objects,
-        "prefetch_peak_bytes": s.prefetch_peak_bytes,
-    }
-
-
-def _gap_json(g: Gap) -> dict[str, Any]:
-    return {
-        "kind": str(g.kind),
-        "source": g.source,
-        "first_seq": g.first_seq,
-        "last_seq": g.last_seq,
-        "topic": g.topic,
-        "partition": g.partition,
-        "first_offset": g.first_offset,
-        "end_offset": g.end_offset,
-        "description": g.describe(),
-    }
-
-
-def _version() -> str:
-    from edge_gateway import __version__
-
-    return __version__

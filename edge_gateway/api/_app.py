@@ -52,6 +52,7 @@ from edge_gateway.api._asgi import (
     Send,
     serve_lifespan,
 )
+from edge_gateway.api._status import status_document
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     HIGH_WATERMARK_HEADER,
@@ -403,7 +404,7 @@ class ApiApp:
         return Response(self.metrics.render(), media_type=METRICS_CONTENT_TYPE)
 
     async def status(self, request: Request) -> Response:
-        doc = self.gateway.status()
+        doc = status_document(self.gateway)
         doc["api"] = self.api_status()
         return JSONResponse(doc)
 

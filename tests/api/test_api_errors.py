@@ -306,10 +306,10 @@ async def test_unexpected_errors_are_500_and_logged(
 ) -> None:
     async with running(make_config(tmp_path)) as gw, httpx.AsyncClient(base_url=url_of(gw)) as http:
 
-        def broken() -> dict[str, object]:
+        def broken() -> object:
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(gw, "status", broken)
+        monkeypatch.setattr(gw, "gc_statistics", broken)  # the status document reads it
         caplog.set_level(logging.ERROR, logger="edgegw.api")
         r = await http.get("/v1/status")
         err = assert_error(r, 500, "internal")

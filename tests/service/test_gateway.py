@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import trio
 
+from edge_gateway.api import status_document
 from edge_gateway.config import parse_config
 from edge_gateway.errors import InvalidInput, ReadOnlyTopic, Unavailable, UnknownTopic
 from edge_gateway.format.batch import encode_batch
@@ -79,7 +80,7 @@ async def test_produce_fetch_and_rules(tmp_path: Path) -> None:
         assert [(o.topic, o.offset) for o in await gw.fetch_offsets("g1")] == [("t", 3)]
         gw.request_shutdown()
     with pytest.raises(Exception, match="not running"):
-        gw.status()
+        status_document(gw)
 
 
 async def test_graceful_shutdown_ships_everything(tmp_path: Path) -> None:

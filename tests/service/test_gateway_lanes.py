@@ -11,6 +11,7 @@ from pathlib import Path
 
 import trio
 
+from edge_gateway.api import status_document
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.config import parse_config
 from edge_gateway.format import logobject
@@ -67,7 +68,7 @@ async def run_once(tmp_path: Path, priority: str | None, values: list[bytes]) ->
             got = await gw.fetch("t", 0, offset, max_records=1000)
             records += got.records
             offset = got.next_offset
-        status = gw.status()
+        status = status_document(gw)
         gw.request_shutdown()
     return {"values": [r.value for r in records], "offsets": [r.offset for r in records],
             "status": status}  # fmt: skip

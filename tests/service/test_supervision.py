@@ -20,6 +20,7 @@ import trio.testing
 from _serve import Fleet, TopicSpec, read_partition, wait_until
 
 from edge_gateway import failpoints
+from edge_gateway.api import status_document
 from edge_gateway.config import parse_config
 from edge_gateway.errors import ConfigError, Fenced
 from edge_gateway.gateway import Gateway, ProduceRecord
@@ -169,7 +170,7 @@ async def test_tasks_that_raise_restart_while_intake_goes_on(tmp_path: Path) -> 
         assert by_name["mirror south"].failures == 1
         assert by_name["shipper"].failures == 1
         assert "FailPointError" in (by_name["gc"].last_error or "")
-        status = gw.status()
+        status = status_document(gw)
         assert set(status["errors"]) >= {"gc", "mirror south", "shipper"}
         # Everything produced is shipped by the restarted shipper.
         res = await gw.produce("t", [ProduceRecord(b"last")], ack="shipped")
