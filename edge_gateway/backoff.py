@@ -38,8 +38,8 @@ from dataclasses import KW_ONLY, dataclass, field
 
 __all__ = ["Backoff"]
 
-#: Past this many failures the ceiling no longer grows (it reached any cap
-#: long before); it also keeps ``multiplier ** attempt`` finite.
+#: Past this many failures the exponent stops growing: the ceiling reached
+#: any cap long before, and the power stays cheap after a week of failures.
 _MAX_EXPONENT = 1023
 
 
