@@ -12,12 +12,14 @@ from edge_gateway.journal._journal import (
 )
 from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, OnFull, Priority
 from edge_gateway.journal._reads import ReadBuffers
+from edge_gateway.journal._verify import FileCheck, VerifyReport, verify_journal
 
 __all__ = [
     "DRAIN_ORDER",
     "MAIN_LANE",
     "Appended",
     "Entry",
+    "FileCheck",
     "FsyncPolicy",
     "Journal",
     "JournalConfig",
@@ -29,5 +31,7 @@ __all__ = [
     "Priority",
     "ReadBuffers",
     "SourceCoords",
+    "VerifyReport",
     "open_journal",
+    "verify_journal",
 ]
