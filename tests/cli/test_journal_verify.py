@@ -185,13 +185,13 @@ def _one_damaged(copy: Path, path: Path) -> tuple[dict[str, Any], str]:
 
 def test_a_flipped_byte_in_a_sealed_segment(copy: Path) -> None:
     seg = _segments(copy / "journal")[1]
-    data = bytearray(seg.read_bytes())
+    clean = seg.read_bytes()
+    data = bytearray(clean)
     byte = len(data) // 2
     data[byte] ^= 0x40
     seg.write_bytes(data)
     bad, _ = _one_damaged(copy, seg)
-    assert bad["offset"] == _entry_at(seg.read_bytes(), byte) or bad["offset"] <= byte
-    assert bad["offset"] == _entry_at(bytes(data[:byte]) + b"\0" + bytes(data[byte + 1 :]), byte)
+    assert bad["offset"] == _entry_at(clean, byte)  # the entry that holds the byte
     assert "CRC mismatch" in bad["reason"]
 
 
