@@ -149,6 +149,8 @@ class _Walk:
                 raise _Bad(
                     at, f"an idempotent producer's entry in a version {self.version} segment"
                 )
+            if e.kind == fentry.KIND_DATA and not e.count:
+                raise _Bad(at, f"a data entry without records at LSN {e.lsn}")
             if e.count:
                 h = fbatch.read_header(e.payload, 0, where="batch")
                 actual = fbatch.batch_crc(e.payload, 0, h.length)
