@@ -117,7 +117,8 @@ def test_a_running_gateway_verifies_clean_while_it_produces(site: Site) -> None:
         assert doc["lanes"] == ["critical", "normal"]
         roles = [f["role"] for f in doc["files"]]
         assert roles.count("active") == 2
-        assert roles.count("index") >= SEGMENTS - 1
+        # (the newest sealed segment's index may be written just after the listing)
+        assert roles.count("index") >= SEGMENTS - 2
         assert all(f["status"] in ("ok", "skipped") for f in doc["files"])
     # The journal grew under the runs, and each saw it as it was.
     entries = [doc["summary"]["entries"] for doc in site.while_running]

@@ -19,7 +19,7 @@ from edge_gateway.format.batch import Record, encode_records
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import verify_journal
 from edge_gateway.journal._index import SegmentIndex
-from edge_gateway.journal._verify import check_index, check_segment
+from edge_gateway.journal._verify import Damage, check_index, check_segment
 
 DATA = Path(__file__).resolve().parents[1] / "format" / "data"
 T0 = 1_795_000_000_000
@@ -249,3 +249,47 @@ def test_an_active_segment_read_mid_write_is_read_again(
         assert f.damage.offset == pos
     else:  # the second read found the write done
         assert (f.status, f.last_lsn) == ("ok", 4)
+
+
+def test_entry_kinds_and_segment_versions() -> None:
+    def v1(seg: bytes) -> bytes:
+        return seg[:4] + b"\x01" + seg[5:]
+
+    header = fentry.encode_segment_header(1)
+    assert check_segment(v1(_segment(1, 0, 2)), base_lsn=1).kind == "journal v1"
+    producer = fentry.encode_entry(
+        lsn=2,
+        kind=fentry.KIND_DATA,
+        topic=b"t",
+        partition=0,
+        base_offset=0,
+        count=1,
+        append_time=T0,
+        payload=encode_records([Record(0, T0, None, b"v")]),
+        producer=fentry.ProducerStamp(7, 0, 0),
+    )
+    seg = header + _checkpoint(1, {}) + producer
+    assert check_segment(seg, base_lsn=1).damage is None  # version 2: fine
+    damage = check_segment(v1(seg), base_lsn=1).damage
+    assert damage is not None
+    assert "producer" in damage.reason
+    empty = fentry.encode_entry(
+        lsn=2,
+        kind=fentry.KIND_DATA,
+        topic=b"t",
+        partition=0,
+        base_offset=0,
+        count=0,
+        append_time=T0,
+        payload=b"",
+    )
+    damage = check_segment(header + _checkpoint(1, {}) + empty, base_lsn=1).damage
+    assert damage is not None
+    assert "without records" in damage.reason
+    # The golden version 3 segment holds a block entry: in a version 2 segment, damage.
+    golden = (DATA / "atrest_v1.wal").read_bytes()
+    damage = check_segment(golden[:4] + b"\x02" + golden[5:], base_lsn=41).damage
+    assert damage is not None
+    assert "block entry in a version 2 segment" in damage.reason
+    damage = check_segment(golden[:4] + b"\x04" + golden[5:], base_lsn=41).damage
+    assert damage == Damage(4, "unsupported segment version 4")
