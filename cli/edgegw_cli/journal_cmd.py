@@ -122,7 +122,7 @@ def _line(f: FileCheck) -> Text:
     lsns = f"LSN {f.first_lsn}-{f.last_lsn}" if f.first_lsn is not None else "LSN -"
     word, style = _STATUS[f.status]
     text = Text.assemble(
-        f"{f.lane:<13} {f.path.name:<25} {f.role:<6} {f.kind:<30} {lsns:<24} "
+        f"{f.lane:<13} {f.path.name:<25} {f.role:<6} {f.kind:<34} {lsns:<24} "
         f"{f.entries:>9} entries {human_bytes(f.bytes):>10}  ",
         (word, style),
     )

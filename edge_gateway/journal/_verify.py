@@ -89,7 +89,7 @@ class Damage:
 class SegmentFacts:
     """What a check of one segment's bytes found (valid up to ``end``)."""
 
-    #: ``journal v2``, ``compressed v1 (of journal v3)``, ...
+    #: ``journal v2``, ``compressed EGWC v1 (of journal v3)``, ...
     kind: str
     base_lsn: int
     #: LSN of the last valid entry (``base_lsn - 1``: none)
@@ -290,7 +290,7 @@ def _check_compressed(
             wal_version, header_lsn = atrest.decode_header(buf, where="header")
         except CorruptData as exc:
             raise _Bad(0, exc.reason) from None
-        facts.kind = f"compressed v{atrest.VERSION} (of journal v{wal_version})"
+        facts.kind = f"compressed EGWC v{atrest.VERSION} (of journal v{wal_version})"
         if header_lsn != base_lsn:
             raise _Bad(8, f"the header's base LSN {header_lsn} is not the file name's")
         if size < atrest.HEADER_SIZE + atrest.TRAILER_SIZE:

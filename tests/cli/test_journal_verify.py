@@ -271,7 +271,7 @@ def test_the_golden_compressed_segment_verifies(tmp_path: Path) -> None:
     assert code == 0, text
     [f] = doc["files"]
     assert (f["kind"], f["first_lsn"], f["last_lsn"], f["entries"], f["status"]) == (
-        "compressed v1 (of journal v3)",
+        "compressed EGWC v1 (of journal v3)",
         41,
         51,
         11,

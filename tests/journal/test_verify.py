@@ -72,7 +72,7 @@ def test_the_golden_segments_verify() -> None:
     # A version 3 segment (block entries, nulls, producers, a marker) and its compressed form.
     for name, kind in (
         ("atrest_v1.wal", "journal v3"),
-        ("atrest_v1.egwc", "compressed v1 (of journal v3)"),
+        ("atrest_v1.egwc", "compressed EGWC v1 (of journal v3)"),
     ):
         facts = check_segment((DATA / name).read_bytes(), base_lsn=41)
         assert (facts.kind, facts.damage, facts.base_lsn, facts.last_lsn) == (kind, None, 41, 51)
