@@ -293,3 +293,25 @@ def test_entry_kinds_and_segment_versions() -> None:
     assert "block entry in a version 2 segment" in damage.reason
     damage = check_segment(golden[:4] + b"\x04" + golden[5:], base_lsn=41).damage
     assert damage == Damage(4, "unsupported segment version 4")
+
+
+def test_a_batch_whose_own_crc_fails_inside_a_valid_entry() -> None:
+    # The entry's CRC covers the batch, so this is a batch written wrong, not rot;
+    # the journal would find it only when a consumer decodes it.
+    batch = bytearray(encode_records([Record(0, T0, b"k", b"v")]))
+    batch[16] ^= 0xFF
+    entry = fentry.encode_entry(
+        lsn=2,
+        kind=fentry.KIND_DATA,
+        topic=b"t",
+        partition=0,
+        base_offset=0,
+        count=1,
+        append_time=T0,
+        payload=bytes(batch),
+    )
+    header = fentry.encode_segment_header(1) + _checkpoint(1, {})
+    damage = check_segment(header + entry, base_lsn=1).damage
+    assert damage is not None
+    assert damage.offset == len(header)
+    assert damage.reason.startswith("batch CRC mismatch at LSN 2")
