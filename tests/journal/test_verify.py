@@ -315,3 +315,38 @@ def test_a_batch_whose_own_crc_fails_inside_a_valid_entry() -> None:
     assert damage is not None
     assert damage.offset == len(header)
     assert damage.reason.startswith("batch CRC mismatch at LSN 2")
+
+
+def test_a_compressed_segment_in_a_journal(tmp_path: Path) -> None:
+    # A sealed compressed segment, then an entry log that continues its LSNs and offsets.
+    main = tmp_path / "journal"
+    main.mkdir()
+    (main / f"{41:020d}.wal").write_bytes((DATA / "atrest_v1.egwc").read_bytes())
+    (main / f"{41:020d}.idx").write_bytes(b"stale")
+    (main / f"{52:020d}.wal").write_bytes(_segment(52, 3, 2))
+    report = verify_journal(main)
+    assert report.ok
+    compressed, stale, active = report.files
+    assert (compressed.role, compressed.kind, compressed.last_lsn) == (
+        "sealed",
+        "compressed EGWC v1 (of journal v3)",
+        51,
+    )
+    assert stale.notes == ("stale: beside a compressed segment (the next open deletes it)",)
+    assert (active.role, active.first_lsn, active.last_lsn, active.status) == (
+        "active",
+        52,
+        54,
+        "ok",
+    )
+    # Offsets carry over from the compressed segment: t/0 had reached 3.
+    (main / f"{52:020d}.wal").write_bytes(_segment(52, 2, 2))
+    [bad] = verify_journal(main).damaged
+    assert bad.damage is not None
+    assert "t/0 continues at offset 2" in bad.damage.reason
+    # And LSNs: a gap after it is named.
+    (main / f"{52:020d}.wal").unlink()
+    (main / f"{53:020d}.wal").write_bytes(_segment(53, 3, 2))
+    [bad] = verify_journal(main).damaged
+    assert bad.damage is not None
+    assert "LSNs 52..52 are missing" in bad.damage.reason
