@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
-from edge_gateway._http import hypercorn_config
 from edge_gateway.api._app import ApiApp
-from edge_gateway.api._http11 import Http11Server
-from edge_gateway.api._tls import server_context
 from edge_gateway.gateway import Gateway
+from edge_gateway.net.http import hypercorn_config
+from edge_gateway.net.http11 import Http11Server
+from edge_gateway.net.tls import server_context
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -36,7 +36,7 @@ def _hypercorn_config(gateway: Gateway, graceful: float) -> HypercornConfig:
     # Limits (docs/api.md, "HTTP"): hypercorn closes a connection that waits
     # api.keep_alive_timeout_s for a complete request head, idle or not; the
     # app bounds each body read by api.read_timeout_s (hypercorn's own
-    # read_timeout would also cut long polls: see edge_gateway._http).
+    # read_timeout would also cut long polls: see edge_gateway.net.http).
     api = gateway.config.api
     cfg = hypercorn_config(
         api.listen,
