@@ -16,7 +16,7 @@ from typing import Final, Protocol
 
 from edge_gateway.errors import ConfigError
 
-__all__ = ["TLS_HANDSHAKE_RECORD", "TlsSettings", "server_context"]
+__all__ = ["API_TLS_SETTINGS", "TLS_HANDSHAKE_RECORD", "TlsSettings", "server_context"]
 
 #: The first byte of every TLS connection (a handshake record). A connection
 #: that starts with anything else is a plain HTTP client on the HTTPS port.
@@ -50,12 +50,21 @@ class TlsSettings(Protocol):
         """CA certificates that sign the clients' certificates (PEM), or ``""``."""
 
 
-def server_context(settings: TlsSettings, *, section: str = "api") -> ssl.SSLContext:
+#: How :func:`server_context`'s errors name the three settings by default: the
+#: ``[api]`` section's, which the local API and the Kafka listener share.
+API_TLS_SETTINGS: Final = ("api.tls_cert", "api.tls_key", "api.tls_client_ca")
+
+
+def server_context(
+    settings: TlsSettings, *, names: tuple[str, str, str] = API_TLS_SETTINGS
+) -> ssl.SSLContext:
     """The server-side context for ``settings`` (TLS 1.2 or later; ALPN ``http/1.1``).
 
-    Errors name the settings as ``<section>.tls_cert`` (and so on): the API's
-    and the Kafka listener's are ``[api]``'s.
+    A file that cannot be loaded is a :class:`~edge_gateway.errors.ConfigError`
+    that names the setting as ``names`` spell it (certificate, key, client CA):
+    a config file's keys, or a command's options (``--tls-cert``).
     """
+    cert_name, key_name, ca_name = names
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.set_alpn_protocols(["http/1.1"])
@@ -63,7 +72,7 @@ def server_context(settings: TlsSettings, *, section: str = "api") -> ssl.SSLCon
         ctx.load_cert_chain(settings.tls_cert, settings.tls_key)
     except (OSError, ssl.SSLError) as exc:
         raise ConfigError(
-            f"{section}.tls_cert / {section}.tls_key: cannot load {settings.tls_cert} "
+            f"{cert_name} / {key_name}: cannot load {settings.tls_cert} "
             f"with {settings.tls_key}: {_reason(exc)}"
         ) from None
     if settings.tls_client_ca:
@@ -71,7 +80,7 @@ def server_context(settings: TlsSettings, *, section: str = "api") -> ssl.SSLCon
             ctx.load_verify_locations(cafile=settings.tls_client_ca)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
-                f"{section}.tls_client_ca: cannot load {settings.tls_client_ca}: {_reason(exc)}"
+                f"{ca_name}: cannot load {settings.tls_client_ca}: {_reason(exc)}"
             ) from None
         # Optional in the handshake: a certificate presented is verified
         # there (a bad one fails it), a missing one is answered over TLS with
