@@ -74,6 +74,7 @@ from pathlib import Path
 import trio
 
 from edge_gateway import _heap
+from edge_gateway.backoff import Backoff
 from edge_gateway.bucket import (
     AccessDenied,
     Bucket,
@@ -124,7 +125,7 @@ from edge_gateway.journal import MAIN_LANE, Entry, Journal, Lane, Priority, Read
 from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._lanes import Lanes
 from edge_gateway.names import validate_region
-from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
+from edge_gateway.protocol.log import Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.regionlog import (
     LogState,
     exists,

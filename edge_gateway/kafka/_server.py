@@ -29,8 +29,6 @@ from typing import Any, Final
 import trio
 from kio.schema.errors import ErrorCode
 
-from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD, server_context
-from edge_gateway.api._tlsstream import TlsStream
 from edge_gateway.kafka._core import GatewayCore
 from edge_gateway.kafka._data import PRODUCE_KEY, too_large
 from edge_gateway.kafka._groups import groups_statistics
@@ -53,6 +51,8 @@ from edge_gateway.kafka._registry import (
     Connection,
     supported_versions,
 )
+from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD, server_context
+from edge_gateway.net.tlsstream import TlsStream
 
 __all__ = ["ADDR_FILE", "KafkaServer", "KafkaStats", "kafka_status", "serve_kafka"]
 
