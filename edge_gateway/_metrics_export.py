@@ -637,7 +637,7 @@ class _GatewayCollector(Collector):
             "edgegw_gc_store_unsupported",
             "1 while bucket GC cannot advance because the store answers 412 to a "
             "compare-and-swap with the object's current ETag (it refuses If-Match).",
-            1 if gw.gc_store_unsupported else 0,
+            1 if gw.gc.store_unsupported else 0,
         )
 
     @staticmethod

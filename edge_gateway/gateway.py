@@ -54,8 +54,8 @@ from edge_gateway.bucket import (
     LocalBucket,
     MeteredBucket,
     NoSuchBucket,
-    UnsupportedStore,
 )
+from edge_gateway.bucketgc import BucketGc
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
     GatewayConfig,
@@ -70,14 +70,12 @@ from edge_gateway.errors import (
     CorruptData,
     Denied,
     DiskFull,
-    EdgeGatewayError,
     InvalidInput,
     ReadOnlyTopic,
     Unavailable,
     UnknownTopic,
     WrongRegion,
 )
-from edge_gateway.failpoints import fail_point
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches, peek_count
 from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
@@ -86,7 +84,6 @@ from edge_gateway.journal import MAIN_LANE, Journal, Lane, Priority
 from edge_gateway.journal._lane import lane_by_id
 from edge_gateway.journal._lanes import Lanes, open_lanes
 from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
-from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
 from edge_gateway.supervisor import Supervisor, TaskHealth
@@ -97,7 +94,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FetchResult",
-    "GcStats",
     "Gateway",
     "ProduceRecord",
     "ProduceResult",
@@ -201,21 +197,6 @@ class TopicInfo:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class GcStats:
-    """:meth:`Gateway.gc_statistics`: the GC loop's runs since the start."""
-
-    runs: int
-    #: Runs that ended in an error (the store away, refusing, ...).
-    failed_runs: int
-    deleted_entries: int
-    last_error: str | None
-    #: Why the last run deleted nothing at all (a wrong clock), or None.
-    paused: str | None
-    #: Why GC cannot advance on this store (it refuses compare-and-swap), or None.
-    store_unsupported: str | None
-
-
 @dataclass(slots=True)
 class _Topic:
     name: str
@@ -280,17 +261,19 @@ class Gateway:
         self._shipper: Shipper | None = None
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
-        self._gc_runs = 0
-        #: GC runs that ended in an error (the store away, refusing, ...).
-        self._gc_failed_runs = 0
-        self._gc_deleted = 0
-        self._gc_last_error: str | None = None
-        #: Why the last GC run deleted nothing at all (a wrong clock), or None.
-        self._gc_paused: str | None = None
-        #: Why GC cannot advance on this store (it refuses compare-and-swap), or None.
-        self._gc_unsupported: str | None = None
         #: This gateway's clock against the bucket's (fed by the shipper's writes).
         self._bucket_clock = BucketClock(config.clock)
+        #: Bucket GC of this region's log (``[gc]``), run once the core is up.
+        self.gc = BucketGc(
+            config.gc,
+            config.region,
+            bucket=lambda: self.bucket,
+            prefix=self.key_prefix,
+            clock=self._bucket_clock,
+            subscribers=self._gc_subscribers,
+            head=self._log_head,
+            wait_claimed=self._wait_claimed,
+        )
         self._link: LinkMeter | None = None
         self._link_gate: LinkGate | None = None
         self._mirror_bucket: Bucket | None = None
@@ -1031,9 +1014,7 @@ class Gateway:
                             )
                         self._workers_started = True
                         if cfg.gc.enabled:
-                            await workers.start(
-                                functools.partial(sup.supervise, "gc", self._gc_loop)
-                            )
+                            await workers.start(functools.partial(sup.supervise, "gc", self.gc.run))
                         self._accepting = True
                         await self._start_services(workers, self._accepting_services)
                         for hook in self._ready_hooks:
@@ -1117,81 +1098,9 @@ class Gateway:
         finally:
             task.done.set()
 
-    async def _gc_loop(
-        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        """Delete this region's log objects that retention and every subscriber allow."""
-        task_status.started()
-        g = self.config.gc
-        gcfg = GcConfig(retention_ms=g.retention_ms, age_cap_ms=g.age_cap_ms)
-        await self._register_subscribers()
-        while True:
-            await trio.sleep(g.interval_ms / 1000)
-            fail_point("gc.run")
-            try:
-                res = await collect_garbage(
-                    self.bucket,
-                    self.region,
-                    self._gc_subscribers(),
-                    gcfg,
-                    prefix=self.key_prefix,
-                    clock=self._bucket_clock,
-                    head_seq=self._log_head(),
-                )
-            except UnsupportedStore as exc:
-                # Not contention: the store refuses compare-and-swap (issue 27).
-                # Said once; tried again each interval, quietly, in case the
-                # store is fixed or replaced under the same name.
-                self._gc_failed_runs += 1
-                self._gc_last_error = f"{type(exc).__name__}: {exc}"
-                if self._gc_unsupported is None:
-                    log.error("bucket gc: %s", exc)
-                self._gc_unsupported = str(exc)
-                continue
-            except (Unavailable, EdgeGatewayError) as exc:
-                self._gc_failed_runs += 1
-                self._gc_last_error = f"{type(exc).__name__}: {exc}"
-                log.warning("bucket gc: %s (retrying next interval)", exc)
-                continue
-            if self._gc_unsupported is not None:
-                log.info("bucket gc: the store accepts compare-and-swap now; GC runs again")
-                self._gc_unsupported = None
-            if res.paused != self._gc_paused:
-                if res.paused:
-                    log.warning("bucket gc: deleting nothing: %s", res.paused)
-                else:
-                    log.info("bucket gc: the clock is sane again; deleting as configured")
-                self._gc_paused = res.paused
-            self._gc_runs += 1
-            self._gc_deleted += res.deleted_entries
-            self._gc_last_error = None
-            if res.deleted_entries or res.overridden:
-                log.info(
-                    "bucket gc: deleted %d log objects and %d manifests (boundary %d -> %d)%s",
-                    res.deleted_entries,
-                    res.deleted_manifests,
-                    res.boundary_before,
-                    res.boundary_after,
-                    f"; age cap overrode readers {', '.join(res.overridden)}"
-                    if res.overridden
-                    else "",
-                )
-
-    def gc_statistics(self) -> GcStats:
-        """The GC loop's runs, deletions and state (the status's ``gc`` block)."""
-        return GcStats(
-            self._gc_runs,
-            self._gc_failed_runs,
-            self._gc_deleted,
-            self._gc_last_error,
-            self._gc_paused,
-            self._gc_unsupported,
-        )
-
-    @property
-    def gc_store_unsupported(self) -> str | None:
-        """Why bucket GC cannot advance on this store (it refuses compare-and-swap), or None."""
-        return self._gc_unsupported
+    async def _wait_claimed(self) -> None:
+        # The shipper of this run (a new one each run): not bound at __init__.
+        await self.shipper.wait_claimed()
 
     def _gc_subscribers(self) -> list[str] | None:
         """The regions GC waits for, from the topology in force now (routing changes move it)."""
@@ -1203,26 +1112,6 @@ class Gateway:
         """The last seq this gateway committed to its log (None before its claim)."""
         s = self.shipper.statistics()
         return s.next_seq - 1 if s.claimed else None
-
-    async def _register_subscribers(self) -> None:
-        """At start, record the subscribers GC will meet as subscribed from the log's head on.
-
-        Entries written before a subscriber is recorded count as written
-        before it subscribed (``edge_gateway.mirror.gc``): the sooner, the
-        more exact. Waits for the claim (the head); a failure is logged and
-        left to the first GC run, which records them too.
-        """
-        await self.shipper.wait_claimed()
-        try:
-            await register_subscribers(
-                self.bucket,
-                self.region,
-                self._gc_subscribers(),
-                prefix=self.key_prefix,
-                head_seq=self._log_head(),
-            )
-        except (Unavailable, EdgeGatewayError) as exc:
-            log.warning("bucket gc: subscribers not recorded yet (%s); next GC run does it", exc)
 
     async def _drain(self) -> None:
         """Flush and ship what is pending, shielded, within the grace period."""

@@ -85,7 +85,7 @@ def status_document(gw: Gateway) -> dict[str, Any]:
     j = gw.journal.statistics()
     s = gw.shipper.statistics()
     health = gw.task_health()
-    gc = gw.gc_statistics()
+    gc = gw.gc.statistics()
     # Every component the bucket refuses, with what to do: needs a person.
     denied = {"shipper": s.denied.to_json()} if s.denied is not None else {}
     for src, t in sorted(gw.tailers.items()):

@@ -309,7 +309,7 @@ async def test_unexpected_errors_are_500_and_logged(
         def broken() -> object:
             raise RuntimeError("boom")
 
-        monkeypatch.setattr(gw, "gc_statistics", broken)  # the status document reads it
+        monkeypatch.setattr(gw.gc, "statistics", broken)  # the status document reads it
         caplog.set_level(logging.ERROR, logger="edgegw.api")
         r = await http.get("/v1/status")
         err = assert_error(r, 500, "internal")
