@@ -81,9 +81,16 @@ from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batche
 from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.idempotence import ProducerSeq, ProducerTable
-from edge_gateway.journal import MAIN_LANE, Journal, JournalStats, Lane, Priority
-from edge_gateway.journal._lane import lane_by_id
-from edge_gateway.journal._lanes import Lanes, open_lanes
+from edge_gateway.journal import (
+    MAIN_LANE,
+    Journal,
+    JournalStats,
+    Lane,
+    Lanes,
+    Priority,
+    lane_by_id,
+    open_lanes,
+)
 from edge_gateway.mirror import Gap, PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
