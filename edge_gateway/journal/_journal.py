@@ -47,7 +47,7 @@ scan), ``_space.py`` (the filesystem: disk full, the reserve file),
 role: this module holds its state, the open, segments and rolling, the
 append path and the queries; ``_open.py`` rebuilds its state from the files,
 ``_durability.py`` fsyncs (group commit, the interval flusher),
-``_mirror_append.py`` appends mirrored batches, ``_room.py`` deletes
+``_mirror_append.py`` appends mirrored batches, ``_retention.py`` deletes
 (retention, drop-oldest, a full disk), ``_reads.py`` reads. Their functions
 are bound in the class body as the Journal's methods (``read =
 _reads.read``), so the Journal's methods and attributes are as before.
@@ -86,7 +86,7 @@ from edge_gateway.errors import (
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _reads, _room
+from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _reads, _retention
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._index import (
@@ -1011,32 +1011,32 @@ class Journal:
 
     # ------------------------------------------------------------ making room
 
-    # bound from retention, drop-oldest and a full disk (_room.py)
-    _retention_ticker = _room._retention_ticker
-    _disk_watch = _room._disk_watch
-    set_safe_lsn = _room.set_safe_lsn
-    _delete_segments = _room._delete_segments
-    take = _room.take
-    _drop_unshipped = _room._drop_unshipped
-    _record_drops = _room._record_drops
-    _make_room_unshipped = _room._make_room_unshipped
-    _drop_for_space = _room._drop_for_space
-    shed = _room.shed
-    _describe_drop = _room._describe_drop
-    drops_from = _room.drops_from
-    drops_cover = _room.drops_cover
-    release_held = _room.release_held
-    dropped = _room.dropped
-    _drop_oldest = _room._drop_oldest
-    _disk_space = _room._disk_space
-    _disk_full = _room._disk_full
-    _refused = _room._refused
-    _keep_free = _room._keep_free
-    _end_disk_full = _room._end_disk_full
-    _while_disk_full = _room._while_disk_full
-    _shipped_bytes = _room._shipped_bytes
-    _roll_making_room = _room._roll_making_room
-    check_disk = _room.check_disk
+    # bound from retention, drop-oldest and a full disk (_retention.py)
+    _retention_ticker = _retention._retention_ticker
+    _disk_watch = _retention._disk_watch
+    set_safe_lsn = _retention.set_safe_lsn
+    _delete_segments = _retention._delete_segments
+    take = _retention.take
+    _drop_unshipped = _retention._drop_unshipped
+    _record_drops = _retention._record_drops
+    _make_room_unshipped = _retention._make_room_unshipped
+    _drop_for_space = _retention._drop_for_space
+    shed = _retention.shed
+    _describe_drop = _retention._describe_drop
+    drops_from = _retention.drops_from
+    drops_cover = _retention.drops_cover
+    release_held = _retention.release_held
+    dropped = _retention.dropped
+    _drop_oldest = _retention._drop_oldest
+    _disk_space = _retention._disk_space
+    _disk_full = _retention._disk_full
+    _refused = _retention._refused
+    _keep_free = _retention._keep_free
+    _end_disk_full = _retention._end_disk_full
+    _while_disk_full = _retention._while_disk_full
+    _shipped_bytes = _retention._shipped_bytes
+    _roll_making_room = _retention._roll_making_room
+    check_disk = _retention.check_disk
 
     @property
     def safe_lsn(self) -> int:

@@ -1,4 +1,4 @@
-"""Making room in the journal: retention, drop-oldest, and a full disk.
+"""Retention: which segments are deleted, and when (shipped, drop-oldest, a full disk).
 
 What it owns: deleting sealed segments below the safe LSN once retention or
 the budget allows (``set_safe_lsn``, ``_delete_segments``, the retention
@@ -8,7 +8,7 @@ first in ``dropped.log`` (``_drop_unshipped``, ``shed``, ``take``, the
 disk-full episode (``_while_disk_full``, ``_keep_free``, ``_roll_making_room``,
 ``check_disk`` and the disk watch; the filesystem side is ``_space.py``). The
 functions here are the Journal's methods (bound in its class body:
-``Journal.shed = _room.shed``).
+``Journal.shed = _retention.shed``).
 """
 
 from __future__ import annotations
