@@ -117,8 +117,7 @@ _MAX_PARTITION: Final = 2**31 - 1
 # Entries up to this size are assembled into one bytes object and copied into
 # the active segment's map; larger ones go out with pwritev, batch uncopied.
 _SMALL_WRITE: Final = 16 * 1024
-# a batch header: length, version, flags, reserved, (base offset, crc), count, min/max ts
-_BATCH_PEEK = struct.Struct("<IBBH12xIqq")
+_BATCH_PEEK = fbatch.HEADER_PEEK
 _LEN_CRC = fentry.ENTRY_LEN_CRC
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
@@ -595,7 +594,7 @@ class Journal:
         if t is None:
             validate_topic(topic)
             raw = topic.encode()
-            head = struct.Struct(f"<QBBHIqIq{len(raw)}sIBBHq")
+            head = fentry.data_head_struct(len(raw))
             t = self._topics[topic] = _Topic(topic, raw, head, fentry.ENTRY_HEADER_SIZE + len(raw))
             for (name, partition), p in self._partitions.items():
                 if name == topic:
@@ -604,7 +603,7 @@ class Journal:
 
     @staticmethod
     def _producer_head(t: _Topic) -> struct.Struct:
-        t.producer_head = struct.Struct(f"<QBBHIqIq{len(t.raw)}sQHHIIBBHq")
+        t.producer_head = fentry.data_head_struct(len(t.raw), producer=True)
         return t.producer_head
 
     def _check_open(self) -> None:
