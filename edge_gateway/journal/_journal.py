@@ -64,8 +64,7 @@ import struct
 import sys
 import time
 from array import array
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,7 +85,7 @@ from edge_gateway.errors import (
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _reads, _retention
+from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _retention
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop
 from edge_gateway.journal._index import (
@@ -96,10 +95,11 @@ from edge_gateway.journal._index import (
     SegmentIndex,
 )
 from edge_gateway.journal._mirror_append import MirrorBatch, _Reserved
-from edge_gateway.journal._reads import OffsetOutOfRange
+from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
+from edge_gateway.journal._segment_set import SegmentSet
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
-from edge_gateway.journal._state import Appended, _now_ms, _Partition, _Topic
+from edge_gateway.journal._state import Appended, MirrorRuns, _now_ms, _Partition, _Topic
 from edge_gateway.names import validate_topic
 
 __all__ = [
@@ -206,8 +206,8 @@ class Journal:
     def __init__(self, path: Path, config: JournalConfig) -> None:
         self.path = path
         self.config = config
-        self._segments: list[Segment] = []
-        self._segment_bases: list[int] = []
+        #: the segments at rest, and the descriptors reads go through
+        self._segment_set = SegmentSet()
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._sources: dict[str, SourceCoords] = {}
         self._topics: dict[str, _Topic] = {}
@@ -248,7 +248,6 @@ class Journal:
         #: pages of sealed segments' index files (journal.index_cache_bytes)
         self._index_cache = IndexCache(config.index_cache_bytes)
         self._deferred_close: list[int] = []
-        self._read_fds: OrderedDict[int, int] = OrderedDict()
         self._durable_lot = trio.lowlevel.ParkingLot()
         self._dirty_lot = trio.lowlevel.ParkingLot()
         self._urgent_lot = trio.lowlevel.ParkingLot()
@@ -290,11 +289,24 @@ class Journal:
         #: mirror entries reserved and being written by a worker thread (at most one group)
         self._inflight: _Reserved | None = None
         self._inflight_lot = trio.lowlevel.ParkingLot()
-        #: LSN runs [start, end) of mirror entries appended since the open, for
+        #: LSN runs of mirror entries appended since the open, for
         #: :meth:`read_entries` to step over without reading them (a hint)
-        self._mirror_starts: array[int] = array("q")
-        self._mirror_ends: array[int] = array("q")
+        self._mirror_runs = MirrorRuns()
         self._mirror_groups = 0
+        #: the read path: given the segments, the partitions' indexes, the
+        #: mirror runs, and this journal for its ends (``next_lsn``,
+        #: ``durable_lsn``, ``closed``)
+        self._reads = Reads(self._segment_set, self._partitions, self._mirror_runs, self)
+
+    @property
+    def _segments(self) -> list[Segment]:
+        """The segments, oldest first, the active one last (the segment set's list)."""
+        return self._segment_set.segments
+
+    @property
+    def closed(self) -> bool:
+        """The journal is closed (reads and waits raise ``ClosedError``)."""
+        return self._closed
 
     # ------------------------------------------------------------------ open
 
@@ -355,9 +367,7 @@ class Journal:
                 with contextlib.suppress(OSError):
                     _fs.ops.close(seg.fd)
                 seg.fd = None
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
+        self._segment_set.close_reads()
         self._index_cache.close()
 
     @property
@@ -377,8 +387,7 @@ class Journal:
 
     def _add_segment(self, seg: Segment) -> None:
         self._active = seg
-        self._segments.append(seg)
-        self._segment_bases.append(seg.base_lsn)
+        self._segment_set.add(seg)
 
     def _partition(self, topic: str, partition: int) -> _Partition:
         key = (topic, partition)
@@ -805,7 +814,6 @@ class Journal:
     _settle = _mirror_append._settle
     _publish = _mirror_append._publish
     _wait_inflight = _mirror_append._wait_inflight
-    _mirror_run = _mirror_append._mirror_run
 
     def _index(self, p: _Partition, lsn: int, base: int, next_offset: int) -> None:
         p.lsns.append(lsn)
@@ -1043,18 +1051,68 @@ class Journal:
 
     # ------------------------------------------------------------------ read
 
-    # bound from reads (_reads.py)
-    _read_fd = _reads._read_fd
-    _pread = _reads._pread
-    _locate = _reads._locate
-    read_entry = _reads.read_entry
-    read = _reads.read
-    _runs_from = _reads._runs_from
-    only_checkpoints = _reads.only_checkpoints
-    read_entries = _reads.read_entries
-    _mirror_runs_from = _reads._mirror_runs_from
-    _mirror_run_at = _reads._mirror_run_at
-    read_entries_in_thread = _reads.read_entries_in_thread
+    # The read path is its own part (_reads.py); these delegate to it.
+
+    def read_entry(self, lsn: int) -> Entry:
+        """Read and verify the entry with this LSN (:meth:`Reads.read_entry`)."""
+        return self._reads.read_entry(lsn)
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 1024 * 1024,
+    ) -> list[Entry]:
+        """Entries of one partition from ``offset`` on, oldest first (:meth:`Reads.read`).
+
+        An empty list means nothing at or after ``offset`` yet (see :meth:`wait_for`).
+        """
+        return self._reads.read(
+            topic, partition, offset, max_records=max_records, max_bytes=max_bytes
+        )
+
+    def only_checkpoints(self, first_lsn: int, last_lsn: int) -> bool:
+        """Whether every entry from ``first_lsn`` to ``last_lsn`` is a checkpoint.
+
+        A checkpoint is only ever the first entry of a segment, so this is a
+        count of segment bases in the range (no read). The shipper steps over
+        such a range (its reads skip checkpoints), e.g. a fresh journal's first
+        entry.
+        """
+        return self._segment_set.only_checkpoints(first_lsn, last_lsn)
+
+    def read_entries(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        durable_only: bool = True,
+        payload_kinds: Container[int] | None = None,
+    ) -> list[Entry]:
+        """Entries in LSN order from ``from_lsn``, up to ``max_bytes`` (for the shipper).
+
+        See :meth:`Reads.read_entries`.
+        """
+        return self._reads.read_entries(
+            from_lsn, max_bytes=max_bytes, durable_only=durable_only, payload_kinds=payload_kinds
+        )
+
+    async def read_entries_in_thread(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        payload_kinds: Container[int] | None = None,
+        buffers: ReadBuffers | None = None,
+    ) -> list[Entry]:
+        """:meth:`read_entries` of durable entries, read and checked in a worker thread
+        (:meth:`Reads.read_entries_in_thread`)."""
+        return await self._reads.read_entries_in_thread(
+            from_lsn, max_bytes=max_bytes, payload_kinds=payload_kinds, buffers=buffers
+        )
 
     # ----------------------------------------------------------------- waits
 
@@ -1129,15 +1187,7 @@ class Journal:
 
     def bytes_from(self, lsn: int) -> int:
         """Bytes of the entries from ``lsn`` on (a lane's backlog: ``bytes_from(safe_lsn)``)."""
-        total = 0
-        for seg in reversed(self._segments):
-            if seg.end_lsn <= lsn:
-                break
-            if seg.base_lsn >= lsn:
-                total += seg.size
-            else:
-                total += seg.size - seg.entry_positions[lsn - seg.base_lsn]
-        return total
+        return self._segment_set.bytes_from(lsn)
 
     @property
     def disk_bytes(self) -> int:
@@ -1239,9 +1289,7 @@ class Journal:
                         _fs.ops.close(active.fd)
                     active.fd = None
         finally:
-            for fd in self._read_fds.values():
-                os.close(fd)
-            self._read_fds.clear()
+            self._segment_set.close_reads()
             self._index_cache.close()
             if self._lock is not None:
                 self._lock.release()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +46,7 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
         raise InvalidInput("only a journal that holds no entries can be reset")
     if self._flushing:
         raise InvalidInput("cannot reset a journal while an fsync is in flight")
-    old = self._segments.pop()
-    self._segment_bases.pop()
+    old = self._segment_set.pop_active()
     if old.mm is not None:
         old.mm.close()
     if old.fd is not None:
@@ -58,8 +56,7 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
     self._partitions.clear()
     self._topics.clear()
     self._sources.clear()
-    self._mirror_starts = array("q")
-    self._mirror_ends = array("q")
+    self._mirror_runs.clear()
     try:
         self._start_segment(start_lsn, start)
     except DiskFull as exc:

@@ -17,7 +17,6 @@ import bisect
 import contextlib
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -299,13 +298,9 @@ def _drop_oldest(self: Journal, why: str = "") -> bool:
         # open refuses (segments must be contiguous).
         log.warning("journal: could not delete segment %s: %s", seg.path, exc)
         return False
-    self._segments.pop(0)
-    self._segment_bases.pop(0)
+    self._segment_set.pop_oldest()
     if seg in self._unindexed:
         self._unindexed.remove(seg)
-    fd = self._read_fds.pop(seg.base_lsn, None)
-    if fd is not None:
-        os.close(fd)
     freed = seg.size
     with contextlib.suppress(OSError):
         freed += seg.index_path.stat().st_size
