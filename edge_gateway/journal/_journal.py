@@ -85,9 +85,10 @@ from edge_gateway.errors import (
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _retention
+from edge_gateway.journal import _fs, _mirror_append, _open, _retention
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop
+from edge_gateway.journal._durability import Durability
 from edge_gateway.journal._index import (
     IndexCache,
     IndexFile,
@@ -212,13 +213,8 @@ class Journal:
         self._sources: dict[str, SourceCoords] = {}
         self._topics: dict[str, _Topic] = {}
         self._next_lsn = 1
-        self._durable_lsn = 0
         self._safe_lsn = 0
         self._total_bytes = 0
-        #: appended_bytes when the last fsync started (unsynced = appended - this)
-        self._synced_mark = 0
-        self._flusher_idle = False
-        self._urgent_waiting = False
         self._append_waiters = 0
         self._bytes_watch = _NO_WATCH
         self._bytes_targets: list[int] = []
@@ -235,9 +231,6 @@ class Journal:
         self._roll_at = config.segment_bytes
         self._max_bytes = config.max_bytes
         self._fsync_bytes = config.fsync_bytes
-        self._flushing = False
-        #: an fdatasync is running (set on the event loop, cleared by the syncing thread)
-        self._syncing = False
         self._closed = False
         #: why intake stopped for good (a failed fsync, EIO); reads go on
         self._broken: str | None = None
@@ -247,19 +240,11 @@ class Journal:
         self._unindexed: list[Segment] = []
         #: pages of sealed segments' index files (journal.index_cache_bytes)
         self._index_cache = IndexCache(config.index_cache_bytes)
-        self._deferred_close: list[int] = []
-        self._durable_lot = trio.lowlevel.ParkingLot()
-        self._dirty_lot = trio.lowlevel.ParkingLot()
-        self._urgent_lot = trio.lowlevel.ParkingLot()
         self._append_lot = trio.lowlevel.ParkingLot()
-        self._fsync_limiter = trio.CapacityLimiter(1)
         # counters
         self._rolls = 0
         self._lsn_at_open = 1
         self._appended_bytes = 0
-        self._fsyncs = 0
-        self._fsync_total = 0.0
-        self._fsync_max = 0.0
         self._full_rejections = 0
         self._truncated_on_open = 0
         self._open_seconds = 0.0
@@ -297,6 +282,10 @@ class Journal:
         #: mirror runs, and this journal for its ends (``next_lsn``,
         #: ``durable_lsn``, ``closed``)
         self._reads = Reads(self._segment_set, self._partitions, self._mirror_runs, self)
+        #: group commit and the fsync policy: owns durable_lsn; given the
+        #: segments (it fsyncs the active one) and this journal as the log it
+        #: makes durable
+        self._durability = Durability(config, self._segment_set, self)
 
     @property
     def _segments(self) -> list[Segment]:
@@ -475,7 +464,7 @@ class Journal:
                 "Check the disk (dmesg, SMART) and restart the gateway: the next open "
                 "verifies the active segment entry by entry.",
                 self._broken,
-                self._durable_lsn,
+                self._durability.durable_lsn,
             )
         return self._failed_error()
 
@@ -535,7 +524,7 @@ class Journal:
         self._map(seg)
         self._add_segment(seg)
         self._next_lsn = base_lsn + 1
-        self._durable_lsn = base_lsn
+        self._durability.durable_lsn = base_lsn
         self._total_bytes += len(data)
         self._active_version = fentry.SEGMENT_VERSION
 
@@ -561,8 +550,7 @@ class Journal:
             _fs.ops.fsync(old.fd)
         except OSError as exc:
             raise self._fail(f"fsync of {old.path}", exc) from exc
-        self._durable_lsn = self._next_lsn - 1
-        self._synced_mark = self._appended_bytes
+        self._durability.synced(self._next_lsn - 1, self._appended_bytes)
         old.last_append_time = max(old.last_append_time, self._now)
         self._keep_free()
         cp = Checkpoint(
@@ -574,10 +562,7 @@ class Journal:
         )
         self._start_segment(self._next_lsn, cp)
         # The new segment exists: the roll is done.
-        if self._flushing:
-            self._deferred_close.append(old.fd)  # a worker thread may be fsyncing it
-        else:
-            _fs.ops.close(old.fd)
+        self._durability.close_after_fsync(old.fd)  # a worker thread may be fsyncing it
         old.fd = None
         self._rolls += 1
         # Every entry the partitions hold in memory is in the old segment.
@@ -734,7 +719,7 @@ class Journal:
         if n <= _SMALL_WRITE:
             body = head + batch[16:]
             data = _LEN_CRC.pack(length, _crc(body)) + body
-            if end <= seg.mm_end and not self._syncing:
+            if end <= seg.mm_end and not self._durability.syncing:
                 seg.mm[pos:end] = data  # type: ignore[index]
             else:
                 self._put(seg, [data], length)
@@ -782,7 +767,7 @@ class Journal:
         await _checkpoint_if_cancelled()
         res = self.append_nowait(topic, partition, batch)
         if self._always:
-            await self.wait_durable(res[0])
+            await self._durability.wait_durable(res[0])
         elif not 0 <= self._now - self._last_yield_ms < self._yield_ms:
             # A producer that never blocks would starve the interval flusher
             # (and the delivery of a finished fsync): yield once per interval.
@@ -800,7 +785,7 @@ class Journal:
 
     async def _after_append(self, lsn: int) -> None:
         if self._always:
-            await self.wait_durable(lsn)
+            await self._durability.wait_durable(lsn)
         elif not 0 <= self._now - self._last_yield_ms < self._yield_ms:
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
@@ -859,7 +844,7 @@ class Journal:
         :meth:`_make_room_unshipped`); ``DiskFull`` if none is left.
         """
         pos = seg.size
-        if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._syncing:
+        if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._durability.syncing:
             seg.mm[pos : pos + length] = b"".join(parts)  # type: ignore[index]
             return
         while True:
@@ -893,12 +878,13 @@ class Journal:
     def _notify(self) -> None:
         """Wake whoever waits on appends (the slow path of every append, see :meth:`_arm`)."""
         appended = self._appended_bytes
-        if self._flusher_idle:
-            self._flusher_idle = False
-            self._dirty_lot.unpark_all()
-        elif self._urgent_waiting and appended - self._synced_mark >= self._fsync_bytes:
-            self._urgent_waiting = False
-            self._urgent_lot.unpark_all()
+        d = self._durability
+        if d.flusher_idle:
+            d.flusher_idle = False
+            d.dirty_lot.unpark_all()
+        elif d.urgent_waiting and appended - d.synced_mark >= self._fsync_bytes:
+            d.urgent_waiting = False
+            d.urgent_lot.unpark_all()
         if self._append_waiters:
             self._append_lot.unpark_all()
         if appended >= self._bytes_watch:
@@ -911,10 +897,11 @@ class Journal:
         Appends compare one counter with one mark instead of checking every
         kind of waiter; whatever changes a waiter's state calls this again.
         """
-        if self._flusher_idle or self._append_waiters:
+        d = self._durability
+        if d.flusher_idle or self._append_waiters:
             self._notify_at = 0
         else:
-            urgent = self._synced_mark + self._fsync_bytes if self._urgent_waiting else _NO_WATCH
+            urgent = d.synced_mark + self._fsync_bytes if d.urgent_waiting else _NO_WATCH
             self._notify_at = min(urgent, self._bytes_watch)
 
     def _write(
@@ -998,20 +985,23 @@ class Journal:
     @property
     def durable_lsn(self) -> int:
         """Every entry with an LSN up to this one is on stable storage."""
-        return self._durable_lsn
+        return self._durability.durable_lsn
 
-    # bound from fsync (_durability.py)
-    wait_durable = _durability.wait_durable
-    flush = _durability.flush
-    _flush = _durability._flush
-    _fdatasync = _durability._fdatasync
-    _interval_flusher = _durability._interval_flusher
+    # Durability is its own part (_durability.py); these delegate to it.
+
+    async def wait_durable(self, lsn: int) -> None:
+        """Wait until entry ``lsn`` is fsynced; concurrent waiters share one fsync."""
+        await self._durability.wait_durable(lsn)
+
+    async def flush(self) -> None:
+        """Fsync everything appended so far."""
+        await self._durability.flush()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The journal's background work: the interval flusher, retention, the disk watch."""
         async with trio.open_nursery() as nursery:
             if self.config.fsync is FsyncPolicy.INTERVAL:
-                nursery.start_soon(self._interval_flusher)
+                nursery.start_soon(self._durability.interval_flusher)
             nursery.start_soon(self._retention_ticker)
             nursery.start_soon(self._disk_watch)
             task_status.started()
@@ -1223,14 +1213,14 @@ class Journal:
             max_bytes=self.config.max_bytes,
             first_lsn=self._segments[0].base_lsn if self._segments else 0,
             next_lsn=self._next_lsn,
-            durable_lsn=self._durable_lsn,
+            durable_lsn=self._durability.durable_lsn,
             safe_lsn=self._safe_lsn,
             partitions=len(self._partitions),
             appends=self._next_lsn - self._lsn_at_open - self._rolls,
             appended_bytes=self._appended_bytes,
-            fsyncs=self._fsyncs,
-            fsync_seconds_total=self._fsync_total,
-            fsync_seconds_max=self._fsync_max,
+            fsyncs=self._durability.fsyncs,
+            fsync_seconds_total=self._durability.fsync_total,
+            fsync_seconds_max=self._durability.fsync_max,
             full_rejections=self._full_rejections,
             truncated_bytes_on_open=self._truncated_on_open,
             open_seconds=self._open_seconds,
@@ -1293,14 +1283,9 @@ class Journal:
             self._index_cache.close()
             if self._lock is not None:
                 self._lock.release()
-            for lot in (
-                self._durable_lot,
-                self._append_lot,
-                self._dirty_lot,
-                self._urgent_lot,
-                self._bytes_lot,
-            ):
-                lot.unpark_all()
+            self._durability.wake_all()
+            self._append_lot.unpark_all()
+            self._bytes_lot.unpark_all()
             for p in self._partitions.values():
                 p.lot.unpark_all()
 
@@ -1321,13 +1306,12 @@ class Journal:
         except OSError as exc:
             self._fail(f"fsync of {active.path} at close", exc)
         else:
-            self._durable_lsn = self._next_lsn - 1
+            self._durability.durable_lsn = self._next_lsn - 1
 
     async def aclose(self) -> None:
         """Wait for an fsync in flight, then fsync and close. Always releases."""
         with trio.CancelScope(shield=True):
-            while self._flushing:
-                await self._durable_lot.park()
+            await self._durability.wait_idle()
         self.close_sync()
 
 

@@ -44,7 +44,7 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
         self._settle()
     if not self.is_new:
         raise InvalidInput("only a journal that holds no entries can be reset")
-    if self._flushing:
+    if self._durability.flushing:
         raise InvalidInput("cannot reset a journal while an fsync is in flight")
     old = self._segment_set.pop_active()
     if old.mm is not None:
@@ -115,7 +115,7 @@ def _recover(self: Journal, start: Checkpoint) -> None:
         expected = seg.end_lsn
     active = self._segments[-1]
     self._next_lsn = active.end_lsn
-    self._durable_lsn = self._next_lsn - 1
+    self._durability.durable_lsn = self._next_lsn - 1
     active.fd = _fs.ops.open(active.path, os.O_RDWR)
     self._map(active)
     self._total_bytes = sum(s.size for s in self._segments)

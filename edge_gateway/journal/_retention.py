@@ -65,7 +65,7 @@ def set_safe_lsn(self: Journal, lsn: int) -> None:
     forward.
     """
     if lsn > self._safe_lsn:
-        self._safe_lsn = min(lsn, self._durable_lsn + 1)
+        self._safe_lsn = min(lsn, self._durability.durable_lsn + 1)
         self._delete_segments()
 
 
