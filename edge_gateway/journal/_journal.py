@@ -87,7 +87,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
 from edge_gateway.journal import _fs, _mirror_append, _open, _retention
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
-from edge_gateway.journal._dropped import Drop
+from edge_gateway.journal._dropped import Drop, DropLog
 from edge_gateway.journal._durability import Durability
 from edge_gateway.journal._index import (
     IndexCache,
@@ -256,12 +256,9 @@ class Journal:
         #: asks the drop-oldest journals beside it to free about ``n`` bytes of the
         #: filesystem before refusing (set by ``Lanes``); True if any was freed.
         self.make_room_elsewhere: Callable[[int], bool] | None = None
-        #: What drop-oldest deleted unshipped (dropped.log), oldest first.
-        self._drops: list[Drop] = []
-        #: Bumped at each drop (the shipper notices drops under an object it built).
-        self.drop_generation = 0
-        #: Entries below this LSN are in an object the shipper is committing.
-        self._taken_lsn = 0
+        #: What drop-oldest deleted unshipped (dropped.log), and what the
+        #: shipper is committing (drops below it are ``held``).
+        self._drop_log = DropLog(path)
         #: The active segment's version: producer entries go only into a version 2 one.
         self._active_version = fentry.SEGMENT_VERSION
         #: The idempotent producers' state for the checkpoint of each new
@@ -1013,17 +1010,12 @@ class Journal:
     _disk_watch = _retention._disk_watch
     set_safe_lsn = _retention.set_safe_lsn
     _delete_segments = _retention._delete_segments
-    take = _retention.take
     _drop_unshipped = _retention._drop_unshipped
     _record_drops = _retention._record_drops
     _make_room_unshipped = _retention._make_room_unshipped
     _drop_for_space = _retention._drop_for_space
     shed = _retention.shed
     _describe_drop = _retention._describe_drop
-    drops_from = _retention.drops_from
-    drops_cover = _retention.drops_cover
-    release_held = _retention.release_held
-    dropped = _retention.dropped
     _drop_oldest = _retention._drop_oldest
     _disk_space = _retention._disk_space
     _disk_full = _retention._disk_full
@@ -1038,6 +1030,50 @@ class Journal:
     @property
     def safe_lsn(self) -> int:
         return self._safe_lsn
+
+    # ------------------------------------------------------------- drops
+
+    # The record of drops is its own part (DropLog, _dropped.py); these delegate to it.
+
+    @property
+    def drop_generation(self) -> int:
+        """Bumped at each drop (the shipper notices drops under an object it built)."""
+        return self._drop_log.generation
+
+    def take(self, lsn: int) -> None:
+        """The shipper is committing an object holding the entries below ``lsn``.
+
+        A drop of those entries from now on records them as ``held``: they
+        reach the bucket with that object (docs/journal.md, "Drop-oldest lanes").
+        """
+        self._drop_log.take(lsn)
+
+    def drops_from(self, lsn: int, through: int | None = None) -> list[Drop]:
+        """The recorded drops of LSNs from ``lsn`` on (through ``through``), oldest first:
+        the gaps the shipper ships in its object whose range starts at ``lsn``.
+
+        A ``held`` record (entries that were in an object being committed) is
+        among them only if that object never committed: the next object then
+        starts at or before its ``lsn_first``.
+        """
+        return self._drop_log.from_lsn(lsn, through)
+
+    def drops_cover(self, first: int, end: int) -> bool:
+        """Whether recorded drops account for every LSN ``first <= lsn < end`` (a
+        drop-oldest journal that starts after the bucket's head is not a lost log)."""
+        return self._drop_log.cover(first, end)
+
+    def release_held(self, lsn: int) -> None:
+        """The shipper's log resumes at ``lsn``: ``held`` drops from there on were in an
+        object that never committed, so they are gaps (counted as such from now on;
+        ``dropped.log`` keeps the flag, and the next claim decides again)."""
+        self._drop_log.release_held(lsn)
+
+    def dropped(self, *, held: bool = True) -> list[Drop]:
+        """Every drop recorded in ``dropped.log``, oldest first; without the ``held``
+        ones if ``held`` is False (entries dropped while the shipper committed
+        them: gaps only if the process died before that commit)."""
+        return self._drop_log.all(held=held)
 
     # ------------------------------------------------------------------ read
 
@@ -1207,6 +1243,7 @@ class Journal:
 
     def statistics(self) -> JournalStats:
         free, size = self._disk_space()
+        dropped_segments, dropped_records, dropped_bytes = self._drop_log.counts()
         return JournalStats(
             segments=len(self._segments),
             bytes=self._total_bytes,
@@ -1238,9 +1275,9 @@ class Journal:
             index_cache_hits=self._index_cache.hits,
             index_cache_misses=self._index_cache.misses,
             drop_oldest=self.drop_oldest,
-            dropped_segments=len({d.segment for d in self._drops}),
-            dropped_records=sum(r.records for d in self._drops if not d.held for r in d.ranges),
-            dropped_bytes=sum(r.bytes for d in self._drops if not d.held for r in d.ranges),
+            dropped_segments=dropped_segments,
+            dropped_records=dropped_records,
+            dropped_bytes=dropped_bytes,
         )
 
     def index_memory(self) -> int:

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
-from edge_gateway.journal._dropped import load_drops
 from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
 from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
 from edge_gateway.journal._segment import Segment, segment_name
@@ -70,10 +69,10 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
 def _finish_drops(self: Journal) -> None:
     """Load ``dropped.log``; complete a drop whose record is durable but whose
     segment is still there (the process died between the two)."""
-    self._drops = load_drops(self.path)
-    if not self._drops:
+    drops = self._drop_log.load()
+    if not drops:
         return
-    last = self._drops[-1]
+    last = drops[-1]
     seg = self.path / segment_name(last.segment)
     if seg.exists():
         _fs.ops.unlink(seg)
