@@ -59,7 +59,13 @@ PAYLOAD = 100
 PARTITIONS = 4
 
 
-def _client(port: int, name: str, *, persistent: bool = False) -> Any:
+def _client(port: int, name: str, *, persistent: bool = False, on_message: Any = None) -> Any:
+    """A connected paho client, its network thread running.
+
+    ``on_message`` is installed before connecting: a persistent session's
+    queued messages follow CONNACK at once, and paho acknowledges (and drops)
+    what arrives while no callback is set.
+    """
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion
     from paho.mqtt.packettypes import PacketTypes
@@ -68,6 +74,8 @@ def _client(port: int, name: str, *, persistent: bool = False) -> Any:
     c = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=name, protocol=mqtt.MQTTv5)
     c.max_inflight_messages_set(1000)
     c.max_queued_messages_set(0)
+    if on_message is not None:
+        c.on_message = on_message
     props = None
     if persistent:
         props = Properties(PacketTypes.CONNECT)
@@ -86,7 +94,6 @@ class Counter:
         self.first = 0.0
         self.last = 0.0
         self.latencies: list[float] = []
-        self.client = _client(port, name, persistent=persistent)
         subscribed = threading.Event()
 
         def on_message(_c: Any, _u: Any, msg: Any) -> None:
@@ -100,7 +107,7 @@ class Counter:
                 if sent > 0:
                     self.latencies.append((time.time() - sent) * 1000)
 
-        self.client.on_message = on_message
+        self.client = _client(port, name, persistent=persistent, on_message=on_message)
         self.client.on_subscribe = lambda *a: subscribed.set()
         self.client.subscribe(pattern, qos=1)
         if not subscribed.wait(10):

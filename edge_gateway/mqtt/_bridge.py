@@ -15,8 +15,9 @@ persistent session. Nothing is acknowledged and nothing is dropped.
 
 Ingest acks: ``Client(manual_ack=True)``; a batch of messages is journaled
 with one ``Gateway.produce`` (which returns once the append is durable), then
-each message is PUBACKed, in the order received. Messages received on an
-earlier connection are not acked on a later one (the broker redelivers them
+each message is PUBACKed, in the order received. A PUBACK goes only on the
+connection its message came on (:class:`_Connections`): messages received on
+an earlier connection are not acked on a later one (the broker redelivers them
 with the DUP flag): they are journaled twice (docs/mqtt.md, "Duplicates").
 """
 
@@ -24,8 +25,10 @@ from __future__ import annotations
 
 import logging
 import ssl
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -247,8 +250,62 @@ class _Message:
     dup: bool
     retain: bool
     properties: list[tuple[str, str]]
-    #: The connection it arrived on (acks go only to that connection).
-    generation: int
+    #: The identity of the connection it arrived on (acks go only to that connection).
+    connection: int
+
+
+class _Connections:
+    """Which of a paho client's connections is open: what messages are stamped
+    with, and the gate their PUBACKs pass.
+
+    A PUBACK means something only on the connection its PUBLISH came on: a
+    broker that kept the session redelivers an unacknowledged message on the
+    next connection anyway, and one that lost the session may give its packet
+    id to another message there, which a stale PUBACK would acknowledge
+    unjournaled. So each connection gets an identity, and a message is acked
+    only while the connection it came on is still the open one.
+
+    Invariants. The identity is assigned on paho's thread in ``on_connect``
+    (:meth:`opened`), which paho runs on reading CONNACK, before it reads any
+    PUBLISH of that connection — a queued session's messages follow CONNACK at
+    once, so an identity assigned later (say, by trio once it gets round to it)
+    would stamp them with the previous one, and they would never be acked. It
+    is withdrawn (:meth:`closed`) in ``on_disconnect`` and in
+    ``on_pre_connect``, which paho runs before it opens the next socket, under
+    the lock the ack path holds (:meth:`holding`) while it queues PUBACKs: no
+    PUBACK of one connection is queued once the next one may exist.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._latest = 0
+        self._open: int | None = None
+
+    def opened(self) -> int:
+        """A connection is established (paho's thread, ``on_connect``): its new identity."""
+        with self._lock:
+            self._latest += 1
+            self._open = self._latest
+            return self._latest
+
+    def closed(self) -> None:
+        """The open connection is gone, or another is about to be opened (paho's thread)."""
+        with self._lock:
+            self._open = None
+
+    @property
+    def latest(self) -> int:
+        """The last connection established: the one paho's thread reads messages from now.
+
+        Read on paho's thread only (``on_message``), which alone writes it.
+        """
+        return self._latest
+
+    @contextmanager
+    def holding(self) -> Iterator[int | None]:
+        """The open connection's identity (None: none), kept current while held."""
+        with self._lock:
+            yield self._open
 
 
 def _now_ms() -> int:
@@ -269,7 +326,6 @@ class MqttIngest:
             self.client_id,
             filters=[FilterStats(f) for f in cfg.filters],
         )
-        self._generation = 0
         self._subscribed_at = time.monotonic()
 
     @property
@@ -287,8 +343,9 @@ class MqttIngest:
         cfg, st = self.cfg, self._stats
         token = trio.lowlevel.current_trio_token()
         handoff = Handoff[_Message](cfg.max_inflight, token)
+        connections = _Connections()
         client = _client(cfg, self.client_id, self._where(), manual_ack=True)
-        self._install_callbacks(client, token, handoff)
+        self._install_callbacks(client, token, handoff, connections)
         st.state = "connecting"
         # Started before connecting: a broker away at start is retried by
         # the supervisor, the gateway serves meanwhile.
@@ -300,7 +357,7 @@ class MqttIngest:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._watch_idle)
-                await self._consume(client, handoff)
+                await self._consume(client, handoff, connections)
         finally:
             # Releases paho's thread if it waits for room: what it holds is
             # not acknowledged, and the broker redelivers it.
@@ -319,6 +376,7 @@ class MqttIngest:
         client: paho_client.Client,
         token: trio.lowlevel.TrioToken,
         handoff: Handoff[_Message],
+        connections: _Connections,
     ) -> None:
         from paho.mqtt.packettypes import PacketTypes
         from paho.mqtt.properties import Properties
@@ -334,9 +392,11 @@ class MqttIngest:
             if reason.is_failure:
                 token.run_sync_soon(self._error, _refusal(reason))
                 return
+            # Here, not in connected(): the PUBLISHes that follow CONNACK are
+            # read on this thread right after this returns (_Connections).
+            connections.opened()
 
             def connected() -> None:
-                self._generation += 1
                 st.connects += 1
                 st.connected = True
                 st.state = "connected" if st.blocked is None else "blocked"
@@ -358,7 +418,15 @@ class MqttIngest:
                 self._error, f"cannot reconnect to the MQTT broker {cfg.describe()} (retrying)"
             )
 
+        def on_pre_connect(_c: paho_client.Client, _u: Any) -> None:
+            # Before paho opens a socket: no PUBACK of the last connection may
+            # be queued behind the next CONNECT (on_disconnect has normally
+            # closed it already).
+            connections.closed()
+
         def on_disconnect(_c: paho_client.Client, _u: Any, _f: Any, reason: Any, _p: Any) -> None:
+            connections.closed()
+
             def gone() -> None:
                 if st.connected:
                     log.warning(
@@ -386,7 +454,7 @@ class MqttIngest:
                 bool(msg.dup),
                 bool(msg.retain),
                 list(props),
-                self._generation,
+                connections.latest,
             )
             try:
                 # Blocks paho's thread while max_inflight messages wait: it
@@ -398,6 +466,7 @@ class MqttIngest:
 
         client.on_connect = on_connect
         client.on_connect_fail = on_connect_fail
+        client.on_pre_connect = on_pre_connect
         client.on_disconnect = on_disconnect
         client.on_subscribe = on_subscribe
         client.on_message = on_message
@@ -417,7 +486,9 @@ class MqttIngest:
             headers.append((RETAIN_HEADER, b"1"))
         return ProduceRecord(value=m.payload, key=key, headers=tuple(headers))
 
-    async def _consume(self, client: paho_client.Client, handoff: Handoff[_Message]) -> None:
+    async def _consume(
+        self, client: paho_client.Client, handoff: Handoff[_Message], connections: _Connections
+    ) -> None:
         cfg, st = self.cfg, self._stats
         # A batch's entry must fit the journal's budget and a segment with
         # room to spare, or a full journal could never take it.
@@ -440,11 +511,24 @@ class MqttIngest:
                             log.info("%s: filter %s gets messages again", self._where(), f.filter)
             await self._journal([self._record(m) for m in batch])
             fail_point("mqtt.before_ack")
-            generation = self._generation
-            for m in batch:
-                if m.generation == generation:
-                    client.ack(m.mid, 1)
-                    st.acked += 1
+            stale = 0
+            # Held while the PUBACKs are queued: paho cannot move on to another
+            # connection meanwhile (_Connections). The others' messages are
+            # redelivered by the broker, marked DUP.
+            with connections.holding() as current:
+                for m in batch:
+                    if m.connection == current:
+                        client.ack(m.mid, 1)
+                        st.acked += 1
+                    else:
+                        stale += 1
+            if stale:
+                log.debug(
+                    "%s: %d messages of a closed connection journaled, not acked "
+                    "(the broker redelivers them)",
+                    self._where(),
+                    stale,
+                )
             st.batches += 1
 
     async def _journal(self, records: list[Any]) -> None:

@@ -4,7 +4,9 @@
 generated config: listener on 127.0.0.1 only, persistence on (a persistent
 session and the messages queued for it survive a broker restart), and no limit
 on what is queued for a session that is away (mosquitto's default keeps 1000
-and drops the rest). ``make mosquitto`` installs the binary; :data:`BINARY`
+and drops the rest), and no limit on the messages in flight to a client
+(``max_inflight_messages 0``) unless the caller keeps mosquitto's default
+(``max_inflight_messages=None``: 20). ``make mosquitto`` installs the binary; :data:`BINARY`
 is None when it is absent (tests skip, saying so).
 """
 
@@ -31,7 +33,13 @@ BINARY: str | None = shutil.which("mosquitto") or (
 class Mosquitto:
     """One broker process; :meth:`restart` keeps its port and persistence file."""
 
-    def __init__(self, root: Path, *, password_file: Path | None = None) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        password_file: Path | None = None,
+        max_inflight_messages: int | None = 0,
+    ) -> None:
         if BINARY is None:
             raise RuntimeError("mosquitto is not installed (make mosquitto)")
         root.mkdir(parents=True, exist_ok=True)
@@ -42,6 +50,12 @@ class Mosquitto:
             f"allow_anonymous false\npassword_file {password_file}\n"
             if password_file
             else "allow_anonymous true\n"
+        )
+        # None: no line, so mosquitto's own default (20) applies.
+        inflight = (
+            ""
+            if max_inflight_messages is None
+            else f"max_inflight_messages {max_inflight_messages}\n"
         )
         self.conf = root / "mosquitto.conf"
         self.conf.write_text(
@@ -54,7 +68,7 @@ class Mosquitto:
             f"persistence_location {root}/\n"
             "autosave_interval 1\n"
             "max_queued_messages 0\n"
-            "max_inflight_messages 0\n"
+            f"{inflight}"
             "log_type error\nlog_type warning\n"
         )
         self.proc: subprocess.Popen[bytes] | None = None

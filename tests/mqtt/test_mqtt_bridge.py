@@ -122,6 +122,10 @@ def test_ingest_round_trip_filters_payloads_and_properties(
         fleet.close()
 
 
+def _values(g: Gateway, topic: str, partitions: int) -> set[bytes]:
+    return {r.value for r in _records(g, topic, partitions)}
+
+
 def _count(g: Gateway, topic: str) -> int:
     with g.client() as c:
         return sum(p["next_offset"] for p in c.topic(topic)["partitions"])
@@ -610,3 +614,111 @@ def test_publish_goes_on_across_a_broker_restart(tmp_path: Path, broker: Mosquit
     finally:
         sub.close()
         fleet.close()
+
+
+@pytest.mark.parametrize("max_inflight", [None, 20], ids=["receive-max-default", "receive-max-20"])
+def test_queued_session_burst_after_connect_is_acked_once(
+    tmp_path: Path, max_inflight: int | None
+) -> None:
+    """Issue 41 (2): the gateway restarts to a persistent session that holds
+    queued messages, and the broker sends them in a burst right after CONNACK,
+    before trio has run anything of the new connection. Every one is PUBACKed,
+    journaled exactly once, and none comes again on a later reconnect.
+
+    The broker keeps mosquitto's default inflight window (20); the gateway asks
+    for its own in CONNECT (MQTT 5 receive maximum: the ingest's
+    ``max_inflight``, 1000 by default), which mosquitto 2.0 applies. Either
+    way a message stamped with the previous connection was never acked
+    (before the fix: "messages_in 3000, acked 2970"), stayed in flight, and
+    would come again on the next connection; 20 of them (the window, with
+    ``max_inflight = 20``) stop the session's delivery altogether."""
+    broker = Mosquitto(tmp_path / "mosq", max_inflight_messages=None)
+    assert "max_inflight_messages" not in broker.conf.read_text()  # mosquitto's default: 20
+    fleet = _fleet(tmp_path, ["a"], [TopicSpec("telemetry", "a", partitions=2)])
+    g = fleet["a"]
+    extra = {} if max_inflight is None else {"max_inflight": max_inflight}
+    _with_mqtt(
+        g,
+        mqtt_tables("ingest", port=broker.port, filters=["dev/#"], topic="telemetry", **extra),
+    )
+    device = None
+
+    def ingest() -> dict[str, Any]:
+        doc: dict[str, Any] = g.status()["mqtt"]["ingest"][0]
+        return doc
+
+    def queued_values() -> collections.Counter[bytes]:
+        return collections.Counter(
+            r.value for r in _records(g, "telemetry", 2) if r.value.startswith(b"q-")
+        )
+
+    try:
+        fleet.start()
+        device = Device(broker.port)
+        # The first start makes the session and its subscription. A warm-up
+        # message journaled proves it live (those published before it are
+        # dropped by the broker or journaled before it); once it is acked,
+        # nothing of this first run is left for the broker to send again.
+        warm = iter(range(1_000_000))
+
+        def subscription_live() -> bool:
+            value = f"warm-{next(warm)}".encode()
+            device.publish("dev/warm", value)
+            try:
+                wait_until(lambda: value in _values(g, "telemetry", 2), 1, "the warm-up")
+            except AssertionError:
+                return False
+            return True
+
+        wait_until(subscription_live, 30, "the subscription to be live", interval=0)
+        wait_until(
+            lambda: (st := ingest())["acked"] == st["messages_in"], 10, "the warm-up's PUBACK"
+        )
+        g.stop()
+        total = 3000
+        base = len(device.acked)
+        for i in range(total):
+            device.publish(f"dev/{i % 16}", f"q-{i:05d}".encode())
+        device.wait_acked(base + total)  # all queued by the broker for the gateway's session
+        g.start()
+        try:
+            wait_until(
+                lambda: ingest()["acked"] >= total,
+                60,
+                "every queued message PUBACKed",
+                interval=0.2,
+            )
+        except AssertionError as exc:
+            st = ingest()
+            raise AssertionError(
+                f"{exc}: messages_in {st['messages_in']}, acked {st['acked']}, "
+                f"journaled {sum(queued_values().values())} of {total}"
+            ) from None
+        st = ingest()
+        assert st["acked"] == st["messages_in"] == total
+        assert st["redeliveries"] == 0
+        want = collections.Counter({f"q-{i:05d}".encode(): 1 for i in range(total)})
+        assert queued_values() == want  # each journaled exactly once
+
+        # A later reconnect (the same session): nothing was left unacknowledged,
+        # so the broker redelivers nothing; a live message comes through after it.
+        g.stop()
+        g.start()
+        wait_until(lambda: ingest()["connected"], 30, "the ingest to reconnect")
+        device.publish("dev/after", b"after-reconnect")
+        wait_until(
+            lambda: any(r.value == b"after-reconnect" for r in _records(g, "telemetry", 2)),
+            30,
+            "the live message after the reconnect",
+        )
+        st = ingest()
+        assert (st["messages_in"], st["acked"], st["redeliveries"]) == (1, 1, 0)
+        assert queued_values() == want
+        recs = _records(g, "telemetry", 2)
+        assert max(collections.Counter(r.value for r in recs).values()) == 1
+        assert not [r for r in recs if ("mqtt-dup", b"1") in r.headers]
+    finally:
+        if device is not None:
+            device.close()
+        fleet.close()
+        broker.stop()
