@@ -16,7 +16,6 @@ to delete is tied to the append path's roll and budget.
 from __future__ import annotations
 
 import bisect
-import contextlib
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
@@ -24,7 +23,6 @@ from typing import TYPE_CHECKING, Final
 import trio
 
 from edge_gateway.errors import DiskFull
-from edge_gateway.journal import _fs
 from edge_gateway.journal._dropped import Drop, DroppedRange
 from edge_gateway.journal._segment import Segment
 from edge_gateway.journal._space import no_room
@@ -234,23 +232,12 @@ def _describe_drop(self: Journal, seg: Segment, lsn_a: int, lsn_b: int, held: bo
 
 
 def _drop_oldest(self: Journal, why: str = "") -> bool:
-    seg = self._segments[0]
-    try:
-        _fs.ops.unlink(seg.path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        # Keep it: deleting a later segment would leave a hole the next
-        # open refuses (segments must be contiguous).
-        log.warning("journal: could not delete segment %s: %s", seg.path, exc)
+    deleted = self._segment_set.delete_oldest()
+    if deleted is None:
         return False
-    self._segment_set.pop_oldest()
+    seg, freed = deleted
     if seg in self._unindexed:
         self._unindexed.remove(seg)
-    freed = seg.size
-    with contextlib.suppress(OSError):
-        freed += seg.index_path.stat().st_size
-        _fs.ops.unlink(seg.index_path)
     self._total_bytes -= freed
     base = seg.base_lsn
     for p in self._partitions.values():

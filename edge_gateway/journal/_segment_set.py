@@ -16,6 +16,8 @@ of sealed segment (one rewritten as compressed blocks) plugs in here
 from __future__ import annotations
 
 import bisect
+import contextlib
+import logging
 import os
 from collections import OrderedDict
 from typing import Final
@@ -23,6 +25,8 @@ from typing import Final
 from edge_gateway.errors import InvalidInput, Unavailable
 from edge_gateway.journal import _fs
 from edge_gateway.journal._segment import Segment
+
+log = logging.getLogger("edgegw.journal")
 
 #: Read descriptors of sealed segments kept open (least recently used closed first).
 READ_FD_CACHE: Final = 32
@@ -71,6 +75,28 @@ class SegmentSet:
         if fd is not None:
             os.close(fd)
         return seg
+
+    def delete_oldest(self) -> tuple[Segment, int] | None:
+        """Delete the oldest segment's files and take it off: (it, the bytes freed).
+
+        None if its file cannot be removed: it is kept, since deleting a
+        later one would leave a hole the next open refuses (segments must be
+        contiguous). Which segment may go, and when, is retention's to say.
+        """
+        seg = self.segments[0]
+        try:
+            _fs.ops.unlink(seg.path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("journal: could not delete segment %s: %s", seg.path, exc)
+            return None
+        self.pop_oldest()
+        freed = seg.size
+        with contextlib.suppress(OSError):
+            freed += seg.index_path.stat().st_size
+            _fs.ops.unlink(seg.index_path)
+        return seg, freed
 
     def locate(self, lsn: int) -> tuple[Segment, int]:
         """The segment holding ``lsn``, and its place in :attr:`segments`."""
