@@ -42,15 +42,19 @@ Invariants (the tests check each one):
 The parts, as in Kafka's log: ``_segment.py`` (a segment file),
 ``_index.py`` (its index file and the cache), ``_recovery.py`` (the open's
 scan), ``_space.py`` (the filesystem: disk full, the reserve file),
-``_dropped.py`` (``dropped.log``), ``_state.py`` (the in-memory records:
-``Appended``, per partition, per topic). The Journal's own work is cut by
-role: this module holds its state, the open, segments and rolling, the
-append path and the queries; ``_open.py`` rebuilds its state from the files,
-``_durability.py`` fsyncs (group commit, the interval flusher),
-``_mirror_append.py`` appends mirrored batches, ``_retention.py`` deletes
-(retention, drop-oldest, a full disk), ``_reads.py`` reads. Their functions
-are bound in the class body as the Journal's methods (``read =
-_reads.read``), so the Journal's methods and attributes are as before.
+``_state.py`` (the in-memory records: ``Appended``, per partition, per topic,
+the runs of mirror LSNs). The Journal holds the append path and composes
+parts that own their state, given what they need (none imports the
+Journal): ``SegmentSet`` (``_segment_set.py``: the segments at rest and the
+descriptors reads go through), ``Reads`` (``_reads.py``: the read path),
+``Durability`` (``_durability.py``: ``durable_lsn``, group commit, the
+interval flusher), ``DropLog`` (``_dropped.py``: ``dropped.log`` and the
+drops queries). Its methods that belong to a part delegate to it, so the
+Journal's public methods are as before. The open (``_open.py``), the mirror
+appends (``_mirror_append.py``) and retention (``_retention.py``) change the
+append path's own state; their functions are still bound in the class body
+as the Journal's methods (``shed = _retention.shed``). docs/journal.md,
+"How the journal is laid out", draws the whole.
 Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
 the fault-injection tests swap.
 """
