@@ -38,9 +38,14 @@ install: $(STAMP)
 run: $(RUN_STAMP)
 	$(BIN)/edgegw demo
 
+# lint-imports: the import contracts in pyproject.toml ([tool.importlinter]: layers,
+# sans-IO format/, boto3 only in the S3 backend, private modules);
+# deptry: every imported package declared, every declared one used ([tool.deptry]).
 lint: $(STAMP)
 	$(BIN)/ruff check edge_gateway cli tests bench fuzz
 	$(BIN)/ruff format --check edge_gateway cli tests bench fuzz
+	$(BIN)/lint-imports --no-cache
+	$(BIN)/deptry .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict edge_gateway

@@ -111,7 +111,7 @@ def prepare(root: Path, n: int) -> tuple[Path, Path]:
 
 
 def run_pipeline(spark: object, bucket: Path, warehouse: Path) -> tuple[float, Any]:
-    from edge_gateway.pipeline._store import BucketSpec
+    from edge_gateway.pipeline.bucketspec import BucketSpec
     from edge_gateway.pipeline.job import JobConfig, run_job
     from edge_gateway.pipeline.tables import Output
 

@@ -4,6 +4,9 @@ Layers (imports go one way)::
 
     format (sans-IO encodings) <- journal / bucket / protocol <- shipper / mirror
         <- gateway <- api / cli
+
+``backoff`` (the one retry wait) sits at the bottom beside ``format``: it
+imports nothing of edgegw, so every layer, the public client included, uses it.
 """
 
 from edge_gateway.errors import (

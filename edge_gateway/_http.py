@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CLIENT_KEEPALIVE_EXPIRY_S",
     "KEEP_ALIVE_TIMEOUT_S",
+    "MAX_HEAD_BYTES",
     "READ_TIMEOUT_S",
     "ApiError",
     "ListenAddress",
@@ -46,6 +47,28 @@ READ_TIMEOUT_S: Final = 60.0
 #: Seconds edgegw's HTTP clients keep an idle pooled connection: shorter than
 #: :data:`KEEP_ALIVE_TIMEOUT_S`, so the client drops it before the server does.
 CLIENT_KEEPALIVE_EXPIRY_S: Final = 30.0
+#: Largest request head (request line, headers and the blank line), however it
+#: arrives: 16 KiB, as h11, Node.js and hypercorn bound a head still arriving.
+#: A local API's heads are a few hundred bytes; data goes in bodies.
+MAX_HEAD_BYTES: Final = 16 * 1024
+
+
+def head_too_large(limit: int = MAX_HEAD_BYTES) -> str:
+    """The message of the ``431 headers_too_large`` answer."""
+    return (
+        f"the request head (request line and headers) is over {limit} bytes: "
+        "send shorter headers and URL (large data goes in the body)"
+    )
+
+
+def head_bytes(scope: Mapping[str, Any]) -> int:
+    """The size of an HTTP/1.x request's head as a client sends it (``Name: value``
+    lines): for a server that bounds only a head still arriving (hypercorn)."""
+    target = len(scope.get("raw_path") or b"") + (
+        len(scope["query_string"]) + 1 if scope.get("query_string") else 0
+    )
+    line = len(scope["method"]) + 1 + target + len(" HTTP/1.1\r\n")
+    return line + sum(len(k) + len(v) + 4 for k, v in scope["headers"]) + 2
 
 
 class ListenAddress:
@@ -154,7 +177,9 @@ def hypercorn_config(
     * ``read_timeout`` bounds every single socket read, including while the
       app works on a request the client finished sending (see
       :func:`receive_body`): left unset; the apps bound body reads themselves.
-    * ``h11_max_incomplete_size`` (16 KiB) limits the request head (431).
+    * ``h11_max_incomplete_size`` (16 KiB) limits a request head still
+      arriving (431); a whole head that came in one read passes, so the local
+      API checks :func:`head_bytes` itself (:data:`MAX_HEAD_BYTES`).
     """
     from hypercorn.config import Config
 

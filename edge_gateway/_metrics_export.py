@@ -729,12 +729,18 @@ class _GatewayCollector(Collector):
         state = GaugeMetricFamily(
             "edgegw_shipper_state",
             "1 for the state the shipper is in (starting, shipping, retrying: the bucket is "
-            "away, denied: the bucket refuses this gateway and a person must act).",
+            "away, denied: the bucket refuses this gateway and a person must act, failing: "
+            "its runs end with an unexpected error and nothing ships; see edgegw status).",
             labels=["state"],
         )
         for name in SHIPPER_STATES:
             state.add_metric([name], 1 if name == current else 0)
         yield state
+        yield _gauge(
+            "edgegw_shipper_failed_runs",
+            "Shipper runs in a row that ended with an unexpected error (0 once it catches up).",
+            gw.shipper.statistics().failures,
+        )
         denied = GaugeMetricFamily(
             "edgegw_bucket_denied",
             "1 while the bucket refuses a component of this gateway (credentials, policy, "

@@ -88,6 +88,7 @@ from edge_gateway.api.wire import (
     PRODUCER_SEQUENCE_HEADER,
     error_class,
 )
+from edge_gateway.backoff import Backoff
 from edge_gateway.errors import (
     CorruptData,
     Denied,
@@ -617,8 +618,10 @@ def _retryable(exc: EdgeGatewayError) -> bool:
     return isinstance(exc, Unavailable) and not isinstance(exc, Denied)
 
 
-def _backoff(attempt: int) -> float:
-    return float(min(1.0, 0.05 * 2**attempt))
+#: A produce retry waits with full jitter (:mod:`edge_gateway.backoff`) under
+#: a ceiling of 50 ms doubling to 1 s: a 503 or a cut connection is retried soon.
+_RETRY_BASE_S = 0.05
+_RETRY_CAP_S = 1.0
 
 
 def _merge(
@@ -1022,7 +1025,7 @@ class Client:
         """Send ``call`` again after a cut connection, timeout or 503 until ``deadline``."""
         if deadline is None:
             deadline = time.monotonic() + self.retry_s
-        attempt = 0
+        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
         while True:
             try:
                 reply = self._send(call)
@@ -1031,15 +1034,14 @@ class Client:
             except Unavailable as exc:
                 if not _retryable(exc) or time.monotonic() >= deadline:
                     raise
-            time.sleep(_backoff(attempt))
-            attempt += 1
+            time.sleep(backoff.next_delay())
 
     def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
         """Send one partition's request until the gateway answers it, same sequence each time."""
         idem = self._idem
         deadline = time.monotonic() + self.retry_s
         renewed = False
-        attempt = 0
+        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
         while True:
             init = idem.init_call()
             if init is not None:
@@ -1066,7 +1068,7 @@ class Client:
                     raise
                 except EdgeGatewayError as exc:
                     if not _retryable(exc):
-                        if attempt == 0:  # refused (4xx): not written
+                        if backoff.attempt == 0:  # refused (4xx): not written
                             idem.unsign(topic, plan.partition, seq, count)
                         else:
                             idem.uncertain = True
@@ -1074,8 +1076,7 @@ class Client:
                     if time.monotonic() >= deadline:
                         idem.uncertain = True  # written or not: the next produce bumps the epoch
                         raise
-                    time.sleep(_backoff(attempt))
-                    attempt += 1
+                    time.sleep(backoff.next_delay())
 
     def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""
@@ -1257,7 +1258,7 @@ class AsyncClient:
 
         if deadline is None:
             deadline = time.monotonic() + self.retry_s
-        attempt = 0
+        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
         while True:
             try:
                 reply = await self._send(call)
@@ -1266,8 +1267,7 @@ class AsyncClient:
             except Unavailable as exc:
                 if not _retryable(exc) or time.monotonic() >= deadline:
                     raise
-            await anyio.sleep(_backoff(attempt))
-            attempt += 1
+            await anyio.sleep(backoff.next_delay())
 
     async def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
         """:meth:`Client._send_idempotent`, async: one partition's requests one at a time."""
@@ -1276,7 +1276,7 @@ class AsyncClient:
         idem = self._idem
         deadline = time.monotonic() + self.retry_s
         renewed = False
-        attempt = 0
+        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
         key = (topic, plan.partition)
         if self._init_lock is None:
             self._init_lock = anyio.Lock()
@@ -1311,7 +1311,7 @@ class AsyncClient:
                         raise
                     except EdgeGatewayError as exc:
                         if not _retryable(exc):
-                            if attempt == 0:
+                            if backoff.attempt == 0:
                                 idem.unsign(topic, plan.partition, seq, count)
                             else:
                                 idem.uncertain = True
@@ -1319,8 +1319,7 @@ class AsyncClient:
                         if time.monotonic() >= deadline:
                             idem.uncertain = True
                             raise
-                        await anyio.sleep(_backoff(attempt))
-                        attempt += 1
+                        await anyio.sleep(backoff.next_delay())
 
     async def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""

@@ -166,9 +166,25 @@ def holder_of(directory: str | os.PathLike[str]) -> LockHolder | None:
 
 
 def _os_error(path: Path, exc: OSError) -> Exception:
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):
+        # mkdir of a path that is a file (EEXIST), or under one (ENOTDIR).
+        found = _file_in(path)
+        where = f"{path} is a file" if found == path else f"{path} is inside {found}, a file"
+        return ConfigError(
+            f"{where}, not a directory: point data_dir at a directory (or a path to create), "
+            "or move the file away"
+        )
     if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
         return ConfigError(
             f"the filesystem of {path} does not support file locks ({exc.strerror}); "
             "put the data directory on a local filesystem"
         )
     return exc  # permission denied, read-only filesystem...: the caller reports it as is
+
+
+def _file_in(path: Path) -> Path:
+    """``path`` or the first of its parents that exists and is not a directory."""
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            return p
+    return path

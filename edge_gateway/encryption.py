@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from edge_gateway.errors import ConfigError, InvalidName
-from edge_gateway.format.crypt import KEY_BYTES, Keyring, WriteKey, check_key_id
+from edge_gateway.format.crypt import (
+    KEY_BYTES,
+    Keyring,
+    WriteKey,
+    check_key_id,
+    require_cryptography,
+)
 from edge_gateway.names import validate_region
 
 __all__ = [
@@ -74,6 +80,11 @@ class EncryptionConfig:
                 validate_region(region)
             except InvalidName as exc:
                 raise ConfigError(f"encryption.sources.{region}: {exc}") from None
+        if self.enabled or self.decrypt_keys or self.sources:
+            # At load, before the gateway touches disk or network: without
+            # the extra it would accept writes, then stop at the first object
+            # it seals (or the first source object it opens).
+            require_cryptography("[encryption]")
 
     @property
     def enabled(self) -> bool:

@@ -681,9 +681,10 @@ class Gateway:
         self._ready_hooks.append(hook)
 
     def not_ready_reason(self) -> str:
-        """Why produce is refused now (``/healthz``): starting, stopping, or what it waits on."""
+        """Why produce is refused now (``/healthz`` and every refused request): starting,
+        stopping, or what it waits on -- and what to do."""
         if self._shutdown.is_set():
-            return "the gateway is shutting down"
+            return "the gateway is shutting down: retry once it runs again"
         shipper = self._shipper
         if shipper is not None and not shipper.statistics().claimed:
             denied = shipper.denied
@@ -696,11 +697,18 @@ class Gateway:
                     f"({denied.code}): {denied.error} -- what to do: {denied.action}"
                 )
             err = shipper.statistics().last_error
+            if err is None:
+                return (
+                    "the gateway is starting: a first start learns the region's offsets from "
+                    "the bucket before it accepts records; retry after Retry-After"
+                )
             return (
                 "the gateway is starting: a first start learns the region's offsets from the "
-                f"bucket before it accepts records{f' (last attempt: {err})' if err else ''}"
+                f"bucket before it accepts records (last attempt: {err}) -- what to do: check "
+                "the link to the bucket and [bucket] in the config; it starts by itself once "
+                "the bucket answers (retry after Retry-After)"
             )
-        return "the gateway is starting"
+        return "the gateway is starting: retry after Retry-After"
 
     @property
     def ready(self) -> bool:
@@ -1279,7 +1287,16 @@ class Gateway:
 
     def _check_accepting(self) -> None:
         if not self._accepting:
-            raise Unavailable("the gateway is shutting down or not started")
+            hold = self._shipper.intake_hold if self._shipper is not None else None
+            if hold is not None:
+                raise Unavailable(
+                    f"the gateway does not accept writes yet: {hold}; it waits for the "
+                    "bucket to tell whether the journal lost entries the bucket holds (then it "
+                    "stops: run `edgegw restore`)"
+                )
+            # The reason /healthz gives (a first start waiting for the bucket
+            # says so), not just "not started".
+            raise Unavailable(self.not_ready_reason())
 
     def _partition_of(self, t: _Topic, rec: ProduceRecord, sticky: int) -> int:
         if rec.partition is not None:
@@ -1659,30 +1676,33 @@ class Gateway:
         What ``edgegw sync`` does while this gateway runs (it owns the journal,
         so the command asks it through the API instead of opening the files).
         Returns what was shipped and pulled; raises :class:`Unavailable` when
-        a source's poll fails (the bucket is away), as the one-shot sync does.
-        Waits for the shipper as long as it takes (it retries while the
-        bucket is away); the caller bounds the wait.
+        a source's poll fails (the bucket is away), as the one-shot sync does,
+        and when an attempt to ship made after the call fails (the bucket is
+        away; :class:`Denied` when it refuses this gateway): it never waits
+        through an outage. On a working link it waits as long as shipping
+        takes; the caller bounds the wait.
         """
         self._check_accepting()
         shipper, lanes = self.shipper, self.lanes
-        denied = shipper.denied
-        if denied is not None:
+        if shipper.denied is not None:
             # It would wait until a person fixes access: say so at once.
-            raise Denied(
-                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
-                code=denied.code,
-                action=denied.action,
-            )
+            raise shipper.cannot_ship()
         held = self.held_priorities()
         if held:
             # It would wait until a window opens or the allowance renews: say so at once.
             raise Unavailable(f"cannot ship now: {self._describe_hold(held)}")
         targets = {lane: j.next_lsn - 1 for lane, j in lanes.journals.items()}
         before = shipper.statistics()
+        failures = shipper.failed_attempts
         await lanes.flush()
+        # A shipper waiting out an outage tries again now (the link may just
+        # be back); if that attempt fails too, the bucket is away: answer at
+        # once, as the one-shot sync does, rather than wait through the
+        # outage (the shipper keeps retrying on its own).
         shipper.ship_now()
         for lane, target in targets.items():
-            await shipper.wait_shipped(target, lane)
+            if not await shipper.wait_shipped_or_failed(target, failures, lane):
+                raise shipper.cannot_ship()
         after = shipper.statistics()
         pulled: dict[str, dict[str, int]] = {}
         if pull:
@@ -1898,6 +1918,8 @@ class Gateway:
                 "heap_trims": s.heap_trims,
                 "last_ship_ms": s.last_ship_ms,
                 "last_error": s.last_error,
+                "failures": s.failures,
+                "intake_hold": self.shipper.intake_hold,
             },
             "lanes": self._lanes_json(s),
             "encryption": self._encryption_json(),

@@ -11,13 +11,19 @@ so what its policy grants:
   S3 authorizes as ``s3:PutObject``), the GC boundary (compare-and-swap),
   the store probe at claim, and the deletions of its bucket GC;
 * **writes its own cursor** in every source's folder,
-  ``regions/*/cursors/<region>.json`` (it never deletes one);
-* **creates the fleet marker** ``edgegw-bucket.json`` (create-only; the first
-  claim of a fleet writes it).
+  ``regions/*/cursors/<region>.json`` (it never deletes one).
+
+The fleet marker ``edgegw-bucket.json`` is the admin's to write (``edgegw
+bucket mark``): IAM cannot tell a create from an overwrite, and a region
+allowed to create it could replace it. (AWS's ``s3:if-none-match``
+condition key would confine a grant to creates, but moto does not evaluate
+it -- it lets a plain overwrite through -- so that design could not be
+tested here; tests/system/test_iam.py.)
 
 So a stolen device's key can rewrite or delete its own region's log, and
-its own cursors, and nothing of any other region. The pipeline reads only;
-the admin may do everything under the prefix (docs/security.md).
+its own cursors, and nothing of any other region nor of the fleet. The
+pipeline reads only; the admin may do everything under the prefix
+(docs/security.md).
 
 The policies are plain data (sans-IO); ``edgegw iam policy`` prints them.
 """
@@ -30,7 +36,6 @@ from edge_gateway.errors import InvalidInput
 from edge_gateway.format.manifest import region_prefix
 from edge_gateway.mirror.cursor import cursor_key
 from edge_gateway.names import validate_region
-from edge_gateway.regionlog import bucket_marker_key
 
 Role = Literal["region", "pipeline", "admin"]
 
@@ -108,12 +113,6 @@ def region_policy(
                 "Resource": _arn(
                     partition, bucket, cursor_key(base, "SOURCE", region).replace("SOURCE", "*", 1)
                 ),
-            },
-            {
-                "Sid": "EdgegwCreateMarker",
-                "Effect": "Allow",
-                "Action": ["s3:PutObject"],
-                "Resource": _arn(partition, bucket, bucket_marker_key(base)),
             },
         ],
     }

@@ -154,11 +154,6 @@ class ProducerTable:
     def __contains__(self, producer_id: object) -> bool:
         return producer_id in self._producers
 
-    def epoch_of(self, producer_id: int) -> int | None:
-        """The current epoch of a remembered producer, else None."""
-        p = self._producers.get(producer_id)
-        return None if p is None else p.epoch
-
     # ------------------------------------------------------------ producers
 
     def new_producer(self, now: int) -> tuple[int, int]:

@@ -6,9 +6,11 @@ The decisions live in :mod:`edge_gateway.protocol.log` and the encodings in
 :mod:`edge_gateway.format`; this module only fetches and decodes.
 
 It also tells an edgegw bucket from any other (:func:`is_edgegw_bucket`):
-``<prefix>edgegw-bucket.json``, a marker the first claim (or an explicit
-``--new-bucket``) creates, or, for buckets written before the marker
-existed, objects of the layout under ``<prefix>regions/``.
+``<prefix>edgegw-bucket.json``, a marker the admin writes (``edgegw bucket
+mark``; a gateway's first claim or an explicit ``--new-bucket`` where their
+credentials may), or, for buckets written before the marker existed -- and
+when the marker is malformed -- objects of the layout under
+``<prefix>regions/``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,11 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, TypeVar
+from typing import Final, Literal, TypeVar
 
 import trio
 
@@ -49,6 +52,8 @@ HEAD_PROBES: Final = 8
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
+
+log = logging.getLogger("edgegw.regionlog")
 
 #: First ranged GET of a log object: holds the index of all but huge objects,
 #: and the whole object when it is small.
@@ -330,6 +335,17 @@ def encode_bucket_marker(region: str, created_ms: int) -> bytes:
     return json.dumps(doc).encode()
 
 
+def check_bucket_marker(data: bytes, key: str) -> dict[str, object]:
+    """The marker's document; :class:`CorruptData` if ``data`` is not an edgegw marker."""
+    try:
+        doc = json.loads(data)
+        if doc["format"] != _MARKER_FORMAT or not isinstance(doc["version"], int):
+            raise ValueError(f"not an edgegw marker: {doc!r:.80}")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CorruptData(f"malformed bucket marker: {exc}", where=key) from None
+    return dict(doc)
+
+
 async def is_edgegw_bucket(bucket: Bucket, prefix: str) -> bool:
     """Whether the bucket (under ``prefix``) holds edgegw data.
 
@@ -337,8 +353,13 @@ async def is_edgegw_bucket(bucket: Bucket, prefix: str) -> bool:
     layout (a log entry, manifest, GC boundary or cursor of some region) is
     under ``regions/`` (one LIST): buckets written before the marker existed
     keep working. An empty bucket, and one holding only other data, is not.
-    A marker that is not edgegw's raises :class:`CorruptData`. A GET, not a
-    HEAD: only a GET's error tells a missing bucket from a missing key.
+    A GET, not a HEAD: only a GET's error tells a missing bucket from a
+    missing key.
+
+    A marker that is not edgegw's (garbage, another format) counts as no
+    marker, with a WARNING naming it and what to do: whoever may write it
+    (an admin; a region key if an old policy still grants it) would
+    otherwise stop ``edgegw sync``, ``restore`` and ``reship`` at every site.
     """
     key = bucket_marker_key(prefix)
     try:
@@ -347,12 +368,19 @@ async def is_edgegw_bucket(bucket: Bucket, prefix: str) -> bool:
         pass
     else:
         try:
-            doc = json.loads(res.data)
-            if doc["format"] != _MARKER_FORMAT or not isinstance(doc["version"], int):
-                raise ValueError(f"not an edgegw marker: {doc!r:.80}")
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptData(f"malformed bucket marker: {exc}", where=key) from None
-        return True
+            check_bucket_marker(res.data, key)
+        except CorruptData as exc:
+            log.warning(
+                "the fleet marker %s in %s is malformed (%s): ignoring it and recognising the "
+                "bucket by its region logs; an admin rewrites it with `edgegw bucket mark` "
+                "(the admin's credentials), and should find out who could overwrite it "
+                "(docs/security.md)",
+                key,
+                bucket.describe(),
+                exc.reason,
+            )
+        else:
+            return True
     base = f"{prefix.rstrip('/')}/" if prefix.strip("/") else ""
     for info in await bucket.list(f"{base}regions/", limit=_LAYOUT_LIST_LIMIT):
         if _LAYOUT_KEY.fullmatch(info.key, len(base)):
@@ -383,6 +411,46 @@ async def mark_bucket(bucket: Bucket, prefix: str, region: str, created_ms: int)
     except PreconditionFailed:
         return False
     return True
+
+
+#: :func:`write_bucket_marker`'s outcomes.
+MarkOutcome = Literal["created", "present", "replaced"]
+
+#: The ``created_by`` of a marker an admin writes (``edgegw bucket mark``).
+ADMIN_MARKER_BY: Final = "admin"
+
+
+async def write_bucket_marker(
+    bucket: Bucket, prefix: str, created_ms: int, *, by: str = ADMIN_MARKER_BY
+) -> tuple[MarkOutcome, bytes]:
+    """The admin's write of the fleet marker (``edgegw bucket mark``); (outcome, what was there).
+
+    ``created``: there was none. ``present``: a valid marker is kept as it is
+    (never replaced: it says who made the bucket edgegw's, and when).
+    ``replaced``: a malformed one (returned, as evidence) was overwritten by
+    compare-and-swap on its ETag, so a marker written meanwhile is not lost.
+    """
+    key = bucket_marker_key(prefix)
+    data = encode_bucket_marker(by, created_ms)
+    for _ in range(3):  # each turn loses a race to another writer of the marker at most
+        try:
+            res = await bucket.get(key)
+        except NotFound:
+            try:
+                await bucket.put(key, data, if_none_match=True)
+            except PreconditionFailed:
+                continue  # created meanwhile: look at it
+            return "created", b""
+        try:
+            check_bucket_marker(res.data, key)
+        except CorruptData:
+            try:
+                await bucket.put(key, data, if_match=res.etag)
+            except (PreconditionFailed, NotFound):
+                continue  # replaced or deleted meanwhile: look again
+            return "replaced", res.data
+        return "present", res.data
+    raise PreconditionFailed(f"{key}: changed by another writer at every attempt", key=key)
 
 
 #: Bytes of a set-aside object kept as evidence in its note (base64).

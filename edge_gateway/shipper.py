@@ -74,6 +74,7 @@ from pathlib import Path
 import trio
 
 from edge_gateway import _heap
+from edge_gateway.backoff import Backoff
 from edge_gateway.bucket import (
     AccessDenied,
     Bucket,
@@ -90,9 +91,11 @@ from edge_gateway.errors import (
     BucketLost,
     ConfigError,
     CorruptData,
+    Denied,
     DiskFull,
     Fenced,
     InvalidInput,
+    Unavailable,
     UnsupportedFormat,
 )
 from edge_gateway.failpoints import fail_point
@@ -129,7 +132,7 @@ from edge_gateway.journal import (
     ReadBuffers,
 )
 from edge_gateway.names import validate_region
-from edge_gateway.protocol.log import Backoff, Conflict, ManifestSchedule, classify_conflict
+from edge_gateway.protocol.log import Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.regionlog import (
     LogState,
     exists,
@@ -248,7 +251,14 @@ def _merge_gaps(gaps: list[GapRange]) -> tuple[GapRange, ...]:
 
 
 class Diverged(Fenced):
-    """Another writer continued this region's log while this journal holds unshipped data."""
+    """The journal and the region's log disagree: another writer continued the log while
+    this journal holds unshipped data, or the journal lost entries the log holds."""
+
+
+def _describe_failure(exc: BaseException) -> str:
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _digest(data: bytes) -> str:
@@ -293,6 +303,12 @@ class _WriterState:
     lanes: tuple[int, ...] = ()
     #: A fence being created, not settled yet (``epoch`` is its epoch).
     claim: _Claim | None = None
+    #: Per lane id, a journal LSN at or above every LSN handed to a create
+    #: (written before the PUT, as the fence's claim is; the journal held it
+    #: durably): the bucket holds no LSN of the lane above it. Read only;
+    #: :meth:`Shipper._save_writer_state` always writes the shipper's current
+    #: marks (``Shipper._sent``).
+    sent: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -379,7 +395,9 @@ class ShipperStats:
     last_error: str | None
     upload_seconds_total: float
     #: ``starting`` (not claimed yet), ``shipping``, ``retrying`` (the bucket
-    #: is away) or ``denied`` (the bucket refuses this gateway: see ``denied``).
+    #: is away), ``denied`` (the bucket refuses this gateway: see ``denied``)
+    #: or ``failing`` (its runs end with an unexpected error, ``last_error``,
+    #: and the supervisor restarts it: nothing ships until a person looks).
     state: str = "starting"
     #: The refusal in force, while ``state`` is ``denied``.
     denied: Denial | None = None
@@ -396,10 +414,12 @@ class ShipperStats:
     #: Packs of small entries written (``format/pack.py``), and their bytes.
     packs: int = 0
     pack_bytes: int = 0
+    #: Runs in a row that ended with an unexpected error (``failing``).
+    failures: int = 0
 
 
 #: The states of :attr:`ShipperStats.state`.
-SHIPPER_STATES = ("starting", "shipping", "retrying", "denied")
+SHIPPER_STATES = ("starting", "shipping", "retrying", "denied", "failing")
 
 #: Bucket errors the shipper retries with backoff: an outage, or a refusal
 #: that a person is expected to fix (credentials, policy, bucket).
@@ -485,6 +505,13 @@ class Shipper:
         self._ship_now = False
         self._flush_wait: trio.CancelScope | None = None
         self._idle_wait: trio.CancelScope | None = None
+        #: The backoff between two attempts while the bucket is away or
+        #: refuses (:meth:`ship_now` cuts it short).
+        self._retry_wait: trio.CancelScope | None = None
+        #: Attempts (claims, creates) the bucket failed or refused, ever: a
+        #: waiter that must not wait through an outage (``edgegw sync``)
+        #: compares it with the count it read before asking.
+        self._failed_attempts = 0
         # counters
         self._objects = self._fences = self._manifests = self._records = 0
         self._packs = self._pack_bytes = 0
@@ -513,6 +540,23 @@ class Shipper:
         self.reship = reship
         #: Set by a claim that accepted a lost log (``reship``): the first LSN shipped again.
         self.recreated_from_lsn: int | None = None
+        #: Per lane id, an LSN at or above every one handed to a create: written
+        #: to shipper.json before the create (:meth:`_write_ahead`), so that a
+        #: journal found ending below it at the next start is known to have
+        #: lost entries the bucket may hold (:meth:`_check_journal_tail`).
+        self._sent: dict[int, int] = {}
+        #: The writer state last written to shipper.json (its ``sent`` aside).
+        self._saved: _WriterState | None = None
+        #: Why produce must wait for this shipper's claim (None: it need not):
+        #: the journal ends below what it had sent to the bucket.
+        self.intake_hold: str | None = None
+        #: Runs that ended with an unexpected exception since the shipper last
+        #: caught up (its supervisor restarts it), and the last one's error.
+        self._failures = 0
+        self._failure: str | None = None
+        #: Set by :meth:`reset`: the next claim resumes this process's epoch
+        #: without a new fence when the log's head is still ours.
+        self._resume = False
 
     # ------------------------------------------------------------- claim
 
@@ -547,7 +591,14 @@ class Shipper:
                 raise CorruptData(
                     "shipper state has a bad claim", where=str(self._state_path)
                 ) from None
-        return _WriterState(epoch, log_seq, log_lsn, tuple(lanes), claim)
+        sent = doc.get("sent", {})
+        try:
+            sent_lsns = tuple((int(k), int(v)) for k, v in sent.items())
+        except (AttributeError, TypeError, ValueError):
+            raise CorruptData(
+                "shipper state has bad sent LSNs", where=str(self._state_path)
+            ) from None
+        return _WriterState(epoch, log_seq, log_lsn, tuple(lanes), claim, sent_lsns)
 
     def _save_writer_state(self, state: _WriterState) -> None:
         """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
@@ -563,6 +614,8 @@ class Shipper:
         if state.claim is not None:
             c = state.claim
             doc["claim"] = {"seq": c.seq, "digest": c.digest, "prior_epoch": c.prior_epoch}
+        if self._sent:
+            doc["sent"] = {str(lane_id): lsn for lane_id, lsn in sorted(self._sent.items())}
         data = json.dumps(doc).encode()
         try:
             with open(tmp, "wb") as fh:
@@ -583,6 +636,7 @@ class Shipper:
             os.fsync(dfd)
         finally:
             os.close(dfd)
+        self._saved = dataclasses.replace(state, sent=())
 
     async def _probe_and_read(self) -> LogState | Exception:
         """The conditional-create probe, and meanwhile the first read of the log.
@@ -632,8 +686,10 @@ class Shipper:
         first_read: LogState | Exception | None = await self._probe_and_read()
         state: LogState | None = None
         set_aside = 0
+        fence: bytes | None = None
         while True:
             written = self._load_writer_state()
+            self._merge_sent(written)
             try:
                 if first_read is not None:
                     got, first_read = first_read, None
@@ -659,6 +715,13 @@ class Shipper:
             known = self._reconcile(state, written)
             if self.recreated_from_lsn is not None:
                 await self._drop_stale(state, written.epoch if written else 0)
+            if self._resumable(state, written):
+                # A restart of this process's shipper (``reset``): nobody
+                # wrote since our last entry, so the epoch is still ours and
+                # the log continues after its head without a fence. A task
+                # that fails again and again claims no epoch per restart.
+                epoch, seq = self._epoch, state.head
+                break
             epoch = max(state.head_epoch, state.max_epoch, written.epoch if written else 0) + 1
             seq = state.head + 1
             fence = logobject.encode_fence(
@@ -686,6 +749,10 @@ class Shipper:
             # fence, and line the journal up with it (offsets continue after it).
             state = await read_skipped(self.bucket, self.prefix, self.region, state)
             self._reconcile(state, self._load_writer_state())
+        # Lined up with the log: it holds each lane's entries up to the
+        # shipped LSN and none above (any sent before and not there never
+        # landed; the journal may hand out those LSNs again).
+        self._sent = {lane.id: self._shipped[lane] for lane, _ in self._lanes}
         await trio.to_thread.run_sync(
             self._save_writer_state, _WriterState(epoch, seq, self._shipped_lsn)
         )
@@ -695,8 +762,9 @@ class Shipper:
         self._low_watermark = state.gc_boundary + 1
         self._next_offsets = dict(state.next_offsets)
         self._pending_manifest = [ManifestEntry.from_header(h, size) for h, size in state.tail]
-        fence_header = logobject.decode_header(fence, where="fence")
-        self._pending_manifest.append(ManifestEntry.from_header(fence_header, len(fence)))
+        if fence is not None:
+            fence_header = logobject.decode_header(fence, where="fence")
+            self._pending_manifest.append(ManifestEntry.from_header(fence_header, len(fence)))
         self._schedule.first_seq = (
             (state.manifest.last_seq + 1) if state.manifest else self._low_watermark
         )
@@ -706,7 +774,8 @@ class Shipper:
             else None
         )
         self._schedule.committed(len(self._pending_manifest))
-        self._fences += 1
+        self._fences += fence is not None
+        self._resume = False
         for lane, j in self._lanes:
             if lane.drops:
                 # Entries dropped while an object holding them was being
@@ -717,14 +786,25 @@ class Shipper:
         self._claimed_event.set()
         self._accepted()
         self._last_commit_mono = time.monotonic()
-        log.info(
-            "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %s)",
-            self.region,
-            epoch,
-            seq,
-            self._describe_shipped(),
-        )
-        self._notify_commit(seq)
+        self.intake_hold = None
+        if fence is None:
+            log.info(
+                "shipper: region %s resumed epoch %d after seq %d (no new fence; journal "
+                "shipped through LSN %s)",
+                self.region,
+                epoch,
+                seq,
+                self._describe_shipped(),
+            )
+        else:
+            log.info(
+                "shipper: region %s claimed epoch %d at seq %d (journal shipped through LSN %s)",
+                self.region,
+                epoch,
+                seq,
+                self._describe_shipped(),
+            )
+            self._notify_commit(seq)
         await self._mark_bucket()
         await self._abort_incomplete_uploads()
 
@@ -798,6 +878,102 @@ class Shipper:
             note or "none, it was gone",
         )
 
+    def _merge_sent(self, written: _WriterState | None) -> None:
+        """Take the sent LSNs shipper.json remembers (the higher of them and ours)."""
+        if written is None:
+            return
+        for lane_id, lsn in written.sent:
+            if lsn > self._sent.get(lane_id, 0):
+                self._sent[lane_id] = lsn
+
+    def _resumable(self, state: LogState, written: _WriterState | None) -> bool:
+        """Whether a claim after :meth:`reset` may go on with this process's epoch.
+
+        Only this process's own epoch, and only while the log's newest
+        entries are all of it: a fence of any other writer would be the head
+        or below a head of a higher epoch.
+        """
+        return (
+            self._resume
+            and self._epoch > 0
+            and written is not None
+            and written.epoch == self._epoch
+            and state.head_epoch == self._epoch
+            and state.max_epoch <= self._epoch
+            and self.recreated_from_lsn is None
+            and not state.skipped
+        )
+
+    def _check_journal_tail(self, written: _WriterState | None) -> str | None:
+        """Compare each journal's end with what this writer shipped from it, before any append.
+
+        A journal that ends below an LSN the bucket confirmed (``log_lsn``)
+        lost entries the bucket holds -- a segment moved aside or lost, an old
+        copy restored: appending would hand out LSNs and offsets the bucket
+        holds already, so this raises :class:`Diverged` (``edgegw restore``).
+        One that ends below an LSN it sent (written before each create) may
+        have: the returned reason says why produce waits for the claim, which
+        compares the journal with the log's head. None: nothing is missing.
+        """
+        if written is None:
+            return None
+        holds: list[str] = []
+        for lane, j in self._lanes:
+            last = j.next_lsn - 1
+            confirmed = written.log_lsn if lane.is_main else 0
+            sent = max(confirmed, self._sent.get(lane.id, 0))
+            if last >= sent:
+                continue
+            name = "journal" if lane.is_main else f"lane {lane}'s journal"
+            if j.is_new:
+                # An empty (new or wiped) journal: the claim continues it
+                # after the log's head (offsets from the log), before intake.
+                holds.append(f"the {name} is empty but had sent LSNs up to {sent}")
+            elif last < confirmed:
+                raise Diverged(
+                    f"region {self.region}: the {name} ends at LSN {last}, but the bucket "
+                    f"confirmed it through LSN {confirmed} ({self._state_path}): the journal "
+                    "lost entries the bucket holds (a segment moved aside, deleted or restored "
+                    "from an older copy). Appending would hand out LSNs and offsets the bucket "
+                    "holds already, so this gateway does not start. Run `edgegw restore` to "
+                    "continue from the bucket (its records stay there; unshipped ones in the "
+                    "moved segments are not recovered)."
+                )
+            else:
+                holds.append(
+                    f"the {name} ends at LSN {last} but sent LSNs up to {sent} to the bucket"
+                )
+        if not holds:
+            return None
+        return "; ".join(holds)
+
+    async def _write_ahead(self, last: LaneLsns) -> None:
+        """Record in shipper.json, before a create, the LSNs it may take to the bucket.
+
+        The mark is each lane's durable end, not just the object's last LSN
+        (shipped entries are durable, so it is at least that, and never past
+        what the journal holds): a backlog drain writes it once, not once per
+        object; at a steady pace, it is one small atomic write per flush
+        (~6 ms here, off the produce path). Without room to write it the
+        create goes ahead (shipping frees the journal's space) and the claim
+        at the next start is the check.
+        """
+        if all(lsn <= self._sent.get(lane.id, 0) for lane, lsn in last.items()):
+            return
+        for lane, j in self._lanes:
+            mark = max(last[lane], j.durable_lsn)
+            if mark > self._sent.get(lane.id, 0):
+                self._sent[lane.id] = mark
+        state = self._saved or _WriterState(self._epoch)
+        try:
+            await trio.to_thread.run_sync(self._save_writer_state, state)
+        except DiskFull as exc:
+            log.warning(
+                "shipper: %s; shipping without the record of the LSNs sent (the next claim "
+                "checks the journal against the log)",
+                exc,
+            )
+
     async def _settle_claim(self, written: _WriterState | None) -> _WriterState | None:
         """Resolve a fence left unsettled by a lost race, a lost answer or a crash.
 
@@ -835,16 +1011,31 @@ class Shipper:
         try:
             if await mark_bucket(self.bucket, self.prefix, self.region, self._clock()):
                 log.info("shipper: marked %s as an edgegw bucket", self.bucket.name)
-        except _RETRIED as exc:
-            # Only a hint for the CLI: the next claim writes it (or an admin
-            # does, where regions may not: docs/security.md).
+        except AccessDenied:
+            # A region's policy does not grant the marker (docs/security.md):
+            # it is the admin's to write, once per fleet. Only a hint for the
+            # CLI, which recognises the bucket by this region's log meanwhile.
+            log.warning(
+                "shipper: the fleet marker of %s is missing and this region may not write it: "
+                "the admin writes it once (edgegw bucket mark); commands recognise the bucket "
+                "by its region logs meanwhile",
+                self.bucket.name,
+            )
+        except BucketUnavailable as exc:
+            # The next claim writes it.
             log.warning("shipper: could not write the bucket marker (%s)", exc)
 
     def ship_now(self) -> None:
-        """Ship what is pending at once instead of at the flush deadline (``edgegw sync``)."""
+        """Ship what is pending at once instead of at the flush deadline (``edgegw sync``).
+
+        A shipper waiting to retry (the bucket was away) tries again at once:
+        the link may just have come up, which is when ``edgegw sync`` runs.
+        """
         self._ship_now = True
         if self._flush_wait is not None:
             self._flush_wait.cancel()
+        if self._retry_wait is not None:
+            self._retry_wait.cancel()
 
     def reset(self) -> None:
         """Forget the claim, so that :meth:`run` claims again (the supervisor's restart).
@@ -852,9 +1043,12 @@ class Shipper:
         A run that failed unexpectedly may have stopped between an upload and
         its bookkeeping; claiming again reconciles with the log head exactly
         as a restart of the process does (a lost response is recognised as
-        ours), at the cost of one fence entry.
+        ours). While the log's head is still of this process's epoch, the
+        claim resumes it without a fence (:meth:`_resumable`): a task that
+        fails again and again costs no epoch per restart.
         """
         self._claimed = False
+        self._resume = True
 
     def _notify_commit(self, seq: int) -> None:
         hook = self.on_commit
@@ -1028,7 +1222,10 @@ class Shipper:
         if head_lsn > journal_last:
             raise Diverged(
                 f"region {self.region}'s log covers journal LSNs up to {head_lsn} but the local "
-                f"journal ends at {journal_last}: the journal lost data. Run `edgegw restore`."
+                f"journal ends at {journal_last}: the journal lost entries the bucket holds (a "
+                "segment moved aside, deleted or restored from an older copy). Appending would "
+                "hand out LSNs and offsets the bucket holds already. Run `edgegw restore` to "
+                "continue from the bucket."
             )
         # (A journal that starts after head_lsn + 1 was refused as a lost
         # bucket above: its segments are deleted only once shipped.)
@@ -1115,6 +1312,50 @@ class Shipper:
         """Wait until entry ``lsn`` of ``lane``'s journal is committed to the bucket."""
         while self._shipped[lane] < lsn:
             await self._shipped_lot.park()
+
+    @property
+    def failed_attempts(self) -> int:
+        """How many claims and creates the bucket failed (away) or refused so far."""
+        return self._failed_attempts
+
+    async def wait_shipped_or_failed(self, lsn: int, failures: int, lane: Lane = MAIN_LANE) -> bool:
+        """Wait until entry ``lsn`` of ``lane`` is committed (True), or until an
+        attempt fails after :attr:`failed_attempts` was ``failures`` (False).
+
+        For a waiter that must not wait through an outage (``edgegw sync``):
+        the shipper itself goes on retrying; :attr:`statistics` ``last_error``
+        and :attr:`denied` say why it failed.
+        """
+        while self._shipped[lane] < lsn:
+            if self._failed_attempts > failures:
+                return False
+            await self._shipped_lot.park()
+        return True
+
+    async def wait_failed_attempt(self, failures: int) -> None:
+        """Wait until an attempt fails after :attr:`failed_attempts` was ``failures``."""
+        while self._failed_attempts <= failures:
+            await self._shipped_lot.park()
+
+    def cannot_ship(self) -> Unavailable:
+        """Why the last attempt failed, as the error ``edgegw sync`` ends with: the
+        bucket refuses this shipper (:class:`Denied`), or is away."""
+        denied = self._denial.current
+        if denied is not None:
+            return Denied(
+                f"cannot ship: the bucket refuses this gateway ({denied.code}): {denied.error}",
+                code=denied.code,
+                action=denied.action,
+            )
+        return Unavailable(
+            f"cannot ship now: the bucket is unreachable "
+            f"({self._last_error or 'it did not answer'}); nothing is lost: the records stay "
+            "in the journal and ship when the bucket answers again (run sync again then)"
+        )
+
+    def _attempt_failed(self) -> None:
+        self._failed_attempts += 1
+        self._shipped_lot.unpark_all()
 
     async def wait_claimed(self) -> None:
         """Wait until this shipper owns the region's log (see :meth:`run`)."""
@@ -1486,6 +1727,7 @@ class Shipper:
         key = log_key(self.prefix, self.region, seq)
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
         landed: LogObjectHeader | None = None
+        await self._write_ahead(last)
         while True:
             t0 = time.perf_counter()
             try:
@@ -1605,16 +1847,21 @@ class Shipper:
             # Logged at ERROR when it starts and as a periodic reminder, not
             # as a warning per attempt.
             self._denial.refused(exc)
-            await trio.sleep(delay)
+            self._attempt_failed()
+            with trio.move_on_after(delay) as self._retry_wait:
+                await trio.sleep_forever()
+            self._retry_wait = None
             return
         self._retrying = True
+        self._attempt_failed()
         log.warning("shipper: %s (%s); retrying in %.2fs", what, exc, delay)
-        with trio.move_on_after(delay):
+        with trio.move_on_after(delay) as self._retry_wait:
             # A link back is usually seen first by a mirror (polling every
             # second): retry shortly after, not at the end of a backoff that
             # grew to retry_cap_s while the link was down.
             await self.bucket.wait_reachable()
             await trio.sleep(min(delay, RETRY_AFTER_ANSWER_S))
+        self._retry_wait = None
 
     def _accepted(self) -> None:
         """The bucket took a claim or a commit: any outage or refusal is over."""
@@ -1625,6 +1872,8 @@ class Shipper:
     @property
     def state(self) -> str:
         """One of :data:`SHIPPER_STATES` (see :attr:`ShipperStats.state`)."""
+        if self._failure is not None:
+            return "failing"
         if self._denial.current is not None:
             return "denied"
         if self._retrying:
@@ -1741,6 +1990,7 @@ class Shipper:
         del self._pending_manifest[: len(entries)]
         self._release_packed(entries[-1].seq)
         self._schedule.written(manifest.last_seq, self._mono_ms())
+        self._caught_up()
         last = entries[-1]
         try:
             await trio.to_thread.run_sync(
@@ -1786,6 +2036,21 @@ class Shipper:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Claim (retrying while the bucket is away or refuses), then ship for ever.
 
+        An unexpected exception is counted and kept (:attr:`state` ``failing``,
+        ``edgegw status``) until a later run catches up, and propagates: the
+        gateway's supervisor restarts the shipper (:meth:`reset`).
+        """
+        try:
+            await self._run(task_status)
+        except Exception as exc:
+            if not isinstance(exc, Fenced | BucketLost):  # deliberate ends: not a failure
+                self._failures += 1
+                self._failure = _describe_failure(exc)
+            raise
+
+    async def _run(self, task_status: trio.TaskStatus[None]) -> None:
+        """Claim (retrying while the bucket is away or refuses), then ship for ever.
+
         A gateway that has claimed its region before (its journal holds a
         writer state) reports ready at once and claims in the background, so
         a site starts and journals while its link is down or its credentials
@@ -1795,7 +2060,19 @@ class Shipper:
         (and for access to it) before reporting ready.
         """
         written = self._load_writer_state()
-        met_bucket = written is not None and not self._lost_lane_journals(written)
+        self._merge_sent(written)
+        # Before intake opens: a journal that lost what the bucket holds must
+        # not append (Diverged), one that may have waits for the claim.
+        hold = self._check_journal_tail(written)
+        if hold is not None:
+            self.intake_hold = hold
+            log.warning(
+                "shipper: %s; produce waits until the claim has compared the journal with "
+                "region %s's log in the bucket",
+                hold,
+                self.region,
+            )
+        met_bucket = written is not None and not self._lost_lane_journals(written) and hold is None
         if met_bucket:
             task_status.started()
         backoff = Backoff(self.config.retry_base_s, self.config.retry_cap_s)
@@ -1818,7 +2095,11 @@ class Shipper:
                     log.warning(
                         "shipper: bucket unavailable at start (%s); retrying in %.1fs", exc, delay
                     )
-                await trio.sleep(delay)
+                if not isinstance(exc, DiskFull):
+                    self._attempt_failed()
+                with trio.move_on_after(delay) as self._retry_wait:
+                    await trio.sleep_forever()
+                self._retry_wait = None
         if not met_bucket:
             task_status.started()
         flush_s = self.config.flush_interval_ms / 1000
@@ -1831,6 +2112,7 @@ class Shipper:
                 # summary must not wait for ever.
                 due = self._schedule.due_in_ms(self._mono_ms()) if self._pending_manifest else None
                 if due is None:
+                    self._caught_up()
                     await self._wait_appended()
                 else:
                     with trio.move_on_after(max(due / 1000, manifest_floor_s)):
@@ -1862,6 +2144,18 @@ class Shipper:
             self._appended_bytes_at_ship = self._appended_bytes()
             if not self.pending():
                 await self._maybe_write_manifest()
+
+    def _caught_up(self) -> None:
+        """A run got through a full cycle (a manifest written, or nothing left to ship):
+        the failures before it are over."""
+        if self._failure is not None:
+            log.info(
+                "shipper: shipping again after %d failed run(s) (last: %s)",
+                self._failures,
+                self._failure,
+            )
+        self._failures = 0
+        self._failure = None
 
     async def _wait_appended(self) -> None:
         """Wait until a lane that may ship has an entry to ship, or :meth:`policy_changed`."""
@@ -1960,12 +2254,13 @@ class Shipper:
             wire_bytes=self._wire_bytes,
             retries=self._retries,
             last_ship_ms=self._last_ship_ms,
-            last_error=self._last_error,
+            last_error=self._failure or self._last_error,
             upload_seconds_total=self._upload_s,
             state=self.state,
             denied=self._denial.current,
             lanes=tuple(self._lane_stats()),
             gap_records=self._gap_records,
+            failures=self._failures,
         )
 
     def _lane_stats(self) -> list[LaneShipStats]:

@@ -11,7 +11,8 @@ systemd that is a crash loop, and nothing the site produces is taken.
 Erlang/OTP: the failure is logged once with its traceback, counted, and shown
 as a *degraded* task (``edgegw status``, ``/healthz``, the
 ``edgegw_task_*`` metrics) while the task waits out an exponential backoff
-(:data:`RESTART_BASE_S` doubling to :data:`RESTART_CAP_S`) and runs again.
+(:data:`RESTART_BASE_S` doubling to :data:`RESTART_CAP_S`, full jitter, never
+sooner than :data:`RESTART_BASE_S`: no tight crash loop) and runs again.
 Everything else goes on.
 
 Only deliberate ends stop the gateway — the :data:`FATAL` kinds: fenced by a
@@ -21,8 +22,8 @@ that lost this region's log. They propagate as before. A task that fails
 journal cannot be opened) and propagates too: a gateway that cannot start
 says so and exits, rather than running half built.
 
-A task that keeps failing is restarted for as long as the gateway runs,
-:data:`RESTART_CAP_S` apart: giving up would leave the site without that
+A task that keeps failing is restarted for as long as the gateway runs, at
+most :data:`RESTART_CAP_S` apart: giving up would leave the site without that
 function until a person restarts the process, which cannot do better than
 the backoff does. It stays degraded (and alerting) until it has run
 :data:`STABLE_S` without failing; then its backoff starts from the base again.
@@ -39,6 +40,7 @@ from typing import Any, Literal
 
 import trio
 
+from edge_gateway.backoff import Backoff
 from edge_gateway.errors import BucketLost, ConfigError, Fenced, InUse
 
 __all__ = [
@@ -180,7 +182,7 @@ class Supervisor:
         """
         task = self._tasks[name] = _Task(name)
         relay = _Relay(task_status)
-        consecutive = 0
+        backoff = Backoff(self.base_s, self.cap_s, floor_s=self.base_s, rng=self._rand.random)
         try:
             while True:
                 task.state = "running"
@@ -196,10 +198,8 @@ class Supervisor:
                     if _is_fatal(exc) or not relay.started_once:
                         raise
                     if trio.current_time() - task.run_started >= STABLE_S:
-                        consecutive = 0
-                    delay = min(self.cap_s, self.base_s * 2**consecutive)
-                    delay *= 0.8 + 0.4 * self._rand.random()
-                    consecutive += 1
+                        backoff.reset()
+                    delay = backoff.next_delay()
                     task.failures += 1
                     task.last_error = _describe(exc)
                     task.last_failure_ms = time.time_ns() // 1_000_000

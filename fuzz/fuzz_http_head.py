@@ -21,7 +21,7 @@ import random
 import sys
 from pathlib import Path
 
-from edge_gateway.api._http11 import _DECLINE, _parse_head
+from edge_gateway.api._http11 import _DECLINE, _TOO_LARGE, _parse_head
 from edge_gateway.testing.h11view import h11_view
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -44,6 +44,9 @@ def fuzz_one_input(data: bytes) -> None:
     head = _parse_head(data, MAX)
     if head is None:
         assert b"\r\n\r\n" not in data[: MAX + 4], data
+        return
+    if head is _TOO_LARGE:
+        assert b"\r\n\r\n" not in data[:MAX], data
         return
     if head is _DECLINE:
         return

@@ -18,8 +18,16 @@ from pathlib import Path
 
 import typer
 
-from edge_gateway.bucket import Bucket, LocalBucket, NoSuchBucket, S3Bucket, S3Config
+from edge_gateway.bucket import (
+    AccessDenied,
+    Bucket,
+    LocalBucket,
+    NoSuchBucket,
+    S3Bucket,
+    S3Config,
+)
 from edge_gateway.regionlog import is_edgegw_bucket, mark_bucket
+from edgegw_cli._common import note
 
 #: Opens a bucket (``create``: a missing local bucket may be made) -> (bucket, key prefix).
 Opener = Callable[[bool], Awaitable[tuple[Bucket, str]]]
@@ -77,11 +85,21 @@ async def open_edgegw_bucket(
             if not new_bucket:
                 where = f"{bucket.describe()}" + (f" (key prefix {prefix!r})" if prefix else "")
                 raise NoSuchBucket(
-                    f"{where} is not an edgegw bucket: it has no edgegw-bucket.json and no "
+                    f"{where} is not an edgegw bucket: it has no valid edgegw-bucket.json and no "
                     "region logs under regions/ (a typo in the bucket, prefix or directory?); "
                     f"{NEW_BUCKET_HINT}"
                 )
-            await mark_bucket(bucket, prefix, region, time.time_ns() // 1_000_000)
+            try:
+                await mark_bucket(bucket, prefix, region, time.time_ns() // 1_000_000)
+            except AccessDenied as exc:
+                # A region's policy does not grant the fleet marker: it is the
+                # admin's (edgegw bucket mark). The region's log, once written,
+                # makes the bucket recognisable anyway.
+                note(
+                    f"note: {bucket.describe()} has no fleet marker and this identity may not "
+                    f"write it ({exc.code}): the admin "
+                    "writes it once (edgegw bucket mark)"
+                )
     except BaseException:
         await bucket.aclose()
         raise

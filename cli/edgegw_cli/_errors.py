@@ -19,9 +19,11 @@ def reason(exc: BaseException) -> str:
 
 #: errno values of a bind that cannot succeed on this address (now).
 _BIND_ERRORS = {
-    errno.EADDRINUSE: "the address is already in use (another process listens on it)",
-    errno.EADDRNOTAVAIL: "no interface of this machine has that address",
-    errno.EACCES: "permission denied (ports below 1024 need privileges)",
+    errno.EADDRINUSE: "the address is already in use (another process listens on it): "
+    "stop that process, or choose another port",
+    errno.EADDRNOTAVAIL: "no interface of this machine has that address: "
+    "use one of its addresses (or 0.0.0.0)",
+    errno.EACCES: "permission denied (ports below 1024 need privileges): choose a port above 1023",
 }
 
 

@@ -69,7 +69,7 @@ def run_serve(config: Path) -> None:
         raise ServeFailed(str(exc), EXIT_CONFIG) from None
     configure_logging(cfg.log.level, cfg.log.format)
     for handler in logging.getLogger().handlers:
-        handler.addFilter(_BindFailureFilter(cfg.api.listen))
+        handler.addFilter(_BindFailureFilter(cfg))
     from edge_gateway import _heap
 
     # Before any thread starts: after a drain, memory goes back (edge_gateway._heap).
@@ -91,14 +91,18 @@ def run_serve(config: Path) -> None:
     except* ConfigError as group:
         raise ServeFailed(str(leaf(group)), EXIT_CONFIG) from None
     except* (EdgeGatewayError, OSError) as group:
-        message = _bind_failure(group, cfg.api.listen) or reason(leaf(group))
+        message = _bind_failure(group, cfg) or reason(leaf(group))
         log.error("fatal: %s", message)
         raise ServeFailed(message, EXIT_FATAL) from None
 
 
-def _bind_failure(exc: BaseException, listen: str) -> str | None:
-    """A one-line message naming ``api.listen`` when ``exc`` (or the first
-    exception in it, if a group) is the API's bind failing.
+#: The listeners serve binds: the package whose frames raise, and its config key.
+_LISTENERS = (("edge_gateway.api", "api.listen"), ("edge_gateway.kafka", "kafka.listen"))
+
+
+def _bind_failure(exc: BaseException, cfg: GatewayConfig) -> str | None:
+    """A one-line message naming the key (``api.listen``, ``kafka.listen``) when
+    ``exc`` (or the first exception in it, if a group) is a listener's bind failing.
 
     Exit code 1, not 2: the address is well formed (config load checks that),
     and what refuses it can pass (a process still holding the port, an
@@ -106,33 +110,37 @@ def _bind_failure(exc: BaseException, listen: str) -> str | None:
     """
     from edge_gateway.config import key_source
 
-    # Only an error raised inside the API's server: an outbound connection
+    # Only an error raised inside a listener's server: an outbound connection
     # (bucket, metadata server) can fail with the same errno or gaierror.
     # The server's frames may be on an enclosing group's traceback.
-    in_api = False
+    key = None
     while True:
         tb = exc.__traceback__
-        while tb is not None and not in_api:
-            in_api = str(tb.tb_frame.f_globals.get("__name__", "")).startswith("edge_gateway.api")
+        while tb is not None and key is None:
+            module = str(tb.tb_frame.f_globals.get("__name__", ""))
+            key = next((k for pkg, k in _LISTENERS if module.startswith(pkg + ".")), None)
             tb = tb.tb_next
         if not isinstance(exc, BaseExceptionGroup):
             break
         exc = exc.exceptions[0]
-    return bind_failure(exc, key_source("api.listen"), listen) if in_api else None
+    if key is None:
+        return None
+    listen = cfg.api.listen if key == "api.listen" else cfg.kafka.listen
+    return bind_failure(exc, key_source(key), listen)
 
 
 class _BindFailureFilter(logging.Filter):
-    """Log a failed bind of the API as the one line serve prints, without the
+    """Log a failed bind of a listener (API, Kafka) as the one line serve prints, without the
     traceback the gateway attaches to a failed service: the operator needs the
     key and the reason, not 40 lines of trio and hypercorn frames."""
 
-    def __init__(self, listen: str) -> None:
+    def __init__(self, cfg: GatewayConfig) -> None:
         super().__init__()
-        self.listen = listen
+        self.cfg = cfg
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        message = _bind_failure(exc, self.listen) if exc is not None else None
+        message = _bind_failure(exc, self.cfg) if exc is not None else None
         if message is not None:
             record.msg, record.args = f"{record.getMessage()}: {message}", None
             record.exc_info, record.exc_text = None, None

@@ -73,7 +73,7 @@ COMMANDS: dict[str, _Lazy] = {
     "scenario": _Lazy("edgegw_cli.scenario:app", "Multi-region scenarios with faults."),
     "bucket": _Lazy(
         "edgegw_cli.bucket_cmd:app",
-        "Check that a store has what edgegw needs, before a rollout.",
+        "Check that a store has what edgegw needs, and mark it as the fleet's, before a rollout.",
     ),
     "inspect": _Lazy(
         "edgegw_cli.inspect_cmd:app",

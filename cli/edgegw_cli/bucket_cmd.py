@@ -1,13 +1,18 @@
-"""``edgegw bucket check``: prove a store has what edgegw needs, before a rollout.
+"""``edgegw bucket check`` and ``edgegw bucket mark``: a store before a rollout.
 
-Runs :func:`edge_gateway.bucket.check_store` against the bucket the options
-(or ``--config``) name, in a scratch prefix it deletes afterwards, prints a
-table and a verdict, and exits 0 only when every requirement holds.
+``check`` runs :func:`edge_gateway.bucket.check_store` against the bucket the
+options (or ``--config``) name, in a scratch prefix it deletes afterwards,
+prints a table and a verdict, and exits 0 only when every requirement holds.
+
+``mark`` writes the fleet marker (``edge_gateway.regionlog.write_bucket_marker``)
+with the admin's credentials: regions' policies do not grant it
+(docs/security.md), so one region's key cannot overwrite it.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import trio
@@ -25,13 +30,14 @@ from edge_gateway.bucket import (
 )
 from edge_gateway.bucket._check import FAIL, INFO, PASS, WORKAROUND
 from edge_gateway.errors import EdgeGatewayError
+from edge_gateway.regionlog import BUCKET_MARKER, write_bucket_marker
 from edgegw_cli._bucket import open_bucket
 from edgegw_cli._common import console, fail
 from edgegw_cli._errors import reason
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Check that a store has what edgegw needs, before a rollout.",
+    help="Check that a store has what edgegw needs, and mark it as the fleet's, before a rollout.",
 )
 
 _STYLES = {PASS: "green", FAIL: "bold red", WORKAROUND: "yellow", INFO: ""}
@@ -119,6 +125,58 @@ def check(
         _print(report)
     if not report.ok:
         raise typer.Exit(1)
+
+
+@app.command("mark")
+def mark(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="A gateway's config file: mark the bucket it names."
+    ),
+    bucket_dir: Path | None = typer.Option(None, help="A local-directory bucket."),
+    s3_bucket: str | None = typer.Option(None, help="An S3 bucket name."),
+    s3_endpoint: str | None = typer.Option(None, help="S3 endpoint URL (MinIO, R2, Ceph, ...)."),
+    s3_prefix: str = typer.Option("", help="Key prefix inside the bucket (the fleet's prefix)."),
+    s3_path_style: bool = typer.Option(False, help="Path-style S3 addressing."),
+) -> None:
+    """Write the fleet marker (edgegw-bucket.json): the admin, once per fleet.
+
+    The marker tells edgegw sync, restore and reship that the bucket (under
+    the prefix) is the fleet's, not a typo. Regions' policies do not grant
+    it (a stolen device's key must not be able to overwrite it), so run this
+    with the admin's credentials before the first gateway starts. A valid
+    marker is kept; a malformed one is replaced (compare-and-swap), and
+    what it held is printed. Exit code 0 when the bucket has a valid marker
+    afterwards.
+
+    Example: edgegw bucket mark --s3-bucket fleet-data --s3-prefix plant
+    """
+
+    async def run() -> tuple[str, str, bytes]:
+        bucket, key_prefix = await _open(
+            config, bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style
+        )
+        async with bucket:
+            outcome, old = await write_bucket_marker(
+                bucket, key_prefix, time.time_ns() // 1_000_000
+            )
+            return bucket.describe(), outcome, old
+
+    try:
+        where, outcome, old = trio.run(run)
+    except typer.Exit:
+        raise
+    except (EdgeGatewayError, OSError) as exc:
+        raise fail(f"could not mark the bucket: {reason(exc)}") from None
+    if outcome == "created":
+        console.print(f"marked {where} as an edgegw bucket ({BUCKET_MARKER} written)")
+    elif outcome == "present":
+        held = old.decode(errors="replace")
+        console.print(f"{where} is an edgegw bucket already ({BUCKET_MARKER}: {held})")
+    else:
+        console.print(
+            f"replaced a malformed {BUCKET_MARKER} in {where}; it held {old[:200]!r}: find out "
+            "who could write it (docs/security.md)"
+        )
 
 
 def _cloud_config(

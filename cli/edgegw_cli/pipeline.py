@@ -137,7 +137,7 @@ def _run_job(
 ) -> Any:
     _imports()
     from edge_gateway.encryption import parse_key_file_options
-    from edge_gateway.pipeline._store import BucketSpec
+    from edge_gateway.pipeline.bucketspec import BucketSpec
     from edge_gateway.pipeline.job import JobConfig, run_job
     from edge_gateway.pipeline.tables import Output
 

@@ -233,7 +233,19 @@ def render(doc: dict[str, Any]) -> None:
     claim = f"epoch {s['epoch']}, next seq {s['next_seq']}" if s["claimed"] else "not claimed yet"
     if s.get("uploads_aborted"):
         claim += f"; aborted {s['uploads_aborted']} unfinished multipart upload(s) at its claim"
-    head.add_row("shipper", claim)
+    if s.get("state") == "failing":
+        # Restarted again and again, shipping nothing: never "pending 0" in plain text.
+        head.add_row(
+            "shipper",
+            _red(
+                f"FAILING: {s.get('failures', 0)} runs in a row ended with an error ({claim}); "
+                f"nothing ships until it is fixed: {s.get('last_error')}"
+            ),
+        )
+    else:
+        head.add_row("shipper", claim)
+    if s.get("intake_hold"):
+        head.add_row("intake", _red(f"held until the claim: {s['intake_hold']}"))
     head.add_row(
         "shipped",
         f"{s['objects']} objects, {human_bytes(s['wire_bytes'])}, "

@@ -193,6 +193,9 @@ async def _ask_gateway(
         # ``lanes`` block (an older one) has the normal lane only.
         first = _lane_sum(st, "shipped_lsn", st["shipper"]["shipped_lsn"])
         target = _lane_sum(st, "next_lsn", st["journal"]["next_lsn"]) - _lane_count(st)
+        # The bar counts what this sync ships, as the summary does, not every
+        # object since the gateway started.
+        objects0, wire0 = st["shipper"]["objects"], st["shipper"]["wire_bytes"]
         result: dict[str, Any] = {}
         with _progress("syncing") as progress:
             ship = progress.add_task(
@@ -212,7 +215,7 @@ async def _ask_gateway(
                 progress.update(
                     ship,
                     completed=min(_lane_sum(st, "shipped_lsn", s["shipped_lsn"]), target) - first,
-                    detail=f"{s['objects']} objects, {s['wire_bytes'] / 1e6:.1f} MB",
+                    detail=_shipped_detail(s["objects"] - objects0, s["wire_bytes"] - wire0),
                 )
                 for src, task in pulls.items():
                     m = st["mirrors"].get(src)
@@ -237,7 +240,9 @@ async def _ask_gateway(
                     show(await watch.status())
                     await trio.sleep(0.2)
             show(await watch.status(), done=True)
-    shipped = result["shipped"]
+            # The last word is the gateway's count of this sync (the summary's).
+            shipped = result["shipped"]
+            progress.update(ship, detail=_shipped_detail(shipped["objects"], shipped["wire_bytes"]))
     console.print(
         f"shipped {shipped['records']:,} records in {shipped['objects']} objects "
         f"({shipped['wire_bytes'] / 1e6:.2f} MB on the wire)"
@@ -247,6 +252,10 @@ async def _ask_gateway(
             f"pulled {res['records']:,} records in {res['entries']} entries from {src} "
             f"(next seq {res['next_seq']})"
         )
+
+
+def _shipped_detail(objects: int, wire_bytes: int) -> str:
+    return f"{objects} objects, {wire_bytes / 1e6:.1f} MB"
 
 
 def _lane_sum(status: dict[str, Any], field: str, single: int) -> int:
@@ -286,10 +295,22 @@ async def _ship(shipper: Shipper) -> None:
             progress.update(
                 task,
                 completed=shipped - first,
-                detail=f"{st.objects} objects, {st.wire_bytes / 1e6:.1f} MB",
+                detail=_shipped_detail(st.objects, st.wire_bytes),
             )
 
-        await shipper.ship_pending(update)
+        # The bucket away mid-way ends the sync at the first failed attempt,
+        # as it does at the start (and as a sync through the gateway does),
+        # instead of retrying for as long as the outage lasts.
+        failures = shipper.failed_attempts
+        async with trio.open_nursery() as nursery:
+
+            async def give_up_on_outage() -> None:
+                await shipper.wait_failed_attempt(failures)
+                raise shipper.cannot_ship()
+
+            nursery.start_soon(give_up_on_outage)
+            await shipper.ship_pending(update)
+            nursery.cancel_scope.cancel()
         update(sum(shipper.shipped_lsns().values()), target)
     st = shipper.statistics()
     console.print(

@@ -38,7 +38,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from edge_gateway._http import ApiError, receive_body
+from edge_gateway._http import MAX_HEAD_BYTES, ApiError, head_bytes, head_too_large, receive_body
 from edge_gateway.api import _codec
 from edge_gateway.api._asgi import (
     JSONResponse,
@@ -102,6 +102,9 @@ class ApiApp:
         self.config = gateway.config.api
         self.metrics: GatewayMetrics = metrics_for(gateway)
         self._token = self.config.token.encode() if self.config.token else None
+        #: Check each request head's size here (hypercorn: its h11 bounds only a
+        #: head still arriving; the builtin server checks every head itself).
+        self.check_head_size = False
         self._stopping = False
         #: Scopes of waits a shutdown interrupts (long polls, ack=shipped).
         self._waits: set[trio.CancelScope] = set()
@@ -136,6 +139,16 @@ class ApiApp:
             await send({"type": "websocket.close", "code": 1000})
             return
         started = time.perf_counter()
+        if (
+            self.check_head_size
+            and str(scope.get("http_version", "")).startswith("1")
+            and head_bytes(scope) > MAX_HEAD_BYTES
+        ):
+            response = error_response(
+                431, "headers_too_large", head_too_large(), {"Connection": "close"}
+            )
+            await response(scope, receive, send)
+            return
         x = _Exchange(scope, receive, send, self.config.max_body_bytes, self.config.read_timeout_s)
         route = ""
         try:

@@ -35,6 +35,7 @@ socket read timeout would also cut long polls.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
@@ -49,7 +50,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
-from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S
+from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
 from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD
 from edge_gateway.api._tlsstream import TlsStream
 
@@ -133,13 +134,21 @@ class _Head:
 
 #: :func:`_parse_head`'s answer for a request the fast path leaves to h11.
 _DECLINE: Final = _Head(b"", b"", [], 0, 0)
+#: :func:`_parse_head`'s answer for a head over the limit (431).
+_TOO_LARGE: Final = _Head(b"", b"", [], 0, 0)
 
 
 def _parse_head(buf: bytes, max_head: int) -> _Head | None:
-    """The head at the start of ``buf``; None: incomplete; :data:`_DECLINE`: for h11."""
-    end = buf.find(b"\r\n\r\n", 0, max_head + 4)
+    """The head at the start of ``buf``; None: incomplete; :data:`_DECLINE`: for h11;
+    :data:`_TOO_LARGE`: over ``max_head`` bytes (blank line included).
+
+    Every request passes here first, so the limit holds however the head
+    arrives: h11's own bound (``max_incomplete_event_size``) covers only a
+    head still arriving, and took a whole one of up to a read's 64 KiB.
+    """
+    end = buf.find(b"\r\n\r\n", 0, max_head)
     if end < 0:
-        return None if len(buf) <= max_head else _DECLINE
+        return None if len(buf) < max_head else _TOO_LARGE
     lines = buf[:end].split(b"\r\n")
     m = _REQUEST_LINE.fullmatch(lines[0])
     if m is None:
@@ -175,7 +184,7 @@ class Http11Server:
         app: ASGIApp,
         *,
         log: logging.Logger,
-        max_header_bytes: int = 16 * 1024,
+        max_header_bytes: int = MAX_HEAD_BYTES,
         keep_alive_timeout: float = KEEP_ALIVE_TIMEOUT_S,
         ssl_context: ssl.SSLContext | None = None,
         handshake_timeout: float = 10.0,
@@ -368,6 +377,9 @@ class Http11Server:
                         # deadline stays: its head must be complete by then.
                         idle.shield = True
                         head = _parse_head(buf, self.max_header_bytes)
+                        if head is _TOO_LARGE:
+                            await self._refuse_head(stream)
+                            return None
                         if head is _DECLINE:
                             return None, buf
                         if head is not None:
@@ -442,10 +454,16 @@ class Http11Server:
             self.log.exception("unhandled error in the ASGI app for %s %s", method, scope["path"])
             await reply.internal_error()
             return False, b""
+        if reply.cut:
+            self._hung_up(peer, method, scope["path"])
         if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
         close = self._stopping or _says_close(reply.headers)
         return not (close or reply.gone), b"".join(pending)
+
+    def _hung_up(self, peer: tuple[str, int] | None, method: str, path: str) -> None:
+        where = f"{peer[0]}:{peer[1]}" if peer is not None else "a client"
+        self.log.debug("%s hung up during the answer to %s %s", where, method, path)
 
     async def _next_request(
         self, conn: h11.Connection, stream: trio.abc.Stream
@@ -481,8 +499,12 @@ class Http11Server:
         if conn.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         status = exc.error_status_hint
-        code = b"invalid_request" if status != 431 else b"headers_too_large"
-        body = _ERROR_BODY % (code, b"malformed HTTP request")
+        if status == 431:
+            code, message = "headers_too_large", head_too_large(self.max_header_bytes)
+        else:
+            code = "invalid_request"
+            message = f"malformed HTTP request ({exc}): the client must send valid HTTP/1.1"
+        body = json.dumps({"error": {"code": code, "message": message}}).encode()
         with contextlib.suppress(h11.LocalProtocolError):
             data = conn.send(
                 h11.Response(
@@ -496,6 +518,21 @@ class Http11Server:
             )
             data += conn.send(h11.Data(data=body)) + conn.send(h11.EndOfMessage())
             await stream.send_all(data)
+
+    async def _refuse_head(self, stream: trio.abc.Stream) -> None:
+        """Answer 431 to a head over the limit (the connection closes after it)."""
+        body = json.dumps(
+            {
+                "error": {
+                    "code": "headers_too_large",
+                    "message": head_too_large(self.max_header_bytes),
+                }
+            }
+        ).encode()
+        await stream.send_all(
+            _STATUS_LINES[431] + b"content-type: application/json\r\ncontent-length: %d\r\n"
+            b"connection: close\r\n\r\n%b" % (len(body), body)
+        )
 
     # --------------------------------------------------------------- requests
 
@@ -578,6 +615,9 @@ class Http11Server:
         except Exception:
             self.log.exception("unhandled error in the ASGI app for %s %s", method, scope["path"])
             await reply.internal_error()
+        if reply.cut:
+            self._hung_up(peer, method, scope["path"])
+            raise _ClientGone
         if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
         # Consume what is already buffered of the request (a bodyless GET still
@@ -672,7 +712,10 @@ class _Reply:
     Checks the order of the app's messages and writes each response (head,
     body, end) with one write when the app gives the body in one message,
     which is what Starlette responses do. ``gone``: the client went away
-    (set by the exchange's ``receive``); later sends are no-ops, as ASGI says.
+    (seen by the exchange's ``receive``, or by a write that failed: ``cut``);
+    later sends are no-ops, as ASGI says. A client that hangs up in the middle
+    of a large answer (``curl ... | head -c 10``) is ordinary, not an error
+    of the app.
     """
 
     __slots__ = (
@@ -681,6 +724,7 @@ class _Reply:
         "_head_sent",
         "_status",
         "_stream",
+        "cut",
         "finished",
         "gone",
         "headers",
@@ -698,6 +742,8 @@ class _Reply:
         self.started = False
         self.finished = False
         self.gone = False
+        #: A write failed: the client hung up while being answered.
+        self.cut = False
         self.headers: list[tuple[bytes, bytes]] = []
 
     async def __call__(self, message: Message) -> None:
@@ -723,7 +769,10 @@ class _Reply:
         if not more:
             self.finished = True
             parts.append(self._framing.end(self._head_only))
-        await _send_now(self._stream, b"".join(parts))
+        try:
+            await _send_now(self._stream, b"".join(parts))
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            self.gone = self.cut = True
 
     async def internal_error(self) -> None:
         """Answer 500 for an app that failed; raise :class:`_ClientGone` if it had begun."""

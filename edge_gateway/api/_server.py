@@ -124,6 +124,7 @@ async def serve_api(
 
             stop = trio.Event()
             config = _hypercorn_config(gateway, graceful)
+            app.check_head_size = True
 
             async def run_hypercorn(*, task_status: trio.TaskStatus[list[str]]) -> None:
                 with server_scope:

@@ -23,6 +23,11 @@ because fencing depends on them; :func:`check_store` (``edgegw bucket check``)
 runs the whole contract against a store and measures it. :class:`DenialTracker` keeps (and logs) a
 component's refusal by the store, which callers retry like an outage.
 
+:class:`SyncBucket` is a blocking facade for code that is not trio (the PySpark
+pipeline's driver and workers): it opens a backend from its config
+(:class:`LocalConfig`, :class:`S3Config`, :class:`AzureConfig`, :class:`GcsConfig`;
+:func:`open_bucket` does the same for async code) in a loop thread of its own.
+
 :class:`S3Bucket` loads on first use (with boto3 and botocore: ~100 ms and
 ~15 MB), so a gateway on a local-directory bucket never imports them;
 :class:`S3Config` does not need them. Likewise :class:`AzureBucket` and
@@ -74,6 +79,7 @@ from edge_gateway.bucket._linkpolicy import (
 from edge_gateway.bucket._local import LocalBucket
 from edge_gateway.bucket._probe import probe_key, verify_conditional_create
 from edge_gateway.bucket._s3config import S3Config
+from edge_gateway.bucket._sync import LocalConfig, StoreConfig, SyncBucket, open_bucket
 
 if TYPE_CHECKING:
     from edge_gateway.bucket._azure import AzureBucket
@@ -107,6 +113,7 @@ __all__ = [
     "LinkPolicyStats",
     "LinkStatistics",
     "LocalBucket",
+    "LocalConfig",
     "MeteredBucket",
     "NoSuchBucket",
     "NotFound",
@@ -115,12 +122,15 @@ __all__ = [
     "Priority",
     "S3Bucket",
     "S3Config",
+    "StoreConfig",
     "StoreReport",
+    "SyncBucket",
     "UnsupportedStore",
     "Usage",
     "Window",
     "check_store",
     "denied_action",
+    "open_bucket",
     "parse_window",
     "probe_key",
     "verify_conditional_create",

@@ -38,6 +38,7 @@ import builtins
 import errno
 import fcntl
 import hashlib
+import logging
 import os
 import stat
 import threading
@@ -67,6 +68,8 @@ from edge_gateway.errors import CorruptData
 _T = TypeVar("_T")
 _Ts = TypeVarTuple("_Ts")
 
+log = logging.getLogger("edgegw.bucket")
+
 _CHUNK: Final = 1024 * 1024
 _ETAG_CACHE_SIZE: Final = 4096
 #: Temporary files older than this are leftovers of a crash and removed on open.
@@ -94,6 +97,9 @@ class LocalBucket(Bucket):
         self._write_lock = trio.Lock()
         self._etags: OrderedDict[tuple[int, int, int, int], str] = OrderedDict()
         self._etags_lock = threading.Lock()
+        #: The open's writes (lock file, clock probe, stale tmp/ files) failed
+        #: as an outage (EROFS, ENOSPC, EIO, EACCES): done before the next write.
+        self._housekeeping_due = False
 
     @classmethod
     async def open(
@@ -108,9 +114,24 @@ class LocalBucket(Bucket):
         new bucket: ``root`` and its parents when missing, the layout inside
         when ``root`` is empty. A non-empty directory without ``objects/`` is
         refused either way: it is something else.
+
+        An existing bucket opens even when it cannot be written to now (a
+        read-only remount, a full disk, EIO): the open's own writes (the lock
+        file, the clock probe, removing stale files in ``tmp/``) are then
+        put off to the first write, which fails as an outage
+        (:class:`BucketUnavailable`, :class:`AccessDenied`) until the
+        directory takes writes again -- as for a running gateway. Reads work
+        meanwhile. A gateway restarting on such a bucket serves at once.
         """
         bucket = cls(Path(root), max_concurrency=max_concurrency)
-        await bucket._in_thread(bucket._prepare, create, key=None)
+        deferred = await bucket._in_thread(bucket._prepare, create, key=None)
+        if deferred is not None:
+            bucket._housekeeping_due = True
+            log.warning(
+                "%s cannot be written to now (%s): opened for reading; writes retry until it can",
+                bucket.describe(),
+                deferred,
+            )
         return bucket
 
     @property
@@ -132,6 +153,7 @@ class LocalBucket(Bucket):
     async def _put(
         self, key: str, data: bytes, *, if_none_match: bool, if_match: str | None
     ) -> ObjectInfo:
+        await self._housekeep_if_due(key)
         if if_none_match:
             # os.link is atomic by itself: no lock, also across processes.
             return await self._in_thread(self._create_sync, key, data, key=key)
@@ -151,6 +173,7 @@ class LocalBucket(Bucket):
         return await self._in_thread(self._list_sync, prefix, start_after, limit, key=None)
 
     async def _delete(self, key: str) -> None:
+        await self._housekeep_if_due(key)
         async with self._write_lock:
             await self._in_thread(self._delete_sync, key, key=key)
 
@@ -158,6 +181,17 @@ class LocalBucket(Bucket):
         # Nothing is held open between calls.
         with self._etags_lock:
             self._etags.clear()
+
+    async def _housekeep_if_due(self, key: str) -> None:
+        """The open's writes, put off by :meth:`open`: before the first write after it.
+
+        Raises what they meet (the outage is still on: the write would fail
+        the same way); the next write tries again.
+        """
+        if self._housekeeping_due:
+            await self._in_thread(self._housekeep, key=key)
+            self._housekeeping_due = False
+            log.info("%s takes writes again", self.describe())
 
     # -- thread boundary ------------------------------------------------------
 
@@ -175,12 +209,12 @@ class LocalBucket(Bucket):
         except OSError as exc:
             raise self._translate(exc, key) from exc
 
-    def _translate(self, exc: OSError, key: str | None) -> BucketError:
+    def _translate(self, exc: OSError, key: str | None, what: str = "") -> BucketError:
         if exc.errno == errno.ENOENT and (lost := self._layout_lost()) is not None:
             # Recreating the layout would start a new, empty bucket under a
             # writer's feet: say so, and let the writer stop.
             return lost
-        what = f"key {key!r}" if key is not None else "listing"
+        what = what or (f"key {key!r}" if key is not None else "listing")
         detail = exc.strerror or str(exc)
         name = errno.errorcode.get(exc.errno) if exc.errno is not None else None
         if name:
@@ -202,9 +236,25 @@ class LocalBucket(Bucket):
 
     # -- blocking parts (worker threads only) -----------------------------------
 
-    def _prepare(self, create: bool) -> None:
+    def _prepare(self, create: bool) -> BucketError | None:
+        """Check (or make) the layout and keep house; the outage that put it off, if any."""
         if not self._objects.is_dir():
             self._check_new_root(create)
+            self._housekeep()  # a new bucket's layout: made now or not at all
+            return None
+        try:
+            self._housekeep()
+        except OSError as exc:
+            error = self._translate(exc, None, "opening")
+            if isinstance(error, BucketUnavailable | AccessDenied) and not isinstance(
+                error, BucketGone
+            ):
+                return error
+            raise error from exc
+        return None
+
+    def _housekeep(self) -> None:
+        """Make the layout's directories and lock file, and remove stale files of ``tmp/``."""
         for directory in (self._root, self._objects, self._tmp):
             self._makedirs(directory)
         fd = os.open(self._lock_path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)

@@ -16,7 +16,8 @@ in :mod:`edge_gateway.format.logobject` and ``docs/log-object.md``
   :class:`~edge_gateway.errors.MissingKey` for an id it lacks.
 
 ``cryptography`` is an optional dependency (``pip install 'edgegw[encryption]'``),
-imported only when a key is used.
+imported only when a config names keys (:func:`require_cryptography`, at load)
+or a key is used.
 """
 
 from __future__ import annotations
@@ -47,15 +48,32 @@ assert NONCE_BYTES + TAG_BYTES == SEAL_OVERHEAD
 _HKDF_PREFIX: Final = b"edgegw log object key v1|"
 
 
+_NEEDS_CRYPTOGRAPHY: Final = (
+    "needs the 'cryptography' package, which is not installed: pip install 'edgegw[encryption]'"
+)
+
+
+def require_cryptography(what: str = "encryption") -> None:
+    """Raise :class:`ConfigError` (naming ``what`` and the extra) unless ``cryptography`` imports.
+
+    Called when a config names keys (:class:`~edge_gateway.encryption.EncryptionConfig`),
+    so a gateway without the extra stops at load, not at its first sealed object.
+    """
+    try:
+        from cryptography.hazmat.primitives import hashes  # noqa: F401
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM  # noqa: F401
+        from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand  # noqa: F401
+    except ImportError:
+        raise ConfigError(f"{what} {_NEEDS_CRYPTOGRAPHY}") from None
+
+
 def _aead(key: bytes, context: bytes) -> AESGCM:
     try:
         from cryptography.hazmat.primitives import hashes
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
         from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
-    except ImportError:  # pragma: no cover - the extra is installed in tests
-        raise ConfigError(
-            "encryption needs the 'cryptography' package: pip install 'edgegw[encryption]'"
-        ) from None
+    except ImportError:
+        raise ConfigError(f"encryption {_NEEDS_CRYPTOGRAPHY}") from None
     derived = HKDFExpand(hashes.SHA256(), KEY_BYTES, _HKDF_PREFIX + context).derive(key)
     return AESGCM(derived)
 

@@ -384,6 +384,12 @@ def _check_block(b: BlockIndex, where: str, overhead: int = 0) -> None:
         )
 
 
+def validate_block(b: BlockIndex, *, where: str) -> None:
+    """Check one index entry of an unencrypted block on its own (ranges, counts,
+    timestamps, codec, sizes): the rules :func:`decode_header` applies to each."""
+    _check_block(b, where)
+
+
 def validate_header(header: LogObjectHeader, *, where: str) -> None:
     """Check every rule of the format that does not need the bytes.
 
@@ -869,6 +875,35 @@ def _compressor(level: int, threads: int) -> contextlib.AbstractContextManager[z
     return pool.lend()
 
 
+def lend_compressor(
+    level: int = DEFAULT_LEVEL, threads: int = 0
+) -> contextlib.AbstractContextManager[zstd.ZstdCompressor]:
+    """A pooled zstd compressor for :func:`compress_block`, lent for the ``with``.
+
+    The same pool :meth:`LogObjectBuilder.build` borrows from, so the journal's
+    at-rest encoder (``format/atrest.py``) and the builder share contexts.
+    """
+    if not _int_in(level, _MIN_LEVEL, zstd.MAX_COMPRESSION_LEVEL):
+        raise InvalidInput(f"zstd level must be within {_MIN_LEVEL}..22, got {level!r}")
+    if not _int_in(threads, -1, 256):
+        raise InvalidInput(f"threads must be within -1..256, got {threads!r}")
+    return _compressor(level, threads)
+
+
+def compress_block(cctx: zstd.ZstdCompressor, raw: Buffer) -> tuple[bytes, int]:
+    """A block's stored payload and codec: one zstd frame, or ``raw`` itself when
+    zstd does not make it smaller (the one rule of the format, "Codecs").
+
+    Every writer of blocks calls this: the log-object builder and the at-rest
+    segment encoder, so a block compressed at rest is byte for byte the block
+    the builder would ship for the same batches at the same level.
+    """
+    packed = cctx.compress(raw)
+    if len(packed) >= len(raw):
+        return bytes(raw), CODEC_NONE
+    return packed, CODEC_ZSTD
+
+
 @contextlib.contextmanager
 def _block_input(batches: list[bytes | memoryview]) -> Iterator[bytes | memoryview]:
     """A block's batches as one buffer, valid inside the ``with``.
@@ -900,6 +935,31 @@ class _Slice:
     min_ts: int
     max_ts: int
     raw_length: int
+    #: A block already compressed (:meth:`LogObjectBuilder.add_stored`): no batches.
+    stored: StoredBlock | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlock:
+    """A compressed block as a journal keeps it at rest (``format/atrest.py``):
+    what an index entry says of it besides its place, and its payload (the
+    stored bytes of an unencrypted block: one zstd frame, or the raw batches)."""
+
+    first_offset: int
+    last_offset: int
+    min_ts: int
+    max_ts: int
+    raw_length: int
+    codec: int
+    payload: bytes
+    #: record batches in it (for the builder's counts)
+    batches: int
+    #: a batch in it has the batch flag NULLS (the object then sets FLAG_NULLS)
+    nulls: bool = False
+
+    @property
+    def record_count(self) -> int:
+        return self.last_offset - self.first_offset + 1
 
 
 class LogObjectBuilder:
@@ -995,7 +1055,11 @@ class LogObjectBuilder:
         # never holds half of a call's batches.
         for data, h in checked:
             cur = slices[-1] if slices else None
-            if cur is None or cur.raw_length + h.length > self._max_block_bytes:
+            if (
+                cur is None
+                or cur.stored is not None
+                or cur.raw_length + h.length > self._max_block_bytes
+            ):
                 slices.append(
                     _Slice(
                         [data],
@@ -1017,6 +1081,64 @@ class LogObjectBuilder:
         self._batch_count += len(checked)
         self._record_count += sum(h.count for _, h in checked)
         if any(h.flags & _batch.FLAG_NULLS for _, h in checked):
+            self._nulls = True
+
+    def add_stored(self, topic: str, partition: int, block: StoredBlock) -> None:
+        """Add a block compressed at rest, to be shipped as it is (no recompression).
+
+        It becomes one block of the object (codec, payload and sizes as given);
+        its offsets must continue the partition's, as for :meth:`add`. The
+        payload is checked against the block's sizes and codec here; its
+        batches were checked when the journal compressed them.
+        """
+        validate_topic(topic)
+        if not _int_in(partition, 0, _U32_MAX):
+            raise InvalidInput(f"partition must be an int in 0..{_U32_MAX}, got {partition!r}")
+        probe = BlockIndex(
+            topic,
+            partition,
+            block.first_offset,
+            block.last_offset,
+            block.record_count,
+            block.min_ts,
+            block.max_ts,
+            0,
+            len(block.payload),
+            block.raw_length,
+            block.codec,
+            0,
+        )
+        try:
+            _check_block(probe, "stored block")
+        except CorruptData as exc:
+            raise InvalidInput(exc.reason) from None
+        if block.codec == CODEC_ZSTD and bytes(block.payload[:4]) != _ZSTD_MAGIC:
+            raise InvalidInput("a zstd block's payload is not a zstd frame")
+        if block.batches < 1:
+            raise InvalidInput("a stored block holds at least one batch")
+        slices = self._slices.get((topic, partition), [])
+        expected = slices[-1].next_offset if slices else None
+        if expected is not None and block.first_offset != expected:
+            raise InvalidInput(
+                f"{topic}/{partition}: block at offset {block.first_offset}, expected {expected} "
+                "(offsets of a partition must be contiguous)"
+            )
+        slices.append(
+            _Slice(
+                [],
+                block.first_offset,
+                block.last_offset + 1,
+                block.min_ts,
+                block.max_ts,
+                block.raw_length,
+                block,
+            )
+        )
+        self._slices[(topic, partition)] = slices
+        self._raw_bytes += block.raw_length
+        self._batch_count += block.batches
+        self._record_count += block.record_count
+        if block.nulls:
             self._nulls = True
 
     def build(
@@ -1098,12 +1220,14 @@ class LogObjectBuilder:
         with _compressor(level, threads) as cctx:
             for topic, partition in keys:
                 for s in self._slices[(topic, partition)]:
-                    with _block_input(s.batches) as raw:
-                        packed = cctx.compress(raw)
-                        codec = CODEC_ZSTD
-                        if len(packed) >= len(raw):
-                            packed, codec = bytes(raw), CODEC_NONE
-                        raw_length = len(raw)
+                    if s.stored is not None:
+                        # Compressed at rest (format/atrest.py): shipped as stored.
+                        packed, codec = s.stored.payload, s.stored.codec
+                        raw_length = s.raw_length
+                    else:
+                        with _block_input(s.batches) as raw:
+                            packed, codec = compress_block(cctx, raw)
+                            raw_length = len(raw)
                     index = BlockIndex(
                         topic,
                         partition,

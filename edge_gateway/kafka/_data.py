@@ -22,7 +22,7 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format.kafka_batch import KafkaRecord, UnsupportedCompression, decode_batches
 from edge_gateway.idempotence import ProducerSeq
 from edge_gateway.kafka._handlers import topic_id
-from edge_gateway.kafka._protocol import RequestFrame
+from edge_gateway.kafka._protocol import OversizedProduce, RequestFrame, build, response_class
 from edge_gateway.kafka._records import encode_fetch_batches, to_batch
 from edge_gateway.kafka._registry import Connection, error_for, register, response_for
 
@@ -199,6 +199,35 @@ async def produce(conn: Connection, req: RequestFrame) -> Any:
                     server.count_error(pr["error_code"])
         return None
     return response
+
+
+def too_large(conn: Connection, req: OversizedProduce) -> Any:
+    """The answer to a Produce over ``kafka.max_request_bytes``: ``MESSAGE_TOO_LARGE``
+    for each of its partitions, as a Kafka broker answers a batch over
+    ``message.max.bytes`` (None for ``acks=0``, whose errors are only counted)."""
+    message = (
+        f"the produce request is {req.size} bytes, over this gateway's limit of {req.limit} "
+        "(kafka.max_request_bytes): send smaller batches (the producer's message.max.bytes, "
+        "batch.size or max.request.size below the limit), or raise kafka.max_request_bytes"
+    )
+    body = [
+        {
+            "name": name,
+            "partition_responses": [
+                _partition_error(p, ErrorCode.message_too_large, message) for p in partitions
+            ],
+        }
+        for name, partitions in req.topics
+    ]
+    if req.acks == 0:
+        server = conn.gateway.kafka_server
+        if server is not None:
+            for _ in range(sum(len(partitions) for _, partitions in req.topics)):
+                server.count_error(ErrorCode.message_too_large)
+        return None
+    return build(
+        response_class(PRODUCE_KEY, req.api_version), {"responses": body, "throttle_time": 0}
+    )
 
 
 # ------------------------------------------------------------------ Fetch

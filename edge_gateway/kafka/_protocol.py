@@ -7,7 +7,12 @@ What this module adds is the part kio leaves to the caller:
 * **Framing** (:class:`FrameReader`): a request is a 4-byte big-endian size
   and that many bytes. A size above the limit (or negative) is refused before
   any of the frame is buffered, so memory per connection is bounded by the
-  limit.
+  limit -- except a Produce (its 8-byte header says so, and a size up to
+  1 GiB): it is read through without keeping its records
+  (:class:`OversizedProduce`), so that it
+  can be answered ``MESSAGE_TOO_LARGE`` per partition, as a Kafka broker
+  answers a batch over ``message.max.bytes``, instead of a closed connection
+  that a client reports as a network or TLS problem.
 * **Headers**: the request header is v1 for a non-flexible request version
   and v2 for a flexible one (tagged fields); the response header v0/v1 alike,
   except that ApiVersions always answers with header v0 (a client that does
@@ -33,7 +38,7 @@ import functools
 import io
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -62,6 +67,7 @@ from kio.serial.errors import SerialError
 __all__ = [
     "API_VERSIONS_KEY",
     "FrameReader",
+    "OversizedProduce",
     "ProtocolError",
     "RequestFrame",
     "UnsupportedVersion",
@@ -74,6 +80,15 @@ __all__ = [
 ]
 
 API_VERSIONS_KEY: Final = 18
+PRODUCE_KEY: Final = 0
+#: Produce versions whose layout :func:`_produce_outline` reads (v13 names
+#: topics by id).
+_OUTLINE_VERSIONS: Final = (3, 12)
+#: Oversized frames up to this size (the largest ``kafka.max_request_bytes``
+#: allowed) may be read through; a larger size is nonsense, refused at once.
+_MAX_READ_THROUGH: Final = 1 << 30
+#: Partitions an oversized Produce may name (its outline is kept in memory).
+_OUTLINE_MAX_PARTITIONS: Final = 100_000
 
 #: Bytes of the size prefix of every frame.
 SIZE_BYTES: Final = 4
@@ -93,17 +108,185 @@ class UnsupportedVersion(ProtocolError):
         self.correlation_id = correlation_id
 
 
+@dataclass(frozen=True, slots=True)
+class OversizedProduce:
+    """A Produce request over the frame limit, read through without its records:
+    what it takes to answer it ``MESSAGE_TOO_LARGE`` for each of its partitions."""
+
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    acks: int
+    #: (topic, partition indexes) in request order
+    topics: tuple[tuple[str, tuple[int, ...]], ...]
+    #: the frame's size and the limit it broke
+    size: int
+    limit: int
+
+
+#: What an outline reader asks for: (bytes, keep them?); kept bytes are sent back.
+_Want = tuple[int, bool]
+_Outline = Generator[_Want, bytes, Any]
+
+
+def _int(n: int) -> _Outline:
+    data = yield n, True
+    return int.from_bytes(data, "big", signed=True)
+
+
+def _uvarint() -> _Outline:
+    value = 0
+    for shift in range(0, 35, 7):
+        (b,) = yield 1, True
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value
+    raise ProtocolError("a varint longer than 5 bytes")
+
+
+def _length(flexible: bool, width: int) -> _Outline:
+    """A string's, bytes' or array's length (-1: null), compact when ``flexible``."""
+    if flexible:
+        return (yield from _uvarint()) - 1
+    return (yield from _int(width))
+
+
+def _string(flexible: bool) -> _Outline:
+    n = yield from _length(flexible, 2)
+    if n <= 0:
+        return None if n < 0 else ""
+    if n > 0x7FFF:  # Kafka's strings have an int16 length, compact ones too
+        raise ProtocolError(f"a string of {n} bytes")
+    data = yield n, True
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        raise ProtocolError("a string that is not UTF-8") from None
+
+
+def _skip(n: int) -> _Outline:
+    if n > 0:
+        yield n, False
+
+
+def _tagged_fields() -> _Outline:
+    for _ in range((yield from _uvarint())):
+        yield from _uvarint()  # tag
+        yield from _skip((yield from _uvarint()))
+
+
+def _produce_outline(version: int) -> _Outline:
+    """Read a Produce request (after its fixed 8 header bytes) for its topics and
+    partitions, skipping the records: returns ``(client_id, acks, topics)``."""
+    flexible = version >= 9
+    client_id = yield from _string(False)  # the header's client id is never compact
+    if flexible:
+        yield from _tagged_fields()
+    yield from _string(flexible)  # transactional_id
+    acks = yield from _int(2)
+    yield from _int(4)  # timeout_ms
+    topics = []
+    count = 0
+    for _ in range(max(0, (yield from _length(flexible, 4)))):
+        name = yield from _string(flexible)
+        partitions = []
+        for _ in range(max(0, (yield from _length(flexible, 4)))):
+            count += 1
+            if count > _OUTLINE_MAX_PARTITIONS:
+                raise ProtocolError(f"a produce request of over {count - 1} partitions")
+            partitions.append((yield from _int(4)))
+            yield from _skip((yield from _length(flexible, 4)))  # the records
+            if flexible:
+                yield from _tagged_fields()
+        if flexible:
+            yield from _tagged_fields()
+        topics.append((name or "", tuple(partitions)))
+    if flexible:
+        yield from _tagged_fields()
+    return client_id, acks, tuple(topics)
+
+
+class _OutlineReader:
+    """Drive :func:`_produce_outline` over the rest of a ``size``-byte frame fed in
+    pieces: kept bytes are buffered only as far as a field asks, records are skipped."""
+
+    def __init__(self, outline: _Outline, size: int) -> None:
+        self._outline = outline
+        self._left = size  # bytes of the frame not consumed yet
+        self._kept = bytearray()
+        self._have = 0
+        self.result: Any = None
+        self._want: _Want | None = None
+        self._advance(None)
+
+    def _advance(self, data: bytes | None) -> None:
+        try:
+            want = self._outline.send(data) if data is not None else next(self._outline)
+        except StopIteration as stop:
+            self.result, self._want = stop.value, None
+            return
+        if want[0] > self._left:
+            raise ProtocolError(f"a field of {want[0]} bytes in the {self._left} left of the frame")
+        self._want = want
+
+    @property
+    def done(self) -> bool:
+        return self._left == 0
+
+    def feed(self, data: bytes | bytearray) -> int:
+        """Consume what of ``data`` belongs to the frame; returns the bytes used."""
+        with memoryview(data) as whole:
+            view = whole[: self._left]
+            try:
+                pos = 0
+                while pos < len(view):
+                    if self._want is None:
+                        # Read: whatever else the frame holds is skipped.
+                        self._left -= len(view) - pos
+                        pos = len(view)
+                        break
+                    n, keep = self._want
+                    take = min(n - self._have, len(view) - pos)
+                    if keep:
+                        self._kept += view[pos : pos + take]
+                    self._have += take
+                    pos += take
+                    self._left -= take
+                    if self._have == n:
+                        kept, self._kept, self._have = bytes(self._kept), bytearray(), 0
+                        self._advance(kept)
+                return pos
+            finally:
+                view.release()
+
+    def outcome(self) -> Any:
+        if self._want is not None:
+            raise ProtocolError("the produce request ends inside a field")
+        return self.result
+
+
 class FrameReader:
     """Split a byte stream into request frames (sans-IO: feed bytes, take frames).
 
     ``max_frame`` bounds one frame; a larger (or negative) size prefix raises
-    :class:`ProtocolError` at once, before the body is read.
+    :class:`ProtocolError` before the body is read -- unless its first 8 bytes
+    are a Produce header (``produce_versions``, default the versions
+    :func:`_produce_outline` reads): then the frame is read through, keeping
+    only its topics and partitions, and :meth:`next_frame` returns an
+    :class:`OversizedProduce` in its place. A size over 1 GiB (or negative) is
+    refused at once, without waiting for a header.
     """
 
-    def __init__(self, max_frame: int) -> None:
+    def __init__(self, max_frame: int, produce_versions: tuple[int, int] | None = None) -> None:
         self.max_frame = max_frame
+        lo, hi = produce_versions or _OUTLINE_VERSIONS
+        self._produce_versions = (max(lo, _OUTLINE_VERSIONS[0]), min(hi, _OUTLINE_VERSIONS[1]))
         self._buf = bytearray()
         self._need: int | None = None
+        self._oversized: tuple[_OutlineReader, int, int, int] | None = None
+        #: Read an oversized Produce through (False: refuse it like any frame,
+        #: e.g. before SASL authentication, when nothing may be answered).
+        self.read_oversized_produce = True
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         self._buf += data
@@ -112,12 +295,24 @@ class FrameReader:
     def buffered(self) -> int:
         return len(self._buf)
 
-    def next_frame(self) -> bytes | None:
-        """The next whole frame (without its size), or None until more bytes arrive."""
+    def next_frame(self) -> bytes | OversizedProduce | None:
+        """The next whole frame (without its size), an :class:`OversizedProduce`
+        read through, or None until more bytes arrive."""
+        if self._oversized is not None:
+            return self._read_oversized()
         if self._need is None:
             if len(self._buf) < SIZE_BYTES:
                 return None
             size = int.from_bytes(self._buf[:SIZE_BYTES], "big", signed=True)
+            if size > self.max_frame and 8 <= size <= _MAX_READ_THROUGH:
+                if self.read_oversized_produce and len(self._buf) < SIZE_BYTES + 8:
+                    return None  # its header tells whether it is a Produce
+                if self._is_produce():
+                    _, version, correlation_id = peek_header(self._buf[SIZE_BYTES : SIZE_BYTES + 8])
+                    del self._buf[: SIZE_BYTES + 8]
+                    outline = _OutlineReader(_produce_outline(version), size - 8)
+                    self._oversized = (outline, version, correlation_id, size)
+                    return self._read_oversized()
             if size < 0 or size > self.max_frame:
                 raise ProtocolError(
                     f"frame of {size} bytes refused (limit kafka.max_request_bytes = "
@@ -132,6 +327,26 @@ class FrameReader:
         self._need = None
         return frame
 
+    def _is_produce(self) -> bool:
+        """Whether the oversized frame buffered is a Produce this reader reads through."""
+        if not self.read_oversized_produce:
+            return False
+        api_key, api_version, _ = peek_header(self._buf[SIZE_BYTES : SIZE_BYTES + 8])
+        lo, hi = self._produce_versions
+        return api_key == PRODUCE_KEY and lo <= api_version <= hi
+
+    def _read_oversized(self) -> OversizedProduce | None:
+        assert self._oversized is not None
+        outline, api_version, correlation_id, size = self._oversized
+        del self._buf[: outline.feed(self._buf)]
+        if not outline.done:
+            return None
+        self._oversized = None
+        client_id, acks, topics = outline.outcome()
+        return OversizedProduce(
+            api_version, correlation_id, client_id, acks, topics, size, self.max_frame
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class RequestFrame:
@@ -144,7 +359,7 @@ class RequestFrame:
     request: Any
 
 
-def peek_header(frame: bytes) -> tuple[int, int, int]:
+def peek_header(frame: bytes | bytearray) -> tuple[int, int, int]:
     """(api key, api version, correlation id): the fixed start of every request header."""
     if len(frame) < 8:
         raise ProtocolError(f"request of {len(frame)} bytes is shorter than a request header")

@@ -31,10 +31,12 @@ from kio.schema.errors import ErrorCode
 from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD, server_context
 from edge_gateway.api._tlsstream import TlsStream
 from edge_gateway.gateway import Gateway
+from edge_gateway.kafka._data import PRODUCE_KEY, too_large
 from edge_gateway.kafka._handlers import api_versions_body
 from edge_gateway.kafka._protocol import (
     API_VERSIONS_KEY,
     FrameReader,
+    OversizedProduce,
     ProtocolError,
     UnsupportedVersion,
     api_name,
@@ -289,9 +291,10 @@ async def _serve_connection(
             tls=tls is not None,
             authenticated=not gateway.config.api.token,
         )
-        reader = FrameReader(cfg.max_request_bytes)
+        reader = FrameReader(cfg.max_request_bytes, supported_versions()[PRODUCE_KEY])
         first = True
         while True:
+            reader.read_oversized_produce = conn.authenticated
             try:
                 frame = reader.next_frame()
             except ProtocolError as exc:
@@ -316,7 +319,10 @@ async def _serve_connection(
                 first = False
                 reader.feed(data)
                 continue
-            out = await _dispatch(server, conn, frame)
+            if isinstance(frame, OversizedProduce):
+                out = _answer_too_large(server, conn, frame)
+            else:
+                out = await _dispatch(server, conn, frame)
             if out is None:
                 continue
             payload, close = out
@@ -327,6 +333,27 @@ async def _serve_connection(
                     return
             if close:
                 return
+
+
+def _answer_too_large(
+    server: KafkaServer, conn: Connection, req: OversizedProduce
+) -> tuple[bytes, bool] | None:
+    """Answer a Produce over the frame limit (read through) with MESSAGE_TOO_LARGE."""
+    server.requests[api_name(PRODUCE_KEY)] += 1
+    conn.client_id = req.client_id
+    log.info(
+        "kafka: %s: produce v%d of %d bytes, over kafka.max_request_bytes (%d): "
+        "answered MESSAGE_TOO_LARGE",
+        conn.peer,
+        req.api_version,
+        req.size,
+        req.limit,
+    )
+    response = too_large(conn, req)
+    if response is None:
+        return None
+    _count_errors(server, response)
+    return encode_response(req.correlation_id, response), False
 
 
 async def _dispatch(

@@ -616,6 +616,11 @@ def retry_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float
 
     Equal rather than full jitter: a quarantined entry must not be retried
     at once by a draw near zero.
+
+    Superseded by :class:`edge_gateway.backoff.Backoff` (full jitter, with a
+    floor where "at once" is wrong); kept only because
+    ``edge_gateway/metadata/agent.py`` still imports it. Remove it when that
+    import goes (the fleet-scale branch moves the agent to ``Backoff``).
     """
     ceiling = min(cap_s, base_s * (2.0 ** min(attempt, 62)))
     return ceiling * (0.5 + 0.5 * rand)

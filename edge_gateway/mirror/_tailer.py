@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 import trio
 
 from edge_gateway._trio import wait_set
+from edge_gateway.backoff import Backoff
 from edge_gateway.bucket import (
     AccessDenied,
     Bucket,
@@ -83,7 +84,6 @@ from edge_gateway.mirror._plan import (
     PollSchedule,
     SourceGap,
     SourceState,
-    retry_delay,
 )
 from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
@@ -394,7 +394,14 @@ class Tailer:
         self._status = "starting"
         self._stopped_by: str | None = None
         self._quarantine: dict[str, QuarantinedEntry] = {}
-        self._quarantine_attempt = 0
+        # Full jitter above a floor of the base: a quarantined entry is never
+        # re-read a moment after it was refused (docs/protocol.md, "Retry waits").
+        self._quarantine_backoff = Backoff(
+            self.config.quarantine_retry_base_s,
+            self.config.quarantine_retry_cap_s,
+            floor_s=self.config.quarantine_retry_base_s,
+            rng=self._rand.random,
+        )
         self._gaps: deque[Gap] = deque(maxlen=_MAX_GAPS_KEPT)
         #: Per source topic: records the source declared dropped (gap markers), this run.
         self._dropped_records: dict[str, int] = {}
@@ -510,7 +517,7 @@ class Tailer:
         """
         task_status.started()
         cfg = self.config
-        unavailable = 0
+        unavailable = Backoff(cfg.retry_base_s, cfg.retry_cap_s, rng=self._rand.random)
         while True:
             self._pulls_started += 1
             generation = self._pulls_started
@@ -527,10 +534,7 @@ class Tailer:
                 self._pull_ended(generation, str(exc))
                 self._retries += 1
                 self._last_error = str(exc)
-                delay = retry_delay(
-                    unavailable, cfg.retry_base_s, cfg.retry_cap_s, self._rand.random()
-                )
-                unavailable += 1
+                delay = unavailable.next_delay()
                 if isinstance(exc, MissingKey):
                     # Waits for a person to add the key: an ERROR when it
                     # starts (or names another key), backoff up to the cap.
@@ -560,13 +564,7 @@ class Tailer:
                 self._pull_ended(generation, f"entry {self._state.next_seq} is quarantined: {exc}")
                 self._status = "quarantined"
                 self._last_error = str(exc)
-                delay = retry_delay(
-                    self._quarantine_attempt,
-                    cfg.quarantine_retry_base_s,
-                    cfg.quarantine_retry_cap_s,
-                    self._rand.random(),
-                )
-                self._quarantine_attempt += 1
+                delay = self._quarantine_backoff.next_delay()
                 log.warning(
                     "mirror %s: entry %d stays quarantined; next attempt in %.1fs",
                     self.source,
@@ -575,7 +573,7 @@ class Tailer:
                 )
                 await trio.sleep(delay)
                 continue
-            unavailable = 0
+            unavailable.reset()
             self._last_error = None
             self._missing_key = None
             self._denial.cleared()
@@ -762,7 +760,7 @@ class Tailer:
         if self._quarantine:  # whatever was bad (an entry, the boundary) read fine now
             log.info("mirror %s: quarantine cleared", self.source)
             self._quarantine.clear()
-            self._quarantine_attempt = 0
+            self._quarantine_backoff.reset()
             self._status = "following"
         self._known_head = max(self._known_head, self._state.next_seq - 1)
         return processed
@@ -1065,7 +1063,8 @@ class Tailer:
                         "mirror %s: %s applied after %d attempts", self.source, key, q.attempts
                     )
                     del self._quarantine[key]
-            self._quarantine_attempt = 0 if not self._quarantine else self._quarantine_attempt
+            if not self._quarantine:
+                self._quarantine_backoff.reset()
         self._entries += 1
         self._entries_behind()  # notes the moment the mirror catches up
         if info.planned:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from edge_gateway.backoff import Backoff
 from edge_gateway.config import MqttIngestConfig, MqttPublishConfig, _MqttBroker
 from edge_gateway.errors import ConfigError, InvalidInput, Unavailable, UnknownTopic
 from edge_gateway.failpoints import fail_point
@@ -148,18 +149,18 @@ async def _connect_retrying(
     """:func:`_connect` until it works: a broker away is expected, not a task failure.
 
     Each new reason is reported once (``report`` logs it and shows it in
-    status); the attempts back off from 1 s to 30 s.
+    status); the attempts back off from 1 s to 30 s with full jitter (the
+    report names the ceiling, not the draw, so it changes only as that grows).
     """
-    delay = 1.0
+    backoff = Backoff(1.0, 30.0)
     while True:
         try:
             await _connect(client, cfg, persistent=persistent, receive_max=receive_max)
         except Unavailable as exc:
-            report(f"{exc} (retrying in {delay:.0f} s at most)")
+            report(f"{exc} (retrying in {backoff.ceiling_s:.0f} s at most)")
         else:
             return
-        await trio.sleep(delay)
-        delay = min(delay * 2, 30.0)
+        await trio.sleep(backoff.next_delay())
 
 
 async def _stop(client: paho_client.Client) -> None:
@@ -539,7 +540,7 @@ class MqttIngest:
         written and only the rest is retried (nothing is journaled twice).
         """
         st, gw, topic = self._stats, self.gateway, self.cfg.topic
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         groups: list[tuple[int, list[Any]]] | None = None
         while True:
             try:
@@ -560,8 +561,7 @@ class MqttIngest:
                         st.state = "connected" if st.connected else "disconnected"
                     return
                 self._block("the journal refuses: it took part of a batch only", error=False)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            await trio.sleep(backoff.next_delay())
 
     def _block(self, reason: str, *, error: bool) -> None:
         st = self._stats

@@ -5,6 +5,8 @@ Nothing in the gateway imports this package; it needs the ``pipeline`` extra
 commands only. See ``docs/pipeline.md``.
 
 * :mod:`.plan` — which log-object slices hold the records of a seq range (no Spark);
+* :mod:`.bucketspec` — where the bucket is (picklable); reads go through
+  :class:`edge_gateway.bucket.SyncBucket`, the gateway's own backends;
 * :mod:`.source` — the ``edgegw`` Spark data source (Arrow batches);
 * :mod:`.session` — a Spark session set up for the pipeline;
 * :mod:`.job` — ``edgegw pipeline run``: incremental, exactly-once commits;

@@ -25,8 +25,8 @@ from edge_gateway.format.batch import (
 from edge_gateway.pipeline.plan import slice_opener
 
 if TYPE_CHECKING:
+    from edge_gateway.bucket import SyncBucket
     from edge_gateway.format.crypt import Keyring
-    from edge_gateway.pipeline._store import BucketReader
     from edge_gateway.pipeline.plan import ObjectSlice
 
 HEADER_TYPE: Final = pa.struct([("key", pa.string()), ("value", pa.binary())])
@@ -178,7 +178,7 @@ def block_to_arrow(
 
 
 def read_blocks(
-    reader: BucketReader,
+    bucket: SyncBucket,
     slices: Sequence[ObjectSlice],
     *,
     verify: bool = True,
@@ -194,7 +194,7 @@ def read_blocks(
     for s in slices:
         opener = slice_opener(s, keyring)
         ranges = logobject.plan_ranges(s, lambda _t, _p: True)
-        fetched = [(start, reader.get(s.key, start, stop)[0]) for start, stop in ranges]
+        fetched = [(start, bucket.get(s.key, start=start, end=stop).data) for start, stop in ranges]
         for b in s.blocks:
             stored = logobject.slice_block(b, fetched, where=s.key)
             raw = logobject.decode_block(b, stored, where=s.key, opener=opener)

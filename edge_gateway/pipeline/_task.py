@@ -41,7 +41,7 @@ import pyarrow.parquet as pq
 from edge_gateway.encryption import keyring_from_files
 from edge_gateway.pipeline._arrow import SCHEMA, from_numpy, read_blocks
 from edge_gateway.pipeline._json import JsonDecoder, decoder_for
-from edge_gateway.pipeline._store import BucketSpec
+from edge_gateway.pipeline.bucketspec import BucketSpec
 from edge_gateway.pipeline.plan import ObjectSlice
 
 #: the column a task adds: the UTC date of ``timestamp`` (the tables' first partition column)
@@ -128,7 +128,7 @@ def run_write_task(task: WriteTask) -> WriteResult:
     records = rejected = 0
     try:
         keyring = keyring_from_files(task.key_files) if task.key_files else None
-        blocks = read_blocks(task.bucket.open(), task.slices, verify=task.verify, keyring=keyring)
+        blocks = read_blocks(task.bucket.shared(), task.slices, verify=task.verify, keyring=keyring)
         for chunk in _chunks(blocks):
             table = pa.Table.from_batches(chunk, schema=SCHEMA)
             table = table.append_column(DATE, pc.cast(table.column("timestamp"), DATE.type))

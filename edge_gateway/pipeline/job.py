@@ -40,7 +40,6 @@ from typing import Any
 from edge_gateway.encryption import keyring_from_files
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.pipeline._json import decoder_for
-from edge_gateway.pipeline._store import BucketSpec
 from edge_gateway.pipeline._task import (
     BASE_COLUMNS,
     WriteResult,
@@ -48,6 +47,7 @@ from edge_gateway.pipeline._task import (
     run_write_task,
     staged_files,
 )
+from edge_gateway.pipeline.bucketspec import BucketSpec
 from edge_gateway.pipeline.plan import (
     ObjectSlice,
     PlannedGap,
@@ -121,8 +121,8 @@ def _tables(cfg: JobConfig, catalog: Any, topics: Iterable[str]) -> dict[str, Ta
 
 def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
     """What a run would read: per topic, per region, the seq range after the committed position."""
-    reader = cfg.bucket.open()
-    regions = list(cfg.regions) if cfg.regions else list_regions(reader, cfg.prefix)
+    bucket = cfg.bucket.shared()
+    regions = list(cfg.regions) if cfg.regions else list_regions(bucket, cfg.prefix)
     wanted_topics = set(cfg.topics) if cfg.topics else None
     known: dict[str, Table] = _tables(cfg, catalog, cfg.topics or ())
     # With a topic list, the read starts at the lowest position of those tables;
@@ -134,7 +134,7 @@ def plan_job(cfg: JobConfig, catalog: Any) -> tuple[JobPlan, dict[str, Table]]:
         else:
             first = 1
         region_plans[region] = plan_region(
-            reader,
+            bucket,
             region,
             first_seq=first,
             wanted=lambda t: wanted_topics is None or t in wanted_topics,

@@ -18,6 +18,7 @@ import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from edge_gateway.bucket import NotFound, SyncBucket
 from edge_gateway.errors import CorruptData, InvalidInput, MissingKey
 from edge_gateway.format import logobject
 from edge_gateway.format.crypt import Keyring
@@ -30,7 +31,6 @@ from edge_gateway.format.manifest import (
     parse_manifest_key,
 )
 from edge_gateway.names import validate_region
-from edge_gateway.pipeline._store import BucketReader, NotFoundError
 from edge_gateway.protocol.log import HeadSearch
 
 
@@ -149,12 +149,12 @@ def check_keys(plans: Iterable[RegionPlan], keyring: Keyring | None) -> None:
                 raise MissingKey(s.region, s.seal.key_id, where=s.key)
 
 
-def read_gc_boundary(reader: BucketReader, region: str, prefix: str = "") -> int:
+def read_gc_boundary(bucket: SyncBucket, region: str, prefix: str = "") -> int:
     """The highest seq ever deleted from the region's log (0 if none)."""
     key = gc_boundary_key(prefix, region)
     try:
-        data, _ = reader.get(key)
-    except NotFoundError:
+        data = bucket.get(key).data
+    except NotFound:
         return 0
     try:
         value = json.loads(data)["highest_deleted_seq"]
@@ -165,27 +165,28 @@ def read_gc_boundary(reader: BucketReader, region: str, prefix: str = "") -> int
     return value
 
 
-def read_log_header(reader: BucketReader, key: str) -> tuple[logobject.LogObjectHeader, int]:
+def read_log_header(bucket: SyncBucket, key: str) -> tuple[logobject.LogObjectHeader, int]:
     """The header of a log object and the object's size (one ranged GET, rarely two)."""
-    data, size = reader.get(key, 0, logobject.FIRST_GET_BYTES)
+    first = bucket.get(key, start=0, end=logobject.FIRST_GET_BYTES)
+    data = first.data
     need = logobject.header_length_hint(data[: logobject.PREFIX_BYTES], where=key)
     if need > len(data):
-        more, _ = reader.get(key, len(data), need)
-        data += more
-    return logobject.decode_header(data[:need], where=key, object_size=size), size
+        data += bucket.get(key, start=len(data), end=need).data
+    return logobject.decode_header(data[:need], where=key, object_size=first.size), first.size
 
 
-def find_head(reader: BucketReader, region: str, known: int = 0, prefix: str = "") -> int:
+def find_head(bucket: SyncBucket, region: str, known: int = 0, prefix: str = "") -> int:
     """The highest seq of the region's log (0 if empty), galloping HEADs above ``known``."""
     search = HeadSearch(known)
     while (probe := search.next_probe()) is not None:
-        search.record(probe, reader.exists(log_key(prefix, region, probe)))
+        search.record(probe, bucket.exists(log_key(prefix, region, probe)))
     return search.head
 
 
-def _manifests(reader: BucketReader, region: str, prefix: str) -> list[tuple[int, str]]:
+def _manifests(bucket: SyncBucket, region: str, prefix: str) -> list[tuple[int, str]]:
     out = []
-    for key in reader.list(manifest_prefix(prefix, region)):
+    for obj in bucket.list(manifest_prefix(prefix, region)):
+        key = obj.key
         try:
             _, last_seq = parse_manifest_key(key, prefix)
         except CorruptData:
@@ -195,7 +196,7 @@ def _manifests(reader: BucketReader, region: str, prefix: str) -> list[tuple[int
 
 
 def plan_region(
-    reader: BucketReader,
+    bucket: SyncBucket,
     region: str,
     *,
     first_seq: int = 1,
@@ -212,7 +213,7 @@ def plan_region(
     validate_region(region)
     if first_seq < 1 or (last_seq is not None and last_seq < 0):
         raise InvalidInput(f"bad seq range {first_seq}..{last_seq} for region {region}")
-    boundary = read_gc_boundary(reader, region, prefix)
+    boundary = read_gc_boundary(bucket, region, prefix)
     if first_seq <= boundary:
         if first_seq != 1:
             raise CorruptData(
@@ -222,13 +223,13 @@ def plan_region(
         first_seq = boundary + 1
     entries: dict[int, _Entry] = {}
     covered = boundary
-    for m_last, key in _manifests(reader, region, prefix):
+    for m_last, key in _manifests(bucket, region, prefix):
         if m_last < first_seq:
             covered = max(covered, m_last)  # exists (or was collected): a lower bound of the head
             continue
         if last_seq is not None and covered >= last_seq:
             break
-        data, _ = reader.get(key)
+        data = bucket.get(key).data
         manifest = Manifest.decode(data, where=key, region=region, last_seq=m_last)
         for e in manifest.entries:
             entries[e.seq] = _Entry(
@@ -236,7 +237,7 @@ def plan_region(
             )
         covered = max(covered, m_last)
     if last_seq is None:
-        last_seq = find_head(reader, region, covered, prefix)
+        last_seq = find_head(bucket, region, covered, prefix)
     # the epoch accepted before first_seq: from the manifest entries we hold
     epoch = max((e.epoch for s, e in entries.items() if s < first_seq), default=0)
     slices: list[ObjectSlice] = []
@@ -247,8 +248,8 @@ def plan_region(
         entry = entries.get(seq)
         if entry is None:
             try:
-                header, size = read_log_header(reader, key)
-            except NotFoundError:
+                header, size = read_log_header(bucket, key)
+            except NotFound:
                 raise CorruptData(
                     f"log entry {seq} of {region} is missing (plan up to {last_seq})", where=key
                 ) from None
@@ -279,12 +280,12 @@ def plan_region(
     return RegionPlan(region, first_seq, last_seq, tuple(slices), tuple(skipped), tuple(gaps))
 
 
-def list_regions(reader: BucketReader, prefix: str = "") -> list[str]:
+def list_regions(bucket: SyncBucket, prefix: str = "") -> list[str]:
     """Regions with a log or manifest in the bucket (one LIST of ``regions/``)."""
     base = f"{prefix.rstrip('/') + '/' if prefix else ''}regions/"
     out: set[str] = set()
-    for key in reader.list(base):
-        region = key[len(base) :].split("/", 1)[0]
+    for obj in bucket.list(base):
+        region = obj.key[len(base) :].split("/", 1)[0]
         try:
             out.add(validate_region(region))
         except InvalidInput:

@@ -22,7 +22,7 @@ with the gateway's own sans-IO code and yield one Arrow record batch per
 block. Bucket access (endpoint, credentials) travels in the options, so
 executors on other machines need nothing from the driver's environment.
 
-Options (all strings): ``bucket`` (required), ``endpoint_url``, ``s3_region``,
+Options (all strings): ``bucket`` (required), ``endpoint_url``, ``region``,
 ``access_key``, ``secret_key``, ``session_token``, ``path_style``,
 ``prefix`` (key layout prefix), ``regions``, ``topics`` (comma-separated),
 ``start_seq``/``end_seq`` (all regions) or ``ranges`` (JSON ``{region:
@@ -41,7 +41,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from edge_gateway.errors import InvalidInput
-from edge_gateway.pipeline._store import BucketSpec
+from edge_gateway.pipeline.bucketspec import BucketSpec
 from edge_gateway.pipeline.plan import ObjectSlice, list_regions, plan_region, split_slices
 
 NAME: Final = "edgegw"
@@ -143,20 +143,20 @@ class SlicePartition(InputPartition):
 
 def plan_partitions(opts: ReadOptions) -> list[list[ObjectSlice]]:
     """The read tasks of a read (runs on the driver)."""
-    reader = opts.bucket.open()
-    regions = opts.regions if opts.regions is not None else list_regions(reader, opts.prefix)
     topics = opts.topics
 
     def wanted(topic: str) -> bool:
         return topics is None or topic in topics
 
     slices: list[ObjectSlice] = []
+    bucket = opts.bucket.shared()
+    regions = opts.regions if opts.regions is not None else list_regions(bucket, opts.prefix)
     for region in regions:
         first, last = opts.ranges.get(region, (opts.start_seq, opts.end_seq))
         if last is not None and last < first:
             continue
         plan = plan_region(
-            reader, region, first_seq=first, last_seq=last, wanted=wanted, prefix=opts.prefix
+            bucket, region, first_seq=first, last_seq=last, wanted=wanted, prefix=opts.prefix
         )
         slices += plan.slices
     return list(
@@ -172,7 +172,7 @@ def read_slices(opts: ReadOptions, slices: Sequence[ObjectSlice]) -> Iterator[An
     from edge_gateway.pipeline._arrow import read_blocks
 
     keyring = keyring_from_files(opts.key_files) if opts.key_files else None
-    return read_blocks(opts.bucket.open(), slices, verify=opts.verify, keyring=keyring)
+    return read_blocks(opts.bucket.shared(), slices, verify=opts.verify, keyring=keyring)
 
 
 class EdgegwReader(DataSourceReader):

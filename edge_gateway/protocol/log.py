@@ -25,6 +25,10 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+# Re-exported only for the metadata client and agent of the fleet-scale
+# branch, which import it from here; they move to edge_gateway.backoff at the
+# merge of issue 43 step 4, and this line goes with it.
+from edge_gateway.backoff import Backoff as Backoff  # noqa: PLC0414 (a re-export)
 from edge_gateway.errors import CorruptData, Fenced
 
 
@@ -137,12 +141,6 @@ def classify_conflict(
     )
 
 
-def check_epoch(our_epoch: int, their_epoch: int, where: str) -> None:
-    """Raise :class:`Fenced` if an entry we read shows a higher epoch than ours."""
-    if their_epoch > our_epoch:
-        raise Fenced(f"{where} was written with epoch {their_epoch}, ours is {our_epoch}")
-
-
 @dataclass(slots=True)
 class ManifestSchedule:
     """When the next manifest is due: every ``interval_ms`` or ``max_entries`` entries."""
@@ -171,21 +169,3 @@ class ManifestSchedule:
         self.first_seq = last_seq + 1
         self.pending = 0
         self.last_written_ms = now_ms
-
-
-@dataclass(slots=True)
-class Backoff:
-    """Exponential backoff with full jitter (the AWS architecture-blog variant)."""
-
-    base_s: float = 0.1
-    cap_s: float = 30.0
-    attempt: int = 0
-
-    def next_delay(self, rand: float) -> float:
-        """The next delay for a uniform random ``rand`` in [0, 1)."""
-        ceiling = min(self.cap_s, self.base_s * (2.0**self.attempt))
-        self.attempt += 1
-        return ceiling * rand
-
-    def reset(self) -> None:
-        self.attempt = 0

@@ -378,3 +378,34 @@ def test_many_processes_opening_a_new_bucket_at_once_all_succeed(tmp_path: Path)
         for p in procs:
             _, err = p.communicate(timeout=60)
             assert p.returncode == 0, err.decode()
+
+
+async def test_an_existing_bucket_read_only_at_open_opens_and_writes_wait(small_fs: Path) -> None:
+    """Issue 41.4: EROFS at open (the lock file) is an outage, not a failed open."""
+    bucket = await LocalBucket.open(small_fs / "b", create=True)
+    await bucket.put("kept", b"k", if_none_match=True)
+    await bucket.aclose()
+    stale = small_fs / "b" / "tmp" / "stale.tmp"
+    stale.write_bytes(b"leftover")
+    os.utime(stale, (time.time() - 7200, time.time() - 7200))
+    (small_fs / "b" / "lock").unlink()
+    await trio.run_process(["mount", "-o", "remount,ro", str(small_fs)])
+    try:
+        ro = await LocalBucket.open(small_fs / "b")  # raised BucketUnavailable (EROFS: .../lock)
+        assert (await ro.get("kept")).data == b"k"
+        assert [i.key for i in await ro.list("")] == ["kept"]
+        for call in (
+            lambda: ro.put("new", b"n", if_none_match=True),
+            lambda: ro.delete("kept"),
+        ):
+            with pytest.raises(BucketUnavailable, match=r"EROFS"):
+                await call()
+        assert stale.exists()
+    finally:
+        await trio.run_process(["mount", "-o", "remount,rw", str(small_fs)])
+    # Writable again: the first write keeps house (lock file, stale tmp/ files), then lands.
+    await ro.put("new", b"n", if_none_match=True)
+    assert (small_fs / "b" / "lock").exists()
+    assert not stale.exists()
+    assert (await ro.get("new")).data == b"n"
+    await ro.aclose()

@@ -221,3 +221,31 @@ def test_restore_moves_every_lane_aside(tmp_path: Path) -> None:
     assert len(list(data.glob("journal.aside-*"))) == 1
     assert len(list(data.glob("journal-critical.aside-*"))) == 1
     assert not (data / "journal-critical").exists()
+
+
+def test_a_malformed_marker_warns_and_sync_and_restore_go_on(tmp_path: Path) -> None:
+    """Issue 41.3: a marker overwritten with garbage stopped sync/restore/reship at every site."""
+    bucket = shipped_bucket(tmp_path, records=30)
+    marker = bucket / "objects" / "edgegw-bucket.json"
+    marker.write_bytes(b"\x00 overwritten by a stolen key")
+    proc = run_edgegw(
+        "sync", "--data-dir", tmp_path / "site", "--region", SITE, "--bucket-dir", bucket
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    code, out, err = restore(tmp_path / "data", SITE, "--bucket-dir", bucket)
+    assert code == 0, err
+    assert "offsets continue from the bucket" in out
+    for stderr in (proc.stderr, err):
+        line = next(ln for ln in stderr.splitlines() if "edgegw-bucket.json" in ln)
+        assert "WARNING" in line, stderr
+        assert str(bucket) in line, line
+        assert "malformed" in line, line
+        assert "edgegw bucket mark" in line, line  # what to do
+    # The admin's command puts a valid marker back; then nothing warns.
+    mark = run_edgegw("bucket", "mark", "--bucket-dir", bucket)
+    assert mark.returncode == 0, mark.stderr
+    assert "replaced a malformed edgegw-bucket.json" in mark.stdout, mark.stdout
+    assert json.loads(marker.read_text())["format"] == "edgegw-bucket"
+    code, _, err = restore(tmp_path / "data2", SITE, "--bucket-dir", bucket)
+    assert code == 0, err
+    assert "edgegw-bucket.json" not in err, err

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
+import re
+import subprocess
+import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import trio
-from _cli_support import assert_one_line_failure, run_edgegw
+from _cli_support import EDGEGW, assert_one_line_failure, cli_env, run_edgegw
+from _serve import Fleet, TopicSpec
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
 from edge_gateway.format import logobject
@@ -28,6 +33,7 @@ from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.regionlog import find_head, latest_manifest, read_header
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 from edge_gateway.testing.ports import free_port
+from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy
 
 SITE = "north"
 TOPICS = {"telemetry": 3, "orders": 2}
@@ -229,3 +235,164 @@ def test_sync_refuses_bad_arguments(tmp_path: Path) -> None:
         "sync", "--data-dir", data, "--region", "no/such", "--bucket-dir", tmp_path / "b"
     )
     assert_one_line_failure(proc.returncode, proc.stderr, "region")
+
+
+def test_sync_beside_a_gateway_whose_bucket_is_away_fails_with_a_reason(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    # Issue 41, item 6: `edgegw sync` asked the running gateway and then waited
+    # without a word for as long as the bucket was away (136 s in one run).
+    # Like the one-shot sync on an unreachable store, it must end non-zero
+    # with a one-line reason, and ship everything once the bucket is back.
+    fleet = Fleet(
+        tmp_path / "fleet",
+        [SITE],
+        [TopicSpec("t", SITE, partitions=2)],
+        s3=(int(moto_endpoint.rsplit(":", 1)[1]), s3_bucket_name),
+        # Ships only when asked: what is pending at the sync is still pending.
+        per_region={SITE: {"shipper": {"flush_interval_ms": 600_000}}},
+    )
+    try:
+        g = fleet[SITE]
+        g.start()
+        with g.client() as c:
+            for i in range(5):
+                c.produce("t", [b"v%d" % i], ack="local")
+        fleet.proxies[SITE].set_mode("refuse")
+        t0 = time.monotonic()
+        proc = run_edgegw("sync", "--config", g.config, timeout=120)
+        took = time.monotonic() - t0
+        line = assert_one_line_failure(proc.returncode, proc.stderr, "bucket")
+        assert took < 30, (took, proc.stderr)
+        assert "unreachable" in line or "away" in line, line
+        assert "nothing is lost" in line, line
+        assert "run sync again" in line, line
+        assert "shipped " not in proc.stdout
+        assert g.running
+        # The link is back: the same command returns once all five are in the
+        # bucket (the gateway's own retry may have shipped them first).
+        fleet.proxies[SITE].set_mode("pass")
+        proc = run_edgegw("sync", "--config", g.config, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert summary(proc.stdout)
+        status = g.status()
+        assert status["shipper"]["pending_lsns"] == 0, status["shipper"]
+        (topic,) = [t for t in status["topics"] if t["name"] == "t"]
+        assert sum(p["unshipped"] for p in topic["partitions"]) == 0
+    finally:
+        codes = fleet.close()
+    assert codes[SITE] == 0, fleet[SITE].tail()
+
+
+def _bar_and_summary_objects(stdout: str) -> tuple[list[int], int]:
+    """The objects counts on the progress bar's lines, and the summary's."""
+    bars = [int(m[1]) for m in re.finditer(r"entries (\d+) objects,", stdout)]
+    m = re.match(r"shipped [\d,]+ records in (\d+) objects", summary(stdout))
+    assert m is not None, stdout
+    return bars, int(m[1])
+
+
+def test_the_progress_bar_and_the_summary_count_the_same_objects(tmp_path: Path) -> None:
+    # Issue 41, item 9: the bar said "3 objects" beside "shipped 2 records in 2
+    # objects" (the bar counted every object the gateway shipped since it
+    # started, the summary those of this sync).
+    data, bucket_dir = tmp_path / "data", tmp_path / "bucket"
+    journal_records(data, batches=2)
+    args = ["sync", "--data-dir", data, "--region", SITE, "--bucket-dir", bucket_dir]
+    for extra in (["--new-bucket"], []):  # the second run finds the fence of the first
+        journal_records(data, batches=1)
+        proc = run_edgegw(*args, *extra)
+        assert proc.returncode == 0, proc.stderr
+        bars, shipped = _bar_and_summary_objects(proc.stdout)
+        assert bars, proc.stdout
+        assert bars[-1] == shipped, proc.stdout
+
+    # Through a running gateway, which had shipped before this sync.
+    fleet = Fleet(
+        tmp_path / "fleet",
+        [SITE],
+        [TopicSpec("t", SITE, partitions=2)],
+        per_region={SITE: {"shipper": {"flush_interval_ms": 600_000}}},
+    )
+    try:
+        g = fleet[SITE]
+        g.start()
+        for round_ in range(2):
+            with g.client() as c:
+                c.produce("t", [b"a%d" % round_, b"b%d" % round_], ack="local")
+            proc = run_edgegw("sync", "--config", g.config, timeout=120)
+            assert proc.returncode == 0, proc.stderr
+            bars, shipped = _bar_and_summary_objects(proc.stdout)
+            assert shipped == 1, proc.stdout
+            assert bars, proc.stdout
+            assert bars[-1] == shipped, proc.stdout
+    finally:
+        codes = fleet.close()
+    assert codes[SITE] == 0, fleet[SITE].tail()
+
+
+def test_sync_ends_with_a_reason_when_the_bucket_goes_away_mid_way(
+    tmp_path: Path, moto_endpoint: str, s3_admin: Any, s3_bucket_name: str
+) -> None:
+    # Issue 41, item 6, the one-shot side: an unreachable store at the start
+    # ended the sync with a reason, but one lost in the middle of the backlog
+    # was retried for as long as it lasted. Both now end at the first failed
+    # attempt (as a sync through a running gateway does); nothing is lost.
+    data = tmp_path / "data"
+    j = Journal.open_sync(data / "journal", JournalConfig())
+    try:
+        for _ in range(40):  # ~1 MB that zstd cannot shrink
+            values = [os.urandom(1000) for _ in range(25)]
+            j.append_nowait("t", 0, encode_batch(values, timestamps=[1_700_000_000_000] * 25))
+    finally:
+        j.close_sync()
+    proxy = TcpProxy("127.0.0.1", int(moto_endpoint.rsplit(":", 1)[1])).start()
+    try:
+        proxy.set_shape(LinkShape(up_bytes_per_s=150_000))  # ~7 s for the backlog
+        proc = subprocess.Popen(
+            [
+                str(EDGEGW),
+                "sync",
+                "--data-dir",
+                str(data),
+                "--region",
+                SITE,
+                "--s3-bucket",
+                s3_bucket_name,
+                "--s3-endpoint",
+                proxy.url,
+                "--s3-path-style",
+                "--new-bucket",
+                "--flush-bytes",
+                str(64 * 1024),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=cli_env(),
+        )
+
+        def shipped() -> int:
+            listed = s3_admin.list_objects_v2(Bucket=s3_bucket_name, Prefix=f"regions/{SITE}/log/")
+            return len(listed.get("Contents", []))
+
+        deadline = time.monotonic() + 60
+        while shipped() < 3:  # the claim's fence and two objects: in the middle
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "nothing shipped"
+            time.sleep(0.05)
+        proxy.set_mode("refuse")
+        t0 = time.monotonic()
+        try:
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        took = time.monotonic() - t0
+    finally:
+        proxy.stop()
+    line = assert_one_line_failure(proc.returncode, err, "cannot ship now")
+    assert took < 30, (took, err)
+    assert "the bucket is unreachable" in line
+    assert "nothing is lost" in line
+    assert "run sync again" in line
+    assert "shipped " not in out

@@ -511,3 +511,56 @@ def test_mutual_tls_requires_a_client_certificate(tmp_path: Path) -> None:
         with httpx.Client(base_url=gw.url, verify=ctx, timeout=30) as c:
             assert c.get("/v1/topics/events").json()["partitions"][0]["next_offset"] == 1
             assert c.get("/v1/status").json()["kafka"]["tls_handshake_failures"] >= 1
+
+
+def test_a_produce_over_the_frame_limit_gets_message_too_large(tmp_path: Path) -> None:
+    # Issue 41, item 8: a request over kafka.max_request_bytes closed the
+    # connection, and librdkafka said "verify that security.protocol is correctly
+    # configured". A broker answers a batch over message.max.bytes with
+    # MESSAGE_TOO_LARGE per partition and keeps the connection: so does the gateway.
+    from confluent_kafka import KafkaError, Producer
+
+    with kafka_gateway(tmp_path, topics=TOPICS, extra="max_request_bytes = 65536") as gw:
+        logs: list[str] = []
+        p = Producer(
+            {
+                "bootstrap.servers": gw.bootstrap,
+                "message.max.bytes": 1_000_000,  # the client lets it go; the gateway must answer
+                "linger.ms": 0,
+                "retries": 0,
+                "logger": _ListLogger(logs),
+            }
+        )
+        reports: list[Any] = []
+
+        def report(err: Any, msg: Any) -> None:
+            reports.append((err, msg.partition(), msg.offset()))
+
+        p.produce("events", value=os.urandom(200_000), partition=1, on_delivery=report)
+        assert p.flush(30) == 0
+        ((err, part, _),) = reports
+        assert err is not None
+        assert err.code() == KafkaError.MSG_SIZE_TOO_LARGE, err
+        assert part == 1
+        # The same connection goes on: a small record is taken.
+        reports.clear()
+        p.produce("events", value=b"small", partition=1, on_delivery=report)
+        assert p.flush(30) == 0
+        ((err, part, offset),) = reports
+        assert err is None, err
+        assert (part, offset) == (1, 0)
+        assert not [line for line in logs if "security.protocol" in line], logs
+        status = gw.get("/v1/status")["kafka"]
+        assert status["errors"] == {"message_too_large": 1}
+        assert status["protocol_errors"] == 0
+    assert "answered MESSAGE_TOO_LARGE" in gw.log.read_text()
+
+
+class _ListLogger:
+    """A ``logging.Logger`` stand-in for librdkafka's ``logger``: keeps each line."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:
+        self.lines.append(fmt % args if args else fmt)

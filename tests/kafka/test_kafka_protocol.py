@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import importlib
 import io
 from typing import Any
 
@@ -10,11 +11,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.serial import entity_writer
-from kio.static.primitive import Records, i16, i32, i64Timedelta
+from kio.static.primitive import Records, i16, i32, i32Timedelta, i64Timedelta
 
 import edge_gateway.kafka  # noqa: F401 - registers the handlers
 from edge_gateway.kafka._protocol import (
     FrameReader,
+    OversizedProduce,
     ProtocolError,
     UnsupportedVersion,
     decode_request,
@@ -66,7 +68,94 @@ def test_frames_whole_and_byte_by_byte() -> None:
 @pytest.mark.parametrize("size", [1 << 20 + 1, 2**31 - 1, -1])
 def test_a_frame_over_the_limit_is_refused_before_its_body(size: int) -> None:
     reader = FrameReader(1 << 20)
-    reader.feed(size.to_bytes(4, "big", signed=True))
+    # Under 1 GiB, the header says whether it is a Produce (read through, below).
+    reader.feed(size.to_bytes(4, "big", signed=True) + _api_versions()[:8])
+    with pytest.raises(ProtocolError, match="refused"):
+        reader.next_frame()
+    if size > 1 << 30 or size < 0:  # nonsense: refused without waiting for a header
+        reader = FrameReader(1 << 20)
+        reader.feed(size.to_bytes(4, "big", signed=True))
+        with pytest.raises(ProtocolError, match="refused"):
+            reader.next_frame()
+
+
+def _produce(version: int, topics: dict[str, dict[int, bytes]], acks: int = -1) -> bytes:
+    """A Produce request frame (with its size) of ``topics`` -> partition -> records bytes."""
+    cls = request_class(0, version)
+    assert cls is not None
+    nested = importlib.import_module(cls.__module__)  # TopicProduceData, PartitionProduceData
+    request = cls(
+        transactional_id=None,
+        acks=i16(acks),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=tuple(
+            nested.TopicProduceData(
+                name=name,
+                partition_data=tuple(
+                    nested.PartitionProduceData(index=i32(p), records=Records(data))
+                    for p, data in parts.items()
+                ),
+            )
+            for name, parts in topics.items()
+        ),
+    )
+    frame = _frame(0, version, request, correlation_id=41)
+    return len(frame).to_bytes(4, "big") + frame
+
+
+@pytest.mark.parametrize("version", [3, 8, 9, 12])
+def test_a_produce_over_the_limit_is_read_through_for_its_partitions(version: int) -> None:
+    # Issue 41, item 8: closing the connection made librdkafka report "verify
+    # that security.protocol is correctly configured"; a broker answers a batch
+    # over message.max.bytes with MESSAGE_TOO_LARGE. The records are skipped,
+    # not kept; the next request on the connection is read as usual.
+    big = _produce(version, {"a": {0: b"x" * 5000, 2: b"y" * 3000}, "b": {1: b"z" * 100}})
+    after = _api_versions(3)
+    stream = big + len(after).to_bytes(4, "big") + after
+    want = OversizedProduce(
+        api_version=version,
+        correlation_id=41,
+        client_id="test",
+        acks=-1,
+        topics=(("a", (0, 2)), ("b", (1,))),
+        size=len(big) - 4,
+        limit=4096,
+    )
+    whole = FrameReader(4096)
+    whole.feed(stream)
+    assert [whole.next_frame(), whole.next_frame(), whole.next_frame()] == [want, after, None]
+    one = FrameReader(4096)
+    got: list[Any] = []
+    for b in stream:
+        one.feed(bytes([b]))
+        if (f := one.next_frame()) is not None:
+            got.append(f)
+        if not got:  # the oversized frame: never more than its size and header held
+            assert one.buffered <= 4 + 8
+    assert got == [want, after]
+
+
+def test_an_oversized_frame_that_is_not_a_readable_produce_is_refused() -> None:
+    big = _produce(9, {"a": {0: b"x" * 5000}})
+    for stream in (
+        big[:4] + b"\x00\x03" + big[6:12],  # Metadata, not Produce
+        big[:4] + b"\x00\x00\x00\x0d" + big[8:12],  # Produce v13 (topic ids)
+    ):
+        reader = FrameReader(4096)
+        reader.feed(stream)
+        with pytest.raises(ProtocolError, match="refused"):
+            reader.next_frame()
+    # A produce whose fields run past its frame: a protocol error, not a hang.
+    reader = FrameReader(4096)
+    lying = bytearray(big)
+    lying[0:4] = (5000).to_bytes(4, "big")  # shorter than the records it announces
+    reader.feed(bytes(lying))
+    with pytest.raises(ProtocolError, match="left of the frame"):
+        reader.next_frame()
+    # Not before authentication: then it is refused like any oversized frame.
+    reader = FrameReader(4096)
+    reader.read_oversized_produce = False
+    reader.feed(big)
     with pytest.raises(ProtocolError, match="refused"):
         reader.next_frame()
 

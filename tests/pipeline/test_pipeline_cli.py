@@ -51,7 +51,8 @@ def test_bad_bucket_is_a_one_line_error(tmp_path: Path) -> None:
         "--dry-run",
     )  # fmt: skip
     assert res.exit_code == 1
-    assert "not a local-directory bucket" in res.output
+    # the bucket package's own refusal (NoSuchBucket), one line naming the directory
+    assert f"local bucket directory '{tmp_path / 'nothing'}' does not exist" in res.output
 
 
 def test_gateway_and_cli_never_import_the_pipeline_stack() -> None:

@@ -18,7 +18,7 @@ from _pipeline_support import local_site, merge
 from edge_gateway.encryption import write_key_file
 from edge_gateway.errors import MissingKey
 from edge_gateway.format.crypt import WriteKey, generate_key
-from edge_gateway.pipeline._store import BucketSpec
+from edge_gateway.pipeline.bucketspec import BucketSpec
 from edge_gateway.pipeline.job import JobConfig, run_job
 from edge_gateway.pipeline.tables import Output, open_catalog
 

@@ -15,7 +15,7 @@ from _fds import no_gc, open_paths
 from _pipeline_support import T0, Rows, Site, local_site, merge
 
 from edge_gateway.errors import InvalidInput
-from edge_gateway.pipeline._store import BucketSpec
+from edge_gateway.pipeline.bucketspec import BucketSpec
 from edge_gateway.pipeline.compact import compact_table
 from edge_gateway.pipeline.job import JobConfig, run_job
 from edge_gateway.pipeline.tables import POSITIONS, Output, open_catalog

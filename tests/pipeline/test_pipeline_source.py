@@ -12,7 +12,7 @@ from _pipeline_support import T0, Rows, Site, local_site, merge, s3_site
 
 from edge_gateway.errors import ConfigError, CorruptData
 from edge_gateway.format.manifest import log_key
-from edge_gateway.pipeline._store import BucketSpec
+from edge_gateway.pipeline.bucketspec import BucketSpec
 from edge_gateway.pipeline.plan import plan_region, split_slices
 from edge_gateway.pipeline.session import check_java
 
@@ -102,34 +102,36 @@ def test_plan_uses_manifests_and_tail(tmp_path: Path) -> None:
     site = local_site("north", tmp_path, bucket)
     for _ in range(4):
         site.ship("t", 2, 1)
-    reader = BucketSpec(str(bucket)).open()
-    plan = plan_region(reader, "north")
-    assert plan.first_seq == 1
-    assert plan.last_seq >= 5  # a fence per claim plus the data entries
-    assert plan.records == len(site.expected)
-    seqs = [s.seq for s in plan.slices]
-    assert seqs == sorted(set(seqs))
-    partial = plan_region(reader, "north", first_seq=3, last_seq=plan.last_seq - 1)
-    assert all(3 <= s.seq < plan.last_seq for s in partial.slices)
-    groups = list(split_slices(list(plan.slices), target_raw_bytes=1, min_parts=1))
-    assert sum(len(b.blocks) for g in groups for b in g) == sum(len(s.blocks) for s in plan.slices)
-    with pytest.raises(CorruptData, match="missing"):
-        plan_region(reader, "north", first_seq=1, last_seq=plan.last_seq + 5)
+    with BucketSpec(str(bucket)).open() as reader:
+        plan = plan_region(reader, "north")
+        assert plan.first_seq == 1
+        assert plan.last_seq >= 5  # a fence per claim plus the data entries
+        assert plan.records == len(site.expected)
+        seqs = [s.seq for s in plan.slices]
+        assert seqs == sorted(set(seqs))
+        partial = plan_region(reader, "north", first_seq=3, last_seq=plan.last_seq - 1)
+        assert all(3 <= s.seq < plan.last_seq for s in partial.slices)
+        groups = list(split_slices(list(plan.slices), target_raw_bytes=1, min_parts=1))
+        assert sum(len(b.blocks) for g in groups for b in g) == sum(
+            len(s.blocks) for s in plan.slices
+        )
+        with pytest.raises(CorruptData, match="missing"):
+            plan_region(reader, "north", first_seq=1, last_seq=plan.last_seq + 5)
 
 
 def test_corrupt_block_fails_the_read(spark: Any, tmp_path: Path) -> None:
     bucket = tmp_path / "bucket"
     site = local_site("north", tmp_path, bucket)
     site.ship("t", 1, 3)
-    reader = BucketSpec(str(bucket)).open()
-    plan = plan_region(reader, "north")
-    s = plan.slices[0]
-    path = bucket / "objects" / log_key("", "north", s.seq)
-    data = bytearray(path.read_bytes())
-    data[s.blocks[0].offset + 3] ^= 0xFF
-    path.write_bytes(bytes(data))
-    with pytest.raises(Exception, match="CRC mismatch"):
-        read(spark, str(bucket)).collect()
+    with BucketSpec(str(bucket)).open() as reader:
+        plan = plan_region(reader, "north")
+        s = plan.slices[0]
+        path = bucket / "objects" / log_key("", "north", s.seq)
+        data = bytearray(path.read_bytes())
+        data[s.blocks[0].offset + 3] ^= 0xFF
+        path.write_bytes(bytes(data))
+        with pytest.raises(Exception, match="CRC mismatch"):
+            read(spark, str(bucket)).collect()
 
 
 def test_missing_java_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -209,14 +211,14 @@ def test_plan_reports_gap_markers(tmp_path: Path) -> None:
     b.add_batch("t", 0, encode_batch([b"b"] * 5, timestamps=T0, base_offset=50))
     gaps = (GapRange(5, "t", 0, 10, 49, 40, 4000), GapRange(5, "u", 0, 0, 9, 10, 1000))
     put(3, b.build("north", 1, 3, 1, 0, 0, lanes=(LaneRange(5, 4, 9),), gaps=gaps))
-    reader = BucketSpec(str(bucket)).open()
-    plan = plan_region(reader, "north")
-    assert plan.records == 15
-    assert [(g.topic, g.first_offset, g.last_offset, g.records, g.seq) for g in plan.gaps] == [
-        ("t", 10, 49, 40, 3),
-        ("u", 0, 9, 10, 3),
-    ]
-    assert "dropped at the source" in plan.gaps[0].describe()
-    only_t = plan_region(reader, "north", wanted=lambda t: t == "t")
-    assert [g.topic for g in only_t.gaps] == ["t"]
-    assert plan_region(reader, "north", first_seq=4, last_seq=3).gaps == ()
+    with BucketSpec(str(bucket)).open() as reader:
+        plan = plan_region(reader, "north")
+        assert plan.records == 15
+        assert [(g.topic, g.first_offset, g.last_offset, g.records, g.seq) for g in plan.gaps] == [
+            ("t", 10, 49, 40, 3),
+            ("u", 0, 9, 10, 3),
+        ]
+        assert "dropped at the source" in plan.gaps[0].describe()
+        only_t = plan_region(reader, "north", wanted=lambda t: t == "t")
+        assert [g.topic for g in only_t.gaps] == ["t"]
+        assert plan_region(reader, "north", first_seq=4, last_seq=3).gaps == ()

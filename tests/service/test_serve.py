@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import random
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -118,3 +120,52 @@ def test_kill_9_under_load_loses_nothing_acknowledged(tmp_path: Path, fsync: str
         for p, records in producer.acked.items():
             acked.setdefault(p, {}).update(records)
     check(acked, journal_contents(tmp_path / "data"))
+
+
+def test_a_client_that_hangs_up_mid_response_is_no_error(tmp_path: Path) -> None:
+    # Issue 41, item 7: `curl .../records?...&max_bytes=67108864 | head -c 10`
+    # logged "ERROR edgegw.api: internal error serving GET ..." with a
+    # traceback ending in trio.BrokenResourceError. A client going away is
+    # ordinary: at most a line at INFO/DEBUG, no ERROR, no traceback.
+    config = write_config(tmp_path, fsync="never")
+    with config.open("a") as f:
+        f.write('[log]\nlevel = "debug"\n')
+    server = Server(config)
+    try:
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            value = "x" * 2000
+            for _ in range(20):  # ~40 MB of JSON to answer: far more than socket buffers
+                r = c.post(
+                    "/v1/topics/t/records",
+                    json={"records": [{"value": value, "partition": 0}] * 500},
+                )
+                assert r.status_code == 200, r.text
+        before = server.log.stat().st_size
+        url = urlsplit(server.url)
+        for _ in range(3):
+            with socket.create_connection((url.hostname, url.port), timeout=10) as s:
+                s.sendall(
+                    b"GET /v1/topics/t/partitions/0/records?offset=0&max_records=10000"
+                    b"&max_bytes=67108864 HTTP/1.1\r\nHost: gw\r\n\r\n"
+                )
+                assert s.recv(10)  # `head -c 10`: then the pipe closes with the rest unread
+        # The gateway goes on serving (the same request read whole, say).
+        with httpx.Client(base_url=server.url, timeout=60) as c:
+            r = c.get(
+                "/v1/topics/t/partitions/0/records",
+                params={"offset": 0, "max_records": 10_000, "max_bytes": 67_108_864},
+            )
+            assert r.status_code == 200
+            assert len(r.json()["records"]) == 10_000
+    finally:
+        code, log = server.stop(signal.SIGTERM)
+    assert code == 0, log
+    after = log.encode()[before:].decode(errors="replace")
+    assert "Traceback" not in after, after
+    assert " ERROR " not in after, after
+    assert " WARNING " not in after, after
+    assert "BrokenResourceError" not in after, after
+    # One DEBUG line per hang-up, naming the request.
+    about = [line for line in after.splitlines() if "/v1/topics/t/partitions/0/records" in line]
+    assert len(about) == 3, after
+    assert all(" DEBUG " in line and "hung up" in line for line in about), about

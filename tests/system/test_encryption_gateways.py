@@ -83,7 +83,7 @@ class RawBucket:
         return sorted(out, key=lambda h: h.seq)
 
     def spec(self) -> Any:
-        from edge_gateway.pipeline._store import BucketSpec
+        from edge_gateway.pipeline.bucketspec import BucketSpec
 
         if self.s3 is None:
             return BucketSpec(str(self.root))
@@ -178,7 +178,7 @@ def test_encrypted_fleet(tmp_path: Path, store: tuple[str, Any]) -> None:
         from edge_gateway.pipeline._arrow import read_blocks
         from edge_gateway.pipeline.plan import check_keys, plan_region
 
-        reader = bucket.spec().open()
+        reader = bucket.spec().shared()
         plan = plan_region(reader, "a")
         both = keyring_from_files([("a", a1), ("a", a2)])
         check_keys([plan], both)

@@ -108,6 +108,13 @@ def test_confined_regions_mirror_each_other_and_collect_their_logs(
     moto_auth: AuthMoto, tmp_path: Path
 ) -> None:
     bucket = moto_auth.bucket()
+    # The admin marks the bucket first (regions may not: docs/security.md).
+    marked = _edgegw(
+        credentials_env(tmp_path / "aws-admin", moto_auth.admin_key),
+        "bucket", "mark", "--s3-bucket", bucket, "--s3-prefix", PREFIX,
+        "--s3-endpoint", moto_auth.endpoint, "--s3-path-style",
+    )  # fmt: skip
+    assert marked.returncode == 0, marked.stdout + marked.stderr
     keys = {
         r: moto_auth.user(r, region_policy(bucket, PREFIX, r)).new_key() for r in ("north", "south")
     }
@@ -212,6 +219,88 @@ def test_a_regions_key_cannot_write_or_delete_another_regions_keys(moto_auth: Au
     finally:
         north.close()
         pipeline.close()
+
+
+def _edgegw(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "edgegw_cli", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def test_the_fleet_marker_is_the_admins_a_regions_key_cannot_write_it(
+    moto_auth: AuthMoto, tmp_path: Path
+) -> None:
+    """Issue 41.3: a stolen device key must not replace the marker every site's sync reads.
+
+    The region's policy grants nothing on the marker: no create (IAM cannot
+    tell a create from an overwrite; moto does not evaluate the
+    ``s3:if-none-match`` condition that would tell them apart, so the design
+    does not rely on it), no overwrite, no delete. The admin writes it with
+    ``edgegw bucket mark``.
+    """
+    bucket = moto_auth.bucket()
+    marker = bucket_marker_key(PREFIX)
+    north = _client(
+        moto_auth, moto_auth.user("north", region_policy(bucket, PREFIX, "north")).new_key()
+    )
+    try:
+        # Before the admin: the region may not create it, conditionally or not.
+        put = north.put_object
+        assert _code(lambda: put(Bucket=bucket, Key=marker, Body=b"x")) == "AccessDenied"
+        assert (
+            _code(lambda: put(Bucket=bucket, Key=marker, Body=b"x", IfNoneMatch="*"))
+            == "AccessDenied"
+        )
+        assert moto_auth.s3.list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+        # The admin marks the bucket with the documented command.
+        admin_env = credentials_env(tmp_path / "aws-admin", moto_auth.admin_key)
+        args = ["--s3-bucket", bucket, "--s3-prefix", PREFIX, "--s3-endpoint", moto_auth.endpoint]
+        proc = _edgegw(admin_env, "bucket", "mark", *args, "--s3-path-style")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "as an edgegw bucket" in proc.stdout, proc.stdout
+        written = moto_auth.s3.get_object(Bucket=bucket, Key=marker)["Body"].read()
+        assert json.loads(written)["created_by"] == "admin"
+        # The region reads it, and cannot overwrite or delete it.
+        assert north.get_object(Bucket=bucket, Key=marker)["Body"].read() == written
+        assert _code(lambda: north.put_object(Bucket=bucket, Key=marker, Body=b"{")) == (
+            "AccessDenied"
+        )
+        assert _code(lambda: north.delete_object(Bucket=bucket, Key=marker)) == "AccessDenied"
+        assert moto_auth.s3.get_object(Bucket=bucket, Key=marker)["Body"].read() == written
+        # Run again: a valid marker is kept as it is.
+        proc = _edgegw(admin_env, "bucket", "mark", *args, "--s3-path-style")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "is an edgegw bucket already" in proc.stdout, proc.stdout
+        assert moto_auth.s3.get_object(Bucket=bucket, Key=marker)["Body"].read() == written
+    finally:
+        north.close()
+
+
+def test_a_region_starts_a_fleet_without_the_marker_grant(
+    moto_auth: AuthMoto, tmp_path: Path
+) -> None:
+    """`edgegw sync --new-bucket` with a region's key on an unmarked bucket: a note, not a failure.
+
+    The region's log makes the bucket recognisable; the admin marks it when they get to it.
+    """
+    bucket = moto_auth.bucket()
+    key = moto_auth.user("north", region_policy(bucket, PREFIX, "north")).new_key()
+    g = _gateway(tmp_path, "north", moto_auth, bucket, key)
+    first = _edgegw(g.env, "sync", "--config", str(g.config), "--new-bucket")
+    out = first.stdout + first.stderr
+    assert first.returncode == 0, out
+    assert "edgegw bucket mark" in out, out  # says who writes the marker
+    assert _log_seqs(moto_auth, bucket, "north")  # claimed: its log is in the bucket
+    keys = [k for k, _ in moto_auth.objects(bucket)]
+    assert bucket_marker_key(PREFIX) not in keys, keys
+    # Recognised by its log from now on: no --new-bucket needed.
+    again = _edgegw(g.env, "sync", "--config", str(g.config))
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_a_gateway_with_another_regions_key_gets_a_clear_permission_error(
