@@ -7,6 +7,9 @@ Layers (imports go one way)::
 
 ``backoff`` (the one retry wait) sits at the bottom beside ``format``: it
 imports nothing of edgegw, so every layer, the public client included, uses it.
+``net`` (TLS, the TLS stream, the HTTP server and its helpers, listening) sits
+just above it, under every server (api, kafka, metadata) and the config: it
+imports none of them (docs/network.md).
 """
 
 from edge_gateway.errors import (

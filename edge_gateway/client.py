@@ -77,7 +77,6 @@ from urllib.parse import quote, urlencode
 import httpx
 
 from edge_gateway._crc import crc32c
-from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     HIGH_WATERMARK_HEADER,
@@ -103,6 +102,7 @@ from edge_gateway.errors import (
 )
 from edge_gateway.format.batch import Record, encode_batch, iter_batches, read_header
 from edge_gateway.names import validate_group, validate_topic
+from edge_gateway.net.http import CLIENT_KEEPALIVE_EXPIRY_S
 
 __all__ = [
     "DEFAULT_URL",

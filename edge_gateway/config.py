@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
 from edge_gateway.bucket import LinkPolicy, S3Config, parse_window
 from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
 from edge_gateway.clock import ClockConfig
@@ -43,6 +42,7 @@ from edge_gateway.names import (
     validate_region,
     validate_topic,
 )
+from edge_gateway.net.http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S, ListenAddress
 from edge_gateway.shipper import ShipperConfig
 
 __all__ = [

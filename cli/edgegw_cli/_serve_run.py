@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from edgegw_cli._errors import bind_failure, leaf, reason
+from edge_gateway.net.listen import bind_failure
+from edgegw_cli._errors import leaf, reason
 
 if TYPE_CHECKING:
     from edge_gateway.config import GatewayConfig

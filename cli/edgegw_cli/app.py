@@ -79,6 +79,10 @@ COMMANDS: dict[str, _Lazy] = {
         "edgegw_cli.inspect_cmd:app",
         "Print what is inside a journal segment, a log object or a manifest.",
     ),
+    "journal": _Lazy(
+        "edgegw_cli.journal_cmd:app",
+        "Check the journal's files on disk: every segment and index file, read-only.",
+    ),
     "iam": _Lazy(
         "edgegw_cli.iam_cmd:app",
         "IAM policies for the fleet's bucket: one per region, the pipeline's, an admin's.",

@@ -22,9 +22,10 @@ from rich.table import Table
 from edge_gateway.errors import InvalidInput
 from edge_gateway.metadata.routing import parse_on_full, parse_priority
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
+from edge_gateway.net.listen import bind_failure
 from edgegw_cli._api import check_name
 from edgegw_cli._common import console, fail
-from edgegw_cli._errors import bind_failure, leaf, reason
+from edgegw_cli._errors import leaf, reason
 
 serve_app = typer.Typer(help="The reference metadata server.", no_args_is_help=True)
 regions_app = typer.Typer(

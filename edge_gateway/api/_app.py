@@ -38,20 +38,7 @@ from urllib.parse import parse_qsl
 
 import trio
 
-from edge_gateway._http import MAX_HEAD_BYTES, ApiError, head_bytes, head_too_large, receive_body
 from edge_gateway.api import _codec
-from edge_gateway.api._asgi import (
-    JSONResponse,
-    Message,
-    Receive,
-    Request,
-    Response,
-    Route,
-    Router,
-    Scope,
-    Send,
-    serve_lifespan,
-)
 from edge_gateway.api.wire import (
     BATCH_MEDIA_TYPE,
     HIGH_WATERMARK_HEADER,
@@ -83,6 +70,19 @@ from edge_gateway.gateway import Gateway, ProduceResult
 from edge_gateway.journal import OffsetOutOfRange
 from edge_gateway.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from edge_gateway.metrics import GatewayMetrics, metrics_for
+from edge_gateway.net.asgi import (
+    JSONResponse,
+    Message,
+    Receive,
+    Request,
+    Response,
+    Route,
+    Router,
+    Scope,
+    Send,
+    serve_lifespan,
+)
+from edge_gateway.net.http import MAX_HEAD_BYTES, ApiError, head_bytes, head_too_large, receive_body
 
 __all__ = ["ApiApp", "ApiError", "create_app"]
 
@@ -629,7 +629,7 @@ class _Exchange:
     client must not send its next request on it.
 
     Each read of the body waits at most ``read_timeout`` (the servers leave
-    that to the app: see :func:`edge_gateway._http.receive_body`); a stalled
+    that to the app: see :func:`edge_gateway.net.http.receive_body`); a stalled
     body raises the ``408 request_timeout`` :class:`ApiError`, which says
     ``Connection: close``.
     """
@@ -763,7 +763,7 @@ def error_response(
     **extra: Any,
 ) -> Response:
     """``{"error": {"code": ..., "message": ..., **extra}}`` with ``status``
-    (as :func:`edge_gateway._http.error_response` answers for the metadata server)."""
+    (as :func:`edge_gateway.net.http.error_response` answers for the metadata server)."""
     return JSONResponse(
         {"error": {"code": code, "message": message, **extra}}, status, headers=headers
     )

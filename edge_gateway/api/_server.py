@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import ssl
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 import trio
 
-from edge_gateway._http import hypercorn_config
 from edge_gateway.api._app import ApiApp
-from edge_gateway.api._http11 import Http11Server
-from edge_gateway.api._tls import server_context
 from edge_gateway.gateway import Gateway
+from edge_gateway.net.http import hypercorn_config
+from edge_gateway.net.http11 import Http11Server
+from edge_gateway.net.listen import bound_address, format_hostport, open_listeners, write_addr_file
+from edge_gateway.net.tls import server_context
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -36,7 +35,7 @@ def _hypercorn_config(gateway: Gateway, graceful: float) -> HypercornConfig:
     # Limits (docs/api.md, "HTTP"): hypercorn closes a connection that waits
     # api.keep_alive_timeout_s for a complete request head, idle or not; the
     # app bounds each body read by api.read_timeout_s (hypercorn's own
-    # read_timeout would also cut long polls: see edge_gateway._http).
+    # read_timeout would also cut long polls: see edge_gateway.net.http).
     api = gateway.config.api
     cfg = hypercorn_config(
         api.listen,
@@ -63,24 +62,6 @@ def _parse_bind(bind: str) -> tuple[str, int]:
     hostport = bind.split("://", 1)[-1]
     host, _, port = hostport.rpartition(":")
     return host.strip("[]"), int(port)
-
-
-def _format_addr(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _write_addr(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 Server = Literal["builtin", "hypercorn"]
@@ -137,8 +118,8 @@ async def serve_api(
             host, port = _parse_bind(binds[0])
             begin_stop = stop.set
         else:
-            listeners = await _listen(gateway.config.api.host, gateway.config.api.port)
-            host, port = _addr_of(listeners[0])
+            listeners = await open_listeners(gateway.config.api.host, gateway.config.api.port)
+            host, port = bound_address(listeners[0])
             http = Http11Server(
                 cast(Any, app),
                 log=log,
@@ -158,7 +139,7 @@ async def serve_api(
             await nursery.start(run_builtin)
             begin_stop = http.shutdown
         try:
-            text = _format_addr(host, port)
+            text = format_hostport(host, port)
             url = f"{api.scheme}://{text}"
             if api.tls:  # a plain host:port stays HTTP, as older clients read it
                 text = url
@@ -170,7 +151,7 @@ async def serve_api(
             # clients and `edgegw sync` use to find a running gateway, is
             # written once it is.
             async def announce() -> None:
-                await trio.to_thread.run_sync(_write_addr, addr_path, text)
+                await trio.to_thread.run_sync(write_addr_file, addr_path, text)
                 log.info(
                     "local API listening on %s%s",
                     url,
@@ -192,19 +173,3 @@ async def serve_api(
             gateway._api_addr = None
             with contextlib.suppress(OSError):
                 addr_path.unlink()
-
-
-async def _listen(host: str, port: int) -> list[trio.SocketListener]:
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    if port == 0 and len(listeners) > 1:
-        # "localhost" on port 0: each address family got its own free port;
-        # serve one, so that api.addr names every listener.
-        for extra in listeners[1:]:
-            await extra.aclose()
-        listeners = listeners[:1]
-    return listeners
-
-
-def _addr_of(listener: trio.SocketListener) -> tuple[str, int]:
-    sockaddr = listener.socket.getsockname()
-    return str(sockaddr[0]), int(sockaddr[1])

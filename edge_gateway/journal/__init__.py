@@ -6,6 +6,9 @@ gateway and the shipper hold (one :class:`Journal` per lane); ``Drop`` and
 ``DroppedRange`` are what a ``drop-oldest`` lane deleted unshipped.
 """
 
+from typing import TYPE_CHECKING
+
+from edge_gateway._lazy import lazy_attributes
 from edge_gateway.format.entry import Entry, SourceCoords
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop, DroppedRange
@@ -28,6 +31,9 @@ from edge_gateway.journal._lane import (
 from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on_disk, open_lanes
 from edge_gateway.journal._reads import ReadBuffers
 
+if TYPE_CHECKING:
+    from edge_gateway.journal._verify import FileCheck, VerifyReport, verify_journal
+
 __all__ = [
     "DRAIN_ORDER",
     "MAIN_LANE",
@@ -35,6 +41,7 @@ __all__ = [
     "Drop",
     "DroppedRange",
     "Entry",
+    "FileCheck",
     "FsyncPolicy",
     "Journal",
     "JournalConfig",
@@ -48,9 +55,18 @@ __all__ = [
     "Priority",
     "ReadBuffers",
     "SourceCoords",
+    "VerifyReport",
     "lane_by_id",
     "lane_path",
     "lanes_on_disk",
     "open_journal",
     "open_lanes",
+    "verify_journal",
 ]
+
+# The verifier (and the compressed-segment decoders it uses) loads when a tool asks for it:
+# a gateway never does.
+__getattr__ = lazy_attributes(
+    __name__,
+    dict.fromkeys(("FileCheck", "VerifyReport", "verify_journal"), "edge_gateway.journal._verify"),
+)

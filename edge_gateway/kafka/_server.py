@@ -28,8 +28,6 @@ from typing import Any, Final
 import trio
 from kio.schema.errors import ErrorCode
 
-from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD, server_context
-from edge_gateway.api._tlsstream import TlsStream
 from edge_gateway.gateway import Gateway
 from edge_gateway.kafka._data import PRODUCE_KEY, too_large
 from edge_gateway.kafka._handlers import api_versions_body
@@ -51,6 +49,8 @@ from edge_gateway.kafka._registry import (
     Connection,
     supported_versions,
 )
+from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD, server_context
+from edge_gateway.net.tlsstream import TlsStream
 
 __all__ = ["ADDR_FILE", "KafkaServer", "KafkaStats", "serve_kafka"]
 

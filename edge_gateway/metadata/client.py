@@ -15,8 +15,8 @@ Errors (``edge_gateway.errors``): a refused connection, a timeout or a 5xx
 and the server's error code); a malformed answer → :class:`CorruptData`.
 
 Pooled connections: the client keeps an idle connection for
-:data:`~edge_gateway._http.CLIENT_KEEPALIVE_EXPIRY_S` (30 s), less than the
-server keeps it (:data:`~edge_gateway._http.KEEP_ALIVE_TIMEOUT_S`, 75 s), so
+:data:`~edge_gateway.net.http.CLIENT_KEEPALIVE_EXPIRY_S` (30 s), less than the
+server keeps it (:data:`~edge_gateway.net.http.KEEP_ALIVE_TIMEOUT_S`, 75 s), so
 it never reuses one the server is closing. A connection can still die while
 idle without the client noticing (a server restart, a NAT or proxy that
 timed the flow out, a server with a shorter keep-alive): a request that
@@ -43,10 +43,10 @@ from urllib.parse import quote
 import httpx
 import trio
 
-from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
+from edge_gateway.net.http import CLIENT_KEEPALIVE_EXPIRY_S
 
 __all__ = [
     "CachedRouting",

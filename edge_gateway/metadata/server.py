@@ -43,15 +43,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge_gateway._http import (
-    KEEP_ALIVE_TIMEOUT_S,
-    READ_TIMEOUT_S,
-    ApiError,
-    ListenAddress,
-    error_response,
-    hypercorn_config,
-    receive_body,
-)
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
 from edge_gateway.metadata._db import (
     MetadataStore,
@@ -66,6 +57,15 @@ from edge_gateway.metadata.routing import (
     validate_bucket_name,
 )
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
+from edge_gateway.net.http import (
+    KEEP_ALIVE_TIMEOUT_S,
+    READ_TIMEOUT_S,
+    ApiError,
+    ListenAddress,
+    error_response,
+    hypercorn_config,
+    receive_body,
+)
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -710,7 +710,7 @@ def _int_param(text: str | None, name: str, lo: int, hi: int, *, default: int) -
 
 def _hypercorn_config(config: MetadataServerConfig) -> HypercornConfig:
     # The keep-alive outlasts the gateways' pooled connections (see
-    # edge_gateway._http): with hypercorn's default of 5 s, equal to the
+    # edge_gateway.net.http): with hypercorn's default of 5 s, equal to the
     # gateways' poll interval, the server closed connections just as a
     # gateway reused them and the gateway reported the server unreachable.
     cfg = hypercorn_config(

@@ -1,4 +1,4 @@
-"""The local API's route table and responses (``edge_gateway.api._asgi``), as a unit.
+"""The local API's route table and responses (``edge_gateway.net.asgi``), as a unit.
 
 The API's behaviour over HTTP (404, 405 with ``Allow``, ``HEAD``) is checked
 by test_api_errors and test_api_http11 against real servers; these pin the
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from edge_gateway.api._asgi import JSONResponse, Request, Response, Route, Router, serve_lifespan
+from edge_gateway.net.asgi import JSONResponse, Request, Response, Route, Router, serve_lifespan
 
 
 async def _endpoint(request: Request) -> Response:

@@ -34,10 +34,10 @@ import pytest
 import trio
 from _serve import Gateway, TopicSpec
 
-from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S
 from edge_gateway.config import ApiConfig, parse_config
 from edge_gateway.errors import ConfigError
 from edge_gateway.metadata.server import MetadataServerConfig
+from edge_gateway.net.http import KEEP_ALIVE_TIMEOUT_S, READ_TIMEOUT_S
 
 KEEP_ALIVE_S = 10.0
 READ_S = 4.0

@@ -33,12 +33,12 @@ import trio
 from _meta_support import ADMIN_TOKEN
 from _serve import Gateway, wait_until
 
-from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S, KEEP_ALIVE_TIMEOUT_S
 from edge_gateway.config import MetadataSettings
 from edge_gateway.errors import ClosedError, Unavailable
 from edge_gateway.metadata.agent import AgentHooks, MetadataAgent
 from edge_gateway.metadata.client import MetadataClient
 from edge_gateway.metadata.server import MetadataServerConfig, _hypercorn_config, serve_metadata
+from edge_gateway.net.http import CLIENT_KEEPALIVE_EXPIRY_S, KEEP_ALIVE_TIMEOUT_S
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
 
 ROUTING = b'{"version":1,"regions":["north"],"topics":[],"buckets":[]}'

@@ -38,7 +38,7 @@ BY_CONFIG = {
 }
 #: Never in a gateway: the command line's other commands, the pipeline, and
 #: Starlette with anyio and asyncio (the metadata server's; the local API has
-#: its own routing: edge_gateway.api._asgi).
+#: its own routing: edge_gateway.net.asgi).
 NEVER = (
     *("typer", "click", "rich", "pydantic", "pydantic_core", "pyarrow", "pyspark", "moto"),
     *("starlette", "anyio", "asyncio"),

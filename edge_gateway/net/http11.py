@@ -16,7 +16,7 @@ oversized requests), HTTP/1.0, ``Expect: 100-continue``, request bodies
 streamed to the app, ``HEAD``, a keep-alive timeout, and a graceful stop
 (:meth:`Http11Server.shutdown`: stop accepting, close idle connections, let
 requests in flight finish with ``Connection: close``), and TLS (``ssl_context``: each
-accepted connection is wrapped in a :class:`~edge_gateway.api._tlsstream.TlsStream`
+accepted connection is wrapped in a :class:`~edge_gateway.net.tlsstream.TlsStream`
 once its handshake completes within ``handshake_timeout``; a connection whose first
 byte is not a TLS handshake gets a plain-HTTP ``400 tls_required``). Not in
 scope: HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
@@ -28,7 +28,7 @@ passes, from its start or from the end of its last response, without a
 complete request head — idle, or with a head still arriving (bytes of an
 unfinished head do not extend it). Request bodies are read when the app
 asks, for as long as it waits: the app bounds each read (``api.read_timeout_s``,
-:func:`edge_gateway._http.receive_body`), as it must with hypercorn, whose
+:func:`edge_gateway.net.http.receive_body`), as it must with hypercorn, whose
 socket read timeout would also cut long polls.
 """
 
@@ -50,9 +50,9 @@ from urllib.parse import unquote
 import h11
 import trio
 
-from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
-from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD
-from edge_gateway.api._tlsstream import TlsStream
+from edge_gateway.net.http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
+from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD
+from edge_gateway.net.tlsstream import TlsStream
 
 __all__ = ["Http11Server"]
 

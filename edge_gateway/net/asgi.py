@@ -1,13 +1,14 @@
-"""The few ASGI pieces the local API needs: requests, responses and a route table.
+"""The few ASGI pieces edgegw's apps need: requests, responses and a route table.
 
-The API used Starlette for these; Starlette brings anyio and asyncio with it
-(~4.5 MB of a gateway's ~40 MB idle, and ~40 ms of its start; docs/operations.md,
-"Footprint"), for a dozen fixed routes. This module keeps what the API used of it,
-with the same answers: path parameters (``{name}`` matches one path segment),
-``HEAD`` wherever ``GET`` is allowed, 404 for an unknown path, 405 with
-``Allow`` for a known path and another method, and the lifespan protocol
-(hypercorn sends it). Responses carry ``content-length`` and ``content-type``
-(``; charset=utf-8`` added to ``text/*``), and JSON bodies are compact UTF-8.
+The local API (its only user so far) used Starlette for these; Starlette brings
+anyio and asyncio with it (~4.5 MB of a gateway's ~40 MB idle, and ~40 ms of its
+start; docs/operations.md, "Footprint"), for a dozen fixed routes. This module
+keeps what the API used of it, with the same answers: path parameters (``{name}``
+matches one path segment), ``HEAD`` wherever ``GET`` is allowed, 404 for an
+unknown path, 405 with ``Allow`` for a known path and another method, and the
+lifespan protocol (hypercorn sends it). Responses carry ``content-length`` and
+``content-type`` (``; charset=utf-8`` added to ``text/*``), and JSON bodies are
+compact UTF-8.
 """
 
 from __future__ import annotations

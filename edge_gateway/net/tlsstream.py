@@ -1,4 +1,4 @@
-"""The server side of one TLS connection of the local API, on a trio socket.
+"""The server side of one TLS connection (the local API's, the Kafka listener's) on a trio socket.
 
 Why not :class:`trio.SSLStream`: it writes every piece of TLS output
 through ``SocketStream.send_all``, which passes through trio's scheduler
@@ -6,7 +6,7 @@ before and after the write, so a small response cost the connection's task
 four trips through the run queue instead of the plain fast path's one
 (profiled: docs/api.md, the TLS rows); on a busy gateway each trip waits
 behind every other connection. This stream does what the plain fast path
-does (``_http11._send_now``): it writes the encrypted bytes to the socket at
+does (:func:`edge_gateway.net.http11._send_now`): it writes the encrypted bytes to the socket at
 once and waits only when the socket cannot take them all.
 
 The TLS itself is the standard library's (:meth:`ssl.SSLContext.wrap_bio`:

@@ -1,4 +1,4 @@
-"""HTTP pieces shared by the gateway's local API and the metadata server.
+"""HTTP pieces shared by edgegw's servers (the local API, the metadata server) and clients.
 
 * :class:`ListenAddress`: ``host``, ``port`` and ``is_loopback`` of a
   ``listen = "host:port"`` setting (a mixin for the settings dataclasses);
@@ -30,6 +30,8 @@ __all__ = [
     "ApiError",
     "ListenAddress",
     "error_response",
+    "head_bytes",
+    "head_too_large",
     "hypercorn_config",
     "receive_body",
     "request_timeout",
