@@ -69,6 +69,15 @@ def serve(
         None, "--addr-file", help="Write the bound URL here once listening."
     ),
     max_body_bytes: int = typer.Option(64 << 10, "--max-body-bytes", help="Largest body (413)."),
+    max_inflight: int = typer.Option(
+        512, "--max-inflight", help="Requests in progress before 503 overloaded (Retry-After)."
+    ),
+    max_long_polls: int = typer.Option(
+        50_000, "--max-long-polls", help="Held GET /v1/heads polls before 503 overloaded."
+    ),
+    max_verifying: int = typer.Option(
+        64, "--max-verifying", help="New tokens awaiting their scrypt check before 503."
+    ),
 ) -> None:
     """Serve topic routing, heartbeats and the head relay until SIGTERM.
 
@@ -86,6 +95,9 @@ def serve(
             keyfile=tls_key,
             addr_file=addr_file,
             max_body_bytes=max_body_bytes,
+            max_inflight=max_inflight,
+            max_long_polls=max_long_polls,
+            max_verifying=max_verifying,
         )
     except ConfigError as exc:
         raise fail(str(exc), EXIT_CONFIG) from None
