@@ -52,14 +52,17 @@ from edge_gateway._http import (
     hypercorn_config,
     receive_body,
 )
-from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
+from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName, Unavailable
 from edge_gateway.metadata._db import (
     MetadataStore,
     Refused,
+    SqlStore,
     hash_token,
     split_region_token,
     verify_token,
 )
+from edge_gateway.metadata._pg import PostgresStore, is_postgres_url
+from edge_gateway.metadata._replicas import ReplicaSync
 from edge_gateway.metadata.routing import (
     TopicRoute,
     parse_bucket_settings,
@@ -88,7 +91,8 @@ _LAG_FIELDS_MAX: Final = 100
 class MetadataServerConfig(ListenAddress):
     """How ``edgegw metadata serve`` runs."""
 
-    db: Path
+    #: A SQLite file, or a ``postgresql://`` URL (several replicas may share it).
+    db: Path | str
     #: ``host:port`` (``[v6]:port``); port 0 picks a free one.
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     #: Stored hashed in the database; given once, it stays valid across restarts.
@@ -105,6 +109,9 @@ class MetadataServerConfig(ListenAddress):
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
     #: Seconds each read of a request body may wait for data (408 and close after).
     read_timeout_s: float = READ_TIMEOUT_S
+    #: PostgreSQL: how often a replica polls for the others' changes (head
+    #: reports, routing and token changes).
+    sync_interval_s: float = 0.1
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -140,8 +147,8 @@ class HeadRelay:
     ``since`` from the previous run then gets every known head at once.
     """
 
-    def __init__(self) -> None:
-        self.version = time.time_ns() // 1000
+    def __init__(self, *, version: int | None = None) -> None:
+        self.version = time.time_ns() // 1000 if version is None else version
         #: region -> (seq, version at which it last moved)
         self._heads: dict[str, tuple[int, int]] = {}
         self._moved = trio.Event()
@@ -188,6 +195,28 @@ class HeadRelay:
         self._closed = True
         self._moved.set()
 
+    def head(self, region: str) -> int | None:
+        current = self._heads.get(region)
+        return None if current is None else current[0]
+
+    def apply(self, heads: list[tuple[str, int, int]]) -> None:
+        """Take heads versioned by the shared store: (region, seq, version) each.
+
+        ``heads`` holds every head of a version above :attr:`version` (the
+        store's watermark) that the store had: then this relay's version is
+        one too. A seq not above the known one changes nothing.
+        """
+        moved = False
+        for region, seq, version in heads:
+            current = self._heads.get(region)
+            if current is None or seq > current[0]:
+                self._heads[region] = (seq, version)
+                moved = True
+            self.version = max(self.version, version)
+        if moved:
+            self._moved.set()
+            self._moved = trio.Event()
+
 
 # -------------------------------------------------------------------- app
 
@@ -211,11 +240,23 @@ Handler = Callable[[Request, Principal], Awaitable[Response]]
 class MetadataApp:
     """The metadata server's ASGI app over an open :class:`MetadataStore`."""
 
-    def __init__(self, store: MetadataStore, config: MetadataServerConfig) -> None:
+    def __init__(self, store: SqlStore, config: MetadataServerConfig) -> None:
         self.store = store
         self.config = config
-        self.heads = HeadRelay()
-        self._db_limiter = trio.CapacityLimiter(1)
+        # Shared: versions are the store's (0: nothing seen yet; the first sync loads them).
+        self.heads = HeadRelay(version=0 if store.shared else None)
+        self._db_limiter = trio.CapacityLimiter(store.concurrency)
+        #: With a shared store: head reports, routing and token changes across replicas.
+        self.replicas: ReplicaSync | None = None
+        if isinstance(store, PostgresStore):
+            self.replicas = ReplicaSync(
+                store,
+                self.heads,
+                run_db=self._db,
+                on_routing_version=self._routing_moved,
+                on_credentials_version=self._credentials_moved,
+                interval_s=config.sync_interval_s,
+            )
         # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
@@ -253,6 +294,7 @@ class MetadataApp:
                 ApiError: self._api_error,
                 InvalidInput: self._invalid_input,
                 ClosedError: self._closed,
+                Unavailable: self._unavailable,
                 HTTPException: self._http_error,
                 Exception: self._internal,
             },
@@ -321,6 +363,22 @@ class MetadataApp:
         """Re-read the routing table after a change (and forget verified tokens)."""
         self._routing = await self._db(self.store.routing)
         self._routing_body = _json_bytes(self._routing.to_json())
+
+    async def _routing_moved(self, version: int) -> None:
+        """Another replica changed the routing table."""
+        if version != self._routing.version:
+            await self._changed()
+
+    async def _credentials_moved(self, version: int) -> None:
+        """Another replica added, revoked or rotated a token (or the admin token changed)."""
+        self._forget_tokens()
+        self._admin_hash = await self._db(self.store.admin_token_hash)
+
+    async def _report_head(self, region: str, seq: int) -> tuple[int, int]:
+        """(head seq, relay version) after recording ``region``'s head."""
+        if self.replicas is not None:
+            return await self.replicas.publish(region, seq)
+        return self.heads.report(region, seq)
 
     async def _authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -416,6 +474,12 @@ class MetadataApp:
 
     async def _closed(self, request: Request, exc: Exception) -> Response:
         return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
+
+    async def _unavailable(self, request: Request, exc: Exception) -> Response:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
+        )
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -573,7 +637,7 @@ class MetadataApp:
         lag = _lag(doc.get("lag", {}))
         head = doc.get("head_seq")
         if head is not None:
-            self.heads.report(region, _seq(head))
+            await self._report_head(region, _seq(head))
         await self._db(self.store.heartbeat, region, version, lag, _now_ms())
         return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
 
@@ -582,7 +646,7 @@ class MetadataApp:
         doc = await self._json_body(request)
         if set(doc) != {"seq"}:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
-        seq, version = self.heads.report(region, _seq(doc["seq"]))
+        seq, version = await self._report_head(region, _seq(doc["seq"]))
         return JSONResponse({"region": region, "seq": seq, "version": version})
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
@@ -593,6 +657,10 @@ class MetadataApp:
         regions = None
         if listed:
             regions = frozenset(validate_region(r) for r in listed.split(",") if r)
+        if self.replicas is not None and since > self.heads.version:
+            # A version from a replica ahead of this one: catch up before
+            # deciding it comes from the future.
+            await self.replicas.catch_up()
         update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
         return JSONResponse({"version": update.version, "heads": update.heads})
 
@@ -617,7 +685,7 @@ class MetadataApp:
         return Response(status_code=204)
 
 
-def create_app(store: MetadataStore, config: MetadataServerConfig) -> MetadataApp:
+def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
     return MetadataApp(store, config)
 
 
@@ -725,13 +793,20 @@ def _hypercorn_config(config: MetadataServerConfig) -> HypercornConfig:
     return cfg
 
 
-def open_store(config: MetadataServerConfig) -> MetadataStore:
+def open_database(db: Path | str) -> SqlStore:
+    """The store at ``db``: a ``postgresql://`` URL or a SQLite file (created, migrated)."""
+    if isinstance(db, str) and is_postgres_url(db):
+        return PostgresStore(db)
+    return MetadataStore(Path(db))
+
+
+def open_store(config: MetadataServerConfig) -> SqlStore:
     """Open (create, migrate) the database; store the admin token's hash when given.
 
     Raises :class:`ConfigError` when the server would listen on a
     non-loopback address with no admin token.
     """
-    store = MetadataStore(config.db)
+    store = open_database(config.db)
     try:
         if config.admin_token is not None:
             stored = store.admin_token_hash()
@@ -776,6 +851,8 @@ async def serve_metadata(
                         task_status=task_status,
                     )
 
+            if app.replicas is not None:
+                await nursery.start(app.replicas.run)
             binds: list[str] = await nursery.start(run)
             url = binds[0]
             try:

@@ -63,7 +63,9 @@ class Postgres:
         argv = [str(BIN_DIR / tool), *args]
         if self._as_root:
             argv = ["runuser", "-u", "postgres", "--", *argv]
-        result = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
+        result = subprocess.run(
+            argv, check=False, capture_output=True, text=True, timeout=120, cwd="/"
+        )
         if check and result.returncode != 0:
             raise RuntimeError(f"{tool} failed: {result.stdout}{result.stderr}")
         return result
@@ -103,7 +105,8 @@ class Postgres:
 
     def wait_ready(self, timeout_s: float = 30) -> None:
         deadline = time.monotonic() + timeout_s
-        while self._run("pg_isready", "-h", "127.0.0.1", "-p", str(self.port), check=False).returncode:
+        ready = ("pg_isready", "-h", "127.0.0.1", "-p", str(self.port))
+        while self._run(*ready, check=False).returncode:
             if time.monotonic() > deadline:
                 raise RuntimeError("PostgreSQL is not ready")
             time.sleep(0.1)
