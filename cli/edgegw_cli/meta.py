@@ -55,7 +55,11 @@ META_TOKEN_OPTION = typer.Option(
 
 @serve_app.command("serve")
 def serve(
-    db: Path = typer.Option(Path("meta.sqlite"), "--db", help="SQLite database (created)."),
+    db: str = typer.Option(
+        "meta.sqlite",
+        "--db",
+        help="SQLite file (created), or a postgresql:// URL shared by several replicas.",
+    ),
     listen: str = typer.Option("127.0.0.1:8471", "--listen", help="host:port (port 0: any)."),
     admin_token: str | None = typer.Option(
         None,
@@ -84,11 +88,12 @@ def serve(
     Example: edgegw metadata serve --db meta.sqlite --listen 127.0.0.1:8471
     """
     from edge_gateway.errors import ConfigError, EdgeGatewayError
+    from edge_gateway.metadata._pg import is_postgres_url
     from edge_gateway.metadata.server import MetadataServerConfig
 
     try:
         config = MetadataServerConfig(
-            db=db,
+            db=db if is_postgres_url(db) else Path(db),
             listen=listen,
             admin_token=admin_token or None,
             certfile=tls_cert,

@@ -74,8 +74,8 @@ class HeadRelay:
     ``since`` from the previous run then gets every known head at once.
     """
 
-    def __init__(self) -> None:
-        self.version = time.time_ns() // 1000
+    def __init__(self, *, version: int | None = None) -> None:
+        self.version = time.time_ns() // 1000 if version is None else version
         #: region -> (seq, version at which it last moved)
         self._heads: dict[str, tuple[int, int]] = {}
         #: region -> the polls that follow it; polls of every region apart.
@@ -107,6 +107,27 @@ class HeadRelay:
         self._wake(self._followers.get(region, ()))
         self._wake(self._everything)
         return seq, self.version
+
+    def head(self, region: str) -> int | None:
+        current = self._heads.get(region)
+        return None if current is None else current[0]
+
+    def apply(self, heads: list[tuple[str, int, int]]) -> None:
+        """Take heads versioned by the shared store: (region, seq, version) each.
+
+        ``heads`` holds every head of a version above :attr:`version` (the
+        store's watermark) that the store had: then this relay's version is
+        one too. A seq not above the known one changes nothing; a move wakes
+        the polls that follow its region, as :meth:`report` does.
+        """
+        for region, seq, version in heads:
+            current = self._heads.get(region)
+            if current is None or seq > current[0]:
+                self._heads[region] = (seq, version)
+                self.moves += 1
+                self._wake(self._followers.get(region, ()))
+                self._wake(self._everything)
+            self.version = max(self.version, version)
 
     def _wake(self, waiters: set[_Waiter] | tuple[()]) -> None:
         for w in waiters:

@@ -225,7 +225,7 @@ class MetadataAgent:
         if not self._live:
             log.info(
                 "metadata server %s: live (routing version %d)",
-                self.settings.url,
+                self.client.url,
                 fetch.table.version,
             )
         self._live = True
@@ -417,7 +417,10 @@ class MetadataAgent:
             )
         return {
             "mode": mode,
-            "url": self.settings.url,
+            #: The server in use (of ``urls``, failing over when one is away).
+            "url": self.client.url,
+            "urls": list(self.client.urls),
+            "failovers": self.client.failovers,
             "version": table.version if table is not None else None,
             "confirmed_ms": self._confirmed_ms,
             "confirmed_age_s": (

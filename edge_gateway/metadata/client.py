@@ -37,7 +37,7 @@ import os
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,7 +172,7 @@ class MetadataClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         token: str | None = None,
         region: str | None = None,
@@ -181,7 +181,14 @@ class MetadataClient:
         verify: ssl.SSLContext | bool = True,
         token_file: Path | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        urls = url.split(",") if isinstance(url, str) else list(url)
+        #: The servers (replicas) in order; :attr:`url` is the one in use.
+        self.urls = tuple(u.strip().rstrip("/") for u in urls)
+        if not self.urls or not all(self.urls):
+            raise InvalidInput(f"MetadataClient: no server URL in {url!r}")
+        self._current = 0
+        #: Times a call went on to the next server (:meth:`_request_failover`).
+        self.failovers = 0
         self.region = validate_region(region) if region is not None else None
         self._timeout_s = timeout_s
         #: Where the token is read from again after a 401 (a rotated token).
@@ -195,7 +202,6 @@ class MetadataClient:
         self.token_reloads = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
-            base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(
@@ -222,6 +228,11 @@ class MetadataClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    @property
+    def url(self) -> str:
+        """The server in use (the last one that answered)."""
+        return self.urls[self._current]
 
     @property
     def table(self) -> RoutingTable | None:
@@ -308,9 +319,9 @@ class MetadataClient:
         return f"/v1/regions/{quote(self.region, safe='')}/{what}"
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        r = await self._request_once(method, path, **kwargs)
+        r = await self._request_failover(method, path, **kwargs)
         if r.status_code == 401 and self._reload_token():
-            r = await self._request_once(method, path, **kwargs)
+            r = await self._request_failover(method, path, **kwargs)
         if r.status_code >= 400:
             code, message = "error", r.text[:200]
             try:
@@ -338,30 +349,59 @@ class MetadataClient:
         log.info("metadata: took up a new token from %s", self._token_file)
         return True
 
+    async def _request_failover(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send to the server in use; while it is :class:`Unavailable`, to the next ones.
+
+        Each server is tried once per call, starting with the one that last
+        answered (so a healthy server keeps the traffic); when all are away
+        the first error is raised, and the caller retries with its backoff as
+        with one server. Every call is idempotent, so sending it again to
+        another replica is safe.
+        """
+        first: Unavailable | None = None
+        start = self._current
+        for i in range(len(self.urls)):
+            self._current = (start + i) % len(self.urls)
+            try:
+                r = await self._request_once(method, path, **kwargs)
+            except Unavailable as exc:
+                first = first or exc
+                continue
+            if self._current != start:
+                self.failovers += 1
+                log.warning(
+                    "metadata: %s is away (%s); now using %s", self.urls[start], first, self.url
+                )
+            return r
+        self._current = start
+        assert first is not None
+        raise first
+
     async def _request_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        base = self.url  # fixed for this call: a concurrent call may fail over meanwhile
         try:
-            r = await self._send(method, path, **kwargs)
+            r = await self._send(base, method, path, **kwargs)
         except httpx.TimeoutException as exc:
-            raise Unavailable(f"metadata server {self.url}: timed out ({exc!r})") from None
+            raise Unavailable(f"metadata server {base}: timed out ({exc!r})") from None
         except httpx.TransportError as exc:
-            raise Unavailable(f"metadata server {self.url} is unreachable: {exc}") from None
+            raise Unavailable(f"metadata server {base} is unreachable: {exc}") from None
         except httpx.RequestError as exc:
             # Not the link itself, but what a broken one delivers: a body that
             # does not decode (DecodingError), a redirect loop. Transient too.
-            raise Unavailable(f"metadata server {self.url}: {type(exc).__name__}: {exc}") from None
+            raise Unavailable(f"metadata server {base}: {type(exc).__name__}: {exc}") from None
         if r.status_code in (429, 503):
             retry_after = parse_retry_after(r.headers.get("retry-after"))
             if retry_after is not None:
                 raise MetadataOverloaded(
-                    f"metadata server {self.url} is overloaded ({r.status_code}); "
+                    f"metadata server {base} is overloaded ({r.status_code}); "
                     f"retry after {retry_after:g} s",
                     retry_after,
                 )
         if r.status_code >= 500:
-            raise Unavailable(f"metadata server {self.url} answered {r.status_code}")
+            raise Unavailable(f"metadata server {base} answered {r.status_code}")
         return r
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _send(self, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """Send; again while it failed on a reused connection before any answer.
 
         httpcore reports opening a connection through the ``trace`` request
@@ -388,21 +428,24 @@ class MetadataClient:
                     opened = True
 
             try:
-                return await self._bounded(method, path, extensions={"trace": trace}, **kwargs)
+                return await self._bounded(
+                    base, method, path, extensions={"trace": trace}, **kwargs
+                )
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if opened:
                     raise
                 self.stale_retries += 1
-                log.debug("metadata server %s: %r on a reused connection; retrying", self.url, exc)
-        return await self._bounded(method, path, **kwargs)
+                log.debug("metadata server %s: %r on a reused connection; retrying", base, exc)
+        return await self._bounded(base, method, path, **kwargs)
 
-    async def _bounded(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _bounded(self, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """Send, and read at most :data:`MAX_ANSWER_BYTES` of the (decoded) answer.
 
         A server that answers without end (a broken proxy, a hostile server,
         a compression bomb) is :class:`CorruptData`, not a gateway out of memory.
         """
-        r = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
+        request = self._http.build_request(method, base + path, **kwargs)
+        r = await self._http.send(request, stream=True)
         try:
             body = bytearray()
             # An async generator (typed as an iterator): closed at once when refused.
@@ -413,7 +456,7 @@ class MetadataClient:
                     if len(body) > MAX_ANSWER_BYTES:
                         raise CorruptData(
                             f"answer larger than {MAX_ANSWER_BYTES >> 20} MiB: refused",
-                            where=f"{self.url}{path}",
+                            where=f"{base}{path}",
                         )
             # What Response.aread() does, with the bound above.
             r._content = bytes(body)

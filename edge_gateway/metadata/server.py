@@ -52,10 +52,11 @@ from edge_gateway._http import (
     hypercorn_config,
     receive_body,
 )
-from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
+from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName, Unavailable
 from edge_gateway.metadata._db import (
     MetadataStore,
     Refused,
+    SqlStore,
     hash_token,
     split_region_token,
     verify_token,
@@ -67,6 +68,8 @@ from edge_gateway.metadata._fanout import (
     HeartbeatWriter,
     Overloaded,
 )
+from edge_gateway.metadata._pg import PostgresStore, is_postgres_url
+from edge_gateway.metadata._replicas import ReplicaSync
 from edge_gateway.metadata.routing import (
     TopicRoute,
     parse_bucket_settings,
@@ -97,7 +100,8 @@ _HEARTBEAT_SLICE: Final = 100
 class MetadataServerConfig(ListenAddress):
     """How ``edgegw metadata serve`` runs."""
 
-    db: Path
+    #: A SQLite file, or a ``postgresql://`` URL (several replicas may share it).
+    db: Path | str
     #: ``host:port`` (``[v6]:port``); port 0 picks a free one.
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     #: Stored hashed in the database; given once, it stays valid across restarts.
@@ -121,6 +125,9 @@ class MetadataServerConfig(ListenAddress):
     max_long_polls: int = 50_000
     #: Tokens not seen before that may wait for their scrypt check at once.
     max_verifying: int = 64
+    #: PostgreSQL: how often a replica polls for the others' changes (head
+    #: reports, routing and token changes).
+    sync_interval_s: float = 0.1
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -162,17 +169,29 @@ Handler = Callable[[Request, Principal], Awaitable[Response]]
 class MetadataApp:
     """The metadata server's ASGI app over an open :class:`MetadataStore`."""
 
-    def __init__(self, store: MetadataStore, config: MetadataServerConfig) -> None:
+    def __init__(self, store: SqlStore, config: MetadataServerConfig) -> None:
         self.store = store
         self.config = config
-        self.heads = HeadRelay()
+        # Shared: versions are the store's (0: nothing seen yet; the first sync loads them).
+        self.heads = HeadRelay(version=0 if store.shared else None)
+        self._db_limiter = trio.CapacityLimiter(store.concurrency)
+        #: With a shared store: head reports, routing and token changes across replicas.
+        self.replicas: ReplicaSync | None = None
+        if isinstance(store, PostgresStore):
+            self.replicas = ReplicaSync(
+                store,
+                self.heads,
+                run_db=self._db,
+                on_routing_version=self._routing_moved,
+                on_credentials_version=self._credentials_moved,
+                interval_s=config.sync_interval_s,
+            )
         self.admission = Admission(
             max_inflight=config.max_inflight,
             max_long_polls=config.max_long_polls,
             max_verifying=config.max_verifying,
         )
         self.heartbeats = HeartbeatWriter()
-        self._db_limiter = trio.CapacityLimiter(1)
         # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
@@ -211,6 +230,7 @@ class MetadataApp:
                 InvalidInput: self._invalid_input,
                 ClosedError: self._closed,
                 Overloaded: self._overloaded,
+                Unavailable: self._unavailable,
                 HTTPException: self._http_error,
                 Exception: self._internal,
             },
@@ -328,6 +348,22 @@ class MetadataApp:
         self._routing = await self._db(self.store.routing)
         self._routing_body = _json_bytes(self._routing.to_json())
 
+    async def _routing_moved(self, version: int) -> None:
+        """Another replica changed the routing table."""
+        if version != self._routing.version:
+            await self._changed()
+
+    async def _credentials_moved(self, version: int) -> None:
+        """Another replica added, revoked or rotated a token (or the admin token changed)."""
+        self._forget_tokens()
+        self._admin_hash = await self._db(self.store.admin_token_hash)
+
+    async def _report_head(self, region: str, seq: int) -> tuple[int, int]:
+        """(head seq, relay version) after recording ``region``'s head."""
+        if self.replicas is not None:
+            return await self.replicas.publish(region, seq)
+        return self.heads.report(region, seq)
+
     async def _authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
             if self.open_mode:
@@ -430,6 +466,12 @@ class MetadataApp:
 
     async def _closed(self, request: Request, exc: Exception) -> Response:
         return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
+
+    async def _unavailable(self, request: Request, exc: Exception) -> Response:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
+        )
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -607,7 +649,7 @@ class MetadataApp:
         lag = _lag(doc.get("lag", {}))
         head = doc.get("head_seq")
         if head is not None:
-            self.heads.report(region, _seq(head))
+            await self._report_head(region, _seq(head))
         # Answered from memory; written to the store behind, coalesced (_fanout.HeartbeatWriter).
         self.heartbeats.note(region, Heartbeat(version, lag, _now_ms()))
         return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
@@ -617,7 +659,7 @@ class MetadataApp:
         doc = await self._json_body(request)
         if set(doc) != {"seq"}:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
-        seq, version = self.heads.report(region, _seq(doc["seq"]))
+        seq, version = await self._report_head(region, _seq(doc["seq"]))
         return JSONResponse({"region": region, "seq": seq, "version": version})
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
@@ -628,6 +670,10 @@ class MetadataApp:
         regions = None
         if listed:
             regions = frozenset(validate_region(r) for r in listed.split(",") if r)
+        if self.replicas is not None and since > self.heads.version:
+            # A version from a replica ahead of this one: catch up before
+            # deciding it comes from the future.
+            await self.replicas.catch_up()
         update = self.heads.heads_since(since, regions)
         if not update.heads and wait_ms > 0:
             # Parked, the poll no longer counts as a request in progress; the
@@ -660,7 +706,7 @@ class MetadataApp:
         return Response(status_code=204)
 
 
-def create_app(store: MetadataStore, config: MetadataServerConfig) -> MetadataApp:
+def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
     return MetadataApp(store, config)
 
 
@@ -777,13 +823,20 @@ def _hypercorn_config(config: MetadataServerConfig) -> HypercornConfig:
     return cfg
 
 
-def open_store(config: MetadataServerConfig) -> MetadataStore:
+def open_database(db: Path | str) -> SqlStore:
+    """The store at ``db``: a ``postgresql://`` URL or a SQLite file (created, migrated)."""
+    if isinstance(db, str) and is_postgres_url(db):
+        return PostgresStore(db)
+    return MetadataStore(Path(db))
+
+
+def open_store(config: MetadataServerConfig) -> SqlStore:
     """Open (create, migrate) the database; store the admin token's hash when given.
 
     Raises :class:`ConfigError` when the server would listen on a
     non-loopback address with no admin token.
     """
-    store = MetadataStore(config.db)
+    store = open_database(config.db)
     try:
         if config.admin_token is not None:
             stored = store.admin_token_hash()
@@ -829,6 +882,8 @@ async def serve_metadata(
                         task_status=task_status,
                     )
 
+            if app.replicas is not None:
+                await nursery.start(app.replicas.run)
             await nursery.start(app.run_background)
             binds: list[str] = await nursery.start(run)
             url = binds[0]
