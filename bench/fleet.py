@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -145,10 +146,8 @@ class Conn:
         if self.stream is not None:
             s, self.stream = self.stream, None
             self.buf = b""
-            try:
+            with contextlib.suppress(Exception):  # closing a broken stream
                 await s.aclose()
-            except Exception:
-                pass
 
     async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
         import trio
@@ -442,13 +441,14 @@ async def run_load(plan: Plan) -> None:
     async with trio.open_nursery() as nursery:
         for gw in range(plan.lo, plan.hi):
             nursery.start_soon(gateway, gw)
-        progress_file = Path(plan.out_file + ".progress")
-        while not os.path.exists(plan.stop_file):
-            if rec.back_at is None and os.path.exists(plan.back_file):
-                rec.back_at = float(Path(plan.back_file).read_text())
+        progress_file = trio.Path(plan.out_file + ".progress")
+        back_file = trio.Path(plan.back_file)
+        while not await trio.Path(plan.stop_file).exists():
+            if rec.back_at is None and await back_file.exists():
+                rec.back_at = float(await back_file.read_text())
             if rec.back_at is not None:
                 full = sum(1 for b in rec.back.values() if all(op in b for op in BACK_OPS))
-                progress_file.write_text(str(full))
+                await progress_file.write_text(str(full))
             await trio.sleep(0.25)
         nursery.cancel_scope.cancel()
     out = {
@@ -460,7 +460,7 @@ async def run_load(plan: Plan) -> None:
         "wakes": rec.wakes,
         "back": {str(k): v for k, v in rec.back.items()},
     }
-    Path(plan.out_file).write_text(json.dumps(out))
+    await trio.Path(plan.out_file).write_text(json.dumps(out))
 
 
 def load_main(plan_file: str) -> None:
@@ -649,9 +649,11 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
         time.sleep(0.3)
         rss0 = proc_rss_mb(proc.pid)
         load = subprocess.Popen(
-            [sys.executable, str(BENCH_DIR / "_load.py"), "127.0.0.1", str(port)]
-            + ["--path", "/x", "--body", "{}", "--connections", "32"]
-            + ["--seconds", str(seconds), "--warmup", "0.5"],
+            [
+                *(sys.executable, str(BENCH_DIR / "_load.py"), "127.0.0.1", str(port)),
+                *("--path", "/x", "--body", "{}", "--connections", "32"),
+                *("--seconds", str(seconds), "--warmup", "0.5"),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -920,10 +922,8 @@ def main() -> None:
                     herd_fail += 1
                 full = 0
                 for p in plans:
-                    try:
+                    with contextlib.suppress(OSError, ValueError):  # not written yet, or half
                         full += int(Path(p.out_file + ".progress").read_text() or 0)
-                    except (OSError, ValueError):
-                        pass
                 if full >= n:
                     break
                 time.sleep(0.25)
