@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -13,8 +14,18 @@ from typing import Any
 import httpx
 from _serve import Gateway
 
+from edge_gateway.testing.postgres import Postgres
+
 EDGEGW = Path(sys.executable).parent / "edgegw"
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+
+
+_databases = itertools.count()
+
+
+def new_database(pg: Postgres) -> str:
+    """The URL of a new, empty database on ``pg``."""
+    return pg.create_database(f"meta{next(_databases)}")
 
 
 class MetaServer:

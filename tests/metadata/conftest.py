@@ -9,18 +9,15 @@ PostgreSQL cluster (``postgres``) is one per session, started from Debian's
 
 from __future__ import annotations
 
-import itertools
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _meta_support import Fleet, MetaServer, http
+from _meta_support import Fleet, MetaServer, http, new_database
 
 from edge_gateway.testing.postgres import BIN_DIR, Postgres
-
-_databases = itertools.count()
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -48,11 +45,6 @@ def postgres() -> Iterator[Postgres]:
             pg.stop("immediate")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def new_database(pg: Postgres) -> str:
-    """The URL of a new, empty database on ``pg``."""
-    return pg.create_database(f"meta{next(_databases)}")
 
 
 @pytest.fixture(scope="module")
