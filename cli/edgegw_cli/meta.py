@@ -74,11 +74,17 @@ def serve(
     ),
     max_body_bytes: int = typer.Option(64 << 10, "--max-body-bytes", help="Largest body (413)."),
     sync_interval_ms: int = typer.Option(
-        100,
+        1000,
         "--sync-interval-ms",
         min=10,
-        max=10_000,
-        help="PostgreSQL: how often a replica reads the others' head reports and changes.",
+        max=60_000,
+        help="PostgreSQL: how often a replica polls for the others' head reports and "
+        "changes when no notification came first.",
+    ),
+    sync_notify: bool = typer.Option(
+        True,
+        "--sync-notify/--no-sync-notify",
+        help="PostgreSQL: LISTEN for the other replicas' notifications (else poll only).",
     ),
 ) -> None:
     """Serve topic routing, heartbeats and the head relay until SIGTERM.
@@ -99,6 +105,7 @@ def serve(
             addr_file=addr_file,
             max_body_bytes=max_body_bytes,
             sync_interval_s=sync_interval_ms / 1000,
+            sync_notify=sync_notify,
         )
     except ConfigError as exc:
         raise fail(str(exc), EXIT_CONFIG) from None

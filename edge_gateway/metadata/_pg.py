@@ -25,6 +25,10 @@ commit in order: a replica that has seen version V has seen every head of a
 version <= V. Each replica writes the reports it receives in batches (group
 commit: :meth:`PostgresStore.publish_heads`) and reads the others' moves with
 :meth:`PostgresStore.poll` (see :mod:`edge_gateway.metadata._replicas`).
+Each batch (not each report) and each admin change ends with one
+``pg_notify`` on :data:`CHANNEL`, which wakes the other replicas' polls at
+once (:meth:`PostgresStore.listen`): NOTIFY takes a database-wide lock at
+commit, so it is paid per batch, and a batch grows with the report rate.
 Head writes use ``synchronous_commit = off``: a head is a hint, and the
 gateways report again after their next commit and in every heartbeat.
 """
@@ -32,7 +36,9 @@ gateways report again after their next commit and in every heartbeat.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -48,6 +54,8 @@ log = logging.getLogger("edgegw.metadata.pg")
 WRITE_LOCK: Final = 0x6567_7701
 HEADS_LOCK: Final = 0x6567_7702
 MIGRATE_LOCK: Final = 0x6567_7703
+#: The channel replicas NOTIFY after a head batch or an admin change (payload: the sender's id).
+CHANNEL: Final = "edgegw_metadata"
 
 #: Migration ``i`` brings ``schema_version`` from ``i`` to ``i + 1``. Append only.
 #: 1 is the SQLite schema at its version 4 (tokens with rotation, topic
@@ -140,6 +148,8 @@ class PostgresStore(SqlStore):
             ) from None
         self.url = url
         self.concurrency = pool_size
+        #: Names this process's notifications, so that it ignores its own.
+        self.replica_id = uuid.uuid4().hex
         self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
         self._pool: Any = ConnectionPool(
             url,
@@ -223,6 +233,8 @@ class PostgresStore(SqlStore):
             if serialize:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             yield _PgConn(conn)
+            if serialize:  # an admin change (rare): the other replicas poll at once
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
 
     # ---------------------------------------------------------------- heads
 
@@ -240,7 +252,38 @@ class PostgresStore(SqlStore):
             rows = conn.execute(
                 "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
             ).fetchall()
+            # One notification per batch, not per report: see the module docstring.
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
         return [(str(r), int(s), int(v)) for r, s, v in rows]
+
+    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None:
+        """Call ``woken()`` when another replica notifies a change, until ``stop`` is set.
+
+        Blocking (a worker thread); its own connection, outside the pool. A
+        lost connection is opened again (every 0.5 s while it fails), and
+        ``woken()`` is called once it is back: notifications sent meanwhile
+        are lost, the poll that follows finds their changes.
+        """
+        import psycopg
+
+        broken = False
+        while not stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    if broken:
+                        log.info("metadata database: listening for changes again")
+                        broken = False
+                        woken()
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            if note.payload != self.replica_id:
+                                woken()
+            except psycopg.Error as exc:
+                if not broken:
+                    log.warning("metadata database: not listening for changes: %s", exc)
+                broken = True
+                stop.wait(0.5)
 
     def poll(self, since: int) -> tuple[int, int, list[tuple[str, int, int]]]:
         """(routing version, credentials version, heads of a version above ``since``)."""

@@ -110,8 +110,10 @@ class MetadataServerConfig(ListenAddress):
     #: Seconds each read of a request body may wait for data (408 and close after).
     read_timeout_s: float = READ_TIMEOUT_S
     #: PostgreSQL: how often a replica polls for the others' changes (head
-    #: reports, routing and token changes).
-    sync_interval_s: float = 0.1
+    #: reports, routing and token changes) when no notification came first.
+    sync_interval_s: float = 1.0
+    #: PostgreSQL: LISTEN for the others' notifications (off: poll only).
+    sync_notify: bool = True
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -256,6 +258,7 @@ class MetadataApp:
                 on_routing_version=self._routing_moved,
                 on_credentials_version=self._credentials_moved,
                 interval_s=config.sync_interval_s,
+                notify=config.sync_notify,
             )
         # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
