@@ -86,6 +86,15 @@ def serve(
         "--sync-notify/--no-sync-notify",
         help="PostgreSQL: LISTEN for the other replicas' notifications (else poll only).",
     ),
+    max_inflight: int = typer.Option(
+        512, "--max-inflight", help="Requests in progress before 503 overloaded (Retry-After)."
+    ),
+    max_long_polls: int = typer.Option(
+        50_000, "--max-long-polls", help="Held GET /v1/heads polls before 503 overloaded."
+    ),
+    max_verifying: int = typer.Option(
+        64, "--max-verifying", help="New tokens awaiting their scrypt check before 503."
+    ),
 ) -> None:
     """Serve topic routing, heartbeats and the head relay until SIGTERM.
 
@@ -106,6 +115,9 @@ def serve(
             max_body_bytes=max_body_bytes,
             sync_interval_s=sync_interval_ms / 1000,
             sync_notify=sync_notify,
+            max_inflight=max_inflight,
+            max_long_polls=max_long_polls,
+            max_verifying=max_verifying,
         )
     except ConfigError as exc:
         raise fail(str(exc), EXIT_CONFIG) from None

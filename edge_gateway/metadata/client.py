@@ -10,7 +10,10 @@
   loaded when the server is unreachable; :func:`refresh_routing` combines both.
 
 Errors (``edge_gateway.errors``): a refused connection, a timeout or a 5xx
-→ :class:`Unavailable` (retry later, run from the cache); a 4xx →
+→ :class:`Unavailable` (retry later, run from the cache); a ``503`` or ``429``
+with ``Retry-After`` (the server is overloaded) → :class:`MetadataOverloaded`,
+an :class:`Unavailable` carrying ``retry_after_s``, which every retry loop
+honours (``Backoff.delay_after``: never sooner, then jittered); a 4xx →
 :class:`MetadataRefused` (an :class:`InvalidInput` carrying the HTTP status
 and the server's error code); a malformed answer → :class:`CorruptData`.
 
@@ -27,9 +30,11 @@ the latest of); only a failure on a new connection counts.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import os
+import random
 import ssl
 import time
 from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
@@ -47,12 +52,14 @@ from edge_gateway._http import CLIENT_KEEPALIVE_EXPIRY_S
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
+from edge_gateway.protocol.log import Backoff
 
 __all__ = [
     "CachedRouting",
     "HeadReporter",
     "HeadsUpdate",
     "MetadataClient",
+    "MetadataOverloaded",
     "MetadataRefused",
     "RoutingCache",
     "RoutingFetch",
@@ -76,6 +83,42 @@ class MetadataRefused(InvalidInput):
         super().__init__(f"metadata server: {message} ({status} {code})")
         self.status = status
         self.code = code
+
+
+class MetadataOverloaded(Unavailable):
+    """The server is overloaded (503/429) and said when to come back: ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+#: The longest Retry-After taken from a server (a confused one must not park a gateway).
+MAX_RETRY_AFTER_S: Final = 300.0
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), or None.
+
+    Bounded to [0, :data:`MAX_RETRY_AFTER_S`]; anything unreadable is None.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(max(0.0, when.timestamp() - time.time()), MAX_RETRY_AFTER_S)
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The ``Retry-After`` an overloaded server gave with ``exc``, if any."""
+    return exc.retry_after_s if isinstance(exc, MetadataOverloaded) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +389,14 @@ class MetadataClient:
             # Not the link itself, but what a broken one delivers: a body that
             # does not decode (DecodingError), a redirect loop. Transient too.
             raise Unavailable(f"metadata server {base}: {type(exc).__name__}: {exc}") from None
+        if r.status_code in (429, 503):
+            retry_after = parse_retry_after(r.headers.get("retry-after"))
+            if retry_after is not None:
+                raise MetadataOverloaded(
+                    f"metadata server {base} is overloaded ({r.status_code}); "
+                    f"retry after {retry_after:g} s",
+                    retry_after,
+                )
         if r.status_code >= 500:
             raise Unavailable(f"metadata server {base} answered {r.status_code}")
         return r
@@ -448,8 +499,9 @@ class HeadReporter:
     the seq (O(1), never raises, never blocks). :meth:`run` (a long-lived
     task) sends the latest recorded seq, one request at a time, so a burst of
     commits becomes one report; failures are logged and retried with a
-    backoff capped at ``retry_cap_s``. The relay is a hint: nothing depends
-    on a report arriving.
+    jittered backoff capped at ``retry_cap_s`` (never sooner than an
+    overloaded server's ``Retry-After``), with the latest seq by then. The
+    relay is a hint: nothing depends on a report arriving.
     """
 
     def __init__(self, client: MetadataClient, *, retry_cap_s: float = 5.0) -> None:
@@ -460,6 +512,7 @@ class HeadReporter:
         self._wake = trio.Event()
         self._reports = 0
         self._failures = 0
+        self._rand = random.Random()
 
     def report_nowait(self, seq: int) -> None:
         if self._latest is None or seq > self._latest:
@@ -471,7 +524,7 @@ class HeadReporter:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        delay = 0.1
+        backoff = Backoff(0.1, self.retry_cap_s)
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
@@ -484,10 +537,9 @@ class HeadReporter:
                 self._failures += 1
                 log.debug("head report of seq %d failed: %s", seq, exc)
                 self._wake.set()  # try again (with the latest seq by then)
-                await trio.sleep(delay)
-                delay = min(self.retry_cap_s, delay * 2)
+                await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
                 continue
-            delay = 0.1
+            backoff.reset()
             self._sent = seq
             self._reports += 1
 

@@ -61,6 +61,13 @@ from edge_gateway.metadata._db import (
     split_region_token,
     verify_token,
 )
+from edge_gateway.metadata._fanout import (
+    Admission,
+    HeadRelay,
+    Heartbeat,
+    HeartbeatWriter,
+    Overloaded,
+)
 from edge_gateway.metadata._pg import PostgresStore, is_postgres_url
 from edge_gateway.metadata._replicas import ReplicaSync
 from edge_gateway.metadata.routing import (
@@ -85,6 +92,8 @@ DEFAULT_KEEP_PREVIOUS_S: Final = 86_400
 #: At most 30 days: a rotation that never ends is no rotation.
 MAX_KEEP_PREVIOUS_S: Final = 30 * 86_400
 _LAG_FIELDS_MAX: Final = 100
+#: Heartbeats written to the store per worker-thread hop.
+_HEARTBEAT_SLICE: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +118,13 @@ class MetadataServerConfig(ListenAddress):
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
     #: Seconds each read of a request body may wait for data (408 and close after).
     read_timeout_s: float = READ_TIMEOUT_S
+    #: Requests in progress (held long polls apart) past which the server answers
+    #: ``503 overloaded`` with ``Retry-After`` at once (docs/metadata.md, "Overload").
+    max_inflight: int = 512
+    #: Long polls held at once past which a new one gets the 503.
+    max_long_polls: int = 50_000
+    #: Tokens not seen before that may wait for their scrypt check at once.
+    max_verifying: int = 64
     #: PostgreSQL: how often a replica polls for the others' changes (head
     #: reports, routing and token changes) when no notification came first.
     sync_interval_s: float = 1.0
@@ -125,99 +141,12 @@ class MetadataServerConfig(ListenAddress):
             raise ConfigError("the admin token must be at least 16 characters long")
         if self.max_body_bytes < 1024:
             raise ConfigError("max_body_bytes must be at least 1 KiB")
+        for key in ("max_inflight", "max_long_polls", "max_verifying"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1")
         for key in ("keep_alive_timeout_s", "read_timeout_s"):
             if not 0 < getattr(self, key) < float("inf"):  # also refuses NaN
                 raise ConfigError(f"{key} must be a number of seconds > 0")
-
-
-# ------------------------------------------------------------------ heads
-
-
-@dataclass(frozen=True, slots=True)
-class HeadsUpdate:
-    """An answer of :meth:`HeadRelay.wait_heads`: heads that moved after ``since``."""
-
-    version: int
-    heads: dict[str, int]
-
-
-class HeadRelay:
-    """Each region's latest committed log seq, with a version that grows on every move.
-
-    Versions start at the server's start time in microseconds, so after a
-    restart they are above any version a client saw before: a client's
-    ``since`` from the previous run then gets every known head at once.
-    """
-
-    def __init__(self, *, version: int | None = None) -> None:
-        self.version = time.time_ns() // 1000 if version is None else version
-        #: region -> (seq, version at which it last moved)
-        self._heads: dict[str, tuple[int, int]] = {}
-        self._moved = trio.Event()
-        self._closed = False
-
-    def report(self, region: str, seq: int) -> tuple[int, int]:
-        """Record ``region``'s head; coalesced: a seq not above the known one changes nothing.
-
-        Returns (head seq, relay version).
-        """
-        current = self._heads.get(region)
-        if current is not None and seq <= current[0]:
-            return current[0], self.version
-        self.version += 1
-        self._heads[region] = (seq, self.version)
-        self._moved.set()
-        self._moved = trio.Event()
-        return seq, self.version
-
-    def heads_since(self, since: int, regions: frozenset[str] | None) -> HeadsUpdate:
-        if since > self.version:  # a version from the future: another server run
-            since = 0
-        heads = {
-            r: seq
-            for r, (seq, v) in self._heads.items()
-            if v > since and (regions is None or r in regions)
-        }
-        return HeadsUpdate(self.version, heads)
-
-    async def wait_heads(
-        self, since: int, regions: frozenset[str] | None, timeout_s: float
-    ) -> HeadsUpdate:
-        """Heads of ``regions`` that moved after ``since``; waits up to ``timeout_s`` for one."""
-        with trio.move_on_after(timeout_s):
-            while True:
-                update = self.heads_since(since, regions)
-                if update.heads or self._closed:
-                    return update
-                await self._moved.wait()
-        return self.heads_since(since, regions)
-
-    def close(self) -> None:
-        """End every wait now (the server is stopping)."""
-        self._closed = True
-        self._moved.set()
-
-    def head(self, region: str) -> int | None:
-        current = self._heads.get(region)
-        return None if current is None else current[0]
-
-    def apply(self, heads: list[tuple[str, int, int]]) -> None:
-        """Take heads versioned by the shared store: (region, seq, version) each.
-
-        ``heads`` holds every head of a version above :attr:`version` (the
-        store's watermark) that the store had: then this relay's version is
-        one too. A seq not above the known one changes nothing.
-        """
-        moved = False
-        for region, seq, version in heads:
-            current = self._heads.get(region)
-            if current is None or seq > current[0]:
-                self._heads[region] = (seq, version)
-                moved = True
-            self.version = max(self.version, version)
-        if moved:
-            self._moved.set()
-            self._moved = trio.Event()
 
 
 # -------------------------------------------------------------------- app
@@ -260,6 +189,12 @@ class MetadataApp:
                 interval_s=config.sync_interval_s,
                 notify=config.sync_notify,
             )
+        self.admission = Admission(
+            max_inflight=config.max_inflight,
+            max_long_polls=config.max_long_polls,
+            max_verifying=config.max_verifying,
+        )
+        self.heartbeats = HeartbeatWriter()
         # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
@@ -297,6 +232,7 @@ class MetadataApp:
                 ApiError: self._api_error,
                 InvalidInput: self._invalid_input,
                 ClosedError: self._closed,
+                Overloaded: self._overloaded,
                 Unavailable: self._unavailable,
                 HTTPException: self._http_error,
                 Exception: self._internal,
@@ -333,7 +269,35 @@ class MetadataApp:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.starlette(scope, tracked_receive, tracked_send)
+        if scope["path"] == "/healthz":
+            await self.starlette(scope, tracked_receive, tracked_send)
+            return
+        try:
+            self.admission.enter()
+        except Overloaded as exc:
+            await self._shed(exc, tracked_receive, tracked_send, lambda: body_done)
+            return
+        try:
+            await self.starlette(scope, tracked_receive, tracked_send)
+        finally:
+            self.admission.leave()
+
+    async def _shed(
+        self,
+        exc: Overloaded,
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+        body_done: Callable[[], bool],
+    ) -> None:
+        """Answer 503 before any work; read a small body first so the connection stays usable."""
+        size = 0
+        while not body_done() and size <= self.config.max_body_bytes:
+            message = await receive()
+            size += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                return  # the client went away
+        response = _overloaded_response(exc)
+        await response({"type": "http"}, receive, send)
 
     @property
     def open_mode(self) -> bool:
@@ -342,6 +306,26 @@ class MetadataApp:
 
     def begin_shutdown(self) -> None:
         self.heads.close()
+
+    async def run_background(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The server's own tasks (the heartbeat write-behind) until cancelled."""
+        task_status.started()
+        await self.heartbeats.run(self._write_heartbeats)
+
+    async def _write_heartbeats(self, batch: dict[str, Heartbeat]) -> None:
+        # In slices: other store calls (a token's lookup, a topic change) wait
+        # for one slice at most, not for a fleet's worth of heartbeats.
+        items = list(batch.items())
+        for i in range(0, len(items), _HEARTBEAT_SLICE):
+            await self._db(self.write_heartbeats_now, dict(items[i : i + _HEARTBEAT_SLICE]))
+
+    def write_heartbeats_now(self, batch: dict[str, Heartbeat]) -> None:
+        """Store ``batch`` (blocking: a worker thread, or the last flush at shutdown)."""
+        for region, beat in batch.items():
+            with contextlib.suppress(Refused):  # revoked since: its heartbeat no longer matters
+                self.store.heartbeat(region, beat.gateway_version, beat.lag, beat.now_ms)
 
     # ------------------------------------------------------------ plumbing
 
@@ -397,7 +381,11 @@ class MetadataApp:
         if known is not None and (known[1] is None or _now_ms() < known[1]):
             return known[0]
         generation = self._token_generation
-        verified = await self._verify(token)
+        self.admission.start_verify()
+        try:
+            verified = await self._verify(token)
+        finally:
+            self.admission.end_verify()
         if verified is None:
             raise _unauthorized("unknown or revoked token (or one rotated out)")
         # Remember it only if no region was added, revoked or rotated meanwhile
@@ -475,6 +463,10 @@ class MetadataApp:
         code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
         return error_response(400, code, str(exc))
 
+    async def _overloaded(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Overloaded)
+        return _overloaded_response(exc)
+
     async def _closed(self, request: Request, exc: Exception) -> Response:
         return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
 
@@ -504,7 +496,16 @@ class MetadataApp:
     # ------------------------------------------------------------ endpoints
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "routing_version": self._routing.version})
+        a = self.admission.statistics()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "routing_version": self._routing.version,
+                "long_polls": self.heads.held,
+                "inflight": a.inflight,
+                "shed": a.shed,
+            }
+        )
 
     async def openapi(self, request: Request) -> Response:
         from edge_gateway.metadata._openapi import openapi_document
@@ -563,7 +564,18 @@ class MetadataApp:
 
     async def _with_heads(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         heads = self.heads.heads_since(0, None).heads
-        return [{**r, "head_seq": heads.get(r["id"])} for r in rows]
+        out = []
+        for r in rows:
+            beat = self.heartbeats.pending(r["id"])
+            if beat is not None and r["status"] == "active":  # not written to the store yet
+                r = {
+                    **r,
+                    "last_heartbeat_ms": beat.now_ms,
+                    "gateway_version": beat.gateway_version,
+                    "lag": dict(beat.lag),
+                }
+            out.append({**r, "head_seq": heads.get(r["id"])})
+        return out
 
     async def add_region(self, request: Request, who: Principal) -> Response:
         doc = await self._json_body(request)
@@ -641,7 +653,8 @@ class MetadataApp:
         head = doc.get("head_seq")
         if head is not None:
             await self._report_head(region, _seq(head))
-        await self._db(self.store.heartbeat, region, version, lag, _now_ms())
+        # Answered from memory; written to the store behind, coalesced (_fanout.HeartbeatWriter).
+        self.heartbeats.note(region, Heartbeat(version, lag, _now_ms()))
         return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
 
     async def report_head(self, request: Request, who: Principal) -> Response:
@@ -664,7 +677,15 @@ class MetadataApp:
             # A version from a replica ahead of this one: catch up before
             # deciding it comes from the future.
             await self.replicas.catch_up()
-        update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+        update = self.heads.heads_since(since, regions)
+        if not update.heads and wait_ms > 0:
+            # Parked, the poll no longer counts as a request in progress; the
+            # check above and the wait's own check run with no checkpoint between.
+            self.admission.park()
+            try:
+                update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+            finally:
+                self.admission.unpark()
         return JSONResponse({"version": update.version, "heads": update.heads})
 
     async def list_buckets(self, request: Request, who: Principal) -> Response:
@@ -733,6 +754,15 @@ def _etag_matches(header: str | None, etag: str) -> bool:
         if c == "*" or c.removeprefix("W/") == etag:
             return True
     return False
+
+
+def _overloaded_response(exc: Overloaded) -> Response:
+    return error_response(
+        503,
+        "overloaded",
+        f"the metadata server is overloaded ({exc.what}); retry after {exc.retry_after_s} s",
+        {"Retry-After": str(exc.retry_after_s)},
+    )
 
 
 def _unauthorized(message: str) -> ApiError:
@@ -839,6 +869,7 @@ async def serve_metadata(
     from hypercorn.trio import serve
 
     store = await trio.to_thread.run_sync(open_store, config)
+    app: MetadataApp | None = None
     try:
         app = MetadataApp(store, config)
         stop = trio.Event()
@@ -856,6 +887,7 @@ async def serve_metadata(
 
             if app.replicas is not None:
                 await nursery.start(app.replicas.run)
+            await nursery.start(app.run_background)
             binds: list[str] = await nursery.start(run)
             url = binds[0]
             try:
@@ -873,6 +905,11 @@ async def serve_metadata(
                     with contextlib.suppress(OSError):
                         config.addr_file.unlink()
     finally:
+        if app is not None:  # every task is done: the last heartbeats go to the store here
+            try:
+                app.write_heartbeats_now(app.heartbeats.take())
+            except Exception:
+                log.exception("could not store the last heartbeats")
         store.close()
 
 

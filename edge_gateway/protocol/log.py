@@ -183,9 +183,21 @@ class Backoff:
 
     def next_delay(self, rand: float) -> float:
         """The next delay for a uniform random ``rand`` in [0, 1)."""
-        ceiling = min(self.cap_s, self.base_s * (2.0**self.attempt))
+        ceiling = min(self.cap_s, self.base_s * (2.0 ** min(self.attempt, 62)))
         self.attempt += 1
         return ceiling * rand
+
+    def delay_after(self, retry_after_s: float | None, rand: float) -> float:
+        """The next delay when the server may have said when to come back (``Retry-After``).
+
+        Never sooner than it asked, and spread over the next backoff window
+        after that: a whole fleet told "in 5 s" must not all come back in
+        exactly 5 s. Without ``retry_after_s`` it is :meth:`next_delay`.
+        """
+        delay = self.next_delay(rand)
+        if retry_after_s is None:
+            return delay
+        return max(0.0, retry_after_s) + delay
 
     def reset(self) -> None:
         self.attempt = 0
