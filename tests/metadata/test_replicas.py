@@ -323,10 +323,12 @@ def test_migrate_sqlite_to_postgres(postgres: Postgres, tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "copied 3 regions, 1 topics and 1 bucket locations" in out.stdout
-    # The second doc command serves the copy (here on a free loopback port).
+    # The second doc command serves the copy, here on a free loopback port
+    # (and with --addr-file), and with no admin token: its hash was copied.
     serve = shlex.split(commands[1].replace(DOC_URL, url))
-    assert serve[3:5] == ["--db", url]
-    new = MetaServer(url, files=tmp_path / "pg")  # no --admin-token: the hash was copied too
+    assert serve[:5] == ["edgegw", "metadata", "serve", "--db", url]
+    assert serve[5] == "--listen" and len(serve) == 7
+    new = MetaServer(url, files=tmp_path / "pg", admin_token=None)
     try:
         with http(new.url) as c:
             after = c.get("/v1/routing")
