@@ -327,7 +327,8 @@ def test_migrate_sqlite_to_postgres(postgres: Postgres, tmp_path: Path) -> None:
     # (and with --addr-file), and with no admin token: its hash was copied.
     serve = shlex.split(commands[1].replace(DOC_URL, url))
     assert serve[:5] == ["edgegw", "metadata", "serve", "--db", url]
-    assert serve[5] == "--listen" and len(serve) == 7
+    assert serve[5] == "--listen"
+    assert len(serve) == 7
     new = MetaServer(url, files=tmp_path / "pg", admin_token=None)
     try:
         with http(new.url) as c:
