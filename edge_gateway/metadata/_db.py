@@ -261,17 +261,6 @@ class SqlStore:
             row = db.execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()
         return int(row[0])
 
-    def sync_state(self) -> tuple[int, int]:
-        """(routing version, credentials version): what replicas compare to see changes."""
-        with self._read() as db:
-            rows = dict(
-                db.execute(
-                    "SELECT key, value FROM meta"
-                    " WHERE key IN ('routing_version', 'credentials_version')"
-                ).fetchall()
-            )
-        return int(rows["routing_version"]), int(rows.get("credentials_version", 0))
-
     # ---------------------------------------------------------- admin token
 
     def admin_token_hash(self) -> str | None:

@@ -150,14 +150,21 @@ class PostgresStore(SqlStore):
         self.concurrency = pool_size
         #: Names this process's notifications, so that it ignores its own.
         self.replica_id = uuid.uuid4().hex
-        self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+        self._errors: tuple[type[BaseException], ...] = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            PoolTimeout,
+        )
         self._pool: Any = ConnectionPool(
             url,
             min_size=1,
             max_size=pool_size,
             kwargs={"autocommit": True, "connect_timeout": 5},
             check=ConnectionPool.check_connection,
-            timeout=5.0,
+            # Calls never wait for a connection the pool has (the server runs at
+            # most pool_size at once): a wait is PostgreSQL being away, so fail
+            # soon (503) rather than hold the request.
+            timeout=2.0,
             # Keep trying to reconnect while PostgreSQL is away (default: 5 min, then give up).
             reconnect_timeout=365 * 86400.0,
             name="edgegw-metadata",
