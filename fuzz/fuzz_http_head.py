@@ -1,4 +1,4 @@
-"""Fuzz the builtin server's fast path parser (``edge_gateway.api._http11._parse_head``).
+"""Fuzz the builtin server's fast path parser (``edge_gateway._http11._parse_head``).
 
 The property, differential against h11: whatever request head the fast path
 takes, h11 accepts with the same method, target, headers and body length;
@@ -21,7 +21,7 @@ import random
 import sys
 from pathlib import Path
 
-from edge_gateway.api._http11 import _DECLINE, _parse_head
+from edge_gateway._http11 import _DECLINE, _parse_head
 from edge_gateway.testing.h11view import h11_view
 
 sys.path.insert(0, str(Path(__file__).parent))

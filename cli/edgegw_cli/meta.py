@@ -95,6 +95,9 @@ def serve(
     max_verifying: int = typer.Option(
         64, "--max-verifying", help="New tokens awaiting their scrypt check before 503."
     ),
+    server: str = typer.Option(
+        "builtin", "--server", help="HTTP server: builtin (edgegw's own) or hypercorn."
+    ),
 ) -> None:
     """Serve topic routing, heartbeats and the head relay until SIGTERM.
 
@@ -118,6 +121,7 @@ def serve(
             max_inflight=max_inflight,
             max_long_polls=max_long_polls,
             max_verifying=max_verifying,
+            server=server,
         )
     except ConfigError as exc:
         raise fail(str(exc), EXIT_CONFIG) from None

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import trio
 
 from edge_gateway._http import hypercorn_config
+from edge_gateway._http11 import Http11Server
+from edge_gateway._tls import server_context
 from edge_gateway.api._app import ApiApp
-from edge_gateway.api._http11 import Http11Server
-from edge_gateway.api._tls import server_context
 from edge_gateway.gateway import Gateway
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ async def serve_api(
     :data:`GRACEFUL_TIMEOUT_S` to finish; then the address file is removed.
 
     ``server`` picks the HTTP server (default: ``api.server`` of the
-    config): ``builtin`` (the default: :mod:`._http11`, a fast path for plain
+    config): ``builtin`` (the default: :mod:`edge_gateway._http11`, a fast path for plain
     requests and h11 for the rest) or ``hypercorn`` (a general ASGI server,
     ~4x the CPU per small request); see docs/api.md, "Choosing the server".
     """

@@ -28,8 +28,8 @@ from typing import Any, Final
 import trio
 from kio.schema.errors import ErrorCode
 
-from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD, server_context
-from edge_gateway.api._tlsstream import TlsStream
+from edge_gateway._tls import TLS_HANDSHAKE_RECORD, server_context
+from edge_gateway._tlsstream import TlsStream
 from edge_gateway.gateway import Gateway
 from edge_gateway.kafka._handlers import api_versions_body
 from edge_gateway.kafka._protocol import (

@@ -81,6 +81,7 @@ class HeadRelay:
         #: region -> the polls that follow it; polls of every region apart.
         self._followers: dict[str, set[_Waiter]] = {}
         self._everything: set[_Waiter] = set()
+        self._held = 0
         self._closed = False
         self.reports = 0
         self.moves = 0
@@ -89,7 +90,7 @@ class HeadRelay:
     @property
     def held(self) -> int:
         """Long polls waiting now."""
-        return len(self._everything) + sum(len(s) for s in self._followers.values())
+        return self._held
 
     def report(self, region: str, seq: int) -> tuple[int, int]:
         """Record ``region``'s head; coalesced: a seq not above the known one changes nothing.
@@ -171,6 +172,7 @@ class HeadRelay:
         return self.heads_since(since, regions)
 
     def _park(self, w: _Waiter) -> None:
+        self._held += 1
         if w.regions is None:
             self._everything.add(w)
             return
@@ -178,6 +180,7 @@ class HeadRelay:
             self._followers.setdefault(r, set()).add(w)
 
     def _unpark(self, w: _Waiter) -> None:
+        self._held -= 1
         if w.regions is None:
             self._everything.discard(w)
             return

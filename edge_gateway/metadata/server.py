@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -125,6 +126,9 @@ class MetadataServerConfig(ListenAddress):
     max_long_polls: int = 50_000
     #: Tokens not seen before that may wait for their scrypt check at once.
     max_verifying: int = 64
+    #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway._http11`,
+    #: as the gateway's local API) or ``hypercorn`` (~2x the CPU per request).
+    server: str = "builtin"
     #: PostgreSQL: how often a replica polls for the others' changes (head
     #: reports, routing and token changes) when no notification came first.
     sync_interval_s: float = 1.0
@@ -141,6 +145,8 @@ class MetadataServerConfig(ListenAddress):
             raise ConfigError("the admin token must be at least 16 characters long")
         if self.max_body_bytes < 1024:
             raise ConfigError("max_body_bytes must be at least 1 KiB")
+        if self.server not in ("builtin", "hypercorn"):
+            raise ConfigError(f"server must be 'builtin' or 'hypercorn', not {self.server!r}")
         for key in ("max_inflight", "max_long_polls", "max_verifying"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key} must be at least 1")
@@ -866,30 +872,19 @@ async def serve_metadata(
     Cancelling stops gracefully: head long polls end at once, in-flight
     requests get up to :data:`GRACEFUL_TIMEOUT_S`; the address file is removed.
     """
-    from hypercorn.trio import serve
-
     store = await trio.to_thread.run_sync(open_store, config)
     app: MetadataApp | None = None
     try:
         app = MetadataApp(store, config)
-        stop = trio.Event()
         server_scope = trio.CancelScope(shield=True)
         async with trio.open_nursery() as nursery:
-
-            async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                with server_scope:
-                    await serve(
-                        cast(Any, app),
-                        _hypercorn_config(config),
-                        shutdown_trigger=stop.wait,
-                        task_status=task_status,
-                    )
-
             if app.replicas is not None:
                 await nursery.start(app.replicas.run)
             await nursery.start(app.run_background)
-            binds: list[str] = await nursery.start(run)
-            url = binds[0]
+            if config.server == "hypercorn":
+                url, stop = await _start_hypercorn(nursery, app, config, server_scope)
+            else:
+                url, stop = await _start_builtin(nursery, app, config, server_scope)
             try:
                 if config.addr_file is not None:
                     await trio.to_thread.run_sync(_write_addr, config.addr_file, url)
@@ -899,7 +894,7 @@ async def serve_metadata(
                 await trio.sleep_forever()
             finally:
                 app.begin_shutdown()
-                stop.set()
+                stop()
                 server_scope.deadline = trio.current_time() + GRACEFUL_TIMEOUT_S + 2.0
                 if config.addr_file is not None:
                     with contextlib.suppress(OSError):
@@ -911,6 +906,77 @@ async def serve_metadata(
             except Exception:
                 log.exception("could not store the last heartbeats")
         store.close()
+
+
+async def _start_hypercorn(
+    nursery: trio.Nursery, app: MetadataApp, config: MetadataServerConfig, scope: trio.CancelScope
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``app`` on hypercorn in ``nursery``: (its URL, what begins its stop)."""
+    from hypercorn.trio import serve
+
+    stop = trio.Event()
+
+    async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        with scope:
+            await serve(
+                cast(Any, app),
+                _hypercorn_config(config),
+                shutdown_trigger=stop.wait,
+                task_status=task_status,
+            )
+
+    binds: list[str] = await nursery.start(run)
+    return binds[0], stop.set
+
+
+async def _start_builtin(
+    nursery: trio.Nursery, app: MetadataApp, config: MetadataServerConfig, scope: trio.CancelScope
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``app`` on edgegw's HTTP/1.1 server in ``nursery``: (its URL, what begins its stop).
+
+    The server the gateway's local API runs on (:mod:`edge_gateway._http11`):
+    each connection is one task that calls the app directly and writes each
+    response in one send, where hypercorn starts a task per request and
+    feeds it through memory channels (``bench/fleet.py`` measures both).
+    """
+    from edge_gateway._http11 import Http11Server
+
+    tls = _tls_context(config) if config.certfile is not None else None
+    listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+    if config.port == 0 and len(listeners) > 1:
+        # "localhost" on port 0: each address family got its own free port; serve one.
+        for extra in listeners[1:]:
+            await extra.aclose()
+        listeners = listeners[:1]
+    sockaddr = listeners[0].socket.getsockname()
+    host, port = str(sockaddr[0]), int(sockaddr[1])
+    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    http = Http11Server(
+        cast(Any, app),
+        log=logging.getLogger("edgegw.metadata.server"),
+        keep_alive_timeout=config.keep_alive_timeout_s,
+        ssl_context=tls,
+    )
+
+    async def run(*, task_status: trio.TaskStatus[None]) -> None:
+        with scope:
+            await http.serve(listeners, task_status=task_status)
+
+    await nursery.start(run)
+    return f"{'https' if tls is not None else 'http'}://{hostport}", http.shutdown
+
+
+def _tls_context(config: MetadataServerConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    try:
+        ctx.load_cert_chain(str(config.certfile), str(config.keyfile))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"--tls-cert / --tls-key: cannot load {config.certfile} with {config.keyfile}: {exc}"
+        ) from None
+    return ctx
 
 
 def _write_addr(path: Path, text: str) -> None:

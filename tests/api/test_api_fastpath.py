@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from edge_gateway.api._http11 import _DECLINE, _parse_head
+from edge_gateway._http11 import _DECLINE, _parse_head
 from edge_gateway.testing.h11view import h11_view
 
 MAX = 16 * 1024

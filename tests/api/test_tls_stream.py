@@ -1,4 +1,4 @@
-"""TlsStream (edge_gateway/api/_tlsstream.py) against trio's own TLS client, over real sockets.
+"""TlsStream (edge_gateway/_tlsstream.py) against trio's own TLS client, over real sockets.
 
 What the builtin server relies on: bytes arrive whole and in order both ways
 (also when the socket takes a write only in part), one task may wait to
@@ -17,7 +17,7 @@ import pytest
 import trio
 import trio.testing
 
-from edge_gateway.api._tlsstream import TlsStream
+from edge_gateway._tlsstream import TlsStream
 from edge_gateway.testing.tls import TlsFiles, make_tls_files
 
 #: Every test is bounded (a hang is a failure, not a stuck run).

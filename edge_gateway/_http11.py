@@ -16,7 +16,7 @@ oversized requests), HTTP/1.0, ``Expect: 100-continue``, request bodies
 streamed to the app, ``HEAD``, a keep-alive timeout, and a graceful stop
 (:meth:`Http11Server.shutdown`: stop accepting, close idle connections, let
 requests in flight finish with ``Connection: close``), and TLS (``ssl_context``: each
-accepted connection is wrapped in a :class:`~edge_gateway.api._tlsstream.TlsStream`
+accepted connection is wrapped in a :class:`~edge_gateway._tlsstream.TlsStream`
 once its handshake completes within ``handshake_timeout``; a connection whose first
 byte is not a TLS handshake gets a plain-HTTP ``400 tls_required``). Not in
 scope: HTTP/2, websockets, the lifespan protocol (the gateway owns the app's
@@ -50,8 +50,8 @@ import h11
 import trio
 
 from edge_gateway._http import KEEP_ALIVE_TIMEOUT_S
-from edge_gateway.api._tls import TLS_HANDSHAKE_RECORD
-from edge_gateway.api._tlsstream import TlsStream
+from edge_gateway._tls import TLS_HANDSHAKE_RECORD
+from edge_gateway._tlsstream import TlsStream
 
 __all__ = ["Http11Server"]
 

@@ -4,7 +4,7 @@ Loaded once at start, before the port is bound: a missing, unreadable or
 mismatched file stops ``edgegw serve`` with one line naming the key
 (:class:`~edge_gateway.errors.ConfigError`), not a traceback. Both servers
 use the same settings: the builtin one wraps each accepted connection in
-a :class:`~edge_gateway.api._tlsstream.TlsStream` with this context,
+a :class:`~edge_gateway._tlsstream.TlsStream` with this context,
 hypercorn is given the files.
 """
 
