@@ -216,7 +216,7 @@ class SqlStore:
     """
 
     #: Several replicas share the database (PostgreSQL): each one learns the
-    #: others' changes by :meth:`sync_state`, and head reports go through it.
+    #: others' changes by polling it (``_replicas``), and head reports go through it.
     shared: ClassVar[bool] = False
     #: How many calls may run at once (worker threads).
     concurrency: int = 1
