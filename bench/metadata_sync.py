@@ -45,7 +45,6 @@ def head_writes(store: PostgresStore, writers: int, seconds: float, notify: bool
             seq += 1
             if notify:
                 with store._connection() as conn, conn.transaction():
-                    conn.execute("SET LOCAL synchronous_commit TO OFF")
                     conn.execute("SELECT pg_advisory_xact_lock(%s)", (0x65677702,))
                     conn.execute(
                         "INSERT INTO heads (region, seq, version) VALUES (%s, %s,"
@@ -94,7 +93,7 @@ def poll_delay(store: PostgresStore, interval_s: float, samples: int) -> tuple[l
         since = 0
         while not stop.is_set():
             t0 = time.monotonic()
-            _, _, heads = store.poll(since)
+            _, _, _, heads = store.poll(since)
             costs.append(time.monotonic() - t0)
             for region, seq, version in heads:
                 since = max(since, version)

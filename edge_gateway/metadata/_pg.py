@@ -29,8 +29,11 @@ Each batch (not each report) and each admin change ends with one
 ``pg_notify`` on :data:`CHANNEL`, which wakes the other replicas' polls at
 once (:meth:`PostgresStore.listen`): NOTIFY takes a database-wide lock at
 commit, so it is paid per batch, and a batch grows with the report rate.
-Head writes use ``synchronous_commit = off``: a head is a hint, and the
-gateways report again after their next commit and in every heartbeat.
+If the database goes back in time (a failover to a standby that had not
+received the last transactions, a restore), versions would be issued again
+below what replicas have seen, and their long polls would miss those heads:
+a replica that finds the sequence below its relay's version moves it past
+(:meth:`PostgresStore.advance_versions`).
 """
 
 from __future__ import annotations
@@ -252,7 +255,6 @@ class PostgresStore(SqlStore):
         One transaction under :data:`HEADS_LOCK`, so versions commit in order.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute("SET LOCAL synchronous_commit TO OFF")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (HEADS_LOCK,))
             with conn.cursor() as cur:
                 cur.executemany(_UPSERT_HEAD, list(moves.items()))
@@ -292,8 +294,19 @@ class PostgresStore(SqlStore):
                 broken = True
                 stop.wait(0.5)
 
-    def poll(self, since: int) -> tuple[int, int, list[tuple[str, int, int]]]:
-        """(routing version, credentials version, heads of a version above ``since``)."""
+    def advance_versions(self, seen: int) -> int:
+        """Move the head version sequence to at least ``seen``; its value."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (HEADS_LOCK,))
+            row = conn.execute(
+                "SELECT setval('head_versions', GREATEST(last_value, %s)) FROM head_versions",
+                (seen,),
+            ).fetchone()
+        return int(row[0])
+
+    def poll(self, since: int) -> tuple[int, int, int, list[tuple[str, int, int]]]:
+        """(routing version, credentials version, the last head version issued,
+        heads of a version above ``since``)."""
         with self._connection() as conn:
             meta = dict(
                 conn.execute(
@@ -304,5 +317,7 @@ class PostgresStore(SqlStore):
             rows = conn.execute(
                 "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
             ).fetchall()
+            (issued,) = conn.execute("SELECT last_value FROM head_versions").fetchone()
         heads = [(str(r), int(s), int(v)) for r, s, v in rows]
-        return int(meta["routing_version"]), int(meta.get("credentials_version", 0)), heads
+        routing, credentials = int(meta["routing_version"]), int(meta.get("credentials_version", 0))
+        return routing, credentials, int(issued), heads

@@ -48,7 +48,9 @@ Heads = list[tuple[str, int, int]]
 class SharedStore(Protocol):
     def publish_heads(self, moves: dict[str, int], since: int) -> Heads: ...
 
-    def poll(self, since: int) -> tuple[int, int, Heads]: ...
+    def poll(self, since: int) -> tuple[int, int, int, Heads]: ...
+
+    def advance_versions(self, seen: int) -> int: ...
 
     def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None: ...
 
@@ -180,9 +182,21 @@ class ReplicaSync:
 
     async def _poll(self) -> None:
         async with self._poll_lock:
-            routing, credentials, heads = await self._run_db(self._store.poll, self._relay.version)
+            since = self._relay.version
+            routing, credentials, issued, heads = await self._run_db(self._store.poll, since)
             self.polls += 1
             self._relay.apply(heads)
+            if issued < self._relay.version:
+                # The database went back in time (see _pg): new versions must
+                # stay above every one a client holds.
+                moved = await self._run_db(self._store.advance_versions, self._relay.version)
+                log.warning(
+                    "metadata database: head versions went back to %d (below %d seen here): "
+                    "moved them on to %d",
+                    issued,
+                    self._relay.version,
+                    moved,
+                )
             # The first poll too: a change between the app's start and this poll.
             if credentials != self._credentials_version:
                 self._credentials_version = credentials

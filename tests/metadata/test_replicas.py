@@ -272,6 +272,32 @@ def test_postgres_restart_replicas_reconnect(
     wait_until(lambda: "listening for changes again" in a.log.read_text(), 10, "a to listen")
 
 
+def test_head_versions_that_go_back_are_moved_on(
+    replicas: tuple[MetaServer, MetaServer], postgres: Postgres
+) -> None:
+    """A database back in time (a standby behind, a restore) issues versions again:
+    the replicas move them past what their clients hold, and wakes keep working."""
+    a, b = replicas
+    tokens = _add_regions(a.url, "north", "south")
+    with http(a.url, tokens["north"]) as c:
+        assert c.post("/v1/regions/north/head", json={"seq": 1}).status_code == 200
+    wait_until(lambda: _heads(b.url).get("north") == 1, 10, "b to know the head")
+    assert isinstance(a.db, str)
+    postgres.psql("SELECT setval('head_versions', 1000)", a.db.rsplit("/", 1)[1])
+    wait_until(
+        lambda: "head versions went back" in a.log.read_text() + b.log.read_text(),
+        10,
+        "a replica to notice",
+    )
+    since = _version(b.url)
+    assert since > 1000
+    with http(a.url, tokens["north"]) as c:
+        assert c.post("/v1/regions/north/head", json={"seq": 2}).status_code == 200
+    with http(b.url, tokens["south"]) as c:
+        r = c.get("/v1/heads", params={"since": since, "regions": "north", "wait_ms": 5_000})
+        assert r.json()["heads"] == {"north": 2}, r.text
+
+
 def _regions_ok(url: str) -> bool:
     with http(url) as c:
         return c.get("/v1/regions").status_code == 200
