@@ -73,6 +73,19 @@ def serve(
         None, "--addr-file", help="Write the bound URL here once listening."
     ),
     max_body_bytes: int = typer.Option(64 << 10, "--max-body-bytes", help="Largest body (413)."),
+    sync_interval_ms: int = typer.Option(
+        1000,
+        "--sync-interval-ms",
+        min=10,
+        max=60_000,
+        help="PostgreSQL: how often a replica polls for the others' head reports and "
+        "changes when no notification came first.",
+    ),
+    sync_notify: bool = typer.Option(
+        True,
+        "--sync-notify/--no-sync-notify",
+        help="PostgreSQL: LISTEN for the other replicas' notifications (else poll only).",
+    ),
     max_inflight: int = typer.Option(
         512, "--max-inflight", help="Requests in progress before 503 overloaded (Retry-After)."
     ),
@@ -103,6 +116,8 @@ def serve(
             keyfile=tls_key,
             addr_file=addr_file,
             max_body_bytes=max_body_bytes,
+            sync_interval_s=sync_interval_ms / 1000,
+            sync_notify=sync_notify,
             max_inflight=max_inflight,
             max_long_polls=max_long_polls,
             max_verifying=max_verifying,
@@ -117,6 +132,35 @@ def serve(
     except* (EdgeGatewayError, OSError) as group:
         exc = leaf(group)
         raise fail(bind_failure(exc, "--listen", listen) or reason(exc), EXIT_FATAL) from None
+
+
+@serve_app.command("migrate")
+def migrate(
+    source: Path = typer.Option(..., "--from", help="The SQLite database to copy (unchanged)."),
+    target: str = typer.Option(
+        ..., "--to", help="A new, empty database: a postgresql:// URL (or a SQLite file)."
+    ),
+) -> None:
+    """Copy a metadata database (tokens, regions, topics, buckets, routing version).
+
+    Stop the server first (a short stop: gateways run from their cached routing),
+    then serve the target. Example:
+    edgegw metadata migrate --from meta.sqlite --to postgresql://edgegw@db.example/edgegw
+    """
+    from edge_gateway.errors import ConfigError, Unavailable
+    from edge_gateway.metadata._pg import is_postgres_url
+    from edge_gateway.metadata.migrate import migrate_database
+
+    try:
+        report = migrate_database(source, target if is_postgres_url(target) else Path(target))
+    except (ConfigError, Unavailable) as exc:
+        raise fail(str(exc), EXIT_CONFIG) from None
+    console.print(
+        f"copied {report.regions} regions, {report.topics} topics and {report.buckets} "
+        f"bucket locations (routing version {report.routing_version}) "
+        f"from {report.source} to {report.target}",
+        highlight=False,
+    )
 
 
 async def _serve(config: Any) -> None:

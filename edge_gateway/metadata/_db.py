@@ -216,7 +216,7 @@ class SqlStore:
     """
 
     #: Several replicas share the database (PostgreSQL): each one learns the
-    #: others' changes by :meth:`sync_state`, and head reports go through it.
+    #: others' changes by polling it (``_replicas``), and head reports go through it.
     shared: ClassVar[bool] = False
     #: How many calls may run at once (worker threads).
     concurrency: int = 1
@@ -260,17 +260,6 @@ class SqlStore:
         with self._read() as db:
             row = db.execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()
         return int(row[0])
-
-    def sync_state(self) -> tuple[int, int]:
-        """(routing version, credentials version): what replicas compare to see changes."""
-        with self._read() as db:
-            rows = dict(
-                db.execute(
-                    "SELECT key, value FROM meta"
-                    " WHERE key IN ('routing_version', 'credentials_version')"
-                ).fetchall()
-            )
-        return int(rows["routing_version"]), int(rows.get("credentials_version", 0))
 
     # ---------------------------------------------------------- admin token
 

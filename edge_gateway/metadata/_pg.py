@@ -25,14 +25,23 @@ commit in order: a replica that has seen version V has seen every head of a
 version <= V. Each replica writes the reports it receives in batches (group
 commit: :meth:`PostgresStore.publish_heads`) and reads the others' moves with
 :meth:`PostgresStore.poll` (see :mod:`edge_gateway.metadata._replicas`).
-Head writes use ``synchronous_commit = off``: a head is a hint, and the
-gateways report again after their next commit and in every heartbeat.
+Each batch (not each report) and each admin change ends with one
+``pg_notify`` on :data:`CHANNEL`, which wakes the other replicas' polls at
+once (:meth:`PostgresStore.listen`): NOTIFY takes a database-wide lock at
+commit, so it is paid per batch, and a batch grows with the report rate.
+If the database goes back in time (a failover to a standby that had not
+received the last transactions, a restore), versions would be issued again
+below what replicas have seen, and their long polls would miss those heads:
+a replica that finds the sequence below its relay's version moves it past
+(:meth:`PostgresStore.advance_versions`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Final, cast
 from urllib.parse import urlsplit, urlunsplit
@@ -48,6 +57,8 @@ log = logging.getLogger("edgegw.metadata.pg")
 WRITE_LOCK: Final = 0x6567_7701
 HEADS_LOCK: Final = 0x6567_7702
 MIGRATE_LOCK: Final = 0x6567_7703
+#: The channel replicas NOTIFY after a head batch or an admin change (payload: the sender's id).
+CHANNEL: Final = "edgegw_metadata"
 
 #: Migration ``i`` brings ``schema_version`` from ``i`` to ``i + 1``. Append only.
 #: 1 is the SQLite schema at its version 4 (tokens with rotation, topic
@@ -140,14 +151,23 @@ class PostgresStore(SqlStore):
             ) from None
         self.url = url
         self.concurrency = pool_size
-        self._errors: tuple[type[BaseException], ...] = (psycopg.OperationalError, PoolTimeout)
+        #: Names this process's notifications, so that it ignores its own.
+        self.replica_id = uuid.uuid4().hex
+        self._errors: tuple[type[BaseException], ...] = (
+            psycopg.OperationalError,
+            psycopg.InterfaceError,
+            PoolTimeout,
+        )
         self._pool: Any = ConnectionPool(
             url,
             min_size=1,
             max_size=pool_size,
             kwargs={"autocommit": True, "connect_timeout": 5},
             check=ConnectionPool.check_connection,
-            timeout=5.0,
+            # Calls never wait for a connection the pool has (the server runs at
+            # most pool_size at once): a wait is PostgreSQL being away, so fail
+            # soon (503) rather than hold the request.
+            timeout=2.0,
             # Keep trying to reconnect while PostgreSQL is away (default: 5 min, then give up).
             reconnect_timeout=365 * 86400.0,
             name="edgegw-metadata",
@@ -223,6 +243,8 @@ class PostgresStore(SqlStore):
             if serialize:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
             yield _PgConn(conn)
+            if serialize:  # an admin change (rare): the other replicas poll at once
+                conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
 
     # ---------------------------------------------------------------- heads
 
@@ -233,17 +255,58 @@ class PostgresStore(SqlStore):
         One transaction under :data:`HEADS_LOCK`, so versions commit in order.
         """
         with self._connection() as conn, conn.transaction():
-            conn.execute("SET LOCAL synchronous_commit TO OFF")
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (HEADS_LOCK,))
             with conn.cursor() as cur:
                 cur.executemany(_UPSERT_HEAD, list(moves.items()))
             rows = conn.execute(
                 "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
             ).fetchall()
+            # One notification per batch, not per report: see the module docstring.
+            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
         return [(str(r), int(s), int(v)) for r, s, v in rows]
 
-    def poll(self, since: int) -> tuple[int, int, list[tuple[str, int, int]]]:
-        """(routing version, credentials version, heads of a version above ``since``)."""
+    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None:
+        """Call ``woken()`` when another replica notifies a change, until ``stop`` is set.
+
+        Blocking (a worker thread); its own connection, outside the pool. A
+        lost connection is opened again (every 0.5 s while it fails), and
+        ``woken()`` is called once it is back: notifications sent meanwhile
+        are lost, the poll that follows finds their changes.
+        """
+        import psycopg
+
+        broken = False
+        while not stop.is_set():
+            try:
+                with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
+                    conn.execute(f"LISTEN {CHANNEL}")
+                    if broken:
+                        log.info("metadata database: listening for changes again")
+                        broken = False
+                        woken()
+                    while not stop.is_set():
+                        for note in conn.notifies(timeout=0.5):
+                            if note.payload != self.replica_id:
+                                woken()
+            except psycopg.Error as exc:
+                if not broken:
+                    log.warning("metadata database: not listening for changes: %s", exc)
+                broken = True
+                stop.wait(0.5)
+
+    def advance_versions(self, seen: int) -> int:
+        """Move the head version sequence to at least ``seen``; its value."""
+        with self._connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (HEADS_LOCK,))
+            row = conn.execute(
+                "SELECT setval('head_versions', GREATEST(last_value, %s)) FROM head_versions",
+                (seen,),
+            ).fetchone()
+        return int(row[0])
+
+    def poll(self, since: int) -> tuple[int, int, int, list[tuple[str, int, int]]]:
+        """(routing version, credentials version, the last head version issued,
+        heads of a version above ``since``)."""
         with self._connection() as conn:
             meta = dict(
                 conn.execute(
@@ -254,5 +317,7 @@ class PostgresStore(SqlStore):
             rows = conn.execute(
                 "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
             ).fetchall()
+            (issued,) = conn.execute("SELECT last_value FROM head_versions").fetchone()
         heads = [(str(r), int(s), int(v)) for r, s, v in rows]
-        return int(meta["routing_version"]), int(meta.get("credentials_version", 0)), heads
+        routing, credentials = int(meta["routing_version"]), int(meta.get("credentials_version", 0))
+        return routing, credentials, int(issued), heads

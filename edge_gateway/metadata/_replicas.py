@@ -11,21 +11,26 @@ changes made through the others:
   version, so the relay applies a complete prefix of the versions and its
   version stays a watermark (see :mod:`edge_gateway.metadata._pg`). Long
   polls held on this replica wake from memory as the batch lands.
-* **A short poll** (:meth:`ReplicaSync.run`, every ``interval_s``) reads the
-  routing version, the credentials version and the heads moved since the
-  relay's version, in one round trip: the others' head reports wake this
-  replica's long polls; a new routing version reloads the table; a new
-  credentials version forgets verified tokens and reloads the admin token.
+* **A poll** (:meth:`ReplicaSync.run`) reads the routing version, the
+  credentials version and the heads moved since the relay's version, in one
+  round trip: the others' head reports wake this replica's long polls; a new
+  routing version reloads the table; a new credentials version forgets
+  verified tokens and reloads the admin token. It runs as soon as another
+  replica notifies a batch or an admin change (``LISTEN``, one notification
+  per batch: :mod:`edge_gateway.metadata._pg`), and every ``interval_s``
+  whatever happens, so a lost notification (the listening connection down
+  while PostgreSQL restarts) delays a change by one interval at most.
 
-Why a poll and not ``LISTEN/NOTIFY``: NOTIFY takes a database-wide lock at
-commit, and what it would save is the poll's few queries a second per
-replica; the poll's cost does not grow with the fleet or its report rate,
-and its delay is bounded (``interval_s``). docs/metadata.md has the figures.
+Measured (docs/metadata.md, ``bench/metadata_sync.py``): a notification
+wakes the other replica within a few ms, the poll alone in ``interval_s / 2``
+on average; one NOTIFY per batch cost ~3 % of the head batches' rate.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -43,7 +48,11 @@ Heads = list[tuple[str, int, int]]
 class SharedStore(Protocol):
     def publish_heads(self, moves: dict[str, int], since: int) -> Heads: ...
 
-    def poll(self, since: int) -> tuple[int, int, Heads]: ...
+    def poll(self, since: int) -> tuple[int, int, int, Heads]: ...
+
+    def advance_versions(self, seen: int) -> int: ...
+
+    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None: ...
 
 
 class Relay(Protocol):
@@ -72,7 +81,8 @@ class ReplicaSync:
         run_db: Callable[..., Awaitable[Any]],
         on_routing_version: Callable[[int], Awaitable[None]],
         on_credentials_version: Callable[[int], Awaitable[None]],
-        interval_s: float = 0.1,
+        interval_s: float = 1.0,
+        notify: bool = True,
     ) -> None:
         self._store = store
         self._relay = relay
@@ -80,6 +90,8 @@ class ReplicaSync:
         self._on_routing = on_routing_version
         self._on_credentials = on_credentials_version
         self.interval_s = interval_s
+        self.notify = notify
+        self._wake = trio.Event()
         self._batch = _Batch()
         self._pending = trio.Event()
         self._routing_version: int | None = None
@@ -114,9 +126,13 @@ class ReplicaSync:
             log.warning("metadata database unavailable at start: %s", exc)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._write_batches)
+            if self.notify:
+                nursery.start_soon(self._listen)
             task_status.started()
             while True:
-                await trio.sleep(self.interval_s)
+                with trio.move_on_after(self.interval_s):
+                    await self._wake.wait()
+                self._wake = trio.Event()
                 try:
                     await self._poll()
                 except Unavailable as exc:
@@ -127,6 +143,19 @@ class ReplicaSync:
                 if self._failing:
                     log.info("metadata database reachable again")
                     self._failing = False
+
+    async def _listen(self) -> None:
+        stop = threading.Event()
+
+        def woken() -> None:
+            if not stop.is_set():
+                with contextlib.suppress(trio.RunFinishedError):
+                    trio.from_thread.run_sync(self._wake.set)
+
+        try:
+            await trio.to_thread.run_sync(self._store.listen, stop, woken, abandon_on_cancel=True)
+        finally:
+            stop.set()  # the abandoned thread ends within its 0.5 s wait
 
     async def _write_batches(self) -> None:
         try:
@@ -153,9 +182,21 @@ class ReplicaSync:
 
     async def _poll(self) -> None:
         async with self._poll_lock:
-            routing, credentials, heads = await self._run_db(self._store.poll, self._relay.version)
+            since = self._relay.version
+            routing, credentials, issued, heads = await self._run_db(self._store.poll, since)
             self.polls += 1
             self._relay.apply(heads)
+            if issued < self._relay.version:
+                # The database went back in time (see _pg): new versions must
+                # stay above every one a client holds.
+                moved = await self._run_db(self._store.advance_versions, self._relay.version)
+                log.warning(
+                    "metadata database: head versions went back to %d (below %d seen here): "
+                    "moved them on to %d",
+                    issued,
+                    self._relay.version,
+                    moved,
+                )
             # The first poll too: a change between the app's start and this poll.
             if credentials != self._credentials_version:
                 self._credentials_version = credentials

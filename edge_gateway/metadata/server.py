@@ -134,8 +134,10 @@ class MetadataServerConfig(ListenAddress):
     #: as the gateway's local API) or ``hypercorn`` (~2x the CPU per request).
     server: str = "builtin"
     #: PostgreSQL: how often a replica polls for the others' changes (head
-    #: reports, routing and token changes).
-    sync_interval_s: float = 0.1
+    #: reports, routing and token changes) when no notification came first.
+    sync_interval_s: float = 1.0
+    #: PostgreSQL: LISTEN for the others' notifications (off: poll only).
+    sync_notify: bool = True
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -195,6 +197,7 @@ class MetadataApp:
                 on_routing_version=self._routing_moved,
                 on_credentials_version=self._credentials_moved,
                 interval_s=config.sync_interval_s,
+                notify=config.sync_notify,
             )
         self.admission = Admission(
             max_inflight=config.max_inflight,

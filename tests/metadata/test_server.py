@@ -15,6 +15,9 @@ from _meta_support import ADMIN_TOKEN, EDGEGW, Fleet, MetaServer, http
 
 from edge_gateway.testing.tls import make_tls_files
 
+#: The API contract is the same on every store (conftest.py runs these on each).
+STORES = ("sqlite", "postgres")
+
 
 def _name(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
