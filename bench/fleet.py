@@ -815,7 +815,7 @@ def main() -> None:
     procs = a.procs or (1 if n <= 1000 else 2)
     duration = a.duration_s or (8.0 if a.quick else 60.0)
     away = a.away_s if a.away_s is not None else (3.0 if a.quick else 120.0)
-    herd_timeout = a.herd_timeout_s or (40.0 if a.quick else 300.0)
+    herd_timeout = a.herd_timeout_s or (90.0 if a.quick else 300.0)
     ramp = min(a.heartbeat_s, 4.0 if a.quick else 10.0)
     rng = random.Random(a.seed)
     n_ship = max(1, round(n * a.ship_share))
