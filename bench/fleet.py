@@ -798,7 +798,12 @@ def main() -> None:
     ap.add_argument("--ship-ms", type=float, default=250.0)
     ap.add_argument("--follow", type=int, default=2, help="sources each gateway mirrors")
     ap.add_argument("--wait-ms", type=int, default=30_000)
-    ap.add_argument("--pool", type=int, default=48, help="control connections per process")
+    ap.add_argument(
+        "--pool",
+        type=int,
+        default=None,
+        help="control connections per process (default: one per 10 gateways, at least 48)",
+    )
     ap.add_argument("--duration-s", type=float, default=None)
     ap.add_argument("--away-s", type=float, default=None, help="server stopped this long")
     ap.add_argument("--herd-timeout-s", type=float, default=None)
@@ -813,6 +818,7 @@ def main() -> None:
         return
     n = a.gateways or (300 if a.quick else 10_000)
     procs = a.procs or (1 if n <= 1000 else 2)
+    pool = a.pool or max(48, n // procs // 10)
     duration = a.duration_s or (8.0 if a.quick else 60.0)
     away = a.away_s if a.away_s is not None else (3.0 if a.quick else 120.0)
     herd_timeout = a.herd_timeout_s or (90.0 if a.quick else 300.0)
@@ -862,7 +868,7 @@ def main() -> None:
                     shippers,
                     follows,
                     a.wait_ms,
-                    a.pool,
+                    pool,
                     t0,
                     ramp,
                     measure_from,
