@@ -312,7 +312,8 @@ async def run_load(plan: Plan) -> None:
         etag = b""
         await trio.sleep(rand.random() * plan.ramp_s)
         while True:
-            head = b"GET /v1/routing HTTP/1.1\r\n" + host_hdr + auth(gw)
+            # As httpx (the gateway's client) asks: the table comes gzipped.
+            head = b"GET /v1/routing HTTP/1.1\r\nAccept-Encoding: gzip\r\n" + host_hdr + auth(gw)
             if etag:
                 head += b"If-None-Match: " + etag + b"\r\n"
             try:
@@ -423,7 +424,7 @@ async def run_load(plan: Plan) -> None:
             backoff.reset()
             doc = json.loads(answer)
             since = doc["version"]
-            if plan.measure_from <= t1 < plan.measure_to + 5:
+            if plan.measure_from <= t1 < plan.away_at:
                 for src, seq in doc["heads"].items():
                     rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
 
@@ -850,7 +851,7 @@ def main() -> None:
             t0 = time.time() + 2.0
             measure_from = t0 + ramp + 2.0
             measure_to = measure_from + duration
-            away_at = measure_to + 1.0
+            away_at = measure_to + 5.0  # wakes of the last reports are still collected
             stop_file = tmp / "stop"
             plans = []
             for p in range(procs):
