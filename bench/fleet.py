@@ -1060,7 +1060,7 @@ def main() -> None:
             "server RSS",
             rss,
             "MB",
-            "bare hypercorn idle",
+            "bare server idle",
             base["rss_idle_mb"],
             target="<= 512",
             ok=rss <= 512,
