@@ -47,8 +47,8 @@ gateway (~40 ms each, 2 at once) — the bench reports that cost
 (``token_check_ms``) in either mode.
 
 Figures, each next to a same-run baseline: per operation the rate and
-p50/p99 latency (baseline: a trivial ASGI endpoint on the same hypercorn/trio
-stack, closed loop with ``bench/_load.py``, 32 connections); wake-up
+p50/p99 latency (baseline: a trivial ASGI endpoint on the same HTTP server,
+``--server builtin`` or ``hypercorn``, closed loop with ``bench/_load.py``, 32 connections); wake-up
 latency (a head report sent → the last follower's answer received);
 server RSS (per held poll, against bare hypercorn holding idle
 connections) and CPU (per 1,000 requests, against the trivial endpoint).
@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -68,13 +69,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import BENCH_DIR, Row, emit_json, percentile, progress, render_table, scratch_dir
+from _common import BENCH_DIR, Row, emit_json, percentile, render_table, scratch_dir
+from _common import progress as _progress
 
 ADMIN_TOKEN = "fleet-bench-admin-token-0123456789"
 EDGEGW = Path(sys.executable).parent / "edgegw"
@@ -115,6 +116,13 @@ class Plan:
     seed: int
 
 
+_T0 = time.monotonic()
+
+
+def progress(message: str) -> None:
+    _progress(f"[{time.monotonic() - _T0:5.1f} s] {message}")
+
+
 def region_name(i: int) -> str:
     return f"site-{i:05d}"
 
@@ -138,10 +146,8 @@ class Conn:
         if self.stream is not None:
             s, self.stream = self.stream, None
             self.buf = b""
-            try:
+            with contextlib.suppress(Exception):  # closing a broken stream
                 await s.aclose()
-            except Exception:  # noqa: S110 - closing a broken stream
-                pass
 
     async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
         import trio
@@ -230,7 +236,7 @@ class Recorder:
             self.errors[op] += 1
 
 
-async def run_load(plan: Plan) -> None:  # noqa: C901 - one simulated gateway's loops
+async def run_load(plan: Plan) -> None:
     import trio
 
     sys.path.insert(0, str(BENCH_DIR.parent))
@@ -365,19 +371,22 @@ async def run_load(plan: Plan) -> None:  # noqa: C901 - one simulated gateway's 
 
     async def held_request(gw: int, conn: Conn, head: bytes, t0: float) -> tuple[int, bytes, bytes]:
         """A poll after the restart: "held" once it has waited 1 s unanswered (or answered)."""
-        held = False
 
         async def mark() -> None:
-            nonlocal held
             await trio.sleep(1.0)
-            held = True
+            # conservative: held since at most 1 s after it was sent
+            rec.mark_back(gw, "heads_poll", t0, t0 + 1.0)
 
+        error: BaseException | None = None
         async with trio.open_nursery() as nn:
             nn.start_soon(mark)
-            result = await conn.request(head)
+            try:
+                result = await conn.request(head)
+            except net_errors as exc:
+                error = exc
             nn.cancel_scope.cancel()
-        if held:  # conservative: held since at most 1 s after it was sent
-            rec.mark_back(gw, "heads_poll", t0, t0 + 1.0)
+        if error is not None:
+            raise error
         return result
 
     async def poll_loop(gw: int) -> None:
@@ -432,13 +441,14 @@ async def run_load(plan: Plan) -> None:  # noqa: C901 - one simulated gateway's 
     async with trio.open_nursery() as nursery:
         for gw in range(plan.lo, plan.hi):
             nursery.start_soon(gateway, gw)
-        progress_file = Path(plan.out_file + ".progress")
-        while not os.path.exists(plan.stop_file):
-            if rec.back_at is None and os.path.exists(plan.back_file):
-                rec.back_at = float(Path(plan.back_file).read_text())
+        progress_file = trio.Path(plan.out_file + ".progress")
+        back_file = trio.Path(plan.back_file)
+        while not await trio.Path(plan.stop_file).exists():
+            if rec.back_at is None and await back_file.exists():
+                rec.back_at = float(await back_file.read_text())
             if rec.back_at is not None:
-                full = sum(1 for b in rec.back.values() if len(b) == len(BACK_OPS))
-                progress_file.write_text(str(full))
+                full = sum(1 for b in rec.back.values() if all(op in b for op in BACK_OPS))
+                await progress_file.write_text(str(full))
             await trio.sleep(0.25)
         nursery.cancel_scope.cancel()
     out = {
@@ -450,7 +460,7 @@ async def run_load(plan: Plan) -> None:  # noqa: C901 - one simulated gateway's 
         "wakes": rec.wakes,
         "back": {str(k): v for k, v in rec.back.items()},
     }
-    Path(plan.out_file).write_text(json.dumps(out))
+    await trio.Path(plan.out_file).write_text(json.dumps(out))
 
 
 def load_main(plan_file: str) -> None:
@@ -607,17 +617,25 @@ async def app(scope, receive, send):
     await send({"type": "http.response.start", "status": 200,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"11")]})
     await send({"type": "http.response.body", "body": b'{"ok":true}'})
-cfg = Config(); cfg.bind = ["127.0.0.1:" + sys.argv[1]]; cfg.accesslog = None; cfg.errorlog = None
-cfg.keep_alive_timeout = 75.0
-trio.run(serve, app, cfg)
+async def builtin():
+    import logging
+    from edge_gateway._http11 import Http11Server
+    listeners = await trio.open_tcp_listeners(int(sys.argv[1]), host="127.0.0.1")
+    await Http11Server(app, log=logging.getLogger("x"), keep_alive_timeout=75.0).serve(listeners)
+if sys.argv[2] == "hypercorn":
+    cfg = Config(); cfg.bind = ["127.0.0.1:" + sys.argv[1]]; cfg.accesslog = None
+    cfg.errorlog = None; cfg.keep_alive_timeout = 75.0
+    trio.run(serve, app, cfg)
+else:
+    trio.run(builtin)
 """
 
 
-def baseline(seconds: float, idle_connections: int) -> dict[str, float]:
-    """A trivial ASGI endpoint on hypercorn/trio: closed-loop capacity, latency, CPU per
-    1,000 requests; and the RSS each idle keep-alive connection adds."""
+def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, float]:
+    """A trivial ASGI endpoint on the same HTTP server as the metadata server's: closed-loop
+    capacity, latency, CPU per 1,000 requests; and the RSS each idle connection adds."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", _TRIVIAL_APP, str(port)])
+    proc = subprocess.Popen([sys.executable, "-c", _TRIVIAL_APP, str(port), server])
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -631,9 +649,11 @@ def baseline(seconds: float, idle_connections: int) -> dict[str, float]:
         time.sleep(0.3)
         rss0 = proc_rss_mb(proc.pid)
         load = subprocess.Popen(
-            [sys.executable, str(BENCH_DIR / "_load.py"), "127.0.0.1", str(port)]
-            + ["--path", "/x", "--body", "{}", "--connections", "32"]
-            + ["--seconds", str(seconds), "--warmup", "0.5"],
+            [
+                *(sys.executable, str(BENCH_DIR / "_load.py"), "127.0.0.1", str(port)),
+                *("--path", "/x", "--body", "{}", "--connections", "32"),
+                *("--seconds", str(seconds), "--warmup", "0.5"),
+            ],
             stdout=subprocess.PIPE,
             text=True,
         )
@@ -767,7 +787,7 @@ def wake_latencies(
 # ------------------------------------------------------------------- main
 
 
-def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="a few hundred gateways, < 1 minute")
     ap.add_argument("--gateways", type=int, default=None)
@@ -778,11 +798,17 @@ def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
     ap.add_argument("--ship-ms", type=float, default=250.0)
     ap.add_argument("--follow", type=int, default=2, help="sources each gateway mirrors")
     ap.add_argument("--wait-ms", type=int, default=30_000)
-    ap.add_argument("--pool", type=int, default=48, help="control connections per process")
+    ap.add_argument(
+        "--pool",
+        type=int,
+        default=None,
+        help="control connections per process (default: one per 10 gateways, at least 48)",
+    )
     ap.add_argument("--duration-s", type=float, default=None)
     ap.add_argument("--away-s", type=float, default=None, help="server stopped this long")
     ap.add_argument("--herd-timeout-s", type=float, default=None)
     ap.add_argument("--auth", choices=("admin", "region"), default="admin")
+    ap.add_argument("--server", choices=("builtin", "hypercorn"), default="builtin")
     ap.add_argument("--server-arg", action="append", default=[], help="extra serve option")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--load-plan", help=argparse.SUPPRESS)
@@ -792,10 +818,11 @@ def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
         return
     n = a.gateways or (300 if a.quick else 10_000)
     procs = a.procs or (1 if n <= 1000 else 2)
-    duration = a.duration_s or (10.0 if a.quick else 60.0)
-    away = a.away_s if a.away_s is not None else (5.0 if a.quick else 120.0)
-    herd_timeout = a.herd_timeout_s or (40.0 if a.quick else 300.0)
-    ramp = min(a.heartbeat_s, 5.0 if a.quick else 10.0)
+    pool = a.pool or max(48, n // procs // 10)
+    duration = a.duration_s or (8.0 if a.quick else 60.0)
+    away = a.away_s if a.away_s is not None else (3.0 if a.quick else 120.0)
+    herd_timeout = a.herd_timeout_s or (90.0 if a.quick else 300.0)
+    ramp = min(a.heartbeat_s, 4.0 if a.quick else 10.0)
     rng = random.Random(a.seed)
     n_ship = max(1, round(n * a.ship_share))
     shippers = sorted(rng.sample(range(n), n_ship))
@@ -809,15 +836,13 @@ def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
         follows.append(sorted(srcs))
 
     with scratch_dir("fleet-") as tmp:
-        progress(
-            f"baseline: a trivial ASGI endpoint on hypercorn/trio ({'3' if a.quick else '8'} s)"
-        )
-        base = baseline(3.0 if a.quick else 8.0, idle_connections=min(n, 2000))
+        progress(f"baseline: a trivial ASGI endpoint on the {a.server} server")
+        base = baseline(2.0 if a.quick else 8.0, min(n, 2000), a.server)
         db = tmp / "meta.sqlite"
         progress(f"seeding {n} regions ({a.auth} auth)")
         tokens = seed_db(db, n, follows, a.auth)
         port = free_port()
-        server = Server(db, port, a.server_arg)
+        server = Server(db, port, ["--server", a.server, *a.server_arg])
         server.start()
         try:
             check_ms = token_check_ms(port)
@@ -843,7 +868,7 @@ def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
                     shippers,
                     follows,
                     a.wait_ms,
-                    a.pool,
+                    pool,
                     t0,
                     ramp,
                     measure_from,
@@ -903,10 +928,8 @@ def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
                     herd_fail += 1
                 full = 0
                 for p in plans:
-                    try:
+                    with contextlib.suppress(OSError, ValueError):  # not written yet, or half
                         full += int(Path(p.out_file + ".progress").read_text() or 0)
-                    except (OSError, ValueError):
-                        pass
                 if full >= n:
                     break
                 time.sleep(0.25)
@@ -920,10 +943,11 @@ def main() -> None:  # noqa: C901, PLR0915 - one benchmark, read top to bottom
         finally:
             server.stop()
         results = [json.loads(Path(p.out_file).read_text()) for p in plans]
+        progress("loads done")
 
     m = merge(results)
     window = w1 - w0
-    figures: dict[str, Any] = {"gateways": n, "procs": procs, "auth": a.auth}
+    figures: dict[str, Any] = {"gateways": n, "procs": procs, "auth": a.auth, "server": a.server}
 
     def rate(op: str) -> float:
         return m["count"][op] / window

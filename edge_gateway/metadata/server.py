@@ -93,6 +93,10 @@ DEFAULT_KEEP_PREVIOUS_S: Final = 86_400
 #: At most 30 days: a rotation that never ends is no rotation.
 MAX_KEEP_PREVIOUS_S: Final = 30 * 86_400
 _LAG_FIELDS_MAX: Final = 100
+#: Verified tokens remembered at most (two per region during a rotation, and the
+#: admin's): past it the cache starts again, and every token costs a scrypt check
+#: again, so it must hold a whole fleet's (10,000 was one fleet's exactly).
+_VERIFIED_MAX: Final = 250_000
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
 
@@ -207,6 +211,8 @@ class MetadataApp:
         #: since the last credential change.
         self._verified: dict[bytes, tuple[Principal, int | None]] = {}
         self._token_generation = 0
+        #: sha256(token) -> set when its check (in progress) ends.
+        self._checking: dict[bytes, trio.Event] = {}
         self._admin_hash = store.admin_token_hash()
         self._routing = store.routing()
         self._routing_body = _json_bytes(self._routing.to_json())
@@ -386,18 +392,28 @@ class MetadataApp:
         known = self._verified.get(key)
         if known is not None and (known[1] is None or _now_ms() < known[1]):
             return known[0]
+        checking = self._checking.get(key)
+        if checking is not None:
+            # The same token is being checked for another request (a gateway's
+            # first requests, or a fleet sharing one token, after a restart):
+            # one scrypt for all of them, then the cache answers.
+            await checking.wait()
+            return await self._authenticate(authorization)
         generation = self._token_generation
         self.admission.start_verify()
+        self._checking[key] = done = trio.Event()
         try:
             verified = await self._verify(token)
         finally:
+            del self._checking[key]
+            done.set()
             self.admission.end_verify()
         if verified is None:
             raise _unauthorized("unknown or revoked token (or one rotated out)")
         # Remember it only if no region was added, revoked or rotated meanwhile
         # (else a token revoked during the check would stay valid in the cache).
         if generation == self._token_generation:
-            if len(self._verified) > 10_000:
+            if len(self._verified) >= _VERIFIED_MAX:
                 self._verified.clear()
             self._verified[key] = verified
         return verified[0]
