@@ -25,6 +25,7 @@ trusted for correctness, and gateways report again after every commit.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
@@ -216,6 +217,7 @@ class MetadataApp:
         self._admin_hash = store.admin_token_hash()
         self._routing = store.routing()
         self._routing_body = _json_bytes(self._routing.to_json())
+        self._routing_gzip = _gzip_body(self._routing_body)
         self.routes: list[Route] = [
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
@@ -362,6 +364,7 @@ class MetadataApp:
         """Re-read the routing table after a change (and forget verified tokens)."""
         self._routing = await self._db(self.store.routing)
         self._routing_body = _json_bytes(self._routing.to_json())
+        self._routing_gzip = _gzip_body(self._routing_body)
 
     async def _routing_moved(self, version: int) -> None:
         """Another replica changed the routing table."""
@@ -539,6 +542,12 @@ class MetadataApp:
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if _etag_matches(request.headers.get("if-none-match"), etag):
             return Response(status_code=304, headers=headers)
+        if self._routing_gzip is not None and _accepts_gzip(request.headers.get("accept-encoding")):
+            # A fleet fetches the whole table after every change (and each gateway at
+            # its start): ~1 MB for 10,000 regions and topics, ~10x less gzipped.
+            headers["Content-Encoding"] = "gzip"
+            headers["Vary"] = "Accept-Encoding"
+            return Response(self._routing_gzip, media_type="application/json", headers=headers)
         return Response(self._routing_body, media_type="application/json", headers=headers)
 
     async def list_topics(self, request: Request, who: Principal) -> Response:
@@ -766,6 +775,27 @@ def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
 
 def _json_bytes(doc: object) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+#: Routing tables smaller than this are sent as they are (gzip would not pay).
+_GZIP_MIN_BYTES: Final = 4096
+
+
+def _gzip_body(body: bytes) -> bytes | None:
+    """``body`` gzipped once per routing version (None when small)."""
+    if len(body) < _GZIP_MIN_BYTES:
+        return None
+    return gzip.compress(body, compresslevel=6, mtime=0)
+
+
+def _accepts_gzip(header: str | None) -> bool:
+    if not header:
+        return False
+    for item in header.split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            return params.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
 
 
 def _etag_matches(header: str | None, etag: str) -> bool:

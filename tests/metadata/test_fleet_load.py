@@ -17,8 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
-from _meta_support import MetaServer, http
+from _meta_support import ADMIN_TOKEN, MetaServer, http
 
+from edge_gateway.metadata import MetadataClient
 from edge_gateway.metadata._db import MetadataStore
 
 
@@ -245,3 +246,27 @@ def test_heartbeats_show_at_once_and_reach_the_database(tmp_path: Path) -> None:
         store.close()
     assert stored["last_heartbeat_ms"] == beat_ms
     assert stored["gateway_version"] == "9.9"
+
+
+async def test_a_large_routing_table_is_sent_gzipped(tmp_path: Path) -> None:
+    server = MetaServer(tmp_path / "meta.sqlite")
+    try:
+        _regions(server.url, ["north", "south"])
+        with http(server.url) as c:
+            for i in range(80):
+                body = {"name": f"telemetry-{i:03d}", "home": "north", "subscribers": ["south"]}
+                assert c.post("/v1/topics", json=body).status_code == 201
+        auth = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        async with httpx.AsyncClient(base_url=server.url, headers=auth) as c2:
+            raw = await c2.get("/v1/routing", headers={"Accept-Encoding": "gzip"})
+            plain = await c2.get("/v1/routing", headers={"Accept-Encoding": "identity"})
+        assert raw.headers["content-encoding"] == "gzip"
+        assert int(raw.headers["content-length"]) < len(raw.content) / 4  # decoded by httpx
+        assert "content-encoding" not in plain.headers
+        assert plain.json() == raw.json()
+        async with MetadataClient(server.url, token=ADMIN_TOKEN) as client:
+            fetch = await client.fetch_routing()
+        assert len(fetch.table.topics) == 80
+        assert fetch.etag == raw.headers["etag"]
+    finally:
+        server.stop()
