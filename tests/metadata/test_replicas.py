@@ -252,6 +252,12 @@ def test_postgres_restart_replicas_reconnect(
         with http(b.url) as c:
             assert c.get("/v1/routing").status_code == 200  # held in memory
             assert c.get("/v1/regions").status_code == 503
+        # A heartbeat is written behind: its write fails, the replica stays up.
+        assert _heartbeat(a.url, tokens["north"]) == 200
+        time.sleep(1.5)
+        assert a.proc.poll() is None, a.log.read_text()
+        with http(a.url) as c:
+            assert c.get("/healthz").status_code == 200
     finally:
         postgres.start()
     # No restart of the replicas: they reconnect by themselves.
