@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from typing import Any, Final, cast
 from urllib.parse import urlsplit, urlunsplit
 
-from edge_gateway.errors import ClosedError, ConfigError, Unavailable
+from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, Unavailable
 from edge_gateway.metadata._db import Conn, Cursor, SqlStore
 
 __all__ = ["PG_MIGRATIONS", "PostgresStore", "is_postgres_url", "redact_url"]
@@ -153,6 +153,7 @@ class PostgresStore(SqlStore):
         self.concurrency = pool_size
         #: Names this process's notifications, so that it ignores its own.
         self.replica_id = uuid.uuid4().hex
+        self._refused: type[BaseException] = psycopg.DataError
         self._errors: tuple[type[BaseException], ...] = (
             psycopg.OperationalError,
             psycopg.InterfaceError,
@@ -231,6 +232,8 @@ class PostgresStore(SqlStore):
                 yield conn
         except self._errors as exc:
             raise Unavailable(f"metadata database {self.describe()}: {exc}") from None
+        except self._refused as exc:  # a value the schema cannot hold: the request's fault
+            raise InvalidInput(f"the metadata database refused a value: {exc}") from None
 
     @contextmanager
     def _read(self) -> Iterator[Conn]:

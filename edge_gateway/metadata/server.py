@@ -333,7 +333,13 @@ class MetadataApp:
         # for one slice at most, not for a fleet's worth of heartbeats.
         items = list(batch.items())
         for i in range(0, len(items), _HEARTBEAT_SLICE):
-            await self._db(self.write_heartbeats_now, dict(items[i : i + _HEARTBEAT_SLICE]))
+            try:
+                await self._db(self.write_heartbeats_now, dict(items[i : i + _HEARTBEAT_SLICE]))
+            except Unavailable as exc:
+                # The database is away (PostgreSQL): the gateways heartbeat again
+                # in seconds; the server must not stop for it.
+                log.warning("heartbeats of %d regions not written: %s", len(items) - i, exc)
+                return
 
     def write_heartbeats_now(self, batch: dict[str, Heartbeat]) -> None:
         """Store ``batch`` (blocking: a worker thread, or the last flush at shutdown)."""
@@ -676,9 +682,15 @@ class MetadataApp:
         if extra:
             raise InvalidInput(f"heartbeat: unknown field(s) {sorted(extra)}")
         version = doc.get("gateway_version", "")
-        if not isinstance(version, str) or len(version) > _GATEWAY_VERSION_MAX:
+        # Printable: a NUL, say, is no version, and PostgreSQL cannot store it.
+        if (
+            not isinstance(version, str)
+            or len(version) > _GATEWAY_VERSION_MAX
+            or not version.isprintable()
+        ):
             raise InvalidInput(
-                f"heartbeat: gateway_version must be a string of at most {_GATEWAY_VERSION_MAX}"
+                "heartbeat: gateway_version must be a printable string of at most "
+                f"{_GATEWAY_VERSION_MAX}"
             )
         lag = _lag(doc.get("lag", {}))
         head = doc.get("head_seq")

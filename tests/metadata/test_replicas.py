@@ -5,7 +5,7 @@ PostgreSQL cluster: a head report to one wakes a long poll held on the other;
 routing and token changes made through one are served by the other; a
 replica killed with SIGKILL makes real gateways fail over to the other and
 keep routing; PostgreSQL stopped makes the replicas answer 503, and started
-again makes them work by themselves; ``edgegw metadata migrate`` moves a
+again (or pg_ctl restart) makes them work by themselves; ``edgegw metadata migrate`` moves a
 SQLite fleet (with the exact commands of docs/metadata.md).
 """
 
@@ -252,6 +252,12 @@ def test_postgres_restart_replicas_reconnect(
         with http(b.url) as c:
             assert c.get("/v1/routing").status_code == 200  # held in memory
             assert c.get("/v1/regions").status_code == 503
+        # A heartbeat is written behind: its write fails, the replica stays up.
+        assert _heartbeat(a.url, tokens["north"]) == 200
+        time.sleep(1.5)
+        assert a.proc.poll() is None, a.log.read_text()
+        with http(a.url) as c:
+            assert c.get("/healthz").status_code == 200
     finally:
         postgres.start()
     # No restart of the replicas: they reconnect by themselves.
@@ -270,6 +276,20 @@ def test_postgres_restart_replicas_reconnect(
         assert r.json()["heads"] == {"north": 2}, r.text
     assert "reachable again" in a.log.read_text()
     wait_until(lambda: "listening for changes again" in a.log.read_text(), 10, "a to listen")
+    # pg_ctl restart under running replicas: the same, with no 503 window to wait out.
+    postgres.restart()
+
+    def topic_created(name: str) -> bool:
+        with http(a.url) as c:
+            return c.post("/v1/topics", json={"name": name, "home": "north"}).status_code == 201
+
+    wait_until(lambda: topic_created("u"), 30, "a to write after pg_ctl restart")
+    since = _version(b.url)
+    with http(a.url, tokens["north"]) as c:
+        assert c.post("/v1/regions/north/head", json={"seq": 3}).status_code == 200
+    with http(b.url, tokens["south"]) as c:
+        r = c.get("/v1/heads", params={"since": since, "regions": "north", "wait_ms": 10_000})
+        assert r.json()["heads"] == {"north": 3}, r.text
 
 
 def test_head_versions_that_go_back_are_moved_on(

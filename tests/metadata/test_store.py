@@ -251,3 +251,17 @@ def test_postgres_unreachable_is_a_config_error_without_the_password() -> None:
             PostgresStore(url, connect_timeout_s=1)
     assert "s3cret" not in str(exc.value)
     assert redact_url(url) == f"postgresql://edgegw:***@127.0.0.1:{port}/edgegw"
+
+
+def test_postgres_refuses_a_value_as_invalid_input(postgres: Postgres) -> None:
+    """A value PostgreSQL cannot hold (a NUL in text) is the request's fault: InvalidInput
+    (400), never a 500 (the server refuses the known case before it gets here)."""
+    s = PostgresStore(new_database(postgres))
+    try:
+        s.add_region("north", 1)
+        with pytest.raises(InvalidInput, match="refused a value"):
+            s.heartbeat("north", "1\x00", {}, 2)
+        s.heartbeat("north", "1.0", {}, 3)  # the connection is still good
+        assert s.region("north")["gateway_version"] == "1.0"
+    finally:
+        s.close()
