@@ -65,6 +65,7 @@ import json
 import math
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -74,7 +75,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import BENCH_DIR, Row, emit_json, percentile, render_table, scratch_dir
+from _common import BENCH_DIR, OUT_DIR, Row, emit_json, percentile, render_table, scratch_dir
 from _common import progress as _progress
 
 ADMIN_TOKEN = "fleet-bench-admin-token-0123456789"
@@ -956,6 +957,9 @@ def main() -> None:
             herd_shed = (doc or {}).get("shed")
         finally:
             server.stop()
+            # The server's log outlives the scratch directory (bench/out is git-ignored).
+            with contextlib.suppress(OSError):
+                shutil.copyfile(server.log, OUT_DIR / "fleet-server-last.log")
         results = [json.loads(Path(p.out_file).read_text()) for p in plans]
         progress("loads done")
 
