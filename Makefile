@@ -13,7 +13,7 @@ PYPROJECT := $(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 STAMP     := $(VENV)/.installed-all-$(PYPROJECT)
 RUN_STAMP := $(VENV)/.installed-run-$(PYPROJECT)
 
-.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph azurite mosquitto
+.PHONY: run test test-versions test-stores lint typecheck pytest bench clean install faketime deploy-tools ceph azurite mosquitto postgresql
 
 $(BIN)/python:
 	$(PYTHON) -c 'import sys; v = sys.version_info[:2]; assert v >= (3, 11), "edgegw needs Python 3.11+"; v > (3, 13) and print("warning: edgegw is tested on Python 3.11 to 3.13, not %d.%d yet" % v)'
@@ -101,7 +101,21 @@ mosquitto:
 	    echo "mosquitto is not installed and this is not root with apt-get: the MQTT tests will skip (apt-get install mosquitto)"; \
 	  fi; }
 
-pytest: $(STAMP) faketime deploy-tools azurite mosquitto
+# tests/metadata run the metadata server on PostgreSQL (Debian package
+# postgresql; its binaries are in /usr/lib/postgresql/<version>/bin): the test
+# session starts its own cluster on a loopback port (docs/metadata.md).
+# Installed here when missing and we are root with apt-get; otherwise those
+# tests skip, saying why. The package's own cluster does not start (policy-rc.d).
+postgresql:
+	@command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    apt-get install -y -q postgresql || { apt-get update -q && apt-get install -y -q postgresql; } \
+	      || echo "could not install postgresql: the PostgreSQL tests will skip"; \
+	  else \
+	    echo "postgresql is not installed and this is not root with apt-get: the PostgreSQL tests will skip (apt-get install postgresql)"; \
+	  fi; }
+
+pytest: $(STAMP) faketime deploy-tools azurite mosquitto postgresql
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
 test: lint typecheck pytest

@@ -29,8 +29,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import Row, emit_json, machine_info, progress, render_table, scratch_dir
 
 from edge_gateway.format.batch import encode_record
-from edge_gateway.journal import MAIN_LANE, FsyncPolicy, Journal, JournalConfig, Lane, Priority
-from edge_gateway.journal._lanes import Lanes, lane_path
+from edge_gateway.journal import (
+    MAIN_LANE,
+    FsyncPolicy,
+    Journal,
+    JournalConfig,
+    Lane,
+    Lanes,
+    Priority,
+    lane_path,
+)
 
 CFG = JournalConfig(fsync=FsyncPolicy.NEVER, segment_bytes=64 << 20, max_bytes=8 << 30)
 TOPICS = {"alarms": Priority.CRITICAL, "metrics": Priority.NORMAL, "logs": Priority.BULK}

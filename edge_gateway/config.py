@@ -475,6 +475,8 @@ class MetadataSettings:
     """The metadata server this gateway takes its topic routing from (no ``url``: static mode)."""
 
     #: ``http(s)://host:port`` of the metadata server; empty: the topology is ``[[topics]]``.
+    #: Several replicas, comma-separated: the gateway uses one and fails over
+    #: to the next when it is unreachable or answers 5xx (docs/metadata.md).
     url: str = ""
     #: This region's bearer token (``edgegw regions add``); better in
     #: ``EDGEGW_METADATA_TOKEN``. Empty only for a server in open mode.
@@ -503,8 +505,10 @@ class MetadataSettings:
     token_file: str = ""
 
     def __post_init__(self) -> None:
-        if self.url and not re.match(r"^https?://[^/\s]+", self.url):
-            raise ConfigError(f"metadata.url: {self.url!r} is not an http:// or https:// URL")
+        if self.url:
+            for url in self.urls:
+                if not re.match(r"^https?://[^/\s,]+", url):
+                    raise ConfigError(f"metadata.url: {url!r} is not an http:// or https:// URL")
         if self.token and self.token_file:
             raise ConfigError("metadata.token and metadata.token_file: set one of them")
         if self.poll_interval_ms < 100:
@@ -521,6 +525,11 @@ class MetadataSettings:
     @property
     def enabled(self) -> bool:
         return bool(self.url)
+
+    @property
+    def urls(self) -> tuple[str, ...]:
+        """The servers of ``url`` (comma-separated), in order."""
+        return tuple(u.strip() for u in self.url.split(","))
 
     def cache_file(self, data_dir: Path) -> Path:
         return Path(self.cache_path) if self.cache_path else data_dir / "routing.json"

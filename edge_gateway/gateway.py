@@ -80,9 +80,15 @@ from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batche
 from edge_gateway.format.batch import read_header as read_batch_header
 from edge_gateway.groups import CommittedOffset, GroupStore
 from edge_gateway.idempotence import ProducerRegistry, ProducerSeq, ProducerTable
-from edge_gateway.journal import MAIN_LANE, Journal, Lane, Priority
-from edge_gateway.journal._lane import lane_by_id
-from edge_gateway.journal._lanes import Lanes, open_lanes
+from edge_gateway.journal import (
+    MAIN_LANE,
+    Journal,
+    Lane,
+    Lanes,
+    Priority,
+    lane_by_id,
+    open_lanes,
+)
 from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats

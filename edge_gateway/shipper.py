@@ -121,9 +121,16 @@ from edge_gateway.format.manifest import (
     region_prefix,
 )
 from edge_gateway.format.pack import encode_pack, pack_key, pack_prefix, parse_pack_key
-from edge_gateway.journal import MAIN_LANE, Entry, Journal, Lane, Priority, ReadBuffers
-from edge_gateway.journal._dropped import Drop
-from edge_gateway.journal._lanes import Lanes
+from edge_gateway.journal import (
+    MAIN_LANE,
+    Drop,
+    Entry,
+    Journal,
+    Lane,
+    Lanes,
+    Priority,
+    ReadBuffers,
+)
 from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.regionlog import (

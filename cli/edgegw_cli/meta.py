@@ -56,7 +56,11 @@ META_TOKEN_OPTION = typer.Option(
 
 @serve_app.command("serve")
 def serve(
-    db: Path = typer.Option(Path("meta.sqlite"), "--db", help="SQLite database (created)."),
+    db: str = typer.Option(
+        "meta.sqlite",
+        "--db",
+        help="SQLite file (created), or a postgresql:// URL shared by several replicas.",
+    ),
     listen: str = typer.Option("127.0.0.1:8471", "--listen", help="host:port (port 0: any)."),
     admin_token: str | None = typer.Option(
         None,
@@ -70,23 +74,55 @@ def serve(
         None, "--addr-file", help="Write the bound URL here once listening."
     ),
     max_body_bytes: int = typer.Option(64 << 10, "--max-body-bytes", help="Largest body (413)."),
+    sync_interval_ms: int = typer.Option(
+        1000,
+        "--sync-interval-ms",
+        min=10,
+        max=60_000,
+        help="PostgreSQL: how often a replica polls for the others' head reports and "
+        "changes when no notification came first.",
+    ),
+    sync_notify: bool = typer.Option(
+        True,
+        "--sync-notify/--no-sync-notify",
+        help="PostgreSQL: LISTEN for the other replicas' notifications (else poll only).",
+    ),
+    max_inflight: int = typer.Option(
+        512, "--max-inflight", help="Requests in progress before 503 overloaded (Retry-After)."
+    ),
+    max_long_polls: int = typer.Option(
+        50_000, "--max-long-polls", help="Held GET /v1/heads polls before 503 overloaded."
+    ),
+    max_verifying: int = typer.Option(
+        64, "--max-verifying", help="New tokens awaiting their scrypt check before 503."
+    ),
+    server: str = typer.Option(
+        "builtin", "--server", help="HTTP server: builtin (edgegw's own) or hypercorn."
+    ),
 ) -> None:
     """Serve topic routing, heartbeats and the head relay until SIGTERM.
 
     Example: edgegw metadata serve --db meta.sqlite --listen 127.0.0.1:8471
     """
     from edge_gateway.errors import ConfigError, EdgeGatewayError
+    from edge_gateway.metadata import is_postgres_url
     from edge_gateway.metadata.server import MetadataServerConfig
 
     try:
         config = MetadataServerConfig(
-            db=db,
+            db=db if is_postgres_url(db) else Path(db),
             listen=listen,
             admin_token=admin_token or None,
             certfile=tls_cert,
             keyfile=tls_key,
             addr_file=addr_file,
             max_body_bytes=max_body_bytes,
+            sync_interval_s=sync_interval_ms / 1000,
+            sync_notify=sync_notify,
+            max_inflight=max_inflight,
+            max_long_polls=max_long_polls,
+            max_verifying=max_verifying,
+            server=server,
         )
     except ConfigError as exc:
         raise fail(str(exc), EXIT_CONFIG) from None
@@ -97,6 +133,35 @@ def serve(
     except* (EdgeGatewayError, OSError) as group:
         exc = leaf(group)
         raise fail(bind_failure(exc, "--listen", listen) or reason(exc), EXIT_FATAL) from None
+
+
+@serve_app.command("migrate")
+def migrate(
+    source: Path = typer.Option(..., "--from", help="The SQLite database to copy (unchanged)."),
+    target: str = typer.Option(
+        ..., "--to", help="A new, empty database: a postgresql:// URL (or a SQLite file)."
+    ),
+) -> None:
+    """Copy a metadata database (tokens, regions, topics, buckets, routing version).
+
+    Stop the server first (a short stop: gateways run from their cached routing),
+    then serve the target. Example:
+    edgegw metadata migrate --from meta.sqlite --to postgresql://edgegw@db.example/edgegw
+    """
+    from edge_gateway.errors import ConfigError, Unavailable
+    from edge_gateway.metadata import is_postgres_url
+    from edge_gateway.metadata.migrate import migrate_database
+
+    try:
+        report = migrate_database(source, target if is_postgres_url(target) else Path(target))
+    except (ConfigError, Unavailable) as exc:
+        raise fail(str(exc), EXIT_CONFIG) from None
+    console.print(
+        f"copied {report.regions} regions, {report.topics} topics and {report.buckets} "
+        f"bucket locations (routing version {report.routing_version}) "
+        f"from {report.source} to {report.target}",
+        highlight=False,
+    )
 
 
 async def _serve(config: Any) -> None:

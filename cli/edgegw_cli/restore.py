@@ -15,8 +15,7 @@ from edge_gateway.bucket import Bucket
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig
-from edge_gateway.journal._lanes import lane_path, lanes_on_disk
+from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, lane_path, lanes_on_disk
 from edge_gateway.names import validate_region
 from edge_gateway.regionlog import LogState, load_log_state
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket

@@ -62,8 +62,18 @@ FLAG_HEADERS: Final = 0x02
 FLAG_NULLS: Final = 0x04
 _KNOWN_FLAGS: Final = FLAG_KEYS | FLAG_HEADERS | FLAG_NULLS
 
-_HEADER = struct.Struct("<IBBHqIIqq")
-HEADER_SIZE: Final = _HEADER.size  # 40
+#: The batch header: length, version, flags, reserved, base offset, CRC, count,
+#: min/max timestamp (the one definition: the journal and its scan build theirs
+#: from these).
+HEADER = struct.Struct("<IBBHqIIqq")
+_HEADER = HEADER
+HEADER_SIZE: Final = HEADER.size  # 40
+#: The header up to the base offset (length, version, flags, reserved, base
+#: offset): what a journal entry packs again, with the offsets it assigned.
+HEADER_TO_BASE = struct.Struct("<IBBHq")
+#: The header's fields but the base offset and the CRC (length, version,
+#: flags, reserved, count, min/max timestamp): the quick checks of an append.
+HEADER_PEEK = struct.Struct("<IBBH12xIqq")
 _COUNT_TS = struct.Struct("<Iqq")  # header bytes [20, 40): count, min/max timestamp
 _LENGTH_COUNT = struct.Struct("<I16xI")  # header bytes [0, 24): length ... count
 _crc = crc32c

@@ -166,6 +166,32 @@ _REST = ENTRY_REST
 ENTRY_LEN_CRC = struct.Struct("<II")
 
 
+def _fmt(st: struct.Struct) -> str:
+    """A struct's format without its byte-order prefix (to join layouts)."""
+    return st.format[1:]
+
+
+def data_entry_struct(topic_len: int) -> struct.Struct:
+    """A DATA entry's start in one struct: its header, its topic, its batch's header.
+
+    What a scan or a decode unpacks at once (``ENTRY_HEADER`` + topic +
+    ``batch.HEADER``), for topics of ``topic_len`` bytes.
+    """
+    return struct.Struct(f"<{_fmt(ENTRY_HEADER)}{topic_len}s{_fmt(_batch.HEADER)}")
+
+
+def data_head_struct(topic_len: int, *, producer: bool = False) -> struct.Struct:
+    """What an append packs of a DATA entry before the rest of its batch.
+
+    ``ENTRY_REST`` (the header after length and CRC), the topic, the
+    producer tail if ``producer``, and the batch header up to its base
+    offset (``batch.HEADER_TO_BASE``); the batch's bytes from its CRC on
+    follow as given.
+    """
+    tail = _fmt(PRODUCER_TAIL) if producer else ""
+    return struct.Struct(f"<{_fmt(ENTRY_REST)}{topic_len}s{tail}{_fmt(_batch.HEADER_TO_BASE)}")
+
+
 def encode_entry_rest(
     *,
     lsn: int,
@@ -421,7 +447,7 @@ def decode_data_entry(buf: bytes | memoryview, pos: int = 0) -> Entry | None:
     tlen = buf[pos + 18] | buf[pos + 19] << 8
     st = _DATA_STRUCTS.get(tlen)
     if st is None:
-        st = _DATA_STRUCTS[tlen] = struct.Struct(f"<IIQBBHIqIq{tlen}sIBBHqIIqq")
+        st = _DATA_STRUCTS[tlen] = data_entry_struct(tlen)
     if avail < st.size:
         return None
     fields = st.unpack_from(buf, pos)

@@ -1,10 +1,17 @@
-"""The local write-ahead journal (see ``docs/journal.md``)."""
+"""The local write-ahead journal (see ``docs/journal.md``).
+
+This module is the journal package's public face: the gateway, the shipper and
+the CLI import from here, never from the private modules. ``Lanes`` is what the
+gateway and the shipper hold (one :class:`Journal` per lane); ``Drop`` and
+``DroppedRange`` are what a ``drop-oldest`` lane deleted unshipped.
+"""
 
 from typing import TYPE_CHECKING
 
 from edge_gateway._lazy import lazy_attributes
 from edge_gateway.format.entry import Entry, SourceCoords
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
+from edge_gateway.journal._dropped import Drop, DroppedRange
 from edge_gateway.journal._journal import (
     Appended,
     Journal,
@@ -13,7 +20,15 @@ from edge_gateway.journal._journal import (
     OffsetOutOfRange,
     open_journal,
 )
-from edge_gateway.journal._lane import DRAIN_ORDER, MAIN_LANE, Lane, OnFull, Priority
+from edge_gateway.journal._lane import (
+    DRAIN_ORDER,
+    MAIN_LANE,
+    Lane,
+    OnFull,
+    Priority,
+    lane_by_id,
+)
+from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on_disk, open_lanes
 from edge_gateway.journal._reads import ReadBuffers
 
 if TYPE_CHECKING:
@@ -23,6 +38,8 @@ __all__ = [
     "DRAIN_ORDER",
     "MAIN_LANE",
     "Appended",
+    "Drop",
+    "DroppedRange",
     "Entry",
     "FileCheck",
     "FsyncPolicy",
@@ -30,6 +47,8 @@ __all__ = [
     "JournalConfig",
     "JournalStats",
     "Lane",
+    "LaneAppended",
+    "Lanes",
     "MirrorBatch",
     "OffsetOutOfRange",
     "OnFull",
@@ -37,7 +56,11 @@ __all__ = [
     "ReadBuffers",
     "SourceCoords",
     "VerifyReport",
+    "lane_by_id",
+    "lane_path",
+    "lanes_on_disk",
     "open_journal",
+    "open_lanes",
     "verify_journal",
 ]
 

@@ -27,11 +27,15 @@ already has (``lsn_last`` below the shipped watermark) is never shipped.
 they were dropped (they reach the bucket with it unless the process dies
 first; then the record reports them, see ``Journal.drops_from``).
 
-Pure file handling, no trio.
+:class:`DropLog` is a journal's part that owns them: the records in memory
+(loaded at open, appended at each drop) and the LSN below which the shipper
+is committing an object (drops there are ``held``). Pure file handling, no
+trio.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from dataclasses import dataclass
@@ -169,3 +173,86 @@ def append_drops(directory: Path, drops: list[Drop]) -> None:
             _fs.ops.fsync(dfd)
         finally:
             _fs.ops.close(dfd)
+
+
+class DropLog:
+    """A journal's drops: ``dropped.log`` and its records in memory, oldest first.
+
+    Also what the shipper is committing (:meth:`take`): a drop of entries
+    below that LSN is recorded as ``held``. Every journal has one; only a
+    ``drop-oldest`` one ever records a drop.
+    """
+
+    __slots__ = ("directory", "drops", "generation", "taken_lsn")
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        #: what drop-oldest deleted unshipped (``dropped.log``), oldest first
+        self.drops: list[Drop] = []
+        #: bumped at each drop (the shipper notices drops under an object it built)
+        self.generation = 0
+        #: entries below this LSN are in an object the shipper is committing
+        self.taken_lsn = 0
+
+    def load(self) -> list[Drop]:
+        """Read ``dropped.log`` (the open); its records, oldest first."""
+        self.drops = load_drops(self.directory)
+        return self.drops
+
+    def append(self, drops: list[Drop]) -> None:
+        """Record ``drops``: durably in ``dropped.log`` first, then in memory.
+
+        Raises ``OSError`` (nothing recorded) if the file cannot be written.
+        """
+        append_drops(self.directory, drops)
+        self.drops += drops
+        self.generation += 1
+
+    def last_is_of(self, segment: int) -> bool:
+        """Whether the last record is of the segment with this base LSN (a second
+        try of a drop whose unlink failed records nothing twice)."""
+        return bool(self.drops) and self.drops[-1].segment == segment
+
+    def take(self, lsn: int) -> None:
+        """The shipper is committing an object holding the entries below ``lsn``."""
+        self.taken_lsn = max(self.taken_lsn, lsn)
+
+    def from_lsn(self, lsn: int, through: int | None = None) -> list[Drop]:
+        """The drops of LSNs from ``lsn`` on (through ``through``), oldest first."""
+        out = []
+        for d in reversed(self.drops):
+            if d.lsn_first < lsn:
+                break
+            if through is None or d.lsn_first <= through:
+                out.append(d)
+        out.reverse()
+        return out
+
+    def cover(self, first: int, end: int) -> bool:
+        """Whether the drops account for every LSN ``first <= lsn < end``."""
+        cur = first
+        for d in self.drops:
+            if d.lsn_first <= cur <= d.lsn_last:
+                cur = d.lsn_last + 1
+        return cur >= end
+
+    def release_held(self, lsn: int) -> None:
+        """``held`` drops from ``lsn`` on are gaps from now on (their object never committed)."""
+        self.drops = [
+            dataclasses.replace(d, held=False) if d.held and d.lsn_first >= lsn else d
+            for d in self.drops
+        ]
+
+    def all(self, *, held: bool = True) -> list[Drop]:
+        """Every drop, oldest first; without the ``held`` ones if ``held`` is False."""
+        return [d for d in self.drops if held or not d.held]
+
+    def counts(self) -> tuple[int, int, int]:
+        """(segments, records, bytes) dropped over the journal's life (``held`` ones
+        count as segments only: their records reached the bucket)."""
+        drops = self.drops
+        return (
+            len({d.segment for d in drops}),
+            sum(r.records for d in drops if not d.held for r in d.ranges),
+            sum(r.bytes for d in drops if not d.held for r in d.ranges),
+        )

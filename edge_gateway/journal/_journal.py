@@ -42,15 +42,19 @@ Invariants (the tests check each one):
 The parts, as in Kafka's log: ``_segment.py`` (a segment file),
 ``_index.py`` (its index file and the cache), ``_recovery.py`` (the open's
 scan), ``_space.py`` (the filesystem: disk full, the reserve file),
-``_dropped.py`` (``dropped.log``), ``_state.py`` (the in-memory records:
-``Appended``, per partition, per topic). The Journal's own work is cut by
-role: this module holds its state, the open, segments and rolling, the
-append path and the queries; ``_open.py`` rebuilds its state from the files,
-``_durability.py`` fsyncs (group commit, the interval flusher),
-``_mirror_append.py`` appends mirrored batches, ``_room.py`` deletes
-(retention, drop-oldest, a full disk), ``_reads.py`` reads. Their functions
-are bound in the class body as the Journal's methods (``read =
-_reads.read``), so the Journal's methods and attributes are as before.
+``_state.py`` (the in-memory records: ``Appended``, per partition, per topic,
+the runs of mirror LSNs). The Journal holds the append path and composes
+parts that own their state, given what they need (none imports the
+Journal): ``SegmentSet`` (``_segment_set.py``: the segments at rest and the
+descriptors reads go through), ``Reads`` (``_reads.py``: the read path),
+``Durability`` (``_durability.py``: ``durable_lsn``, group commit, the
+interval flusher), ``DropLog`` (``_dropped.py``: ``dropped.log`` and the
+drops queries). Its methods that belong to a part delegate to it, so the
+Journal's public methods are as before. The open (``_open.py``), the mirror
+appends (``_mirror_append.py``) and retention (``_retention.py``) change the
+append path's own state; their functions are still bound in the class body
+as the Journal's methods (``shed = _retention.shed``). docs/journal.md,
+"How the journal is laid out", draws the whole.
 Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
 the fault-injection tests swap.
 """
@@ -64,8 +68,7 @@ import struct
 import sys
 import time
 from array import array
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Container
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,9 +89,10 @@ from edge_gateway.errors import (
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _durability, _fs, _mirror_append, _open, _reads, _room
+from edge_gateway.journal import _fs, _mirror_append, _open, _retention
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
-from edge_gateway.journal._dropped import Drop
+from edge_gateway.journal._dropped import Drop, DropLog
+from edge_gateway.journal._durability import Durability
 from edge_gateway.journal._index import (
     IndexCache,
     IndexFile,
@@ -96,10 +100,11 @@ from edge_gateway.journal._index import (
     SegmentIndex,
 )
 from edge_gateway.journal._mirror_append import MirrorBatch, _Reserved
-from edge_gateway.journal._reads import OffsetOutOfRange
+from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
+from edge_gateway.journal._segment_set import SegmentSet
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
-from edge_gateway.journal._state import Appended, _now_ms, _Partition, _Topic
+from edge_gateway.journal._state import Appended, MirrorRuns, _now_ms, _Partition, _Topic
 from edge_gateway.names import validate_topic
 
 __all__ = [
@@ -117,8 +122,7 @@ _MAX_PARTITION: Final = 2**31 - 1
 # Entries up to this size are assembled into one bytes object and copied into
 # the active segment's map; larger ones go out with pwritev, batch uncopied.
 _SMALL_WRITE: Final = 16 * 1024
-# a batch header: length, version, flags, reserved, (base offset, crc), count, min/max ts
-_BATCH_PEEK = struct.Struct("<IBBH12xIqq")
+_BATCH_PEEK = fbatch.HEADER_PEEK
 _LEN_CRC = fentry.ENTRY_LEN_CRC
 _NO_WATCH: Final = 2**63
 _MAX_BATCH: Final = fbatch.MAX_BATCH_BYTES
@@ -207,19 +211,14 @@ class Journal:
     def __init__(self, path: Path, config: JournalConfig) -> None:
         self.path = path
         self.config = config
-        self._segments: list[Segment] = []
-        self._segment_bases: list[int] = []
+        #: the segments at rest, and the descriptors reads go through
+        self._segment_set = SegmentSet()
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._sources: dict[str, SourceCoords] = {}
         self._topics: dict[str, _Topic] = {}
         self._next_lsn = 1
-        self._durable_lsn = 0
         self._safe_lsn = 0
         self._total_bytes = 0
-        #: appended_bytes when the last fsync started (unsynced = appended - this)
-        self._synced_mark = 0
-        self._flusher_idle = False
-        self._urgent_waiting = False
         self._append_waiters = 0
         self._bytes_watch = _NO_WATCH
         self._bytes_targets: list[int] = []
@@ -236,9 +235,6 @@ class Journal:
         self._roll_at = config.segment_bytes
         self._max_bytes = config.max_bytes
         self._fsync_bytes = config.fsync_bytes
-        self._flushing = False
-        #: an fdatasync is running (set on the event loop, cleared by the syncing thread)
-        self._syncing = False
         self._closed = False
         #: why intake stopped for good (a failed fsync, EIO); reads go on
         self._broken: str | None = None
@@ -248,20 +244,11 @@ class Journal:
         self._unindexed: list[Segment] = []
         #: pages of sealed segments' index files (journal.index_cache_bytes)
         self._index_cache = IndexCache(config.index_cache_bytes)
-        self._deferred_close: list[int] = []
-        self._read_fds: OrderedDict[int, int] = OrderedDict()
-        self._durable_lot = trio.lowlevel.ParkingLot()
-        self._dirty_lot = trio.lowlevel.ParkingLot()
-        self._urgent_lot = trio.lowlevel.ParkingLot()
         self._append_lot = trio.lowlevel.ParkingLot()
-        self._fsync_limiter = trio.CapacityLimiter(1)
         # counters
         self._rolls = 0
         self._lsn_at_open = 1
         self._appended_bytes = 0
-        self._fsyncs = 0
-        self._fsync_total = 0.0
-        self._fsync_max = 0.0
         self._full_rejections = 0
         self._truncated_on_open = 0
         self._open_seconds = 0.0
@@ -273,12 +260,9 @@ class Journal:
         #: asks the drop-oldest journals beside it to free about ``n`` bytes of the
         #: filesystem before refusing (set by ``Lanes``); True if any was freed.
         self.make_room_elsewhere: Callable[[int], bool] | None = None
-        #: What drop-oldest deleted unshipped (dropped.log), oldest first.
-        self._drops: list[Drop] = []
-        #: Bumped at each drop (the shipper notices drops under an object it built).
-        self.drop_generation = 0
-        #: Entries below this LSN are in an object the shipper is committing.
-        self._taken_lsn = 0
+        #: What drop-oldest deleted unshipped (dropped.log), and what the
+        #: shipper is committing (drops below it are ``held``).
+        self._drop_log = DropLog(path)
         #: The active segment's version: producer entries go only into a version 2 one.
         self._active_version = fentry.SEGMENT_VERSION
         #: The idempotent producers' state for the checkpoint of each new
@@ -291,11 +275,28 @@ class Journal:
         #: mirror entries reserved and being written by a worker thread (at most one group)
         self._inflight: _Reserved | None = None
         self._inflight_lot = trio.lowlevel.ParkingLot()
-        #: LSN runs [start, end) of mirror entries appended since the open, for
+        #: LSN runs of mirror entries appended since the open, for
         #: :meth:`read_entries` to step over without reading them (a hint)
-        self._mirror_starts: array[int] = array("q")
-        self._mirror_ends: array[int] = array("q")
+        self._mirror_runs = MirrorRuns()
         self._mirror_groups = 0
+        #: the read path: given the segments, the partitions' indexes, the
+        #: mirror runs, and this journal for its ends (``next_lsn``,
+        #: ``durable_lsn``, ``closed``)
+        self._reads = Reads(self._segment_set, self._partitions, self._mirror_runs, self)
+        #: group commit and the fsync policy: owns durable_lsn; given the
+        #: segments (it fsyncs the active one) and this journal as the log it
+        #: makes durable
+        self._durability = Durability(config, self._segment_set, self)
+
+    @property
+    def _segments(self) -> list[Segment]:
+        """The segments, oldest first, the active one last (the segment set's list)."""
+        return self._segment_set.segments
+
+    @property
+    def closed(self) -> bool:
+        """The journal is closed (reads and waits raise ``ClosedError``)."""
+        return self._closed
 
     # ------------------------------------------------------------------ open
 
@@ -356,9 +357,7 @@ class Journal:
                 with contextlib.suppress(OSError):
                     _fs.ops.close(seg.fd)
                 seg.fd = None
-        for fd in self._read_fds.values():
-            os.close(fd)
-        self._read_fds.clear()
+        self._segment_set.close_reads()
         self._index_cache.close()
 
     @property
@@ -378,8 +377,7 @@ class Journal:
 
     def _add_segment(self, seg: Segment) -> None:
         self._active = seg
-        self._segments.append(seg)
-        self._segment_bases.append(seg.base_lsn)
+        self._segment_set.add(seg)
 
     def _partition(self, topic: str, partition: int) -> _Partition:
         key = (topic, partition)
@@ -467,7 +465,7 @@ class Journal:
                 "Check the disk (dmesg, SMART) and restart the gateway: the next open "
                 "verifies the active segment entry by entry.",
                 self._broken,
-                self._durable_lsn,
+                self._durability.durable_lsn,
             )
         return self._failed_error()
 
@@ -527,7 +525,7 @@ class Journal:
         self._map(seg)
         self._add_segment(seg)
         self._next_lsn = base_lsn + 1
-        self._durable_lsn = base_lsn
+        self._durability.durable_lsn = base_lsn
         self._total_bytes += len(data)
         self._active_version = fentry.SEGMENT_VERSION
 
@@ -553,8 +551,7 @@ class Journal:
             _fs.ops.fsync(old.fd)
         except OSError as exc:
             raise self._fail(f"fsync of {old.path}", exc) from exc
-        self._durable_lsn = self._next_lsn - 1
-        self._synced_mark = self._appended_bytes
+        self._durability.synced(self._next_lsn - 1, self._appended_bytes)
         old.last_append_time = max(old.last_append_time, self._now)
         self._keep_free()
         cp = Checkpoint(
@@ -566,10 +563,7 @@ class Journal:
         )
         self._start_segment(self._next_lsn, cp)
         # The new segment exists: the roll is done.
-        if self._flushing:
-            self._deferred_close.append(old.fd)  # a worker thread may be fsyncing it
-        else:
-            _fs.ops.close(old.fd)
+        self._durability.close_after_fsync(old.fd)  # a worker thread may be fsyncing it
         old.fd = None
         self._rolls += 1
         # Every entry the partitions hold in memory is in the old segment.
@@ -595,7 +589,7 @@ class Journal:
         if t is None:
             validate_topic(topic)
             raw = topic.encode()
-            head = struct.Struct(f"<QBBHIqIq{len(raw)}sIBBHq")
+            head = fentry.data_head_struct(len(raw))
             t = self._topics[topic] = _Topic(topic, raw, head, fentry.ENTRY_HEADER_SIZE + len(raw))
             for (name, partition), p in self._partitions.items():
                 if name == topic:
@@ -604,7 +598,7 @@ class Journal:
 
     @staticmethod
     def _producer_head(t: _Topic) -> struct.Struct:
-        t.producer_head = struct.Struct(f"<QBBHIqIq{len(t.raw)}sQHHIIBBHq")
+        t.producer_head = fentry.data_head_struct(len(t.raw), producer=True)
         return t.producer_head
 
     def _check_open(self) -> None:
@@ -726,7 +720,7 @@ class Journal:
         if n <= _SMALL_WRITE:
             body = head + batch[16:]
             data = _LEN_CRC.pack(length, _crc(body)) + body
-            if end <= seg.mm_end and not self._syncing:
+            if end <= seg.mm_end and not self._durability.syncing:
                 seg.mm[pos:end] = data  # type: ignore[index]
             else:
                 self._put(seg, [data], length)
@@ -774,7 +768,7 @@ class Journal:
         await _checkpoint_if_cancelled()
         res = self.append_nowait(topic, partition, batch)
         if self._always:
-            await self.wait_durable(res[0])
+            await self._durability.wait_durable(res[0])
         elif not 0 <= self._now - self._last_yield_ms < self._yield_ms:
             # A producer that never blocks would starve the interval flusher
             # (and the delivery of a finished fsync): yield once per interval.
@@ -792,7 +786,7 @@ class Journal:
 
     async def _after_append(self, lsn: int) -> None:
         if self._always:
-            await self.wait_durable(lsn)
+            await self._durability.wait_durable(lsn)
         elif not 0 <= self._now - self._last_yield_ms < self._yield_ms:
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
@@ -806,7 +800,6 @@ class Journal:
     _settle = _mirror_append._settle
     _publish = _mirror_append._publish
     _wait_inflight = _mirror_append._wait_inflight
-    _mirror_run = _mirror_append._mirror_run
 
     def _index(self, p: _Partition, lsn: int, base: int, next_offset: int) -> None:
         p.lsns.append(lsn)
@@ -852,7 +845,7 @@ class Journal:
         :meth:`_make_room_unshipped`); ``DiskFull`` if none is left.
         """
         pos = seg.size
-        if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._syncing:
+        if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._durability.syncing:
             seg.mm[pos : pos + length] = b"".join(parts)  # type: ignore[index]
             return
         while True:
@@ -886,12 +879,13 @@ class Journal:
     def _notify(self) -> None:
         """Wake whoever waits on appends (the slow path of every append, see :meth:`_arm`)."""
         appended = self._appended_bytes
-        if self._flusher_idle:
-            self._flusher_idle = False
-            self._dirty_lot.unpark_all()
-        elif self._urgent_waiting and appended - self._synced_mark >= self._fsync_bytes:
-            self._urgent_waiting = False
-            self._urgent_lot.unpark_all()
+        d = self._durability
+        if d.flusher_idle:
+            d.flusher_idle = False
+            d.dirty_lot.unpark_all()
+        elif d.urgent_waiting and appended - d.synced_mark >= self._fsync_bytes:
+            d.urgent_waiting = False
+            d.urgent_lot.unpark_all()
         if self._append_waiters:
             self._append_lot.unpark_all()
         if appended >= self._bytes_watch:
@@ -904,10 +898,11 @@ class Journal:
         Appends compare one counter with one mark instead of checking every
         kind of waiter; whatever changes a waiter's state calls this again.
         """
-        if self._flusher_idle or self._append_waiters:
+        d = self._durability
+        if d.flusher_idle or self._append_waiters:
             self._notify_at = 0
         else:
-            urgent = self._synced_mark + self._fsync_bytes if self._urgent_waiting else _NO_WATCH
+            urgent = d.synced_mark + self._fsync_bytes if d.urgent_waiting else _NO_WATCH
             self._notify_at = min(urgent, self._bytes_watch)
 
     def _write(
@@ -991,71 +986,163 @@ class Journal:
     @property
     def durable_lsn(self) -> int:
         """Every entry with an LSN up to this one is on stable storage."""
-        return self._durable_lsn
+        return self._durability.durable_lsn
 
-    # bound from fsync (_durability.py)
-    wait_durable = _durability.wait_durable
-    flush = _durability.flush
-    _flush = _durability._flush
-    _fdatasync = _durability._fdatasync
-    _interval_flusher = _durability._interval_flusher
+    # Durability is its own part (_durability.py); these delegate to it.
+
+    async def wait_durable(self, lsn: int) -> None:
+        """Wait until entry ``lsn`` is fsynced; concurrent waiters share one fsync."""
+        await self._durability.wait_durable(lsn)
+
+    async def flush(self) -> None:
+        """Fsync everything appended so far."""
+        await self._durability.flush()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The journal's background work: the interval flusher, retention, the disk watch."""
         async with trio.open_nursery() as nursery:
             if self.config.fsync is FsyncPolicy.INTERVAL:
-                nursery.start_soon(self._interval_flusher)
+                nursery.start_soon(self._durability.interval_flusher)
             nursery.start_soon(self._retention_ticker)
             nursery.start_soon(self._disk_watch)
             task_status.started()
 
     # ------------------------------------------------------------ making room
 
-    # bound from retention, drop-oldest and a full disk (_room.py)
-    _retention_ticker = _room._retention_ticker
-    _disk_watch = _room._disk_watch
-    set_safe_lsn = _room.set_safe_lsn
-    _delete_segments = _room._delete_segments
-    take = _room.take
-    _drop_unshipped = _room._drop_unshipped
-    _record_drops = _room._record_drops
-    _make_room_unshipped = _room._make_room_unshipped
-    _drop_for_space = _room._drop_for_space
-    shed = _room.shed
-    _describe_drop = _room._describe_drop
-    drops_from = _room.drops_from
-    drops_cover = _room.drops_cover
-    release_held = _room.release_held
-    dropped = _room.dropped
-    _drop_oldest = _room._drop_oldest
-    _disk_space = _room._disk_space
-    _disk_full = _room._disk_full
-    _refused = _room._refused
-    _keep_free = _room._keep_free
-    _end_disk_full = _room._end_disk_full
-    _while_disk_full = _room._while_disk_full
-    _shipped_bytes = _room._shipped_bytes
-    _roll_making_room = _room._roll_making_room
-    check_disk = _room.check_disk
+    # bound from retention, drop-oldest and a full disk (_retention.py)
+    _retention_ticker = _retention._retention_ticker
+    _disk_watch = _retention._disk_watch
+    set_safe_lsn = _retention.set_safe_lsn
+    _delete_segments = _retention._delete_segments
+    _drop_unshipped = _retention._drop_unshipped
+    _record_drops = _retention._record_drops
+    _make_room_unshipped = _retention._make_room_unshipped
+    _drop_for_space = _retention._drop_for_space
+    shed = _retention.shed
+    _describe_drop = _retention._describe_drop
+    _drop_oldest = _retention._drop_oldest
+    _disk_space = _retention._disk_space
+    _disk_full = _retention._disk_full
+    _refused = _retention._refused
+    _keep_free = _retention._keep_free
+    _end_disk_full = _retention._end_disk_full
+    _while_disk_full = _retention._while_disk_full
+    _shipped_bytes = _retention._shipped_bytes
+    _roll_making_room = _retention._roll_making_room
+    check_disk = _retention.check_disk
 
     @property
     def safe_lsn(self) -> int:
         return self._safe_lsn
 
+    # ------------------------------------------------------------- drops
+
+    # The record of drops is its own part (DropLog, _dropped.py); these delegate to it.
+
+    @property
+    def drop_generation(self) -> int:
+        """Bumped at each drop (the shipper notices drops under an object it built)."""
+        return self._drop_log.generation
+
+    def take(self, lsn: int) -> None:
+        """The shipper is committing an object holding the entries below ``lsn``.
+
+        A drop of those entries from now on records them as ``held``: they
+        reach the bucket with that object (docs/journal.md, "Drop-oldest lanes").
+        """
+        self._drop_log.take(lsn)
+
+    def drops_from(self, lsn: int, through: int | None = None) -> list[Drop]:
+        """The recorded drops of LSNs from ``lsn`` on (through ``through``), oldest first:
+        the gaps the shipper ships in its object whose range starts at ``lsn``.
+
+        A ``held`` record (entries that were in an object being committed) is
+        among them only if that object never committed: the next object then
+        starts at or before its ``lsn_first``.
+        """
+        return self._drop_log.from_lsn(lsn, through)
+
+    def drops_cover(self, first: int, end: int) -> bool:
+        """Whether recorded drops account for every LSN ``first <= lsn < end`` (a
+        drop-oldest journal that starts after the bucket's head is not a lost log)."""
+        return self._drop_log.cover(first, end)
+
+    def release_held(self, lsn: int) -> None:
+        """The shipper's log resumes at ``lsn``: ``held`` drops from there on were in an
+        object that never committed, so they are gaps (counted as such from now on;
+        ``dropped.log`` keeps the flag, and the next claim decides again)."""
+        self._drop_log.release_held(lsn)
+
+    def dropped(self, *, held: bool = True) -> list[Drop]:
+        """Every drop recorded in ``dropped.log``, oldest first; without the ``held``
+        ones if ``held`` is False (entries dropped while the shipper committed
+        them: gaps only if the process died before that commit)."""
+        return self._drop_log.all(held=held)
+
     # ------------------------------------------------------------------ read
 
-    # bound from reads (_reads.py)
-    _read_fd = _reads._read_fd
-    _pread = _reads._pread
-    _locate = _reads._locate
-    read_entry = _reads.read_entry
-    read = _reads.read
-    _runs_from = _reads._runs_from
-    only_checkpoints = _reads.only_checkpoints
-    read_entries = _reads.read_entries
-    _mirror_runs_from = _reads._mirror_runs_from
-    _mirror_run_at = _reads._mirror_run_at
-    read_entries_in_thread = _reads.read_entries_in_thread
+    # The read path is its own part (_reads.py); these delegate to it.
+
+    def read_entry(self, lsn: int) -> Entry:
+        """Read and verify the entry with this LSN (:meth:`Reads.read_entry`)."""
+        return self._reads.read_entry(lsn)
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 1024 * 1024,
+    ) -> list[Entry]:
+        """Entries of one partition from ``offset`` on, oldest first (:meth:`Reads.read`).
+
+        An empty list means nothing at or after ``offset`` yet (see :meth:`wait_for`).
+        """
+        return self._reads.read(
+            topic, partition, offset, max_records=max_records, max_bytes=max_bytes
+        )
+
+    def only_checkpoints(self, first_lsn: int, last_lsn: int) -> bool:
+        """Whether every entry from ``first_lsn`` to ``last_lsn`` is a checkpoint.
+
+        A checkpoint is only ever the first entry of a segment, so this is a
+        count of segment bases in the range (no read). The shipper steps over
+        such a range (its reads skip checkpoints), e.g. a fresh journal's first
+        entry.
+        """
+        return self._segment_set.only_checkpoints(first_lsn, last_lsn)
+
+    def read_entries(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        durable_only: bool = True,
+        payload_kinds: Container[int] | None = None,
+    ) -> list[Entry]:
+        """Entries in LSN order from ``from_lsn``, up to ``max_bytes`` (for the shipper).
+
+        See :meth:`Reads.read_entries`.
+        """
+        return self._reads.read_entries(
+            from_lsn, max_bytes=max_bytes, durable_only=durable_only, payload_kinds=payload_kinds
+        )
+
+    async def read_entries_in_thread(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        payload_kinds: Container[int] | None = None,
+        buffers: ReadBuffers | None = None,
+    ) -> list[Entry]:
+        """:meth:`read_entries` of durable entries, read and checked in a worker thread
+        (:meth:`Reads.read_entries_in_thread`)."""
+        return await self._reads.read_entries_in_thread(
+            from_lsn, max_bytes=max_bytes, payload_kinds=payload_kinds, buffers=buffers
+        )
 
     # ----------------------------------------------------------------- waits
 
@@ -1130,15 +1217,7 @@ class Journal:
 
     def bytes_from(self, lsn: int) -> int:
         """Bytes of the entries from ``lsn`` on (a lane's backlog: ``bytes_from(safe_lsn)``)."""
-        total = 0
-        for seg in reversed(self._segments):
-            if seg.end_lsn <= lsn:
-                break
-            if seg.base_lsn >= lsn:
-                total += seg.size
-            else:
-                total += seg.size - seg.entry_positions[lsn - seg.base_lsn]
-        return total
+        return self._segment_set.bytes_from(lsn)
 
     @property
     def disk_bytes(self) -> int:
@@ -1168,20 +1247,21 @@ class Journal:
 
     def statistics(self) -> JournalStats:
         free, size = self._disk_space()
+        dropped_segments, dropped_records, dropped_bytes = self._drop_log.counts()
         return JournalStats(
             segments=len(self._segments),
             bytes=self._total_bytes,
             max_bytes=self.config.max_bytes,
             first_lsn=self._segments[0].base_lsn if self._segments else 0,
             next_lsn=self._next_lsn,
-            durable_lsn=self._durable_lsn,
+            durable_lsn=self._durability.durable_lsn,
             safe_lsn=self._safe_lsn,
             partitions=len(self._partitions),
             appends=self._next_lsn - self._lsn_at_open - self._rolls,
             appended_bytes=self._appended_bytes,
-            fsyncs=self._fsyncs,
-            fsync_seconds_total=self._fsync_total,
-            fsync_seconds_max=self._fsync_max,
+            fsyncs=self._durability.fsyncs,
+            fsync_seconds_total=self._durability.fsync_total,
+            fsync_seconds_max=self._durability.fsync_max,
             full_rejections=self._full_rejections,
             truncated_bytes_on_open=self._truncated_on_open,
             open_seconds=self._open_seconds,
@@ -1199,9 +1279,9 @@ class Journal:
             index_cache_hits=self._index_cache.hits,
             index_cache_misses=self._index_cache.misses,
             drop_oldest=self.drop_oldest,
-            dropped_segments=len({d.segment for d in self._drops}),
-            dropped_records=sum(r.records for d in self._drops if not d.held for r in d.ranges),
-            dropped_bytes=sum(r.bytes for d in self._drops if not d.held for r in d.ranges),
+            dropped_segments=dropped_segments,
+            dropped_records=dropped_records,
+            dropped_bytes=dropped_bytes,
         )
 
     def index_memory(self) -> int:
@@ -1240,20 +1320,13 @@ class Journal:
                         _fs.ops.close(active.fd)
                     active.fd = None
         finally:
-            for fd in self._read_fds.values():
-                os.close(fd)
-            self._read_fds.clear()
+            self._segment_set.close_reads()
             self._index_cache.close()
             if self._lock is not None:
                 self._lock.release()
-            for lot in (
-                self._durable_lot,
-                self._append_lot,
-                self._dirty_lot,
-                self._urgent_lot,
-                self._bytes_lot,
-            ):
-                lot.unpark_all()
+            self._durability.wake_all()
+            self._append_lot.unpark_all()
+            self._bytes_lot.unpark_all()
             for p in self._partitions.values():
                 p.lot.unpark_all()
 
@@ -1274,13 +1347,12 @@ class Journal:
         except OSError as exc:
             self._fail(f"fsync of {active.path} at close", exc)
         else:
-            self._durable_lsn = self._next_lsn - 1
+            self._durability.durable_lsn = self._next_lsn - 1
 
     async def aclose(self) -> None:
         """Wait for an fsync in flight, then fsync and close. Always releases."""
         with trio.CancelScope(shield=True):
-            while self._flushing:
-                await self._durable_lot.park()
+            await self._durability.wait_idle()
         self.close_sync()
 
 

@@ -50,8 +50,6 @@ _MAX_IOV: Final = 1020
 #: copy take less than handing it to a worker thread and back (a quiet
 #: site's entries, replayed from packs, are a few hundred bytes each)
 _INLINE_BYTES: Final = 64 * 1024
-#: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
-_MAX_MIRROR_RUNS: Final = 65536
 
 
 class MirrorBatch(NamedTuple):
@@ -215,7 +213,7 @@ def _append_mirror_sync(
     if batch is None:
         lsn = self._write(fentry.KIND_MIRROR, b"", 0, 0, 0, (), 0, source)
         self._sources[source.region] = source
-        self._mirror_run(lsn, lsn + 1)
+        self._mirror_runs.note(lsn, lsn + 1)
         return Appended(lsn, 0, 0)
     t = self._topic(topic)
     p = t.partitions.get(partition) or self._new_partition(t, partition)
@@ -234,7 +232,7 @@ def _append_mirror_sync(
     )
     self._sources[source.region] = source
     self._index(p, lsn, h.base_offset, h.next_offset)
-    self._mirror_run(lsn, lsn + 1)
+    self._mirror_runs.note(lsn, lsn + 1)
     return Appended(lsn, h.base_offset, h.count)
 
 
@@ -464,7 +462,7 @@ def _publish(self: Journal, res: _Reserved) -> None:
     for (p, base, nxt), a in zip(res.keys, res.appended, strict=True):
         self._index(p, a.lsn, base, nxt)
     self._sources[res.source.region] = res.source
-    self._mirror_run(res.lsn, res.lsn + n)
+    self._mirror_runs.note(res.lsn, res.lsn + n)
     res.state = "published"
     if self._appended_bytes >= self._notify_at:
         self._notify()
@@ -474,13 +472,3 @@ async def _wait_inflight(self: Journal) -> None:
     """Wait (without blocking the loop) until no group is in flight."""
     while self._inflight is not None:
         await self._inflight_lot.park()
-
-
-def _mirror_run(self: Journal, start: int, end: int) -> None:
-    """Note that LSNs [start, end) are mirror entries (for :meth:`read_entries`)."""
-    ends = self._mirror_ends
-    if ends and ends[-1] == start:
-        ends[-1] = end
-    elif len(ends) < _MAX_MIRROR_RUNS:
-        self._mirror_starts.append(start)
-        ends.append(end)

@@ -16,14 +16,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
-from edge_gateway.journal._dropped import load_drops
 from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
 from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
 from edge_gateway.journal._segment import Segment, segment_name
@@ -45,10 +43,9 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
         self._settle()
     if not self.is_new:
         raise InvalidInput("only a journal that holds no entries can be reset")
-    if self._flushing:
+    if self._durability.flushing:
         raise InvalidInput("cannot reset a journal while an fsync is in flight")
-    old = self._segments.pop()
-    self._segment_bases.pop()
+    old = self._segment_set.pop_active()
     if old.mm is not None:
         old.mm.close()
     if old.fd is not None:
@@ -58,8 +55,7 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
     self._partitions.clear()
     self._topics.clear()
     self._sources.clear()
-    self._mirror_starts = array("q")
-    self._mirror_ends = array("q")
+    self._mirror_runs.clear()
     try:
         self._start_segment(start_lsn, start)
     except DiskFull as exc:
@@ -73,10 +69,10 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
 def _finish_drops(self: Journal) -> None:
     """Load ``dropped.log``; complete a drop whose record is durable but whose
     segment is still there (the process died between the two)."""
-    self._drops = load_drops(self.path)
-    if not self._drops:
+    drops = self._drop_log.load()
+    if not drops:
         return
-    last = self._drops[-1]
+    last = drops[-1]
     seg = self.path / segment_name(last.segment)
     if seg.exists():
         _fs.ops.unlink(seg)
@@ -118,7 +114,7 @@ def _recover(self: Journal, start: Checkpoint) -> None:
         expected = seg.end_lsn
     active = self._segments[-1]
     self._next_lsn = active.end_lsn
-    self._durable_lsn = self._next_lsn - 1
+    self._durability.durable_lsn = self._next_lsn - 1
     active.fd = _fs.ops.open(active.path, os.O_RDWR)
     self._map(active)
     self._total_bytes = sum(s.size for s in self._segments)

@@ -1,12 +1,14 @@
 """The journal's read path: entries by LSN, by partition offset, and in LSN order.
 
-What it owns: ``read_entry``, ``read`` (a partition from an offset, through
-each segment's index run), ``read_entries`` and ``read_entries_in_thread``
-(the shipper's drain in LSN order, stepping over runs of mirror entries when
-asked), ``only_checkpoints``, and the descriptors they read through (the
-journal's ``_read_fds`` cache). The functions here are the Journal's methods
-(bound in its class body: ``Journal.read = _reads.read``); they read the
-journal's state and change none of it but that cache.
+What it owns: :class:`Reads`, the journal's reads -- ``read_entry``, ``read``
+(a partition from an offset, through each segment's index run),
+``read_entries`` and ``read_entries_in_thread`` (the shipper's drain in LSN
+order, stepping over runs of mirror entries when asked) -- and what a
+reader lends them (:class:`ReadBuffers`). It changes no state: it is given
+what it reads (the segment set, the partitions' indexes, the mirror runs,
+and the log's ends: how far it is written and fsynced) and reads the bytes
+through the segment set (``_segment_set.py``), where a second kind of
+segment at rest would plug in.
 """
 
 from __future__ import annotations
@@ -16,22 +18,19 @@ import os
 import threading
 from collections.abc import Container, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 
 import trio
 
-from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, Unavailable
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Entry
-from edge_gateway.journal import _fs
 from edge_gateway.journal._segment import Segment
+from edge_gateway.journal._segment_set import SegmentSet
+from edge_gateway.journal._state import MirrorRuns, _Partition
 
 if TYPE_CHECKING:
     from edge_gateway.journal._index import IntSequence
-    from edge_gateway.journal._journal import Journal
-    from edge_gateway.journal._state import _Partition
-
-_READ_FD_CACHE: Final = 32
 
 
 class OffsetOutOfRange(InvalidInput):
@@ -215,277 +214,263 @@ def _read_runs(
     return out
 
 
-def _read_fd(self: Journal, seg: Segment) -> int:
-    if seg.fd is not None:
-        return seg.fd
-    fd = self._read_fds.get(seg.base_lsn)
-    if fd is None:
-        try:
-            fd = _fs.ops.open(seg.path, os.O_RDONLY)
-        except OSError as exc:
-            raise Unavailable(f"journal: cannot open {seg.path} to read: {exc}") from exc
-        self._read_fds[seg.base_lsn] = fd
-        if len(self._read_fds) > _READ_FD_CACHE:
-            _, old = self._read_fds.popitem(last=False)
-            os.close(old)
-    else:
-        self._read_fds.move_to_end(seg.base_lsn)
-    return fd
+class LogEnds(Protocol):
+    """What reads ask of the log they read (the journal answers)."""
+
+    @property
+    def next_lsn(self) -> int:
+        """The LSN the next entry will get."""
+        ...
+
+    @property
+    def durable_lsn(self) -> int:
+        """Every entry up to this LSN is fsynced."""
+        ...
+
+    @property
+    def closed(self) -> bool:
+        """The log is closed: reads raise ``ClosedError``."""
+        ...
 
 
-def _pread(self: Journal, seg: Segment, n: int, pos: int) -> bytes:
-    try:
-        return os.pread(self._read_fd(seg), n, pos)
-    except OSError as exc:
-        raise Unavailable(f"journal: cannot read {seg.path}@{pos}: {exc}") from exc
+class Reads:
+    """The journal's reads (see :class:`~edge_gateway.journal.Journal`, which delegates here).
 
-
-def _locate(self: Journal, lsn: int) -> tuple[Segment, int]:
-    i = bisect.bisect_right(self._segment_bases, lsn) - 1
-    if i < 0 or lsn >= self._segments[i].end_lsn:
-        raise InvalidInput(f"LSN {lsn} is not in the journal")
-    return self._segments[i], i
-
-
-def read_entry(self: Journal, lsn: int) -> Entry:
-    """Read and verify the entry with this LSN."""
-    self._check_readable()
-    seg, _ = self._locate(lsn)
-    i = lsn - seg.base_lsn
-    positions = seg.entry_positions
-    pos = positions[i]
-    end = positions[i + 1] if i + 1 < seg.entries else seg.size
-    data = self._pread(seg, end - pos, pos)
-    e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
-    if e.lsn != lsn:  # an index that does not match its segment
-        raise CorruptData(f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}")
-    return e
-
-
-def read(
-    self: Journal,
-    topic: str,
-    partition: int,
-    offset: int,
-    *,
-    max_records: int = 10_000,
-    max_bytes: int = 1024 * 1024,
-) -> list[Entry]:
-    """Entries of one partition from ``offset`` on, oldest first.
-
-    The first entry may start before ``offset`` (batches are not split;
-    see :meth:`RecordBatch.records`). At least one entry is returned when
-    data exists at ``offset``, however large. An empty list means nothing
-    at or after ``offset`` yet (see :meth:`wait_for`).
+    Given, not owned: ``segments`` (where each LSN is at rest, and the
+    descriptors to read it), ``partitions`` (each partition's index: the
+    active segment's LSNs and offsets in memory, sealed segments' runs in
+    their index files), ``mirror_runs`` (runs of mirror LSNs to step over)
+    and ``log`` (how far the log is written and fsynced, whether it is
+    open). Reads change none of them but the segment set's descriptor cache.
     """
-    self._check_readable()
-    p = self._partitions.get((topic, partition))
-    if p is None or offset >= p.next_offset:
-        return []
-    if offset < p.first_offset:
-        raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
-    out: list[Entry] = []
-    records = size = 0
-    for lsns, i in self._runs_from(p, offset):
-        n = len(lsns)
-        while i < n:
-            e = self.read_entry(lsns[i])
-            i += 1
-            if e.next_offset <= offset:  # a mirror gap before ``offset``
-                continue
-            out.append(e)
-            records += e.next_offset - max(offset, e.base_offset)
-            size += len(e.payload)
-            if records >= max_records or size >= max_bytes:
-                return out
-    return out
 
+    __slots__ = ("log", "mirror_runs", "partitions", "segments")
 
-def _runs_from(self: Journal, p: _Partition, offset: int) -> Iterator[tuple[IntSequence, int]]:
-    """The partition's LSNs per segment, from the entry holding ``offset``, oldest first.
+    def __init__(
+        self,
+        segments: SegmentSet,
+        partitions: dict[tuple[str, int], _Partition],
+        mirror_runs: MirrorRuns,
+        log: LogEnds,
+    ) -> None:
+        self.segments = segments
+        self.partitions = partitions
+        self.mirror_runs = mirror_runs
+        self.log = log
 
-    Yields (LSNs, index to start at): sealed segments' runs are read from
-    their index files, the active segment's from memory.
-    """
-    active = p.offsets
-    if not p.seg_first or (active and offset >= active[0]):
-        yield p.lsns, max(bisect.bisect_right(active, offset) - 1, 0)
-        return
-    first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
-    for k in range(first, len(p.seg_bases)):
-        seg = self._segments[bisect.bisect_left(self._segment_bases, p.seg_bases[k])]
-        assert seg.index is not None
-        lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
-        yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
-    yield p.lsns, 0
+    def _check_readable(self) -> None:
+        # Reads go on after intake stopped (a failed fsync), not after close.
+        if self.log.closed:
+            raise ClosedError("journal is closed")
 
-
-def only_checkpoints(self: Journal, first_lsn: int, last_lsn: int) -> bool:
-    """Whether every entry from ``first_lsn`` to ``last_lsn`` is a checkpoint.
-
-    A checkpoint is only ever the first entry of a segment, so this is a
-    count of segment bases in the range (no read). The shipper steps over
-    such a range (its reads skip checkpoints), e.g. a fresh journal's first
-    entry.
-    """
-    if last_lsn < first_lsn:
-        return True
-    bases = [seg.base_lsn for seg in self._segments]
-    inside = bisect.bisect_right(bases, last_lsn) - bisect.bisect_left(bases, first_lsn)
-    return inside == last_lsn - first_lsn + 1
-
-
-def read_entries(
-    self: Journal,
-    from_lsn: int,
-    *,
-    max_bytes: int = 8 * 1024 * 1024,
-    durable_only: bool = True,
-    payload_kinds: Container[int] | None = None,
-) -> list[Entry]:
-    """Entries in LSN order from ``from_lsn`` (for the shipper), up to ``max_bytes``.
-
-    Checkpoint entries are skipped. With ``durable_only`` only fsynced
-    entries are returned, so nothing leaves the machine that a power loss
-    could take back. With ``payload_kinds``, entries of other kinds come
-    with their header fields only (``fentry.decode_entry_header``: no
-    body, no CRC check): the shipper steps over mirror entries that way
-    instead of checking and copying every mirrored byte again; and when
-    ``payload_kinds`` leaves mirror entries out, a run of mirror entries
-    the journal appended since it opened comes back as **one** such entry
-    without reading them at all: the run's last LSN, kind mirror, its
-    total length, nothing else (mirror runs written before the open are
-    stepped over by their headers).
-    """
-    self._check_readable()
-    end_lsn = (self._durable_lsn + 1) if durable_only else self._next_lsn
-    out: list[Entry] = []
-    lsn = max(from_lsn, self._segments[0].base_lsn)
-    size = 0
-    skip = self._mirror_runs_from(lsn, payload_kinds)
-    while lsn < end_lsn and (size < max_bytes or not out):
-        seg, _ = self._locate(lsn)
-        i = lsn - seg.base_lsn
-        last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-        positions = seg.entry_positions
-        start = positions[i]
-        if skip:
-            inside, last = self._mirror_run_at(lsn, seg, last)
-            if inside:  # step over the run unread
-                j, end = _run_end(seg, i, start + max_bytes - size, last)
-                out.append(_mirror_run_entry(seg.base_lsn + j - 1, end - start))
-                size += end - start
-                lsn = seg.base_lsn + j
-                continue
-        # one pread for a run of entries (at least one), bounded by max_bytes
-        j, stop = _run_end(seg, i, start + max_bytes - size, last)
-        data = self._pread(seg, stop - start, start)
-        size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
-        lsn = seg.base_lsn + j
-    return out
-
-
-def _mirror_runs_from(self: Journal, lsn: int, payload_kinds: Container[int] | None) -> bool:
-    """Whether a read from ``lsn`` of ``payload_kinds`` steps over mirror runs
-    unread (the shipper's reads); forgets the runs it has passed."""
-    if payload_kinds is None or fentry.KIND_MIRROR in payload_kinds:
-        return False
-    starts, ends = self._mirror_starts, self._mirror_ends
-    if not starts:
-        return False
-    k = bisect.bisect_right(ends, lsn)
-    if k > 1024:  # runs the shipper has passed: forget them
-        del starts[:k], ends[:k]
-    return bool(starts)
-
-
-def _mirror_run_at(self: Journal, lsn: int, seg: Segment, last: int) -> tuple[bool, int]:
-    """Where a read at ``lsn`` of ``seg`` (up to entry index ``last``) meets
-    the mirror runs: (True, the run's end index) inside one; (False, the
-    index to read up to: the next run's start, not into it) otherwise."""
-    starts, ends = self._mirror_starts, self._mirror_ends
-    k = bisect.bisect_right(starts, lsn) - 1
-    if k >= 0 and lsn < ends[k]:
-        return True, min(ends[k] - seg.base_lsn, last)
-    if k + 1 < len(starts):
-        return False, min(last, starts[k + 1] - seg.base_lsn)
-    return False, last
-
-
-async def read_entries_in_thread(
-    self: Journal,
-    from_lsn: int,
-    *,
-    max_bytes: int = 8 * 1024 * 1024,
-    payload_kinds: Container[int] | None = None,
-    buffers: ReadBuffers | None = None,
-) -> list[Entry]:
-    """:meth:`read_entries` of durable entries, the reading and checking in a worker thread.
-
-    Reading a backlog object's entries (a ``pread`` of many MB, a CRC32C
-    and a copy of every payload) costs about as much CPU as compressing
-    them; done on the event loop it stalls local produce and consume and
-    keeps a second core idle. Only the lookup of the byte runs happens
-    here; each run is read through a duplicate of its segment's file
-    descriptor, so a segment that is closed or deleted meanwhile (a
-    drop-oldest lane under disk pressure, the read-fd cache) is still read
-    whole -- durable entries are never rewritten in place. A caller that
-    must not ship entries dropped meanwhile compares :meth:`drops_from`
-    before and after. ``max_bytes`` counts the runs' bytes (checkpoint
-    entries included), so a read may end a checkpoint earlier than
-    :meth:`read_entries`'. Runs are read :data:`_RUN_BYTES` at most at a
-    time, and at most :data:`_RUNS_PER_THREAD` descriptors are duplicated
-    at once. Unlike :meth:`read_entries`, ordinary DATA entries come with
-    their payload as a read-only view into their run's buffer (not a copy
-    each); the runs are read into ``buffers`` (:class:`ReadBuffers`) when
-    given, else into fresh memory.
-    """
-    out: list[Entry] = []
-    size = 0
-    lsn = from_lsn
-    while True:
+    def read_entry(self, lsn: int) -> Entry:
+        """Read and verify the entry with this LSN."""
         self._check_readable()
-        end_lsn = self._durable_lsn + 1
-        lsn = max(lsn, self._segments[0].base_lsn)
+        return self._read_entry(lsn)
+
+    def _read_entry(self, lsn: int) -> Entry:
+        seg, _ = self.segments.locate(lsn)
+        i = lsn - seg.base_lsn
+        positions = seg.entry_positions
+        pos = positions[i]
+        end = positions[i + 1] if i + 1 < seg.entries else seg.size
+        data = self.segments.pread(seg, end - pos, pos)
+        e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+        if e.lsn != lsn:  # an index that does not match its segment
+            raise CorruptData(
+                f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}"
+            )
+        return e
+
+    def read(
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        *,
+        max_records: int = 10_000,
+        max_bytes: int = 1024 * 1024,
+    ) -> list[Entry]:
+        """Entries of one partition from ``offset`` on, oldest first.
+
+        The first entry may start before ``offset`` (batches are not split;
+        see :meth:`RecordBatch.records`). At least one entry is returned when
+        data exists at ``offset``, however large. An empty list means nothing
+        at or after ``offset`` yet (see :meth:`Journal.wait_for`).
+        """
+        self._check_readable()
+        p = self.partitions.get((topic, partition))
+        if p is None or offset >= p.next_offset:
+            return []
+        if offset < p.first_offset:
+            raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
+        out: list[Entry] = []
+        records = size = 0
+        for lsns, i in self._runs_from(p, offset):
+            n = len(lsns)
+            while i < n:
+                e = self.read_entry(lsns[i])
+                i += 1
+                if e.next_offset <= offset:  # a mirror gap before ``offset``
+                    continue
+                out.append(e)
+                records += e.next_offset - max(offset, e.base_offset)
+                size += len(e.payload)
+                if records >= max_records or size >= max_bytes:
+                    return out
+        return out
+
+    def _runs_from(self, p: _Partition, offset: int) -> Iterator[tuple[IntSequence, int]]:
+        """The partition's LSNs per segment, from the entry holding ``offset``, oldest first.
+
+        Yields (LSNs, index to start at): sealed segments' runs are read from
+        their index files, the active segment's from memory.
+        """
+        active = p.offsets
+        if not p.seg_first or (active and offset >= active[0]):
+            yield p.lsns, max(bisect.bisect_right(active, offset) - 1, 0)
+            return
+        first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
+        for k in range(first, len(p.seg_bases)):
+            seg = self.segments.with_base(p.seg_bases[k])
+            assert seg.index is not None
+            lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
+            yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
+        yield p.lsns, 0
+
+    def read_entries(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        durable_only: bool = True,
+        payload_kinds: Container[int] | None = None,
+    ) -> list[Entry]:
+        """Entries in LSN order from ``from_lsn`` (for the shipper), up to ``max_bytes``.
+
+        Checkpoint entries are skipped. With ``durable_only`` only fsynced
+        entries are returned, so nothing leaves the machine that a power loss
+        could take back. With ``payload_kinds``, entries of other kinds come
+        with their header fields only (``fentry.decode_entry_header``: no
+        body, no CRC check): the shipper steps over mirror entries that way
+        instead of checking and copying every mirrored byte again; and when
+        ``payload_kinds`` leaves mirror entries out, a run of mirror entries
+        the journal appended since it opened comes back as **one** such entry
+        without reading them at all: the run's last LSN, kind mirror, its
+        total length, nothing else (mirror runs written before the open are
+        stepped over by their headers).
+        """
+        self._check_readable()
+        segments = self.segments
+        end_lsn = (self.log.durable_lsn + 1) if durable_only else self.log.next_lsn
+        out: list[Entry] = []
+        lsn = max(from_lsn, segments.first_lsn)
+        size = 0
         skip = self._mirror_runs_from(lsn, payload_kinds)
-        runs: list[_Run] = []
-        try:
-            while (
-                lsn < end_lsn
-                and (size < max_bytes or not (out or runs))
-                and len(runs) < _RUNS_PER_THREAD
-            ):
-                seg, _ = self._locate(lsn)
-                i = lsn - seg.base_lsn
-                last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-                positions = seg.entry_positions
-                start = positions[i]
-                if skip:
-                    inside, last = self._mirror_run_at(lsn, seg, last)
-                    if inside:  # step over the run unread
-                        j, end = _run_end(seg, i, start + max_bytes - size, last)
-                        runs.append(
-                            _Run(-1, seg.path, start, end - start, j - i, seg.base_lsn + j - 1)
-                        )
-                        size += end - start
-                        lsn = seg.base_lsn + j
-                        continue
-                step = min(max_bytes - size, _RUN_BYTES)
-                j, stop = _run_end(seg, i, start + step, last)
-                try:
-                    fd = os.dup(self._read_fd(seg))
-                except OSError as exc:
-                    raise Unavailable(f"journal: cannot read {seg.path}: {exc}") from exc
-                runs.append(_Run(fd, seg.path, start, stop - start, j - i))
-                size += stop - start
-                lsn = seg.base_lsn + j
-            if not runs:
+        while lsn < end_lsn and (size < max_bytes or not out):
+            seg, _ = segments.locate(lsn)
+            i = lsn - seg.base_lsn
+            last = min(seg.end_lsn, end_lsn) - seg.base_lsn
+            positions = seg.entry_positions
+            start = positions[i]
+            if skip:
+                inside, last = self.mirror_runs.at(lsn, seg.base_lsn, last)
+                if inside:  # step over the run unread
+                    j, end = _run_end(seg, i, start + max_bytes - size, last)
+                    out.append(_mirror_run_entry(seg.base_lsn + j - 1, end - start))
+                    size += end - start
+                    lsn = seg.base_lsn + j
+                    continue
+            # one pread for a run of entries (at least one), bounded by max_bytes
+            j, stop = _run_end(seg, i, start + max_bytes - size, last)
+            data = segments.pread(seg, stop - start, start)
+            size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
+            lsn = seg.base_lsn + j
+        return out
+
+    def _mirror_runs_from(self, lsn: int, payload_kinds: Container[int] | None) -> bool:
+        """Whether a read from ``lsn`` of ``payload_kinds`` steps over mirror runs
+        unread (the shipper's reads); forgets the runs it has passed."""
+        if payload_kinds is None or fentry.KIND_MIRROR in payload_kinds:
+            return False
+        return self.mirror_runs.any_from(lsn)
+
+    async def read_entries_in_thread(
+        self,
+        from_lsn: int,
+        *,
+        max_bytes: int = 8 * 1024 * 1024,
+        payload_kinds: Container[int] | None = None,
+        buffers: ReadBuffers | None = None,
+    ) -> list[Entry]:
+        """:meth:`read_entries` of durable entries, the reading and checking in a worker thread.
+
+        Reading a backlog object's entries (a ``pread`` of many MB, a CRC32C
+        and a copy of every payload) costs about as much CPU as compressing
+        them; done on the event loop it stalls local produce and consume and
+        keeps a second core idle. Only the lookup of the byte runs happens
+        here; each run is read through a duplicate of its segment's file
+        descriptor, so a segment that is closed or deleted meanwhile (a
+        drop-oldest lane under disk pressure, the read-fd cache) is still read
+        whole -- durable entries are never rewritten in place. A caller that
+        must not ship entries dropped meanwhile compares
+        :meth:`Journal.drops_from` before and after. ``max_bytes`` counts the
+        runs' bytes (checkpoint entries included), so a read may end a
+        checkpoint earlier than :meth:`read_entries`'. Runs are read
+        :data:`_RUN_BYTES` at most at a time, and at most
+        :data:`_RUNS_PER_THREAD` descriptors are duplicated at once. Unlike
+        :meth:`read_entries`, ordinary DATA entries come with their payload
+        as a read-only view into their run's buffer (not a copy each); the
+        runs are read into ``buffers`` (:class:`ReadBuffers`) when given,
+        else into fresh memory.
+        """
+        segments = self.segments
+        out: list[Entry] = []
+        size = 0
+        lsn = from_lsn
+        while True:
+            self._check_readable()
+            end_lsn = self.log.durable_lsn + 1
+            lsn = max(lsn, segments.first_lsn)
+            skip = self._mirror_runs_from(lsn, payload_kinds)
+            runs: list[_Run] = []
+            try:
+                while (
+                    lsn < end_lsn
+                    and (size < max_bytes or not (out or runs))
+                    and len(runs) < _RUNS_PER_THREAD
+                ):
+                    seg, _ = segments.locate(lsn)
+                    i = lsn - seg.base_lsn
+                    last = min(seg.end_lsn, end_lsn) - seg.base_lsn
+                    positions = seg.entry_positions
+                    start = positions[i]
+                    if skip:
+                        inside, last = self.mirror_runs.at(lsn, seg.base_lsn, last)
+                        if inside:  # step over the run unread
+                            j, end = _run_end(seg, i, start + max_bytes - size, last)
+                            runs.append(
+                                _Run(-1, seg.path, start, end - start, j - i, seg.base_lsn + j - 1)
+                            )
+                            size += end - start
+                            lsn = seg.base_lsn + j
+                            continue
+                    step = min(max_bytes - size, _RUN_BYTES)
+                    j, stop = _run_end(seg, i, start + step, last)
+                    try:
+                        fd = os.dup(segments.read_fd(seg))
+                    except OSError as exc:
+                        raise Unavailable(f"journal: cannot read {seg.path}: {exc}") from exc
+                    runs.append(_Run(fd, seg.path, start, stop - start, j - i))
+                    size += stop - start
+                    lsn = seg.base_lsn + j
+                if not runs:
+                    return out
+                out += await trio.to_thread.run_sync(_read_runs, runs, payload_kinds, buffers)
+            finally:
+                for run in runs:
+                    if run.fd >= 0:
+                        os.close(run.fd)
+            # Go on after runs of checkpoint entries only, or past the cap on runs.
+            if lsn >= end_lsn or (out and size >= max_bytes):
                 return out
-            out += await trio.to_thread.run_sync(_read_runs, runs, payload_kinds, buffers)
-        finally:
-            for run in runs:
-                if run.fd >= 0:
-                    os.close(run.fd)
-        # Go on after runs of checkpoint entries only, or past the cap on runs.
-        if lsn >= end_lsn or (out and size >= max_bytes):
-            return out

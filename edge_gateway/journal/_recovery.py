@@ -34,9 +34,7 @@ _NONZERO = re.compile(rb"[^\x00]")
 _crc = crc32c
 
 
-def _scan_struct(topic_len: int) -> struct.Struct:
-    """An entry's header, topic and batch header (fentry.ENTRY_HEADER + topic + fbatch header)."""
-    return struct.Struct(f"<IIQBBHIqIq{topic_len}sIBBHqIIqq")
+_scan_struct = fentry.data_entry_struct
 
 
 @dataclass(slots=True)

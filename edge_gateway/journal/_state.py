@@ -3,18 +3,20 @@
 ``Appended`` is what an append returns. ``_Partition`` holds a partition's
 next offset and its read index (the active segment's LSNs and offsets in
 memory, per sealed segment where its run is in the index file); ``_Topic`` the
-per-topic constants of the append hot path. The append, mirror and read paths
+per-topic constants of the append hot path; ``MirrorRuns`` the runs of
+mirror LSNs that reads may step over. The append, mirror and read paths
 (``_journal.py``, ``_mirror_append.py``, ``_reads.py``) share them.
 """
 
 from __future__ import annotations
 
+import bisect
 import struct
 import sys
 import time
 from array import array
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import trio
 
@@ -87,6 +89,62 @@ class _Topic:
     #: ``head`` with the producer fields after the topic (a PRODUCER entry), made
     #: at the topic's first idempotent append
     producer_head: struct.Struct | None = None
+
+
+#: mirror LSN runs kept for the shipper to step over (a hint: beyond it, headers are read)
+MAX_MIRROR_RUNS: Final = 65536
+
+
+class MirrorRuns:
+    """LSN runs ``[start, end)`` of mirror entries appended since the open.
+
+    A hint for the shipper's reads, which step over a run unread
+    (docs/journal.md, "Mirror entries and the shipper"): noted by the mirror
+    append path, read by ``_reads.py``, forgotten as reads pass them. At most
+    :data:`MAX_MIRROR_RUNS` are kept; beyond that, entries are stepped over by
+    their headers.
+    """
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts: array[int] = array("q")
+        self.ends: array[int] = array("q")
+
+    def note(self, start: int, end: int) -> None:
+        """LSNs [start, end) are mirror entries."""
+        ends = self.ends
+        if ends and ends[-1] == start:
+            ends[-1] = end
+        elif len(ends) < MAX_MIRROR_RUNS:
+            self.starts.append(start)
+            ends.append(end)
+
+    def clear(self) -> None:
+        del self.starts[:], self.ends[:]
+
+    def any_from(self, lsn: int) -> bool:
+        """Whether a run ends after ``lsn``; forgets the runs a read has passed."""
+        starts, ends = self.starts, self.ends
+        if not starts:
+            return False
+        k = bisect.bisect_right(ends, lsn)
+        if k > 1024:  # runs the shipper has passed: forget them
+            del starts[:k], ends[:k]
+        return bool(starts)
+
+    def at(self, lsn: int, base_lsn: int, last: int) -> tuple[bool, int]:
+        """Where a read at ``lsn`` of the segment starting at ``base_lsn`` (up to
+        entry index ``last``) meets the runs: (True, the run's end index) inside
+        one; (False, the index to read up to: the next run's start, not into
+        it) otherwise."""
+        starts, ends = self.starts, self.ends
+        k = bisect.bisect_right(starts, lsn) - 1
+        if k >= 0 and lsn < ends[k]:
+            return True, min(ends[k] - base_lsn, last)
+        if k + 1 < len(starts):
+            return False, min(last, starts[k + 1] - base_lsn)
+        return False, last
 
 
 def _now_ms() -> int:

@@ -5,8 +5,8 @@
   gateway's topology (``TopicConfig`` tuples);
 * :mod:`edge_gateway.metadata.client` — :class:`MetadataClient` (httpx,
   async), :class:`HeadReporter` and :class:`RoutingCache`;
-* :mod:`edge_gateway.metadata.server` — the reference server (Starlette on
-  hypercorn/trio over SQLite), ``edgegw metadata serve``.
+* :mod:`edge_gateway.metadata.server` — the reference server (SQLite, or
+  PostgreSQL for replicas: ``docs/metadata.md``), ``edgegw metadata serve``.
 
 The API is described in ``docs/metadata-api.md`` and
 ``docs/metadata-openapi.json``. The server parts load on first use, so the
@@ -21,6 +21,7 @@ from edge_gateway._lazy import lazy_attributes
 from edge_gateway.metadata.routing import BucketLocation, RoutingTable, TopicRoute, topology
 
 if TYPE_CHECKING:
+    from edge_gateway.metadata._pg import is_postgres_url
     from edge_gateway.metadata.client import (
         CachedRouting,
         HeadReporter,
@@ -44,6 +45,7 @@ __all__ = [
     "RoutingFetch",
     "RoutingTable",
     "TopicRoute",
+    "is_postgres_url",
     "serve_metadata",
     "topology",
 ]
@@ -60,5 +62,6 @@ __getattr__ = lazy_attributes(
         "RoutingFetch": "edge_gateway.metadata.client",
         "MetadataServerConfig": "edge_gateway.metadata.server",
         "serve_metadata": "edge_gateway.metadata.server",
+        "is_postgres_url": "edge_gateway.metadata._pg",
     },
 )

@@ -22,9 +22,10 @@ import hmac
 import json
 import secrets
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, ClassVar, Final, Protocol, cast
 
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput
 from edge_gateway.metadata.routing import (
@@ -40,7 +41,27 @@ from edge_gateway.metadata.routing import (
 )
 from edge_gateway.names import validate_region, validate_topic
 
-__all__ = ["MIGRATIONS", "MetadataStore", "Refused", "hash_token", "verify_token"]
+__all__ = ["MIGRATIONS", "MetadataStore", "Refused", "SqlStore", "hash_token", "verify_token"]
+
+
+class Cursor(Protocol):
+    """What the stores use of a DB-API cursor (sqlite3 and psycopg alike)."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Conn(Protocol):
+    """A connection that runs one statement with ``?`` placeholders."""
+
+    def execute(self, sql: str, params: Sequence[Any] = ..., /) -> Cursor: ...
+
 
 #: Schema migrations; migration ``i`` brings ``PRAGMA user_version`` from ``i`` to ``i + 1``.
 #: Append only: never edit a migration that has shipped.
@@ -91,6 +112,37 @@ MIGRATIONS: Final[tuple[str, ...]] = (
         CHECK (on_full IN ('block', 'drop-oldest'));
     """,
 )
+
+#: The tables ``edgegw metadata migrate`` copies, with their columns, in an
+#: order that satisfies the foreign keys.
+COPIED_TABLES: Final[dict[str, tuple[str, ...]]] = {
+    "meta": ("key", "value"),
+    "regions": (
+        "id",
+        "token_id",
+        "token_hash",
+        "created_ms",
+        "revoked_ms",
+        "last_heartbeat_ms",
+        "gateway_version",
+        "lag_json",
+        "prev_token_id",
+        "prev_token_hash",
+        "prev_expires_ms",
+    ),
+    "topics": (
+        "name",
+        "home",
+        "partitions",
+        "retention_ms",
+        "subscribers",
+        "created_ms",
+        "updated_ms",
+        "priority",
+        "on_full",
+    ),
+    "buckets": ("name", "settings"),
+}
 
 # scrypt cost: ~30 ms and 16 MiB per check. Verified tokens are cached by the
 # server, so this is paid once per token and process, not per request.
@@ -153,80 +205,67 @@ def _new_region_token() -> tuple[str, str, str]:
     return token_id, token, hash_token(token)
 
 
-class MetadataStore:
-    """Regions, topics and bucket locations in one SQLite file."""
+class SqlStore:
+    """Regions, topics and bucket locations in a SQL database: the logic every store shares.
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        try:
-            db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise ConfigError(f"{path}: cannot open the metadata database: {exc}") from None
-        self._db: sqlite3.Connection | None = db
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=FULL")
-            db.execute("PRAGMA foreign_keys=ON")
-            db.execute("PRAGMA busy_timeout=5000")
-            self._migrate(db)
-        except sqlite3.DatabaseError as exc:
-            db.close()
-            raise ConfigError(f"{path}: not a usable metadata database: {exc}") from None
-        except BaseException:  # a schema too new, a cancellation: no connection left behind
-            db.close()
-            raise
+    A subclass gives the connections: :meth:`_read` (no transaction needed)
+    and :meth:`_write` (one transaction; ``serialize=True`` also serialises
+    it with every other such write, as SQLite's ``BEGIN IMMEDIATE`` does).
+    The SQL here runs on SQLite and PostgreSQL alike, written with ``?``
+    placeholders.
+    """
 
-    @staticmethod
-    def _migrate(db: sqlite3.Connection) -> None:
-        (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version > len(MIGRATIONS):
-            raise ConfigError(
-                f"the metadata database has schema version {version}; this edgegw knows "
-                f"up to {len(MIGRATIONS)} (written by a newer edgegw?)"
-            )
-        for i in range(version, len(MIGRATIONS)):
-            # One transaction per migration: a crash leaves the previous version whole.
-            with _Tx(db):
-                for statement in _statements(MIGRATIONS[i]):
-                    db.execute(statement)
-                db.execute(f"PRAGMA user_version = {i + 1}")
+    #: Several replicas share the database (PostgreSQL): each one learns the
+    #: others' changes by polling it (``_replicas``), and head reports go through it.
+    shared: ClassVar[bool] = False
+    #: How many calls may run at once (worker threads).
+    concurrency: int = 1
+
+    def _read(self) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
+
+    def _write(self, *, serialize: bool = True) -> AbstractContextManager[Conn]:
+        raise NotImplementedError
 
     @property
     def schema_version(self) -> int:
-        return int(self._conn().execute("PRAGMA user_version").fetchone()[0])
+        raise NotImplementedError
 
     def close(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        raise NotImplementedError
 
-    def _conn(self) -> sqlite3.Connection:
-        if self._db is None:
-            raise ClosedError("the metadata store is closed")
-        return self._db
+    def describe(self) -> str:
+        """Where the data is, for logs (no password)."""
+        raise NotImplementedError
 
     # ------------------------------------------------------------ plumbing
 
-    def _write(self) -> _Tx:
-        return _Tx(self._conn())
-
     @staticmethod
-    def _bump(db: sqlite3.Connection) -> None:
+    def _bump(db: Conn) -> None:
         db.execute(
-            "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
+            "UPDATE meta SET value = CAST(CAST(value AS BIGINT) + 1 AS TEXT)"
             " WHERE key = 'routing_version'"
         )
 
-    def routing_version(self) -> int:
-        row = (
-            self._conn().execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()
+    @staticmethod
+    def _bump_credentials(db: Conn) -> None:
+        """Count a change of who may do what (other replicas then forget verified tokens)."""
+        db.execute(
+            "INSERT INTO meta (key, value) VALUES ('credentials_version', '1')"
+            " ON CONFLICT (key) DO UPDATE"
+            " SET value = CAST(CAST(meta.value AS BIGINT) + 1 AS TEXT)"
         )
+
+    def routing_version(self) -> int:
+        with self._read() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()
         return int(row[0])
 
     # ---------------------------------------------------------- admin token
 
     def admin_token_hash(self) -> str | None:
-        row = self._conn().execute("SELECT value FROM meta WHERE key = 'admin_token'").fetchone()
+        with self._read() as db:
+            row = db.execute("SELECT value FROM meta WHERE key = 'admin_token'").fetchone()
         return str(row[0]) if row else None
 
     def set_admin_token_hash(self, hashed: str) -> None:
@@ -236,6 +275,7 @@ class MetadataStore:
                 " ON CONFLICT (key) DO UPDATE SET value = excluded.value",
                 (hashed,),
             )
+            self._bump_credentials(db)
 
     # -------------------------------------------------------------- regions
 
@@ -245,18 +285,18 @@ class MetadataStore:
         The current token is valid until the region is revoked or the token
         rotated; the previous one, after a rotation, until ``prev_expires_ms``.
         """
-        db = self._conn()
-        row = db.execute(
-            "SELECT id, token_hash FROM regions WHERE token_id = ? AND revoked_ms IS NULL",
-            (token_id,),
-        ).fetchone()
-        if row is not None:
-            return (str(row[0]), str(row[1]), None)
-        row = db.execute(
-            "SELECT id, prev_token_hash, prev_expires_ms FROM regions"
-            " WHERE prev_token_id = ? AND revoked_ms IS NULL AND prev_expires_ms > ?",
-            (token_id, now_ms),
-        ).fetchone()
+        with self._read() as db:
+            row = db.execute(
+                "SELECT id, token_hash FROM regions WHERE token_id = ? AND revoked_ms IS NULL",
+                (token_id,),
+            ).fetchone()
+            if row is not None:
+                return (str(row[0]), str(row[1]), None)
+            row = db.execute(
+                "SELECT id, prev_token_hash, prev_expires_ms FROM regions"
+                " WHERE prev_token_id = ? AND revoked_ms IS NULL AND prev_expires_ms > ?",
+                (token_id, now_ms),
+            ).fetchone()
         return (str(row[0]), str(row[1]), int(row[2])) if row else None
 
     def add_region(self, region: str, now_ms: int) -> str:
@@ -281,6 +321,7 @@ class MetadataStore:
                     (token_id, hashed, region),
                 )
             self._bump(db)
+            self._bump_credentials(db)
         return token
 
     def rotate_region_token(self, region: str, now_ms: int, keep_previous_ms: int) -> str:
@@ -312,6 +353,7 @@ class MetadataStore:
                     region,
                 ),
             )
+            self._bump_credentials(db)
         return token
 
     def revoke_region(self, region: str, now_ms: int) -> None:
@@ -328,11 +370,13 @@ class MetadataStore:
                     (now_ms, region),
                 )
                 self._bump(db)
+                self._bump_credentials(db)
 
     def heartbeat(
         self, region: str, gateway_version: str, lag: Mapping[str, float], now_ms: int
     ) -> None:
-        with self._write() as db:
+        # No write lock: a heartbeat touches its own row only.
+        with self._write(serialize=False) as db:
             cur = db.execute(
                 "UPDATE regions SET last_heartbeat_ms = ?, gateway_version = ?, lag_json = ?"
                 " WHERE id = ? AND revoked_ms IS NULL",
@@ -342,22 +386,20 @@ class MetadataStore:
                 raise _unknown_region(region)
 
     def regions(self) -> list[dict[str, Any]]:
-        rows = self._conn().execute(
-            "SELECT id, created_ms, revoked_ms, last_heartbeat_ms, gateway_version, lag_json"
-            " FROM regions ORDER BY id"
-        )
+        with self._read() as db:
+            rows = db.execute(
+                "SELECT id, created_ms, revoked_ms, last_heartbeat_ms, gateway_version, lag_json"
+                " FROM regions ORDER BY id"
+            ).fetchall()
         return [_region_json(r) for r in rows]
 
     def region(self, region: str) -> dict[str, Any]:
-        row = (
-            self._conn()
-            .execute(
+        with self._read() as db:
+            row = db.execute(
                 "SELECT id, created_ms, revoked_ms, last_heartbeat_ms, gateway_version, lag_json"
                 " FROM regions WHERE id = ?",
                 (region,),
-            )
-            .fetchone()
-        )
+            ).fetchone()
         if row is None:
             raise _unknown_region(region)
         return _region_json(row)
@@ -447,9 +489,10 @@ class MetadataStore:
             self._bump(db)
 
     def topic(self, name: str) -> TopicRoute:
-        return self._topic(self._conn(), name)
+        with self._read() as db:
+            return self._topic(db, name)
 
-    def _topic(self, db: sqlite3.Connection, name: str) -> TopicRoute:
+    def _topic(self, db: Conn, name: str) -> TopicRoute:
         validate_topic(name)
         row = db.execute(
             "SELECT name, home, partitions, retention_ms, subscribers, priority, on_full"
@@ -460,9 +503,7 @@ class MetadataStore:
             raise _unknown_topic(name)
         return _topic_of(row)
 
-    def _check_regions(
-        self, db: sqlite3.Connection, home: str, subscribers: tuple[str, ...] | str
-    ) -> None:
+    def _check_regions(self, db: Conn, home: str, subscribers: tuple[str, ...] | str) -> None:
         wanted = [home] + ([] if subscribers == ALL else list(subscribers))
         for region in wanted:
             if db.execute("SELECT 1 FROM regions WHERE id = ?", (region,)).fetchone() is None:
@@ -492,11 +533,10 @@ class MetadataStore:
             self._bump(db)
 
     def bucket(self, name: str) -> BucketLocation:
-        row = (
-            self._conn()
-            .execute("SELECT name, settings FROM buckets WHERE name = ?", (name,))
-            .fetchone()
-        )
+        with self._read() as db:
+            row = db.execute(
+                "SELECT name, settings FROM buckets WHERE name = ?", (name,)
+            ).fetchone()
         if row is None:
             raise Refused(404, "unknown_bucket", f"no bucket location named {name!r}")
         return BucketLocation(row[0], json.loads(row[1]))
@@ -505,7 +545,7 @@ class MetadataStore:
 
     def routing(self) -> RoutingTable:
         """The current routing table (one consistent read)."""
-        with self._write() as db:  # a transaction: one snapshot of every table
+        with self._write(serialize=False) as db:  # a transaction: one snapshot of every table
             version = int(
                 db.execute("SELECT value FROM meta WHERE key = 'routing_version'").fetchone()[0]
             )
@@ -526,6 +566,39 @@ class MetadataStore:
             )
         return RoutingTable(version, regions, topics, buckets)
 
+    # ---------------------------------------------------------- copy (migrate)
+
+    def dump(self) -> dict[str, list[tuple[Any, ...]]]:
+        """Every row of every table, by table (one consistent read): see :meth:`load`."""
+        with self._write(serialize=False) as db:
+            return {
+                table: [tuple(r) for r in db.execute(f"SELECT {', '.join(cols)} FROM {table}")]  # noqa: S608 - fixed names
+                for table, cols in COPIED_TABLES.items()
+            }
+
+    def load(self, rows: Mapping[str, Sequence[tuple[Any, ...]]]) -> None:
+        """Write :meth:`dump`'s rows into this store, which must hold no region,
+        topic or bucket yet; ``meta`` (routing version, admin token hash) is replaced.
+
+        One transaction: a failure leaves the store as it was.
+        """
+        with self._write() as db:
+            for table in ("regions", "topics", "buckets"):
+                if db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchone() is not None:  # noqa: S608
+                    raise ConfigError(
+                        f"{self.describe()}: the target already holds {table}; "
+                        "migrate into a new, empty database"
+                    )
+            db.execute("DELETE FROM meta")
+            for table, cols in COPIED_TABLES.items():
+                marks = ", ".join("?" * len(cols))
+                for row in rows.get(table, ()):
+                    db.execute(
+                        f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})",  # noqa: S608
+                        row,
+                    )
+            self._bump_credentials(db)
+
 
 class _Tx:
     """``with store._write() as db``: BEGIN IMMEDIATE ... COMMIT, ROLLBACK on error."""
@@ -533,12 +606,75 @@ class _Tx:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
 
-    def __enter__(self) -> sqlite3.Connection:
+    def __enter__(self) -> Conn:
         self.db.execute("BEGIN IMMEDIATE")
-        return self.db
+        return cast(Conn, self.db)
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         self.db.execute("COMMIT" if exc_type is None else "ROLLBACK")
+
+
+class MetadataStore(SqlStore):
+    """The embedded store: one SQLite file in WAL mode."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as exc:
+            raise ConfigError(f"{path}: cannot open the metadata database: {exc}") from None
+        self._db: sqlite3.Connection | None = db
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=FULL")
+            db.execute("PRAGMA foreign_keys=ON")
+            db.execute("PRAGMA busy_timeout=5000")
+            self._migrate(db)
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            raise ConfigError(f"{path}: not a usable metadata database: {exc}") from None
+        except BaseException:  # a schema too new, a cancellation: no connection left behind
+            db.close()
+            raise
+
+    @staticmethod
+    def _migrate(db: sqlite3.Connection) -> None:
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        if version > len(MIGRATIONS):
+            raise ConfigError(
+                f"the metadata database has schema version {version}; this edgegw knows "
+                f"up to {len(MIGRATIONS)} (written by a newer edgegw?)"
+            )
+        for i in range(version, len(MIGRATIONS)):
+            # One transaction per migration: a crash leaves the previous version whole.
+            with _Tx(db):
+                for statement in _statements(MIGRATIONS[i]):
+                    db.execute(statement)
+                db.execute(f"PRAGMA user_version = {i + 1}")
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn().execute("PRAGMA user_version").fetchone()[0])
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    def _conn(self) -> sqlite3.Connection:
+        if self._db is None:
+            raise ClosedError("the metadata store is closed")
+        return self._db
+
+    @contextmanager
+    def _read(self) -> Iterator[Conn]:
+        yield cast(Conn, self._conn())
+
+    def _write(self, *, serialize: bool = True) -> _Tx:
+        return _Tx(self._conn())  # SQLite serialises every write transaction
 
 
 def _statements(script: str) -> list[str]:

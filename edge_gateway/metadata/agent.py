@@ -46,9 +46,14 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from edge_gateway.backoff import Backoff
 from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, Unavailable
-from edge_gateway.metadata.client import HeadReporter, MetadataClient, RoutingCache
-from edge_gateway.mirror._plan import retry_delay
+from edge_gateway.metadata.client import (
+    HeadReporter,
+    MetadataClient,
+    RoutingCache,
+    retry_after_of,
+)
 
 if TYPE_CHECKING:
     from edge_gateway.config import MetadataSettings
@@ -66,6 +71,12 @@ START_FETCH_TIMEOUT_S = 5.0
 _MAX_LAG_FIGURES = 96
 #: Backoff of the head long poll while the server is away starts here.
 _RELAY_RETRY_BASE_S = 0.2
+#: Backoff of the routing poll and the heartbeat while the server is away:
+#: from this, doubling, to at most :data:`RETRY_CAP_S`, full jitter (and never
+#: sooner than an overloaded server's Retry-After). After an outage, a fleet's
+#: first requests are spread over up to the cap instead of arriving together.
+_RETRY_BASE_S = 0.5
+RETRY_CAP_S = 20.0
 
 _ServerTrouble = (Unavailable, InvalidInput, CorruptData)
 
@@ -130,6 +141,8 @@ class MetadataAgent:
         self._confirmed_mono: float | None = None
         self._last_error: str | None = None
         self._poll_now = trio.Event()
+        #: The last fetch's failure (None: it succeeded), for the poll's backoff.
+        self._fetch_error: Exception | None = None
         self._fetches = self._fetch_failures = self._tables_applied = 0
         self._heartbeats = self._heartbeat_failures = 0
         # head relay
@@ -196,6 +209,7 @@ class MetadataAgent:
             fetch = await self.client.fetch_routing()
         except _ServerTrouble as exc:
             self._fetch_failures += 1
+            self._fetch_error = exc
             if self._live or self._last_error is None:
                 where = (
                     f"the cached table (version {self._table.version})"
@@ -207,10 +221,11 @@ class MetadataAgent:
             self._last_error = str(exc)
             return False
         self._fetches += 1
+        self._fetch_error = None
         if not self._live:
             log.info(
                 "metadata server %s: live (routing version %d)",
-                self.settings.url,
+                self.client.url,
                 fetch.table.version,
             )
         self._live = True
@@ -232,12 +247,18 @@ class MetadataAgent:
 
     async def _poll_routing(self) -> None:
         interval = self.settings.poll_interval_ms / 1000
+        backoff = Backoff(_RETRY_BASE_S, max(interval, RETRY_CAP_S))
         while True:
             if await self._fetch():
                 assert self._table is not None
                 await self.hooks.apply_routing(self._table)
                 self._tables_applied += 1
-            with trio.move_on_after(interval):
+            delay = interval
+            if self._fetch_error is not None:
+                delay = backoff.delay_after(retry_after_of(self._fetch_error), self._rand.random())
+            else:
+                backoff.reset()
+            with trio.move_on_after(delay):
                 await self._poll_now.wait()
             self._poll_now = trio.Event()
 
@@ -271,6 +292,7 @@ class MetadataAgent:
 
     async def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval_ms / 1000
+        backoff = Backoff(_RETRY_BASE_S, max(interval, RETRY_CAP_S))
         while True:
             try:
                 version = await self.client.heartbeat(
@@ -281,10 +303,12 @@ class MetadataAgent:
             except _ServerTrouble as exc:
                 self._heartbeat_failures += 1
                 log.debug("heartbeat failed: %s", exc)
-            else:
-                self._heartbeats += 1
-                if self._table is None or version > self._table.version:
-                    self.poll_now()
+                await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
+                continue
+            backoff.reset()
+            self._heartbeats += 1
+            if self._table is None or version > self._table.version:
+                self.poll_now()
             await trio.sleep(interval)
 
     # --------------------------------------------------------- head relay
@@ -319,9 +343,8 @@ class MetadataAgent:
 
     async def _follow_heads(self) -> None:
         since = 0
-        attempt = 0
         wait_ms = self.settings.relay_wait_ms
-        cap_s = self.settings.poll_interval_ms / 1000
+        backoff = Backoff(_RELAY_RETRY_BASE_S, self.settings.poll_interval_ms / 1000)
         while True:
             sources = sorted(self.hooks.tailers())
             self._following = sources
@@ -334,15 +357,13 @@ class MetadataAgent:
                 except _ServerTrouble as exc:
                     self._heads_failures += 1
                     self._relay_down(str(exc))
-                    delay = retry_delay(attempt, _RELAY_RETRY_BASE_S, cap_s, self._rand.random())
-                    attempt += 1
-                    await trio.sleep(delay)
+                    await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
                     continue
             self._heads_scope = None
             if scope.cancelled_caught:
                 since = 0  # new sources: ask for every known head
                 continue
-            attempt = 0
+            backoff.reset()
             self._heads_polls += 1
             since = update.version
             self._relay_up()
@@ -396,7 +417,10 @@ class MetadataAgent:
             )
         return {
             "mode": mode,
-            "url": self.settings.url,
+            #: The server in use (of ``urls``, failing over when one is away).
+            "url": self.client.url,
+            "urls": list(self.client.urls),
+            "failovers": self.client.failovers,
             "version": table.version if table is not None else None,
             "confirmed_ms": self._confirmed_ms,
             "confirmed_age_s": (

@@ -10,7 +10,10 @@
   loaded when the server is unreachable; :func:`refresh_routing` combines both.
 
 Errors (``edge_gateway.errors``): a refused connection, a timeout or a 5xx
-→ :class:`Unavailable` (retry later, run from the cache); a 4xx →
+→ :class:`Unavailable` (retry later, run from the cache); a ``503`` or ``429``
+with ``Retry-After`` (the server is overloaded) → :class:`MetadataOverloaded`,
+an :class:`Unavailable` carrying ``retry_after_s``, which every retry loop
+honours (``Backoff.delay_after``: never sooner, then jittered); a 4xx →
 :class:`MetadataRefused` (an :class:`InvalidInput` carrying the HTTP status
 and the server's error code); a malformed answer → :class:`CorruptData`.
 
@@ -27,12 +30,14 @@ the latest of); only a failure on a new connection counts.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import os
+import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,6 +48,7 @@ from urllib.parse import quote
 import httpx
 import trio
 
+from edge_gateway.backoff import Backoff
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
@@ -53,6 +59,7 @@ __all__ = [
     "HeadReporter",
     "HeadsUpdate",
     "MetadataClient",
+    "MetadataOverloaded",
     "MetadataRefused",
     "RoutingCache",
     "RoutingFetch",
@@ -76,6 +83,42 @@ class MetadataRefused(InvalidInput):
         super().__init__(f"metadata server: {message} ({status} {code})")
         self.status = status
         self.code = code
+
+
+class MetadataOverloaded(Unavailable):
+    """The server is overloaded (503/429) and said when to come back: ``retry_after_s``."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+#: The longest Retry-After taken from a server (a confused one must not park a gateway).
+MAX_RETRY_AFTER_S: Final = 300.0
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header (delta-seconds or an HTTP date), or None.
+
+    Bounded to [0, :data:`MAX_RETRY_AFTER_S`]; anything unreadable is None.
+    """
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), MAX_RETRY_AFTER_S)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:
+        return None
+    return min(max(0.0, when.timestamp() - time.time()), MAX_RETRY_AFTER_S)
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The ``Retry-After`` an overloaded server gave with ``exc``, if any."""
+    return exc.retry_after_s if isinstance(exc, MetadataOverloaded) else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +172,7 @@ class MetadataClient:
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         *,
         token: str | None = None,
         region: str | None = None,
@@ -138,7 +181,14 @@ class MetadataClient:
         verify: ssl.SSLContext | bool = True,
         token_file: Path | None = None,
     ) -> None:
-        self.url = url.rstrip("/")
+        urls = url.split(",") if isinstance(url, str) else list(url)
+        #: The servers (replicas) in order; :attr:`url` is the one in use.
+        self.urls = tuple(u.strip().rstrip("/") for u in urls)
+        if not self.urls or not all(self.urls):
+            raise InvalidInput(f"MetadataClient: no server URL in {url!r}")
+        self._current = 0
+        #: Times a call went on to the next server (:meth:`_request_failover`).
+        self.failovers = 0
         self.region = validate_region(region) if region is not None else None
         self._timeout_s = timeout_s
         #: Where the token is read from again after a 401 (a rotated token).
@@ -152,7 +202,6 @@ class MetadataClient:
         self.token_reloads = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = httpx.AsyncClient(
-            base_url=self.url,
             headers=headers,
             timeout=httpx.Timeout(timeout_s),
             limits=httpx.Limits(
@@ -179,6 +228,11 @@ class MetadataClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    @property
+    def url(self) -> str:
+        """The server in use (the last one that answered)."""
+        return self.urls[self._current]
 
     @property
     def table(self) -> RoutingTable | None:
@@ -265,9 +319,9 @@ class MetadataClient:
         return f"/v1/regions/{quote(self.region, safe='')}/{what}"
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        r = await self._request_once(method, path, **kwargs)
+        r = await self._request_failover(method, path, **kwargs)
         if r.status_code == 401 and self._reload_token():
-            r = await self._request_once(method, path, **kwargs)
+            r = await self._request_failover(method, path, **kwargs)
         if r.status_code >= 400:
             code, message = "error", r.text[:200]
             try:
@@ -295,22 +349,59 @@ class MetadataClient:
         log.info("metadata: took up a new token from %s", self._token_file)
         return True
 
+    async def _request_failover(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """Send to the server in use; while it is :class:`Unavailable`, to the next ones.
+
+        Each server is tried once per call, starting with the one that last
+        answered (so a healthy server keeps the traffic); when all are away
+        the first error is raised, and the caller retries with its backoff as
+        with one server. Every call is idempotent, so sending it again to
+        another replica is safe.
+        """
+        first: Unavailable | None = None
+        start = self._current
+        for i in range(len(self.urls)):
+            self._current = (start + i) % len(self.urls)
+            try:
+                r = await self._request_once(method, path, **kwargs)
+            except Unavailable as exc:
+                first = first or exc
+                continue
+            if self._current != start:
+                self.failovers += 1
+                log.warning(
+                    "metadata: %s is away (%s); now using %s", self.urls[start], first, self.url
+                )
+            return r
+        self._current = start
+        assert first is not None
+        raise first
+
     async def _request_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        base = self.url  # fixed for this call: a concurrent call may fail over meanwhile
         try:
-            r = await self._send(method, path, **kwargs)
+            r = await self._send(base, method, path, **kwargs)
         except httpx.TimeoutException as exc:
-            raise Unavailable(f"metadata server {self.url}: timed out ({exc!r})") from None
+            raise Unavailable(f"metadata server {base}: timed out ({exc!r})") from None
         except httpx.TransportError as exc:
-            raise Unavailable(f"metadata server {self.url} is unreachable: {exc}") from None
+            raise Unavailable(f"metadata server {base} is unreachable: {exc}") from None
         except httpx.RequestError as exc:
             # Not the link itself, but what a broken one delivers: a body that
             # does not decode (DecodingError), a redirect loop. Transient too.
-            raise Unavailable(f"metadata server {self.url}: {type(exc).__name__}: {exc}") from None
+            raise Unavailable(f"metadata server {base}: {type(exc).__name__}: {exc}") from None
+        if r.status_code in (429, 503):
+            retry_after = parse_retry_after(r.headers.get("retry-after"))
+            if retry_after is not None:
+                raise MetadataOverloaded(
+                    f"metadata server {base} is overloaded ({r.status_code}); "
+                    f"retry after {retry_after:g} s",
+                    retry_after,
+                )
         if r.status_code >= 500:
-            raise Unavailable(f"metadata server {self.url} answered {r.status_code}")
+            raise Unavailable(f"metadata server {base} answered {r.status_code}")
         return r
 
-    async def _send(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _send(self, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """Send; again while it failed on a reused connection before any answer.
 
         httpcore reports opening a connection through the ``trace`` request
@@ -337,21 +428,24 @@ class MetadataClient:
                     opened = True
 
             try:
-                return await self._bounded(method, path, extensions={"trace": trace}, **kwargs)
+                return await self._bounded(
+                    base, method, path, extensions={"trace": trace}, **kwargs
+                )
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if opened:
                     raise
                 self.stale_retries += 1
-                log.debug("metadata server %s: %r on a reused connection; retrying", self.url, exc)
-        return await self._bounded(method, path, **kwargs)
+                log.debug("metadata server %s: %r on a reused connection; retrying", base, exc)
+        return await self._bounded(base, method, path, **kwargs)
 
-    async def _bounded(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _bounded(self, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """Send, and read at most :data:`MAX_ANSWER_BYTES` of the (decoded) answer.
 
         A server that answers without end (a broken proxy, a hostile server,
         a compression bomb) is :class:`CorruptData`, not a gateway out of memory.
         """
-        r = await self._http.send(self._http.build_request(method, path, **kwargs), stream=True)
+        request = self._http.build_request(method, base + path, **kwargs)
+        r = await self._http.send(request, stream=True)
         try:
             body = bytearray()
             # An async generator (typed as an iterator): closed at once when refused.
@@ -362,7 +456,7 @@ class MetadataClient:
                     if len(body) > MAX_ANSWER_BYTES:
                         raise CorruptData(
                             f"answer larger than {MAX_ANSWER_BYTES >> 20} MiB: refused",
-                            where=f"{self.url}{path}",
+                            where=f"{base}{path}",
                         )
             # What Response.aread() does, with the bound above.
             r._content = bytes(body)
@@ -405,8 +499,9 @@ class HeadReporter:
     the seq (O(1), never raises, never blocks). :meth:`run` (a long-lived
     task) sends the latest recorded seq, one request at a time, so a burst of
     commits becomes one report; failures are logged and retried with a
-    backoff capped at ``retry_cap_s``. The relay is a hint: nothing depends
-    on a report arriving.
+    jittered backoff capped at ``retry_cap_s`` (never sooner than an
+    overloaded server's ``Retry-After``), with the latest seq by then. The
+    relay is a hint: nothing depends on a report arriving.
     """
 
     def __init__(self, client: MetadataClient, *, retry_cap_s: float = 5.0) -> None:
@@ -417,6 +512,7 @@ class HeadReporter:
         self._wake = trio.Event()
         self._reports = 0
         self._failures = 0
+        self._rand = random.Random()
 
     def report_nowait(self, seq: int) -> None:
         if self._latest is None or seq > self._latest:
@@ -428,7 +524,7 @@ class HeadReporter:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
-        delay = 0.1
+        backoff = Backoff(0.1, self.retry_cap_s)
         while True:
             await self._wake.wait()
             self._wake = trio.Event()
@@ -441,10 +537,9 @@ class HeadReporter:
                 self._failures += 1
                 log.debug("head report of seq %d failed: %s", seq, exc)
                 self._wake.set()  # try again (with the latest seq by then)
-                await trio.sleep(delay)
-                delay = min(self.retry_cap_s, delay * 2)
+                await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
                 continue
-            delay = 0.1
+            backoff.reset()
             self._sent = seq
             self._reports += 1
 

@@ -25,11 +25,13 @@ trusted for correctness, and gateways report again after every commit.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import logging
 import math
 import os
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -43,14 +45,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName
+from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName, Unavailable
 from edge_gateway.metadata._db import (
     MetadataStore,
     Refused,
+    SqlStore,
     hash_token,
     split_region_token,
     verify_token,
 )
+from edge_gateway.metadata._fanout import (
+    Admission,
+    HeadRelay,
+    Heartbeat,
+    HeartbeatWriter,
+    Overloaded,
+)
+from edge_gateway.metadata._pg import PostgresStore, is_postgres_url
+from edge_gateway.metadata._replicas import ReplicaSync
 from edge_gateway.metadata.routing import (
     TopicRoute,
     parse_bucket_settings,
@@ -82,13 +94,20 @@ DEFAULT_KEEP_PREVIOUS_S: Final = 86_400
 #: At most 30 days: a rotation that never ends is no rotation.
 MAX_KEEP_PREVIOUS_S: Final = 30 * 86_400
 _LAG_FIELDS_MAX: Final = 100
+#: Verified tokens remembered at most (two per region during a rotation, and the
+#: admin's): past it the cache starts again, and every token costs a scrypt check
+#: again, so it must hold a whole fleet's (10,000 was one fleet's exactly).
+_VERIFIED_MAX: Final = 250_000
+#: Heartbeats written to the store per worker-thread hop.
+_HEARTBEAT_SLICE: Final = 100
 
 
 @dataclass(frozen=True, slots=True)
 class MetadataServerConfig(ListenAddress):
     """How ``edgegw metadata serve`` runs."""
 
-    db: Path
+    #: A SQLite file, or a ``postgresql://`` URL (several replicas may share it).
+    db: Path | str
     #: ``host:port`` (``[v6]:port``); port 0 picks a free one.
     listen: str = f"127.0.0.1:{DEFAULT_PORT}"
     #: Stored hashed in the database; given once, it stays valid across restarts.
@@ -105,6 +124,21 @@ class MetadataServerConfig(ListenAddress):
     keep_alive_timeout_s: float = KEEP_ALIVE_TIMEOUT_S
     #: Seconds each read of a request body may wait for data (408 and close after).
     read_timeout_s: float = READ_TIMEOUT_S
+    #: Requests in progress (held long polls apart) past which the server answers
+    #: ``503 overloaded`` with ``Retry-After`` at once (docs/metadata.md, "Overload").
+    max_inflight: int = 512
+    #: Long polls held at once past which a new one gets the 503.
+    max_long_polls: int = 50_000
+    #: Tokens not seen before that may wait for their scrypt check at once.
+    max_verifying: int = 64
+    #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway._http11`,
+    #: as the gateway's local API) or ``hypercorn`` (~2x the CPU per request).
+    server: str = "builtin"
+    #: PostgreSQL: how often a replica polls for the others' changes (head
+    #: reports, routing and token changes) when no notification came first.
+    sync_interval_s: float = 1.0
+    #: PostgreSQL: LISTEN for the others' notifications (off: poll only).
+    sync_notify: bool = True
 
     def __post_init__(self) -> None:
         host, _, port = self.listen.rpartition(":")
@@ -116,77 +150,14 @@ class MetadataServerConfig(ListenAddress):
             raise ConfigError("the admin token must be at least 16 characters long")
         if self.max_body_bytes < 1024:
             raise ConfigError("max_body_bytes must be at least 1 KiB")
+        if self.server not in ("builtin", "hypercorn"):
+            raise ConfigError(f"server must be 'builtin' or 'hypercorn', not {self.server!r}")
+        for key in ("max_inflight", "max_long_polls", "max_verifying"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key} must be at least 1")
         for key in ("keep_alive_timeout_s", "read_timeout_s"):
             if not 0 < getattr(self, key) < float("inf"):  # also refuses NaN
                 raise ConfigError(f"{key} must be a number of seconds > 0")
-
-
-# ------------------------------------------------------------------ heads
-
-
-@dataclass(frozen=True, slots=True)
-class HeadsUpdate:
-    """An answer of :meth:`HeadRelay.wait_heads`: heads that moved after ``since``."""
-
-    version: int
-    heads: dict[str, int]
-
-
-class HeadRelay:
-    """Each region's latest committed log seq, with a version that grows on every move.
-
-    Versions start at the server's start time in microseconds, so after a
-    restart they are above any version a client saw before: a client's
-    ``since`` from the previous run then gets every known head at once.
-    """
-
-    def __init__(self) -> None:
-        self.version = time.time_ns() // 1000
-        #: region -> (seq, version at which it last moved)
-        self._heads: dict[str, tuple[int, int]] = {}
-        self._moved = trio.Event()
-        self._closed = False
-
-    def report(self, region: str, seq: int) -> tuple[int, int]:
-        """Record ``region``'s head; coalesced: a seq not above the known one changes nothing.
-
-        Returns (head seq, relay version).
-        """
-        current = self._heads.get(region)
-        if current is not None and seq <= current[0]:
-            return current[0], self.version
-        self.version += 1
-        self._heads[region] = (seq, self.version)
-        self._moved.set()
-        self._moved = trio.Event()
-        return seq, self.version
-
-    def heads_since(self, since: int, regions: frozenset[str] | None) -> HeadsUpdate:
-        if since > self.version:  # a version from the future: another server run
-            since = 0
-        heads = {
-            r: seq
-            for r, (seq, v) in self._heads.items()
-            if v > since and (regions is None or r in regions)
-        }
-        return HeadsUpdate(self.version, heads)
-
-    async def wait_heads(
-        self, since: int, regions: frozenset[str] | None, timeout_s: float
-    ) -> HeadsUpdate:
-        """Heads of ``regions`` that moved after ``since``; waits up to ``timeout_s`` for one."""
-        with trio.move_on_after(timeout_s):
-            while True:
-                update = self.heads_since(since, regions)
-                if update.heads or self._closed:
-                    return update
-                await self._moved.wait()
-        return self.heads_since(since, regions)
-
-    def close(self) -> None:
-        """End every wait now (the server is stopping)."""
-        self._closed = True
-        self._moved.set()
 
 
 # -------------------------------------------------------------------- app
@@ -211,20 +182,42 @@ Handler = Callable[[Request, Principal], Awaitable[Response]]
 class MetadataApp:
     """The metadata server's ASGI app over an open :class:`MetadataStore`."""
 
-    def __init__(self, store: MetadataStore, config: MetadataServerConfig) -> None:
+    def __init__(self, store: SqlStore, config: MetadataServerConfig) -> None:
         self.store = store
         self.config = config
-        self.heads = HeadRelay()
-        self._db_limiter = trio.CapacityLimiter(1)
+        # Shared: versions are the store's (0: nothing seen yet; the first sync loads them).
+        self.heads = HeadRelay(version=0 if store.shared else None)
+        self._db_limiter = trio.CapacityLimiter(store.concurrency)
+        #: With a shared store: head reports, routing and token changes across replicas.
+        self.replicas: ReplicaSync | None = None
+        if isinstance(store, PostgresStore):
+            self.replicas = ReplicaSync(
+                store,
+                self.heads,
+                run_db=self._db,
+                on_routing_version=self._routing_moved,
+                on_credentials_version=self._credentials_moved,
+                interval_s=config.sync_interval_s,
+                notify=config.sync_notify,
+            )
+        self.admission = Admission(
+            max_inflight=config.max_inflight,
+            max_long_polls=config.max_long_polls,
+            max_verifying=config.max_verifying,
+        )
+        self.heartbeats = HeartbeatWriter()
         # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
         #: since the last credential change.
         self._verified: dict[bytes, tuple[Principal, int | None]] = {}
         self._token_generation = 0
+        #: sha256(token) -> set when its check (in progress) ends.
+        self._checking: dict[bytes, trio.Event] = {}
         self._admin_hash = store.admin_token_hash()
         self._routing = store.routing()
         self._routing_body = _json_bytes(self._routing.to_json())
+        self._routing_gzip = _gzip_body(self._routing_body)
         self.routes: list[Route] = [
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
@@ -253,6 +246,8 @@ class MetadataApp:
                 ApiError: self._api_error,
                 InvalidInput: self._invalid_input,
                 ClosedError: self._closed,
+                Overloaded: self._overloaded,
+                Unavailable: self._unavailable,
                 HTTPException: self._http_error,
                 Exception: self._internal,
             },
@@ -288,7 +283,35 @@ class MetadataApp:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.starlette(scope, tracked_receive, tracked_send)
+        if scope["path"] == "/healthz":
+            await self.starlette(scope, tracked_receive, tracked_send)
+            return
+        try:
+            self.admission.enter()
+        except Overloaded as exc:
+            await self._shed(exc, tracked_receive, tracked_send, lambda: body_done)
+            return
+        try:
+            await self.starlette(scope, tracked_receive, tracked_send)
+        finally:
+            self.admission.leave()
+
+    async def _shed(
+        self,
+        exc: Overloaded,
+        receive: Callable[[], Awaitable[Any]],
+        send: Callable[[Any], Awaitable[None]],
+        body_done: Callable[[], bool],
+    ) -> None:
+        """Answer 503 before any work; read a small body first so the connection stays usable."""
+        size = 0
+        while not body_done() and size <= self.config.max_body_bytes:
+            message = await receive()
+            size += len(message.get("body", b""))
+            if message["type"] != "http.request":
+                return  # the client went away
+        response = _overloaded_response(exc)
+        await response({"type": "http"}, receive, send)
 
     @property
     def open_mode(self) -> bool:
@@ -297,6 +320,32 @@ class MetadataApp:
 
     def begin_shutdown(self) -> None:
         self.heads.close()
+
+    async def run_background(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The server's own tasks (the heartbeat write-behind) until cancelled."""
+        task_status.started()
+        await self.heartbeats.run(self._write_heartbeats)
+
+    async def _write_heartbeats(self, batch: dict[str, Heartbeat]) -> None:
+        # In slices: other store calls (a token's lookup, a topic change) wait
+        # for one slice at most, not for a fleet's worth of heartbeats.
+        items = list(batch.items())
+        for i in range(0, len(items), _HEARTBEAT_SLICE):
+            try:
+                await self._db(self.write_heartbeats_now, dict(items[i : i + _HEARTBEAT_SLICE]))
+            except Unavailable as exc:
+                # The database is away (PostgreSQL): the gateways heartbeat again
+                # in seconds; the server must not stop for it.
+                log.warning("heartbeats of %d regions not written: %s", len(items) - i, exc)
+                return
+
+    def write_heartbeats_now(self, batch: dict[str, Heartbeat]) -> None:
+        """Store ``batch`` (blocking: a worker thread, or the last flush at shutdown)."""
+        for region, beat in batch.items():
+            with contextlib.suppress(Refused):  # revoked since: its heartbeat no longer matters
+                self.store.heartbeat(region, beat.gateway_version, beat.lag, beat.now_ms)
 
     # ------------------------------------------------------------ plumbing
 
@@ -321,6 +370,23 @@ class MetadataApp:
         """Re-read the routing table after a change (and forget verified tokens)."""
         self._routing = await self._db(self.store.routing)
         self._routing_body = _json_bytes(self._routing.to_json())
+        self._routing_gzip = _gzip_body(self._routing_body)
+
+    async def _routing_moved(self, version: int) -> None:
+        """Another replica changed the routing table."""
+        if version != self._routing.version:
+            await self._changed()
+
+    async def _credentials_moved(self, version: int) -> None:
+        """Another replica added, revoked or rotated a token (or the admin token changed)."""
+        self._forget_tokens()
+        self._admin_hash = await self._db(self.store.admin_token_hash)
+
+    async def _report_head(self, region: str, seq: int) -> tuple[int, int]:
+        """(head seq, relay version) after recording ``region``'s head."""
+        if self.replicas is not None:
+            return await self.replicas.publish(region, seq)
+        return self.heads.report(region, seq)
 
     async def _authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -335,14 +401,28 @@ class MetadataApp:
         known = self._verified.get(key)
         if known is not None and (known[1] is None or _now_ms() < known[1]):
             return known[0]
+        checking = self._checking.get(key)
+        if checking is not None:
+            # The same token is being checked for another request (a gateway's
+            # first requests, or a fleet sharing one token, after a restart):
+            # one scrypt for all of them, then the cache answers.
+            await checking.wait()
+            return await self._authenticate(authorization)
         generation = self._token_generation
-        verified = await self._verify(token)
+        self.admission.start_verify()
+        self._checking[key] = done = trio.Event()
+        try:
+            verified = await self._verify(token)
+        finally:
+            del self._checking[key]
+            done.set()
+            self.admission.end_verify()
         if verified is None:
             raise _unauthorized("unknown or revoked token (or one rotated out)")
         # Remember it only if no region was added, revoked or rotated meanwhile
         # (else a token revoked during the check would stay valid in the cache).
         if generation == self._token_generation:
-            if len(self._verified) > 10_000:
+            if len(self._verified) >= _VERIFIED_MAX:
                 self._verified.clear()
             self._verified[key] = verified
         return verified[0]
@@ -414,8 +494,18 @@ class MetadataApp:
         code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
         return error_response(400, code, str(exc))
 
+    async def _overloaded(self, request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, Overloaded)
+        return _overloaded_response(exc)
+
     async def _closed(self, request: Request, exc: Exception) -> Response:
         return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
+
+    async def _unavailable(self, request: Request, exc: Exception) -> Response:
+        log.warning("%s %s: %s", request.method, request.url.path, exc)
+        return error_response(
+            503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
+        )
 
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
@@ -437,7 +527,16 @@ class MetadataApp:
     # ------------------------------------------------------------ endpoints
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "routing_version": self._routing.version})
+        a = self.admission.statistics()
+        return JSONResponse(
+            {
+                "status": "ok",
+                "routing_version": self._routing.version,
+                "long_polls": self.heads.held,
+                "inflight": a.inflight,
+                "shed": a.shed,
+            }
+        )
 
     async def openapi(self, request: Request) -> Response:
         from edge_gateway.metadata._openapi import openapi_document
@@ -449,6 +548,12 @@ class MetadataApp:
         headers = {"ETag": etag, "Cache-Control": "no-cache"}
         if _etag_matches(request.headers.get("if-none-match"), etag):
             return Response(status_code=304, headers=headers)
+        if self._routing_gzip is not None and _accepts_gzip(request.headers.get("accept-encoding")):
+            # A fleet fetches the whole table after every change (and each gateway at
+            # its start): ~1 MB for 10,000 regions and topics, ~10x less gzipped.
+            headers["Content-Encoding"] = "gzip"
+            headers["Vary"] = "Accept-Encoding"
+            return Response(self._routing_gzip, media_type="application/json", headers=headers)
         return Response(self._routing_body, media_type="application/json", headers=headers)
 
     async def list_topics(self, request: Request, who: Principal) -> Response:
@@ -496,7 +601,18 @@ class MetadataApp:
 
     async def _with_heads(self, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         heads = self.heads.heads_since(0, None).heads
-        return [{**r, "head_seq": heads.get(r["id"])} for r in rows]
+        out = []
+        for r in rows:
+            beat = self.heartbeats.pending(r["id"])
+            if beat is not None and r["status"] == "active":  # not written to the store yet
+                r = {
+                    **r,
+                    "last_heartbeat_ms": beat.now_ms,
+                    "gateway_version": beat.gateway_version,
+                    "lag": dict(beat.lag),
+                }
+            out.append({**r, "head_seq": heads.get(r["id"])})
+        return out
 
     async def add_region(self, request: Request, who: Principal) -> Response:
         doc = await self._json_body(request)
@@ -566,15 +682,22 @@ class MetadataApp:
         if extra:
             raise InvalidInput(f"heartbeat: unknown field(s) {sorted(extra)}")
         version = doc.get("gateway_version", "")
-        if not isinstance(version, str) or len(version) > _GATEWAY_VERSION_MAX:
+        # Printable: a NUL, say, is no version, and PostgreSQL cannot store it.
+        if (
+            not isinstance(version, str)
+            or len(version) > _GATEWAY_VERSION_MAX
+            or not version.isprintable()
+        ):
             raise InvalidInput(
-                f"heartbeat: gateway_version must be a string of at most {_GATEWAY_VERSION_MAX}"
+                "heartbeat: gateway_version must be a printable string of at most "
+                f"{_GATEWAY_VERSION_MAX}"
             )
         lag = _lag(doc.get("lag", {}))
         head = doc.get("head_seq")
         if head is not None:
-            self.heads.report(region, _seq(head))
-        await self._db(self.store.heartbeat, region, version, lag, _now_ms())
+            await self._report_head(region, _seq(head))
+        # Answered from memory; written to the store behind, coalesced (_fanout.HeartbeatWriter).
+        self.heartbeats.note(region, Heartbeat(version, lag, _now_ms()))
         return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
 
     async def report_head(self, request: Request, who: Principal) -> Response:
@@ -582,7 +705,7 @@ class MetadataApp:
         doc = await self._json_body(request)
         if set(doc) != {"seq"}:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
-        seq, version = self.heads.report(region, _seq(doc["seq"]))
+        seq, version = await self._report_head(region, _seq(doc["seq"]))
         return JSONResponse({"region": region, "seq": seq, "version": version})
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
@@ -593,7 +716,19 @@ class MetadataApp:
         regions = None
         if listed:
             regions = frozenset(validate_region(r) for r in listed.split(",") if r)
-        update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+        if self.replicas is not None and since > self.heads.version:
+            # A version from a replica ahead of this one: catch up before
+            # deciding it comes from the future.
+            await self.replicas.catch_up()
+        update = self.heads.heads_since(since, regions)
+        if not update.heads and wait_ms > 0:
+            # Parked, the poll no longer counts as a request in progress; the
+            # check above and the wait's own check run with no checkpoint between.
+            self.admission.park()
+            try:
+                update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+            finally:
+                self.admission.unpark()
         return JSONResponse({"version": update.version, "heads": update.heads})
 
     async def list_buckets(self, request: Request, who: Principal) -> Response:
@@ -617,7 +752,7 @@ class MetadataApp:
         return Response(status_code=204)
 
 
-def create_app(store: MetadataStore, config: MetadataServerConfig) -> MetadataApp:
+def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
     return MetadataApp(store, config)
 
 
@@ -654,6 +789,27 @@ def _json_bytes(doc: object) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
+#: Routing tables smaller than this are sent as they are (gzip would not pay).
+_GZIP_MIN_BYTES: Final = 4096
+
+
+def _gzip_body(body: bytes) -> bytes | None:
+    """``body`` gzipped once per routing version (None when small)."""
+    if len(body) < _GZIP_MIN_BYTES:
+        return None
+    return gzip.compress(body, compresslevel=6, mtime=0)
+
+
+def _accepts_gzip(header: str | None) -> bool:
+    if not header:
+        return False
+    for item in header.split(","):
+        coding, _, params = item.partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            return params.strip().replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000")
+    return False
+
+
 def _etag_matches(header: str | None, etag: str) -> bool:
     if not header:
         return False
@@ -662,6 +818,15 @@ def _etag_matches(header: str | None, etag: str) -> bool:
         if c == "*" or c.removeprefix("W/") == etag:
             return True
     return False
+
+
+def _overloaded_response(exc: Overloaded) -> Response:
+    return error_response(
+        503,
+        "overloaded",
+        f"the metadata server is overloaded ({exc.what}); retry after {exc.retry_after_s} s",
+        {"Retry-After": str(exc.retry_after_s)},
+    )
 
 
 def _unauthorized(message: str) -> ApiError:
@@ -725,13 +890,20 @@ def _hypercorn_config(config: MetadataServerConfig) -> HypercornConfig:
     return cfg
 
 
-def open_store(config: MetadataServerConfig) -> MetadataStore:
+def open_database(db: Path | str) -> SqlStore:
+    """The store at ``db``: a ``postgresql://`` URL or a SQLite file (created, migrated)."""
+    if isinstance(db, str) and is_postgres_url(db):
+        return PostgresStore(db)
+    return MetadataStore(Path(db))
+
+
+def open_store(config: MetadataServerConfig) -> SqlStore:
     """Open (create, migrate) the database; store the admin token's hash when given.
 
     Raises :class:`ConfigError` when the server would listen on a
     non-loopback address with no admin token.
     """
-    store = MetadataStore(config.db)
+    store = open_database(config.db)
     try:
         if config.admin_token is not None:
             stored = store.admin_token_hash()
@@ -758,26 +930,19 @@ async def serve_metadata(
     Cancelling stops gracefully: head long polls end at once, in-flight
     requests get up to :data:`GRACEFUL_TIMEOUT_S`; the address file is removed.
     """
-    from hypercorn.trio import serve
-
     store = await trio.to_thread.run_sync(open_store, config)
+    app: MetadataApp | None = None
     try:
         app = MetadataApp(store, config)
-        stop = trio.Event()
         server_scope = trio.CancelScope(shield=True)
         async with trio.open_nursery() as nursery:
-
-            async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                with server_scope:
-                    await serve(
-                        cast(Any, app),
-                        _hypercorn_config(config),
-                        shutdown_trigger=stop.wait,
-                        task_status=task_status,
-                    )
-
-            binds: list[str] = await nursery.start(run)
-            url = binds[0]
+            if app.replicas is not None:
+                await nursery.start(app.replicas.run)
+            await nursery.start(app.run_background)
+            if config.server == "hypercorn":
+                url, stop = await _start_hypercorn(nursery, app, config, server_scope)
+            else:
+                url, stop = await _start_builtin(nursery, app, config, server_scope)
             try:
                 if config.addr_file is not None:
                     await trio.to_thread.run_sync(_write_addr, config.addr_file, url)
@@ -787,13 +952,89 @@ async def serve_metadata(
                 await trio.sleep_forever()
             finally:
                 app.begin_shutdown()
-                stop.set()
+                stop()
                 server_scope.deadline = trio.current_time() + GRACEFUL_TIMEOUT_S + 2.0
                 if config.addr_file is not None:
                     with contextlib.suppress(OSError):
                         config.addr_file.unlink()
     finally:
+        if app is not None:  # every task is done: the last heartbeats go to the store here
+            try:
+                app.write_heartbeats_now(app.heartbeats.take())
+            except Exception:
+                log.exception("could not store the last heartbeats")
         store.close()
+
+
+async def _start_hypercorn(
+    nursery: trio.Nursery, app: MetadataApp, config: MetadataServerConfig, scope: trio.CancelScope
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``app`` on hypercorn in ``nursery``: (its URL, what begins its stop)."""
+    from hypercorn.trio import serve
+
+    stop = trio.Event()
+
+    async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        with scope:
+            await serve(
+                cast(Any, app),
+                _hypercorn_config(config),
+                shutdown_trigger=stop.wait,
+                task_status=task_status,
+            )
+
+    binds: list[str] = await nursery.start(run)
+    return binds[0], stop.set
+
+
+async def _start_builtin(
+    nursery: trio.Nursery, app: MetadataApp, config: MetadataServerConfig, scope: trio.CancelScope
+) -> tuple[str, Callable[[], None]]:
+    """Serve ``app`` on edgegw's HTTP/1.1 server in ``nursery``: (its URL, what begins its stop).
+
+    The server the gateway's local API runs on (:mod:`edge_gateway._http11`):
+    each connection is one task that calls the app directly and writes each
+    response in one send, where hypercorn starts a task per request and
+    feeds it through memory channels (``bench/fleet.py`` measures both).
+    """
+    from edge_gateway.net.http11 import Http11Server
+
+    tls = _tls_context(config) if config.certfile is not None else None
+    listeners = await trio.open_tcp_listeners(config.port, host=config.host)
+    if config.port == 0 and len(listeners) > 1:
+        # "localhost" on port 0: each address family got its own free port; serve one.
+        for extra in listeners[1:]:
+            await extra.aclose()
+        listeners = listeners[:1]
+    sockaddr = listeners[0].socket.getsockname()
+    host, port = str(sockaddr[0]), int(sockaddr[1])
+    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    http = Http11Server(
+        cast(Any, app),
+        log=logging.getLogger("edgegw.metadata.server"),
+        keep_alive_timeout=config.keep_alive_timeout_s,
+        ssl_context=tls,
+    )
+
+    async def run(*, task_status: trio.TaskStatus[None]) -> None:
+        with scope:
+            await http.serve(listeners, task_status=task_status)
+
+    await nursery.start(run)
+    return f"{'https' if tls is not None else 'http'}://{hostport}", http.shutdown
+
+
+def _tls_context(config: MetadataServerConfig) -> ssl.SSLContext:
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    try:
+        ctx.load_cert_chain(str(config.certfile), str(config.keyfile))
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"--tls-cert / --tls-key: cannot load {config.certfile} with {config.keyfile}: {exc}"
+        ) from None
+    return ctx
 
 
 def _write_addr(path: Path, text: str) -> None:

@@ -609,18 +609,3 @@ class PollSchedule:
         """New data arrived: poll at the base interval again."""
         self.current_s = self.base_s
         self._since_data = 0
-
-
-def retry_delay(attempt: int, base_s: float, cap_s: float, rand: float) -> float:
-    """Exponential backoff with equal jitter: in ``[c/2, c)`` for ``c = min(cap, base·2^n)``.
-
-    Equal rather than full jitter: a quarantined entry must not be retried
-    at once by a draw near zero.
-
-    Superseded by :class:`edge_gateway.backoff.Backoff` (full jitter, with a
-    floor where "at once" is wrong); kept only because
-    ``edge_gateway/metadata/agent.py`` still imports it. Remove it when that
-    import goes (the fleet-scale branch moves the agent to ``Backoff``).
-    """
-    ceiling = min(cap_s, base_s * (2.0 ** min(attempt, 62)))
-    return ceiling * (0.5 + 0.5 * rand)

@@ -25,10 +25,6 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-# Re-exported only for the metadata client and agent of the fleet-scale
-# branch, which import it from here; they move to edge_gateway.backoff at the
-# merge of issue 43 step 4, and this line goes with it.
-from edge_gateway.backoff import Backoff as Backoff  # noqa: PLC0414 (a re-export)
 from edge_gateway.errors import CorruptData, Fenced
 
 

@@ -135,7 +135,14 @@ def assert_complete(stored: Stored, acked: Stored) -> None:
 
 
 def wipe(directory: Path, how: str) -> None:
-    shutil.rmtree(directory)
+    # The running gateway may create a file (a manifest, a temp file) in a
+    # directory while rmtree empties it ("Directory not empty"): wipe again,
+    # as an operator would, until the directory is gone.
+    for _ in range(50):
+        shutil.rmtree(directory, ignore_errors=True)
+        if not directory.exists():
+            break
+    assert not directory.exists(), f"could not remove {directory}"
     directory.mkdir()
     if how == "new-bucket":  # an empty bucket where the old one was (a fresh copy)
         for sub in ("objects", "tmp"):

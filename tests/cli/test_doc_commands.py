@@ -110,7 +110,7 @@ def test_the_docs_quote_commands() -> None:
 
 def _rebase(arg: str, root: Path) -> str:
     """A path-like word of a doc line, made real under ``root``."""
-    if arg.startswith(("-", "http://", "https://", "s3://")) or "=" in arg:
+    if arg.startswith(("-", "http://", "https://", "s3://", "postgresql://")) or "=" in arg:
         return arg
     if not ("/" in arg or Path(arg).suffix in _FILE_SUFFIXES):
         return arg

@@ -26,16 +26,19 @@ from edge_gateway.journal import (
     Journal,
     JournalConfig,
     Lane,
+    Lanes,
     MirrorBatch,
     OffsetOutOfRange,
     OnFull,
     Priority,
     SourceCoords,
+    lane_path,
+    lanes_on_disk,
     open_journal,
+    open_lanes,
 )
 from edge_gateway.journal._dropped import DROPPED_NAME, load_drops
 from edge_gateway.journal._journal import RESERVE_NAME
-from edge_gateway.journal._lanes import Lanes, lane_path, lanes_on_disk, open_lanes
 
 KiB = 1024
 CFG = JournalConfig(segment_bytes=64 * KiB, max_bytes=384 * KiB, fsync="never")

@@ -17,8 +17,17 @@ from _journal_support import read_records
 
 from edge_gateway.errors import ConfigError, JournalFull
 from edge_gateway.format.batch import encode_record
-from edge_gateway.journal import MAIN_LANE, JournalConfig, Lane, OffsetOutOfRange, Priority
-from edge_gateway.journal._lanes import Lanes, lane_path, lanes_on_disk, open_lanes
+from edge_gateway.journal import (
+    MAIN_LANE,
+    JournalConfig,
+    Lane,
+    Lanes,
+    OffsetOutOfRange,
+    Priority,
+    lane_path,
+    lanes_on_disk,
+    open_lanes,
+)
 
 MiB = 1024 * 1024
 CFG = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * MiB)

@@ -282,12 +282,12 @@ def test_map_and_pwrite_interleave_byte_exactly(
     try:
         expected = []
         for i in range(300):
-            j._syncing = i % 7 < 3  # as if an fdatasync were running
+            j._durability.syncing = i % 7 < 3  # as if an fdatasync were running
             n = 200 if i % 50 == 0 else 1  # every 50th entry is > 16 KiB
             values = [b"%d/%d" % (i, k) + bytes(100) for k in range(n)]
             j.append_nowait("t", 0, encode_batch(values, timestamps=i))
             expected += values
-        j._syncing = False
+        j._durability.syncing = False
         assert 0 < len(calls) < 300  # both paths were taken
         before = _state(j)
         assert [v for _, v, _ in _records(j, "t", 0)] == expected

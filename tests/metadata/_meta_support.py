@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import subprocess
 import sys
@@ -13,8 +14,18 @@ from typing import Any
 import httpx
 from _serve import Gateway
 
+from edge_gateway.testing.postgres import Postgres
+
 EDGEGW = Path(sys.executable).parent / "edgegw"
 ADMIN_TOKEN = "admin-token-for-tests-0123456789"
+
+
+_databases = itertools.count()
+
+
+def new_database(pg: Postgres) -> str:
+    """The URL of a new, empty database on ``pg``."""
+    return pg.create_database(f"meta{next(_databases)}")
 
 
 class MetaServer:
@@ -22,16 +33,20 @@ class MetaServer:
 
     def __init__(
         self,
-        db: Path,
+        db: Path | str,
         *,
         admin_token: str | None = ADMIN_TOKEN,
         listen: str = "127.0.0.1:0",
         extra: tuple[str, ...] = (),
+        files: Path | None = None,
     ) -> None:
+        """``db``: a SQLite file or a ``postgresql://`` URL (then its address
+        and log files are ``files``.addr and ``files``.log)."""
         self.db = db
-        self.addr_file = db.with_suffix(".addr")
+        base = Path(db) if files is None else files
+        self.addr_file = base.with_suffix(".addr")
         self.addr_file.unlink(missing_ok=True)
-        self.log = db.with_suffix(".log")
+        self.log = base.with_suffix(".log")
         argv = [str(EDGEGW), "metadata", "serve", "--db", str(db), "--listen", listen]
         argv += ["--addr-file", str(self.addr_file), *extra]
         if admin_token is not None:
@@ -47,6 +62,11 @@ class MetaServer:
                 raise AssertionError(f"metadata serve did not start: {self.log.read_text()}")
             time.sleep(0.02)
         self.url = self.addr_file.read_text().strip()
+
+    def kill(self) -> None:
+        """kill -9: no graceful stop, the address file stays."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         if self.proc.poll() is None:

@@ -7,6 +7,9 @@ import pytest
 from edge_gateway.errors import InvalidInput
 from edge_gateway.metadata.routing import parse_bucket_settings
 
+#: The API contract is the same on every store (conftest.py runs these on each).
+STORES = ("sqlite", "postgres")
+
 
 @pytest.mark.parametrize(
     "doc",

@@ -9,6 +9,9 @@ from _meta_support import ADMIN_TOKEN, Fleet
 from edgegw_cli.app import app
 from typer.testing import CliRunner, Result
 
+#: The API contract is the same on every store (conftest.py runs these on each).
+STORES = ("sqlite", "postgres")
+
 
 def run(fleet: Fleet, *args: str, token: str | None = ADMIN_TOKEN) -> Result:
     env = {"COLUMNS": "250", "EDGEGW_METADATA_URL": fleet.url}

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from _meta_support import ADMIN_TOKEN, MetaServer, http
+from _meta_support import ADMIN_TOKEN, MetaServer, http, new_database
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -23,11 +23,19 @@ ROUTES = json.loads(
 )["paths"]
 
 
+#: Both stores: PostgreSQL refuses what SQLite takes (a NUL in text, say).
+STORES = ("sqlite", "postgres")
+
+
 @pytest.fixture(scope="module")
 def target(
-    tmp_path_factory: pytest.TempPathFactory,
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest, store_kind: str
 ) -> Iterator[tuple[httpx.Client, dict[str, str]]]:
-    server = MetaServer(tmp_path_factory.mktemp("fuzz") / "meta.sqlite")
+    directory = tmp_path_factory.mktemp("fuzz")
+    db: Path | str = directory / "meta.sqlite"
+    if store_kind == "postgres":
+        db = new_database(request.getfixturevalue("postgres"))
+    server = MetaServer(db, files=directory / "meta")
     try:
         with http(server.url) as c:
             tokens = {

@@ -15,6 +15,9 @@ from _meta_support import ADMIN_TOKEN, EDGEGW, Fleet, MetaServer, http
 
 from edge_gateway.testing.tls import make_tls_files
 
+#: The API contract is the same on every store (conftest.py runs these on each).
+STORES = ("sqlite", "postgres")
+
 
 def _name(prefix: str = "t") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
@@ -307,6 +310,9 @@ def test_bad_input_is_4xx_with_a_message(fleet: Fleet) -> None:
             "unsupported_media_type",
         )
         _error(c.post("/v1/topics", json={"name": "a/b", "home": "north"}), 400, "invalid_name")
+        # Text PostgreSQL cannot store (a NUL) is refused on every store, before it.
+        beat = {"gateway_version": "1\x00", "lag": {}}
+        _error(c.post("/v1/regions/north/heartbeat", json=beat), 400, "invalid_request")
         _error(c.post("/v1/topics", json={"name": "ok", "home": "no.pe"}), 400, "invalid_name")
         _error(c.post("/v1/topics", json={"name": "ok", "home": "north", "x": 1}), 400)
         _error(c.post("/v1/topics", json={"name": "ok", "home": "north", "partitions": 0}), 400)

@@ -1,4 +1,8 @@
-"""The SQLite store alone: migrations, token hashes, topic rules, routing versions."""
+"""The stores alone: migrations, token hashes, topic rules, routing versions.
+
+The tests of the ``store`` fixture run on SQLite and on PostgreSQL (the
+session's cluster); the SQL is the same, the plumbing and migrations are not.
+"""
 
 from __future__ import annotations
 
@@ -8,22 +12,31 @@ from pathlib import Path
 
 import pytest
 from _fds import no_gc, open_paths
+from _meta_support import new_database
 
 from edge_gateway.errors import ConfigError, InvalidInput
 from edge_gateway.metadata._db import (
     MIGRATIONS,
     MetadataStore,
     Refused,
+    SqlStore,
     hash_token,
     split_region_token,
     verify_token,
 )
+from edge_gateway.metadata._pg import PG_MIGRATIONS, PostgresStore, redact_url
 from edge_gateway.metadata.routing import TopicRoute
+from edge_gateway.testing.ports import closed_port
+from edge_gateway.testing.postgres import Postgres
 
 
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[MetadataStore]:
-    s = MetadataStore(tmp_path / "m.sqlite")
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SqlStore]:
+    s: SqlStore
+    if request.param == "postgres":
+        s = PostgresStore(new_database(request.getfixturevalue("postgres")))
+    else:
+        s = MetadataStore(tmp_path / "m.sqlite")
     try:
         s.add_region("north", 1)
         s.add_region("south", 2)
@@ -38,7 +51,7 @@ def _token_id(token: str) -> str:
     return token_id
 
 
-def test_rotation_keeps_two_tokens_valid_for_the_grace_period(store: MetadataStore) -> None:
+def test_rotation_keeps_two_tokens_valid_for_the_grace_period(store: SqlStore) -> None:
     old = store.add_region("east", 10)
     new = store.rotate_region_token("east", 1_000, keep_previous_ms=500)
     assert new != old
@@ -145,7 +158,7 @@ def test_token_hashes() -> None:
     assert split_region_token("admin") is None
 
 
-def test_region_tokens(store: MetadataStore) -> None:
+def test_region_tokens(store: SqlStore) -> None:
     with pytest.raises(Refused) as exc:
         store.add_region("north", 3)
     assert (exc.value.status, exc.value.code) == (409, "region_exists")
@@ -166,7 +179,7 @@ def test_region_tokens(store: MetadataStore) -> None:
     assert store.region("east")["status"] == "active"
 
 
-def test_topic_rules_and_versions(store: MetadataStore) -> None:
+def test_topic_rules_and_versions(store: SqlStore) -> None:
     v0 = store.routing_version()
     store.create_topic(TopicRoute("t", "north", 2, None, ("south",)), 10)
     assert store.routing_version() == v0 + 1
@@ -199,7 +212,7 @@ def test_topic_rules_and_versions(store: MetadataStore) -> None:
         store.delete_topic("t")
 
 
-def test_buckets(store: MetadataStore) -> None:
+def test_buckets(store: SqlStore) -> None:
     v = store.routing_version()
     assert store.put_bucket("default", {"type": "local", "path": "/srv"})
     assert not store.put_bucket("default", {"type": "local", "path": "/srv"})
@@ -209,3 +222,46 @@ def test_buckets(store: MetadataStore) -> None:
     store.delete_bucket("default")
     with pytest.raises(Refused):
         store.delete_bucket("default")
+
+
+def test_postgres_schema_is_versioned(postgres: Postgres) -> None:
+    url = new_database(postgres)
+    s = PostgresStore(url)
+    try:
+        assert s.schema_version == len(PG_MIGRATIONS)
+        s.add_region("north", 1)
+    finally:
+        s.close()
+    again = PostgresStore(url)  # migrated already: opens as it is
+    try:
+        assert again.schema_version == len(PG_MIGRATIONS)
+        assert again.routing().regions == ("north",)
+    finally:
+        again.close()
+    dbname = url.rsplit("/", 1)[1]
+    postgres.psql("UPDATE schema_version SET version = 99", dbname)
+    with pytest.raises(ConfigError, match="schema version 99; this edgegw knows up to"):
+        PostgresStore(url)
+
+
+def test_postgres_unreachable_is_a_config_error_without_the_password() -> None:
+    with closed_port() as port:
+        url = f"postgresql://edgegw:s3cret@127.0.0.1:{port}/edgegw"
+        with pytest.raises(ConfigError, match="cannot use the database") as exc:
+            PostgresStore(url, connect_timeout_s=1)
+    assert "s3cret" not in str(exc.value)
+    assert redact_url(url) == f"postgresql://edgegw:***@127.0.0.1:{port}/edgegw"
+
+
+def test_postgres_refuses_a_value_as_invalid_input(postgres: Postgres) -> None:
+    """A value PostgreSQL cannot hold (a NUL in text) is the request's fault: InvalidInput
+    (400), never a 500 (the server refuses the known case before it gets here)."""
+    s = PostgresStore(new_database(postgres))
+    try:
+        s.add_region("north", 1)
+        with pytest.raises(InvalidInput, match="refused a value"):
+            s.heartbeat("north", "1\x00", {}, 2)
+        s.heartbeat("north", "1.0", {}, 3)  # the connection is still good
+        assert s.region("north")["gateway_version"] == "1.0"
+    finally:
+        s.close()

@@ -7,6 +7,9 @@ from __future__ import annotations
 import pytest
 from _meta_support import Fleet, http
 
+#: The API contract is the same on every store (conftest.py runs these on each).
+STORES = ("sqlite", "postgres")
+
 
 @pytest.mark.parametrize(
     ("name", "fragment"),

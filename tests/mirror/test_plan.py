@@ -16,7 +16,7 @@ from edge_gateway.format.batch import RecordBatch, decode_batch
 from edge_gateway.format.logobject import BlockIndex, LogObjectBuilder, encode_fence
 from edge_gateway.journal import SourceCoords
 from edge_gateway.mirror import Action, EntryInfo, GapKind, MirrorAppend, SourceState
-from edge_gateway.mirror._plan import PollSchedule, retry_delay
+from edge_gateway.mirror._plan import PollSchedule
 
 SRC = "north"
 
@@ -251,14 +251,6 @@ def test_poll_schedule_holds_the_base_interval_after_data() -> None:
     assert [p.idle() for _ in range(6)] == [0.1, 0.1, 0.1, 0.1, 0.2, 0.4]
     p.reset()
     assert [p.idle() for _ in range(5)] == [0.1, 0.1, 0.1, 0.1, 0.2]
-
-
-def test_retry_delay_is_bounded_and_never_zero() -> None:
-    for attempt in range(100):
-        for rand in (0.0, 0.5, 0.999):
-            d = retry_delay(attempt, 1.0, 300.0, rand)
-            assert 0.5 <= d <= 300.0
-    assert retry_delay(0, 1.0, 300.0, 0.0) == 0.5
 
 
 # --------------------------------------------------------------------------

@@ -24,8 +24,16 @@ from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.entry import Entry
 from edge_gateway.format.logobject import GapRange, LogObjectHeader
 from edge_gateway.format.manifest import Manifest, log_key
-from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, Lane, OnFull, Priority
-from edge_gateway.journal._lanes import Lanes, lane_path
+from edge_gateway.journal import (
+    MAIN_LANE,
+    Journal,
+    JournalConfig,
+    Lane,
+    Lanes,
+    OnFull,
+    Priority,
+    lane_path,
+)
 from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 

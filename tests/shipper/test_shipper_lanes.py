@@ -23,8 +23,7 @@ from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.logobject import LogObjectHeader
 from edge_gateway.format.manifest import Manifest, log_key
-from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, Lane, Priority
-from edge_gateway.journal._lanes import Lanes, lane_path
+from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, Lane, Lanes, Priority, lane_path
 from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Diverged, Shipper, ShipperConfig
 

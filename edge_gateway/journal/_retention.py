@@ -1,31 +1,29 @@
-"""Making room in the journal: retention, drop-oldest, and a full disk.
+"""Retention: which segments are deleted, and when (shipped, drop-oldest, a full disk).
 
 What it owns: deleting sealed segments below the safe LSN once retention or
 the budget allows (``set_safe_lsn``, ``_delete_segments``, the retention
 ticker); a drop-oldest journal's deletion of unshipped segments, recorded
-first in ``dropped.log`` (``_drop_unshipped``, ``shed``, ``take``, the
-``drops_*`` queries; the records themselves are ``_dropped.py``); and a
+first in ``dropped.log`` (``_drop_unshipped``, ``shed``; the records and
+their queries are the journal's ``DropLog``, ``_dropped.py``); and a
 disk-full episode (``_while_disk_full``, ``_keep_free``, ``_roll_making_room``,
-``check_disk`` and the disk watch; the filesystem side is ``_space.py``). The
-functions here are the Journal's methods (bound in its class body:
-``Journal.shed = _room.shed``).
+``check_disk`` and the disk watch; the filesystem side is ``_space.py``).
+The segments themselves are taken off the journal's ``SegmentSet``
+(``_segment_set.py``). The functions here are still the Journal's methods
+(bound in its class body: ``Journal.shed = _retention.shed``): deciding what
+to delete is tied to the append path's roll and budget.
 """
 
 from __future__ import annotations
 
 import bisect
-import contextlib
-import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 import trio
 
 from edge_gateway.errors import DiskFull
-from edge_gateway.journal import _fs
-from edge_gateway.journal._dropped import Drop, DroppedRange, append_drops
+from edge_gateway.journal._dropped import Drop, DroppedRange
 from edge_gateway.journal._segment import Segment
 from edge_gateway.journal._space import no_room
 from edge_gateway.journal._state import _now_ms
@@ -66,7 +64,7 @@ def set_safe_lsn(self: Journal, lsn: int) -> None:
     forward.
     """
     if lsn > self._safe_lsn:
-        self._safe_lsn = min(lsn, self._durable_lsn + 1)
+        self._safe_lsn = min(lsn, self._durability.durable_lsn + 1)
         self._delete_segments()
 
 
@@ -101,15 +99,6 @@ def _delete_segments(self: Journal, need: int = 0, *, force: bool = False, limit
     return deleted
 
 
-def take(self: Journal, lsn: int) -> None:
-    """The shipper is committing an object holding the entries below ``lsn``.
-
-    A drop of those entries from now on records them as ``held``: they
-    reach the bucket with that object (docs/journal.md, "Drop-oldest lanes").
-    """
-    self._taken_lsn = max(self._taken_lsn, lsn)
-
-
 def _drop_unshipped(self: Journal, why: str = _OVER_BUDGET) -> bool:
     """Delete the oldest sealed segment though it is not (all) shipped, after
     recording exactly what it held in ``dropped.log`` (fsynced). False if there
@@ -122,18 +111,16 @@ def _drop_unshipped(self: Journal, why: str = _OVER_BUDGET) -> bool:
         return False
     seg = self._segments[0]
     first = max(seg.base_lsn, self._safe_lsn)
-    held_to = min(max(first, self._taken_lsn), seg.end_lsn)
+    held_to = min(max(first, self._drop_log.taken_lsn), seg.end_lsn)
     parts = [(first, held_to, True), (held_to, seg.end_lsn, False)]
     drops = [self._describe_drop(seg, a, b, held) for a, b, held in parts if a < b]
-    if not self._drops or self._drops[-1].segment != seg.base_lsn:
+    if not self._drop_log.last_is_of(seg.base_lsn):
         # (A second try after a failed unlink records nothing twice.)
         try:
             self._record_drops(drops)
         except OSError as exc:
             log.warning("journal: cannot record a drop in %s: %s", self.path, exc)
             return False
-        self._drops += drops
-        self.drop_generation += 1
     self._safe_lsn = max(self._safe_lsn, seg.end_lsn)
     for d in drops:
         log.warning(
@@ -154,13 +141,14 @@ def _drop_unshipped(self: Journal, why: str = _OVER_BUDGET) -> bool:
 
 
 def _record_drops(self: Journal, drops: list[Drop]) -> None:
-    """Append ``drops`` to ``dropped.log``; on no room, release the reserve file and retry."""
+    """Record ``drops`` (``dropped.log``, then memory); on no room, release the
+    reserve file and retry."""
     try:
-        append_drops(self.path, drops)
+        self._drop_log.append(drops)
     except OSError as exc:
         if not (no_room(exc) and self._space.release_reserve("to record a drop")):
             raise
-        append_drops(self.path, drops)
+        self._drop_log.append(drops)
 
 
 def _make_room_unshipped(self: Journal, need: int) -> bool:
@@ -243,73 +231,13 @@ def _describe_drop(self: Journal, seg: Segment, lsn_a: int, lsn_b: int, held: bo
     return Drop(seg.base_lsn, seg.end_lsn, lsn_a, lsn_b - 1, _now_ms(), held, tuple(ranges))
 
 
-def drops_from(self: Journal, lsn: int, through: int | None = None) -> list[Drop]:
-    """The recorded drops of LSNs from ``lsn`` on (through ``through``), oldest first:
-    the gaps the shipper ships in its object whose range starts at ``lsn``.
-
-    A ``held`` record (entries that were in an object being committed) is
-    among them only if that object never committed: the next object then
-    starts at or before its ``lsn_first``.
-    """
-    out = []
-    for d in reversed(self._drops):
-        if d.lsn_first < lsn:
-            break
-        if through is None or d.lsn_first <= through:
-            out.append(d)
-    out.reverse()
-    return out
-
-
-def drops_cover(self: Journal, first: int, end: int) -> bool:
-    """Whether recorded drops account for every LSN ``first <= lsn < end`` (a
-    drop-oldest journal that starts after the bucket's head is not a lost log)."""
-    cur = first
-    for d in self._drops:
-        if d.lsn_first <= cur <= d.lsn_last:
-            cur = d.lsn_last + 1
-    return cur >= end
-
-
-def release_held(self: Journal, lsn: int) -> None:
-    """The shipper's log resumes at ``lsn``: ``held`` drops from there on were in an
-    object that never committed, so they are gaps (counted as such from now on;
-    ``dropped.log`` keeps the flag, and the next claim decides again)."""
-    self._drops = [
-        dataclasses.replace(d, held=False) if d.held and d.lsn_first >= lsn else d
-        for d in self._drops
-    ]
-
-
-def dropped(self: Journal, *, held: bool = True) -> list[Drop]:
-    """Every drop recorded in ``dropped.log``, oldest first; without the ``held``
-    ones if ``held`` is False (entries dropped while the shipper committed
-    them: gaps only if the process died before that commit)."""
-    return [d for d in self._drops if held or not d.held]
-
-
 def _drop_oldest(self: Journal, why: str = "") -> bool:
-    seg = self._segments[0]
-    try:
-        _fs.ops.unlink(seg.path)
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        # Keep it: deleting a later segment would leave a hole the next
-        # open refuses (segments must be contiguous).
-        log.warning("journal: could not delete segment %s: %s", seg.path, exc)
+    deleted = self._segment_set.delete_oldest()
+    if deleted is None:
         return False
-    self._segments.pop(0)
-    self._segment_bases.pop(0)
+    seg, freed = deleted
     if seg in self._unindexed:
         self._unindexed.remove(seg)
-    fd = self._read_fds.pop(seg.base_lsn, None)
-    if fd is not None:
-        os.close(fd)
-    freed = seg.size
-    with contextlib.suppress(OSError):
-        freed += seg.index_path.stat().st_size
-        _fs.ops.unlink(seg.index_path)
     self._total_bytes -= freed
     base = seg.base_lsn
     for p in self._partitions.values():

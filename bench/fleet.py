@@ -1,0 +1,1107 @@
+"""Fleet benchmark: one metadata server under the requests of N simulated gateways.
+
+Usage::
+
+    .venv/bin/python bench/fleet.py [--quick] [--gateways N] [--procs P] [--away-s S] ...
+
+What runs: a real ``edgegw metadata serve`` process (SQLite), and P load
+processes (``--procs``) that each simulate a share of N gateways with
+lightweight trio tasks speaking HTTP/1.1 on raw sockets (not N real
+gateways, nor httpx: the load generator must leave the cores to the server).
+Each simulated gateway does what the agent (``edge_gateway.metadata.agent``) does:
+
+* a **heartbeat** every ``--heartbeat-s`` (10 s), starting at a random phase;
+* a **routing refresh** every ``--routing-s`` (5 s) with ``If-None-Match``;
+* **one held long poll** ``GET /v1/heads`` for the ``--follow`` sources it
+  mirrors (each drawn at random from the fleet), re-sent at once with the
+  answer's version, ``wait_ms`` = ``--wait-ms``;
+* for a ``--ship-share`` of the sites (10 %), a commit every
+  ``--ship-ms`` (250 ms) and a **head report** of it, sent as the
+  gateway's ``HeadReporter`` sends them: one at a time, the latest seq
+  (so a slow answer coalesces commits);
+* on a failure, the agent's backoff (``edge_gateway.backoff.Backoff`` with full
+  jitter, never sooner than a ``503``'s ``Retry-After``).
+
+The long polls hold one connection per gateway; the other requests of a
+load process share a pool of ``--pool`` keep-alive connections (a real
+gateway also keeps one idle keep-alive connection of its own: see the idle
+connection baseline for what that adds to the server's RSS).
+
+Phases: ramp-up (gateways start over one heartbeat interval), a measured
+window of ``--duration-s``, then the **reconnect herd**: the server is
+stopped (SIGTERM) for ``--away-s`` — the gateways keep retrying with their
+backoff, as they would through a 10-minute outage, whose only effect on
+them is that every retry loop is at its cap with random phases, which a
+shorter away reaches too once it is longer than the backoff cap (20 s) —
+then started again on the same port and database. ``reconnect_all_s`` is
+the time from the restarted server listening until every gateway has had a
+heartbeat and a routing answer from it and the server holds every
+gateway's long poll again (its ``/healthz`` count); ``/healthz`` is probed
+every 0.25 s throughout, so "answering throughout" is a measured figure.
+
+Auth: ``--auth admin`` (the default) sends the admin token as every
+gateway (allowed: admin may act as any region), which costs the server the
+same per request as a region token once verified; ``--auth region`` gives
+each gateway its own token, so a restart costs one scrypt check per
+gateway (~40 ms each, 2 at once) — the bench reports that cost
+(``token_check_ms``) in either mode.
+
+Figures, each next to a same-run baseline: per operation the rate and
+p50/p99 latency (baseline: a trivial ASGI endpoint on the same HTTP server,
+``--server builtin`` or ``hypercorn``, closed loop with ``bench/_load.py``, 32 connections); wake-up
+latency (a head report sent → the last follower's answer received);
+server RSS (per held poll, against bare hypercorn holding idle
+connections) and CPU (per 1,000 requests, against the trivial endpoint).
+The machine is shared: figures are noisy; the ratios are the point. The
+last line is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import json
+import math
+import os
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from _common import BENCH_DIR, OUT_DIR, Row, emit_json, percentile, render_table, scratch_dir
+from _common import progress as _progress
+
+ADMIN_TOKEN = "fleet-bench-admin-token-0123456789"
+EDGEGW = Path(sys.executable).parent / "edgegw"
+OPS = ("heartbeat", "head_report", "routing", "heads_poll")
+#: A gateway is back when it has had each of these since the restart.
+BACK_OPS = ("heartbeat", "routing", "heads_poll")
+
+
+# ---------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a load process needs (written as JSON for it)."""
+
+    host: str
+    port: int
+    gateways: int
+    lo: int
+    hi: int
+    tokens: list[str]
+    heartbeat_s: float
+    routing_s: float
+    ship_ms: float
+    shippers: list[int]
+    follows: list[list[int]]
+    wait_ms: int
+    pool: int
+    start_at: float
+    ramp_s: float
+    measure_from: float
+    measure_to: float
+    away_at: float
+    stop_file: str
+    #: Holds the time the restarted server listens (written by the parent).
+    back_file: str
+    out_file: str
+    seed: int
+
+
+_T0 = time.monotonic()
+
+
+def progress(message: str) -> None:
+    _progress(f"[{time.monotonic() - _T0:5.1f} s] {message}")
+
+
+def region_name(i: int) -> str:
+    return f"site-{i:05d}"
+
+
+# ----------------------------------------------------------- load process
+
+
+class HttpError(Exception):
+    pass
+
+
+class Conn:
+    """One HTTP/1.1 keep-alive connection on a trio socket stream (minimal parsing)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.stream: Any = None
+        self.buf = b""
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            s, self.stream = self.stream, None
+            self.buf = b""
+            with contextlib.suppress(Exception):  # closing a broken stream
+                await s.aclose()
+
+    async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
+        """Send one request, read its response (the head is scanned once, the body
+        read to its length: a 1 MB routing table costs no rescans)."""
+        import trio
+
+        if self.stream is None:
+            self.stream = await trio.open_tcp_stream(self.host, self.port)
+        try:
+            await self.stream.send_all(head + body)
+            buf = bytearray(self.buf)
+            scanned = 0
+            while (end := buf.find(b"\r\n\r\n", scanned)) < 0:
+                scanned = max(0, len(buf) - 3)
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    raise HttpError("closed")
+                buf += data
+            h = bytes(buf[:end])
+            i = h.lower().find(b"content-length:")
+            length = 0
+            if i >= 0:
+                j = h.find(b"\r\n", i)
+                length = int(h[i + 15 : j if j > 0 else len(h)])
+            need = end + 4 + length
+            while len(buf) < need:
+                data = await self.stream.receive_some(max(65536, need - len(buf)))
+                if not data:
+                    raise HttpError("closed")
+                buf += data
+        except BaseException:
+            await self.close()
+            raise
+        status = int(h[9:12])
+        answer = bytes(buf[end + 4 : need])
+        self.buf = bytes(buf[need:])
+        if b"connection: close" in h.lower():
+            await self.close()
+        return status, h, answer
+
+
+def retry_after(head: bytes) -> float | None:
+    i = head.lower().find(b"retry-after:")
+    if i < 0:
+        return None
+    j = head.find(b"\r\n", i)
+    try:
+        return float(head[i + 12 : j if j > 0 else len(head)].strip())
+    except ValueError:
+        return None
+
+
+@dataclass
+class Recorder:
+    """What one load process saw."""
+
+    measure_from: float
+    measure_to: float
+    away_at: float
+    lat: dict[str, list[float]] = field(default_factory=lambda: {op: [] for op in OPS})
+    count: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OPS, 0))
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OPS, 0))
+    shed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OPS, 0))
+    #: region -> [[seq, sent at], ...] (reports sent in the window)
+    reports: dict[str, list[list[float]]] = field(default_factory=dict)
+    #: "gw|source" -> [[seq, received at], ...]
+    wakes: dict[str, list[list[float]]] = field(default_factory=dict)
+    #: When the restarted server listened (None before).
+    back_at: float | None = None
+    #: gateway -> op -> first success sent after the server came back
+    back: dict[int, dict[str, float]] = field(default_factory=dict)
+
+    def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
+        if self.back_at is not None and t0 >= self.back_at:
+            self.back.setdefault(gw, {}).setdefault(op, t1)
+
+    def needs_mark(self, gw: int, op: str) -> bool:
+        return self.back_at is not None and op not in self.back.get(gw, {})
+
+    def done(self, op: str, t0: float, t1: float, status: int, gw: int) -> None:
+        if self.measure_from <= t0 < self.measure_to:
+            self.count[op] += 1
+            self.lat[op].append(t1 - t0)
+            if status >= 400:
+                self.errors[op] += 1
+            if status == 503:
+                self.shed[op] += 1
+        if status < 400:
+            self.mark_back(gw, op, t0, t1)
+
+    def failed(self, op: str, t0: float) -> None:
+        if self.measure_from <= t0 < self.measure_to:
+            self.errors[op] += 1
+
+
+async def run_load(plan: Plan) -> None:
+    import trio
+
+    sys.path.insert(0, str(BENCH_DIR.parent))
+    from edge_gateway.backoff import Backoff
+
+    net_errors = (
+        OSError,
+        HttpError,
+        ValueError,
+        trio.TooSlowError,
+        trio.BrokenResourceError,
+        trio.ClosedResourceError,
+    )
+    rec = Recorder(plan.measure_from, plan.measure_to, plan.away_at)
+    rand = random.Random(plan.seed)
+    host_hdr = f"Host: {plan.host}:{plan.port}\r\n".encode()
+    pool: Any
+    pool_send, pool = trio.open_memory_channel[Conn](plan.pool)
+    for _ in range(plan.pool):
+        pool_send.send_nowait(Conn(plan.host, plan.port))
+    request_timeout = 10.0
+
+    def auth(gw: int) -> bytes:
+        return f"Authorization: Bearer {plan.tokens[gw]}\r\n".encode()
+
+    async def control(gw: int, op: str, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
+        conn = await pool.receive()
+        t0 = time.time()
+        try:
+            with trio.fail_after(request_timeout):
+                status, h, answer = await conn.request(head, body)
+        except net_errors:
+            rec.failed(op, t0)
+            raise
+        finally:
+            pool_send.send_nowait(conn)
+        rec.done(op, t0, time.time(), status, gw)
+        return status, h, answer
+
+    def post(gw: int, what: str, doc: object) -> tuple[bytes, bytes]:
+        body = json.dumps(doc, separators=(",", ":")).encode()
+        head = (
+            f"POST /v1/regions/{region_name(gw)}/{what} HTTP/1.1\r\n".encode()
+            + host_hdr
+            + auth(gw)
+            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        return head, body
+
+    async def heartbeat_loop(gw: int, state: dict[str, int]) -> None:
+        backoff = Backoff(0.5, max(plan.heartbeat_s, 20.0))
+        await trio.sleep(rand.random() * plan.ramp_s)
+        while True:
+            doc: dict[str, Any] = {
+                "gateway_version": "bench",
+                "lag": {"shipper_pending_entries": 0.0, "shipper_retries": 0.0},
+            }
+            if state["seq"] >= 0:
+                doc["head_seq"] = state["seq"]
+            head, body = post(gw, "heartbeat", doc)
+            try:
+                status, h, _ = await control(gw, "heartbeat", head, body)
+            except net_errors:
+                status, h = 0, b""
+            if status == 200:
+                backoff.reset()
+                await trio.sleep(plan.heartbeat_s)
+            else:
+                await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+
+    async def routing_loop(gw: int) -> None:
+        backoff = Backoff(0.5, max(plan.routing_s, 20.0))
+        etag = b""
+        await trio.sleep(rand.random() * plan.ramp_s)
+        while True:
+            # As httpx (the gateway's client) asks: the table comes gzipped.
+            head = b"GET /v1/routing HTTP/1.1\r\nAccept-Encoding: gzip\r\n" + host_hdr + auth(gw)
+            if etag:
+                head += b"If-None-Match: " + etag + b"\r\n"
+            try:
+                status, h, _ = await control(gw, "routing", head + b"\r\n")
+            except net_errors:
+                status, h = 0, b""
+            if status in (200, 304):
+                if status == 200:
+                    i = h.lower().find(b"etag:")
+                    etag = h[i + 5 : h.find(b"\r\n", i)].strip() if i >= 0 else b""
+                backoff.reset()
+                await trio.sleep(plan.routing_s)
+            else:
+                await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+
+    async def ship_loop(gw: int, state: dict[str, int]) -> None:
+        committed = trio.Event()
+
+        async def commits() -> None:
+            nonlocal committed
+            await trio.sleep(rand.random() * plan.ship_ms / 1000)
+            while True:
+                state["seq"] += 1
+                committed.set()
+                await trio.sleep(plan.ship_ms / 1000)
+
+        async def reporter() -> None:
+            nonlocal committed
+            backoff = Backoff(0.1, 5.0)
+            sent = -1
+            region = region_name(gw)
+            while True:
+                await committed.wait()
+                committed = trio.Event()
+                seq = state["seq"]
+                if seq <= sent:
+                    continue
+                head, body = post(gw, "head", {"seq": seq})
+                t0 = time.time()
+                try:
+                    status, h, _ = await control(gw, "head_report", head, body)
+                except net_errors:
+                    status, h = 0, b""
+                if status == 200:
+                    backoff.reset()
+                    sent = seq
+                    if plan.measure_from <= t0 < plan.measure_to:
+                        rec.reports.setdefault(region, []).append([seq, t0])
+                else:
+                    committed.set()
+                    await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(commits)
+            n.start_soon(reporter)
+
+    async def held_request(gw: int, conn: Conn, head: bytes, t0: float) -> tuple[int, bytes, bytes]:
+        """A poll after the restart: "held" once it has waited 1 s unanswered (or answered)."""
+
+        async def mark() -> None:
+            await trio.sleep(1.0)
+            # conservative: held since at most 1 s after it was sent
+            rec.mark_back(gw, "heads_poll", t0, t0 + 1.0)
+
+        error: BaseException | None = None
+        async with trio.open_nursery() as nn:
+            nn.start_soon(mark)
+            try:
+                result = await conn.request(head)
+            except net_errors as exc:
+                error = exc
+            nn.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return result
+
+    async def poll_loop(gw: int) -> None:
+        conn = Conn(plan.host, plan.port)
+        sources = [region_name(s) for s in plan.follows[gw]]
+        query = f"regions={','.join(sources)}&wait_ms={plan.wait_ms}"
+        backoff = Backoff(0.2, 5.0)
+        since = 0
+        await trio.sleep(rand.random() * plan.ramp_s)
+        while True:
+            head = (
+                f"GET /v1/heads?since={since}&{query} HTTP/1.1\r\n".encode()
+                + host_hdr
+                + auth(gw)
+                + b"\r\n"
+            )
+            t0 = time.time()
+            try:
+                with trio.fail_after(request_timeout + plan.wait_ms / 1000):
+                    if rec.needs_mark(gw, "heads_poll"):
+                        status, h, answer = await held_request(gw, conn, head, t0)
+                    else:
+                        status, h, answer = await conn.request(head)
+            except net_errors:
+                rec.failed("heads_poll", t0)
+                await conn.close()
+                await trio.sleep(backoff.delay_after(None, rand.random()))
+                continue
+            t1 = time.time()
+            rec.done("heads_poll", t0, t1, status, gw)
+            if status != 200:
+                await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+                continue
+            backoff.reset()
+            doc = json.loads(answer)
+            since = doc["version"]
+            if plan.measure_from <= t1 < plan.away_at:
+                for src, seq in doc["heads"].items():
+                    rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
+
+    async def gateway(gw: int) -> None:
+        state = {"seq": -1}
+        async with trio.open_nursery() as n:
+            n.start_soon(heartbeat_loop, gw, state)
+            n.start_soon(routing_loop, gw)
+            n.start_soon(poll_loop, gw)
+            if gw in shippers:
+                n.start_soon(ship_loop, gw, state)
+
+    shippers = set(plan.shippers)
+    await trio.sleep(max(0.0, plan.start_at - time.time()))
+    async with trio.open_nursery() as nursery:
+        for gw in range(plan.lo, plan.hi):
+            nursery.start_soon(gateway, gw)
+        progress_file = trio.Path(plan.out_file + ".progress")
+        back_file = trio.Path(plan.back_file)
+        while not await trio.Path(plan.stop_file).exists():
+            if rec.back_at is None and await back_file.exists():
+                rec.back_at = float(await back_file.read_text())
+            if rec.back_at is not None:
+                full = sum(1 for b in rec.back.values() if all(op in b for op in BACK_OPS))
+                await progress_file.write_text(str(full))
+            await trio.sleep(0.25)
+        nursery.cancel_scope.cancel()
+    out = {
+        "count": rec.count,
+        "errors": rec.errors,
+        "shed": rec.shed,
+        "lat": {op: sorted(v) for op, v in rec.lat.items()},
+        "reports": rec.reports,
+        "wakes": rec.wakes,
+        "back": {str(k): v for k, v in rec.back.items()},
+    }
+    await trio.Path(plan.out_file).write_text(json.dumps(out))
+
+
+def load_main(plan_file: str) -> None:
+    import trio
+
+    plan = Plan(**json.loads(Path(plan_file).read_text()))
+    trio.run(run_load, plan)
+
+
+# --------------------------------------------------------------- the server
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """``edgegw metadata serve`` on a fixed port (so it can come back on the same one)."""
+
+    def __init__(self, db: Path, port: int, extra: list[str]) -> None:
+        self.db, self.port, self.extra = db, port, extra
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.addr = db.with_suffix(".addr")
+        self.log = db.with_suffix(".log")
+
+    def start(self) -> float:
+        """Start; returns when it listens (time.time())."""
+        self.addr.unlink(missing_ok=True)
+        argv = [str(EDGEGW), "metadata", "serve", "--db", str(self.db)]
+        argv += ["--listen", f"127.0.0.1:{self.port}", "--addr-file", str(self.addr)]
+        argv += ["--admin-token", ADMIN_TOKEN, *self.extra]
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=log)
+        deadline = time.monotonic() + 60
+        while not self.addr.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"metadata serve did not start: {self.log.read_text()[-2000:]}")
+            time.sleep(0.02)
+        return time.time()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+def proc_cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def proc_rss_mb(pid: int, key: str = "VmRSS") -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) / 1024
+    return math.nan
+
+
+def healthz(port: int, timeout: float = 5.0) -> tuple[dict[str, Any] | None, float]:
+    """/healthz's answer (None on failure) and how long it took."""
+    t0 = time.perf_counter()
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            data = b""
+            while chunk := s.recv(65536):
+                data += chunk
+        doc = json.loads(data.split(b"\r\n\r\n", 1)[1])
+        return doc, time.perf_counter() - t0
+    except (OSError, ValueError, IndexError):
+        return None, time.perf_counter() - t0
+
+
+def seed_db(db: Path, gateways: int, follows: list[list[int]], auth: str) -> list[str]:
+    """Create the database with ``gateways`` regions (and a topic per followed source).
+
+    The schema comes from the store (created and migrated by it). In
+    ``region`` mode each region gets a real token from the store (a scrypt
+    hash each, ~40 ms: minutes for 10,000); in ``admin`` mode the regions
+    are inserted without tokens of their own in one transaction (the
+    gateways then send the admin token).
+    """
+    sys.path.insert(0, str(BENCH_DIR.parent))
+    import sqlite3
+
+    from edge_gateway.metadata._db import MetadataStore
+
+    store = MetadataStore(db)
+    tokens: list[str] = []
+    now = int(time.time() * 1000)
+    if auth == "region":
+        for i in range(gateways):
+            tokens.append(store.add_region(region_name(i), now))
+    store.close()
+    conn = sqlite3.connect(db, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        if auth != "region":
+            conn.executemany(
+                "INSERT INTO regions (id, created_ms) VALUES (?, ?)",
+                [(region_name(i), now) for i in range(gateways)],
+            )
+            tokens = [ADMIN_TOKEN] * gateways
+        followers: dict[int, list[str]] = {}
+        for gw, srcs in enumerate(follows):
+            for s in srcs:
+                followers.setdefault(s, []).append(region_name(gw))
+        # One topic per site that others follow (a realistic routing table's size).
+        conn.executemany(
+            "INSERT INTO topics (name, home, partitions, retention_ms, subscribers,"
+            " created_ms, updated_ms) VALUES (?, ?, 1, NULL, ?, ?, ?)",
+            [
+                (f"t-{region_name(s)}", region_name(s), json.dumps(sorted(subs)), now, now)
+                for s, subs in sorted(followers.items())
+            ],
+        )
+        conn.execute(
+            "UPDATE meta SET value = CAST(CAST(value AS INTEGER) + 1 AS TEXT)"
+            " WHERE key = 'routing_version'"
+        )
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+    return tokens
+
+
+# ----------------------------------------------------------------- baselines
+
+_TRIVIAL_APP = r"""
+import sys, trio
+from hypercorn.config import Config
+from hypercorn.trio import serve
+async def app(scope, receive, send):
+    if scope["type"] == "lifespan":
+        while True:
+            m = await receive()
+            if m["type"] == "lifespan.startup":
+                await send({"type": "lifespan.startup.complete"})
+            elif m["type"] == "lifespan.shutdown":
+                await send({"type": "lifespan.shutdown.complete"}); return
+    while (await receive()).get("more_body"):
+        pass
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", b"11")]})
+    await send({"type": "http.response.body", "body": b'{"ok":true}'})
+async def builtin():
+    import logging
+    from edge_gateway._http11 import Http11Server
+    listeners = await trio.open_tcp_listeners(int(sys.argv[1]), host="127.0.0.1")
+    await Http11Server(app, log=logging.getLogger("x"), keep_alive_timeout=75.0).serve(listeners)
+if sys.argv[2] == "hypercorn":
+    cfg = Config(); cfg.bind = ["127.0.0.1:" + sys.argv[1]]; cfg.accesslog = None
+    cfg.errorlog = None; cfg.keep_alive_timeout = 75.0
+    trio.run(serve, app, cfg)
+else:
+    trio.run(builtin)
+"""
+
+
+def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, float]:
+    """A trivial ASGI endpoint on the same HTTP server as the metadata server's: closed-loop
+    capacity, latency, CPU per 1,000 requests; and the RSS each idle connection adds."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-c", _TRIVIAL_APP, str(port), server])
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise SystemExit("the baseline server did not start") from None
+                time.sleep(0.05)
+        time.sleep(0.3)
+        rss0 = proc_rss_mb(proc.pid)
+        load = subprocess.Popen(
+            [
+                *(sys.executable, str(BENCH_DIR / "_load.py"), "127.0.0.1", str(port)),
+                *("--path", "/x", "--body", "{}", "--connections", "32"),
+                *("--seconds", str(seconds), "--warmup", "0.5"),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert load.stdout is not None
+        cpu0 = t0 = 0.0
+        lines = []
+        for line in load.stdout:
+            lines.append(line)
+            if line.strip() == "measuring":
+                cpu0, t0 = proc_cpu_s(proc.pid), time.monotonic()
+            elif line.strip() == "done":
+                cpu1, t1 = proc_cpu_s(proc.pid), time.monotonic()
+        load.wait()
+        res = json.loads(lines[-1])
+        rps = res["requests"] / res["seconds"]
+        cpu_per_k = (cpu1 - cpu0) / max(1, res["requests"]) * 1000
+        cpu_pct = (cpu1 - cpu0) / (t1 - t0) * 100
+        # idle keep-alive connections, each having served one request
+        socks = []
+        req = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        for _ in range(idle_connections):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(req)
+            socks.append(s)
+        for s in socks:
+            s.recv(65536)
+        time.sleep(0.5)
+        rss1 = proc_rss_mb(proc.pid)
+        for s in socks:
+            s.close()
+        return {
+            "rps": rps,
+            "p50_ms": res["p50_s"] * 1000,
+            "p99_ms": res["p99_s"] * 1000,
+            "cpu_s_per_1k": cpu_per_k,
+            "cpu_pct": cpu_pct,
+            "rss_idle_mb": rss0,
+            "rss_per_conn_kb": (rss1 - rss0) * 1024 / max(1, idle_connections),
+        }
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def token_check_ms(port: int) -> float:
+    """Server time of one first-contact region token check (scrypt), via a fresh region."""
+    import httpx
+
+    url = f"http://127.0.0.1:{port}"
+    with httpx.Client(base_url=url, timeout=30) as c:
+        c.headers["Authorization"] = f"Bearer {ADMIN_TOKEN}"
+        r = c.post("/v1/regions", json={"id": "bench-token-probe"})
+        token = r.json()["token"]
+        probe = {"Authorization": f"Bearer {token}"}
+        t0 = time.perf_counter()
+        c.get("/v1/routing", headers=probe)  # first contact: scrypt
+        first = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        c.get("/v1/routing", headers=probe)  # cached
+        cached = time.perf_counter() - t0
+    return (first - cached) * 1000
+
+
+# -------------------------------------------------------------- the analysis
+
+
+def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "count": dict.fromkeys(OPS, 0),
+        "errors": dict.fromkeys(OPS, 0),
+        "shed": dict.fromkeys(OPS, 0),
+        "lat": {op: [] for op in OPS},
+        "reports": {},
+        "wakes": {},
+        "back": {},
+    }
+    for r in results:
+        for key in ("count", "errors", "shed"):
+            for op in OPS:
+                out[key][op] += r[key][op]
+        for op in OPS:
+            out["lat"][op].extend(r["lat"][op])
+        out["reports"].update(r["reports"])
+        out["wakes"].update(r["wakes"])
+        out["back"].update(r["back"])
+    return out
+
+
+def wake_latencies(
+    reports: dict[str, list[list[float]]],
+    wakes: dict[str, list[list[float]]],
+    follows: list[list[int]],
+) -> tuple[list[float], int]:
+    """Per report with followers: sent → its last follower's first answer with that seq or
+    a later one. Also the number of (report, follower) pairs never woken."""
+    followers: dict[str, list[int]] = {}
+    for gw, srcs in enumerate(follows):
+        for s in srcs:
+            followers.setdefault(region_name(s), []).append(gw)
+    out: list[float] = []
+    missed = 0
+    for region, sent in reports.items():
+        subs = followers.get(region, [])
+        if not subs:
+            continue
+        views = []
+        for gw in subs:
+            seen = sorted(wakes.get(f"{gw}|{region}", []), key=lambda x: x[1])
+            # the running max seq by time: the first answer at or above a seq
+            seqs, times, best = [], [], -1
+            for seq, t in seen:
+                if seq > best:
+                    best = seq
+                    seqs.append(seq)
+                    times.append(t)
+            views.append((seqs, times))
+        for seq, t_sent in sent:
+            worst = 0.0
+            for seqs, times in views:
+                k = bisect.bisect_left(seqs, seq)
+                if k == len(seqs):
+                    missed += 1
+                    worst = math.inf
+                    break
+                worst = max(worst, times[k] - t_sent)
+            if worst != math.inf:
+                out.append(worst)
+    return out, missed
+
+
+# ------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a few hundred gateways, < 1 minute")
+    ap.add_argument("--gateways", type=int, default=None)
+    ap.add_argument("--procs", type=int, default=None, help="load processes (default: 1-2)")
+    ap.add_argument("--heartbeat-s", type=float, default=10.0)
+    ap.add_argument("--routing-s", type=float, default=5.0)
+    ap.add_argument("--ship-share", type=float, default=0.10)
+    ap.add_argument("--ship-ms", type=float, default=250.0)
+    ap.add_argument("--follow", type=int, default=2, help="sources each gateway mirrors")
+    ap.add_argument("--wait-ms", type=int, default=30_000)
+    ap.add_argument(
+        "--pool",
+        type=int,
+        default=None,
+        help="control connections per process (default: one per 10 gateways, at least 48)",
+    )
+    ap.add_argument("--duration-s", type=float, default=None)
+    ap.add_argument("--away-s", type=float, default=None, help="server stopped this long")
+    ap.add_argument("--herd-timeout-s", type=float, default=None)
+    ap.add_argument("--auth", choices=("admin", "region"), default="admin")
+    ap.add_argument("--server", choices=("builtin", "hypercorn"), default="builtin")
+    ap.add_argument("--server-arg", action="append", default=[], help="extra serve option")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--load-plan", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.load_plan:
+        load_main(a.load_plan)
+        return
+    n = a.gateways or (300 if a.quick else 10_000)
+    procs = a.procs or (1 if n <= 1000 else 2)
+    pool = a.pool or max(48, n // procs // 10)
+    duration = a.duration_s or (8.0 if a.quick else 60.0)
+    away = a.away_s if a.away_s is not None else (3.0 if a.quick else 120.0)
+    herd_timeout = a.herd_timeout_s or (90.0 if a.quick else 300.0)
+    ramp = min(a.heartbeat_s, 4.0 if a.quick else 10.0)
+    rng = random.Random(a.seed)
+    n_ship = max(1, round(n * a.ship_share))
+    shippers = sorted(rng.sample(range(n), n_ship))
+    follows = []
+    for gw in range(n):
+        srcs: set[int] = set()
+        while len(srcs) < min(a.follow, n - 1):
+            s = rng.randrange(n)
+            if s != gw:
+                srcs.add(s)
+        follows.append(sorted(srcs))
+
+    with scratch_dir("fleet-") as tmp:
+        progress(f"baseline: a trivial ASGI endpoint on the {a.server} server")
+        base = baseline(2.0 if a.quick else 8.0, min(n, 2000), a.server)
+        db = tmp / "meta.sqlite"
+        progress(f"seeding {n} regions ({a.auth} auth)")
+        tokens = seed_db(db, n, follows, a.auth)
+        port = free_port()
+        server = Server(db, port, ["--server", a.server, *a.server_arg])
+        server.start()
+        try:
+            check_ms = token_check_ms(port)
+            rss_start = proc_rss_mb(server.pid)
+            t0 = time.time() + 2.0
+            measure_from = t0 + ramp + 2.0
+            measure_to = measure_from + duration
+            away_at = measure_to + 5.0  # wakes of the last reports are still collected
+            stop_file = tmp / "stop"
+            plans = []
+            for p in range(procs):
+                lo, hi = n * p // procs, n * (p + 1) // procs
+                plan = Plan(
+                    "127.0.0.1",
+                    port,
+                    n,
+                    lo,
+                    hi,
+                    tokens,
+                    a.heartbeat_s,
+                    a.routing_s,
+                    a.ship_ms,
+                    shippers,
+                    follows,
+                    a.wait_ms,
+                    pool,
+                    t0,
+                    ramp,
+                    measure_from,
+                    measure_to,
+                    away_at,
+                    str(stop_file),
+                    str(tmp / "back"),
+                    str(tmp / f"load-{p}.json"),
+                    a.seed + p,
+                )
+                path = tmp / f"plan-{p}.json"
+                path.write_text(json.dumps(plan.__dict__))
+                plans.append(plan)
+            loads = [
+                subprocess.Popen(
+                    [sys.executable, __file__, "--load-plan", str(tmp / f"plan-{p}.json")]
+                )
+                for p in range(procs)
+            ]
+            progress(
+                f"{n} gateways ({n_ship} shipping every {a.ship_ms:g} ms, following {a.follow} "
+                f"each) from {procs} process(es); ramp {ramp:g} s, window {duration:g} s"
+            )
+            time.sleep(max(0.0, measure_from - time.time()))
+            cpu0, w0 = proc_cpu_s(server.pid), time.time()
+            held_seen: list[int] = []
+            health_lat: list[float] = []
+            health_fail = 0
+            while time.time() < measure_to:
+                doc, took = healthz(port)
+                health_lat.append(took)
+                if doc is None:
+                    health_fail += 1
+                else:
+                    held_seen.append(doc["long_polls"])
+                time.sleep(0.5)
+            cpu1, w1 = proc_cpu_s(server.pid), time.time()
+            doc, _ = healthz(port)
+            if doc is not None:
+                held_seen.append(doc["long_polls"])
+            held_end = held_seen[-1] if held_seen else 0
+            held_min = min(held_seen) if held_seen else None
+            held_max = max(held_seen) if held_seen else 0
+            rss = proc_rss_mb(server.pid)
+            rss_peak = proc_rss_mb(server.pid, "VmHWM")
+            cpu_pct = (cpu1 - cpu0) / (w1 - w0) * 100
+            # ---- the reconnect herd
+            time.sleep(max(0.0, away_at - time.time()))
+            progress(f"stopping the server for {away:g} s (the gateways back off meanwhile)")
+            server.stop()
+            time.sleep(away)
+            spawned_at = time.time()
+            (tmp / "back").write_text(repr(spawned_at))  # anything answered after is the new run
+            back_at = server.start()
+            progress("server back; waiting for every gateway")
+            herd_health: list[float] = []
+            herd_fail = 0
+            deadline = back_at + herd_timeout
+            while time.time() < deadline:
+                doc, took = healthz(port)
+                herd_health.append(took)
+                if doc is None:
+                    herd_fail += 1
+                full = 0
+                for p in plans:
+                    with contextlib.suppress(OSError, ValueError):  # not written yet, or half
+                        full += int(Path(p.out_file + ".progress").read_text() or 0)
+                if full >= n:
+                    break
+                time.sleep(0.25)
+            doc, _ = healthz(port)
+            herd_held = doc["long_polls"] if doc else None
+            stop_file.touch()
+            for p in loads:
+                p.wait(timeout=120)
+            herd_cpu_s = proc_cpu_s(server.pid)
+            herd_shed = (doc or {}).get("shed")
+        finally:
+            server.stop()
+            # The server's log outlives the scratch directory (bench/out is git-ignored).
+            with contextlib.suppress(OSError):
+                shutil.copyfile(server.log, OUT_DIR / "fleet-server-last.log")
+        results = [json.loads(Path(p.out_file).read_text()) for p in plans]
+        progress("loads done")
+
+    m = merge(results)
+    window = w1 - w0
+    figures: dict[str, Any] = {"gateways": n, "procs": procs, "auth": a.auth, "server": a.server}
+
+    def rate(op: str) -> float:
+        return m["count"][op] / window
+
+    def pct(op: str, q: float) -> float:
+        return percentile(m["lat"][op], q) * 1000
+
+    wake, missed = wake_latencies(m["reports"], m["wakes"], follows)
+    wake_ms = [w * 1000 for w in wake]
+    # herd: every gateway had a heartbeat and a routing answer, and holds a long poll
+    lasts = []
+    for gw in range(n):
+        b = m["back"].get(str(gw), {})
+        if all(op in b for op in BACK_OPS):
+            lasts.append(max(b[op] for op in BACK_OPS))
+    complete = len(lasts)
+    reconnect = max(lasts) - back_at if complete == n else None
+    total_rps = sum(rate(op) for op in OPS)
+    # The growth over the idle server, per poll held (at most: the peak count seen).
+    rss_per_poll_kb = (rss - rss_start) * 1024 / max(1, held_max)
+    figures.update(
+        heartbeat_per_s=rate("heartbeat"),
+        heartbeat_p50_ms=pct("heartbeat", 50),
+        heartbeat_p99_ms=pct("heartbeat", 99),
+        head_report_per_s=rate("head_report"),
+        head_report_p50_ms=pct("head_report", 50),
+        head_report_p99_ms=pct("head_report", 99),
+        routing_per_s=rate("routing"),
+        routing_p50_ms=pct("routing", 50),
+        routing_p99_ms=pct("routing", 99),
+        heads_answers_per_s=rate("heads_poll"),
+        requests_per_s=total_rps,
+        errors={op: m["errors"][op] for op in OPS},
+        shed_503={op: m["shed"][op] for op in OPS},
+        long_polls_held=held_end,
+        long_polls_held_min=held_min,
+        wake_p50_ms=percentile(wake_ms, 50),
+        wake_p99_ms=percentile(wake_ms, 99),
+        wake_reports=len(wake_ms),
+        wake_missed=missed,
+        server_rss_mb=rss,
+        server_rss_peak_mb=rss_peak,
+        server_rss_start_mb=rss_start,
+        rss_per_poll_kb=rss_per_poll_kb,
+        server_cpu_pct=cpu_pct,
+        cpu_s_per_1k_requests=(cpu1 - cpu0) / max(1.0, total_rps * window) * 1000,
+        healthz_p99_ms=percentile(health_lat, 99) * 1000,
+        healthz_failures=health_fail,
+        long_polls_held_max=held_max,
+        reconnect_all_s=reconnect,
+        reconnect_complete=complete,
+        away_s=away,
+        herd_healthz_max_ms=max(herd_health) * 1000 if herd_health else None,
+        herd_healthz_failures=herd_fail,
+        herd_shed_503=herd_shed,
+        herd_long_polls_held=herd_held,
+        herd_server_cpu_s=herd_cpu_s,
+        token_check_ms=check_ms,
+        restart_token_checks_s=n * check_ms / 1000 / 2 if a.auth == "region" else None,
+        baseline=base,
+    )
+    rows: list[Row | str] = [
+        f"{n} gateways, {n_ship} shipping every {a.ship_ms:g} ms, each following {a.follow}; "
+        f"heartbeat {a.heartbeat_s:g} s, routing {a.routing_s:g} s; window {window:.0f} s "
+        "(shared machine: noisy)",
+        Row("requests served", total_rps, "req/s", "trivial endpoint c=32", base["rps"]),
+    ]
+    for op, label in (
+        ("heartbeat", "heartbeats"),
+        ("head_report", "head reports"),
+        ("routing", "routing refreshes"),
+    ):
+        rows.append(Row(label, rate(op), "/s", "trivial endpoint c=32", base["rps"]))
+        rows.append(Row(f"  {label} p50", pct(op, 50), "ms", "trivial p50", base["p50_ms"]))
+        rows.append(Row(f"  {label} p99", pct(op, 99), "ms", "trivial p99", base["p99_ms"]))
+    rows += [
+        Row("heads answers", rate("heads_poll"), "/s", "head reports", rate("head_report")),
+        Row("long polls held", held_end, "", "gateways", n, ok=held_end >= n * 0.99),
+        Row(
+            "wake p50 (report → all followers)",
+            percentile(wake_ms, 50),
+            "ms",
+            "trivial p50",
+            base["p50_ms"],
+        ),
+        Row(
+            "wake p99",
+            percentile(wake_ms, 99),
+            "ms",
+            "trivial p99",
+            base["p99_ms"],
+            target="<= 250",
+            ok=bool(wake_ms) and percentile(wake_ms, 99) <= 250,
+        ),
+        Row(
+            "server RSS",
+            rss,
+            "MB",
+            "bare server idle",
+            base["rss_idle_mb"],
+            target="<= 512",
+            ok=rss <= 512,
+        ),
+        Row(
+            "  RSS per held poll", rss_per_poll_kb, "KB", "idle conn, bare", base["rss_per_conn_kb"]
+        ),
+        Row("server CPU", cpu_pct, "% of a core", "trivial at c=32", base["cpu_pct"]),
+        Row(
+            "  CPU per 1,000 requests",
+            figures["cpu_s_per_1k_requests"],
+            "s",
+            "trivial",
+            base["cpu_s_per_1k"],
+        ),
+        "reconnect herd",
+        Row(
+            "reconnect_all_s",
+            reconnect,
+            "s",
+            f"away {away:g} s",
+            away,
+            target="<= 60",
+            ok=reconnect is not None and reconnect <= 60,
+        ),
+        Row(
+            "  /healthz max during herd",
+            figures["herd_healthz_max_ms"],
+            "ms",
+            "failures",
+            herd_fail,
+        ),
+        Row("token check (first contact)", check_ms, "ms", "trivial p50", base["p50_ms"]),
+    ]
+    print(render_table("fleet: one metadata server, many gateways", rows))
+    emit_json(figures)
+
+
+if __name__ == "__main__":
+    main()

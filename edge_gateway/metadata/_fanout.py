@@ -1,0 +1,353 @@
+"""The metadata server's in-memory parts that carry a fleet: head fan-out, load shedding,
+heartbeat write-behind.
+
+* :class:`HeadRelay` — each region's latest log seq and the held ``GET /v1/heads``
+  long polls, indexed by the regions they follow: a head report wakes only
+  the polls that follow that region (O(its followers), not O(all polls)),
+  and a poll woken by several reports before it runs answers once, with the
+  latest heads (coalescing). Checking for moved heads and parking the
+  waiter happen with no checkpoint between them, so a report can never fall
+  between the check and the wait (no lost wake-up).
+* :class:`Admission` — the overload answer: past ``max_inflight`` requests in
+  progress, ``max_long_polls`` held polls or ``max_verifying`` tokens waiting
+  for their (deliberately slow) scrypt check, a request gets ``503
+  overloaded`` with ``Retry-After`` at once instead of queueing without
+  bound; clients back off with jitter (``edge_gateway.metadata.client``).
+* :class:`HeartbeatWriter` — heartbeats are answered from memory and written
+  to the store behind, coalesced per region (the latest heartbeat of each
+  region since the last write), so a fleet's heartbeats cost the database
+  what it can take, not one transaction (and fsync) each.
+
+None of this touches the store's internals: the writer calls the store's
+``heartbeat`` method and nothing else.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+import trio
+
+__all__ = [
+    "Admission",
+    "AdmissionStatistics",
+    "HeadRelay",
+    "HeadsUpdate",
+    "Heartbeat",
+    "HeartbeatWriter",
+    "Overloaded",
+]
+
+#: Retry-After is at least this (seconds; HTTP says whole seconds).
+_RETRY_AFTER_MIN_S: Final = 1
+#: ... and at most this: a client told to wait longer would look dead to its operator.
+_RETRY_AFTER_MAX_S: Final = 30
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsUpdate:
+    """An answer of :meth:`HeadRelay.wait_heads`: heads that moved after ``since``."""
+
+    version: int
+    heads: dict[str, int]
+
+
+class _Waiter:
+    """One held long poll: woken (its event set) when a region it follows moves."""
+
+    __slots__ = ("event", "regions")
+
+    def __init__(self, regions: frozenset[str] | None) -> None:
+        self.regions = regions
+        self.event = trio.Event()
+
+
+class HeadRelay:
+    """Each region's latest committed log seq, with a version that grows on every move.
+
+    Versions start at the server's start time in microseconds, so after a
+    restart they are above any version a client saw before: a client's
+    ``since`` from the previous run then gets every known head at once.
+    """
+
+    def __init__(self, *, version: int | None = None) -> None:
+        self.version = time.time_ns() // 1000 if version is None else version
+        #: region -> (seq, version at which it last moved)
+        self._heads: dict[str, tuple[int, int]] = {}
+        #: region -> the polls that follow it; polls of every region apart.
+        self._followers: dict[str, set[_Waiter]] = {}
+        self._everything: set[_Waiter] = set()
+        self._held = 0
+        self._closed = False
+        self.reports = 0
+        self.moves = 0
+        self.wakeups = 0
+
+    @property
+    def held(self) -> int:
+        """Long polls waiting now."""
+        return self._held
+
+    def report(self, region: str, seq: int) -> tuple[int, int]:
+        """Record ``region``'s head; coalesced: a seq not above the known one changes nothing.
+
+        Returns (head seq, relay version). Wakes the polls that follow
+        ``region`` (each answers once, however many reports arrive before it runs).
+        """
+        self.reports += 1
+        current = self._heads.get(region)
+        if current is not None and seq <= current[0]:
+            return current[0], self.version
+        self.version += 1
+        self.moves += 1
+        self._heads[region] = (seq, self.version)
+        self._wake(self._followers.get(region, ()))
+        self._wake(self._everything)
+        return seq, self.version
+
+    def head(self, region: str) -> int | None:
+        current = self._heads.get(region)
+        return None if current is None else current[0]
+
+    def apply(self, heads: list[tuple[str, int, int]]) -> None:
+        """Take heads versioned by the shared store: (region, seq, version) each.
+
+        ``heads`` holds every head of a version above :attr:`version` (the
+        store's watermark) that the store had: then this relay's version is
+        one too. A seq not above the known one changes nothing; a move wakes
+        the polls that follow its region, as :meth:`report` does.
+        """
+        for region, seq, version in heads:
+            current = self._heads.get(region)
+            if current is None or seq > current[0]:
+                self._heads[region] = (seq, version)
+                self.moves += 1
+                self._wake(self._followers.get(region, ()))
+                self._wake(self._everything)
+            self.version = max(self.version, version)
+
+    def _wake(self, waiters: set[_Waiter] | tuple[()]) -> None:
+        for w in waiters:
+            if not w.event.is_set():
+                w.event.set()
+                self.wakeups += 1
+
+    def heads_since(self, since: int, regions: frozenset[str] | None) -> HeadsUpdate:
+        if since > self.version:  # a version from the future: another server run
+            since = 0
+        if regions is None or len(regions) * 4 > len(self._heads):
+            heads = {
+                r: seq
+                for r, (seq, v) in self._heads.items()
+                if v > since and (regions is None or r in regions)
+            }
+        else:  # a few regions of many: look them up
+            heads = {}
+            for r in regions:
+                known = self._heads.get(r)
+                if known is not None and known[1] > since:
+                    heads[r] = known[0]
+        return HeadsUpdate(self.version, heads)
+
+    async def wait_heads(
+        self, since: int, regions: frozenset[str] | None, timeout_s: float
+    ) -> HeadsUpdate:
+        """Heads of ``regions`` that moved after ``since``; waits up to ``timeout_s`` for one."""
+        update = self.heads_since(since, regions)
+        if update.heads or self._closed or timeout_s <= 0:
+            return update
+        # No checkpoint between the check above and parking the waiter: a
+        # report runs only at a checkpoint, so it finds this waiter parked.
+        waiter = _Waiter(regions)
+        self._park(waiter)
+        try:
+            with trio.move_on_after(timeout_s):
+                await waiter.event.wait()
+        finally:
+            self._unpark(waiter)
+        return self.heads_since(since, regions)
+
+    def _park(self, w: _Waiter) -> None:
+        self._held += 1
+        if w.regions is None:
+            self._everything.add(w)
+            return
+        for r in w.regions:
+            self._followers.setdefault(r, set()).add(w)
+
+    def _unpark(self, w: _Waiter) -> None:
+        self._held -= 1
+        if w.regions is None:
+            self._everything.discard(w)
+            return
+        for r in w.regions:
+            followers = self._followers.get(r)
+            if followers is not None:
+                followers.discard(w)
+                if not followers:
+                    del self._followers[r]
+
+    def close(self) -> None:
+        """End every wait now (the server is stopping)."""
+        self._closed = True
+        self._wake(self._everything)
+        for followers in list(self._followers.values()):
+            self._wake(followers)
+
+
+# ------------------------------------------------------------- admission
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStatistics:
+    inflight: int
+    long_polls: int
+    verifying: int
+    #: Requests answered 503 ``overloaded`` since the start.
+    shed: int
+
+
+class Overloaded(Exception):
+    """The server is past a limit: answer 503 with ``Retry-After: retry_after_s``."""
+
+    def __init__(self, what: str, retry_after_s: int) -> None:
+        super().__init__(what)
+        self.what = what
+        self.retry_after_s = retry_after_s
+
+
+class Admission:
+    """Bounds on work in progress; past one, requests are refused at once (503).
+
+    Refusing early is what keeps a herd from sinking the server: a request
+    queued behind thousands of others is answered after its client gave up
+    (and retried, doubling the load); one refused with ``Retry-After`` costs
+    microseconds, and the client comes back later, with jitter.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_inflight: int,
+        max_long_polls: int,
+        max_verifying: int,
+        verify_cost_s: float = 0.04,
+        verify_parallel: int = 2,
+    ) -> None:
+        self.max_inflight = max_inflight
+        self.max_long_polls = max_long_polls
+        self.max_verifying = max_verifying
+        self._verify_cost_s = verify_cost_s
+        self._verify_parallel = verify_parallel
+        self.inflight = 0
+        self.long_polls = 0
+        self.verifying = 0
+        self.shed = 0
+
+    def statistics(self) -> AdmissionStatistics:
+        return AdmissionStatistics(self.inflight, self.long_polls, self.verifying, self.shed)
+
+    def _refuse(self, what: str, backlog_s: float) -> Overloaded:
+        self.shed += 1
+        after = min(_RETRY_AFTER_MAX_S, max(_RETRY_AFTER_MIN_S, math.ceil(backlog_s)))
+        return Overloaded(what, after)
+
+    def enter(self) -> None:
+        """A request starts; raises :class:`Overloaded` past ``max_inflight``."""
+        if self.inflight >= self.max_inflight:
+            # Over the limit by x: come back in a second per limit's worth queued.
+            raise self._refuse(
+                f"{self.inflight} requests in progress (limit {self.max_inflight})",
+                self.inflight / self.max_inflight,
+            )
+        self.inflight += 1
+
+    def leave(self) -> None:
+        self.inflight -= 1
+
+    def park(self) -> None:
+        """A request starts holding a long poll (it no longer counts as in progress)."""
+        if self.long_polls >= self.max_long_polls:
+            raise self._refuse(
+                f"{self.long_polls} long polls held (limit {self.max_long_polls})", 5.0
+            )
+        self.long_polls += 1
+        self.inflight -= 1
+
+    def unpark(self) -> None:
+        self.long_polls -= 1
+        self.inflight += 1
+
+    def start_verify(self) -> None:
+        """A token not seen before waits for its scrypt check; bounded."""
+        if self.verifying >= self.max_verifying:
+            drain_s = self.verifying * self._verify_cost_s / self._verify_parallel
+            raise self._refuse(
+                f"{self.verifying} new tokens being checked (limit {self.max_verifying})",
+                drain_s,
+            )
+        self.verifying += 1
+
+    def end_verify(self) -> None:
+        self.verifying -= 1
+
+
+# ---------------------------------------------------------- heartbeats
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """One region's latest heartbeat, not yet in the store."""
+
+    gateway_version: str
+    lag: Mapping[str, float]
+    now_ms: int
+
+
+class HeartbeatWriter:
+    """Heartbeats answered from memory and written to the store behind, coalesced per region.
+
+    :meth:`note` records a heartbeat (O(1)); :meth:`run` writes what is
+    pending every ``interval_s`` — the latest heartbeat of each region, one
+    store call each, in one worker-thread hop — so while the store keeps up
+    every heartbeat is written within about ``interval_s``, and when it does
+    not, a region's rows are simply written less often (never queued without
+    bound). :meth:`pending` lets reads of the regions show heartbeats not
+    written yet.
+    """
+
+    def __init__(self, interval_s: float = 0.5) -> None:
+        self.interval_s = interval_s
+        self._pending: dict[str, Heartbeat] = {}
+        self._wake = trio.Event()
+        self.written = 0
+        self.coalesced = 0
+
+    def note(self, region: str, beat: Heartbeat) -> None:
+        if region in self._pending:
+            self.coalesced += 1
+        self._pending[region] = beat
+        self._wake.set()
+
+    def pending(self, region: str) -> Heartbeat | None:
+        return self._pending.get(region)
+
+    def take(self) -> dict[str, Heartbeat]:
+        """Everything pending (now no longer pending)."""
+        batch, self._pending = self._pending, {}
+        return batch
+
+    async def run(self, write: Callable[[dict[str, Heartbeat]], Awaitable[None]]) -> None:
+        """Write pending heartbeats with ``write`` until cancelled."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            await trio.sleep(self.interval_s)  # gather more: one hop for many
+            batch = self.take()
+            if batch:
+                await write(batch)
+                self.written += len(batch)
