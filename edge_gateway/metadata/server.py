@@ -131,7 +131,7 @@ class MetadataServerConfig(ListenAddress):
     max_long_polls: int = 50_000
     #: Tokens not seen before that may wait for their scrypt check at once.
     max_verifying: int = 64
-    #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway._http11`,
+    #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway.net.http11`,
     #: as the gateway's local API) or ``hypercorn`` (~2x the CPU per request).
     server: str = "builtin"
     #: PostgreSQL: how often a replica polls for the others' changes (head
@@ -992,7 +992,7 @@ async def _start_builtin(
 ) -> tuple[str, Callable[[], None]]:
     """Serve ``app`` on edgegw's HTTP/1.1 server in ``nursery``: (its URL, what begins its stop).
 
-    The server the gateway's local API runs on (:mod:`edge_gateway._http11`):
+    The server the gateway's local API runs on (:mod:`edge_gateway.net.http11`):
     each connection is one task that calls the app directly and writes each
     response in one send, where hypercorn starts a task per request and
     feeds it through memory channels (``bench/fleet.py`` measures both).
