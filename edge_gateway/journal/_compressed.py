@@ -2,7 +2,8 @@
 
 What it owns: :class:`CompressedFile`, one compressed segment's directory
 (read at open with three ``pread``s: header, trailer, directory; never the
-data) and the decoded entry tables of its last few chunks. It reads through
+data) and, while it is read by LSN, its entries' positions; and
+:class:`ChunkCache`, the journal's last few decoded entry tables. It reads through
 a ``pread(n, pos)`` it is given, so the segment set's cached descriptor
 serves the event loop and a duplicated descriptor a worker thread.
 
@@ -49,8 +50,10 @@ Pread = Callable[[int, int], bytes]
 MAGIC: Final = atrest.MAGIC
 #: Suffix of a rewrite's temporary file (``<lsn>.wal.z-tmp``), deleted at open.
 TMP_SUFFIX: Final = ".z-tmp"
-#: Decoded entry tables kept per compressed segment (a reader moves through chunks in order).
-_CHUNKS_KEPT: Final = 2
+#: Decoded entry tables a journal keeps (:class:`ChunkCache`): a reader moves
+#: through a segment's chunks in order; one table of an 8 MiB chunk of
+#: one-record entries holds ~26,000 entries, a few MB of Python objects.
+CHUNKS_KEPT: Final = 4
 _NONE: Final = 0xFFFFFFFF
 
 
@@ -83,12 +86,43 @@ def _pread_exact(pread: Pread, n: int, pos: int, where: str) -> bytes:
     return data
 
 
+class ChunkCache:
+    """The journal's last few decoded entry tables, of any compressed segment (LRU by count).
+
+    Event-loop reads only: a worker thread decodes the tables it needs itself.
+    """
+
+    __slots__ = ("_items", "capacity")
+
+    def __init__(self, capacity: int = CHUNKS_KEPT) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[CompressedFile, int], ChunkView] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, cf: CompressedFile, chunk_no: int, load: Callable[[], ChunkView]) -> ChunkView:
+        key = (cf, chunk_no)
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            return found
+        view = self._items[key] = load()
+        if len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return view
+
+    def forget(self, cf: CompressedFile) -> None:
+        """Drop the tables of ``cf`` (its file is deleted or replaced)."""
+        for key in [k for k in self._items if k[0] is cf]:
+            del self._items[key]
+
+
 class CompressedFile:
     """One compressed segment at rest: its directory, and reads of its frames and entries."""
 
     __slots__ = (
         "_chunk_first_frames",
-        "_chunks",
         "_frames_of",
         "_lasts_of",
         "_topic_lengths",
@@ -113,7 +147,6 @@ class CompressedFile:
         }
         self._chunk_first_frames = [c.first_frame for c in directory.chunks]
         self._topic_lengths = [len(t.encode("utf-8")) for t, _ in directory.parts]
-        self._chunks: OrderedDict[int, ChunkView] = OrderedDict()
         #: each entry's position in the journal segment it replaced (loaded on demand)
         self.positions: array[int] | None = None
 
@@ -217,20 +250,12 @@ class CompressedFile:
             )
         return ChunkView(chunk_no, ents, lengths, by_frame)
 
-    def chunk(self, pread: Pread, chunk_no: int) -> ChunkView:
-        """:meth:`load_chunk` through a small cache (the event loop's reads only)."""
-        found = self._chunks.get(chunk_no)
-        if found is not None:
-            self._chunks.move_to_end(chunk_no)
-            return found
-        view = self._chunks[chunk_no] = self.load_chunk(pread, chunk_no)
-        if len(self._chunks) > _CHUNKS_KEPT:
-            self._chunks.popitem(last=False)
-        return view
+    def chunk(self, cache: ChunkCache, pread: Pread, chunk_no: int) -> ChunkView:
+        """:meth:`load_chunk` through the journal's cache (the event loop's reads only)."""
+        return cache.get(self, chunk_no, lambda: self.load_chunk(pread, chunk_no))
 
     def forget(self) -> None:
-        """Drop what is held of it (its file is deleted or replaced)."""
-        self._chunks.clear()
+        """Drop the positions it holds (its file is deleted or replaced)."""
         self.positions = None
 
     def load_positions(self, pread: Pread) -> array[int]:
@@ -246,7 +271,7 @@ class CompressedFile:
         positions = array("q")
         pos = fentry.SEGMENT_HEADER_SIZE
         for ci in range(len(d.chunks)):
-            view = self._chunks.get(ci) or self.load_chunk(pread, ci)
+            view = self.load_chunk(pread, ci)
             starts = list(accumulate(view.lengths, initial=pos))
             pos = starts.pop()
             positions.extend(starts)
@@ -322,7 +347,13 @@ class CompressedFile:
         return b"".join(out)
 
     def entries_from(
-        self, cache: FrameCache, pread: Pread, topic: str, partition: int, offset: int
+        self,
+        cache: FrameCache,
+        chunks: ChunkCache,
+        pread: Pread,
+        topic: str,
+        partition: int,
+        offset: int,
     ) -> Iterator[Entry]:
         """The partition's entries here from the one holding ``offset`` (or the next), in order.
 
@@ -345,7 +376,7 @@ class CompressedFile:
 
         for fno in numbers[k:]:
             ci = bisect.bisect_right(self._chunk_first_frames, fno) - 1
-            view = self.chunk(pread, ci)
+            view = self.chunk(chunks, pread, ci)
             ents = view.entries
             for i in view.by_frame.get(fno, ()):
                 if ents.base_offsets[i] + ents.counts[i] <= offset:

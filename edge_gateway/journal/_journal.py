@@ -1308,13 +1308,19 @@ class Journal:
         """Bytes of RAM the read index holds (docs/journal.md, "Memory").
 
         Counted: the arrays (allocated sizes), the segment objects, index
-        files held in memory until they can be written, the cache.
+        files held in memory until they can be written, the cache, and the
+        entry positions of compressed segments read by LSN (at most
+        ``POSITIONS_KEPT`` of them). Not counted: the frame cache
+        (``block_cache_bytes`` in :meth:`statistics`).
         """
         total = self._index_cache.bytes + sum(p.memory() for p in self._partitions.values())
         for seg in self._segments:
             total += _SEGMENT_MEMORY + sys.getsizeof(seg.positions)
             if seg.index is not None and seg.index.data is not None:
                 total += len(seg.index.data)
+            if seg.compressed is not None and seg.compressed.positions is not None:
+                # a compressed segment's entry positions, kept while it is read by LSN
+                total += sys.getsizeof(seg.compressed.positions)
         return total
 
     # ----------------------------------------------------------------- close

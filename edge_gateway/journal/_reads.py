@@ -7,8 +7,10 @@ order, stepping over runs of mirror entries when asked) -- and what a
 reader lends them (:class:`ReadBuffers`). It changes no state: it is given
 what it reads (the segment set, the partitions' indexes, the mirror runs,
 and the log's ends: how far it is written and fsynced) and reads the bytes
-through the segment set (``_segment_set.py``), where a second kind of
-segment at rest would plug in.
+through the segment set (``_segment_set.py``). A compressed sealed segment
+(``_compressed.py``) is read by LSN as the entry log it replaced (the segment
+set gives that log's positions and bytes, so runs are planned as before) and
+by offset through its frames.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from edge_gateway.errors import InvalidInput, Unavailable
 from edge_gateway.format.atrest import FrameCache
 from edge_gateway.format.entry import Entry
 from edge_gateway.journal import _fs
-from edge_gateway.journal._compressed import CompressedFile
+from edge_gateway.journal._compressed import ChunkCache, CompressedFile
 from edge_gateway.journal._index import IntSequence
 from edge_gateway.journal._segment import Segment
 
@@ -46,7 +46,7 @@ POSITIONS_KEPT: Final = 4
 class SegmentSet:
     """The journal's segments in LSN order (the active one last) and their read descriptors."""
 
-    __slots__ = ("_positions", "_read_fds", "bases", "frame_cache", "segments")
+    __slots__ = ("_positions", "_read_fds", "bases", "chunk_cache", "frame_cache", "segments")
 
     def __init__(self, frame_cache: FrameCache | None = None) -> None:
         #: oldest first; contiguous LSN ranges; the last one is the active segment
@@ -56,6 +56,8 @@ class SegmentSet:
         self._read_fds: OrderedDict[int, int] = OrderedDict()
         #: decompressed frames of compressed segments (``journal.block_cache_bytes``)
         self.frame_cache = frame_cache if frame_cache is not None else FrameCache()
+        #: decoded entry tables of compressed segments (the last few)
+        self.chunk_cache = ChunkCache()
         #: compressed segments whose positions are loaded, least recently used first
         self._positions: OrderedDict[int, CompressedFile] = OrderedDict()
 
@@ -92,6 +94,7 @@ class SegmentSet:
         if seg.compressed is not None:
             self._positions.pop(seg.base_lsn, None)
             self.frame_cache.forget(seg.compressed)
+            self.chunk_cache.forget(seg.compressed)
             seg.compressed.forget()
         return seg
 
@@ -173,7 +176,7 @@ class SegmentSet:
             pos,
             n,
             raw_of=lambda fno: cf.frame(cache, pread, fno).raw,
-            chunk=lambda ci: cf.chunk(pread, ci),
+            chunk=lambda ci: cf.chunk(self.chunk_cache, pread, ci),
         )
 
     def positions(self, seg: Segment) -> IntSequence:
@@ -204,7 +207,12 @@ class SegmentSet:
         cf = seg.compressed
         assert cf is not None
         return cf.entries_from(
-            self.frame_cache, lambda k, at: self.file_pread(seg, k, at), topic, partition, offset
+            self.frame_cache,
+            self.chunk_cache,
+            lambda k, at: self.file_pread(seg, k, at),
+            topic,
+            partition,
+            offset,
         )
 
     def close_reads(self) -> None:
@@ -215,6 +223,7 @@ class SegmentSet:
         for seg in self.segments:
             if seg.compressed is not None:
                 self.frame_cache.forget(seg.compressed)
+                self.chunk_cache.forget(seg.compressed)
                 seg.compressed.forget()
         self._positions.clear()
 

@@ -27,7 +27,7 @@ from edge_gateway.bucket import LocalBucket
 from edge_gateway.errors import CorruptData, InUse, InvalidInput
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
-from edge_gateway.format.atrest import MAGIC, expand_segment
+from edge_gateway.format.atrest import MAGIC, CompressedSegment, expand_segment
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.entry import Entry, ProducerStamp, SourceCoords
 from edge_gateway.format.manifest import log_key
@@ -336,20 +336,23 @@ def test_damage_in_a_compressed_segment_is_corrupt_data_naming_the_file(
     path = compress_sealed_segment(root, base, **SMALL).path
     good = path.read_bytes()
 
-    # a frame's byte: the open reads only the directory, the read that meets it says so
-    bad = bytearray(good)
-    bad[40] ^= 0x10
-    path.write_bytes(bad)
-    j = Journal.open_sync(root, CFG)
-    try:
-        with pytest.raises(CorruptData) as info:
-            _read_everything(j)
-        assert str(path) in str(info.value)
-        with pytest.raises(CorruptData) as info:
-            j.read_entries(base, max_bytes=1 << 30)
-        assert str(path) in str(info.value)
-    finally:
-        j.close_sync()
+    # a frame's byte, an entry table's byte: the open reads only the directory,
+    # the read that meets the damage says so
+    chunk = CompressedSegment(good).directory.chunks[0]
+    for at in (40, chunk.meta_offset + chunk.meta_stored // 2):
+        bad = bytearray(good)
+        bad[at] ^= 0x10
+        path.write_bytes(bad)
+        j = Journal.open_sync(root, CFG)
+        try:
+            with pytest.raises(CorruptData) as info:
+                _read_everything(j)
+            assert str(path) in str(info.value)
+            with pytest.raises(CorruptData) as info:
+                j.read_entries(base, max_bytes=1 << 30)
+            assert str(path) in str(info.value)
+        finally:
+            j.close_sync()
 
     # the directory, the trailer, a cut file: the open stops, naming the file
     for damaged in (
@@ -497,3 +500,31 @@ def test_the_block_cache_is_the_configured_size(
             assert stats.block_cache_bytes <= size
         finally:
             j.close_sync()
+
+
+def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    from edge_gateway.journal._compressed import CHUNKS_KEPT
+    from edge_gateway.journal._segment_set import POSITIONS_KEPT
+
+    root, _ = _copy(written, tmp_path)
+    sealed = _sealed(root)
+    for base in sealed:
+        compress_sealed_segment(root, base, chunk_raw_bytes=4000)
+    assert len(sealed) > POSITIONS_KEPT
+    j = Journal.open_sync(root, CFG)
+    try:
+        files = [s.compressed for s in j._segments if s.compressed is not None]
+        assert len(files) == len(sealed)
+        assert all(f.positions is None for f in files)  # the open read no entry table
+        before = j.index_memory()
+        for base in sealed:
+            j.read_entry(base + 1)
+        assert sum(f.positions is not None for f in files) == POSITIONS_KEPT
+        assert j.index_memory() > before
+        # reads by offset through every compressed segment keep a few entry tables
+        _read_everything(j)
+        assert 0 < len(j._segment_set.chunk_cache) <= CHUNKS_KEPT
+    finally:
+        j.close_sync()
