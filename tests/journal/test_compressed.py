@@ -528,3 +528,16 @@ def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
         assert 0 < len(j._segment_set.chunk_cache) <= CHUNKS_KEPT
     finally:
         j.close_sync()
+
+
+def test_a_compressed_last_segment_stops_the_open_naming_it(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    root, _ = _copy(written, tmp_path)
+    last_sealed = _sealed(root)[-1]
+    path = compress_sealed_segment(root, last_sealed, **SMALL).path
+    active = sorted(root.glob("*.wal"))[-1]
+    active.unlink()  # the segment after it moved aside
+    with pytest.raises(CorruptData, match="last segment is compressed") as info:
+        Journal.open_sync(root, CFG)
+    assert str(path) in str(info.value)
