@@ -32,12 +32,14 @@ from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on
 from edge_gateway.journal._reads import ReadBuffers
 
 if TYPE_CHECKING:
+    from edge_gateway.journal._compress import Compressed, compress_sealed_segment
     from edge_gateway.journal._verify import FileCheck, VerifyReport, verify_journal
 
 __all__ = [
     "DRAIN_ORDER",
     "MAIN_LANE",
     "Appended",
+    "Compressed",
     "Drop",
     "DroppedRange",
     "Entry",
@@ -56,6 +58,7 @@ __all__ = [
     "ReadBuffers",
     "SourceCoords",
     "VerifyReport",
+    "compress_sealed_segment",
     "lane_by_id",
     "lane_path",
     "lanes_on_disk",
@@ -64,9 +67,15 @@ __all__ = [
     "verify_journal",
 ]
 
-# The verifier (and the compressed-segment decoders it uses) loads when a tool asks for it:
-# a gateway never does.
+# The verifier and the offline compressor load when a tool asks for them: a gateway never does.
 __getattr__ = lazy_attributes(
     __name__,
-    dict.fromkeys(("FileCheck", "VerifyReport", "verify_journal"), "edge_gateway.journal._verify"),
+    {
+        **dict.fromkeys(
+            ("FileCheck", "VerifyReport", "verify_journal"), "edge_gateway.journal._verify"
+        ),
+        **dict.fromkeys(
+            ("Compressed", "compress_sealed_segment"), "edge_gateway.journal._compress"
+        ),
+    },
 )

@@ -74,6 +74,10 @@ class JournalConfig:
     #: their index files through this cache; see docs/journal.md, "Memory",
     #: for the bound on the journal's index memory.
     index_cache_bytes: int = 1 * MiB
+    #: RAM for decompressed frames of compressed sealed segments (an LRU of
+    #: whole frames, 256 KiB each by default; a frame larger than this is
+    #: served but not kept); see docs/at-rest.md, "The frame cache".
+    block_cache_bytes: int = 32 * MiB
     #: Bytes of ``max_bytes`` guaranteed to a priority's lane, that other
     #: lanes cannot take (``{ critical = "256MiB" }``); see docs/journal.md, "Lanes".
     reserve: dict[str, int] = field(default_factory=dict)
@@ -102,6 +106,8 @@ class JournalConfig:
             raise ConfigError("journal.reserve_bytes must be >= 0")
         if self.index_cache_bytes < 0:
             raise ConfigError("journal.index_cache_bytes must be >= 0")
+        if self.block_cache_bytes < 0:
+            raise ConfigError("journal.block_cache_bytes must be >= 0")
         if self.retention_bytes is not None and self.retention_bytes < 0:
             raise ConfigError("journal.retention_bytes must be >= 0")
         reserve: dict[str, int] = {}

@@ -88,6 +88,7 @@ from edge_gateway.errors import (
 )
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
+from edge_gateway.format.atrest import FrameCache
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
 from edge_gateway.journal import _fs, _mirror_append, _open, _retention
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
@@ -189,6 +190,16 @@ class JournalStats:
     dropped_segments: int = 0
     dropped_records: int = 0
     dropped_bytes: int = 0
+    #: sealed segments at rest compressed (``EGWC``, docs/at-rest.md), their bytes
+    #: on disk, and the bytes of the entry logs they replaced
+    compressed_segments: int = 0
+    compressed_bytes: int = 0
+    compressed_wal_bytes: int = 0
+    #: decompressed frames held (``journal.block_cache_bytes``), and lookups
+    #: served from them or decompressed
+    block_cache_bytes: int = 0
+    block_cache_hits: int = 0
+    block_cache_misses: int = 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -212,7 +223,7 @@ class Journal:
         self.path = path
         self.config = config
         #: the segments at rest, and the descriptors reads go through
-        self._segment_set = SegmentSet()
+        self._segment_set = SegmentSet(FrameCache(config.block_cache_bytes))
         self._partitions: dict[tuple[str, int], _Partition] = {}
         self._sources: dict[str, SourceCoords] = {}
         self._topics: dict[str, _Topic] = {}
@@ -372,6 +383,7 @@ class Journal:
     _recover = _open._recover
     _load_segment = _open._load_segment
     _load_indexed = _open._load_indexed
+    _load_compressed = _open._load_compressed
     _add_scanned = _open._add_scanned
     _apply_checkpoint = _open._apply_checkpoint
 
@@ -1248,6 +1260,8 @@ class Journal:
     def statistics(self) -> JournalStats:
         free, size = self._disk_space()
         dropped_segments, dropped_records, dropped_bytes = self._drop_log.counts()
+        compressed = [s.compressed for s in self._segments if s.compressed is not None]
+        frames = self._segment_set.frame_cache
         return JournalStats(
             segments=len(self._segments),
             bytes=self._total_bytes,
@@ -1282,19 +1296,31 @@ class Journal:
             dropped_segments=dropped_segments,
             dropped_records=dropped_records,
             dropped_bytes=dropped_bytes,
+            compressed_segments=len(compressed),
+            compressed_bytes=sum(c.size for c in compressed),
+            compressed_wal_bytes=sum(c.wal_bytes for c in compressed),
+            block_cache_bytes=frames.bytes,
+            block_cache_hits=frames.hits,
+            block_cache_misses=frames.misses,
         )
 
     def index_memory(self) -> int:
         """Bytes of RAM the read index holds (docs/journal.md, "Memory").
 
         Counted: the arrays (allocated sizes), the segment objects, index
-        files held in memory until they can be written, the cache.
+        files held in memory until they can be written, the cache, and the
+        entry positions of compressed segments read by LSN (at most
+        ``POSITIONS_KEPT`` of them). Not counted: the frame cache
+        (``block_cache_bytes`` in :meth:`statistics`).
         """
         total = self._index_cache.bytes + sum(p.memory() for p in self._partitions.values())
         for seg in self._segments:
             total += _SEGMENT_MEMORY + sys.getsizeof(seg.positions)
             if seg.index is not None and seg.index.data is not None:
                 total += len(seg.index.data)
+            if seg.compressed is not None and seg.compressed.positions is not None:
+                # a compressed segment's entry positions, kept while it is read by LSN
+                total += sys.getsizeof(seg.compressed.positions)
         return total
 
     # ----------------------------------------------------------------- close

@@ -1,11 +1,12 @@
 """Opening a journal: its state rebuilt from the files in its directory.
 
 What it owns: ``_recover`` (load each segment, sealed ones from their index
-files, the last one — or one whose index file is unusable — by a scan), the
-conversion of version 1 index files, applying a segment's checkpoint,
-completing a drop recorded in ``dropped.log`` whose segment the last run left
-behind, fitting the segment size to a small disk, and ``reset_empty`` (restart
-a journal holding nothing at a given LSN). The scan itself is
+files or, compressed, from their directories, the last one — or one whose
+index file is unusable — by a scan), the conversion of version 1 index
+files, applying a segment's checkpoint, completing a drop recorded in
+``dropped.log`` whose segment the last run left behind, fitting the segment
+size to a small disk, and ``reset_empty`` (restart a journal holding nothing
+at a given LSN). The scan itself is
 ``_recovery.py``. The functions here are the Journal's methods (bound in its
 class body: ``Journal._recover = _open._recover``); ``Journal.open_sync``
 calls them in order.
@@ -22,9 +23,10 @@ from typing import TYPE_CHECKING
 from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
+from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
 from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
-from edge_gateway.journal._segment import Segment, segment_name
+from edge_gateway.journal._segment import INDEX_SUFFIX, Segment, segment_name
 
 log = logging.getLogger("edgegw.journal")
 
@@ -124,11 +126,42 @@ def _recover(self: Journal, start: Checkpoint) -> None:
 
 
 def _load_segment(self: Journal, base: int, path: Path, *, last: bool) -> Segment:
+    if is_compressed(path):
+        if last:
+            # Only sealed segments are rewritten; the journal appends to its last one.
+            raise CorruptData(
+                "the last segment is compressed: the journal has no segment to append to "
+                "(expand it, or restore the segment after it)",
+                where=str(path),
+            )
+        return self._load_compressed(base, path)
     if not last:
         seg = self._load_indexed(base, path)
         if seg is not None:
             return seg
     return self._add_scanned(scan_segment(base, path, last=last), last=last)
+
+
+def _load_compressed(self: Journal, base: int, path: Path) -> Segment:
+    """A sealed compressed segment from its directory (header, trailer, directory; no scan).
+
+    An index file beside it is from the entry log it replaced (a rewrite
+    stopped between the rename and the unlink): never trusted, deleted.
+    """
+    stale = path.with_suffix(INDEX_SUFFIX)
+    with contextlib.suppress(FileNotFoundError):
+        _fs.ops.unlink(stale)
+        log.info("journal: deleted %s, stale beside a compressed segment", stale.name)
+    cf = CompressedFile.open(path, base)
+    seg = Segment(base, path, cf.size, cf.directory.last_append_time, compressed=cf)
+    self._add_segment(seg)
+    for topic, partition, first_offset in cf.partitions():
+        p = self._partition(topic, partition)
+        p.seg_bases.append(base)
+        p.seg_first.append(first_offset)
+        p.seg_at.append(0)  # read through the directory's frames, not an index file
+        p.seg_count.append(0)
+    return seg
 
 
 def _load_indexed(self: Journal, base: int, path: Path) -> Segment | None:

@@ -7,8 +7,10 @@ order, stepping over runs of mirror entries when asked) -- and what a
 reader lends them (:class:`ReadBuffers`). It changes no state: it is given
 what it reads (the segment set, the partitions' indexes, the mirror runs,
 and the log's ends: how far it is written and fsynced) and reads the bytes
-through the segment set (``_segment_set.py``), where a second kind of
-segment at rest would plug in.
+through the segment set (``_segment_set.py``). A compressed sealed segment
+(``_compressed.py``) is read by LSN as the entry log it replaced (the segment
+set gives that log's positions and bytes, so runs are planned as before) and
+by offset through its frames.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from edge_gateway.journal._segment_set import SegmentSet
 from edge_gateway.journal._state import MirrorRuns, _Partition
 
 if TYPE_CHECKING:
+    from edge_gateway.journal._compressed import CompressedFile
     from edge_gateway.journal._index import IntSequence
 
 
@@ -121,13 +124,20 @@ class _Run(NamedTuple):
     length: int
     entries: int
     last_lsn: int = 0
+    #: a run of a compressed segment: the file and the positions of the entry
+    #: log it replaced (``start``/``length`` are in that log)
+    compressed: tuple[CompressedFile, IntSequence] | None = None
 
 
-def _run_end(seg: Segment, i: int, limit: int, last: int) -> tuple[int, int]:
+def _run_end(
+    positions: IntSequence, seg: Segment, i: int, limit: int, last: int
+) -> tuple[int, int]:
     """The run of ``seg``'s entries from index ``i`` (at least one, up to index
-    ``last``) that starts before byte ``limit``: (the index after it, its end byte)."""
-    j = bisect.bisect_left(seg.entry_positions, limit, i + 1, last)
-    return j, seg.entry_positions[j] if j < seg.entries else seg.size
+    ``last``) that starts before byte ``limit``: (the index after it, its end byte).
+    ``positions``: the segment set's, for a compressed segment those of the
+    entry log it replaced."""
+    j = bisect.bisect_left(positions, limit, i + 1, last)
+    return j, positions[j] if j < seg.entries else SegmentSet.entries_size(seg)
 
 
 def _mirror_run_entry(last_lsn: int, length: int) -> Entry:
@@ -179,6 +189,18 @@ def _decode_run(
     return size
 
 
+def _read_compressed(run: _Run) -> bytes:
+    """A run of a compressed segment's entries, rebuilt (frames decoded here, not cached)."""
+    assert run.compressed is not None
+    cf, positions = run.compressed
+    fd = run.fd
+
+    def pread(n: int, pos: int) -> bytes:
+        return os.pread(fd, n, pos)
+
+    return cf.read_wal(pread, positions, run.start, run.length)
+
+
 def _read_runs(
     runs: list[_Run], payload_kinds: Container[int] | None, buffers: ReadBuffers | None
 ) -> list[Entry]:
@@ -196,7 +218,10 @@ def _read_runs(
             continue
         data: bytes | memoryview
         try:
-            if buffers is None:
+            if run.compressed is not None:
+                data = _read_compressed(run)
+                got = len(data)
+            elif buffers is None:
                 data = os.pread(run.fd, run.length, run.start)
                 got = len(data)
             else:
@@ -271,9 +296,9 @@ class Reads:
     def _read_entry(self, lsn: int) -> Entry:
         seg, _ = self.segments.locate(lsn)
         i = lsn - seg.base_lsn
-        positions = seg.entry_positions
+        positions = self.segments.positions(seg)
         pos = positions[i]
-        end = positions[i + 1] if i + 1 < seg.entries else seg.size
+        end = positions[i + 1] if i + 1 < seg.entries else SegmentSet.entries_size(seg)
         data = self.segments.pread(seg, end - pos, pos)
         e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
         if e.lsn != lsn:  # an index that does not match its segment
@@ -306,37 +331,42 @@ class Reads:
             raise OffsetOutOfRange(topic, partition, offset, p.first_offset)
         out: list[Entry] = []
         records = size = 0
-        for lsns, i in self._runs_from(p, offset):
-            n = len(lsns)
-            while i < n:
-                e = self.read_entry(lsns[i])
-                i += 1
-                if e.next_offset <= offset:  # a mirror gap before ``offset``
-                    continue
-                out.append(e)
-                records += e.next_offset - max(offset, e.base_offset)
-                size += len(e.payload)
-                if records >= max_records or size >= max_bytes:
-                    return out
+        for e in self._entries_from(p, offset):
+            if e.next_offset <= offset:  # a mirror gap before ``offset``
+                continue
+            out.append(e)
+            records += e.next_offset - max(offset, e.base_offset)
+            size += len(e.payload)
+            if records >= max_records or size >= max_bytes:
+                return out
         return out
 
-    def _runs_from(self, p: _Partition, offset: int) -> Iterator[tuple[IntSequence, int]]:
-        """The partition's LSNs per segment, from the entry holding ``offset``, oldest first.
+    def _entries_from(self, p: _Partition, offset: int) -> Iterator[Entry]:
+        """The partition's entries from the one holding ``offset``, oldest first.
 
-        Yields (LSNs, index to start at): sealed segments' runs are read from
-        their index files, the active segment's from memory.
+        Entry logs are read by LSN through their partition runs (sealed
+        segments' from their index files, the active segment's from memory);
+        a compressed segment through its frames (``SegmentSet.entries_from``).
         """
         active = p.offsets
         if not p.seg_first or (active and offset >= active[0]):
-            yield p.lsns, max(bisect.bisect_right(active, offset) - 1, 0)
+            yield from self._entries_of(p.lsns, max(bisect.bisect_right(active, offset) - 1, 0))
             return
         first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
         for k in range(first, len(p.seg_bases)):
             seg = self.segments.with_base(p.seg_bases[k])
+            if seg.compressed is not None:
+                yield from self.segments.entries_from(seg, p.topic, p.partition, offset)
+                continue
             assert seg.index is not None
             lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
-            yield lsns, max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
-        yield p.lsns, 0
+            i = max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
+            yield from self._entries_of(lsns, i)
+        yield from self._entries_of(p.lsns, 0)
+
+    def _entries_of(self, lsns: IntSequence, i: int) -> Iterator[Entry]:
+        for k in range(i, len(lsns)):
+            yield self.read_entry(lsns[k])
 
     def read_entries(
         self,
@@ -371,18 +401,18 @@ class Reads:
             seg, _ = segments.locate(lsn)
             i = lsn - seg.base_lsn
             last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-            positions = seg.entry_positions
+            positions = segments.positions(seg)
             start = positions[i]
             if skip:
                 inside, last = self.mirror_runs.at(lsn, seg.base_lsn, last)
                 if inside:  # step over the run unread
-                    j, end = _run_end(seg, i, start + max_bytes - size, last)
+                    j, end = _run_end(positions, seg, i, start + max_bytes - size, last)
                     out.append(_mirror_run_entry(seg.base_lsn + j - 1, end - start))
                     size += end - start
                     lsn = seg.base_lsn + j
                     continue
             # one pread for a run of entries (at least one), bounded by max_bytes
-            j, stop = _run_end(seg, i, start + max_bytes - size, last)
+            j, stop = _run_end(positions, seg, i, start + max_bytes - size, last)
             data = segments.pread(seg, stop - start, start)
             size += _decode_run(data, j - i, seg.path, start, payload_kinds, out)
             lsn = seg.base_lsn + j
@@ -443,12 +473,12 @@ class Reads:
                     seg, _ = segments.locate(lsn)
                     i = lsn - seg.base_lsn
                     last = min(seg.end_lsn, end_lsn) - seg.base_lsn
-                    positions = seg.entry_positions
+                    positions = segments.positions(seg)
                     start = positions[i]
                     if skip:
                         inside, last = self.mirror_runs.at(lsn, seg.base_lsn, last)
                         if inside:  # step over the run unread
-                            j, end = _run_end(seg, i, start + max_bytes - size, last)
+                            j, end = _run_end(positions, seg, i, start + max_bytes - size, last)
                             runs.append(
                                 _Run(-1, seg.path, start, end - start, j - i, seg.base_lsn + j - 1)
                             )
@@ -456,12 +486,13 @@ class Reads:
                             lsn = seg.base_lsn + j
                             continue
                     step = min(max_bytes - size, _RUN_BYTES)
-                    j, stop = _run_end(seg, i, start + step, last)
+                    j, stop = _run_end(positions, seg, i, start + step, last)
                     try:
                         fd = os.dup(segments.read_fd(seg))
                     except OSError as exc:
                         raise Unavailable(f"journal: cannot read {seg.path}: {exc}") from exc
-                    runs.append(_Run(fd, seg.path, start, stop - start, j - i))
+                    compressed = None if seg.compressed is None else (seg.compressed, positions)
+                    runs.append(_Run(fd, seg.path, start, stop - start, j - i, 0, compressed))
                     size += stop - start
                     lsn = seg.base_lsn + j
                 if not runs:

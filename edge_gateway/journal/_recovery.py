@@ -24,6 +24,7 @@ from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
+from edge_gateway.journal._compressed import TMP_SUFFIX
 from edge_gateway.journal._segment import INDEX_SUFFIX, SEGMENT_SUFFIX, Segment
 
 log = logging.getLogger("edgegw.journal")
@@ -69,7 +70,12 @@ def list_segments(path: Path) -> list[tuple[int, Path]]:
 
     A segment created by a roll that crashed before its checkpoint became
     durable holds nothing acknowledged: it is removed (only ever the last one).
+    Temporary files of a compressed rewrite (``*.wal.z-tmp``) are removed.
     """
+    for tmp in sorted(path.glob(f"*{SEGMENT_SUFFIX}{TMP_SUFFIX}")):
+        # a compressed rewrite that did not finish: its segment is intact
+        log.info("journal: deleting %s, left by an unfinished rewrite", tmp.name)
+        _fs.ops.unlink(tmp)
     bases: list[tuple[int, Path]] = []
     for f in sorted(path.glob(f"*{SEGMENT_SUFFIX}")):
         try:

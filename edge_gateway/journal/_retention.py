@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import bisect
 import logging
+from array import array
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
@@ -200,17 +201,32 @@ def _describe_drop(self: Journal, seg: Segment, lsn_a: int, lsn_b: int, held: bo
 
     From the index only: a partition's offsets within a lane are contiguous,
     so an entry ends where the partition's next entry starts (in this
-    segment, the next one, or the active segment's index).
+    segment, the next one, or the active segment's index). A compressed
+    segment's come from its entry tables, and its sizes are those of the
+    entries it holds as journal entries (``wal_bytes`` split by entry).
     """
-    assert seg.index is not None
-    positions = seg.index.positions().to_array()
-    positions.append(seg.size)
+    runs: dict[tuple[str, int], tuple[array[int], array[int]]] = {}
+    if seg.compressed is not None:
+        segments = self._segment_set
+        positions = array(
+            "q", seg.compressed.load_positions(lambda k, at: segments.file_pread(seg, k, at))
+        )
+        positions.append(seg.compressed.wal_bytes)
+        runs = seg.compressed.partition_runs(lambda k, at: segments.file_pread(seg, k, at))
+    else:
+        assert seg.index is not None
+        positions = seg.index.positions().to_array()
+        positions.append(seg.size)
     ranges: list[DroppedRange] = []
     for (topic, partition), p in sorted(self._partitions.items()):
         if not p.seg_bases or p.seg_bases[0] != seg.base_lsn:
             continue
-        run_lsns, run_offsets = seg.index.run(p.seg_at[0], p.seg_count[0])
-        lsns, offsets = run_lsns.to_array(), run_offsets.to_array()
+        if seg.compressed is not None:
+            lsns, offsets = runs.get((topic, partition), (array("q"), array("q")))
+        else:
+            assert seg.index is not None
+            run_lsns, run_offsets = seg.index.run(p.seg_at[0], p.seg_count[0])
+            lsns, offsets = run_lsns.to_array(), run_offsets.to_array()
         n = len(lsns)
         ka = bisect.bisect_left(lsns, lsn_a)
         kb = bisect.bisect_left(lsns, lsn_b)

@@ -6,7 +6,9 @@ segment (the last one) is preallocated and written through a shared memory
 map (see docs/journal.md, "The append path"), and its index (the position
 of every entry) is in memory. A sealed segment has an index file next to it
 (``.idx``, see ``_index.py``), and only a summary of it stays in memory:
-its LSN range, size, last append time, and the index file to read from.
+its LSN range, size, last append time, and the index file to read from. A
+sealed segment may instead be compressed (``EGWC``, ``_compressed.py``): the
+same name and LSNs, its directory as its summary, no index file.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import os
 from array import array
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from edge_gateway.journal import _fs
 from edge_gateway.journal._index import IndexFile, IntSequence
+
+if TYPE_CHECKING:
+    from edge_gateway.journal._compressed import CompressedFile
 
 log = logging.getLogger("edgegw.journal")
 
@@ -52,10 +57,15 @@ class Segment:
     mm_end: int = 0
     #: the map's pages below this byte were handed back (``release_written``)
     mm_released: int = 0
+    #: a sealed segment rewritten compressed (``EGWC``): its directory instead of an
+    #: index file; ``size`` is then the compressed file's
+    compressed: CompressedFile | None = None
 
     @property
     def entries(self) -> int:
         """How many entries the segment holds."""
+        if self.compressed is not None:
+            return self.compressed.directory.n_entries
         return len(self.positions) if self.index is None else self.index.n
 
     @property
@@ -65,7 +75,12 @@ class Segment:
 
     @property
     def entry_positions(self) -> IntSequence:
-        """Byte position of entry ``base_lsn + i`` (from memory, or from the index file)."""
+        """Byte position of entry ``base_lsn + i`` (from memory, or from the index file).
+
+        Not for a compressed segment: ``SegmentSet.positions`` gives its entries'
+        positions in the segment it replaced.
+        """
+        assert self.compressed is None
         return self.positions if self.index is None else self.index.positions()
 
     @property

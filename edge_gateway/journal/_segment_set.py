@@ -8,9 +8,12 @@ segment's bytes, asks here: the read path (``_reads.py``), retention
 (``_retention.py``, which takes the oldest segment off with
 :meth:`SegmentSet.pop_oldest`) and the open (``_open.py``).
 
-It is the one place that knows what a segment at rest is, so a second kind
-of sealed segment (one rewritten as compressed blocks) plugs in here
-(``locate``, ``pread``) and in ``_reads.py``, not across the journal.
+It is the one place that knows what a segment at rest is. A sealed segment
+is an entry log (``EGWJ``) or a compressed segment (``EGWC``,
+``_compressed.py``); for reads by LSN a compressed one stands for the entry
+log it replaced (:meth:`SegmentSet.positions`, :meth:`SegmentSet.pread` give
+that log's positions and bytes), and reads by offset go through its frames
+and the journal's :class:`FrameCache` (:meth:`SegmentSet.entries_from`).
 """
 
 from __future__ import annotations
@@ -20,29 +23,43 @@ import contextlib
 import logging
 import os
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Final
 
 from edge_gateway.errors import InvalidInput, Unavailable
+from edge_gateway.format.atrest import FrameCache
+from edge_gateway.format.entry import Entry
 from edge_gateway.journal import _fs
+from edge_gateway.journal._compressed import ChunkCache, CompressedFile
+from edge_gateway.journal._index import IntSequence
 from edge_gateway.journal._segment import Segment
 
 log = logging.getLogger("edgegw.journal")
 
 #: Read descriptors of sealed segments kept open (least recently used closed first).
 READ_FD_CACHE: Final = 32
+#: Compressed segments whose entries' positions are kept (8 bytes per entry; a
+#: drain reads them in order, so it needs one or two at a time).
+POSITIONS_KEPT: Final = 4
 
 
 class SegmentSet:
     """The journal's segments in LSN order (the active one last) and their read descriptors."""
 
-    __slots__ = ("_read_fds", "bases", "segments")
+    __slots__ = ("_positions", "_read_fds", "bases", "chunk_cache", "frame_cache", "segments")
 
-    def __init__(self) -> None:
+    def __init__(self, frame_cache: FrameCache | None = None) -> None:
         #: oldest first; contiguous LSN ranges; the last one is the active segment
         self.segments: list[Segment] = []
         #: each segment's base LSN (``segments[i].base_lsn``), for the bisect of :meth:`locate`
         self.bases: list[int] = []
         self._read_fds: OrderedDict[int, int] = OrderedDict()
+        #: decompressed frames of compressed segments (``journal.block_cache_bytes``)
+        self.frame_cache = frame_cache if frame_cache is not None else FrameCache()
+        #: decoded entry tables of compressed segments (the last few)
+        self.chunk_cache = ChunkCache()
+        #: compressed segments whose positions are loaded, least recently used first
+        self._positions: OrderedDict[int, CompressedFile] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self.segments)
@@ -74,6 +91,11 @@ class SegmentSet:
         fd = self._read_fds.pop(seg.base_lsn, None)
         if fd is not None:
             os.close(fd)
+        if seg.compressed is not None:
+            self._positions.pop(seg.base_lsn, None)
+            self.frame_cache.forget(seg.compressed)
+            self.chunk_cache.forget(seg.compressed)
+            seg.compressed.forget()
         return seg
 
     def delete_oldest(self) -> tuple[Segment, int] | None:
@@ -127,18 +149,83 @@ class SegmentSet:
             self._read_fds.move_to_end(seg.base_lsn)
         return fd
 
-    def pread(self, seg: Segment, n: int, pos: int) -> bytes:
-        """``n`` bytes of ``seg`` from byte ``pos``."""
+    def file_pread(self, seg: Segment, n: int, pos: int) -> bytes:
+        """``n`` bytes of ``seg``'s file from byte ``pos``."""
         try:
             return os.pread(self.read_fd(seg), n, pos)
         except OSError as exc:
             raise Unavailable(f"journal: cannot read {seg.path}@{pos}: {exc}") from exc
+
+    def pread(self, seg: Segment, n: int, pos: int) -> bytes:
+        """``n`` bytes of ``seg``'s entries from byte ``pos`` (whole entries).
+
+        Of a compressed segment: the bytes of the entry log it replaced,
+        rebuilt (its frames through :attr:`frame_cache`).
+        """
+        cf = seg.compressed
+        if cf is None:
+            return self.file_pread(seg, n, pos)
+
+        def pread(k: int, at: int) -> bytes:
+            return self.file_pread(seg, k, at)
+
+        cache = self.frame_cache
+        return cf.read_wal(
+            pread,
+            self.positions(seg),
+            pos,
+            n,
+            raw_of=lambda fno: cf.frame(cache, pread, fno).raw,
+            chunk=lambda ci: cf.chunk(self.chunk_cache, pread, ci),
+        )
+
+    def positions(self, seg: Segment) -> IntSequence:
+        """Byte position of entry ``base_lsn + i`` of ``seg`` (of a compressed one: in
+        the entry log it replaced, loaded from its entry tables and kept for a few)."""
+        cf = seg.compressed
+        if cf is None:
+            return seg.entry_positions
+        kept = self._positions
+        if seg.base_lsn in kept:
+            kept.move_to_end(seg.base_lsn)
+        else:
+            kept[seg.base_lsn] = cf
+            if len(kept) > POSITIONS_KEPT:
+                _, old = kept.popitem(last=False)
+                old.positions = None
+        return cf.load_positions(lambda k, at: self.file_pread(seg, k, at))
+
+    @staticmethod
+    def entries_size(seg: Segment) -> int:
+        """Bytes of ``seg`` as an entry log (of a compressed one: the log it replaced)."""
+        return seg.size if seg.compressed is None else seg.compressed.wal_bytes
+
+    def entries_from(
+        self, seg: Segment, topic: str, partition: int, offset: int
+    ) -> Iterator[Entry]:
+        """A compressed segment's entries of the partition from ``offset`` (its frames)."""
+        cf = seg.compressed
+        assert cf is not None
+        return cf.entries_from(
+            self.frame_cache,
+            self.chunk_cache,
+            lambda k, at: self.file_pread(seg, k, at),
+            topic,
+            partition,
+            offset,
+        )
 
     def close_reads(self) -> None:
         """Close every read descriptor (the journal closes)."""
         for fd in self._read_fds.values():
             os.close(fd)
         self._read_fds.clear()
+        for seg in self.segments:
+            if seg.compressed is not None:
+                self.frame_cache.forget(seg.compressed)
+                self.chunk_cache.forget(seg.compressed)
+                seg.compressed.forget()
+        self._positions.clear()
 
     def bytes_from(self, lsn: int) -> int:
         """Bytes of the entries from ``lsn`` on."""
@@ -148,6 +235,11 @@ class SegmentSet:
                 break
             if seg.base_lsn >= lsn:
                 total += seg.size
+            elif seg.compressed is not None:
+                # the compressed bytes, in proportion to the entry bytes from ``lsn``
+                wal = seg.compressed.wal_bytes
+                from_pos = self.positions(seg)[lsn - seg.base_lsn]
+                total += seg.size * (wal - from_pos) // wal
             else:
                 total += seg.size - seg.entry_positions[lsn - seg.base_lsn]
         return total

@@ -1,0 +1,399 @@
+"""A compressed sealed segment (``EGWC``, docs/at-rest.md) as the journal reads it.
+
+What it owns: :class:`CompressedFile`, one compressed segment's directory
+(read at open with three ``pread``s: header, trailer, directory; never the
+data) and, while it is read by LSN, its entries' positions; and
+:class:`ChunkCache`, the journal's last few decoded entry tables. It reads through
+a ``pread(n, pos)`` it is given, so the segment set's cached descriptor
+serves the event loop and a duplicated descriptor a worker thread.
+
+Two ways in, as for an entry log (``_reads.py``):
+
+- **by offset** (:meth:`CompressedFile.entries_from`): the directory's frames
+  of the partition (one bisect), each frame decompressed once through the
+  journal's :class:`FrameCache`, and the chunk's entry table for what the
+  journal entry holds besides its batch (LSN, append time, producer, source);
+- **by LSN** (:meth:`CompressedFile.read_wal`): the compressed segment stands
+  for the journal segment it replaced. Its entries keep their positions in
+  that segment (:meth:`CompressedFile.load_positions`, from the entry tables'
+  sizes), so the read path plans runs exactly as over the entry log, and a
+  run's bytes are rebuilt (``wal_entry``) byte for byte.
+
+Everything decoded is checked (``format/atrest.py``); damage is ``CorruptData``
+naming the file, never a zstd or struct error.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+from array import array
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+from typing import Final
+
+from edge_gateway.errors import CorruptData, UnsupportedFormat
+from edge_gateway.format import atrest
+from edge_gateway.format import entry as fentry
+from edge_gateway.format.atrest import ChunkEntries, FrameBatches, FrameCache, SegmentDirectory
+from edge_gateway.format.entry import Entry
+from edge_gateway.journal import _fs
+from edge_gateway.journal._index import IntSequence
+
+#: ``pread(n, pos)``: ``n`` bytes of the file from byte ``pos`` (fewer at its end).
+Pread = Callable[[int, int], bytes]
+
+#: Magic of a compressed segment (the first four bytes; an entry log's are ``EGWJ``).
+MAGIC: Final = atrest.MAGIC
+#: Suffix of a rewrite's temporary file (``<lsn>.wal.z-tmp``), deleted at open.
+TMP_SUFFIX: Final = ".z-tmp"
+#: Decoded entry tables a journal keeps (:class:`ChunkCache`): a reader moves
+#: through a segment's chunks in order; one table of an 8 MiB chunk of
+#: one-record entries holds ~26,000 entries, a few MB of Python objects.
+CHUNKS_KEPT: Final = 4
+_NONE: Final = 0xFFFFFFFF
+
+
+def is_compressed(path: Path) -> bool:
+    """Whether the file at ``path`` starts with the compressed segment's magic."""
+    with path.open("rb") as f:
+        return f.read(len(MAGIC)) == MAGIC
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkView:
+    """A chunk's decoded entry table, with what reads derive from it."""
+
+    number: int
+    entries: ChunkEntries
+    #: per entry: its length as a journal entry
+    lengths: list[int]
+    #: frame number -> the chunk's entries (indexes) whose batches it holds, in order
+    by_frame: dict[int, list[int]]
+
+    @property
+    def first_lsn(self) -> int:
+        return self.entries.chunk.first_lsn
+
+
+def _pread_exact(pread: Pread, n: int, pos: int, where: str) -> bytes:
+    data = pread(n, pos)
+    if len(data) != n:
+        raise CorruptData(f"short read: {len(data)} of {n} bytes at byte {pos}", where=where)
+    return data
+
+
+class ChunkCache:
+    """The journal's last few decoded entry tables, of any compressed segment (LRU by count).
+
+    Event-loop reads only: a worker thread decodes the tables it needs itself.
+    """
+
+    __slots__ = ("_items", "capacity")
+
+    def __init__(self, capacity: int = CHUNKS_KEPT) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[tuple[CompressedFile, int], ChunkView] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, cf: CompressedFile, chunk_no: int, load: Callable[[], ChunkView]) -> ChunkView:
+        key = (cf, chunk_no)
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            return found
+        view = self._items[key] = load()
+        if len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return view
+
+    def forget(self, cf: CompressedFile) -> None:
+        """Drop the tables of ``cf`` (its file is deleted or replaced)."""
+        for key in [k for k in self._items if k[0] is cf]:
+            del self._items[key]
+
+
+class CompressedFile:
+    """One compressed segment at rest: its directory, and reads of its frames and entries."""
+
+    __slots__ = (
+        "_chunk_first_frames",
+        "_frames_of",
+        "_lasts_of",
+        "_topic_lengths",
+        "directory",
+        "path",
+        "positions",
+        "where",
+    )
+
+    def __init__(self, path: Path, directory: SegmentDirectory) -> None:
+        self.path = path
+        self.where = str(path)
+        self.directory = directory
+        frames_of: dict[tuple[str, int], list[int]] = {}
+        for i, f in enumerate(directory.frames):
+            frames_of.setdefault((f.topic, f.partition), []).append(i)
+        #: (topic, partition) -> its frames' numbers, in offset order (the directory's rule)
+        self._frames_of = frames_of
+        self._lasts_of = {
+            key: [directory.frames[i].last_offset for i in numbers]
+            for key, numbers in frames_of.items()
+        }
+        self._chunk_first_frames = [c.first_frame for c in directory.chunks]
+        self._topic_lengths = [len(t.encode("utf-8")) for t, _ in directory.parts]
+        #: each entry's position in the journal segment it replaced (loaded on demand)
+        self.positions: array[int] | None = None
+
+    @classmethod
+    def open(cls, path: Path, base_lsn: int) -> CompressedFile:
+        """Read the header, the trailer and the directory (checked); not the data."""
+        where = str(path)
+        fd = _fs.ops.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+
+            def pread(n: int, pos: int) -> bytes:
+                return os.pread(fd, n, pos)
+
+            if size < atrest.HEADER_SIZE + atrest.TRAILER_SIZE:
+                raise CorruptData(f"{size} bytes cannot be a compressed segment", where=where)
+            head = _pread_exact(pread, atrest.HEADER_SIZE, 0, where)
+            wal_version, base = atrest.decode_header(head, where=where)
+            if base != base_lsn:
+                raise CorruptData(
+                    f"compressed segment of base LSN {base} under the name of {base_lsn}",
+                    where=where,
+                )
+            if wal_version not in fentry.SEGMENT_VERSIONS:
+                # block entries (version 3) are the mirror's next increment
+                raise UnsupportedFormat(
+                    f"a compressed segment of journal segment version {wal_version} "
+                    "(this journal reads versions "
+                    f"{', '.join(map(str, sorted(fentry.SEGMENT_VERSIONS)))})",
+                    where=where,
+                )
+            tail = _pread_exact(pread, atrest.TRAILER_SIZE, size - atrest.TRAILER_SIZE, where)
+            dir_offset, dir_length = atrest.decode_trailer(tail, file_size=size, where=where)
+            directory = atrest.decode_directory(
+                _pread_exact(pread, dir_length, dir_offset, where),
+                base_lsn=base,
+                wal_version=wal_version,
+                dir_offset=dir_offset,
+                where=where,
+            )
+        finally:
+            _fs.ops.close(fd)
+        return cls(path, directory)
+
+    # ------------------------------------------------------------ frames
+
+    @property
+    def size(self) -> int:
+        return self.directory.file_size
+
+    @property
+    def wal_bytes(self) -> int:
+        """Bytes of the journal segment it replaced."""
+        return self.directory.wal_bytes
+
+    def partitions(self) -> Iterator[tuple[str, int, int]]:
+        """(topic, partition, first offset here) of every partition with records here."""
+        frames = self.directory.frames
+        for (topic, partition), numbers in self._frames_of.items():
+            yield topic, partition, frames[numbers[0]].first_offset
+
+    def stored(self, pread: Pread, frame_no: int) -> bytes:
+        f = self.directory.frames[frame_no]
+        return _pread_exact(pread, f.stored_length, f.offset, self.where)
+
+    def _load_frame(self, pread: Pread, frame_no: int) -> FrameBatches:
+        f = self.directory.frames[frame_no]
+        where = f"{self.where} frame {frame_no}"
+        raw = atrest.decode_frame(f, self.stored(pread, frame_no), where=where)
+        return FrameBatches(f, raw, where=where)
+
+    def frame(self, cache: FrameCache, pread: Pread, frame_no: int) -> FrameBatches:
+        """Frame ``frame_no`` decompressed and walked, through the journal's cache."""
+        return cache.get((self, frame_no), lambda: self._load_frame(pread, frame_no))
+
+    # ------------------------------------------------------------ entry tables
+
+    def load_chunk(self, pread: Pread, chunk_no: int) -> ChunkView:
+        """Chunk ``chunk_no``'s entry table, decoded and checked (not kept: thread-safe)."""
+        d = self.directory
+        c = d.chunks[chunk_no]
+        ents = atrest.decode_entries(
+            d, chunk_no, _pread_exact(pread, c.meta_stored, c.meta_offset, self.where),
+            where=self.where,
+        )  # fmt: skip
+        lengths: list[int] = []
+        by_frame: dict[int, list[int]] = {}
+        head = fentry.ENTRY_HEADER_SIZE
+        extra = ents.extra_starts
+        for i in range(c.n_entries):
+            fno = ents.frames[i]
+            n_extra = extra[i + 1] - extra[i]
+            if fno == _NONE:
+                lengths.append(n_extra)  # the whole entry is kept
+                continue
+            if ents.kinds[i] == atrest.KIND_BLOCK:  # pragma: no cover - refused at open
+                raise CorruptData(f"LSN {ents.lsn(i)}: a block entry", where=self.where)
+            by_frame.setdefault(fno, []).append(i)
+            lengths.append(
+                head + self._topic_lengths[ents.parts[i]] + n_extra + ents.raw_lengths[i]
+            )
+        return ChunkView(chunk_no, ents, lengths, by_frame)
+
+    def chunk(self, cache: ChunkCache, pread: Pread, chunk_no: int) -> ChunkView:
+        """:meth:`load_chunk` through the journal's cache (the event loop's reads only)."""
+        return cache.get(self, chunk_no, lambda: self.load_chunk(pread, chunk_no))
+
+    def forget(self) -> None:
+        """Drop the positions it holds (its file is deleted or replaced)."""
+        self.positions = None
+
+    def load_positions(self, pread: Pread) -> array[int]:
+        """Each entry's position in the journal segment it replaced (every entry table read).
+
+        The compressed segment then stands for that segment in the read path's
+        plans of runs (``_reads.py``). Checked: the sizes must add up to the
+        directory's ``wal_bytes``.
+        """
+        if self.positions is not None:
+            return self.positions
+        d = self.directory
+        positions = array("q")
+        pos = fentry.SEGMENT_HEADER_SIZE
+        for ci in range(len(d.chunks)):
+            view = self.load_chunk(pread, ci)
+            starts = list(accumulate(view.lengths, initial=pos))
+            pos = starts.pop()
+            positions.extend(starts)
+        if pos != d.wal_bytes:
+            raise CorruptData(
+                f"entries of {pos - fentry.SEGMENT_HEADER_SIZE} bytes in a journal segment "
+                f"of {d.wal_bytes}",
+                where=self.where,
+            )
+        self.positions = positions
+        return positions
+
+    # ------------------------------------------------------------ reads
+
+    def read_wal(
+        self,
+        pread: Pread,
+        positions: IntSequence,
+        pos: int,
+        n: int,
+        raw_of: Callable[[int], bytes] | None = None,
+        chunk: Callable[[int], ChunkView] | None = None,
+    ) -> bytes:
+        """Bytes ``[pos, pos + n)`` of the journal segment it replaced (whole entries).
+
+        ``raw_of(frame)``/``chunk(number)`` read through caches on the event
+        loop; without them (a worker thread) frames and tables are decoded
+        here and dropped after.
+        """
+        d = self.directory
+        i = bisect.bisect_left(positions, pos)
+        if n <= 0 or i >= len(positions) or positions[i] != pos:
+            raise CorruptData(f"no entry starts at byte {pos}", where=self.where)
+        held: dict[int, bytes] = {}
+        if raw_of is None:
+
+            def raw_of(fno: int) -> bytes:
+                raw = held.get(fno)
+                if raw is None:
+                    f = d.frames[fno]
+                    raw = held[fno] = atrest.decode_frame(
+                        f, self.stored(pread, fno), where=f"{self.where} frame {fno}"
+                    )
+                return raw
+
+        if chunk is None:
+
+            def chunk(chunk_no: int) -> ChunkView:
+                return self.load_chunk(pread, chunk_no)
+
+        def stored(fno: int) -> bytes:
+            return self.stored(pread, fno)
+
+        out: list[bytes] = []
+        got = 0
+        lsn = d.base_lsn + i
+        while got < n:
+            ci = d.chunk_of(lsn)
+            if ci is None:
+                raise CorruptData(f"read past the end at byte {pos + got}", where=self.where)
+            view = chunk(ci)
+            k = lsn - view.first_lsn
+            while k < view.entries.chunk.n_entries and got < n:
+                e = atrest.wal_entry(d, view.entries, k, raw_of, stored, where=self.where)
+                out.append(e)
+                got += len(e)
+                k += 1
+            lsn = view.first_lsn + k
+        if got != n:
+            raise CorruptData(
+                f"entries of {got} bytes where {n} were read from byte {pos}", where=self.where
+            )
+        return b"".join(out)
+
+    def entries_from(
+        self,
+        cache: FrameCache,
+        chunks: ChunkCache,
+        pread: Pread,
+        topic: str,
+        partition: int,
+        offset: int,
+    ) -> Iterator[Entry]:
+        """The partition's entries here from the one holding ``offset`` (or the next), in order.
+
+        One bisect over the partition's frames, each frame through ``cache``,
+        each entry's header from its chunk's entry table; an entry is
+        rebuilt as its journal bytes and decoded as the journal decodes one
+        (CRC and all), so it is the very ``Entry`` the entry log gave.
+        """
+        numbers = self._frames_of.get((topic, partition))
+        if not numbers:
+            return
+        d = self.directory
+        k = bisect.bisect_left(self._lasts_of[(topic, partition)], offset)
+
+        def raw_of(fno: int) -> bytes:
+            return self.frame(cache, pread, fno).raw
+
+        def stored(fno: int) -> bytes:
+            return self.stored(pread, fno)
+
+        for fno in numbers[k:]:
+            ci = bisect.bisect_right(self._chunk_first_frames, fno) - 1
+            view = self.chunk(chunks, pread, ci)
+            ents = view.entries
+            for i in view.by_frame.get(fno, ()):
+                if ents.base_offsets[i] + ents.counts[i] <= offset:
+                    continue
+                data = atrest.wal_entry(d, ents, i, raw_of, stored, where=self.where)
+                yield fentry.decode_entry(data, where=f"{self.where} LSN {ents.lsn(i)}")
+
+    def partition_runs(self, pread: Pread) -> dict[tuple[str, int], tuple[array[int], array[int]]]:
+        """Per partition, the LSNs and base offsets of its entries here (every table read)."""
+        runs: dict[tuple[str, int], tuple[array[int], array[int]]] = {}
+        parts = self.directory.parts
+        for ci in range(len(self.directory.chunks)):
+            ents = self.load_chunk(pread, ci).entries
+            for i in range(ents.chunk.n_entries):
+                if ents.frames[i] == _NONE:
+                    continue
+                lsns, offsets = runs.setdefault(parts[ents.parts[i]], (array("q"), array("q")))
+                lsns.append(ents.lsn(i))
+                offsets.append(ents.base_offsets[i])
+        return runs
