@@ -5,7 +5,7 @@ Usage::
     .venv/bin/python bench/atrest.py [--quick]
 
 Sans-IO: everything is in memory, no disk, no journal. The workload is the
-reference telemetry of WORKLOADS.md (``edge_gateway.telemetry``: drifting
+reference telemetry of WORKLOADS.md (``edge_gateway.sample_data``: drifting
 values, deterministic from a seed), key-hash partitioned into 16 partitions,
 journaled as today (``format/entry.py``): one record per entry (an HTTP or
 MQTT producer's one-record request, the case measured at 335 bytes per
@@ -54,7 +54,7 @@ from edge_gateway.format.logobject import (
     decode_header,
     iter_block_batches,
 )
-from edge_gateway.telemetry import TelemetryGenerator, partition_for
+from edge_gateway.sample_data import TelemetryGenerator, partition_for
 
 PARTITIONS = 16
 TOPIC = "telemetry"

@@ -83,7 +83,7 @@ from edgegw_cli._fleet import BATCH_TYPE, MetadataProcess, Site, high_watermarks
 from edge_gateway.encryption import write_key_file
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.crypt import generate_key
-from edge_gateway.telemetry import TelemetryGenerator
+from edge_gateway.sample_data import TelemetryGenerator
 from edge_gateway.testing.moto import s3_client, start_moto_server
 from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy
 

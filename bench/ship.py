@@ -118,8 +118,8 @@ from edge_gateway.format.logobject import LogObjectBuilder, decode_header
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, open_journal
 from edge_gateway.regionlog import read_header
+from edge_gateway.sample_data import TelemetryGenerator, partition_for
 from edge_gateway.shipper import Shipper, ShipperConfig
-from edge_gateway.telemetry import TelemetryGenerator, partition_for
 from edge_gateway.testing.moto import (
     ACCESS_KEY,
     REGION,

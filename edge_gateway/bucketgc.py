@@ -1,6 +1,6 @@
 """Bucket GC of this region's log, as a part the gateway composes (``[gc]``).
 
-:class:`BucketGc` runs :func:`edge_gateway.mirror.gc.collect_garbage` every
+:class:`BucketGc` runs :func:`edge_gateway.mirror.log_gc.collect_garbage` every
 ``gc.interval_ms`` (the gateway supervises :meth:`BucketGc.run` as the task
 ``gc``), keeps its counters and reports them in :meth:`BucketGc.statistics`.
 What it needs of the gateway (the bucket, the log's head, the subscribers from
@@ -20,7 +20,7 @@ from edge_gateway.clock import BucketClock
 from edge_gateway.config import GcSettings
 from edge_gateway.errors import EdgeGatewayError, Unavailable
 from edge_gateway.failpoints import fail_point
-from edge_gateway.mirror.gc import GcConfig, collect_garbage, register_subscribers
+from edge_gateway.mirror.log_gc import GcConfig, collect_garbage, register_subscribers
 
 __all__ = ["BucketGc", "GcStats"]
 
@@ -157,7 +157,7 @@ class BucketGc:
         """At start, record the subscribers GC will meet as subscribed from the log's head on.
 
         Entries written before a subscriber is recorded count as written
-        before it subscribed (``edge_gateway.mirror.gc``): the sooner, the
+        before it subscribed (``edge_gateway.mirror.log_gc``): the sooner, the
         more exact. Waits for the claim (the head); a failure is logged and
         left to the first GC run, which records them too.
         """

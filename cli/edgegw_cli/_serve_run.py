@@ -46,7 +46,7 @@ class ServeFailed(Exception):
 
 def main_serve(config: str | Path, *, verbose: bool = False) -> int:
     """``edgegw [-v] serve --config CONFIG`` without typer: the process's exit code."""
-    from edge_gateway.logs import configure_logging
+    from edge_gateway.logging_setup import configure_logging
 
     configure_logging("debug" if verbose else "info", "text")  # as typer's callback does
     try:
@@ -63,7 +63,7 @@ def run_serve(config: Path) -> None:
     """Run the gateway of ``config`` until SIGTERM/SIGINT; :class:`ServeFailed` on an error."""
     from edge_gateway.config import load_config
     from edge_gateway.errors import BucketLost, ConfigError, EdgeGatewayError, Fenced, InUse
-    from edge_gateway.logs import configure_logging
+    from edge_gateway.logging_setup import configure_logging
 
     try:
         cfg = load_config(config)  # its errors start with the file's name
@@ -150,7 +150,7 @@ class _BindFailureFilter(logging.Filter):
 
 
 async def _serve(cfg: GatewayConfig) -> None:
-    from edge_gateway import _gc, _heap
+    from edge_gateway import _heap, _pygc
     from edge_gateway.api import serve_api
     from edge_gateway.gateway import Gateway
 
@@ -175,8 +175,8 @@ async def _serve(cfg: GatewayConfig) -> None:
 
             async def announce() -> None:
                 # Startup's objects frozen out of the collector's way: its full
-                # collections were most of the p99 under load (edge_gateway._gc).
-                _gc.settle()
+                # collections were most of the p99 under load (edge_gateway._pygc).
+                _pygc.settle()
                 addr = gateway.api_address
                 log.info(
                     "serving region %s on %s://%s:%s",

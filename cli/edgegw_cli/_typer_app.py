@@ -103,6 +103,6 @@ def _main(
         help="Print the version of edgegw and exit.",
     ),
 ) -> None:
-    from edge_gateway.logs import configure_logging
+    from edge_gateway.logging_setup import configure_logging
 
     configure_logging("debug" if verbose else "info", "text")

@@ -26,7 +26,7 @@ from rich.table import Table
 from rich.text import Text
 
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.telemetry import TelemetryGenerator, partition_for
+from edge_gateway.sample_data import TelemetryGenerator, partition_for
 from edgegw_cli._common import console, fail
 from edgegw_cli._fleet import (
     BATCH_TYPE,

@@ -355,7 +355,7 @@ def render(doc: dict[str, Any]) -> None:
 
 
 def _gc_line(doc: dict[str, Any]) -> str:
-    """The collector's pauses since the gateway became ready (edge_gateway._gc)."""
+    """The collector's pauses since the gateway became ready (edge_gateway._pygc)."""
     gens = ", ".join(
         f"gen{g} {n:,} x, {secs * 1e3:,.0f} ms, longest {longest:,.1f} ms"
         for g, (n, secs, longest) in enumerate(

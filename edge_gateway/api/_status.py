@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_gateway import __version__, _gc, _heap
+from edge_gateway import __version__, _heap, _pygc
 from edge_gateway.gateway import mirror_task
 
 if TYPE_CHECKING:
@@ -99,7 +99,7 @@ def status_document(gw: Gateway) -> dict[str, Any]:
         "accepting": gw.accepting,
         "bucket": gw.config.bucket.describe(gw.config.data_dir),
         "producers": _producers_json(gw),
-        "python_gc": _gc.statistics(),
+        "python_gc": _pygc.statistics(),
         "heap": _heap.statistics(),
         "journal": {
             "bytes": j.bytes,

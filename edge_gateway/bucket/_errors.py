@@ -224,7 +224,7 @@ class UnsupportedStore(ConfigError):
     Raised by :func:`~edge_gateway.bucket.verify_conditional_create`: without
     create-only puts two writers of one region cannot be fenced, so edgegw
     refuses to run against such a store. Raised by bucket GC
-    (``edge_gateway.mirror.gc``) when the store answers 412 to a
+    (``edge_gateway.mirror.log_gc``) when the store answers 412 to a
     compare-and-swap whose ETag is the object's current one: the GC boundary
     cannot advance there, and retrying cannot help.
     """

@@ -5,7 +5,7 @@
   source's offsets, exactly once and in order;
 * :class:`PriorityGate` orders the catch-up of several sources by priority;
 * :mod:`edge_gateway.mirror.cursor` publishes how far each reader mirrored;
-* :mod:`edge_gateway.mirror.gc` deletes what every reader has mirrored (home side).
+* :mod:`edge_gateway.mirror.log_gc` deletes what every reader has mirrored (home side).
 
 The decisions are sans-IO in ``_plan.py`` (:class:`SourceState`), so every
 rule is testable without a bucket.

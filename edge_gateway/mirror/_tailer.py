@@ -87,7 +87,7 @@ from edge_gateway.mirror._plan import (
 )
 from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
-from edge_gateway.mirror.gc import GcState, read_gc_state
+from edge_gateway.mirror.log_gc import GcState, read_gc_state
 from edge_gateway.names import validate_region, validate_topic
 from edge_gateway.regionlog import find_head, read_header
 

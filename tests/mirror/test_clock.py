@@ -21,7 +21,7 @@ from edge_gateway.errors import ConfigError, CorruptData
 from edge_gateway.format.manifest import gc_boundary_key
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
-from edge_gateway.mirror.gc import GcConfig, GcState, collect_garbage, read_gc_state
+from edge_gateway.mirror.log_gc import GcConfig, GcState, collect_garbage, read_gc_state
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 DAY_MS = 86_400_000

@@ -23,7 +23,7 @@ from edge_gateway.errors import Fenced
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.mirror import Tailer, TailerConfig
-from edge_gateway.mirror.gc import GcConfig, collect_garbage, read_gc_state
+from edge_gateway.mirror.log_gc import GcConfig, collect_garbage, read_gc_state
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 pytestmark = pytest.mark.rgw

@@ -23,7 +23,7 @@ from edge_gateway.format.pack import decode_pack, encode_pack, pack_prefix, pars
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import Tailer, TailerConfig
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
-from edge_gateway.mirror.gc import GcConfig, collect_garbage
+from edge_gateway.mirror.log_gc import GcConfig, collect_garbage
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=10, retry_base_s=0.01, retry_cap_s=0.05)

@@ -28,7 +28,7 @@ from edgegw_cli.status import render
 
 from edge_gateway.bucket import LocalBucket, NotFound
 from edge_gateway.format.manifest import log_key
-from edge_gateway.mirror.gc import GcConfig, GcResult, collect_garbage
+from edge_gateway.mirror.log_gc import GcConfig, GcResult, collect_garbage
 from edge_gateway.regionlog import read_header
 
 TOPIC = TopicSpec("t", "a", partitions=3, subscribers=("b",))

@@ -1,4 +1,4 @@
-"""Home-side bucket GC (``edge_gateway.mirror.gc``) and the cursors it relies on."""
+"""Home-side bucket GC (``edge_gateway.mirror.log_gc``) and the cursors it relies on."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from edge_gateway.format.manifest import gc_boundary_key, log_key, parse_manifes
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
 from edge_gateway.mirror.cursor import Cursor, cursor_key, publish_cursor, read_cursor, read_cursors
-from edge_gateway.mirror.gc import (
+from edge_gateway.mirror.log_gc import (
     GcConfig,
     ManifestAge,
     collect_garbage,
