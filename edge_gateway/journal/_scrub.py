@@ -211,16 +211,22 @@ class Scrubber:
     async def _scrub_segment(
         self, lane: str, base: int, path: Path, next_offsets: dict[Key, int]
     ) -> SegmentFacts | None:
-        """Read and check one sealed segment and its index (None: it was gone)."""
+        """Read and check one sealed segment and its index (None: gone, or unreadable)."""
         data = await self._read_paced(path)
         if data is None:
             self._skipped += 1
             self._forget(path)
             self._forget(path.with_suffix(INDEX_SUFFIX))
             return None
+        if isinstance(data, Damage):
+            self._checked += 1
+            self._record(lane, path, data)
+            return None
+        # The checks are pure: a shutdown need not wait for a large segment's.
         facts = await trio.to_thread.run_sync(
             lambda: check_segment(data, base_lsn=base, next_offsets=next_offsets),
             limiter=self._limiter,
+            abandon_on_cancel=True,
         )
         self._checked += 1
         self._record(lane, path, facts.damage)
@@ -234,21 +240,32 @@ class Scrubber:
         if index is None:
             self._forget(idx)  # not written yet, or gone with its segment
             return facts
+        if isinstance(index, Damage):
+            self._record(lane, idx, index)
+            return facts
         _, damage = await trio.to_thread.run_sync(
-            lambda: check_index(index, facts, segment_size=len(data)), limiter=self._limiter
+            lambda: check_index(index, facts, segment_size=len(data)),
+            limiter=self._limiter,
+            abandon_on_cancel=True,
         )
         self._record(lane, idx, damage)
         return facts
 
-    async def _read_paced(self, path: Path) -> bytes | None:
-        """The file's bytes, read a chunk at a time at the pass's rate (None: it is gone)."""
+    async def _read_paced(self, path: Path) -> bytes | Damage | None:
+        """The file's bytes, read a chunk at a time at the pass's rate.
+
+        None: it is gone. A read error (``EIO`` from a failing card) is
+        damage at the byte the read started from, not a failure of the scrub.
+        """
+        offset = 0
         try:
             fd = await trio.to_thread.run_sync(os.open, path, os.O_RDONLY, limiter=self._limiter)
         except FileNotFoundError:
             return None
+        except OSError as exc:
+            return Damage(0, f"cannot open: {exc.strerror or exc}")
         try:
             parts = []
-            offset = 0
             while chunk := await trio.to_thread.run_sync(
                 os.pread, fd, CHUNK_BYTES, offset, limiter=self._limiter
             ):
@@ -257,6 +274,8 @@ class Scrubber:
                 self._bytes += len(chunk)
                 await trio.sleep(len(chunk) / self._rate)
             return b"".join(parts)
+        except OSError as exc:
+            return Damage(offset, f"read error: {exc.strerror or exc}")
         finally:
             os.close(fd)
 

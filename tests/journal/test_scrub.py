@@ -8,7 +8,9 @@ byte) is in tests/cli/test_journal_verify.py.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +18,7 @@ import trio
 from test_verify import _journal
 
 from edge_gateway.errors import ConfigError
-from edge_gateway.journal import JournalConfig, Scrubber, scrub_rate
+from edge_gateway.journal import JournalConfig, Scrubber, _scrub, scrub_rate
 from edge_gateway.journal._scrub import SCRUB_CEILING_BYTES_PER_S, SCRUB_FLOOR_BYTES_PER_S
 
 MiB = 1024 * 1024
@@ -120,6 +122,31 @@ async def test_a_damaged_index_file_is_a_finding_of_its_own(
     [found] = scrub.statistics().damaged
     assert found.path == idx
     assert "CRC" in found.reason
+
+
+async def test_a_read_error_is_damage_not_a_failure_of_the_scrub(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    main = _journal(tmp_path)
+    bad = main / _name(5)
+    bad_ino = bad.stat().st_ino
+    pread = os.pread
+
+    def failing_card(fd: int, n: int, offset: int) -> bytes:
+        if os.fstat(fd).st_ino == bad_ino and offset >= 256:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return pread(fd, n, offset)
+
+    monkeypatch.setattr(_scrub, "CHUNK_BYTES", 256)
+    monkeypatch.setattr(os, "pread", failing_card)
+    scrub = Scrubber(main, 60.0)
+    await scrub.scrub_pass()
+    st = scrub.statistics()
+    [found] = st.damaged
+    assert (found.path, found.offset) == (bad, 256)
+    assert found.reason == f"read error: {os.strerror(errno.EIO)}"
+    assert st.segments_checked == 3
+    assert st.passes == 1
 
 
 async def test_the_active_segment_is_never_read(
