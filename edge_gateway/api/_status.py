@@ -90,6 +90,8 @@ def _scrub_json(gw: Gateway) -> dict[str, Any] | None:
         "rate_bytes_per_s": sc.rate_bytes_per_s,
         "last_pass_ms": sc.last_pass_ms,
         "last_pass_s": sc.last_pass_s,
+        "last_pass_bytes": sc.last_pass_bytes,
+        "last_pass_segments": sc.last_pass_segments,
         "damaged": [f.to_json() for f in sc.damaged],
     }
 

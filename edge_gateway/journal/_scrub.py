@@ -118,6 +118,10 @@ class ScrubStats:
     last_pass_ms: int | None
     #: how long the last full pass took, in seconds
     last_pass_s: float | None
+    #: bytes the last full pass read (segments and index files)
+    last_pass_bytes: int
+    #: segments the last full pass checked
+    last_pass_segments: int
     #: the damaged files known now (found and neither gone nor clean since)
     damaged: tuple[ScrubFinding, ...]
 
@@ -146,6 +150,8 @@ class Scrubber:
         self._rate = 0.0
         self._last_pass_ms: int | None = None
         self._last_pass_s: float | None = None
+        self._last_pass_bytes = 0
+        self._last_pass_segments = 0
         self._damaged: dict[Path, ScrubFinding] = {}
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -159,6 +165,7 @@ class Scrubber:
     async def scrub_pass(self) -> None:
         """One full pass over every lane's sealed segments, paced by :func:`scrub_rate`."""
         started = trio.current_time()
+        bytes_before, checked_before = self._bytes, self._checked
         plan = await trio.to_thread.run_sync(self._list, limiter=self._limiter)
         total = sum(size for _, segs in plan for _, _, size in segs)
         self._rate = scrub_rate(total, self._interval_s)
@@ -177,6 +184,8 @@ class Scrubber:
         self._passes += 1
         self._last_pass_ms = self._wall_ms()
         self._last_pass_s = trio.current_time() - started
+        self._last_pass_bytes = self._bytes - bytes_before
+        self._last_pass_segments = self._checked - checked_before
 
     def statistics(self) -> ScrubStats:
         """The passes, bytes and damaged files so far (the status's ``journal.scrub``)."""
@@ -189,6 +198,8 @@ class Scrubber:
             self._rate,
             self._last_pass_ms,
             self._last_pass_s,
+            self._last_pass_bytes,
+            self._last_pass_segments,
             tuple(sorted(self._damaged.values(), key=lambda f: str(f.path))),
         )
 

@@ -81,6 +81,11 @@ async def test_a_clean_pass_reads_every_sealed_segment_and_index_once(
     assert st.bytes_scrubbed == sum(p.stat().st_size for p in sealed)
     assert st.damaged == ()
     assert st.last_pass_ms == 1234
+    assert (st.last_pass_bytes, st.last_pass_segments) == (st.bytes_scrubbed, 3)
+    await scrub.scrub_pass()
+    st = scrub.statistics()
+    assert st.bytes_scrubbed == 2 * st.last_pass_bytes
+    assert (st.passes, st.segments_checked, st.last_pass_segments) == (2, 6, 3)
     assert st.rate_bytes_per_s == SCRUB_FLOOR_BYTES_PER_S
 
 
