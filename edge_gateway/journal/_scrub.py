@@ -25,6 +25,7 @@ clean. Repair from the bucket is a later step (issue 45); the scrub reports.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from collections.abc import Callable
@@ -233,9 +234,10 @@ class Scrubber:
             self._checked += 1
             self._record(lane, path, data)
             return None
+        view = data if isinstance(data, bytes) else memoryview(data)
         # The checks are pure: a shutdown need not wait for a large segment's.
         facts = await trio.to_thread.run_sync(
-            lambda: check_segment(data, base_lsn=base, next_offsets=next_offsets),
+            lambda: check_segment(view, base_lsn=base, next_offsets=next_offsets),
             limiter=self._limiter,
             abandon_on_cancel=True,
         )
@@ -254,16 +256,26 @@ class Scrubber:
         if isinstance(index, Damage):
             self._record(lane, idx, index)
             return facts
+        index_bytes = index if isinstance(index, bytes) else bytes(index)  # small: copy it
         _, damage = await trio.to_thread.run_sync(
-            lambda: check_index(index, facts, segment_size=len(data)),
+            lambda: check_index(index_bytes, facts, segment_size=len(data)),
             limiter=self._limiter,
             abandon_on_cancel=True,
         )
         self._record(lane, idx, damage)
         return facts
 
-    async def _read_paced(self, path: Path) -> bytes | Damage | None:
+    async def _read_paced(self, path: Path) -> bytes | mmap.mmap | Damage | None:
         """The file's bytes, read a chunk at a time at the pass's rate.
+
+        The paced read finds read errors and brings the pages in; the check
+        then runs over a read-only map of the same file (the descriptor opened
+        here: a segment swapped for its compressed form meanwhile is still read
+        whole), so a pass holds no copy of a segment on the heap, however long
+        the pacing takes (a 64 MiB segment at the floor rate takes over an
+        hour): its pages are the kernel's, reclaimable. Sealed segments are
+        never truncated; one cut by hand during its check would raise SIGBUS,
+        which is why the map covers only the bytes the paced read found.
 
         None: it is gone. A read error (``EIO`` from a failing card) is
         damage at the byte the read started from, not a failure of the scrub.
@@ -276,15 +288,17 @@ class Scrubber:
         except OSError as exc:
             return Damage(0, f"cannot open: {exc.strerror or exc}")
         try:
-            parts = []
             while chunk := await trio.to_thread.run_sync(
                 os.pread, fd, CHUNK_BYTES, offset, limiter=self._limiter
             ):
-                parts.append(chunk)
-                offset += len(chunk)
-                self._bytes += len(chunk)
-                await trio.sleep(len(chunk) / self._rate)
-            return b"".join(parts)
+                n = len(chunk)
+                del chunk  # only the count is kept: the check reads the map
+                offset += n
+                self._bytes += n
+                await trio.sleep(n / self._rate)
+            if offset == 0:
+                return b""
+            return mmap.mmap(fd, offset, access=mmap.ACCESS_READ)
         except OSError as exc:
             return Damage(offset, f"read error: {exc.strerror or exc}")
         finally:
