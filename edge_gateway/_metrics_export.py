@@ -189,6 +189,7 @@ class _GatewayCollector(Collector):
         except ClosedError:
             return  # not running: nothing else to report
         yield from self._journal(stats)
+        yield from self._scrub(gw)
         yield from self._shipper(gw)
         yield from self._denied(gw)
         yield from self._metadata(gw)
@@ -605,6 +606,35 @@ class _GatewayCollector(Collector):
                 "edgegw_shipper_last_ship_timestamp_seconds",
                 "Unix time of the last committed log object.",
                 s.last_ship_ms / 1000,
+            )
+
+    @staticmethod
+    def _scrub(gw: Gateway) -> Iterator[Metric]:
+        """The background scrub of the journal's sealed segments (``journal.scrub_interval``)."""
+        if gw.scrub is None:
+            return
+        sc = gw.scrub.statistics()
+        yield _counter(
+            "edgegw_journal_scrub_bytes",
+            "Bytes of sealed segments and their index files the scrub re-read.",
+            sc.bytes_scrubbed,
+        )
+        yield _counter(
+            "edgegw_journal_scrub_passes",
+            "Full passes of the scrub over every lane's sealed segments.",
+            sc.passes,
+        )
+        yield _gauge(
+            "edgegw_journal_scrub_damaged_segments",
+            "Journal files (sealed segments, index files) the scrub found damaged and that "
+            "are still there: edgegw status names each, with the byte and the reason.",
+            len(sc.damaged),
+        )
+        if sc.last_pass_ms is not None:
+            yield _gauge(
+                "edgegw_journal_scrub_last_pass_timestamp_seconds",
+                "Unix time the scrub's last full pass ended.",
+                sc.last_pass_ms / 1000,
             )
 
     @staticmethod

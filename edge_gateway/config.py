@@ -1339,6 +1339,7 @@ data_dir = {data_dir}
 # segment_bytes = "64MiB"
 # max_bytes = "4GiB"          # disk budget: produce gets 503 journal_full beyond it
 # retention_ms = 86400000     # keep shipped data for local readers this long
+# scrub_interval = "24h"      # re-read every sealed segment once in this long ("off": never)
 
 [shipper]
 # flush_interval_ms = 250     # the oldest unshipped record waits at most this long

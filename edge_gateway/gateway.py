@@ -86,6 +86,7 @@ from edge_gateway.journal import (
     Lane,
     Lanes,
     Priority,
+    Scrubber,
     lane_by_id,
     open_lanes,
 )
@@ -280,6 +281,10 @@ class Gateway:
             head=self._log_head,
             wait_claimed=self._wait_claimed,
         )
+        #: The background scrub of the journal's sealed segments
+        #: (``journal.scrub_interval``; None: off), run once the core is up.
+        scrub_s = config.journal.scrub_interval_s
+        self.scrub = Scrubber(config.journal_path, scrub_s) if scrub_s is not None else None
         self._link: LinkMeter | None = None
         self._link_gate: LinkGate | None = None
         self._mirror_bucket: Bucket | None = None
@@ -1021,6 +1026,10 @@ class Gateway:
                         self._workers_started = True
                         if cfg.gc.enabled:
                             await workers.start(functools.partial(sup.supervise, "gc", self.gc.run))
+                        if self.scrub is not None:
+                            await workers.start(
+                                functools.partial(sup.supervise, "scrub", self.scrub.run)
+                            )
                         self._accepting = True
                         await self._start_services(workers, self._accepting_services)
                         for hook in self._ready_hooks:

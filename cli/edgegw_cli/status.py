@@ -185,6 +185,24 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds:.0f} s"
 
 
+def _scrub(scrub: dict[str, Any], now_ms: int | None) -> Text:
+    """The journal scrub's row: the last full pass and the damaged files, each named."""
+    last = (
+        f"last pass {_ago(scrub['last_pass_ms'], now_ms)}"
+        if scrub.get("last_pass_ms")
+        else "first pass under way"
+    )
+    damaged = scrub.get("damaged") or []
+    line = Text(f"{last}, {scrub['passes']} passes, {human_bytes(scrub['bytes'])} read; ")
+    if not damaged:
+        line.append("0 damaged")
+        return line
+    line.append(f"{len(damaged)} damaged", style="red")
+    for f in damaged:
+        line.append(f"\n{f['file']} at byte {f['offset']}: {f['reason']}", style="red")
+    return line
+
+
 def render(doc: dict[str, Any]) -> None:
     j, s = doc["journal"], doc["shipper"]
     head = Table(title=f"edgegw {doc['version']} — region {doc['region']}", show_header=False)
@@ -214,6 +232,9 @@ def render(doc: dict[str, Any]) -> None:
         f"{human_bytes(j['bytes'])} of {human_bytes(j['max_bytes'])} ({j['segments']} segments), "
         f"next LSN {j['next_lsn']}" + _index_memory(j),
     )
+    scrub = j.get("scrub")
+    if scrub:
+        head.add_row("scrub", _scrub(scrub, (doc.get("clock") or {}).get("local_ms")))
     disk = doc.get("disk")
     if disk:
         head.add_row("disk", _disk(disk))

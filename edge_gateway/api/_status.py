@@ -76,6 +76,26 @@ def _metadata_json(gw: Gateway) -> dict[str, Any]:
     return gw.metadata.status()
 
 
+def _scrub_json(gw: Gateway) -> dict[str, Any] | None:
+    """The journal scrub's block (None: ``journal.scrub_interval`` is off)."""
+    if gw.scrub is None:
+        return None
+    sc = gw.scrub.statistics()
+    return {
+        "interval_s": sc.interval_s,
+        "passes": sc.passes,
+        "bytes": sc.bytes_scrubbed,
+        "segments_checked": sc.segments_checked,
+        "segments_skipped": sc.segments_skipped,
+        "rate_bytes_per_s": sc.rate_bytes_per_s,
+        "last_pass_ms": sc.last_pass_ms,
+        "last_pass_s": sc.last_pass_s,
+        "last_pass_bytes": sc.last_pass_bytes,
+        "last_pass_segments": sc.last_pass_segments,
+        "damaged": [f.to_json() for f in sc.damaged],
+    }
+
+
 def status_document(gw: Gateway) -> dict[str, Any]:
     """Everything ``edgegw status`` shows, as JSON-ready data (``GET /v1/status`` adds ``api``).
 
@@ -113,6 +133,7 @@ def status_document(gw: Gateway) -> dict[str, Any]:
             "index_bytes": j.index_memory_bytes,
             "index_cache_bytes": j.index_cache_bytes,
             "index_cache_capacity_bytes": j.index_cache_capacity_bytes,
+            "scrub": _scrub_json(gw),
         },
         "shipper": {
             "state": s.state,

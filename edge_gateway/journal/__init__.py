@@ -30,6 +30,7 @@ from edge_gateway.journal._lane import (
 )
 from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on_disk, open_lanes
 from edge_gateway.journal._reads import ReadBuffers
+from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scrub_rate
 
 if TYPE_CHECKING:
     from edge_gateway.journal._compress import Compressed, compress_sealed_segment
@@ -56,6 +57,9 @@ __all__ = [
     "OnFull",
     "Priority",
     "ReadBuffers",
+    "ScrubFinding",
+    "ScrubStats",
+    "Scrubber",
     "SourceCoords",
     "VerifyReport",
     "compress_sealed_segment",
@@ -64,10 +68,12 @@ __all__ = [
     "lanes_on_disk",
     "open_journal",
     "open_lanes",
+    "scrub_rate",
     "verify_journal",
 ]
 
-# The verifier and the offline compressor load when a tool asks for them: a gateway never does.
+# The verifier's shell and the offline compressor load when a tool asks for them (the
+# gateway's scrub imports only the verifier's pure checks, from the same module).
 __getattr__ = lazy_attributes(
     __name__,
     {

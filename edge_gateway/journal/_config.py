@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 
 from edge_gateway.errors import ConfigError
@@ -12,6 +13,24 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 #: The index cache keeps at least 8 pages (4 KiB each, counted with their overhead).
 INDEX_CACHE_MIN_BYTES = 8 * (4096 + 320)
+
+
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|min|m|h|d)?")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "min": 60.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_duration(text: str, key: str) -> float | None:
+    """Seconds of a duration: ``24h``, ``90min``, ``30s``, ``500ms`` (None: ``0``, ``off``)."""
+    value = text.strip().lower()
+    if value in ("0", "off"):
+        return None
+    m = _DURATION.fullmatch(value)
+    if m is None or m.group(2) is None:
+        raise ConfigError(
+            f'{key}: {text!r} is not a duration (a number and a unit: ms, s, min, h, d; or "off")'
+        )
+    seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
+    return seconds if seconds > 0 else None
 
 
 class FsyncPolicy(enum.StrEnum):
@@ -81,8 +100,13 @@ class JournalConfig:
     #: Bytes of ``max_bytes`` guaranteed to a priority's lane, that other
     #: lanes cannot take (``{ critical = "256MiB" }``); see docs/journal.md, "Lanes".
     reserve: dict[str, int] = field(default_factory=dict)
+    #: One full pass of the background scrub over every lane's sealed segments
+    #: takes about this long (``"24h"``; ``"off"`` or ``"0"``: no scrub); see
+    #: docs/operations.md, "A damaged disk".
+    scrub_interval: str = "24h"
 
     def __post_init__(self) -> None:
+        parse_duration(self.scrub_interval, "journal.scrub_interval")
         try:
             object.__setattr__(self, "fsync", FsyncPolicy(self.fsync))
         except ValueError:
@@ -128,6 +152,11 @@ class JournalConfig:
     def reserved(self, priority: Priority) -> int:
         """Bytes of the budget reserved for ``priority``'s lane (0: none)."""
         return self.reserve.get(priority.value, 0)
+
+    @property
+    def scrub_interval_s(self) -> float | None:
+        """Seconds of a full scrub pass (None: the scrub is off)."""
+        return parse_duration(self.scrub_interval, "journal.scrub_interval")
 
     @property
     def fsync_inline(self) -> bool:

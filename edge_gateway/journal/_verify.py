@@ -558,7 +558,8 @@ def _read(path: Path) -> bytes | None:
         os.close(fd)
 
 
-def _segments(directory: Path) -> list[tuple[int | None, Path]]:
+def segment_files(directory: Path) -> list[tuple[int | None, Path]]:
+    """A lane directory's segment files in LSN order, with their base LSNs (None: not a number)."""
     out: list[tuple[int | None, Path]] = []
     for f in sorted(directory.glob(f"*{SEGMENT_SUFFIX}")):
         try:
@@ -580,7 +581,7 @@ def verify_journal(
     if not main.is_dir():
         raise InvalidInput(f"no journal directory at {main}")
     lanes = sorted(lanes_on_disk(main), key=lambda lane: lane.rank)
-    plan = [(lane, _segments(lane_path(main, lane))) for lane in lanes]
+    plan = [(lane, segment_files(lane_path(main, lane))) for lane in lanes]
     total = 0
     for _, segs in plan:
         for _, p in segs:

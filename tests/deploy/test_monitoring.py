@@ -94,6 +94,7 @@ def test_the_rules_cover_what_an_operator_must_hear_about() -> None:
         "EdgegwMirrorLag",
         "EdgegwMirrorQuarantined",
         "EdgegwJournalNearFull",
+        "EdgegwJournalDamaged",
         "EdgegwLinkAllowance",
         "EdgegwLinkAllowanceUsed",
         "EdgegwBucketDenied",
