@@ -628,7 +628,7 @@ async def app(scope, receive, send):
     await send({"type": "http.response.body", "body": b'{"ok":true}'})
 async def builtin():
     import logging
-    from edge_gateway._http11 import Http11Server
+    from edge_gateway.net.http11 import Http11Server
     listeners = await trio.open_tcp_listeners(int(sys.argv[1]), host="127.0.0.1")
     await Http11Server(app, log=logging.getLogger("x"), keep_alive_timeout=75.0).serve(listeners)
 if sys.argv[2] == "hypercorn":

@@ -51,6 +51,7 @@ from edge_gateway.metadata._db import (
     Refused,
     SqlStore,
     hash_token,
+    is_legacy_hash,
     split_region_token,
     verify_token,
 )
@@ -95,8 +96,8 @@ DEFAULT_KEEP_PREVIOUS_S: Final = 86_400
 MAX_KEEP_PREVIOUS_S: Final = 30 * 86_400
 _LAG_FIELDS_MAX: Final = 100
 #: Verified tokens remembered at most (two per region during a rotation, and the
-#: admin's): past it the cache starts again, and every token costs a scrypt check
-#: again, so it must hold a whole fleet's (10,000 was one fleet's exactly).
+#: admin's): past it the cache starts again, and every token costs a check (and a
+#: store lookup) again, so it must hold a whole fleet's (10,000 was one fleet's exactly).
 _VERIFIED_MAX: Final = 250_000
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
@@ -129,9 +130,10 @@ class MetadataServerConfig(ListenAddress):
     max_inflight: int = 512
     #: Long polls held at once past which a new one gets the 503.
     max_long_polls: int = 50_000
-    #: Tokens not seen before that may wait for their scrypt check at once.
+    #: Tokens not seen before that may wait for their check (a store lookup, and
+    #: scrypt for a hash an earlier server wrote) at once.
     max_verifying: int = 64
-    #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway._http11`,
+    #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway.net.http11`,
     #: as the gateway's local API) or ``hypercorn`` (~2x the CPU per request).
     server: str = "builtin"
     #: PostgreSQL: how often a replica polls for the others' changes (head
@@ -206,7 +208,7 @@ class MetadataApp:
             max_verifying=config.max_verifying,
         )
         self.heartbeats = HeartbeatWriter()
-        # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
+        # A legacy scrypt check takes 16 MiB and ~40 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
         #: since the last credential change.
@@ -405,7 +407,7 @@ class MetadataApp:
         if checking is not None:
             # The same token is being checked for another request (a gateway's
             # first requests, or a fleet sharing one token, after a restart):
-            # one scrypt for all of them, then the cache answers.
+            # one lookup (and check) for all of them, then the cache answers.
             await checking.wait()
             return await self._authenticate(authorization)
         generation = self._token_generation
@@ -443,9 +445,26 @@ class MetadataApp:
         return None
 
     async def _check_hash(self, token: str, stored: str) -> bool:
-        return await trio.to_thread.run_sync(
+        if not is_legacy_hash(stored):
+            return verify_token(token, stored)  # salted SHA-256: ~1 µs, no thread
+        if not await trio.to_thread.run_sync(
             verify_token, token, stored, limiter=self._hash_limiter
-        )
+        ):
+            return False
+        await self._upgrade_hash(token, stored)
+        return True
+
+    async def _upgrade_hash(self, token: str, stored: str) -> None:
+        """Replace a verified scrypt hash by a SHA-256 one: the token's next check
+        (after a restart, on another replica) costs microseconds, not ~40 ms."""
+        new = hash_token(token)
+        try:
+            upgraded = await self._db(self.store.upgrade_token_hash, stored, new)
+        except Unavailable as exc:  # the database is away: the next check upgrades it
+            log.debug("token hash not upgraded: %s", exc)
+            return
+        if upgraded and self._admin_hash == stored:
+            self._admin_hash = new
 
     def _forget_tokens(self) -> None:
         self._token_generation += 1
@@ -907,7 +926,11 @@ def open_store(config: MetadataServerConfig) -> SqlStore:
     try:
         if config.admin_token is not None:
             stored = store.admin_token_hash()
-            if stored is None or not verify_token(config.admin_token, stored):
+            if (
+                stored is None
+                or is_legacy_hash(stored)  # an earlier server's scrypt: rehashed (see _db)
+                or not verify_token(config.admin_token, stored)
+            ):
                 store.set_admin_token_hash(hash_token(config.admin_token))
         if not config.is_loopback and store.admin_token_hash() is None:
             raise ConfigError(
@@ -992,7 +1015,7 @@ async def _start_builtin(
 ) -> tuple[str, Callable[[], None]]:
     """Serve ``app`` on edgegw's HTTP/1.1 server in ``nursery``: (its URL, what begins its stop).
 
-    The server the gateway's local API runs on (:mod:`edge_gateway._http11`):
+    The server the gateway's local API runs on (:mod:`edge_gateway.net.http11`):
     each connection is one task that calls the app directly and writes each
     response in one send, where hypercorn starts a task per request and
     feeds it through memory channels (``bench/fleet.py`` measures both).
