@@ -745,9 +745,19 @@ class MetadataApp:
             # check above and the wait's own check run with no checkpoint between.
             self.admission.park()
             try:
-                update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+                gone = trio.Event()
+                async with trio.open_nursery() as nursery:
+                    # A client that hangs up (a gateway restarting, a herd's
+                    # timed-out retries) ends its poll at once: the poll no
+                    # longer holds a place, its memory, its connection until wait_ms.
+                    nursery.start_soon(_wait_disconnect, request, gone, nursery.cancel_scope)
+                    update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+                    nursery.cancel_scope.cancel()
             finally:
                 self.admission.unpark()
+            if gone.is_set():
+                # Nobody to answer: the HTTP server sends nothing to a client gone.
+                return Response(status_code=204)
         return JSONResponse({"version": update.version, "heads": update.heads})
 
     async def list_buckets(self, request: Request, who: Principal) -> Response:
@@ -776,6 +786,14 @@ def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.CancelScope) -> None:
+    """Set ``gone`` and cancel ``scope`` when the client of ``request`` goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass  # the (empty) body of the GET
+    gone.set()
+    scope.cancel()
 
 
 def _merge_methods(routes: list[Route]) -> list[Route]:
