@@ -49,9 +49,9 @@ every 0.25 s throughout, so "answering throughout" is a measured figure.
 Auth: ``--auth admin`` (the default) sends the admin token as every
 gateway (allowed: admin may act as any region), which costs the server the
 same per request as a region token once verified; ``--auth region`` gives
-each gateway its own token, so a restart costs one scrypt check per
-gateway (~40 ms each, 2 at once) — the bench reports that cost
-(``token_check_ms``) in either mode.
+each gateway its own token, so a restart costs one token check per
+gateway (a store lookup and a SHA-256; scrypt, ~40 ms each, 2 at once,
+before) — the bench reports that cost (``token_check_ms``) in either mode.
 
 Figures, each next to a same-run baseline: per operation the rate and
 p50/p99 latency (baseline: a trivial ASGI endpoint on the same HTTP server,
@@ -604,8 +604,8 @@ def seed_db(db: Path, gateways: int, follows: list[list[int]], auth: str) -> lis
     """Create the database with ``gateways`` regions (and a topic per followed source).
 
     The schema comes from the store (created and migrated by it). In
-    ``region`` mode each region gets a real token from the store (a scrypt
-    hash each, ~40 ms: minutes for 10,000); in ``admin`` mode the regions
+    ``region`` mode each region gets a real token from the store (its
+    hash as the server writes it); in ``admin`` mode the regions
     are inserted without tokens of their own in one transaction (the
     gateways then send the admin token).
     """
@@ -754,7 +754,7 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
 
 
 def token_check_ms(port: int) -> float:
-    """Server time of one first-contact region token check (scrypt), via a fresh region."""
+    """Server time of one first-contact region token check, via a fresh region."""
     import httpx
 
     url = f"http://127.0.0.1:{port}"
@@ -764,7 +764,7 @@ def token_check_ms(port: int) -> float:
         token = r.json()["token"]
         probe = {"Authorization": f"Bearer {token}"}
         t0 = time.perf_counter()
-        c.get("/v1/routing", headers=probe)  # first contact: scrypt
+        c.get("/v1/routing", headers=probe)  # first contact: the check
         first = time.perf_counter() - t0
         t0 = time.perf_counter()
         c.get("/v1/routing", headers=probe)  # cached
