@@ -378,6 +378,10 @@ class MetadataAgent:
     def _relay_down(self, error: str) -> None:
         if self._relay_active or self._relay_error is None:
             log.warning("head relay unavailable (%s): mirrors poll the bucket", error)
+        if self._relay_active and self.heartbeat_confirms:
+            # The server may be away: the routing poll checks now rather than
+            # after the next heartbeat (the status then says "cached" at once).
+            self.poll_now()
         self._relay_active = False
         self._relay_error = error
         for tailer in self.hooks.tailers().values():
