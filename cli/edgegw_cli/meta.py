@@ -94,7 +94,7 @@ def serve(
         50_000, "--max-long-polls", help="Held GET /v1/heads polls before 503 overloaded."
     ),
     max_verifying: int = typer.Option(
-        64, "--max-verifying", help="New tokens awaiting their scrypt check before 503."
+        64, "--max-verifying", help="New tokens awaiting their check before 503."
     ),
     server: str = typer.Option(
         "builtin", "--server", help="HTTP server: builtin (edgegw's own) or hypercorn."

@@ -11,8 +11,11 @@ transaction as every change to topics, regions or bucket locations, so a
 version always names exactly one routing table. Heartbeats do not bump it.
 
 Tokens are never stored: region tokens are ``egw_<id>_<secret>``, the id
-finds the row and the secret is checked against a salted scrypt hash; the
-admin token's hash lives in ``meta.admin_token``.
+finds the row and the token is checked against a salted SHA-256 hash
+(:func:`hash_token`; hashes written by earlier servers are scrypt, still
+verified and replaced on their first successful check:
+:meth:`SqlStore.upgrade_token_hash`); the admin token's hash lives in
+``meta.admin_token``.
 """
 
 from __future__ import annotations
@@ -41,7 +44,15 @@ from edge_gateway.metadata.routing import (
 )
 from edge_gateway.names import validate_region, validate_topic
 
-__all__ = ["MIGRATIONS", "MetadataStore", "Refused", "SqlStore", "hash_token", "verify_token"]
+__all__ = [
+    "MIGRATIONS",
+    "MetadataStore",
+    "Refused",
+    "SqlStore",
+    "hash_token",
+    "is_legacy_hash",
+    "verify_token",
+]
 
 
 class Cursor(Protocol):
@@ -144,9 +155,18 @@ COPIED_TABLES: Final[dict[str, tuple[str, ...]]] = {
     "buckets": ("name", "settings"),
 }
 
-# scrypt cost: ~30 ms and 16 MiB per check. Verified tokens are cached by the
-# server, so this is paid once per token and process, not per request.
-_SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 1 << 14, 8, 1
+# Token hashes. Every token this server issues is high-entropy: a region
+# token carries 256 random bits (token_urlsafe(32)), and the admin token is
+# the operator's, at least 16 characters (the docs say `openssl rand -hex 24`).
+# A deliberately slow KDF (scrypt, bcrypt, Argon2) exists to make guessing a
+# low-entropy *password* from its hash expensive; against 2**256 candidates
+# one SHA-256 is as out of reach as one scrypt, and costs ~1 µs instead of
+# ~40 ms and 16 MiB (docs/security.md, "How tokens are stored"). Salted all the
+# same, so equal tokens never share a hash.
+_SHA256: Final = "sha256"
+_SALT_BYTES: Final = 16
+# The scheme of earlier servers: verified, never written; replaced on a check.
+_SCRYPT: Final = "scrypt"
 REGION_TOKEN_PREFIX: Final = "egw_"  # noqa: S105 - a prefix, not a secret
 
 
@@ -160,32 +180,49 @@ class Refused(InvalidInput):
 
 
 def hash_token(token: str) -> str:
-    """A salted scrypt hash of ``token``: ``scrypt$n$r$p$<salt hex>$<hash hex>``."""
-    salt = secrets.token_bytes(16)
-    digest = hashlib.scrypt(
-        token.encode("utf-8", "surrogateescape"), salt=salt, n=_SCRYPT_N, r=_SCRYPT_R, p=_SCRYPT_P
-    )
-    return f"scrypt${_SCRYPT_N}${_SCRYPT_R}${_SCRYPT_P}${salt.hex()}${digest.hex()}"
+    """A salted SHA-256 hash of ``token``: ``sha256$<salt hex>$<sha256(salt + token) hex>``."""
+    salt = secrets.token_bytes(_SALT_BYTES)
+    return f"{_SHA256}${salt.hex()}${_sha256(salt, token).hex()}"
+
+
+def is_legacy_hash(stored: str) -> bool:
+    """Whether ``stored`` is a hash of an earlier scheme (scrypt), to be replaced once verified."""
+    return stored.startswith(_SCRYPT + "$")
 
 
 def verify_token(token: str, stored: str) -> bool:
-    """Whether ``token`` matches ``stored`` (from :func:`hash_token`), compared in constant time."""
+    """Whether ``token`` matches ``stored`` (a :func:`hash_token` hash, or an
+    earlier server's ``scrypt$n$r$p$<salt>$<hash>``), compared in constant time.
+
+    A scrypt check takes ~40 ms and 16 MiB: call it off the event loop
+    (:func:`is_legacy_hash` says which).
+    """
     try:
-        scheme, n, r, p, salt, digest = stored.split("$")
-        if scheme != "scrypt":
+        scheme, _, rest = stored.partition("$")
+        if scheme == _SHA256:
+            salt, digest = rest.split("$")
+            expected = bytes.fromhex(digest)
+            got = _sha256(bytes.fromhex(salt), token)
+        elif scheme == _SCRYPT:
+            n, r, p, salt, digest = rest.split("$")
+            expected = bytes.fromhex(digest)
+            got = hashlib.scrypt(
+                token.encode("utf-8", "surrogateescape"),
+                salt=bytes.fromhex(salt),
+                n=int(n),
+                r=int(r),
+                p=int(p),
+                dklen=len(expected),
+            )
+        else:
             return False
-        expected = bytes.fromhex(digest)
-        got = hashlib.scrypt(
-            token.encode("utf-8", "surrogateescape"),
-            salt=bytes.fromhex(salt),
-            n=int(n),
-            r=int(r),
-            p=int(p),
-            dklen=len(expected),
-        )
     except ValueError:
         return False
     return hmac.compare_digest(got, expected)
+
+
+def _sha256(salt: bytes, token: str) -> bytes:
+    return hashlib.sha256(salt + token.encode("utf-8", "surrogateescape")).digest()
 
 
 def split_region_token(token: str) -> str | None:
@@ -276,6 +313,27 @@ class SqlStore:
                 (hashed,),
             )
             self._bump_credentials(db)
+
+    def upgrade_token_hash(self, old: str, new: str) -> bool:
+        """Replace the stored hash ``old`` (a verified legacy one) by ``new``, of the same token.
+
+        Wherever ``old`` is: a region's current or previous token, or the
+        admin token. Compare-and-set on ``old``: a rotation or revocation in
+        between wins, and nothing changes. The token stays the same, so no
+        credentials version is bumped (other replicas' verified tokens stay
+        valid). True when a hash was replaced.
+        """
+        with self._write(serialize=False) as db:
+            n = db.execute(
+                "UPDATE regions SET token_hash = ? WHERE token_hash = ?", (new, old)
+            ).rowcount
+            n += db.execute(
+                "UPDATE regions SET prev_token_hash = ? WHERE prev_token_hash = ?", (new, old)
+            ).rowcount
+            n += db.execute(
+                "UPDATE meta SET value = ? WHERE key = 'admin_token' AND value = ?", (new, old)
+            ).rowcount
+        return n > 0
 
     # -------------------------------------------------------------- regions
 

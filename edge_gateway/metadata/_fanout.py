@@ -10,7 +10,8 @@ heartbeat write-behind.
   between the check and the wait (no lost wake-up).
 * :class:`Admission` — the overload answer: past ``max_inflight`` requests in
   progress, ``max_long_polls`` held polls or ``max_verifying`` tokens waiting
-  for their (deliberately slow) scrypt check, a request gets ``503
+  for their check (a store lookup; ~40 ms of scrypt for a hash an earlier
+  server wrote, once), a request gets ``503
   overloaded`` with ``Retry-After`` at once instead of queueing without
   bound; clients back off with jitter (``edge_gateway.metadata.client``).
 * :class:`HeartbeatWriter` — heartbeats are answered from memory and written
@@ -283,7 +284,7 @@ class Admission:
         self.inflight += 1
 
     def start_verify(self) -> None:
-        """A token not seen before waits for its scrypt check; bounded."""
+        """A token not seen before waits for its check; bounded."""
         if self.verifying >= self.max_verifying:
             drain_s = self.verifying * self._verify_cost_s / self._verify_parallel
             raise self._refuse(

@@ -9,11 +9,15 @@ agent, never the reverse). It
   when there is one, so a gateway starts and serves while the server is
   away; without a cache it asks the server once (a few seconds at most) and
   otherwise starts with no topics and keeps asking;
-* **polls** ``GET /v1/routing`` every ``poll_interval_ms`` with ``If-None-Match``
-  (a 304 costs nothing), saves every new table to the cache atomically, and
-  hands it to ``AgentHooks.apply_routing`` (the gateway's
+* **fetches** ``GET /v1/routing`` with ``If-None-Match`` (a 304 costs
+  little), saves every new table to the cache atomically, and hands it to
+  ``AgentHooks.apply_routing`` (the gateway's
   :meth:`~edge_gateway.gateway.Gateway.apply_routing`), which applies it
-  live; a heartbeat answer naming a newer routing version polls at once;
+  live. Every heartbeat answer names the server's routing version: one that
+  differs from the table's fetches at once, and while heartbeats succeed
+  and name the table's version the separate poll is not needed, so it runs
+  only every :data:`ROUTING_SAFETY_REFRESH_S`; without such a heartbeat (at
+  the start, the server away) it runs every ``poll_interval_ms``;
 * **heartbeats** every ``heartbeat_interval_ms`` with the gateway's version,
   its log head and lag figures (mirror lag per source, shipper backlog);
 * **relays heads** (``head_relay``): the shipper calls :meth:`report_head`
@@ -77,6 +81,11 @@ _RELAY_RETRY_BASE_S = 0.2
 #: first requests are spread over up to the cap instead of arriving together.
 _RETRY_BASE_S = 0.5
 RETRY_CAP_S = 20.0
+#: While heartbeats confirm the table's version, the routing poll runs this
+#: seldom (a safety net: the heartbeat's version is what says "changed").
+#: Each gateway then asks ~0.1 req/s (its heartbeats) for routing and
+#: liveness instead of ~0.3 (docs/metadata.md, "What each gateway sends").
+ROUTING_SAFETY_REFRESH_S = 300.0
 
 _ServerTrouble = (Unavailable, InvalidInput, CorruptData)
 
@@ -145,6 +154,9 @@ class MetadataAgent:
         self._fetch_error: Exception | None = None
         self._fetches = self._fetch_failures = self._tables_applied = 0
         self._heartbeats = self._heartbeat_failures = 0
+        #: The routing version the last heartbeat answer named (None: the last
+        #: heartbeat failed, or none was answered yet).
+        self._beat_version: int | None = None
         # head relay
         self._relay_active = False
         self._relay_error: str | None = None
@@ -245,6 +257,11 @@ class MetadataAgent:
         """Ask for the routing table at once (not waiting for the poll interval)."""
         self._poll_now.set()
 
+    @property
+    def heartbeat_confirms(self) -> bool:
+        """True while the last heartbeat succeeded and named the table's routing version."""
+        return self._table is not None and self._beat_version == self._table.version
+
     async def _poll_routing(self) -> None:
         interval = self.settings.poll_interval_ms / 1000
         backoff = Backoff(_RETRY_BASE_S, max(interval, RETRY_CAP_S))
@@ -253,14 +270,28 @@ class MetadataAgent:
                 assert self._table is not None
                 await self.hooks.apply_routing(self._table)
                 self._tables_applied += 1
-            delay = interval
             if self._fetch_error is not None:
                 delay = backoff.delay_after(retry_after_of(self._fetch_error), self._rand.random())
-            else:
-                backoff.reset()
-            with trio.move_on_after(delay):
-                await self._poll_now.wait()
-            self._poll_now = trio.Event()
+                await self._wait_poll_now(delay)
+                continue
+            backoff.reset()
+            while True:
+                if self.heartbeat_confirms:
+                    # Heartbeats say when the table changes (an answer naming
+                    # another version calls poll_now); poll only as a safety net.
+                    await self._wait_poll_now(max(interval, ROUTING_SAFETY_REFRESH_S))
+                    break
+                if await self._wait_poll_now(interval) or not self.heartbeat_confirms:
+                    break
+                # A heartbeat started confirming the table meanwhile: no request now.
+
+    async def _wait_poll_now(self, timeout_s: float) -> bool:
+        """Wait ``timeout_s`` or until :meth:`poll_now`; True if poll_now came first."""
+        with trio.move_on_after(timeout_s):
+            await self._poll_now.wait()
+        called = self._poll_now.is_set()
+        self._poll_now = trio.Event()
+        return called
 
     # ---------------------------------------------------------- heartbeat
 
@@ -303,12 +334,23 @@ class MetadataAgent:
             except _ServerTrouble as exc:
                 self._heartbeat_failures += 1
                 log.debug("heartbeat failed: %s", exc)
+                if self._beat_version is not None:
+                    # Heartbeats no longer vouch for the table: the routing
+                    # poll takes over at once (and finds the server away).
+                    self._beat_version = None
+                    self.poll_now()
                 await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
                 continue
             backoff.reset()
             self._heartbeats += 1
-            if self._table is None or version > self._table.version:
+            self._beat_version = version
+            if self._table is None or version != self._table.version:
+                # Changed (or, a server restored from a backup, went back): fetch it.
                 self.poll_now()
+            elif self._live:
+                # The server confirmed the table we run from, as a 304 would.
+                self._confirmed_ms = _now_ms()
+                self._confirmed_mono = time.monotonic()
             await trio.sleep(interval)
 
     # --------------------------------------------------------- head relay
@@ -336,6 +378,10 @@ class MetadataAgent:
     def _relay_down(self, error: str) -> None:
         if self._relay_active or self._relay_error is None:
             log.warning("head relay unavailable (%s): mirrors poll the bucket", error)
+        if self._relay_active and self.heartbeat_confirms:
+            # The server may be away: the routing poll checks now rather than
+            # after the next heartbeat (the status then says "cached" at once).
+            self.poll_now()
         self._relay_active = False
         self._relay_error = error
         for tailer in self.hooks.tailers().values():
@@ -435,6 +481,8 @@ class MetadataAgent:
             "tables_applied": self._tables_applied,
             "heartbeats": self._heartbeats,
             "heartbeat_failures": self._heartbeat_failures,
+            # Heartbeats confirm the routing version: the poll runs only as a safety net.
+            "routing_by_heartbeat": self.heartbeat_confirms,
             # Requests sent again because their pooled connection had died
             # (not failures: see edge_gateway.metadata.client).
             "stale_retries": self.client.stale_retries,

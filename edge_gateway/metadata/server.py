@@ -51,6 +51,7 @@ from edge_gateway.metadata._db import (
     Refused,
     SqlStore,
     hash_token,
+    is_legacy_hash,
     split_region_token,
     verify_token,
 )
@@ -95,9 +96,11 @@ DEFAULT_KEEP_PREVIOUS_S: Final = 86_400
 MAX_KEEP_PREVIOUS_S: Final = 30 * 86_400
 _LAG_FIELDS_MAX: Final = 100
 #: Verified tokens remembered at most (two per region during a rotation, and the
-#: admin's): past it the cache starts again, and every token costs a scrypt check
-#: again, so it must hold a whole fleet's (10,000 was one fleet's exactly).
+#: admin's): past it the cache starts again, and every token costs a check (and a
+#: store lookup) again, so it must hold a whole fleet's (10,000 was one fleet's exactly).
 _VERIFIED_MAX: Final = 250_000
+#: A held heads poll watches for its client's hang-up after this long unanswered.
+_UNWATCHED_WAIT_S: Final = 1.0
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
 
@@ -129,7 +132,8 @@ class MetadataServerConfig(ListenAddress):
     max_inflight: int = 512
     #: Long polls held at once past which a new one gets the 503.
     max_long_polls: int = 50_000
-    #: Tokens not seen before that may wait for their scrypt check at once.
+    #: Tokens not seen before that may wait for their check (a store lookup, and
+    #: scrypt for a hash an earlier server wrote) at once.
     max_verifying: int = 64
     #: The HTTP server: ``builtin`` (edgegw's own, :mod:`edge_gateway.net.http11`,
     #: as the gateway's local API) or ``hypercorn`` (~2x the CPU per request).
@@ -206,7 +210,7 @@ class MetadataApp:
             max_verifying=config.max_verifying,
         )
         self.heartbeats = HeartbeatWriter()
-        # scrypt takes 16 MiB and ~30 ms: a bounded number at once.
+        # A legacy scrypt check takes 16 MiB and ~40 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
         #: since the last credential change.
@@ -405,7 +409,7 @@ class MetadataApp:
         if checking is not None:
             # The same token is being checked for another request (a gateway's
             # first requests, or a fleet sharing one token, after a restart):
-            # one scrypt for all of them, then the cache answers.
+            # one lookup (and check) for all of them, then the cache answers.
             await checking.wait()
             return await self._authenticate(authorization)
         generation = self._token_generation
@@ -443,9 +447,26 @@ class MetadataApp:
         return None
 
     async def _check_hash(self, token: str, stored: str) -> bool:
-        return await trio.to_thread.run_sync(
+        if not is_legacy_hash(stored):
+            return verify_token(token, stored)  # salted SHA-256: ~1 µs, no thread
+        if not await trio.to_thread.run_sync(
             verify_token, token, stored, limiter=self._hash_limiter
-        )
+        ):
+            return False
+        await self._upgrade_hash(token, stored)
+        return True
+
+    async def _upgrade_hash(self, token: str, stored: str) -> None:
+        """Replace a verified scrypt hash by a SHA-256 one: the token's next check
+        (after a restart, on another replica) costs microseconds, not ~40 ms."""
+        new = hash_token(token)
+        try:
+            upgraded = await self._db(self.store.upgrade_token_hash, stored, new)
+        except Unavailable as exc:  # the database is away: the next check upgrades it
+            log.debug("token hash not upgraded: %s", exc)
+            return
+        if upgraded and self._admin_hash == stored:
+            self._admin_hash = new
 
     def _forget_tokens(self) -> None:
         self._token_generation += 1
@@ -726,9 +747,27 @@ class MetadataApp:
             # check above and the wait's own check run with no checkpoint between.
             self.admission.park()
             try:
-                update = await self.heads.wait_heads(since, regions, wait_ms / 1000)
+                gone = trio.Event()
+                wait_s = wait_ms / 1000
+                # Most polls of a shipping fleet are answered within a second:
+                # they wait without a watcher (a task and a nursery per poll
+                # cost ~40 % more CPU per request and ~7 KB per poll, measured).
+                quick_s = min(wait_s, _UNWATCHED_WAIT_S)
+                update = await self.heads.wait_heads(since, regions, quick_s)
+                if not update.heads and wait_s > quick_s:
+                    async with trio.open_nursery() as nursery:
+                        # A client that hangs up (a gateway restarting, a herd's
+                        # timed-out retries) ends its poll at once: it no longer
+                        # holds a place, memory and a connection until wait_ms.
+                        nursery.start_soon(_wait_disconnect, request, gone, nursery.cancel_scope)
+                        # Its own check first: nothing reported meanwhile is missed.
+                        update = await self.heads.wait_heads(since, regions, wait_s - quick_s)
+                        nursery.cancel_scope.cancel()
             finally:
                 self.admission.unpark()
+            if gone.is_set():
+                # Nobody to answer: the HTTP server sends nothing to a client gone.
+                return Response(status_code=204)
         return JSONResponse({"version": update.version, "heads": update.heads})
 
     async def list_buckets(self, request: Request, who: Principal) -> Response:
@@ -757,6 +796,14 @@ def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.CancelScope) -> None:
+    """Set ``gone`` and cancel ``scope`` when the client of ``request`` goes away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass  # the (empty) body of the GET
+    gone.set()
+    scope.cancel()
 
 
 def _merge_methods(routes: list[Route]) -> list[Route]:
@@ -907,7 +954,11 @@ def open_store(config: MetadataServerConfig) -> SqlStore:
     try:
         if config.admin_token is not None:
             stored = store.admin_token_hash()
-            if stored is None or not verify_token(config.admin_token, stored):
+            if (
+                stored is None
+                or is_legacy_hash(stored)  # an earlier server's scrypt: rehashed (see _db)
+                or not verify_token(config.admin_token, stored)
+            ):
                 store.set_admin_token_hash(hash_token(config.admin_token))
         if not config.is_loopback and store.admin_token_hash() is None:
             raise ConfigError(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import secrets
 import signal
 import subprocess
 import sys
@@ -21,6 +23,14 @@ ADMIN_TOKEN = "admin-token-for-tests-0123456789"
 
 
 _databases = itertools.count()
+
+
+def scrypt_hash(token: str) -> str:
+    """A token hash as servers before SHA-256 hashes wrote it (salted scrypt), for upgrade tests."""
+    salt = secrets.token_bytes(16)
+    n, r, p = 1 << 14, 8, 1
+    digest = hashlib.scrypt(token.encode(), salt=salt, n=n, r=r, p=p)
+    return f"scrypt${n}${r}${p}${salt.hex()}${digest.hex()}"
 
 
 def new_database(pg: Postgres) -> str:

@@ -116,9 +116,9 @@ def test_idle_fleet_makes_no_bucket_requests(
         assert mirror_mismatches(a, "t-a", 2, b) == []
         assert mirror_mismatches(b, "t-b", 2, a) == []
         for g in (a, b):
-            status = g.status()
-            assert status["errors"] == {}
-            assert status["metadata"]["mode"] == "cached"
+            # Noticed by the failed long poll or, at the latest, the next heartbeat.
+            wait_until(lambda g=g: g.status()["metadata"]["mode"] == "cached", DEADLINE, "cached")
+            assert g.status()["errors"] == {}
     finally:
         codes = fleet.close()
         server.stop()

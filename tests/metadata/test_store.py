@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from _fds import no_gc, open_paths
-from _meta_support import new_database
+from _meta_support import new_database, scrypt_hash
 
 from edge_gateway.errors import ConfigError, InvalidInput
 from edge_gateway.metadata._db import (
@@ -21,6 +21,7 @@ from edge_gateway.metadata._db import (
     Refused,
     SqlStore,
     hash_token,
+    is_legacy_hash,
     split_region_token,
     verify_token,
 )
@@ -148,14 +149,68 @@ def test_close_releases_the_database(tmp_path: Path) -> None:
 def test_token_hashes() -> None:
     stored = hash_token("s3cret-token-value")
     assert "s3cret" not in stored
+    # Salted SHA-256: sha256$<16-byte salt>$<32-byte digest>, not a slow KDF.
+    scheme, salt, digest = stored.split("$")
+    assert (scheme, len(bytes.fromhex(salt)), len(bytes.fromhex(digest))) == ("sha256", 16, 32)
+    assert not is_legacy_hash(stored)
     assert verify_token("s3cret-token-value", stored)
     assert not verify_token("s3cret-token-valuf", stored)
     assert not verify_token("x", "garbage")
     assert not verify_token("x", "scrypt$a$b$c$d$e")
+    assert not verify_token("x", "sha256$zz$00")
+    assert not verify_token("x", "sha256$00")
+    assert not verify_token("s3cret-token-value", stored.replace("sha256", "md5", 1))
     assert hash_token("same") != hash_token("same")  # salted
     assert split_region_token("egw_0123456789abcdef_secret") == "0123456789abcdef"
     assert split_region_token("egw_short_secret") is None
     assert split_region_token("admin") is None
+
+
+def test_scrypt_hashes_of_earlier_servers_still_verify() -> None:
+    legacy = scrypt_hash("old-token-value-0123")
+    assert is_legacy_hash(legacy)
+    assert verify_token("old-token-value-0123", legacy)
+    assert not verify_token("old-token-value-0124", legacy)
+
+
+def test_legacy_hashes_are_upgraded_in_place(store: SqlStore) -> None:
+    """A verified scrypt hash is replaced by a SHA-256 one of the same token, wherever
+    it is (current token, previous token, admin token); compare-and-set on the old hash."""
+    current = store.add_region("east", 10)
+    previous = store.add_region("west", 10)
+    admin = "admin-token-value-0123456789"
+    legacy = {t: scrypt_hash(t) for t in (current, previous, admin)}
+    with store._write() as db:
+        db.execute("UPDATE regions SET token_hash = ? WHERE id = 'east'", (legacy[current],))
+        db.execute("UPDATE regions SET token_hash = ? WHERE id = 'west'", (legacy[previous],))
+    store.set_admin_token_hash(legacy[admin])
+    store.rotate_region_token("west", 20, keep_previous_ms=1_000)  # `previous` is west's prev now
+
+    for token in (current, previous):
+        found = store.region_token(_token_id(token), 30)
+        assert found is not None
+        assert found[1] == legacy[token]
+        assert store.upgrade_token_hash(found[1], hash_token(token))
+        after = store.region_token(_token_id(token), 30)
+        assert after is not None
+        assert after[:1] == found[:1]
+        assert after[2] == found[2]
+        assert after[1].startswith("sha256$")
+        assert verify_token(token, after[1])
+        assert not verify_token(token + "x", after[1])
+    assert store.upgrade_token_hash(legacy[admin], hash_token(admin))
+    stored_admin = store.admin_token_hash()
+    assert stored_admin is not None
+    assert stored_admin.startswith("sha256$")
+    assert verify_token(admin, stored_admin)
+
+    # A hash no longer stored (rotated or revoked in between) is not resurrected.
+    token = store.add_region("gone", 40)
+    found = store.region_token(_token_id(token), 40)
+    assert found is not None
+    store.revoke_region("gone", 41)
+    assert not store.upgrade_token_hash(found[1], hash_token(token))
+    assert store.region_token(_token_id(token), 42) is None
 
 
 def test_region_tokens(store: SqlStore) -> None:
