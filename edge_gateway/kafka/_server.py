@@ -17,13 +17,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import os
 import time
 import weakref
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 import trio
@@ -51,6 +49,7 @@ from edge_gateway.kafka._registry import (
     Connection,
     supported_versions,
 )
+from edge_gateway.net.listen import write_addr_file
 from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD, server_context
 from edge_gateway.net.tlsstream import TlsStream
 
@@ -220,7 +219,7 @@ async def serve_kafka(
             server.connections -= 1
 
     async def announce() -> None:
-        await trio.to_thread.run_sync(_write_addr, addr_path, text)
+        await trio.to_thread.run_sync(write_addr_file, addr_path, text)
         log.info("Kafka listener on %s%s", text, " (TLS)" if tls is not None else "")
 
     # Stopping (the gateway shuts down): no new connections; idle connections
@@ -261,15 +260,6 @@ async def serve_kafka(
             del _SERVERS[gateway]
         with contextlib.suppress(OSError):
             addr_path.unlink()
-
-
-def _write_addr(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
 
 
 async def _serve_connection(

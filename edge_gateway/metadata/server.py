@@ -30,7 +30,6 @@ import hashlib
 import json
 import logging
 import math
-import os
 import ssl
 import time
 from collections.abc import Awaitable, Callable
@@ -79,6 +78,7 @@ from edge_gateway.net.http import (
     hypercorn_config,
     receive_body,
 )
+from edge_gateway.net.listen import write_addr_file
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -996,7 +996,7 @@ async def serve_metadata(
                 url, stop = await _start_builtin(nursery, app, config, server_scope)
             try:
                 if config.addr_file is not None:
-                    await trio.to_thread.run_sync(_write_addr, config.addr_file, url)
+                    await trio.to_thread.run_sync(write_addr_file, config.addr_file, url)
                 mode = " (open mode: no admin token; loopback only)" if app.open_mode else ""
                 log.info("metadata server listening on %s%s", url, mode)
                 task_status.started(url)
@@ -1087,11 +1087,3 @@ def _tls_context(config: MetadataServerConfig) -> ssl.SSLContext:
         ) from None
     return ctx
 
-
-def _write_addr(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
