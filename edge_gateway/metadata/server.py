@@ -1086,4 +1086,3 @@ def _tls_context(config: MetadataServerConfig) -> ssl.SSLContext:
             f"--tls-cert / --tls-key: cannot load {config.certfile} with {config.keyfile}: {exc}"
         ) from None
     return ctx
-
