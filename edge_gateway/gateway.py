@@ -33,7 +33,6 @@ import functools
 import itertools
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
@@ -64,6 +63,7 @@ from edge_gateway.config import (
     topology_subscribers,
 )
 from edge_gateway.datadir import DirectoryLock, lock_directory
+from edge_gateway.durable import replace_file
 from edge_gateway.encryption import Keys
 from edge_gateway.errors import (
     ClosedError,
@@ -453,13 +453,7 @@ class Gateway:
 
     def _save_auto_topics(self) -> None:
         rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
-        path = self._topics_path()
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w") as fh:
-            json.dump({"auto_created": rows}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        replace_file(self._topics_path(), json.dumps({"auto_created": rows}).encode())
 
     def _writable(self, topic: str) -> _Topic:
         t = self._topics.get(topic)

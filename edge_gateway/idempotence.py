@@ -39,7 +39,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -49,6 +48,7 @@ from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 import trio
 
+from edge_gateway.durable import replace_file
 from edge_gateway.errors import (
     CorruptData,
     InvalidInput,
@@ -604,14 +604,4 @@ class ProducerRegistry:
 
 def _write_durably(path: Path, data: bytes) -> None:
     """Write ``path`` by a temporary file, fsync, rename and fsync of the directory."""
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(path, data)

@@ -57,7 +57,6 @@ is the one place where a lane can be held back (a link policy).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import errno
 import hashlib
@@ -87,6 +86,7 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.clock import BucketClock
+from edge_gateway.durable import replace_file
 from edge_gateway.errors import (
     BucketLost,
     ConfigError,
@@ -602,7 +602,6 @@ class Shipper:
 
     def _save_writer_state(self, state: _WriterState) -> None:
         """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
-        tmp = self._state_path.with_suffix(".tmp")
         doc: dict[str, object] = {
             "region": self.region,
             "epoch": state.epoch,
@@ -618,24 +617,13 @@ class Shipper:
             doc["sent"] = {str(lane_id): lsn for lane_id, lsn in sorted(self._sent.items())}
         data = json.dumps(doc).encode()
         try:
-            with open(tmp, "wb") as fh:
-                fh.write(data)
-                fh.flush()
-                os.fsync(fh.fileno())
+            replace_file(self._state_path, data)
         except OSError as exc:
             if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            with contextlib.suppress(OSError):
-                tmp.unlink()
             raise DiskFull(
                 f"no room to write {self._state_path.name}: {exc.strerror or exc}"
             ) from None
-        os.replace(tmp, self._state_path)
-        dfd = os.open(self._state_path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
         self._saved = dataclasses.replace(state, sent=())
 
     async def _probe_and_read(self) -> LogState | Exception:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
+from edge_gateway.durable import replace_file
 from edge_gateway.journal import _fs
 from edge_gateway.journal._index import IndexFile, IntSequence
 
@@ -150,17 +151,7 @@ class Segment:
 
 
 def write_atomically(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` by a temporary file, fsync and rename (all or nothing)."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    try:
-        fd = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            _fs.write_all(_fs.ops, fd, data)
-            _fs.ops.fsync(fd)
-        finally:
-            _fs.ops.close(fd)
-        _fs.ops.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            _fs.ops.unlink(tmp)
-        raise
+    """Write ``data`` to ``path`` by a temporary file, fsync and rename (all or nothing),
+    through the journal's fault-injection seam; no directory fsync (the caller's
+    next segment roll or checkpoint makes it durable)."""
+    replace_file(path, data, sync_dir=False, ops=_fs.ops)

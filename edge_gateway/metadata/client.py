@@ -33,7 +33,6 @@ from __future__ import annotations
 import email.utils
 import json
 import logging
-import os
 import random
 import ssl
 import time
@@ -49,6 +48,7 @@ import httpx
 import trio
 
 from edge_gateway.backoff import Backoff
+from edge_gateway.durable import replace_file
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
@@ -576,17 +576,7 @@ class RoutingCache:
         }
         data = json.dumps(doc, separators=(",", ":")).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(self.path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self.path, data)
 
     def load(self) -> CachedRouting | None:
         """The cached table, or None when there is none; :class:`CorruptData` if unreadable."""

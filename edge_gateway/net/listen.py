@@ -14,11 +14,12 @@
 from __future__ import annotations
 
 import errno
-import os
 import socket
 from pathlib import Path
 
 import trio
+
+from edge_gateway.durable import replace_file
 
 __all__ = [
     "bind_failure",
@@ -54,17 +55,7 @@ def format_hostport(host: str, port: int) -> str:
 
 def write_addr_file(path: Path, text: str) -> None:
     """Write ``text`` and a newline to ``path`` whole: readers see the old file or the new one."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(path, (text + "\n").encode())
 
 
 #: errno values of a bind that cannot succeed on this address (now).

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Protocol
 
+from edge_gateway.durable import replace_file
 from edge_gateway.errors import ConfigError, InvalidInput
 
 POSITIONS: Final = "edgegw.positions"
@@ -319,17 +320,7 @@ class ParquetTable:
             "properties": {**(docs[-1]["properties"] if docs else {}), **props},
         }
         self.markers.mkdir(parents=True, exist_ok=True)
-        tmp = self.markers / f".{n}.json.tmp"
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.markers / f"{n}.json")
-        fd = os.open(self.markers, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self.markers / f"{n}.json", json.dumps(doc).encode())
         self._finish(doc)
 
     def data_files(self) -> list[str]:
