@@ -110,7 +110,7 @@ from _common import (
     scratch_dir,
 )
 
-from edge_gateway import _heap
+from edge_gateway import heap
 from edge_gateway.bucket import S3Bucket, S3Config
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.crypt import WriteKey, generate_key
@@ -848,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
         generate_backlog(Path(path), int(target), int(partitions), int(pool))
         return 0
     plan = QUICK if args.quick else FULL
-    _heap.tune()  # as ``edgegw serve`` does: its heap is what a drain allocates from
+    heap.tune()  # as ``edgegw serve`` does: its heap is what a drain allocates from
     started = time.perf_counter()
     progress(f"ship bench ({'quick' if plan.quick else 'full'}): starting moto")
     fig: dict[str, Any] = {"quick": plan.quick}

@@ -34,8 +34,7 @@ from _common import (
     scratch_dir,
 )
 
-from edge_gateway.bucket import Bucket, S3Bucket, S3Config, check_store
-from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
+from edge_gateway.bucket import AzureConfig, Bucket, GcsConfig, S3Bucket, S3Config, check_store
 from edge_gateway.testing.emulators import (
     azurite_connection_string,
     azurite_missing_reason,

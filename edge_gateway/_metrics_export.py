@@ -23,7 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from edge_gateway import _pygc
+from edge_gateway import pygc
 from edge_gateway.errors import ClosedError, EdgeGatewayError
 from edge_gateway.metrics import GatewayMetrics, LatencyHistogram, MirrorLag
 from edge_gateway.shipper import SHIPPER_STATES, LaneShipStats
@@ -274,8 +274,8 @@ class _GatewayCollector(Collector):
 
     @staticmethod
     def _gc() -> Iterator[Metric]:
-        """The collector's pauses (``edgegw serve`` settles it: edge_gateway._pygc)."""
-        doc = _pygc.statistics()
+        """The collector's pauses (``edgegw serve`` settles it: edge_gateway.pygc)."""
+        doc = pygc.statistics()
         if not doc["settled"]:
             return
         collections = CounterMetricFamily(

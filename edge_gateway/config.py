@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from edge_gateway.bucket import LinkPolicy, S3Config, parse_window
-from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
+from edge_gateway.bucket import AzureConfig, GcsConfig, LinkPolicy, S3Config, parse_window
 from edge_gateway.clock import ClockConfig
 from edge_gateway.encryption import EncryptionConfig, parse_encryption
 from edge_gateway.errors import ConfigError, EdgeGatewayError, InvalidName
+from edge_gateway.format.mqtt_topics import validate_filter, validate_template
 from edge_gateway.journal import JournalConfig, OnFull, Priority
-from edge_gateway.mqtt._topics import validate_filter, validate_template
 from edge_gateway.names import (
     mirror_topic,
     validate_group,

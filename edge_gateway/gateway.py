@@ -842,7 +842,7 @@ class Gateway:
         if cfg.type != "local":
             # boto3 (or the Azure or GCS SDK) loads here, and only for such a
             # bucket (docs/operations.md, "Footprint").
-            from edge_gateway.bucket._open import open_cloud_bucket
+            from edge_gateway.bucket import open_cloud_bucket
 
             bucket: Bucket = await open_cloud_bucket(cfg.cloud_config())
             try:

@@ -72,7 +72,7 @@ from pathlib import Path
 
 import trio
 
-from edge_gateway import _heap
+from edge_gateway import heap
 from edge_gateway.backoff import Backoff
 from edge_gateway.bucket import (
     AccessDenied,
@@ -161,7 +161,7 @@ PACK_MIN_ENTRIES = 4
 #: little gain on the small machines an edge site runs on.
 _BUILD_THREADS = max(1, min(2, os.cpu_count() or 1))
 #: A drain of at least this many objects back to back ends with a trim of the
-#: C heap (``edge_gateway._heap``): the buffers it went through stay with the
+#: C heap (``edge_gateway.heap``): the buffers it went through stay with the
 #: process otherwise, fragmented, until the next drain.
 TRIM_AFTER_OBJECTS = 8
 #: Journal entries whose bodies the shipper reads; the others (mirror entries,
@@ -409,7 +409,7 @@ class ShipperStats:
     gap_records: int = 0
     #: Unfinished multipart uploads of log objects aborted at claims (crash leftovers).
     uploads_aborted: int = 0
-    #: Drains after which the C heap was trimmed (``edge_gateway._heap``).
+    #: Drains after which the C heap was trimmed (``edge_gateway.heap``).
     heap_trims: int = 0
     #: Packs of small entries written (``format/pack.py``), and their bytes.
     packs: int = 0
@@ -1441,7 +1441,7 @@ class Shipper:
                 self._read_buffers = None
             if shipped >= TRIM_AFTER_OBJECTS:
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(_heap.trim)
+                    await trio.to_thread.run_sync(heap.trim)
                 self._heap_trims += 1
 
     async def _ship_round(

@@ -56,7 +56,7 @@ def test_a_failed_step_keeps_the_old_file_and_removes_the_temporary(
 ) -> None:
     target = tmp_path / "shipper.json"
     target.write_bytes(b'{"epoch": 3}')
-    with pytest.raises(OSError) as info:
+    with pytest.raises(OSError, match="No space") as info:
         replace_file(target, b'{"epoch": 4}', ops=_Recorder(fail=step))
     assert info.value.errno == errno.ENOSPC
     assert target.read_bytes() == b'{"epoch": 3}'

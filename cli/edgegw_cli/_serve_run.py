@@ -72,10 +72,10 @@ def run_serve(config: Path) -> None:
     configure_logging(cfg.log.level, cfg.log.format)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_BindFailureFilter(cfg))
-    from edge_gateway import _heap
+    from edge_gateway import heap
 
-    # Before any thread starts: after a drain, memory goes back (edge_gateway._heap).
-    _heap.tune()
+    # Before any thread starts: after a drain, memory goes back (edge_gateway.heap).
+    heap.tune()
     try:
         trio.run(_serve, cfg)
     except* BucketLost as group:
@@ -150,7 +150,7 @@ class _BindFailureFilter(logging.Filter):
 
 
 async def _serve(cfg: GatewayConfig) -> None:
-    from edge_gateway import _heap, _pygc
+    from edge_gateway import heap, pygc
     from edge_gateway.api import serve_api
     from edge_gateway.gateway import Gateway
 
@@ -170,13 +170,13 @@ async def _serve(cfg: GatewayConfig) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_on_signals, signals, gateway)
-            # Free pages in the middle of the C heaps go back (edge_gateway._heap).
-            nursery.start_soon(_heap.keep_trimmed)
+            # Free pages in the middle of the C heaps go back (edge_gateway.heap).
+            nursery.start_soon(heap.keep_trimmed)
 
             async def announce() -> None:
                 # Startup's objects frozen out of the collector's way: its full
-                # collections were most of the p99 under load (edge_gateway._pygc).
-                _pygc.settle()
+                # collections were most of the p99 under load (edge_gateway.pygc).
+                pygc.settle()
                 addr = gateway.api_address
                 log.info(
                     "serving region %s on %s://%s:%s",

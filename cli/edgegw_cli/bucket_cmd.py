@@ -21,6 +21,10 @@ from rich.table import Table
 from rich.text import Text
 
 from edge_gateway.bucket import (
+    FAIL,
+    INFO,
+    PASS,
+    WORKAROUND,
     AzureConfig,
     Bucket,
     GcsConfig,
@@ -28,7 +32,6 @@ from edge_gateway.bucket import (
     StoreReport,
     check_store,
 )
-from edge_gateway.bucket._check import FAIL, INFO, PASS, WORKAROUND
 from edge_gateway.errors import EdgeGatewayError
 from edge_gateway.regionlog import BUCKET_MARKER, write_bucket_marker
 from edgegw_cli._bucket import open_bucket
@@ -204,7 +207,7 @@ def _cloud_config(
 
 
 async def _open_cloud(config: AzureConfig | GcsConfig) -> Bucket:
-    from edge_gateway.bucket._open import open_cloud_bucket
+    from edge_gateway.bucket import open_cloud_bucket
 
     bucket = await open_cloud_bucket(config)
     try:
@@ -239,7 +242,7 @@ async def _open(
     except EdgeGatewayError as exc:
         raise fail(str(exc), code=2) from None
     if cfg.bucket.type != "local":
-        from edge_gateway.bucket._open import open_cloud_bucket
+        from edge_gateway.bucket import open_cloud_bucket
 
         bucket: Bucket = await open_cloud_bucket(cfg.bucket.cloud_config())
         try:

@@ -376,7 +376,7 @@ def render(doc: dict[str, Any]) -> None:
 
 
 def _gc_line(doc: dict[str, Any]) -> str:
-    """The collector's pauses since the gateway became ready (edge_gateway._pygc)."""
+    """The collector's pauses since the gateway became ready (edge_gateway.pygc)."""
     gens = ", ".join(
         f"gen{g} {n:,} x, {secs * 1e3:,.0f} ms, longest {longest:,.1f} ms"
         for g, (n, secs, longest) in enumerate(
@@ -387,7 +387,7 @@ def _gc_line(doc: dict[str, Any]) -> str:
 
 
 def _heap_line(doc: dict[str, Any]) -> str:
-    """glibc's arena cap and the trims so far (edge_gateway._heap)."""
+    """glibc's arena cap and the trims so far (edge_gateway.heap)."""
     cap = f"arenas capped at {doc['arena_max']}" if doc.get("arena_max") else "glibc's arenas"
     return (
         f"{cap}; {doc['trims']:,} trims, {doc['trim_seconds'] * 1e3:,.1f} ms, "

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from edge_gateway import __version__, _heap, _pygc
+from edge_gateway import __version__, heap, pygc
 from edge_gateway.gateway import mirror_task
 
 if TYPE_CHECKING:
@@ -119,8 +119,8 @@ def status_document(gw: Gateway) -> dict[str, Any]:
         "accepting": gw.accepting,
         "bucket": gw.config.bucket.describe(gw.config.data_dir),
         "producers": _producers_json(gw),
-        "python_gc": _pygc.statistics(),
-        "heap": _heap.statistics(),
+        "python_gc": pygc.statistics(),
+        "heap": heap.statistics(),
         "journal": {
             "bytes": j.bytes,
             "max_bytes": j.max_bytes,

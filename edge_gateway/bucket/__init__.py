@@ -48,7 +48,15 @@ from edge_gateway.bucket._base import (
     validate_key,
     validate_prefix,
 )
-from edge_gateway.bucket._check import CheckResult, StoreReport, check_store
+from edge_gateway.bucket._check import (
+    FAIL,
+    INFO,
+    PASS,
+    WORKAROUND,
+    CheckResult,
+    StoreReport,
+    check_store,
+)
 from edge_gateway.bucket._cloudconfig import AzureConfig, GcsConfig
 from edge_gateway.bucket._denied import Denial, DenialTracker
 from edge_gateway.bucket._errors import (
@@ -77,6 +85,7 @@ from edge_gateway.bucket._linkpolicy import (
     parse_window,
 )
 from edge_gateway.bucket._local import LocalBucket
+from edge_gateway.bucket._open import open_cloud_bucket
 from edge_gateway.bucket._probe import probe_key, verify_conditional_create
 from edge_gateway.bucket._s3config import S3Config
 from edge_gateway.bucket._sync import LocalConfig, StoreConfig, SyncBucket, open_bucket
@@ -87,9 +96,13 @@ if TYPE_CHECKING:
     from edge_gateway.bucket._s3 import S3Bucket
 
 __all__ = [
+    "FAIL",
+    "INFO",
     "MAX_KEY_BYTES",
     "OPERATIONS",
+    "PASS",
     "PRIORITIES",
+    "WORKAROUND",
     "AccessDenied",
     "AzureBucket",
     "AzureConfig",
@@ -131,6 +144,7 @@ __all__ = [
     "check_store",
     "denied_action",
     "open_bucket",
+    "open_cloud_bucket",
     "parse_window",
     "probe_key",
     "verify_conditional_create",

@@ -911,7 +911,7 @@ def _block_input(batches: list[bytes | memoryview]) -> Iterator[bytes | memoryvi
     Several batches are copied into a reused buffer (:data:`_JOINED`)
     rather than joined into fresh memory: a fresh buffer of a MiB costs the
     kernel 256 page faults (``edgegw serve`` maps every buffer above 256
-    KiB afresh, ``_heap.tune``), about as much CPU as copying it. A pooled
+    KiB afresh, ``heap.tune``), about as much CPU as copying it. A pooled
     buffer grows to the largest block built in it.
     """
     if len(batches) == 1:

@@ -65,7 +65,7 @@ class ReadBuffers:
 
     Without them every run is read into fresh memory, and fresh memory costs
     the kernel a page fault per 4 KiB the first time it is touched
-    (``edgegw serve``'s heap settings, ``_heap.tune``, map every buffer above
+    (``edgegw serve``'s heap settings, ``heap.tune``, map every buffer above
     256 KiB afresh): ``bench/ship.py`` measured 558-685 faults per journal
     MiB of a drain and 3.4-4.1 ms of CPU, ~90 and 2.0-2.4 ms with them. With
     them the runs of a drain land in the same few buffers again and again.

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edge_gateway.mqtt._topics import (
+from edge_gateway.format.mqtt_topics import (
     filter_matches,
     render_topic,
     topic_level,

@@ -39,8 +39,8 @@ from edge_gateway.backoff import Backoff
 from edge_gateway.config import MqttIngestConfig, MqttPublishConfig, _MqttBroker
 from edge_gateway.errors import ConfigError, InvalidInput, Unavailable, UnknownTopic
 from edge_gateway.failpoints import fail_point
+from edge_gateway.format.mqtt_topics import filter_matches, render_topic
 from edge_gateway.mqtt._handoff import Handoff
-from edge_gateway.mqtt._topics import filter_matches, render_topic
 
 if TYPE_CHECKING:
     import paho.mqtt.client as paho_client

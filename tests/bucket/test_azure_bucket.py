@@ -20,6 +20,7 @@ from azure.core.exceptions import (
 
 from edge_gateway.bucket import (
     AccessDenied,
+    AzureConfig,
     BucketUnavailable,
     InvalidRequest,
     NoSuchBucket,
@@ -28,7 +29,6 @@ from edge_gateway.bucket import (
     verify_conditional_create,
 )
 from edge_gateway.bucket._azure import AzureBucket, translate_error
-from edge_gateway.bucket._cloudconfig import AzureConfig
 from edge_gateway.config import load_config
 from edge_gateway.errors import ConfigError
 from edge_gateway.testing.emulators import azurite_connection_string

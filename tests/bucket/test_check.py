@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from edge_gateway.bucket import Bucket, BucketUnavailable, FaultyBucket, check_store
-from edge_gateway.bucket._check import INFO, PASS, WORKAROUND
+from edge_gateway.bucket import (
+    INFO,
+    PASS,
+    WORKAROUND,
+    Bucket,
+    BucketUnavailable,
+    FaultyBucket,
+    check_store,
+)
 
 
 @pytest.mark.conditional

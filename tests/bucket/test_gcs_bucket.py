@@ -14,13 +14,13 @@ from _bucket_support import gcs_config
 
 from edge_gateway.bucket import (
     BucketUnavailable,
+    GcsConfig,
     NoSuchBucket,
     NotFound,
     PreconditionFailed,
     UnsupportedStore,
     verify_conditional_create,
 )
-from edge_gateway.bucket._cloudconfig import GcsConfig
 from edge_gateway.bucket._gcs import GcsBucket, translate_error
 from edge_gateway.errors import ConfigError
 from edge_gateway.testing.ports import free_port

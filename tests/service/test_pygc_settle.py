@@ -1,4 +1,4 @@
-"""The serve process's garbage collector (edge_gateway._pygc): settled once the gateway is ready.
+"""The serve process's garbage collector (edge_gateway.pygc): settled once the gateway is ready.
 
 ``edgegw serve`` freezes startup's objects and raises the young threshold, and
 reports the collections and their pauses in ``/v1/status`` (``python_gc``),
@@ -19,7 +19,7 @@ import httpx
 from _serve import Server, write_config
 from edgegw_cli.status import _gc_line, _heap_line
 
-from edge_gateway import _heap, _pygc
+from edge_gateway import heap, pygc
 
 
 def test_serve_settles_the_collector_and_reports_its_pauses(tmp_path: Path) -> None:
@@ -35,29 +35,29 @@ def test_serve_settles_the_collector_and_reports_its_pauses(tmp_path: Path) -> N
     finally:
         assert server.stop(signal.SIGTERM)[0] == 0
     assert doc["settled"] is True
-    assert doc["thresholds"][0] == _pygc.GEN0_THRESHOLD
+    assert doc["thresholds"][0] == pygc.GEN0_THRESHOLD
     assert doc["frozen_objects"] > 1000  # modules, config, the gateway's own objects
     assert len(doc["collections"]) == len(doc["pause_seconds"]) == len(doc["max_pause_ms"]) == 3
     assert 'edgegw_gc_collections_total{generation="2"}' in metrics
     assert 'edgegw_gc_pause_seconds_total{generation="0"}' in metrics
     assert "startup objects frozen; collections: gen0" in _gc_line(doc)
-    # The serve process caps glibc's arenas too (edge_gateway._heap).
+    # The serve process caps glibc's arenas too (edge_gateway.heap).
     if sys.platform.startswith("linux"):
-        assert status["heap"]["arena_max"] == _heap.ARENA_MAX
-        assert _heap_line(status["heap"]).startswith(f"arenas capped at {_heap.ARENA_MAX}; ")
+        assert status["heap"]["arena_max"] == heap.ARENA_MAX
+        assert _heap_line(status["heap"]).startswith(f"arenas capped at {heap.ARENA_MAX}; ")
 
 
 def test_settle_freezes_counts_and_still_collects_cycles() -> None:
     code = textwrap.dedent(
         """
         import gc, weakref
-        from edge_gateway import _pygc
+        from edge_gateway import pygc
 
-        assert _pygc.statistics()["settled"] is False
-        _pygc.settle()
-        before = _pygc.statistics()
+        assert pygc.statistics()["settled"] is False
+        pygc.settle()
+        before = pygc.statistics()
         assert before["settled"] and before["frozen_objects"] > 0, before
-        assert before["thresholds"][0] == _pygc.GEN0_THRESHOLD, before
+        assert before["thresholds"][0] == pygc.GEN0_THRESHOLD, before
         assert before["collections"] == [0, 0, 0], before
 
         class Node:
@@ -69,7 +69,7 @@ def test_settle_freezes_counts_and_still_collects_cycles() -> None:
         del a, b
         gc.collect()
         assert gone() is None, "a cycle made after settle() was not collected"
-        after = _pygc.statistics()
+        after = pygc.statistics()
         assert after["collections"][2] == 1, after
         assert after["pause_seconds"][2] > 0, after
         assert after["max_pause_ms"][2] > 0, after
@@ -91,10 +91,10 @@ def test_full_collections_still_run_after_settle() -> None:
     code = textwrap.dedent(
         """
         import gc
-        from edge_gateway import _pygc
+        from edge_gateway import pygc
 
         startup = [[i] for i in range(300_000)]  # a large heap at settle()
-        _pygc.settle(gen0_threshold=2_000)
+        pygc.settle(gen0_threshold=2_000)
 
         class Node:
             def __init__(self):
@@ -107,7 +107,7 @@ def test_full_collections_still_run_after_settle() -> None:
                 live.append(node)  # some live a while, then go
             if len(live) > 2_000:
                 live = live[1_000:]
-        stats = _pygc.statistics()
+        stats = pygc.statistics()
         old = len(gc.get_objects(generation=2))
         assert stats["collections"][2] >= 1, stats
         assert old < 20_000, old

@@ -249,9 +249,9 @@ def test_backlog_object_bytes_is_checked(bad: int) -> None:
 async def test_a_drain_trims_the_c_heap_once_and_a_live_flush_does_not(
     bucket: Bucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After a backlog of many objects the heap's free pages go back (edge_gateway._heap)."""
+    """After a backlog of many objects the heap's free pages go back (edge_gateway.heap)."""
     calls: list[int] = []
-    monkeypatch.setattr(shipper_module._heap, "trim", lambda: calls.append(1) or True)
+    monkeypatch.setattr(shipper_module.heap, "trim", lambda: calls.append(1) or True)
     async with open_journal(tmp_path / "j", JCFG) as j:
         s = Shipper(j, bucket, REGION, config=CFG)
         await s.claim()
@@ -268,7 +268,7 @@ async def test_a_drain_trims_the_c_heap_once_and_a_live_flush_does_not(
 
 def test_the_heap_trim_works_on_this_machine() -> None:
     """glibc (the images and CI here): the trim is real, not a silent no-op."""
-    assert shipper_module._heap.trim() is True
+    assert shipper_module.heap.trim() is True
 
 
 async def test_a_built_object_waiting_for_its_upload_holds_no_entries(

@@ -1,10 +1,10 @@
-"""The C heap after a burst of big buffers in worker threads (``edge_gateway._heap``).
+"""The C heap after a burst of big buffers in worker threads (``edge_gateway.heap``).
 
 A drain reads and compresses buffers of a few MiB in worker threads. With
 glibc's dynamic thresholds, one big buffer freed makes the next ones come
 from the thread's heap, whose free top ``malloc_trim`` does not give back:
 a real process (a child, measured by its ``RssAnon``) keeps them after the
-trim; with :func:`edge_gateway._heap.tune`, as ``edgegw serve`` calls it at
+trim; with :func:`edge_gateway.heap.tune`, as ``edgegw serve`` calls it at
 start, it does not.
 """
 
@@ -17,7 +17,7 @@ import sys
 import pytest
 import trio
 
-from edge_gateway import _heap
+from edge_gateway import heap
 
 MiB = 1024 * 1024
 
@@ -26,9 +26,9 @@ MiB = 1024 * 1024
 # small block kept; then the trim the shipper does after a drain.
 CHILD = """
 import sys, threading
-from edge_gateway import _heap
+from edge_gateway import heap
 if sys.argv[1] == "tune":
-    assert _heap.tune(), "mallopt refused"
+    assert heap.tune(), "mallopt refused"
 def anon():
     for line in open("/proc/self/status"):
         if line.startswith("RssAnon:"):
@@ -44,7 +44,7 @@ before = anon()
 t = threading.Thread(target=drain)
 t.start()
 t.join()
-assert _heap.trim()
+assert heap.trim()
 print(anon() - before)
 """
 
@@ -79,11 +79,11 @@ def test_tuned_thresholds_give_a_drains_buffers_back() -> None:
 def test_the_operators_own_thresholds_win() -> None:
     # (with the operator's arena cap too, so that this process stays as it is)
     own = {"MALLOC_ARENA_MAX": "4"}
-    assert _heap.tune({**own, "MALLOC_MMAP_THRESHOLD_": "65536"}) is False
-    assert _heap.tune({**own, "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}) is False
+    assert heap.tune({**own, "MALLOC_MMAP_THRESHOLD_": "65536"}) is False
+    assert heap.tune({**own, "GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1"}) is False
     tunables = "glibc.malloc.arena_max=4:glibc.malloc.mmap_threshold=65536"
-    assert _heap.tune({"GLIBC_TUNABLES": tunables}) is False
-    assert _heap.statistics()["arena_max"] is None
+    assert heap.tune({"GLIBC_TUNABLES": tunables}) is False
+    assert heap.statistics()["arena_max"] is None
 
 
 # Eight threads alive at once, each allocating from the C heap (blocks below
@@ -91,10 +91,10 @@ def test_the_operators_own_thresholds_win() -> None:
 # each a 64 MiB-aligned mapping; capped, they share.
 ARENAS = """
 import sys, threading
-from edge_gateway import _heap
+from edge_gateway import heap
 if sys.argv[1] == "tune":
-    assert _heap.tune(), "mallopt refused"
-    assert _heap.statistics()["arena_max"] == _heap.ARENA_MAX
+    assert heap.tune(), "mallopt refused"
+    assert heap.statistics()["arena_max"] == heap.ARENA_MAX
 barrier = threading.Barrier(8)
 kept = []
 def work():
@@ -126,11 +126,11 @@ def test_tuned_threads_share_few_heaps() -> None:
     # this stops being so, the cap may go).
     assert thread_heaps("default") >= 4
     # The cap counts the main heap (brk, not 64 MiB-aligned) too.
-    assert thread_heaps("tune") <= _heap.ARENA_MAX - 1
+    assert thread_heaps("tune") <= heap.ARENA_MAX - 1
 
 
 async def test_keep_trimmed_trims_every_interval() -> None:
-    before = _heap.statistics()["trims"]
+    before = heap.statistics()["trims"]
     with trio.move_on_after(0.5):
-        await _heap.keep_trimmed(0.05)
-    assert _heap.statistics()["trims"] - before >= 3
+        await heap.keep_trimmed(0.05)
+    assert heap.statistics()["trims"] - before >= 3
