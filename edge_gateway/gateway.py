@@ -28,16 +28,13 @@ in the journal, so a later restart resumes exactly where it stopped).
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import itertools
-import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import trio
@@ -63,18 +60,13 @@ from edge_gateway.config import (
     topology_subscribers,
 )
 from edge_gateway.datadir import DirectoryLock, lock_directory
-from edge_gateway.durable import replace_file
 from edge_gateway.encryption import Keys
 from edge_gateway.errors import (
     ClosedError,
     CorruptData,
     Denied,
-    DiskFull,
     InvalidInput,
-    ReadOnlyTopic,
     Unavailable,
-    UnknownTopic,
-    WrongRegion,
 )
 from edge_gateway.format.batch import Headers, Record, encode_batch, iter_batches, peek_count
 from edge_gateway.format.batch import read_header as read_batch_header
@@ -91,9 +83,9 @@ from edge_gateway.journal import (
     open_lanes,
 )
 from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
-from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
 from edge_gateway.supervisor import Supervisor, TaskHealth
+from edge_gateway.topics import Topic, TopicTable
 
 if TYPE_CHECKING:
     from edge_gateway.metadata.agent import MetadataAgent
@@ -204,24 +196,6 @@ class TopicInfo:
         }
 
 
-@dataclass(slots=True)
-class _Topic:
-    name: str
-    kind: Literal["local", "mirror"]
-    home: str
-    partitions: int
-    source_topic: str
-    subscribers: tuple[str, ...]
-
-    def check_partition(self, partition: int) -> int:
-        """``partition`` if the topic has it; else :class:`InvalidInput` naming the range."""
-        if not 0 <= partition < self.partitions:
-            raise InvalidInput(
-                f"topic {self.name!r} has partitions 0..{self.partitions - 1}, not {partition}"
-            )
-        return partition
-
-
 @dataclass(slots=True, eq=False)
 class _TailerTask:
     """A running tailer: cancelling ``scope`` stops it; ``done`` is set once it has.
@@ -249,14 +223,15 @@ class Gateway:
         #: ``[encryption]``'s keys, read now: a missing or exposed key file
         #: stops the start with a ConfigError naming it.
         self.keys: Keys = config.encryption.load(config.region)
-        self._topics: dict[str, _Topic] = {}
-        #: The fleet's topics as this gateway knows them (config, or routing table).
-        self._topology: tuple[TopicConfig, ...] = ()
-        #: Topic name -> home region, for every topic of the topology.
-        self._homes: dict[str, str] = {}
-        #: Topics auto-created here (name -> partitions), kept in topics.json.
-        self._auto: dict[str, int] = {}
-        self._set_topology(config.topics)
+        #: The topics homed here, mirrored here and auto-created here.
+        self.topic_table = TopicTable(
+            config.region,
+            config.data_dir,
+            config.topics,
+            auto_create=config.auto_create,
+            default_partitions=config.default_partitions,
+            metadata_enabled=config.metadata.enabled,
+        )
         self._metadata: MetadataAgent | None = None
         self._workers: trio.Nursery | None = None
         self._tailer_lock: trio.Lock | None = None
@@ -318,53 +293,18 @@ class Gateway:
 
     # ------------------------------------------------------------ topology
 
-    def _add_topic(self, t: TopicConfig) -> None:
-        if t.home == self.region:
-            self._topics[t.name] = _Topic(
-                t.name, "local", t.home, t.partitions, t.name, t.subscribers
-            )
-        elif t.subscribed_by(self.region):
-            name = f"{t.home}.{t.name}"
-            self._topics[name] = _Topic(name, "mirror", t.home, t.partitions, t.name, ())
-
     def priority_of(self, topic: str) -> Priority:
         """The priority of a topic homed here (``normal`` unless ``[[topics]]`` says else)."""
-        return self._priorities.get(topic, Priority.NORMAL)
+        return self.topic_table.priority_of(topic)
 
     def lane_of(self, topic: str) -> Lane:
         """The journal lane of a topic homed here: its priority and ``on_full`` policy."""
-        return self._lane_of.get(topic, MAIN_LANE)
-
-    def _set_topology(self, topology: Sequence[TopicConfig]) -> None:
-        """Rebuild the topic table from ``topology`` (plus topics auto-created here)."""
-        self._topology = tuple(topology)
-        self._homes = {t.name: t.home for t in self._topology}
-        self._priorities = {t.name: t.priority for t in self._topology if t.home == self.region}
-        self._lane_of = {
-            t.name: Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region
-        }
-        if getattr(self, "_lanes", None) is not None:
-            self.lanes.priorities_changed()
-        self._topics = {}
-        for t in self._topology:
-            self._add_topic(t)
-        for name, partitions in self._auto.items():
-            home = self._homes.get(name)
-            if home is not None and home != self.region:
-                log.warning(
-                    "auto-created topic %s is homed in region %s by the routing table: its "
-                    "local data stays in the journal, new writes go to %s",
-                    name,
-                    home,
-                    home,
-                )
-            if name not in self._topics and home is None:
-                self._add_topic(TopicConfig(name=name, home=self.region, partitions=partitions))
+        return self.topic_table.lane_of(topic)
 
     @property
     def topology(self) -> tuple[TopicConfig, ...]:
         """The fleet's topics as this gateway applies them now."""
-        return self._topology
+        return self.topic_table.topology
 
     @property
     def metadata(self) -> MetadataAgent | None:
@@ -386,128 +326,11 @@ class Gateway:
         mirrored, and restart when the set of topics mirrored from a source
         changes (each resumes from the progress recorded in the journal).
         """
-        before = self._topics
-        lanes_before = self._lane_of
-        self._set_topology(topology)
-        self._log_lane_changes(lanes_before, before)
-        for name in sorted(self._topics.keys() - before.keys()):
-            t = self._topics[name]
-            log.info(
-                "topic %s added (%s, %d partitions)",
-                name,
-                "writable here" if t.kind == "local" else f"mirror of {t.home}",
-                t.partitions,
-            )
-        for name in sorted(before.keys() - self._topics.keys()):
-            log.info("topic %s removed from this gateway's topology", name)
-        for name in sorted(before.keys() & self._topics.keys()):
-            old, new = before[name].partitions, self._topics[name].partitions
-            if old != new:
-                log.info("topic %s: %d -> %d partitions", name, old, new)
+        self.topic_table.apply(topology, self._lanes)
+        if self._lanes is not None:
+            self._lanes.priorities_changed()
         if self._workers is not None:
             await self._sync_tailers()
-
-    def _log_lane_changes(
-        self, before: Mapping[str, Lane], topics_before: Mapping[str, object]
-    ) -> None:
-        """Say which local topics changed lane (priority or ``on_full``), and when one's
-        lane is not open (its journal opens at the next start; until then the topic stays
-        in the normal lane)."""
-        lanes = self._lanes
-        for name, lane in sorted(self._lane_of.items()):
-            was = before.get(name, MAIN_LANE)
-            if name in topics_before and lane == was:
-                continue
-            if name in topics_before:
-                if lane.priority != was.priority:
-                    log.info("topic %s: priority %s -> %s", name, was.priority, lane.priority)
-                if lane.on_full != was.on_full:
-                    log.info("topic %s: on_full %s -> %s", name, was.on_full, lane.on_full)
-            if lanes is not None and lane not in lanes:
-                log.warning(
-                    "topic %s: lane %s (priority %s, on_full %s) has no journal in this run: "
-                    "its records go to the normal lane until the gateway restarts (then it "
-                    "moves, once the normal lane has shipped it)",
-                    name,
-                    lane,
-                    lane.priority,
-                    lane.on_full,
-                )
-
-    def _topics_path(self) -> Path:
-        return self.config.data_dir / "topics.json"
-
-    def _load_auto_topics(self) -> None:
-        try:
-            doc = json.loads(self._topics_path().read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable %s: %s", self._topics_path(), exc)
-            return
-        for row in doc.get("auto_created", []):
-            name, partitions = row["name"], int(row["partitions"])
-            if name not in self._topics and name not in self._homes:
-                self._auto[name] = partitions
-                self._add_topic(TopicConfig(name=name, home=self.region, partitions=partitions))
-
-    def _save_auto_topics(self) -> None:
-        rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
-        replace_file(self._topics_path(), json.dumps({"auto_created": rows}).encode())
-
-    def _writable(self, topic: str) -> _Topic:
-        t = self._topics.get(topic)
-        if t is None:
-            validate_topic(topic)
-            home = self._homes.get(topic)
-            if home is not None and home != self.region:
-                raise WrongRegion(
-                    f"topic {topic!r} is homed in region {home!r}, not in {self.region!r}: "
-                    f"produce to it in region {home!r}",
-                    home,
-                )
-            # One rule (edge_gateway/names.py): a name with '.' is a mirror topic
-            # <region>.<topic>, never a topic homed here, so it is not auto-created.
-            source = split_mirror_topic(topic)
-            if source is not None:
-                region, name = source
-                there = "here" if region == self.region else f"in region {region!r}"
-                raise ReadOnlyTopic(
-                    f"topic {topic!r} is a mirror topic name (<region>.<topic>; mirrors are "
-                    f"read-only and topics homed here may not contain '.'): produce to "
-                    f"{name!r} {there}"
-                )
-            validate_home_topic(topic)
-            if not self.config.auto_create:
-                where = (
-                    "create it on the metadata server (edgegw topics create)"
-                    if self.config.metadata.enabled
-                    else "define it in the config"
-                )
-                raise UnknownTopic(f"unknown topic {topic!r} ({where}, or set auto_create = true)")
-            self._auto[topic] = self.config.default_partitions
-            try:
-                self._save_auto_topics()
-            except OSError as exc:
-                # Not created: a topic the next start would not know must not
-                # take records now. The producer retries (503).
-                del self._auto[topic]
-                full = exc.errno in (errno.ENOSPC, errno.EDQUOT)
-                kind = DiskFull if full else Unavailable
-                raise kind(
-                    f"cannot auto-create topic {topic!r}: saving {self._topics_path()}: {exc}"
-                ) from exc
-            self._add_topic(
-                TopicConfig(name=topic, home=self.region, partitions=self.config.default_partitions)
-            )
-            log.info("auto-created topic %s (%d partitions)", topic, self.config.default_partitions)
-            t = self._topics[topic]
-        if t.kind != "local":
-            raise ReadOnlyTopic(
-                f"topic {topic!r} is a read-only mirror of {t.source_topic!r} homed in region "
-                f"{t.home!r}; produce to it there"
-            )
-        return t
 
     def ensure_topic(self, topic: str) -> TopicInfo:
         """The topic homed here, auto-created when ``auto_create`` allows it.
@@ -517,19 +340,11 @@ class Gateway:
         :class:`InvalidName`. The Kafka listener's Metadata and CreateTopics use it.
         """
         self._check_accepting()
-        return self.describe_topic(self._writable(topic).name)
+        return self.describe_topic(self.topic_table.writable(topic).name)
 
     def topic_kind(self, topic: str) -> Literal["local", "mirror"] | None:
         """``local``, ``mirror``, or None when this gateway has no such topic."""
-        t = self._topics.get(topic)
-        return None if t is None else t.kind
-
-    def _readable(self, topic: str) -> _Topic:
-        t = self._topics.get(topic)
-        if t is None:
-            validate_topic(topic)
-            raise UnknownTopic(f"unknown topic {topic!r}")
-        return t
+        return self.topic_table.kind(topic)
 
     # ------------------------------------------------------------ components
 
@@ -594,7 +409,7 @@ class Gateway:
         return open_lanes(
             cfg.journal_path,
             cfg.journal,
-            {Lane(t.priority, t.on_full) for t in self._topology if t.home == self.region},
+            {Lane(t.priority, t.on_full) for t in self.topology if t.home == self.region},
             self.lane_of,
         )
 
@@ -602,7 +417,7 @@ class Gateway:
         gate = PriorityGate()
         return {
             source: self._make_tailer(journal, bucket, source, topics, gate)
-            for source, topics in sorted(topology_sources(self._topology, self.region).items())
+            for source, topics in sorted(topology_sources(self.topology, self.region).items())
         }
 
     def _make_tailer(
@@ -622,7 +437,7 @@ class Gateway:
             self.region,
             self.tailer_config(),
             prefix=self.key_prefix,
-            priorities={t.name: t.priority for t in self._topology if t.home == source},
+            priorities={t.name: t.priority for t in self.topology if t.home == source},
             gate=gate,
             keyring=self.keys.ring,
         )
@@ -635,7 +450,7 @@ class Gateway:
             journal, bucket, workers = self.journal, self.mirror_bucket, self._workers
             want = {
                 src: frozenset(topics)
-                for src, topics in topology_sources(self._topology, self.region).items()
+                for src, topics in topology_sources(self.topology, self.region).items()
             }
             for src, task in list(self._tailer_tasks.items()):
                 if want.get(src) == task.topics:
@@ -941,7 +756,7 @@ class Gateway:
 
     async def _run(self, task_status: trio.TaskStatus[Gateway]) -> None:
         cfg = self.config
-        self._load_auto_topics()
+        self.topic_table.load_auto_created()
         self._tailer_lock = trio.Lock()
         sup = self._supervisor
         async with AsyncExitStack() as stack:
@@ -969,7 +784,7 @@ class Gateway:
                 if table is not None:
                     from edge_gateway.metadata.routing import topology
 
-                    self._set_topology(topology(table))
+                    self.topic_table.set_topology(topology(table))
             self._bucket = await self.open_bucket()
             self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
@@ -1034,7 +849,7 @@ class Gateway:
                         log.info(
                             "gateway %s ready: %d topics, bucket %s",
                             self.region,
-                            len(self._topics),
+                            len(self.topic_table),
                             cfg.bucket.describe(cfg.data_dir),
                         )
                         task_status.started(self)
@@ -1115,7 +930,7 @@ class Gateway:
         """The regions GC waits for, from the topology in force now (routing changes move it)."""
         if not self.config.gc.retain_until_mirrored:
             return []
-        return topology_subscribers(self._topology, self.region)
+        return topology_subscribers(self.topology, self.region)
 
     def _log_head(self) -> int | None:
         """The last seq this gateway committed to its log (None before its claim)."""
@@ -1175,7 +990,7 @@ class Gateway:
             # says so), not just "not started".
             raise Unavailable(self.not_ready_reason())
 
-    def _partition_of(self, t: _Topic, rec: ProduceRecord, sticky: int) -> int:
+    def _partition_of(self, t: Topic, rec: ProduceRecord, sticky: int) -> int:
         if rec.partition is not None:
             return t.check_partition(rec.partition)
         if rec.key is not None:
@@ -1187,7 +1002,7 @@ class Gateway:
     ) -> ProduceResult:
         """Journal records; returns after local durability (``ack='shipped'``: after the bucket)."""
         self._check_accepting()
-        t = self._writable(topic)
+        t = self.topic_table.writable(topic)
         if not records:
             raise InvalidInput("nothing to produce: no records")
         sticky = next(self._round_robin) % t.partitions
@@ -1227,7 +1042,7 @@ class Gateway:
         journal refused (the MQTT ingest) writes one group per partition.
         """
         self._check_accepting()
-        t = self._writable(topic)
+        t = self.topic_table.writable(topic)
         sticky = next(self._round_robin) % t.partitions
         groups: dict[int, list[ProduceRecord]] = {}
         for rec in records:
@@ -1245,7 +1060,7 @@ class Gateway:
         refusal when not even the first group was written.
         """
         self._check_accepting()
-        t = self._writable(topic)
+        t = self.topic_table.writable(topic)
         lanes = self.lanes
         now = _now_ms()
         lane_lsns: dict[Lane, int] = {}
@@ -1284,7 +1099,7 @@ class Gateway:
         ``producer``: an idempotent append (see :meth:`produce_partition`).
         """
         self._check_accepting()
-        t = self._writable(topic)
+        t = self.topic_table.writable(topic)
         t.check_partition(partition)
         if producer is not None:
             return await self._append_idempotent(t.name, partition, batch, producer, ack)
@@ -1368,7 +1183,7 @@ class Gateway:
         :mod:`edge_gateway.idempotence`).
         """
         self._check_accepting()
-        t = self._writable(topic)
+        t = self.topic_table.writable(topic)
         if not records:
             raise InvalidInput("nothing to produce: no records")
         t.check_partition(partition)
@@ -1506,7 +1321,7 @@ class Gateway:
         wait_ms: int = 0,
     ) -> FetchResult:
         """Records from ``offset``; with ``wait_ms``, wait that long for the first one."""
-        t = self._readable(topic)
+        t = self.topic_table.readable(topic)
         t.check_partition(partition)
         if offset < 0 or max_records < 1 or max_bytes < 1:
             raise InvalidInput("offset must be >= 0, max_records and max_bytes >= 1")
@@ -1546,23 +1361,23 @@ class Gateway:
     async def commit_offsets(self, group: str, offsets: Sequence[tuple[str, int, int, str]]) -> int:
         """Store (topic, partition, next offset, metadata) rows for ``group`` durably."""
         for topic, partition, _offset, _ in offsets:
-            t = self._readable(topic)
+            t = self.topic_table.readable(topic)
             if not 0 <= partition < t.partitions:
                 raise InvalidInput(f"topic {topic!r} has no partition {partition}")
         return await self.groups.commit(group, offsets, _now_ms())
 
     async def fetch_offsets(self, group: str, topic: str | None = None) -> list[CommittedOffset]:
         if topic is not None:
-            self._readable(topic)
+            self.topic_table.readable(topic)
         return await self.groups.fetch(group, topic)
 
     # ------------------------------------------------------------ status
 
     def topics(self) -> list[TopicInfo]:
-        return [self.describe_topic(name) for name in sorted(self._topics)]
+        return [self.describe_topic(name) for name in self.topic_table]
 
     def describe_topic(self, topic: str) -> TopicInfo:
-        t = self._readable(topic)
+        t = self.topic_table.readable(topic)
         journal = self.lanes
         shipped = self.shipper.shipped_offsets() if t.kind == "local" else {}
         firsts, nexts, ships = [], [], []

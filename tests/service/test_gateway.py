@@ -128,16 +128,18 @@ async def test_auto_create_on_a_full_disk_is_refused_then_works(
 
     from edge_gateway.errors import DiskFull
 
+    from edge_gateway import topics
+
     gw = Gateway(parse_config(config(tmp_path, auto_create=True)))
-    real_save = gw._save_auto_topics
+    real_save = topics.replace_file
     full = True
 
-    def save() -> None:
+    def save(path: Path, data: bytes) -> None:
         if full:
             raise OSError(errno.ENOSPC, "No space left on device")
-        real_save()
+        real_save(path, data)
 
-    monkeypatch.setattr(gw, "_save_auto_topics", save)
+    monkeypatch.setattr(topics, "replace_file", save)
     async with trio.open_nursery() as nursery:
         await nursery.start(gw.run)
         with pytest.raises(DiskFull, match="cannot auto-create topic 'fresh'"):
