@@ -397,7 +397,7 @@ class _Verifier:
             key = log_key(self.prefix, self.region, seq)
             if seq not in sizes:
                 self.find("missing", key, "no object at this seq of the log", seq=seq)
-                self.offsets_complete = False
+                self.lost()
                 continue
             await self.object(seq, key)
             if self.progress is not None:
@@ -418,7 +418,7 @@ class _Verifier:
                 self.find("missing", key, "deleted while verifying", seq=seq)
             else:
                 self.find("note", key, "collected by the log's GC while verifying", seq=seq)
-            self.offsets_complete = False
+            self.lost()
             return
         self.report.objects += 1
         self.report.bytes += len(res.data)
@@ -427,7 +427,7 @@ class _Verifier:
             decoded = self.decode(seq, key, res.data)
         except CorruptData as exc:
             self.find("damaged", key, exc.reason, seq=seq)
-            self.offsets_complete = False
+            self.lost()
             return
         self.headers[seq] = ManifestEntry.from_header(decoded.header, decoded.size)
         if not self.continuity(key, decoded.header):
@@ -437,6 +437,14 @@ class _Verifier:
             held = self.held(decoded.header)
             if decoded.contents and not decoded.damaged:
                 self.compare(key, decoded, held)
+
+    def lost(self) -> None:
+        """An object could not be read: what it held is unknown, so the checks across
+        objects start again after it (its finding explains the jump they would see)."""
+        self.offsets_complete = False
+        self.next_offsets.clear()
+        self.last_lsn.clear()
+        self.taken_to.clear()
 
     def decode(self, seq: int, key: str, data: bytes) -> _Decoded:
         """Every check of one object's bytes. A bad header raises :class:`CorruptData`;
@@ -484,7 +492,7 @@ class _Verifier:
                 self.find(
                     "damaged",
                     key,
-                    f"block at byte {b.offset}: {exc.reason}",
+                    exc.reason,
                     seq=seq,
                     topic=b.topic,
                     partition=b.partition,
