@@ -148,6 +148,8 @@ class ReplicaReport:
     #: objects whose records were compared with the journal, whole or in part
     compared: int = 0
     compared_records: int = 0
+    #: objects compared of which the journal holds only some LSNs (the rest deleted)
+    partly_held: int = 0
     #: objects with data whose LSNs the journal no longer holds
     not_held: int = 0
     stale: int = 0
@@ -182,6 +184,7 @@ class ReplicaReport:
                 "manifests": self.manifests,
                 "compared": self.compared,
                 "compared_records": self.compared_records,
+                "partly_held": self.partly_held,
                 "not_held": self.not_held,
                 "stale": self.stale,
                 "damaged": self.count("damaged"),
@@ -638,6 +641,7 @@ class _Verifier:
                 lane_of[k] = lane_id
         every_lane_whole = len(whole_lanes) == len(held)
         self.report.compared += 1
+        self.report.partly_held += not every_lane_whole
         for k in sorted(d.batches.keys() | journal.keys()):
             obj = d.batches.get(k, [])
             jour = journal.get(k)

@@ -293,8 +293,9 @@ def _print(report: ReplicaReport, no_journal: str | None) -> None:
         else Text("DAMAGED (" + ", ".join(problems) + ")", style="bold red")
     )
     compared = (
-        f"; {doc['compared']} compared with the journal ({doc['compared_records']:,} records), "
-        f"{doc['not_held']} no longer held"
+        f"; {doc['compared']} compared with the journal ({doc['compared_records']:,} records"
+        + (f"; {doc['partly_held']} in part" if doc["partly_held"] else "")
+        + f"), {doc['not_held']} no longer held"
         if report.journal is not None
         else ""
     )

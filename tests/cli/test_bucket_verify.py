@@ -8,6 +8,7 @@ docs/operations.md, run as written.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -17,12 +18,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import trio
 from _cli_support import assert_one_line_failure, invoke, run_edgegw
 from _serve import Fleet, Gateway, Producer, TopicSpec, wait_until
 
-from edge_gateway.bucket_verify import compare_partition, describe_difference
+from edge_gateway._crc import crc32c
+from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_verify import compare_partition, describe_difference, verify_replica
+from edge_gateway.encryption import write_key_file
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import Record, decode_batch, encode_batch, encode_records
+from edge_gateway.format.crypt import generate_key
+from edge_gateway.journal import compress_sealed_segment
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
@@ -197,6 +204,7 @@ def test_json_shape(local_site: Site) -> None:
         "manifests",
         "compared",
         "compared_records",
+        "partly_held",
         "not_held",
         "stale",
         "damaged",
@@ -444,3 +452,123 @@ def test_the_documented_commands_run(local_site: Site) -> None:
             assert json.loads(res.stdout)["ok"] is True
         else:
             assert res.stdout.splitlines()[-1].endswith(": OK")
+
+
+# ---------------------------------------------------------------- the journal's side
+
+
+def test_compressed_journal_segments_are_compared_too(copy: Path) -> None:
+    journal = copy / "north" / "journal"
+    sealed = sorted(journal.glob("*.wal"))[:-1]
+    assert len(sealed) >= 2
+    for seg in sealed:
+        compress_sealed_segment(journal, int(seg.stem))
+    assert all(seg.read_bytes()[:4] == b"EGWC" for seg in sealed)
+    code, doc, text = _verify(copy / "north.toml")
+    assert code == 0, text
+    s = doc["summary"]
+    assert s["records"] == s["compared_records"]
+
+
+def test_a_journal_segment_deleted_by_retention_is_no_longer_compared(copy: Path) -> None:
+    journal = copy / "north" / "journal"
+    first = sorted(journal.glob("*.wal"))[0]
+    first.unlink()
+    first.with_suffix(".idx").unlink(missing_ok=True)
+    code, doc, text = _verify(copy / "north.toml")
+    assert code == 0, text
+    s = doc["summary"]
+    assert s["not_held"] + s["partly_held"] >= 1
+    assert 0 < s["compared_records"] < s["records"]
+
+
+# ---------------------------------------------------------------- the rate
+
+
+async def test_reads_are_held_to_the_rate(local_site: Site, autojump_clock: trio.abc.Clock) -> None:
+    rate = 64 * 1024
+    bucket = await LocalBucket.open(local_site.fleet.bucket_dir, create=False)
+    async with bucket:
+        start = trio.current_time()
+        report = await verify_replica(bucket, "", "north", rate=rate)
+        took = trio.current_time() - start
+    assert report.ok, report.findings
+    assert report.bytes > 2 * rate
+    # Each read waits until the bytes read so far fit the rate (the last one included).
+    assert took >= report.bytes / rate
+
+
+# ---------------------------------------------------------------- sealed objects
+
+
+@pytest.fixture(scope="module")
+def sealed_site(tmp_path_factory: pytest.TempPathFactory) -> tuple[Site, Path]:
+    root = tmp_path_factory.mktemp("bucket-verify-sealed")
+    key = root / "north-1.key"
+    write_key_file(key, generate_key())
+    sections = {**SECTIONS, "encryption": {"key_file": str(key)}}
+    fleet = Fleet(root, ["north"], TOPICS[:1], sections=sections)
+    gw = fleet["north"]
+    gw.start()
+    try:
+        producer = Producer(gw.url, "t", 3, pause=0, max_batch=20, limit=300)
+        producer.start()
+        producer.join(timeout=120)
+        assert producer.error is None, producer.error
+        wait_until(lambda: gw.status()["shipper"]["pending_lsns"] == 0, 60, "everything shipped")
+    finally:
+        assert gw.stop() == 0, gw.tail()
+    return Site(gw, fleet, [], (0, producer.n)), key
+
+
+def test_sealed_objects_are_opened_with_the_configs_keys(sealed_site: tuple[Site, Path]) -> None:
+    site, _ = sealed_site
+    code, doc, text = _verify(site.gw.config)
+    assert code == 0, text
+    assert doc["findings"] == []
+    s = doc["summary"]
+    assert s["records"] == s["compared_records"] > 0
+
+
+def test_sealed_objects_without_the_key_get_their_crcs_checked(
+    sealed_site: tuple[Site, Path],
+) -> None:
+    site, key = sealed_site
+    where = ["--region", "north", "--bucket-dir", site.fleet.bucket_dir, "--json"]
+    res = invoke("bucket", "verify", *where)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    notes = json.loads(res.stdout)["findings"]
+    assert notes
+    assert all(f["kind"] == "note" and "which was not given" in f["what"] for f in notes)
+    res = invoke("bucket", "verify", *where, "--key-file", key)
+    assert res.exit_code == 0, res.stdout + res.stderr
+    assert json.loads(res.stdout)["findings"] == []
+
+
+def test_a_sealed_object_with_a_forged_block_fails_its_tag(
+    sealed_site: tuple[Site, Path], tmp_path: Path
+) -> None:
+    site, key = sealed_site
+    bucket = tmp_path / "bucket"
+    shutil.copytree(site.fleet.bucket_dir, bucket, ignore=shutil.ignore_patterns("lock"))
+    obj = _with_data(_log_objects(bucket))[1]
+    data = bytearray(obj.read_bytes())
+    h = logobject.decode_header(bytes(data), where="x", object_size=len(data))
+    b = h.blocks[0]
+    # A byte of the sealed payload changed, and the CRC made to match: only the tag knows.
+    data[b.offset + 20] ^= 0x01
+    stored = bytes(data[b.offset : b.end])
+    forged = dataclasses.replace(b, crc=crc32c(stored))
+    header = dataclasses.replace(h, blocks=tuple(forged if x is b else x for x in h.blocks))
+    head = logobject.encode_header(header)
+    assert len(head) == h.header_length
+    obj.write_bytes(head + bytes(data[h.header_length :]))
+    res = invoke(
+        "bucket", "verify", "--region", "north", "--bucket-dir", bucket, "--key-file", key,
+        "--json",
+    )  # fmt: skip
+    assert res.exit_code == 1, res.stdout + res.stderr
+    [bad] = _problems(json.loads(res.stdout))
+    assert bad["kind"] == "damaged"
+    assert bad["key"] == f"regions/north/log/{obj.name}"
+    assert "authentication failed" in bad["what"]
