@@ -572,3 +572,36 @@ def test_a_sealed_object_with_a_forged_block_fails_its_tag(
     assert bad["kind"] == "damaged"
     assert bad["key"] == f"regions/north/log/{obj.name}"
     assert "authentication failed" in bad["what"]
+
+
+# ---------------------------------------------------------------- manifests
+
+
+def _manifests(bucket: Path) -> list[Path]:
+    return sorted((bucket / "objects" / "regions" / "north" / "manifest").glob("*.json"))
+
+
+def test_a_damaged_manifest(copy: Path) -> None:
+    manifest = _manifests(copy / "bucket")[1]
+    manifest.write_bytes(manifest.read_bytes()[:-7])
+    code, doc, text = _verify(copy / "north.toml")
+    assert code == 1, text
+    [bad] = _problems(doc)
+    assert (bad["kind"], bad["key"]) == ("damaged", f"regions/north/manifest/{manifest.name}")
+
+
+def test_a_manifest_that_disagrees_with_its_objects(copy: Path) -> None:
+    # Valid on its own (a block's CRC is any u32): only a comparison with the object finds it.
+    manifest = _manifests(copy / "bucket")[2]
+    doc = json.loads(manifest.read_bytes())
+    entry = next(e for e in doc["entries"] if e["blocks"])
+    entry["blocks"][0][11] ^= 0x5A5A
+    manifest.write_text(json.dumps(doc, separators=(",", ":"), sort_keys=True))
+    code, report, text = _verify(copy / "north.toml")
+    assert code == 1, text
+    [bad] = _problems(report)
+    assert (bad["kind"], bad["key"]) == ("damaged", f"regions/north/manifest/{manifest.name}")
+    assert bad["seq"] == entry["seq"]
+    assert f"its entry for seq {entry['seq']} is not that object's header" in bad["what"]
+    assert "block 0 (" in bad["what"]
+    assert "crc " in bad["what"]
