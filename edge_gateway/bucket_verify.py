@@ -48,7 +48,7 @@ from edge_gateway._crc import crc32c
 from edge_gateway.bucket import Bucket, NotFound
 from edge_gateway.errors import CorruptData, InvalidInput, MissingKey
 from edge_gateway.format import logobject
-from edge_gateway.format.batch import decode_batch
+from edge_gateway.format.batch import decode_batch, read_header
 from edge_gateway.format.crypt import Keyring
 from edge_gateway.format.logobject import BlockIndex, LogObjectHeader
 from edge_gateway.format.manifest import (
@@ -258,7 +258,7 @@ def compare_partition(
                 max(ob, jb),
             )
         if od != jd:
-            last = ob + decode_batch(jd, verify=False).count - 1
+            last = ob + read_header(jd).count - 1
             return describe_difference(od, jd), ob, last
     if len(obj) > len(journal):
         first = obj[len(journal)][0]
@@ -279,7 +279,7 @@ def compare_partition(
 
 def _last_offset(batches: Batches) -> int:
     base, data = batches[-1]
-    return base + decode_batch(data, verify=False).count - 1
+    return base + read_header(data).count - 1
 
 
 # --------------------------------------------------------------------------
@@ -657,9 +657,7 @@ class _Verifier:
             whole = lane_of.get(k) in whole_lanes if k in lane_of else every_lane_whole
             diff = compare_partition(obj, jour, whole=whole)
             if diff is None:
-                self.report.compared_records += sum(
-                    decode_batch(b, verify=False).count for _, b in jour
-                )
+                self.report.compared_records += sum(read_header(b).count for _, b in jour)
                 continue
             what, first_off, last_off = diff
             self.find(
