@@ -437,7 +437,8 @@ class _Verifier:
             self.find("damaged", key, exc.reason, seq=seq)
             self.lost()
             return
-        self.headers[seq] = ManifestEntry.from_header(decoded.header, decoded.size)
+        if self.manifests:  # kept for the manifests still to check (they cover it)
+            self.headers[seq] = ManifestEntry.from_header(decoded.header, decoded.size)
         if not self.continuity(key, decoded.header):
             return
         if self.lanes:
