@@ -18,16 +18,20 @@ What is checked (docs/operations.md, "Verifying the replica"):
   checked, and a note says so), its zstd frame, and its batches against the
   index (offsets, counts, timestamps, batch CRCs). Across objects: an epoch
   that goes down is a zombie writer's entry (*stale*: readers skip it, a note),
-  an epoch that goes up starts with a fence, each lane's LSNs continue within
-  an epoch, and each partition's offsets continue from one object to the
-  next but for the gaps a gap marker declares.
+  an epoch that goes up starts with a fence, a lane's LSNs never overlap
+  within an epoch (they may jump: LSNs holding only checkpoints ship no
+  object), and each partition's offsets continue from one object to the next
+  but for the gaps a gap marker declares.
 * **The manifests.** Each manifest decodes (its own rules), and every entry
   it records is the header of the object at that seq; its next offsets are
   those the objects reached.
 * **The journal.** For every object whose LSNs the journal still holds, the
   records are the journal's: per partition, the same batches byte for byte --
   offsets, timestamps, keys, values, headers, nulls. A difference names the
-  object, the partition, the offsets and the first field that differs.
+  object, the partition, the offsets and the first field that differs. And
+  no data entry of the journal lies in LSNs between two objects (shipped by
+  none). The journal is read with :class:`~edge_gateway.journal.HeldLane`:
+  no lock, the active segment up to its last whole entry.
 
 The result is a :class:`ReplicaReport`; nothing here prints. Bucket errors
 (:class:`~edge_gateway.bucket.BucketUnavailable`, ``Denied``) propagate: the
@@ -421,7 +425,10 @@ class _Verifier:
             res = await self.bucket.get(key)
         except NotFound:
             # Deleted since the listing: the log's GC, or a hole now.
-            boundary = await read_gc_boundary(self.bucket, self.prefix, self.region)
+            try:
+                boundary = await read_gc_boundary(self.bucket, self.prefix, self.region)
+            except CorruptData:
+                boundary = 0  # reported already, when the walk began
             if seq > boundary:
                 self.find("missing", key, "deleted while verifying", seq=seq)
             else:
