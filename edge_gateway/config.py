@@ -1284,6 +1284,12 @@ def _convert(value: object, hint: Any, key: str) -> Any:
     raise ConfigError(f"{key}: unsupported setting")  # pragma: no cover - a new field type
 
 
+def parse_size(text: str, what: str) -> int:
+    """A size written as in the config (``4096``, ``'64MiB'``, ``'2GB'``) in bytes; a
+    :class:`ConfigError` naming ``what`` otherwise (command-line options use it too)."""
+    return _size(text, what)
+
+
 def _size(text: str, key: str) -> int:
     m = _SIZE.match(text)
     if not m:

@@ -73,7 +73,8 @@ COMMANDS: dict[str, _Lazy] = {
     "scenario": _Lazy("edgegw_cli.scenario:app", "Multi-region scenarios with faults."),
     "bucket": _Lazy(
         "edgegw_cli.bucket_cmd:app",
-        "Check that a store has what edgegw needs, and mark it as the fleet's, before a rollout.",
+        "Check that a store has what edgegw needs, and mark it as the fleet's, before a "
+        "rollout; verify a region's log in it against the journal.",
     ),
     "inspect": _Lazy(
         "edgegw_cli.inspect_cmd:app",

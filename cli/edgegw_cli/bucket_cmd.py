@@ -1,5 +1,7 @@
 """``edgegw bucket check`` and ``edgegw bucket mark``: a store before a rollout.
 
+(``edgegw bucket verify``, the replica against the journal, is in bucket_verify_cmd.py.)
+
 ``check`` runs :func:`edge_gateway.bucket.check_store` against the bucket the
 options (or ``--config``) name, in a scratch prefix it deletes afterwards,
 prints a table and a verdict, and exits 0 only when every requirement holds.
@@ -37,11 +39,14 @@ from edge_gateway.regionlog import BUCKET_MARKER, write_bucket_marker
 from edgegw_cli._bucket import open_bucket
 from edgegw_cli._common import console, fail
 from edgegw_cli._errors import reason
+from edgegw_cli.bucket_verify_cmd import verify
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Check that a store has what edgegw needs, and mark it as the fleet's, before a rollout.",
+    help="Check that a store has what edgegw needs, and mark it as the fleet's, before a "
+    "rollout; verify a region's log in it against the journal.",
 )
+app.command("verify")(verify)
 
 _STYLES = {PASS: "green", FAIL: "bold red", WORKAROUND: "yellow", INFO: ""}
 

@@ -34,6 +34,7 @@ from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scru
 
 if TYPE_CHECKING:
     from edge_gateway.journal._compress import Compressed, compress_sealed_segment
+    from edge_gateway.journal._held import HeldLane, HeldRange
     from edge_gateway.journal._verify import FileCheck, VerifyReport, verify_journal
 
 __all__ = [
@@ -46,6 +47,8 @@ __all__ = [
     "Entry",
     "FileCheck",
     "FsyncPolicy",
+    "HeldLane",
+    "HeldRange",
     "Journal",
     "JournalConfig",
     "JournalStats",
@@ -72,7 +75,8 @@ __all__ = [
     "verify_journal",
 ]
 
-# The verifier's shell and the offline compressor load when a tool asks for them (the
+# The verifier's shell, the offline compressor and the read-only reader of held entries
+# (edgegw bucket verify) load when a tool asks for them (the
 # gateway's scrub imports only the verifier's pure checks, from the same module).
 __getattr__ = lazy_attributes(
     __name__,
@@ -83,5 +87,6 @@ __getattr__ = lazy_attributes(
         **dict.fromkeys(
             ("Compressed", "compress_sealed_segment"), "edge_gateway.journal._compress"
         ),
+        **dict.fromkeys(("HeldLane", "HeldRange"), "edge_gateway.journal._held"),
     },
 )
