@@ -126,9 +126,8 @@ async def test_auto_create_on_a_full_disk_is_refused_then_works(
 ) -> None:
     import errno
 
-    from edge_gateway.errors import DiskFull
-
     from edge_gateway import topics
+    from edge_gateway.errors import DiskFull
 
     gw = Gateway(parse_config(config(tmp_path, auto_create=True)))
     real_save = topics.replace_file
