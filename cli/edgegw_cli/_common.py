@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console, ConsoleDimensions
-from rich.progress import ProgressColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from edgegw_cli._errors import reason
@@ -114,3 +114,34 @@ class SpeedColumn(ProgressColumn):
         return Text(
             "?" if speed is None else f"{human_bytes(speed)}/s", style="progress.data.speed"
         )
+
+
+def journal_in(data: Path, *, code: int = 2) -> Path:
+    """The normal lane's journal directory of the data directory ``data`` (exit ``code``
+    naming what is missing when it is not a gateway's data directory)."""
+    if not data.is_dir():
+        raise fail(f"no data directory at {data}", code=code)
+    journal = data / "journal"
+    if not journal.is_dir():
+        raise fail(
+            f"no journal in {data} ({journal} does not exist): is this a gateway's data directory?",
+            code=code,
+        )
+    return journal
+
+
+def check_progress(field: str, *, enabled: bool, speed: bool = False) -> Progress:
+    """The progress bar of a long check (``journal verify``, ``bucket verify``): bytes,
+    optionally speed, time left and the ``field`` being read; on stderr, since stdout is
+    the report (with --json, a document a script parses); hidden off a terminal."""
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        BytesColumn(),
+        *([SpeedColumn()] if speed else []),
+        TimeRemainingColumn(),
+        TextColumn(f"{{task.fields[{field}]}}"),
+        console=err_console,
+        transient=True,
+        disable=not enabled or not err_console.is_terminal,
+    )

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import trio
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from edge_gateway.bucket import Bucket
@@ -27,7 +26,7 @@ from edge_gateway.bucket_verify import ReplicaReport, verify_replica
 from edge_gateway.config import parse_size
 from edge_gateway.errors import EdgeGatewayError
 from edge_gateway.format.crypt import Keyring
-from edgegw_cli._common import BytesColumn, SpeedColumn, console, err_console, fail, human_bytes
+from edgegw_cli._common import check_progress, console, fail, human_bytes, journal_in
 from edgegw_cli._errors import reason
 
 #: Exit codes (docs/operations.md, "Verifying the replica").
@@ -127,7 +126,7 @@ def verify(
             )
 
     try:
-        with _progress(enabled=not as_json) as progress:
+        with check_progress("key", enabled=not as_json, speed=True) as progress:
             task = progress.add_task("verifying", total=None, key="")
 
             def update(done: int, total: int, key: str) -> None:
@@ -189,7 +188,7 @@ def _target(
         )
     journal = None
     if data_dir is not None:
-        journal = _journal_of(data_dir)
+        journal = journal_in(data_dir, code=EXIT_USAGE)
     keyring = None
     if key_files:
         from edge_gateway.encryption import keyring_from_files
@@ -230,33 +229,6 @@ def _from_config(config: Path, region: str | None) -> _Target:
     if not journal.is_dir():
         return _Target(cfg.region, None, keyring, open_, f"no journal at {journal}")
     return _Target(cfg.region, journal, keyring, open_)
-
-
-def _journal_of(data: Path) -> Path:
-    if not data.is_dir():
-        raise fail(f"no data directory at {data}", code=EXIT_USAGE)
-    journal = data / "journal"
-    if not journal.is_dir():
-        raise fail(
-            f"no journal in {data} ({journal} does not exist): is this a gateway's data directory?",
-            code=EXIT_USAGE,
-        )
-    return journal
-
-
-def _progress(*, enabled: bool) -> Progress:
-    # On stderr: stdout is the report (and with --json, a document a script parses).
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        BytesColumn(),
-        SpeedColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[key]}"),
-        console=err_console,
-        transient=True,
-        disable=not enabled or not err_console.is_terminal,
-    )
 
 
 _STYLES = {

@@ -13,12 +13,11 @@ import json
 from pathlib import Path
 
 import typer
-from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
 from edge_gateway.errors import EdgeGatewayError
 from edge_gateway.journal import FileCheck, VerifyReport, verify_journal
-from edgegw_cli._common import BytesColumn, console, err_console, fail, human_bytes
+from edgegw_cli._common import check_progress, console, fail, human_bytes, journal_in
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -53,7 +52,7 @@ def verify(
     """
     journal = _journal_dir(config, data_dir)
     try:
-        with _progress(enabled=not as_json) as progress:
+        with check_progress("file", enabled=not as_json) as progress:
             task = progress.add_task("verifying", total=None, file="")
 
             def update(done: int, total: int, path: Path) -> None:
@@ -86,29 +85,7 @@ def _journal_dir(config: Path | None, data_dir: Path | None) -> Path:
         data = data_dir
     else:
         raise fail("give --config FILE or --data-dir DIR", code=EXIT_USAGE)
-    if not data.is_dir():
-        raise fail(f"no data directory at {data}", code=EXIT_USAGE)
-    journal = data / "journal"
-    if not journal.is_dir():
-        raise fail(
-            f"no journal in {data} ({journal} does not exist): is this a gateway's data directory?",
-            code=EXIT_USAGE,
-        )
-    return journal
-
-
-def _progress(*, enabled: bool) -> Progress:
-    # On stderr: stdout is the report (and with --json, a document a script parses).
-    return Progress(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        BytesColumn(),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[file]}"),
-        console=err_console,
-        transient=True,
-        disable=not enabled or not err_console.is_terminal,
-    )
+    return journal_in(data, code=EXIT_USAGE)
 
 
 _STATUS = {

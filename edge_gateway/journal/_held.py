@@ -22,7 +22,6 @@ table, so it yields the very entries of the segment it replaced.
 from __future__ import annotations
 
 import contextlib
-import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from edge_gateway.format.entry import Entry
 from edge_gateway.journal._lane import Lane
 from edge_gateway.journal._lanes import lane_path
 from edge_gateway.journal._segment import SEGMENT_SUFFIX
+from edge_gateway.journal._verify import read_whole
 
 __all__ = ["HeldLane", "HeldRange"]
 
@@ -54,21 +54,6 @@ class HeldRange:
     holes: bool = False
     #: the DATA entries in the held part, in LSN order
     data: list[Entry] = field(default_factory=list)
-
-
-def _read(path: Path) -> bytes | None:
-    """The file's bytes, or None if it is gone."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return None
-    try:
-        parts = []
-        while chunk := os.read(fd, 1 << 24):
-            parts.append(chunk)
-        return b"".join(parts)
-    finally:
-        os.close(fd)
 
 
 def _wal_entries(wal: bytes, where: str) -> Iterator[atrest.AnyEntry]:
@@ -159,7 +144,7 @@ class HeldLane:
             base, path = self._segments[self._next]
             self._next += 1
             active = self._next == len(self._segments)
-            data = _read(path)
+            data = read_whole(path)
             if data is None:
                 continue  # deleted since the listing: no longer held
             self.bytes_read += len(data)

@@ -543,7 +543,7 @@ class VerifyReport:
 Progress = Callable[[int, int, Path], None]
 
 
-def _read(path: Path) -> bytes | None:
+def read_whole(path: Path) -> bytes | None:
     """The file's bytes, or None if it is gone (deleted since it was listed)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -665,7 +665,7 @@ def _read_and_check(
     previous: Damage | None = None
     checked: tuple[bytes, SegmentFacts] | None = None
     for _ in range(_READS):
-        data = _read(path)
+        data = read_whole(path)
         if data is None:
             return None
         facts = check_segment(data, base_lsn=base, active=active, next_offsets=next_offsets)
@@ -680,7 +680,7 @@ def _read_and_check(
 def _verify_index(lane: str, segment: Path, facts: SegmentFacts, size: int) -> FileCheck | None:
     """The verdict on a sealed segment's index file (None: it has none; a note says so)."""
     idx = segment.with_suffix(INDEX_SUFFIX)
-    data = _read(idx)
+    data = read_whole(idx)
     if data is None:
         if not facts.compressed:
             facts.notes.append("no index file (the journal rebuilds it at its next open)")
