@@ -240,7 +240,7 @@ def test_an_active_segment_read_mid_write_is_read_again(
     from edge_gateway.journal import _verify
 
     reads = [torn, torn if still_torn else seg, seg]
-    monkeypatch.setattr(_verify, "_read", lambda _p: reads.pop(0))
+    monkeypatch.setattr(_verify, "read_whole", lambda _p: reads.pop(0))
     report = verify_journal(main, settle_s=0)
     [f] = report.files
     if still_torn:  # the same damage twice: reported
