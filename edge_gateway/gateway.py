@@ -41,10 +41,8 @@ import trio
 
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
-    PRIORITIES,
     Bucket,
     BucketUnavailable,
-    HeldBucket,
     LinkGate,
     LinkMeter,
     LocalBucket,
@@ -84,6 +82,7 @@ from edge_gateway.journal import (
 )
 from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
+from edge_gateway.site_link import SiteLink
 from edge_gateway.supervisor import Supervisor, TaskHealth
 from edge_gateway.topics import Topic, TopicTable
 
@@ -260,8 +259,8 @@ class Gateway:
         #: (``journal.scrub_interval``; None: off), run once the core is up.
         scrub_s = config.journal.scrub_interval_s
         self.scrub = Scrubber(config.journal_path, scrub_s) if scrub_s is not None else None
-        self._link: LinkMeter | None = None
-        self._link_gate: LinkGate | None = None
+        #: ``[link]``: the meter, the policy gate and its watch.
+        self.site_link = SiteLink(config.link, config.data_dir)
         self._mirror_bucket: Bucket | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
@@ -559,19 +558,12 @@ class Gateway:
     @property
     def link(self) -> LinkMeter:
         """The site's link to the bucket: cap and bytes per day/month (``[link]``)."""
-        if self._link is None:
-            self._link = LinkMeter(
-                self.config.link.max_bytes_per_s,
-                usage_path=self.config.data_dir / "link-usage.json",
-            )
-        return self._link
+        return self.site_link.meter
 
     @property
     def link_gate(self) -> LinkGate:
-        """``[link]``'s bulk windows and allowances applied to :attr:`link` (``_linkpolicy``)."""
-        if self._link_gate is None:
-            self._link_gate = LinkGate(self.config.link.policy(), self.link.usage)
-        return self._link_gate
+        """``[link]``'s bulk windows and allowances applied to :attr:`link`."""
+        return self.site_link.gate
 
     def may_ship(self, priority: str = "normal") -> bool:
         """Whether data of ``priority`` (critical, normal, bulk) may go on the link now.
@@ -580,62 +572,26 @@ class Gateway:
         the tailers' reads of log objects wait through
         :class:`~edge_gateway.bucket.HeldBucket` (as ``normal``).
         """
-        return self.link_gate.may_ship(priority)
+        return self.site_link.may_ship(priority)
 
     def held_priorities(self) -> list[str]:
         """Priorities with entries waiting to ship that the link policy holds now."""
         shipped = self.shipper.shipped_lsns()
-        return sorted(
-            {
-                lane.priority
-                for lane, j in self.lanes.journals.items()
-                if j.next_lsn - 1 > shipped[lane] and not self.may_ship(lane.priority)
-            }
+        return self.site_link.held(
+            lane.priority
+            for lane, j in self.lanes.journals.items()
+            if j.next_lsn - 1 > shipped[lane]
         )
-
-    def _describe_hold(self, held: list[str]) -> str:
-        """What the link policy holds (``held``: :meth:`held_priorities`) and until when."""
-        return (
-            f"the link policy holds {' and '.join(held)} data (link.bulk_windows, "
-            f"daily_bytes / monthly_bytes); it ships in "
-            f"{max(self.ship_opens_in_s(p) for p in held):.0f} s"
-        )
-
-    async def _watch_link_policy(self) -> None:
-        """Tell the shipper when the link policy's answer changes (a window opens, a new day).
-
-        The policy is asked when something ships; a lane it held is looked at
-        again only when told, so this looks every few seconds at most, and
-        exactly when the policy says the next change is due.
-        """
-        gate = self.link_gate
-        last = {p: self.may_ship(p) for p in PRIORITIES}
-        while True:
-            held = self.held_priorities()
-            for p in PRIORITIES:  # status, metrics and one log line per hold
-                gate.note_holding(p, p in held)
-            waits = [self.ship_opens_in_s(p) for p, ok in last.items() if not ok]
-            await trio.sleep(min([5.0, *(w for w in waits if w > 0)]))
-            now = {p: self.may_ship(p) for p in PRIORITIES}
-            if now != last:
-                last = now
-                self.shipper.policy_changed()
 
     def ship_opens_in_s(self, priority: str = "normal") -> float:
         """Seconds until data of ``priority`` may go on the link (0: now)."""
-        return self.link_gate.opens_in_s(priority)
-
-    def _held(self, bucket: Bucket) -> Bucket:
-        """``bucket``, held by the link policy if it restricts anything."""
-        if not self.link_gate.restricts:
-            return bucket
-        return HeldBucket(bucket, self.link_gate)
+        return self.site_link.opens_in_s(priority)
 
     @property
     def mirror_bucket(self) -> Bucket:
         """The bucket as the tailers use it: reads of log objects wait for the link policy."""
         if self._mirror_bucket is None:
-            self._mirror_bucket = self._held(self.bucket)
+            self._mirror_bucket = self.site_link.hold(self.bucket)
         return self._mirror_bucket
 
     async def open_bucket(self, *, create: bool | None = None) -> Bucket:
@@ -806,7 +762,7 @@ class Gateway:
                 lanes=lanes if lanes.multi else None,
                 key=self.keys.write,
             )
-            if self.link_gate.restricts:
+            if self.site_link.restricts:
                 # The link policy holds lanes back (bulk windows, allowances).
                 self._shipper.may_ship = self.may_ship
             try:
@@ -826,8 +782,10 @@ class Gateway:
                             )
                         )
                         await self._sync_tailers()
-                        if self.link_gate.restricts:
-                            workers.start_soon(self._watch_link_policy)
+                        if self.site_link.restricts:
+                            workers.start_soon(
+                                self.site_link.watch, self.held_priorities, shipper.policy_changed
+                            )
                         if agent is not None:
                             await workers.start(
                                 functools.partial(sup.supervise, "metadata", agent.run)
@@ -961,7 +919,7 @@ class Gateway:
             elif held and not shipper.pending():
                 log.warning(
                     "shutdown: not shipping, %s; pending data ships then, after the next start",
-                    self._describe_hold(held),
+                    self.site_link.describe_hold(held),
                 )
             elif shipper.statistics().claimed and shipper.pending():
                 log.info("shutdown: shipping pending data (up to %.0fs)", grace)
@@ -1269,7 +1227,7 @@ class Gateway:
         held = self.held_priorities()
         if held:
             # It would wait until a window opens or the allowance renews: say so at once.
-            raise Unavailable(f"cannot ship now: {self._describe_hold(held)}")
+            raise Unavailable(f"cannot ship now: {self.site_link.describe_hold(held)}")
         targets = {lane: j.next_lsn - 1 for lane, j in lanes.journals.items()}
         before = shipper.statistics()
         failures = shipper.failed_attempts
