@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ def test_kill_9_while_draining_a_compressed_backlog(
     # Each LSN is in the log once, and the compressed range shipped chunk by chunk.
     ranges = _log_ranges(s3_admin, s3_bucket_name)
     assert [s for s, _, _ in ranges] == list(range(1, len(ranges) + 1))
-    for (_, _, last), (_, first, _) in zip(ranges, ranges[1:], strict=False):
+    for (_, _, last), (_, first, _) in pairwise(ranges):
         assert first == last + 1, ranges
     # (every chunk holds local data: a is no mirror, and a chunk is 12 KB of entries)
     inside = [(f, last) for _, f, last in ranges if f >= first_c and last <= last_c and f <= last]

@@ -1,0 +1,253 @@
+"""The shipper's path from stored blocks: a compressed segment ships chunk by chunk.
+
+docs/at-rest.md ("The shipper: objects from stored blocks"): at a chunk's
+first LSN the shipper builds one object from the chunk's stored blocks, with
+no zstd; the object is byte for byte the one the builder makes from the raw
+batches of the chunk's LSN range at the rewrite's level and frame size.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from edge_gateway.bucket import LocalBucket
+from edge_gateway.format import entry as fentry
+from edge_gateway.format import logobject
+from edge_gateway.format.atrest import CompressedSegment
+from edge_gateway.format.batch import Record, encode_batch
+from edge_gateway.format.crypt import Keyring, MissingKey, WriteKey, generate_key
+from edge_gateway.format.entry import ProducerStamp
+from edge_gateway.format.logobject import LogObjectBuilder, LogObjectHeader
+from edge_gateway.format.manifest import log_key
+from edge_gateway.journal import Journal, JournalConfig, compress_sealed_segment
+from edge_gateway.regionlog import find_head
+from edge_gateway.shipper import Shipper
+
+CFG = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=10**12)
+FRAME = 1500
+SMALL = {"frame_raw_bytes": FRAME, "chunk_raw_bytes": 9000}
+LEVEL = 3  # compress_sealed_segment's level
+NOW = 1_795_000_000_000
+PARTS = 5
+
+
+def _batch(p: int, first: int, n: int) -> bytes:
+    values: list[bytes | None] = [
+        None if (first + i) % 7 == 3 else f"v{p}-{first + i}-".encode() * (1 + (i % 4))
+        for i in range(n)
+    ]
+    keys: list[bytes | None] = [None if i % 3 else f"k{first + i}".encode() for i in range(n)]
+    headers = [[("h", None), ("n", b"")] if i % 2 else [] for i in range(n)]
+    return encode_batch(
+        values, keys=keys, timestamps=[NOW + first + i for i in range(n)], headers=headers
+    )
+
+
+def _write(root: Path, steps: int = 1200, start: int = 0) -> None:
+    """Local data only: null values and headers, an idempotent producer on partition 1
+    (steps ``start`` to ``steps - 1`` of one sequence)."""
+    j = Journal.open_sync(root, CFG)
+    try:
+        seq = 0
+        for step in range(steps):
+            p = step % PARTS
+            n = 1 + step % 5
+            if step >= start:
+                batch = _batch(p, j.next_offset("t", p), n)
+                if p == 1:
+                    j.append_nowait("t", p, batch, ProducerStamp(42, 3, seq))
+                else:
+                    j.append_nowait("t", p, batch)
+            if p == 1:
+                seq += n
+    finally:
+        j.close_sync()
+
+
+def _sealed(root: Path) -> list[int]:
+    return [int(f.name.split(".")[0]) for f in sorted(root.glob("*.wal"))[:-1]]
+
+
+def _compress(root: Path) -> list[tuple[int, int]]:
+    """Compress every sealed segment; the chunks' LSN ranges."""
+    chunks = []
+    for base in _sealed(root):
+        c = compress_sealed_segment(root, base, **SMALL)
+        d = CompressedSegment(c.path.read_bytes()).directory
+        chunks += [(ch.first_lsn, ch.last_lsn) for ch in d.chunks]
+    return chunks
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("stored") / "j"
+    _write(root)
+    assert len(_sealed(root)) >= 3
+    return root
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("*.lock", "lock"))
+    return dest
+
+
+async def _objects(bucket: LocalBucket) -> list[tuple[LogObjectHeader, bytes]]:
+    out = []
+    for seq in range(1, await find_head(bucket, "", "north") + 1):
+        key = log_key("", "north", seq)
+        data = (await bucket.get(key)).data
+        out.append((logobject.decode_header(data, where=key, object_size=len(data)), data))
+    return out
+
+
+def _records(
+    objects: list[tuple[LogObjectHeader, bytes]], ring: Keyring | None = None
+) -> dict[int, list[Record]]:
+    out: dict[int, list[Record]] = {}
+    for h, data in objects:
+        opener = ring.header_opener(h, where="obj") if ring is not None else None
+        for b in h.blocks:
+            raw = logobject.decode_block(b, data[b.offset : b.end], where="obj", opener=opener)
+            for batch in logobject.iter_block_batches(b, raw, where="obj"):
+                out.setdefault(b.partition, []).extend(batch.records())
+    return out
+
+
+def _journal_records(root: Path) -> dict[int, list[Record]]:
+    from edge_gateway.format.batch import decode_batch
+
+    j = Journal.open_sync(root, CFG)
+    try:
+        return {
+            p: [
+                r
+                for e in j.read("t", p, 0, max_records=10**6, max_bytes=1 << 30)
+                for r in decode_batch(e.payload).records()
+            ]
+            for _, p in j.partitions()
+        }
+    finally:
+        j.close_sync()
+
+
+async def _ship(root: Path, bucket: LocalBucket, **kw: Any) -> Shipper:
+    j = Journal.open_sync(root, CFG)
+    try:
+        s = Shipper(j, bucket, "north", clock=lambda: NOW, **kw)
+        await s.claim()
+        await s.ship_pending()
+        assert s.shipped_lsn == j.next_lsn - 1
+        return s
+    finally:
+        j.close_sync()
+
+
+async def test_a_chunk_ships_byte_for_byte_as_the_builder_makes_it_from_the_raw_batches(
+    written: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = _copy(written, tmp_path / "plain")
+    packed = _copy(written, tmp_path / "packed")
+    chunks = _compress(packed)
+    last_compressed = max(last for _, last in chunks)
+    # zstd runs only for what is not compressed at rest (the last segment)
+    calls = [0]
+    compress = logobject.compress_block
+
+    def counting(cctx: Any, raw: Any) -> tuple[bytes, int]:
+        calls[0] += 1
+        return compress(cctx, raw)
+
+    monkeypatch.setattr(logobject, "compress_block", counting)
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
+    try:
+        stats = (await _ship(packed, bucket)).statistics()
+        monkeypatch.setattr(logobject, "compress_block", compress)
+        objects = await _objects(bucket)
+    finally:
+        await bucket.aclose()
+    shipped = [(h.first_lsn, h.last_lsn) for h, _ in objects if h.blocks]
+    assert [c for c in shipped if c[1] <= last_compressed] == chunks
+    after = [h for h, _ in objects if h.first_lsn > last_compressed]
+    assert calls[0] == sum(len(h.blocks) for h in after)
+    # each chunk's object, built again from the uncompressed journal's batches
+    j = Journal.open_sync(plain, CFG)
+    try:
+        for h, data in objects:
+            if not h.blocks or h.last_lsn > last_compressed:
+                continue
+            entries = [
+                e
+                for e in j.read_entries(h.first_lsn, max_bytes=1 << 30)
+                if h.first_lsn <= e.lsn <= h.last_lsn and e.kind == fentry.KIND_DATA
+            ]
+            builder = LogObjectBuilder(max_block_bytes=FRAME)
+            for e in entries:
+                builder.add_batch(e.topic, e.partition, e.payload)
+            again = builder.build(
+                "north", h.epoch, h.seq, h.first_lsn, h.last_lsn, NOW, level=LEVEL
+            )
+            assert again == data, f"seq {h.seq}"
+            assert h.flags & logobject.FLAG_NULLS
+    finally:
+        j.close_sync()
+    # the statistics count the chunks' records and journal bytes as the entries' would
+    assert stats.records == sum(len(v) for v in _journal_records(plain).values())
+    plain_bucket = await LocalBucket.open(tmp_path / "plain-bucket", create=True)
+    try:
+        plain_stats = (await _ship(plain, plain_bucket)).statistics()
+    finally:
+        await plain_bucket.aclose()
+    assert (stats.records, stats.journal_bytes) == (plain_stats.records, plain_stats.journal_bytes)
+
+
+async def test_a_shipper_stopped_inside_a_chunk_ships_the_rest_of_it_once_then_chunks(
+    written: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "j"
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
+    try:
+        # Ship what the first segment holds so far, then append more: the
+        # shipped position is inside the first segment, and once it is
+        # compressed, inside one of its chunks.
+        _write(root, steps=80)
+        stopped_at = (await _ship(root, bucket)).shipped_lsn
+        _write(root, steps=1200, start=80)
+        chunks = _compress(root)
+        inside = next(c for c in chunks if c[0] <= stopped_at + 1 <= c[1])
+        assert inside[0] != stopped_at + 1, "the test means to stop inside a chunk"
+        await _ship(root, bucket)
+        objects = await _objects(bucket)
+    finally:
+        await bucket.aclose()
+    ranges = [(h.first_lsn, h.last_lsn) for h, _ in objects if h.blocks]
+    # the rest of the chunk, once, rebuilt from its frames; then the chunks that follow
+    k = ranges.index((stopped_at + 1, inside[1]))
+    following = [c for c in chunks if c[0] > inside[1]]
+    assert ranges[k + 1 : k + 1 + len(following)] == following
+    # every record exactly once, in order, as the journal holds it
+    assert _records(objects) == _journal_records(root)
+
+
+async def test_an_encrypted_region_seals_the_stored_blocks_at_ship_time(
+    written: Path, tmp_path: Path
+) -> None:
+    plain = _copy(written, tmp_path / "plain")
+    packed = _copy(written, tmp_path / "packed")
+    chunks = _compress(packed)
+    key = WriteKey("k1", generate_key())
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
+    try:
+        await _ship(packed, bucket, key=key)
+        objects = await _objects(bucket)
+    finally:
+        await bucket.aclose()
+    assert all(h.key_id == "k1" for h, _ in objects if h.blocks)
+    assert [(h.first_lsn, h.last_lsn) for h, _ in objects if h.blocks][: len(chunks)] == chunks
+    # without the key nothing opens; with it, every record as the journal holds it
+    with pytest.raises(MissingKey):
+        _records(objects, Keyring())
+    assert _records(objects, Keyring({"north": {"k1": key.key}})) == _journal_records(plain)
