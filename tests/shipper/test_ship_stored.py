@@ -23,7 +23,16 @@ from edge_gateway.format.crypt import Keyring, MissingKey, WriteKey, generate_ke
 from edge_gateway.format.entry import ProducerStamp
 from edge_gateway.format.logobject import LogObjectBuilder, LogObjectHeader
 from edge_gateway.format.manifest import log_key
-from edge_gateway.journal import Journal, JournalConfig, compress_sealed_segment
+from edge_gateway.journal import (
+    MAIN_LANE,
+    Journal,
+    JournalConfig,
+    Lane,
+    Lanes,
+    Priority,
+    compress_sealed_segment,
+    lane_path,
+)
 from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper
 
@@ -251,3 +260,87 @@ async def test_an_encrypted_region_seals_the_stored_blocks_at_ship_time(
     with pytest.raises(MissingKey):
         _records(objects, Keyring())
     assert _records(objects, Keyring({"north": {"k1": key.key}})) == _journal_records(plain)
+
+
+LANE_CFG = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=0)
+LANE_TOPICS = {"alarms": Priority.CRITICAL, "metrics": Priority.NORMAL, "logs": Priority.BULK}
+
+
+def _lane_value(topic: str, o: int) -> bytes:
+    return f"{topic}-{o}-".encode() * 20
+
+
+def _open_lanes(main: Path) -> Lanes:
+    journals = {
+        lane: Journal.open_sync(lane_path(main, lane), LANE_CFG)
+        for lane in (Lane(Priority.CRITICAL), MAIN_LANE, Lane(Priority.BULK))
+    }
+    return Lanes(journals, lambda t: LANE_TOPICS.get(t, Priority.NORMAL), LANE_CFG)
+
+
+def _produce(lanes: Lanes, topic: str, batches: int) -> None:
+    for _ in range(batches):
+        first = lanes.next_offset(topic, 0)
+        values = [_lane_value(topic, first + i) for i in range(10)]
+        lanes.append_nowait(topic, 0, encode_batch(values, timestamps=NOW + first))
+
+
+async def test_lanes_drain_in_order_with_compressed_lanes_and_live_critical_entries(
+    tmp_path: Path,
+) -> None:
+    main = tmp_path / "journal"
+    lanes = _open_lanes(main)
+    try:
+        _produce(lanes, "metrics", 150)
+        _produce(lanes, "logs", 150)
+    finally:
+        for j in lanes.journals.values():
+            j.close_sync()
+    chunks = {}
+    for lane in (MAIN_LANE, Lane(Priority.BULK)):
+        chunks[lane.id] = _compress(lane_path(main, lane))
+        assert len(chunks[lane.id]) >= 10
+    lanes = _open_lanes(main)
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
+    try:
+        _produce(lanes, "alarms", 5)  # critical entries pending when the drain starts
+        s = Shipper(lanes.main, bucket, "north", lanes=lanes, clock=lambda: NOW)
+        await s.claim()
+        await s.ship_pending()
+        assert s.shipped_lsns() == {lane: j.next_lsn - 1 for lane, j in lanes.journals.items()}
+        objects = await _objects(bucket)
+    finally:
+        for j in lanes.journals.values():
+            j.close_sync()
+        await bucket.aclose()
+    # Every lane's LSN ranges follow each other; the compressed ones are their chunks.
+    last: dict[int, int] = {}
+    seen: dict[int, list[tuple[int, int]]] = {}
+    for h, _ in objects:
+        for lane, first, end in [(0, h.first_lsn, h.last_lsn)] + [
+            (r.lane, r.first_lsn, r.last_lsn) for r in h.lanes
+        ]:
+            assert first == last.get(lane, 0) + 1, (h.seq, lane, first, last)
+            last[lane] = end
+            if first <= end:
+                seen.setdefault(lane, []).append((first, end))
+    for lane_id, ranges in chunks.items():
+        assert [r for r in seen[lane_id] if r[1] <= ranges[-1][1]] == ranges
+    # ... and in drain order: critical, then normal, then bulk; each record once, in order
+    offsets: dict[str, list[int]] = {}
+    seqs: dict[str, list[int]] = {}
+    for h, data in objects:
+        for b in h.blocks:
+            raw = logobject.decode_block(b, data[b.offset : b.end], where="obj")
+            for batch in logobject.iter_block_batches(b, raw, where="obj"):
+                for r in batch.records():
+                    assert r.value == _lane_value(b.topic, r.offset)
+                    offsets.setdefault(b.topic, []).append(r.offset)
+            seqs.setdefault(b.topic, []).append(h.seq)
+    assert offsets == {
+        "alarms": list(range(50)),
+        "metrics": list(range(1500)),
+        "logs": list(range(1500)),
+    }
+    assert max(seqs["alarms"]) <= min(seqs["metrics"])
+    assert max(seqs["metrics"]) <= min(seqs["logs"])
