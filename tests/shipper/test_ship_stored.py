@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.errors import CorruptData
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
 from edge_gateway.format.atrest import CompressedSegment
@@ -344,3 +345,29 @@ async def test_lanes_drain_in_order_with_compressed_lanes_and_live_critical_entr
     }
     assert max(seqs["alarms"]) <= min(seqs["metrics"])
     assert max(seqs["metrics"]) <= min(seqs["logs"])
+
+
+async def test_a_damaged_frame_stops_the_drain_with_corrupt_data_naming_the_file(
+    written: Path, tmp_path: Path
+) -> None:
+    root = _copy(written, tmp_path / "j")
+    _compress(root)
+    path = root / sorted(f.name for f in root.glob("*.wal"))[1]
+    data = bytearray(path.read_bytes())
+    frame = next(f for f in CompressedSegment(bytes(data)).directory.frames)
+    data[frame.offset + frame.stored_length // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    bucket = await LocalBucket.open(tmp_path / "bucket", create=True)
+    j = Journal.open_sync(root, CFG)  # the open reads the directory only
+    try:
+        s = Shipper(j, bucket, "north")
+        await s.claim()
+        with pytest.raises(CorruptData) as info:
+            await s.ship_pending()
+        assert str(path) in str(info.value)
+        assert "CRC" in info.value.reason
+        # nothing of the damaged chunk, nor after it, was shipped
+        assert s.shipped_lsn < int(path.name.split(".")[0])
+    finally:
+        j.close_sync()
+        await bucket.aclose()
