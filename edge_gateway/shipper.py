@@ -130,6 +130,7 @@ from edge_gateway.journal import (
     Lanes,
     Priority,
     ReadBuffers,
+    StoredChunk,
 )
 from edge_gateway.names import validate_region
 from edge_gateway.protocol.log import Conflict, ManifestSchedule, classify_conflict
@@ -205,6 +206,14 @@ class _Read:
     gaps: tuple[GapRange, ...] = ()
     #: Per drop-oldest lane, the first LSNs of the drops behind ``gaps``.
     drops: dict[Lane, tuple[int, ...]] = field(default_factory=dict)
+    #: A chunk of a compressed segment, the object's last lane range: its blocks
+    #: ship as stored (docs/at-rest.md, "The shipper: objects from stored blocks").
+    chunk: StoredChunk | None = None
+
+    @property
+    def builds_object(self) -> bool:
+        """Whether the ranges hold something to ship (else they are stepped over)."""
+        return bool(self.data or self.gaps or (self.chunk is not None and self.chunk.blocks))
 
 
 @dataclass(slots=True)
@@ -1489,7 +1498,7 @@ class Shipper:
                         read.last[lane] >= until[lane] for lane, _ in self._lanes if self._may(lane)
                     ):
                         return
-                    seq = read.seq + (1 if read.data else 0)
+                    seq = read.seq + (1 if read.builds_object else 0)
                     after = {lane: last + 1 for lane, last in read.last.items()}
                     read = None  # (the slot holds it; its entries go once built)
                     await in_memory.acquire()
@@ -1550,12 +1559,21 @@ class Shipper:
         Lanes fill it in drain order: a lane's entries come in only when every
         lane before it had less than the object's room pending, and a lane
         that :attr:`may_ship` holds back is skipped.
+
+        A lane whose position is the first LSN of a chunk of a compressed
+        segment (docs/at-rest.md) takes that whole chunk, as stored blocks,
+        and the object ends with it: one object per chunk, built without
+        compressing anything. Entry reads stop before a compressed segment
+        (so that the next object starts at its first chunk), and a position
+        inside a chunk (part of it shipped before the segment was rewritten)
+        reads the rest of that chunk only, rebuilt from its frames, once.
         """
         entries: list[Entry] = []
         last = {lane: lsn - 1 for lane, lsn in first.items()}
         room = limit
         gaps: list[GapRange] = []
         drops: dict[Lane, tuple[int, ...]] = {}
+        chunk: StoredChunk | None = None
         for lane, j in self._lanes:
             if room <= 0:
                 break
@@ -1564,7 +1582,21 @@ class Shipper:
             if j.durable_lsn < j.next_lsn - 1:
                 await j.wait_durable(j.next_lsn - 1)
             durable = j.durable_lsn
-            got = await self._read_entries(j, first[lane], room, drops=lane.drops)
+            # A lane with drops pending at its position reads entries as ever:
+            # its gap markers are worked out from what it reads.
+            span = None if lane.drops and j.drops_from(first[lane]) else j.chunk_span(first[lane])
+            if span is not None and span.first_lsn == first[lane]:
+                chunk = await j.read_chunk_in_thread(first[lane])
+                last[lane] = chunk.last_lsn
+                break
+            if span is not None:
+                through: int | None = span.last_lsn
+            else:
+                at = j.compressed_from(first[lane])
+                through = None if at is None else at - 1
+            got = await self._read_entries(
+                j, first[lane], room, drops=lane.drops, through_lsn=through
+            )
             if got:
                 last[lane] = got[-1].lsn
                 room -= sum(e.length for e in got)
@@ -1581,15 +1613,22 @@ class Shipper:
                     last[lane] = max(last[lane], dropped[-1].lsn_last)
                     gaps += _gap_ranges(lane, dropped)
                     drops[lane] = tuple(d.lsn_first for d in dropped)
-        # Entries, gaps and checkpoint-only ranges each move a lane's ``last`` past ``first``.
+        # Entries, gaps, chunks and checkpoint-only ranges each move a lane's
+        # ``last`` past ``first``. A chunk is sealed data: always due.
         passed = any(last[lane] >= lsn for lane, lsn in first.items())
-        if not passed or (due is not None and not due(entries)):
+        if not passed or (chunk is None and due is not None and not due(entries)):
             return None
         data = [e for e in entries if e.kind == fentry.KIND_DATA]
-        return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops)
+        return _Read(seq, dict(first), last, data, _merge_gaps(gaps), drops, chunk)
 
     async def _read_entries(
-        self, j: Journal, first_lsn: int, limit: int, *, drops: bool = False
+        self,
+        j: Journal,
+        first_lsn: int,
+        limit: int,
+        *,
+        drops: bool = False,
+        through_lsn: int | None = None,
     ) -> list[Entry]:
         """Up to ``limit`` bytes of durable entries from ``first_lsn``, in LSN order.
 
@@ -1602,19 +1641,29 @@ class Shipper:
         memory costs a page fault per 4 KiB. A
         drop-oldest lane (``drops``) may drop entries while they are read:
         then they are read again, so that no object ships records its gap
-        markers also report dropped.
+        markers also report dropped. ``through_lsn``: none after it.
         """
         while True:
             before = j.drops_from(first_lsn) if drops else None
             entries = await j.read_entries_in_thread(
-                first_lsn, max_bytes=limit, payload_kinds=_SHIPPED_KINDS, buffers=self._read_buffers
+                first_lsn,
+                max_bytes=limit,
+                payload_kinds=_SHIPPED_KINDS,
+                buffers=self._read_buffers,
+                through_lsn=through_lsn,
             )
             if before is None or j.drops_from(first_lsn) == before:
                 return entries
 
     async def _build(self, read: _Read) -> _Prepared:
-        """Build the object of ``read`` (compression in a worker thread)."""
-        if not read.data and not read.gaps:
+        """Build the object of ``read`` (compression in a worker thread).
+
+        A chunk's blocks go in as stored (``add_stored``): compressed at rest
+        with the block encoding the builder uses, and sealed (``[encryption]``)
+        by the builder like the blocks it compresses, since a seal binds the
+        block to the object's seq and epoch.
+        """
+        if not read.builds_object:
             return _Prepared(read.seq, read.first, read.last, None, 0, 0)
         builder = LogObjectBuilder()
         # One call per partition, not per entry: a backlog of one-record
@@ -1629,6 +1678,11 @@ class Shipper:
                 batches.append(e.payload)
         for (topic, partition), batches in by_partition.items():
             builder.add(topic, partition, batches)
+        chunk_records = chunk_bytes = 0
+        if read.chunk is not None:
+            for topic, partition, block in read.chunk.blocks:
+                builder.add_stored(topic, partition, block)
+            chunk_records, chunk_bytes = read.chunk.records, read.chunk.data_bytes
         epoch, created, level = self._epoch, self._clock(), self.config.compression_level
         lanes = self._lane_table(read.first, read.last)
         key = self.key
@@ -1651,8 +1705,8 @@ class Shipper:
             read.first,
             read.last,
             obj,
-            sum(e.count for e in read.data),
-            sum(e.length for e in read.data),
+            sum(e.count for e in read.data) + chunk_records,
+            sum(e.length for e in read.data) + chunk_bytes,
             read.drops,
             sum(g.records for g in read.gaps),
         )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from edge_gateway._lazy import lazy_attributes
 from edge_gateway.format.entry import Entry, SourceCoords
+from edge_gateway.journal._chunks import ChunkSpan, StoredChunk
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop, DroppedRange
 from edge_gateway.journal._journal import (
@@ -41,6 +42,7 @@ __all__ = [
     "DRAIN_ORDER",
     "MAIN_LANE",
     "Appended",
+    "ChunkSpan",
     "Compressed",
     "Drop",
     "DroppedRange",
@@ -64,6 +66,7 @@ __all__ = [
     "ScrubStats",
     "Scrubber",
     "SourceCoords",
+    "StoredChunk",
     "VerifyReport",
     "compress_sealed_segment",
     "lane_by_id",

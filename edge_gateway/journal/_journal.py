@@ -90,7 +90,8 @@ from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import FrameCache
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _fs, _mirror_append, _open, _retention
+from edge_gateway.journal import _chunks, _fs, _mirror_append, _open, _retention
+from edge_gateway.journal._chunks import ChunkSpan, StoredChunk
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop, DropLog
 from edge_gateway.journal._durability import Durability
@@ -1149,12 +1150,36 @@ class Journal:
         max_bytes: int = 8 * 1024 * 1024,
         payload_kinds: Container[int] | None = None,
         buffers: ReadBuffers | None = None,
+        through_lsn: int | None = None,
     ) -> list[Entry]:
         """:meth:`read_entries` of durable entries, read and checked in a worker thread
-        (:meth:`Reads.read_entries_in_thread`)."""
+        (:meth:`Reads.read_entries_in_thread`); none after ``through_lsn`` when given."""
         return await self._reads.read_entries_in_thread(
-            from_lsn, max_bytes=max_bytes, payload_kinds=payload_kinds, buffers=buffers
+            from_lsn,
+            max_bytes=max_bytes,
+            payload_kinds=payload_kinds,
+            buffers=buffers,
+            through_lsn=through_lsn,
         )
+
+    # A compressed segment's chunks, for the shipper (_chunks.py, docs/at-rest.md).
+
+    def chunk_span(self, lsn: int) -> ChunkSpan | None:
+        """The LSN range of the chunk holding ``lsn`` when a compressed segment
+        holds it (None otherwise); no I/O."""
+        self._check_readable()
+        return _chunks.chunk_span(self._segment_set, lsn)
+
+    def compressed_from(self, lsn: int) -> int | None:
+        """The first LSN at or after ``lsn`` that a compressed segment holds (None: none)."""
+        self._check_readable()
+        return _chunks.compressed_from(self._segment_set, lsn)
+
+    async def read_chunk_in_thread(self, first_lsn: int) -> StoredChunk:
+        """The chunk of a compressed segment that starts at ``first_lsn``: its local data
+        frames as stored blocks (CRC-checked, not decompressed), read in a worker thread."""
+        self._check_readable()
+        return await _chunks.read_chunk_in_thread(self._segment_set, first_lsn)
 
     # ----------------------------------------------------------------- waits
 

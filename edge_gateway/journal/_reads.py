@@ -432,6 +432,7 @@ class Reads:
         max_bytes: int = 8 * 1024 * 1024,
         payload_kinds: Container[int] | None = None,
         buffers: ReadBuffers | None = None,
+        through_lsn: int | None = None,
     ) -> list[Entry]:
         """:meth:`read_entries` of durable entries, the reading and checking in a worker thread.
 
@@ -452,7 +453,8 @@ class Reads:
         :meth:`read_entries`, ordinary DATA entries come with their payload
         as a read-only view into their run's buffer (not a copy each); the
         runs are read into ``buffers`` (:class:`ReadBuffers`) when given,
-        else into fresh memory.
+        else into fresh memory. ``through_lsn``: no entry after it (the shipper
+        stops where a compressed segment's chunks ship from stored blocks).
         """
         segments = self.segments
         out: list[Entry] = []
@@ -461,6 +463,8 @@ class Reads:
         while True:
             self._check_readable()
             end_lsn = self.log.durable_lsn + 1
+            if through_lsn is not None:
+                end_lsn = min(end_lsn, through_lsn + 1)
             lsn = max(lsn, segments.first_lsn)
             skip = self._mirror_runs_from(lsn, payload_kinds)
             runs: list[_Run] = []
