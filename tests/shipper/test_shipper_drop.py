@@ -148,6 +148,14 @@ async def test_dropped_ranges_ship_as_gap_markers(bucket: Bucket, tmp_path: Path
         assert any(b'"version":3' in d for d in docs)
 
 
+async def _until_it_commits(bucket: FaultyBucket) -> None:
+    """Wait until the shipper has read its object and tried to commit it (refused by
+    the outage), however slow the machine is."""
+    with trio.fail_after(60):
+        while not bucket.injected:
+            await trio.sleep(0.01)
+
+
 async def test_a_drop_of_entries_being_committed_is_not_a_gap(tmp_path: Path) -> None:
     inner = await LocalBucket.open(tmp_path / "bucket", create=True)
     bucket = FaultyBucket(inner)
@@ -159,7 +167,7 @@ async def test_a_drop_of_entries_being_committed_is_not_a_gap(tmp_path: Path) ->
         bucket.outage = True
         async with trio.open_nursery() as nursery:
             nursery.start_soon(s.ship_once)  # reads, then retries its commit
-            await trio.sleep(0.1)
+            await _until_it_commits(bucket)
             produce(lanes, "telemetry", 6000)  # drops the entries it is committing
             assert any(d.held for d in lanes.journals[DROP].dropped())
             bucket.outage = False
@@ -194,7 +202,7 @@ async def test_held_entries_of_an_object_that_never_committed_are_gaps(tmp_path:
         bucket.outage = True
         async with trio.open_nursery() as nursery:
             nursery.start_soon(s.ship_once)
-            await trio.sleep(0.1)
+            await _until_it_commits(bucket)
             produce(lanes, "telemetry", 6000)
             nursery.cancel_scope.cancel()  # the process dies before the commit
         drop = lanes.journals[DROP]
