@@ -82,7 +82,7 @@ from edge_gateway.names import validate_topic
 MAGIC: Final = b"EGWC"
 VERSION: Final = 1
 #: The journal segment version that may hold :data:`KIND_BLOCK` entries.
-WAL_VERSION_BLOCKS: Final = 3
+WAL_VERSION_BLOCKS: Final = _entry.SEGMENT_VERSION_BLOCKS
 #: Journal segment versions a compressed segment may have been rewritten from.
 WAL_VERSIONS: Final = (1, 2, WAL_VERSION_BLOCKS)
 _WAL_MAGIC: Final = _entry.SEGMENT_MAGIC
@@ -248,6 +248,40 @@ def encode_block_entry(
     nonce and tag the opened bytes no longer have). The CRC kept is that of
     ``stored``, checked here against the block's sizes and codec.
     """
+    rest = block_entry_rest(
+        lsn=lsn,
+        topic=topic,
+        partition=partition,
+        append_time=append_time,
+        source=source,
+        index=index,
+        stored=stored,
+        nulls=nulls,
+    )
+    length = 8 + len(rest) + len(stored)
+    return _entry.ENTRY_LEN_CRC.pack(length, _entry.entry_crc(rest, stored)) + rest + stored
+
+
+def block_entry_rest(
+    *,
+    lsn: int,
+    topic: str,
+    partition: int,
+    append_time: int,
+    source: SourceCoords,
+    index: BlockIndex,
+    stored: Buffer,
+    nulls: bool = False,
+) -> bytes:
+    """A block entry's bytes after its length and CRC, up to its stored bytes.
+
+    The entry is ``u32 length | u32 CRC-32C(rest + stored) | rest | stored``
+    (:func:`encode_block_entry`); the journal's mirror append writes the
+    pieces itself (its LSN is patched in at the reservation, the CRC is taken
+    by the writing thread). Checks what :func:`encode_block_entry` checks:
+    the topic, the block's rules as a log-object index entry, its zstd frame
+    header, the entry's size; raises :class:`InvalidInput`.
+    """
     crc = crc32c(stored)
     probe = BlockIndex(
         topic,
@@ -302,7 +336,7 @@ def encode_block_entry(
     length = 8 + len(rest) + len(stored)
     if length > _entry.MAX_ENTRY_BYTES:
         raise InvalidInput(f"block entry of {length} bytes exceeds {_entry.MAX_ENTRY_BYTES}")
-    return _entry.ENTRY_LEN_CRC.pack(length, _entry.entry_crc(rest, stored)) + rest + stored
+    return rest
 
 
 def _check_frame_magic(b: BlockIndex, stored: Buffer, where: str) -> None:
@@ -919,6 +953,15 @@ class FrameCache:
     @property
     def bytes(self) -> int:
         return self._bytes
+
+    def peek(self, key: tuple[object, int]) -> FrameBatches | None:
+        """The cached frame of ``key`` (counted as a hit, made the most recent), or None
+        (not counted: the caller then reads the frame through :meth:`get`)."""
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+        return found
 
     def get(self, key: tuple[object, int], load: Callable[[], FrameBatches]) -> FrameBatches:
         found = self._items.get(key)
@@ -1727,6 +1770,7 @@ __all__ = [
     "WAL_VERSION_BLOCKS",
     "AnyEntry",
     "BlockEntry",
+    "block_entry_rest",
     "ChunkEntries",
     "ChunkIndex",
     "CompressedSegment",

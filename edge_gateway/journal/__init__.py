@@ -17,6 +17,7 @@ from edge_gateway.journal._journal import (
     Journal,
     JournalStats,
     MirrorBatch,
+    MirrorBlock,
     OffsetOutOfRange,
     open_journal,
 )
@@ -53,6 +54,7 @@ __all__ = [
     "LaneAppended",
     "Lanes",
     "MirrorBatch",
+    "MirrorBlock",
     "OffsetOutOfRange",
     "OnFull",
     "Priority",
