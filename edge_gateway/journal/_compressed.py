@@ -60,9 +60,7 @@ _NONE: Final = 0xFFFFFFFF
 _BATCH_BASE_COUNT: Final = struct.Struct("<8xq4xI")  # a batch's base offset and count
 
 
-def block_batch_entries(
-    frame: FrameBatches, be: atrest.BlockEntry, offset: int
-) -> Iterator[Entry]:
+def block_batch_entries(frame: FrameBatches, be: atrest.BlockEntry, offset: int) -> Iterator[Entry]:
     """The batches of block entry ``be`` from the one holding ``offset`` on, one ``Entry`` each.
 
     A reader by offset gets exactly what the mirror's per-batch path wrote

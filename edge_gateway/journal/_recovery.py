@@ -204,10 +204,6 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
             e = atrest.decode_any_entry(buf, pos, where=f"{where}@{pos}")
             if e.lsn != lsn:
                 raise CorruptData(f"LSN {e.lsn} where {lsn} was expected", where=f"{where}@{pos}")
-            if isinstance(e, atrest.BlockEntry) and out.version < atrest.WAL_VERSION_BLOCKS:
-                raise CorruptData(
-                    f"a block entry in a version {out.version} segment", where=f"{where}@{pos}"
-                )
         except CorruptData as exc:
             if last and not valid_entry_follows(buf, pos, lsn):
                 log.warning(
@@ -227,6 +223,12 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
                 "segment or move it aside",
                 where=f"{where}@{pos}",
             ) from None
+        if isinstance(e, atrest.BlockEntry) and out.version < atrest.WAL_VERSION_BLOCKS:
+            # a whole, valid entry no writer puts there: damage (the version byte), never
+            # a torn tail to cut
+            raise CorruptData(
+                f"a block entry in a version {out.version} segment", where=f"{where}@{pos}"
+            )
         if lsn == base:
             if isinstance(e, atrest.BlockEntry) or e.kind != fentry.KIND_CHECKPOINT:
                 raise CorruptData("segment does not start with a checkpoint", where=where)

@@ -1,0 +1,243 @@
+"""Block entries (kind 4, version 3 segments): a mirror keeps fetched blocks as shipped.
+
+``Journal.append_mirror_blocks`` (docs/at-rest.md, "The block entry") against
+``append_mirror_batches`` on the same source data: every read by offset
+returns the very entries (batches, offsets, timestamps, keys, headers, nulls,
+gaps, sources) the per-batch path returns, before and after a reopen and a
+roll; progress is recovered at open; reads by LSN give the header fields; the
+segment version is 3 only once a block entry is written.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from _journal_support import read_records
+
+from edge_gateway.errors import CorruptData, InvalidInput
+from edge_gateway.format import atrest
+from edge_gateway.format import entry as fentry
+from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.logobject import BlockIndex, LogObjectBuilder, decode_header
+from edge_gateway.journal import (
+    Journal,
+    JournalConfig,
+    MirrorBatch,
+    MirrorBlock,
+    SourceCoords,
+    open_journal,
+)
+from edge_gateway.journal._verify import check_segment
+
+CFG = JournalConfig(segment_bytes=64 * 1024, max_bytes=1 << 30, reserve_bytes=0)
+SRC_TOPIC = "t"
+TOPIC = "north.t"
+
+
+def batch(partition: int, base: int, n: int, *, nulls: bool = False) -> bytes:
+    """``n`` records with keys, headers (one null header value) and, with ``nulls``, a
+    null value."""
+    return encode_batch(
+        [
+            None
+            if nulls and i == 1
+            else f"{partition}:{base + i}:".encode() + random.Random(base + i).randbytes(100)
+            for i in range(n)
+        ],
+        keys=[None if i % 3 == 0 else f"k{i}".encode() for i in range(n)],
+        timestamps=[1_795_000_000_000 + base + i for i in range(n)],
+        headers=[[("h", b"x"), ("n", None if nulls else b"y")] for _ in range(n)],
+        base_offset=base,
+    )
+
+
+def source_object(
+    seq: int, batches: Sequence[tuple[int, bytes]], *, max_block_bytes: int = 4096
+) -> tuple[bytes, list[BlockIndex]]:
+    """A source's log object holding ``batches`` (partition, batch), several blocks each."""
+    b = LogObjectBuilder(max_block_bytes=max_block_bytes)
+    for p, raw in batches:
+        b.add_batch(SRC_TOPIC, p, raw)
+    obj = b.build("north", 1, seq, seq, seq, 0)
+    return obj, list(decode_header(obj, where="object").blocks)
+
+
+def coords(seq: int) -> tuple[SourceCoords, SourceCoords]:
+    return (
+        SourceCoords("north", seq, 1, end_of_object=False),
+        SourceCoords("north", seq, 1, end_of_object=True),
+    )
+
+
+def entry_batches(
+    seq: int, firsts: dict[int, int], *, nulls: bool = False, gap: bool = False
+) -> list[tuple[int, bytes]]:
+    """Source entry ``seq``'s batches: per partition (0, 1) five batches of 1-7 records
+    from ``firsts[p]`` (updated; with ``gap``, partition 1 first jumps over 10 offsets)."""
+    out = []
+    for p in (0, 1):
+        base = firsts.get(p, 0) + (10 if gap and p == 1 else 0)
+        for k in range(5):
+            n = 1 + (k * 3 + seq) % 7
+            out.append((p, batch(p, base, n, nulls=nulls and k == 2)))
+            base += n
+        firsts[p] = base
+    return out
+
+
+async def append_both(
+    blocks_j: Journal, batches_j: Journal, seq: int, batches: list[tuple[int, bytes]], gap: bool
+) -> None:
+    """Source entry ``seq`` into one journal as block entries, into the other per batch."""
+    obj, index = source_object(seq, batches)
+    mid, last = coords(seq)
+    nulls = any(raw[5] & 4 for _, raw in batches)
+    await blocks_j.append_mirror_blocks(
+        [
+            MirrorBlock(TOPIC, b.partition, b, obj[b.offset : b.end], nulls, allow_gap=gap)
+            for b in index
+        ],
+        mid,
+        last,
+    )
+    await batches_j.append_mirror_batches(
+        [MirrorBatch(TOPIC, p, raw, allow_gap=gap) for p, raw in batches], mid, last
+    )
+
+
+def read_key(j: Journal, partition: int, offset: int, **kw: int) -> list[tuple[object, ...]]:
+    return [
+        (e.kind, e.topic, e.partition, e.base_offset, e.count, bytes(e.payload))
+        for e in j.read(TOPIC, partition, offset, **kw)
+    ]
+
+
+def assert_same_reads(a: Journal, b: Journal) -> None:
+    for p in (0, 1):
+        assert a.first_offset(TOPIC, p) == b.first_offset(TOPIC, p)
+        assert a.next_offset(TOPIC, p) == b.next_offset(TOPIC, p)
+        assert read_records(a, TOPIC, p) == read_records(b, TOPIC, p)
+        first, end = b.first_offset(TOPIC, p), b.next_offset(TOPIC, p)
+        for offset in range(first, end + 2):
+            kws: list[dict[str, int]] = [{"max_records": 3}, {"max_bytes": 1}, {"max_bytes": 700}]
+            if offset % 50 == 0:
+                kws.append({})  # everything from here
+            for kw in kws:
+                assert read_key(a, p, offset, **kw) == read_key(b, p, offset, **kw), (p, offset, kw)
+    assert a.source_progress() == b.source_progress()
+
+
+def segment_versions(path: Path) -> list[int]:
+    return [f.read_bytes()[4] for f in sorted(path.glob("*.wal"))]
+
+
+async def test_reads_are_those_of_the_per_batch_path(tmp_path: Path) -> None:
+    async with (
+        open_journal(tmp_path / "blocks", CFG) as a,
+        open_journal(tmp_path / "batches", CFG) as b,
+    ):
+        firsts: dict[int, int] = {}
+        for seq in range(1, 50):
+            batches = entry_batches(seq, firsts, nulls=seq % 4 == 0, gap=seq == 7)
+            await append_both(a, b, seq, batches, gap=seq == 7)
+        assert len(list((tmp_path / "blocks").glob("*.wal"))) >= 3  # sealed ones read too
+        assert_same_reads(a, b)
+        # blocks: one entry each, not one per batch
+        assert a.next_lsn < b.next_lsn
+    versions = segment_versions(tmp_path / "blocks")
+    assert versions[0] == 2
+    assert versions[1:] == [3] * (len(versions) - 1)
+    assert set(segment_versions(tmp_path / "batches")) == {2}
+    async with (
+        open_journal(tmp_path / "blocks", CFG) as a,
+        open_journal(tmp_path / "batches", CFG) as b,
+    ):
+        assert_same_reads(a, b)
+        # after the reopen, appends go on in version 3 segments and continue the partitions
+        firsts = {p: a.next_offset(TOPIC, p) for p in (0, 1)}
+        await append_both(a, b, 50, entry_batches(50, firsts), gap=False)
+        assert_same_reads(a, b)
+    for f in sorted((tmp_path / "blocks").glob("*.wal")):
+        facts = check_segment(f.read_bytes(), base_lsn=int(f.stem))
+        assert facts.damage is None, facts.damage
+
+
+async def test_version_2_until_the_first_block(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, CFG) as j:
+        mid, last = coords(1)
+        await j.append_mirror_batches([MirrorBatch(TOPIC, 0, batch(0, 0, 3))], mid, last)
+        await j.append("local", 0, batch(0, 0, 1))
+        assert segment_versions(tmp_path) == [2]
+        obj, index = source_object(2, [(0, batch(0, 3, 4))])
+        mid, last = coords(2)
+        appended = await j.append_mirror_blocks(
+            [MirrorBlock(TOPIC, 0, index[0], obj[index[0].offset : index[0].end])], mid, last
+        )
+        assert segment_versions(tmp_path) == [2, 3]
+        assert [(x.base_offset, x.count) for x in appended] == [(3, 4)]
+        # a read by LSN: the block entry's header fields and source, no payload
+        e = j.read_entry(appended[0].lsn)
+        assert (e.kind, e.topic, e.base_offset, e.count, e.source, e.payload) == (
+            atrest.KIND_BLOCK, TOPIC, 3, 4, last, b"",
+        )  # fmt: skip
+        got = j.read_entries(1, durable_only=False)
+        assert [x.kind for x in got] == [
+            fentry.KIND_MIRROR, fentry.KIND_DATA, atrest.KIND_BLOCK,
+        ]  # fmt: skip
+        shipped = j.read_entries(1, durable_only=False, payload_kinds={fentry.KIND_DATA})
+        assert [x.kind for x in shipped if x.kind == fentry.KIND_DATA] == [fentry.KIND_DATA]
+        await j.flush()
+        in_thread = await j.read_entries_in_thread(1, payload_kinds={fentry.KIND_DATA})
+        assert [x.kind for x in in_thread if x.kind == fentry.KIND_DATA] == [fentry.KIND_DATA]
+        assert j.source_progress()["north"] == last
+    async with open_journal(tmp_path, CFG) as j:
+        assert j.source_progress()["north"] == last  # recovered from the block entry
+        assert j.next_offset(TOPIC, 0) == 7
+        assert [r.offset for r in read_records(j, TOPIC, 0)] == list(range(7))
+
+
+async def test_blocks_are_checked_before_anything_is_written(tmp_path: Path) -> None:
+    async with open_journal(tmp_path, CFG) as j:
+        obj, index = source_object(1, [(0, batch(0, 5, 4))])
+        b = index[0]
+        stored = obj[b.offset : b.end]
+        mid, last = coords(1)
+        lsn = j.next_lsn
+        with pytest.raises(InvalidInput, match="leaves a gap"):
+            await j.append_mirror_blocks([MirrorBlock(TOPIC, 0, b, stored)], mid, last)
+        await j.append_mirror_blocks([MirrorBlock(TOPIC, 0, b, stored, allow_gap=True)], mid, last)
+        with pytest.raises(InvalidInput, match="already present"):
+            await j.append_mirror_blocks([MirrorBlock(TOPIC, 0, b, stored)], mid, last)
+        # a zstd frame that declares another size than the block's raw length
+        obj2, index2 = source_object(2, [(0, batch(0, 9, 4))])
+        b2 = index2[0]
+        wrong = BlockIndex(
+            b2.topic, b2.partition, b2.first_offset, b2.last_offset, b2.record_count,
+            b2.min_ts, b2.max_ts, b2.offset, b2.stored_length, b2.raw_length + 1, b2.codec, b2.crc,
+        )  # fmt: skip
+        with pytest.raises(InvalidInput, match="declares"):
+            await j.append_mirror_blocks(
+                [MirrorBlock(TOPIC, 0, wrong, obj2[b2.offset : b2.end])], mid, last
+            )
+        assert j.next_lsn == lsn + 2  # the roll's checkpoint and the one good block
+
+
+async def test_a_block_entry_in_a_version_2_segment_is_damage(tmp_path: Path) -> None:
+    """Older code cannot write one; a version 2 segment that holds one is corrupt."""
+    async with open_journal(tmp_path, CFG) as j:
+        obj, index = source_object(1, [(0, batch(0, 0, 4))])
+        mid, last = coords(1)
+        await j.append_mirror_blocks(
+            [MirrorBlock(TOPIC, 0, index[0], obj[index[0].offset : index[0].end])], mid, last
+        )
+    seg = sorted(tmp_path.glob("*.wal"))[-1]
+    data = bytearray(seg.read_bytes())
+    assert data[4] == 3
+    data[4] = 2
+    seg.write_bytes(bytes(data))
+    with pytest.raises(CorruptData, match="block entry in a version 2 segment"):
+        async with open_journal(tmp_path, CFG):
+            pass
