@@ -339,6 +339,35 @@ def block_entry_rest(
     return rest
 
 
+def check_stored_block(index: BlockIndex, stored: Buffer, *, where: str) -> BlockIndex:
+    """Check a fetched block's stored bytes (opened, if its object was encrypted) for a
+    block entry, without decompressing them; return its index entry for those bytes.
+
+    ``index`` is the block's entry in the source object (its CRC and sizes are
+    those of the bytes as shipped, checked by the caller before opening). The
+    entry returned has the opened bytes' length and CRC; it must pass the
+    log-object rules (``validate_block``), and a zstd block must start with
+    one frame declaring ``raw_length``. Raises :class:`CorruptData`.
+    """
+    b = BlockIndex(
+        index.topic,
+        index.partition,
+        index.first_offset,
+        index.last_offset,
+        index.record_count,
+        index.min_ts,
+        index.max_ts,
+        0,
+        len(stored),
+        index.raw_length,
+        index.codec,
+        crc32c(stored),
+    )
+    _lo.validate_block(b, where=where)
+    _check_frame_magic(b, stored, where)
+    return b
+
+
 def _check_frame_magic(b: BlockIndex, stored: Buffer, where: str) -> None:
     """A zstd block starts with the frame magic and declares no other size (no decompression)."""
     if b.codec != _lo.CODEC_ZSTD:
@@ -1771,6 +1800,7 @@ __all__ = [
     "AnyEntry",
     "BlockEntry",
     "block_entry_rest",
+    "check_stored_block",
     "ChunkEntries",
     "ChunkIndex",
     "CompressedSegment",
