@@ -17,11 +17,18 @@ from pathlib import Path
 import pytest
 from _journal_support import read_records
 
+from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.format.logobject import BlockIndex, LogObjectBuilder, decode_header
+from edge_gateway.format.entry import Checkpoint
+from edge_gateway.format.logobject import (
+    CODEC_NONE,
+    BlockIndex,
+    LogObjectBuilder,
+    decode_header,
+)
 from edge_gateway.journal import (
     Journal,
     JournalConfig,
@@ -241,3 +248,33 @@ async def test_a_block_entry_in_a_version_2_segment_is_damage(tmp_path: Path) ->
     with pytest.raises(CorruptData, match="block entry in a version 2 segment"):
         async with open_journal(tmp_path, CFG):
             pass
+
+
+def test_verify_checks_the_records_inside_a_block_entry() -> None:
+    """`edgegw journal verify` (and the scrub) decode a block entry's batches: a batch
+    whose own CRC is wrong inside a block whose CRC is right is damage at that entry."""
+    raw = bytearray(batch(0, 0, 3))
+    raw[60] ^= 0x01  # a timestamp byte: the batch CRC no longer matches
+    index = BlockIndex(
+        SRC_TOPIC, 0, 0, 2, 3, 1_795_000_000_000, 1_795_000_000_002, 0,
+        len(raw), len(raw), CODEC_NONE, crc32c(bytes(raw)),
+    )  # fmt: skip
+    checkpoint = fentry.encode_entry(
+        lsn=1, kind=fentry.KIND_CHECKPOINT, topic=b"", partition=0, base_offset=0, count=0,
+        append_time=0, payload=Checkpoint({}, {}).encode(),
+    )  # fmt: skip
+    block = atrest.encode_block_entry(
+        lsn=2, topic=TOPIC, partition=0, append_time=0, source=coords(1)[1], index=index,
+        stored=bytes(raw),
+    )  # fmt: skip
+    segment = fentry.encode_segment_header(1, 3) + checkpoint + block
+    facts = check_segment(segment, base_lsn=1)
+    assert facts.damage is not None
+    assert facts.damage.offset == fentry.SEGMENT_HEADER_SIZE + len(checkpoint)
+    assert "block entry at LSN 2" in facts.damage.reason
+    assert "CRC" in facts.damage.reason
+    good = atrest.encode_block_entry(
+        lsn=2, topic=TOPIC, partition=0, append_time=0, source=coords(1)[1], index=index,
+        stored=batch(0, 0, 3),
+    )  # fmt: skip
+    assert check_segment(segment[: -len(block)] + good, base_lsn=1).damage is None
