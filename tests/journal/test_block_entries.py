@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from _journal_support import read_records
+from _old_code import old_sources, run_old
 
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
@@ -317,3 +318,41 @@ async def test_compressed_version_3_segments_read_the_same(tmp_path: Path) -> No
     for f in sorted((tmp_path / "blocks").glob("*.wal")):
         facts = check_segment(f.read_bytes(), base_lsn=int(f.stem))
         assert facts.damage is None, facts.damage
+
+
+OLD_OPEN = """
+import sys
+from edge_gateway.errors import CorruptData
+from edge_gateway.journal import Journal, JournalConfig
+cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=1 << 30, reserve_bytes=0)
+for path in sys.stdin.read().split():
+    try:
+        j = Journal.open_sync(path, cfg)
+    except CorruptData as exc:
+        print(path, "refused:", exc)
+    else:
+        print(path, "opened, next offset", j.next_offset("north.t", 0))
+        j.close_sync()
+"""
+
+#: The last commit before block entries (this branch's base, 2026-11-28).
+BEFORE_BLOCKS = "8000db79cd3dfbe190d4177d136632a0575a111e"
+
+
+async def test_the_code_before_block_entries_refuses_a_version_3_segment(tmp_path: Path) -> None:
+    """docs/operations.md, upgrade order: a journal that holds block entries cannot be
+    opened by the gateway before them, which says so (and cuts nothing); a journal whose
+    mirror never kept a block (``mirror.keep_blocks = false``) still opens there."""
+    async with (
+        open_journal(tmp_path / "blocks", CFG) as a,
+        open_journal(tmp_path / "batches", CFG) as b,
+    ):
+        await append_both(a, b, 1, entry_batches(1, {}), gap=False)
+    before = {f.name: f.read_bytes() for f in (tmp_path / "blocks").glob("*.wal")}
+    old = old_sources(BEFORE_BLOCKS, tmp_path / "old")
+    assert "SEGMENT_VERSION_BLOCKS" not in (old / "edge_gateway/format/entry.py").read_text()
+    out = run_old(old, OLD_OPEN, f"{tmp_path / 'blocks'} {tmp_path / 'batches'}".encode())
+    assert f"{tmp_path / 'blocks'} refused:" in out, out
+    assert "unsupported segment version 3" in out, out
+    assert f"{tmp_path / 'batches'} opened, next offset" in out, out
+    assert {f.name: f.read_bytes() for f in (tmp_path / "blocks").glob("*.wal")} == before
