@@ -11,10 +11,13 @@ segment version is 3 only once a block entry is written.
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+import trio
 from _journal_support import read_records
 from _old_code import old_sources, run_old
 
@@ -22,7 +25,7 @@ from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData, InvalidInput
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
-from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.batch import decode_batch, encode_batch
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.format.logobject import (
     CODEC_NONE,
@@ -356,3 +359,90 @@ async def test_the_code_before_block_entries_refuses_a_version_3_segment(tmp_pat
     assert "unsupported segment version 3" in out, out
     assert f"{tmp_path / 'batches'} opened, next offset" in out, out
     assert {f.name: f.read_bytes() for f in (tmp_path / "blocks").glob("*.wal")} == before
+
+
+def blocks_of(seq: int, batches: list[tuple[int, bytes]]) -> list[MirrorBlock]:
+    """Source entry ``seq``'s blocks for ``append_mirror_blocks`` (one per 4 KiB of batches)."""
+    obj, index = source_object(seq, batches)
+    return [MirrorBlock(TOPIC, b.partition, b, obj[b.offset : b.end]) for b in index]
+
+
+_CRASH_CHILD = """
+import os, sys, trio
+sys.path[:0] = [sys.argv[2], os.path.dirname(sys.argv[2])]
+from test_block_entries import CFG, batch, blocks_of, coords, entry_batches
+from edge_gateway.journal import _fs, open_journal
+
+class TornFs(_fs.FileOps):
+    armed = False
+    def pwritev(self, fd, parts, pos):
+        if self.armed:
+            data = b"".join(parts)
+            os.pwrite(fd, data[: int(len(data) * float(sys.argv[3]))], pos)
+            os._exit(9)  # the process dies mid-write (or after it), before the publish
+        return os.pwritev(fd, parts, pos)
+
+async def main():
+    fs = _fs.ops = TornFs()
+    firsts = {}
+    async with open_journal(sys.argv[1], CFG) as j:
+        await j.append_mirror_blocks(blocks_of(1, entry_batches(1, firsts)), *coords(1))
+        res = j.append_nowait("local", 0, batch(0, 0, 3))
+        await j.flush()
+        print(res.lsn, flush=True)  # acknowledged
+        fs.armed = True
+        await j.append_mirror_blocks(blocks_of(2, entry_batches(2, firsts)), *coords(2))
+        print("published", flush=True)
+
+trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("written", [0.0, 0.3, 0.7, 1.0])
+def test_kill_9_mid_block_group_keeps_what_was_acknowledged(tmp_path: Path, written: float) -> None:
+    """kill -9 while a group of block entries is being written (``written``: the share of
+    its bytes on disk): the open cuts the torn entry; the acknowledged entries, the
+    group's whole entries before it and their source progress are there; appends go on."""
+    here = Path(__file__).parent
+    proc = subprocess.run(
+        [sys.executable, "-c", _CRASH_CHILD, str(tmp_path), str(here), str(written)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 9, proc.stderr
+    assert len(proc.stdout.split()) == 1  # the local append; the group never returned
+    firsts: dict[int, int] = {}
+    entry1 = blocks_of(1, entry_batches(1, firsts))
+    entry2 = blocks_of(2, entry_batches(2, firsts))
+
+    async def check() -> None:
+        async with open_journal(tmp_path, CFG) as j:
+            stats = j.statistics()
+            assert (stats.truncated_bytes_on_open > 0) == (0.0 < written < 1.0)
+            assert j.next_offset("local", 0) == 3
+            got = [e for e in j.read_entries(1, max_bytes=1 << 30) if e.kind == atrest.KIND_BLOCK]
+            assert [e.source for e in got[: len(entry1)]] == [coords(1)[0]] * (len(entry1) - 1) + [
+                coords(1)[1]
+            ]
+            rest = got[len(entry1) :]
+            assert len(rest) <= len(entry2)
+            assert (len(rest) == len(entry2)) == (written == 1.0)
+            expect2 = [coords(2)[0]] * (len(entry2) - 1) + [coords(2)[1]]
+            assert [e.source for e in rest] == expect2[: len(rest)]
+            assert j.source_progress()["north"] == got[-1].source
+            # every block entry kept reads back as its source's records
+            for e, b in zip(got, entry1 + entry2, strict=False):
+                records = [
+                    r for x in j.read(TOPIC, b.partition, e.base_offset, max_records=e.count)
+                    if x.lsn == e.lsn for r in decode_batch(x.payload).records()
+                ]  # fmt: skip
+                assert [r.offset for r in records] == list(
+                    range(b.block.first_offset, b.block.last_offset + 1)
+                )
+            j.append_nowait("local", 0, batch(0, 3, 1))
+        async with open_journal(tmp_path, CFG) as j:
+            assert j.next_offset("local", 0) == 4
+
+    trio.run(check)
