@@ -263,17 +263,25 @@ def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
             time.sleep(0.02)
 
 
+def journal_bytes(site: Site) -> int:
+    """The bytes ``site``'s journal holds (its status: entries and index files)."""
+    with httpx.Client(base_url=site.url, timeout=30) as c:
+        return int(c.get("/v1/status").json()["journal"]["bytes"])
+
+
 def catch_up(
     a: Site, b: Site, s3: Any, backlog: int, server_pid: int
-) -> tuple[int, list[tuple[str, int]], int, float, float, float]:
+) -> tuple[int, list[tuple[str, int]], int, float, float, float, int]:
     """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
 
     Returns (record bytes produced, the log objects, their bytes, seconds to
     catch up, CPU seconds of ``b``'s process meanwhile, CPU seconds of the
-    server ``server_pid`` -- moto -- meanwhile).
+    server ``server_pid`` -- moto -- meanwhile, the bytes ``b``'s journal grew
+    by: the mirror's bytes at rest for the objects' bytes).
     """
     wait_shipped(a)
     before = head_seq(s3)
+    held = journal_bytes(b)
     assert b.stop() == 0
     produced = produce_backlog(a, backlog)
     wait_shipped(a)
@@ -288,7 +296,8 @@ def catch_up(
     wait_caught_up(a, b)
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds(b.proc.pid) - c0
-    return produced, objects, wire, elapsed, cpu, cpu_seconds(server_pid) - s0
+    grown = journal_bytes(b) - held
+    return produced, objects, wire, elapsed, cpu, cpu_seconds(server_pid) - s0, grown
 
 
 def log_objects(s3: Any, after_seq: int, bucket: str = BUCKET) -> list[tuple[str, int]]:
@@ -600,9 +609,11 @@ def main() -> None:
                     figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
                 progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-                produced, objects, wire, catchup_s, catchup_cpu, server_cpu = catch_up(
+                produced, objects, wire, catchup_s, catchup_cpu, server_cpu, grown = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
+                figures["catchup_mirror_journal_mb"] = grown / MB
+                figures["mirror_bytes_per_bucket_byte"] = grown / wire
                 figures.update(
                     catchup_objects=len(objects),
                     catchup_wire_mb=wire / MB,
@@ -697,9 +708,10 @@ def main() -> None:
                 lat = latency(a, b, probes, rate)
                 for q in (50, 90, 99):
                     figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
-                produced, objects, wire, catchup_s, catchup_cpu, _ = catch_up(
+                produced, objects, wire, catchup_s, catchup_cpu, _, grown = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
+                figures["sealed_mirror_bytes_per_bucket_byte"] = grown / wire
                 figures.update(
                     sealed_catchup_objects=len(objects),
                     sealed_catchup_wire_mb=wire / MB,
@@ -801,6 +813,15 @@ def main() -> None:
                 ok(f["catchup_ratio"], (f["catchup_ratio"] or 0) >= 0.8),
             ),
             Row("catch-up (records)", f["catchup_journal_mb_per_s"], "MB/s"),
+            Row(
+                "mirror journal bytes per bucket byte",
+                f["mirror_bytes_per_bucket_byte"],
+                "x",
+                "log objects fetched",
+                1.0,
+                "<= 1.2",
+                ok(f["mirror_bytes_per_bucket_byte"], f["mirror_bytes_per_bucket_byte"] <= 1.2),
+            ),
             Row(
                 "CPU per MB of log objects",
                 f["catchup_cpu_ms_per_mb"],
