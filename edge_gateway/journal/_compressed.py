@@ -26,7 +26,6 @@ naming the file, never a zstd or struct error.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 import struct
 from array import array
@@ -41,7 +40,7 @@ from edge_gateway.errors import CorruptData, UnsupportedFormat
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import ChunkEntries, FrameBatches, FrameCache, SegmentDirectory
-from edge_gateway.format.entry import Entry
+from edge_gateway.format.entry import Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._index import IntSequence
 
@@ -71,9 +70,13 @@ def block_batch_entries(frame: FrameBatches, be: atrest.BlockEntry, offset: int)
     """
     if offset > be.last_offset:
         return
-    views = list(frame.batches_from(max(offset, be.first_offset)))
-    mid = dataclasses.replace(be.source, end_of_object=False)
-    for k, view in enumerate(views):
+    src = be.source
+    mid = src if not src.end_of_object else SourceCoords(src.region, src.seq, src.epoch, False)
+    # lazily, one batch ahead (a one-record read takes one batch of a large block)
+    batches = frame.batches_from(max(offset, be.first_offset))
+    view = next(batches, None)
+    while view is not None:
+        ahead = next(batches, None)
         base, count = _BATCH_BASE_COUNT.unpack_from(view)
         yield Entry(
             be.lsn,
@@ -83,10 +86,11 @@ def block_batch_entries(frame: FrameBatches, be: atrest.BlockEntry, offset: int)
             base,
             count,
             be.append_time,
-            be.source if k == len(views) - 1 else mid,
+            mid if ahead is not None else src,
             bytes(view),
             len(view),
         )
+        view = ahead
 
 
 def is_compressed(path: Path) -> bool:

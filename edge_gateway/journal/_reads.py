@@ -357,11 +357,11 @@ class Reads:
 
     def _entries_at(self, lsn: int, offset: int) -> Iterator[Entry]:
         """The entry with this LSN; a block entry as its batches from ``offset`` on
-        (decompressed through the journal's frame cache, key: the segment file and
-        the entry's position)."""
+        (decompressed through the journal's frame cache, key: the segment's base LSN
+        and the entry's position)."""
         at = self._locate(lsn)
         seg, pos, _ = at
-        key = (seg.path, pos)
+        key = (seg.base_lsn, pos)  # a base LSN names one segment for the journal's life
         cache = self.segments.frame_cache
         cached = cache.peek(key)
         if cached is None:
