@@ -210,7 +210,7 @@ def test_whole_blocks_are_kept_as_blocks_a_block_resumed_inside_is_not() -> None
     plan = resumed.plan(info, local)
     assert not plan.whole_blocks
     with pytest.raises(InvalidInput, match="resumes inside a block"):
-        plan.block_appends({b: b"x" for b in info.blocks})
+        plan.block_appends(dict.fromkeys(info.blocks, b"x"))
 
 
 def test_resume_point_inside_a_batch_is_refused() -> None:
