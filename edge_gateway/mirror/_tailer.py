@@ -1083,9 +1083,10 @@ class Tailer:
         if plan.resumed:
             self._resumed += 1
             log.info(
-                "mirror %s: resuming entry %d after an interruption (its blocks were not applied)",
+                "mirror %s: resuming entry %d after an interruption (%d blocks not yet applied)",
                 self.source,
                 info.seq,
+                len(appends),
             )
         for gap in plan.gaps:
             self._record_gap(explained.get(gap, gap))
