@@ -59,6 +59,7 @@ _RUNS_PER_THREAD: Final = 16
 _RUN_BYTES: Final = 4 * 1024 * 1024
 
 
+#: A block entry's kind (a mirrored block: read by LSN as its header fields only).
 _BLOCK: Final = atrest.KIND_BLOCK
 
 #: Read buffers are allocated in steps of this (so that the runs of a drain,
