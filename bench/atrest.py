@@ -4,7 +4,8 @@ Usage::
 
     .venv/bin/python bench/atrest.py [--quick]
 
-Sans-IO: everything is in memory, no disk, no journal. The workload is the
+Sans-IO: everything is in memory, no disk, no journal -- except the last
+section, which reads two real journals in a temporary directory. The workload is the
 reference telemetry of WORKLOADS.md (``edge_gateway.sample_data``: drifting
 values, deterministic from a seed), key-hash partitioned into 16 partitions,
 journaled as today (``format/entry.py``): one record per entry (an HTTP or
@@ -28,6 +29,13 @@ Every figure stands beside a baseline measured in the same run:
   and the CPU of applying them (MB of bucket bytes per second) beside today's
   path (decompress, decode every batch, one MIRROR entry per batch).
 
+- consume from a mirror's journal (on disk, ``Journal.read`` and the batch
+  decode a fetch does): p50 of fetching one record at a random offset, and
+  of fetching 10,000 records, from block entries (the frame cache warm, and
+  cold, with no cache: every read decompresses its block), beside the same records
+  appended as today's MIRROR entries (one per batch, uncompressed) in the same
+  run; target <= 1.5x.
+
 The last line is one JSON object with every figure, among them
 ``bytes_per_record_at_rest`` (one-record entries, default frames) and
 ``bytes_per_record_today``.
@@ -38,9 +46,12 @@ from __future__ import annotations
 import argparse
 import random
 import struct
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
+import trio
 import zstandard as zstd
 from _common import MB, MiB, Row, emit_json, median, percentile, progress, render_table
 
@@ -54,6 +65,7 @@ from edge_gateway.format.logobject import (
     decode_header,
     iter_block_batches,
 )
+from edge_gateway.journal import Journal, JournalConfig, MirrorBatch, MirrorBlock
 from edge_gateway.sample_data import TelemetryGenerator, partition_for
 
 PARTITIONS = 16
@@ -254,6 +266,119 @@ def mirror_figures(n: int, rounds: int) -> dict[str, float]:
     }
 
 
+def consume_figures(n: int, samples: int) -> dict[str, float]:
+    """Fetch p50 from a mirror's journal: block entries against one MIRROR entry per batch.
+
+    The same log objects (one per 250 telemetry records, as in
+    :func:`mirror_figures`) are appended to one journal as block entries
+    (``append_mirror_blocks``) and to another batch by batch
+    (``append_mirror_batches``, today's path); a fetch is ``Journal.read``
+    from an offset plus decoding the records from it, as the gateway's fetch
+    does. Every read is made once before it is timed (the page cache warm,
+    as for a journal being read); blocks are read with the default frame
+    cache (then warm: a consumer reading again, or on, in a block it read) and
+    with none (cold: each read reads, checks and decompresses its block).
+    """
+    wal, _, positions = journal_segment(n, 1)
+    entries = [E.decode_entry(wal, pos) for pos in positions]
+    per_object = 250
+    objects: list[bytes] = []
+    for i in range(0, len(entries), per_object):
+        b = LogObjectBuilder()
+        for e in entries[i : i + per_object]:
+            b.add_batch(e.topic, e.partition, e.payload)
+        objects.append(b.build("south", 1, 1 + i // per_object, 1, 1, 0))
+    mirror = "south." + TOPIC
+    cfg = JournalConfig(max_bytes=1 << 34, reserve_bytes=0)
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="atrest-consume-") as tmp:
+        root = Path(tmp)
+
+        async def write() -> None:
+            blocks_j = Journal.open_sync(root / "blocks", cfg)
+            batches_j = Journal.open_sync(root / "batches", cfg)
+            try:
+                for obj in objects:
+                    h = decode_header(obj, where="consume")
+                    mid = SourceCoords("south", h.seq, 1, False)
+                    last = SourceCoords("south", h.seq, 1, True)
+                    await blocks_j.append_mirror_blocks(
+                        [
+                            MirrorBlock(mirror, blk.partition, blk, obj[blk.offset : blk.end])
+                            for blk in h.blocks
+                        ],
+                        mid,
+                        last,
+                    )
+                    batches = [
+                        MirrorBatch(mirror, blk.partition, raw.raw)
+                        for blk in h.blocks
+                        for raw in iter_block_batches(
+                            blk, decode_block(blk, obj[blk.offset : blk.end], where="c"), where="c"
+                        )
+                    ]
+                    await batches_j.append_mirror_batches(batches, mid, last)
+            finally:
+                blocks_j.close_sync()
+                batches_j.close_sync()
+
+        trio.run(write)
+        rnd = random.Random(5)
+        ends = {}
+        j = Journal.open_sync(root / "batches", cfg)
+        try:
+            for p in range(PARTITIONS):
+                ends[p] = j.next_offset(mirror, p)
+        finally:
+            j.close_sync()
+        one = [
+            (p, rnd.randrange(ends[p])) for p in (rnd.randrange(PARTITIONS) for _ in range(samples))
+        ]
+        many = [
+            (p, rnd.randrange(max(1, ends[p] - 10_000))) for p, _ in one[: max(20, samples // 10)]
+        ]
+
+        def fetch(j: Journal, p: int, offset: int, k: int) -> int:
+            got = 0
+            for e in j.read(mirror, p, offset, max_records=k, max_bytes=64 * MiB):
+                got += len(decode_batch(e.payload).records(offset))
+                if got >= k:
+                    break
+            return got
+
+        def p50(j: Journal, reads: list[tuple[int, int]], k: int) -> float:
+            for p, offset in reads:  # warm the page cache (and the frame cache: warm)
+                fetch(j, p, offset, k)
+            lat = []
+            for p, offset in reads:
+                t0 = time.perf_counter()
+                fetch(j, p, offset, k)
+                lat.append((time.perf_counter() - t0) * 1e6)
+            return median(lat)
+
+        for name, path, cache in (
+            ("batches", "batches", None),
+            ("blocks", "blocks", None),
+            ("blocks_nocache", "blocks", 0),
+        ):
+            c = (
+                cfg
+                if cache is None
+                else JournalConfig(max_bytes=1 << 34, reserve_bytes=0, block_cache_bytes=cache)
+            )
+            j = Journal.open_sync(root / path, c)
+            try:
+                out[f"consume_one_{name}_p50_us"] = p50(j, one, 1)
+                out[f"consume_10k_{name}_p50_us"] = p50(j, many, 10_000)
+            finally:
+                j.close_sync()
+    for k in ("one", "10k"):
+        base = out[f"consume_{k}_batches_p50_us"]
+        out[f"consume_{k}_blocks_ratio"] = out[f"consume_{k}_blocks_p50_us"] / base
+        out[f"consume_{k}_blocks_nocache_ratio"] = out[f"consume_{k}_blocks_nocache_p50_us"] / base
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="about 15 s instead of a minute")
@@ -415,6 +540,33 @@ def main() -> None:
         )
     )
     figures.update(mirror)
+
+    progress("consume from a mirror's journal: block entries and MIRROR entries ...")
+    consume = consume_figures(n // 2, 300 if args.quick else 1000)
+    rows.append("consume from a mirror journal (Journal.read + decode, p50 us)")
+    for k, what in (("one", "one record, random offset"), ("10k", "10,000 records")):
+        base = consume[f"consume_{k}_batches_p50_us"]
+        rows.append(
+            Row(
+                f"{what}, block entries, warm cache",
+                consume[f"consume_{k}_blocks_p50_us"],
+                "us",
+                "MIRROR entry per batch",
+                base,
+                "<= 1.5x",
+                consume[f"consume_{k}_blocks_ratio"] <= 1.5,
+            )
+        )
+        rows.append(
+            Row(
+                f"{what}, block entries, cold (no cache)",
+                consume[f"consume_{k}_blocks_nocache_p50_us"],
+                "us",
+                "MIRROR entry per batch",
+                base,
+            )
+        )
+    figures.update(consume)
 
     print(render_table("edgegw at-rest format (sans-IO, in memory)", rows))
     emit_json(figures)

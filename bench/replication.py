@@ -18,6 +18,11 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     (``catchup_cpu_floor_s``), and the raw GETs' seconds over that floor
     (``catchup_ratio_cpu_ceiling``: the most ``catchup_ratio`` could be with
     this CPU per byte, every core busy all the time);
+(b') the same catch-up with ``b`` appending batch by batch (``[mirror]
+    keep_blocks = false``, the path before block entries): MB/s beside raw
+    GETs of its objects, CPU per MB and journal bytes per bucket byte beside
+    (b)'s (``mirror_bytes_per_bucket_byte``: ``b``'s journal growth over the
+    log objects' bytes, target <= 1.2);
 (c) idle: requests per second ``b`` makes when nothing happens (S3 polling
     mode, no metadata server), from moto's request log (``a`` has no sources,
     so an idle ``a`` makes none);
@@ -101,6 +106,7 @@ def write_config(
     flush_interval_ms: int = 250,
     subscribers: tuple[str, ...] = ("b",),
     mirror_packs: bool | None = None,
+    mirror_keep_blocks: bool | None = None,
 ) -> None:
     encryption = ""
     if key_file is not None:  # a seals with it, b opens a's objects with it
@@ -125,6 +131,8 @@ poll_interval_ms = 1000
 """
     # Written only when asked: the other sections run with the default.
     packs = "" if mirror_packs is None else f"packs = {'true' if mirror_packs else 'false'}\n"
+    if mirror_keep_blocks is not None:
+        packs += f"keep_blocks = {'true' if mirror_keep_blocks else 'false'}\n"
     site.data_dir.mkdir(parents=True, exist_ok=True)
     site.config = site.data_dir.parent / f"{site.region}.toml"
     site.log_path = site.data_dir.parent / f"{site.region}.log"
@@ -263,17 +271,25 @@ def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
             time.sleep(0.02)
 
 
+def journal_bytes(site: Site) -> int:
+    """The bytes ``site``'s journal holds (its status: entries and index files)."""
+    with httpx.Client(base_url=site.url, timeout=30) as c:
+        return int(c.get("/v1/status").json()["journal"]["bytes"])
+
+
 def catch_up(
     a: Site, b: Site, s3: Any, backlog: int, server_pid: int
-) -> tuple[int, list[tuple[str, int]], int, float, float, float]:
+) -> tuple[int, list[tuple[str, int]], int, float, float, float, int]:
     """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
 
     Returns (record bytes produced, the log objects, their bytes, seconds to
     catch up, CPU seconds of ``b``'s process meanwhile, CPU seconds of the
-    server ``server_pid`` -- moto -- meanwhile).
+    server ``server_pid`` -- moto -- meanwhile, the bytes ``b``'s journal grew
+    by: the mirror's bytes at rest for the objects' bytes).
     """
     wait_shipped(a)
     before = head_seq(s3)
+    held = journal_bytes(b)
     assert b.stop() == 0
     produced = produce_backlog(a, backlog)
     wait_shipped(a)
@@ -288,7 +304,8 @@ def catch_up(
     wait_caught_up(a, b)
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds(b.proc.pid) - c0
-    return produced, objects, wire, elapsed, cpu, cpu_seconds(server_pid) - s0
+    grown = journal_bytes(b) - held
+    return produced, objects, wire, elapsed, cpu, cpu_seconds(server_pid) - s0, grown
 
 
 def log_objects(s3: Any, after_seq: int, bucket: str = BUCKET) -> list[tuple[str, int]]:
@@ -600,9 +617,11 @@ def main() -> None:
                     figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
                 progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-                produced, objects, wire, catchup_s, catchup_cpu, server_cpu = catch_up(
+                produced, objects, wire, catchup_s, catchup_cpu, server_cpu, grown = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
+                figures["catchup_mirror_journal_mb"] = grown / MB
+                figures["mirror_bytes_per_bucket_byte"] = grown / wire
                 figures.update(
                     catchup_objects=len(objects),
                     catchup_wire_mb=wire / MB,
@@ -639,6 +658,26 @@ def main() -> None:
                 figures["catchup_prefetch_peak_mb"] = m.get("prefetch_peak_bytes", 0) / MB
                 figures["catchup_ratio"] = ratio(
                     figures["catchup_mb_per_s"], figures["raw_get_mb_per_s"]
+                )
+
+                progress(
+                    "(b') catch-up again, b appending batch by batch (keep_blocks = false) ..."
+                )
+                write_config(b, proxy_b, mirror_keep_blocks=False)
+                _, objects2, wire2, s2, cpu2, _, grown2 = catch_up(
+                    a, b, s3, backlog, moto.process.pid
+                )
+                write_config(b, proxy_b)  # the default again at b's next start
+                raw2_s, _ = raw_gets(s3, [k for k, _ in objects2])
+                figures.update(
+                    perbatch_catchup_mb_per_s=wire2 / MB / s2,
+                    perbatch_raw_get_mb_per_s=wire2 / MB / raw2_s,
+                    perbatch_catchup_ratio=ratio(wire2 / MB / s2, wire2 / MB / raw2_s),
+                    perbatch_catchup_cpu_ms_per_mb=cpu2 * 1000 / (wire2 / MB),
+                    perbatch_mirror_bytes_per_bucket_byte=grown2 / wire2,
+                    blocks_vs_perbatch_cpu=ratio(
+                        figures["catchup_cpu_ms_per_mb"], cpu2 * 1000 / (wire2 / MB)
+                    ),
                 )
 
                 progress(f"(c) idle requests at b over {idle_s:.0f}s ...")
@@ -697,9 +736,10 @@ def main() -> None:
                 lat = latency(a, b, probes, rate)
                 for q in (50, 90, 99):
                     figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
-                produced, objects, wire, catchup_s, catchup_cpu, _ = catch_up(
+                produced, objects, wire, catchup_s, catchup_cpu, _, grown = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
+                figures["sealed_mirror_bytes_per_bucket_byte"] = grown / wire
                 figures.update(
                     sealed_catchup_objects=len(objects),
                     sealed_catchup_wire_mb=wire / MB,
@@ -802,6 +842,15 @@ def main() -> None:
             ),
             Row("catch-up (records)", f["catchup_journal_mb_per_s"], "MB/s"),
             Row(
+                "mirror journal bytes per bucket byte",
+                f["mirror_bytes_per_bucket_byte"],
+                "x",
+                "log objects fetched",
+                1.0,
+                "<= 1.2",
+                ok(f["mirror_bytes_per_bucket_byte"], f["mirror_bytes_per_bucket_byte"] <= 1.2),
+            ),
+            Row(
                 "CPU per MB of log objects",
                 f["catchup_cpu_ms_per_mb"],
                 "ms",
@@ -817,6 +866,26 @@ def main() -> None:
                 f.get("raw_get_seconds"),
             ),
             Row("fetches in flight at most", f["catchup_fetches_in_flight_peak"], ""),
+            "(b') the same catch-up, b appending batch by batch ([mirror] keep_blocks = false)",
+            Row(
+                "catch-up (log objects), per batch",
+                f["perbatch_catchup_mb_per_s"],
+                "MB/s",
+                "raw boto3 GETs, 8 threads",
+                f["perbatch_raw_get_mb_per_s"],
+            ),
+            Row(
+                "CPU per MB of log objects, blocks",
+                f["catchup_cpu_ms_per_mb"],
+                "ms",
+                "per batch",
+                f["perbatch_catchup_cpu_ms_per_mb"],
+            ),
+            Row(
+                "mirror journal bytes per bucket byte, per batch",
+                f["perbatch_mirror_bytes_per_bucket_byte"],
+                "x",
+            ),
             "(c) idle b, S3 polling, no metadata server",
             Row(
                 "GETs/HEADs per second",

@@ -433,6 +433,11 @@ class MirrorConfig:
     #: Catching up, fetch the source's packs of small entries (one GET each)
     #: instead of each entry (``docs/mirroring.md``, "Packs").
     packs: bool = True
+    #: Keep each fetched block as one journal block entry, as shipped (never
+    #: decompressed; version 3 journal segments, ``docs/at-rest.md``); false:
+    #: decompress it and append each batch (version 2 segments stay readable by
+    #: a gateway from before block entries).
+    keep_blocks: bool = True
     #: Publish ``regions/<src>/cursors/<region>.json`` this often.
     cursor_interval_ms: int = 10_000
     #: While the bucket is unreachable, retry at most this far apart, so a

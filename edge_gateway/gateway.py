@@ -396,6 +396,7 @@ class Gateway:
             gap_policy=m.gap_policy,  # type: ignore[arg-type]
             prefetch_objects=m.prefetch,
             packs=m.packs,
+            keep_blocks=m.keep_blocks,
             cursor_interval_s=m.cursor_interval_ms / 1000,
             retry_cap_s=m.retry_cap_ms / 1000,
             relay_safety_poll_s=self.config.metadata.relay_safety_poll_ms / 1000,

@@ -27,8 +27,8 @@ from typer.core import TyperGroup
 
 from edge_gateway.bucket import Bucket, NotFound
 from edge_gateway.errors import CorruptData, EdgeGatewayError
+from edge_gateway.format import atrest, logobject
 from edge_gateway.format import entry as fentry
-from edge_gateway.format import logobject
 from edge_gateway.format.batch import Record, decode_batch
 from edge_gateway.format.logobject import BlockIndex, LogObjectHeader
 from edge_gateway.format.manifest import VERSION as MANIFEST_VERSION
@@ -38,6 +38,7 @@ from edgegw_cli._errors import reason
 from edgegw_cli.sync import open_bucket
 
 _KINDS = {
+    atrest.KIND_BLOCK: "block",
     fentry.KIND_DATA: "data",
     fentry.KIND_MIRROR: "mirror",
     fentry.KIND_CHECKPOINT: "checkpoint",
@@ -91,7 +92,13 @@ def journal(
         if fentry.is_zero_tail(data, pos):  # the preallocated tail of an active segment
             break
         try:
-            e = fentry.decode_entry(data, pos, where=f"{path}@{pos}")
+            any_e = atrest.decode_any_entry(data, pos, where=f"{path}@{pos}")
+            if isinstance(any_e, atrest.BlockEntry):  # a mirrored block, kept as fetched
+                _block_rows(table, any_e, records, where=f"{path}@{pos}")
+                pos += any_e.length
+                shown += 1
+                continue
+            e = any_e
         except CorruptData as exc:
             console.print(table)
             raise fail(f"{exc} (entries before it are intact)") from None
@@ -114,6 +121,31 @@ def journal(
         pos += e.length
         shown += 1
     console.print(table)
+
+
+def _block_rows(table: Table, e: atrest.BlockEntry, records: bool, *, where: str) -> None:
+    """A block entry's row (its block's codec and sizes) and, with ``records``, its records."""
+    s = e.source
+    codec = "zstd" if e.codec == logobject.CODEC_ZSTD else "raw"
+    table.add_row(
+        str(e.lsn),
+        "block",
+        Text(f"{e.topic}/{e.partition}"),
+        f"{e.first_offset}..{e.last_offset}",
+        f"{e.length} ({codec}, {e.raw_length} raw)",
+        Text(f"{s.region}#{s.seq} epoch {s.epoch}"),
+    )
+    if records:
+        frame = e.frame_index()
+        batches = atrest.FrameBatches(
+            frame, atrest.decode_frame(frame, e.stored, where=where), where=where
+        )
+        offset = e.first_offset
+        while offset <= e.last_offset:
+            b = batches.batch(offset)
+            for r in b.records():
+                table.add_row("", "", "", str(r.offset), "", _record_text(r))
+            offset = b.next_offset
 
 
 # --------------------------------------------------------------------------

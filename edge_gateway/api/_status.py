@@ -339,6 +339,7 @@ def _tailer_json(t: Tailer) -> dict[str, Any]:
         "pack_reads": s.pack_reads,
         "pack_entries": s.pack_entries,
         "pack_fallbacks": s.pack_fallbacks,
+        "blocks": s.blocks,
         "prefetch_peak_objects": s.prefetch_peak_objects,
         "prefetch_peak_bytes": s.prefetch_peak_bytes,
     }

@@ -82,7 +82,7 @@ from edge_gateway.names import validate_topic
 MAGIC: Final = b"EGWC"
 VERSION: Final = 1
 #: The journal segment version that may hold :data:`KIND_BLOCK` entries.
-WAL_VERSION_BLOCKS: Final = 3
+WAL_VERSION_BLOCKS: Final = _entry.SEGMENT_VERSION_BLOCKS
 #: Journal segment versions a compressed segment may have been rewritten from.
 WAL_VERSIONS: Final = (1, 2, WAL_VERSION_BLOCKS)
 _WAL_MAGIC: Final = _entry.SEGMENT_MAGIC
@@ -248,6 +248,40 @@ def encode_block_entry(
     nonce and tag the opened bytes no longer have). The CRC kept is that of
     ``stored``, checked here against the block's sizes and codec.
     """
+    rest = block_entry_rest(
+        lsn=lsn,
+        topic=topic,
+        partition=partition,
+        append_time=append_time,
+        source=source,
+        index=index,
+        stored=stored,
+        nulls=nulls,
+    )
+    length = 8 + len(rest) + len(stored)
+    return _entry.ENTRY_LEN_CRC.pack(length, _entry.entry_crc(rest, stored)) + rest + stored
+
+
+def block_entry_rest(
+    *,
+    lsn: int,
+    topic: str,
+    partition: int,
+    append_time: int,
+    source: SourceCoords,
+    index: BlockIndex,
+    stored: Buffer,
+    nulls: bool = False,
+) -> bytes:
+    """A block entry's bytes after its length and CRC, up to its stored bytes.
+
+    The entry is ``u32 length | u32 CRC-32C(rest + stored) | rest | stored``
+    (:func:`encode_block_entry`); the journal's mirror append writes the
+    pieces itself (its LSN is patched in at the reservation, the CRC is taken
+    by the writing thread). Checks what :func:`encode_block_entry` checks:
+    the topic, the block's rules as a log-object index entry, its zstd frame
+    header, the entry's size; raises :class:`InvalidInput`.
+    """
     crc = crc32c(stored)
     probe = BlockIndex(
         topic,
@@ -302,7 +336,36 @@ def encode_block_entry(
     length = 8 + len(rest) + len(stored)
     if length > _entry.MAX_ENTRY_BYTES:
         raise InvalidInput(f"block entry of {length} bytes exceeds {_entry.MAX_ENTRY_BYTES}")
-    return _entry.ENTRY_LEN_CRC.pack(length, _entry.entry_crc(rest, stored)) + rest + stored
+    return rest
+
+
+def check_stored_block(index: BlockIndex, stored: Buffer, *, where: str) -> BlockIndex:
+    """Check a fetched block's stored bytes (opened, if its object was encrypted) for a
+    block entry, without decompressing them; return its index entry for those bytes.
+
+    ``index`` is the block's entry in the source object (its CRC and sizes are
+    those of the bytes as shipped, checked by the caller before opening). The
+    entry returned has the opened bytes' length and CRC; it must pass the
+    log-object rules (``validate_block``), and a zstd block must start with
+    one frame declaring ``raw_length``. Raises :class:`CorruptData`.
+    """
+    b = BlockIndex(
+        index.topic,
+        index.partition,
+        index.first_offset,
+        index.last_offset,
+        index.record_count,
+        index.min_ts,
+        index.max_ts,
+        0,
+        len(stored),
+        index.raw_length,
+        index.codec,
+        crc32c(stored),
+    )
+    _lo.validate_block(b, where=where)
+    _check_frame_magic(b, stored, where)
+    return b
 
 
 def _check_frame_magic(b: BlockIndex, stored: Buffer, where: str) -> None:
@@ -919,6 +982,15 @@ class FrameCache:
     @property
     def bytes(self) -> int:
         return self._bytes
+
+    def peek(self, key: tuple[object, int]) -> FrameBatches | None:
+        """The cached frame of ``key`` (counted as a hit, made the most recent), or None
+        (not counted: the caller then reads the frame through :meth:`get`)."""
+        found = self._items.get(key)
+        if found is not None:
+            self._items.move_to_end(key)
+            self.hits += 1
+        return found
 
     def get(self, key: tuple[object, int], load: Callable[[], FrameBatches]) -> FrameBatches:
         found = self._items.get(key)
@@ -1727,6 +1799,8 @@ __all__ = [
     "WAL_VERSION_BLOCKS",
     "AnyEntry",
     "BlockEntry",
+    "block_entry_rest",
+    "check_stored_block",
     "ChunkEntries",
     "ChunkIndex",
     "CompressedSegment",

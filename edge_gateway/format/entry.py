@@ -37,7 +37,10 @@ producers' state (``ProducerTable.snapshot``), Kafka's producer snapshot.
 Versions: version 2 segments may hold PRODUCER entries and version 2
 checkpoints; a version 1 segment holds neither and reads as before (the
 journal keeps appending to an old active segment without producer entries and
-writes version 2 from its next segment). A version 1 reader refuses a version
+writes version 2 from its next segment). Version 3 segments may also hold
+block entries (kind 4, a mirrored log-object block kept as fetched; encoded
+and decoded by ``edge_gateway.format.atrest``, which this module does not
+know: :func:`decode_entry` refuses kind 4 as an unknown kind). A version 1 reader refuses a version
 2 segment ("unsupported segment version") instead of cutting the producer
 entries it does not know as a torn tail.
 """
@@ -56,8 +59,11 @@ from edge_gateway.format import batch as _batch
 
 SEGMENT_MAGIC: Final = b"EGWJ"
 SEGMENT_VERSION: Final = 2
+#: The segment version a journal writes from its first block entry on (kind 4,
+#: ``format/atrest.py``): older code refuses it as a whole.
+SEGMENT_VERSION_BLOCKS: Final = 3
 #: Segment versions this code reads.
-SEGMENT_VERSIONS: Final = (1, 2)
+SEGMENT_VERSIONS: Final = (1, 2, SEGMENT_VERSION_BLOCKS)
 _SEGMENT_HEADER = struct.Struct("<4sB3xQ")
 SEGMENT_HEADER_SIZE: Final = _SEGMENT_HEADER.size  # 16
 
@@ -140,8 +146,10 @@ class Entry:
         return self.base_offset + self.count
 
 
-def encode_segment_header(base_lsn: int) -> bytes:
-    return _SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, base_lsn)
+def encode_segment_header(base_lsn: int, version: int = SEGMENT_VERSION) -> bytes:
+    if version not in SEGMENT_VERSIONS:
+        raise InvalidInput(f"no segment version {version}")
+    return _SEGMENT_HEADER.pack(SEGMENT_MAGIC, version, base_lsn)
 
 
 def decode_segment_header(buf: bytes, *, where: str) -> int:

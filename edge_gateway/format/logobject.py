@@ -1444,6 +1444,27 @@ def decode_block(
     object or region, or the wrong key) is :class:`CorruptData`.
     """
     what = f"block {index.topic}/{index.partition} at {index.offset}"
+    stored = open_block(index, stored, where=where, opener=opener)
+    if index.codec == CODEC_NONE:
+        raw = bytes(stored)
+    elif index.codec == CODEC_ZSTD:
+        raw = _unzstd(stored, index.raw_length, what, where)
+    else:
+        raise CorruptData(f"{what}: unknown codec {index.codec}", where=where)
+    if len(raw) != index.raw_length:
+        raise CorruptData(
+            f"{what}: {len(raw)} raw bytes, the index says {index.raw_length}", where=where
+        )
+    return raw
+
+
+def open_block(
+    index: BlockIndex, stored: Buffer, *, where: str, opener: BlockOpener | None = None
+) -> Buffer:
+    """A block's payload as compressed (one zstd frame, or raw batches): its length and CRC
+    checked against ``index``, then (an encrypted object) authenticated and decrypted.
+    Nothing is decompressed (see :func:`decode_block`)."""
+    what = f"block {index.topic}/{index.partition} at {index.offset}"
     if len(stored) != index.stored_length:
         raise CorruptData(
             f"{what}: {len(stored)} bytes, the index says {index.stored_length}", where=where
@@ -1463,18 +1484,8 @@ def decode_block(
                 f"position, or sealed with another key under key id {opener.key_id!r})",
                 where=where,
             )
-        stored = plain
-    if index.codec == CODEC_NONE:
-        raw = bytes(stored)
-    elif index.codec == CODEC_ZSTD:
-        raw = _unzstd(stored, index.raw_length, what, where)
-    else:
-        raise CorruptData(f"{what}: unknown codec {index.codec}", where=where)
-    if len(raw) != index.raw_length:
-        raise CorruptData(
-            f"{what}: {len(raw)} raw bytes, the index says {index.raw_length}", where=where
-        )
-    return raw
+        return plain
+    return stored
 
 
 def _unzstd(stored: Buffer, raw_length: int, what: str, where: str) -> bytes:

@@ -18,6 +18,7 @@ from edge_gateway.journal._journal import (
     Journal,
     JournalStats,
     MirrorBatch,
+    MirrorBlock,
     OffsetOutOfRange,
     open_journal,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "LaneAppended",
     "Lanes",
     "MirrorBatch",
+    "MirrorBlock",
     "OffsetOutOfRange",
     "OnFull",
     "Priority",

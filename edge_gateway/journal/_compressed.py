@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import struct
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -39,7 +40,7 @@ from edge_gateway.errors import CorruptData, UnsupportedFormat
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import ChunkEntries, FrameBatches, FrameCache, SegmentDirectory
-from edge_gateway.format.entry import Entry
+from edge_gateway.format.entry import Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._index import IntSequence
 
@@ -55,6 +56,41 @@ TMP_SUFFIX: Final = ".z-tmp"
 #: one-record entries holds ~26,000 entries, a few MB of Python objects.
 CHUNKS_KEPT: Final = 4
 _NONE: Final = 0xFFFFFFFF
+_BATCH_BASE_COUNT: Final = struct.Struct("<8xq4xI")  # a batch's base offset and count
+
+
+def block_batch_entries(frame: FrameBatches, be: atrest.BlockEntry, offset: int) -> Iterator[Entry]:
+    """The batches of block entry ``be`` from the one holding ``offset`` on, one ``Entry`` each.
+
+    A reader by offset gets exactly what the mirror's per-batch path wrote
+    (a MIRROR entry per source batch): the same batches, offsets and source,
+    END_OF_SOURCE_OBJECT on the last batch of the entry that had it, all
+    under the block entry's LSN and append time. ``frame`` is the block's
+    decompressed batches (from the journal's :class:`FrameCache`).
+    """
+    if offset > be.last_offset:
+        return
+    src = be.source
+    mid = src if not src.end_of_object else SourceCoords(src.region, src.seq, src.epoch, False)
+    # lazily, one batch ahead (a one-record read takes one batch of a large block)
+    batches = frame.batches_from(max(offset, be.first_offset))
+    view = next(batches, None)
+    while view is not None:
+        ahead = next(batches, None)
+        base, count = _BATCH_BASE_COUNT.unpack_from(view)
+        yield Entry(
+            be.lsn,
+            fentry.KIND_MIRROR,
+            be.topic,
+            be.partition,
+            base,
+            count,
+            be.append_time,
+            mid if ahead is not None else src,
+            bytes(view),
+            len(view),
+        )
+        view = ahead
 
 
 def is_compressed(path: Path) -> bool:
@@ -171,7 +207,6 @@ class CompressedFile:
                     where=where,
                 )
             if wal_version not in fentry.SEGMENT_VERSIONS:
-                # block entries (version 3) are the mirror's next increment
                 raise UnsupportedFormat(
                     f"a compressed segment of journal segment version {wal_version} "
                     "(this journal reads versions "
@@ -242,12 +277,13 @@ class CompressedFile:
             if fno == _NONE:
                 lengths.append(n_extra)  # the whole entry is kept
                 continue
-            if ents.kinds[i] == atrest.KIND_BLOCK:  # pragma: no cover - refused at open
-                raise CorruptData(f"LSN {ents.lsn(i)}: a block entry", where=self.where)
             by_frame.setdefault(fno, []).append(i)
-            lengths.append(
-                head + self._topic_lengths[ents.parts[i]] + n_extra + ents.raw_lengths[i]
-            )
+            if ents.kinds[i] == atrest.KIND_BLOCK:
+                # a block entry keeps the frame's stored bytes behind its descriptor
+                body = atrest.BLOCK_DESC_SIZE + d.frames[fno].stored_length
+            else:
+                body = ents.raw_lengths[i]
+            lengths.append(head + self._topic_lengths[ents.parts[i]] + n_extra + body)
         return ChunkView(chunk_no, ents, lengths, by_frame)
 
     def chunk(self, cache: ChunkCache, pread: Pread, chunk_no: int) -> ChunkView:
@@ -382,7 +418,12 @@ class CompressedFile:
                 if ents.base_offsets[i] + ents.counts[i] <= offset:
                     continue
                 data = atrest.wal_entry(d, ents, i, raw_of, stored, where=self.where)
-                yield fentry.decode_entry(data, where=f"{self.where} LSN {ents.lsn(i)}")
+                where = f"{self.where} LSN {ents.lsn(i)}"
+                if ents.kinds[i] == atrest.KIND_BLOCK:
+                    be = atrest.decode_block_entry(data, where=where)
+                    yield from block_batch_entries(self.frame(cache, pread, fno), be, offset)
+                    continue
+                yield fentry.decode_entry(data, where=where)
 
     def partition_runs(self, pread: Pread) -> dict[tuple[str, int], tuple[array[int], array[int]]]:
         """Per partition, the LSNs and base offsets of its entries here (every table read)."""

@@ -101,7 +101,7 @@ from edge_gateway.journal._index import (
     PartitionRun,
     SegmentIndex,
 )
-from edge_gateway.journal._mirror_append import MirrorBatch, _Reserved
+from edge_gateway.journal._mirror_append import MirrorBatch, MirrorBlock, _Reserved
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
 from edge_gateway.journal._segment_set import SegmentSet
@@ -115,6 +115,7 @@ __all__ = [
     "Journal",
     "JournalStats",
     "MirrorBatch",
+    "MirrorBlock",
     "OffsetOutOfRange",
 ]
 
@@ -275,8 +276,13 @@ class Journal:
         #: What drop-oldest deleted unshipped (dropped.log), and what the
         #: shipper is committing (drops below it are ``held``).
         self._drop_log = DropLog(path)
-        #: The active segment's version: producer entries go only into a version 2 one.
+        #: The active segment's version: producer entries go only into a version 2 one,
+        #: block entries only into a version 3 one.
         self._active_version = fentry.SEGMENT_VERSION
+        #: The version new segments get: 3 once the journal holds a block entry
+        #: (then every roll keeps it), else 2, so a journal with no block entries
+        #: stays readable by the code before them.
+        self._write_version = fentry.SEGMENT_VERSION
         #: The idempotent producers' state for the checkpoint of each new
         #: segment (set by the gateway; ``ProducerTable.snapshot``).
         self.producer_snapshot: Callable[[], dict[str, Any]] | None = None
@@ -510,7 +516,7 @@ class Journal:
             append_time=now,
             payload=payload,
         )
-        data = fentry.encode_segment_header(base_lsn) + entry
+        data = fentry.encode_segment_header(base_lsn, self._write_version) + entry
         fd = -1
         try:
             # No segment holds base_lsn yet, so a file of that name is what an
@@ -540,7 +546,7 @@ class Journal:
         self._next_lsn = base_lsn + 1
         self._durability.durable_lsn = base_lsn
         self._total_bytes += len(data)
-        self._active_version = fentry.SEGMENT_VERSION
+        self._active_version = self._write_version
 
     def _roll(self) -> None:
         """Seal the active segment (fsync + index file) and start the next one.
@@ -756,10 +762,16 @@ class Journal:
         return _new_appended(Appended, (lsn, base, count))
 
     def _roll_for_producers(self) -> None:
-        """Start a version 2 segment: the active one is an older gateway's version 1."""
-        log.info(
-            "journal %s: starting a version 2 segment (producer entries, null values)", self.path
-        )
+        """Start a version 2 segment: the active one is an older gateway's version 1.
+
+        (Or version 3 when :meth:`_roll_for_blocks` set it: version 3 holds
+        producer entries and nulls too.)
+        """
+        if self._write_version == fentry.SEGMENT_VERSION:
+            log.info(
+                "journal %s: starting a version 2 segment (producer entries, null values)",
+                self.path,
+            )
         try:
             if self._space.full_since is not None:
                 self._while_disk_full(0)
@@ -767,6 +779,12 @@ class Journal:
         except DiskFull:
             self._refused()
             raise
+
+    def _roll_for_blocks(self) -> None:
+        """Start a version 3 segment (and write version 3 from now on): a block entry comes."""
+        log.info("journal %s: starting a version 3 segment (mirrored block entries)", self.path)
+        self._write_version = fentry.SEGMENT_VERSION_BLOCKS
+        self._roll_for_producers()
 
     async def append(
         self, topic: str, partition: int, batch: bytes | bytearray | memoryview
@@ -809,6 +827,11 @@ class Journal:
     _append_mirror_sync = _mirror_append._append_mirror_sync
     _check_mirrored = staticmethod(_mirror_append._check_mirrored)
     append_mirror_batches = _mirror_append.append_mirror_batches
+    append_mirror_blocks = _mirror_append.append_mirror_blocks
+    _append_groups = _mirror_append._append_groups
+    _append_block_sync = _mirror_append._append_block_sync
+    _reserve_blocks = _mirror_append._reserve_blocks
+    _reserve_planned = _mirror_append._reserve_planned
     _reserve_mirror = _mirror_append._reserve_mirror
     _settle = _mirror_append._settle
     _publish = _mirror_append._publish

@@ -1,6 +1,8 @@
 """The mirror append path: entries copied from another site's journal.
 
-What it owns: ``append_mirror`` (one batch, on the loop) and
+What it owns: ``append_mirror`` (one batch, on the loop),
+``append_mirror_blocks`` (fetched log-object blocks kept as shipped, one block
+entry each: kind 4, version 3 segments, docs/at-rest.md) and
 ``append_mirror_batches`` (a group: its space and LSNs reserved at the end of
 the active segment on the loop, its CRCs computed and its bytes written by a
 worker thread, then published on the loop — or settled by the loop when the
@@ -16,7 +18,7 @@ from __future__ import annotations
 import struct
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 import trio
@@ -25,9 +27,11 @@ import trio.lowlevel
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import InvalidInput, Unavailable
 from edge_gateway.failpoints import fail_point
+from edge_gateway.format import atrest
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import SourceCoords
+from edge_gateway.format.logobject import BlockIndex
 from edge_gateway.journal import _fs
 from edge_gateway.journal._segment import Segment
 from edge_gateway.journal._state import Appended, _Partition
@@ -59,6 +63,22 @@ class MirrorBatch(NamedTuple):
     partition: int
     batch: bytes | bytearray | memoryview
     #: the batch may skip forward over offsets the source no longer has
+    allow_gap: bool = False
+
+
+class MirrorBlock(NamedTuple):
+    """One block of :meth:`Journal.append_mirror_blocks`: a fetched log-object block, as shipped."""
+
+    #: the local (mirror) topic and partition
+    topic: str
+    partition: int
+    #: the block's entry in the source object's header (offsets, timestamps, sizes, codec)
+    block: BlockIndex
+    #: its stored bytes, opened first if the object was encrypted: one zstd frame or raw batches
+    stored: bytes
+    #: a batch in it may hold a null (the source object's NULLS flag)
+    nulls: bool = False
+    #: the block may skip forward over offsets the source no longer has
     allow_gap: bool = False
 
 
@@ -284,21 +304,65 @@ async def append_mirror_batches(
     A cancelled call raises before it reserves anything, or after the
     batches are published (like ``fsync=always`` appends).
     """
+    n = len(batches)
+
+    def one(k: int) -> Appended:
+        b = batches[k]
+        src = last if k == n - 1 else source
+        return self._append_mirror_sync(b.topic, b.partition, b.batch, src, b.allow_gap)
+
+    return await self._append_groups(
+        n, lambda i: self._reserve_mirror(batches, i, source, last), one
+    )
+
+
+async def append_mirror_blocks(
+    self: Journal, blocks: Sequence[MirrorBlock], source: SourceCoords, last: SourceCoords
+) -> list[Appended]:
+    """Append fetched log-object blocks of one source entry, each as one block entry.
+
+    The mirror's compressed append (docs/at-rest.md, "The block entry"): each
+    block's stored bytes are kept as shipped (opened, if the source object
+    was encrypted, by the caller), never decompressed or re-encoded here.
+    The same steps and checks as :meth:`append_mirror_batches`: every entry
+    records ``source``, the last one ``last`` (its END_OF_SOURCE_OBJECT); a
+    block continues its partition exactly, or with ``allow_gap`` skips
+    forward; space and LSNs are reserved on the loop, the CRCs and the
+    write done by a worker thread for a large group, the entries published
+    in order. Each block is checked before anything is reserved: its index
+    entry's rules (``validate_block``), and for zstd that its bytes start
+    with one frame declaring ``raw_length`` (``block_entry_rest``); the
+    caller checked its CRC and tag against the source's index. The first
+    block entry of a journal rolls to a version 3 segment (older code
+    refuses it whole, instead of reading kind 4 as a torn tail).
+    """
+    n = len(blocks)
+
+    def one(k: int) -> Appended:
+        return self._append_block_sync(blocks[k], last if k == n - 1 else source)
+
+    return await self._append_groups(
+        n, lambda i: self._reserve_blocks(blocks, i, source, last), one
+    )
+
+
+async def _append_groups(
+    self: Journal,
+    n: int,
+    reserve: Callable[[int], tuple[_Reserved | None, int]],
+    one: Callable[[int], Appended],
+) -> list[Appended]:
+    """Append items ``0..n-1`` in reserved groups (``reserve(i)``), or one at a time
+    (``one(k)``: an item too large for a group, a full disk)."""
     await _checkpoint_if_cancelled()
     out: list[Appended] = []
     i = 0
-    n = len(batches)
     while i < n:
         await self._wait_inflight()
         self._check_open()
-        res, i = self._reserve_mirror(batches, i, source, last)
-        if res is None:  # one batch too large for a group: the general path
-            b = batches[i]
-            out.append(
-                self._append_mirror_sync(
-                    b.topic, b.partition, b.batch, last if i == n - 1 else source, b.allow_gap
-                )
-            )
+        res, i = reserve(i)
+        if res is None:  # one item too large for a group: the general path
+            out.append(one(i))
             i += 1
             continue
         if res.length <= _INLINE_BYTES:
@@ -316,7 +380,7 @@ async def append_mirror_batches(
             raise res.failure
         # A full disk, handled as _put handles it: note the episode, delete
         # a shipped segment (or make drop-oldest lanes give way) or refuse;
-        # then the batches again, one at a time (each makes room or raises
+        # then the items again, one at a time (each makes room or raises
         # DiskFull).
         assert isinstance(res.error, OSError)
         error = self._disk_full(res.seg.path, res.error, res.length)
@@ -327,15 +391,119 @@ async def append_mirror_batches(
             raise error from res.error
         first = i - len(res.sizes)
         for k in range(first, i):
-            b = batches[k]
-            out.append(
-                self._append_mirror_sync(
-                    b.topic, b.partition, b.batch, last if k == n - 1 else source, b.allow_gap
-                )
-            )
+            out.append(one(k))
     if out:
         await self._after_append(out[-1].lsn)
     return out
+
+
+def _check_block(b: MirrorBlock, next_offset: int) -> None:
+    """A block continues its partition at ``next_offset`` (or skips forward with ``allow_gap``)."""
+    first = b.block.first_offset
+    where = f"{b.topic}/{b.partition}"
+    if first < next_offset:
+        raise InvalidInput(
+            f"{where}: mirrored offset {first} is already present (next is {next_offset})"
+        )
+    if first > next_offset and not b.allow_gap:
+        raise InvalidInput(f"{where}: mirrored offset {first} leaves a gap after {next_offset}")
+
+
+def _block_rest(b: MirrorBlock, lsn: int, now: int, source: SourceCoords) -> bytes:
+    return atrest.block_entry_rest(
+        lsn=lsn,
+        topic=b.topic,
+        partition=b.partition,
+        append_time=now,
+        source=source,
+        index=b.block,
+        stored=b.stored,
+        nulls=b.nulls,
+    )
+
+
+def _append_block_sync(self: Journal, b: MirrorBlock, source: SourceCoords) -> Appended:
+    """One block entry, written on the loop (a block too large for a group, a full disk)."""
+    self._check_open()
+    if self._inflight is not None:
+        self._settle()
+    t = self._topic(b.topic)
+    p = t.partitions.get(b.partition) or self._new_partition(t, b.partition)
+    _check_block(b, p.next_offset)
+    now = _time_ns() // 1_000_000
+    length = 8 + len(_block_rest(b, 0, now, source)) + len(b.stored)  # checks the block
+    if self._active_version < fentry.SEGMENT_VERSION_BLOCKS:
+        self._roll_for_blocks()
+    self._reserve(length)
+    lsn = self._next_lsn
+    rest = _block_rest(b, lsn, now, source)
+    head = _LEN_CRC.pack(length, fentry.entry_crc(rest, b.stored))
+    self._emit([head, rest, b.stored], length, now)
+    self._sources[source.region] = source
+    first, count = b.block.first_offset, b.block.record_count
+    self._index(p, lsn, first, first + count)
+    self._mirror_runs.note(lsn, lsn + 1)
+    return Appended(lsn, first, count)
+
+
+def _reserve_blocks(
+    self: Journal, blocks: Sequence[MirrorBlock], i: int, source: SourceCoords, last: SourceCoords
+) -> tuple[_Reserved | None, int]:
+    """Reserve space and LSNs for blocks ``i``... (as :meth:`_reserve_mirror` for batches)."""
+    now = _time_ns() // 1_000_000
+    n = len(blocks)
+    lsn0 = self._next_lsn
+    planned: list[tuple[_Partition, bytes, int, int, int, memoryview, int]] = []
+    expected: dict[tuple[str, int], int] = {}
+    total = 0
+    j = i
+    while j < n:
+        b = blocks[j]
+        t = self._topic(b.topic)
+        p = t.partitions.get(b.partition) or self._new_partition(t, b.partition)
+        key = (b.topic, b.partition)
+        _check_block(b, expected.get(key, p.next_offset))
+        head = _block_rest(b, lsn0 + (j - i), now, last if j == n - 1 else source)
+        size = 8 + len(head) + len(b.stored)
+        if total + size > fentry.MAX_ENTRY_BYTES:
+            break
+        total += size
+        first, count = b.block.first_offset, b.block.record_count
+        expected[key] = first + count
+        planned.append((p, head, size, first, first + count, memoryview(b.stored), count))
+        j += 1
+    if not planned:
+        return None, i
+    if self._active_version < fentry.SEGMENT_VERSION_BLOCKS:
+        self._roll_for_blocks()  # block entries only in version 3 segments
+    return self._reserve_planned(planned, total, now, lsn0, last if j == n else source), j
+
+
+def _reserve_planned(
+    self: Journal,
+    planned: list[tuple[_Partition, bytes, int, int, int, memoryview, int]],
+    total: int,
+    now: int,
+    lsn0: int,
+    source: SourceCoords,
+) -> _Reserved:
+    """Reserve ``total`` bytes for the planned entries (headers built for LSNs from ``lsn0``)."""
+    self._reserve(total)  # may roll the segment: the LSNs move with it
+    seg = self._active
+    lsn0b = self._next_lsn
+    res = _Reserved(seg, lsn0b, now, source)
+    for k, (p, head, size, base, nxt, body, count) in enumerate(planned):
+        if lsn0b != lsn0:
+            head = _LSN_FIELD.pack(lsn0b + k) + head[8:]
+        res.heads.append(head)
+        res.parts.append(body)
+        res.sizes.append(size)
+        res.keys.append((p, base, nxt))
+        res.appended.append(Appended(lsn0b + k, base, count))
+    res.length = total
+    self._inflight = res
+    self._mirror_groups += 1
+    return res
 
 
 def _reserve_mirror(
@@ -385,22 +553,7 @@ def _reserve_mirror(
         return None, i
     if nulls and self._active_version < 2:
         self._roll_for_producers()  # nulls only in version 2 segments (see append_nowait)
-    self._reserve(total)  # may roll the segment: the LSNs move with it
-    seg = self._active
-    lsn0b = self._next_lsn
-    res = _Reserved(seg, lsn0b, now, last if j == n else source)
-    for k, (p, head, size, base, nxt, body, count) in enumerate(planned):
-        if lsn0b != lsn0:
-            head = _LSN_FIELD.pack(lsn0b + k) + head[8:]
-        res.heads.append(head)
-        res.parts.append(body)
-        res.sizes.append(size)
-        res.keys.append((p, base, nxt))
-        res.appended.append(Appended(lsn0b + k, base, count))
-    res.length = total
-    self._inflight = res
-    self._mirror_groups += 1
-    return res, j
+    return self._reserve_planned(planned, total, now, lsn0, last if j == n else source), j
 
 
 def _settle(self: Journal) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
+from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
@@ -195,6 +196,8 @@ def _add_scanned(self: Journal, scanned: Scanned, *, last: bool) -> Segment:
     """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
     if last:
         self._active_version = scanned.version
+        if scanned.version >= fentry.SEGMENT_VERSION_BLOCKS:
+            self._write_version = scanned.version  # block entries: rolls stay version 3
         self.recovered_producer_entries = scanned.producers
         if scanned.checkpoint is not None:
             self.recovered_producers = scanned.checkpoint.producers

@@ -16,6 +16,7 @@ by offset through its frames.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import threading
 from collections.abc import Container, Iterator
@@ -25,8 +26,11 @@ from typing import TYPE_CHECKING, Final, NamedTuple, Protocol
 import trio
 
 from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, Unavailable
+from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
+from edge_gateway.format.atrest import BlockEntry, FrameBatches
 from edge_gateway.format.entry import Entry
+from edge_gateway.journal._compressed import block_batch_entries
 from edge_gateway.journal._segment import Segment
 from edge_gateway.journal._segment_set import SegmentSet
 from edge_gateway.journal._state import MirrorRuns, _Partition
@@ -54,6 +58,9 @@ _RUNS_PER_THREAD: Final = 16
 #: of it until they are decoded (the shipper's objects are 16 MiB of entries).
 _RUN_BYTES: Final = 4 * 1024 * 1024
 
+
+#: A block entry's kind (a mirrored block: read by LSN as its header fields only).
+_BLOCK: Final = atrest.KIND_BLOCK
 
 #: Read buffers are allocated in steps of this (so that the runs of a drain,
 #: each just under :data:`_RUN_BYTES`, fit the buffers of the runs before).
@@ -140,6 +147,35 @@ def _run_end(
     return j, positions[j] if j < seg.entries else SegmentSet.entries_size(seg)
 
 
+class _BlockFrame(FrameBatches):
+    """A block entry's decompressed batches in the frame cache, with the entry (less its
+    stored bytes): a read by offset that finds it cached reads nothing from the file."""
+
+    __slots__ = ("entry",)
+
+    def __init__(self, be: BlockEntry, *, where: str) -> None:
+        frame = be.frame_index()
+        super().__init__(frame, atrest.decode_frame(frame, be.stored, where=where), where=where)
+        self.entry = dataclasses.replace(be, stored=b"")
+
+
+def block_header_entry(be: BlockEntry) -> Entry:
+    """What a read by LSN returns for a block entry: its header fields, kind
+    :data:`atrest.KIND_BLOCK`, its source, no payload (its records are read by offset)."""
+    return Entry(
+        be.lsn,
+        atrest.KIND_BLOCK,
+        be.topic,
+        be.partition,
+        be.first_offset,
+        be.record_count,
+        be.append_time,
+        be.source,
+        b"",
+        be.length,
+    )
+
+
 def _mirror_run_entry(last_lsn: int, length: int) -> Entry:
     """What a read returns for a run of mirror entries it stepped over: one
     entry with the run's last LSN, kind mirror and total length, nothing else."""
@@ -172,7 +208,9 @@ def _decode_run(
         # ``where`` is made only for an error: formatting it for every entry
         # cost ~5% of a drain of one-record entries.
         try:
-            if (
+            if len(data) - cur > fentry.KIND_OFFSET and data[cur + fentry.KIND_OFFSET] == _BLOCK:
+                e = block_header_entry(atrest.decode_block_entry(data, cur))
+            elif (
                 payload_kinds is not None
                 and len(data) - cur > fentry.KIND_OFFSET
                 and data[cur + fentry.KIND_OFFSET] not in payload_kinds
@@ -289,23 +327,53 @@ class Reads:
             raise ClosedError("journal is closed")
 
     def read_entry(self, lsn: int) -> Entry:
-        """Read and verify the entry with this LSN."""
-        self._check_readable()
-        return self._read_entry(lsn)
+        """Read and verify the entry with this LSN.
 
-    def _read_entry(self, lsn: int) -> Entry:
+        A block entry (kind 4, a mirrored block) comes with its header fields
+        and source only (:func:`block_header_entry`): its records are read by
+        offset (:meth:`read`).
+        """
+        self._check_readable()
+        e = self._read_any(lsn)
+        return block_header_entry(e) if isinstance(e, BlockEntry) else e
+
+    def _locate(self, lsn: int) -> tuple[Segment, int, int]:
+        """The segment holding ``lsn`` and the entry's byte range in it."""
         seg, _ = self.segments.locate(lsn)
         i = lsn - seg.base_lsn
         positions = self.segments.positions(seg)
         pos = positions[i]
         end = positions[i + 1] if i + 1 < seg.entries else SegmentSet.entries_size(seg)
+        return seg, pos, end
+
+    def _read_any(self, lsn: int, at: tuple[Segment, int, int] | None = None) -> atrest.AnyEntry:
+        seg, pos, end = at or self._locate(lsn)
         data = self.segments.pread(seg, end - pos, pos)
-        e = fentry.decode_entry(data, where=f"{seg.path}@{pos}")
+        e = atrest.decode_any_entry(data, where=f"{seg.path}@{pos}")
         if e.lsn != lsn:  # an index that does not match its segment
             raise CorruptData(
                 f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}"
             )
         return e
+
+    def _entries_at(self, lsn: int, offset: int) -> Iterator[Entry]:
+        """The entry with this LSN; a block entry as its batches from ``offset`` on
+        (decompressed through the journal's frame cache, key: the segment's base LSN
+        and the entry's position)."""
+        at = self._locate(lsn)
+        seg, pos, _ = at
+        key = (seg.base_lsn, pos)  # a base LSN names one segment for the journal's life
+        cache = self.segments.frame_cache
+        cached = cache.peek(key)
+        if cached is None:
+            e = self._read_any(lsn, at)
+            if not isinstance(e, BlockEntry):
+                yield e
+                return
+            where = f"{seg.path}@{pos}"
+            cached = cache.get(key, lambda: _BlockFrame(e, where=where))
+        assert isinstance(cached, _BlockFrame)
+        yield from block_batch_entries(cached, cached.entry, offset)
 
     def read(
         self,
@@ -350,7 +418,8 @@ class Reads:
         """
         active = p.offsets
         if not p.seg_first or (active and offset >= active[0]):
-            yield from self._entries_of(p.lsns, max(bisect.bisect_right(active, offset) - 1, 0))
+            i = max(bisect.bisect_right(active, offset) - 1, 0)
+            yield from self._entries_of(p.lsns, i, offset)
             return
         first = max(bisect.bisect_right(p.seg_first, offset) - 1, 0)
         for k in range(first, len(p.seg_bases)):
@@ -361,12 +430,13 @@ class Reads:
             assert seg.index is not None
             lsns, offsets = seg.index.run(p.seg_at[k], p.seg_count[k])
             i = max(bisect.bisect_right(offsets, offset) - 1, 0) if k == first else 0
-            yield from self._entries_of(lsns, i)
-        yield from self._entries_of(p.lsns, 0)
+            yield from self._entries_of(lsns, i, offset)
+        yield from self._entries_of(p.lsns, 0, offset)
 
-    def _entries_of(self, lsns: IntSequence, i: int) -> Iterator[Entry]:
+    def _entries_of(self, lsns: IntSequence, i: int, offset: int) -> Iterator[Entry]:
+        self._check_readable()
         for k in range(i, len(lsns)):
-            yield self.read_entry(lsns[k])
+            yield from self._entries_at(lsns[k], offset)
 
     def read_entries(
         self,

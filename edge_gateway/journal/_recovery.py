@@ -20,6 +20,7 @@ from pathlib import Path
 
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData
+from edge_gateway.format import atrest
 from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
@@ -102,7 +103,8 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
     active segment of a journal of single records holds ~300,000 of them.
     Anything else (the checkpoint, mirror entries, any doubt) goes through
     :func:`fentry.decode_entry`, which makes the same checks and says
-    precisely what is wrong. A torn tail is cut only in the ``last``
+    precisely what is wrong; a block entry (kind 4, version 3 segments) goes
+    through :func:`atrest.decode_block_entry`. A torn tail is cut only in the ``last``
     segment; a zero-filled tail (preallocated space) is cut from any other.
     """
     where = str(path)
@@ -199,7 +201,7 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
                 cut(path, pos, "zero-filled tail")
             break
         try:
-            e = fentry.decode_entry(buf, pos, where=f"{where}@{pos}")
+            e = atrest.decode_any_entry(buf, pos, where=f"{where}@{pos}")
             if e.lsn != lsn:
                 raise CorruptData(f"LSN {e.lsn} where {lsn} was expected", where=f"{where}@{pos}")
         except CorruptData as exc:
@@ -221,12 +223,29 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
                 "segment or move it aside",
                 where=f"{where}@{pos}",
             ) from None
+        if isinstance(e, atrest.BlockEntry) and out.version < atrest.WAL_VERSION_BLOCKS:
+            # a whole, valid entry no writer puts there: damage (the version byte), never
+            # a torn tail to cut
+            raise CorruptData(
+                f"a block entry in a version {out.version} segment", where=f"{where}@{pos}"
+            )
         if lsn == base:
-            if e.kind != fentry.KIND_CHECKPOINT:
+            if isinstance(e, atrest.BlockEntry) or e.kind != fentry.KIND_CHECKPOINT:
                 raise CorruptData("segment does not start with a checkpoint", where=where)
             out.checkpoint = Checkpoint.decode(e.payload, where=f"{where}@{pos}")
         positions.append(pos)
         last_time = max(last_time, e.append_time)
+        if isinstance(e, atrest.BlockEntry):
+            # a mirrored block: one entry of the partition, its source's progress
+            key = (e.topic, e.partition)
+            p = parts.get(key) or parts.setdefault(key, ScannedPartition())
+            p.lsns.append(lsn)
+            p.offsets.append(e.first_offset)
+            p.next_offset = max(p.next_offset, e.next_offset)
+            out.sources[e.source.region] = e.source
+            pos += e.length
+            lsn += 1
+            continue
         if e.count:
             key = (e.topic, e.partition)
             p = parts.get(key) or parts.setdefault(key, ScannedPartition())
@@ -286,7 +305,7 @@ def valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
         n = fentry.peek_length(buf, pos)
         if n >= fentry.ENTRY_HEADER_SIZE and pos + n <= last_start:
             with contextlib.suppress(CorruptData):
-                if fentry.decode_entry(buf, pos + n).lsn >= lsn:
+                if atrest.decode_any_entry(buf, pos + n).lsn >= lsn:
                     return True
     start = pos + 1
     while start <= last_start:
@@ -301,7 +320,7 @@ def valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
         cand_lsn = int.from_bytes(buf[start + 8 : start + 16], "little")
         if lsn <= cand_lsn < lsn + (1 << 32):
             with contextlib.suppress(CorruptData):
-                fentry.decode_entry(buf, start)
+                atrest.decode_any_entry(buf, start)
                 return True
         start += 1
     return False

@@ -91,6 +91,7 @@ class SegmentSet:
         fd = self._read_fds.pop(seg.base_lsn, None)
         if fd is not None:
             os.close(fd)
+        self.frame_cache.forget(seg.base_lsn)  # its block entries' frames (``_reads.py``)
         if seg.compressed is not None:
             self._positions.pop(seg.base_lsn, None)
             self.frame_cache.forget(seg.compressed)

@@ -137,6 +137,9 @@ class _Walk:
         if isinstance(e, atrest.BlockEntry):
             if self.version != atrest.WAL_VERSION_BLOCKS:
                 raise _Bad(at, f"a block entry in a version {self.version} segment")
+            if first:
+                raise _Bad(at, "the segment does not start with a checkpoint")
+            _check_block_batches(e, at)
             self._offsets(e.topic, e.partition, e.first_offset, e.record_count, e.lsn, at)
         elif e.kind == fentry.KIND_CHECKPOINT:
             if not first:
@@ -202,6 +205,23 @@ class _Walk:
             runs = self.facts.partitions[key] = (array("q"), array("q"))
         runs[0].append(lsn)
         runs[1].append(base)
+
+
+def _check_block_batches(e: atrest.BlockEntry, at: int) -> None:
+    """A block entry's records, which the journal checks only when a reader reads them:
+    the block decompressed (into its declared size), its batches filling it with
+    offsets continuing, each batch decoded (CRC, columns) within the block's timestamps."""
+    frame = e.frame_index()
+    where = f"block entry at LSN {e.lsn}"
+    try:
+        batches = atrest.FrameBatches(
+            frame, atrest.decode_frame(frame, e.stored, where=where), where=where
+        )
+        offset = e.first_offset
+        while offset <= e.last_offset:
+            offset = batches.batch(offset).next_offset
+    except CorruptData as exc:
+        raise _Bad(at, f"{where}: {exc.reason}") from None
 
 
 def check_segment(

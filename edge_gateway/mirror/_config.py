@@ -66,6 +66,12 @@ class TailerConfig:
     #: 1 MiB, a catch-up of ~0.6 MB entries decoded them all on the loop). A
     #: small entry of a following tailer is cheaper to decode in place.
     decode_in_thread_bytes: int = 64 * 1024
+    #: Keep each fetched block of a subscribed partition as one journal block
+    #: entry, as shipped (checked, opened if sealed, never decompressed:
+    #: docs/at-rest.md, "The block entry"); False: decompress it and append
+    #: each batch (the path before, and still the one for an entry resumed
+    #: inside a block).
+    keep_blocks: bool = True
     #: While a head relay is active (:meth:`Tailer.set_relay`), an idle tailer
     #: waits for relayed heads instead of polling; it still polls this often
     #: as a safety net (0: never).

@@ -150,6 +150,8 @@ class EntryInfo:
     last_lsn: int = 0
     #: Gap markers: offsets the source dropped unshipped (version 3 entries).
     gaps: tuple[GapRange, ...] = ()
+    #: The object has the NULLS flag (a batch in it holds a null value).
+    nulls: bool = False
 
     @property
     def total_length(self) -> int:
@@ -171,6 +173,7 @@ class EntryInfo:
             first_lsn=header.first_lsn,
             last_lsn=header.last_lsn,
             gaps=header.gaps,
+            nulls=header.has_nulls,
         )
 
     @classmethod
@@ -189,6 +192,7 @@ class EntryInfo:
             first_lsn=entry.first_lsn,
             last_lsn=entry.last_lsn,
             gaps=entry.gaps,
+            nulls=entry.nulls,
         )
 
 
@@ -234,9 +238,48 @@ class EntryPlan:
     declared: tuple[tuple[tuple[str, int], int], ...] = ()
 
     @property
+    def whole_blocks(self) -> bool:
+        """Every planned block is new as a whole, so it may be kept as one block entry.
+
+        False when a crash interrupted this entry inside a block (a block
+        whose first batches are in the mirror already): its new batches are
+        then picked out per batch (:meth:`SourceState.assemble`), as before.
+        """
+        return all(bp.skip_below <= bp.index.first_offset for bp in self.blocks)
+
+    def block_appends(self, blocks: Mapping[BlockIndex, bytes]) -> list[BlockAppend]:
+        """The block entries of a :attr:`whole_blocks` plan, from its blocks' stored bytes
+        (opened, checked: ``blocks`` maps each planned block to them)."""
+        if not self.whole_blocks:
+            raise InvalidInput(f"entry {self.info.seq} resumes inside a block")
+        out: list[BlockAppend] = []
+        for bp in self.blocks:
+            stored = blocks.get(bp.index)
+            if stored is None:
+                raise InvalidInput(
+                    f"no stored bytes given for block {bp.index.topic}/{bp.index.partition}"
+                )
+            out.append(BlockAppend(bp.topic, bp.index, stored, bp.allow_gap))
+        return out
+
+    @property
     def partition_gaps(self) -> tuple[Gap, ...]:
         """The gaps the gap policy decides on (START gaps are not losses)."""
         return tuple(g for g in self.gaps if g.kind is GapKind.PARTITION)
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAppend:
+    """One fetched block to append to a mirror partition as one block entry, as shipped."""
+
+    #: The local mirror topic (``<source>.<topic>``).
+    topic: str
+    #: The block's index entry in the source object (its partition, offsets, counts).
+    index: BlockIndex
+    #: Its stored bytes, opened if the object was encrypted.
+    stored: bytes
+    #: The block skips forward over a recorded gap.
+    allow_gap: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,7 +60,7 @@ from edge_gateway.bucket import (
 )
 from edge_gateway.errors import CorruptData, InvalidInput, MissingKey, Unavailable
 from edge_gateway.failpoints import fail_point
-from edge_gateway.format import logobject
+from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import RecordBatch
 from edge_gateway.format.crypt import Keyring
 from edge_gateway.format.logobject import BlockIndex
@@ -71,7 +71,7 @@ from edge_gateway.format.manifest import (
     manifest_prefix,
     parse_manifest_key,
 )
-from edge_gateway.journal import Journal, Lane, MirrorBatch, Priority
+from edge_gateway.journal import Journal, Lane, MirrorBatch, MirrorBlock, Priority
 from edge_gateway.mirror._config import TailerConfig
 from edge_gateway.mirror._packs import ListedPack, PackReader, PackStats, list_packs
 from edge_gateway.mirror._plan import (
@@ -196,6 +196,9 @@ class TailerStats:
     pack_reads: int = 0
     pack_entries: int = 0
     pack_fallbacks: int = 0
+    #: Blocks kept as block entries, as fetched (``keep_blocks``); ``batches``
+    #: counts the batches appended one by one (the per-batch path).
+    blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +214,11 @@ class CatchUpResult:
 @dataclass(slots=True)
 class _Fetched:
     info: EntryInfo
+    #: the wanted blocks' decoded batches (the per-batch path) ...
     batches: dict[BlockIndex, list[RecordBatch]]
+    #: ... or their stored bytes, opened and checked, not decompressed
+    #: (``TailerConfig.keep_blocks``: kept as block entries)
+    blocks: dict[BlockIndex, bytes] | None = None
 
 
 @dataclass(slots=True)
@@ -409,7 +416,7 @@ class Tailer:
         self._rate: deque[tuple[float, int]] = deque()
         # counters
         self._entries = self._with_data = self._fences = self._stale = self._resumed = 0
-        self._records = self._batches = self._dropped = 0
+        self._records = self._batches = self._dropped = self._blocks = 0
         self._bytes_fetched = self._header_reads = self._planned = 0
         self._polls = self._empty_polls = self._catch_ups = self._retries = 0
         self._quarantine_events = 0
@@ -624,6 +631,7 @@ class Tailer:
             entries_resumed=self._resumed,
             records=self._records,
             batches=self._batches,
+            blocks=self._blocks,
             duplicates_dropped=self._dropped,
             bytes_fetched=self._bytes_fetched + self._pack_stats.bytes_fetched,
             header_reads=self._header_reads,
@@ -883,8 +891,13 @@ class Tailer:
                 have=len(have),
             )
         # Fetched bytes, plus about twice the raw bytes: decoded batches keep
-        # their bytes and their records' values.
-        cost = len(have) + sum(e - s for s, e in ranges) + 2 * sum(b.raw_length for b in wanted)
+        # their bytes and their records' values; kept as blocks, a copy of the
+        # stored bytes.
+        if self.config.keep_blocks:
+            held = sum(b.stored_length for b in wanted)
+        else:
+            held = 2 * sum(b.raw_length for b in wanted)
+        cost = len(have) + sum(e - s for s, e in ranges) + held
         return _FetchPlan(info, have, ranges, wanted, cost)
 
     def _opener(self, info: EntryInfo) -> logobject.BlockOpener | None:
@@ -954,20 +967,34 @@ class Tailer:
         if not self._decodes_in_thread(plan):
             return self._decode_here(plan, pieces)
         info = plan.info
+        if self.config.keep_blocks:
+            blocks = await trio.to_thread.run_sync(
+                _open_blocks, info.key, plan.wanted, pieces, self._opener(info)
+            )
+            return _Fetched(info, {}, blocks)
         batches = await trio.to_thread.run_sync(
             _decode_blocks, info.key, plan.wanted, pieces, self._opener(info)
         )
         return _Fetched(info, batches)
 
     def _decodes_in_thread(self, plan: _FetchPlan) -> bool:
-        """Whether the wanted blocks are large enough to decode in a worker thread."""
-        return sum(b.raw_length for b in plan.wanted) > self.config.decode_in_thread_bytes
+        """Whether the wanted blocks are large enough to decode in a worker thread
+        (kept as blocks: to check and open, by their stored bytes)."""
+        if self.config.keep_blocks:
+            size = sum(b.stored_length for b in plan.wanted)
+        else:
+            size = sum(b.raw_length for b in plan.wanted)
+        return size > self.config.decode_in_thread_bytes
 
     def _decode_here(self, plan: _FetchPlan, pieces: list[tuple[int, bytes]]) -> _Fetched:
         """Decode the wanted blocks on the loop."""
         info = plan.info
         if not plan.wanted:
-            return _Fetched(info, {})
+            return _Fetched(info, {}, {} if self.config.keep_blocks else None)
+        if self.config.keep_blocks:
+            return _Fetched(
+                info, {}, _open_blocks(info.key, plan.wanted, pieces, self._opener(info))
+            )
         return _Fetched(info, _decode_blocks(info.key, plan.wanted, pieces, self._opener(info)))
 
     # ------------------------------------------------------------ applying
@@ -1001,7 +1028,16 @@ class Tailer:
             elif self.config.gap_policy is GapPolicy.FAIL:
                 self._record_gap(gap)
                 raise SourceGap(gap)
-        appends, dropped = state.assemble(plan, fetched.batches)
+        if fetched.blocks is not None and plan.whole_blocks:
+            await self._apply_blocks(plan, fetched.blocks, explained)
+            return
+        batches = fetched.batches
+        if fetched.blocks is not None:
+            # Resumed inside a block (a crash between its batches, by the
+            # per-batch path of an older gateway): its new batches are picked
+            # out one by one, as before.
+            batches = _batches_of(info.key, fetched.blocks)
+        appends, dropped = state.assemble(plan, batches)
         if plan.resumed:
             self._resumed += 1
             log.info(
@@ -1033,6 +1069,47 @@ class Tailer:
         )
         self._batches += len(appends)
         self._records += sum(a.count for a in appends)
+        state.applied(plan)
+        self._with_data += 1
+        self._entry_done(info)
+
+    async def _apply_blocks(
+        self, plan: EntryPlan, blocks: dict[BlockIndex, bytes], explained: dict[Gap, Gap]
+    ) -> None:
+        """Apply an entry whose blocks are all new: one block entry per block, as shipped."""
+        state = self._state
+        info = plan.info
+        appends = plan.block_appends(blocks)
+        if plan.resumed:
+            self._resumed += 1
+            log.info(
+                "mirror %s: resuming entry %d after an interruption (%d blocks not yet applied)",
+                self.source,
+                info.seq,
+                len(appends),
+            )
+        for gap in plan.gaps:
+            self._record_gap(explained.get(gap, gap))
+        if info.fence:
+            self._fences += 1
+        if not appends:
+            await self._progress_only(plan)
+            return
+        self._pending_marker_plan = None
+        self._markers_pending = 0
+        mid = state.coords(plan, end_of_object=False)
+        last = state.coords(plan, end_of_object=True)
+        state.entered(plan)
+        await self.journal.append_mirror_blocks(
+            [
+                MirrorBlock(a.topic, a.index.partition, a.index, a.stored, info.nulls, a.allow_gap)
+                for a in appends
+            ],
+            mid,
+            last,
+        )
+        self._blocks += len(appends)
+        self._records += sum(a.index.record_count for a in appends)
         state.applied(plan)
         self._with_data += 1
         self._entry_done(info)
@@ -1531,6 +1608,34 @@ class Tailer:
             )
             return
         self._published_through = through
+
+
+def _open_blocks(
+    key: str,
+    wanted: Sequence[BlockIndex],
+    pieces: Sequence[tuple[int, bytes]],
+    opener: logobject.BlockOpener | None = None,
+) -> dict[BlockIndex, bytes]:
+    """Check and open every wanted block, without decompressing it (pure; may run in a
+    worker thread): its length and CRC as shipped, its tag when sealed, then the
+    opened bytes' index rules and zstd frame header (``atrest.check_stored_block``)."""
+    out: dict[BlockIndex, bytes] = {}
+    for b in wanted:
+        stored = logobject.slice_block(b, pieces, where=key)
+        opened = bytes(logobject.open_block(b, stored, where=key, opener=opener))
+        atrest.check_stored_block(b, opened, where=key)
+        out[b] = opened
+    return out
+
+
+def _batches_of(key: str, blocks: dict[BlockIndex, bytes]) -> dict[BlockIndex, list[RecordBatch]]:
+    """The batches of opened blocks (:func:`_open_blocks`), decompressed and checked."""
+    out: dict[BlockIndex, list[RecordBatch]] = {}
+    for b, stored in blocks.items():
+        opened = atrest.check_stored_block(b, stored, where=key)
+        raw = logobject.decode_block(opened, stored, where=key)
+        out[b] = list(logobject.iter_block_batches(b, raw, where=key))
+    return out
 
 
 def _decode_blocks(

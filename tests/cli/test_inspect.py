@@ -20,6 +20,7 @@ from _cli_support import assert_one_line_failure, invoke, run_edgegw
 
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.format.batch import Record, encode_records
+from edge_gateway.format.entry import SourceCoords
 from edge_gateway.format.logobject import (
     FIRST_GET_BYTES,
     LogObjectBuilder,
@@ -28,7 +29,7 @@ from edge_gateway.format.logobject import (
     encode_fence,
 )
 from edge_gateway.format.manifest import Manifest, ManifestEntry, log_key, manifest_key
-from edge_gateway.journal import Journal, JournalConfig
+from edge_gateway.journal import Journal, JournalConfig, MirrorBlock
 from edge_gateway.testing.ports import free_port
 
 if TYPE_CHECKING:
@@ -419,6 +420,37 @@ def test_journal_segment(segment: Path) -> None:
         assert "telemetry/1" in res.stdout
         assert _telemetry(1, 2).decode() in res.stdout
     assert results[0].stdout == results[1].stdout == results[2].stdout
+
+
+def test_journal_segment_with_block_entries(tmp_path: Path) -> None:
+    """A mirror's version 3 segment: a block entry shows its block and, with --records,
+    the records inside it, decompressed."""
+    b = LogObjectBuilder()
+    b.add_batch(
+        "telemetry",
+        0,
+        encode_records([Record(o, T0 + o, b"k", _telemetry(0, o)) for o in range(3)]),
+    )
+    obj = b.build("south", 1, 7, 1, 1, 0)
+    (blk,) = decode_header(obj, where="o").blocks
+    coords = SourceCoords("south", 7, 1, True)
+
+    async def write() -> None:
+        j = Journal.open_sync(tmp_path / "journal", JournalConfig())
+        try:
+            block = MirrorBlock("south.telemetry", 0, blk, obj[blk.offset : blk.end])
+            await j.append_mirror_blocks([block], coords, coords)
+        finally:
+            j.close_sync()
+
+    trio.run(write)
+    seg = sorted((tmp_path / "journal").glob("*.wal"))[-1]
+    res = invoke("inspect", "journal", seg, "--records")
+    assert res.exit_code == 0, res.output
+    assert "block" in res.stdout
+    assert "south.telemetry/0" in res.stdout
+    assert "south#7 epoch 1" in res.stdout
+    assert _telemetry(0, 2).decode() in res.stdout
 
 
 def test_corrupt_journal_segment(segment: Path) -> None:

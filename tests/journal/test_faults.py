@@ -1,7 +1,8 @@
 """Fail the N-th file operation of a kind, for every N (issue 29.5).
 
 As SQLite's I/O-error tests and LevelDB's fault-injection ``Env`` do: a
-workload of produces, segment rolls (64 KiB segments), mirror appends,
+workload of produces, segment rolls (64 KiB segments), mirror appends (per
+batch, and block entries: the first one rolls to a version 3 segment),
 shipping with retention 0 (segments deleted) and a kill -9 runs once
 without faults to count the calls of each kind; then, for every N, it runs
 again with calls N and N+1 of that kind failing with ENOSPC or EIO (a
@@ -30,8 +31,10 @@ import trio
 from _faults import FaultyFs
 
 from edge_gateway.errors import DiskFull, Unavailable
+from edge_gateway.format import atrest
 from edge_gateway.format.batch import decode_batch, encode_batch
-from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, SourceCoords
+from edge_gateway.format.logobject import BlockIndex, LogObjectBuilder, decode_header
+from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, MirrorBlock, SourceCoords
 from edge_gateway.journal import _fs as fs_module
 
 STEPS = 48
@@ -57,6 +60,15 @@ class Model:
 def records_of(topic: str, partition: int, base: int, payload: bytes) -> Iterator[tuple]:
     for r in decode_batch(payload).records():
         yield (topic, partition, r.offset), r.value
+
+
+def source_block(raw: bytes) -> tuple[BlockIndex, bytes]:
+    """The batch as a source's log object holds it: one zstd block (index, stored bytes)."""
+    b = LogObjectBuilder()
+    b.add_batch("t", 0, raw)
+    obj = b.build("south", 1, 1, 1, 1, 0)
+    (index,) = decode_header(obj, where="object").blocks
+    return index, obj[index.offset : index.end]
 
 
 def config(preallocate: bool) -> JournalConfig:
@@ -88,17 +100,27 @@ async def step(j: Journal, i: int, m: Model) -> None:
         raw = bytearray(encode_batch(vals, timestamps=[i] * 5))
         raw[8:16] = base.to_bytes(8, "little")  # the batch keeps its source base offset
         m.mirror_seq += 1
-        res = await j.append_mirror(
-            MIRROR, 0, bytes(raw), SourceCoords("south", seq=m.mirror_seq, epoch=1)
-        )
+        coords = SourceCoords("south", seq=m.mirror_seq, epoch=1)
+        if m.mirror_seq % 2:
+            res = await j.append_mirror(MIRROR, 0, bytes(raw), coords)
+        else:  # as a block entry (the first one rolls to a version 3 segment)
+            index, stored = source_block(bytes(raw))
+            (res,) = await j.append_mirror_blocks(
+                [MirrorBlock(MIRROR, 0, index, stored)], coords, coords
+            )
         for k, v in enumerate(vals):
             m.acked[v] = (MIRROR, 0, res.base_offset + k)
     else:  # ship what is durable, then let retention delete it
         await j.flush()
         entries = j.read_entries(m.shipped_from, max_bytes=1 << 30)
         for e in entries:
-            if e.count:
-                for key, v in records_of(e.topic, e.partition, e.base_offset, e.payload):
+            if e.kind == atrest.KIND_BLOCK:  # its records are read by offset
+                got = j.read(e.topic, e.partition, e.base_offset, max_records=e.count)
+                payloads = [x.payload for x in got if x.lsn == e.lsn]
+            else:
+                payloads = [e.payload] if e.count else []
+            for payload in payloads:
+                for key, v in records_of(e.topic, e.partition, e.base_offset, payload):
                     assert m.bucket.setdefault(key, v) == v, f"{key} shipped twice, differently"
         if entries:
             m.shipped_from = entries[-1].lsn + 1

@@ -189,6 +189,30 @@ def test_resume_inside_an_entry_drops_applied_batches() -> None:
     assert [(a.partition, a.base_offset, a.count) for a in appends] == [(1, 3, 4)]
 
 
+def test_whole_blocks_are_kept_as_blocks_a_block_resumed_inside_is_not() -> None:
+    """An entry whose every planned block is new is appended as block entries (each with
+    its local topic and gap flag); one resumed inside a block goes batch by batch."""
+    s, local = fresh(), Local()
+    info, _ = entry(1, 1, {("t", 0): [(0, 3), (3, 2)], ("t", 1): [(10, 3)]})
+    plan = s.plan(info, local)
+    assert plan.whole_blocks
+    stored = {b: f"block {b.partition}".encode() for b in info.blocks}
+    appends = plan.block_appends(stored)
+    assert [(a.topic, a.index.partition, a.stored, a.allow_gap) for a in appends] == [
+        ("north.t", 0, b"block 0", False),
+        ("north.t", 1, b"block 1", True),  # t/1 starts at 10: a start gap, skipped over
+    ]
+    with pytest.raises(InvalidInput, match="no stored bytes"):
+        plan.block_appends({})
+    resumed = SourceState(SRC, lambda t: True, SourceCoords(SRC, 2, 1, end_of_object=False))
+    local.next = {("north.t", 0): 3}  # a crash after the first batch of t/0's block
+    info, _ = entry(2, 1, {("t", 0): [(0, 3), (3, 2)]})
+    plan = resumed.plan(info, local)
+    assert not plan.whole_blocks
+    with pytest.raises(InvalidInput, match="resumes inside a block"):
+        plan.block_appends(dict.fromkeys(info.blocks, b"x"))
+
+
 def test_resume_point_inside_a_batch_is_refused() -> None:
     s = SourceState(SRC, lambda t: True, SourceCoords(SRC, 2, 1, end_of_object=False))
     local = Local()

@@ -136,35 +136,45 @@ class Crash(Exception):
     pass
 
 
-def crash_after(journal: Journal, n: int) -> None:
-    """Make the journal 'crash' after ``n`` mirrored batches are written.
+def crash_after(journal: Journal, n: int, *, blocks: bool = False) -> None:
+    """Make the journal 'crash' after ``n`` mirrored batches (``blocks``: block entries)
+    are written.
 
-    Inside a source entry's group (``append_mirror_batches``) the first
-    batches are written and the rest not: what a kill -9 during the group's
-    write leaves once the open has truncated the torn entry
-    (tests/journal/test_mirror_groups.py checks that part on real files).
+    Inside a source entry's group (``append_mirror_batches``,
+    ``append_mirror_blocks``) the first ones are written and the rest not:
+    what a kill -9 during the group's write leaves once the open has truncated
+    the torn entry (tests/journal/test_mirror_groups.py checks that part on
+    real files).
     """
-    real = journal.append_mirror_batches
+    name = "append_mirror_blocks" if blocks else "append_mirror_batches"
+    real = getattr(journal, name)
     written = 0
 
-    async def append_mirror_batches(batches, source, last):  # type: ignore[no-untyped-def]
+    async def append(items, source, last):  # type: ignore[no-untyped-def]
         nonlocal written
         left = n - written
-        if left >= len(batches):
-            written += len(batches)
-            return await real(batches, source, last)
+        if left >= len(items):
+            written += len(items)
+            return await real(items, source, last)
         if left > 0:
-            await real(batches[:left], source, source)
+            await real(items[:left], source, source)
             written += left
         raise Crash(f"crash after {n} appends")
 
-    journal.append_mirror_batches = append_mirror_batches  # type: ignore[method-assign]
+    setattr(journal, name, append)
 
 
+#: The per-batch path (before block entries, and for an entry resumed inside a block).
+PER_BATCH = dataclasses.replace(QUICK, keep_blocks=False)
+
+
+@pytest.mark.parametrize("keep_blocks", [False, True])
 @pytest.mark.parametrize("crash_at", [1, 2, 4, 5, 7, 9])
 async def test_crash_between_batches_resumes_inside_the_entry(
-    bucket: FaultyBucket, tmp_path: Path, crash_at: int
+    bucket: FaultyBucket, tmp_path: Path, crash_at: int, keep_blocks: bool
 ) -> None:
+    """A crash of the per-batch path inside an entry; the gateway that resumes it keeps
+    blocks (an upgrade) or not: a block partly applied is picked out per batch."""
     log = HandLog(bucket, "a")
     await log.fence()
     await log.entry({("t", 0): [2, 3, 1], ("t", 1): [4, 4], ("u", 0): [5]})
@@ -173,6 +183,44 @@ async def test_crash_between_batches_resumes_inside_the_entry(
     path = tmp_path / "mj"
     j = Journal.open_sync(path, JCFG)
     crash_after(j, crash_at)
+    with pytest.raises(Crash):
+        await Tailer(j, bucket, "a", ["t"], "b", PER_BATCH).catch_up()
+    j.close_sync()
+    j = Journal.open_sync(path, JCFG)
+    try:
+        cfg = dataclasses.replace(QUICK, keep_blocks=keep_blocks)
+        tailer = Tailer(j, bucket, "a", ["t"], "b", cfg)
+        await tailer.catch_up()
+        source = await log_records(bucket, "a")
+        assert mirror_of(j, "a", only(source, "t")) == only(source, "t")
+        assert j.source_progress()["a"].seq == 4
+        # entry 2 ends after 5 appends: a clean boundary; otherwise the entry is
+        # resumed and the batches applied before the crash dropped by offset
+        stats = tailer.statistics()
+        assert stats.entries_resumed == (crash_at != 5)
+        assert stats.duplicates_dropped == {1: 1, 2: 2, 4: 1, 5: 0, 7: 0, 9: 2}[crash_at]
+        # blocks not started before the crash are block entries (entry 3's t/0 and t/2,
+        # after entry 2's 5 batches; a crash after 7 left t/0 whole, after 9 t/2 half)
+        blocks = {1: 2, 2: 2, 4: 2, 5: 2, 7: 1, 9: 0}[crash_at]
+        assert stats.blocks == (blocks if keep_blocks else 0)
+    finally:
+        j.close_sync()
+
+
+@pytest.mark.parametrize("crash_at", [0, 1, 2, 3])
+async def test_crash_between_block_entries_resumes_at_the_next_block(
+    bucket: FaultyBucket, tmp_path: Path, crash_at: int
+) -> None:
+    """Block entries: a block is in the mirror whole or not at all, so a resumed entry
+    appends its blocks not yet there, and drops nothing."""
+    log = HandLog(bucket, "a")
+    await log.fence()
+    await log.entry({("t", 0): [2, 3, 1], ("t", 1): [4, 4], ("u", 0): [5]})
+    await log.entry({("t", 0): [1, 1], ("t", 2): [3, 2, 2]})
+    await log.entry({("u", 0): [1]})
+    path = tmp_path / "mj"
+    j = Journal.open_sync(path, JCFG)
+    crash_after(j, crash_at, blocks=True)
     with pytest.raises(Crash):
         await Tailer(j, bucket, "a", ["t"], "b", QUICK).catch_up()
     j.close_sync()
@@ -183,11 +231,10 @@ async def test_crash_between_batches_resumes_inside_the_entry(
         source = await log_records(bucket, "a")
         assert mirror_of(j, "a", only(source, "t")) == only(source, "t")
         assert j.source_progress()["a"].seq == 4
-        # entry 2 ends after 5 appends: a clean boundary; otherwise the entry is
-        # resumed and the batches applied before the crash dropped by offset
         stats = tailer.statistics()
-        assert stats.entries_resumed == (crash_at != 5)
-        assert stats.duplicates_dropped == {1: 1, 2: 2, 4: 1, 5: 0, 7: 0, 9: 2}[crash_at]
+        # entry 2 holds t/0 and t/1 blocks (2), entry 3 t/0 and t/2 (2)
+        assert stats.entries_resumed == (crash_at in (1, 3))
+        assert (stats.duplicates_dropped, stats.batches) == (0, 0)
     finally:
         j.close_sync()
 
@@ -200,7 +247,7 @@ async def test_retry_after_a_failed_append_in_the_same_process(
     await log.entry({("t", 0): [2, 3, 1], ("t", 1): [4, 4]})
     real = journal.append_mirror_batches
     crash_after(journal, 4)
-    tailer = Tailer(journal, bucket, "a", None, "b", QUICK)
+    tailer = Tailer(journal, bucket, "a", None, "b", PER_BATCH)
     with pytest.raises(Crash):
         await tailer.catch_up()
     journal.append_mirror_batches = real  # type: ignore[method-assign]

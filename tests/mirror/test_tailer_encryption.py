@@ -20,7 +20,7 @@ from _mirror_support import JCFG, QUICK, Key, eventually, mirror_of, produce
 
 from edge_gateway.bucket import Bucket, FaultyBucket
 from edge_gateway.errors import MissingKey
-from edge_gateway.format import logobject
+from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import Record
 from edge_gateway.format.crypt import Keyring, WriteKey
 from edge_gateway.format.manifest import log_key
@@ -82,6 +82,34 @@ async def test_sealed_log_mirrors_record_for_record(
     assert mirror_of(journal, "a", source) == source
     head = await any_bucket.get(log_key("", "a", 2))
     assert logobject.decode_header(head.data, where="x").key_id == "k1"
+    # The mirror keeps each block opened, as the source compressed it: not sealed,
+    # not recompressed (docs/at-rest.md, "Encryption").
+    opened = await opened_blocks(any_bucket, ring)
+    await journal.flush()
+    kept = [
+        e.stored
+        for f in sorted(journal.path.glob("*.wal"))
+        for e in atrest.iter_wal_entries(f.read_bytes())
+        if isinstance(e, atrest.BlockEntry)
+    ]
+    assert sorted(kept) == sorted(opened)
+    assert tailer.statistics().blocks == len(opened)
+
+
+async def opened_blocks(bucket: Bucket, ring: Keyring) -> list[bytes]:
+    """Every block of region ``a``'s log, authenticated and opened (still compressed)."""
+    head = await find_head(bucket, "", "a", 0)
+    out: list[bytes] = []
+    for seq in range(1, head + 1):
+        key = log_key("", "a", seq)
+        data = (await bucket.get(key)).data
+        h = logobject.decode_header(data, where=key, object_size=len(data))
+        opener = ring.header_opener(h, where=key)
+        for b in h.blocks:
+            out.append(
+                bytes(logobject.open_block(b, data[b.offset : b.end], where=key, opener=opener))
+            )
+    return out
 
 
 async def test_far_behind_plans_sealed_entries_from_manifests(

@@ -50,6 +50,8 @@ def finish(fleet: Fleet, producer: Producer) -> None:
     assert fleet.mismatches() == []
     m = fleet["b"].mirror("a")
     assert (m["gaps"], m["quarantined"], m["stopped_by"]) == ([], [], None), m
+    # the mirror kept the fetched blocks as block entries (mirror.keep_blocks)
+    assert m["blocks"] > 0, m
 
 
 @pytest.mark.slow
