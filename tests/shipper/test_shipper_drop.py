@@ -152,7 +152,7 @@ async def _until_it_commits(bucket: FaultyBucket) -> None:
     """Wait until the shipper has read its object and tried to commit it (refused by
     the outage), however slow the machine is."""
     with trio.fail_after(60):
-        while not bucket.injected:
+        while not bucket.injected:  # noqa: ASYNC110 - polls the fault counter
             await trio.sleep(0.01)
 
 
