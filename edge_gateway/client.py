@@ -60,6 +60,7 @@ batch encoding (``edge_gateway.format.batch``).
 from __future__ import annotations
 
 import base64
+import enum
 import http.client
 import json
 import os
@@ -624,6 +625,98 @@ _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 1.0
 
 
+class _Retry:
+    """When a request the gateway did not answer is sent again (sans-IO: the shells send and
+    sleep, :class:`Client` with ``time.sleep``, :class:`AsyncClient` with ``anyio.sleep``).
+
+    A cut connection, a timeout or a 503 is retried until ``deadline`` (``time.monotonic``),
+    waiting :meth:`next_delay` between tries; anything else is the answer.
+    """
+
+    __slots__ = ("_backoff", "deadline")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self._backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+
+    def answered(self, reply: _Reply) -> bool:
+        """Whether ``reply`` is the answer (anything but a 503 with time left to wait it out)."""
+        return reply.status != 503 or time.monotonic() >= self.deadline
+
+    def may_retry(self, exc: Unavailable) -> bool:
+        """Whether to send again after ``exc`` (else it is raised)."""
+        return _retryable(exc) and time.monotonic() < self.deadline
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next try."""
+        return self._backoff.next_delay()
+
+
+class _Then(enum.Enum):
+    """What an idempotent send does after an error, when it does not wait and send again."""
+
+    #: Raise the error.
+    GIVE_UP = "give up"
+    #: Forget the producer id, get a new one and sign the records again under it.
+    NEW_PRODUCER_ID = "new producer id"
+
+
+class _PartitionSend:
+    """One partition's idempotent produce, decided without I/O: the request signed with the
+    next sequence numbers, and what each error means for it.
+
+    The shells get a producer id while ``idem`` has none, send :meth:`sign`'s request and,
+    when it fails, do what :meth:`failed` says: wait that many seconds and send the same
+    request again (same sequence: the gateway answers a duplicate with the first answer),
+    get a new producer id, or give up.
+    """
+
+    __slots__ = ("_backoff", "_count", "_plan", "_renewed", "_seq", "_topic", "deadline", "idem")
+
+    def __init__(
+        self, idem: _Idempotence, topic: str, plan: _Plan, count: int, deadline: float
+    ) -> None:
+        self.idem = idem
+        self.deadline = deadline
+        self._topic = topic
+        self._plan = plan
+        self._count = count
+        self._seq = 0
+        self._renewed = False
+        self._backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+
+    def sign(self) -> _Call:
+        """The request under the current producer id, with this partition's next sequence."""
+        call, self._seq = self.idem.sign(self._topic, self._plan, self._count)
+        return call
+
+    def failed(self, exc: EdgeGatewayError) -> float | _Then:
+        """After the signed request failed with ``exc``: seconds to wait before sending it
+        again, or what to do instead."""
+        idem = self.idem
+        if isinstance(exc, UnknownProducer):
+            # Forgotten (idle past the expiry, or issued just before a
+            # restart and never used): nothing of this id is remembered,
+            # so nothing it sent can be answered as a duplicate. New id, once.
+            if self._renewed:
+                return _Then.GIVE_UP
+            self._renewed = True
+            return _Then.NEW_PRODUCER_ID
+        if isinstance(exc, OutOfOrderSequence | ProducerFenced):
+            idem.uncertain = True
+            return _Then.GIVE_UP
+        if not _retryable(exc):
+            if self._backoff.attempt == 0:  # refused (4xx): not written
+                idem.unsign(self._topic, self._plan.partition, self._seq, self._count)
+            else:
+                idem.uncertain = True
+            return _Then.GIVE_UP
+        if time.monotonic() >= self.deadline:
+            idem.uncertain = True  # written or not: the next produce bumps the epoch
+            return _Then.GIVE_UP
+        return self._backoff.next_delay()
+
+
 def _merge(
     topic: str, n: int, plans: list[_Plan], answers: list[ProduceResponse]
 ) -> ProduceResponse:
@@ -1023,60 +1116,42 @@ class Client:
 
     def _retrying(self, call: _Call, deadline: float | None = None) -> _Reply:
         """Send ``call`` again after a cut connection, timeout or 503 until ``deadline``."""
-        if deadline is None:
-            deadline = time.monotonic() + self.retry_s
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        retry = _Retry(time.monotonic() + self.retry_s if deadline is None else deadline)
         while True:
             try:
                 reply = self._send(call)
-                if reply.status != 503 or time.monotonic() >= deadline:
-                    return reply
             except Unavailable as exc:
-                if not _retryable(exc) or time.monotonic() >= deadline:
+                if not retry.may_retry(exc):
                     raise
-            time.sleep(backoff.next_delay())
+            else:
+                if retry.answered(reply):
+                    return reply
+            time.sleep(retry.next_delay())
 
     def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
         """Send one partition's request until the gateway answers it, same sequence each time."""
         idem = self._idem
-        deadline = time.monotonic() + self.retry_s
-        renewed = False
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        send = _PartitionSend(idem, topic, plan, count, time.monotonic() + self.retry_s)
         while True:
             init = idem.init_call()
             if init is not None:
                 try:
-                    idem.initialized(self._retrying(init, deadline))
+                    idem.initialized(self._retrying(init, send.deadline))
                 except UnknownProducer:
                     idem.forget()  # a bump of an id the gateway forgot: a new id
                     continue
-            call, seq = idem.sign(topic, plan, count)
+            call = send.sign()
             while True:
                 try:
                     return _produced(self._send(call))
-                except UnknownProducer:
-                    # Forgotten (idle past the expiry, or issued just before a
-                    # restart and never used): nothing of this id is remembered,
-                    # so nothing it sent can be answered as a duplicate. New id.
-                    if renewed:
-                        raise
-                    renewed = True
-                    idem.forget()
-                    break
-                except (OutOfOrderSequence, ProducerFenced):
-                    idem.uncertain = True
-                    raise
                 except EdgeGatewayError as exc:
-                    if not _retryable(exc):
-                        if backoff.attempt == 0:  # refused (4xx): not written
-                            idem.unsign(topic, plan.partition, seq, count)
-                        else:
-                            idem.uncertain = True
+                    then = send.failed(exc)
+                    if then is _Then.GIVE_UP:
                         raise
-                    if time.monotonic() >= deadline:
-                        idem.uncertain = True  # written or not: the next produce bumps the epoch
-                        raise
-                    time.sleep(backoff.next_delay())
+                    if then is _Then.NEW_PRODUCER_ID:
+                        idem.forget()
+                        break
+                    time.sleep(then)
 
     def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""
@@ -1256,27 +1331,24 @@ class AsyncClient:
         """:meth:`Client._retrying`, async."""
         import anyio
 
-        if deadline is None:
-            deadline = time.monotonic() + self.retry_s
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        retry = _Retry(time.monotonic() + self.retry_s if deadline is None else deadline)
         while True:
             try:
                 reply = await self._send(call)
-                if reply.status != 503 or time.monotonic() >= deadline:
-                    return reply
             except Unavailable as exc:
-                if not _retryable(exc) or time.monotonic() >= deadline:
+                if not retry.may_retry(exc):
                     raise
-            await anyio.sleep(backoff.next_delay())
+            else:
+                if retry.answered(reply):
+                    return reply
+            await anyio.sleep(retry.next_delay())
 
     async def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
         """:meth:`Client._send_idempotent`, async: one partition's requests one at a time."""
         import anyio
 
         idem = self._idem
-        deadline = time.monotonic() + self.retry_s
-        renewed = False
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        send = _PartitionSend(idem, topic, plan, count, time.monotonic() + self.retry_s)
         key = (topic, plan.partition)
         if self._init_lock is None:
             self._init_lock = anyio.Lock()
@@ -1289,37 +1361,25 @@ class AsyncClient:
                     init = idem.init_call()
                     if init is not None:
                         try:
-                            idem.initialized(await self._retrying(init, deadline))
+                            idem.initialized(await self._retrying(init, send.deadline))
                         except UnknownProducer:
                             idem.forget()
                             continue
-                call, seq = idem.sign(topic, plan, count)
+                call = send.sign()
                 while True:
                     try:
                         return _produced(await self._send(call))
-                    except UnknownProducer:
-                        if renewed:
-                            raise
-                        renewed = True
-                        async with self._init_lock:
-                            sent_id = (call.headers or {}).get(PRODUCER_ID_HEADER)
-                            if str(idem.producer_id) == sent_id:
-                                idem.forget()  # not renewed by another task meanwhile
-                        break
-                    except (OutOfOrderSequence, ProducerFenced):
-                        idem.uncertain = True
-                        raise
                     except EdgeGatewayError as exc:
-                        if not _retryable(exc):
-                            if backoff.attempt == 0:
-                                idem.unsign(topic, plan.partition, seq, count)
-                            else:
-                                idem.uncertain = True
+                        then = send.failed(exc)
+                        if then is _Then.GIVE_UP:
                             raise
-                        if time.monotonic() >= deadline:
-                            idem.uncertain = True
-                            raise
-                        await anyio.sleep(backoff.next_delay())
+                        if then is _Then.NEW_PRODUCER_ID:
+                            async with self._init_lock:
+                                sent_id = (call.headers or {}).get(PRODUCER_ID_HEADER)
+                                if str(idem.producer_id) == sent_id:
+                                    idem.forget()  # not renewed by another task meanwhile
+                            break
+                        await anyio.sleep(then)
 
     async def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""
