@@ -22,8 +22,11 @@ A topic or consumer group name that breaks the naming rules
 
 How it is built: every request is built, and every response parsed, once
 and without I/O (``_*_call`` build a :class:`_Call`, ``_produced`` /
-``_fetched`` / ... parse a :class:`_Reply`); the two clients are thin I/O
-shells around that core. :class:`Client` on ``http://`` talks HTTP/1.1 itself
+``_fetched`` / ... parse a :class:`_Reply`), and what a failure means is
+decided once, too (:class:`_Retry` for a plain request, :class:`_PartitionSend`
+for one partition's idempotent produce: wait and send again, get a new
+producer id, or give up); the two clients are thin I/O shells around that
+core that send, sleep and (the async one) lock. :class:`Client` on ``http://`` talks HTTP/1.1 itself
 over one keep-alive socket (:class:`_Connection`: the request's bytes built
 once, the response read by ``http.client.HTTPResponse``), which costs a
 producer about what a bare ``http.client`` request does; httpx
