@@ -72,7 +72,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NamedTuple, Self
@@ -628,6 +628,11 @@ _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 1.0
 
 
+def _retry_backoff() -> Backoff:
+    return Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+
+
+@dataclass(slots=True)
 class _Retry:
     """When a request the gateway did not answer is sent again (sans-IO: the shells send and
     sleep, :class:`Client` with ``time.sleep``, :class:`AsyncClient` with ``anyio.sleep``).
@@ -636,11 +641,8 @@ class _Retry:
     waiting :meth:`next_delay` between tries; anything else is the answer.
     """
 
-    __slots__ = ("_backoff", "deadline")
-
-    def __init__(self, deadline: float) -> None:
-        self.deadline = deadline
-        self._backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+    deadline: float
+    _backoff: Backoff = field(default_factory=_retry_backoff)
 
     def answered(self, reply: _Reply) -> bool:
         """Whether ``reply`` is the answer (anything but a 503 with time left to wait it out)."""
@@ -664,6 +666,7 @@ class _Then(enum.Enum):
     NEW_PRODUCER_ID = "new producer id"
 
 
+@dataclass(slots=True)
 class _PartitionSend:
     """One partition's idempotent produce, decided without I/O: the request signed with the
     next sequence numbers, and what each error means for it.
@@ -674,23 +677,20 @@ class _PartitionSend:
     get a new producer id, or give up.
     """
 
-    __slots__ = ("_backoff", "_count", "_plan", "_renewed", "_seq", "_topic", "deadline", "idem")
-
-    def __init__(
-        self, idem: _Idempotence, topic: str, plan: _Plan, count: int, deadline: float
-    ) -> None:
-        self.idem = idem
-        self.deadline = deadline
-        self._topic = topic
-        self._plan = plan
-        self._count = count
-        self._seq = 0
-        self._renewed = False
-        self._backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+    idem: _Idempotence
+    topic: str
+    plan: _Plan
+    count: int
+    deadline: float
+    #: The first sequence of the last :meth:`sign`.
+    _seq: int = 0
+    #: The producer id was renewed once already.
+    _renewed: bool = False
+    _backoff: Backoff = field(default_factory=_retry_backoff)
 
     def sign(self) -> _Call:
         """The request under the current producer id, with this partition's next sequence."""
-        call, self._seq = self.idem.sign(self._topic, self._plan, self._count)
+        call, self._seq = self.idem.sign(self.topic, self.plan, self.count)
         return call
 
     def failed(self, exc: EdgeGatewayError) -> float | _Then:
@@ -710,7 +710,7 @@ class _PartitionSend:
             return _Then.GIVE_UP
         if not _retryable(exc):
             if self._backoff.attempt == 0:  # refused (4xx): not written
-                idem.unsign(self._topic, self._plan.partition, self._seq, self._count)
+                idem.unsign(self.topic, self.plan.partition, self._seq, self.count)
             else:
                 idem.uncertain = True
             return _Then.GIVE_UP
@@ -1011,7 +1011,25 @@ class _Connection:
 # ------------------------------------------------------------------ clients
 
 
-class Client:
+class _BaseClient:
+    """What both clients hold (httpx's ``BaseClient`` for its two clients, likewise): the
+    gateway's URL, the timeouts and this client's producer (:class:`_Idempotence`)."""
+
+    def __init__(self, base_url: str, timeout: float, idempotent: bool, retry_s: float) -> None:
+        self.base_url = _base_url(base_url)
+        self.timeout = timeout
+        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
+        self.idempotent = idempotent
+        self.retry_s = retry_s
+        self._idem = _Idempotence()
+
+    @classmethod
+    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
+        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
+        return cls(read_addr_file(data_dir), **kwargs)
+
+
+class Client(_BaseClient):
     """Synchronous client of one gateway's local API (one keep-alive connection)."""
 
     def __init__(
@@ -1027,12 +1045,7 @@ class Client:
         idempotent: bool = True,
         retry_s: float = 30.0,
     ) -> None:
-        self.base_url = _base_url(base_url)
-        self.timeout = timeout
-        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
-        self.idempotent = idempotent
-        self.retry_s = retry_s
-        self._idem = _Idempotence()
+        super().__init__(base_url, timeout, idempotent, retry_s)
         url = httpx.URL(self.base_url)
         self._conn: _Connection | None = None
         self._http: httpx.Client | None = None
@@ -1046,11 +1059,6 @@ class Client:
                 transport=transport,
                 verify=_verify_of(verify, ca_file, client_cert) if url.scheme == "https" else True,
             )
-
-    @classmethod
-    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
-        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
-        return cls(read_addr_file(data_dir), **kwargs)
 
     def _send(self, call: _Call) -> _Reply:
         timeout = call.timeout if call.timeout is not None else self.timeout
@@ -1234,7 +1242,7 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(_BaseClient):
     """Async client of one gateway's local API (httpx; under trio or asyncio)."""
 
     def __init__(
@@ -1250,12 +1258,7 @@ class AsyncClient:
         idempotent: bool = True,
         retry_s: float = 30.0,
     ) -> None:
-        self.base_url = _base_url(base_url)
-        self.timeout = timeout
-        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
-        self.idempotent = idempotent
-        self.retry_s = retry_s
-        self._idem = _Idempotence()
+        super().__init__(base_url, timeout, idempotent, retry_s)
         # created on first use, in the caller's event loop
         self._init_lock: Any = None
         self._partition_locks: dict[tuple[str, int], Any] = {}
@@ -1267,11 +1270,6 @@ class AsyncClient:
             transport=transport,
             verify=_verify_of(verify, ca_file, client_cert) if https else True,
         )
-
-    @classmethod
-    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
-        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
-        return cls(read_addr_file(data_dir), **kwargs)
 
     async def _send(self, call: _Call) -> _Reply:
         try:
