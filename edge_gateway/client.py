@@ -22,8 +22,11 @@ A topic or consumer group name that breaks the naming rules
 
 How it is built: every request is built, and every response parsed, once
 and without I/O (``_*_call`` build a :class:`_Call`, ``_produced`` /
-``_fetched`` / ... parse a :class:`_Reply`); the two clients are thin I/O
-shells around that core. :class:`Client` on ``http://`` talks HTTP/1.1 itself
+``_fetched`` / ... parse a :class:`_Reply`), and what a failure means is
+decided once, too (:class:`_Retry` for a plain request, :class:`_PartitionSend`
+for one partition's idempotent produce: wait and send again, get a new
+producer id, or give up); the two clients are thin I/O shells around that
+core that send, sleep and (the async one) lock. :class:`Client` on ``http://`` talks HTTP/1.1 itself
 over one keep-alive socket (:class:`_Connection`: the request's bytes built
 once, the response read by ``http.client.HTTPResponse``), which costs a
 producer about what a bare ``http.client`` request does; httpx
@@ -60,6 +63,7 @@ batch encoding (``edge_gateway.format.batch``).
 from __future__ import annotations
 
 import base64
+import enum
 import http.client
 import json
 import os
@@ -68,7 +72,7 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, NamedTuple, Self
@@ -624,6 +628,98 @@ _RETRY_BASE_S = 0.05
 _RETRY_CAP_S = 1.0
 
 
+def _retry_backoff() -> Backoff:
+    return Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+
+
+@dataclass(slots=True)
+class _Retry:
+    """When a request the gateway did not answer is sent again (sans-IO: the shells send and
+    sleep, :class:`Client` with ``time.sleep``, :class:`AsyncClient` with ``anyio.sleep``).
+
+    A cut connection, a timeout or a 503 is retried until ``deadline`` (``time.monotonic``),
+    waiting :meth:`next_delay` between tries; anything else is the answer.
+    """
+
+    deadline: float
+    _backoff: Backoff = field(default_factory=_retry_backoff)
+
+    def answered(self, reply: _Reply) -> bool:
+        """Whether ``reply`` is the answer (anything but a 503 with time left to wait it out)."""
+        return reply.status != 503 or time.monotonic() >= self.deadline
+
+    def may_retry(self, exc: Unavailable) -> bool:
+        """Whether to send again after ``exc`` (else it is raised)."""
+        return _retryable(exc) and time.monotonic() < self.deadline
+
+    def next_delay(self) -> float:
+        """Seconds to wait before the next try."""
+        return self._backoff.next_delay()
+
+
+class _Then(enum.Enum):
+    """What an idempotent send does after an error, when it does not wait and send again."""
+
+    #: Raise the error.
+    GIVE_UP = "give up"
+    #: Forget the producer id, get a new one and sign the records again under it.
+    NEW_PRODUCER_ID = "new producer id"
+
+
+@dataclass(slots=True)
+class _PartitionSend:
+    """One partition's idempotent produce, decided without I/O: the request signed with the
+    next sequence numbers, and what each error means for it.
+
+    The shells get a producer id while ``idem`` has none, send :meth:`sign`'s request and,
+    when it fails, do what :meth:`failed` says: wait that many seconds and send the same
+    request again (same sequence: the gateway answers a duplicate with the first answer),
+    get a new producer id, or give up.
+    """
+
+    idem: _Idempotence
+    topic: str
+    plan: _Plan
+    count: int
+    deadline: float
+    #: The first sequence of the last :meth:`sign`.
+    _seq: int = 0
+    #: The producer id was renewed once already.
+    _renewed: bool = False
+    _backoff: Backoff = field(default_factory=_retry_backoff)
+
+    def sign(self) -> _Call:
+        """The request under the current producer id, with this partition's next sequence."""
+        call, self._seq = self.idem.sign(self.topic, self.plan, self.count)
+        return call
+
+    def failed(self, exc: EdgeGatewayError) -> float | _Then:
+        """After the signed request failed with ``exc``: seconds to wait before sending it
+        again, or what to do instead."""
+        idem = self.idem
+        if isinstance(exc, UnknownProducer):
+            # Forgotten (idle past the expiry, or issued just before a
+            # restart and never used): nothing of this id is remembered,
+            # so nothing it sent can be answered as a duplicate. New id, once.
+            if self._renewed:
+                return _Then.GIVE_UP
+            self._renewed = True
+            return _Then.NEW_PRODUCER_ID
+        if isinstance(exc, OutOfOrderSequence | ProducerFenced):
+            idem.uncertain = True
+            return _Then.GIVE_UP
+        if not _retryable(exc):
+            if self._backoff.attempt == 0:  # refused (4xx): not written
+                idem.unsign(self.topic, self.plan.partition, self._seq, self.count)
+            else:
+                idem.uncertain = True
+            return _Then.GIVE_UP
+        if time.monotonic() >= self.deadline:
+            idem.uncertain = True  # written or not: the next produce bumps the epoch
+            return _Then.GIVE_UP
+        return self._backoff.next_delay()
+
+
 def _merge(
     topic: str, n: int, plans: list[_Plan], answers: list[ProduceResponse]
 ) -> ProduceResponse:
@@ -915,7 +1011,25 @@ class _Connection:
 # ------------------------------------------------------------------ clients
 
 
-class Client:
+class _BaseClient:
+    """What both clients hold (httpx's ``BaseClient`` for its two clients, likewise): the
+    gateway's URL, the timeouts and this client's producer (:class:`_Idempotence`)."""
+
+    def __init__(self, base_url: str, timeout: float, idempotent: bool, retry_s: float) -> None:
+        self.base_url = _base_url(base_url)
+        self.timeout = timeout
+        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
+        self.idempotent = idempotent
+        self.retry_s = retry_s
+        self._idem = _Idempotence()
+
+    @classmethod
+    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
+        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
+        return cls(read_addr_file(data_dir), **kwargs)
+
+
+class Client(_BaseClient):
     """Synchronous client of one gateway's local API (one keep-alive connection)."""
 
     def __init__(
@@ -931,12 +1045,7 @@ class Client:
         idempotent: bool = True,
         retry_s: float = 30.0,
     ) -> None:
-        self.base_url = _base_url(base_url)
-        self.timeout = timeout
-        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
-        self.idempotent = idempotent
-        self.retry_s = retry_s
-        self._idem = _Idempotence()
+        super().__init__(base_url, timeout, idempotent, retry_s)
         url = httpx.URL(self.base_url)
         self._conn: _Connection | None = None
         self._http: httpx.Client | None = None
@@ -950,11 +1059,6 @@ class Client:
                 transport=transport,
                 verify=_verify_of(verify, ca_file, client_cert) if url.scheme == "https" else True,
             )
-
-    @classmethod
-    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
-        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
-        return cls(read_addr_file(data_dir), **kwargs)
 
     def _send(self, call: _Call) -> _Reply:
         timeout = call.timeout if call.timeout is not None else self.timeout
@@ -1023,60 +1127,42 @@ class Client:
 
     def _retrying(self, call: _Call, deadline: float | None = None) -> _Reply:
         """Send ``call`` again after a cut connection, timeout or 503 until ``deadline``."""
-        if deadline is None:
-            deadline = time.monotonic() + self.retry_s
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        retry = _Retry(time.monotonic() + self.retry_s if deadline is None else deadline)
         while True:
             try:
                 reply = self._send(call)
-                if reply.status != 503 or time.monotonic() >= deadline:
-                    return reply
             except Unavailable as exc:
-                if not _retryable(exc) or time.monotonic() >= deadline:
+                if not retry.may_retry(exc):
                     raise
-            time.sleep(backoff.next_delay())
+            else:
+                if retry.answered(reply):
+                    return reply
+            time.sleep(retry.next_delay())
 
     def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
         """Send one partition's request until the gateway answers it, same sequence each time."""
         idem = self._idem
-        deadline = time.monotonic() + self.retry_s
-        renewed = False
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        send = _PartitionSend(idem, topic, plan, count, time.monotonic() + self.retry_s)
         while True:
             init = idem.init_call()
             if init is not None:
                 try:
-                    idem.initialized(self._retrying(init, deadline))
+                    idem.initialized(self._retrying(init, send.deadline))
                 except UnknownProducer:
                     idem.forget()  # a bump of an id the gateway forgot: a new id
                     continue
-            call, seq = idem.sign(topic, plan, count)
+            call = send.sign()
             while True:
                 try:
                     return _produced(self._send(call))
-                except UnknownProducer:
-                    # Forgotten (idle past the expiry, or issued just before a
-                    # restart and never used): nothing of this id is remembered,
-                    # so nothing it sent can be answered as a duplicate. New id.
-                    if renewed:
-                        raise
-                    renewed = True
-                    idem.forget()
-                    break
-                except (OutOfOrderSequence, ProducerFenced):
-                    idem.uncertain = True
-                    raise
                 except EdgeGatewayError as exc:
-                    if not _retryable(exc):
-                        if backoff.attempt == 0:  # refused (4xx): not written
-                            idem.unsign(topic, plan.partition, seq, count)
-                        else:
-                            idem.uncertain = True
+                    then = send.failed(exc)
+                    if then is _Then.GIVE_UP:
                         raise
-                    if time.monotonic() >= deadline:
-                        idem.uncertain = True  # written or not: the next produce bumps the epoch
-                        raise
-                    time.sleep(backoff.next_delay())
+                    if then is _Then.NEW_PRODUCER_ID:
+                        idem.forget()
+                        break
+                    time.sleep(then)
 
     def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""
@@ -1156,7 +1242,7 @@ class Client:
         self.close()
 
 
-class AsyncClient:
+class AsyncClient(_BaseClient):
     """Async client of one gateway's local API (httpx; under trio or asyncio)."""
 
     def __init__(
@@ -1172,12 +1258,7 @@ class AsyncClient:
         idempotent: bool = True,
         retry_s: float = 30.0,
     ) -> None:
-        self.base_url = _base_url(base_url)
-        self.timeout = timeout
-        #: Produce idempotently, retrying for up to ``retry_s`` (see the module docstring).
-        self.idempotent = idempotent
-        self.retry_s = retry_s
-        self._idem = _Idempotence()
+        super().__init__(base_url, timeout, idempotent, retry_s)
         # created on first use, in the caller's event loop
         self._init_lock: Any = None
         self._partition_locks: dict[tuple[str, int], Any] = {}
@@ -1189,11 +1270,6 @@ class AsyncClient:
             transport=transport,
             verify=_verify_of(verify, ca_file, client_cert) if https else True,
         )
-
-    @classmethod
-    def from_data_dir(cls, data_dir: str | os.PathLike[str], **kwargs: Any) -> Self:
-        """A client of the gateway running on ``data_dir`` (reads ``<data_dir>/api.addr``)."""
-        return cls(read_addr_file(data_dir), **kwargs)
 
     async def _send(self, call: _Call) -> _Reply:
         try:
@@ -1256,27 +1332,24 @@ class AsyncClient:
         """:meth:`Client._retrying`, async."""
         import anyio
 
-        if deadline is None:
-            deadline = time.monotonic() + self.retry_s
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        retry = _Retry(time.monotonic() + self.retry_s if deadline is None else deadline)
         while True:
             try:
                 reply = await self._send(call)
-                if reply.status != 503 or time.monotonic() >= deadline:
-                    return reply
             except Unavailable as exc:
-                if not _retryable(exc) or time.monotonic() >= deadline:
+                if not retry.may_retry(exc):
                     raise
-            await anyio.sleep(backoff.next_delay())
+            else:
+                if retry.answered(reply):
+                    return reply
+            await anyio.sleep(retry.next_delay())
 
     async def _send_idempotent(self, topic: str, plan: _Plan, count: int) -> ProduceResponse:
         """:meth:`Client._send_idempotent`, async: one partition's requests one at a time."""
         import anyio
 
         idem = self._idem
-        deadline = time.monotonic() + self.retry_s
-        renewed = False
-        backoff = Backoff(_RETRY_BASE_S, _RETRY_CAP_S)
+        send = _PartitionSend(idem, topic, plan, count, time.monotonic() + self.retry_s)
         key = (topic, plan.partition)
         if self._init_lock is None:
             self._init_lock = anyio.Lock()
@@ -1289,37 +1362,25 @@ class AsyncClient:
                     init = idem.init_call()
                     if init is not None:
                         try:
-                            idem.initialized(await self._retrying(init, deadline))
+                            idem.initialized(await self._retrying(init, send.deadline))
                         except UnknownProducer:
                             idem.forget()
                             continue
-                call, seq = idem.sign(topic, plan, count)
+                call = send.sign()
                 while True:
                     try:
                         return _produced(await self._send(call))
-                    except UnknownProducer:
-                        if renewed:
-                            raise
-                        renewed = True
-                        async with self._init_lock:
-                            sent_id = (call.headers or {}).get(PRODUCER_ID_HEADER)
-                            if str(idem.producer_id) == sent_id:
-                                idem.forget()  # not renewed by another task meanwhile
-                        break
-                    except (OutOfOrderSequence, ProducerFenced):
-                        idem.uncertain = True
-                        raise
                     except EdgeGatewayError as exc:
-                        if not _retryable(exc):
-                            if backoff.attempt == 0:
-                                idem.unsign(topic, plan.partition, seq, count)
-                            else:
-                                idem.uncertain = True
+                        then = send.failed(exc)
+                        if then is _Then.GIVE_UP:
                             raise
-                        if time.monotonic() >= deadline:
-                            idem.uncertain = True
-                            raise
-                        await anyio.sleep(backoff.next_delay())
+                        if then is _Then.NEW_PRODUCER_ID:
+                            async with self._init_lock:
+                                sent_id = (call.headers or {}).get(PRODUCER_ID_HEADER)
+                                if str(idem.producer_id) == sent_id:
+                                    idem.forget()  # not renewed by another task meanwhile
+                            break
+                        await anyio.sleep(then)
 
     async def init_producer(self) -> tuple[int, int]:
         """This client's producer id and epoch (asked for now if it has none)."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from kio.schema.errors import ErrorCode
 
@@ -125,29 +125,30 @@ def response_for(req: RequestFrame, values: Mapping[str, Any]) -> Any:
     return build(response_class(req.api_key, req.api_version), values)
 
 
+#: Gateway errors and the Kafka error codes they are answered with (docs/kafka.md,
+#: "Errors"). The first class ``exc`` is an instance of wins: a subclass stands
+#: before its base (DiskFull before Unavailable, the producer errors before
+#: InvalidInput).
+_ERROR_CODES: Final[tuple[tuple[type[Exception], ErrorCode], ...]] = (
+    (UnknownProducer, ErrorCode.unknown_producer_id),
+    (OutOfOrderSequence, ErrorCode.out_of_order_sequence_number),
+    (ProducerFenced, ErrorCode.invalid_producer_epoch),
+    (UnknownTopic, ErrorCode.unknown_topic_or_partition),
+    # Kafka has no read-only topics; "not authorized to write it" is what a
+    # mirror is, and every client treats it as final (no retry loop).
+    (ReadOnlyTopic, ErrorCode.topic_authorization_failed),
+    (InvalidName, ErrorCode.invalid_topic_exception),
+    (CorruptData, ErrorCode.corrupt_message),
+    (DiskFull, ErrorCode.kafka_storage_error),
+    # Not written; retriable (the journal is full, the gateway is stopping).
+    (Unavailable, ErrorCode.not_enough_replicas),
+    (InvalidInput, ErrorCode.invalid_request),
+)
+
+
 def error_for(exc: Exception) -> ErrorCode:
     """The Kafka error code for a gateway error (docs/kafka.md, "Errors")."""
-    if isinstance(exc, UnknownProducer):
-        return ErrorCode.unknown_producer_id
-    if isinstance(exc, OutOfOrderSequence):
-        return ErrorCode.out_of_order_sequence_number
-    if isinstance(exc, ProducerFenced):
-        return ErrorCode.invalid_producer_epoch
-    if isinstance(exc, UnknownTopic):
-        return ErrorCode.unknown_topic_or_partition
-    if isinstance(exc, ReadOnlyTopic):
-        # Kafka has no read-only topics; "not authorized to write it" is what a
-        # mirror is, and every client treats it as final (no retry loop).
-        return ErrorCode.topic_authorization_failed
-    if isinstance(exc, InvalidName):
-        return ErrorCode.invalid_topic_exception
-    if isinstance(exc, CorruptData):
-        return ErrorCode.corrupt_message
-    if isinstance(exc, DiskFull):
-        return ErrorCode.kafka_storage_error
-    if isinstance(exc, Unavailable):
-        # Not written; retriable (the journal is full, the gateway is stopping).
-        return ErrorCode.not_enough_replicas
-    if isinstance(exc, InvalidInput):
-        return ErrorCode.invalid_request
+    for cls, code in _ERROR_CODES:
+        if isinstance(exc, cls):
+            return code
     return ErrorCode.unknown_server_error

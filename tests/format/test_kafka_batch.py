@@ -269,3 +269,32 @@ def test_varints_at_the_one_two_and_three_byte_boundaries() -> None:
     struct.pack_into(">i", cut, 8, len(cut) - 12)
     with pytest.raises(CorruptData, match="truncated"):
         list(decode_batches(_with_crc(cut)))
+
+
+@pytest.mark.parametrize(
+    ("header_varints", "match"),
+    [
+        (b"\x02\x14", r"header key length 10 runs past the record \(\d+ bytes left\)"),
+        (b"\x02\x03", "negative header key length -2"),
+        (b"\x02\x01", "a header with a null key"),
+        (b"\x02\x02h\x05", "negative header value length -3"),
+        (b"\x02\x02h" + b"\x80" * 10 + b"\x01", "varint longer than 10 bytes"),
+    ],
+)
+def test_a_bad_header_field_is_corrupt_data_naming_the_field(
+    header_varints: bytes, match: str
+) -> None:
+    """A record whose header count and header fields are ``header_varints`` (the record's
+    length re-stated to cover them): refused with a reason that names the field."""
+    fields = b"\x00\x00\x00\x01\x01" + header_varints  # attributes, deltas, null key and value
+    record = bytearray()
+    n = len(fields) << 1  # zigzag of a small positive length
+    while n >= 0x80:
+        record.append((n & 0x7F) | 0x80)
+        n >>= 7
+    record.append(n)
+    data = bytearray(encode_batch(0, [(1, None, None, [])])[:HEADER_SIZE]) + record + fields
+    struct.pack_into(">i", data, 8, len(data) - 12)
+    with pytest.raises(CorruptData, match=match) as info:
+        list(decode_batches(_with_crc(data)))
+    assert "record 0" in str(info.value)
