@@ -537,16 +537,22 @@ def free_port() -> int:
 class Server:
     """``edgegw metadata serve`` on a fixed port (so it can come back on the same one)."""
 
-    def __init__(self, db: Path, port: int, extra: list[str]) -> None:
+    def __init__(self, db: Path, port: int, extra: list[str], profile: str | None = None) -> None:
         self.db, self.port, self.extra = db, port, extra
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Write a cProfile of each run of the server to ``<profile>.<n>`` (n = 1, 2, ...).
+        self.profile = profile
+        self.runs = 0
         self.addr = db.with_suffix(".addr")
         self.log = db.with_suffix(".log")
 
     def start(self) -> float:
         """Start; returns when it listens (time.time())."""
         self.addr.unlink(missing_ok=True)
+        self.runs += 1
         argv = [str(EDGEGW), "metadata", "serve", "--db", str(self.db)]
+        if self.profile:
+            argv = [sys.executable, "-m", "cProfile", "-o", f"{self.profile}.{self.runs}", *argv]
         argv += ["--listen", f"127.0.0.1:{self.port}", "--addr-file", str(self.addr)]
         argv += ["--admin-token", ADMIN_TOKEN, *self.extra]
         with open(self.log, "ab") as log:
@@ -873,6 +879,11 @@ def main() -> None:
     ap.add_argument("--server", choices=("builtin", "hypercorn"), default="builtin")
     ap.add_argument("--server-arg", action="append", default=[], help="extra serve option")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--profile-server",
+        metavar="PATH",
+        help="run the server under cProfile: PATH.1 (the measured run), PATH.2 (after the herd)",
+    )
     ap.add_argument("--load-plan", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.load_plan:
@@ -904,7 +915,7 @@ def main() -> None:
         progress(f"seeding {n} regions ({a.auth} auth)")
         tokens = seed_db(db, n, follows, a.auth)
         port = free_port()
-        server = Server(db, port, ["--server", a.server, *a.server_arg])
+        server = Server(db, port, ["--server", a.server, *a.server_arg], a.profile_server)
         server.start()
         try:
             check_ms = token_check_ms(port)

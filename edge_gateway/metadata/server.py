@@ -1,10 +1,14 @@
 """The reference metadata server: topic routing, heartbeats and the head relay.
 
 ``edgegw metadata serve --db meta.sqlite --listen 127.0.0.1:8471`` runs
-:func:`serve_metadata`: a Starlette app (:class:`MetadataApp`) served by
-hypercorn on trio, over a :class:`~edge_gateway.metadata._db.MetadataStore`
-(SQLite, WAL). Routes, bodies and errors: ``docs/metadata-api.md`` and
-``docs/metadata-openapi.json`` (generated from :mod:`._openapi`).
+:func:`serve_metadata`: a plain ASGI app (:class:`MetadataApp`, routed by
+:mod:`edge_gateway.net.asgi`'s route table, as the local API is) served by
+edgegw's HTTP/1.1 server (:mod:`edge_gateway.net.http11`; hypercorn with
+``--server hypercorn``) on trio, over a
+:class:`~edge_gateway.metadata._db.MetadataStore` (SQLite, WAL) or a
+:class:`~edge_gateway.metadata._pg.PostgresStore`. Routes, bodies and errors:
+``docs/metadata-api.md`` and ``docs/metadata-openapi.json`` (generated from
+:mod:`._openapi`).
 
 Who may do what:
 
@@ -38,11 +42,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import trio
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName, Unavailable
 from edge_gateway.metadata._db import (
@@ -69,6 +68,19 @@ from edge_gateway.metadata.routing import (
     validate_bucket_name,
 )
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
+from edge_gateway.net.asgi import (
+    BUFFERED_BODY,
+    JSONResponse,
+    Message,
+    Receive,
+    Request,
+    Response,
+    Route,
+    Router,
+    Scope,
+    Send,
+    serve_lifespan,
+)
 from edge_gateway.net.http import (
     KEEP_ALIVE_TIMEOUT_S,
     READ_TIMEOUT_S,
@@ -222,10 +234,15 @@ class MetadataApp:
         self._routing = store.routing()
         self._routing_body = _json_bytes(self._routing.to_json())
         self._routing_gzip = _gzip_body(self._routing_body)
+        # The hot routes first: the table is matched in order (docs/metadata.md,
+        # "What one server process does": most requests are these three).
         self.routes: list[Route] = [
+            self._route("/v1/heads", "GET", self.wait_heads),
+            self._route("/v1/regions/{region}/head", "POST", self.report_head),
+            self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
+            self._route("/v1/routing", "GET", self.get_routing),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
-            self._route("/v1/routing", "GET", self.get_routing),
             self._route("/v1/topics", "GET", self.list_topics),
             self._route("/v1/topics", "POST", self.create_topic, admin=True),
             self._route("/v1/topics/{topic}", "GET", self.get_topic),
@@ -236,86 +253,62 @@ class MetadataApp:
             self._route("/v1/regions/{region}", "GET", self.get_region),
             self._route("/v1/regions/{region}", "DELETE", self.revoke_region, admin=True),
             self._route("/v1/regions/{region}/token", "POST", self.rotate_region_token, admin=True),
-            self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
-            self._route("/v1/regions/{region}/head", "POST", self.report_head),
-            self._route("/v1/heads", "GET", self.wait_heads),
             self._route("/v1/buckets", "GET", self.list_buckets),
             self._route("/v1/buckets/{bucket}", "GET", self.get_bucket),
             self._route("/v1/buckets/{bucket}", "PUT", self.put_bucket, admin=True),
             self._route("/v1/buckets/{bucket}", "DELETE", self.delete_bucket, admin=True),
         ]
-        self.starlette = Starlette(
-            routes=_merge_methods(self.routes),
-            exception_handlers={
-                ApiError: self._api_error,
-                InvalidInput: self._invalid_input,
-                ClosedError: self._closed,
-                Overloaded: self._overloaded,
-                Unavailable: self._unavailable,
-                HTTPException: self._http_error,
-                Exception: self._internal,
-            },
-        )
+        self.router = Router(self.routes)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":  # lifespan: Starlette answers startup/shutdown
-            await self.starlette(scope, receive, send)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # hypercorn sends it; nothing to start or stop
+            await serve_lifespan(receive, send)
             return
-        # hypercorn drops a connection whose request body was not read to the end
-        # (a 413, or a refusal before the body was read): say so in the response,
-        # so the client does not send its next request on that connection.
-        body_done = scope["method"] in ("GET", "HEAD", "DELETE") and not any(
-            k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"]
-        )
-
-        async def tracked_receive() -> Any:
-            nonlocal body_done
-            if body_done:  # only a disconnect is left to wait for: no deadline
-                return await receive()
-            try:
-                message = await receive_body(receive, self.config.read_timeout_s)
-            except ApiError:
-                body_done = True  # the 408 says Connection: close already
-                raise
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_done = True
-            return message
-
-        async def tracked_send(message: Any) -> None:
-            if message["type"] == "http.response.start" and not body_done:
-                headers = [*message.get("headers", ()), (b"connection", b"close")]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        if scope["path"] == "/healthz":
-            await self.starlette(scope, tracked_receive, tracked_send)
+        if scope["type"] != "http":  # a websocket: not served
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        x = _Exchange(scope, receive, send, self.config.read_timeout_s)
+        if scope["path"] == "/healthz":  # never refused: the probe of an overloaded server
+            await self._serve(x)
             return
         try:
             self.admission.enter()
         except Overloaded as exc:
-            await self._shed(exc, tracked_receive, tracked_send, lambda: body_done)
+            await self._shed(exc, x)
             return
         try:
-            await self.starlette(scope, tracked_receive, tracked_send)
+            await self._serve(x)
         finally:
             self.admission.leave()
 
-    async def _shed(
-        self,
-        exc: Overloaded,
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-        body_done: Callable[[], bool],
-    ) -> None:
+    async def _serve(self, x: _Exchange) -> None:
+        """Route ``x`` and answer it; every error becomes its JSON answer."""
+        method, path = x.scope["method"], x.scope["path"]
+        match = self.router.match(method, path)
+        try:
+            if match.route is None:
+                if match.allowed:
+                    raise ApiError(
+                        405,
+                        "method_not_allowed",
+                        f"{method} is not allowed on {path}",
+                        {"Allow": ", ".join(match.allowed)},
+                    )
+                raise ApiError(404, "not_found", f"no such route: {path}")
+            response = await match.route.endpoint(Request(x.scope, x.receive, match.params))
+        except Exception as exc:  # noqa: BLE001 (every error is answered; _error_for logs the unexpected)
+            response = self._error_for(exc, method, path)
+        await response(x.scope, x.receive, x.send)
+
+    async def _shed(self, exc: Overloaded, x: _Exchange) -> None:
         """Answer 503 before any work; read a small body first so the connection stays usable."""
         size = 0
-        while not body_done() and size <= self.config.max_body_bytes:
-            message = await receive()
+        while not x.body_done and size <= self.config.max_body_bytes:
+            message = await x.receive()
             size += len(message.get("body", b""))
             if message["type"] != "http.request":
                 return  # the client went away
-        response = _overloaded_response(exc)
-        await response({"type": "http"}, receive, send)
+        await _overloaded_response(exc)(x.scope, x.receive, x.send)
 
     @property
     def open_mode(self) -> bool:
@@ -487,12 +480,18 @@ class MetadataApp:
                 raise _too_large(int(length), limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        while True:
+            message = await request.receive()
+            if message["type"] != "http.request":
+                raise ApiError(400, "invalid_request", "the client went away mid-body")
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise _too_large(size, limit)
             chunks.append(chunk)
-        body = b"".join(chunks)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if not body:
             raise ApiError(400, "invalid_json", "the request needs a JSON object body")
         try:
@@ -505,44 +504,27 @@ class MetadataApp:
 
     # -------------------------------------------------------------- errors
 
-    async def _api_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
-
-    async def _invalid_input(self, request: Request, exc: Exception) -> Response:
+    def _error_for(self, exc: Exception, method: str, path: str) -> Response:
+        """The answer to an exception an endpoint raised (its class decides)."""
+        if isinstance(exc, ApiError):
+            return error_response(exc.status, exc.code, exc.message, exc.headers)
         if isinstance(exc, Refused):
             return error_response(exc.status, exc.code, str(exc))
-        code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
-        return error_response(400, code, str(exc))
-
-    async def _overloaded(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Overloaded)
-        return _overloaded_response(exc)
-
-    async def _closed(self, request: Request, exc: Exception) -> Response:
-        return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
-
-    async def _unavailable(self, request: Request, exc: Exception) -> Response:
-        log.warning("%s %s: %s", request.method, request.url.path, exc)
-        return error_response(
-            503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
-        )
-
-    async def _http_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        if exc.status_code == 404:
-            return error_response(404, "not_found", f"no such route: {request.url.path}")
-        if exc.status_code == 405:
+        if isinstance(exc, InvalidInput):
+            code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
+            return error_response(400, code, str(exc))
+        if isinstance(exc, Overloaded):
+            return _overloaded_response(exc)
+        if isinstance(exc, ClosedError):
             return error_response(
-                405,
-                "method_not_allowed",
-                f"{request.method} is not allowed on {request.url.path}",
-                dict(exc.headers or {}),
+                503, "unavailable", "the server is stopping", {"Retry-After": "1"}
             )
-        return error_response(exc.status_code, "invalid_request", str(exc.detail))
-
-    async def _internal(self, request: Request, exc: Exception) -> Response:
-        log.error("internal error serving %s %s", request.method, request.url.path, exc_info=exc)
+        if isinstance(exc, Unavailable):
+            log.warning("%s %s: %s", method, path, exc)
+            return error_response(
+                503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
+            )
+        log.error("internal error serving %s %s", method, path, exc_info=exc)
         return error_response(500, "internal", "internal error (see the server's log)")
 
     # ------------------------------------------------------------ endpoints
@@ -798,6 +780,58 @@ def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
 # ---------------------------------------------------------------- helpers
 
 
+class _Exchange:
+    """One request on its way through the app: its body's reads and the response's start.
+
+    Each read of a body still arriving waits at most ``read_timeout``
+    (:func:`~edge_gateway.net.http.receive_body`: ``408`` after it). A
+    response that starts before the request body was read to the end (a
+    refusal, a 413) says ``Connection: close``: hypercorn drops such a
+    connection, so the client must not send its next request on it. A body
+    the builtin server read with the head (:data:`~edge_gateway.net.asgi.BUFFERED_BODY`)
+    is in hand: taken without a read, and the connection stays usable
+    whatever the answer.
+    """
+
+    __slots__ = ("_buffered", "_receive", "_send", "body_done", "read_timeout", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, read_timeout: float) -> None:
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.read_timeout = read_timeout
+        extensions = scope.get("extensions")
+        #: The whole body, when the server read it with the head (the builtin server).
+        self._buffered: bytes | None = extensions.get(BUFFERED_BODY) if extensions else None
+        self.body_done = self._buffered is not None or (
+            scope["method"] in ("GET", "HEAD", "DELETE")
+            and not any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
+        )
+
+    async def receive(self) -> Message:
+        if self._buffered is not None:
+            # The server's own receive() would return it first too: a
+            # disconnect watcher reading past it skips it.
+            body, self._buffered = self._buffered, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        if self.body_done:  # only a disconnect is left to wait for: no deadline
+            return await self._receive()
+        try:
+            message = await receive_body(self._receive, self.read_timeout)
+        except ApiError:
+            self.body_done = True  # the 408 says Connection: close already
+            raise
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and not self.body_done:
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+        await self._send(message)
+
+
 async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.CancelScope) -> None:
     """Set ``gone`` and cancel ``scope`` when the client of ``request`` goes away."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -806,30 +840,9 @@ async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.Cance
     scope.cancel()
 
 
-def _merge_methods(routes: list[Route]) -> list[Route]:
-    """One Starlette route per path with every method (so 405 lists them all)."""
-    by_path: dict[str, dict[str, Callable[..., Any]]] = {}
-    for r in routes:
-        for m in r.methods or ():
-            if m != "HEAD":
-                by_path.setdefault(r.path, {})[m] = r.endpoint
-    out = []
-    for path, handlers in by_path.items():
-
-        def make(handlers: dict[str, Callable[..., Any]]) -> Callable[[Request], Awaitable[Any]]:
-            async def dispatch(request: Request) -> Any:
-                method = "GET" if request.method == "HEAD" else request.method
-                return await handlers[method](request)
-
-            return dispatch
-
-        out.append(Route(path, make(handlers), methods=sorted(handlers)))
-    return out
-
-
 def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
     """(path, method) pairs the app serves (for the OpenAPI check)."""
-    return {(r.path, m) for r in app.routes for m in (r.methods or ()) if m != "HEAD"}
+    return {(r.path, m) for r in app.routes for m in r.methods if m != "HEAD"}
 
 
 def _json_bytes(doc: object) -> bytes:

@@ -21,6 +21,7 @@ from typing import Any, Final
 from urllib.parse import parse_qsl
 
 __all__ = [
+    "BUFFERED_BODY",
     "JSONResponse",
     "Match",
     "Receive",
@@ -37,6 +38,11 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+#: ASGI scope extension (``scope["extensions"]``): the complete request body,
+#: read by the builtin server (:mod:`edge_gateway.net.http11`) with the head.
+#: An app may take it without a ``receive()`` (and so without a read deadline).
+BUFFERED_BODY: Final = "edgegw.buffered_body"
 
 
 class Request:
