@@ -36,7 +36,7 @@ import logging
 import math
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
@@ -701,7 +701,7 @@ class MetadataApp:
             await self._report_head(region, _seq(head))
         # Answered from memory; written to the store behind, coalesced (_fanout.HeartbeatWriter).
         self.heartbeats.note(region, Heartbeat(version, lag, _now_ms()))
-        return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
+        return heartbeat_answer(self._routing.version, _now_ms())
 
     async def report_head(self, request: Request, who: Principal) -> Response:
         region = self._as_region(request, who)
@@ -709,7 +709,7 @@ class MetadataApp:
         if set(doc) != {"seq"}:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
         seq, version = await self._report_head(region, _seq(doc["seq"]))
-        return JSONResponse({"region": region, "seq": seq, "version": version})
+        return head_answer(region, seq, version)
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
         q = request.query_params
@@ -750,7 +750,7 @@ class MetadataApp:
             if gone.is_set():
                 # Nobody to answer: the HTTP server sends nothing to a client gone.
                 return Response(status_code=204)
-        return JSONResponse({"version": update.version, "heads": update.heads})
+        return heads_answer(update.version, update.heads)
 
     async def list_buckets(self, request: Request, who: Principal) -> Response:
         return JSONResponse({"buckets": [b.to_json() for b in self._routing.buckets]})
@@ -847,6 +847,43 @@ def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
 
 def _json_bytes(doc: object) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _as_json_response(doc: object) -> bytes:
+    """``doc`` rendered as :class:`JSONResponse` renders it (compact UTF-8, no NaN)."""
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+_JSON_TYPE: Final = (b"content-type", b"application/json")
+
+
+def _json_bytes_response(body: bytes) -> Response:
+    return Response.of(body, [(b"content-length", b"%d" % len(body)), _JSON_TYPE])
+
+
+# The answers of the hot routes (heartbeats, head reports, head polls: nearly
+# every request of a fleet), rendered without a dict to render and headers to
+# normalise: the same bytes and headers as JSONResponse of the same document
+# (tests/metadata/test_hot_answers.py).
+
+
+def heartbeat_answer(routing_version: int, server_ms: int) -> Response:
+    """``{"routing_version": ..., "server_ms": ...}``."""
+    return _json_bytes_response(
+        b'{"routing_version":%d,"server_ms":%d}' % (routing_version, server_ms)
+    )
+
+
+def head_answer(region: str, seq: int, version: int) -> Response:
+    """``{"region": ..., "seq": ..., "version": ...}``."""
+    return _json_bytes_response(
+        b'{"region":%b,"seq":%d,"version":%d}' % (_as_json_response(region), seq, version)
+    )
+
+
+def heads_answer(version: int, heads: Mapping[str, int]) -> Response:
+    """``{"version": ..., "heads": {region: seq, ...}}``."""
+    return _json_bytes_response(b'{"version":%d,"heads":%b}' % (version, _as_json_response(heads)))
 
 
 #: Routing tables smaller than this are sent as they are (gzip would not pay).
