@@ -34,7 +34,6 @@ import hashlib
 import json
 import logging
 import math
-import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -90,7 +89,8 @@ from edge_gateway.net.http import (
     hypercorn_config,
     receive_body,
 )
-from edge_gateway.net.listen import write_addr_file
+from edge_gateway.net.listen import bound_address, format_hostport, open_listeners, write_addr_file
+from edge_gateway.net.tls import server_context
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -115,6 +115,8 @@ _VERIFIED_MAX: Final = 250_000
 _UNWATCHED_WAIT_S: Final = 1.0
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
+#: How TLS errors name the certificate settings: the serve command's options.
+_TLS_OPTIONS: Final = ("--tls-cert", "--tls-key", "--tls-client-ca")
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +176,19 @@ class MetadataServerConfig(ListenAddress):
         for key in ("keep_alive_timeout_s", "read_timeout_s"):
             if not 0 < getattr(self, key) < float("inf"):  # also refuses NaN
                 raise ConfigError(f"{key} must be a number of seconds > 0")
+
+    # The certificate settings as net.tls.server_context reads them (TlsSettings).
+    @property
+    def tls_cert(self) -> str:
+        return str(self.certfile or "")
+
+    @property
+    def tls_key(self) -> str:
+        return str(self.keyfile or "")
+
+    @property
+    def tls_client_ca(self) -> str:
+        return ""  # the metadata server does not ask for client certificates
 
 
 # -------------------------------------------------------------------- app
@@ -1100,16 +1115,9 @@ async def _start_builtin(
     """
     from edge_gateway.net.http11 import Http11Server
 
-    tls = _tls_context(config) if config.certfile is not None else None
-    listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-    if config.port == 0 and len(listeners) > 1:
-        # "localhost" on port 0: each address family got its own free port; serve one.
-        for extra in listeners[1:]:
-            await extra.aclose()
-        listeners = listeners[:1]
-    sockaddr = listeners[0].socket.getsockname()
-    host, port = str(sockaddr[0]), int(sockaddr[1])
-    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    tls = server_context(config, names=_TLS_OPTIONS) if config.certfile is not None else None
+    listeners = await open_listeners(config.host, config.port)
+    hostport = format_hostport(*bound_address(listeners[0]))
     http = Http11Server(
         cast(Any, app),
         log=logging.getLogger("edgegw.metadata.server"),
@@ -1123,16 +1131,3 @@ async def _start_builtin(
 
     await nursery.start(run)
     return f"{'https' if tls is not None else 'http'}://{hostport}", http.shutdown
-
-
-def _tls_context(config: MetadataServerConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
-    try:
-        ctx.load_cert_chain(str(config.certfile), str(config.keyfile))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"--tls-cert / --tls-key: cannot load {config.certfile} with {config.keyfile}: {exc}"
-        ) from None
-    return ctx
