@@ -539,9 +539,12 @@ def free_port() -> int:
 #: shared machine a wall clock charges the time the process waited for a core to
 #: whatever call it was in (a socket write, mostly).
 _PROFILE_SERVER = """
-import cProfile, runpy, sys, time
+import cProfile, os, runpy, sys, time
 out = sys.argv[1]
 sys.argv = sys.argv[2:]
+# As when the script runs itself: its folder first on the path, not the working
+# directory that -c put there (else a checkout there shadows PYTHONPATH's code).
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
 prof = cProfile.Profile(time.thread_time)
 try:
     prof.runcall(runpy.run_path, sys.argv[0], run_name="__main__")
