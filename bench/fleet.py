@@ -61,6 +61,10 @@ server RSS (per held poll, against bare hypercorn holding idle
 connections) and CPU (per 1,000 requests, against the trivial endpoint).
 The machine is shared: figures are noisy; the ratios are the point. The
 last line is one JSON object.
+
+``--profile-server PATH`` runs the server under cProfile, timed by its main
+thread's CPU clock: ``PATH.1`` covers the first run (ramp-up and the measured
+window), ``PATH.2`` the run after the herd; read them with ``pstats``.
 """
 
 from __future__ import annotations
