@@ -61,6 +61,10 @@ server RSS (per held poll, against bare hypercorn holding idle
 connections) and CPU (per 1,000 requests, against the trivial endpoint).
 The machine is shared: figures are noisy; the ratios are the point. The
 last line is one JSON object.
+
+``--profile-server PATH`` runs the server under cProfile, timed by its main
+thread's CPU clock: ``PATH.1`` covers the first run (ramp-up and the measured
+window), ``PATH.2`` the run after the herd; read them with ``pstats``.
 """
 
 from __future__ import annotations
@@ -534,19 +538,46 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+#: Runs ``argv[2:]`` (a script and its arguments) under cProfile and writes the
+#: stats to ``argv[1]``. Timed by the thread's CPU clock, not the wall clock: on a
+#: shared machine a wall clock charges the time the process waited for a core to
+#: whatever call it was in (a socket write, mostly).
+_PROFILE_SERVER = """
+import cProfile, os, runpy, sys, time
+out = sys.argv[1]
+sys.argv = sys.argv[2:]
+# As when the script runs itself: its folder first on the path, not the working
+# directory that -c put there (else a checkout there shadows PYTHONPATH's code).
+sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
+prof = cProfile.Profile(time.thread_time)
+try:
+    prof.runcall(runpy.run_path, sys.argv[0], run_name="__main__")
+except SystemExit:
+    pass
+finally:
+    prof.dump_stats(out)
+"""
+
+
 class Server:
     """``edgegw metadata serve`` on a fixed port (so it can come back on the same one)."""
 
-    def __init__(self, db: Path, port: int, extra: list[str]) -> None:
+    def __init__(self, db: Path, port: int, extra: list[str], profile: str | None = None) -> None:
         self.db, self.port, self.extra = db, port, extra
         self.proc: subprocess.Popen[bytes] | None = None
+        #: Write a cProfile of each run of the server to ``<profile>.<n>`` (n = 1, 2, ...).
+        self.profile = profile
+        self.runs = 0
         self.addr = db.with_suffix(".addr")
         self.log = db.with_suffix(".log")
 
     def start(self) -> float:
         """Start; returns when it listens (time.time())."""
         self.addr.unlink(missing_ok=True)
+        self.runs += 1
         argv = [str(EDGEGW), "metadata", "serve", "--db", str(self.db)]
+        if self.profile:
+            argv = [sys.executable, "-c", _PROFILE_SERVER, f"{self.profile}.{self.runs}", *argv]
         argv += ["--listen", f"127.0.0.1:{self.port}", "--addr-file", str(self.addr)]
         argv += ["--admin-token", ADMIN_TOKEN, *self.extra]
         with open(self.log, "ab") as log:
@@ -873,6 +904,11 @@ def main() -> None:
     ap.add_argument("--server", choices=("builtin", "hypercorn"), default="builtin")
     ap.add_argument("--server-arg", action="append", default=[], help="extra serve option")
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument(
+        "--profile-server",
+        metavar="PATH",
+        help="run the server under cProfile: PATH.1 (the measured run), PATH.2 (after the herd)",
+    )
     ap.add_argument("--load-plan", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.load_plan:
@@ -904,7 +940,7 @@ def main() -> None:
         progress(f"seeding {n} regions ({a.auth} auth)")
         tokens = seed_db(db, n, follows, a.auth)
         port = free_port()
-        server = Server(db, port, ["--server", a.server, *a.server_arg])
+        server = Server(db, port, ["--server", a.server, *a.server_arg], a.profile_server)
         server.start()
         try:
             check_ms = token_check_ms(port)

@@ -1,10 +1,14 @@
 """The reference metadata server: topic routing, heartbeats and the head relay.
 
 ``edgegw metadata serve --db meta.sqlite --listen 127.0.0.1:8471`` runs
-:func:`serve_metadata`: a Starlette app (:class:`MetadataApp`) served by
-hypercorn on trio, over a :class:`~edge_gateway.metadata._db.MetadataStore`
-(SQLite, WAL). Routes, bodies and errors: ``docs/metadata-api.md`` and
-``docs/metadata-openapi.json`` (generated from :mod:`._openapi`).
+:func:`serve_metadata`: a plain ASGI app (:class:`MetadataApp`, routed by
+:mod:`edge_gateway.net.asgi`'s route table, as the local API is) served by
+edgegw's HTTP/1.1 server (:mod:`edge_gateway.net.http11`; hypercorn with
+``--server hypercorn``) on trio, over a
+:class:`~edge_gateway.metadata._db.MetadataStore` (SQLite, WAL) or a
+:class:`~edge_gateway.metadata._pg.PostgresStore`. Routes, bodies and errors:
+``docs/metadata-api.md`` and ``docs/metadata-openapi.json`` (generated from
+:mod:`._openapi`).
 
 Who may do what:
 
@@ -30,19 +34,13 @@ import hashlib
 import json
 import logging
 import math
-import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import trio
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
 
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName, Unavailable
 from edge_gateway.metadata._db import (
@@ -69,6 +67,19 @@ from edge_gateway.metadata.routing import (
     validate_bucket_name,
 )
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
+from edge_gateway.net.asgi import (
+    BUFFERED_BODY,
+    JSONResponse,
+    Message,
+    Receive,
+    Request,
+    Response,
+    Route,
+    Router,
+    Scope,
+    Send,
+    serve_lifespan,
+)
 from edge_gateway.net.http import (
     KEEP_ALIVE_TIMEOUT_S,
     READ_TIMEOUT_S,
@@ -78,7 +89,8 @@ from edge_gateway.net.http import (
     hypercorn_config,
     receive_body,
 )
-from edge_gateway.net.listen import write_addr_file
+from edge_gateway.net.listen import bound_address, format_hostport, open_listeners, write_addr_file
+from edge_gateway.net.tls import server_context
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
@@ -103,6 +115,8 @@ _VERIFIED_MAX: Final = 250_000
 _UNWATCHED_WAIT_S: Final = 1.0
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
+#: How TLS errors name the certificate settings: the serve command's options.
+_TLS_OPTIONS: Final = ("--tls-cert", "--tls-key", "--tls-client-ca")
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +177,19 @@ class MetadataServerConfig(ListenAddress):
             if not 0 < getattr(self, key) < float("inf"):  # also refuses NaN
                 raise ConfigError(f"{key} must be a number of seconds > 0")
 
+    # The certificate settings as net.tls.server_context reads them (TlsSettings).
+    @property
+    def tls_cert(self) -> str:
+        return str(self.certfile or "")
+
+    @property
+    def tls_key(self) -> str:
+        return str(self.keyfile or "")
+
+    @property
+    def tls_client_ca(self) -> str:
+        return ""  # the metadata server does not ask for client certificates
+
 
 # -------------------------------------------------------------------- app
 
@@ -222,10 +249,15 @@ class MetadataApp:
         self._routing = store.routing()
         self._routing_body = _json_bytes(self._routing.to_json())
         self._routing_gzip = _gzip_body(self._routing_body)
+        # The hot routes first: the table is matched in order (docs/metadata.md,
+        # "What one server process does": most requests are these three).
         self.routes: list[Route] = [
+            self._route("/v1/heads", "GET", self.wait_heads),
+            self._route("/v1/regions/{region}/head", "POST", self.report_head),
+            self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
+            self._route("/v1/routing", "GET", self.get_routing),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
-            self._route("/v1/routing", "GET", self.get_routing),
             self._route("/v1/topics", "GET", self.list_topics),
             self._route("/v1/topics", "POST", self.create_topic, admin=True),
             self._route("/v1/topics/{topic}", "GET", self.get_topic),
@@ -236,86 +268,62 @@ class MetadataApp:
             self._route("/v1/regions/{region}", "GET", self.get_region),
             self._route("/v1/regions/{region}", "DELETE", self.revoke_region, admin=True),
             self._route("/v1/regions/{region}/token", "POST", self.rotate_region_token, admin=True),
-            self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
-            self._route("/v1/regions/{region}/head", "POST", self.report_head),
-            self._route("/v1/heads", "GET", self.wait_heads),
             self._route("/v1/buckets", "GET", self.list_buckets),
             self._route("/v1/buckets/{bucket}", "GET", self.get_bucket),
             self._route("/v1/buckets/{bucket}", "PUT", self.put_bucket, admin=True),
             self._route("/v1/buckets/{bucket}", "DELETE", self.delete_bucket, admin=True),
         ]
-        self.starlette = Starlette(
-            routes=_merge_methods(self.routes),
-            exception_handlers={
-                ApiError: self._api_error,
-                InvalidInput: self._invalid_input,
-                ClosedError: self._closed,
-                Overloaded: self._overloaded,
-                Unavailable: self._unavailable,
-                HTTPException: self._http_error,
-                Exception: self._internal,
-            },
-        )
+        self.router = Router(self.routes)
 
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":  # lifespan: Starlette answers startup/shutdown
-            await self.starlette(scope, receive, send)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":  # hypercorn sends it; nothing to start or stop
+            await serve_lifespan(receive, send)
             return
-        # hypercorn drops a connection whose request body was not read to the end
-        # (a 413, or a refusal before the body was read): say so in the response,
-        # so the client does not send its next request on that connection.
-        body_done = scope["method"] in ("GET", "HEAD", "DELETE") and not any(
-            k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"]
-        )
-
-        async def tracked_receive() -> Any:
-            nonlocal body_done
-            if body_done:  # only a disconnect is left to wait for: no deadline
-                return await receive()
-            try:
-                message = await receive_body(receive, self.config.read_timeout_s)
-            except ApiError:
-                body_done = True  # the 408 says Connection: close already
-                raise
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                body_done = True
-            return message
-
-        async def tracked_send(message: Any) -> None:
-            if message["type"] == "http.response.start" and not body_done:
-                headers = [*message.get("headers", ()), (b"connection", b"close")]
-                message = {**message, "headers": headers}
-            await send(message)
-
-        if scope["path"] == "/healthz":
-            await self.starlette(scope, tracked_receive, tracked_send)
+        if scope["type"] != "http":  # a websocket: not served
+            await send({"type": "websocket.close", "code": 1000})
+            return
+        x = _Exchange(scope, receive, send, self.config.read_timeout_s)
+        if scope["path"] == "/healthz":  # never refused: the probe of an overloaded server
+            await self._serve(x)
             return
         try:
             self.admission.enter()
         except Overloaded as exc:
-            await self._shed(exc, tracked_receive, tracked_send, lambda: body_done)
+            await self._shed(exc, x)
             return
         try:
-            await self.starlette(scope, tracked_receive, tracked_send)
+            await self._serve(x)
         finally:
             self.admission.leave()
 
-    async def _shed(
-        self,
-        exc: Overloaded,
-        receive: Callable[[], Awaitable[Any]],
-        send: Callable[[Any], Awaitable[None]],
-        body_done: Callable[[], bool],
-    ) -> None:
+    async def _serve(self, x: _Exchange) -> None:
+        """Route ``x`` and answer it; every error becomes its JSON answer."""
+        method, path = x.scope["method"], x.scope["path"]
+        match = self.router.match(method, path)
+        try:
+            if match.route is None:
+                if match.allowed:
+                    raise ApiError(
+                        405,
+                        "method_not_allowed",
+                        f"{method} is not allowed on {path}",
+                        {"Allow": ", ".join(match.allowed)},
+                    )
+                raise ApiError(404, "not_found", f"no such route: {path}")
+            response = await match.route.endpoint(Request(x.scope, x.receive, match.params))
+        except Exception as exc:  # noqa: BLE001 (every error is answered; _error_for logs the unexpected)
+            response = self._error_for(exc, method, path)
+        await response(x.scope, x.receive, x.send)
+
+    async def _shed(self, exc: Overloaded, x: _Exchange) -> None:
         """Answer 503 before any work; read a small body first so the connection stays usable."""
         size = 0
-        while not body_done() and size <= self.config.max_body_bytes:
-            message = await receive()
+        while not x.body_done and size <= self.config.max_body_bytes:
+            message = await x.receive()
             size += len(message.get("body", b""))
             if message["type"] != "http.request":
                 return  # the client went away
-        response = _overloaded_response(exc)
-        await response({"type": "http"}, receive, send)
+        await _overloaded_response(exc)(x.scope, x.receive, x.send)
 
     @property
     def open_mode(self) -> bool:
@@ -487,12 +495,18 @@ class MetadataApp:
                 raise _too_large(int(length), limit)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
+        while True:
+            message = await request.receive()
+            if message["type"] != "http.request":
+                raise ApiError(400, "invalid_request", "the client went away mid-body")
+            chunk = message.get("body", b"")
             size += len(chunk)
             if size > limit:
                 raise _too_large(size, limit)
             chunks.append(chunk)
-        body = b"".join(chunks)
+            if not message.get("more_body", False):
+                break
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         if not body:
             raise ApiError(400, "invalid_json", "the request needs a JSON object body")
         try:
@@ -505,44 +519,27 @@ class MetadataApp:
 
     # -------------------------------------------------------------- errors
 
-    async def _api_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ApiError)
-        return error_response(exc.status, exc.code, exc.message, exc.headers)
-
-    async def _invalid_input(self, request: Request, exc: Exception) -> Response:
+    def _error_for(self, exc: Exception, method: str, path: str) -> Response:
+        """The answer to an exception an endpoint raised (its class decides)."""
+        if isinstance(exc, ApiError):
+            return error_response(exc.status, exc.code, exc.message, exc.headers)
         if isinstance(exc, Refused):
             return error_response(exc.status, exc.code, str(exc))
-        code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
-        return error_response(400, code, str(exc))
-
-    async def _overloaded(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Overloaded)
-        return _overloaded_response(exc)
-
-    async def _closed(self, request: Request, exc: Exception) -> Response:
-        return error_response(503, "unavailable", "the server is stopping", {"Retry-After": "1"})
-
-    async def _unavailable(self, request: Request, exc: Exception) -> Response:
-        log.warning("%s %s: %s", request.method, request.url.path, exc)
-        return error_response(
-            503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
-        )
-
-    async def _http_error(self, request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        if exc.status_code == 404:
-            return error_response(404, "not_found", f"no such route: {request.url.path}")
-        if exc.status_code == 405:
+        if isinstance(exc, InvalidInput):
+            code = "invalid_name" if isinstance(exc, InvalidName) else "invalid_request"
+            return error_response(400, code, str(exc))
+        if isinstance(exc, Overloaded):
+            return _overloaded_response(exc)
+        if isinstance(exc, ClosedError):
             return error_response(
-                405,
-                "method_not_allowed",
-                f"{request.method} is not allowed on {request.url.path}",
-                dict(exc.headers or {}),
+                503, "unavailable", "the server is stopping", {"Retry-After": "1"}
             )
-        return error_response(exc.status_code, "invalid_request", str(exc.detail))
-
-    async def _internal(self, request: Request, exc: Exception) -> Response:
-        log.error("internal error serving %s %s", request.method, request.url.path, exc_info=exc)
+        if isinstance(exc, Unavailable):
+            log.warning("%s %s: %s", method, path, exc)
+            return error_response(
+                503, "unavailable", "the metadata database is unavailable", {"Retry-After": "1"}
+            )
+        log.error("internal error serving %s %s", method, path, exc_info=exc)
         return error_response(500, "internal", "internal error (see the server's log)")
 
     # ------------------------------------------------------------ endpoints
@@ -719,7 +716,7 @@ class MetadataApp:
             await self._report_head(region, _seq(head))
         # Answered from memory; written to the store behind, coalesced (_fanout.HeartbeatWriter).
         self.heartbeats.note(region, Heartbeat(version, lag, _now_ms()))
-        return JSONResponse({"routing_version": self._routing.version, "server_ms": _now_ms()})
+        return heartbeat_answer(self._routing.version, _now_ms())
 
     async def report_head(self, request: Request, who: Principal) -> Response:
         region = self._as_region(request, who)
@@ -727,7 +724,7 @@ class MetadataApp:
         if set(doc) != {"seq"}:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
         seq, version = await self._report_head(region, _seq(doc["seq"]))
-        return JSONResponse({"region": region, "seq": seq, "version": version})
+        return head_answer(region, seq, version)
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
         q = request.query_params
@@ -768,7 +765,7 @@ class MetadataApp:
             if gone.is_set():
                 # Nobody to answer: the HTTP server sends nothing to a client gone.
                 return Response(status_code=204)
-        return JSONResponse({"version": update.version, "heads": update.heads})
+        return heads_answer(update.version, update.heads)
 
     async def list_buckets(self, request: Request, who: Principal) -> Response:
         return JSONResponse({"buckets": [b.to_json() for b in self._routing.buckets]})
@@ -798,6 +795,58 @@ def create_app(store: SqlStore, config: MetadataServerConfig) -> MetadataApp:
 # ---------------------------------------------------------------- helpers
 
 
+class _Exchange:
+    """One request on its way through the app: its body's reads and the response's start.
+
+    Each read of a body still arriving waits at most ``read_timeout``
+    (:func:`~edge_gateway.net.http.receive_body`: ``408`` after it). A
+    response that starts before the request body was read to the end (a
+    refusal, a 413) says ``Connection: close``: hypercorn drops such a
+    connection, so the client must not send its next request on it. A body
+    the builtin server read with the head (:data:`~edge_gateway.net.asgi.BUFFERED_BODY`)
+    is in hand: taken without a read, and the connection stays usable
+    whatever the answer.
+    """
+
+    __slots__ = ("_buffered", "_receive", "_send", "body_done", "read_timeout", "scope")
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, read_timeout: float) -> None:
+        self.scope = scope
+        self._receive = receive
+        self._send = send
+        self.read_timeout = read_timeout
+        extensions = scope.get("extensions")
+        #: The whole body, when the server read it with the head (the builtin server).
+        self._buffered: bytes | None = extensions.get(BUFFERED_BODY) if extensions else None
+        self.body_done = self._buffered is not None or (
+            scope["method"] in ("GET", "HEAD", "DELETE")
+            and not any(k in (b"content-length", b"transfer-encoding") for k, _ in scope["headers"])
+        )
+
+    async def receive(self) -> Message:
+        if self._buffered is not None:
+            # The server's own receive() would return it first too: a
+            # disconnect watcher reading past it skips it.
+            body, self._buffered = self._buffered, None
+            return {"type": "http.request", "body": body, "more_body": False}
+        if self.body_done:  # only a disconnect is left to wait for: no deadline
+            return await self._receive()
+        try:
+            message = await receive_body(self._receive, self.read_timeout)
+        except ApiError:
+            self.body_done = True  # the 408 says Connection: close already
+            raise
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start" and not self.body_done:
+            headers = [*message.get("headers", ()), (b"connection", b"close")]
+            message = {**message, "headers": headers}
+        await self._send(message)
+
+
 async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.CancelScope) -> None:
     """Set ``gone`` and cancel ``scope`` when the client of ``request`` goes away."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -806,34 +855,50 @@ async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.Cance
     scope.cancel()
 
 
-def _merge_methods(routes: list[Route]) -> list[Route]:
-    """One Starlette route per path with every method (so 405 lists them all)."""
-    by_path: dict[str, dict[str, Callable[..., Any]]] = {}
-    for r in routes:
-        for m in r.methods or ():
-            if m != "HEAD":
-                by_path.setdefault(r.path, {})[m] = r.endpoint
-    out = []
-    for path, handlers in by_path.items():
-
-        def make(handlers: dict[str, Callable[..., Any]]) -> Callable[[Request], Awaitable[Any]]:
-            async def dispatch(request: Request) -> Any:
-                method = "GET" if request.method == "HEAD" else request.method
-                return await handlers[method](request)
-
-            return dispatch
-
-        out.append(Route(path, make(handlers), methods=sorted(handlers)))
-    return out
-
-
 def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
     """(path, method) pairs the app serves (for the OpenAPI check)."""
-    return {(r.path, m) for r in app.routes for m in (r.methods or ()) if m != "HEAD"}
+    return {(r.path, m) for r in app.routes for m in r.methods if m != "HEAD"}
 
 
 def _json_bytes(doc: object) -> bytes:
     return json.dumps(doc, separators=(",", ":")).encode()
+
+
+def _as_json_response(doc: object) -> bytes:
+    """``doc`` rendered as :class:`JSONResponse` renders it (compact UTF-8, no NaN)."""
+    return json.dumps(doc, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+_JSON_TYPE: Final = (b"content-type", b"application/json")
+
+
+def _json_bytes_response(body: bytes) -> Response:
+    return Response.of(body, [(b"content-length", b"%d" % len(body)), _JSON_TYPE])
+
+
+# The answers of the hot routes (heartbeats, head reports, head polls: nearly
+# every request of a fleet), rendered without a dict to render and headers to
+# normalise: the same bytes and headers as JSONResponse of the same document
+# (tests/metadata/test_hot_answers.py).
+
+
+def heartbeat_answer(routing_version: int, server_ms: int) -> Response:
+    """``{"routing_version": ..., "server_ms": ...}``."""
+    return _json_bytes_response(
+        b'{"routing_version":%d,"server_ms":%d}' % (routing_version, server_ms)
+    )
+
+
+def head_answer(region: str, seq: int, version: int) -> Response:
+    """``{"region": ..., "seq": ..., "version": ...}``."""
+    return _json_bytes_response(
+        b'{"region":%b,"seq":%d,"version":%d}' % (_as_json_response(region), seq, version)
+    )
+
+
+def heads_answer(version: int, heads: Mapping[str, int]) -> Response:
+    """``{"version": ..., "heads": {region: seq, ...}}``."""
+    return _json_bytes_response(b'{"version":%d,"heads":%b}' % (version, _as_json_response(heads)))
 
 
 #: Routing tables smaller than this are sent as they are (gzip would not pay).
@@ -1050,16 +1115,9 @@ async def _start_builtin(
     """
     from edge_gateway.net.http11 import Http11Server
 
-    tls = _tls_context(config) if config.certfile is not None else None
-    listeners = await trio.open_tcp_listeners(config.port, host=config.host)
-    if config.port == 0 and len(listeners) > 1:
-        # "localhost" on port 0: each address family got its own free port; serve one.
-        for extra in listeners[1:]:
-            await extra.aclose()
-        listeners = listeners[:1]
-    sockaddr = listeners[0].socket.getsockname()
-    host, port = str(sockaddr[0]), int(sockaddr[1])
-    hostport = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    tls = server_context(config, names=_TLS_OPTIONS) if config.certfile is not None else None
+    listeners = await open_listeners(config.host, config.port)
+    hostport = format_hostport(*bound_address(listeners[0]))
     http = Http11Server(
         cast(Any, app),
         log=logging.getLogger("edgegw.metadata.server"),
@@ -1073,16 +1131,3 @@ async def _start_builtin(
 
     await nursery.start(run)
     return f"{'https' if tls is not None else 'http'}://{hostport}", http.shutdown
-
-
-def _tls_context(config: MetadataServerConfig) -> ssl.SSLContext:
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-    ctx.set_alpn_protocols(["http/1.1"])
-    try:
-        ctx.load_cert_chain(str(config.certfile), str(config.keyfile))
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"--tls-cert / --tls-key: cannot load {config.certfile} with {config.keyfile}: {exc}"
-        ) from None
-    return ctx

@@ -20,7 +20,8 @@ import trio
 
 if TYPE_CHECKING:
     from hypercorn.config import Config as HypercornConfig
-    from starlette.responses import JSONResponse
+
+    from edge_gateway.net.asgi import JSONResponse
 
 __all__ = [
     "CLIENT_KEEPALIVE_EXPIRY_S",
@@ -117,9 +118,9 @@ def error_response(
     headers: Mapping[str, str] | None = None,
     **extra: Any,
 ) -> JSONResponse:
-    # Imported here: the config (which uses this module's settings) must not
-    # load Starlette.
-    from starlette.responses import JSONResponse
+    """``{"error": {"code": ..., "message": ..., **extra}}`` with ``status``."""
+    # Imported here: the config uses this module's settings and loads nothing more.
+    from edge_gateway.net.asgi import JSONResponse
 
     return JSONResponse(
         {"error": {"code": code, "message": message, **extra}}, status, headers=headers

@@ -50,6 +50,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
+from edge_gateway.net.asgi import BUFFERED_BODY
 from edge_gateway.net.http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
 from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD
 from edge_gateway.net.tlsstream import TlsStream
@@ -421,7 +422,7 @@ class Http11Server:
             "client": peer,
             "server": local,
             # The body is in hand: the app may take it without a read (or a deadline).
-            "extensions": {"edgegw.buffered_body": body},
+            "extensions": {BUFFERED_BODY: body},
         }
         received = False
         reply = _Reply(stream, _RawFraming(self.stopping), head_only=method == "HEAD")
