@@ -326,8 +326,8 @@ class Rewriter:
         self._host = host
         self.level = level
         self.duty = duty
-        self._frame_raw_bytes = frame_raw_bytes
-        self._chunk_raw_bytes = chunk_raw_bytes
+        self.frame_raw_bytes = frame_raw_bytes
+        self.chunk_raw_bytes = chunk_raw_bytes
         #: one worker thread at most: the rewrite never takes more
         self._limiter = trio.CapacityLimiter(1)
         self._wake = trio.Event()
@@ -426,8 +426,8 @@ class Rewriter:
                     lambda: write_compressed(
                         seg.path,
                         level=self.level,
-                        frame_raw_bytes=self._frame_raw_bytes,
-                        chunk_raw_bytes=self._chunk_raw_bytes,
+                        frame_raw_bytes=self.frame_raw_bytes,
+                        chunk_raw_bytes=self.chunk_raw_bytes,
                         tick=pacer,
                     ),
                     limiter=self._limiter,
@@ -492,8 +492,8 @@ class Rewriter:
                 prepared = write_compressed(
                     seg.path,
                     level=self.level,
-                    frame_raw_bytes=self._frame_raw_bytes,
-                    chunk_raw_bytes=self._chunk_raw_bytes,
+                    frame_raw_bytes=self.frame_raw_bytes,
+                    chunk_raw_bytes=self.chunk_raw_bytes,
                 )
             except (OSError, CorruptData) as exc:
                 self._failed(seg, exc)
