@@ -923,6 +923,15 @@ class Gateway:
         if not self._ready:
             self._starting.cancel()
 
+    async def _rewrite_at_rest(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Every lane's journal rewrites its sealed segments compressed (``journal.at_rest``)."""
+        async with trio.open_nursery() as nursery:
+            for j in self.lanes.journals.values():
+                await nursery.start(j.rewriter.run)
+            task_status.started()
+
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -1029,6 +1038,10 @@ class Gateway:
                         if self.scrub is not None:
                             await workers.start(
                                 functools.partial(sup.supervise, "scrub", self.scrub.run)
+                            )
+                        if cfg.journal.compress_at_rest:
+                            await workers.start(
+                                functools.partial(sup.supervise, "rewriter", self._rewrite_at_rest)
                             )
                         self._accepting = True
                         await self._start_services(workers, self._accepting_services)
