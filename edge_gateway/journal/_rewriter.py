@@ -62,6 +62,7 @@ from typing import Final, Protocol
 import trio
 
 from edge_gateway.errors import CorruptData
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import SegmentDirectory
@@ -174,8 +175,10 @@ def write_compressed(
             _fs.ops.fsync(out)
         finally:
             _fs.ops.close(out)
+        fail_point("rewriter.written")
         written = tmp.read_bytes()
         directory = _verify(written, wal, str(tmp), tick)
+        fail_point("rewriter.verified")
     except BaseException:
         with contextlib.suppress(OSError):
             _fs.ops.unlink(tmp)
@@ -543,6 +546,7 @@ class Rewriter:
             self._unindexed.remove(seg)  # its index is not needed any more
         self._segments.swap_compressed(seg, CompressedFile(seg.path, prepared.directory))
         self._host.account_bytes(prepared.size - old_size)
+        fail_point("rewriter.renamed")
         self._segments_done += 1
         self._before += prepared.wal_bytes
         self._after += prepared.size
@@ -557,6 +561,7 @@ class Rewriter:
 
     def _unlink_index(self, seg: Segment) -> None:
         """Step 6: the entry log's index file goes (and its bytes leave the budget)."""
+        fail_point("rewriter.synced")
         idx = seg.index_path
         try:
             size = idx.stat().st_size
