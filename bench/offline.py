@@ -104,7 +104,7 @@ from edge_gateway.api.wire import BATCH_MEDIA_TYPE
 from edge_gateway.config import TopicConfig
 from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.sample_data import TelemetryGenerator
+from edge_gateway.sample_data import TelemetryGenerator, partition_for
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, s3_client, start_moto_server
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
 
@@ -470,8 +470,9 @@ def at_rest_phase(root: Path, records: int, producers: int) -> dict[str, Any]:
 
     Two gateways, one after the other, each take the same ``records``
     reference telemetry records (``sample_data.TelemetryGenerator``) as
-    single-record entries (JSON requests of one record per partition, 16
-    partitions; 4 MiB segments) while their shippers run; the compressed
+    single-record entries (JSON requests of one record per partition, each
+    record in its sensor's partition by key hash; 4 MiB segments) while their
+    shippers run; the compressed
     one's rewriter rewrites sealed segments as they seal, and the bench
     waits for it to catch up. Then both stop and their files are counted:
     for each compressed segment its size and its records (its directory's
@@ -480,13 +481,17 @@ def at_rest_phase(root: Path, records: int, producers: int) -> dict[str, Any]:
     over all its records (today's journal as a whole).
     """
     gen = TelemetryGenerator(sensors=200, seed=42)
-    docs = []
-    for i, r in enumerate(gen.take(records)):
-        docs.append({"key": r.key.decode(), "value": r.value.decode(), "partition": i % 16})
-    bodies = [
-        json.dumps({"records": docs[i : i + AT_REST_PARTITIONS]}, separators=(",", ":"))
-        for i in range(0, len(docs), AT_REST_PARTITIONS)
-    ]
+    # keyed by sensor, as a producer partitions them (a sensor's readings stay
+    # together); a request takes the next record of each partition, so each
+    # record is an entry of its own
+    queues: list[list[dict[str, Any]]] = [[] for _ in range(AT_REST_PARTITIONS)]
+    for r in gen.take(records):
+        p = partition_for(r.key, AT_REST_PARTITIONS)
+        queues[p].append({"key": r.key.decode(), "value": r.value.decode(), "partition": p})
+    bodies = []
+    for i in range(max(len(q) for q in queues)):
+        batch = [q[i] for q in queues if i < len(q)]
+        bodies.append(json.dumps({"records": batch}, separators=(",", ":")))
     out: dict[str, Any] = {"at_rest_records": records}
     for mode in ("compressed", "off"):
         d = root / f"at-rest-{mode}"
