@@ -15,11 +15,16 @@ the rewriter went on.
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 from _serve import Gateway, Producer, TopicSpec, read_partition, wait_until
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from _cli_support import run_edgegw
 
 TOPIC = TopicSpec("t", "north", partitions=2)
 
@@ -31,6 +36,11 @@ STEPS = {
     "rewriter.renamed": (False, True),
     "rewriter.synced": (False, True),
 }
+
+
+def _metric(text: str, name: str) -> float:
+    [line] = [ln for ln in text.splitlines() if ln.startswith(f"{name} ")]
+    return float(line.split()[1])
 
 
 def _gateway(tmp_path: Path) -> Gateway:
@@ -92,6 +102,18 @@ def test_kill_9_at_each_step_of_a_rewrite_loses_nothing(tmp_path: Path, step: st
             for (pp, offset), rec in producer.acked.items():
                 if pp == p:
                     assert stored.get(offset) == rec, f"{TOPIC.name}/{p}@{offset} lost or changed"
+        # the status row and the metrics say the same
+        text = run_edgegw("status", "--config", g.config)
+        assert text.returncode == 0, text.stdout + text.stderr
+        out = " ".join(text.stdout.split())
+        assert f"{at_rest['compressed_segments']} segments compressed" in out
+        assert "rewriter running, 0 segments waiting" in out
+        scrape = httpx.get(f"{g.url}/metrics", timeout=30).text
+        assert (
+            _metric(scrape, "edgegw_journal_compressed_segments") == at_rest["compressed_segments"]
+        )
+        assert _metric(scrape, "edgegw_journal_rewrite_pending_segments") == 0
+        assert _metric(scrape, "edgegw_journal_rewritten_bytes_after_total") > 0
         assert g.stop() == 0
     finally:
         g.kill()
