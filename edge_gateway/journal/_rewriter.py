@@ -331,8 +331,9 @@ class Rewriter:
         self.duty = duty
         self.frame_raw_bytes = frame_raw_bytes
         self.chunk_raw_bytes = chunk_raw_bytes
-        #: one worker thread at most: the rewrite never takes more
-        self._limiter = trio.CapacityLimiter(1)
+        #: one worker thread at most: the rewrite never takes more (the gateway
+        #: gives every lane's rewriter the same one: one rewrite at a time in all)
+        self.limiter = trio.CapacityLimiter(1)
         self._wake = trio.Event()
         #: the segment the worker thread is rewriting (the inline path leaves it)
         self._busy: Segment | None = None
@@ -433,7 +434,7 @@ class Rewriter:
                         chunk_raw_bytes=self.chunk_raw_bytes,
                         tick=pacer,
                     ),
-                    limiter=self._limiter,
+                    limiter=self.limiter,
                 )
             except (OSError, CorruptData) as exc:
                 self._failed(seg, exc)
@@ -451,7 +452,7 @@ class Rewriter:
             if swapped is False:
                 return False
             try:
-                await trio.to_thread.run_sync(fsync_dir, self._root, limiter=self._limiter)
+                await trio.to_thread.run_sync(fsync_dir, self._root, limiter=self.limiter)
             except OSError as exc:
                 self._keep_index(seg, exc)
                 return True
