@@ -69,7 +69,7 @@ from edge_gateway.format.atrest import SegmentDirectory
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import TMP_SUFFIX, CompressedFile
 from edge_gateway.journal._index import IndexCache
-from edge_gateway.journal._segment import Segment
+from edge_gateway.journal._segment import INDEX_SUFFIX, Segment
 from edge_gateway.journal._segment_set import SegmentSet
 
 __all__ = [
@@ -81,6 +81,7 @@ __all__ = [
     "Prepared",
     "RewriteStats",
     "Rewriter",
+    "expand_in_place",
     "fsync_dir",
     "write_compressed",
 ]
@@ -214,6 +215,43 @@ def _verify(
             where=where,
         )
     return d
+
+
+def expand_in_place(path: Path) -> None:
+    """Turn the compressed segment at ``path`` back into the entry log it replaced.
+
+    For the open, when a compressed segment is the journal's last (the
+    segment after it was moved aside): the journal appends to an entry log.
+    The same atomic steps as a rewrite: ``<lsn>.wal.z-tmp`` written and
+    fsynced, renamed over ``path``, the directory fsynced; an index file
+    beside it (of the entry log it once was) is deleted first. Damage is
+    ``CorruptData`` naming the file (nothing is changed then).
+    """
+    data = path.read_bytes()
+    wal = atrest.expand_segment(data, where=str(path))
+    with contextlib.suppress(FileNotFoundError):
+        _fs.ops.unlink(path.with_suffix(INDEX_SUFFIX))
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        out = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _fs.write_all(_fs.ops, out, wal)
+            _fs.ops.fsync(out)
+        finally:
+            _fs.ops.close(out)
+        _fs.ops.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _fs.ops.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+    log.warning(
+        "journal: %s was the last segment and compressed (the segment after it is gone); "
+        "expanded back into an entry log (%d -> %d bytes) to append to",
+        path.name,
+        len(data),
+        len(wal),
+    )
 
 
 class Pacer:
