@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python bench/offline.py [--quick] [--cap-mb 4] [--backlog-gib N]
+    .venv/bin/python bench/offline.py [--quick] [--cap-mb 4] [--backlog-gib N] [--at-rest-only]
 
 One `edgegw serve` process (a real gateway) on a moto S3 bucket reached
 through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
@@ -54,6 +54,19 @@ Figures, each beside its target (issue 16) and a baseline from the same run:
   per GiB; ``reopen_s`` is the whole start;
 * ``critical_drained_s`` and ``bulk_before_critical_objects`` (target 0): only
   when this build's topics take a ``priority``; otherwise null, with a note.
+* ``bytes_per_record_at_rest`` (issue 42; target <= 33.1: three days at 1,000
+  reference records/s in 8 GiB) and ``offline_hours_per_gib`` at 1,000
+  records/s: two more gateways (4 MiB segments, a local bucket), one with
+  ``journal.at_rest = "compressed"`` (the default: its rewriter runs while
+  they produce), one with ``"off"``, take the same reference telemetry
+  records (``sample_data``) as single-record entries (``--at-rest-records``,
+  default 1,000,000; ``--quick`` 100,000). The compressed segments' bytes
+  over their records, beside the same segments' bytes uncompressed
+  (``bytes_per_record_uncompressed``) and the off journal's
+  (``bytes_per_record_off``, index files included);
+  ``journal_bytes_per_record_compressed`` counts the whole journal (its
+  uncompressed active segment too). ``--at-rest-only`` runs only these
+  (``--quick --at-rest-only``: about a minute).
 * ``load_avg``: the machine's load average at the end (other work shares it).
 
 The last line is one JSON object with every figure.
@@ -89,8 +102,9 @@ from _common import (
 
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE
 from edge_gateway.config import TopicConfig
-from edge_gateway.format import logobject
+from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.sample_data import TelemetryGenerator, partition_for
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, s3_client, start_moto_server
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
 
@@ -446,6 +460,177 @@ def slope(points: list[tuple[int, int]]) -> float | None:
     return sxy / sxx / 1024 * 1e6
 
 
+AT_REST_PARTITIONS = 16
+#: The target of issue 42: three days at 1,000 reference records/s in 8 GiB.
+AT_REST_TARGET_BYTES = 8 * GiB / (3 * 86400 * 1000)
+
+
+def at_rest_phase(root: Path, records: int, producers: int) -> dict[str, Any]:
+    """Bytes per reference record at rest, ``journal.at_rest`` compressed and off (same run).
+
+    Two gateways, one after the other, each take the same ``records``
+    reference telemetry records (``sample_data.TelemetryGenerator``) as
+    single-record entries (JSON requests of one record per partition, each
+    record in its sensor's partition by key hash; 4 MiB segments) while their
+    shippers run; the compressed
+    one's rewriter rewrites sealed segments as they seal, and the bench
+    waits for it to catch up. Then both stop and their files are counted:
+    for each compressed segment its size and its records (its directory's
+    frames), and the bytes of the entry log it replaced (the same segments
+    uncompressed: today's figure); the off journal's segments and index files
+    over all its records (today's journal as a whole).
+    """
+    gen = TelemetryGenerator(sensors=200, seed=42)
+    # keyed by sensor, as a producer partitions them (a sensor's readings stay
+    # together); a request takes the next record of each partition, so each
+    # record is an entry of its own
+    queues: list[list[dict[str, Any]]] = [[] for _ in range(AT_REST_PARTITIONS)]
+    for r in gen.take(records):
+        p = partition_for(r.key, AT_REST_PARTITIONS)
+        queues[p].append({"key": r.key.decode(), "value": r.value.decode(), "partition": p})
+    bodies = []
+    for i in range(max(len(q) for q in queues)):
+        batch = [q[i] for q in queues if i < len(q)]
+        bodies.append(json.dumps({"records": batch}, separators=(",", ":")))
+    out: dict[str, Any] = {"at_rest_records": records}
+    for mode in ("compressed", "off"):
+        d = root / f"at-rest-{mode}"
+        (d / "bucket").mkdir(parents=True)
+        config = d / "edgegw.toml"
+        config.write_text(
+            f"""region = "north"
+data_dir = "{d / "data"}"
+shutdown_grace_s = 5.0
+[journal]
+segment_bytes = "4MiB"
+at_rest = "{mode}"
+[bucket]
+type = "local"
+path = "{d / "bucket"}"
+[gc]
+enabled = false
+[log]
+level = "warning"
+[api]
+listen = "127.0.0.1:0"
+server = "builtin"
+[[topics]]
+name = "telemetry"
+home = "north"
+partitions = {AT_REST_PARTITIONS}
+"""
+        )
+        gw = Gateway(d, config)
+        gw.start()
+        try:
+            progress(f"at rest ({mode}): {records:,} reference records, one per entry ...")
+            began = time.monotonic()
+            _post_all(gw.url, bodies, producers)
+            out[f"at_rest_{mode}_produce_records_per_s"] = records / (time.monotonic() - began)
+            if mode == "compressed":
+                began = time.monotonic()
+                while (a := gw.status()["journal"]["at_rest"])["pending_segments"]:
+                    if time.monotonic() - began > 1800:
+                        raise SystemExit("the rewriter did not catch up in 30 min")
+                    time.sleep(0.5)
+                out["at_rest_catch_up_s"] = time.monotonic() - began
+                out["at_rest_rewrite_failures"] = a["rewrite_failures"]
+            out[f"at_rest_{mode}_journal_bytes"] = gw.status()["journal"]["bytes"]
+        finally:
+            gw.stop()
+    journal = root / "at-rest-compressed" / "data" / "journal"
+    size = wal = recs = segs = 0
+    for f in sorted(journal.glob("*.wal")):
+        data = f.read_bytes()
+        if data[:4] != atrest.MAGIC:
+            continue
+        directory = atrest.CompressedSegment(data, where=str(f)).directory
+        size += len(data)
+        wal += directory.wal_bytes
+        recs += sum(fr.record_count for fr in directory.frames)
+        segs += 1
+    off = root / "at-rest-off" / "data" / "journal"
+    off_bytes = sum(f.stat().st_size for f in off.iterdir() if f.suffix in (".wal", ".idx"))
+    bpr = size / recs if recs else None
+    out.update(
+        at_rest_compressed_segments=segs,
+        bytes_per_record_at_rest=bpr,
+        bytes_per_record_uncompressed=wal / recs if recs else None,
+        bytes_per_record_off=off_bytes / records,
+        journal_bytes_per_record_compressed=out["at_rest_compressed_journal_bytes"] / records,
+        offline_hours_per_gib=None if bpr is None else GiB / (bpr * 1000) / 3600,
+        offline_hours_per_gib_uncompressed=GiB / (off_bytes / records * 1000) / 3600,
+    )
+    return out
+
+
+def _post_all(url: str, bodies: list[str], producers: int) -> None:
+    errors: list[BaseException] = []
+
+    def post(k: int) -> None:
+        try:
+            with httpx.Client(base_url=url, timeout=60) as c:
+                for body in bodies[k::producers]:
+                    r = c.post(
+                        "/v1/topics/telemetry/records",
+                        content=body,
+                        headers={"content-type": "application/json"},
+                    )
+                    if r.status_code != 200:
+                        raise RuntimeError(f"produce: {r.status_code} {r.text[:200]}")
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=post, args=(k,)) for k in range(producers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def at_rest_rows(f: dict[str, Any]) -> list[Row | str]:
+    bpr, hours = f["bytes_per_record_at_rest"], f["offline_hours_per_gib"]
+    return [
+        f"at rest: {f['at_rest_records']:,} reference telemetry records, one per entry, "
+        f"the rewriter running ({f['at_rest_compressed_segments']} segments rewritten; it "
+        f"caught up {f['at_rest_catch_up_s']:.0f} s after the last produce)",
+        Row(
+            "bytes per record at rest",
+            bpr,
+            "B",
+            "the same segments uncompressed",
+            f["bytes_per_record_uncompressed"],
+            f"<= {AT_REST_TARGET_BYTES:.1f}",
+            None if bpr is None else bpr <= AT_REST_TARGET_BYTES,
+        ),
+        Row(
+            "whole journal (active segment too)",
+            f["journal_bytes_per_record_compressed"],
+            "B",
+            "journal.at_rest = off",
+            f["bytes_per_record_off"],
+        ),
+        Row(
+            "offline hours per GiB at 1,000 rec/s",
+            hours,
+            "h",
+            "journal.at_rest = off",
+            f["offline_hours_per_gib_uncompressed"],
+            f">= {72 / 8:.0f} (3 days in 8 GiB)",
+            None if hours is None else hours >= 9,
+        ),
+        Row(
+            "produce, at rest compressed",
+            f["at_rest_compressed_produce_records_per_s"],
+            "rec/s",
+            "journal.at_rest = off",
+            f["at_rest_off_produce_records_per_s"],
+        ),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 GiB backlog instead of 8 GiB")
@@ -461,7 +646,25 @@ def main() -> None:
         default=100.0,
         help="seconds of the cap the batched backlog of the cap phase holds (default 100)",
     )
+    ap.add_argument(
+        "--at-rest-only",
+        action="store_true",
+        help="only the at-rest figures (bytes per record, offline hours per GiB)",
+    )
+    ap.add_argument(
+        "--at-rest-records",
+        type=int,
+        default=None,
+        help="reference records of the at-rest figures (default 1,000,000; --quick 100,000)",
+    )
     args = ap.parse_args()
+    at_rest_records = args.at_rest_records or (100_000 if args.quick else 1_000_000)
+    if args.at_rest_only:
+        with scratch_dir("offline") as root:
+            f = at_rest_phase(root, at_rest_records, args.producers)
+        print(render_table("journal at rest, compressed vs off", at_rest_rows(f)))
+        emit_json({"bench": "offline", "quick": args.quick, **f, "load_avg": list(os.getloadavg())})
+        return
     cap = int(args.cap_mb * MB)
     backlog = int((args.backlog_gib or (1.0 if args.quick else 8.0)) * GiB)
     cap_backlog = int(cap * args.cap_seconds)
@@ -473,6 +676,7 @@ def main() -> None:
         free = os.statvfs(root)
         if free.f_bavail * free.f_frsize < (backlog + cap_backlog) * 1.3:
             raise SystemExit(f"{root}: not enough free disk for a {backlog / GiB:.1f} GiB backlog")
+        at_rest = at_rest_phase(root, at_rest_records, args.producers)
         moto = start_moto_server(root / "moto.log")
         proxy = TcpProxy("127.0.0.1", int(moto.endpoint.rsplit(":", 1)[1])).start()
         gw = Gateway(root, write_config(root, proxy.url, cap, backlog + cap_backlog, prio))
@@ -648,6 +852,7 @@ def main() -> None:
             f"critical drained after {critical_drained_s or 0:.1f} s; "
             f"{bulk_before} objects with bulk data before the last critical one (target 0)"
         )
+    rows += at_rest_rows(at_rest)
     print(render_table(f"offline {gib:.1f} GiB, link cap {cap / MB:.1f} MB/s", rows))
     emit_json(
         {
@@ -702,6 +907,7 @@ def main() -> None:
             "lsn_order_bulk_before_critical_objects": None if prio else bulk_before,
             "priorities": prio,
             "note": note,
+            **at_rest,
             "load_avg": list(os.getloadavg()),
             "targets": {
                 "peak_rss_mb": 150,
@@ -709,6 +915,7 @@ def main() -> None:
                 "cap_ratio": [0.9, 1.05],
                 "reopen_s_per_gib": 2,
                 "bulk_before_critical_objects": 0,
+                "bytes_per_record_at_rest": round(AT_REST_TARGET_BYTES, 1),
             },
         }
     )

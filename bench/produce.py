@@ -68,6 +68,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -101,7 +102,14 @@ class GatewayProcess:
     """``edgegw serve`` in a child process; stderr drained in a thread."""
 
     def __init__(
-        self, root: Path, server: str, *, name: str = "gw", tls: tuple[Path, Path] | None = None
+        self,
+        root: Path,
+        server: str,
+        *,
+        name: str = "gw",
+        tls: tuple[Path, Path] | None = None,
+        journal: str = "",
+        partitions: int = 1,
     ) -> None:
         self.data_dir = root / name
         config = root / f"{name}.toml"
@@ -113,6 +121,7 @@ data_dir = "{self.data_dir}"
 shutdown_grace_s = 10.0
 [journal]
 fsync = "interval"
+{journal}
 [api]
 listen = "127.0.0.1:0"
 server = "{server}"
@@ -121,7 +130,7 @@ level = "warning"
 [[topics]]
 name = "t"
 home = "bench"
-partitions = 1
+partitions = {partitions}
 """
         )
         exe = Path(sys.executable).parent / "edgegw"
@@ -251,7 +260,7 @@ def gw_single(gw: GatewayProcess, values: list[bytes], warmup: int) -> list[floa
 def gw_single_pair(
     plain: GatewayProcess,
     tls: GatewayProcess,
-    ctx: ssl.SSLContext,
+    ctx: ssl.SSLContext | None,
     values: list[bytes],
     warmup: int,
 ) -> tuple[list[float], list[float]]:
@@ -583,7 +592,156 @@ def tls_figures(
     return out
 
 
+AT_REST_KEYS = (
+    "at_rest_p50_us",
+    "at_rest_p99_us",
+    "at_rest_off_p50_us",
+    "at_rest_off_p99_us",
+    "at_rest_concurrent_requests_per_s",
+    "at_rest_off_concurrent_requests_per_s",
+    "at_rest_concurrent_p99_ms",
+    "at_rest_off_concurrent_p99_ms",
+    "at_rest_pending_segments_before",
+    "at_rest_pending_segments_after",
+    "at_rest_rewritten_segments",
+)
+#: Partitions of the at-rest pair's topic: a JSON request of one record per partition
+#: writes that many single-record entries (the slowest entries to rewrite).
+AT_REST_PARTITIONS = 64
+
+
+def _at_rest_status(gw: GatewayProcess) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(
+        urllib.request.urlopen(f"http://{gw.host}:{gw.port}/v1/status", timeout=30).read()
+    )
+    at_rest: dict[str, Any] = doc["journal"]["at_rest"]
+    return at_rest
+
+
+def _fill_single_entries(gw: GatewayProcess, values: list[bytes], seconds: float) -> int:
+    """JSON requests of one record per partition (single-record entries) for ``seconds``."""
+    conn = connect(gw)
+    texts = [v.decode() for v in values]
+    n = 0
+    deadline = time.monotonic() + seconds
+    try:
+        while time.monotonic() < deadline:
+            body = json.dumps(
+                {
+                    "records": [
+                        {"value": texts[(n + p) % len(texts)], "partition": p}
+                        for p in range(AT_REST_PARTITIONS)
+                    ]
+                }
+            )
+            conn.request("POST", "/v1/topics/t/records", body, {"content-type": "application/json"})
+            r = conn.getresponse()
+            r.read()
+            if r.status != 200:
+                raise SystemExit(f"produce: {r.status}")
+            n += AT_REST_PARTITIONS
+    finally:
+        conn.close()
+    return n
+
+
+def at_rest_figures(
+    root: Path, args: argparse.Namespace, values: list[bytes], warmup: int, fill_s: float,
+    capacity_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Produce with ``journal.at_rest`` on and off, two gateways side by side (same run).
+
+    Both get 4 MiB segments and a backlog of single-record entries first, so
+    the compressed one's rewriter has sealed segments to rewrite while the
+    latency (one request of each in turn) and the capacity (one after the
+    other) are measured; its pending segments before and after say so.
+    """
+    out: dict[str, Any] = dict.fromkeys(AT_REST_KEYS)
+    progress("starting two gateways, journal.at_rest compressed and off (4 MiB segments) ...")
+    on = GatewayProcess(
+        root,
+        args.server,
+        name="gw-at-rest",
+        journal='segment_bytes = "4MiB"\nat_rest = "compressed"',
+        partitions=AT_REST_PARTITIONS,
+    )
+    try:
+        off = GatewayProcess(
+            root,
+            args.server,
+            name="gw-at-rest-off",
+            journal='segment_bytes = "4MiB"\nat_rest = "off"',
+            partitions=AT_REST_PARTITIONS,
+        )
+        try:
+            progress(f"a backlog of single-record entries in each ({fill_s:g} s each) ...")
+            _fill_single_entries(off, values, fill_s)
+            _fill_single_entries(on, values, fill_s)
+            out["at_rest_pending_segments_before"] = _at_rest_status(on)["pending_segments"]
+            progress(
+                f"single-record latency, at_rest on and off in turn ({len(values) - warmup}) ..."
+            )
+            lat_on, lat_off = gw_single_pair(on, off, None, values, warmup)
+            out["at_rest_p50_us"] = percentile(lat_on, 50) * 1e6
+            out["at_rest_p99_us"] = percentile(lat_on, 99) * 1e6
+            out["at_rest_off_p50_us"] = percentile(lat_off, 50) * 1e6
+            out["at_rest_off_p99_us"] = percentile(lat_off, 99) * 1e6
+            progress(f"capacity, at_rest on then off: {CONNECTIONS} connections ...")
+            cap_on = gw_capacity(on, capacity_s)
+            status = _at_rest_status(on)
+            out["at_rest_pending_segments_after"] = status["pending_segments"]
+            out["at_rest_rewritten_segments"] = status["rewritten_segments"]
+            cap_off = gw_capacity(off, capacity_s)
+            out["at_rest_concurrent_requests_per_s"] = cap_on["requests_per_s"]
+            out["at_rest_off_concurrent_requests_per_s"] = cap_off["requests_per_s"]
+            out["at_rest_concurrent_p99_ms"] = cap_on["p99_ms"]
+            out["at_rest_off_concurrent_p99_ms"] = cap_off["p99_ms"]
+        finally:
+            off.stop()
+    finally:
+        on.stop()
+    out["at_rest_p50_ratio_vs_off"] = ratio(out["at_rest_p50_us"], out["at_rest_off_p50_us"])
+    out["at_rest_capacity_ratio_vs_off"] = ratio(
+        out["at_rest_concurrent_requests_per_s"], out["at_rest_off_concurrent_requests_per_s"]
+    )
+    return out
+
+
 # --------------------------------------------------------------------- main
+
+
+def _at_rest_rows(figures: dict[str, Any]) -> list[Row | str]:
+    pr, cr = figures["at_rest_p50_ratio_vs_off"], figures["at_rest_capacity_ratio_vs_off"]
+    return [
+        "journal.at_rest: compressed (the rewriter running) vs off, two gateways, same run "
+        f"(rewriter: {figures['at_rest_pending_segments_before']} segments pending before, "
+        f"{figures['at_rest_pending_segments_after']} after the capacity run)",
+        Row(
+            "single-record p50, compressed",
+            figures["at_rest_p50_us"],
+            "us",
+            "at_rest off, in turn",
+            figures["at_rest_off_p50_us"],
+            "within 10%",
+            None if pr is None else abs(pr - 1) <= 0.1,
+        ),
+        Row(
+            "single-record p99, compressed",
+            figures["at_rest_p99_us"],
+            "us",
+            "at_rest off",
+            figures["at_rest_off_p99_us"],
+        ),
+        Row(
+            "capacity, compressed",
+            figures["at_rest_concurrent_requests_per_s"],
+            "req/s",
+            "at_rest off",
+            figures["at_rest_off_concurrent_requests_per_s"],
+            "within 10%",
+            None if cr is None else abs(cr - 1) <= 0.1,
+        ),
+    ]
 
 
 def main() -> None:
@@ -597,6 +755,11 @@ def main() -> None:
         help="api.server of the gateway under test",
     )
     ap.add_argument("--no-tls", action="store_true", help="skip the TLS figures")
+    ap.add_argument(
+        "--at-rest-only",
+        action="store_true",
+        help="only the journal.at_rest on/off comparison (no NATS, no TLS)",
+    )
     args = ap.parse_args()
     single_n, warmup, seconds = (3000, 500, 3.0) if args.quick else (20000, 2000, 10.0)
     capacity_s = 5.0 if args.quick else 20.0
@@ -605,6 +768,17 @@ def main() -> None:
 
     with scratch_dir("produce-", args.dir) as root:
         figures["machine"] = machine_info(root)
+        figures.update(
+            at_rest_figures(root, args, values[: single_n + warmup], warmup, seconds, capacity_s)
+        )
+        if args.at_rest_only:
+            print(
+                render_table(
+                    "edgegw produce, journal.at_rest compressed vs off", _at_rest_rows(figures)
+                )
+            )
+            emit_json(figures)
+            return
         progress(f"starting edgegw serve (api.server = {args.server}) ...")
         gw = GatewayProcess(root, args.server)
         try:
@@ -797,6 +971,7 @@ def main() -> None:
         ),
         Row("RSS after the runs", figures["loaded_rss_mb"], "MB"),
         *tls_rows,
+        *_at_rest_rows(figures),
     ]
     print(render_table("edgegw local API produce vs NATS JetStream", rows))
     emit_json(figures)

@@ -436,6 +436,46 @@ class _GatewayCollector(Collector):
     def _journal(j: JournalStats) -> Iterator[Metric]:
         yield _gauge("edgegw_journal_bytes", "Bytes of journal segments on disk.", j.bytes)
         yield _gauge(
+            "edgegw_journal_compressed_segments",
+            "Sealed journal segments stored compressed (journal.at_rest).",
+            j.compressed_segments,
+        )
+        yield _gauge(
+            "edgegw_journal_compressed_bytes",
+            "Bytes on disk of the compressed sealed segments.",
+            j.compressed_bytes,
+        )
+        yield _gauge(
+            "edgegw_journal_compressed_wal_bytes",
+            "Bytes the compressed sealed segments had as entry logs (before their rewrite).",
+            j.compressed_wal_bytes,
+        )
+        yield _counter(
+            "edgegw_journal_rewritten_segments",
+            "Sealed segments the rewriter rewrote compressed since the journal opened.",
+            j.rewritten_segments,
+        )
+        yield _counter(
+            "edgegw_journal_rewritten_bytes_before",
+            "Bytes of the entry logs the rewriter rewrote (since the journal opened).",
+            j.rewritten_bytes_before,
+        )
+        yield _counter(
+            "edgegw_journal_rewritten_bytes_after",
+            "Bytes of the compressed segments the rewriter wrote in their place.",
+            j.rewritten_bytes_after,
+        )
+        yield _counter(
+            "edgegw_journal_rewrite_failures",
+            "Rewrites that failed (ENOSPC, EIO; the segment stays uncompressed, retried later).",
+            j.rewrite_failures,
+        )
+        yield _gauge(
+            "edgegw_journal_rewrite_pending_segments",
+            "Sealed segments waiting for their compressed rewrite.",
+            j.rewrite_pending,
+        )
+        yield _gauge(
             "edgegw_journal_max_bytes",
             "The journal's disk budget (produce gets 503 journal_full beyond it).",
             j.max_bytes,

@@ -1350,6 +1350,8 @@ data_dir = {data_dir}
 # max_bytes = "4GiB"          # disk budget: produce gets 503 journal_full beyond it
 # retention_ms = 86400000     # keep shipped data for local readers this long
 # scrub_interval = "24h"      # re-read every sealed segment once in this long ("off": never)
+# at_rest = "compressed"     # rewrite sealed segments compressed in the background ("off": never)
+# at_rest_level = 3           # zstd level of that rewrite
 
 [shipper]
 # flush_interval_ms = 250     # the oldest unshipped record waits at most this long

@@ -15,16 +15,26 @@ a point costs one check of an empty dict. The points: ``shipper.loop``,
 the journal, its PUBACKs not sent yet), ``kafka.produce_before_response`` (a
 Kafka Produce is durable, its response not sent: the connection closes),
 ``journal.mirror_publish`` (a group of mirror entries is written by its worker
-thread, not yet published: see ``Journal.append_mirror_batches``).
+thread, not yet published: see ``Journal.append_mirror_batches``), and the
+steps of the journal's rewrite of a sealed segment (``journal/_rewriter.py``):
+``rewriter.written`` (the ``.z-tmp`` written and fsynced), ``rewriter.verified``
+(before the rename), ``rewriter.renamed`` (renamed and swapped in memory, the
+directory not fsynced), ``rewriter.synced`` (before the ``.idx`` is unlinked).
+
+A point armed with ``kill`` instead of a count (``rewriter.renamed=kill``)
+kills the process with SIGKILL when reached: a kill -9 at exactly that step.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 
-__all__ = ["ENV", "FailPointError", "arm", "fail_point", "parse"]
+__all__ = ["ENV", "KILL", "FailPointError", "arm", "fail_point", "parse"]
 
 ENV = "EDGEGW_FAILPOINTS"
+#: The count of a point armed with ``kill``: reaching it kills the process (SIGKILL).
+KILL = -1
 
 
 class FailPointError(RuntimeError):
@@ -38,6 +48,9 @@ def parse(spec: str) -> dict[str, int]:
         name, _, count = part.partition("=")
         if not name.strip():
             raise ValueError(f"{ENV}: empty fail point name in {spec!r}")
+        if count.strip() == "kill":
+            points[name.strip()] = KILL
+            continue
         n = int(count) if count else 1
         if n < 0:
             raise ValueError(f"{ENV}: count of {name} must be >= 0")
@@ -53,6 +66,8 @@ def fail_point(name: str) -> None:
     if not _armed:
         return
     left = _armed.get(name, 0)
+    if left == KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
     if left > 0:
         _armed[name] = left - 1
         raise FailPointError(f"fail point {name} (from {ENV})")

@@ -689,6 +689,21 @@ class Gateway:
         if not self._ready:
             self._starting.cancel()
 
+    async def _rewrite_at_rest(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Every lane's journal rewrites its sealed segments compressed (``journal.at_rest``).
+
+        One worker thread for all of them (a shared limiter): the rewrite takes
+        at most a quarter of one core whatever the number of lanes.
+        """
+        limiter = trio.CapacityLimiter(1)
+        async with trio.open_nursery() as nursery:
+            for j in self.lanes.journals.values():
+                j.rewriter.limiter = limiter
+                await nursery.start(j.rewriter.run)
+            task_status.started()
+
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -797,6 +812,10 @@ class Gateway:
                         if self.scrub is not None:
                             await workers.start(
                                 functools.partial(sup.supervise, "scrub", self.scrub.run)
+                            )
+                        if cfg.journal.compress_at_rest:
+                            await workers.start(
+                                functools.partial(sup.supervise, "rewriter", self._rewrite_at_rest)
                             )
                         self._accepting = True
                         await self._start_services(workers, self._accepting_services)

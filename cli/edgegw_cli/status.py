@@ -203,6 +203,26 @@ def _scrub(scrub: dict[str, Any], now_ms: int | None) -> Text:
     return line
 
 
+def _at_rest(a: dict[str, Any]) -> Text:
+    """The journal's compressed sealed segments and the rewriter (``journal.at_rest``)."""
+    before, after = a["compressed_wal_bytes"], a["compressed_bytes"]
+    ratio = f" ({before / after:.1f}x)" if after else ""
+    line = Text(
+        f"{a['compressed_segments']} segments compressed, {human_bytes(before)} in "
+        f"{human_bytes(after)}{ratio}; "
+    )
+    if a["mode"] != "compressed":
+        line.append("rewriter off (journal.at_rest)")
+        return line
+    line.append(
+        f"rewriter {'running' if a['running'] else 'stopped'}, "
+        f"{a['pending_segments']} segments waiting"
+    )
+    if a["rewrite_failures"]:
+        line.append(f", {a['rewrite_failures']} failed rewrites", style="yellow")
+    return line
+
+
 def render(doc: dict[str, Any]) -> None:
     j, s = doc["journal"], doc["shipper"]
     head = Table(title=f"edgegw {doc['version']} — region {doc['region']}", show_header=False)
@@ -232,6 +252,9 @@ def render(doc: dict[str, Any]) -> None:
         f"{human_bytes(j['bytes'])} of {human_bytes(j['max_bytes'])} ({j['segments']} segments), "
         f"next LSN {j['next_lsn']}" + _index_memory(j),
     )
+    at_rest = j.get("at_rest")
+    if at_rest:
+        head.add_row("at rest", _at_rest(at_rest))
     scrub = j.get("scrub")
     if scrub:
         head.add_row("scrub", _scrub(scrub, (doc.get("clock") or {}).get("local_ms")))

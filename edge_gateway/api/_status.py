@@ -96,6 +96,20 @@ def _scrub_json(gw: Gateway) -> dict[str, Any] | None:
     }
 
 
+def _at_rest_json(gw: Gateway, j: JournalStats) -> dict[str, Any]:
+    """Sealed segments rewritten compressed (``journal.at_rest``, docs/at-rest.md)."""
+    return {
+        "mode": gw.config.journal.at_rest,
+        "running": j.rewriter_running,
+        "compressed_segments": j.compressed_segments,
+        "compressed_bytes": j.compressed_bytes,
+        "compressed_wal_bytes": j.compressed_wal_bytes,
+        "rewritten_segments": j.rewritten_segments,
+        "rewrite_failures": j.rewrite_failures,
+        "pending_segments": j.rewrite_pending,
+    }
+
+
 def status_document(gw: Gateway) -> dict[str, Any]:
     """Everything ``edgegw status`` shows, as JSON-ready data (``GET /v1/status`` adds ``api``).
 
@@ -134,6 +148,7 @@ def status_document(gw: Gateway) -> dict[str, Any]:
             "index_cache_bytes": j.index_cache_bytes,
             "index_cache_capacity_bytes": j.index_cache_capacity_bytes,
             "scrub": _scrub_json(gw),
+            "at_rest": _at_rest_json(gw, j),
         },
         "shipper": {
             "state": s.state,

@@ -62,7 +62,7 @@ import struct
 from array import array
 from bisect import bisect_right
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, pairwise
 from typing import Final
@@ -102,6 +102,9 @@ FRAME_NULLS: Final = 0x01
 
 #: A frame (block) of a partition is cut at this many raw bytes of batches.
 DEFAULT_FRAME_RAW_BYTES: Final = 256 * 1024
+#: :func:`iter_compressed` calls its ``tick`` after this many entries (a few
+#: milliseconds of encoding: the grain at which a rewriter can pace itself).
+TICK_ENTRIES: Final = 256
 #: A chunk (an LSN range whose data frames make one log object) is cut past this.
 DEFAULT_CHUNK_RAW_BYTES: Final = 8 * 1024 * 1024
 MAX_FRAME_RAW_BYTES: Final = _lo.MAX_BLOCK_RAW_BYTES
@@ -1629,9 +1632,15 @@ def iter_compressed(
     frame_raw_bytes: int = DEFAULT_FRAME_RAW_BYTES,
     chunk_raw_bytes: int = DEFAULT_CHUNK_RAW_BYTES,
     where: str = "segment",
-) -> Iterator[bytes]:
+    tick: Callable[[], None] | None = None,
+) -> Generator[bytes, None, None]:
     """The compressed segment of a sealed journal segment, a piece at a time (a chunk
-    each): what a rewriter writes to its temporary file, holding about one chunk."""
+    each): what a rewriter writes to its temporary file, holding about one chunk.
+
+    ``tick`` is called after every :data:`TICK_ENTRIES` entries: the journal's
+    rewriter paces itself there (a sleep in its worker thread) and notices a
+    cancellation; it may raise, which ends the iteration.
+    """
     if len(wal) < _entry.SEGMENT_HEADER_SIZE:
         raise CorruptData("segment header truncated", where=where)
     _, version, base_lsn = _WAL_HEADER.unpack_from(wal)
@@ -1642,10 +1651,12 @@ def iter_compressed(
         frame_raw_bytes=frame_raw_bytes,
         chunk_raw_bytes=chunk_raw_bytes,
     )
-    for e, raw in _iter_wal(wal, where):
+    for n, (e, raw) in enumerate(_iter_wal(wal, where), 1):
         piece = enc.add(e, raw)
         if piece:
             yield piece
+        if tick is not None and not n % TICK_ENTRIES:
+            tick()
     yield enc.finish()
 
 
@@ -1794,6 +1805,7 @@ __all__ = [
     "ORIGIN_BLOCK",
     "ORIGIN_DATA",
     "ORIGIN_MIRROR",
+    "TICK_ENTRIES",
     "TRAILER_SIZE",
     "VERSION",
     "WAL_VERSION_BLOCKS",

@@ -4,8 +4,9 @@
 swap of a rewritten segment") for a journal that no process has open: it
 takes the journal directory's lock for the whole rewrite, so a running
 gateway makes it fail (``InUse``) instead of swapping a file under it. The
-background rewriter of a live journal (the same steps on a worker thread,
-with the swap of the in-memory segment) is the next increment.
+background rewriter of a live journal (``_rewriter.py``) runs the same steps
+through the same functions (``write_compressed``, ``fsync_dir``), with the
+swap of the in-memory segment between the rename and the directory's fsync.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edge_gateway.datadir import lock_directory
-from edge_gateway.errors import CorruptData, InvalidInput
+from edge_gateway.errors import InvalidInput, UnsupportedFormat
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.journal import _fs
-from edge_gateway.journal._compressed import TMP_SUFFIX
+from edge_gateway.journal._rewriter import fsync_dir, write_compressed
 from edge_gateway.journal._segment import INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name
 
 
@@ -31,14 +32,6 @@ class Compressed:
     path: Path
     wal_bytes: int
     compressed_bytes: int
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = _fs.ops.open(path, os.O_RDONLY)
-    try:
-        _fs.ops.fsync(fd)
-    finally:
-        _fs.ops.close(fd)
 
 
 def compress_sealed_segment(
@@ -52,8 +45,8 @@ def compress_sealed_segment(
     """Rewrite the sealed segment ``<base_lsn>.wal`` of a CLOSED journal as a compressed one.
 
     Only for a journal no process has open (the directory's lock is held
-    throughout; ``InUse`` otherwise); the live rewriter is the next
-    increment. Never the last segment (the one a journal appends to). Steps:
+    throughout; ``InUse`` otherwise); a live journal has its ``Rewriter``.
+    Never the last segment (the one a journal appends to). Steps:
     write ``<lsn>.wal.z-tmp`` (``iter_compressed``), fsync it, verify it
     (``expand_segment`` of the file read back equals the segment, byte for
     byte), rename it over ``<lsn>.wal``, fsync the directory, unlink
@@ -69,40 +62,27 @@ def compress_sealed_segment(
         later = [f for f in root.glob(f"*{SEGMENT_SUFFIX}") if f.name > path.name]
         if not later:
             raise InvalidInput(f"{path.name} is the last segment, the one the journal appends to")
-        wal = path.read_bytes()
-        if wal[: len(atrest.MAGIC)] == atrest.MAGIC:
+        with path.open("rb") as f:
+            head = f.read(fentry.SEGMENT_HEADER_SIZE)
+        if head[: len(atrest.MAGIC)] == atrest.MAGIC:
             raise InvalidInput(f"{path.name} is compressed already")
-        fentry.decode_segment_header(wal[: fentry.SEGMENT_HEADER_SIZE], where=str(path))
-        tmp = path.with_name(path.name + TMP_SUFFIX)
+        prepared = write_compressed(
+            path, level=level, frame_raw_bytes=frame_raw_bytes, chunk_raw_bytes=chunk_raw_bytes
+        )
+        if prepared is None:
+            raise UnsupportedFormat(
+                f"segment version {fentry.segment_version(head)} is not compressed yet",
+                where=str(path),
+            )
         try:
-            fd = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                for piece in atrest.iter_compressed(
-                    wal,
-                    level=level,
-                    frame_raw_bytes=frame_raw_bytes,
-                    chunk_raw_bytes=chunk_raw_bytes,
-                    where=str(path),
-                ):
-                    _fs.write_all(_fs.ops, fd, piece)
-                _fs.ops.fsync(fd)
-            finally:
-                _fs.ops.close(fd)
-            written = tmp.read_bytes()
-            if atrest.expand_segment(written, where=str(tmp)) != wal:
-                raise CorruptData(
-                    "the compressed segment does not expand to the segment "
-                    "(a zero-filled tail, or a bug): not swapped",
-                    where=str(tmp),
-                )
-            _fs.ops.replace(tmp, path)
+            _fs.ops.replace(prepared.tmp, path)
         except BaseException:
             with contextlib.suppress(OSError):
-                _fs.ops.unlink(tmp)
+                _fs.ops.unlink(prepared.tmp)
             raise
-        _fsync_dir(root)
+        fsync_dir(root)
         with contextlib.suppress(FileNotFoundError):
             _fs.ops.unlink(path.with_suffix(INDEX_SUFFIX))
-        return Compressed(path, len(wal), len(written))
+        return Compressed(path, prepared.wal_bytes, prepared.size)
     finally:
         lock.release()

@@ -13,6 +13,8 @@ MiB = 1024 * 1024
 GiB = 1024 * MiB
 #: The index cache keeps at least 8 pages (4 KiB each, counted with their overhead).
 INDEX_CACHE_MIN_BYTES = 8 * (4096 + 320)
+#: ``journal.at_rest``: sealed segments rewritten compressed, or left as they are.
+AT_REST_MODES = ("compressed", "off")
 
 
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|min|m|h|d)?")
@@ -104,8 +106,22 @@ class JournalConfig:
     #: takes about this long (``"24h"``; ``"off"`` or ``"0"``: no scrub); see
     #: docs/operations.md, "A damaged disk".
     scrub_interval: str = "24h"
+    #: ``"compressed"``: a background task rewrites sealed segments as compressed
+    #: segments (docs/at-rest.md; ``max_bytes`` then holds ~10x the records);
+    #: ``"off"``: sealed segments stay entry logs (compressed ones still read).
+    at_rest: str = "compressed"
+    #: zstd level of that rewrite (1-22; off the ack path, see docs/at-rest.md).
+    at_rest_level: int = 3
 
     def __post_init__(self) -> None:
+        if self.at_rest not in AT_REST_MODES:
+            raise ConfigError(
+                f"journal.at_rest: {self.at_rest!r} is not one of {', '.join(AT_REST_MODES)}"
+            )
+        if type(self.at_rest_level) is not int or not 1 <= self.at_rest_level <= 22:
+            raise ConfigError(
+                f"journal.at_rest_level: {self.at_rest_level!r} is not a zstd level (1-22)"
+            )
         parse_duration(self.scrub_interval, "journal.scrub_interval")
         try:
             object.__setattr__(self, "fsync", FsyncPolicy(self.fsync))
@@ -152,6 +168,11 @@ class JournalConfig:
     def reserved(self, priority: Priority) -> int:
         """Bytes of the budget reserved for ``priority``'s lane (0: none)."""
         return self.reserve.get(priority.value, 0)
+
+    @property
+    def compress_at_rest(self) -> bool:
+        """Sealed segments are rewritten compressed (``journal.at_rest``)."""
+        return self.at_rest == "compressed"
 
     @property
     def scrub_interval_s(self) -> float | None:

@@ -103,6 +103,7 @@ from edge_gateway.journal._index import (
 )
 from edge_gateway.journal._mirror_append import MirrorBatch, MirrorBlock, _Reserved
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
+from edge_gateway.journal._rewriter import Rewriter
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
 from edge_gateway.journal._segment_set import SegmentSet
 from edge_gateway.journal._space import RESERVE_NAME, DiskSpace, no_room
@@ -202,6 +203,15 @@ class JournalStats:
     block_cache_bytes: int = 0
     block_cache_hits: int = 0
     block_cache_misses: int = 0
+    #: the background rewrite (``journal.at_rest``, docs/at-rest.md): running,
+    #: segments rewritten and their bytes before (entry logs) and after
+    #: (compressed), failed rewrites, sealed entry logs still to rewrite
+    rewriter_running: bool = False
+    rewritten_segments: int = 0
+    rewritten_bytes_before: int = 0
+    rewritten_bytes_after: int = 0
+    rewrite_failures: int = 0
+    rewrite_pending: int = 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -305,6 +315,16 @@ class Journal:
         #: segments (it fsyncs the active one) and this journal as the log it
         #: makes durable
         self._durability = Durability(config, self._segment_set, self)
+        #: the background rewrite of sealed segments, compressed (``journal.at_rest``;
+        #: the gateway runs :meth:`Rewriter.run` when it is on)
+        self.rewriter = Rewriter(
+            path,
+            self._segment_set,
+            self._index_cache,
+            self._unindexed,
+            self,
+            level=config.at_rest_level,
+        )
 
     @property
     def _segments(self) -> list[Segment]:
@@ -592,6 +612,7 @@ class Journal:
                 parts[key] = (p.lsns, p.offsets)
                 p.lsns, p.offsets = array("q"), array("q")
         self._seal(old, parts)
+        self.rewriter.sealed()
 
     def _map(self, seg: Segment) -> None:
         """Preallocate and map the active segment, if configured (see :meth:`Segment.map`)."""
@@ -861,6 +882,9 @@ class Journal:
             raise
         if self._total_bytes + length > self._max_bytes:
             self._delete_segments(need=length)
+            if self._total_bytes + length > self._max_bytes:
+                # the budget counts compressed bytes: rewrite what is not yet
+                self.rewriter.rewrite_for_room(length)
             if self.drop_oldest:
                 while self._total_bytes + length > self._max_bytes and self._drop_unshipped():
                     pass
@@ -1284,6 +1308,10 @@ class Journal:
         """Bytes of segments (and index files) counted against the budget."""
         return self._total_bytes
 
+    def account_bytes(self, delta: int) -> None:
+        """Count ``delta`` more bytes against the budget (the rewriter's files)."""
+        self._total_bytes += delta
+
     @property
     def budget_bytes(self) -> int:
         """The disk budget in force (``max_bytes``, unless :meth:`set_budget` changed it)."""
@@ -1310,6 +1338,7 @@ class Journal:
         dropped_segments, dropped_records, dropped_bytes = self._drop_log.counts()
         compressed = [s.compressed for s in self._segments if s.compressed is not None]
         frames = self._segment_set.frame_cache
+        rw = self.rewriter.statistics()
         return JournalStats(
             segments=len(self._segments),
             bytes=self._total_bytes,
@@ -1350,6 +1379,12 @@ class Journal:
             block_cache_bytes=frames.bytes,
             block_cache_hits=frames.hits,
             block_cache_misses=frames.misses,
+            rewriter_running=rw.running,
+            rewritten_segments=rw.segments,
+            rewritten_bytes_before=rw.bytes_before,
+            rewritten_bytes_after=rw.bytes_after,
+            rewrite_failures=rw.failures,
+            rewrite_pending=rw.pending,
         )
 
     def index_memory(self) -> int:

@@ -27,6 +27,7 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
 from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
+from edge_gateway.journal._rewriter import expand_in_place
 from edge_gateway.journal._segment import INDEX_SUFFIX, Segment, segment_name
 
 log = logging.getLogger("edgegw.journal")
@@ -128,14 +129,12 @@ def _recover(self: Journal, start: Checkpoint) -> None:
 
 def _load_segment(self: Journal, base: int, path: Path, *, last: bool) -> Segment:
     if is_compressed(path):
-        if last:
-            # Only sealed segments are rewritten; the journal appends to its last one.
-            raise CorruptData(
-                "the last segment is compressed: the journal has no segment to append to "
-                "(expand it, or restore the segment after it)",
-                where=str(path),
-            )
-        return self._load_compressed(base, path)
+        if not last:
+            return self._load_compressed(base, path)
+        # Only sealed segments are rewritten, so the segment after it was moved
+        # aside (or lost): the journal appends to an entry log, and this one
+        # becomes one again, byte for byte, then opens as any last segment.
+        expand_in_place(path)
     if not last:
         seg = self._load_indexed(base, path)
         if seg is not None:

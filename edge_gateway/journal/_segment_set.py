@@ -99,6 +99,26 @@ class SegmentSet:
             seg.compressed.forget()
         return seg
 
+    def holds(self, seg: Segment) -> bool:
+        """Whether ``seg`` is (still) one of the journal's segments (not deleted)."""
+        i = bisect.bisect_left(self.bases, seg.base_lsn)
+        return i < len(self.segments) and self.segments[i] is seg
+
+    def swap_compressed(self, seg: Segment, cf: CompressedFile) -> None:
+        """``seg``'s file was just replaced by its compressed form ``cf`` (the rewriter).
+
+        The cached read descriptor reads the old file: it is closed (a worker
+        thread's duplicate keeps reading the old file, whose entries are the
+        same). The partitions' runs of ``seg`` keep their base and first offset;
+        their index positions are not used for a compressed segment.
+        """
+        fd = self._read_fds.pop(seg.base_lsn, None)
+        if fd is not None:
+            os.close(fd)
+        seg.compressed = cf
+        seg.size = cf.size
+        seg.index = None
+
     def delete_oldest(self) -> tuple[Segment, int] | None:
         """Delete the oldest segment's files and take it off: (it, the bytes freed).
 

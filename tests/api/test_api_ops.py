@@ -46,7 +46,9 @@ def value(families: dict[str, list[Sample]], family: str, sample: str | None = N
 async def test_full_journal_is_503_with_retry_after(tmp_path: Path) -> None:
     cfg = make_config(
         tmp_path,
-        journal={"segment_bytes": 64 * 1024, "max_bytes": 128 * 1024},
+        # a budget of entry logs: repeated values compressed would never fill it
+        # (the compressed budget: tests/journal/test_rewriter.py)
+        journal={"segment_bytes": 64 * 1024, "max_bytes": 128 * 1024, "at_rest": "off"},
         shipper={"retry_base_s": 0.02, "retry_cap_s": 0.2},
     )
     async with running(cfg, FaultyGateway) as gw, httpx.AsyncClient(base_url=url_of(gw)) as http:

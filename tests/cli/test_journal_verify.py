@@ -55,7 +55,11 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Site:
         root,
         ["north"],
         TOPICS,
-        sections={"journal": {"segment_bytes": 65536, "max_bytes": 4 * 1024 * 1024}},
+        # entry logs and their index files (compressed segments verify too:
+        # tests/journal/test_compressed.py)
+        sections={
+            "journal": {"segment_bytes": 65536, "max_bytes": 4 * 1024 * 1024, "at_rest": "off"}
+        },
     )
     gw = fleet["north"]
     gw.start()

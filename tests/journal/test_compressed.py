@@ -530,14 +530,25 @@ def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
         j.close_sync()
 
 
-def test_a_compressed_last_segment_stops_the_open_naming_it(
+def test_a_compressed_last_segment_is_expanded_at_open_to_append_to(
     written: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    root, _ = _copy(written, tmp_path)
+    root, before = _copy(written, tmp_path)
     last_sealed = _sealed(root)[-1]
+    original = (root / f"{last_sealed:020d}.wal").read_bytes()
     path = compress_sealed_segment(root, last_sealed, **SMALL).path
     active = sorted(root.glob("*.wal"))[-1]
     active.unlink()  # the segment after it moved aside
-    with pytest.raises(CorruptData, match="last segment is compressed") as info:
-        Journal.open_sync(root, CFG)
-    assert str(path) in str(info.value)
+    j = Journal.open_sync(root, CFG)
+    try:
+        # the entry log it replaced, byte for byte (then the active segment's
+        # preallocated space): the journal appends after it
+        assert path.read_bytes()[: len(original)] == original
+        assert not list(root.glob("*.z-tmp"))
+        end = j.next_lsn
+        for lsn in range(before["lsns"][0], end):
+            assert _e(j.read_entry(lsn)) == before["entries"][lsn - before["lsns"][0]]
+        res = j.append_nowait("t", 0, _batch(0, j.next_offset("t", 0), 1))
+        assert res.lsn == end
+    finally:
+        j.close_sync()

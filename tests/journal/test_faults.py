@@ -3,7 +3,9 @@
 As SQLite's I/O-error tests and LevelDB's fault-injection ``Env`` do: a
 workload of produces, segment rolls (64 KiB segments), mirror appends (per
 batch, and block entries: the first one rolls to a version 3 segment),
-shipping with retention 0 (segments deleted) and a kill -9 runs once
+shipping with retention 0 (segments deleted), the rewrite of sealed segments
+as compressed segments (docs/at-rest.md: its temporary file, fsync, rename,
+directory fsync, index unlink) and a kill -9 runs once
 without faults to count the calls of each kind; then, for every N, it runs
 again with calls N and N+1 of that kind failing with ENOSPC or EIO (a
 failing write first writes half its bytes; a failing fsync also loses what
@@ -55,6 +57,8 @@ class Model:
     shipped_from: int = 1
     mirror_seq: int = 0
     errors: list[str] = field(default_factory=list)
+    #: sealed segments the rewriter swapped for their compressed form
+    rewritten: int = 0
 
 
 def records_of(topic: str, partition: int, base: int, payload: bytes) -> Iterator[tuple]:
@@ -110,7 +114,8 @@ async def step(j: Journal, i: int, m: Model) -> None:
             )
         for k, v in enumerate(vals):
             m.acked[v] = (MIRROR, 0, res.base_offset + k)
-    else:  # ship what is durable, then let retention delete it
+    else:  # rewrite sealed segments compressed, ship what is durable, let retention delete it
+        m.rewritten += await j.rewriter.rewrite_all()
         await j.flush()
         entries = j.read_entries(m.shipped_from, max_bytes=1 << 30)
         for e in entries:
@@ -207,6 +212,7 @@ def count_calls(tmp_path: Path, preallocate: bool) -> FaultyFs:
         trio.run(run, tmp_path / "count", config(preallocate), fs, m)
     assert not m.errors
     check(tmp_path / "count", config(preallocate), m)
+    assert m.rewritten >= 3, "the workload rewrote too few segments"
     return fs
 
 

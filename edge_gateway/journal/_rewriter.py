@@ -1,0 +1,645 @@
+"""The rewriter: sealed segments of a LIVE journal rewritten compressed, in the background.
+
+docs/at-rest.md ("The atomic swap", "Increment 2"). What it owns: which sealed
+entry log (``EGWJ``) is rewritten next (the oldest not yet compressed; never
+the active segment), the rewrite's temporary file ``<lsn>.wal.z-tmp`` and its
+share of the budget, the swap of the segment in memory, and the counters of
+:meth:`Rewriter.statistics`. ``compress_sealed_segment`` (``_compress.py``,
+a closed journal) runs the same steps through the same functions
+(:func:`write_compressed`, :func:`fsync_dir`).
+
+The steps, and where each runs:
+
+1. write ``<lsn>.wal.z-tmp`` (``iter_compressed``), 2. fsync it, 3. verify it
+   (it expands to the segment's bytes, byte for byte): on a worker thread
+   (:func:`write_compressed`), paced by :class:`Pacer` so it takes at most
+   :data:`DUTY` of one core and yields to the event loop between slices of a
+   few milliseconds;
+4. rename it over ``<lsn>.wal`` and swap the segment in memory
+   (:meth:`SegmentSet.swap_compressed`): on the event loop, in one step with no
+   checkpoint between. Reads (``read``, ``read_entry``, ``read_entries``) are
+   synchronous on the event loop, so none sees half a swap; a worker thread's
+   read holds a duplicate of the old descriptor, which keeps reading the old
+   file. Retention and drop-oldest are never held up: they run on the event
+   loop too, so a segment they delete while its rewrite runs is simply not
+   there any more at step 4, and the rewrite is dropped (its ``.z-tmp``
+   unlinked) instead of bringing the deleted segment back;
+5. fsync the directory, 6. unlink ``<lsn>.idx`` (the entry log's index, last:
+   until the rename is durable a crash may bring the entry log back, and it
+   wants its index).
+
+A crash at any step leaves a journal the next open reads: it deletes a
+``.z-tmp``, and an ``.idx`` beside a compressed segment.
+
+Budget (``journal.max_bytes`` counts compressed bytes): a rewrite starts only
+if the budget has room for its temporary file (estimated at a tenth of the
+segment, :data:`TMP_ESTIMATE`), which counts while the rewrite runs. Before an
+append is refused with ``JournalFull`` the journal calls
+:meth:`Rewriter.rewrite_for_room`, which rewrites sealed segments inline (the
+append waits, as it waits for a roll).
+
+Failures of a rewrite (``ENOSPC``, ``EIO`` writing the temporary file, a
+verify that does not match) never touch the segment: the ``.z-tmp`` is
+unlinked, the failure counted and logged, and the rewriter backs off
+(:data:`BACKOFF_S`, doubling up to :data:`BACKOFF_MAX_S`). A segment of a
+version this journal cannot compress (one it does not know) is skipped, not
+failed; versions 1-3 are compressed (a version 3 segment's block entries
+become frames of their own, as fetched).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import mmap
+import os
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final, Protocol
+
+import trio
+
+from edge_gateway.errors import CorruptData
+from edge_gateway.failpoints import fail_point
+from edge_gateway.format import atrest
+from edge_gateway.format import entry as fentry
+from edge_gateway.format.atrest import SegmentDirectory
+from edge_gateway.journal import _fs
+from edge_gateway.journal._compressed import TMP_SUFFIX, CompressedFile
+from edge_gateway.journal._index import IndexCache
+from edge_gateway.journal._segment import INDEX_SUFFIX, Segment
+from edge_gateway.journal._segment_set import SegmentSet
+
+__all__ = [
+    "BACKOFF_MAX_S",
+    "BACKOFF_S",
+    "DUTY",
+    "TMP_ESTIMATE",
+    "Pacer",
+    "Prepared",
+    "RewriteStats",
+    "Rewriter",
+    "expand_in_place",
+    "fsync_dir",
+    "write_compressed",
+]
+
+log = logging.getLogger("edgegw.journal")
+
+#: Share of one core the background rewrite takes at most (its worker thread
+#: sleeps after each slice of work for the rest; see :class:`Pacer`).
+DUTY: Final = 0.25
+#: The temporary file is counted in the budget as this share of the segment
+#: (telemetry compresses 10-14x; the file's real size replaces it at the swap).
+TMP_ESTIMATE: Final = 0.1
+#: After a failed rewrite the rewriter waits this long, doubling up to the max.
+BACKOFF_S: Final = 1.0
+BACKOFF_MAX_S: Final = 60.0
+#: Without a roll to wake it, the rewriter looks again this often (room in the
+#: budget, a segment retention took away).
+IDLE_S: Final = 5.0
+#: A journal segment's header (format.md): magic, version, 3 zero, base LSN.
+_WAL_HEADER: Final = struct.Struct("<4sB3xQ")
+
+
+# ---------------------------------------------------------------- the file steps
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory (a rename in it is durable after this)."""
+    fd = _fs.ops.open(path, os.O_RDONLY)
+    try:
+        _fs.ops.fsync(fd)
+    finally:
+        _fs.ops.close(fd)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A verified temporary file, ready to be renamed over its segment (steps 1-3 done)."""
+
+    tmp: Path
+    directory: SegmentDirectory
+    #: bytes of the entry log and of the compressed file
+    wal_bytes: int
+    size: int
+
+
+def write_compressed(
+    path: Path,
+    *,
+    level: int,
+    frame_raw_bytes: int = atrest.DEFAULT_FRAME_RAW_BYTES,
+    chunk_raw_bytes: int = atrest.DEFAULT_CHUNK_RAW_BYTES,
+    tick: Callable[[], None] | None = None,
+) -> Prepared | None:
+    """Steps 1-3 of the swap for the sealed entry log at ``path``: write, fsync, verify.
+
+    Blocking (a worker thread). None: a segment this journal does not
+    compress (its version; the file untouched, nothing written). On any
+    failure the temporary file is unlinked and the error raised (``OSError``,
+    ``CorruptData`` when the file does not expand to the segment's bytes).
+    ``tick`` is called every few milliseconds of work (:class:`Pacer`).
+    """
+    where = str(path)
+    fd = _fs.ops.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        head = os.pread(fd, fentry.SEGMENT_HEADER_SIZE, 0)
+        if head[: len(atrest.MAGIC)] == atrest.MAGIC:
+            return None  # compressed already (a rewrite whose swap a crash cut short)
+        if len(head) == fentry.SEGMENT_HEADER_SIZE and (
+            fentry.segment_version(head) not in fentry.SEGMENT_VERSIONS
+        ):
+            return None  # a version this code does not know: not compressed
+        fentry.decode_segment_header(head, where=where)
+        wal = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        _fs.ops.close(fd)
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    view = memoryview(wal)
+    pieces = atrest.iter_compressed(
+        view,
+        level=level,
+        frame_raw_bytes=frame_raw_bytes,
+        chunk_raw_bytes=chunk_raw_bytes,
+        where=where,
+        tick=tick,
+    )
+    try:
+        out = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for piece in pieces:
+                _fs.write_all(_fs.ops, out, piece)
+            _fs.ops.fsync(out)
+        finally:
+            _fs.ops.close(out)
+        fail_point("rewriter.written")
+        written = tmp.read_bytes()
+        directory = _verify(written, wal, str(tmp), tick)
+        fail_point("rewriter.verified")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _fs.ops.unlink(tmp)
+        raise
+    finally:
+        # the map closes only once no view of it is left (the generator holds one)
+        pieces.close()
+        view.release()
+        wal.close()
+    return Prepared(tmp, directory, size, len(written))
+
+
+def _verify(
+    written: bytes, wal: mmap.mmap, where: str, tick: Callable[[], None] | None
+) -> SegmentDirectory:
+    """The compressed file read back expands to the segment, byte for byte (paced too)."""
+    seg = atrest.CompressedSegment(written, where=where, cache=atrest.FrameCache(0))
+    d = seg.directory
+    pos = fentry.SEGMENT_HEADER_SIZE
+    ok = wal[:pos] == _WAL_HEADER.pack(fentry.SEGMENT_MAGIC, d.wal_version, d.base_lsn)
+    for n, raw in enumerate(seg.iter_wal(), 1):
+        if not ok:
+            break
+        end = pos + len(raw)
+        ok = wal[pos:end] == raw
+        pos = end
+        if tick is not None and not n % atrest.TICK_ENTRIES:
+            tick()
+    if not ok or pos != len(wal):
+        raise CorruptData(
+            "the compressed segment does not expand to the segment "
+            "(a zero-filled tail, or a bug): not swapped",
+            where=where,
+        )
+    return d
+
+
+def expand_in_place(path: Path) -> None:
+    """Turn the compressed segment at ``path`` back into the entry log it replaced.
+
+    For the open, when a compressed segment is the journal's last (the
+    segment after it was moved aside): the journal appends to an entry log.
+    The same atomic steps as a rewrite: ``<lsn>.wal.z-tmp`` written and
+    fsynced, renamed over ``path``, the directory fsynced; an index file
+    beside it (of the entry log it once was) is deleted first. Damage is
+    ``CorruptData`` naming the file (nothing is changed then).
+    """
+    data = path.read_bytes()
+    wal = atrest.expand_segment(data, where=str(path))
+    with contextlib.suppress(FileNotFoundError):
+        _fs.ops.unlink(path.with_suffix(INDEX_SUFFIX))
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        out = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _fs.write_all(_fs.ops, out, wal)
+            _fs.ops.fsync(out)
+        finally:
+            _fs.ops.close(out)
+        _fs.ops.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _fs.ops.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+    log.warning(
+        "journal: %s was the last segment and compressed (the segment after it is gone); "
+        "expanded back into an entry log (%d -> %d bytes) to append to",
+        path.name,
+        len(data),
+        len(wal),
+    )
+
+
+class Pacer:
+    """Holds a worker thread to ``duty`` of one core: a sleep after each slice of work.
+
+    Called between slices (``iter_compressed``'s ``tick``): the thread's CPU
+    time since the last call is the slice; it then sleeps ``slice * (1 -
+    duty) / duty``. CPU time, not wall time: time spent waiting for the GIL
+    (the event loop running) does not count as work, so a busy event loop
+    slows the rewrite further. ``check`` (``trio.from_thread.check_cancelled``)
+    lets a cancellation end the rewrite at the next slice.
+    """
+
+    def __init__(
+        self,
+        duty: float = DUTY,
+        *,
+        check: Callable[[], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        cpu: Callable[[], float] = time.thread_time,
+    ) -> None:
+        if not 0 < duty <= 1:
+            raise ValueError(f"duty must be in (0, 1], not {duty}")
+        self.duty = duty
+        self._check = check
+        self._sleep = sleep
+        self._cpu = cpu
+        self._since = cpu()
+        #: CPU seconds of work and seconds slept so far
+        self.busy_s = 0.0
+        self.slept_s = 0.0
+
+    def __call__(self) -> None:
+        if self._check is not None:
+            self._check()
+        now = self._cpu()
+        busy = now - self._since
+        self.busy_s += busy
+        if self.duty < 1 and busy > 0:
+            pause = busy * (1 - self.duty) / self.duty
+            self._sleep(pause)
+            self.slept_s += pause
+        self._since = self._cpu()
+        if self._check is not None:
+            self._check()
+
+
+# ---------------------------------------------------------------- the live rewriter
+
+
+class Host(Protocol):
+    """What the rewriter needs of its journal (the budget, and whether it is open)."""
+
+    @property
+    def closed(self) -> bool: ...
+
+    @property
+    def disk_bytes(self) -> int: ...
+
+    @property
+    def budget_bytes(self) -> int: ...
+
+    def account_bytes(self, delta: int) -> None:
+        """Add ``delta`` to the bytes counted against the budget."""
+
+
+@dataclass(frozen=True, slots=True)
+class RewriteStats:
+    """:meth:`Rewriter.statistics`: the background rewrite since the journal opened."""
+
+    #: ``journal.at_rest = "compressed"`` and the task is running
+    running: bool
+    #: segments rewritten and swapped in, with the bytes of their entry logs and
+    #: of the compressed files
+    segments: int
+    bytes_before: int
+    bytes_after: int
+    #: rewrites that failed (the segment stayed as it was), and the last reason
+    failures: int
+    last_error: str | None
+    #: segments skipped: a version it does not compress, or deleted mid-rewrite
+    skipped: int
+    #: sealed entry logs waiting for their rewrite
+    pending: int
+    #: rewrites an append waited for (the budget was full)
+    inline: int
+    #: CPU seconds of the worker thread's rewrites, and seconds it slept to pace them
+    busy_seconds: float
+    paced_seconds: float
+
+
+class Rewriter:
+    """Rewrites a live journal's sealed entry logs as compressed segments (module docstring)."""
+
+    def __init__(
+        self,
+        root: Path,
+        segments: SegmentSet,
+        index_cache: IndexCache,
+        unindexed: list[Segment],
+        host: Host,
+        *,
+        level: int = 3,
+        duty: float = DUTY,
+        frame_raw_bytes: int = atrest.DEFAULT_FRAME_RAW_BYTES,
+        chunk_raw_bytes: int = atrest.DEFAULT_CHUNK_RAW_BYTES,
+    ) -> None:
+        self._root = root
+        self._segments = segments
+        self._index_cache = index_cache
+        #: the journal's sealed segments whose index file is not written yet
+        self._unindexed = unindexed
+        self._host = host
+        self.level = level
+        self.duty = duty
+        self.frame_raw_bytes = frame_raw_bytes
+        self.chunk_raw_bytes = chunk_raw_bytes
+        #: one worker thread at most: the rewrite never takes more (the gateway
+        #: gives every lane's rewriter the same one: one rewrite at a time in all)
+        self.limiter = trio.CapacityLimiter(1)
+        self._wake = trio.Event()
+        #: the segment the worker thread is rewriting (the inline path leaves it)
+        self._busy: Segment | None = None
+        #: base LSNs of segments it does not compress (their version)
+        self._skip: set[int] = set()
+        self.running = False
+        self._segments_done = 0
+        self._before = 0
+        self._after = 0
+        self._failures = 0
+        self._last_error: str | None = None
+        self._skipped = 0
+        self._inline = 0
+        self._busy_s = 0.0
+        self._paced_s = 0.0
+
+    # ------------------------------------------------------------ queries
+
+    def statistics(self) -> RewriteStats:
+        return RewriteStats(
+            self.running,
+            self._segments_done,
+            self._before,
+            self._after,
+            self._failures,
+            self._last_error,
+            self._skipped,
+            sum(1 for s in self._segments.segments[:-1] if self._wants(s)),
+            self._inline,
+            self._busy_s,
+            self._paced_s,
+        )
+
+    def _wants(self, seg: Segment) -> bool:
+        return seg.compressed is None and seg.base_lsn not in self._skip
+
+    def _next(self) -> Segment | None:
+        """The oldest sealed entry log not yet rewritten (never the active segment)."""
+        for seg in self._segments.segments[:-1]:
+            if self._wants(seg) and seg is not self._busy:
+                return seg
+        return None
+
+    def sealed(self) -> None:
+        """A segment was sealed (the journal rolled): there is work."""
+        self._wake.set()
+
+    # ------------------------------------------------------------ background
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Rewrite sealed segments, oldest first, as they seal; for as long as it runs."""
+        self.running = True
+        task_status.started()
+        backoff = BACKOFF_S
+        try:
+            while not self._host.closed:
+                seg = self._next()
+                if seg is None or not self._room_for(seg):
+                    with trio.move_on_after(IDLE_S):
+                        await self._wake.wait()
+                    self._wake = trio.Event()
+                    continue
+                if await self.rewrite(seg):
+                    backoff = BACKOFF_S
+                else:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX_S)
+        finally:
+            self.running = False
+
+    def _room_for(self, seg: Segment) -> bool:
+        return self._host.disk_bytes + self._estimate(seg) <= self._host.budget_bytes
+
+    @staticmethod
+    def _estimate(seg: Segment) -> int:
+        return int(seg.size * TMP_ESTIMATE)
+
+    async def rewrite(self, seg: Segment, *, paced: bool = True) -> bool:
+        """Rewrite ``seg`` on the worker thread and swap it in; False if that failed.
+
+        True also when there was nothing to do (compressed already, a version
+        it skips, deleted meanwhile).
+        """
+        if not self._wants(seg) or seg is self._busy:
+            return True
+        estimate = self._estimate(seg)
+        self._busy = seg
+        self._host.account_bytes(estimate)  # the temporary file counts while it exists
+        prepared: Prepared | None = None
+        pacer = Pacer(self.duty if paced else 1.0, check=trio.from_thread.check_cancelled)
+        try:
+            try:
+                prepared = await trio.to_thread.run_sync(
+                    lambda: write_compressed(
+                        seg.path,
+                        level=self.level,
+                        frame_raw_bytes=self.frame_raw_bytes,
+                        chunk_raw_bytes=self.chunk_raw_bytes,
+                        tick=pacer,
+                    ),
+                    limiter=self.limiter,
+                )
+            except (OSError, CorruptData) as exc:
+                self._failed(seg, exc)
+                return False
+            finally:
+                self._busy_s += pacer.busy_s
+                self._paced_s += pacer.slept_s
+            if prepared is None:
+                self._skip_version(seg)
+                return True
+            swapped = self._install(seg, prepared)
+            prepared = None
+            if swapped is None:
+                return True
+            if swapped is False:
+                return False
+            try:
+                await trio.to_thread.run_sync(fsync_dir, self._root, limiter=self.limiter)
+            except OSError as exc:
+                self._keep_index(seg, exc)
+                return True
+            self._unlink_index(seg)
+            return True
+        finally:
+            if prepared is not None:  # cancelled between the thread and the swap
+                with contextlib.suppress(OSError):
+                    _fs.ops.unlink(prepared.tmp)
+            self._host.account_bytes(-estimate)
+            self._busy = None
+
+    async def rewrite_all(self, *, paced: bool = False) -> int:
+        """Rewrite every sealed entry log now (tests, tools); how many were swapped in."""
+        done = self._segments_done
+        while (seg := self._next()) is not None:
+            if not await self.rewrite(seg, paced=paced):
+                break
+        return self._segments_done - done
+
+    # ------------------------------------------------------------ inline (JournalFull)
+
+    def rewrite_for_room(self, need: int) -> bool:
+        """Rewrite sealed segments inline until ``need`` more bytes fit the budget.
+
+        Called by an append about to be refused with ``JournalFull`` (only
+        while the background task runs: ``journal.at_rest = "compressed"``).
+        Blocking, on the event loop: the append waits, as for a roll. The
+        temporary file may pass the budget for the moment (the disk has room
+        for it, or the write fails with ``ENOSPC`` and nothing changes).
+        True if anything was rewritten.
+        """
+        if not self.running:
+            return False
+        done = False
+        while self._host.disk_bytes + need > self._host.budget_bytes:
+            seg = self._next()
+            if seg is None:
+                break
+            try:
+                prepared = write_compressed(
+                    seg.path,
+                    level=self.level,
+                    frame_raw_bytes=self.frame_raw_bytes,
+                    chunk_raw_bytes=self.chunk_raw_bytes,
+                )
+            except (OSError, CorruptData) as exc:
+                self._failed(seg, exc)
+                break
+            if prepared is None:
+                self._skip_version(seg)
+                continue
+            swapped = self._install(seg, prepared)
+            if not swapped:
+                break
+            self._inline += 1
+            done = True
+            try:
+                fsync_dir(self._root)
+            except OSError as exc:
+                self._keep_index(seg, exc)
+                continue
+            self._unlink_index(seg)
+        return done
+
+    # ------------------------------------------------------------ the swap
+
+    def _install(self, seg: Segment, prepared: Prepared) -> bool | None:
+        """Step 4 on the event loop: rename and swap in memory, with no checkpoint between.
+
+        None: the segment went meanwhile (retention, a drop) or was swapped
+        already; the temporary file is unlinked. False: the rename failed.
+        """
+        if seg.compressed is not None or not self._segments.holds(seg):
+            with contextlib.suppress(OSError):
+                _fs.ops.unlink(prepared.tmp)
+            self._skipped += 1
+            log.info("journal: %s went during its rewrite; rewrite dropped", seg.path.name)
+            return None
+        try:
+            _fs.ops.replace(prepared.tmp, seg.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                _fs.ops.unlink(prepared.tmp)
+            self._failed(seg, exc)
+            return False
+        old_size = seg.size
+        index = seg.index
+        if index is not None:
+            self._index_cache.forget(index)
+        if seg in self._unindexed:
+            self._unindexed.remove(seg)  # its index is not needed any more
+        self._segments.swap_compressed(seg, CompressedFile(seg.path, prepared.directory))
+        self._host.account_bytes(prepared.size - old_size)
+        fail_point("rewriter.renamed")
+        self._segments_done += 1
+        self._before += prepared.wal_bytes
+        self._after += prepared.size
+        log.info(
+            "journal: %s rewritten compressed: %d -> %d bytes (%.1fx)",
+            seg.path.name,
+            prepared.wal_bytes,
+            prepared.size,
+            prepared.wal_bytes / max(prepared.size, 1),
+        )
+        return True
+
+    def _unlink_index(self, seg: Segment) -> None:
+        """Step 6: the entry log's index file goes (and its bytes leave the budget)."""
+        fail_point("rewriter.synced")
+        idx = seg.index_path
+        try:
+            size = idx.stat().st_size
+            _fs.ops.unlink(idx)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            log.warning("journal: could not delete %s (the next open does): %s", idx, exc)
+            return
+        self._host.account_bytes(-size)
+
+    def _keep_index(self, seg: Segment, exc: OSError) -> None:
+        # Not durable yet: a crash may bring the entry log back, which wants its
+        # index; the next open deletes the index beside a compressed segment.
+        log.warning(
+            "journal: fsync of %s after rewriting %s failed (%s); its index file is kept "
+            "until the next open",
+            self._root,
+            seg.path.name,
+            exc,
+        )
+
+    def _failed(self, seg: Segment, exc: Exception) -> None:
+        self._failures += 1
+        self._last_error = f"{seg.path.name}: {exc}"
+        log.warning(
+            "journal: rewriting %s compressed failed (%s); the segment stays as it is "
+            "and the rewrite is tried again later",
+            seg.path.name,
+            exc,
+        )
+
+    def _skip_version(self, seg: Segment) -> None:
+        if seg.compressed is None:
+            self._skip.add(seg.base_lsn)
+            self._skipped += 1
+            log.info(
+                "journal: %s is not rewritten compressed (a segment version this "
+                "journal does not compress yet)",
+                seg.path.name,
+            )
