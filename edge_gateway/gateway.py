@@ -84,6 +84,7 @@ from edge_gateway.journal import (
 )
 from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
+from edge_gateway.statefile import StateFiles
 from edge_gateway.supervisor import Supervisor, TaskHealth
 from edge_gateway.topics import Topic, TopicTable
 
@@ -224,6 +225,8 @@ class Gateway:
         #: stops the start with a ConfigError naming it.
         self.keys: Keys = config.encryption.load(config.region)
         #: The topics homed here, mirrored here and auto-created here.
+        #: The damaged state files found in this run (docs/operations.md, "A damaged disk").
+        self.state_files = StateFiles(config.data_dir)
         self.topic_table = TopicTable(
             config.region,
             config.data_dir,
@@ -289,6 +292,7 @@ class Gateway:
             config.data_dir,
             max_producers=config.idempotence.max_producers,
             expiry_ms=config.idempotence.producer_expiry_ms,
+            state_files=self.state_files,
         )
 
     # ------------------------------------------------------------ topology
@@ -563,6 +567,7 @@ class Gateway:
             self._link = LinkMeter(
                 self.config.link.max_bytes_per_s,
                 usage_path=self.config.data_dir / "link-usage.json",
+                state_files=self.state_files,
             )
         return self._link
 
@@ -756,7 +761,7 @@ class Gateway:
 
     async def _run(self, task_status: trio.TaskStatus[Gateway]) -> None:
         cfg = self.config
-        self.topic_table.load_auto_created()
+        auto_topics_intact = self.topic_table.load_auto_created(self.state_files)
         self._tailer_lock = trio.Lock()
         sup = self._supervisor
         async with AsyncExitStack() as stack:
@@ -792,6 +797,10 @@ class Gateway:
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
+            if not auto_topics_intact:
+                self.topic_table.rebuild_auto_created(
+                    pair for j in lanes.journals.values() for pair in j.partitions()
+                )
             self._registry.restore((lane.id, j) for lane, j in lanes.journals.items())
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)

@@ -1,0 +1,138 @@
+"""Damaged state files: moved aside to ``<data_dir>/quarantine/`` and reported.
+
+A gateway keeps a few small state files in its data dir (the producers'
+registry, the auto-created topics, the link's usage, the routing cache; see
+docs/operations.md, "A damaged disk"). An SD card that rots can return any of
+them truncated, with a flipped byte, as a page of zeros or as JSON of the
+wrong shape. The module that owns a file decides what its loss means: it
+rebuilds the file from what the journal, the bucket or the metadata server
+hold, or it refuses to start with one line naming the file. Either way the
+damage is never silent: :meth:`StateFiles.damaged` moves the bytes found to
+``quarantine/<name>.<UTC time>`` (never deletes them: a person may want to
+read them), logs a WARNING naming the file, the reason and what was done,
+and keeps a record that ``edgegw status`` and the metric
+``edgegw_state_files_damaged_total{file}`` show.
+
+This module imports nothing of edgegw above :mod:`edge_gateway.durable`, so
+every owner of a state file may use it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edge_gateway.durable import sync_directory
+
+__all__ = ["QUARANTINE_DIR", "STATE_FILES", "DamagedStateFile", "StateFiles", "quarantine"]
+
+log = logging.getLogger("edgegw.state")
+
+#: Under the data dir: where damaged state files are moved.
+QUARANTINE_DIR = "quarantine"
+#: The state files rebuilt when damaged (each a label of the metric, 0 until found).
+STATE_FILES = ("link-usage.json", "producers.json", "routing.json", "topics.json")
+
+
+@dataclass(frozen=True, slots=True)
+class DamagedStateFile:
+    """One damaged state file found (at start, in this run)."""
+
+    #: The file's name (``producers.json``): the metric's label.
+    file: str
+    #: Where it was.
+    path: str
+    #: Where its bytes are now (None: it could not be moved; the log says why).
+    moved_to: str | None
+    #: What was wrong with it.
+    reason: str
+    #: What the gateway did instead (``rebuilt from the journal``...).
+    action: str
+    #: When it was found (ms since the epoch).
+    found_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "path": self.path,
+            "moved_to": self.moved_to,
+            "reason": self.reason,
+            "action": self.action,
+            "found_ms": self.found_ms,
+        }
+
+
+def quarantine(path: Path, data_dir: Path, *, now: float | None = None) -> Path:
+    """Move ``path`` to ``<data_dir>/quarantine/<name>.<UTC time>`` (durably); the new path.
+
+    A rename within the data dir (one file system): the bytes are kept, and the
+    name is free for the rebuilt file. ``OSError`` if it cannot be moved.
+    """
+    qdir = data_dir / QUARANTINE_DIR
+    qdir.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    target = qdir / f"{path.name}.{stamp}"
+    n = 1
+    while target.exists():  # twice in one second: keep both
+        target = qdir / f"{path.name}.{stamp}.{n}"
+        n += 1
+    os.replace(path, target)
+    sync_directory(qdir)
+    sync_directory(path.parent)
+    return target
+
+
+class StateFiles:
+    """The damaged state files of one gateway's data dir, as found in this run.
+
+    Owned by the gateway and handed to each owner of a state file; read by
+    ``edgegw status`` and the metrics (:meth:`statistics`). Thread-safe: the
+    owners load their files in worker threads too.
+    """
+
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._damaged: list[DamagedStateFile] = []
+        self._lock = threading.Lock()
+
+    def damaged(self, path: Path, reason: str, action: str) -> DamagedStateFile:
+        """Report ``path`` as damaged: moved to quarantine, logged at WARNING, recorded.
+
+        ``action`` says what the gateway does instead (it is in the log line
+        and in ``edgegw status``).
+        """
+        try:
+            moved: str | None = str(quarantine(path, self.data_dir))
+        except FileNotFoundError:
+            moved = None
+        except OSError as exc:
+            log.error("state file %s: cannot move it to %s/: %s", path, QUARANTINE_DIR, exc)
+            moved = None
+        record = DamagedStateFile(
+            file=path.name,
+            path=str(path),
+            moved_to=moved,
+            reason=reason,
+            action=action,
+            found_ms=int(time.time() * 1000),
+        )
+        with self._lock:
+            self._damaged.append(record)
+        log.warning(
+            "damaged state file %s (%s): %s; the damaged bytes are in %s",
+            path,
+            reason,
+            action,
+            moved or "(not moved)",
+        )
+        return record
+
+    def statistics(self) -> tuple[DamagedStateFile, ...]:
+        """Every damaged state file found in this run, in the order found."""
+        with self._lock:
+            return tuple(self._damaged)
