@@ -781,6 +781,7 @@ class Gateway:
                     apply_routing=self.apply_routing,
                     shipper_statistics=shipper_statistics,
                     tailers=tailers,
+                    state_files=self.state_files,
                 )
                 agent = MetadataAgent(hooks, cfg.metadata)
                 self._metadata = agent

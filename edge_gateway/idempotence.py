@@ -37,7 +37,6 @@ it writes before an id or an epoch is handed out.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections import deque
@@ -56,7 +55,7 @@ from edge_gateway.errors import (
     ProducerFenced,
     UnknownProducer,
 )
-from edge_gateway.statefile import StateFiles
+from edge_gateway.statefile import StateFiles, seal, unseal
 
 if TYPE_CHECKING:
     from edge_gateway.journal import Journal
@@ -561,8 +560,7 @@ class ProducerRegistry:
                 exc.reason,
                 f"rebuilt from the journal: the next producer id is {limit}",
             )
-            doc = {"v": 1, "id_limit": limit, "epochs": []}
-            _write_durably(path, json.dumps(doc, separators=(",", ":")).encode())
+            _write_durably(path, seal({"v": 1, "id_limit": limit, "epochs": []}))
         table.next_id = max(table.next_id, limit)
         for pid, (ep, at) in bumped.items():
             table.note_epoch(pid, ep, at)
@@ -613,9 +611,12 @@ class ProducerRegistry:
                 "id_limit": limit,
                 "epochs": [[pid, e, at] for pid, (e, at) in sorted(self._bumped.items())],
             }
-            data = json.dumps(doc, separators=(",", ":")).encode()
-            await trio.to_thread.run_sync(_write_durably, self.path, data)
+            await trio.to_thread.run_sync(_write_durably, self.path, seal(doc))
             self._id_limit = limit
+
+
+#: The fields of ``producers.json`` as written before it had a checksum.
+_REGISTRY_KEYS: Final = frozenset({"v", "id_limit", "epochs"})
 
 
 def _read_registry(path: Path) -> tuple[int, dict[int, tuple[int, int]]]:
@@ -625,13 +626,12 @@ def _read_registry(path: Path) -> tuple[int, dict[int, tuple[int, int]]]:
     or has a field of the wrong type.
     """
     try:
-        doc = json.loads(path.read_bytes())
+        data = path.read_bytes()
     except FileNotFoundError:
         return 1, {}
-    except (OSError, ValueError, RecursionError) as exc:
+    except OSError as exc:
         raise CorruptData(f"unreadable producer registry: {exc}", where=str(path)) from None
-    if not isinstance(doc, dict):
-        raise CorruptData("malformed producer registry: not an object", where=str(path))
+    doc = unseal(data, where=str(path), legacy_keys=_REGISTRY_KEYS)
     if doc.get("v") != 1:
         raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
     limit, epochs = doc.get("id_limit"), doc.get("epochs")

@@ -13,12 +13,20 @@ read them), logs a WARNING naming the file, the reason and what was done,
 and keeps a record that ``edgegw status`` and the metric
 ``edgegw_state_files_damaged_total{file}`` show.
 
-This module imports nothing of edgegw above :mod:`edge_gateway.durable`, so
-every owner of a state file may use it.
+A JSON state file carries its own checksum (:func:`seal`, :func:`unseal`):
+a ``crc32c`` field over the document's canonical form, so a flipped byte
+that leaves valid JSON (a digit, a letter of a name) is found too. The field
+is optional on reading: a file written before it opens as it is, and older
+gateways ignore the field (docs/format.md, "State files").
+
+This module imports nothing of edgegw above :mod:`edge_gateway.durable`
+(besides the error tree and the CRC function), so every owner of a state
+file may use it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -27,9 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edge_gateway._crc import crc32c
 from edge_gateway.durable import sync_directory
+from edge_gateway.errors import CorruptData
 
-__all__ = ["QUARANTINE_DIR", "STATE_FILES", "DamagedStateFile", "StateFiles", "quarantine"]
+__all__ = [
+    "CHECKSUM_FIELD",
+    "QUARANTINE_DIR",
+    "STATE_FILES",
+    "DamagedStateFile",
+    "StateFiles",
+    "quarantine",
+    "seal",
+    "unseal",
+]
 
 log = logging.getLogger("edgegw.state")
 
@@ -37,6 +56,49 @@ log = logging.getLogger("edgegw.state")
 QUARANTINE_DIR = "quarantine"
 #: The state files rebuilt when damaged (each a label of the metric, 0 until found).
 STATE_FILES = ("link-usage.json", "producers.json", "routing.json", "topics.json")
+#: The checksum's field in a sealed JSON state file.
+CHECKSUM_FIELD = "crc32c"
+
+
+def _canonical(doc: dict[str, Any]) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+
+
+def seal(doc: dict[str, Any]) -> bytes:
+    """``doc`` as JSON bytes with a ``crc32c`` field over its canonical form."""
+    body = {k: v for k, v in doc.items() if k != CHECKSUM_FIELD}
+    return _canonical({**body, CHECKSUM_FIELD: crc32c(_canonical(body))})
+
+
+def unseal(data: bytes, *, where: str, legacy_keys: frozenset[str]) -> dict[str, Any]:
+    """The JSON object in ``data``, its ``crc32c`` checked (then removed).
+
+    :class:`CorruptData` when it is not JSON, not an object, or the checksum
+    does not match. A document without the field is one written before it
+    existed: accepted when its keys are among ``legacy_keys`` (the old form's),
+    so that a flipped byte in the field's own name is not taken for the old
+    form. The caller checks the fields.
+    """
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptData(f"not JSON: {exc}", where=where) from None
+    if not isinstance(doc, dict):
+        raise CorruptData("not a JSON object", where=where)
+    if CHECKSUM_FIELD not in doc:
+        if not doc.keys() <= legacy_keys:
+            raise CorruptData(
+                f"no checksum and unknown fields {sorted(doc.keys() - legacy_keys)}", where=where
+            )
+        return doc
+    stored = doc.pop(CHECKSUM_FIELD)
+    try:
+        actual = crc32c(_canonical(doc))
+    except ValueError:  # NaN or infinity: never written by seal
+        raise CorruptData("not a state document", where=where) from None
+    if stored != actual:
+        raise CorruptData(f"checksum mismatch (stored {stored!r}, computed {actual})", where=where)
+    return doc
 
 
 @dataclass(frozen=True, slots=True)

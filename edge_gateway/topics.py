@@ -21,7 +21,6 @@ owns the journal, the tailers and what a change starts or stops.
 from __future__ import annotations
 
 import errno
-import json
 import logging
 from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from edge_gateway.errors import (
 )
 from edge_gateway.journal import MAIN_LANE, Lane, Priority
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
-from edge_gateway.statefile import StateFiles
+from edge_gateway.statefile import StateFiles, seal, unseal
 
 __all__ = ["AUTO_TOPICS_FILE", "Topic", "TopicTable"]
 
@@ -49,6 +48,8 @@ log = logging.getLogger("edge_gateway.gateway")
 
 #: Topics auto-created here, under the data directory.
 AUTO_TOPICS_FILE = "topics.json"
+#: ``topics.json``'s version (the form without ``v`` and a checksum reads as 1).
+AUTO_TOPICS_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -259,7 +260,7 @@ class TopicTable:
             self._auto[name] = n
             self._add(TopicConfig(name=name, home=self.region, partitions=n))
         rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
-        replace_file(self.path, json.dumps({"auto_created": rows}).encode())
+        replace_file(self.path, _auto_created_doc(rows))
         log.warning(
             "%s rebuilt from the journal: %d auto-created topics (%s)",
             self.path,
@@ -273,7 +274,7 @@ class TopicTable:
         self._auto[topic] = self._default_partitions
         rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
         try:
-            replace_file(self.path, json.dumps({"auto_created": rows}).encode())
+            replace_file(self.path, _auto_created_doc(rows))
         except OSError as exc:
             # Not created: a topic the next start would not know must not
             # take records now. The producer retries (503).
@@ -342,15 +343,22 @@ class TopicTable:
         return None if t is None else t.kind
 
 
+def _auto_created_doc(rows: list[dict[str, object]]) -> bytes:
+    return seal({"v": AUTO_TOPICS_VERSION, "auto_created": rows})
+
+
 def _read_auto_created(path: Path) -> list[tuple[str, int]]:
     """``topics.json``'s (name, partitions) rows ([] when there is none); :class:`CorruptData`."""
     try:
-        doc = json.loads(path.read_bytes())
+        data = path.read_bytes()
     except FileNotFoundError:
         return []
-    except (OSError, ValueError, RecursionError) as exc:
+    except OSError as exc:
         raise CorruptData(f"unreadable: {exc}", where=str(path)) from None
-    rows = doc.get("auto_created") if isinstance(doc, dict) else None
+    doc = unseal(data, where=str(path), legacy_keys=frozenset({"auto_created"}))
+    if doc.get("v", AUTO_TOPICS_VERSION) != AUTO_TOPICS_VERSION:
+        raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
+    rows = doc.get("auto_created")
     if not isinstance(rows, list):
         raise CorruptData("no list of auto-created topics", where=str(path))
     out = []

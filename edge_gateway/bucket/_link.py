@@ -27,7 +27,6 @@ which data may move when is :mod:`edge_gateway.bucket._linkpolicy`'s rule.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -40,13 +39,16 @@ import trio
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
 from edge_gateway.bucket._delegating import DelegatingBucket
 from edge_gateway.bucket._linkpolicy import Usage
-from edge_gateway.statefile import StateFiles
+from edge_gateway.errors import CorruptData
+from edge_gateway.statefile import StateFiles, seal, unseal
 
 log = logging.getLogger("edgegw.link")
 
 #: Usage is written at most this often (and when the meter closes).
 _SAVE_EVERY_S = 10.0
 _USAGE_VERSION = 1
+#: The fields of the usage file as written before it had a checksum.
+_USAGE_KEYS = frozenset({"version", "day", "day_bytes", "month", "month_bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,13 +187,18 @@ class LinkMeter:
         if self._usage_path is None:
             return
         try:
-            doc = json.loads(self._usage_path.read_text(encoding="utf-8"))
+            doc = unseal(
+                self._usage_path.read_bytes(), where=str(self._usage_path), legacy_keys=_USAGE_KEYS
+            )
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             self._damaged(f"unreadable: {exc}")
             return
-        if not isinstance(doc, dict) or doc.get("version") != _USAGE_VERSION:
+        except CorruptData as exc:
+            self._damaged(exc.reason)
+            return
+        if doc.get("version") != _USAGE_VERSION:
             self._damaged("not a usage file of this version")
             return
         day, month = doc.get("day"), doc.get("month")
@@ -233,7 +240,7 @@ class LinkMeter:
         }
         tmp = self._usage_path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(json.dumps(doc).encode())
+            tmp.write_bytes(seal(doc))
             os.replace(tmp, self._usage_path)
         except OSError as exc:
             log.info("link: usage not saved (%s); the next save retries", exc)

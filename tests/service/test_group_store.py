@@ -33,7 +33,7 @@ def test_a_file_that_is_not_a_database_leaves_nothing_open(tmp_path: Path) -> No
     path = tmp_path / "groups.sqlite"
     path.write_bytes(b"not sqlite at all" * 100)
     with no_gc():
-        with pytest.raises(CorruptData, match=r"offsets damaged .* quarantine/") as refused:
+        with pytest.raises(CorruptData, match=r"damaged .*/quarantine/ to start") as refused:
             GroupStore(path)
         assert refused.traceback  # the refusal's frames are alive; the connection is closed
         assert open_paths(path) == []
