@@ -551,9 +551,10 @@ class ProducerRegistry:
             if self._state_files is None:
                 raise
             # Rebuilt from the journal (the table above): the ids issued are
-            # never issued again (a jump past all of them), the epochs bumped
-            # since an entry of that epoch are forgotten (the producer's next
-            # append at its epoch makes it known again).
+            # never issued again (a jump past all of them). The epochs bumped
+            # since an entry of that epoch are forgotten: that producer's next
+            # append is refused (ProducerFenced, newer than ours) and its
+            # client asks init_producer again.
             limit, bumped = min(table.next_id + _REBUILD_ID_GAP, MAX_PRODUCER_ID), {}
             self._state_files.damaged(
                 path,
