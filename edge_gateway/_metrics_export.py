@@ -615,7 +615,7 @@ class _GatewayCollector(Collector):
         """Damaged state files found in this run (``edge_gateway.statefile``)."""
         family = CounterMetricFamily(
             "edgegw_state_files_damaged",
-            "State files of the data dir found damaged in this run (moved to quarantine/ and "
+            "State files of the data dir found damaged in this run (copied to quarantine/ and "
             "rebuilt): edgegw status names each, with the reason and what was done.",
             labels=["file"],
         )

@@ -15,7 +15,9 @@ a point costs one check of an empty dict. The points: ``shipper.loop``,
 the journal, its PUBACKs not sent yet), ``kafka.produce_before_response`` (a
 Kafka Produce is durable, its response not sent: the connection closes),
 ``journal.mirror_publish`` (a group of mirror entries is written by its worker
-thread, not yet published: see ``Journal.append_mirror_batches``).
+thread, not yet published: see ``Journal.append_mirror_batches``),
+``statefile.quarantined`` (a damaged state file is copied to ``quarantine/``,
+not yet rebuilt or removed: see ``edge_gateway.statefile``).
 """
 
 from __future__ import annotations

@@ -560,6 +560,7 @@ class ProducerRegistry:
                 path,
                 exc.reason,
                 f"rebuilt from the journal: the next producer id is {limit}",
+                remove=False,  # a missing registry would mean "no id issued yet"
             )
             _write_durably(path, seal({"v": 1, "id_limit": limit, "epochs": []}))
         table.next_id = max(table.next_id, limit)

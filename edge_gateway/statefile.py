@@ -1,4 +1,4 @@
-"""Damaged state files: moved aside to ``<data_dir>/quarantine/`` and reported.
+"""Damaged state files: copied to ``<data_dir>/quarantine/``, rebuilt, reported.
 
 A gateway keeps a few small state files in its data dir (the producers'
 registry, the auto-created topics, the link's usage, the routing cache; see
@@ -7,10 +7,10 @@ them truncated, with a flipped byte, as a page of zeros or as JSON of the
 wrong shape. The module that owns a file decides what its loss means: it
 rebuilds the file from what the journal, the bucket or the metadata server
 hold, or it refuses to start with one line naming the file. Either way the
-damage is never silent: :meth:`StateFiles.damaged` moves the bytes found to
-``quarantine/<name>.<UTC time>`` (never deletes them: a person may want to
-read them), logs a WARNING naming the file, the reason and what was done,
-and keeps a record that ``edgegw status`` and the metric
+damage is never silent: :meth:`StateFiles.damaged` copies the bytes found to
+``quarantine/<name>.<UTC time>`` (kept: a person may want to read them),
+logs a WARNING naming the file, the reason and what was done, and keeps a
+record that ``edgegw status`` and the metric
 ``edgegw_state_files_damaged_total{file}`` show.
 
 A JSON state file carries its own checksum (:func:`seal`, :func:`unseal`):
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from dataclasses import dataclass
@@ -36,8 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from edge_gateway._crc import crc32c
-from edge_gateway.durable import sync_directory
+from edge_gateway.durable import replace_file, sync_directory
 from edge_gateway.errors import CorruptData
+from edge_gateway.failpoints import fail_point
 
 __all__ = [
     "CHECKSUM_FIELD",
@@ -130,11 +130,15 @@ class DamagedStateFile:
 
 
 def quarantine(path: Path, data_dir: Path, *, now: float | None = None) -> Path:
-    """Move ``path`` to ``<data_dir>/quarantine/<name>.<UTC time>`` (durably); the new path.
+    """Copy ``path`` to ``<data_dir>/quarantine/<name>.<UTC time>`` (durably); the copy's path.
 
-    A rename within the data dir (one file system): the bytes are kept, and the
-    name is free for the rebuilt file. ``OSError`` if it cannot be moved.
+    A copy, not a rename: the damaged file stays where it is until its owner
+    has written the rebuilt one over it (or removed it), so a crash between
+    the two finds the damage again at the next start instead of a missing
+    file, which for some files means "nothing was ever issued".
+    ``OSError`` if it cannot be read or copied.
     """
+    data = path.read_bytes()
     qdir = data_dir / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
@@ -143,9 +147,7 @@ def quarantine(path: Path, data_dir: Path, *, now: float | None = None) -> Path:
     while target.exists():  # twice in one second: keep both
         target = qdir / f"{path.name}.{stamp}.{n}"
         n += 1
-    os.replace(path, target)
-    sync_directory(qdir)
-    sync_directory(path.parent)
+    replace_file(target, data)
     return target
 
 
@@ -162,19 +164,28 @@ class StateFiles:
         self._damaged: list[DamagedStateFile] = []
         self._lock = threading.Lock()
 
-    def damaged(self, path: Path, reason: str, action: str) -> DamagedStateFile:
-        """Report ``path`` as damaged: moved to quarantine, logged at WARNING, recorded.
+    def damaged(
+        self, path: Path, reason: str, action: str, *, remove: bool = True
+    ) -> DamagedStateFile:
+        """Report ``path`` as damaged: copied to quarantine, logged at WARNING, recorded.
 
         ``action`` says what the gateway does instead (it is in the log line
-        and in ``edgegw status``).
+        and in ``edgegw status``). ``remove``: then delete ``path`` (for a
+        file whose absence means the same as its rebuild); False leaves it for
+        the owner to write the rebuilt file over it.
         """
         try:
             moved: str | None = str(quarantine(path, self.data_dir))
         except FileNotFoundError:
             moved = None
         except OSError as exc:
-            log.error("state file %s: cannot move it to %s/: %s", path, QUARANTINE_DIR, exc)
+            log.error("state file %s: cannot copy it to %s/: %s", path, QUARANTINE_DIR, exc)
             moved = None
+        # A crash here (a fail point for the tests) must find the damage again.
+        fail_point("statefile.quarantined")
+        if remove and moved is not None:
+            path.unlink(missing_ok=True)
+            sync_directory(path.parent)
         record = DamagedStateFile(
             file=path.name,
             path=str(path),

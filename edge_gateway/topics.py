@@ -230,7 +230,9 @@ class TopicTable:
         except CorruptData as exc:
             action = "auto-created topics rebuilt from the journal's partitions"
             if state_files is not None:
-                state_files.damaged(self.path, exc.reason, action)
+                # Left in place until rebuild_auto_created writes over it: a
+                # missing file would forget the topics at a crash in between.
+                state_files.damaged(self.path, exc.reason, action, remove=False)
             else:
                 log.warning("damaged %s (%s): %s", self.path, exc.reason, action)
             return False

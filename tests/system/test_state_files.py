@@ -30,6 +30,8 @@ import httpx
 import pytest
 from _serve import Gateway, TopicSpec
 
+from edge_gateway import failpoints
+
 TOPIC = "t"
 VALUES = [f"v{i:03d}" for i in range(20)]
 
@@ -159,6 +161,8 @@ def test_a_damaged_state_file_is_rebuilt_and_reported(
         moved = Path(damaged[0]["moved_to"])
         assert moved.parent == g.data_dir / "quarantine"
         assert moved.read_bytes() == bad  # kept for a person to read, not deleted
+        # Rebuilt, or gone until the next save (link-usage.json: usage from 0).
+        assert not path.exists() or path.read_bytes() != bad
         assert _metric(g, name) == 1
         assert _metric(g, "routing.json") == 0
         assert f"damaged state file {path}" in g.log.read_text()
@@ -178,6 +182,38 @@ def test_a_damaged_state_file_is_rebuilt_and_reported(
         assert g.status()["state_files"]["damaged"] == []
         assert _metric(g, name) == 0
         _assert_everything_readable(g)
+    finally:
+        assert g.stop() == 0, g.tail()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["producers.json", "topics.json"])
+def test_a_crash_between_quarantine_and_rebuild_finds_the_damage_again(
+    seed: Path, tmp_path: Path, name: str
+) -> None:
+    """The damaged file stays in place until the rebuilt one is written over it: a
+    missing producers.json would mean "no id issued", a missing topics.json would
+    forget auto1."""
+    g = _copy(seed, tmp_path)
+    path = g.data_dir / name
+    bad = _flipped(path.read_bytes())
+    path.write_bytes(bad)
+    g.env = {failpoints.ENV: "statefile.quarantined"}  # dies right after the copy
+    g.spawn()
+    assert g.proc is not None
+    assert g.proc.wait(timeout=60) != 0
+    assert "fail point statefile.quarantined" in g.tail()
+    assert path.read_bytes() == bad
+    g.env = {}
+    g.start()
+    try:
+        damaged = g.status()["state_files"]["damaged"]
+        assert [d["file"] for d in damaged] == [name]
+        copies = sorted((g.data_dir / "quarantine").glob(f"{name}.*"))
+        assert [p.read_bytes() for p in copies] == [bad, bad]
+        _assert_everything_readable(g)
+        with g.client() as c:
+            assert c.init_producer()[0] > 1
     finally:
         assert g.stop() == 0, g.tail()
 
