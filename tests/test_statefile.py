@@ -58,7 +58,7 @@ def test_the_form_written_before_the_checksum_opens() -> None:
     assert unseal(json.dumps(old).encode(), where="f", legacy_keys=LEGACY) == old
 
 
-def test_a_damaged_file_is_moved_to_quarantine_and_recorded(tmp_path: Path) -> None:
+def test_a_damaged_file_is_copied_to_quarantine_removed_and_recorded(tmp_path: Path) -> None:
     files = StateFiles(tmp_path)
     for n in range(3):  # within one second: each kept under its own name
         (tmp_path / "topics.json").write_bytes(b"bad %d" % n)
@@ -77,3 +77,12 @@ def test_a_file_already_gone_is_still_recorded(tmp_path: Path) -> None:
     record = files.damaged(tmp_path / "gone.json", "unreadable", "rebuilt")
     assert record.moved_to is None
     assert files.statistics() == (record,)
+
+
+def test_a_file_its_owner_rebuilds_stays_until_written_over(tmp_path: Path) -> None:
+    files = StateFiles(tmp_path)
+    (tmp_path / "producers.json").write_bytes(b"bad")
+    record = files.damaged(tmp_path / "producers.json", "not JSON", "rebuilt", remove=False)
+    assert (tmp_path / "producers.json").read_bytes() == b"bad"
+    assert record.moved_to is not None
+    assert Path(record.moved_to).read_bytes() == b"bad"
