@@ -52,7 +52,7 @@ __all__ = [
 
 log = logging.getLogger("edgegw.state")
 
-#: Under the data dir: where damaged state files are moved.
+#: Under the data dir: where copies of damaged state files are kept.
 QUARANTINE_DIR = "quarantine"
 #: The state files rebuilt when damaged (each a label of the metric, 0 until found).
 STATE_FILES = ("link-usage.json", "producers.json", "routing.json", "topics.json")
@@ -109,8 +109,8 @@ class DamagedStateFile:
     file: str
     #: Where it was.
     path: str
-    #: Where its bytes are now (None: it could not be moved; the log says why).
-    moved_to: str | None
+    #: The copy of its bytes in quarantine/ (None: it could not be copied; the log says why).
+    quarantined: str | None
     #: What was wrong with it.
     reason: str
     #: What the gateway did instead (``rebuilt from the journal``...).
@@ -122,7 +122,7 @@ class DamagedStateFile:
         return {
             "file": self.file,
             "path": self.path,
-            "moved_to": self.moved_to,
+            "quarantined": self.quarantined,
             "reason": self.reason,
             "action": self.action,
             "found_ms": self.found_ms,
@@ -175,21 +175,21 @@ class StateFiles:
         the owner to write the rebuilt file over it.
         """
         try:
-            moved: str | None = str(quarantine(path, self.data_dir))
+            copy: str | None = str(quarantine(path, self.data_dir))
         except FileNotFoundError:
-            moved = None
+            copy = None
         except OSError as exc:
             log.error("state file %s: cannot copy it to %s/: %s", path, QUARANTINE_DIR, exc)
-            moved = None
+            copy = None
         # A crash here (a fail point for the tests) must find the damage again.
         fail_point("statefile.quarantined")
-        if remove and moved is not None:
+        if remove and copy is not None:
             path.unlink(missing_ok=True)
             sync_directory(path.parent)
         record = DamagedStateFile(
             file=path.name,
             path=str(path),
-            moved_to=moved,
+            quarantined=copy,
             reason=reason,
             action=action,
             found_ms=int(time.time() * 1000),
@@ -201,7 +201,7 @@ class StateFiles:
             path,
             reason,
             action,
-            moved or "(not moved)",
+            copy or "(not copied)",
         )
         return record
 

@@ -66,7 +66,7 @@ def test_a_damaged_file_is_copied_to_quarantine_removed_and_recorded(tmp_path: P
     assert not (tmp_path / "topics.json").exists()
     found = files.statistics()
     assert [d.reason for d in found] == ["reason 0", "reason 1", "reason 2"]
-    moved = [Path(d.moved_to) for d in found if d.moved_to]
+    moved = [Path(d.quarantined) for d in found if d.quarantined]
     assert [p.read_bytes() for p in moved] == [b"bad 0", b"bad 1", b"bad 2"]
     assert {p.parent for p in moved} == {tmp_path / "quarantine"}
     assert found[0].to_json()["file"] == "topics.json"
@@ -75,7 +75,7 @@ def test_a_damaged_file_is_copied_to_quarantine_removed_and_recorded(tmp_path: P
 def test_a_file_already_gone_is_still_recorded(tmp_path: Path) -> None:
     files = StateFiles(tmp_path)
     record = files.damaged(tmp_path / "gone.json", "unreadable", "rebuilt")
-    assert record.moved_to is None
+    assert record.quarantined is None
     assert files.statistics() == (record,)
 
 
@@ -84,5 +84,5 @@ def test_a_file_its_owner_rebuilds_stays_until_written_over(tmp_path: Path) -> N
     (tmp_path / "producers.json").write_bytes(b"bad")
     record = files.damaged(tmp_path / "producers.json", "not JSON", "rebuilt", remove=False)
     assert (tmp_path / "producers.json").read_bytes() == b"bad"
-    assert record.moved_to is not None
-    assert Path(record.moved_to).read_bytes() == b"bad"
+    assert record.quarantined is not None
+    assert Path(record.quarantined).read_bytes() == b"bad"

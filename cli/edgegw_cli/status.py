@@ -208,8 +208,8 @@ def _state_files(damaged: list[dict[str, Any]]) -> Text:
     line = Text(f"{len(damaged)} damaged", style="red")
     for d in damaged:
         line.append(f"\n{d['file']}: {d['reason']}; {d['action']}")
-        if d.get("moved_to"):
-            line.append(f" (moved to {d['moved_to']})")
+        if d.get("quarantined"):
+            line.append(f" (copy in {d['quarantined']})")
     return line
 
 

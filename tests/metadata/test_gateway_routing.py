@@ -302,7 +302,7 @@ def test_a_damaged_routing_cache_is_rebuilt_from_the_server(
         damaged = north.status()["state_files"]["damaged"]
         assert [d["file"] for d in damaged] == ["routing.json"], damaged
         assert "checksum mismatch" in damaged[0]["reason"]
-        assert Path(damaged[0]["moved_to"]).read_bytes() == bytes(data)
+        assert Path(damaged[0]["quarantined"]).read_bytes() == bytes(data)
         assert 'edgegw_state_files_damaged_total{file="routing.json"} 1.0' in _metrics(north)
         out = _status_text(north)
         assert "1 damaged" in out

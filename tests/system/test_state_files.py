@@ -158,7 +158,7 @@ def test_a_damaged_state_file_is_rebuilt_and_reported(
     try:
         damaged = g.status()["state_files"]["damaged"]
         assert [d["file"] for d in damaged] == [name], damaged
-        moved = Path(damaged[0]["moved_to"])
+        moved = Path(damaged[0]["quarantined"])
         assert moved.parent == g.data_dir / "quarantine"
         assert moved.read_bytes() == bad  # kept for a person to read, not deleted
         # Rebuilt, or gone until the next save (link-usage.json: usage from 0).
