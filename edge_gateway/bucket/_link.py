@@ -70,7 +70,7 @@ class LinkMeter:
 
     ``clock`` (monotonic seconds) and ``local_time`` (``time.localtime``-like)
     are injectable for tests; ``usage_path`` ``None`` keeps usage in memory.
-    A damaged usage file is reported to ``state_files`` (moved to quarantine,
+    A damaged usage file is reported to ``state_files`` (copied to quarantine,
     a WARNING) and the day's and month's counts start again from 0: they only
     pace the link (a harmless loss).
     """
