@@ -27,6 +27,7 @@ from edge_gateway import pygc
 from edge_gateway.errors import ClosedError, EdgeGatewayError
 from edge_gateway.metrics import GatewayMetrics, LatencyHistogram, MirrorLag
 from edge_gateway.shipper import SHIPPER_STATES, LaneShipStats
+from edge_gateway.statefile import STATE_FILES
 
 if TYPE_CHECKING:
     from edge_gateway.gateway import Gateway
@@ -182,6 +183,7 @@ class _GatewayCollector(Collector):
         yield from self._clock(gw)
         yield from self._link(gw)
         yield from self._producers(gw)
+        yield from self._state_files(gw)
         yield from self._gc()
         try:
             stats = gw.journal.statistics()
@@ -647,6 +649,22 @@ class _GatewayCollector(Collector):
                 "Unix time of the last committed log object.",
                 s.last_ship_ms / 1000,
             )
+
+    @staticmethod
+    def _state_files(gw: Gateway) -> Iterator[Metric]:
+        """Damaged state files found in this run (``edge_gateway.statefile``)."""
+        family = CounterMetricFamily(
+            "edgegw_state_files_damaged",
+            "State files of the data dir found damaged in this run (copied to quarantine/ and "
+            "rebuilt): edgegw status names each, with the reason and what was done.",
+            labels=["file"],
+        )
+        counts = dict.fromkeys(STATE_FILES, 0)
+        for d in gw.state_files.statistics():
+            counts[d.file] = counts.get(d.file, 0) + 1
+        for name, n in sorted(counts.items()):
+            family.add_metric([name], n)
+        yield family
 
     @staticmethod
     def _scrub(gw: Gateway) -> Iterator[Metric]:

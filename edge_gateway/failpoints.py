@@ -15,7 +15,9 @@ a point costs one check of an empty dict. The points: ``shipper.loop``,
 the journal, its PUBACKs not sent yet), ``kafka.produce_before_response`` (a
 Kafka Produce is durable, its response not sent: the connection closes),
 ``journal.mirror_publish`` (a group of mirror entries is written by its worker
-thread, not yet published: see ``Journal.append_mirror_batches``), and the
+thread, not yet published: see ``Journal.append_mirror_batches``),
+``statefile.quarantined`` (a damaged state file is copied to ``quarantine/``,
+not yet rebuilt or removed: see ``edge_gateway.statefile``), and the
 steps of the journal's rewrite of a sealed segment (``journal/_rewriter.py``):
 ``rewriter.written`` (the ``.z-tmp`` written and fsynced), ``rewriter.verified``
 (before the rename), ``rewriter.renamed`` (renamed and swapped in memory, the

@@ -83,6 +83,7 @@ from edge_gateway.journal import (
 from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
 from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
 from edge_gateway.site_link import SiteLink
+from edge_gateway.statefile import StateFiles
 from edge_gateway.supervisor import Supervisor, TaskHealth
 from edge_gateway.topics import Topic, TopicTable
 
@@ -223,6 +224,8 @@ class Gateway:
         #: stops the start with a ConfigError naming it.
         self.keys: Keys = config.encryption.load(config.region)
         #: The topics homed here, mirrored here and auto-created here.
+        #: The damaged state files found in this run (docs/operations.md, "A damaged disk").
+        self.state_files = StateFiles(config.data_dir)
         self.topic_table = TopicTable(
             config.region,
             config.data_dir,
@@ -260,7 +263,7 @@ class Gateway:
         scrub_s = config.journal.scrub_interval_s
         self.scrub = Scrubber(config.journal_path, scrub_s) if scrub_s is not None else None
         #: ``[link]``: the meter, the policy gate and its watch.
-        self.site_link = SiteLink(config.link, config.data_dir)
+        self.site_link = SiteLink(config.link, config.data_dir, state_files=self.state_files)
         self._mirror_bucket: Bucket | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
@@ -288,6 +291,7 @@ class Gateway:
             config.data_dir,
             max_producers=config.idempotence.max_producers,
             expiry_ms=config.idempotence.producer_expiry_ms,
+            state_files=self.state_files,
         )
 
     # ------------------------------------------------------------ topology
@@ -728,7 +732,7 @@ class Gateway:
 
     async def _run(self, task_status: trio.TaskStatus[Gateway]) -> None:
         cfg = self.config
-        self.topic_table.load_auto_created()
+        auto_topics_intact = self.topic_table.load_auto_created(self.state_files)
         self._tailer_lock = trio.Lock()
         sup = self._supervisor
         async with AsyncExitStack() as stack:
@@ -748,6 +752,7 @@ class Gateway:
                     apply_routing=self.apply_routing,
                     shipper_statistics=shipper_statistics,
                     tailers=tailers,
+                    state_files=self.state_files,
                 )
                 agent = MetadataAgent(hooks, cfg.metadata)
                 self._metadata = agent
@@ -764,6 +769,10 @@ class Gateway:
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
+            if not auto_topics_intact:
+                self.topic_table.rebuild_auto_created(
+                    pair for j in lanes.journals.values() for pair in j.partitions()
+                )
             self._registry.restore((lane.id, j) for lane, j in lanes.journals.items())
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)

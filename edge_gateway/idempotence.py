@@ -37,7 +37,6 @@ it writes before an id or an epoch is handed out.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections import deque
@@ -56,6 +55,7 @@ from edge_gateway.errors import (
     ProducerFenced,
     UnknownProducer,
 )
+from edge_gateway.statefile import StateFiles, seal, unseal
 
 if TYPE_CHECKING:
     from edge_gateway.journal import Journal
@@ -89,6 +89,11 @@ SNAPSHOT_VERSION: Final = 1
 PRODUCERS_FILE: Final = "producers.json"
 #: Producer ids reserved per write of the registry.
 _ID_BLOCK: Final = 1024
+#: A damaged registry is rebuilt with its next id this far past the highest id
+#: the journal knows: ids handed out after the last checkpoint and never
+#: written with are not in the journal, and must never be issued again (it
+#: would take 2**32 ``init_producer`` calls to have issued that many).
+_REBUILD_ID_GAP: Final = 2**32
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,8 +498,11 @@ class ProducerRegistry:
         max_producers: int,
         expiry_ms: int,
         clock: Callable[[], int] = _now_ms,
+        state_files: StateFiles | None = None,
     ) -> None:
         self.path = data_dir / PRODUCERS_FILE
+        #: Where a damaged registry is reported (None: it is refused, CorruptData).
+        self._state_files = state_files
         self._max_producers = max_producers
         self._expiry_ms = expiry_ms
         #: Wall-clock milliseconds.
@@ -538,15 +546,23 @@ class ProducerRegistry:
             j.producer_snapshot = functools.partial(self.snapshot, lane_id)
         path = self.path
         try:
-            doc = json.loads(path.read_bytes())
-            if doc.get("v") != 1:
-                raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
-            limit = int(doc["id_limit"])
-            bumped = {int(pid): (int(ep), int(at)) for pid, ep, at in doc["epochs"]}
-        except FileNotFoundError:
-            limit, bumped = 1, {}
-        except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptData(f"malformed producer registry: {exc}", where=str(path)) from None
+            limit, bumped = _read_registry(path)
+        except CorruptData as exc:
+            if self._state_files is None:
+                raise
+            # Rebuilt from the journal (the table above): the ids issued are
+            # never issued again (a jump past all of them). The epochs bumped
+            # since an entry of that epoch are forgotten: that producer's next
+            # append is refused (ProducerFenced, newer than ours) and its
+            # client asks init_producer again.
+            limit, bumped = min(table.next_id + _REBUILD_ID_GAP, MAX_PRODUCER_ID), {}
+            self._state_files.damaged(
+                path,
+                exc.reason,
+                f"rebuilt from the journal: the next producer id is {limit}",
+                remove=False,  # a missing registry would mean "no id issued yet"
+            )
+            _write_durably(path, seal({"v": 1, "id_limit": limit, "epochs": []}))
         table.next_id = max(table.next_id, limit)
         for pid, (ep, at) in bumped.items():
             table.note_epoch(pid, ep, at)
@@ -597,9 +613,39 @@ class ProducerRegistry:
                 "id_limit": limit,
                 "epochs": [[pid, e, at] for pid, (e, at) in sorted(self._bumped.items())],
             }
-            data = json.dumps(doc, separators=(",", ":")).encode()
-            await trio.to_thread.run_sync(_write_durably, self.path, data)
+            await trio.to_thread.run_sync(_write_durably, self.path, seal(doc))
             self._id_limit = limit
+
+
+#: The fields of ``producers.json`` as written before it had a checksum.
+_REGISTRY_KEYS: Final = frozenset({"v", "id_limit", "epochs"})
+
+
+def _read_registry(path: Path) -> tuple[int, dict[int, tuple[int, int]]]:
+    """``producers.json``: (id limit, {id: (epoch, ms)}); (1, {}) when there is none.
+
+    :class:`CorruptData` when it is unreadable, not JSON, of another version
+    or has a field of the wrong type.
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return 1, {}
+    except OSError as exc:
+        raise CorruptData(f"unreadable producer registry: {exc}", where=str(path)) from None
+    doc = unseal(data, where=str(path), legacy_keys=_REGISTRY_KEYS)
+    if doc.get("v") != 1:
+        raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
+    limit, epochs = doc.get("id_limit"), doc.get("epochs")
+    if type(limit) is not int or not 1 <= limit <= MAX_PRODUCER_ID or not isinstance(epochs, list):
+        raise CorruptData("malformed producer registry: bad id_limit or epochs", where=str(path))
+    bumped: dict[int, tuple[int, int]] = {}
+    for row in epochs:
+        if not (isinstance(row, list) and len(row) == 3 and all(type(v) is int for v in row)):
+            raise CorruptData(f"malformed producer registry: epoch row {row!r}", where=str(path))
+        pid, ep, at = row
+        bumped[pid] = (ep, at)
+    return limit, bumped
 
 
 def _write_durably(path: Path, data: bytes) -> None:

@@ -31,6 +31,8 @@ Families (``_total`` is added to counters by the exposition format):
   (compressed object bytes), retries_total, upload_seconds_total,
   last_ship_timestamp_seconds, state{state} (1 for the one the shipper is in:
   starting, shipping, retrying, denied)
+* ``edgegw_state_files_damaged_total{file}``: state files of the data dir found
+  damaged in this run, copied to ``quarantine/`` and rebuilt (``edge_gateway.statefile``)
 * ``edgegw_link_bytes_total{direction}`` (up, down), ``edgegw_link_bytes_today``,
   ``edgegw_link_bytes_this_month`` (local day and month, kept across restarts),
   ``edgegw_link_cap_bytes_per_second``, ``edgegw_link_wait_seconds_total``; with

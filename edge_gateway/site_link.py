@@ -25,6 +25,7 @@ import trio
 
 from edge_gateway.bucket import PRIORITIES, Bucket, HeldBucket, LinkGate, LinkMeter
 from edge_gateway.config import LinkConfig
+from edge_gateway.statefile import StateFiles
 
 __all__ = ["USAGE_FILE", "SiteLink"]
 
@@ -38,9 +39,13 @@ _WATCH_S = 5.0
 class SiteLink:
     """``[link]``'s meter, policy gate and watch for one gateway (module docstring)."""
 
-    def __init__(self, config: LinkConfig, data_dir: Path) -> None:
+    def __init__(
+        self, config: LinkConfig, data_dir: Path, *, state_files: StateFiles | None = None
+    ) -> None:
         self._config = config
         self._usage_path = data_dir / USAGE_FILE
+        #: Where a damaged usage file is reported (``edge_gateway.statefile``).
+        self._state_files = state_files
         self._meter: LinkMeter | None = None
         self._gate: LinkGate | None = None
 
@@ -48,7 +53,11 @@ class SiteLink:
     def meter(self) -> LinkMeter:
         """The cap and the bytes per day and month (made on first use: it reads its file)."""
         if self._meter is None:
-            self._meter = LinkMeter(self._config.max_bytes_per_s, usage_path=self._usage_path)
+            self._meter = LinkMeter(
+                self._config.max_bytes_per_s,
+                usage_path=self._usage_path,
+                state_files=self._state_files,
+            )
         return self._meter
 
     @property

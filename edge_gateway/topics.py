@@ -21,9 +21,8 @@ owns the journal, the tailers and what a change starts or stops.
 from __future__ import annotations
 
 import errno
-import json
 import logging
-from collections.abc import Container, Iterator, Mapping, Sequence
+from collections.abc import Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -31,6 +30,7 @@ from typing import Literal
 from edge_gateway.config import TopicConfig
 from edge_gateway.durable import replace_file
 from edge_gateway.errors import (
+    CorruptData,
     DiskFull,
     InvalidInput,
     ReadOnlyTopic,
@@ -40,6 +40,7 @@ from edge_gateway.errors import (
 )
 from edge_gateway.journal import MAIN_LANE, Lane, Priority
 from edge_gateway.names import split_mirror_topic, validate_home_topic, validate_topic
+from edge_gateway.statefile import StateFiles, seal, unseal
 
 __all__ = ["AUTO_TOPICS_FILE", "Topic", "TopicTable"]
 
@@ -47,6 +48,8 @@ log = logging.getLogger("edge_gateway.gateway")
 
 #: Topics auto-created here, under the data directory.
 AUTO_TOPICS_FILE = "topics.json"
+#: ``topics.json``'s version (the form without ``v`` and a checksum reads as 1).
+AUTO_TOPICS_VERSION = 1
 
 
 @dataclass(slots=True)
@@ -213,28 +216,67 @@ class TopicTable:
 
     # ------------------------------------------------------------ auto-created topics
 
-    def load_auto_created(self) -> None:
-        """Add the topics auto-created by earlier runs (``topics.json``; unreadable: a
-        WARNING, and they are created again by their next produce)."""
+    def load_auto_created(self, state_files: StateFiles | None = None) -> bool:
+        """Add the topics auto-created by earlier runs (``topics.json``).
+
+        A damaged file (unreadable, not JSON, the wrong shape) is reported to
+        ``state_files`` (quarantine, a WARNING; without one: a WARNING) and
+        False returned: call :meth:`rebuild_auto_created` with the journal's
+        partitions once it is open, so that the records of those topics stay
+        readable. True when the file was read (or there is none).
+        """
         try:
-            doc = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return
-        except (OSError, ValueError) as exc:
-            log.warning("ignoring unreadable %s: %s", self.path, exc)
-            return
-        for row in doc.get("auto_created", []):
-            name, partitions = row["name"], int(row["partitions"])
+            rows = _read_auto_created(self.path)
+        except CorruptData as exc:
+            action = "auto-created topics rebuilt from the journal's partitions"
+            if state_files is not None:
+                # Left in place until rebuild_auto_created writes over it: a
+                # missing file would forget the topics at a crash in between.
+                state_files.damaged(self.path, exc.reason, action, remove=False)
+            else:
+                log.warning("damaged %s (%s): %s", self.path, exc.reason, action)
+            return False
+        for name, partitions in rows:
             if name not in self._topics and name not in self._homes:
                 self._auto[name] = partitions
                 self._add(TopicConfig(name=name, home=self.region, partitions=partitions))
+        return True
+
+    def rebuild_auto_created(self, partitions: Iterable[tuple[str, int]]) -> list[str]:
+        """Re-create, from the journal's (topic, partition) pairs, the topics that are
+        neither configured nor routed here (the auto-created ones), and save
+        ``topics.json``. The names re-created.
+
+        Each gets ``default_partitions`` partitions, or more if the journal
+        holds a higher partition. Mirror topics of other regions are not topics
+        of this one: they are skipped.
+        """
+        found: dict[str, int] = {}
+        for topic, partition in partitions:
+            source = split_mirror_topic(topic)
+            if source is not None and source[0] != self.region:
+                continue  # a mirror of another region's topic, never auto-created
+            if topic not in self._topics and topic not in self._homes:
+                found[topic] = max(found.get(topic, self._default_partitions), partition + 1)
+        for name, n in sorted(found.items()):
+            self._auto[name] = n
+            self._add(TopicConfig(name=name, home=self.region, partitions=n))
+        rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
+        replace_file(self.path, _auto_created_doc(rows))
+        log.warning(
+            "%s rebuilt from the journal: %d auto-created topics (%s)",
+            self.path,
+            len(found),
+            ", ".join(sorted(found)) or "none",
+        )
+        return sorted(found)
 
     def _create(self, topic: str) -> Topic:
         """Auto-create ``topic`` here: saved to ``topics.json`` first, or not created."""
         self._auto[topic] = self._default_partitions
         rows = [{"name": name, "partitions": n} for name, n in self._auto.items()]
         try:
-            replace_file(self.path, json.dumps({"auto_created": rows}).encode())
+            replace_file(self.path, _auto_created_doc(rows))
         except OSError as exc:
             # Not created: a topic the next start would not know must not
             # take records now. The producer retries (503).
@@ -301,3 +343,35 @@ class TopicTable:
         """``local``, ``mirror``, or None when this gateway has no such topic."""
         t = self._topics.get(topic)
         return None if t is None else t.kind
+
+
+def _auto_created_doc(rows: list[dict[str, object]]) -> bytes:
+    return seal({"v": AUTO_TOPICS_VERSION, "auto_created": rows})
+
+
+def _read_auto_created(path: Path) -> list[tuple[str, int]]:
+    """``topics.json``'s (name, partitions) rows ([] when there is none); :class:`CorruptData`."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise CorruptData(f"unreadable: {exc}", where=str(path)) from None
+    doc = unseal(data, where=str(path), legacy_keys=frozenset({"auto_created"}))
+    if doc.get("v", AUTO_TOPICS_VERSION) != AUTO_TOPICS_VERSION:
+        raise CorruptData(f"unsupported version {doc.get('v')!r}", where=str(path))
+    rows = doc.get("auto_created")
+    if not isinstance(rows, list):
+        raise CorruptData("no list of auto-created topics", where=str(path))
+    out = []
+    for row in rows:
+        name = row.get("name") if isinstance(row, dict) else None
+        n = row.get("partitions") if isinstance(row, dict) else None
+        if not isinstance(name, str) or type(n) is not int or not 1 <= n <= 100_000:
+            raise CorruptData(f"a bad row {row!r}", where=str(path))
+        try:
+            validate_topic(name)
+        except InvalidInput:
+            raise CorruptData(f"a bad topic name {name!r}", where=str(path)) from None
+        out.append((name, n))
+    return out

@@ -223,6 +223,16 @@ def _at_rest(a: dict[str, Any]) -> Text:
     return line
 
 
+def _state_files(damaged: list[dict[str, Any]]) -> Text:
+    """The damaged state files found at start: each named, with what was done and where it went."""
+    line = Text(f"{len(damaged)} damaged", style="red")
+    for d in damaged:
+        line.append(f"\n{d['file']}: {d['reason']}; {d['action']}")
+        if d.get("quarantined"):
+            line.append(f" (copy in {d['quarantined']})")
+    return line
+
+
 def render(doc: dict[str, Any]) -> None:
     j, s = doc["journal"], doc["shipper"]
     head = Table(title=f"edgegw {doc['version']} — region {doc['region']}", show_header=False)
@@ -261,6 +271,9 @@ def render(doc: dict[str, Any]) -> None:
     disk = doc.get("disk")
     if disk:
         head.add_row("disk", _disk(disk))
+    damaged_files = (doc.get("state_files") or {}).get("damaged") or []
+    if damaged_files:
+        head.add_row("state files", _state_files(damaged_files))
     producers = doc.get("producers")
     if producers and (producers["remembered"] or producers["issued"]):
         head.add_row(

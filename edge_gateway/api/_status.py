@@ -133,6 +133,8 @@ def status_document(gw: Gateway) -> dict[str, Any]:
         "accepting": gw.accepting,
         "bucket": gw.config.bucket.describe(gw.config.data_dir),
         "producers": _producers_json(gw),
+        # Damaged state files found in this run: each copied to quarantine/ and rebuilt.
+        "state_files": {"damaged": [d.to_json() for d in gw.state_files.statistics()]},
         "python_gc": pygc.statistics(),
         "heap": heap.statistics(),
         "journal": {

@@ -27,7 +27,6 @@ which data may move when is :mod:`edge_gateway.bucket._linkpolicy`'s rule.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -40,12 +39,16 @@ import trio
 from edge_gateway.bucket._base import Bucket, GetResult, ObjectInfo
 from edge_gateway.bucket._delegating import DelegatingBucket
 from edge_gateway.bucket._linkpolicy import Usage
+from edge_gateway.errors import CorruptData
+from edge_gateway.statefile import StateFiles, seal, unseal
 
 log = logging.getLogger("edgegw.link")
 
 #: Usage is written at most this often (and when the meter closes).
 _SAVE_EVERY_S = 10.0
 _USAGE_VERSION = 1
+#: The fields of the usage file as written before it had a checksum.
+_USAGE_KEYS = frozenset({"version", "day", "day_bytes", "month", "month_bytes"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +70,9 @@ class LinkMeter:
 
     ``clock`` (monotonic seconds) and ``local_time`` (``time.localtime``-like)
     are injectable for tests; ``usage_path`` ``None`` keeps usage in memory.
+    A damaged usage file is reported to ``state_files`` (copied to quarantine,
+    a WARNING) and the day's and month's counts start again from 0: they only
+    pace the link (a harmless loss).
     """
 
     def __init__(
@@ -76,6 +82,7 @@ class LinkMeter:
         usage_path: Path | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        state_files: StateFiles | None = None,
     ) -> None:
         if cap_bytes_per_s < 0:
             raise ValueError("cap_bytes_per_s must be >= 0")
@@ -83,6 +90,7 @@ class LinkMeter:
         self._clock = clock
         self._wall = wall
         self._usage_path = usage_path
+        self._state_files = state_files
         #: Monotonic time at which the link is free again (the end of the last slot).
         self._free_at = 0.0
         self._up = 0
@@ -179,23 +187,44 @@ class LinkMeter:
         if self._usage_path is None:
             return
         try:
-            doc = json.loads(self._usage_path.read_text(encoding="utf-8"))
+            doc = unseal(
+                self._usage_path.read_bytes(), where=str(self._usage_path), legacy_keys=_USAGE_KEYS
+            )
         except FileNotFoundError:
             return
-        except (OSError, ValueError) as exc:
-            log.warning("link: ignoring unreadable %s: %s", self._usage_path, exc)
+        except OSError as exc:
+            self._damaged(f"unreadable: {exc}")
             return
-        if not isinstance(doc, dict) or doc.get("version") != _USAGE_VERSION:
-            log.warning("link: ignoring %s: not a usage file of this version", self._usage_path)
+        except CorruptData as exc:
+            self._damaged(exc.reason)
+            return
+        if doc.get("version") != _USAGE_VERSION:
+            self._damaged("not a usage file of this version")
             return
         day, month = doc.get("day"), doc.get("month")
         day_bytes, month_bytes = doc.get("day_bytes"), doc.get("month_bytes")
+        if not (
+            isinstance(day, str)
+            and isinstance(month, str)
+            and type(day_bytes) is int
+            and type(month_bytes) is int
+        ):
+            self._damaged("a field of the wrong type")
+            return
         # Usage of today (or of a later day: the clock is behind the file's,
         # set back) counts; an earlier period's has renewed.
-        if isinstance(day, str) and day >= self._day and isinstance(day_bytes, int):
+        if day >= self._day:
             self._day_bytes = max(0, day_bytes)
-        if isinstance(month, str) and month >= self._month and isinstance(month_bytes, int):
+        if month >= self._month:
             self._month_bytes = max(0, month_bytes)
+
+    def _damaged(self, reason: str) -> None:
+        assert self._usage_path is not None
+        action = "the day's and month's usage start again from 0"
+        if self._state_files is not None:
+            self._state_files.damaged(self._usage_path, reason, action)
+        else:
+            log.warning("link: ignoring %s (%s): %s", self._usage_path, reason, action)
 
     def save(self) -> None:
         """Write the day's and month's usage (atomically; best effort: a full disk skips it)."""
@@ -211,7 +240,7 @@ class LinkMeter:
         }
         tmp = self._usage_path.with_suffix(".tmp")
         try:
-            tmp.write_bytes(json.dumps(doc).encode())
+            tmp.write_bytes(seal(doc))
             os.replace(tmp, self._usage_path)
         except OSError as exc:
             log.info("link: usage not saved (%s); the next save retries", exc)

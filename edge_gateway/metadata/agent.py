@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from edge_gateway.metadata.routing import RoutingTable
     from edge_gateway.mirror import Tailer
     from edge_gateway.shipper import ShipperStats
+    from edge_gateway.statefile import StateFiles
 
 __all__ = ["AgentHooks", "MetadataAgent"]
 
@@ -112,6 +113,8 @@ class AgentHooks:
     shipper_statistics: Callable[[], ShipperStats]
     #: Source region -> its running tailer (``Gateway.tailers``).
     tailers: Callable[[], Mapping[str, Tailer]]
+    #: Where a damaged routing cache is reported (None: a WARNING only).
+    state_files: StateFiles | None = None
 
 
 class MetadataAgent:
@@ -187,7 +190,14 @@ class MetadataAgent:
         try:
             cached = await trio.to_thread.run_sync(self.cache.load)
         except CorruptData as exc:
-            log.warning("ignoring the routing cache: %s", exc)
+            # Rebuilt from the server: the next table fetched is saved again.
+            # Until then (the server away) the gateway starts without topics,
+            # as with no cache, rather than trust a table it cannot check.
+            action = f"rebuilt from the metadata server {self.settings.url}"
+            if self.hooks.state_files is not None:
+                self.hooks.state_files.damaged(self.cache.path, exc.reason, action)
+            else:
+                log.warning("ignoring the routing cache (%s): %s", exc, action)
             cached = None
         if cached is not None:
             self.client.prime(cached.table, cached.etag)

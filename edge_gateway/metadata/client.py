@@ -31,7 +31,6 @@ the latest of); only a failure on a new connection counts.
 from __future__ import annotations
 
 import email.utils
-import json
 import logging
 import random
 import ssl
@@ -53,6 +52,7 @@ from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
 from edge_gateway.net.http import CLIENT_KEEPALIVE_EXPIRY_S
+from edge_gateway.statefile import seal, unseal
 
 __all__ = [
     "CachedRouting",
@@ -555,6 +555,10 @@ class CachedRouting:
     cached_ms: int
 
 
+#: The routing cache's fields as written before it had a checksum.
+_CACHE_KEYS = frozenset({"format", "cached_ms", "etag", "table"})
+
+
 class RoutingCache:
     """The last routing table on disk, so a gateway starts and runs while the server is away.
 
@@ -574,9 +578,8 @@ class RoutingCache:
             "etag": etag,
             "table": table.to_json(),
         }
-        data = json.dumps(doc, separators=(",", ":")).encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        replace_file(self.path, data)
+        replace_file(self.path, seal(doc))
 
     def load(self) -> CachedRouting | None:
         """The cached table, or None when there is none; :class:`CorruptData` if unreadable."""
@@ -586,10 +589,10 @@ class RoutingCache:
             return None
         where = str(self.path)
         try:
-            doc = json.loads(data)
-        except (ValueError, RecursionError):
-            raise CorruptData("routing cache is not JSON", where=where) from None
-        if not isinstance(doc, dict) or doc.get("format") != CACHE_FORMAT:
+            doc = unseal(data, where=where, legacy_keys=_CACHE_KEYS)
+        except CorruptData as exc:
+            raise CorruptData(f"routing cache: {exc.reason}", where=where) from None
+        if doc.get("format") != CACHE_FORMAT:
             raise CorruptData("routing cache has an unknown format", where=where)
         cached_ms, etag = doc.get("cached_ms"), doc.get("etag")
         if not isinstance(cached_ms, int) or not (etag is None or isinstance(etag, str)):

@@ -275,3 +275,50 @@ def test_start_from_cache_while_the_server_is_down(tmp_path: Path) -> None:
         codes = fleet.close()
         server.stop()
     assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
+
+
+def test_a_damaged_routing_cache_is_rebuilt_from_the_server(
+    tmp_path: Path, server: MetaServer
+) -> None:
+    """One bit flipped in a digit of routing.json (still valid JSON): the checksum finds
+    it; the file goes to quarantine/, status, the metric and the log say so, and the
+    table comes from the server again (issue 45, item 4)."""
+    tokens = _regions(server.url, "north")
+    admin(server.url, "POST", "/v1/topics", {"name": "t", "home": "north", "partitions": 2})
+    fleet = _fleet(tmp_path, server.url, tokens)
+    north = fleet["north"]
+    try:
+        fleet.start()
+        assert _produce(north, "t", 5, partition=1).status_code == 200
+        assert fleet.close() == {"north": 0}
+        cache = north.data_dir / "routing.json"
+        data = bytearray(cache.read_bytes())
+        digits = [i for i, b in enumerate(data) if chr(b).isdigit()]
+        i = min(digits, key=lambda i: abs(i - len(data) // 2))
+        data[i] ^= 0x01  # a digit stays a digit: valid JSON, the same shape
+        cache.write_bytes(bytes(data))
+
+        fleet.start()
+        damaged = north.status()["state_files"]["damaged"]
+        assert [d["file"] for d in damaged] == ["routing.json"], damaged
+        assert "checksum mismatch" in damaged[0]["reason"]
+        assert Path(damaged[0]["quarantined"]).read_bytes() == bytes(data)
+        assert 'edgegw_state_files_damaged_total{file="routing.json"} 1.0' in _metrics(north)
+        out = _status_text(north)
+        assert "1 damaged" in out
+        assert "routing.json: routing cache: checksum mismatch" in out
+        assert _partitions(north, "t") == 2
+        with north.client() as c:
+            assert [r.value for r in c.fetch("t", 1, 0).records] == [
+                f"north-t-{i}".encode() for i in range(5)
+            ]
+        wait_until(cache.exists, DEADLINE, "the routing cache saved again")
+    finally:
+        codes = fleet.close()
+    assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"
+    fleet.start()  # the cache written again is sound
+    try:
+        assert north.status()["state_files"]["damaged"] == []
+    finally:
+        codes = fleet.close()
+    assert set(codes.values()) == {0}, f"exit codes {codes}; logs in {tmp_path}"

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
 import pytest
 from _fds import no_gc, open_paths
 
-from edge_gateway.errors import ClosedError
+from edge_gateway.errors import ClosedError, CorruptData
 from edge_gateway.groups import GroupStore
 
 
@@ -34,7 +33,7 @@ def test_a_file_that_is_not_a_database_leaves_nothing_open(tmp_path: Path) -> No
     path = tmp_path / "groups.sqlite"
     path.write_bytes(b"not sqlite at all" * 100)
     with no_gc():
-        with pytest.raises(sqlite3.DatabaseError) as refused:
+        with pytest.raises(CorruptData, match=r"damaged .*/quarantine/ to start") as refused:
             GroupStore(path)
         assert refused.traceback  # the refusal's frames are alive; the connection is closed
         assert open_paths(path) == []
