@@ -604,6 +604,7 @@ AT_REST_KEYS = (
     "at_rest_pending_segments_before",
     "at_rest_pending_segments_after",
     "at_rest_rewritten_segments",
+    "at_rest_child_max_rss_bytes",
 )
 #: Partitions of the at-rest pair's topic: a JSON request of one record per partition
 #: writes that many single-record entries (the slowest entries to rewrite).
@@ -691,6 +692,8 @@ def at_rest_figures(
             status = _at_rest_status(on)
             out["at_rest_pending_segments_after"] = status["pending_segments"]
             out["at_rest_rewritten_segments"] = status["rewritten_segments"]
+            # the rewrite's child process (absent from a gateway that rewrites on a thread)
+            out["at_rest_child_max_rss_bytes"] = status.get("child_max_rss_bytes")
             cap_off = gw_capacity(off, capacity_s)
             out["at_rest_concurrent_requests_per_s"] = cap_on["requests_per_s"]
             out["at_rest_off_concurrent_requests_per_s"] = cap_off["requests_per_s"]
@@ -701,6 +704,7 @@ def at_rest_figures(
     finally:
         on.stop()
     out["at_rest_p50_ratio_vs_off"] = ratio(out["at_rest_p50_us"], out["at_rest_off_p50_us"])
+    out["at_rest_p99_ratio_vs_off"] = ratio(out["at_rest_p99_us"], out["at_rest_off_p99_us"])
     out["at_rest_capacity_ratio_vs_off"] = ratio(
         out["at_rest_concurrent_requests_per_s"], out["at_rest_off_concurrent_requests_per_s"]
     )
