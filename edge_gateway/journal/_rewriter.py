@@ -89,6 +89,7 @@ __all__ = [
     "RewriteStats",
     "Rewriter",
     "rewrite_in_child",
+    "expand_file",
     "expand_in_place",
     "fsync_dir",
     "write_compressed",
@@ -239,10 +240,26 @@ def expand_in_place(path: Path) -> None:
 
     For the open, when a compressed segment is the journal's last (the
     segment after it was moved aside): the journal appends to an entry log.
+    The steps are :func:`expand_file`'s.
+    """
+    before, after = expand_file(path)
+    log.warning(
+        "journal: %s was the last segment and compressed (the segment after it is gone); "
+        "expanded back into an entry log (%d -> %d bytes) to append to",
+        path.name,
+        before,
+        after,
+    )
+
+
+def expand_file(path: Path) -> tuple[int, int]:
+    """Rewrite the compressed segment at ``path`` as the entry log it replaced, atomically.
+
     The same atomic steps as a rewrite: ``<lsn>.wal.z-tmp`` written and
     fsynced, renamed over ``path``, the directory fsynced; an index file
     beside it (of the entry log it once was) is deleted first. Damage is
-    ``CorruptData`` naming the file (nothing is changed then).
+    ``CorruptData`` naming the file (nothing is changed then). Returns the
+    bytes of the compressed file and of the entry log.
     """
     data = path.read_bytes()
     wal = atrest.expand_segment(data, where=str(path))
@@ -262,13 +279,7 @@ def expand_in_place(path: Path) -> None:
             _fs.ops.unlink(tmp)
         raise
     fsync_dir(path.parent)
-    log.warning(
-        "journal: %s was the last segment and compressed (the segment after it is gone); "
-        "expanded back into an entry log (%d -> %d bytes) to append to",
-        path.name,
-        len(data),
-        len(wal),
-    )
+    return len(data), len(wal)
 
 
 class Pacer:
