@@ -71,6 +71,21 @@ def _watch(stdin: TextIO, lines: queue.Queue[str]) -> None:
     os._exit(ORPHANED)
 
 
+def _peak_rss() -> int:
+    """This process's peak resident memory, bytes.
+
+    ``VmHWM``: Linux's ``ru_maxrss`` survives ``fork`` and ``execve``, so a
+    child would report its parent's peak (the gateway's) when that was higher.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
 def _send(out: TextIO, msg: dict[str, Any]) -> None:
     out.write(json.dumps(msg) + "\n")
     out.flush()
@@ -109,8 +124,7 @@ def main() -> int:
     if prepared is None:
         _send(out, {"ok": True, "skip": True})
         return 0
-    # ru_maxrss is KiB on Linux (bytes on macOS; this runs where the gateway runs: Linux)
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    rss = _peak_rss()
     _send(
         out,
         {
