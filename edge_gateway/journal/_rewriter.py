@@ -11,10 +11,17 @@ a closed journal) runs the same steps through the same functions
 The steps, and where each runs:
 
 1. write ``<lsn>.wal.z-tmp`` (``iter_compressed``), 2. fsync it, 3. verify it
-   (it expands to the segment's bytes, byte for byte): on a worker thread
-   (:func:`write_compressed`), paced by :class:`Pacer` so it takes at most
-   :data:`DUTY` of one core and yields to the event loop between slices of a
-   few milliseconds;
+   (it expands to the segment's bytes, byte for byte): :func:`write_compressed`
+   in a child process (:func:`rewrite_in_child`, ``_rewrite_child.py``), so
+   that Python's encoding never holds this process's GIL while a request
+   waits; the child runs at nice 19 / ``SCHED_IDLE`` and is paced by
+   :class:`Pacer` to at most :data:`DUTY` of one core. A child that dies
+   leaves the segment untouched (its ``.z-tmp`` unlinked, a failure, the
+   backoff); a child whose parent dies exits (its stdin ends). With
+   ``Rewriter.in_child = False`` the same function runs on a worker thread
+   instead: for the tests that replace ``_fs.ops``, which a child cannot see;
+   the inline rewrite of a full budget (:meth:`Rewriter.rewrite_for_room`)
+   runs it on the event loop;
 4. rename it over ``<lsn>.wal`` and swap the segment in memory
    (:meth:`SegmentSet.swap_compressed`): on the event loop, in one step with no
    checkpoint between. Reads (``read``, ``read_entry``, ``read_entries``) are
