@@ -25,10 +25,12 @@ process (``nice`` 19, then ``SCHED_IDLE`` on Linux) and paces itself with
 quarter of one core by default): the priority keeps it off a core the
 gateway wants, the pacer bounds what it takes of an otherwise idle device.
 
-The parent's death ends it: a thread reads stdin, and at end of file (the
-parent is gone, or closed the pipe) the process exits at once, wherever it
-is. A ``.z-tmp`` it leaves is deleted by the journal's next open; it never
-renames anything (the rename is the parent's, on its event loop).
+SIGTERM and SIGINT are ignored (a shutdown signals the whole group; the
+parent ends the child itself). The parent's death ends it: a thread reads
+stdin, and at end of file (the parent is gone, or closed the pipe) the
+process exits at once, wherever it is. A ``.z-tmp`` it leaves is deleted
+by the journal's next open; it never renames anything (the rename is the
+parent's, on its event loop).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import json
 import os
 import queue
 import resource
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -92,6 +95,12 @@ def _send(out: TextIO, msg: dict[str, Any]) -> None:
 
 
 def main() -> int:
+    # SIGTERM and SIGINT go to a whole process group or cgroup at once (Ctrl-C,
+    # systemd's stop): the parent decides when the child ends (it kills it when
+    # cancelled; its death ends the child's stdin), so a rewrite is not counted
+    # as failed at every shutdown.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _lower_priority()
     out = sys.stdout
     request = json.loads(sys.stdin.readline() or "null")

@@ -132,6 +132,30 @@ async def test_a_cancelled_rewrite_kills_and_reaps_its_child(tmp_path: Path) -> 
         j.close_sync()
 
 
+async def test_the_child_ignores_a_shutdown_signal_meant_for_its_group(tmp_path: Path) -> None:
+    root = tmp_path / "j"
+    j = _fill(root)
+    try:
+        j.rewriter.duty = 0.5
+        seg = j._segment_set.segments[0]
+        async with trio.open_nursery() as nursery:
+            result: list[bool] = []
+
+            async def rewrite() -> None:
+                result.append(await j.rewriter.rewrite(seg))
+
+            nursery.start_soon(rewrite)
+            pid = await _child_of(j, root)
+            # systemd's stop and Ctrl-C signal every process of the group
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+        assert result == [True]
+        assert j.rewriter.statistics().failures == 0
+        assert seg.path.read_bytes()[:4] == MAGIC
+    finally:
+        j.close_sync()
+
+
 PARENT = """
 import sys, trio
 from pathlib import Path
