@@ -604,6 +604,9 @@ AT_REST_KEYS = (
     "at_rest_pending_segments_before",
     "at_rest_pending_segments_after",
     "at_rest_rewritten_segments",
+    "at_rest_child_max_rss_bytes",
+    "at_rest_gateway_rss_mb",
+    "at_rest_off_gateway_rss_mb",
 )
 #: Partitions of the at-rest pair's topic: a JSON request of one record per partition
 #: writes that many single-record entries (the slowest entries to rewrite).
@@ -691,7 +694,11 @@ def at_rest_figures(
             status = _at_rest_status(on)
             out["at_rest_pending_segments_after"] = status["pending_segments"]
             out["at_rest_rewritten_segments"] = status["rewritten_segments"]
+            # the rewrite's child process (absent from a gateway that rewrites on a thread)
+            out["at_rest_child_max_rss_bytes"] = status.get("child_max_rss_bytes")
+            out["at_rest_gateway_rss_mb"] = on.rss_mb()
             cap_off = gw_capacity(off, capacity_s)
+            out["at_rest_off_gateway_rss_mb"] = off.rss_mb()
             out["at_rest_concurrent_requests_per_s"] = cap_on["requests_per_s"]
             out["at_rest_off_concurrent_requests_per_s"] = cap_off["requests_per_s"]
             out["at_rest_concurrent_p99_ms"] = cap_on["p99_ms"]
@@ -701,6 +708,7 @@ def at_rest_figures(
     finally:
         on.stop()
     out["at_rest_p50_ratio_vs_off"] = ratio(out["at_rest_p50_us"], out["at_rest_off_p50_us"])
+    out["at_rest_p99_ratio_vs_off"] = ratio(out["at_rest_p99_us"], out["at_rest_off_p99_us"])
     out["at_rest_capacity_ratio_vs_off"] = ratio(
         out["at_rest_concurrent_requests_per_s"], out["at_rest_off_concurrent_requests_per_s"]
     )
@@ -741,7 +749,24 @@ def _at_rest_rows(figures: dict[str, Any]) -> list[Row | str]:
             "within 10%",
             None if cr is None else abs(cr - 1) <= 0.1,
         ),
+        _memory_line(figures),
     ]
+
+
+def _memory_line(figures: dict[str, Any]) -> str:
+    child = figures.get("at_rest_child_max_rss_bytes")
+    on, off = figures.get("at_rest_gateway_rss_mb"), figures.get("at_rest_off_gateway_rss_mb")
+    parts = [
+        f"gateway RSS {on:.0f} MB (at_rest off: {off:.0f} MB)"
+        if on is not None and off is not None
+        else "gateway RSS -"
+    ]
+    parts.append(
+        f"the rewrite's child process peak {child / 2**20:.0f} MiB (only while it runs)"
+        if child
+        else "no rewrite child (a gateway that rewrites on a thread, or none ran)"
+    )
+    return "memory: " + "; ".join(parts)
 
 
 def main() -> None:

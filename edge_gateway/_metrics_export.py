@@ -478,6 +478,26 @@ class _GatewayCollector(Collector):
             j.rewrite_pending,
         )
         yield _gauge(
+            "edgegw_journal_rewrite_child_max_rss_bytes",
+            "The largest peak resident memory of a rewrite's child process (0: none ran yet).",
+            j.rewrite_child_max_rss_bytes,
+        )
+        yield _gauge(
+            "edgegw_journal_block_cache_bytes",
+            "Bytes of decompressed frames the frame cache holds (journal.block_cache_bytes).",
+            j.block_cache_bytes,
+        )
+        yield _counter(
+            "edgegw_journal_block_cache_hits",
+            "Reads of a compressed frame served from the frame cache.",
+            j.block_cache_hits,
+        )
+        yield _counter(
+            "edgegw_journal_block_cache_misses",
+            "Reads of a compressed frame that read and decompressed it.",
+            j.block_cache_misses,
+        )
+        yield _gauge(
             "edgegw_journal_max_bytes",
             "The journal's disk budget (produce gets 503 journal_full beyond it).",
             j.max_bytes,

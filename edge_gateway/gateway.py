@@ -698,8 +698,8 @@ class Gateway:
     ) -> None:
         """Every lane's journal rewrites its sealed segments compressed (``journal.at_rest``).
 
-        One worker thread for all of them (a shared limiter): the rewrite takes
-        at most a quarter of one core whatever the number of lanes.
+        One rewrite at a time for all of them (a shared limiter; each in a child
+        process): at most a quarter of one core whatever the number of lanes.
         """
         limiter = trio.CapacityLimiter(1)
         async with trio.open_nursery() as nursery:

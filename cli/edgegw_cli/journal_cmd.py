@@ -1,10 +1,16 @@
-"""``edgegw journal verify``: check every segment and index file of a data directory.
+"""``edgegw journal verify`` and ``edgegw journal expand``: the journal's files, offline.
 
-The checks are :func:`edge_gateway.journal.verify_journal` (pure checks over
-each file's bytes; docs/operations.md, "A damaged disk"). This command reads
-the files without taking the data directory's lock, so it runs beside a
-gateway that is serving, prints a line per file (or ``--json``) and exits
+``verify`` checks every segment and index file of a data directory. The
+checks are :func:`edge_gateway.journal.verify_journal` (pure checks over
+each file's bytes; docs/operations.md, "A damaged disk"). It reads the files
+without taking the data directory's lock, so it runs beside a gateway that
+is serving, prints a line per file (or ``--json``) and exits
 0 when nothing is damaged, 1 when something is, 2 on a usage or config error.
+
+``expand`` turns every compressed segment (``EGWC``, docs/at-rest.md) back
+into the entry log it replaced, for a downgrade to a gateway from before
+compressed segments (docs/operations.md, upgrade order). It writes, so it
+takes every lane's lock and refuses while the gateway runs (exit 2).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from edgegw_cli._common import check_progress, console, fail, human_bytes, journ
 
 app = typer.Typer(
     no_args_is_help=True,
-    help="Check the journal's files on disk: every segment and index file, read-only.",
+    help="The journal's files on disk: check them (verify), expand compressed segments (expand).",
 )
 
 #: Exit codes (docs/operations.md, "A damaged disk").
@@ -68,6 +74,58 @@ def verify(
     else:
         _print(report)
     raise typer.Exit(EXIT_CLEAN if report.ok else EXIT_DAMAGED)
+
+
+@app.command("expand")
+def expand(
+    config: Path | None = typer.Option(
+        None, "--config", "-c", help="The gateway's config file (the journal is under data_dir)."
+    ),
+    data_dir: Path | None = typer.Option(
+        None, help="Without --config: the data directory (holds journal/)."
+    ),
+) -> None:
+    """Expand every compressed segment of every lane back into an entry log (offline).
+
+    For a downgrade to a gateway from before compressed segments (EGWC),
+    which refuses to open them: stop the gateway, run this, start the older
+    version (with journal.at_rest = "off" kept, a newer gateway leaves them
+    expanded). Each segment is swapped atomically and expands to the very
+    bytes it replaced; running it again expands what is left. Refuses while
+    the gateway runs (the journal's lock). Exit 0: done; 1: a damaged
+    segment (the segments before it are expanded); 2: usage, config error,
+    or the gateway is running.
+
+    Example: edgegw journal expand --config /etc/edgegw/edgegw.toml
+    """
+    from edge_gateway.errors import CorruptData
+    from edge_gateway.journal import Expanded, expand_journal
+
+    journal = _journal_dir(config, data_dir)
+
+    def done(e: Expanded) -> None:
+        console.print(
+            Text(
+                f"{e.path.parent.name}/{e.path.name}: expanded "
+                f"{human_bytes(e.compressed_bytes)} -> {human_bytes(e.wal_bytes)}"
+            ),
+            highlight=False,
+        )
+
+    try:
+        expanded = expand_journal(journal, progress=done)
+    except CorruptData as exc:
+        raise fail(f"not expanded: {exc}", code=EXIT_DAMAGED) from None
+    except EdgeGatewayError as exc:
+        raise fail(str(exc), code=EXIT_USAGE) from None
+    except OSError as exc:
+        raise fail(f"cannot expand the journal: {exc}", code=EXIT_USAGE) from None
+    total = sum(e.wal_bytes for e in expanded)
+    console.print(
+        Text(f"{len(expanded)} compressed segments expanded ({human_bytes(total)} of entry logs)"),
+        highlight=False,
+    )
+    raise typer.Exit(EXIT_CLEAN)
 
 
 def _journal_dir(config: Path | None, data_dir: Path | None) -> Path:

@@ -107,6 +107,7 @@ def _at_rest_json(gw: Gateway, j: JournalStats) -> dict[str, Any]:
         "rewritten_segments": j.rewritten_segments,
         "rewrite_failures": j.rewrite_failures,
         "pending_segments": j.rewrite_pending,
+        "child_max_rss_bytes": j.rewrite_child_max_rss_bytes,
     }
 
 

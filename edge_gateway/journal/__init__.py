@@ -35,7 +35,12 @@ from edge_gateway.journal._reads import ReadBuffers
 from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scrub_rate
 
 if TYPE_CHECKING:
-    from edge_gateway.journal._compress import Compressed, compress_sealed_segment
+    from edge_gateway.journal._compress import (
+        Compressed,
+        Expanded,
+        compress_sealed_segment,
+        expand_journal,
+    )
     from edge_gateway.journal._held import HeldLane, HeldRange
     from edge_gateway.journal._verify import FileCheck, VerifyReport, verify_journal
 
@@ -46,6 +51,7 @@ __all__ = [
     "ChunkSpan",
     "Compressed",
     "Drop",
+    "Expanded",
     "DroppedRange",
     "Entry",
     "FileCheck",
@@ -71,6 +77,7 @@ __all__ = [
     "StoredChunk",
     "VerifyReport",
     "compress_sealed_segment",
+    "expand_journal",
     "lane_by_id",
     "lane_path",
     "lanes_on_disk",
@@ -90,7 +97,8 @@ __getattr__ = lazy_attributes(
             ("FileCheck", "VerifyReport", "verify_journal"), "edge_gateway.journal._verify"
         ),
         **dict.fromkeys(
-            ("Compressed", "compress_sealed_segment"), "edge_gateway.journal._compress"
+            ("Compressed", "Expanded", "compress_sealed_segment", "expand_journal"),
+            "edge_gateway.journal._compress",
         ),
         **dict.fromkeys(("HeldLane", "HeldRange"), "edge_gateway.journal._held"),
     },

@@ -212,6 +212,8 @@ class JournalStats:
     rewritten_bytes_after: int = 0
     rewrite_failures: int = 0
     rewrite_pending: int = 0
+    #: the largest peak resident memory a rewrite's child process reported
+    rewrite_child_max_rss_bytes: int = 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -1385,6 +1387,7 @@ class Journal:
             rewritten_bytes_after=rw.bytes_after,
             rewrite_failures=rw.failures,
             rewrite_pending=rw.pending,
+            rewrite_child_max_rss_bytes=rw.child_max_rss_bytes,
         )
 
     def index_memory(self) -> int:

@@ -11,10 +11,17 @@ a closed journal) runs the same steps through the same functions
 The steps, and where each runs:
 
 1. write ``<lsn>.wal.z-tmp`` (``iter_compressed``), 2. fsync it, 3. verify it
-   (it expands to the segment's bytes, byte for byte): on a worker thread
-   (:func:`write_compressed`), paced by :class:`Pacer` so it takes at most
-   :data:`DUTY` of one core and yields to the event loop between slices of a
-   few milliseconds;
+   (it expands to the segment's bytes, byte for byte): :func:`write_compressed`
+   in a child process (:func:`rewrite_in_child`, ``_rewrite_child.py``), so
+   that Python's encoding never holds this process's GIL while a request
+   waits; the child runs at nice 19 / ``SCHED_IDLE`` and is paced by
+   :class:`Pacer` to at most :data:`DUTY` of one core. A child that dies
+   leaves the segment untouched (its ``.z-tmp`` unlinked, a failure, the
+   backoff); a child whose parent dies exits (its stdin ends). With
+   ``Rewriter.in_child = False`` the same function runs on a worker thread
+   instead: for the tests that replace ``_fs.ops``, which a child cannot see;
+   the inline rewrite of a full budget (:meth:`Rewriter.rewrite_for_room`)
+   runs it on the event loop;
 4. rename it over ``<lsn>.wal`` and swap the segment in memory
    (:meth:`SegmentSet.swap_compressed`): on the event loop, in one step with no
    checkpoint between. Reads (``read``, ``read_entry``, ``read_entries``) are
@@ -50,19 +57,25 @@ become frames of their own, as fetched).
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import mmap
 import os
+import signal
 import struct
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final, Protocol
+from typing import Any, Final, Protocol
 
 import trio
 
+import edge_gateway
 from edge_gateway.errors import CorruptData
+from edge_gateway.failpoints import ENV as FAILPOINTS_ENV
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
@@ -82,6 +95,8 @@ __all__ = [
     "Prepared",
     "RewriteStats",
     "Rewriter",
+    "rewrite_in_child",
+    "expand_file",
     "expand_in_place",
     "fsync_dir",
     "write_compressed",
@@ -101,6 +116,10 @@ BACKOFF_MAX_S: Final = 60.0
 #: Without a roll to wake it, the rewriter looks again this often (room in the
 #: budget, a segment retention took away).
 IDLE_S: Final = 5.0
+#: The module the rewrite's child process runs (``python -m``).
+CHILD_MODULE: Final = "edge_gateway.journal._rewrite_child"
+#: How long the parent waits for a child to exit once its pipes are closed.
+CHILD_EXIT_S: Final = 10.0
 #: A journal segment's header (format.md): magic, version, 3 zero, base LSN.
 _WAL_HEADER: Final = struct.Struct("<4sB3xQ")
 
@@ -135,14 +154,19 @@ def write_compressed(
     frame_raw_bytes: int = atrest.DEFAULT_FRAME_RAW_BYTES,
     chunk_raw_bytes: int = atrest.DEFAULT_CHUNK_RAW_BYTES,
     tick: Callable[[], None] | None = None,
+    step: Callable[[str], None] = fail_point,
 ) -> Prepared | None:
     """Steps 1-3 of the swap for the sealed entry log at ``path``: write, fsync, verify.
 
-    Blocking (a worker thread). None: a segment this journal does not
+    Blocking (the rewrite's child process, ``_rewrite_child.py``; or the
+    caller's thread). None: a segment this journal does not
     compress (its version; the file untouched, nothing written). On any
     failure the temporary file is unlinked and the error raised (``OSError``,
     ``CorruptData`` when the file does not expand to the segment's bytes).
-    ``tick`` is called every few milliseconds of work (:class:`Pacer`).
+    ``tick`` is called every few milliseconds of work (:class:`Pacer`);
+    ``step`` with the name of each step done (``rewriter.written``,
+    ``rewriter.verified``: the fail points; the child reports them to its
+    parent instead).
     """
     where = str(path)
     fd = _fs.ops.open(path, os.O_RDONLY)
@@ -177,10 +201,10 @@ def write_compressed(
             _fs.ops.fsync(out)
         finally:
             _fs.ops.close(out)
-        fail_point("rewriter.written")
+        step("rewriter.written")
         written = tmp.read_bytes()
         directory = _verify(written, wal, str(tmp), tick)
-        fail_point("rewriter.verified")
+        step("rewriter.verified")
     except BaseException:
         with contextlib.suppress(OSError):
             _fs.ops.unlink(tmp)
@@ -223,10 +247,26 @@ def expand_in_place(path: Path) -> None:
 
     For the open, when a compressed segment is the journal's last (the
     segment after it was moved aside): the journal appends to an entry log.
+    The steps are :func:`expand_file`'s.
+    """
+    before, after = expand_file(path)
+    log.warning(
+        "journal: %s was the last segment and compressed (the segment after it is gone); "
+        "expanded back into an entry log (%d -> %d bytes) to append to",
+        path.name,
+        before,
+        after,
+    )
+
+
+def expand_file(path: Path) -> tuple[int, int]:
+    """Rewrite the compressed segment at ``path`` as the entry log it replaced, atomically.
+
     The same atomic steps as a rewrite: ``<lsn>.wal.z-tmp`` written and
     fsynced, renamed over ``path``, the directory fsynced; an index file
     beside it (of the entry log it once was) is deleted first. Damage is
-    ``CorruptData`` naming the file (nothing is changed then).
+    ``CorruptData`` naming the file (nothing is changed then). Returns the
+    bytes of the compressed file and of the entry log.
     """
     data = path.read_bytes()
     wal = atrest.expand_segment(data, where=str(path))
@@ -246,13 +286,7 @@ def expand_in_place(path: Path) -> None:
             _fs.ops.unlink(tmp)
         raise
     fsync_dir(path.parent)
-    log.warning(
-        "journal: %s was the last segment and compressed (the segment after it is gone); "
-        "expanded back into an entry log (%d -> %d bytes) to append to",
-        path.name,
-        len(data),
-        len(wal),
-    )
+    return len(data), len(wal)
 
 
 class Pacer:
@@ -300,6 +334,145 @@ class Pacer:
             self._check()
 
 
+# ---------------------------------------------------------------- the child process
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRun:
+    """What one rewrite's child process did: :func:`write_compressed`'s result and its costs."""
+
+    prepared: Prepared | None
+    #: the child's CPU seconds of work and seconds slept by its pacer
+    busy_s: float
+    paced_s: float
+    #: the child's peak resident memory (its ``ru_maxrss``)
+    max_rss_bytes: int
+
+
+class _Lines:
+    """JSON objects, one a line, from a child's stdout (None at its end)."""
+
+    def __init__(self, stream: trio.abc.ReceiveStream) -> None:
+        self._stream = stream
+        self._buf = bytearray()
+
+    async def receive(self) -> dict[str, Any] | None:
+        while b"\n" not in self._buf:
+            chunk = await self._stream.receive_some(65536)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, _, rest = bytes(self._buf).partition(b"\n")
+        self._buf = bytearray(rest)
+        msg = json.loads(line)
+        if not isinstance(msg, dict):
+            raise ValueError(f"the rewrite's child wrote {line!r}")
+        return msg
+
+
+def _child_env() -> dict[str, str]:
+    """The gateway's environment; the child imports this very ``edge_gateway`` first."""
+    env = dict(os.environ)
+    here = str(Path(edge_gateway.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [here, env.get("PYTHONPATH")]))
+    env.pop(FAILPOINTS_ENV, None)  # the parent runs the fail points at the child's steps
+    return env
+
+
+async def rewrite_in_child(
+    path: Path,
+    base_lsn: int,
+    *,
+    level: int,
+    frame_raw_bytes: int,
+    chunk_raw_bytes: int,
+    duty: float,
+    started: Callable[[int | None], None] | None = None,
+) -> ChildRun:
+    """Steps 1-3 of the swap for ``path`` in a child process (``_rewrite_child.py``).
+
+    Raises as :func:`write_compressed` does (``OSError``, ``CorruptData``),
+    and ``OSError`` when the child dies without a result (a kill -9, out of
+    memory): the ``.z-tmp`` it left is unlinked then, the segment untouched.
+    Cancelled, it kills the child and waits for it. Every path waits for
+    the child's exit: no process outlives the call. ``started`` is told the
+    child's pid, then None once it is gone (tests, statistics).
+    """
+    proc = await trio.lowlevel.open_process(
+        [sys.executable, "-m", CHILD_MODULE],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=_child_env(),
+    )
+    if started is not None:
+        started(proc.pid)
+    result: dict[str, Any] | None = None
+    tmp = path.with_name(path.name + TMP_SUFFIX)
+    try:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        request = {
+            "path": str(path),
+            "level": level,
+            "frame_raw_bytes": frame_raw_bytes,
+            "chunk_raw_bytes": chunk_raw_bytes,
+            "duty": duty,
+        }
+        lines = _Lines(proc.stdout)
+        with contextlib.suppress(trio.BrokenResourceError):  # it died: its end tells
+            await proc.stdin.send_all(json.dumps(request).encode() + b"\n")
+        while result is None:
+            msg = await lines.receive()
+            if msg is None:
+                break
+            if "step" in msg:
+                # the child waits for "go": a fail point here is exactly that step
+                fail_point(str(msg["step"]))
+                with contextlib.suppress(trio.BrokenResourceError):
+                    await proc.stdin.send_all(b"go\n")
+            else:
+                result = msg
+    finally:
+        with trio.CancelScope(shield=True):
+            if result is None and proc.returncode is None:
+                proc.kill()
+            for pipe in (proc.stdin, proc.stdout):
+                if pipe is not None:
+                    await pipe.aclose()  # stdin closed: the child exits (its docstring)
+            with trio.move_on_after(CHILD_EXIT_S) as waited:
+                await proc.wait()
+            if waited.cancelled_caught:
+                proc.kill()
+                await proc.wait()
+            if started is not None:
+                started(None)
+            if result is None or not result.get("ok"):
+                with contextlib.suppress(OSError):
+                    _fs.ops.unlink(tmp)
+    if result is None:
+        code = proc.returncode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else code
+        raise OSError(f"the rewrite's child process {proc.pid} ended without a result ({how})")
+    if not result["ok"]:
+        if result["kind"] == "corrupt":
+            raise CorruptData(str(result["error"]), where=str(path))
+        if result["errno"] is None:
+            raise OSError(str(result["error"]))
+        raise OSError(int(result["errno"]), str(result["error"]))
+    stats = (float(result.get("busy_s", 0)), float(result.get("paced_s", 0)))
+    if result.get("skip"):
+        return ChildRun(None, *stats, 0)
+    written = Path(result["tmp"])
+    try:
+        opened = await trio.to_thread.run_sync(CompressedFile.open, written, base_lsn)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            _fs.ops.unlink(written)
+        raise
+    prepared = Prepared(written, opened.directory, int(result["wal_bytes"]), int(result["size"]))
+    return ChildRun(prepared, *stats, int(result["max_rss_bytes"]))
+
+
 # ---------------------------------------------------------------- the live rewriter
 
 
@@ -339,9 +512,14 @@ class RewriteStats:
     pending: int
     #: rewrites an append waited for (the budget was full)
     inline: int
-    #: CPU seconds of the worker thread's rewrites, and seconds it slept to pace them
+    #: CPU seconds of the rewrites (the child processes' or the worker thread's),
+    #: and seconds slept to pace them
     busy_seconds: float
     paced_seconds: float
+    #: the pid of the rewrite's child process while one runs, and the largest
+    #: peak resident memory a child reported
+    child_pid: int | None
+    child_max_rss_bytes: int
 
 
 class Rewriter:
@@ -388,6 +566,11 @@ class Rewriter:
         self._inline = 0
         self._busy_s = 0.0
         self._paced_s = 0.0
+        #: steps 1-3 in a child process (module docstring); False: on a worker
+        #: thread of this process, for the fault sweep over ``_fs.ops`` (tests)
+        self.in_child = True
+        self._child_pid: int | None = None
+        self._child_rss = 0
 
     # ------------------------------------------------------------ queries
 
@@ -404,6 +587,8 @@ class Rewriter:
             self._inline,
             self._busy_s,
             self._paced_s,
+            self._child_pid,
+            self._child_rss,
         )
 
     def _wants(self, seg: Segment) -> bool:
@@ -451,7 +636,7 @@ class Rewriter:
         return int(seg.size * TMP_ESTIMATE)
 
     async def rewrite(self, seg: Segment, *, paced: bool = True) -> bool:
-        """Rewrite ``seg`` on the worker thread and swap it in; False if that failed.
+        """Rewrite ``seg`` (steps 1-3 in a child process) and swap it in; False if that failed.
 
         True also when there was nothing to do (compressed already, a version
         it skips, deleted meanwhile).
@@ -462,25 +647,12 @@ class Rewriter:
         self._busy = seg
         self._host.account_bytes(estimate)  # the temporary file counts while it exists
         prepared: Prepared | None = None
-        pacer = Pacer(self.duty if paced else 1.0, check=trio.from_thread.check_cancelled)
         try:
             try:
-                prepared = await trio.to_thread.run_sync(
-                    lambda: write_compressed(
-                        seg.path,
-                        level=self.level,
-                        frame_raw_bytes=self.frame_raw_bytes,
-                        chunk_raw_bytes=self.chunk_raw_bytes,
-                        tick=pacer,
-                    ),
-                    limiter=self.limiter,
-                )
+                prepared = await self._prepare(seg, 1.0 if not paced else self.duty)
             except (OSError, CorruptData) as exc:
                 self._failed(seg, exc)
                 return False
-            finally:
-                self._busy_s += pacer.busy_s
-                self._paced_s += pacer.slept_s
             if prepared is None:
                 self._skip_version(seg)
                 return True
@@ -503,6 +675,41 @@ class Rewriter:
                     _fs.ops.unlink(prepared.tmp)
             self._host.account_bytes(-estimate)
             self._busy = None
+
+    async def _prepare(self, seg: Segment, duty: float) -> Prepared | None:
+        """Steps 1-3: in a child process, or on a worker thread (``in_child``)."""
+        async with self.limiter:
+            if self.in_child:
+                run = await rewrite_in_child(
+                    seg.path,
+                    seg.base_lsn,
+                    level=self.level,
+                    frame_raw_bytes=self.frame_raw_bytes,
+                    chunk_raw_bytes=self.chunk_raw_bytes,
+                    duty=duty,
+                    started=self._child_started,
+                )
+                self._busy_s += run.busy_s
+                self._paced_s += run.paced_s
+                self._child_rss = max(self._child_rss, run.max_rss_bytes)
+                return run.prepared
+            pacer = Pacer(duty, check=trio.from_thread.check_cancelled)
+            try:
+                return await trio.to_thread.run_sync(
+                    lambda: write_compressed(
+                        seg.path,
+                        level=self.level,
+                        frame_raw_bytes=self.frame_raw_bytes,
+                        chunk_raw_bytes=self.chunk_raw_bytes,
+                        tick=pacer,
+                    )
+                )
+            finally:
+                self._busy_s += pacer.busy_s
+                self._paced_s += pacer.slept_s
+
+    def _child_started(self, pid: int | None) -> None:
+        self._child_pid = pid
 
     async def rewrite_all(self, *, paced: bool = False) -> int:
         """Rewrite every sealed entry log now (tests, tools); how many were swapped in."""

@@ -140,6 +140,9 @@ async def run(path: Path, cfg: JournalConfig, fs: FaultyFs, m: Model) -> None:
         if j is None:
             try:
                 j = Journal.open_sync(path, cfg)
+                # the rewrite on a thread of this process: the faulty file
+                # operations of this sweep exist in this process only
+                j.rewriter.in_child = False
             except (DiskFull, Unavailable) as exc:
                 m.errors.append(f"open: {exc}")
                 fs.heal()  # an operator frees space (or swaps the card) and restarts

@@ -38,6 +38,25 @@ STEPS = {
 }
 
 
+def _rewrite_children(journal: Path) -> list[int]:
+    """Rewrite child processes (``_rewrite_child``) working on a file of ``journal``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if b"_rewrite_child" not in (proc / "cmdline").read_bytes():
+                continue
+            if (
+                str(journal) in (proc / "maps").read_text()
+                and (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            ):
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 def _metric(text: str, name: str) -> float:
     [line] = [ln for ln in text.splitlines() if ln.startswith(f"{name} ")]
     return float(line.split()[1])
@@ -73,6 +92,8 @@ def test_kill_9_at_each_step_of_a_rewrite_loses_nothing(tmp_path: Path, step: st
     finally:
         producer.stop()  # its last request failed with the gateway: that one was not acked
     assert producer.acked, "nothing was acknowledged before the kill"
+    # the rewrite's child (steps 1-3) sees its parent gone and exits
+    wait_until(lambda: not _rewrite_children(journal), timeout=30, what="the child to exit")
     tmp_left, swapped = STEPS[step]
     first = sorted(journal.glob("*.wal"))[0]
     assert bool(list(journal.glob("*.z-tmp"))) == tmp_left
