@@ -331,6 +331,31 @@ class _ManifestsAhead:
             done.set()
 
 
+class _HeadLater:
+    """A catch-up's head search, run while the entries the manifests list are fetched.
+
+    The newest manifest names a seq known to exist: a catch-up far enough
+    behind it starts fetching at once, and the galloping HEADs that find the
+    entries written after that manifest (several round trips, a 404 each
+    at the end) overlap the fetches instead of coming before the first.
+    """
+
+    def __init__(self, search: Callable[[], Awaitable[int]], known: int) -> None:
+        self._search = search
+        #: the highest seq known to exist until the search ends, then the head
+        self.head = known
+        self.found = trio.Event()
+        self.error: Exception | None = None
+
+    async def run(self) -> None:
+        try:
+            self.head = max(self.head, await self._search())
+        except Exception as exc:  # noqa: BLE001 - delivered in seq order by the launcher
+            self.error = exc
+        finally:
+            self.found.set()
+
+
 class Tailer:
     """Mirrors the topics of one source region into the local journal, exactly once, in order.
 
@@ -1192,15 +1217,27 @@ class Tailer:
                 continue  # not a manifest (a stray object in the folder)
             manifests.append((last_seq, obj.key))
         known = max((last for last, _ in manifests), default=0)
-        head = await find_head(self.bucket, self.prefix, self.source, max(known, first - 1))
-        # Measured now: replaces a relayed head that may have been wrong.
-        self._known_head = head
-        if head - first + 1 < self.config.catch_up_threshold:
-            return 0
+
+        async def search() -> int:
+            head = await find_head(self.bucket, self.prefix, self.source, max(known, first - 1))
+            # Measured now: replaces a relayed head that may have been wrong.
+            self._known_head = head
+            return head
+
+        later: _HeadLater | None = None
+        if known - first + 1 >= self.config.catch_up_threshold:
+            # Far behind by the manifests alone: fetch while the head is searched.
+            later = _HeadLater(search, known)
+            head = known
+        else:
+            head = await search()
+            if head - first + 1 < self.config.catch_up_threshold:
+                return 0
         self._catch_ups += 1
         log.info(
-            "mirror %s: %d entries behind (%d..%d), catching up from %d manifests",
+            "mirror %s: %s%d entries behind (%d..%d), catching up from %d manifests",
             self.source,
+            "at least " if later is not None else "",
             head - first + 1,
             first,
             head,
@@ -1221,7 +1258,7 @@ class Tailer:
                 else None
             )
         try:
-            applied, _ = await self._pipeline(first, head, manifests)
+            applied, _ = await self._pipeline(first, head, manifests, later)
         finally:
             self._backlog_manifest = None
             self._announce_backlog()
@@ -1252,11 +1289,16 @@ class Tailer:
         self._gate.announce(self.source, best)
 
     async def _pipeline(
-        self, first: int, last: int | None, manifests: Sequence[tuple[int, str]]
+        self,
+        first: int,
+        last: int | None,
+        manifests: Sequence[tuple[int, str]],
+        later: _HeadLater | None = None,
     ) -> tuple[int, bool]:
         """Fetch entries ahead, in parallel, and apply them strictly in seq order.
 
-        ``last`` bounds a catch-up; ``None`` follows the log: entries up to
+        ``last`` bounds a catch-up (raised to the head ``later`` finds, when
+        given: its search runs beside the fetches); ``None`` follows the log: entries up to
         the known head are fetched ahead, and a few beyond it while entries
         keep appearing (see :meth:`_frontier`). Ends at the first entry that
         does not exist (returns ``(applied, True)``), after ``last``, or when
@@ -1273,7 +1315,11 @@ class Tailer:
         error: Exception | None = None
         self._found_now = 0
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._launch, first, last, manifests, send, count, budget, nursery)
+            if later is not None:
+                nursery.start_soon(later.run)
+            nursery.start_soon(
+                self._launch, first, last, manifests, send, count, budget, nursery, later
+            )
             try:
                 async for slot in recv:
                     if last is not None:
@@ -1365,6 +1411,7 @@ class Tailer:
         count: trio.Semaphore,
         budget: _ByteBudget,
         nursery: trio.Nursery,
+        later: _HeadLater | None = None,
     ) -> None:
         """Start fetches in seq order, as far ahead as the count (and the frontier) allow.
 
@@ -1380,7 +1427,20 @@ class Tailer:
         async with send:
             mi = 0
             seq = first
-            while last is None or seq <= last:
+            while True:
+                if last is not None and seq > last and later is not None:
+                    # At the newest manifest's seq: the rest is up to the head.
+                    await wait_set(later.found)
+                    if later.error is not None:
+                        await count.acquire()  # the consumer releases it, as for any slot
+                        slot = _Slot(seq)
+                        slot.error = later.error
+                        slot.done.set()
+                        send.send_nowait(slot)  # in seq order, after the entries before
+                        return
+                    last, later = max(last, later.head), None
+                if last is not None and seq > last:
+                    break
                 if last is None:
                     while seq > self._frontier(first):
                         self._frontier_moved = trio.Event()
