@@ -45,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import trio
 
@@ -89,7 +90,7 @@ from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
 from edge_gateway.mirror.log_gc import GcState, read_gc_state
 from edge_gateway.names import validate_region, validate_topic
-from edge_gateway.regionlog import find_head, read_header
+from edge_gateway.regionlog import HEADER_READ_BYTES, find_head, read_header
 
 log = logging.getLogger("edgegw.mirror")
 
@@ -329,6 +330,11 @@ class _ManifestsAhead:
             box.append(exc)
         finally:
             done.set()
+
+
+#: A catch-up's first GET of an entry no manifest planned: a busy source's whole
+#: object (2-400 KB: a flush interval of records, compressed) in one round trip.
+_CATCH_UP_FIRST_GET: Final = 256 * 1024
 
 
 class _HeadLater:
@@ -886,10 +892,22 @@ class Tailer:
 
     # ------------------------------------------------------------ fetching
 
-    async def _prepare_unplanned(self, seq: int) -> _FetchPlan:
-        """Read the entry's header (one ranged GET) and plan the ranges of subscribed blocks."""
+    async def _prepare_unplanned(self, seq: int, *, catching_up: bool = False) -> _FetchPlan:
+        """Read the entry's header (one ranged GET) and plan the ranges of subscribed blocks.
+
+        ``catching_up``: the entry is known to exist (a catch-up's, past its
+        newest manifest): the first GET asks for up to
+        :data:`_CATCH_UP_FIRST_GET` bytes (never more than an object's share
+        of ``prefetch_bytes``), so that an object no larger (a busy source's,
+        typically) comes whole in one round trip instead of its header and
+        then its blocks, two round trips one after the other.
+        """
         key = log_key(self.prefix, self.source, seq)
-        read = await read_header(self.bucket, key)
+        first = HEADER_READ_BYTES
+        if catching_up:
+            share = self.config.prefetch_bytes // self.config.prefetch_objects
+            first = max(first, min(_CATCH_UP_FIRST_GET, share))
+        read = await read_header(self.bucket, key, first)
         self._header_reads += 1
         self._bytes_fetched += len(read.prefix)
         if read.size != read.header.total_length:
@@ -1472,7 +1490,9 @@ class Tailer:
                     self._polls += 1
                 send.send_nowait(slot)  # the channel is unbounded
                 if plan is None or not self._fetch_now(slot, plan, previous, budget, nursery):
-                    nursery.start_soon(self._fetch_into, slot, plan, previous, budget, nursery)
+                    nursery.start_soon(
+                        self._fetch_into, slot, plan, previous, budget, nursery, last is not None
+                    )
                 previous = slot.budgeted
                 seq += 1
 
@@ -1483,13 +1503,14 @@ class Tailer:
         previous: trio.Event,
         budget: _ByteBudget,
         nursery: trio.Nursery,
+        catching_up: bool = False,
     ) -> None:
         """Read the header (unless planned), take the budget in turn, fetch and decode."""
         self._in_flight += 1
         self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
         try:
             if plan is None:
-                plan = await self._prepare_unplanned(slot.seq)
+                plan = await self._prepare_unplanned(slot.seq, catching_up=catching_up)
                 self._found_now += 1
                 self._frontier_moved.set()
             await wait_set(previous)

@@ -591,6 +591,29 @@ async def test_a_failed_head_search_fails_the_catch_up_after_the_entries_before(
     assert mirror_of(journal, "a", source) == source
 
 
+async def test_a_catch_up_gets_an_unplanned_object_whole_in_one_request(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    # No manifest covers these entries (a backlog shorter than manifest_every):
+    # an object up to 256 KiB comes whole with the first GET of a catch-up,
+    # not its first 64 KiB and then the rest (two round trips in a row).
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(10):
+        await log.entry({("t", 0): [700], ("t", 1): [700]})
+    sizes = [(await bucket.head(f"regions/a/log/{seq:020d}.egw")).size for seq in range(2, 12)]
+    assert all(64 * 1024 < n < 256 * 1024 for n in sizes)
+    tracking = Tracking(bucket)
+    tailer = Tailer(journal, tracking, "a", None, "b", TailerConfig(catch_up_threshold=4))
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+    entries = [f"regions/a/log/{seq:020d}.egw" for seq in range(1, 12)]
+    log_gets = [k for k in tracking.keys if k in entries]
+    assert sorted(log_gets) == entries  # one GET each (then a probe of seq 12)
+    assert tailer.statistics().catch_ups == 1
+
+
 async def test_unusable_manifest_falls_back_to_header_reads(
     bucket: FaultyBucket, journal: Journal, tmp_path: Path
 ) -> None:
