@@ -82,13 +82,13 @@ class HeaderRead:
     size: int
 
 
-async def read_header(bucket: Bucket, key: str) -> HeaderRead:
+async def read_header(bucket: Bucket, key: str, first_bytes: int = HEADER_READ_BYTES) -> HeaderRead:
     """The header of the log object at ``key``, with the bytes read so far (from 0).
 
-    One ranged GET in the usual case; a second only when the index is larger
-    than :data:`HEADER_READ_BYTES`.
+    One ranged GET of ``first_bytes`` in the usual case (all of an object no
+    larger); a second only when the index is larger than that.
     """
-    res = await bucket.get(key, start=0, end=HEADER_READ_BYTES)
+    res = await bucket.get(key, start=0, end=first_bytes)
     data = res.data
     need = logobject.header_length_hint(data[:12], where=key)
     if need > len(data):

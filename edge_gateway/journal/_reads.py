@@ -16,7 +16,6 @@ by offset through its frames.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import os
 import threading
 from collections.abc import Container, Iterator
@@ -154,9 +153,8 @@ class _BlockFrame(FrameBatches):
     __slots__ = ("entry",)
 
     def __init__(self, be: BlockEntry, *, where: str) -> None:
-        frame = be.frame_index()
-        super().__init__(frame, atrest.decode_frame(frame, be.stored, where=where), where=where)
-        self.entry = dataclasses.replace(be, stored=b"")
+        super().__init__(be.frame_index(), atrest.block_entry_raw(be, where=where), where=where)
+        self.entry = be.header_only()
 
 
 def block_header_entry(be: BlockEntry) -> Entry:
@@ -346,10 +344,12 @@ class Reads:
         end = positions[i + 1] if i + 1 < seg.entries else SegmentSet.entries_size(seg)
         return seg, pos, end
 
-    def _read_any(self, lsn: int, at: tuple[Segment, int, int] | None = None) -> atrest.AnyEntry:
+    def _read_any(
+        self, lsn: int, at: tuple[Segment, int, int] | None = None, *, check_block: bool = True
+    ) -> atrest.AnyEntry:
         seg, pos, end = at or self._locate(lsn)
         data = self.segments.pread(seg, end - pos, pos)
-        e = atrest.decode_any_entry(data, where=f"{seg.path}@{pos}")
+        e = atrest.decode_any_entry(data, where=f"{seg.path}@{pos}", check_block=check_block)
         if e.lsn != lsn:  # an index that does not match its segment
             raise CorruptData(
                 f"entry has LSN {e.lsn}, the index says {lsn}", where=f"{seg.path}@{pos}"
@@ -366,7 +366,9 @@ class Reads:
         cache = self.segments.frame_cache
         cached = cache.peek(key)
         if cached is None:
-            e = self._read_any(lsn, at)
+            # A block entry is decompressed next (_BlockFrame), which checks its
+            # frame; the entry's CRC covers the block's bytes: no second CRC.
+            e = self._read_any(lsn, at, check_block=False)
             if not isinstance(e, BlockEntry):
                 yield e
                 return

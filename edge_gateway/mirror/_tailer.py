@@ -45,6 +45,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 import trio
 
@@ -89,7 +90,7 @@ from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
 from edge_gateway.mirror.log_gc import GcState, read_gc_state
 from edge_gateway.names import validate_region, validate_topic
-from edge_gateway.regionlog import find_head, read_header
+from edge_gateway.regionlog import HEADER_READ_BYTES, find_head, read_header
 
 log = logging.getLogger("edgegw.mirror")
 
@@ -329,6 +330,36 @@ class _ManifestsAhead:
             box.append(exc)
         finally:
             done.set()
+
+
+#: A catch-up's first GET of an entry no manifest planned: a busy source's whole
+#: object (2-400 KB: a flush interval of records, compressed) in one round trip.
+_CATCH_UP_FIRST_GET: Final = 256 * 1024
+
+
+class _HeadLater:
+    """A catch-up's head search, run while the entries the manifests list are fetched.
+
+    The newest manifest names a seq known to exist: a catch-up far enough
+    behind it starts fetching at once, and the galloping HEADs that find the
+    entries written after that manifest (several round trips, a 404 each
+    at the end) overlap the fetches instead of coming before the first.
+    """
+
+    def __init__(self, search: Callable[[], Awaitable[int]], known: int) -> None:
+        self._search = search
+        #: the highest seq known to exist until the search ends, then the head
+        self.head = known
+        self.found = trio.Event()
+        self.error: Exception | None = None
+
+    async def run(self) -> None:
+        try:
+            self.head = max(self.head, await self._search())
+        except Exception as exc:  # noqa: BLE001 - delivered in seq order by the launcher
+            self.error = exc
+        finally:
+            self.found.set()
 
 
 class Tailer:
@@ -861,10 +892,22 @@ class Tailer:
 
     # ------------------------------------------------------------ fetching
 
-    async def _prepare_unplanned(self, seq: int) -> _FetchPlan:
-        """Read the entry's header (one ranged GET) and plan the ranges of subscribed blocks."""
+    async def _prepare_unplanned(self, seq: int, *, catching_up: bool = False) -> _FetchPlan:
+        """Read the entry's header (one ranged GET) and plan the ranges of subscribed blocks.
+
+        ``catching_up``: the entry is known to exist (a catch-up's, past its
+        newest manifest): the first GET asks for up to
+        :data:`_CATCH_UP_FIRST_GET` bytes (never more than an object's share
+        of ``prefetch_bytes``), so that an object no larger (a busy source's,
+        typically) comes whole in one round trip instead of its header and
+        then its blocks, two round trips one after the other.
+        """
         key = log_key(self.prefix, self.source, seq)
-        read = await read_header(self.bucket, key)
+        first = HEADER_READ_BYTES
+        if catching_up:
+            share = self.config.prefetch_bytes // self.config.prefetch_objects
+            first = max(first, min(_CATCH_UP_FIRST_GET, share))
+        read = await read_header(self.bucket, key, first)
         self._header_reads += 1
         self._bytes_fetched += len(read.prefix)
         if read.size != read.header.total_length:
@@ -1192,15 +1235,27 @@ class Tailer:
                 continue  # not a manifest (a stray object in the folder)
             manifests.append((last_seq, obj.key))
         known = max((last for last, _ in manifests), default=0)
-        head = await find_head(self.bucket, self.prefix, self.source, max(known, first - 1))
-        # Measured now: replaces a relayed head that may have been wrong.
-        self._known_head = head
-        if head - first + 1 < self.config.catch_up_threshold:
-            return 0
+
+        async def search() -> int:
+            head = await find_head(self.bucket, self.prefix, self.source, max(known, first - 1))
+            # Measured now: replaces a relayed head that may have been wrong.
+            self._known_head = head
+            return head
+
+        later: _HeadLater | None = None
+        if known - first + 1 >= self.config.catch_up_threshold:
+            # Far behind by the manifests alone: fetch while the head is searched.
+            later = _HeadLater(search, known)
+            head = known
+        else:
+            head = await search()
+            if head - first + 1 < self.config.catch_up_threshold:
+                return 0
         self._catch_ups += 1
         log.info(
-            "mirror %s: %d entries behind (%d..%d), catching up from %d manifests",
+            "mirror %s: %s%d entries behind (%d..%d), catching up from %d manifests",
             self.source,
+            "at least " if later is not None else "",
             head - first + 1,
             first,
             head,
@@ -1221,7 +1276,7 @@ class Tailer:
                 else None
             )
         try:
-            applied, _ = await self._pipeline(first, head, manifests)
+            applied, _ = await self._pipeline(first, head, manifests, later)
         finally:
             self._backlog_manifest = None
             self._announce_backlog()
@@ -1252,11 +1307,16 @@ class Tailer:
         self._gate.announce(self.source, best)
 
     async def _pipeline(
-        self, first: int, last: int | None, manifests: Sequence[tuple[int, str]]
+        self,
+        first: int,
+        last: int | None,
+        manifests: Sequence[tuple[int, str]],
+        later: _HeadLater | None = None,
     ) -> tuple[int, bool]:
         """Fetch entries ahead, in parallel, and apply them strictly in seq order.
 
-        ``last`` bounds a catch-up; ``None`` follows the log: entries up to
+        ``last`` bounds a catch-up (raised to the head ``later`` finds, when
+        given: its search runs beside the fetches); ``None`` follows the log: entries up to
         the known head are fetched ahead, and a few beyond it while entries
         keep appearing (see :meth:`_frontier`). Ends at the first entry that
         does not exist (returns ``(applied, True)``), after ``last``, or when
@@ -1273,7 +1333,11 @@ class Tailer:
         error: Exception | None = None
         self._found_now = 0
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._launch, first, last, manifests, send, count, budget, nursery)
+            if later is not None:
+                nursery.start_soon(later.run)
+            nursery.start_soon(
+                self._launch, first, last, manifests, send, count, budget, nursery, later
+            )
             try:
                 async for slot in recv:
                     if last is not None:
@@ -1365,6 +1429,7 @@ class Tailer:
         count: trio.Semaphore,
         budget: _ByteBudget,
         nursery: trio.Nursery,
+        later: _HeadLater | None = None,
     ) -> None:
         """Start fetches in seq order, as far ahead as the count (and the frontier) allow.
 
@@ -1380,7 +1445,20 @@ class Tailer:
         async with send:
             mi = 0
             seq = first
-            while last is None or seq <= last:
+            while True:
+                if last is not None and seq > last and later is not None:
+                    # At the newest manifest's seq: the rest is up to the head.
+                    await wait_set(later.found)
+                    if later.error is not None:
+                        await count.acquire()  # the consumer releases it, as for any slot
+                        slot = _Slot(seq)
+                        slot.error = later.error
+                        slot.done.set()
+                        send.send_nowait(slot)  # in seq order, after the entries before
+                        return
+                    last, later = max(last, later.head), None
+                if last is not None and seq > last:
+                    break
                 if last is None:
                     while seq > self._frontier(first):
                         self._frontier_moved = trio.Event()
@@ -1412,7 +1490,9 @@ class Tailer:
                     self._polls += 1
                 send.send_nowait(slot)  # the channel is unbounded
                 if plan is None or not self._fetch_now(slot, plan, previous, budget, nursery):
-                    nursery.start_soon(self._fetch_into, slot, plan, previous, budget, nursery)
+                    nursery.start_soon(
+                        self._fetch_into, slot, plan, previous, budget, nursery, last is not None
+                    )
                 previous = slot.budgeted
                 seq += 1
 
@@ -1423,13 +1503,14 @@ class Tailer:
         previous: trio.Event,
         budget: _ByteBudget,
         nursery: trio.Nursery,
+        catching_up: bool = False,
     ) -> None:
         """Read the header (unless planned), take the budget in turn, fetch and decode."""
         self._in_flight += 1
         self._in_flight_peak = max(self._in_flight_peak, self._in_flight)
         try:
             if plan is None:
-                plan = await self._prepare_unplanned(slot.seq)
+                plan = await self._prepare_unplanned(slot.seq, catching_up=catching_up)
                 self._found_now += 1
                 self._frontier_moved.set()
             await wait_set(previous)

@@ -384,6 +384,44 @@ def test_block_entry_truncated_and_flipped() -> None:
         pytest.fail(f"a flipped bit at {pos} decoded")
 
 
+def test_block_entry_read_path_refuses_damage_with_one_crc() -> None:
+    # The read path (decode with check_block=False, then block_entry_raw) checks
+    # the entry's CRC, which covers the block's bytes, and leaves the block's
+    # own CRC and frame header to the decompression: every cut and flipped bit
+    # is still refused, and decodes to the same batches when intact.
+    index, stored = fetched_block([Record(5, 1, b"k", b"v" * 50), Record(6, 2, None, None)])
+    raw = encode_block_entry(
+        lsn=3, topic="south.t", partition=1, append_time=9,
+        source=SourceCoords("south", 4, 2, True), index=index, stored=stored,
+    )  # fmt: skip
+
+    def read(buf: bytes) -> bytes:
+        e = atrest.decode_any_entry(buf, check_block=False)
+        assert isinstance(e, BlockEntry)
+        return atrest.block_entry_raw(e, where="t")
+
+    assert read(raw) == decode_block(index, stored, where="t")
+    e = decode_block_entry(raw, check_block=False)
+    assert e.header_only() == dataclasses.replace(e, stored=b"")
+    for n in range(len(raw)):
+        with pytest.raises(CorruptData):
+            read(raw[:n])
+    for pos in range(len(raw)):
+        bad = bytearray(raw)
+        bad[pos] ^= 1 << (pos % 8)
+        with pytest.raises(CorruptData):
+            read(bytes(bad))
+    # A forged entry (a frame that is not zstd, the entry's CRC made valid): the
+    # decompression refuses it where the block CRC no longer looks.
+    forged = bytearray(raw)
+    forged[-len(stored)] ^= 0xFF
+    forged[4:8] = struct.pack("<I", crc32c.crc32c(bytes(forged[8:])))
+    with pytest.raises(CorruptData, match="block CRC"):
+        decode_block_entry(bytes(forged))
+    with pytest.raises(CorruptData, match="zstd"):
+        read(bytes(forged))
+
+
 def decode_any_entry_strict(raw: bytes) -> None:
     e = atrest.decode_any_entry(raw)
     if isinstance(e, BlockEntry):

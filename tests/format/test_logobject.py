@@ -1064,3 +1064,23 @@ def test_zstd_contexts_outlive_threads_and_stay_few() -> None:
         t.join()
     assert len({id(x) for x in lent}) == 8
     assert len(pool._idle) == 3
+
+
+def test_an_opened_block_is_decompressed_without_a_second_check() -> None:
+    # decode_block(opened=True): the caller vouches for the stored bytes (a
+    # journal block entry's CRC covers them); the frame and its size are
+    # still checked, and an opener makes no sense with it.
+    b1 = encode_batch([b"x" * 500], timestamps=1, base_offset=0)
+    builder = LogObjectBuilder()
+    builder.add("t", 0, [b1])
+    obj = builder.build("r", 1, 1, 1, 1, 0)
+    (block,) = decode_header(obj, where=KEY).blocks
+    stored = obj[block.offset : block.end]
+    wrong_crc = dataclasses.replace(block, crc=block.crc ^ 1)
+    with pytest.raises(CorruptData, match="CRC"):
+        decode_block(wrong_crc, stored, where=KEY)
+    assert decode_block(wrong_crc, stored, where=KEY, opened=True) == b1
+    with pytest.raises(CorruptData):
+        decode_block(block, stored[:-1], where=KEY, opened=True)
+    with pytest.raises(InvalidInput, match="opener"):
+        decode_block(block, stored, where=KEY, opened=True, opener=object())  # type: ignore[arg-type]

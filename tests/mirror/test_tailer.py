@@ -25,6 +25,7 @@ from _mirror_support import (
 )
 
 from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, ObjectInfo
+from edge_gateway.errors import Unavailable
 from edge_gateway.format.manifest import Manifest, ManifestEntry, parse_manifest_key
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import GapKind, GapPolicy, SourceGap, Tailer, TailerConfig
@@ -528,6 +529,89 @@ async def test_far_behind_plans_from_manifests_and_prefetches_in_bounds(
     # one LIST of the manifests, one of the packs (format/pack.py)
     lists = sorted(k for k in tracking.keys if k.startswith("LIST"))
     assert lists == ["LIST regions/a/manifest/", "LIST regions/a/pack/"]
+
+
+class SlowHeads(Tracking):
+    """HEADs (the head search) slower than GETs, and logged with them in order;
+    with ``fail_heads`` each HEAD fails as an unavailable store would."""
+
+    def __init__(self, inner: Bucket) -> None:
+        super().__init__(inner)
+        self.fail_heads = False
+
+    async def _head(self, key: str) -> ObjectInfo:
+        await trio.sleep(0.02)
+        self.keys.append(f"HEAD {key}")
+        if self.fail_heads:
+            raise Unavailable("HEAD refused (test)")
+        return await super()._head(key)
+
+
+async def test_the_head_search_runs_beside_the_fetches_of_a_far_catch_up(
+    bucket: FaultyBucket, journal: Journal, tmp_path: Path
+) -> None:
+    # The manifests say the mirror is far behind: entries are fetched while the
+    # galloping HEADs look for the entries written after the newest manifest,
+    # and the catch-up still ends at the head (not at the manifest's seq).
+    await ship_rounds(bucket, tmp_path / "a", 45)  # 46 entries, manifests every 4
+    slow = SlowHeads(bucket)
+    cfg = TailerConfig(prefetch_objects=4, catch_up_threshold=8)
+    tailer = Tailer(journal, slow, "a", ["t"], "b", cfg)
+    result = await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", only(source, "t")) == only(source, "t")
+    stats = tailer.statistics()
+    assert stats.catch_ups == 1
+    assert stats.known_head == 46
+    assert result.next_seq == 47
+    heads = [i for i, k in enumerate(slow.keys) if k.startswith("HEAD")]
+    first_entry = next(i for i, k in enumerate(slow.keys) if "/log/" in k and "HEAD" not in k)
+    assert heads
+    assert first_entry < heads[-1]  # fetching began before the search ended
+
+
+async def test_a_failed_head_search_fails_the_catch_up_after_the_entries_before(
+    bucket: FaultyBucket, journal: Journal, tmp_path: Path
+) -> None:
+    # The head search fails while the manifests' entries are fetched: those are
+    # applied in order, then the catch-up raises the search's error (a retry
+    # resumes after them).
+    await ship_rounds(bucket, tmp_path / "a", 45)
+    slow = SlowHeads(bucket)
+    slow.fail_heads = True
+    tailer = Tailer(journal, slow, "a", None, "b", TailerConfig(catch_up_threshold=8))
+    with pytest.raises(Unavailable, match="HEAD refused"):
+        await tailer.catch_up()
+    known = parse_manifest_key((await bucket.list("regions/a/manifest/"))[-1].key)[1]
+    progress = journal.source_progress()["a"]
+    assert (progress.seq, progress.end_of_object) == (known, True)
+    slow.fail_heads = False
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+
+
+async def test_a_catch_up_gets_an_unplanned_object_whole_in_one_request(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    # No manifest covers these entries (a backlog shorter than manifest_every):
+    # an object up to 256 KiB comes whole with the first GET of a catch-up,
+    # not its first 64 KiB and then the rest (two round trips in a row).
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(10):
+        await log.entry({("t", 0): [700], ("t", 1): [700]})
+    sizes = [(await bucket.head(f"regions/a/log/{seq:020d}.egw")).size for seq in range(2, 12)]
+    assert all(64 * 1024 < n < 256 * 1024 for n in sizes)
+    tracking = Tracking(bucket)
+    tailer = Tailer(journal, tracking, "a", None, "b", TailerConfig(catch_up_threshold=4))
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+    entries = [f"regions/a/log/{seq:020d}.egw" for seq in range(1, 12)]
+    log_gets = [k for k in tracking.keys if k in entries]
+    assert sorted(log_gets) == entries  # one GET each (then a probe of seq 12)
+    assert tailer.statistics().catch_ups == 1
 
 
 async def test_unusable_manifest_falls_back_to_header_reads(
