@@ -95,6 +95,7 @@ def test_the_rules_cover_what_an_operator_must_hear_about() -> None:
         "EdgegwMirrorQuarantined",
         "EdgegwJournalNearFull",
         "EdgegwJournalDamaged",
+        "EdgegwJournalEntriesLost",
         "EdgegwLinkAllowance",
         "EdgegwLinkAllowanceUsed",
         "EdgegwBucketDenied",
