@@ -1153,6 +1153,14 @@ class Journal:
         """Every range lost to damage and quarantined (``lost.log``), oldest first."""
         return list(self._losses)
 
+    def losses_from(self, lsn: int) -> list[Loss]:
+        """The losses that cost LSNs from ``lsn`` on, oldest first (the shipper ships
+        each as gap markers, in an object that starts at its first LSN)."""
+        return sorted(
+            (x for x in self._losses if x.lsn_last >= max(lsn, x.lsn_first)),
+            key=lambda x: x.lsn_first,
+        )
+
     # ------------------------------------------------------------------ read
 
     # The read path is its own part (_reads.py); these delegate to it.

@@ -45,6 +45,7 @@ from typing import Final
 
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData
+from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint
@@ -301,6 +302,7 @@ def quarantine_damage(
     )
     # 1. the damaged bytes, as they are
     _write_durably(qdir / copy_name, buf)
+    fail_point("quarantine.copied")
     # 2. the record (once) and the operator's report
     if not any(k.segment == base and k.lsn_first == lsn_first for k in known):
         body = json.dumps(loss.to_json(), separators=(",", ":")).encode()
@@ -318,6 +320,7 @@ def quarantine_damage(
         qdir / f"{stamp}-{lane_dir}-lsn{lsn_first}-report.json",
         json.dumps(report, indent=2).encode() + b"\n",
     )
+    fail_point("quarantine.recorded")
     # 3. the segment without the damage: one checkpoint per lost LSN
     fillers = []
     for lsn in range(lsn_first, lsn_end):
