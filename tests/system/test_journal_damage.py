@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from _serve import Gateway, TopicSpec, wait_until
+from _serve import Fleet, Gateway, TopicSpec, wait_mirrored, wait_until
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
 from _cli_support import run_edgegw
@@ -68,20 +68,20 @@ def _produce(url: str, values: list[str]) -> dict[int, str]:
     return {o["offset"]: v for v, o in zip(values, r.json()["offsets"], strict=True)}
 
 
-def _served(url: str) -> dict[int, str]:
+def _served(url: str, topic: str = TOPIC) -> dict[int, str]:
     """Every record of t/0 the gateway serves (offsets may jump: a gap), offset -> value."""
     out: dict[int, str] = {}
     offset = 0
     with httpx.Client(base_url=url, timeout=30) as c:
         while True:
             r = c.get(
-                f"/v1/topics/{TOPIC}/partitions/0/records",
+                f"/v1/topics/{topic}/partitions/0/records",
                 params={"offset": offset, "max_records": 5000, "max_bytes": 8 << 20},
                 headers={"accept": BATCH_MEDIA_TYPE},
             )
             assert r.status_code == 200, r.text
             next_offset = int(r.headers[NEXT_OFFSET_HEADER])
-            for batch in iter_batches(r.content, where=f"{TOPIC}/0@{offset}"):
+            for batch in iter_batches(r.content, where=f"{topic}/0@{offset}"):
                 for rec in batch.records():
                     if offset <= rec.offset < next_offset:
                         assert rec.offset not in out, f"offset {rec.offset} served twice"
@@ -246,3 +246,28 @@ def test_verify_reports_a_quarantined_segment_as_sound(tmp_path: Path) -> None:
         assert after.returncode == 0, after.stdout
     finally:
         g.kill()
+
+
+def test_a_mirror_sees_the_lost_range_as_a_gap(tmp_path: Path) -> None:
+    """The unshipped lost range reaches the mirror as a gap marker: it mirrors every
+    record the source still serves, and its offsets continue after the gap."""
+    spec = TopicSpec(TOPIC, "a", partitions=1, subscribers=("b",))
+    fleet = Fleet(tmp_path, ["a", "b"], [spec], sections={"journal": {"segment_bytes": "64KiB"}})
+    a, b = fleet["a"], fleet["b"]
+    a.env = {failpoints.ENV: "shipper.loop=1000000"}
+    try:
+        fleet.start()
+        acked = _fill(a, "before")
+        assert a.status()["shipper"]["pending_lsns"] > 0
+        a.kill()
+        _damage(_last_segment(a), "zero-page")
+        a.env = {}
+        a.start()
+        served = _served(a.url)
+        assert len(served) < len(acked)
+        more = _produce(a.url, [_value("after", i) for i in range(10)])
+        wait_until(lambda: a.status()["shipper"]["pending_lsns"] == 0, 60, "a to ship")
+        wait_mirrored(a, TOPIC, b)  # past the gap: its offsets continue after it
+        assert _served(b.url, f"a.{TOPIC}") == served | more
+    finally:
+        fleet.close()
