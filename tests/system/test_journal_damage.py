@@ -271,3 +271,41 @@ def test_a_mirror_sees_the_lost_range_as_a_gap(tmp_path: Path) -> None:
         assert _served(b.url, f"a.{TOPIC}") == served | more
     finally:
         fleet.close()
+
+
+def test_damage_in_a_mirror_topic_is_quarantined_and_the_mirror_goes_on(tmp_path: Path) -> None:
+    """Mirror entries lost on the mirroring site: the mirror starts, serves every intact
+    record of the source bit for bit, names the lost offsets, and keeps mirroring."""
+    spec = TopicSpec(TOPIC, "a", partitions=1, subscribers=("b",))
+    fleet = Fleet(tmp_path, ["a", "b"], [spec], sections={"journal": {"segment_bytes": "64KiB"}})
+    a, b = fleet["a"], fleet["b"]
+    try:
+        fleet.start()
+        acked: dict[int, str] = {}
+        for i in range(1000):
+            acked |= _produce(a.url, [_value("m", 10 * i + j) for j in range(10)])
+            if i % 10 == 9:
+                wait_until(lambda: a.status()["shipper"]["pending_lsns"] == 0, 60, "a ships")
+                wait_mirrored(a, TOPIC, b)
+                if i > 20 and len(_last_segment(b).read_bytes().rstrip(b"\0")) > 7 * PAGE:
+                    break
+        assert b.stop() == 0
+        _damage(_last_segment(b), "flip")
+        b.start()
+        [lost_doc] = [x["lost"] for x in b.status()["lanes"]["lanes"] if x.get("lost")]
+        lost = {
+            o
+            for loss in lost_doc["losses"]
+            for r in loss["ranges"]
+            for o in range(r["first_offset"], r["last_offset"] + 1)
+        }
+        assert lost, lost_doc
+        served = _served(b.url, f"a.{TOPIC}")
+        assert set(served) | lost == set(acked)
+        assert all(served[o] == acked[o] for o in served)
+        more = _produce(a.url, [_value("after", i) for i in range(10)])
+        wait_until(lambda: a.status()["shipper"]["pending_lsns"] == 0, 60, "a ships")
+        wait_mirrored(a, TOPIC, b)
+        assert _served(b.url, f"a.{TOPIC}") == served | more
+    finally:
+        fleet.close()
