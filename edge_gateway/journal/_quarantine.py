@@ -109,8 +109,9 @@ class Loss:
     byte_end: int
     time_ms: int
     reason: str
-    #: the shipper's bucket had confirmed these LSNs (repair from the bucket can
-    #: rebuild them: not built yet); None when shipper.json could not tell
+    #: the bucket has the lost records: the shipper had confirmed these LSNs, or they
+    #: are a mirror topic's (its source's log has them); repair from the bucket is
+    #: not built yet. None when shipper.json could not tell
     repairable: bool | None
     #: the damaged segment's copy, relative to the data directory
     copy: str
@@ -260,10 +261,13 @@ def quarantine_damage(
             before[got[0]] = max(before.get(got[0], 0), got[2])
     # Where those after it continue: each partition's first entry after the damage.
     first_after: dict[Key, int] = {}
+    mirrored: set[Key] = set()
     for _, e in _walk(buf, resync, len(buf)):
         got = _next_offsets(e)
         if got is not None:
             first_after.setdefault(got[0], got[1])
+            if isinstance(e, atrest.BlockEntry) or e.kind == fentry.KIND_MIRROR:
+                mirrored.add(got[0])
     lost_bytes = resync - damage.pos
     bound = lost_bytes // MIN_RECORD_BYTES
     ranges: list[LostRange] = []
@@ -283,6 +287,9 @@ def quarantine_damage(
                 skip_to[key] = start + bound
     shipped = _shipped_lsn(path.parent)
     repairable = None if shipped is None else lsn_end - 1 <= shipped
+    lost_keys = {(r.topic, r.partition) for r in ranges if r.records}
+    if lost_keys and lost_keys <= mirrored:
+        repairable = True  # mirror entries: the source region's log in the bucket has them
     when = time.time_ns() // 1_000_000 if now_ms is None else now_ms
     qdir = path.parent.parent / QUARANTINE_DIR
     qdir.mkdir(exist_ok=True)

@@ -300,6 +300,7 @@ def test_damage_in_a_mirror_topic_is_quarantined_and_the_mirror_goes_on(tmp_path
             for o in range(r["first_offset"], r["last_offset"] + 1)
         }
         assert lost, lost_doc
+        assert all(x["repairable"] is True for x in lost_doc["losses"])  # the source has them
         served = _served(b.url, f"a.{TOPIC}")
         assert set(served) | lost == set(acked)
         assert all(served[o] == acked[o] for o in served)
