@@ -823,3 +823,35 @@ def test_only_checkpoints_counts_segment_bases(tmp_path: Path) -> None:
         assert not j.only_checkpoints(base - 1, base)
     finally:
         j.close_sync()
+
+
+async def test_a_partition_with_no_entry_after_the_damage_moves_past_a_bound(
+    tmp_path: Path,
+) -> None:
+    """Its lost offsets cannot be counted: the range is the most the lost bytes could
+    hold, marked not exact, and no offset inside it is ever handed out."""
+    d = tmp_path / "journal"
+    async with open_journal(d, SMALL) as j:
+        for i in range(10):
+            await j.append("t", 0, batch_for("t", 0, i * 2, 2))
+        await j.append("t", 1, batch_for("t", 1, 0, 3))
+        await j.append("t", 1, batch_for("t", 1, 3, 3))  # t/1's last entry: damaged
+        pos = j._segments[-1].positions[-1]
+        for i in range(10, 20):
+            await j.append("t", 0, batch_for("t", 0, i * 2, 2))
+    last = segment_files(d)[-1]
+    raw = bytearray(last.read_bytes())
+    raw[pos + 30] ^= 0x01
+    last.write_bytes(bytes(raw))
+    for _ in range(2):  # the quarantine, then an open of the sound segment
+        j2 = Journal.open_sync(d, SMALL)
+        try:
+            [loss] = j2.losses()
+            [bound] = loss.ranges  # t/0 lost nothing: its next entry follows on
+            assert (bound.topic, bound.partition, bound.first, bound.exact) == ("t", 1, 3, False)
+            assert bound.last >= 5  # covers the 3 records lost
+            assert j2.next_offset("t", 1) == bound.last + 1
+            assert all_records(j2, "t", 1) == [(o, value("t", 1, o)) for o in range(3)]
+            assert len(all_records(j2, "t", 0)) == 40
+        finally:
+            j2.close_sync()
