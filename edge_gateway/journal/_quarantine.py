@@ -247,18 +247,9 @@ def quarantine_damage(
         raise damage
     after = atrest.decode_any_entry(buf, resync)
     lsn_first, lsn_end = damage.lsn, after.lsn
-    # Where each partition stood before the damage: the segment's checkpoint,
-    # then its entries (and earlier losses' checkpoints) up to the damage.
-    before: dict[Key, int] = {}
-    for at, e in _walk(buf, fentry.SEGMENT_HEADER_SIZE, damage.pos):
-        if not isinstance(e, atrest.BlockEntry) and e.kind == fentry.KIND_CHECKPOINT:
-            cp = Checkpoint.decode(e.payload, where=f"{path}@{at}")
-            for key, off in cp.next_offsets.items():
-                before[key] = max(before.get(key, 0), off)
-            continue
-        got = _next_offsets(e)
-        if got is not None:
-            before[got[0]] = max(before.get(got[0], 0), got[2])
+    # Where each partition stood before the damage: the scan's state there (the
+    # segment's checkpoint, then its entries and earlier losses' checkpoints).
+    before: dict[Key, int] = dict(damage.next_offsets)
     # Where those after it continue: each partition's first entry after the damage.
     first_after: dict[Key, int] = {}
     mirrored: set[Key] = set()

@@ -74,11 +74,22 @@ class DamagedEntry(CorruptData):
     ``pos`` is the bad entry's byte, ``lsn`` the LSN it should have had.
     """
 
-    def __init__(self, reason: str, *, where: str, pos: int, lsn: int, detail: str) -> None:
+    def __init__(
+        self,
+        reason: str,
+        *,
+        where: str,
+        pos: int,
+        lsn: int,
+        detail: str,
+        next_offsets: dict[tuple[str, int], int],
+    ) -> None:
         super().__init__(reason, where=where)
         self.pos = pos
         self.lsn = lsn
         self.detail = detail
+        #: where each partition stood before the damage (the scan's state there)
+        self.next_offsets = next_offsets
 
 
 def list_segments(path: Path) -> list[tuple[int, Path]]:
@@ -239,6 +250,7 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
                 pos=pos,
                 lsn=lsn,
                 detail=exc.reason,
+                next_offsets=_stood(out),
             ) from None
         if isinstance(e, atrest.BlockEntry) and out.version < atrest.WAL_VERSION_BLOCKS:
             # a whole, valid entry no writer puts there: damage (the version byte), never
@@ -288,6 +300,14 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
         raise CorruptData("segment has no valid checkpoint entry", where=where)
     seg.last_append_time = last_time
     return out
+
+
+def _stood(out: Scanned) -> dict[tuple[str, int], int]:
+    """Each partition's next offset after the entries a scan has taken so far."""
+    stood = dict(out.checkpoint.next_offsets) if out.checkpoint is not None else {}
+    for key, p in out.parts.items():
+        stood[key] = max(stood.get(key, 0), p.next_offset)
+    return stood
 
 
 def _scan_partition(
