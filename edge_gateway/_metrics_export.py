@@ -125,8 +125,28 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
         "Journal bytes a drop-oldest lane deleted before they were shipped, per topic.",
         labels=["lane", "topic"],
     )
+    lost = CounterMetricFamily(
+        "edgegw_journal_lost_records",
+        "Records lost to damage in the middle of a journal segment and quarantined "
+        "(exact ranges: edgegw status, the lane's lost.log, quarantine/*-report.json), per "
+        "topic; a range whose end is not known counts at its bound.",
+        labels=["lane", "topic"],
+    )
+    lost_entries = CounterMetricFamily(
+        "edgegw_journal_lost_entries",
+        "Journal entries (LSNs) lost to damage and quarantined.",
+        labels=["lane"],
+    )
     for name, j in gw.lanes.journals.items():
         budget.add_metric([str(name)], j.budget_bytes)
+        losses = j.losses()
+        lost_entries.add_metric([str(name)], sum(x.lsn_last - x.lsn_first + 1 for x in losses))
+        lost_per_topic: dict[str, int] = {}
+        for x in losses:
+            for lr in x.ranges:
+                lost_per_topic[lr.topic] = lost_per_topic.get(lr.topic, 0) + lr.records
+        for topic, records in sorted(lost_per_topic.items()):
+            lost.add_metric([str(name), topic], records)
         used.add_metric([str(name)], j.disk_bytes)
         per_topic: dict[str, list[int]] = {}
         for d in j.dropped(held=False):
@@ -141,6 +161,8 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
     yield used
     yield dropped
     yield dropped_bytes
+    yield lost
+    yield lost_entries
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

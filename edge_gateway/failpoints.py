@@ -21,7 +21,10 @@ not yet rebuilt or removed: see ``edge_gateway.statefile``), and the
 steps of the journal's rewrite of a sealed segment (``journal/_rewriter.py``):
 ``rewriter.written`` (the ``.z-tmp`` written and fsynced), ``rewriter.verified``
 (before the rename), ``rewriter.renamed`` (renamed and swapped in memory, the
-directory not fsynced), ``rewriter.synced`` (before the ``.idx`` is unlinked).
+directory not fsynced), ``rewriter.synced`` (before the ``.idx`` is unlinked), and
+the steps of quarantining damage at an open (``journal/_quarantine.py``):
+``quarantine.copied`` (the damaged segment copied aside, nothing recorded yet) and
+``quarantine.recorded`` (``lost.log`` written, the segment not yet rewritten).
 
 A point armed with ``kill`` instead of a count (``rewriter.renamed=kill``)
 kills the process with SIGKILL when reached: a kill -9 at exactly that step.

@@ -128,6 +128,7 @@ from edge_gateway.journal import (
     Journal,
     Lane,
     Lanes,
+    Loss,
     Priority,
     ReadBuffers,
     StoredChunk,
@@ -231,6 +232,15 @@ def _gap_ranges(lane: Lane, drops: list[Drop]) -> list[GapRange]:
         GapRange(lane.id, r.topic, r.partition, r.first, r.last, r.records, r.bytes)
         for d in drops
         for r in d.ranges
+    ]
+
+
+def _lost_gap_ranges(lane: Lane, loss: Loss) -> list[GapRange]:
+    """The gap markers of entries lost to damage and quarantined (``Journal.losses``)."""
+    return [
+        GapRange(lane.id, r.topic, r.partition, r.first, r.last, r.records, 0)
+        for r in loss.ranges
+        if r.records
     ]
 
 
@@ -1585,7 +1595,19 @@ class Shipper:
             # A lane with drops pending at its position reads entries as ever:
             # its gap markers are worked out from what it reads.
             span = None if lane.drops and j.drops_from(first[lane]) else j.chunk_span(first[lane])
-            if span is not None and span.first_lsn == first[lane]:
+            # Entries lost to damage (journal/_quarantine.py): an object never holds
+            # data from both sides of a loss (a partition's offsets in an object are
+            # contiguous); the one that starts at the loss carries it as gap markers.
+            losses = j.losses_from(first[lane])
+            at_loss = losses[0] if losses and losses[0].lsn_first <= first[lane] else None
+            ahead = [x for x in losses if x is not at_loss]
+            stop = ahead[0].lsn_first - 1 if ahead else None
+            if (
+                span is not None
+                and span.first_lsn == first[lane]
+                and at_loss is None
+                and (stop is None or stop >= span.last_lsn)
+            ):
                 chunk = await j.read_chunk_in_thread(first[lane])
                 last[lane] = chunk.last_lsn
                 break
@@ -1594,6 +1616,11 @@ class Shipper:
             else:
                 at = j.compressed_from(first[lane])
                 through = None if at is None else at - 1
+            if stop is not None:
+                through = stop if through is None else min(through, stop)
+            if at_loss is not None:
+                last[lane] = max(last[lane], min(at_loss.lsn_last, durable))
+                gaps += _lost_gap_ranges(lane, at_loss)
             got = await self._read_entries(
                 j, first[lane], room, drops=lane.drops, through_lsn=through
             )

@@ -69,6 +69,27 @@ def _dropped(d: dict[str, Any] | None) -> str:
     )
 
 
+def _lost(d: dict[str, Any]) -> str:
+    """Entries lost to damage and quarantined: the LSNs and offsets of the last losses."""
+    parts = []
+    for loss in d["losses"][-5:]:
+        ranges = ", ".join(
+            f"{r['topic']}/{r['partition']} {r['first_offset']}-{r['last_offset']}"
+            + ("" if r["exact"] else " (at most)")
+            for r in loss["ranges"]
+            if r["records"]
+        )
+        shipped = {True: "in the bucket", False: "not shipped", None: "shipped: unknown"}
+        parts.append(
+            f"LSN {loss['lsn_first']}-{loss['lsn_last']} ({shipped[loss['repairable']]}): "
+            f"{ranges or 'no offsets known'}; copy {loss['copy']}"
+        )
+    return (
+        f"DAMAGE: {d['lsns']} journal entries ({d['records']:,} records) lost and quarantined: "
+        + "; ".join(parts)
+    )
+
+
 def _disk(d: dict[str, Any]) -> Text:
     """The filesystem under the journal: free space, and why intake stops if it does."""
     line = f"{human_bytes(d['free_bytes'])} free of {human_bytes(d['size_bytes'])} ({d['path']})"
@@ -313,6 +334,9 @@ def render(doc: dict[str, Any]) -> None:
     if len(lanes) > 1:
         for lane in lanes:
             head.add_row(f"lane {lane['lane']}", _lane(lane))
+    for lane in lanes:
+        if lane.get("lost"):
+            head.add_row(f"lost ({lane['lane']})", _red(_lost(lane["lost"])))
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
     enc = doc.get("encryption")

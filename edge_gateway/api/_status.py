@@ -231,6 +231,8 @@ def _lanes_json(gw: Gateway, s: ShipperStats) -> dict[str, Any]:
         }
         if lane.drops:
             row["dropped"] = _dropped_json(j)
+        if j.losses():
+            row["lost"] = _lost_json(j)
         out.append(row)
     return {"pending_moves": lanes.pending_moves, "lanes": out}
 
@@ -300,6 +302,18 @@ def _dropped_json(j: Journal) -> dict[str, Any]:
         "records": st.dropped_records,
         "bytes": st.dropped_bytes,
         "ranges": merged[-50:],
+    }
+
+
+def _lost_json(j: Journal) -> dict[str, Any]:
+    """The ``lost`` block of a lane: entries lost to damage and quarantined (lost.log;
+    docs/operations.md, "A damaged disk"), each loss as recorded (the last 50)."""
+    losses = j.losses()
+    st = j.statistics()
+    return {
+        "lsns": st.lost_lsns,
+        "records": st.lost_records,
+        "losses": [x.to_json() for x in losses[-50:]],
     }
 
 

@@ -306,9 +306,9 @@ def header_size(
     (version 2) a lane table of ``lanes`` entries, (version 3) a gap table of
     one entry per topic in ``gap_topics`` and (encrypted) ``key_id``."""
     size = _FIXED_SIZE + len(region.encode("utf-8")) + 4 + 4
-    if lanes:
-        size += 1 + lanes * _LANE_SIZE
     gap_topics = list(gap_topics)
+    if lanes or gap_topics:  # version 3 has the lane table's count, even of none
+        size += 1 + lanes * _LANE_SIZE
     if gap_topics:
         size += 4 + sum(_GAP_FIXED + len(t.encode("utf-8")) for t in gap_topics)
     if key_id is not None:
@@ -493,7 +493,9 @@ def _check_lanes(h: LogObjectHeader, where: str) -> None:
         if h.lanes:
             raise CorruptData("a version 1 entry has no lane table", where=where)
         return
-    if not h.lanes:
+    if not h.lanes and h.version != VERSION_GAPS:
+        # (version 3 with no lane table: a one-lane gateway's gap markers of entries
+        # lost to damage, lane 0's, docs/log-object.md)
         raise CorruptData(
             f"a version {h.version} entry has a lane table of at least one lane", where=where
         )
@@ -528,11 +530,13 @@ def _check_gaps(h: LogObjectHeader, where: str) -> None:
     if h.is_fence:
         raise CorruptData("a fence entry has no gap table", where=where)
     shipping = {r.lane for r in h.lanes if not r.is_empty}
+    if h.first_lsn <= h.last_lsn:
+        shipping.add(LANE_MAIN)  # lane 0's range is the fixed one
     prev: GapRange | None = None
     for g in h.gaps:
         what = f"gap {g.topic!r}/{g.partition}"
         if not (
-            _int_in(g.lane, 1, MAX_LANE)
+            _int_in(g.lane, LANE_MAIN, MAX_LANE)
             and _int_in(g.partition, 0, _U32_MAX)
             and _int_in(g.first_offset, 0, _I64_MAX)
             and _int_in(g.last_offset, 0, _I64_MAX)
@@ -734,7 +738,7 @@ def encode_header(header: LogObjectHeader) -> bytes:
         ),
         region,
     ]
-    if h.lanes:
+    if h.lanes or h.gaps:
         parts.append(_U8.pack(len(h.lanes)))
         parts += (_LANE.pack(r.lane, r.first_lsn, r.last_lsn) for r in h.lanes)
     if h.gaps:

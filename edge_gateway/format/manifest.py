@@ -536,7 +536,7 @@ def _gaps(value: object, what: str, where: str) -> tuple[GapRange, ...]:
             _fail(f"{what}[{j}] has {len(f)} fields, expected 7", where)
         gaps.append(
             GapRange(
-                _int(f[0], 1, MAX_LANE, f"{what}[{j}] lane", where),
+                _int(f[0], 0, MAX_LANE, f"{what}[{j}] lane", where),
                 _name(f[1], validate_topic, f"{what}[{j}] topic", where),
                 _int(f[2], 0, _U32_MAX, f"{what}[{j}] partition", where),
                 _int(f[3], 0, _I64_MAX, f"{what}[{j}] first_offset", where),

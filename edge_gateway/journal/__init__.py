@@ -31,6 +31,7 @@ from edge_gateway.journal._lane import (
     lane_by_id,
 )
 from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on_disk, open_lanes
+from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
 from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scrub_rate
 
@@ -52,6 +53,8 @@ __all__ = [
     "Compressed",
     "Drop",
     "Expanded",
+    "LostRange",
+    "Loss",
     "DroppedRange",
     "Entry",
     "FileCheck",

@@ -38,13 +38,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Final
+from typing import Final, TypeVar
 
 from edge_gateway._crc import crc32c
 from edge_gateway.errors import CorruptData
 from edge_gateway.journal import _fs
+
+T = TypeVar("T")
 
 DROPPED_NAME: Final = "dropped.log"
 VERSION: Final = 1
@@ -123,12 +126,18 @@ def load_drops(directory: Path) -> list[Drop]:
 
     A bad line before the last one is damage, not a torn write: :class:`CorruptData`.
     """
-    path = directory / DROPPED_NAME
+    return load_records(directory / DROPPED_NAME, _decode)
+
+
+def load_records(path: Path, decode: Callable[[bytes, str], T]) -> list[T]:
+    """The ``<crc32c hex> <json>`` lines of ``path`` decoded, oldest first (none if
+    it does not exist); a torn last line is cut away, a bad one before it is
+    :class:`CorruptData`. ``dropped.log`` and ``lost.log`` (``_quarantine.py``)."""
     try:
         data = path.read_bytes()
     except FileNotFoundError:
         return []
-    drops: list[Drop] = []
+    out: list[T] = []
     pos = 0
     while pos < len(data):
         nl = data.find(b"\n", pos)
@@ -142,8 +151,8 @@ def load_drops(directory: Path) -> list[Drop]:
                 ok = False
         if not ok:
             if nl >= 0 and nl + 1 < len(data):
-                raise CorruptData("corrupt record in the middle of dropped.log", where=where)
-            # A torn last line: written by a drop that never reached its unlink.
+                raise CorruptData(f"corrupt record in the middle of {path.name}", where=where)
+            # A torn last line: written by a step that never went on to the next.
             fd = _fs.ops.open(path, os.O_RDWR)
             try:
                 _fs.ops.ftruncate(fd, pos)
@@ -151,19 +160,25 @@ def load_drops(directory: Path) -> list[Drop]:
             finally:
                 _fs.ops.close(fd)
             break
-        drops.append(_decode(line[9:], where))
+        out.append(decode(line[9:], where))
         pos = nl + 1
-    return drops
+    return out
 
 
 def append_drops(directory: Path, drops: list[Drop]) -> None:
     """Append ``drops`` to ``directory/dropped.log`` and fsync it (and the directory
     when the file is new): durable before the segment is unlinked."""
-    path = directory / DROPPED_NAME
+    append_records(directory, DROPPED_NAME, [d.encode() for d in drops])
+
+
+def append_records(directory: Path, name: str, lines: list[bytes]) -> None:
+    """Append ``lines`` to ``directory/name`` and fsync it (and the directory when
+    the file is new)."""
+    path = directory / name
     new = not path.exists()
     fd = _fs.ops.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        _fs.write_all(_fs.ops, fd, b"".join(d.encode() for d in drops))
+        _fs.write_all(_fs.ops, fd, b"".join(lines))
         _fs.ops.fsync(fd)
     finally:
         _fs.ops.close(fd)

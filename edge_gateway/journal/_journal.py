@@ -102,6 +102,7 @@ from edge_gateway.journal._index import (
     SegmentIndex,
 )
 from edge_gateway.journal._mirror_append import MirrorBatch, MirrorBlock, _Reserved
+from edge_gateway.journal._quarantine import Loss, load_losses
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
 from edge_gateway.journal._rewriter import Rewriter
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
@@ -214,6 +215,11 @@ class JournalStats:
     rewrite_pending: int = 0
     #: the largest peak resident memory a rewrite's child process reported
     rewrite_child_max_rss_bytes: int = 0
+    #: entries lost to damage in the middle of a segment and quarantined (over the
+    #: life of the journal, from ``lost.log``): LSNs, and the records known lost
+    #: (``exact: false`` ranges count at their bound; docs/operations.md)
+    lost_lsns: int = 0
+    lost_records: int = 0
 
 
 def _fsync_dir(path: Path) -> None:
@@ -288,6 +294,8 @@ class Journal:
         #: What drop-oldest deleted unshipped (dropped.log), and what the
         #: shipper is committing (drops below it are ``held``).
         self._drop_log = DropLog(path)
+        #: entries lost to damage and quarantined (``lost.log``, _quarantine.py), oldest first
+        self._losses: list[Loss] = []
         #: The active segment's version: producer entries go only into a version 2 one,
         #: block entries only into a version 3 one.
         self._active_version = fentry.SEGMENT_VERSION
@@ -373,6 +381,7 @@ class Journal:
         try:
             j._fit_disk()
             j._finish_drops()
+            j._losses = load_losses(j.path)
             j._recover(start or Checkpoint({}, {}))
         except BaseException as exc:
             j._release_files()
@@ -408,6 +417,7 @@ class Journal:
     # bound from opening (_open.py)
     reset_empty = _open.reset_empty
     _finish_drops = _open._finish_drops
+    _scan_quarantining = _open._scan_quarantining
     _fit_disk = _open._fit_disk
     _recover = _open._recover
     _load_segment = _open._load_segment
@@ -1141,6 +1151,18 @@ class Journal:
         them: gaps only if the process died before that commit)."""
         return self._drop_log.all(held=held)
 
+    def losses(self) -> list[Loss]:
+        """Every range lost to damage and quarantined (``lost.log``), oldest first."""
+        return list(self._losses)
+
+    def losses_from(self, lsn: int) -> list[Loss]:
+        """The losses that cost LSNs from ``lsn`` on, oldest first (the shipper ships
+        each as gap markers, in an object that starts at its first LSN)."""
+        return sorted(
+            (x for x in self._losses if x.lsn_last >= max(lsn, x.lsn_first)),
+            key=lambda x: x.lsn_first,
+        )
+
     # ------------------------------------------------------------------ read
 
     # The read path is its own part (_reads.py); these delegate to it.
@@ -1375,6 +1397,8 @@ class Journal:
             dropped_segments=dropped_segments,
             dropped_records=dropped_records,
             dropped_bytes=dropped_bytes,
+            lost_lsns=sum(x.lsn_last - x.lsn_first + 1 for x in self._losses),
+            lost_records=sum(x.records for x in self._losses),
             compressed_segments=len(compressed),
             compressed_bytes=sum(c.size for c in compressed),
             compressed_wal_bytes=sum(c.wal_bytes for c in compressed),

@@ -26,7 +26,8 @@ from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
-from edge_gateway.journal._recovery import Scanned, list_segments, scan_segment
+from edge_gateway.journal._quarantine import quarantine_damage
+from edge_gateway.journal._recovery import DamagedEntry, Scanned, list_segments, scan_segment
 from edge_gateway.journal._rewriter import expand_in_place
 from edge_gateway.journal._segment import INDEX_SUFFIX, Segment, segment_name
 
@@ -139,7 +140,24 @@ def _load_segment(self: Journal, base: int, path: Path, *, last: bool) -> Segmen
         seg = self._load_indexed(base, path)
         if seg is not None:
             return seg
-    return self._add_scanned(scan_segment(base, path, last=last), last=last)
+    return self._add_scanned(self._scan_quarantining(base, path, last=last), last=last)
+
+
+#: Damaged ranges quarantined in one segment at most before the open gives up.
+_MAX_LOSSES_PER_SEGMENT = 1000
+
+
+def _scan_quarantining(self: Journal, base: int, path: Path, *, last: bool) -> Scanned:
+    """Scan a segment; damage in its middle is quarantined (``_quarantine.py``) and
+    the scan starts again over the rewritten segment, until it is sound."""
+    for _ in range(_MAX_LOSSES_PER_SEGMENT):
+        try:
+            return scan_segment(base, path, last=last)
+        except DamagedEntry as exc:
+            quarantine_damage(path, base, exc, last=last, known=self._losses)
+    raise CorruptData(
+        f"more than {_MAX_LOSSES_PER_SEGMENT} damaged ranges: restore the segment", where=str(path)
+    )
 
 
 def _load_compressed(self: Journal, base: int, path: Path) -> Segment:

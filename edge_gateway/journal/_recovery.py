@@ -64,6 +64,32 @@ class Scanned:
     version: int = fentry.SEGMENT_VERSION
     #: the entries of idempotent producers (the last segment only), in LSN order
     producers: list[Entry] = field(default_factory=list)
+    #: LSNs whose entries were lost to damage (checkpoints standing in for them)
+    lost: int = 0
+
+
+class DamagedEntry(CorruptData):
+    """A bad entry in the middle of a segment with a valid entry after it: damage.
+
+    ``pos`` is the bad entry's byte, ``lsn`` the LSN it should have had.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        *,
+        where: str,
+        pos: int,
+        lsn: int,
+        detail: str,
+        next_offsets: dict[tuple[str, int], int],
+    ) -> None:
+        super().__init__(reason, where=where)
+        self.pos = pos
+        self.lsn = lsn
+        self.detail = detail
+        #: where each partition stood before the damage (the scan's state there)
+        self.next_offsets = next_offsets
 
 
 def list_segments(path: Path) -> list[tuple[int, Path]]:
@@ -217,11 +243,14 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
                 cut(path, pos, "")
                 seg.size = pos
                 break
-            raise CorruptData(
+            raise DamagedEntry(
                 f"corrupt entry in the middle of the journal ({exc.reason}); the entries "
-                "after it are intact, so this is damage, not a torn write: restore the "
-                "segment or move it aside",
+                "after it are intact, so this is damage, not a torn write",
                 where=f"{where}@{pos}",
+                pos=pos,
+                lsn=lsn,
+                detail=exc.reason,
+                next_offsets=_stood(out),
             ) from None
         if isinstance(e, atrest.BlockEntry) and out.version < atrest.WAL_VERSION_BLOCKS:
             # a whole, valid entry no writer puts there: damage (the version byte), never
@@ -233,6 +262,15 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
             if isinstance(e, atrest.BlockEntry) or e.kind != fentry.KIND_CHECKPOINT:
                 raise CorruptData("segment does not start with a checkpoint", where=where)
             out.checkpoint = Checkpoint.decode(e.payload, where=f"{where}@{pos}")
+        elif not isinstance(e, atrest.BlockEntry) and e.kind == fentry.KIND_CHECKPOINT:
+            # A checkpoint inside a segment stands for an entry lost to damage and
+            # quarantined (_quarantine.py); its offsets are where the partitions
+            # continue after the loss, so none is ever handed out again.
+            cp = Checkpoint.decode(e.payload, where=f"{where}@{pos}")
+            out.lost += 1
+            for key, next_offset in cp.next_offsets.items():
+                p = parts.get(key) or parts.setdefault(key, ScannedPartition())
+                p.next_offset = max(p.next_offset, next_offset)
         positions.append(pos)
         last_time = max(last_time, e.append_time)
         if isinstance(e, atrest.BlockEntry):
@@ -262,6 +300,14 @@ def scan_segment(base: int, path: Path, *, last: bool) -> Scanned:
         raise CorruptData("segment has no valid checkpoint entry", where=where)
     seg.last_append_time = last_time
     return out
+
+
+def _stood(out: Scanned) -> dict[tuple[str, int], int]:
+    """Each partition's next offset after the entries a scan has taken so far."""
+    stood = dict(out.checkpoint.next_offsets) if out.checkpoint is not None else {}
+    for key, p in out.parts.items():
+        stood[key] = max(stood.get(key, 0), p.next_offset)
+    return stood
 
 
 def _scan_partition(
@@ -299,6 +345,12 @@ def valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
     not a torn tail, and must not be truncated away. Runs of zeros (a
     preallocated tail) are skipped at C speed.
     """
+    return next_valid_entry(buf, pos, lsn) is not None
+
+
+def next_valid_entry(buf: bytes, pos: int, lsn: int) -> int | None:
+    """The byte of the first whole, valid entry with an LSN >= ``lsn`` after ``pos``
+    (None: none): where a scan re-syncs after damage."""
     size = len(buf)
     last_start = size - fentry.ENTRY_HEADER_SIZE
     if pos + 4 <= size:
@@ -306,21 +358,21 @@ def valid_entry_follows(buf: bytes, pos: int, lsn: int) -> bool:
         if n >= fentry.ENTRY_HEADER_SIZE and pos + n <= last_start:
             with contextlib.suppress(CorruptData):
                 if atrest.decode_any_entry(buf, pos + n).lsn >= lsn:
-                    return True
+                    return pos + n
     start = pos + 1
     while start <= last_start:
         if not buf[start]:
             # An entry's length field (>= 44) has a non-zero byte in its first 4.
             m = _NONZERO.search(buf, start)
             if m is None:
-                return False
+                return None
             start = max(start, m.start() - 3)
             if start > last_start:
-                return False
+                return None
         cand_lsn = int.from_bytes(buf[start + 8 : start + 16], "little")
         if lsn <= cand_lsn < lsn + (1 << 32):
             with contextlib.suppress(CorruptData):
                 atrest.decode_any_entry(buf, start)
-                return True
+                return start
         start += 1
-    return False
+    return None

@@ -143,7 +143,9 @@ class _Walk:
             self._offsets(e.topic, e.partition, e.first_offset, e.record_count, e.lsn, at)
         elif e.kind == fentry.KIND_CHECKPOINT:
             if not first:
-                raise _Bad(at, f"a checkpoint at LSN {e.lsn}, not at the segment's start")
+                # A checkpoint inside a segment holds the LSN of an entry lost to
+                # damage and quarantined (lost.log; _quarantine.py): no damage now.
+                self.facts.notes.append(f"LSN {e.lsn}: lost to damage, quarantined")
             self._checkpoint(e.payload, at)
         else:
             if first:

@@ -96,6 +96,7 @@ def test_the_rules_cover_what_an_operator_must_hear_about() -> None:
         "EdgegwJournalNearFull",
         "EdgegwJournalDamaged",
         "EdgegwStateFileDamaged",
+        "EdgegwJournalEntriesLost",
         "EdgegwLinkAllowance",
         "EdgegwLinkAllowanceUsed",
         "EdgegwBucketDenied",

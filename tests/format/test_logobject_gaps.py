@@ -119,6 +119,27 @@ def test_v3_validation(
         LogObjectBuilder().build("r1", 1, 7, 1, 0, 0, lanes=lanes, gaps=gaps)
 
 
+def test_a_one_lane_gateway_ships_lost_entries_as_lane_0_gaps() -> None:
+    """Entries quarantined after damage (docs/operations.md, "A damaged disk"): version 3
+    with an empty lane table, the gap in lane 0, whose range is the fixed one."""
+    lost = GapRange(0, "telemetry", 0, 100, 149, 50, 0)
+    b = LogObjectBuilder()
+    b.add_batch("telemetry", 0, encode_batch([b"a", b"b"], timestamps=5, base_offset=150))
+    obj = b.build("r1", 1, 7, 11, 29, 0, gaps=(lost,))
+    h = decode_header(obj, where=KEY, object_size=len(obj))
+    assert (h.version, h.lanes, h.gaps) == (VERSION_GAPS, (), (lost,))
+    assert header_length_hint(obj[:12]) == h.header_length
+    for n in range(h.header_length):
+        with pytest.raises(CorruptData):
+            decode_header(obj[:n], where=KEY)
+    entry = ManifestEntry.from_header(h, len(obj))
+    m = Manifest.covering(region="r1", epoch=1, entries=[entry], low_watermark=1, created_ms=0)
+    assert Manifest.decode(m.encode(), where="m") == m
+    # lane 0's range must hold LSNs for its gap to belong to the entry
+    with pytest.raises(InvalidInput, match="ships no LSNs"):
+        LogObjectBuilder().build("r1", 1, 7, 11, 10, 0, gaps=(lost,))
+
+
 def test_a_gap_overlapping_a_block_is_refused() -> None:
     b = LogObjectBuilder()
     b.add_batch("telemetry", 0, encode_batch([b"a"], timestamps=5, base_offset=120))

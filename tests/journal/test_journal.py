@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -184,22 +185,50 @@ async def test_torn_tail_is_truncated_and_appends_continue(tmp_path: Path, damag
         j3.close_sync()
 
 
-async def test_corruption_in_the_middle_is_an_error_naming_segment_and_offset(
+async def test_corruption_in_the_middle_is_quarantined_and_the_rest_kept(
     tmp_path: Path,
 ) -> None:
-    async with open_journal(tmp_path, SMALL) as j:
+    d = tmp_path / "journal"
+    async with open_journal(d, SMALL) as j:
         for i in range(20):
             await j.append("t", 0, batch_for("t", 0, i * 2, 2))
         pos = j._segments[-1].positions[5]
-    last = segment_files(tmp_path)[-1]
+        base = j._segments[-1].base_lsn
+        next_lsn = j.statistics().next_lsn
+    last = segment_files(d)[-1]
     raw = bytearray(last.read_bytes())
     raw[pos + 30] ^= 0x01
     last.write_bytes(bytes(raw))
-    with pytest.raises(CorruptData) as info:
-        Journal.open_sync(tmp_path, SMALL)
-    assert last.name in str(info.value)
-    assert f"@{pos}" in str(info.value)
-    assert last.stat().st_size == len(raw)  # nothing truncated
+    j2 = Journal.open_sync(d, SMALL)
+    try:
+        # entry 5 (offsets 8-9) is gone; every other record is served as written
+        want = [(o, value("t", 0, o)) for o in range(40) if o not in (8, 9)]
+        assert all_records(j2, "t", 0) == want
+        assert j2.next_offset("t", 0) == 40
+        st = j2.statistics()
+        assert st.next_lsn == next_lsn  # LSNs are never reused
+        assert (st.lost_lsns, st.lost_records, st.truncated_bytes_on_open) == (1, 2, 0)
+        [loss] = j2.losses()
+        assert (loss.segment, loss.lsn_first, loss.lsn_last) == (base, base + 5, base + 5)
+        assert loss.byte_first == pos
+        assert [(r.topic, r.partition, r.first, r.last, r.exact) for r in loss.ranges] == [
+            ("t", 0, 8, 9, True)
+        ]
+        copy = tmp_path / loss.copy
+        assert copy.read_bytes() == bytes(raw)  # the damaged bytes, as they were
+        [report] = (tmp_path / "quarantine").glob("*-report.json")
+        assert json.loads(report.read_bytes())["ranges"][0]["last_offset"] == 9
+        await j2.append("t", 0, batch_for("t", 0, 40, 1))
+        assert j2.next_offset("t", 0) == 41
+    finally:
+        j2.close_sync()
+    # the next open finds a sound segment and the same record of the loss
+    j3 = Journal.open_sync(d, SMALL)
+    try:
+        assert [x.lsn_first for x in j3.losses()] == [base + 5]
+        assert all_records(j3, "t", 0)[-1] == (40, value("t", 0, 40))
+    finally:
+        j3.close_sync()
 
 
 async def test_corrupt_sealed_segment_is_never_served(tmp_path: Path) -> None:
@@ -220,10 +249,18 @@ async def test_corrupt_sealed_segment_is_never_served(tmp_path: Path) -> None:
             all_records(j2, "t", 0)
     finally:
         j2.close_sync()
-    # Without it, the scan at open finds the damage and names the place.
+    # Without it, the scan at open finds the damage and quarantines that entry.
     first_seg.path.with_suffix(".idx").unlink()
-    with pytest.raises(CorruptData, match=rf"{first_seg.path.name}@{pos}"):
-        Journal.open_sync(tmp_path, SMALL)
+    j3 = Journal.open_sync(tmp_path, SMALL)
+    try:
+        [loss] = j3.losses()
+        assert loss.byte_first == pos
+        [lost] = loss.ranges
+        got = [o for o, _ in all_records(j3, "t", 0)]
+        assert got == [o for o in range(2000) if not lost.first <= o <= lost.last]
+        assert (lost.first, lost.last, lost.exact) == (20, 29, True)
+    finally:
+        j3.close_sync()
 
 
 async def test_bad_names_and_partitions_are_refused_before_touching_disk(tmp_path: Path) -> None:
@@ -786,3 +823,35 @@ def test_only_checkpoints_counts_segment_bases(tmp_path: Path) -> None:
         assert not j.only_checkpoints(base - 1, base)
     finally:
         j.close_sync()
+
+
+async def test_a_partition_with_no_entry_after_the_damage_moves_past_a_bound(
+    tmp_path: Path,
+) -> None:
+    """Its lost offsets cannot be counted: the range is the most the lost bytes could
+    hold, marked not exact, and no offset inside it is ever handed out."""
+    d = tmp_path / "journal"
+    async with open_journal(d, SMALL) as j:
+        for i in range(10):
+            await j.append("t", 0, batch_for("t", 0, i * 2, 2))
+        await j.append("t", 1, batch_for("t", 1, 0, 3))
+        await j.append("t", 1, batch_for("t", 1, 3, 3))  # t/1's last entry: damaged
+        pos = j._segments[-1].positions[-1]
+        for i in range(10, 20):
+            await j.append("t", 0, batch_for("t", 0, i * 2, 2))
+    last = segment_files(d)[-1]
+    raw = bytearray(last.read_bytes())
+    raw[pos + 30] ^= 0x01
+    last.write_bytes(bytes(raw))
+    for _ in range(2):  # the quarantine, then an open of the sound segment
+        j2 = Journal.open_sync(d, SMALL)
+        try:
+            [loss] = j2.losses()
+            [bound] = loss.ranges  # t/0 lost nothing: its next entry follows on
+            assert (bound.topic, bound.partition, bound.first, bound.exact) == ("t", 1, 3, False)
+            assert bound.last >= 5  # covers the 3 records lost
+            assert j2.next_offset("t", 1) == bound.last + 1
+            assert all_records(j2, "t", 1) == [(o, value("t", 1, o)) for o in range(3)]
+            assert len(all_records(j2, "t", 0)) == 40
+        finally:
+            j2.close_sync()

@@ -171,14 +171,15 @@ def _with_lsn(entry: bytes, lsn: int) -> bytes:
 @pytest.mark.parametrize("defect", sorted(_crafted_entries()))
 @pytest.mark.parametrize("where", ["tail", "middle"])
 def test_scan_rejects_what_decode_entry_rejects(tmp_path: Path, defect: str, where: str) -> None:
-    j = Journal.open_sync(tmp_path, BIG)
+    d = tmp_path / "journal"
+    j = Journal.open_sync(d, BIG)
     try:
         for i in range(50):
             j.append_nowait("t", 0, encode_record(b"v%d" % i, timestamp=i))
         next_lsn = j.next_lsn
     finally:
         j.close_sync()
-    (wal,) = tmp_path.glob("*.wal")
+    (wal,) = d.glob("*.wal")
     good_size = wal.stat().st_size
     bad = _with_lsn(_crafted_entries()[defect], next_lsn + (5 if "LSN" in defect else 0))
     if "LSN" not in defect:
@@ -198,10 +199,22 @@ def test_scan_rejects_what_decode_entry_rejects(tmp_path: Path, defect: str, whe
         )
     wal.write_bytes(data)
     if where == "middle":
-        with pytest.raises(CorruptData, match=rf"{wal.name}@{good_size}"):
-            Journal.open_sync(tmp_path, BIG)
+        # damage, quarantined: the entry after it is kept, its LSN held, none reused
+        j2 = Journal.open_sync(d, BIG)
+        try:
+            [loss] = j2.losses()
+            assert (loss.byte_first, loss.lsn_first, loss.lsn_last) == (
+                good_size,
+                next_lsn,
+                next_lsn,
+            )
+            assert j2.next_lsn == next_lsn + 2
+            assert j2.next_offset("t", 0) == 51
+            assert j2.statistics().truncated_bytes_on_open == 0
+        finally:
+            j2.close_sync()
         return
-    j2 = Journal.open_sync(tmp_path, BIG)
+    j2 = Journal.open_sync(d, BIG)
     try:
         assert j2.statistics().truncated_bytes_on_open == len(bad)
         assert j2.next_lsn == next_lsn
@@ -212,14 +225,15 @@ def test_scan_rejects_what_decode_entry_rejects(tmp_path: Path, defect: str, whe
 
 
 def test_zero_tail_with_garbage_after_it_is_not_mistaken_for_the_end(tmp_path: Path) -> None:
-    j = Journal.open_sync(tmp_path, BIG)
+    d = tmp_path / "journal"
+    j = Journal.open_sync(d, BIG)
     try:
         for i in range(20):
             j.append_nowait("t", 0, encode_record(b"v", timestamp=i))
         next_lsn = j.next_lsn
     finally:
         j.close_sync()
-    (wal,) = tmp_path.glob("*.wal")
+    (wal,) = d.glob("*.wal")
     good = wal.read_bytes()
     valid_later = fentry.encode_entry(
         lsn=next_lsn + 3,
@@ -233,11 +247,19 @@ def test_zero_tail_with_garbage_after_it_is_not_mistaken_for_the_end(tmp_path: P
     )
     # zeros, then a whole valid entry far behind them: damage, not a tail
     wal.write_bytes(good + bytes(100_000) + valid_later + bytes(1000))
-    with pytest.raises(CorruptData, match="corrupt entry in the middle"):
-        Journal.open_sync(tmp_path, BIG)
+    j1 = Journal.open_sync(d, BIG)
+    try:
+        [loss] = j1.losses()  # quarantined, the LSNs and offsets between named
+        assert (loss.lsn_first, loss.lsn_last) == (next_lsn, next_lsn + 2)
+        assert [(r.first, r.last, r.exact) for r in loss.ranges] == [(20, 22, True)]
+        assert j1.next_offset("t", 0) == 24
+    finally:
+        j1.close_sync()
+    for f in (d / "lost.log", *tmp_path.joinpath("quarantine").iterdir()):
+        f.unlink()
     # zeros, then garbage that is no entry: a torn tail, cut at the end of the data
     wal.write_bytes(good + bytes(100_000) + b"\x01garbage" + bytes(1000))
-    j2 = Journal.open_sync(tmp_path, BIG)
+    j2 = Journal.open_sync(d, BIG)
     try:
         assert j2.next_lsn == next_lsn
         assert j2.statistics().truncated_bytes_on_open == 100_000 + 8 + 1000

@@ -1,10 +1,11 @@
 """A journal that lost entries the bucket holds never hands their offsets out again (issue 41).
 
 With real processes: ``edgegw serve``, its HTTP API and a local bucket. A
-site produces and ships 300 records and stops; one byte of its last journal
-segment flips, ``serve`` refuses the damaged journal and says to move the
-segment aside; the operator does, and starts the gateway while a producer
-keeps posting. Before, intake opened at once: produce answered 200 at
+site produces and ships 300 records and stops; its last journal segment is
+moved aside (by an operator: damage in a segment's middle is quarantined by
+the gateway itself since issue 45, tests/system/test_journal_damage.py), and
+the gateway starts while a producer keeps posting. Before, intake opened
+at once: produce answered 200 at
 offsets 280, 281, ... -- offsets the bucket held already -- and the claim
 passed once those appends had pushed the journal past the log's last LSN,
 so the bucket held offsets 280..299 twice and the shipper failed for good.
@@ -180,14 +181,6 @@ def _last_segment(g: Gateway) -> Path:
     return max((g.data_dir / "journal").glob("*.wal"))
 
 
-def _flip_a_byte_inside(segment: Path) -> None:
-    """Flip a byte inside the segment's first record entry (after its checkpoint): damage
-    followed by a valid entry, not a torn tail."""
-    data = bytearray(segment.read_bytes())
-    data[200] ^= 0xFF
-    segment.write_bytes(bytes(data))
-
-
 @pytest.mark.parametrize(
     "summarised",
     [
@@ -221,17 +214,13 @@ def test_a_segment_moved_aside_is_refused_whatever_a_producer_does(
         keys_before = _log_keys(bucket)
         _assert_exactly_once(bucket, acked)
 
-        # One byte flips in the middle of the last segment: serve refuses it.
+        # The last segment is lost (an operator moved it aside by hand; damage in
+        # its middle is quarantined by the gateway itself: test_journal_damage.py).
         segment = _last_segment(g)
         assert segment.name != "00000000000000000001.wal", "the journal must have rolled"
         first_moved = int(segment.stem)
         confirmed = json.loads(state.read_text())["log_lsn"]
         assert (confirmed >= first_moved) == summarised, confirmed
-        _flip_a_byte_inside(segment)
-        g.spawn()
-        assert g.proc is not None
-        assert g.proc.wait(timeout=60) != 0
-        assert "restore the segment or move it aside" in g.tail(), g.tail()
 
         # The operator moves it aside, a producer keeps posting, the gateway starts.
         aside = tmp_path / "aside"
