@@ -82,7 +82,7 @@ COMMANDS: dict[str, _Lazy] = {
     ),
     "journal": _Lazy(
         "edgegw_cli.journal_cmd:app",
-        "Check the journal's files on disk: every segment and index file, read-only.",
+        "The journal's files on disk: check them (verify), expand compressed segments (expand).",
     ),
     "iam": _Lazy(
         "edgegw_cli.iam_cmd:app",
