@@ -894,9 +894,16 @@ class Journal:
             raise
         if self._total_bytes + length > self._max_bytes:
             self._delete_segments(need=length)
-            if self._total_bytes + length > self._max_bytes:
-                # the budget counts compressed bytes: rewrite what is not yet
-                self.rewriter.rewrite_for_room(length)
+            if (
+                self._max_bytes
+                < self._total_bytes + length
+                <= self._max_bytes + self._segment_bytes
+                and self.rewriter.hurry()
+            ):
+                # The budget counts compressed bytes and sealed segments wait for
+                # their rewrite, which will make room: the append goes into a
+                # slack of one segment meanwhile (docs/journal.md, "The rewrite").
+                return
             if self.drop_oldest:
                 while self._total_bytes + length > self._max_bytes and self._drop_unshipped():
                     pass

@@ -20,8 +20,6 @@ The steps, and where each runs:
    backoff); a child whose parent dies exits (its stdin ends). With
    ``Rewriter.in_child = False`` the same function runs on a worker thread
    instead: for the tests that replace ``_fs.ops``, which a child cannot see;
-   the inline rewrite of a full budget (:meth:`Rewriter.rewrite_for_room`)
-   runs it on the event loop;
 4. rename it over ``<lsn>.wal`` and swap the segment in memory
    (:meth:`SegmentSet.swap_compressed`): on the event loop, in one step with no
    checkpoint between. Reads (``read``, ``read_entry``, ``read_entries``) are
@@ -40,10 +38,14 @@ A crash at any step leaves a journal the next open reads: it deletes a
 
 Budget (``journal.max_bytes`` counts compressed bytes): a rewrite starts only
 if the budget has room for its temporary file (estimated at a tenth of the
-segment, :data:`TMP_ESTIMATE`), which counts while the rewrite runs. Before an
-append is refused with ``JournalFull`` the journal calls
-:meth:`Rewriter.rewrite_for_room`, which rewrites sealed segments inline (the
-append waits, as it waits for a roll).
+segment, :data:`TMP_ESTIMATE`), which counts while the rewrite runs. When an
+append finds the budget full while sealed segments wait for their rewrite, the
+journal lets it into a slack of one segment (``journal.segment_bytes`` over
+``journal.max_bytes``) and calls :meth:`Rewriter.hurry`: the rewriter then runs
+unpaced (still at low priority, in its child) until the journal is back under
+its budget. The append never waits for a rewrite, and the event loop never
+runs one; only when the slack is used up too is the append refused
+(``JournalFull``) or, in a drop-oldest lane, old data dropped.
 
 Failures of a rewrite (``ENOSPC``, ``EIO`` writing the temporary file, a
 verify that does not match) never touch the segment: the ``.z-tmp`` is
@@ -510,8 +512,9 @@ class RewriteStats:
     skipped: int
     #: sealed entry logs waiting for their rewrite
     pending: int
-    #: rewrites an append waited for (the budget was full)
-    inline: int
+    #: times an append found the budget full with segments waiting for their
+    #: rewrite (it went into the slack; the rewriter ran unpaced)
+    hurried: int
     #: CPU seconds of the rewrites (the child processes' or the worker thread's),
     #: and seconds slept to pace them
     busy_seconds: float
@@ -552,8 +555,10 @@ class Rewriter:
         #: gives every lane's rewriter the same one: one rewrite at a time in all)
         self.limiter = trio.CapacityLimiter(1)
         self._wake = trio.Event()
-        #: the segment the worker thread is rewriting (the inline path leaves it)
+        #: the segment being rewritten
         self._busy: Segment | None = None
+        #: an append is in the slack over the budget: rewrite unpaced (:meth:`hurry`)
+        self._hurry = False
         #: base LSNs of segments it does not compress (their version)
         self._skip: set[int] = set()
         self.running = False
@@ -563,7 +568,7 @@ class Rewriter:
         self._failures = 0
         self._last_error: str | None = None
         self._skipped = 0
-        self._inline = 0
+        self._hurried = 0
         self._busy_s = 0.0
         self._paced_s = 0.0
         #: steps 1-3 in a child process (module docstring); False: on a worker
@@ -584,7 +589,7 @@ class Rewriter:
             self._last_error,
             self._skipped,
             sum(1 for s in self._segments.segments[:-1] if self._wants(s)),
-            self._inline,
+            self._hurried,
             self._busy_s,
             self._paced_s,
             self._child_pid,
@@ -615,12 +620,17 @@ class Rewriter:
         try:
             while not self._host.closed:
                 seg = self._next()
-                if seg is None or not self._room_for(seg):
+                if seg is None:
+                    self._hurry = False
+                if seg is None or not (self._hurry or self._room_for(seg)):
                     with trio.move_on_after(IDLE_S):
                         await self._wake.wait()
                     self._wake = trio.Event()
                     continue
-                if await self.rewrite(seg):
+                ok = await self.rewrite(seg, paced=not self._hurry)
+                if self._host.disk_bytes <= self._host.budget_bytes:
+                    self._hurry = False
+                if ok:
                     backoff = BACKOFF_S
                 else:
                     await trio.sleep(backoff)
@@ -719,50 +729,29 @@ class Rewriter:
                 break
         return self._segments_done - done
 
-    # ------------------------------------------------------------ inline (JournalFull)
+    # ------------------------------------------------------------ a full budget
 
-    def rewrite_for_room(self, need: int) -> bool:
-        """Rewrite sealed segments inline until ``need`` more bytes fit the budget.
+    def hurry(self) -> bool:
+        """An append found the budget full: rewrite unpaced until it is not.
 
-        Called by an append about to be refused with ``JournalFull`` (only
-        while the background task runs: ``journal.at_rest = "compressed"``).
-        Blocking, on the event loop: the append waits, as for a roll. The
-        temporary file may pass the budget for the moment (the disk has room
-        for it, or the write fails with ``ENOSPC`` and nothing changes).
-        True if anything was rewritten.
+        True if sealed segments wait for their rewrite (or one is being
+        rewritten) and the background task runs: the rewrite will make room,
+        so the journal lets the append into its slack. False: nothing to
+        rewrite, the append must be refused or drop data. Never blocks.
         """
-        if not self.running:
+        if not self.running or (self._busy is None and self._next() is None):
             return False
-        done = False
-        while self._host.disk_bytes + need > self._host.budget_bytes:
-            seg = self._next()
-            if seg is None:
-                break
-            try:
-                prepared = write_compressed(
-                    seg.path,
-                    level=self.level,
-                    frame_raw_bytes=self.frame_raw_bytes,
-                    chunk_raw_bytes=self.chunk_raw_bytes,
-                )
-            except (OSError, CorruptData) as exc:
-                self._failed(seg, exc)
-                break
-            if prepared is None:
-                self._skip_version(seg)
-                continue
-            swapped = self._install(seg, prepared)
-            if not swapped:
-                break
-            self._inline += 1
-            done = True
-            try:
-                fsync_dir(self._root)
-            except OSError as exc:
-                self._keep_index(seg, exc)
-                continue
-            self._unlink_index(seg)
-        return done
+        if not self._hurry:
+            self._hurried += 1
+            log.info(
+                "journal %s: budget full with %d sealed segments not yet compressed: "
+                "rewriting them unpaced",
+                self._root.name,
+                sum(1 for s in self._segments.segments[:-1] if self._wants(s)),
+            )
+        self._hurry = True
+        self._wake.set()
+        return True
 
     # ------------------------------------------------------------ the swap
 

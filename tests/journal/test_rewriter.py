@@ -245,34 +245,52 @@ async def test_the_background_task_backs_off_after_a_failure(
         j.close_sync()
 
 
-def test_an_append_over_the_budget_rewrites_before_it_is_refused(tmp_path: Path) -> None:
+def test_a_full_budget_hurries_the_rewriter_and_never_blocks_an_append(tmp_path: Path) -> None:
+    """At a full budget with sealed segments waiting, appends go on into a slack of
+    one segment while the rewriter runs unpaced; they are refused only once nothing
+    is left to compress. The journal never goes past budget + one segment."""
     cfg = JournalConfig(segment_bytes=64 * 1024, max_bytes=256 * 1024, reserve_bytes=0)
     values = [r.value for r in TelemetryGenerator(seed=7).take(20_000)]
 
-    async def fill(rewriter_on: bool) -> tuple[int, int]:
+    async def fill(rewriter_on: bool) -> tuple[int, int, int]:
         j = Journal.open_sync(tmp_path / f"j{rewriter_on}", cfg)
-        n = 0
+        j.rewriter.in_child = False  # the worker thread: no child start per segment
+        j.rewriter.duty = 0.01  # paced almost to a halt: only hurry() makes it keep up
+
+        async def append(batch: bytes, partition: int) -> bool:
+            while True:
+                try:
+                    j.append_nowait("t", partition, batch)
+                    return True
+                except JournalFull:
+                    if not j.rewriter.hurry():
+                        return False  # nothing left to compress: really full
+                    await trio.sleep(0.01)  # the rewrite under way makes room
+
+        n = peak = 0
         try:
             async with trio.open_nursery() as nursery:
                 if rewriter_on:
                     await nursery.start(j.rewriter.run)
-                # no checkpoint in this loop: the background task never runs, so
-                # only the append's own inline rewrite can make room
-                try:
+                with trio.fail_after(120):
                     for v in values:
-                        j.append_nowait("t", n % 4, encode_batch([v], timestamps=[n]))
+                        if not await append(encode_batch([v], timestamps=[n]), n % 4):
+                            break
+                        assert j.disk_bytes <= cfg.max_bytes + cfg.segment_bytes + 8192
+                        peak = max(peak, j.disk_bytes)
                         n += 1
-                except JournalFull:
-                    pass
+                        if n % 100 == 0:
+                            await trio.lowlevel.checkpoint()
                 nursery.cancel_scope.cancel()
-            return n, j.rewriter.statistics().inline
+            return n, peak, j.rewriter.statistics().hurried
         finally:
             j.close_sync()
 
-    without, inline0 = trio.run(fill, False)
-    with_, inline = trio.run(fill, True)
-    assert inline0 == 0
-    assert inline > 0
+    without, _, hurried0 = trio.run(fill, False)
+    with_, peak, hurried = trio.run(fill, True)
+    assert hurried0 == 0
+    assert hurried > 0
+    assert peak > cfg.max_bytes  # it did use the slack
     assert with_ > 3 * without, (with_, without)
 
 
