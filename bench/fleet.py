@@ -119,6 +119,8 @@ class Plan:
     shippers: list[int]
     follows: list[list[int]]
     wait_ms: int
+    #: "watch" (one held GET /v1/heads?watch=1, as the agent) or "poll" (long polls, as before).
+    protocol: str
     pool: int
     start_at: float
     ramp_s: float
@@ -144,6 +146,42 @@ def region_name(i: int) -> str:
 
 
 # ----------------------------------------------------------- load process
+
+
+class Dechunk:
+    """HTTP/1.1 chunked framing undone, incrementally (the watch's body never ends)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.left = 0  # bytes of the current chunk still to come
+        self.crlf = False  # the CRLF after a chunk's data is next
+        self.ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = bytearray()
+        while self.buf and not self.ended:
+            if self.crlf:
+                if len(self.buf) < 2:
+                    break
+                del self.buf[:2]
+                self.crlf = False
+            elif self.left:
+                take = min(self.left, len(self.buf))
+                out += self.buf[:take]
+                del self.buf[:take]
+                self.left -= take
+                self.crlf = self.left == 0
+            else:
+                end = self.buf.find(b"\r\n")
+                if end < 0:
+                    break
+                size = int(bytes(self.buf[:end]).split(b";")[0], 16)
+                del self.buf[: end + 2]
+                if size == 0:
+                    self.ended = True
+                self.left = size
+        return bytes(out)
 
 
 class HttpError(Exception):
@@ -235,6 +273,8 @@ class Recorder:
     back_at: float | None = None
     #: gateway -> op -> first success sent after the server came back
     back: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: Watches opened (each one request).
+    opens: int = 0
 
     def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
         if self.back_at is not None and t0 >= self.back_at:
@@ -264,6 +304,7 @@ async def run_load(plan: Plan) -> None:
 
     sys.path.insert(0, str(BENCH_DIR.parent))
     from edge_gateway.backoff import Backoff
+    from edge_gateway.metadata._watch import WatchDecoder
 
     net_errors = (
         OSError,
@@ -481,6 +522,67 @@ async def run_load(plan: Plan) -> None:
                 for src, seq in doc["heads"].items():
                     rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
 
+    async def watch_loop(gw: int) -> None:
+        """The agent's heads watch: one held response, a line per change, resumed
+        from the last line's version after a failure (with the agent's backoff)."""
+        sources = [region_name(s) for s in plan.follows[gw]]
+        query = f"regions={','.join(sources)}&wait_ms={plan.wait_ms}&watch=1"
+        backoff = Backoff(0.2, 5.0)
+        since = 0
+        await trio.sleep(rand.random() * plan.ramp_s)
+        while True:
+            head = (
+                f"GET /v1/heads?since={since}&{query} HTTP/1.1\r\n".encode()
+                + host_hdr
+                + auth(gw)
+                + b"\r\n"
+            )
+            t0 = time.time()
+            stream = None
+            status, h = 0, b""
+            try:
+                with trio.fail_after(request_timeout):
+                    stream = await trio.open_tcp_stream(plan.host, plan.port)
+                    await stream.send_all(head)
+                    buf = bytearray()
+                    while (end := buf.find(b"\r\n\r\n")) < 0:
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            raise HttpError("closed")
+                        buf += data
+                h = bytes(buf[:end])
+                status = int(h[9:12])
+                if status != 200:
+                    rec.done("heads_poll", t0, time.time(), status, gw)
+                    raise HttpError(f"status {status}")
+                if b"transfer-encoding: chunked" not in h.lower():
+                    raise HttpError("not a watch: the server answered a long poll")
+                rec.opens += 1
+                dechunk, decoder = Dechunk(), WatchDecoder("bench")
+                pending = bytes(buf[end + 4 :])
+                while not dechunk.ended:
+                    for version, heads in decoder.feed(dechunk.feed(pending)):
+                        t1 = time.time()
+                        rec.done("heads_poll", t0, t1, 200, gw)
+                        backoff.reset()
+                        since = version
+                        if plan.measure_from <= t1 < plan.away_at:
+                            for src, seq in heads.items():
+                                rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
+                        t0 = t1
+                    with trio.fail_after(request_timeout + plan.wait_ms / 1000):
+                        pending = await stream.receive_some(65536)
+                    if not pending:
+                        raise HttpError("closed")
+            except net_errors:
+                if status == 0:
+                    rec.failed("heads_poll", t0)
+            finally:
+                if stream is not None:
+                    with contextlib.suppress(Exception):  # closing a broken stream
+                        await stream.aclose()
+            await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+
     async def gateway(gw: int) -> None:
         state: dict[str, Any] = {
             "seq": -1,
@@ -491,7 +593,7 @@ async def run_load(plan: Plan) -> None:
         async with trio.open_nursery() as n:
             n.start_soon(heartbeat_loop, gw, state)
             n.start_soon(routing_loop, gw, state)
-            n.start_soon(poll_loop, gw)
+            n.start_soon(watch_loop if plan.protocol == "watch" else poll_loop, gw)
             if gw in shippers:
                 n.start_soon(ship_loop, gw, state)
 
@@ -518,6 +620,7 @@ async def run_load(plan: Plan) -> None:
         "reports": rec.reports,
         "wakes": rec.wakes,
         "back": {str(k): v for k, v in rec.back.items()},
+        "opens": rec.opens,
     }
     await trio.Path(plan.out_file).write_text(json.dumps(out))
 
@@ -815,8 +918,10 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "reports": {},
         "wakes": {},
         "back": {},
+        "opens": 0,
     }
     for r in results:
+        out["opens"] += r["opens"]
         for key in ("count", "errors", "shed"):
             for op in OPS:
                 out[key][op] += r[key][op]
@@ -891,6 +996,13 @@ def main() -> None:
     ap.add_argument("--ship-ms", type=float, default=250.0)
     ap.add_argument("--follow", type=int, default=2, help="sources each gateway mirrors")
     ap.add_argument("--wait-ms", type=int, default=30_000)
+    ap.add_argument(
+        "--protocol",
+        choices=("watch", "poll"),
+        default="watch",
+        help="heads: one held watch per gateway (as the agent), or a long poll re-sent "
+        "after every answer (as gateways before protocol 2)",
+    )
     ap.add_argument(
         "--pool",
         type=int,
@@ -967,6 +1079,7 @@ def main() -> None:
                     shippers,
                     follows,
                     a.wait_ms,
+                    a.protocol,
                     pool,
                     t0,
                     ramp,
@@ -1073,7 +1186,10 @@ def main() -> None:
             lasts.append(max(b[op] for op in BACK_OPS))
     complete = len(lasts)
     reconnect = max(lasts) - back_at if complete == n else None
-    total_rps = sum(rate(op) for op in OPS)
+    # Requests: with the watch, its lines are not requests (each open is one).
+    watching = a.protocol == "watch"
+    total_rps = sum(rate(op) for op in OPS if not (watching and op == "heads_poll"))
+    cpu_s = cpu1 - cpu0
     # The growth over the idle server, per poll held (at most: the peak count seen).
     rss_per_poll_kb = (rss - rss_start) * 1024 / max(1, held_max)
     figures.update(
@@ -1086,7 +1202,9 @@ def main() -> None:
         routing_per_s=rate("routing"),
         routing_p50_ms=pct("routing", 50),
         routing_p99_ms=pct("routing", 99),
+        protocol=a.protocol,
         heads_answers_per_s=rate("heads_poll"),
+        watch_opens=m["opens"],
         requests_per_s=total_rps,
         requests_per_gateway_s=total_rps / n,
         routing_safety_s=a.routing_safety_s,
@@ -1103,7 +1221,9 @@ def main() -> None:
         server_rss_start_mb=rss_start,
         rss_per_poll_kb=rss_per_poll_kb,
         server_cpu_pct=cpu_pct,
-        cpu_s_per_1k_requests=(cpu1 - cpu0) / max(1.0, total_rps * window) * 1000,
+        cpu_s_per_1k_requests=cpu_s / max(1.0, total_rps * window) * 1000,
+        # The server's CPU per gateway, whatever the protocol: what sizing needs.
+        cpu_ms_per_gateway_s=cpu_s / window / n * 1000,
         healthz_p99_ms=percentile(health_lat, 99) * 1000,
         healthz_failures=health_fail,
         long_polls_held_max=held_max,
@@ -1126,7 +1246,7 @@ def main() -> None:
         f"{n} gateways, {n_ship} shipping every {a.ship_ms:g} ms, each following {a.follow}; "
         f"heartbeat {a.heartbeat_s:g} s, routing {a.routing_s:g} s "
         f"({polling}); "
-        f"window {window:.0f} s "
+        f"window {window:.0f} s; heads by {a.protocol} "
         "(shared machine: noisy)",
         Row("requests served", total_rps, "req/s", "trivial endpoint c=32", base["rps"]),
         Row("  per gateway", total_rps / n, "req/s", "heartbeats per gateway", 1 / a.heartbeat_s),
@@ -1140,7 +1260,13 @@ def main() -> None:
         rows.append(Row(f"  {label} p50", pct(op, 50), "ms", "trivial p50", base["p50_ms"]))
         rows.append(Row(f"  {label} p99", pct(op, 99), "ms", "trivial p99", base["p99_ms"]))
     rows += [
-        Row("heads answers", rate("heads_poll"), "/s", "head reports", rate("head_report")),
+        Row(
+            "heads lines (watch)" if watching else "heads answers (polls)",
+            rate("heads_poll"),
+            "/s",
+            "head reports",
+            rate("head_report"),
+        ),
         Row("long polls held", held_end, "", "gateways", n, ok=held_end >= n * 0.99),
         Row(
             "wake p50 (report → all followers)",
@@ -1171,6 +1297,13 @@ def main() -> None:
             "  RSS per held poll", rss_per_poll_kb, "KB", "idle conn, bare", base["rss_per_conn_kb"]
         ),
         Row("server CPU", cpu_pct, "% of a core", "trivial at c=32", base["cpu_pct"]),
+        Row(
+            "  CPU per gateway",
+            figures["cpu_ms_per_gateway_s"],
+            "ms/s",
+            "trivial, per request",
+            base["cpu_s_per_1k"],
+        ),
         Row(
             "  CPU per 1,000 requests",
             figures["cpu_s_per_1k_requests"],
