@@ -31,6 +31,7 @@ the latest of); only a failure on a new connection counts.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import json
 import logging
@@ -338,21 +339,31 @@ class MetadataClient:
         )
         base = self.url
         decoder = WatchDecoder(base + "/v1/heads")
+        chunks = cast(AsyncGenerator[bytes, None], r.aiter_bytes())
+        ended = False
         try:
-            chunks = cast(AsyncGenerator[bytes, None], r.aiter_bytes())
-            async with aclosing(chunks):
-                while True:
-                    with _unavailable(base):
-                        chunk = await anext(chunks, None)
-                    if chunk is None:
-                        break
-                    for version, heads in decoder.feed(chunk):
-                        yield HeadsUpdate(version, heads)
+            while True:
+                with _unavailable(base):
+                    chunk = await anext(chunks, None)
+                if chunk is None:
+                    ended = True
+                    break
+                for version, heads in decoder.feed(chunk):
+                    yield HeadsUpdate(version, heads)
             last = decoder.end()
             if last is not None:
                 yield HeadsUpdate(*last)
         finally:
-            await r.aclose()
+            with trio.CancelScope(shield=True):  # closing a socket: quick
+                await r.aclose()
+                if not ended:
+                    # httpx's body is a chain of async generators: closing the
+                    # outer one leaves the inner ones suspended (and garbage
+                    # collected unclosed). A read of the closed connection fails
+                    # through all of them instead, and ends each one.
+                    with contextlib.suppress(httpx.HTTPError, trio.ClosedResourceError):
+                        await anext(chunks, None)
+                await chunks.aclose()
 
     # ------------------------------------------------------------- plumbing
 
