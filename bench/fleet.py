@@ -304,7 +304,7 @@ async def run_load(plan: Plan) -> None:
 
     sys.path.insert(0, str(BENCH_DIR.parent))
     from edge_gateway.backoff import Backoff
-    from edge_gateway.metadata._watch import WatchDecoder
+    from edge_gateway.metadata import WatchDecoder
 
     net_errors = (
         OSError,

@@ -28,9 +28,8 @@ from _meta_support import ADMIN_TOKEN, Fleet, http
 from _old_code import old_sources
 
 from edge_gateway.errors import Unavailable
-from edge_gateway.metadata import MetadataClient
+from edge_gateway.metadata import MetadataClient, WatchDecoder, encode_heads
 from edge_gateway.metadata._db import MetadataStore
-from edge_gateway.metadata._watch import WatchDecoder, encode_heads
 from edge_gateway.metadata.server import MetadataApp, MetadataServerConfig
 from edge_gateway.testing.tcpproxy import TcpProxy
 
