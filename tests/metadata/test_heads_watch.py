@@ -28,7 +28,7 @@ from _meta_support import ADMIN_TOKEN, Fleet, http
 from _old_code import old_sources
 
 from edge_gateway.errors import Unavailable
-from edge_gateway.metadata import MetadataClient, WatchDecoder, encode_heads
+from edge_gateway.metadata import HeadReporter, MetadataClient, WatchDecoder, encode_heads
 from edge_gateway.metadata._db import MetadataStore
 from edge_gateway.metadata.server import MetadataApp, MetadataServerConfig
 from edge_gateway.testing.tcpproxy import TcpProxy
@@ -145,6 +145,27 @@ def test_a_long_poll_client_still_works(fleet: Fleet) -> None:
     doc = r.json()
     assert doc["heads"] == {"north": head + 1}
     assert doc["version"] > version
+
+
+async def test_a_report_a_heartbeat_carried_is_not_sent(fleet: Fleet) -> None:
+    async with MetadataClient(fleet.url, token=fleet.tokens["north"], region="north") as c:
+        base = await c.report_head(0)  # the head the server holds
+        reporter = HeadReporter(c)
+        reporter.report_nowait(base + 5)
+        reporter.sent_elsewhere(base + 5)  # a heartbeat carried it meanwhile
+        async with trio.open_nursery() as nursery:
+            await nursery.start(reporter.run)
+            await trio.testing.wait_all_tasks_blocked()
+            assert reporter.statistics().reports == 0  # superseded: not sent
+            reporter.report_nowait(base + 7)
+            for _ in range(400):  # sent at once; a slow machine gets 20 s
+                if reporter.statistics().reports:
+                    break
+                await trio.sleep(0.05)
+            nursery.cancel_scope.cancel()
+        assert reporter.statistics().reports == 1
+        assert reporter.statistics().sent == base + 7
+        assert await c.report_head(0) == base + 7
 
 
 # ------------------------------------------------------------- old server
