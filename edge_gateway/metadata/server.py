@@ -923,10 +923,10 @@ class _HeadsWatch(Response):
                 nursery.start_soon(_wait_disconnect, receive, gone, nursery.cancel_scope)
                 finished = await self._stream(send)
                 nursery.cancel_scope.cancel()
-            if finished or gone.is_set():
-                # The end of the chunked body (a no-op for a client gone).
+            if finished and not gone.is_set():
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
-            # else: a slow reader; returning unfinished makes the server drop the connection.
+            # else: a client gone, or too slow: returning unfinished makes the
+            # server drop the connection (there is nobody to end the body for).
         finally:
             app.watches -= 1
             app.admission.unpark()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import httpx
 import pytest
 import trio
 import trio.testing
-from _meta_support import ADMIN_TOKEN, Fleet, http
+from _meta_support import ADMIN_TOKEN, Fleet, MetaServer, http
 from _old_code import old_sources
 
 from edge_gateway.errors import Unavailable
@@ -166,6 +167,34 @@ async def test_a_report_a_heartbeat_carried_is_not_sent(fleet: Fleet) -> None:
         assert reporter.statistics().reports == 1
         assert reporter.statistics().sent == base + 7
         assert await c.report_head(0) == base + 7
+
+
+@pytest.mark.parametrize("stack", ["builtin", "hypercorn"])
+def test_a_watch_whose_client_hung_up_ends_at_once(tmp_path: Path, stack: str) -> None:
+    server = MetaServer(tmp_path / "meta.sqlite", extra=("--server", stack))
+    try:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+
+        def counts() -> tuple[int, int]:
+            with http(server.url, None) as c:
+                doc = c.get("/healthz").json()
+            return int(doc["watches"]), int(doc["long_polls"])
+
+        with socket.create_connection((host, int(port)), timeout=30) as s:
+            s.sendall(
+                b"GET /v1/heads?watch=1&wait_ms=60000 HTTP/1.1\r\nHost: meta\r\n"
+                b"Authorization: Bearer " + ADMIN_TOKEN.encode() + b"\r\n\r\n"
+            )
+            head = s.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            assert b"application/x-ndjson" in head.lower()
+            assert counts() == (1, 1)
+        deadline = time.monotonic() + 30
+        while counts() != (0, 0):  # not at wait_ms (60 s): at the hang-up
+            assert time.monotonic() < deadline, "the watch outlived its client"
+            time.sleep(0.05)
+    finally:
+        server.stop()
 
 
 # ------------------------------------------------------------- old server
