@@ -4,7 +4,10 @@ Usage::
 
     .venv/bin/python bench/fleet.py [--quick] [--gateways N] [--procs P] [--away-s S] ...
 
-What runs: a real ``edgegw metadata serve`` process (SQLite), and P load
+What runs: a real ``edgegw metadata serve`` process (SQLite; with
+``--replicas R`` > 1, R of them sharing a PostgreSQL database — a throwaway
+cluster from Debian's ``postgresql``, seeded by ``edgegw metadata migrate`` —
+with gateway i talking to replica i mod R), and P load
 processes (``--procs``) that each simulate a share of N gateways with
 lightweight trio tasks speaking HTTP/1.1 on raw sockets (not N real
 gateways, nor httpx: the load generator must leave the cores to the server).
@@ -81,6 +84,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,6 +109,8 @@ class Plan:
 
     host: str
     port: int
+    #: Every replica's port: gateway i talks to ports[i % len(ports)] (one server: [port]).
+    ports: list[int]
     gateways: int
     lo: int
     hi: int
@@ -119,6 +125,8 @@ class Plan:
     shippers: list[int]
     follows: list[list[int]]
     wait_ms: int
+    #: "watch" (one held GET /v1/heads?watch=1, as the agent) or "poll" (long polls, as before).
+    protocol: str
     pool: int
     start_at: float
     ramp_s: float
@@ -144,6 +152,42 @@ def region_name(i: int) -> str:
 
 
 # ----------------------------------------------------------- load process
+
+
+class Dechunk:
+    """HTTP/1.1 chunked framing undone, incrementally (the watch's body never ends)."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.left = 0  # bytes of the current chunk still to come
+        self.crlf = False  # the CRLF after a chunk's data is next
+        self.ended = False
+
+    def feed(self, data: bytes) -> bytes:
+        self.buf += data
+        out = bytearray()
+        while self.buf and not self.ended:
+            if self.crlf:
+                if len(self.buf) < 2:
+                    break
+                del self.buf[:2]
+                self.crlf = False
+            elif self.left:
+                take = min(self.left, len(self.buf))
+                out += self.buf[:take]
+                del self.buf[:take]
+                self.left -= take
+                self.crlf = self.left == 0
+            else:
+                end = self.buf.find(b"\r\n")
+                if end < 0:
+                    break
+                size = int(bytes(self.buf[:end]).split(b";")[0], 16)
+                del self.buf[: end + 2]
+                if size == 0:
+                    self.ended = True
+                self.left = size
+        return bytes(out)
 
 
 class HttpError(Exception):
@@ -235,6 +279,8 @@ class Recorder:
     back_at: float | None = None
     #: gateway -> op -> first success sent after the server came back
     back: dict[int, dict[str, float]] = field(default_factory=dict)
+    #: Watches opened (each one request).
+    opens: int = 0
 
     def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
         if self.back_at is not None and t0 >= self.back_at:
@@ -264,6 +310,7 @@ async def run_load(plan: Plan) -> None:
 
     sys.path.insert(0, str(BENCH_DIR.parent))
     from edge_gateway.backoff import Backoff
+    from edge_gateway.metadata import WatchDecoder
 
     net_errors = (
         OSError,
@@ -276,16 +323,23 @@ async def run_load(plan: Plan) -> None:
     rec = Recorder(plan.measure_from, plan.measure_to, plan.away_at)
     rand = random.Random(plan.seed)
     host_hdr = f"Host: {plan.host}:{plan.port}\r\n".encode()
-    pool: Any
-    pool_send, pool = trio.open_memory_channel[Conn](plan.pool)
-    for _ in range(plan.pool):
-        pool_send.send_nowait(Conn(plan.host, plan.port))
+    # A pool of control connections per replica.
+    pools: dict[int, Any] = {}
+    for port in plan.ports:
+        pools[port] = trio.open_memory_channel[Conn](plan.pool)
+        for _ in range(plan.pool):
+            pools[port][0].send_nowait(Conn(plan.host, port))
+
+    def port_of(gw: int) -> int:
+        return plan.ports[gw % len(plan.ports)]
+
     request_timeout = 10.0
 
     def auth(gw: int) -> bytes:
         return f"Authorization: Bearer {plan.tokens[gw]}\r\n".encode()
 
     async def control(gw: int, op: str, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
+        pool_send, pool = pools[port_of(gw)]
         conn = await pool.receive()
         t0 = time.time()
         try:
@@ -444,7 +498,7 @@ async def run_load(plan: Plan) -> None:
         return result
 
     async def poll_loop(gw: int) -> None:
-        conn = Conn(plan.host, plan.port)
+        conn = Conn(plan.host, port_of(gw))
         sources = [region_name(s) for s in plan.follows[gw]]
         query = f"regions={','.join(sources)}&wait_ms={plan.wait_ms}"
         backoff = Backoff(0.2, 5.0)
@@ -481,6 +535,67 @@ async def run_load(plan: Plan) -> None:
                 for src, seq in doc["heads"].items():
                     rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
 
+    async def watch_loop(gw: int) -> None:
+        """The agent's heads watch: one held response, a line per change, resumed
+        from the last line's version after a failure (with the agent's backoff)."""
+        sources = [region_name(s) for s in plan.follows[gw]]
+        query = f"regions={','.join(sources)}&wait_ms={plan.wait_ms}&watch=1"
+        backoff = Backoff(0.2, 5.0)
+        since = 0
+        await trio.sleep(rand.random() * plan.ramp_s)
+        while True:
+            head = (
+                f"GET /v1/heads?since={since}&{query} HTTP/1.1\r\n".encode()
+                + host_hdr
+                + auth(gw)
+                + b"\r\n"
+            )
+            t0 = time.time()
+            stream = None
+            status, h = 0, b""
+            try:
+                with trio.fail_after(request_timeout):
+                    stream = await trio.open_tcp_stream(plan.host, port_of(gw))
+                    await stream.send_all(head)
+                    buf = bytearray()
+                    while (end := buf.find(b"\r\n\r\n")) < 0:
+                        data = await stream.receive_some(65536)
+                        if not data:
+                            raise HttpError("closed")
+                        buf += data
+                h = bytes(buf[:end])
+                status = int(h[9:12])
+                if status != 200:
+                    rec.done("heads_poll", t0, time.time(), status, gw)
+                    raise HttpError(f"status {status}")
+                if b"transfer-encoding: chunked" not in h.lower():
+                    raise HttpError("not a watch: the server answered a long poll")
+                rec.opens += 1
+                dechunk, decoder = Dechunk(), WatchDecoder("bench")
+                pending = bytes(buf[end + 4 :])
+                while not dechunk.ended:
+                    for version, heads in decoder.feed(dechunk.feed(pending)):
+                        t1 = time.time()
+                        rec.done("heads_poll", t0, t1, 200, gw)
+                        backoff.reset()
+                        since = version
+                        if plan.measure_from <= t1 < plan.away_at:
+                            for src, seq in heads.items():
+                                rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
+                        t0 = t1
+                    with trio.fail_after(request_timeout + plan.wait_ms / 1000):
+                        pending = await stream.receive_some(65536)
+                    if not pending:
+                        raise HttpError("closed")
+            except net_errors:
+                if status == 0:
+                    rec.failed("heads_poll", t0)
+            finally:
+                if stream is not None:
+                    with contextlib.suppress(Exception):  # closing a broken stream
+                        await stream.aclose()
+            await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+
     async def gateway(gw: int) -> None:
         state: dict[str, Any] = {
             "seq": -1,
@@ -491,7 +606,7 @@ async def run_load(plan: Plan) -> None:
         async with trio.open_nursery() as n:
             n.start_soon(heartbeat_loop, gw, state)
             n.start_soon(routing_loop, gw, state)
-            n.start_soon(poll_loop, gw)
+            n.start_soon(watch_loop if plan.protocol == "watch" else poll_loop, gw)
             if gw in shippers:
                 n.start_soon(ship_loop, gw, state)
 
@@ -518,6 +633,7 @@ async def run_load(plan: Plan) -> None:
         "reports": rec.reports,
         "wakes": rec.wakes,
         "back": {str(k): v for k, v in rec.back.items()},
+        "opens": rec.opens,
     }
     await trio.Path(plan.out_file).write_text(json.dumps(out))
 
@@ -562,14 +678,22 @@ finally:
 class Server:
     """``edgegw metadata serve`` on a fixed port (so it can come back on the same one)."""
 
-    def __init__(self, db: Path, port: int, extra: list[str], profile: str | None = None) -> None:
+    def __init__(
+        self,
+        db: Path | str,
+        port: int,
+        extra: list[str],
+        profile: str | None = None,
+        *,
+        files: Path,
+    ) -> None:
         self.db, self.port, self.extra = db, port, extra
         self.proc: subprocess.Popen[bytes] | None = None
         #: Write a cProfile of each run of the server to ``<profile>.<n>`` (n = 1, 2, ...).
         self.profile = profile
         self.runs = 0
-        self.addr = db.with_suffix(".addr")
-        self.log = db.with_suffix(".log")
+        self.addr = files.with_suffix(".addr")
+        self.log = files.with_suffix(".log")
 
     def start(self) -> float:
         """Start; returns when it listens (time.time())."""
@@ -602,6 +726,29 @@ class Server:
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
+
+
+class Replicas:
+    """The servers of a run: one on SQLite, or replicas sharing one PostgreSQL database."""
+
+    def __init__(self, servers: list[Server]) -> None:
+        self.servers = servers
+        self.ports = [s.port for s in servers]
+        self.log = servers[0].log
+
+    def start(self) -> float:
+        """Start every one; returns when the last listens (time.time())."""
+        return max(s.start() for s in self.servers)
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
+
+    def cpu_s(self) -> float:
+        return sum(proc_cpu_s(s.pid) for s in self.servers)
+
+    def rss_mb(self, key: str = "VmRSS") -> float:
+        return sum(proc_rss_mb(s.pid, key) for s in self.servers)
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -784,6 +931,22 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
         proc.wait()
 
 
+def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
+    """Every replica's /healthz, summed (None if one failed), and the longest it took."""
+    total: dict[str, Any] = {"long_polls": 0, "shed": 0}
+    took_max = 0.0
+    failed = False
+    for port in ports:
+        doc, took = healthz(port)
+        took_max = max(took_max, took)
+        if doc is None:
+            failed = True
+        else:
+            total["long_polls"] += doc["long_polls"]
+            total["shed"] += doc["shed"]
+    return (None if failed else total), took_max
+
+
 def token_check_ms(port: int) -> float:
     """Server time of one first-contact region token check, via a fresh region."""
     import httpx
@@ -815,8 +978,10 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "reports": {},
         "wakes": {},
         "back": {},
+        "opens": 0,
     }
     for r in results:
+        out["opens"] += r["opens"]
         for key in ("count", "errors", "shed"):
             for op in OPS:
                 out[key][op] += r[key][op]
@@ -892,6 +1057,13 @@ def main() -> None:
     ap.add_argument("--follow", type=int, default=2, help="sources each gateway mirrors")
     ap.add_argument("--wait-ms", type=int, default=30_000)
     ap.add_argument(
+        "--protocol",
+        choices=("watch", "poll"),
+        default="watch",
+        help="heads: one held watch per gateway (as the agent), or a long poll re-sent "
+        "after every answer (as gateways before protocol 2)",
+    )
+    ap.add_argument(
         "--pool",
         type=int,
         default=None,
@@ -901,6 +1073,13 @@ def main() -> None:
     ap.add_argument("--away-s", type=float, default=None, help="server stopped this long")
     ap.add_argument("--herd-timeout-s", type=float, default=None)
     ap.add_argument("--auth", choices=("admin", "region"), default="admin")
+    ap.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="server processes; more than one run as replicas on PostgreSQL (a throwaway "
+        "cluster from Debian's postgresql), the gateways spread over them",
+    )
     ap.add_argument("--server", choices=("builtin", "hypercorn"), default="builtin")
     ap.add_argument("--server-arg", action="append", default=[], help="extra serve option")
     ap.add_argument("--seed", type=int, default=7)
@@ -939,12 +1118,32 @@ def main() -> None:
         db = tmp / "meta.sqlite"
         progress(f"seeding {n} regions ({a.auth} auth)")
         tokens = seed_db(db, n, follows, a.auth)
-        port = free_port()
-        server = Server(db, port, ["--server", a.server, *a.server_arg], a.profile_server)
+        extra = ["--server", a.server, *a.server_arg]
+        pg: Any = None
+        if a.replicas > 1:
+            from edge_gateway.testing.postgres import Postgres
+
+            progress(f"PostgreSQL for {a.replicas} replicas; copying the regions into it")
+            # Not under the scratch directory: the cluster runs as user postgres.
+            pg = Postgres(Path(tempfile.mkdtemp(prefix="edgegw-pg-")))
+            url = pg.create_database("fleet")
+            subprocess.run(
+                [str(EDGEGW), "metadata", "migrate", "--from", str(db), "--to", url],
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )
+            servers = [
+                Server(url, free_port(), extra, None, files=tmp / f"replica-{i}")
+                for i in range(a.replicas)
+            ]
+        else:
+            servers = [Server(db, free_port(), extra, a.profile_server, files=db)]
+        server = Replicas(servers)
+        port = server.ports[0]
         server.start()
         try:
             check_ms = token_check_ms(port)
-            rss_start = proc_rss_mb(server.pid)
+            rss_start = server.rss_mb()
             t0 = time.time() + 2.0
             measure_from = t0 + ramp + 2.0
             measure_to = measure_from + duration
@@ -956,6 +1155,7 @@ def main() -> None:
                 plan = Plan(
                     "127.0.0.1",
                     port,
+                    server.ports,
                     n,
                     lo,
                     hi,
@@ -967,6 +1167,7 @@ def main() -> None:
                     shippers,
                     follows,
                     a.wait_ms,
+                    a.protocol,
                     pool,
                     t0,
                     ramp,
@@ -992,27 +1193,27 @@ def main() -> None:
                 f"each) from {procs} process(es); ramp {ramp:g} s, window {duration:g} s"
             )
             time.sleep(max(0.0, measure_from - time.time()))
-            cpu0, w0 = proc_cpu_s(server.pid), time.time()
+            cpu0, w0 = server.cpu_s(), time.time()
             held_seen: list[int] = []
             health_lat: list[float] = []
             health_fail = 0
             while time.time() < measure_to:
-                doc, took = healthz(port)
+                doc, took = healthz_all(server.ports)
                 health_lat.append(took)
                 if doc is None:
                     health_fail += 1
                 else:
                     held_seen.append(doc["long_polls"])
                 time.sleep(0.5)
-            cpu1, w1 = proc_cpu_s(server.pid), time.time()
-            doc, _ = healthz(port)
+            cpu1, w1 = server.cpu_s(), time.time()
+            doc, _ = healthz_all(server.ports)
             if doc is not None:
                 held_seen.append(doc["long_polls"])
             held_end = held_seen[-1] if held_seen else 0
             held_min = min(held_seen) if held_seen else None
             held_max = max(held_seen) if held_seen else 0
-            rss = proc_rss_mb(server.pid)
-            rss_peak = proc_rss_mb(server.pid, "VmHWM")
+            rss = server.rss_mb()
+            rss_peak = server.rss_mb("VmHWM")
             cpu_pct = (cpu1 - cpu0) / (w1 - w0) * 100
             # ---- the reconnect herd
             time.sleep(max(0.0, away_at - time.time()))
@@ -1027,7 +1228,7 @@ def main() -> None:
             herd_fail = 0
             deadline = back_at + herd_timeout
             while time.time() < deadline:
-                doc, took = healthz(port)
+                doc, took = healthz_all(server.ports)
                 herd_health.append(took)
                 if doc is None:
                     herd_fail += 1
@@ -1038,15 +1239,18 @@ def main() -> None:
                 if full >= n:
                     break
                 time.sleep(0.25)
-            doc, _ = healthz(port)
+            doc, _ = healthz_all(server.ports)
             herd_held = doc["long_polls"] if doc else None
             stop_file.touch()
             for p in loads:
                 p.wait(timeout=120)
-            herd_cpu_s = proc_cpu_s(server.pid)
+            herd_cpu_s = server.cpu_s()
             herd_shed = (doc or {}).get("shed")
         finally:
             server.stop()
+            if pg is not None:
+                pg.stop("immediate")
+                shutil.rmtree(pg.root, ignore_errors=True)
             # The server's log outlives the scratch directory (bench/out is git-ignored).
             with contextlib.suppress(OSError):
                 shutil.copyfile(server.log, OUT_DIR / "fleet-server-last.log")
@@ -1055,7 +1259,14 @@ def main() -> None:
 
     m = merge(results)
     window = w1 - w0
-    figures: dict[str, Any] = {"gateways": n, "procs": procs, "auth": a.auth, "server": a.server}
+    figures: dict[str, Any] = {
+        "gateways": n,
+        "procs": procs,
+        "auth": a.auth,
+        "server": a.server,
+        "replicas": a.replicas,
+        "store": "postgres" if a.replicas > 1 else "sqlite",
+    }
 
     def rate(op: str) -> float:
         return m["count"][op] / window
@@ -1073,7 +1284,10 @@ def main() -> None:
             lasts.append(max(b[op] for op in BACK_OPS))
     complete = len(lasts)
     reconnect = max(lasts) - back_at if complete == n else None
-    total_rps = sum(rate(op) for op in OPS)
+    # Requests: with the watch, its lines are not requests (each open is one).
+    watching = a.protocol == "watch"
+    total_rps = sum(rate(op) for op in OPS if not (watching and op == "heads_poll"))
+    cpu_s = cpu1 - cpu0
     # The growth over the idle server, per poll held (at most: the peak count seen).
     rss_per_poll_kb = (rss - rss_start) * 1024 / max(1, held_max)
     figures.update(
@@ -1086,7 +1300,9 @@ def main() -> None:
         routing_per_s=rate("routing"),
         routing_p50_ms=pct("routing", 50),
         routing_p99_ms=pct("routing", 99),
+        protocol=a.protocol,
         heads_answers_per_s=rate("heads_poll"),
+        watch_opens=m["opens"],
         requests_per_s=total_rps,
         requests_per_gateway_s=total_rps / n,
         routing_safety_s=a.routing_safety_s,
@@ -1103,7 +1319,9 @@ def main() -> None:
         server_rss_start_mb=rss_start,
         rss_per_poll_kb=rss_per_poll_kb,
         server_cpu_pct=cpu_pct,
-        cpu_s_per_1k_requests=(cpu1 - cpu0) / max(1.0, total_rps * window) * 1000,
+        cpu_s_per_1k_requests=cpu_s / max(1.0, total_rps * window) * 1000,
+        # The server's CPU per gateway, whatever the protocol: what sizing needs.
+        cpu_ms_per_gateway_s=cpu_s / window / n * 1000,
         healthz_p99_ms=percentile(health_lat, 99) * 1000,
         healthz_failures=health_fail,
         long_polls_held_max=held_max,
@@ -1126,8 +1344,9 @@ def main() -> None:
         f"{n} gateways, {n_ship} shipping every {a.ship_ms:g} ms, each following {a.follow}; "
         f"heartbeat {a.heartbeat_s:g} s, routing {a.routing_s:g} s "
         f"({polling}); "
-        f"window {window:.0f} s "
-        "(shared machine: noisy)",
+        f"window {window:.0f} s; heads by {a.protocol}; "
+        + (f"{a.replicas} replicas on PostgreSQL " if a.replicas > 1 else "one server on SQLite ")
+        + "(shared machine: noisy)",
         Row("requests served", total_rps, "req/s", "trivial endpoint c=32", base["rps"]),
         Row("  per gateway", total_rps / n, "req/s", "heartbeats per gateway", 1 / a.heartbeat_s),
     ]
@@ -1140,7 +1359,13 @@ def main() -> None:
         rows.append(Row(f"  {label} p50", pct(op, 50), "ms", "trivial p50", base["p50_ms"]))
         rows.append(Row(f"  {label} p99", pct(op, 99), "ms", "trivial p99", base["p99_ms"]))
     rows += [
-        Row("heads answers", rate("heads_poll"), "/s", "head reports", rate("head_report")),
+        Row(
+            "heads lines (watch)" if watching else "heads answers (polls)",
+            rate("heads_poll"),
+            "/s",
+            "head reports",
+            rate("head_report"),
+        ),
         Row("long polls held", held_end, "", "gateways", n, ok=held_end >= n * 0.99),
         Row(
             "wake p50 (report → all followers)",
@@ -1172,6 +1397,13 @@ def main() -> None:
         ),
         Row("server CPU", cpu_pct, "% of a core", "trivial at c=32", base["cpu_pct"]),
         Row(
+            "  CPU per gateway",
+            figures["cpu_ms_per_gateway_s"],
+            "ms/s",
+            "trivial, per request",
+            base["cpu_s_per_1k"],
+        ),
+        Row(
             "  CPU per 1,000 requests",
             figures["cpu_s_per_1k_requests"],
             "s",
@@ -1197,7 +1429,7 @@ def main() -> None:
         ),
         Row("token check (first contact)", check_ms, "ms", "trivial p50", base["p50_ms"]),
     ]
-    print(render_table("fleet: one metadata server, many gateways", rows))
+    print(render_table("fleet: the metadata server, many gateways", rows))
     emit_json(figures)
 
 

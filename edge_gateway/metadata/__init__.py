@@ -5,6 +5,8 @@
   gateway's topology (``TopicConfig`` tuples);
 * :mod:`edge_gateway.metadata.client` — :class:`MetadataClient` (httpx,
   async), :class:`HeadReporter` and :class:`RoutingCache`;
+* :class:`WatchDecoder` and :func:`encode_heads` — the heads watch's lines
+  (sans-IO; the client, the server and ``bench/fleet.py`` use them);
 * :mod:`edge_gateway.metadata.server` — the reference server (SQLite, or
   PostgreSQL for replicas: ``docs/metadata.md``), ``edgegw metadata serve``.
 
@@ -22,6 +24,7 @@ from edge_gateway.metadata.routing import BucketLocation, RoutingTable, TopicRou
 
 if TYPE_CHECKING:
     from edge_gateway.metadata._pg import is_postgres_url
+    from edge_gateway.metadata._watch import WatchDecoder, encode_heads
     from edge_gateway.metadata.client import (
         CachedRouting,
         HeadReporter,
@@ -45,6 +48,8 @@ __all__ = [
     "RoutingFetch",
     "RoutingTable",
     "TopicRoute",
+    "WatchDecoder",
+    "encode_heads",
     "is_postgres_url",
     "serve_metadata",
     "topology",
@@ -63,5 +68,7 @@ __getattr__ = lazy_attributes(
         "MetadataServerConfig": "edge_gateway.metadata.server",
         "serve_metadata": "edge_gateway.metadata.server",
         "is_postgres_url": "edge_gateway.metadata._pg",
+        "WatchDecoder": "edge_gateway.metadata._watch",
+        "encode_heads": "edge_gateway.metadata._watch",
     },
 )

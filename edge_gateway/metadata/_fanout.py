@@ -89,6 +89,11 @@ class HeadRelay:
         self.wakeups = 0
 
     @property
+    def closed(self) -> bool:
+        """The server is stopping: every wait returns at once."""
+        return self._closed
+
+    @property
     def held(self) -> int:
         """Long polls waiting now."""
         return self._held

@@ -428,8 +428,14 @@ def openapi_document() -> dict[str, Any]:
         },
         "/v1/heads": {
             "get": _op(
-                "Long-poll: heads that moved after version `since`",
-                ("200", "Moved heads (empty when wait_ms passed)", "Heads"),
+                "Long-poll (or, with watch=1, a stream of): heads that moved after version `since`",
+                (
+                    "200",
+                    "Moved heads (empty when wait_ms passed); with watch=1, "
+                    "application/x-ndjson: one such document per line, at once, on each "
+                    "change (coalesced) and after wait_ms without one (protocol 2)",
+                    "Heads",
+                ),
                 errors=("400", "401"),
                 params=[
                     _query(
@@ -442,8 +448,15 @@ def openapi_document() -> dict[str, Any]:
                     ),
                     _query(
                         "wait_ms",
-                        "Wait up to this long for a move (capped by the server).",
+                        "Wait up to this long for a move (capped by the server); "
+                        "with watch=1, the keep-alive interval (default 25000).",
                         {"type": "integer", "minimum": 0},
+                    ),
+                    _query(
+                        "watch",
+                        "1: stream every change on this response (protocol 2; "
+                        "older servers ignore it and answer one long poll).",
+                        {"type": "integer", "enum": [0, 1]},
                     ),
                 ],
             )

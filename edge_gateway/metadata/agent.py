@@ -22,10 +22,11 @@ agent, never the reverse). It
   its log head and lag figures (mirror lag per source, shipper backlog);
 * **relays heads** (``head_relay``): the shipper calls :meth:`report_head`
   after each commit (fire-and-forget, coalesced by :class:`HeadReporter`);
-  one long poll of ``GET /v1/heads`` for the sources this region mirrors
-  wakes their tailers (:meth:`Tailer.relayed_head
+  one held watch of ``GET /v1/heads?watch=1`` for the sources this region
+  mirrors (each change a line on it, no request; an older server answers it
+  as a long poll, asked again after each answer) wakes their tailers (:meth:`Tailer.relayed_head
   <edge_gateway.mirror.Tailer.relayed_head>`) and keeps them in relay mode,
-  where an idle tailer makes no bucket requests. When the long poll fails,
+  where an idle tailer makes no bucket requests. When the watch fails,
   every tailer is switched back to polling the bucket with its normal
   backoff until the relay answers again. The relay is never trusted for
   correctness: tailers read the log themselves and stop at the first 404.
@@ -44,6 +45,7 @@ import random
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -335,11 +337,10 @@ class MetadataAgent:
         interval = self.settings.heartbeat_interval_ms / 1000
         backoff = Backoff(_RETRY_BASE_S, max(interval, RETRY_CAP_S))
         while True:
+            head_seq = self._head_seq()
             try:
                 version = await self.client.heartbeat(
-                    gateway_version=self.version,
-                    lag=self.lag_figures(),
-                    head_seq=self._head_seq(),
+                    gateway_version=self.version, lag=self.lag_figures(), head_seq=head_seq
                 )
             except _ServerTrouble as exc:
                 self._heartbeat_failures += 1
@@ -353,6 +354,8 @@ class MetadataAgent:
                 continue
             backoff.reset()
             self._heartbeats += 1
+            if head_seq is not None and self.reporter is not None:
+                self.reporter.sent_elsewhere(head_seq)  # a report of it waiting is not sent
             self._beat_version = version
             if self._table is None or version != self._table.version:
                 # Changed (or, a server restored from a backup, went back): fetch it.
@@ -409,7 +412,16 @@ class MetadataAgent:
                 if not sources:
                     await trio.sleep_forever()  # until tailers_changed() cancels
                 try:
-                    update = await self.client.wait_heads(since, sources, wait_ms=wait_ms)
+                    # One held watch; an older server answers it as one long
+                    # poll, and the loop asks again with the answer's version.
+                    updates = self.client.watch_heads(since, sources, wait_ms=wait_ms)
+                    async with aclosing(updates):
+                        async for update in updates:
+                            backoff.reset()
+                            self._heads_polls += 1
+                            since = update.version  # a broken watch resumes from here
+                            self._relay_up()
+                            self._follow(update.heads)
                 except _ServerTrouble as exc:
                     self._heads_failures += 1
                     self._relay_down(str(exc))
@@ -419,17 +431,16 @@ class MetadataAgent:
             if scope.cancelled_caught:
                 since = 0  # new sources: ask for every known head
                 continue
-            backoff.reset()
-            self._heads_polls += 1
-            since = update.version
-            self._relay_up()
-            self._heads.update(update.heads)
-            tailers = self.hooks.tailers()
-            for src, seq in update.heads.items():
-                tailer = tailers.get(src)
-                if tailer is not None:
-                    tailer.set_relay(True)
-                    tailer.relayed_head(seq)
+
+    def _follow(self, heads: Mapping[str, int]) -> None:
+        """Relayed heads: wake the tailers of the sources that moved."""
+        self._heads.update(heads)
+        tailers = self.hooks.tailers()
+        for src, seq in heads.items():
+            tailer = tailers.get(src)
+            if tailer is not None:
+                tailer.set_relay(True)
+                tailer.relayed_head(seq)
 
     # ----------------------------------------------------------- running
 

@@ -2,7 +2,8 @@
 
 * :class:`MetadataClient` — one method per call: :meth:`~MetadataClient.fetch_routing`
   (ETag: answers *unchanged* on 304), :meth:`~MetadataClient.heartbeat`,
-  :meth:`~MetadataClient.report_head`, :meth:`~MetadataClient.wait_heads`;
+  :meth:`~MetadataClient.report_head`, :meth:`~MetadataClient.wait_heads`,
+  :meth:`~MetadataClient.watch_heads` (one held response streaming every change);
 * :class:`HeadReporter` — fire-and-forget head reports: ``report_nowait(seq)``
   right after each commit never blocks or fails; a background task sends the
   latest seq, one request at a time (coalesced), and retries with backoff;
@@ -30,13 +31,14 @@ the latest of); only a failure on a new connection counts.
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
 import logging
 import random
 import ssl
 import time
-from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
-from contextlib import aclosing
+from collections.abc import AsyncGenerator, Iterable, Iterator, Mapping, Sequence
+from contextlib import aclosing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -49,6 +51,7 @@ import trio
 from edge_gateway.backoff import Backoff
 from edge_gateway.durable import replace_file
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.metadata._watch import WatchDecoder, parse_heads
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
 from edge_gateway.net.http import CLIENT_KEEPALIVE_EXPIRY_S
@@ -303,13 +306,64 @@ class MetadataClient:
             params=params,
             timeout=httpx.Timeout(self._timeout_s + wait_ms / 1000),
         )
-        doc = self._json(r)
-        version, heads = doc.get("version"), doc.get("heads")
-        if not isinstance(version, int) or not isinstance(heads, dict):
-            raise CorruptData("malformed heads answer", where=self.url + "/v1/heads")
-        if not all(isinstance(k, str) and isinstance(v, int) for k, v in heads.items()):
-            raise CorruptData("malformed heads answer", where=self.url + "/v1/heads")
+        version, heads = parse_heads(self._json(r), self.url + "/v1/heads")
         return HeadsUpdate(version, heads)
+
+    async def watch_heads(
+        self, since: int, regions: Iterable[str] | None = None, wait_ms: int = 25_000
+    ) -> AsyncGenerator[HeadsUpdate, None]:
+        """Every change of the heads of ``regions`` (default all) after ``since``, as it comes.
+
+        One held response (``GET /v1/heads?watch=1``, docs/metadata-api.md,
+        protocol 2): the first update at once (the heads moved after ``since``,
+        possibly none), then one per change (a burst of changes is one), and
+        one with no heads after ``wait_ms`` without a change (the keep-alive:
+        a connection silent for ``wait_ms`` plus the timeout is dead, and
+        raises :class:`Unavailable`). Resume a broken watch with ``since`` =
+        the last update's ``version``: heads only grow, so nothing is lost.
+
+        The generator ends when the server ends the stream: a server that is
+        stopping, or an older server, which answers the same request as one
+        long poll (one update; ask again with its version). Use it under
+        ``contextlib.aclosing``.
+        """
+        params: dict[str, str] = {"since": str(since), "wait_ms": str(wait_ms), "watch": "1"}
+        if regions is not None:
+            params["regions"] = ",".join(validate_region(r) for r in regions)
+        r = await self._request(
+            "GET",
+            "/v1/heads",
+            params=params,
+            timeout=httpx.Timeout(self._timeout_s + wait_ms / 1000),
+            keep_open=True,
+        )
+        base = self.url
+        decoder = WatchDecoder(base + "/v1/heads")
+        chunks = cast(AsyncGenerator[bytes, None], r.aiter_bytes())
+        ended = False
+        try:
+            while True:
+                with _unavailable(base):
+                    chunk = await anext(chunks, None)
+                if chunk is None:
+                    ended = True
+                    break
+                for version, heads in decoder.feed(chunk):
+                    yield HeadsUpdate(version, heads)
+            last = decoder.end()
+            if last is not None:
+                yield HeadsUpdate(*last)
+        finally:
+            with trio.CancelScope(shield=True):  # closing a socket: quick
+                await r.aclose()
+                if not ended:
+                    # httpx's body is a chain of async generators: closing the
+                    # outer one leaves the inner ones suspended (and garbage
+                    # collected unclosed). A read of the closed connection fails
+                    # through all of them instead, and ends each one.
+                    with contextlib.suppress(httpx.HTTPError, trio.ClosedResourceError):
+                        await anext(chunks, None)
+                await chunks.aclose()
 
     # ------------------------------------------------------------- plumbing
 
@@ -318,10 +372,14 @@ class MetadataClient:
             raise InvalidInput(f"MetadataClient needs region= to send a {what}")
         return f"/v1/regions/{quote(self.region, safe='')}/{what}"
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        r = await self._request_failover(method, path, **kwargs)
+    async def _request(
+        self, method: str, path: str, *, keep_open: bool = False, **kwargs: Any
+    ) -> httpx.Response:
+        """The answer; with ``keep_open``, a ``200``'s body is left to the caller
+        to read (and the response to close), every other answer is read whole."""
+        r = await self._request_failover(method, path, keep_open=keep_open, **kwargs)
         if r.status_code == 401 and self._reload_token():
-            r = await self._request_failover(method, path, **kwargs)
+            r = await self._request_failover(method, path, keep_open=keep_open, **kwargs)
         if r.status_code >= 400:
             code, message = "error", r.text[:200]
             try:
@@ -349,7 +407,9 @@ class MetadataClient:
         log.info("metadata: took up a new token from %s", self._token_file)
         return True
 
-    async def _request_failover(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _request_failover(
+        self, method: str, path: str, *, keep_open: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         """Send to the server in use; while it is :class:`Unavailable`, to the next ones.
 
         Each server is tried once per call, starting with the one that last
@@ -363,7 +423,7 @@ class MetadataClient:
         for i in range(len(self.urls)):
             self._current = (start + i) % len(self.urls)
             try:
-                r = await self._request_once(method, path, **kwargs)
+                r = await self._request_once(method, path, keep_open=keep_open, **kwargs)
             except Unavailable as exc:
                 first = first or exc
                 continue
@@ -377,18 +437,12 @@ class MetadataClient:
         assert first is not None
         raise first
 
-    async def _request_once(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _request_once(
+        self, method: str, path: str, *, keep_open: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         base = self.url  # fixed for this call: a concurrent call may fail over meanwhile
-        try:
-            r = await self._send(base, method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise Unavailable(f"metadata server {base}: timed out ({exc!r})") from None
-        except httpx.TransportError as exc:
-            raise Unavailable(f"metadata server {base} is unreachable: {exc}") from None
-        except httpx.RequestError as exc:
-            # Not the link itself, but what a broken one delivers: a body that
-            # does not decode (DecodingError), a redirect loop. Transient too.
-            raise Unavailable(f"metadata server {base}: {type(exc).__name__}: {exc}") from None
+        with _unavailable(base):
+            r = await self._send(base, method, path, keep_open=keep_open, **kwargs)
         if r.status_code in (429, 503):
             retry_after = parse_retry_after(r.headers.get("retry-after"))
             if retry_after is not None:
@@ -401,7 +455,9 @@ class MetadataClient:
             raise Unavailable(f"metadata server {base} answered {r.status_code}")
         return r
 
-    async def _send(self, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _send(
+        self, base: str, method: str, path: str, *, keep_open: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         """Send; again while it failed on a reused connection before any answer.
 
         httpcore reports opening a connection through the ``trace`` request
@@ -429,16 +485,18 @@ class MetadataClient:
 
             try:
                 return await self._bounded(
-                    base, method, path, extensions={"trace": trace}, **kwargs
+                    base, method, path, keep_open=keep_open, extensions={"trace": trace}, **kwargs
                 )
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if opened:
                     raise
                 self.stale_retries += 1
                 log.debug("metadata server %s: %r on a reused connection; retrying", base, exc)
-        return await self._bounded(base, method, path, **kwargs)
+        return await self._bounded(base, method, path, keep_open=keep_open, **kwargs)
 
-    async def _bounded(self, base: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+    async def _bounded(
+        self, base: str, method: str, path: str, *, keep_open: bool = False, **kwargs: Any
+    ) -> httpx.Response:
         """Send, and read at most :data:`MAX_ANSWER_BYTES` of the (decoded) answer.
 
         A server that answers without end (a broken proxy, a hostile server,
@@ -446,6 +504,8 @@ class MetadataClient:
         """
         request = self._http.build_request(method, base + path, **kwargs)
         r = await self._http.send(request, stream=True)
+        if keep_open and r.status_code == 200:
+            return r  # a stream: the caller reads it (bounded per line) and closes it
         try:
             body = bytearray()
             # An async generator (typed as an iterator): closed at once when refused.
@@ -472,6 +532,21 @@ class MetadataClient:
         if not isinstance(doc, dict):
             raise CorruptData("answer is not a JSON object", where=str(r.url))
         return doc
+
+
+@contextmanager
+def _unavailable(base: str) -> Iterator[None]:
+    """httpx's errors of a broken link, as :class:`Unavailable` (retry later)."""
+    try:
+        yield
+    except httpx.TimeoutException as exc:
+        raise Unavailable(f"metadata server {base}: timed out ({exc!r})") from None
+    except httpx.TransportError as exc:
+        raise Unavailable(f"metadata server {base} is unreachable: {exc}") from None
+    except httpx.RequestError as exc:
+        # Not the link itself, but what a broken one delivers: a body that
+        # does not decode (DecodingError), a redirect loop. Transient too.
+        raise Unavailable(f"metadata server {base}: {type(exc).__name__}: {exc}") from None
 
 
 def _parse(fn: Any, doc: object, where: str) -> Any:
@@ -519,6 +594,12 @@ class HeadReporter:
             self._latest = seq
             self._wake.set()
 
+    def sent_elsewhere(self, seq: int) -> None:
+        """A heartbeat carried ``seq`` to the server: a report of it (or of an
+        older seq) waiting to be sent is superseded, and not sent."""
+        if self._sent is None or seq > self._sent:
+            self._sent = seq
+
     def statistics(self) -> HeadReporterStatistics:
         return HeadReporterStatistics(self._latest, self._sent, self._reports, self._failures)
 
@@ -540,7 +621,7 @@ class HeadReporter:
                 await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
                 continue
             backoff.reset()
-            self._sent = seq
+            self.sent_elsewhere(seq)  # never back: a heartbeat may have carried a newer one
             self._reports += 1
 
 

@@ -61,6 +61,7 @@ from edge_gateway.metadata._fanout import (
 )
 from edge_gateway.metadata._pg import PostgresStore, is_postgres_url
 from edge_gateway.metadata._replicas import ReplicaSync
+from edge_gateway.metadata._watch import WATCH_MEDIA_TYPE, encode_heads
 from edge_gateway.metadata.routing import (
     TopicRoute,
     parse_bucket_settings,
@@ -113,6 +114,11 @@ _LAG_FIELDS_MAX: Final = 100
 _VERIFIED_MAX: Final = 250_000
 #: A held heads poll watches for its client's hang-up after this long unanswered.
 _UNWATCHED_WAIT_S: Final = 1.0
+#: A watch's keep-alive interval when the request names no ``wait_ms``.
+_WATCH_KEEPALIVE_MS: Final = 25_000
+#: A watch whose line waits this long for the client to read it is dropped:
+#: the server holds one line and the socket's buffer per watch, never a queue.
+_WATCH_SEND_TIMEOUT_S: Final = 10.0
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
 #: How TLS errors name the certificate settings: the serve command's options.
@@ -237,6 +243,10 @@ class MetadataApp:
             max_verifying=config.max_verifying,
         )
         self.heartbeats = HeartbeatWriter()
+        #: Heads watches streaming now; lines written; watches dropped as too slow.
+        self.watches = 0
+        self.watch_lines = 0
+        self.watch_dropped = 0
         # A legacy scrypt check takes 16 MiB and ~40 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
@@ -550,7 +560,9 @@ class MetadataApp:
             {
                 "status": "ok",
                 "routing_version": self._routing.version,
-                "long_polls": self.heads.held,
+                # Held polls and watches: each gateway holds one or the other.
+                "long_polls": self.admission.long_polls,
+                "watches": self.watches,
                 "inflight": a.inflight,
                 "shed": a.shed,
             }
@@ -730,6 +742,9 @@ class MetadataApp:
         q = request.query_params
         since = _int_param(q.get("since"), "since", 0, 2**62, default=0)
         wait_ms = _int_param(q.get("wait_ms"), "wait_ms", 0, self.config.max_wait_ms, default=0)
+        watch = q.get("watch", "0")
+        if watch not in ("0", "1"):
+            raise InvalidInput(f"watch must be 0 or 1, not {watch[:30]!r}")
         listed = q.get("regions")
         regions = None
         if listed:
@@ -738,6 +753,8 @@ class MetadataApp:
             # A version from a replica ahead of this one: catch up before
             # deciding it comes from the future.
             await self.replicas.catch_up()
+        if watch == "1":
+            return _HeadsWatch(self, since, regions, (wait_ms or _WATCH_KEEPALIVE_MS) / 1000)
         update = self.heads.heads_since(since, regions)
         if not update.heads and wait_ms > 0:
             # Parked, the poll no longer counts as a request in progress; the
@@ -756,7 +773,9 @@ class MetadataApp:
                         # A client that hangs up (a gateway restarting, a herd's
                         # timed-out retries) ends its poll at once: it no longer
                         # holds a place, memory and a connection until wait_ms.
-                        nursery.start_soon(_wait_disconnect, request, gone, nursery.cancel_scope)
+                        nursery.start_soon(
+                            _wait_disconnect, request.receive, gone, nursery.cancel_scope
+                        )
                         # Its own check first: nothing reported meanwhile is missed.
                         update = await self.heads.wait_heads(since, regions, wait_s - quick_s)
                         nursery.cancel_scope.cancel()
@@ -847,12 +866,90 @@ class _Exchange:
         await self._send(message)
 
 
-async def _wait_disconnect(request: Request, gone: trio.Event, scope: trio.CancelScope) -> None:
-    """Set ``gone`` and cancel ``scope`` when the client of ``request`` goes away."""
-    while (await request.receive())["type"] != "http.disconnect":
+async def _wait_disconnect(receive: Receive, gone: trio.Event, scope: trio.CancelScope) -> None:
+    """Set ``gone`` and cancel ``scope`` when the client of a request (``receive``) goes away."""
+    while (await receive())["type"] != "http.disconnect":
         pass  # the (empty) body of the GET
     gone.set()
     scope.cancel()
+
+
+class _HeadsWatch(Response):
+    """The answer to ``GET /v1/heads?watch=1``: NDJSON lines of heads until the client leaves.
+
+    One held response per gateway instead of a long poll re-sent after every
+    wake (docs/metadata.md, "The heads watch"): each change of the watched
+    heads is one line written on it, no request. Lines coalesce by
+    construction: the next line is the heads moved since the version of the
+    last one written, so changes made while a line is being written (or
+    while the task waits for its turn) become one line, and what a watch holds
+    is one line, never a queue. A line the client does not take within
+    :data:`_WATCH_SEND_TIMEOUT_S` drops the connection (a slow or dead
+    reader); its client resumes from the last version it read. After
+    ``keepalive_s`` without a change a line with no heads is written, so both
+    ends notice a dead connection.
+    """
+
+    __slots__ = ("_app", "_keepalive_s", "_regions", "_since")
+
+    def __init__(
+        self, app: MetadataApp, since: int, regions: frozenset[str] | None, keepalive_s: float
+    ) -> None:
+        self.status_code = 200
+        self.body = b""
+        # No content-length: the server frames the body chunked.
+        self.headers = [
+            (b"content-type", WATCH_MEDIA_TYPE.encode()),
+            (b"cache-control", b"no-store"),
+        ]
+        self._app = app
+        self._since = since
+        self._regions = regions
+        self._keepalive_s = keepalive_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = self._app
+        try:
+            app.admission.park()  # a held response, counted as a long poll
+        except Overloaded as exc:
+            await _overloaded_response(exc)(scope, receive, send)
+            return
+        app.watches += 1
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            finished = True
+            gone = trio.Event()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(_wait_disconnect, receive, gone, nursery.cancel_scope)
+                finished = await self._stream(send)
+                nursery.cancel_scope.cancel()
+            if finished and not gone.is_set():
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # else: a client gone, or too slow: returning unfinished makes the
+            # server drop the connection (there is nobody to end the body for).
+        finally:
+            app.watches -= 1
+            app.admission.unpark()
+
+    async def _stream(self, send: Send) -> bool:
+        """Write lines until the server stops (True) or the client is too slow (False)."""
+        app, relay, since = self._app, self._app.heads, self._since
+        update = relay.heads_since(since, self._regions)
+        while True:
+            line = encode_heads(update.version, update.heads)
+            with trio.move_on_after(_WATCH_SEND_TIMEOUT_S) as timer:
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+            if timer.cancelled_caught:
+                app.watch_dropped += 1
+                log.info(
+                    "heads watch dropped: its client read nothing for %g s", _WATCH_SEND_TIMEOUT_S
+                )
+                return False
+            app.watch_lines += 1
+            since = update.version
+            if relay.closed:
+                return True
+            update = await relay.wait_heads(since, self._regions, self._keepalive_s)
 
 
 def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
