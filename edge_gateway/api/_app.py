@@ -83,7 +83,14 @@ from edge_gateway.net.asgi import (
     Send,
     serve_lifespan,
 )
-from edge_gateway.net.http import MAX_HEAD_BYTES, ApiError, head_bytes, head_too_large, receive_body
+from edge_gateway.net.http import (
+    MAX_HEAD_BYTES,
+    ApiError,
+    error_response,
+    head_bytes,
+    head_too_large,
+    receive_body,
+)
 
 __all__ = ["ApiApp", "ApiError", "create_app"]
 
@@ -170,6 +177,7 @@ class ApiApp:
         """Serve ``x`` by the route table; returns the route template ("" if none matched)."""
         method, path = x.scope["method"], x.scope["path"]
         match = self.router.match(method, path)
+        response: Response
         if match.route is None:
             if match.allowed:
                 response = error_response(
@@ -754,20 +762,6 @@ _WANTED: Final = frozenset(
 def _headers_of(scope: Scope) -> dict[str, str]:
     """The few request headers the produce routes read (names lower-case, as in ASGI)."""
     return {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"] if k in _WANTED}
-
-
-def error_response(
-    status: int,
-    code: str,
-    message: str,
-    headers: Mapping[str, str] | None = None,
-    **extra: Any,
-) -> Response:
-    """``{"error": {"code": ..., "message": ..., **extra}}`` with ``status``
-    (as :func:`edge_gateway.net.http.error_response` answers for the metadata server)."""
-    return JSONResponse(
-        {"error": {"code": code, "message": message, **extra}}, status, headers=headers
-    )
 
 
 def create_app(gateway: Gateway) -> ApiApp:

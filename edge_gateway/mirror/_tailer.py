@@ -64,6 +64,7 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import RecordBatch
 from edge_gateway.format.crypt import Keyring
+from edge_gateway.format.entry import SourceCoords
 from edge_gateway.format.logobject import BlockIndex
 from edge_gateway.format.manifest import (
     Manifest,
@@ -1090,21 +1091,10 @@ class Tailer:
                 dropped,
             )
         self._dropped += dropped
-        for gap in plan.gaps:
-            self._record_gap(explained.get(gap, gap))
-        if info.fence:
-            self._fences += 1
-        if not appends:
-            await self._progress_only(plan)
+        coords = await self._enter(plan, explained, has_data=bool(appends))
+        if coords is None:
             return
-        # Data supersedes a pending progress marker: its coordinates are later.
-        self._pending_marker_plan = None
-        self._markers_pending = 0
-        mid = state.coords(plan, end_of_object=False)
-        last = state.coords(plan, end_of_object=True)
-        # Before the first append: an append may land and then be cancelled
-        # (or fail) while waiting for its fsync; a retry must resume inside.
-        state.entered(plan)
+        mid, last = coords
         # One reservation and one write (in a worker thread) for the entry's
         # batches: the loop goes on with the next entries meanwhile.
         await self.journal.append_mirror_batches(
@@ -1131,18 +1121,10 @@ class Tailer:
                 info.seq,
                 len(appends),
             )
-        for gap in plan.gaps:
-            self._record_gap(explained.get(gap, gap))
-        if info.fence:
-            self._fences += 1
-        if not appends:
-            await self._progress_only(plan)
+        coords = await self._enter(plan, explained, has_data=bool(appends))
+        if coords is None:
             return
-        self._pending_marker_plan = None
-        self._markers_pending = 0
-        mid = state.coords(plan, end_of_object=False)
-        last = state.coords(plan, end_of_object=True)
-        state.entered(plan)
+        mid, last = coords
         await self.journal.append_mirror_blocks(
             [
                 MirrorBlock(a.topic, a.index.partition, a.index, a.stored, info.nulls, a.allow_gap)
@@ -1156,6 +1138,30 @@ class Tailer:
         state.applied(plan)
         self._with_data += 1
         self._entry_done(info)
+
+    async def _enter(
+        self, plan: EntryPlan, explained: dict[Gap, Gap], *, has_data: bool
+    ) -> tuple[SourceCoords, SourceCoords] | None:
+        """What every applied entry does before its appends: record its gaps and
+        fence; without data, its progress only (None). Else the coordinates of its
+        appends (``mid``, ``last``), the entry marked entered."""
+        for gap in plan.gaps:
+            self._record_gap(explained.get(gap, gap))
+        if plan.info.fence:
+            self._fences += 1
+        if not has_data:
+            await self._progress_only(plan)
+            return None
+        # Data supersedes a pending progress marker: its coordinates are later.
+        self._pending_marker_plan = None
+        self._markers_pending = 0
+        state = self._state
+        mid = state.coords(plan, end_of_object=False)
+        last = state.coords(plan, end_of_object=True)
+        # Before the first append: an append may land and then be cancelled
+        # (or fail) while waiting for its fsync; a retry must resume inside.
+        state.entered(plan)
+        return mid, last
 
     async def _progress_only(self, plan: EntryPlan) -> None:
         """An entry with nothing to append: its progress marker is written lazily."""
