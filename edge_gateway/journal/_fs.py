@@ -22,7 +22,10 @@ from __future__ import annotations
 import mmap
 import os
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Final
+
+from edge_gateway.durable import sync_directory
 
 _fdatasync: Final[Callable[[int], None]] = getattr(os, "fdatasync", os.fsync)
 
@@ -65,3 +68,8 @@ def write_all(fs: FileOps, fd: int, data: bytes) -> None:
 
 #: The file operations of every journal module (a test swaps this object to inject faults).
 ops: FileOps = FileOps()
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync the directory ``path`` through :data:`ops` (a rename in it is durable after this)."""
+    sync_directory(path, ops=ops)

@@ -222,14 +222,6 @@ class JournalStats:
     lost_records: int = 0
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = _fs.ops.open(path, os.O_RDONLY)
-    try:
-        _fs.ops.fsync(fd)
-    finally:
-        _fs.ops.close(fd)
-
-
 class Journal:
     """One write-ahead log for all topics and partitions of a site.
 
@@ -558,7 +550,7 @@ class Journal:
             fd = _fs.ops.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             _fs.write_all(_fs.ops, fd, data)
             _fs.ops.fsync(fd)
-            _fsync_dir(self.path)
+            _fs.fsync_dir(self.path)
         except OSError as exc:
             if fd >= 0:
                 with contextlib.suppress(OSError):

@@ -37,13 +37,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 from edge_gateway._crc import crc32c
+from edge_gateway.durable import replace_file
 from edge_gateway.errors import CorruptData
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
@@ -206,21 +206,9 @@ def _shipped_lsn(journal: Path) -> int | None:
         return None
 
 
-def _write_durably(path: Path, data: bytes) -> None:
-    """``data`` to ``path`` through a temporary file, fsynced and renamed, the directory fsynced."""
-    tmp = path.with_name(path.name + ".tmp")
-    fd = _fs.ops.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        _fs.write_all(_fs.ops, fd, data)
-        _fs.ops.fsync(fd)
-    finally:
-        _fs.ops.close(fd)
-    os.replace(tmp, path)
-    dfd = _fs.ops.open(path.parent, os.O_RDONLY)
-    try:
-        _fs.ops.fsync(dfd)
-    finally:
-        _fs.ops.close(dfd)
+def _replace(path: Path, data: bytes) -> None:
+    """``data`` to ``path`` whole, through the journal's fault-injection seam."""
+    replace_file(path, data, ops=_fs.ops)
 
 
 def quarantine_damage(
@@ -299,7 +287,7 @@ def quarantine_damage(
         tuple(ranges),
     )
     # 1. the damaged bytes, as they are
-    _write_durably(qdir / copy_name, buf)
+    _replace(qdir / copy_name, buf)
     fail_point("quarantine.copied")
     # 2. the record (once) and the operator's report
     if not any(k.segment == base and k.lsn_first == lsn_first for k in known):
@@ -314,7 +302,7 @@ def quarantine_damage(
         "lost_bytes": lost_bytes,
         "records_lost": loss.records,
     }
-    _write_durably(
+    _replace(
         qdir / f"{stamp}-{lane_dir}-lsn{lsn_first}-report.json",
         json.dumps(report, indent=2).encode() + b"\n",
     )
@@ -335,7 +323,7 @@ def quarantine_damage(
                 payload=cp.encode(),
             )
         )
-    _write_durably(path, buf[: damage.pos] + b"".join(fillers) + buf[resync:])
+    _replace(path, buf[: damage.pos] + b"".join(fillers) + buf[resync:])
     _log_loss(path, loss, lost_bytes)
     return loss
 

@@ -84,6 +84,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import SegmentDirectory
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import TMP_SUFFIX, CompressedFile
+from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache
 from edge_gateway.journal._segment import INDEX_SUFFIX, Segment
 from edge_gateway.journal._segment_set import SegmentSet
@@ -127,15 +128,6 @@ _WAL_HEADER: Final = struct.Struct("<4sB3xQ")
 
 
 # ---------------------------------------------------------------- the file steps
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a directory (a rename in it is durable after this)."""
-    fd = _fs.ops.open(path, os.O_RDONLY)
-    try:
-        _fs.ops.fsync(fd)
-    finally:
-        _fs.ops.close(fd)
 
 
 @dataclass(frozen=True, slots=True)
