@@ -60,7 +60,6 @@ from __future__ import annotations
 import dataclasses
 import errno
 import hashlib
-import json
 import logging
 import math
 import os
@@ -146,6 +145,7 @@ from edge_gateway.regionlog import (
     set_aside,
     skip_to_head,
 )
+from edge_gateway.statefile import seal, unseal
 
 log = logging.getLogger("edgegw.shipper")
 
@@ -328,6 +328,10 @@ class _WriterState:
     #: :meth:`Shipper._save_writer_state` always writes the shipper's current
     #: marks (``Shipper._sent``).
     sent: tuple[tuple[int, int], ...] = ()
+
+
+#: The fields of a ``shipper.json`` written before it carried a checksum.
+_STATE_KEYS = frozenset({"region", "epoch", "log_seq", "log_lsn", "lanes", "claim", "sent"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -581,43 +585,55 @@ class Shipper:
 
     def _load_writer_state(self) -> _WriterState | None:
         try:
-            doc = json.loads(self._state_path.read_text())
+            data = self._state_path.read_bytes()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
-            raise CorruptData(
-                f"unreadable shipper state: {exc}", where=str(self._state_path)
-            ) from None
+        except OSError as exc:
+            raise self._damaged_state(f"unreadable: {exc}") from None
+        try:
+            doc = unseal(data, where=str(self._state_path), legacy_keys=_STATE_KEYS)
+        except CorruptData as exc:
+            raise self._damaged_state(exc.reason) from None
         if doc.get("region") != self.region:
             raise ConfigError(
                 f"this journal belongs to region {doc.get('region')!r}, not {self.region!r}"
             )
         epoch = doc.get("epoch")
         if not isinstance(epoch, int):
-            raise CorruptData("shipper state has no epoch", where=str(self._state_path))
+            raise self._damaged_state("no epoch")
         # Written by older versions without them: nothing known, nothing checked.
         log_seq, log_lsn = doc.get("log_seq", 0), doc.get("log_lsn", 0)
         if not isinstance(log_seq, int) or not isinstance(log_lsn, int):
-            raise CorruptData("shipper state has a bad log_seq", where=str(self._state_path))
+            raise self._damaged_state("a bad log_seq or log_lsn")
         lanes = doc.get("lanes", [])
         if not isinstance(lanes, list) or not all(isinstance(i, int) for i in lanes):
-            raise CorruptData("shipper state has bad lanes", where=str(self._state_path))
+            raise self._damaged_state("bad lanes")
         claim = doc.get("claim")
         if claim is not None:
             try:
                 claim = _Claim(int(claim["seq"]), str(claim["digest"]), int(claim["prior_epoch"]))
             except (TypeError, KeyError, ValueError):
-                raise CorruptData(
-                    "shipper state has a bad claim", where=str(self._state_path)
-                ) from None
+                raise self._damaged_state("a bad claim") from None
         sent = doc.get("sent", {})
         try:
             sent_lsns = tuple((int(k), int(v)) for k, v in sent.items())
         except (AttributeError, TypeError, ValueError):
-            raise CorruptData(
-                "shipper state has bad sent LSNs", where=str(self._state_path)
-            ) from None
+            raise self._damaged_state("bad sent LSNs") from None
         return _WriterState(epoch, log_seq, log_lsn, tuple(lanes), claim, sent_lsns)
+
+    def _damaged_state(self, reason: str) -> CorruptData:
+        """The error for a damaged ``shipper.json``: what is wrong and what to do.
+
+        Refused, never rebuilt: the file is the only record of this writer's
+        epoch and of what it sent (the bucket cannot tell this journal's
+        epoch from another writer's), so a person decides (docs/operations.md,
+        "A damaged disk").
+        """
+        return CorruptData(
+            f"shipper state damaged ({reason}): restore {self._state_path.name} from a "
+            "backup, or run `edgegw restore` (it discards records not shipped yet)",
+            where=str(self._state_path),
+        )
 
     def _save_writer_state(self, state: _WriterState) -> None:
         """Write shipper.json atomically; :class:`DiskFull` (tmp removed) if there is no room."""
@@ -634,7 +650,7 @@ class Shipper:
             doc["claim"] = {"seq": c.seq, "digest": c.digest, "prior_epoch": c.prior_epoch}
         if self._sent:
             doc["sent"] = {str(lane_id): lsn for lane_id, lsn in sorted(self._sent.items())}
-        data = json.dumps(doc).encode()
+        data = seal(doc)
         try:
             replace_file(self._state_path, data)
         except OSError as exc:

@@ -63,6 +63,7 @@ from edge_gateway.bucket._errors import (
     NotFound,
     PreconditionFailed,
 )
+from edge_gateway.durable import sync_directory
 from edge_gateway.errors import CorruptData
 
 _T = TypeVar("_T")
@@ -361,7 +362,7 @@ class LocalBucket(Bucket):
                     # our mkdir and link: make it again.
                     if attempt == _LINK_ATTEMPTS - 1:
                         raise
-            _fsync_dir(target.parent)
+            sync_directory(target.parent)
         finally:
             _unlink_quietly(tmp)
         return ObjectInfo(key, len(data), etag, _mtime(st))
@@ -384,7 +385,7 @@ class LocalBucket(Bucket):
                     os.replace(tmp, target)
                 except (IsADirectoryError, NotADirectoryError):
                     raise self._conflict(key) from None
-            _fsync_dir(target.parent)
+            sync_directory(target.parent)
         finally:
             _unlink_quietly(tmp)
         return ObjectInfo(key, len(data), etag, _mtime(st))
@@ -462,7 +463,7 @@ class LocalBucket(Bucket):
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 self._check_present(key)
                 return  # no object under this key: deleting is a no-op
-            _fsync_dir(target.parent)
+            sync_directory(target.parent)
             # Drop directories the delete emptied, so that "a" can later be
             # an object after "a/b" is gone (S3 has no directories at all).
             parent = target.parent
@@ -532,7 +533,7 @@ class LocalBucket(Bucket):
                     raise self._conflict(key or str(path)) from None
             except NotADirectoryError:
                 raise self._conflict(key or str(path)) from None
-            _fsync_dir(path.parent)
+            sync_directory(path.parent)
 
     @contextmanager
     def _flock(self) -> Iterator[None]:
@@ -628,14 +629,6 @@ def _strip_etag(etag: str) -> str:
 
 def _mtime(st: os.stat_result) -> datetime:
     return datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path) -> None:

@@ -21,6 +21,7 @@ from test_shipper import FAST, JCFG, expected, log_records, produce
 from edge_gateway.bucket import FaultyBucket, LocalBucket
 from edge_gateway.journal import Journal
 from edge_gateway.shipper import Diverged, Shipper
+from edge_gateway.statefile import seal
 
 
 def _state(j: Journal) -> dict[str, object]:
@@ -31,7 +32,7 @@ def _state(j: Journal) -> dict[str, object]:
 def _edit_state(j: Journal, **fields: object) -> None:
     doc = _state(j)
     doc.update(fields)
-    (j.path / "shipper.json").write_text(json.dumps(doc))
+    (j.path / "shipper.json").write_bytes(seal(doc))  # resealed: an edit, not damage
 
 
 async def _shipped_journal(tmp_path: Path, bucket: FaultyBucket) -> int:

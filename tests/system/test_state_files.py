@@ -14,8 +14,9 @@ zeros, or valid JSON of the wrong shape.
   file; every acknowledged record is readable (``auto1``'s too), the group's
   offset is unchanged, a new producer id is none issued before; the rebuilt
   file is sound (the next start reports nothing).
-* ``groups.sqlite``: the gateway refuses to start, with one line naming the
-  file and what to do, and leaves the file where it is.
+* ``groups.sqlite`` and ``journal/shipper.json``: the gateway refuses to
+  start, with one line naming the file and what to do, and leaves the file
+  where it is.
 * The form written before the checksum opens as it is (an upgrade).
 """
 
@@ -245,6 +246,27 @@ def test_damaged_group_offsets_are_refused_with_one_line(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("damage", ["truncated", "flipped", "zeroed", "wrong-types"])
+def test_damaged_shipper_state_is_refused_with_one_line(
+    seed: Path, tmp_path: Path, damage: str
+) -> None:
+    """The writer's epoch and what it sent are held nowhere else: a person decides."""
+    g = _copy(seed, tmp_path)
+    path = g.data_dir / "journal" / "shipper.json"
+    assert "crc32c" in json.loads(path.read_text())
+    path.write_bytes(DAMAGES[damage](path.read_bytes()))
+    before = path.read_bytes()
+    g.spawn()
+    assert g.proc is not None
+    code = g.proc.wait(timeout=60)
+    assert code != 0
+    last = g.tail(1)
+    assert last.startswith(f"error: CorruptData: {path}: shipper state damaged ("), last
+    assert "restore shipper.json from a backup, or run `edgegw restore`" in last, last
+    assert path.read_bytes() == before
+
+
+@pytest.mark.slow
 def test_state_files_written_before_the_checksum_still_open(seed: Path, tmp_path: Path) -> None:
     g = _copy(seed, tmp_path)
     old = {
@@ -260,6 +282,10 @@ def test_state_files_written_before_the_checksum_still_open(seed: Path, tmp_path
     }
     for name, doc in old.items():
         (g.data_dir / name).write_text(json.dumps(doc))
+    shipper = g.data_dir / "journal" / "shipper.json"
+    doc = json.loads(shipper.read_text())
+    del doc["crc32c"]
+    shipper.write_text(json.dumps(doc))
     g.start()
     try:
         assert g.status()["state_files"]["damaged"] == []
@@ -269,3 +295,4 @@ def test_state_files_written_before_the_checksum_still_open(seed: Path, tmp_path
     finally:
         assert g.stop() == 0, g.tail()
     assert "crc32c" in json.loads((g.data_dir / "producers.json").read_text())
+    assert "crc32c" in json.loads(shipper.read_text())
