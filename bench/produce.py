@@ -75,6 +75,8 @@ from typing import Any
 
 from _common import (
     Row,
+    add_baseline_args,
+    code_root,
     emit_json,
     fixed_size_values,
     machine_info,
@@ -82,10 +84,12 @@ from _common import (
     progress,
     ratio,
     render_table,
+    run_baseline_ab,
     scratch_dir,
+    without_baseline_args,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(code_root()))
 
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.testing.ports import free_port
@@ -785,7 +789,12 @@ def main() -> None:
         action="store_true",
         help="only the journal.at_rest on/off comparison (no NATS, no TLS)",
     )
+    add_baseline_args(ap)
     args = ap.parse_args()
+    if args.baseline_commit:
+        passed = without_baseline_args(sys.argv[1:])
+        run_baseline_ab(Path(__file__).resolve(), passed, args.baseline_commit, args.rounds)
+        return
     single_n, warmup, seconds = (3000, 500, 3.0) if args.quick else (20000, 2000, 10.0)
     capacity_s = 5.0 if args.quick else 20.0
     values = fixed_size_values(max(single_n + warmup, 20 * BATCH), RECORD)
