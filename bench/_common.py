@@ -322,7 +322,7 @@ def machine_info(path: Path) -> dict[str, object]:
 def code_root() -> Path:
     """The source tree a bench imports ``edge_gateway`` from: this checkout, or the
     older tree an A/B run (``--baseline-commit``) points it at."""
-    return Path(os.environ.get("EDGEGW_BENCH_CODE") or BENCH_DIR.parent)
+    return Path(os.environ.get("BENCH_EDGEGW_CODE") or BENCH_DIR.parent)
 
 
 def add_baseline_args(parser: Any) -> None:
@@ -365,7 +365,9 @@ def _run_on(script: Path, argv: Sequence[str], tree: Path) -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'cli'}",
-        "EDGEGW_BENCH_CODE": str(tree),
+        # Not EDGEGW_*: the gateway refuses environment variables of that
+        # prefix that name no config key.
+        "BENCH_EDGEGW_CODE": str(tree),
     }
     done = subprocess.run(
         [sys.executable, str(script), *argv],
