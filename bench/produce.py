@@ -789,6 +789,12 @@ def main() -> None:
         action="store_true",
         help="only the journal.at_rest on/off comparison (no NATS, no TLS)",
     )
+    ap.add_argument(
+        "--no-at-rest",
+        action="store_true",
+        help="skip the journal.at_rest on/off comparison (code before it has no such key: "
+        "--baseline-commit runs of older code need this flag)",
+    )
     add_baseline_args(ap)
     args = ap.parse_args()
     if args.baseline_commit:
@@ -802,9 +808,14 @@ def main() -> None:
 
     with scratch_dir("produce-", args.dir) as root:
         figures["machine"] = machine_info(root)
-        figures.update(
-            at_rest_figures(root, args, values[: single_n + warmup], warmup, seconds, capacity_s)
-        )
+        if args.no_at_rest:
+            figures.update(dict.fromkeys(AT_REST_KEYS))
+        else:
+            figures.update(
+                at_rest_figures(
+                    root, args, values[: single_n + warmup], warmup, seconds, capacity_s
+                )
+            )
         if args.at_rest_only:
             print(
                 render_table(
