@@ -44,8 +44,8 @@ def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
     has data: LSNs and offsets continue where the bucket's log ends.
     """
     self._check_open()
-    if self._inflight is not None:
-        self._settle()
+    if self._mirrors.inflight is not None:
+        self._mirrors.settle()
     if not self.is_new:
         raise InvalidInput("only a journal that holds no entries can be reset")
     if self._durability.flushing:
@@ -91,7 +91,7 @@ def _finish_drops(self: Journal) -> None:
             last.end - 1,
             self.path / "dropped.log",
         )
-    self._safe_lsn = max(self._safe_lsn, last.end)
+    self._retention.safe_lsn = max(self._retention.safe_lsn, last.end)
 
 
 def _fit_disk(self: Journal) -> None:
