@@ -808,9 +808,7 @@ def main() -> None:
 
     with scratch_dir("produce-", args.dir) as root:
         figures["machine"] = machine_info(root)
-        if args.no_at_rest:
-            figures.update(dict.fromkeys(AT_REST_KEYS))
-        else:
+        if not args.no_at_rest:
             figures.update(
                 at_rest_figures(
                     root, args, values[: single_n + warmup], warmup, seconds, capacity_s
@@ -1016,7 +1014,7 @@ def main() -> None:
         ),
         Row("RSS after the runs", figures["loaded_rss_mb"], "MB"),
         *tls_rows,
-        *_at_rest_rows(figures),
+        *([] if args.no_at_rest else _at_rest_rows(figures)),
     ]
     print(render_table("edgegw local API produce vs NATS JetStream", rows))
     emit_json(figures)
