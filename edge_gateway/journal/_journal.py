@@ -421,8 +421,40 @@ class Journal:
         """True while the journal holds nothing but its first checkpoint."""
         return len(self._segments) == 1 and self._segments[0].entries == 1
 
+    def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
+        """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
+
+        Used when a new (or wiped) gateway continues a region log that already
+        has data: LSNs and offsets continue where the bucket's log ends.
+        """
+        self._check_open()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
+        if not self.is_new:
+            raise InvalidInput("only a journal that holds no entries can be reset")
+        if self._durability.flushing:
+            raise InvalidInput("cannot reset a journal while an fsync is in flight")
+        old = self._segment_set.pop_active()
+        if old.mm is not None:
+            old.mm.close()
+        if old.fd is not None:
+            _fs.ops.close(old.fd)
+        _fs.ops.unlink(old.path)
+        self._total_bytes -= old.size
+        self._partitions.clear()
+        self._topics.clear()
+        self._sources.clear()
+        self._mirror_runs.clear()
+        try:
+            self._start_segment(start_lsn, start)
+        except DiskFull as exc:
+            # The old segment is gone: there is nothing to append to.
+            self._broken = f"reset to LSN {start_lsn} failed: {exc}"
+            raise
+        self._apply_checkpoint(start)
+        self._lsn_at_open = self._next_lsn
+
     # bound from opening (_open.py)
-    reset_empty = _open.reset_empty
     _finish_drops = _open._finish_drops
     _scan_quarantining = _open._scan_quarantining
     _fit_disk = _open._fit_disk
@@ -431,7 +463,13 @@ class Journal:
     _load_indexed = _open._load_indexed
     _load_compressed = _open._load_compressed
     _add_scanned = _open._add_scanned
-    _apply_checkpoint = _open._apply_checkpoint
+
+    def _apply_checkpoint(self, cp: Checkpoint) -> None:
+        for (topic, partition), next_offset in cp.next_offsets.items():
+            p = self._partition(topic, partition)
+            p.next_offset = max(p.next_offset, next_offset)
+        for region, coords in cp.sources.items():
+            self._sources.setdefault(region, coords)
 
     def _add_segment(self, seg: Segment) -> None:
         self._active = seg

@@ -20,7 +20,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
+from edge_gateway.errors import CorruptData
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
@@ -35,40 +35,6 @@ log = logging.getLogger("edgegw.journal")
 
 if TYPE_CHECKING:
     from edge_gateway.journal._journal import Journal
-
-
-def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
-    """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
-
-    Used when a new (or wiped) gateway continues a region log that already
-    has data: LSNs and offsets continue where the bucket's log ends.
-    """
-    self._check_open()
-    if self._mirrors.inflight is not None:
-        self._mirrors.settle()
-    if not self.is_new:
-        raise InvalidInput("only a journal that holds no entries can be reset")
-    if self._durability.flushing:
-        raise InvalidInput("cannot reset a journal while an fsync is in flight")
-    old = self._segment_set.pop_active()
-    if old.mm is not None:
-        old.mm.close()
-    if old.fd is not None:
-        _fs.ops.close(old.fd)
-    _fs.ops.unlink(old.path)
-    self._total_bytes -= old.size
-    self._partitions.clear()
-    self._topics.clear()
-    self._sources.clear()
-    self._mirror_runs.clear()
-    try:
-        self._start_segment(start_lsn, start)
-    except DiskFull as exc:
-        # The old segment is gone: there is nothing to append to.
-        self._broken = f"reset to LSN {start_lsn} failed: {exc}"
-        raise
-    self._apply_checkpoint(start)
-    self._lsn_at_open = self._next_lsn
 
 
 def _finish_drops(self: Journal) -> None:
@@ -233,11 +199,3 @@ def _add_scanned(self: Journal, scanned: Scanned, *, last: bool) -> Segment:
     if not last:
         self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
     return seg
-
-
-def _apply_checkpoint(self: Journal, cp: Checkpoint) -> None:
-    for (topic, partition), next_offset in cp.next_offsets.items():
-        p = self._partition(topic, partition)
-        p.next_offset = max(p.next_offset, next_offset)
-    for region, coords in cp.sources.items():
-        self._sources.setdefault(region, coords)
