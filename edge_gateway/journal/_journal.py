@@ -53,10 +53,9 @@ drops queries), ``Retention`` (``_retention.py``: the safe LSN, deleting
 segments, drop-oldest, a full disk) and ``MirrorAppends``
 (``_mirror_append.py``: the mirror append path and its group in flight).
 Its methods that belong to a part delegate to it, so the Journal's public
-methods are as before. The open (``_open.py``) rebuilds the append path's
-own state; its functions are still bound in the class body as the
-Journal's methods. docs/journal.md, "How the journal is laid out", draws
-the whole.
+methods are as before. The open (``_open.py``, a procedure) fills in a new
+journal's state from its directory. docs/journal.md, "How the journal is
+laid out", draws the whole.
 Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
 the fault-injection tests swap.
 """
@@ -104,7 +103,7 @@ from edge_gateway.journal._index import (
     SegmentIndex,
 )
 from edge_gateway.journal._mirror_append import MirrorAppends, MirrorBatch, MirrorBlock
-from edge_gateway.journal._quarantine import Loss, load_losses
+from edge_gateway.journal._quarantine import Loss
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
 from edge_gateway.journal._retention import Retention
 from edge_gateway.journal._rewriter import Rewriter
@@ -386,10 +385,7 @@ class Journal:
             raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
         j._next_lsn = start_lsn
         try:
-            j._fit_disk()
-            j._finish_drops()
-            j._losses = load_losses(j.path)
-            j._recover(start or Checkpoint({}, {}))
+            _open.recover_into(j, start or Checkpoint({}, {}))
         except BaseException as exc:
             j._release_files()
             j._lock.release()
@@ -453,16 +449,6 @@ class Journal:
             raise
         self._apply_checkpoint(start)
         self._lsn_at_open = self._next_lsn
-
-    # bound from opening (_open.py)
-    _finish_drops = _open._finish_drops
-    _scan_quarantining = _open._scan_quarantining
-    _fit_disk = _open._fit_disk
-    _recover = _open._recover
-    _load_segment = _open._load_segment
-    _load_indexed = _open._load_indexed
-    _load_compressed = _open._load_compressed
-    _add_scanned = _open._add_scanned
 
     def _apply_checkpoint(self, cp: Checkpoint) -> None:
         for (topic, partition), next_offset in cp.next_offsets.items():
