@@ -79,7 +79,7 @@ def restore(
         local = cfg.bucket.type == "local"
 
         async def open_(create: bool) -> tuple[Bucket, str]:
-            return await gateway.open_bucket(create=create), gateway.key_prefix
+            return await gateway.wiring.open_bucket(create=create), gateway.key_prefix
 
     elif data_dir is not None and region is not None and bucket_options:
         try:
