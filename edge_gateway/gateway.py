@@ -240,6 +240,11 @@ class Gateway:
         self._shipper: Shipper | None = None
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
+        #: ``[link]``: the meter, the policy gate and its watch.
+        self.site_link = SiteLink(config.link, config.data_dir, state_files=self.state_files)
+        #: Builds the bucket, the lanes' journals, the shipper and the tailers from the
+        #: configuration (also for the commands that do not serve: sync, reship, restore).
+        self.wiring = GatewayWiring(config, self.topic_table, self.keys, self.site_link.meter)
         #: This gateway's clock against the bucket's (fed by the shipper's writes).
         self._bucket_clock = BucketClock(config.clock)
         #: Bucket GC of this region's log (``[gc]``), run once the core is up.
@@ -257,11 +262,6 @@ class Gateway:
         #: (``journal.scrub_interval``; None: off), run once the core is up.
         scrub_s = config.journal.scrub_interval_s
         self.scrub = Scrubber(config.journal_path, scrub_s) if scrub_s is not None else None
-        #: ``[link]``: the meter, the policy gate and its watch.
-        self.site_link = SiteLink(config.link, config.data_dir, state_files=self.state_files)
-        #: Builds the bucket, the lanes' journals, the shipper and the tailers from the
-        #: configuration (also for the commands that do not serve: sync, reship, restore).
-        self.wiring = GatewayWiring(config, self.topic_table, self.keys, self.site_link.meter)
         self._mirror_bucket: Bucket | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
