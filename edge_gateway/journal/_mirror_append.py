@@ -310,10 +310,11 @@ class AppendPath(Protocol):
 class MirrorAppends:
     """The mirror append path of one journal, and the group it has in flight."""
 
-    __slots__ = ("_log", "_lot", "_room", "_runs", "groups", "inflight")
+    __slots__ = ("_lot", "_room", "_runs", "_writer", "groups", "inflight")
 
     def __init__(self, journal: AppendPath, room: Retention, runs: MirrorRuns) -> None:
-        self._log = journal
+        #: the journal's append path (``w`` in the methods)
+        self._writer = journal
         #: a full disk: delete a shipped segment, or make drop-oldest lanes give way
         self._room = room
         #: LSN runs of mirror entries appended since the open (the journal's
@@ -343,7 +344,7 @@ class MirrorAppends:
         subscribed, a fence entry). The entry records ``source`` so mirror
         progress is recovered from the journal with the data, atomically.
         """
-        w = self._log
+        w = self._writer
         await _checkpoint_if_cancelled()
         await self.wait_idle()
         res = self.append_sync(topic, partition, batch, source, allow_gap)
@@ -358,7 +359,7 @@ class MirrorAppends:
         source: SourceCoords,
         allow_gap: bool,
     ) -> Appended:
-        w = self._log
+        w = self._writer
         w._check_open()
         if batch is None:
             lsn = w._write(fentry.KIND_MIRROR, b"", 0, 0, 0, (), 0, source)
@@ -459,7 +460,7 @@ class MirrorAppends:
     ) -> list[Appended]:
         """Append items ``0..n-1`` in reserved groups (``reserve(i)``), or one at a time
         (``one(k)``: an item too large for a group, a full disk)."""
-        w = self._log
+        w = self._writer
         await _checkpoint_if_cancelled()
         out: list[Appended] = []
         i = 0
@@ -505,7 +506,7 @@ class MirrorAppends:
 
     def _append_block_sync(self, b: MirrorBlock, source: SourceCoords) -> Appended:
         """One block entry, written on the loop (a block too large for a group, a full disk)."""
-        w = self._log
+        w = self._writer
         w._check_open()
         if self.inflight is not None:
             self.settle()
@@ -531,7 +532,7 @@ class MirrorAppends:
         self, blocks: Sequence[MirrorBlock], i: int, source: SourceCoords, last: SourceCoords
     ) -> tuple[_Reserved | None, int]:
         """Reserve space and LSNs for blocks ``i``... (as :meth:`_reserve_mirror` for batches)."""
-        w = self._log
+        w = self._writer
         now = _time_ns() // 1_000_000
         n = len(blocks)
         lsn0 = w._next_lsn
@@ -569,7 +570,7 @@ class MirrorAppends:
         source: SourceCoords,
     ) -> _Reserved:
         """Reserve ``total`` bytes for the planned entries (headers made for LSNs from ``lsn0``)."""
-        w = self._log
+        w = self._writer
         w._reserve(total)  # may roll the segment: the LSNs move with it
         seg = w._active
         lsn0b = w._next_lsn
@@ -595,7 +596,7 @@ class MirrorAppends:
         Returns the reservation (now in flight) and the index after its last
         batch, or ``(None, i)`` when batch ``i`` alone is over a group's size.
         """
-        w = self._log
+        w = self._writer
         now = _time_ns() // 1_000_000
         n = len(batches)
         lsn0 = w._next_lsn
@@ -647,7 +648,7 @@ class MirrorAppends:
         yet (it needs the loop to start), writes the group itself. Never raises: a failure is
         left in the group for its owner.
         """
-        w = self._log
+        w = self._writer
         res = self.inflight
         if res is None:
             return
@@ -684,7 +685,7 @@ class MirrorAppends:
 
     def _publish(self, res: _Reserved) -> None:
         """Make a written group visible, in LSN order (on the event loop)."""
-        w = self._log
+        w = self._writer
         seg = res.seg
         pos = res.pos
         for size in res.sizes:

@@ -93,7 +93,8 @@ class Retention:
         partitions: dict[tuple[str, int], _Partition],
         unindexed: list[Segment],
     ) -> None:
-        self._log = journal
+        #: the journal's append path (``w`` in the methods)
+        self._writer = journal
         self._config = config
         self._set = segments
         self._space = space
@@ -137,7 +138,7 @@ class Retention:
         go before any within it, and stops at the first segment holding an
         entry at or above the safe LSN: never an unshipped byte.
         """
-        w = self._log
+        w = self._writer
         deleted = 0
         now = _now_ms()
         keep_bytes = self._config.effective_retention_bytes
@@ -168,7 +169,7 @@ class Retention:
         On a disk full to the last byte the record itself needs room: the
         reserve file gives it (the drop then frees a whole segment, and the
         reserve comes back once the disk has room for it)."""
-        w = self._log
+        w = self._writer
         if len(self._set.segments) < 2 or w._broken is not None:
             return False
         seg = self._set.segments[0]
@@ -217,7 +218,7 @@ class Retention:
         a block journal asks the drop-oldest journals beside it
         (:attr:`make_room_elsewhere`) and never drops a byte of its own. True if
         room was made."""
-        w = self._log
+        w = self._writer
         if w.drop_oldest:
             return self.drop_unshipped(_DISK_FULL)
         ask = w.make_room_elsewhere
@@ -242,7 +243,7 @@ class Retention:
         drop). For a block lane of the same gateway that is full, or that found
         the disk full (``disk_full``: what the log says), see ``Lanes``.
         Returns the bytes freed (0 for a block journal)."""
-        w = self._log
+        w = self._writer
         if not w.drop_oldest or w._closed:
             return 0
         why = _DISK_FULL if disk_full else _OVER_BUDGET
@@ -305,7 +306,7 @@ class Retention:
         return Drop(seg.base_lsn, seg.end_lsn, lsn_a, lsn_b - 1, _now_ms(), held, tuple(ranges))
 
     def _drop_oldest(self, why: str = "") -> bool:
-        w = self._log
+        w = self._writer
         deleted = self._set.delete_oldest()
         if deleted is None:
             return False
@@ -338,7 +339,7 @@ class Retention:
         Until the episode ends every append passes :meth:`_reserve`, which
         makes room or notices the space.
         """
-        w = self._log
+        w = self._writer
         if self._space.full_since is None:
             w._roll_at = 0
         return self._space.full(where, exc, need)
@@ -355,7 +356,7 @@ class Retention:
         this headroom also keeps preallocation (and the fast append path)
         working on a small disk.
         """
-        w = self._log
+        w = self._writer
         free, _ = self.disk_space()
         low = 2 * w._segment_bytes + self._config.reserve_bytes
         while 0 <= free < low and len(self._set.segments) > 1:
@@ -365,7 +366,7 @@ class Retention:
             free += oldest.size
 
     def _end_disk_full(self, free: int) -> None:
-        w = self._log
+        w = self._writer
         self._space.end(free)
         w._roll_at = w._segment_bytes
         active = self._set.segments[-1]
@@ -374,7 +375,7 @@ class Retention:
 
     def while_disk_full(self, length: int) -> None:
         """Before an append while the disk is full: notice space returning, or make room."""
-        w = self._log
+        w = self._writer
         seg = self._set.segments[-1]
         if seg.size + length <= seg.mm_end:
             return  # it goes into space preallocated before the disk filled
@@ -409,7 +410,7 @@ class Retention:
         the sealed one can be deleted once shipped (or dropped, in a
         drop-oldest journal).
         """
-        w = self._log
+        w = self._writer
         while True:
             try:
                 w._roll()
@@ -435,7 +436,7 @@ class Retention:
         once a second otherwise. With room again it writes index files that
         could not be written and recreates the reserve file.
         """
-        w = self._log
+        w = self._writer
         if w._closed:
             return
         w._settle()
