@@ -428,13 +428,31 @@ def run_baseline_ab(script: Path, argv: Sequence[str], commit: str, rounds: int)
         for which, figs in runs.items()
     }
     keys = [k for k in medians["this"] if k in medians["baseline"]]
-    ratios = {k: ratio(medians["this"][k], medians["baseline"][k]) for k in keys}
+    # Each round's two runs ran back to back: their ratio sees the same machine
+    # weather, so the median of the rounds' ratios is the figure to read (the
+    # range shows the noise); the ratio of the medians is printed beside it.
+    pairs: dict[str, list[float]] = {}
+    for k in keys:
+        rs = [
+            ratio(a.get(k), b.get(k)) for a, b in zip(runs["this"], runs["baseline"], strict=True)
+        ]
+        pairs[k] = [r for r in rs if r is not None]
+    ratios = {k: median(v) if v else None for k, v in pairs.items()}
     title = (
         f"{script.name} {' '.join(argv)}: this tree vs {full[:10]} "
-        f"(medians of {rounds} interleaved runs each)"
+        f"({rounds} interleaved rounds; ratio: the median of the rounds' this/baseline, "
+        "[lowest, highest])"
     )
     rows: list[Row | str] = [
-        Row(k, medians["this"][k], "", full[:10], medians["baseline"][k]) for k in keys
+        Row(
+            k,
+            medians["this"][k],
+            f"[{min(pairs[k]):.2f}, {max(pairs[k]):.2f}]" if pairs[k] else "",
+            full[:10],
+            medians["baseline"][k],
+            ratio_override=ratios[k],
+        )
+        for k in keys
     ]
     print(render_table(title, rows))
     emit_json(
@@ -445,6 +463,7 @@ def run_baseline_ab(script: Path, argv: Sequence[str], commit: str, rounds: int)
             "this": medians["this"],
             "baseline": medians["baseline"],
             "ratio": ratios,
+            "ratio_range": {k: [min(v), max(v)] for k, v in pairs.items() if v},
             "runs": runs,
         }
     )
