@@ -108,6 +108,7 @@ class Retention:
         self.safe_lsn = 0
 
     async def ticker(self, period: float = 5.0) -> None:
+        """Delete what the watermark and retention allow, every ``period`` seconds."""
         while True:
             await trio.sleep(period)
             self.delete_segments()
