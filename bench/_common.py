@@ -14,6 +14,7 @@ import math
 import os
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 KiB = 1024
 MiB = 1024 * KiB
@@ -312,3 +314,172 @@ def machine_info(path: Path) -> dict[str, object]:
         "device": dev,
         "mount": mnt,
     }
+
+
+# ------------------------------------------------- the same bench, older code
+
+
+def code_root() -> Path:
+    """The source tree a bench imports ``edge_gateway`` from: this checkout, or the
+    older tree an A/B run (``--baseline-commit``) points it at."""
+    return Path(os.environ.get("BENCH_EDGEGW_CODE") or BENCH_DIR.parent)
+
+
+def add_baseline_args(parser: Any) -> None:
+    """The A/B flags every bench that offers ``--baseline-commit`` shares."""
+    parser.add_argument(
+        "--baseline-commit",
+        default=None,
+        metavar="COMMIT",
+        help="run this same bench against this tree and against the code at COMMIT, "
+        "interleaved (A B, B A, ...), and print each figure's ratio this/COMMIT",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="A/B rounds with --baseline-commit (each runs the bench once per tree)",
+    )
+
+
+def _old_tree(commit: str, into: Path) -> Path:
+    """``edge_gateway/`` and ``cli/`` as they were at ``commit``, extracted under ``into``."""
+    root = BENCH_DIR.parent
+    tar = subprocess.run(
+        ["git", "-C", str(root), "archive", "--format=tar", commit, "edge_gateway", "cli"],
+        capture_output=True,
+        check=False,
+        timeout=120,
+    )
+    if tar.returncode != 0:
+        why = tar.stderr.decode().strip()
+        raise SystemExit(f"cannot take the code of {commit} from git: {why}")
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=tar.stdout, check=True, timeout=120)
+    return into
+
+
+def _run_on(script: Path, argv: Sequence[str], tree: Path) -> dict[str, Any]:
+    """One run of ``script`` importing the gateway's code (and the gateways it starts
+    running it) from ``tree``; the figures of its last output line."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": f"{tree}{os.pathsep}{tree / 'cli'}",
+        # Not EDGEGW_*: the gateway refuses environment variables of that
+        # prefix that name no config key.
+        "BENCH_EDGEGW_CODE": str(tree),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script), *argv],
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
+        check=False,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{script.name} on {tree} failed (exit {done.returncode})")
+    figures = json.loads(lines[-1])
+    if not isinstance(figures, dict):
+        raise SystemExit(f"{script.name} on {tree}: the last line is not a JSON object")
+    return figures
+
+
+def _numbers(figures: dict[str, Any]) -> dict[str, float]:
+    return {
+        k: float(v)
+        for k, v in figures.items()
+        if isinstance(v, int | float) and not isinstance(v, bool)
+    }
+
+
+def run_baseline_ab(script: Path, argv: Sequence[str], commit: str, rounds: int) -> None:
+    """Run ``script`` with ``argv`` on this tree (A) and on the code at ``commit`` (B),
+    alternating the order each round so both see the same machine weather; print each
+    numeric figure's medians and the ratio A/B, then one JSON object (the last line).
+
+    The bench script is this tree's in both runs: only the code it measures differs.
+    """
+    if rounds < 1:
+        raise SystemExit("--rounds must be at least 1")
+    resolved = subprocess.run(
+        ["git", "-C", str(BENCH_DIR.parent), "rev-parse", "--verify", f"{commit}^{{commit}}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if resolved.returncode != 0:
+        raise SystemExit(f"--baseline-commit {commit}: not a commit here")
+    full = resolved.stdout.strip()
+    runs: dict[str, list[dict[str, float]]] = {"this": [], "baseline": []}
+    with scratch_dir("ab-") as scratch:
+        trees = {"this": BENCH_DIR.parent, "baseline": _old_tree(full, scratch / "old")}
+        for r in range(rounds):
+            order = ("this", "baseline") if r % 2 == 0 else ("baseline", "this")
+            for which in order:
+                progress(f"A/B round {r + 1}/{rounds}: {script.name} on {which} ({trees[which]})")
+                runs[which].append(_numbers(_run_on(script, argv, trees[which])))
+    medians = {
+        which: {
+            k: median([f[k] for f in figs])
+            for k in sorted(set().union(*figs))
+            if all(k in f for f in figs)
+        }
+        for which, figs in runs.items()
+    }
+    keys = [k for k in medians["this"] if k in medians["baseline"]]
+    # Each round's two runs ran back to back: their ratio sees the same machine
+    # weather, so the median of the rounds' ratios is the figure to read (the
+    # range shows the noise); the ratio of the medians is printed beside it.
+    pairs: dict[str, list[float]] = {}
+    for k in keys:
+        rs = [
+            ratio(a.get(k), b.get(k)) for a, b in zip(runs["this"], runs["baseline"], strict=True)
+        ]
+        pairs[k] = [r for r in rs if r is not None]
+    ratios = {k: median(v) if v else None for k, v in pairs.items()}
+    title = (
+        f"{script.name} {' '.join(argv)}: this tree vs {full[:10]} "
+        f"({rounds} interleaved rounds; ratio: the median of the rounds' this/baseline, "
+        "[lowest, highest])"
+    )
+    rows: list[Row | str] = [
+        Row(
+            k,
+            medians["this"][k],
+            f"[{min(pairs[k]):.2f}, {max(pairs[k]):.2f}]" if pairs[k] else "",
+            full[:10],
+            medians["baseline"][k],
+            ratio_override=ratios[k],
+        )
+        for k in keys
+    ]
+    print(render_table(title, rows))
+    emit_json(
+        {
+            "baseline_commit": full,
+            "rounds": rounds,
+            "argv": list(argv),
+            "this": medians["this"],
+            "baseline": medians["baseline"],
+            "ratio": ratios,
+            "ratio_range": {k: [min(v), max(v)] for k, v in pairs.items() if v},
+            "runs": runs,
+        }
+    )
+
+
+def without_baseline_args(argv: Sequence[str]) -> list[str]:
+    """``argv`` less ``--baseline-commit`` and ``--rounds`` (the arguments each run gets)."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        name = arg.split("=", 1)[0]
+        if name in ("--baseline-commit", "--rounds"):
+            skip = "=" not in arg
+            continue
+        out.append(arg)
+    return out

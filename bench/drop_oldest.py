@@ -62,7 +62,7 @@ def bench_shipped(root: Path, batches: list[bytes]) -> float:
 def bench_drop(root: Path, batches: list[bytes]) -> tuple[float, list[float], bool]:
     j = Journal.open_sync(root / "journal", CFG, drop_oldest=True)
     times: list[float] = []
-    inner = j._drop_unshipped
+    inner = j._retention.drop_unshipped
 
     def timed() -> bool:
         t = time.perf_counter()
@@ -71,7 +71,7 @@ def bench_drop(root: Path, batches: list[bytes]) -> tuple[float, list[float], bo
         finally:
             times.append(time.perf_counter() - t)
 
-    j._drop_unshipped = timed  # type: ignore[method-assign]
+    j._retention.drop_unshipped = timed  # type: ignore[method-assign]
     try:
         t0 = time.perf_counter()
         for i, b in enumerate(batches):

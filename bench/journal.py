@@ -59,6 +59,7 @@ from _common import (
     KiB,
     MiB,
     Row,
+    add_baseline_args,
     emit_json,
     fixed_size_values,
     machine_info,
@@ -67,8 +68,10 @@ from _common import (
     progress,
     read_crc_seconds,
     render_table,
+    run_baseline_ab,
     scratch_dir,
     telemetry,
+    without_baseline_args,
 )
 
 from edge_gateway.format.batch import encode_batch, encode_record
@@ -1096,7 +1099,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="parent of the scratch directory (default bench/out; not tmpfs)",
     )
+    add_baseline_args(parser)
     args = parser.parse_args(argv)
+    if args.baseline_commit:
+        passed = without_baseline_args(sys.argv[1:] if argv is None else argv)
+        run_baseline_ab(Path(__file__).resolve(), passed, args.baseline_commit, args.rounds)
+        return 0
     phases = {p.strip() for p in args.only.split(",") if p.strip()}
     if unknown := phases - set(PHASES):
         parser.error(f"unknown phase(s) {', '.join(sorted(unknown))}; known: {', '.join(PHASES)}")

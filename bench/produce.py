@@ -75,6 +75,8 @@ from typing import Any
 
 from _common import (
     Row,
+    add_baseline_args,
+    code_root,
     emit_json,
     fixed_size_values,
     machine_info,
@@ -82,10 +84,12 @@ from _common import (
     progress,
     ratio,
     render_table,
+    run_baseline_ab,
     scratch_dir,
+    without_baseline_args,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(code_root()))
 
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.testing.ports import free_port
@@ -785,7 +789,18 @@ def main() -> None:
         action="store_true",
         help="only the journal.at_rest on/off comparison (no NATS, no TLS)",
     )
+    ap.add_argument(
+        "--no-at-rest",
+        action="store_true",
+        help="skip the journal.at_rest on/off comparison (code before it has no such key: "
+        "--baseline-commit runs of older code need this flag)",
+    )
+    add_baseline_args(ap)
     args = ap.parse_args()
+    if args.baseline_commit:
+        passed = without_baseline_args(sys.argv[1:])
+        run_baseline_ab(Path(__file__).resolve(), passed, args.baseline_commit, args.rounds)
+        return
     single_n, warmup, seconds = (3000, 500, 3.0) if args.quick else (20000, 2000, 10.0)
     capacity_s = 5.0 if args.quick else 20.0
     values = fixed_size_values(max(single_n + warmup, 20 * BATCH), RECORD)
@@ -793,9 +808,12 @@ def main() -> None:
 
     with scratch_dir("produce-", args.dir) as root:
         figures["machine"] = machine_info(root)
-        figures.update(
-            at_rest_figures(root, args, values[: single_n + warmup], warmup, seconds, capacity_s)
-        )
+        if not args.no_at_rest:
+            figures.update(
+                at_rest_figures(
+                    root, args, values[: single_n + warmup], warmup, seconds, capacity_s
+                )
+            )
         if args.at_rest_only:
             print(
                 render_table(
@@ -996,7 +1014,7 @@ def main() -> None:
         ),
         Row("RSS after the runs", figures["loaded_rss_mb"], "MB"),
         *tls_rows,
-        *_at_rest_rows(figures),
+        *([] if args.no_at_rest else _at_rest_rows(figures)),
     ]
     print(render_table("edgegw local API produce vs NATS JetStream", rows))
     emit_json(figures)

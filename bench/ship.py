@@ -123,6 +123,7 @@ from _common import (
 
 from edge_gateway import heap
 from edge_gateway.bucket import S3Bucket, S3Config
+from edge_gateway.bucket_log import read_header
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.crypt import WriteKey, generate_key
 from edge_gateway.format.logobject import LogObjectBuilder, decode_header
@@ -134,7 +135,6 @@ from edge_gateway.journal import (
     compress_sealed_segment,
     open_journal,
 )
-from edge_gateway.regionlog import read_header
 from edge_gateway.sample_data import TelemetryGenerator, partition_for
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.testing.moto import (

@@ -50,6 +50,7 @@ import trio
 
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import Bucket, NotFound
+from edge_gateway.bucket_log import read_gc_boundary
 from edge_gateway.errors import CorruptData, InvalidInput, MissingKey
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import decode_batch, read_header
@@ -65,7 +66,6 @@ from edge_gateway.format.manifest import (
     parse_manifest_key,
 )
 from edge_gateway.journal import HeldLane, HeldRange, Lane, lane_by_id, lanes_on_disk
-from edge_gateway.regionlog import read_gc_boundary
 
 __all__ = [
     "DEFAULT_RATE",

@@ -8,7 +8,8 @@ consumer-group offsets are plain async methods, each component reports its
 The front doors attach from outside with :meth:`Gateway.add_service` (``edgegw
 serve`` attaches the API, the Kafka listener and the MQTT bridges).
 
-Lifecycle (``run``): open the bucket, the journal and the group store; start
+Lifecycle (``run``): open the bucket, the journal and the group store (built
+by :class:`~edge_gateway.wiring.GatewayWiring` from the configuration); start
 the journal, the shipper, the tailers and the API with ``nursery.start``, each
 reporting ready; then wait for :meth:`request_shutdown` (SIGTERM/SIGINT in
 ``edgegw serve``). Shutdown stops accepting requests, then — shielded and
@@ -27,13 +28,12 @@ in the journal, so a later restart resumes exactly where it stopped).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -42,12 +42,8 @@ import trio
 from edge_gateway._crc import crc32c
 from edge_gateway.bucket import (
     Bucket,
-    BucketUnavailable,
     LinkGate,
     LinkMeter,
-    LocalBucket,
-    MeteredBucket,
-    NoSuchBucket,
 )
 from edge_gateway.bucketgc import BucketGc
 from edge_gateway.clock import BucketClock
@@ -62,7 +58,6 @@ from edge_gateway.encryption import Keys
 from edge_gateway.errors import (
     ClosedError,
     CorruptData,
-    Denied,
     InvalidInput,
     Unavailable,
 )
@@ -78,14 +73,14 @@ from edge_gateway.journal import (
     Priority,
     Scrubber,
     lane_by_id,
-    open_lanes,
 )
-from edge_gateway.mirror import PriorityGate, SourceGap, Tailer, TailerConfig
-from edge_gateway.shipper import Shipper, ShipperConfig, ShipperStats
+from edge_gateway.mirror import PriorityGate, SourceGap, Tailer
+from edge_gateway.shipper import Shipper, ShipperStats
 from edge_gateway.site_link import SiteLink
 from edge_gateway.statefile import StateFiles
 from edge_gateway.supervisor import Supervisor, TaskHealth
 from edge_gateway.topics import Topic, TopicTable
+from edge_gateway.wiring import GatewayWiring
 
 if TYPE_CHECKING:
     from edge_gateway.metadata.agent import MetadataAgent
@@ -245,6 +240,11 @@ class Gateway:
         self._shipper: Shipper | None = None
         self._bucket: Bucket | None = None
         self._groups: GroupStore | None = None
+        #: ``[link]``: the meter, the policy gate and its watch.
+        self.site_link = SiteLink(config.link, config.data_dir, state_files=self.state_files)
+        #: Builds the bucket, the lanes' journals, the shipper and the tailers from the
+        #: configuration (also for the commands that do not serve: sync, reship, restore).
+        self.wiring = GatewayWiring(config, self.topic_table, self.keys, self.site_link.meter)
         #: This gateway's clock against the bucket's (fed by the shipper's writes).
         self._bucket_clock = BucketClock(config.clock)
         #: Bucket GC of this region's log (``[gc]``), run once the core is up.
@@ -262,8 +262,6 @@ class Gateway:
         #: (``journal.scrub_interval``; None: off), run once the core is up.
         scrub_s = config.journal.scrub_interval_s
         self.scrub = Scrubber(config.journal_path, scrub_s) if scrub_s is not None else None
-        #: ``[link]``: the meter, the policy gate and its watch.
-        self.site_link = SiteLink(config.link, config.data_dir, state_files=self.state_files)
         self._mirror_bucket: Bucket | None = None
         self._round_robin = itertools.count()
         self._shutdown = trio.Event()
@@ -392,60 +390,6 @@ class Gateway:
         """Source region → its tailer (empty until the gateway runs)."""
         return {src: task.tailer for src, task in self._tailer_tasks.items()}
 
-    def tailer_config(self) -> TailerConfig:
-        m = self.config.mirror
-        return TailerConfig(
-            poll_interval_s=m.poll_interval_ms / 1000,
-            max_poll_interval_s=m.max_poll_interval_ms / 1000,
-            gap_policy=m.gap_policy,  # type: ignore[arg-type]
-            prefetch_objects=m.prefetch,
-            packs=m.packs,
-            keep_blocks=m.keep_blocks,
-            cursor_interval_s=m.cursor_interval_ms / 1000,
-            retry_cap_s=m.retry_cap_ms / 1000,
-            relay_safety_poll_s=self.config.metadata.relay_safety_poll_ms / 1000,
-        )
-
-    def open_lanes(self) -> AbstractAsyncContextManager[Lanes]:
-        """Open the journals of this gateway's lanes: those of its topics' priorities and
-        every lane on disk (the gateway, and ``edgegw sync``/``reship`` without it)."""
-        cfg = self.config
-        return open_lanes(
-            cfg.journal_path,
-            cfg.journal,
-            {Lane(t.priority, t.on_full) for t in self.topology if t.home == self.region},
-            self.lane_of,
-        )
-
-    def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:
-        gate = PriorityGate()
-        return {
-            source: self._make_tailer(journal, bucket, source, topics, gate)
-            for source, topics in sorted(topology_sources(self.topology, self.region).items())
-        }
-
-    def _make_tailer(
-        self,
-        journal: Journal,
-        bucket: Bucket,
-        source: str,
-        topics: Iterable[str],
-        gate: PriorityGate,
-    ) -> Tailer:
-        """A tailer of ``source``, taking its turn by priority with the others (``gate``)."""
-        return Tailer(
-            journal,
-            bucket,
-            source,
-            topics,
-            self.region,
-            self.tailer_config(),
-            prefix=self.key_prefix,
-            priorities={t.name: t.priority for t in self.topology if t.home == source},
-            gate=gate,
-            keyring=self.keys.ring,
-        )
-
     async def _sync_tailers(self) -> None:
         """Start, stop and restart tailers to match the topology (one at a time)."""
         assert self._tailer_lock is not None
@@ -468,7 +412,7 @@ class Gateway:
             for src, topics in sorted(want.items()):
                 if src in self._tailer_tasks:
                     continue
-                tailer = self._make_tailer(journal, bucket, src, topics, self._priority_gate)
+                tailer = self.wiring.tailer(journal, bucket, src, topics, self._priority_gate)
                 task = _TailerTask(src, tailer, topics)
                 self._tailer_tasks[src] = task
                 await workers.start(self._run_tailer, task)
@@ -599,86 +543,10 @@ class Gateway:
             self._mirror_bucket = self.site_link.hold(self.bucket)
         return self._mirror_bucket
 
-    async def open_bucket(self, *, create: bool | None = None) -> Bucket:
-        """The configured bucket behind this gateway's :attr:`link` (see :meth:`open_store`)."""
-        return MeteredBucket(await self.open_store(create=create), self.link)
-
-    async def open_store(self, *, create: bool | None = None) -> Bucket:
-        """Open the configured bucket; :class:`NoSuchBucket` if it is not there.
-
-        ``create`` says whether a missing local bucket may be made. ``None``
-        is ``edgegw serve``'s rule: the embedded default (``bucket.path``
-        unset: ``<data_dir>/bucket``) is made on first start, an explicit
-        ``bucket.path`` must be a bucket directory or an empty directory made
-        for one -- a path that does not exist is refused, so a typo never
-        becomes a new, empty bucket. S3 buckets are never created; a missing
-        one is refused by name.
-        """
-        cfg = self.config.bucket
-        if cfg.type != "local":
-            # boto3 (or the Azure or GCS SDK) loads here, and only for such a
-            # bucket (docs/operations.md, "Footprint").
-            from edge_gateway.bucket import open_cloud_bucket
-
-            bucket: Bucket = await open_cloud_bucket(cfg.cloud_config())
-            try:
-                await bucket.check_exists()
-            except (BucketUnavailable, Denied) as exc:
-                # A gateway starts offline or refused (docs/protocol.md,
-                # "Offline start"); the shipper reports what it meets.
-                log.warning("bucket %s unreachable at start: %s", bucket.name, exc)
-            except NoSuchBucket as exc:
-                if not self._met_bucket():
-                    await bucket.aclose()
-                    raise
-                # It was there: deleted (or its name now resolves elsewhere).
-                # A person must act; meanwhile the site takes data (issue 26).
-                log.error("%s; running from the journal until it is back", exc)
-            except BaseException:
-                await bucket.aclose()
-                raise
-            return bucket
-        path = cfg.local_path(self.config.data_dir)
-        if create is not None:
-            return await LocalBucket.open(path, create=create)
-        if cfg.path and not path.exists():
-            raise NoSuchBucket(
-                f"bucket.path: local bucket directory {str(path)!r} does not exist; fix the "
-                "path, or create the directory (mkdir -p) to start a new bucket there"
-            )
-        # The default location is made on first start; an existing directory
-        # gets the layout only if it is empty (else it must be a bucket).
-        return await LocalBucket.open(path, create=True)
-
-    def _shipper_config(self) -> ShipperConfig:
-        """``[shipper]``; with a link cap, objects of about one second of it.
-
-        A capped link moves each object in one slot (see ``LinkMeter``), at
-        the line's speed: objects of many seconds of the cap would use the
-        link in bursts. So objects are at most ``max(1 MiB, cap)`` bytes
-        (never more than configured): evenly used, not too many requests.
-        """
-        cfg, cap = self.config.shipper, self.config.link.max_bytes_per_s
-        if not cap:
-            return cfg
-        size = max(1 << 20, cap)
-        first = min(cfg.max_object_bytes, size)
-        backlog = max(first, min(cfg.backlog_object_bytes, size))
-        return dataclasses.replace(cfg, max_object_bytes=first, backlog_object_bytes=backlog)
-
-    def _met_bucket(self) -> bool:
-        """Whether this data directory's shipper has claimed its region before.
-
-        A bucket missing at a first start is most likely a typo (refused);
-        one missing after the gateway wrote to it is a refusal to report.
-        """
-        return (self.config.journal_path / "shipper.json").exists()
-
     @property
     def key_prefix(self) -> str:
         """The prefix the log protocol adds to keys (S3 buckets apply theirs themselves)."""
-        cfg = self.config.bucket
-        return cfg.prefix if cfg.type == "local" else ""
+        return self.wiring.key_prefix
 
     # ------------------------------------------------------------ lifecycle
 
@@ -762,10 +630,11 @@ class Gateway:
                     from edge_gateway.metadata.routing import topology
 
                     self.topic_table.set_topology(topology(table))
-            self._bucket = await self.open_bucket()
+            wiring = self.wiring
+            self._bucket = await wiring.open_bucket()
             self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
-            lanes = await stack.enter_async_context(self.open_lanes())
+            lanes = await stack.enter_async_context(wiring.open_lanes())
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes
@@ -776,16 +645,11 @@ class Gateway:
             self._registry.restore((lane.id, j) for lane, j in lanes.journals.items())
             self._groups = GroupStore(cfg.data_dir / "groups.sqlite")
             stack.callback(self._groups.close)
-            self._shipper = Shipper(
-                journal,
+            self._shipper = wiring.shipper(
+                lanes,
                 self._bucket,
-                self.region,
-                config=self._shipper_config(),
-                prefix=self.key_prefix,
                 on_commit=agent.report_head if agent is not None else None,
                 bucket_clock=self._bucket_clock,
-                lanes=lanes if lanes.multi else None,
-                key=self.keys.write,
             )
             if self.site_link.restricts:
                 # The link policy holds lanes back (bulk windows, allowances).

@@ -84,6 +84,17 @@ from edge_gateway.bucket import (
     PreconditionFailed,
     verify_conditional_create,
 )
+from edge_gateway.bucket_log import (
+    LogState,
+    exists,
+    load_log_state,
+    mark_bucket,
+    read_gc_boundary,
+    read_header,
+    read_skipped,
+    set_aside,
+    skip_to_head,
+)
 from edge_gateway.clock import BucketClock
 from edge_gateway.durable import replace_file
 from edge_gateway.errors import (
@@ -133,18 +144,7 @@ from edge_gateway.journal import (
     StoredChunk,
 )
 from edge_gateway.names import validate_region
-from edge_gateway.protocol.log import Conflict, ManifestSchedule, classify_conflict
-from edge_gateway.regionlog import (
-    LogState,
-    exists,
-    load_log_state,
-    mark_bucket,
-    read_gc_boundary,
-    read_header,
-    read_skipped,
-    set_aside,
-    skip_to_head,
-)
+from edge_gateway.protocol.log_decisions import Conflict, ManifestSchedule, classify_conflict
 from edge_gateway.statefile import seal, unseal
 
 log = logging.getLogger("edgegw.shipper")

@@ -4,7 +4,7 @@
 region. Pointed at the wrong place -- a mistyped directory, another bucket or
 prefix -- they would find an empty log and carry on as if the region were
 new: offsets would start again at 0. So they open the bucket without creating
-anything and require an edgegw bucket (``edge_gateway.regionlog.is_edgegw_bucket``:
+anything and require an edgegw bucket (``edge_gateway.bucket_log.is_edgegw_bucket``:
 its marker, or region logs written before markers existed), unless the
 operator says ``--new-bucket``: then a missing local directory is made and
 the marker written. S3 buckets are never created.
@@ -26,7 +26,7 @@ from edge_gateway.bucket import (
     S3Bucket,
     S3Config,
 )
-from edge_gateway.regionlog import is_edgegw_bucket, mark_bucket
+from edge_gateway.bucket_log import is_edgegw_bucket, mark_bucket
 from edgegw_cli._common import note
 
 #: Opens a bucket (``create``: a missing local bucket may be made) -> (bucket, key prefix).

@@ -25,8 +25,8 @@ from edge_gateway.bucket import (
     S3Bucket,
     S3Config,
 )
+from edge_gateway.bucket_log import find_head
 from edge_gateway.format.manifest import log_key
-from edge_gateway.regionlog import find_head
 
 #: The bucket faults: ``plant_<kind>``.
 KINDS: Final = ("garbage", "truncated", "foreign")

@@ -6,7 +6,7 @@
 options (or ``--config``) name, in a scratch prefix it deletes afterwards,
 prints a table and a verdict, and exits 0 only when every requirement holds.
 
-``mark`` writes the fleet marker (``edge_gateway.regionlog.write_bucket_marker``)
+``mark`` writes the fleet marker (``edge_gateway.bucket_log.write_bucket_marker``)
 with the admin's credentials: regions' policies do not grant it
 (docs/security.md), so one region's key cannot overwrite it.
 """
@@ -34,8 +34,8 @@ from edge_gateway.bucket import (
     StoreReport,
     check_store,
 )
+from edge_gateway.bucket_log import BUCKET_MARKER, write_bucket_marker
 from edge_gateway.errors import EdgeGatewayError
-from edge_gateway.regionlog import BUCKET_MARKER, write_bucket_marker
 from edgegw_cli._bucket import open_bucket
 from edgegw_cli._common import console, fail
 from edgegw_cli._errors import reason

@@ -220,7 +220,7 @@ def _from_config(config: Path, region: str | None) -> _Target:
 
     async def open_() -> tuple[Bucket, str]:
         # create=False: a mistyped bucket.path is refused, never made.
-        return await gateway.open_store(create=False), gateway.key_prefix
+        return await gateway.wiring.open_store(create=False), gateway.key_prefix
 
     if not own:
         note = f"the journal is region {cfg.region!r}'s: the log is checked on its own"

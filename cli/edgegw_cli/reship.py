@@ -56,7 +56,7 @@ def reship(
     gateway = Gateway(cfg)
 
     async def open_(create: bool) -> tuple[Bucket, str]:
-        return await gateway.open_bucket(create=create), gateway.key_prefix
+        return await gateway.wiring.open_bucket(create=create), gateway.key_prefix
 
     async def run() -> tuple[Shipper, str]:
         bucket, prefix = await open_edgegw_bucket(
@@ -65,7 +65,7 @@ def reship(
         try:
             # Every lane on disk, re-shipped in drain order from its own
             # watermark in the surviving head's lane table.
-            async with gateway.open_lanes() as lanes:
+            async with gateway.wiring.open_lanes() as lanes:
                 shipper = Shipper(
                     lanes.main,
                     bucket,

@@ -12,12 +12,12 @@ import typer
 from rich.table import Table
 
 from edge_gateway.bucket import Bucket
+from edge_gateway.bucket_log import LogState, load_log_state
 from edge_gateway.datadir import lock_directory
 from edge_gateway.errors import EdgeGatewayError, InUse
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, lane_path, lanes_on_disk
 from edge_gateway.names import validate_region
-from edge_gateway.regionlog import LogState, load_log_state
 from edgegw_cli._bucket import open_bucket, open_edgegw_bucket
 from edgegw_cli._common import console, fail
 from edgegw_cli._errors import reason
@@ -79,7 +79,7 @@ def restore(
         local = cfg.bucket.type == "local"
 
         async def open_(create: bool) -> tuple[Bucket, str]:
-            return await gateway.open_bucket(create=create), gateway.key_prefix
+            return await gateway.wiring.open_bucket(create=create), gateway.key_prefix
 
     elif data_dir is not None and region is not None and bucket_options:
         try:

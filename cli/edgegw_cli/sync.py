@@ -113,7 +113,7 @@ def sync(
             return await open_bucket(
                 bucket_dir, s3_bucket, s3_endpoint, s3_prefix, s3_path_style, create=create
             )
-        return await gateway.open_bucket(create=create), gateway.key_prefix
+        return await gateway.wiring.open_bucket(create=create), gateway.key_prefix
 
     local = cfg.bucket.type == "local" if config is not None else not s3_bucket
 
@@ -124,7 +124,7 @@ def sync(
         try:
             # Every lane (topic priority) on disk, shipped in drain order by
             # the gateway's own shipper, with the same per-lane watermarks.
-            async with gateway.open_lanes() as lanes:
+            async with gateway.wiring.open_lanes() as lanes:
                 shipper = Shipper(
                     lanes.main,
                     bucket,
@@ -139,7 +139,7 @@ def sync(
                 )
                 await _ship(shipper)
                 if config is not None and not ship_only:
-                    await _pull(gateway.make_tailers(lanes.main, bucket))
+                    await _pull(gateway.wiring.tailers(lanes.main, bucket))
                 await lanes.flush()
         finally:
             await bucket.aclose()

@@ -12,7 +12,7 @@ reads, GC's lists are not payload) passes through it, and
   size is known); downloads are charged when they arrive and the next
   transfer waits for the debt. Over any minute the bytes moved stay within
   one object of ``60 * cap``; a gateway with a cap keeps its objects to
-  about one second of it (``Gateway._shipper_config``) so the link is used
+  about one second of it (``GatewayWiring.shipper_config``) so the link is used
   evenly rather than in multi-second bursts.
 * it counts bytes per direction and per local day and month (for metered
   plans), persisted in ``<data_dir>/link-usage.json`` so a restart does not

@@ -29,8 +29,10 @@ from edge_gateway.journal._lane import (
     OnFull,
     Priority,
     lane_by_id,
+    lane_path,
+    lanes_on_disk,
 )
-from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on_disk, open_lanes
+from edge_gateway.journal._lanes import LaneAppended, Lanes, open_lanes
 from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
 from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scrub_rate

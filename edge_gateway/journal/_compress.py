@@ -28,7 +28,7 @@ from edge_gateway.errors import InvalidInput, UnsupportedFormat
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.journal import _fs
-from edge_gateway.journal._lanes import lane_path, lanes_on_disk
+from edge_gateway.journal._lane import lane_path, lanes_on_disk
 from edge_gateway.journal._rewriter import expand_file, fsync_dir, write_compressed
 from edge_gateway.journal._segment import INDEX_SUFFIX, SEGMENT_SUFFIX, segment_name
 

@@ -31,8 +31,7 @@ from edge_gateway.errors import CorruptData
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Entry
-from edge_gateway.journal._lane import Lane
-from edge_gateway.journal._lanes import lane_path
+from edge_gateway.journal._lane import Lane, lane_path
 from edge_gateway.journal._segment import SEGMENT_SUFFIX
 from edge_gateway.journal._verify import read_whole
 

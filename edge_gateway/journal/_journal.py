@@ -49,12 +49,13 @@ Journal): ``SegmentSet`` (``_segment_set.py``: the segments at rest and the
 descriptors reads go through), ``Reads`` (``_reads.py``: the read path),
 ``Durability`` (``_durability.py``: ``durable_lsn``, group commit, the
 interval flusher), ``DropLog`` (``_dropped.py``: ``dropped.log`` and the
-drops queries). Its methods that belong to a part delegate to it, so the
-Journal's public methods are as before. The open (``_open.py``), the mirror
-appends (``_mirror_append.py``) and retention (``_retention.py``) change the
-append path's own state; their functions are still bound in the class body
-as the Journal's methods (``shed = _retention.shed``). docs/journal.md,
-"How the journal is laid out", draws the whole.
+drops queries), ``Retention`` (``_retention.py``: the safe LSN, deleting
+segments, drop-oldest, a full disk) and ``MirrorAppends``
+(``_mirror_append.py``: the mirror append path and its group in flight).
+Its methods that belong to a part delegate to it, so the Journal's public
+methods are as before. The open (``_open.py``, a procedure) fills in a new
+journal's state from its directory. docs/journal.md, "How the journal is
+laid out", draws the whole.
 Every system call that writes goes through ``_fs.ops`` (``_fs.py``), the seam
 the fault-injection tests swap.
 """
@@ -68,7 +69,7 @@ import struct
 import sys
 import time
 from array import array
-from collections.abc import AsyncIterator, Callable, Container
+from collections.abc import AsyncIterator, Callable, Container, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,7 +91,7 @@ from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import FrameCache
 from edge_gateway.format.entry import Checkpoint, Entry, ProducerFields, SourceCoords
-from edge_gateway.journal import _chunks, _fs, _mirror_append, _open, _retention
+from edge_gateway.journal import _chunks, _fs, _open
 from edge_gateway.journal._chunks import ChunkSpan, StoredChunk
 from edge_gateway.journal._config import FsyncPolicy, JournalConfig
 from edge_gateway.journal._dropped import Drop, DropLog
@@ -101,9 +102,10 @@ from edge_gateway.journal._index import (
     PartitionRun,
     SegmentIndex,
 )
-from edge_gateway.journal._mirror_append import MirrorBatch, MirrorBlock, _Reserved
-from edge_gateway.journal._quarantine import Loss, load_losses
+from edge_gateway.journal._mirror_append import MirrorAppends, MirrorBatch, MirrorBlock
+from edge_gateway.journal._quarantine import Loss
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
+from edge_gateway.journal._retention import Retention
 from edge_gateway.journal._rewriter import Rewriter
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
 from edge_gateway.journal._segment_set import SegmentSet
@@ -240,7 +242,6 @@ class Journal:
         self._sources: dict[str, SourceCoords] = {}
         self._topics: dict[str, _Topic] = {}
         self._next_lsn = 1
-        self._safe_lsn = 0
         self._total_bytes = 0
         self._append_waiters = 0
         self._bytes_watch = _NO_WATCH
@@ -302,13 +303,9 @@ class Journal:
         #: state and the producer entries after it (``Gateway`` rebuilds its table).
         self.recovered_producers: dict[str, Any] | None = None
         self.recovered_producer_entries: list[Entry] = []
-        #: mirror entries reserved and being written by a worker thread (at most one group)
-        self._inflight: _Reserved | None = None
-        self._inflight_lot = trio.lowlevel.ParkingLot()
         #: LSN runs of mirror entries appended since the open, for
         #: :meth:`read_entries` to step over without reading them (a hint)
         self._mirror_runs = MirrorRuns()
-        self._mirror_groups = 0
         #: the read path: given the segments, the partitions' indexes, the
         #: mirror runs, and this journal for its ends (``next_lsn``,
         #: ``durable_lsn``, ``closed``)
@@ -317,6 +314,23 @@ class Journal:
         #: segments (it fsyncs the active one) and this journal as the log it
         #: makes durable
         self._durability = Durability(config, self._segment_set, self)
+        #: what is deleted and when: owns the safe LSN; given the parts it
+        #: deletes from and this journal's append path (its bytes, the roll)
+        self._retention = Retention(
+            self,
+            config,
+            self._segment_set,
+            self._space,
+            self._drop_log,
+            self._durability,
+            self._index_cache,
+            self._partitions,
+            self._unindexed,
+        )
+        #: the mirror append path and its group in flight (``inflight``, which
+        #: every other writer settles first); given this journal's append path
+        #: and retention (a full disk)
+        self._mirrors = MirrorAppends(self, self._retention, self._mirror_runs)
         #: the background rewrite of sealed segments, compressed (``journal.at_rest``;
         #: the gateway runs :meth:`Rewriter.run` when it is on)
         self.rewriter = Rewriter(
@@ -371,10 +385,7 @@ class Journal:
             raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
         j._next_lsn = start_lsn
         try:
-            j._fit_disk()
-            j._finish_drops()
-            j._losses = load_losses(j.path)
-            j._recover(start or Checkpoint({}, {}))
+            _open.recover_into(j, start or Checkpoint({}, {}))
         except BaseException as exc:
             j._release_files()
             j._lock.release()
@@ -406,17 +417,45 @@ class Journal:
         """True while the journal holds nothing but its first checkpoint."""
         return len(self._segments) == 1 and self._segments[0].entries == 1
 
-    # bound from opening (_open.py)
-    reset_empty = _open.reset_empty
-    _finish_drops = _open._finish_drops
-    _scan_quarantining = _open._scan_quarantining
-    _fit_disk = _open._fit_disk
-    _recover = _open._recover
-    _load_segment = _open._load_segment
-    _load_indexed = _open._load_indexed
-    _load_compressed = _open._load_compressed
-    _add_scanned = _open._add_scanned
-    _apply_checkpoint = _open._apply_checkpoint
+    def reset_empty(self, start: Checkpoint, start_lsn: int) -> None:
+        """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
+
+        Used when a new (or wiped) gateway continues a region log that already
+        has data: LSNs and offsets continue where the bucket's log ends.
+        """
+        self._check_open()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
+        if not self.is_new:
+            raise InvalidInput("only a journal that holds no entries can be reset")
+        if self._durability.flushing:
+            raise InvalidInput("cannot reset a journal while an fsync is in flight")
+        old = self._segment_set.pop_active()
+        if old.mm is not None:
+            old.mm.close()
+        if old.fd is not None:
+            _fs.ops.close(old.fd)
+        _fs.ops.unlink(old.path)
+        self._total_bytes -= old.size
+        self._partitions.clear()
+        self._topics.clear()
+        self._sources.clear()
+        self._mirror_runs.clear()
+        try:
+            self._start_segment(start_lsn, start)
+        except DiskFull as exc:
+            # The old segment is gone: there is nothing to append to.
+            self._broken = f"reset to LSN {start_lsn} failed: {exc}"
+            raise
+        self._apply_checkpoint(start)
+        self._lsn_at_open = self._next_lsn
+
+    def _apply_checkpoint(self, cp: Checkpoint) -> None:
+        for (topic, partition), next_offset in cp.next_offsets.items():
+            p = self._partition(topic, partition)
+            p.next_offset = max(p.next_offset, next_offset)
+        for region, coords in cp.sources.items():
+            self._sources.setdefault(region, coords)
 
     def _add_segment(self, seg: Segment) -> None:
         self._active = seg
@@ -558,7 +597,7 @@ class Journal:
             with contextlib.suppress(OSError):
                 _fs.ops.unlink(path)
             if no_room(exc):
-                raise self._disk_full(path, exc, len(data)) from exc
+                raise self._retention.disk_full(path, exc, len(data)) from exc
             raise self._fail(f"creating {path}", exc) from exc
         seg = Segment(
             base_lsn, path, len(data), now, array("q", [fentry.SEGMENT_HEADER_SIZE]), fd=fd
@@ -580,15 +619,15 @@ class Journal:
         index file may come later (:meth:`_index_sealed`); until then the
         index stays in memory.
         """
-        if self._inflight is not None:
-            self._settle()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
         old = self._segments[-1]
         assert old.fd is not None
         try:
             self._unmap(old)  # a sealed segment ends at its last entry: no preallocated tail
         except OSError as exc:
             if no_room(exc):
-                raise self._disk_full(old.path, exc, 0) from exc
+                raise self._retention.disk_full(old.path, exc, 0) from exc
             raise self._fail(f"cutting the preallocated tail of {old.path}", exc) from exc
         try:
             _fs.ops.fsync(old.fd)
@@ -596,7 +635,7 @@ class Journal:
             raise self._fail(f"fsync of {old.path}", exc) from exc
         self._durability.synced(self._next_lsn - 1, self._appended_bytes)
         old.last_append_time = max(old.last_append_time, self._now)
-        self._keep_free()
+        self._retention.keep_free()
         cp = Checkpoint(
             {key: p.next_offset for key, p in self._partitions.items()},
             dict(self._sources),
@@ -689,8 +728,8 @@ class Journal:
         # lookup per topic and partition, one struct pack, one CRC, one copy
         # into the mapped segment or one pwritev, then the bookkeeping; the
         # rare cases call out). docs/journal.md "The append path" has figures.
-        if self._inflight is not None:
-            self._settle()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
         if self._closed or self._broken is not None:
             self._check_open()
         t = self._topics.get(topic) or self._topic(topic)
@@ -799,10 +838,10 @@ class Journal:
             )
         try:
             if self._space.full_since is not None:
-                self._while_disk_full(0)
-            self._roll_making_room()
+                self._retention.while_disk_full(0)
+            self._retention.roll_making_room()
         except DiskFull:
-            self._refused()
+            self._retention.refused()
             raise
 
     def _roll_for_blocks(self) -> None:
@@ -847,20 +886,33 @@ class Journal:
             self._last_yield_ms = self._now
             await _cancel_shielded_checkpoint()
 
-    # bound from mirror appends (_mirror_append.py)
-    append_mirror = _mirror_append.append_mirror
-    _append_mirror_sync = _mirror_append._append_mirror_sync
-    _check_mirrored = staticmethod(_mirror_append._check_mirrored)
-    append_mirror_batches = _mirror_append.append_mirror_batches
-    append_mirror_blocks = _mirror_append.append_mirror_blocks
-    _append_groups = _mirror_append._append_groups
-    _append_block_sync = _mirror_append._append_block_sync
-    _reserve_blocks = _mirror_append._reserve_blocks
-    _reserve_planned = _mirror_append._reserve_planned
-    _reserve_mirror = _mirror_append._reserve_mirror
-    _settle = _mirror_append._settle
-    _publish = _mirror_append._publish
-    _wait_inflight = _mirror_append._wait_inflight
+    # the mirror appends (_mirror_append.py, MirrorAppends)
+
+    async def append_mirror(
+        self,
+        topic: str,
+        partition: int,
+        batch: bytes | bytearray | memoryview | None,
+        source: SourceCoords,
+        *,
+        allow_gap: bool = False,
+    ) -> Appended:
+        """Append a batch mirrored from another region (see :meth:`MirrorAppends.append`)."""
+        return await self._mirrors.append(topic, partition, batch, source, allow_gap=allow_gap)
+
+    async def append_mirror_batches(
+        self, batches: Sequence[MirrorBatch], source: SourceCoords, last: SourceCoords
+    ) -> list[Appended]:
+        """Append the mirrored batches of one source entry with one write
+        (see :meth:`MirrorAppends.append_batches`)."""
+        return await self._mirrors.append_batches(batches, source, last)
+
+    async def append_mirror_blocks(
+        self, blocks: Sequence[MirrorBlock], source: SourceCoords, last: SourceCoords
+    ) -> list[Appended]:
+        """Append fetched log-object blocks of one source entry, each as one block entry
+        (see :meth:`MirrorAppends.append_blocks`)."""
+        return await self._mirrors.append_blocks(blocks, source, last)
 
     def _index(self, p: _Partition, lsn: int, base: int, next_offset: int) -> None:
         p.lsns.append(lsn)
@@ -871,21 +923,21 @@ class Journal:
 
     def _reserve(self, length: int) -> None:
         """Make room for an entry of ``length`` bytes: roll the segment, check the budget."""
-        if self._inflight is not None:
-            self._settle()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
         if length > fentry.MAX_ENTRY_BYTES:
             raise InvalidInput(f"journal entry of {length} bytes exceeds {fentry.MAX_ENTRY_BYTES}")
         try:
             if self._space.full_since is not None:
-                self._while_disk_full(length)
+                self._retention.while_disk_full(length)
             seg = self._segments[-1]
             if seg.size + length > self._segment_bytes and len(seg.positions) > 1:
-                self._roll_making_room()
+                self._retention.roll_making_room()
         except DiskFull:
-            self._refused()
+            self._retention.refused()
             raise
         if self._total_bytes + length > self._max_bytes:
-            self._delete_segments(need=length)
+            self._retention.delete_segments(need=length)
             if (
                 self._max_bytes
                 < self._total_bytes + length
@@ -897,14 +949,17 @@ class Journal:
                 # slack of one segment meanwhile (docs/journal.md, "The rewrite").
                 return
             if self.drop_oldest:
-                while self._total_bytes + length > self._max_bytes and self._drop_unshipped():
+                while (
+                    self._total_bytes + length > self._max_bytes
+                    and self._retention.drop_unshipped()
+                ):
                     pass
             if self._total_bytes + length > self._max_bytes:
                 self._full_rejections += 1
                 raise JournalFull(
                     f"journal disk budget full: {self._total_bytes} of {self._max_bytes} "
                     f"bytes used, {length} more needed; data is deleted only after it is "
-                    f"shipped (safe LSN {self._safe_lsn}, oldest segment ends at LSN "
+                    f"shipped (safe LSN {self._retention.safe_lsn}, oldest segment ends at LSN "
                     f"{self._segments[0].end_lsn - 1})"
                 )
 
@@ -913,7 +968,7 @@ class Journal:
 
         On a full disk the partial write is undone and shipped segments are
         deleted, oldest first, until it fits, then drop-oldest data (see
-        :meth:`_make_room_unshipped`); ``DiskFull`` if none is left.
+        :meth:`Retention.make_room_unshipped`); ``DiskFull`` if none is left.
         """
         pos = seg.size
         if pos + length <= seg.mm_end and length <= _SMALL_WRITE and not self._durability.syncing:
@@ -927,11 +982,12 @@ class Journal:
                 return
             except OSError as exc:
                 self._write_failed(seg, exc)  # raises unless the disk is full
-                error = self._disk_full(seg.path, exc, length)
+                error = self._retention.disk_full(seg.path, exc, length)
                 if not (
-                    self._delete_segments(force=True, limit=1) or self._make_room_unshipped(length)
+                    self._retention.delete_segments(force=True, limit=1)
+                    or self._retention.make_room_unshipped(length)
                 ):
-                    self._refused()
+                    self._retention.refused()
                     raise error from exc
 
     def _emit(self, parts: list[bytes | memoryview], length: int, now: int) -> None:
@@ -988,8 +1044,8 @@ class Journal:
         source: SourceCoords | None,
     ) -> int:
         """Write one entry of any kind (the general path; data appends inline it)."""
-        if self._inflight is not None:
-            self._settle()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
         now = _time_ns() // 1_000_000
         probe = fentry.encode_entry_rest(
             lsn=0,
@@ -1074,37 +1130,40 @@ class Journal:
         async with trio.open_nursery() as nursery:
             if self.config.fsync is FsyncPolicy.INTERVAL:
                 nursery.start_soon(self._durability.interval_flusher)
-            nursery.start_soon(self._retention_ticker)
-            nursery.start_soon(self._disk_watch)
+            nursery.start_soon(self._retention.ticker)
+            nursery.start_soon(self._retention.disk_watch)
             task_status.started()
 
     # ------------------------------------------------------------ making room
 
-    # bound from retention, drop-oldest and a full disk (_retention.py)
-    _retention_ticker = _retention._retention_ticker
-    _disk_watch = _retention._disk_watch
-    set_safe_lsn = _retention.set_safe_lsn
-    _delete_segments = _retention._delete_segments
-    _drop_unshipped = _retention._drop_unshipped
-    _record_drops = _retention._record_drops
-    _make_room_unshipped = _retention._make_room_unshipped
-    _drop_for_space = _retention._drop_for_space
-    shed = _retention.shed
-    _describe_drop = _retention._describe_drop
-    _drop_oldest = _retention._drop_oldest
-    _disk_space = _retention._disk_space
-    _disk_full = _retention._disk_full
-    _refused = _retention._refused
-    _keep_free = _retention._keep_free
-    _end_disk_full = _retention._end_disk_full
-    _while_disk_full = _retention._while_disk_full
-    _shipped_bytes = _retention._shipped_bytes
-    _roll_making_room = _retention._roll_making_room
-    check_disk = _retention.check_disk
+    # retention, drop-oldest and a full disk (_retention.py, Retention)
+
+    def set_safe_lsn(self, lsn: int) -> None:
+        """Entries below ``lsn`` are confirmed elsewhere (shipped) and may be deleted.
+
+        Deletion still waits for the retention policy. The watermark only moves
+        forward.
+        """
+        self._retention.set_safe_lsn(lsn)
+
+    def shed(self, nbytes: int, *, disk_full: bool = False) -> int:
+        """Free at least ``nbytes`` if this is a drop-oldest journal (see
+        :meth:`Retention.shed`); the bytes freed (0 for a block journal)."""
+        return self._retention.shed(nbytes, disk_full=disk_full)
+
+    def check_disk(self) -> None:
+        """Look at the disk: end a disk-full episode when space returned, catch up on
+        chores (see :meth:`Retention.check_disk`)."""
+        self._retention.check_disk()
+
+    def _settle(self) -> None:
+        """Finish the mirror group in flight, if any (every other writer calls it first)."""
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
 
     @property
     def safe_lsn(self) -> int:
-        return self._safe_lsn
+        return self._retention.safe_lsn
 
     # ------------------------------------------------------------- drops
 
@@ -1357,7 +1416,7 @@ class Journal:
         return dict(self._sources)
 
     def statistics(self) -> JournalStats:
-        free, size = self._disk_space()
+        free, size = self._retention.disk_space()
         dropped_segments, dropped_records, dropped_bytes = self._drop_log.counts()
         compressed = [s.compressed for s in self._segments if s.compressed is not None]
         frames = self._segment_set.frame_cache
@@ -1369,7 +1428,7 @@ class Journal:
             first_lsn=self._segments[0].base_lsn if self._segments else 0,
             next_lsn=self._next_lsn,
             durable_lsn=self._durability.durable_lsn,
-            safe_lsn=self._safe_lsn,
+            safe_lsn=self._retention.safe_lsn,
             partitions=len(self._partitions),
             appends=self._next_lsn - self._lsn_at_open - self._rolls,
             appended_bytes=self._appended_bytes,
@@ -1438,8 +1497,8 @@ class Journal:
         """Fsync and close every file. Idempotent."""
         if self._closed:
             return
-        if self._inflight is not None:
-            self._settle()
+        if self._mirrors.inflight is not None:
+            self._mirrors.settle()
         self._closed = True
         try:
             active = self._segments[-1] if self._segments else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Final
 
 from edge_gateway.errors import ConfigError
@@ -111,3 +112,19 @@ def lane_by_id(lane_id: int) -> Lane | None:
         if lane.id == lane_id:
             return lane
     return None
+
+
+def lane_path(main: Path, lane: Lane) -> Path:
+    """The journal directory of ``lane``: ``main`` itself for the normal lane, else
+    ``<main>-<lane>`` beside it (``journal-critical``, ``journal-bulk``,
+    ``journal-bulk-drop``)."""
+    return main if lane.is_main else main.with_name(f"{main.name}-{lane}")
+
+
+def lanes_on_disk(main: Path) -> set[Lane]:
+    """The lanes whose journal directory exists beside ``main`` (the normal lane always)."""
+    found = {MAIN_LANE}
+    for lane in ALL_LANES:
+        if lane_path(main, lane).is_dir():
+            found.add(lane)
+    return found

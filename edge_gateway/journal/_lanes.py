@@ -44,11 +44,18 @@ from edge_gateway.errors import InvalidInput, JournalFull
 from edge_gateway.format.entry import Entry, ProducerFields
 from edge_gateway.journal._config import JournalConfig
 from edge_gateway.journal._journal import Journal, OffsetOutOfRange, open_journal
-from edge_gateway.journal._lane import ALL_LANES, MAIN_LANE, Lane, Priority
+from edge_gateway.journal._lane import (
+    ALL_LANES,
+    MAIN_LANE,
+    Lane,
+    Priority,
+    lane_path,
+    lanes_on_disk,
+)
 
 log = logging.getLogger("edgegw.journal")
 
-__all__ = ["LaneAppended", "Lanes", "lane_path", "lanes_on_disk", "open_lanes"]
+__all__ = ["LaneAppended", "Lanes", "open_lanes"]
 
 
 #: Builds a NamedTuple without its Python-level ``__new__`` (as the journal's append does).
@@ -376,22 +383,6 @@ def _device(path: Path) -> int:
         return os.stat(path).st_dev
     except OSError:
         return -1
-
-
-def lane_path(main: Path, lane: Lane) -> Path:
-    """The journal directory of ``lane``: ``main`` itself for the normal lane, else
-    ``<main>-<lane>`` beside it (``journal-critical``, ``journal-bulk``,
-    ``journal-bulk-drop``)."""
-    return main if lane.is_main else main.with_name(f"{main.name}-{lane}")
-
-
-def lanes_on_disk(main: Path) -> set[Lane]:
-    """The lanes whose journal directory exists beside ``main`` (the normal lane always)."""
-    found = {MAIN_LANE}
-    for lane in ALL_LANES:
-        if lane_path(main, lane).is_dir():
-            found.add(lane)
-    return found
 
 
 @contextlib.asynccontextmanager

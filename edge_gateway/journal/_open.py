@@ -1,15 +1,19 @@
 """Opening a journal: its state rebuilt from the files in its directory.
 
-What it owns: ``_recover`` (load each segment, sealed ones from their index
-files or, compressed, from their directories, the last one — or one whose
-index file is unusable — by a scan), the conversion of version 1 index
-files, applying a segment's checkpoint, completing a drop recorded in
-``dropped.log`` whose segment the last run left behind, fitting the segment
-size to a small disk, and ``reset_empty`` (restart a journal holding nothing
-at a given LSN). The scan itself is
-``_recovery.py``. The functions here are the Journal's methods (bound in its
-class body: ``Journal._recover = _open._recover``); ``Journal.open_sync``
-calls them in order.
+What it does (:func:`recover_into`, called once by ``Journal.open_sync``):
+fit the segment size to a small disk, complete a drop recorded in
+``dropped.log`` whose segment the last run left behind, load what
+``lost.log`` recorded, and ``_recover``: load each segment, sealed ones
+from their index files (a version 1 file is converted) or, compressed, from
+their directories, the last one — or one whose index file is unusable — by
+a scan, and apply the last segment's checkpoint. The scan itself is
+``_recovery.py``; damage in the middle of a segment is quarantined
+(``_quarantine.py``).
+
+Opening is a procedure, not a part with state of its own: these functions
+fill in a new journal given as :class:`OpenedLog` (its segments, partitions,
+source progress, counters and the parts it composes). They do not import
+the journal.
 """
 
 from __future__ import annotations
@@ -17,61 +21,90 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from array import array
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-from edge_gateway.errors import CorruptData, DiskFull, InvalidInput
+from edge_gateway.errors import CorruptData
 from edge_gateway.format import entry as fentry
-from edge_gateway.format.entry import Checkpoint
+from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
-from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
-from edge_gateway.journal._quarantine import quarantine_damage
+from edge_gateway.journal._config import JournalConfig
+from edge_gateway.journal._dropped import DropLog
+from edge_gateway.journal._durability import Durability
+from edge_gateway.journal._index import (
+    IndexCache,
+    IndexFile,
+    PartitionRun,
+    SegmentIndex,
+    file_version,
+)
+from edge_gateway.journal._quarantine import Loss, load_losses, quarantine_damage
 from edge_gateway.journal._recovery import DamagedEntry, Scanned, list_segments, scan_segment
+from edge_gateway.journal._retention import Retention
 from edge_gateway.journal._rewriter import expand_in_place
 from edge_gateway.journal._segment import INDEX_SUFFIX, Segment, segment_name
+from edge_gateway.journal._space import DiskSpace
+from edge_gateway.journal._state import _Partition
 
 log = logging.getLogger("edgegw.journal")
 
-if TYPE_CHECKING:
-    from edge_gateway.journal._journal import Journal
+
+class OpenedLog(Protocol):
+    """The journal being opened, as the open fills it in (``Journal`` answers)."""
+
+    path: Path
+    config: JournalConfig
+    _next_lsn: int
+    _total_bytes: int
+    _segment_bytes: int
+    _roll_at: int
+    _active_version: int
+    _write_version: int
+    _truncated_on_open: int
+    _sources: dict[str, SourceCoords]
+    _losses: list[Loss]
+    _space: DiskSpace
+    _drop_log: DropLog
+    _retention: Retention
+    _durability: Durability
+    _index_cache: IndexCache
+    recovered_producers: dict[str, Any] | None
+    recovered_producer_entries: list[Entry]
+
+    @property
+    def _segments(self) -> list[Segment]:
+        """The segments, oldest first, the active one last."""
+        ...
+
+    def _start_segment(self, base_lsn: int, checkpoint: Checkpoint) -> None: ...
+
+    def _apply_checkpoint(self, cp: Checkpoint) -> None: ...
+
+    def _add_segment(self, seg: Segment) -> None: ...
+
+    def _partition(self, topic: str, partition: int) -> _Partition: ...
+
+    def _seal(
+        self, seg: Segment, parts: dict[tuple[str, int], tuple[array[int], array[int]]]
+    ) -> None: ...
+
+    def _add_runs(self, seg: Segment, runs: list[PartitionRun]) -> None: ...
+
+    def _map(self, seg: Segment) -> None: ...
 
 
-def reset_empty(self: Journal, start: Checkpoint, start_lsn: int) -> None:
-    """Restart a journal that holds nothing yet at ``start_lsn`` with ``start`` offsets.
-
-    Used when a new (or wiped) gateway continues a region log that already
-    has data: LSNs and offsets continue where the bucket's log ends.
-    """
-    self._check_open()
-    if self._inflight is not None:
-        self._settle()
-    if not self.is_new:
-        raise InvalidInput("only a journal that holds no entries can be reset")
-    if self._durability.flushing:
-        raise InvalidInput("cannot reset a journal while an fsync is in flight")
-    old = self._segment_set.pop_active()
-    if old.mm is not None:
-        old.mm.close()
-    if old.fd is not None:
-        _fs.ops.close(old.fd)
-    _fs.ops.unlink(old.path)
-    self._total_bytes -= old.size
-    self._partitions.clear()
-    self._topics.clear()
-    self._sources.clear()
-    self._mirror_runs.clear()
-    try:
-        self._start_segment(start_lsn, start)
-    except DiskFull as exc:
-        # The old segment is gone: there is nothing to append to.
-        self._broken = f"reset to LSN {start_lsn} failed: {exc}"
-        raise
-    self._apply_checkpoint(start)
-    self._lsn_at_open = self._next_lsn
+def recover_into(self: OpenedLog, start: Checkpoint) -> None:
+    """Rebuild a new journal's state from its directory (``start``: the offsets of a
+    journal that holds nothing yet)."""
+    _fit_disk(self)
+    _finish_drops(self)
+    self._losses = load_losses(self.path)
+    _recover(self, start)
 
 
-def _finish_drops(self: Journal) -> None:
+def _finish_drops(self: OpenedLog) -> None:
     """Load ``dropped.log``; complete a drop whose record is durable but whose
     segment is still there (the process died between the two)."""
     drops = self._drop_log.load()
@@ -91,17 +124,17 @@ def _finish_drops(self: Journal) -> None:
             last.end - 1,
             self.path / "dropped.log",
         )
-    self._safe_lsn = max(self._safe_lsn, last.end)
+    self._retention.safe_lsn = max(self._retention.safe_lsn, last.end)
 
 
-def _fit_disk(self: Journal) -> None:
+def _fit_disk(self: OpenedLog) -> None:
     """Roll smaller segments on a small disk (see :meth:`DiskSpace.fit`)."""
     self._segment_bytes = self._roll_at = self._space.fit(
         self._segment_bytes, self.config.max_bytes
     )
 
 
-def _recover(self: Journal, start: Checkpoint) -> None:
+def _recover(self: OpenedLog, start: Checkpoint) -> None:
     bases = list_segments(self.path)
     if not bases:
         self._start_segment(self._next_lsn, start)
@@ -115,7 +148,7 @@ def _recover(self: Journal, start: Checkpoint) -> None:
                 where=str(f),
             )
         last = i == len(bases) - 1
-        seg = self._load_segment(base, f, last=last)
+        seg = _load_segment(self, base, f, last=last)
         expected = seg.end_lsn
     active = self._segments[-1]
     self._next_lsn = active.end_lsn
@@ -128,26 +161,26 @@ def _recover(self: Journal, start: Checkpoint) -> None:
     )
 
 
-def _load_segment(self: Journal, base: int, path: Path, *, last: bool) -> Segment:
+def _load_segment(self: OpenedLog, base: int, path: Path, *, last: bool) -> Segment:
     if is_compressed(path):
         if not last:
-            return self._load_compressed(base, path)
+            return _load_compressed(self, base, path)
         # Only sealed segments are rewritten, so the segment after it was moved
         # aside (or lost): the journal appends to an entry log, and this one
         # becomes one again, byte for byte, then opens as any last segment.
         expand_in_place(path)
     if not last:
-        seg = self._load_indexed(base, path)
+        seg = _load_indexed(self, base, path)
         if seg is not None:
             return seg
-    return self._add_scanned(self._scan_quarantining(base, path, last=last), last=last)
+    return _add_scanned(self, _scan_quarantining(self, base, path, last=last), last=last)
 
 
 #: Damaged ranges quarantined in one segment at most before the open gives up.
 _MAX_LOSSES_PER_SEGMENT = 1000
 
 
-def _scan_quarantining(self: Journal, base: int, path: Path, *, last: bool) -> Scanned:
+def _scan_quarantining(self: OpenedLog, base: int, path: Path, *, last: bool) -> Scanned:
     """Scan a segment; damage in its middle is quarantined (``_quarantine.py``) and
     the scan starts again over the rewritten segment, until it is sound."""
     for _ in range(_MAX_LOSSES_PER_SEGMENT):
@@ -160,7 +193,7 @@ def _scan_quarantining(self: Journal, base: int, path: Path, *, last: bool) -> S
     )
 
 
-def _load_compressed(self: Journal, base: int, path: Path) -> Segment:
+def _load_compressed(self: OpenedLog, base: int, path: Path) -> Segment:
     """A sealed compressed segment from its directory (header, trailer, directory; no scan).
 
     An index file beside it is from the entry log it replaced (a rewrite
@@ -182,7 +215,7 @@ def _load_compressed(self: Journal, base: int, path: Path) -> Segment:
     return seg
 
 
-def _load_indexed(self: Journal, base: int, path: Path) -> Segment | None:
+def _load_indexed(self: OpenedLog, base: int, path: Path) -> Segment | None:
     """A sealed segment from its index file (a version 1 file is converted); None to scan."""
     seg = Segment(base, path, path.stat().st_size, 0)
     idx_path = seg.index_path
@@ -209,7 +242,7 @@ def _load_indexed(self: Journal, base: int, path: Path) -> Segment | None:
     return seg
 
 
-def _add_scanned(self: Journal, scanned: Scanned, *, last: bool) -> Segment:
+def _add_scanned(self: OpenedLog, scanned: Scanned, *, last: bool) -> Segment:
     """Add a scanned segment; a sealed one's index goes to its file (:meth:`_seal`)."""
     if last:
         self._active_version = scanned.version
@@ -233,11 +266,3 @@ def _add_scanned(self: Journal, scanned: Scanned, *, last: bool) -> Segment:
     if not last:
         self._seal(seg, {key: (sp.lsns, sp.offsets) for key, sp in scanned.parts.items()})
     return seg
-
-
-def _apply_checkpoint(self: Journal, cp: Checkpoint) -> None:
-    for (topic, partition), next_offset in cp.next_offsets.items():
-        p = self._partition(topic, partition)
-        p.next_offset = max(p.next_offset, next_offset)
-    for region, coords in cp.sources.items():
-        self._sources.setdefault(region, coords)

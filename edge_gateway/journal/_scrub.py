@@ -35,7 +35,7 @@ from typing import Final
 
 import trio
 
-from edge_gateway.journal._lanes import lane_path, lanes_on_disk
+from edge_gateway.journal._lane import lane_path, lanes_on_disk
 from edge_gateway.journal._segment import INDEX_SUFFIX
 from edge_gateway.journal._verify import (
     Damage,

@@ -49,8 +49,7 @@ from edge_gateway.format import batch as fbatch
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal._index import SegmentIndex
-from edge_gateway.journal._lane import Lane
-from edge_gateway.journal._lanes import lane_path, lanes_on_disk
+from edge_gateway.journal._lane import Lane, lane_path, lanes_on_disk
 from edge_gateway.journal._recovery import valid_entry_follows
 from edge_gateway.journal._segment import INDEX_SUFFIX, SEGMENT_SUFFIX
 

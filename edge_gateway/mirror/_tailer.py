@@ -59,6 +59,7 @@ from edge_gateway.bucket import (
     DenialTracker,
     NotFound,
 )
+from edge_gateway.bucket_log import HEADER_READ_BYTES, find_head, read_header
 from edge_gateway.errors import CorruptData, InvalidInput, MissingKey, Unavailable
 from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest, logobject
@@ -91,7 +92,6 @@ from edge_gateway.mirror._priority import PriorityGate
 from edge_gateway.mirror.cursor import Cursor, publish_cursor
 from edge_gateway.mirror.log_gc import GcState, read_gc_state
 from edge_gateway.names import validate_region, validate_topic
-from edge_gateway.regionlog import HEADER_READ_BYTES, find_head, read_header
 
 log = logging.getLogger("edgegw.mirror")
 

@@ -171,7 +171,7 @@ def plan_gc(
 # the boundary document
 
 
-#: Version of the boundary document (``regionlog`` reads the same document).
+#: Version of the boundary document (``bucket_log`` reads the same document).
 _STATE_VERSION: Final = 1
 #: A boundary document is small (a few entries per subscriber); anything larger is not one.
 MAX_STATE_BYTES: Final = 1 << 20

@@ -31,7 +31,7 @@ from edge_gateway.format.manifest import (
     parse_manifest_key,
 )
 from edge_gateway.names import validate_region
-from edge_gateway.protocol.log import HeadSearch
+from edge_gateway.protocol.log_decisions import HeadSearch
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Telling an edgegw bucket from any other (``edge_gateway.regionlog.is_edgegw_bucket``),
+"""Telling an edgegw bucket from any other (``edge_gateway.bucket_log.is_edgegw_bucket``),
 on every backend: its marker, or -- for buckets written before the marker existed,
 and when the marker is malformed -- objects of the layout under ``regions/``."""
 
@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from edge_gateway.bucket import Bucket
-from edge_gateway.regionlog import (
+from edge_gateway.bucket_log import (
     bucket_marker_key,
     is_edgegw_bucket,
     mark_bucket,

@@ -22,10 +22,10 @@ from _cli_support import assert_one_line_failure, cli_env, run_edgegw
 from _serve import EDGEGW, Fleet, Gateway, TopicSpec
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import Unavailable
 from edge_gateway.format import logobject
 from edge_gateway.format.manifest import log_key
-from edge_gateway.regionlog import find_head
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ from _cli_support import EDGEGW, assert_one_line_failure, cli_env, run_edgegw
 from _serve import Fleet, TopicSpec
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
+from edge_gateway.bucket_log import find_head, latest_manifest, read_header
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.manifest import (
@@ -30,7 +31,6 @@ from edge_gateway.format.manifest import (
     parse_manifest_key,
 )
 from edge_gateway.journal import Journal, JournalConfig
-from edge_gateway.regionlog import find_head, latest_manifest, read_header
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 from edge_gateway.testing.ports import free_port
 from edge_gateway.testing.tcpproxy import LinkShape, TcpProxy

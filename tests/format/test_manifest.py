@@ -19,7 +19,7 @@ from _fuzz import load as load_fuzz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from edge_gateway import regionlog
+from edge_gateway import bucket_log
 from edge_gateway.errors import CorruptData, InvalidInput, InvalidName
 from edge_gateway.format import manifest as fmanifest
 from edge_gateway.format.batch import encode_batch
@@ -819,8 +819,8 @@ def test_key_arguments_are_checked() -> None:
 
 
 def test_one_definition_of_the_key_layout() -> None:
-    # regionlog (the I/O side) uses the sans-IO helpers, not copies of them.
+    # bucket_log (the I/O side) uses the sans-IO helpers, not copies of them.
     for name in ("log_key", "gc_boundary_key", "manifest_prefix", "parse_manifest_key"):
-        assert getattr(regionlog, name) is getattr(fmanifest, name)
-    assert not hasattr(regionlog, "manifest_key")
-    assert not hasattr(regionlog, "region_prefix")
+        assert getattr(bucket_log, name) is getattr(fmanifest, name)
+    assert not hasattr(bucket_log, "manifest_key")
+    assert not hasattr(bucket_log, "region_prefix")

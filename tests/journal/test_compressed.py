@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import CorruptData, InUse, InvalidInput
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
@@ -37,7 +38,6 @@ from edge_gateway.journal import (
     compress_sealed_segment,
     verify_journal,
 )
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 CFG = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=10**12)

@@ -34,13 +34,13 @@ from _meta_support import Fleet as MetaFleet
 from _serve import Fleet, mirror_mismatches, read_partition, wait_until
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import InvalidInput
 from edge_gateway.format import logobject
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Priority
 from edge_gateway.metadata._db import MIGRATIONS, MetadataStore
 from edge_gateway.metadata.routing import PRIORITIES, RoutingTable, TopicRoute, topology
-from edge_gateway.regionlog import find_head
 
 # ------------------------------------------------------------------ store
 

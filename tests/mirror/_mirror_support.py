@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import trio
 
 from edge_gateway.bucket import Bucket, LocalBucket, S3Bucket, S3Config
+from edge_gateway.bucket_log import encode_gc_boundary, find_head
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import Record, decode_batch, encode_batch
 from edge_gateway.format.logobject import LogObjectBuilder, encode_fence
@@ -23,7 +24,6 @@ from edge_gateway.format.manifest import (
 from edge_gateway.journal import Journal, JournalConfig
 from edge_gateway.mirror import TailerConfig
 from edge_gateway.names import mirror_topic
-from edge_gateway.regionlog import encode_gc_boundary, find_head
 
 Key = tuple[str, int]
 

@@ -21,6 +21,7 @@ from edge_gateway.bucket import (
     S3Config,
     UnsupportedStore,
 )
+from edge_gateway.bucket_log import encode_gc_boundary, read_gc_boundary
 from edge_gateway.errors import ConfigError, CorruptData, Unavailable
 from edge_gateway.format.manifest import gc_boundary_key, log_key, parse_manifest_key
 from edge_gateway.journal import Journal
@@ -33,7 +34,6 @@ from edge_gateway.mirror.log_gc import (
     plan_gc,
     read_gc_state,
 )
-from edge_gateway.regionlog import encode_gc_boundary, read_gc_boundary
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY
 

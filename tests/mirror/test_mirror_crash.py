@@ -22,8 +22,8 @@ from _child import ChildProcess
 from _mirror_support import journal_records, log_records
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.journal import Journal, JournalConfig
-from edge_gateway.regionlog import find_head
 
 HERE = Path(__file__).parent
 PARTITIONS = 3

@@ -19,6 +19,7 @@ import trio
 from _mirror_support import JCFG, QUICK, Key, eventually, mirror_of, produce
 
 from edge_gateway.bucket import Bucket, FaultyBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import MissingKey
 from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import Record
@@ -26,7 +27,6 @@ from edge_gateway.format.crypt import Keyring, WriteKey
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import Tailer
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 SHIP = ShipperConfig(flush_interval_ms=20, manifest_every=4, retry_base_s=0.01, retry_cap_s=0.05)

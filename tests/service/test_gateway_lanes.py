@@ -13,12 +13,12 @@ import trio
 
 from edge_gateway.api import status_document
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.config import parse_config
 from edge_gateway.format import logobject
 from edge_gateway.format.manifest import log_key
 from edge_gateway.gateway import Gateway, ProduceRecord
 from edge_gateway.journal import MAIN_LANE, Lane, Priority
-from edge_gateway.regionlog import find_head
 
 CRITICAL = Lane(Priority.CRITICAL)
 

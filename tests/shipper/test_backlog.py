@@ -16,13 +16,13 @@ import trio
 
 from edge_gateway import shipper as shipper_module
 from edge_gateway.bucket import Bucket, LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import ConfigError, Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.logobject import LogObjectHeader
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Journal, JournalConfig, open_journal
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 KIB = 1024

@@ -32,12 +32,12 @@ from edge_gateway.bucket import (
     NotFound,
     ObjectInfo,
 )
+from edge_gateway.bucket_log import HEAD_PROBES, TAIL_READS, find_head, load_log_state
 from edge_gateway.errors import CorruptData
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Journal, JournalConfig
-from edge_gateway.protocol.log import HeadSearch
-from edge_gateway.regionlog import HEAD_PROBES, TAIL_READS, find_head, load_log_state
+from edge_gateway.protocol.log_decisions import HeadSearch
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 JCFG = JournalConfig(segment_bytes=256 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=0)

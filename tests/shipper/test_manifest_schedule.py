@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from edge_gateway.protocol.log import ManifestSchedule
+from edge_gateway.protocol.log_decisions import ManifestSchedule
 
 
 def test_nothing_pending_is_never_due() -> None:

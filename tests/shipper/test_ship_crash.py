@@ -13,9 +13,9 @@ import trio
 from _child import ChildProcess
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.format import logobject
 from edge_gateway.format.manifest import log_key
-from edge_gateway.regionlog import find_head
 
 sys.path.insert(0, str(Path(__file__).parent))
 from ship_child import PARTITIONS, record_value

@@ -29,13 +29,13 @@ from edge_gateway.bucket import (
     S3Bucket,
     S3Config,
 )
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.logobject import LogObjectHeader
 from edge_gateway.format.manifest import Manifest, log_key
 from edge_gateway.journal import Journal, JournalConfig, open_journal
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.testing import ProxyMode, TcpProxy
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY

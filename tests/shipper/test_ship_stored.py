@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.errors import CorruptData
 from edge_gateway.format import entry as fentry
 from edge_gateway.format import logobject
@@ -34,7 +35,6 @@ from edge_gateway.journal import (
     compress_sealed_segment,
     lane_path,
 )
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper
 
 CFG = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, retention_ms=10**12)

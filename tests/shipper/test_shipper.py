@@ -15,12 +15,12 @@ from edge_gateway.bucket import (
     ObjectInfo,
     UnsupportedStore,
 )
+from edge_gateway.bucket_log import find_head, read_header
 from edge_gateway.errors import Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.manifest import Manifest, log_key
 from edge_gateway.journal import Journal, JournalConfig, SourceCoords
-from edge_gateway.regionlog import find_head, read_header
 from edge_gateway.shipper import Diverged, Shipper, ShipperConfig
 
 FAST = ShipperConfig(flush_interval_ms=20, manifest_every=3, retry_base_s=0.01, retry_cap_s=0.05)

@@ -19,6 +19,7 @@ import pytest
 import trio
 
 from edge_gateway.bucket import Bucket, FaultyBucket, LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.entry import Entry
@@ -34,7 +35,6 @@ from edge_gateway.journal import (
     Priority,
     lane_path,
 )
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 FAST = ShipperConfig(

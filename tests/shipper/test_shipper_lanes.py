@@ -19,12 +19,12 @@ import trio
 import trio.testing
 
 from edge_gateway.bucket import Bucket, LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.logobject import LogObjectHeader
 from edge_gateway.format.manifest import Manifest, log_key
 from edge_gateway.journal import MAIN_LANE, Journal, JournalConfig, Lane, Lanes, Priority, lane_path
-from edge_gateway.regionlog import find_head
 from edge_gateway.shipper import Diverged, Shipper, ShipperConfig
 
 FAST = ShipperConfig(

@@ -27,9 +27,9 @@ from _serve import Fleet, Gateway, Producer, TopicSpec, read_partition, wait_unt
 from edgegw_cli.status import render
 
 from edge_gateway.bucket import LocalBucket, NotFound
+from edge_gateway.bucket_log import read_header
 from edge_gateway.format.manifest import log_key
 from edge_gateway.mirror.log_gc import GcConfig, GcResult, collect_garbage
-from edge_gateway.regionlog import read_header
 
 TOPIC = TopicSpec("t", "a", partitions=3, subscribers=("b",))
 

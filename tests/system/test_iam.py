@@ -30,10 +30,10 @@ import pytest
 from _moto_auth import AuthMoto, credentials_env
 from _serve import Gateway, Producer, TopicSpec, check_acknowledged, wait_mirrored, wait_until
 
+from edge_gateway.bucket_log import bucket_marker_key, encode_bucket_marker
 from edge_gateway.errors import EdgeGatewayError
 from edge_gateway.format.manifest import parse_log_key
 from edge_gateway.iam import pipeline_policy, region_policy
-from edge_gateway.regionlog import bucket_marker_key, encode_bucket_marker
 from edge_gateway.testing.moto import REGION
 from edge_gateway.testing.ports import free_port
 

@@ -31,9 +31,9 @@ import trio
 from _serve import EDGEGW, Fleet, Gateway, TopicSpec, wait_until
 
 from edge_gateway.bucket import LocalBucket
+from edge_gateway.bucket_log import find_head
 from edge_gateway.format import logobject
 from edge_gateway.format.manifest import log_key
-from edge_gateway.regionlog import find_head
 
 TOPICS = [
     TopicSpec("crit", "a", partitions=2, subscribers=("b",), priority="critical"),

@@ -2,8 +2,8 @@
 
 I/O helpers shared by the shipper (which writes its own region's log), the
 tailers (which read other regions' logs), ``edgegw restore`` and the pipeline.
-The decisions live in :mod:`edge_gateway.protocol.log` and the encodings in
-:mod:`edge_gateway.format`; this module only fetches and decodes.
+The decisions live in :mod:`edge_gateway.protocol.log_decisions` and the
+encodings in :mod:`edge_gateway.format`; this module only fetches and decodes.
 
 It also tells an edgegw bucket from any other (:func:`is_edgegw_bucket`):
 ``<prefix>edgegw-bucket.json``, a marker the admin writes (``edgegw bucket
@@ -39,7 +39,7 @@ from edge_gateway.format.manifest import (
     quarantine_key,
 )
 from edge_gateway.names import validate_region
-from edge_gateway.protocol.log import HeadSearch
+from edge_gateway.protocol.log_decisions import HeadSearch
 
 #: Header reads of a log's tail in flight at once (:func:`read_headers`). A
 #: claim, a restore and a reship read every entry after the newest manifest
@@ -53,6 +53,7 @@ HEAD_PROBES: Final = 8
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
+# The logger keeps the module's former name: operators filter on it.
 log = logging.getLogger("edgegw.regionlog")
 
 #: First ranged GET of a log object: holds the index of all but huge objects,
