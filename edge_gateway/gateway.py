@@ -49,6 +49,7 @@ from edge_gateway.bucket import (
     MeteredBucket,
     NoSuchBucket,
 )
+from edge_gateway.bucket_repair import BucketRepairSource
 from edge_gateway.bucketgc import BucketGc
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import (
@@ -415,6 +416,16 @@ class Gateway:
             cfg.journal,
             {Lane(t.priority, t.on_full) for t in self.topology if t.home == self.region},
             self.lane_of,
+            repair=self._repair_source,
+        )
+
+    def _repair_source(self, lane: Lane) -> BucketRepairSource | None:
+        """Where the open of ``lane``'s journal rebuilds damaged, shipped ranges from
+        (None without a bucket open: the damage is quarantined)."""
+        if self._bucket is None:
+            return None
+        return BucketRepairSource.for_lane(
+            lane, self._bucket, self.key_prefix, self.region, keyring=self.keys.ring
         )
 
     def make_tailers(self, journal: Journal, bucket: Bucket) -> dict[str, Tailer]:

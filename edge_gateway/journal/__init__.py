@@ -33,6 +33,7 @@ from edge_gateway.journal._lane import (
 from edge_gateway.journal._lanes import LaneAppended, Lanes, lane_path, lanes_on_disk, open_lanes
 from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
+from edge_gateway.journal._repair import Repaired, RepairedRange, RepairSource, ShippedObject
 from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scrub_rate
 
 if TYPE_CHECKING:
@@ -73,9 +74,13 @@ __all__ = [
     "OnFull",
     "Priority",
     "ReadBuffers",
+    "RepairSource",
+    "Repaired",
+    "RepairedRange",
     "ScrubFinding",
     "ScrubStats",
     "Scrubber",
+    "ShippedObject",
     "SourceCoords",
     "StoredChunk",
     "VerifyReport",

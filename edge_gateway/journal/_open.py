@@ -28,6 +28,7 @@ from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._index import IndexFile, SegmentIndex, file_version
 from edge_gateway.journal._quarantine import quarantine_damage
 from edge_gateway.journal._recovery import DamagedEntry, Scanned, list_segments, scan_segment
+from edge_gateway.journal._repair import repair_damage
 from edge_gateway.journal._rewriter import expand_in_place
 from edge_gateway.journal._segment import INDEX_SUFFIX, Segment, segment_name
 
@@ -148,13 +149,16 @@ _MAX_LOSSES_PER_SEGMENT = 1000
 
 
 def _scan_quarantining(self: Journal, base: int, path: Path, *, last: bool) -> Scanned:
-    """Scan a segment; damage in its middle is quarantined (``_quarantine.py``) and
-    the scan starts again over the rewritten segment, until it is sound."""
+    """Scan a segment; damage in its middle is rebuilt from the bucket (``_repair.py``)
+    or else quarantined (``_quarantine.py``), and the scan starts again over the
+    rewritten segment, until it is sound."""
     for _ in range(_MAX_LOSSES_PER_SEGMENT):
         try:
             return scan_segment(base, path, last=last)
         except DamagedEntry as exc:
-            quarantine_damage(path, base, exc, last=last, known=self._losses)
+            src, known = self._repair_source, self._repairs
+            if repair_damage(path, base, exc, last=last, source=src, known=known) is None:
+                quarantine_damage(path, base, exc, last=last, known=self._losses)
     raise CorruptData(
         f"more than {_MAX_LOSSES_PER_SEGMENT} damaged ranges: restore the segment", where=str(path)
     )
