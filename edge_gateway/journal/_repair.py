@@ -34,8 +34,6 @@ not have them:
 * which of the object's LSNs each batch had when an object ships several
   partitions' entries in the damaged range: they take the object's LSNs in
   (topic, partition, offset) order;
-* LSNs that held no shipped batch (entries without records): empty
-  checkpoint entries;
 * the append time: the first intact entry's after the damage (or, if the
   object was built earlier, the object's creation time): never earlier than
   the true one, so retention keeps a rebuilt entry at least as long;
@@ -46,8 +44,10 @@ not have them:
 A rebuild is refused -- and the range quarantined as before (``_quarantine.py``)
 -- when the objects do not give exactly the lost offsets: a batch that
 straddles the damaged range's edge, offsets missing or not continuous with
-the intact neighbours, more batches than LSNs, or a segment that holds mirror
-entries (their data is the source region's; not rebuilt yet).
+the intact neighbours, more batches than LSNs or an LSN without a batch (an
+earlier loss's checkpoint: its offsets are gap markers in the bucket, not
+batches), or a segment that holds mirror entries (their data is the source
+region's; not rebuilt yet). Every LSN of the range is a rebuilt DATA entry.
 """
 
 from __future__ import annotations
@@ -67,7 +67,6 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import read_header
-from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
 from edge_gateway.journal._dropped import append_records, load_records
 from edge_gateway.journal._quarantine import QUARANTINE_DIR, shipped_lsn
@@ -166,7 +165,7 @@ class Repaired:
     reason: str
     #: the damaged segment's copy, relative to the data directory
     copy: str
-    #: DATA entries rebuilt (the other LSNs of the range became empty checkpoints)
+    #: DATA entries rebuilt (every LSN of the range)
     entries: int
     #: the log objects read
     objects: tuple[str, ...]
@@ -325,10 +324,14 @@ def rebuild(
     got: dict[Key, list[tuple[int, int]]] = {}
 
     def fill(until: int) -> None:
-        nonlocal lsn
-        while lsn < until:
-            out.append(_empty_checkpoint(lsn, append_time))
-            lsn += 1
+        # A home segment's entries in the middle are DATA entries (one batch each);
+        # a checkpoint there stands for an earlier loss (its offsets are not in the
+        # bucket's objects, only its gap markers): such a range is not rebuilt.
+        if lsn < until:
+            raise NotRebuilt(
+                f"LSNs {lsn}..{until - 1} have no batch in the objects (an earlier loss's "
+                "checkpoints, or entries the bucket does not hold)"
+            )
 
     used: list[str] = []
     for obj, picked in chosen:
@@ -360,28 +363,11 @@ def rebuild(
             got.setdefault(key, []).append((base, base + count))
             lsn += 1
     fill(lsn_end)
-    if len(out) - sum(len(v) for v in got.values()) and any(o.other_lanes for o, _ in chosen):
-        # An LSN without a batch could be a partition of this lane that the segment
-        # does not name, shipped in an object beside other lanes' partitions.
-        raise NotRebuilt("objects of several lanes leave LSNs without a batch")
     ranges = _check_offsets(got, before, first_after)
     data = b"".join(out)
     _check_entries(data, lsn_first, lsn_end)
     return Rebuilt(
         lsn_first, lsn_end, resync, data, sum(len(v) for v in got.values()), tuple(used), ranges
-    )
-
-
-def _empty_checkpoint(lsn: int, append_time: int) -> bytes:
-    return fentry.encode_entry(
-        lsn=lsn,
-        kind=fentry.KIND_CHECKPOINT,
-        topic=b"",
-        partition=0,
-        base_offset=0,
-        count=0,
-        append_time=append_time,
-        payload=Checkpoint({}, {}).encode(),
     )
 
 
