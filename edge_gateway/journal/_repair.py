@@ -278,6 +278,9 @@ def rebuild(
     resync = next_valid_entry(buf, damage.pos, damage.lsn)
     if resync is None:
         raise NotRebuilt("no intact entry follows the damage")
+    if damage.lsn == fentry.decode_segment_header(buf, where="segment"):
+        # The segment's first entry is its checkpoint (offsets, producers), never shipped.
+        raise NotRebuilt("the damage takes the segment's checkpoint")
     header_end = fentry.SEGMENT_HEADER_SIZE
     before_entries = _walk(buf, header_end, damage.pos)
     after_entries = _walk(buf, resync, len(buf))

@@ -247,3 +247,11 @@ def test_a_range_over_an_earlier_loss_is_quarantined_not_rebuilt(tmp_path: Path)
         assert j.next_offset("t", 0) == original[-1][1].next_offset
     finally:
         j.close_sync()
+
+
+def test_damage_to_the_segment_checkpoint_is_refused(tmp_path: Path) -> None:
+    seg = _write(tmp_path, [("t", 0)] * 6)
+    entries = _entries(seg.read_bytes())
+    damage = _damage(seg, entries, 0, 2)
+    with pytest.raises(NotRebuilt, match="checkpoint"):
+        rebuild(seg.read_bytes(), damage, _objects(entries, [(1, 7)]), last=True)
