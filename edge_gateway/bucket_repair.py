@@ -60,6 +60,9 @@ class BucketRepairSource:
         self.region = region
         self.keyring = keyring
         self.timeout = timeout
+        #: why the bucket was out of reach at an earlier call (then every later
+        #: call fails at once: an open with many damaged ranges waits once)
+        self.down: str | None = None
 
     @classmethod
     def for_lane(
@@ -69,8 +72,18 @@ class BucketRepairSource:
         return cls(bucket, prefix, region, keyring=keyring) if lane.is_main else None
 
     def shipped(self, first_lsn: int, last_lsn: int) -> Sequence[ShippedObject]:
-        """Blocking: :func:`find_shipped` in the trio loop, bounded by :attr:`timeout`."""
-        return trio.from_thread.run(self._shipped, first_lsn, last_lsn)
+        """Blocking: :func:`find_shipped` in the trio loop, bounded by :attr:`timeout`.
+
+        Once the bucket was out of reach, every later call raises
+        :class:`~edge_gateway.errors.Unavailable` at once (:attr:`down`).
+        """
+        if self.down is not None:
+            raise Unavailable(f"the bucket was out of reach ({self.down})")
+        try:
+            return trio.from_thread.run(self._shipped, first_lsn, last_lsn)
+        except Unavailable as exc:
+            self.down = str(exc)
+            raise
 
     async def _shipped(self, first_lsn: int, last_lsn: int) -> Sequence[ShippedObject]:
         try:
@@ -97,7 +110,7 @@ async def find_shipped(
     in seq order, with their batches. :class:`CorruptData` if one does not decode or
     one was collected by the log's GC; bucket errors propagate."""
     low = await read_gc_boundary(bucket, prefix, region) + 1
-    head = await find_head(bucket, prefix, region)
+    head = await find_head(bucket, prefix, region, known=low - 1)  # the log reached the boundary
 
     async def header(seq: int) -> LogObjectHeader:
         key = log_key(prefix, region, seq)
