@@ -137,8 +137,8 @@ async def find_shipped(
             # The search stopped at the GC boundary: LSNs before this object may have
             # been in objects the GC collected.
             raise CorruptData(f"LSN {first_lsn} may be in an object the log's GC collected")
-        if h.first_lsn > last_lsn and h.first_lsn <= h.last_lsn:
-            break
+        if h.first_lsn > last_lsn:
+            break  # (an empty range too: its last_lsn says every LSN up to it shipped before)
         if h.blocks and h.first_lsn <= h.last_lsn and h.last_lsn >= first_lsn:
             out.append(await _read_object(bucket, log_key(prefix, region, seq), h, keyring))
         seq += 1
