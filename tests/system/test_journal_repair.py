@@ -42,6 +42,8 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
 from _cli_support import run_edgegw
 
 from edge_gateway import failpoints
+from edge_gateway.encryption import write_key_file
+from edge_gateway.format.crypt import generate_key
 
 TOPIC = "t"
 
@@ -200,3 +202,30 @@ def test_with_the_bucket_out_of_reach_the_site_starts_and_quarantines(
         wait_until(lambda: g.status()["shipper"]["pending_lsns"] == 0, 90, "shipped after")
     finally:
         fleet.close()
+
+
+def test_sealed_objects_are_opened_with_the_gateways_key(tmp_path: Path) -> None:
+    """With ``[encryption]`` the log's blocks are sealed: the repair opens them with the
+    region's own key (the keyring the gateway loaded)."""
+    key = tmp_path / "north-1.key"
+    write_key_file(key, generate_key())
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    g = Gateway(
+        "north",
+        tmp_path,
+        {"type": "local", "path": str(bucket)},
+        [TopicSpec(TOPIC, "north", partitions=1)],
+        {"journal": {"segment_bytes": "64KiB"}, "encryption": {"key_file": str(key)}},
+    )
+    try:
+        g.start()
+        assert g.status()["encryption"]["enabled"]
+        acked = _fill(g, "sealed")
+        _ship_all_and_stop(g)
+        _damage(_last_segment(g), "zero-page")
+        g.start()
+        assert _served(g.url) == acked
+        assert len(_repaired(g)["repairs"]) == 1  # type: ignore[arg-type]
+    finally:
+        g.kill()
