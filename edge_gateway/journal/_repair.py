@@ -55,7 +55,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Protocol
@@ -67,10 +67,12 @@ from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import read_header
+from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
 from edge_gateway.journal._dropped import append_records, load_records
 from edge_gateway.journal._quarantine import QUARANTINE_DIR, shipped_lsn
 from edge_gateway.journal._recovery import DamagedEntry, next_valid_entry
+from edge_gateway.journal._segment import segment_name
 
 __all__ = [
     "REPAIRED_NAME",
@@ -267,13 +269,21 @@ def _is_mirror(e: atrest.AnyEntry) -> bool:
 
 
 def rebuild(
-    buf: bytes, damage: DamagedEntry, objects: Sequence[ShippedObject], *, last: bool
+    buf: bytes,
+    damage: DamagedEntry,
+    objects: Sequence[ShippedObject],
+    *,
+    last: bool,
+    limit: Mapping[Key, int] | None = None,
 ) -> Rebuilt:
     """The entries of the damaged LSNs of segment bytes ``buf``, made again from ``objects``.
 
     ``damage`` is the scan's finding; ``last``: the segment is the journal's
-    last (no later segment holds entries of its partitions). Raises
-    :class:`NotRebuilt` unless the objects give exactly the lost offsets.
+    last (no later segment holds entries of its partitions). ``limit``, for a
+    sealed segment: where each partition stood at the next segment's start (its
+    checkpoint), so the end of a partition with no entry after the damage is
+    known. Raises :class:`NotRebuilt` unless the objects give exactly the lost
+    offsets.
     """
     resync = next_valid_entry(buf, damage.pos, damage.lsn)
     if resync is None:
@@ -290,10 +300,16 @@ def rebuild(
     seg_end = after_entries[-1].lsn + 1
     append_time = after_entries[0].append_time
     before: dict[Key, int] = dict(damage.next_offsets)
-    first_after: dict[Key, int] = {}
+    # Where each partition goes on after the damage: its first entry after it, else
+    # (a sealed segment) where it stood at the next segment's start.
+    first_after: dict[Key, int] = {} if last else dict(limit or {})
+    seen_after: set[Key] = set()
     for e in after_entries:
         if isinstance(e, fentry.Entry) and e.count:
-            first_after.setdefault((e.topic, e.partition), e.base_offset)
+            key = (e.topic, e.partition)
+            if key not in seen_after:
+                seen_after.add(key)
+                first_after[key] = e.base_offset
     # The lost batches: those whose offsets lie between where each partition stood
     # before the damage and where it goes on after it.
     chosen: list[tuple[ShippedObject, list[tuple[Key, int, bytes]]]] = []
@@ -418,6 +434,30 @@ def _check_entries(data: bytes, lsn_first: int, lsn_end: int) -> None:
 # the repair
 
 
+def _next_checkpoint(path: Path, base: int) -> dict[Key, int] | None:
+    """Where each partition stood at the start of the segment after ``path`` (its
+    checkpoint's next offsets); None if there is none or it does not read."""
+    later = sorted(
+        int(f.stem)
+        for f in path.parent.glob(f"*{path.suffix}")
+        if f.stem.isdigit() and int(f.stem) > base
+    )
+    if not later:
+        return None
+    nxt = path.with_name(segment_name(later[0]))
+    try:
+        data = nxt.read_bytes()
+        if data[: len(atrest.MAGIC)] == atrest.MAGIC:
+            first = next(atrest.CompressedSegment(data, where=str(nxt)).entries())
+        else:
+            first = atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
+        if not isinstance(first, fentry.Entry) or first.kind != fentry.KIND_CHECKPOINT:
+            return None
+        return dict(Checkpoint.decode(first.payload, where=str(nxt)).next_offsets)
+    except (OSError, CorruptData, StopIteration):
+        return None
+
+
 def _replace(path: Path, data: bytes) -> None:
     replace_file(path, data, ops=_fs.ops)
 
@@ -451,8 +491,9 @@ def repair_damage(
     if shipped is None or shipped < lsn_end - 1:
         return None  # not (known to be) in the bucket: quarantined, reported lost
     try:
+        limit = None if last else _next_checkpoint(path, base)
         objects = source.shipped(damage.lsn, lsn_end - 1)
-        rebuilt = rebuild(buf, damage, objects, last=last)
+        rebuilt = rebuild(buf, damage, objects, last=last, limit=limit)
     except (NotRebuilt, EdgeGatewayError) as exc:
         log.warning(
             "journal: damaged entries LSN %d-%d in %s are in the bucket but were not "

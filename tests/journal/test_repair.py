@@ -62,7 +62,9 @@ def _objects(
     return out
 
 
-def _damage(seg: Path, entries: list[tuple[int, fentry.Entry]], k: int, n: int) -> DamagedEntry:
+def _damage(
+    seg: Path, entries: list[tuple[int, fentry.Entry]], k: int, n: int, *, last: bool = True
+) -> DamagedEntry:
     """Zero entries ``k..k+n-1`` (their bytes, all but the first 4) and scan."""
     buf = bytearray(seg.read_bytes())
     start = entries[k][0] + 4
@@ -70,7 +72,7 @@ def _damage(seg: Path, entries: list[tuple[int, fentry.Entry]], k: int, n: int) 
     buf[start:end] = bytes(end - start)
     seg.write_bytes(bytes(buf))
     with pytest.raises(DamagedEntry) as got:
-        scan_segment(int(seg.stem), seg, last=True)
+        scan_segment(int(seg.stem), seg, last=last)
     return got.value
 
 
@@ -255,3 +257,48 @@ def test_damage_to_the_segment_checkpoint_is_refused(tmp_path: Path) -> None:
     damage = _damage(seg, entries, 0, 2)
     with pytest.raises(NotRebuilt, match="checkpoint"):
         rebuild(seg.read_bytes(), damage, _objects(entries, [(1, 7)]), last=True)
+
+
+SMALL = JournalConfig(segment_bytes=64 * 1024, max_bytes=64 * 1024 * 1024, at_rest="off")
+
+
+def test_a_sealed_segment_rescanned_is_repaired_up_to_the_next_segments_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """A sealed segment whose index is gone is scanned at open; damage at its end, where
+    no later entry of the segment bounds the lost offsets, is bounded by the next
+    segment's checkpoint (objects ship LSNs across segments)."""
+    j = Journal.open_sync(tmp_path / "journal", SMALL)
+    for i in range(900):
+        key = ("t", 0) if i % 3 else ("u", 1)
+        j.append_nowait(*key, encode_batch([f"{key}-{i}".encode() * 6], timestamps=i))
+    want = {
+        k: [bytes(e.payload) for e in j.read(*k, 0, max_records=10_000, max_bytes=1 << 24)]
+        for k in (("t", 0), ("u", 1))
+    }
+    j.close_sync()
+    segs = sorted((tmp_path / "journal").glob("*.wal"))
+    assert len(segs) >= 3
+    sealed = segs[0]
+    everything = [e for s in segs for e in _entries(s.read_bytes())]
+    last_lsn = everything[-1][1].lsn
+    source = _Source(_objects(everything, [(a, a + 39) for a in range(1, last_lsn + 1, 40)]))
+    entries = _entries(sealed.read_bytes())
+    # the 4 entries before its last: one partition's entries after them are in the next
+    # segment only
+    damage = _damage(sealed, entries, len(entries) - 5, 4, last=False)
+    sealed.with_suffix(".idx").unlink()
+    _shipped_through(sealed, last_lsn)
+    with pytest.raises(NotRebuilt, match="no entry after the damage"):
+        rebuild(sealed.read_bytes(), damage, source.objects, last=False)
+    j = Journal.open_sync(tmp_path / "journal", SMALL, repair=source)
+    try:
+        [rep] = j.repairs()
+        assert rep.entries == 4
+        assert {(r.topic, r.partition) for r in rep.ranges} == {("t", 0), ("u", 1)}
+        assert not j.losses()
+        for k, payloads in want.items():
+            got = j.read(*k, 0, max_records=10_000, max_bytes=1 << 24)
+            assert [bytes(e.payload) for e in got] == payloads
+    finally:
+        j.close_sync()

@@ -229,3 +229,37 @@ def test_sealed_objects_are_opened_with_the_gateways_key(tmp_path: Path) -> None
         assert len(_repaired(g)["repairs"]) == 1  # type: ignore[arg-type]
     finally:
         g.kill()
+
+
+def test_a_sealed_segment_rescanned_at_start_is_repaired(tmp_path: Path) -> None:
+    """The operator's way for damage the scrub or a read found in a sealed entry log:
+    stop, delete its index file, start. The open scans it and rebuilds the damage;
+    the entries after the damage in the next segment bound the lost offsets."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    g = Gateway(
+        "north",
+        tmp_path,
+        {"type": "local", "path": str(bucket)},
+        [TopicSpec(TOPIC, "north", partitions=1)],
+        {"journal": {"segment_bytes": "64KiB", "at_rest": "off"}},
+    )
+    try:
+        g.start()
+        acked = _fill(g, "sealed")
+        _ship_all_and_stop(g)
+        sealed = min((g.data_dir / "journal").glob("*.wal"))
+        assert sealed != _last_segment(g)
+        _damage(sealed, "zero-page")
+        before = run_edgegw("journal", "verify", "--config", g.config)
+        assert before.returncode == 1, before.stdout
+        sealed.with_suffix(".idx").unlink()
+        g.start()
+        assert _served(g.url) == acked
+        [one] = _repaired(g)["repairs"]  # type: ignore[misc]
+        assert one["segment"] == int(sealed.stem)
+        assert g.stop() == 0
+        after = run_edgegw("journal", "verify", "--config", g.config)
+        assert after.returncode == 0, after.stdout
+    finally:
+        g.kill()
