@@ -46,8 +46,9 @@ A rebuild is refused -- and the range quarantined as before (``_quarantine.py``)
 straddles the damaged range's edge, offsets missing or not continuous with
 the intact neighbours, more batches than LSNs or an LSN without a batch (an
 earlier loss's checkpoint: its offsets are gap markers in the bucket, not
-batches), or a segment that holds mirror entries (their data is the source
-region's; not rebuilt yet). Every LSN of the range is a rebuilt DATA entry.
+batches; or a mirror entry: its records are the source region's, and
+re-fetching them from there is not built). Every LSN of the range is a
+rebuilt DATA entry; home entries between mirror entries are rebuilt.
 """
 
 from __future__ import annotations
@@ -294,8 +295,10 @@ def rebuild(
     header_end = fentry.SEGMENT_HEADER_SIZE
     before_entries = _walk(buf, header_end, damage.pos)
     after_entries = _walk(buf, resync, len(buf))
-    if any(_is_mirror(e) for e in (*before_entries, *after_entries)):
-        raise NotRebuilt("the segment holds mirror entries (re-fetch from the source: not built)")
+    # A mirror entry in the damaged range has no batch in this region's objects (its
+    # records are the source's): its LSN is left without one, and the range is
+    # refused below. Mirror partitions are never taken from this region's objects.
+    mirrored = {(e.topic, e.partition) for e in (*before_entries, *after_entries) if _is_mirror(e)}
     lsn_first, lsn_end = damage.lsn, after_entries[0].lsn
     seg_end = after_entries[-1].lsn + 1
     append_time = after_entries[0].append_time
@@ -321,6 +324,8 @@ def rebuild(
         for key in sorted(obj.batches):
             if obj.other_lanes and key not in before and key not in first_after:
                 continue  # another lane's partition, as far as this segment tells
+            if key in mirrored:
+                raise NotRebuilt(f"{obj.key} ships {key[0]}/{key[1]}, a mirror partition here")
             start, stop = before.get(key, 0), first_after.get(key)
             for base, batch in obj.batches[key]:
                 count = read_header(batch, where=obj.key).count

@@ -16,7 +16,7 @@ import pytest
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.journal import Journal, JournalConfig, ShippedObject
+from edge_gateway.journal import Journal, JournalConfig, ShippedObject, SourceCoords
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import NotRebuilt, load_repairs, rebuild, repair_damage
 
@@ -302,3 +302,38 @@ def test_a_sealed_segment_rescanned_is_repaired_up_to_the_next_segments_checkpoi
             assert [bytes(e.payload) for e in got] == payloads
     finally:
         j.close_sync()
+
+
+async def test_home_entries_between_mirror_entries_are_rebuilt_mirror_ones_refused(
+    tmp_path: Path,
+) -> None:
+    """A site that homes ``t`` and mirrors ``south.t``: the region's objects hold ``t``'s
+    batches only. Damage to home entries alone is rebuilt; damage that takes a mirror
+    entry leaves an LSN without a batch and is refused."""
+    j = Journal.open_sync(tmp_path / "journal", BIG)
+    for i in range(12):
+        if i % 4 == 3:
+            mirrored = encode_batch(
+                [b"m%d" % i], timestamps=i, base_offset=j.next_offset("south.t", 0)
+            )
+            await j.append_mirror("south.t", 0, mirrored, SourceCoords("south", i, 1))
+        else:
+            j.append_nowait("t", 0, encode_batch([b"h%d" % i], timestamps=i))
+    j.close_sync()
+    [seg] = (tmp_path / "journal").glob("*.wal")
+    entries = _entries(seg.read_bytes())
+    objects = _objects(entries, [(2, 13)])  # DATA entries only: the home topic's
+    assert set(objects[0].batches) == {("t", 0)}
+    # entries 1.. are LSNs 2..; entries 4, 8, 12 are mirror entries
+    assert [e.kind for _, e in entries[4:7]] == [fentry.KIND_MIRROR, 1, 1]
+    original = seg.read_bytes()
+    home_only = _damage(seg, entries, 5, 2)
+    got = rebuild(seg.read_bytes(), home_only, objects, last=True)
+    back = _after(seg.read_bytes(), home_only, got.data, got.resync)
+    assert [(e.lsn, bytes(e.payload)) for e in back] == [
+        (e.lsn, bytes(e.payload)) for _, e in entries
+    ]
+    seg.write_bytes(original)
+    with_mirror = _damage(seg, entries, 3, 3)
+    with pytest.raises(NotRebuilt, match="no batch"):
+        rebuild(seg.read_bytes(), with_mirror, objects, last=True)
