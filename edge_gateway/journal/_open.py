@@ -7,7 +7,8 @@ files, applying a segment's checkpoint, completing a drop recorded in
 ``dropped.log`` whose segment the last run left behind, fitting the segment
 size to a small disk, and ``reset_empty`` (restart a journal holding nothing
 at a given LSN). The scan itself is
-``_recovery.py``. The functions here are the Journal's methods (bound in its
+``_recovery.py``; damage it meets is rebuilt from the bucket (``_repair.py``)
+or quarantined (``_quarantine.py``). The functions here are the Journal's methods (bound in its
 class body: ``Journal._recover = _open._recover``); ``Journal.open_sync``
 calls them in order.
 """
