@@ -137,8 +137,22 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
         "Journal entries (LSNs) lost to damage and quarantined.",
         labels=["lane"],
     )
+    repaired_entries = CounterMetricFamily(
+        "edgegw_journal_repaired_entries",
+        "Journal entries of damaged ranges rebuilt from the bucket's log objects "
+        "(repaired.log, quarantine/*-report.json).",
+        labels=["lane"],
+    )
+    repaired_ranges = CounterMetricFamily(
+        "edgegw_journal_repaired_ranges",
+        "Damaged journal ranges rebuilt from the bucket's log objects.",
+        labels=["lane"],
+    )
     for name, j in gw.lanes.journals.items():
         budget.add_metric([str(name)], j.budget_bytes)
+        repairs = j.repairs()
+        repaired_entries.add_metric([str(name)], sum(x.entries for x in repairs))
+        repaired_ranges.add_metric([str(name)], len(repairs))
         losses = j.losses()
         lost_entries.add_metric([str(name)], sum(x.lsn_last - x.lsn_first + 1 for x in losses))
         lost_per_topic: dict[str, int] = {}
@@ -163,6 +177,8 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
     yield dropped_bytes
     yield lost
     yield lost_entries
+    yield repaired_entries
+    yield repaired_ranges
 
 
 def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:

@@ -24,7 +24,11 @@ steps of the journal's rewrite of a sealed segment (``journal/_rewriter.py``):
 directory not fsynced), ``rewriter.synced`` (before the ``.idx`` is unlinked), and
 the steps of quarantining damage at an open (``journal/_quarantine.py``):
 ``quarantine.copied`` (the damaged segment copied aside, nothing recorded yet) and
-``quarantine.recorded`` (``lost.log`` written, the segment not yet rewritten).
+``quarantine.recorded`` (``lost.log`` written, the segment not yet rewritten),
+the steps of repairing it from the bucket instead (``journal/_repair.py``):
+``repair.copied`` and ``repair.recorded`` (``repaired.log`` written, the segment
+not yet rewritten), and ``repair.fetch`` (``edge_gateway/bucket_repair.py``: the
+bucket's log answers a repair as if out of reach, so the damage is quarantined).
 
 A point armed with ``kill`` instead of a count (``rewriter.renamed=kill``)
 kills the process with SIGKILL when reached: a kill -9 at exactly that step.

@@ -634,7 +634,7 @@ class Gateway:
             self._bucket = await wiring.open_bucket()
             self._mirror_bucket = None
             stack.push_async_callback(self._bucket.aclose)
-            lanes = await stack.enter_async_context(wiring.open_lanes())
+            lanes = await stack.enter_async_context(wiring.open_lanes(repair_from=self._bucket))
             journal = lanes.main
             self._journal = journal
             self._lanes = lanes

@@ -24,6 +24,7 @@ from edge_gateway.bucket import (
     MeteredBucket,
     NoSuchBucket,
 )
+from edge_gateway.bucket_repair import BucketRepairSource
 from edge_gateway.clock import BucketClock
 from edge_gateway.config import GatewayConfig, TopicConfig, topology_sources
 from edge_gateway.encryption import Keys
@@ -129,15 +130,28 @@ class GatewayWiring:
 
     # ------------------------------------------------------------ the journal
 
-    def open_lanes(self) -> AbstractAsyncContextManager[Lanes]:
+    def open_lanes(self, repair_from: Bucket | None = None) -> AbstractAsyncContextManager[Lanes]:
         """Open the journals of this gateway's lanes: those of its topics' priorities and
-        every lane on disk (the gateway, and ``edgegw sync``/``reship`` without it)."""
+        every lane on disk (the gateway, and ``edgegw sync``/``reship`` without it).
+
+        ``repair_from``: the bucket the open rebuilds damaged, shipped ranges
+        from (``bucket_repair.py``); without it such damage is quarantined.
+        """
         cfg = self.config
+
+        def repair_source(lane: Lane) -> BucketRepairSource | None:
+            if repair_from is None:
+                return None
+            return BucketRepairSource.for_lane(
+                lane, repair_from, self.key_prefix, self.region, keyring=self.keys.ring
+            )
+
         return open_lanes(
             cfg.journal_path,
             cfg.journal,
             {Lane(t.priority, t.on_full) for t in self.topology if t.home == self.region},
             self.lane_of,
+            repair=repair_source,
         )
 
     # ------------------------------------------------------------ shipper, tailers

@@ -90,6 +90,22 @@ def _lost(d: dict[str, Any]) -> str:
     )
 
 
+def _repaired(d: dict[str, Any]) -> str:
+    """Damaged ranges rebuilt from the bucket: the LSNs and offsets of the last ones."""
+    parts = []
+    for rep in d["repairs"][-5:]:
+        ranges = ", ".join(
+            f"{r['topic']}/{r['partition']} {r['first_offset']}-{r['last_offset']}"
+            for r in rep["ranges"]
+        )
+        what = ranges or "no records"
+        parts.append(f"LSN {rep['lsn_first']}-{rep['lsn_last']}: {what}; copy {rep['copy']}")
+    return (
+        f"{d['ranges']} damaged ranges ({d['entries']} entries, {d['records']:,} records) "
+        "rebuilt from the bucket: " + "; ".join(parts)
+    )
+
+
 def _disk(d: dict[str, Any]) -> Text:
     """The filesystem under the journal: free space, and why intake stops if it does."""
     line = f"{human_bytes(d['free_bytes'])} free of {human_bytes(d['size_bytes'])} ({d['path']})"
@@ -337,6 +353,8 @@ def render(doc: dict[str, Any]) -> None:
     for lane in lanes:
         if lane.get("lost"):
             head.add_row(f"lost ({lane['lane']})", _red(_lost(lane["lost"])))
+        if lane.get("repaired"):
+            head.add_row(f"repaired ({lane['lane']})", _repaired(lane["repaired"]))
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
     enc = doc.get("encryption")

@@ -233,6 +233,8 @@ def _lanes_json(gw: Gateway, s: ShipperStats) -> dict[str, Any]:
             row["dropped"] = _dropped_json(j)
         if j.losses():
             row["lost"] = _lost_json(j)
+        if j.repairs():
+            row["repaired"] = _repaired_json(j)
         out.append(row)
     return {"pending_moves": lanes.pending_moves, "lanes": out}
 
@@ -314,6 +316,18 @@ def _lost_json(j: Journal) -> dict[str, Any]:
         "lsns": st.lost_lsns,
         "records": st.lost_records,
         "losses": [x.to_json() for x in losses[-50:]],
+    }
+
+
+def _repaired_json(j: Journal) -> dict[str, Any]:
+    """The ``repaired`` block of a lane: damaged ranges rebuilt from the bucket
+    (repaired.log; docs/operations.md, "A damaged disk"), the last 50 as recorded."""
+    repairs = j.repairs()
+    return {
+        "ranges": len(repairs),
+        "entries": sum(x.entries for x in repairs),
+        "records": sum(x.records for x in repairs),
+        "repairs": [x.to_json() for x in repairs[-50:]],
     }
 
 

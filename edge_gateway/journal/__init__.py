@@ -35,6 +35,7 @@ from edge_gateway.journal._lane import (
 from edge_gateway.journal._lanes import LaneAppended, Lanes, open_lanes
 from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
+from edge_gateway.journal._repair import Repaired, RepairedRange, RepairSource, ShippedObject
 from edge_gateway.journal._scrub import Scrubber, ScrubFinding, ScrubStats, scrub_rate
 
 if TYPE_CHECKING:
@@ -75,9 +76,13 @@ __all__ = [
     "OnFull",
     "Priority",
     "ReadBuffers",
+    "RepairSource",
+    "Repaired",
+    "RepairedRange",
     "ScrubFinding",
     "ScrubStats",
     "Scrubber",
+    "ShippedObject",
     "SourceCoords",
     "StoredChunk",
     "VerifyReport",

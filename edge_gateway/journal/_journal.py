@@ -105,6 +105,7 @@ from edge_gateway.journal._index import (
 from edge_gateway.journal._mirror_append import MirrorAppends, MirrorBatch, MirrorBlock
 from edge_gateway.journal._quarantine import Loss
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
+from edge_gateway.journal._repair import Repaired, RepairSource
 from edge_gateway.journal._retention import Retention
 from edge_gateway.journal._rewriter import Rewriter
 from edge_gateway.journal._segment import Segment, segment_name, write_atomically
@@ -289,6 +290,10 @@ class Journal:
         self._drop_log = DropLog(path)
         #: entries lost to damage and quarantined (``lost.log``, _quarantine.py), oldest first
         self._losses: list[Loss] = []
+        #: damaged ranges rebuilt from the bucket (``repaired.log``, _repair.py), oldest first
+        self._repairs: list[Repaired] = []
+        #: where an open reads damaged, shipped ranges back from (None: quarantined)
+        self._repair_source: RepairSource | None = None
         #: The active segment's version: producer entries go only into a version 2 one,
         #: block entries only into a version 3 one.
         self._active_version = fentry.SEGMENT_VERSION
@@ -363,6 +368,7 @@ class Journal:
         start: Checkpoint | None = None,
         start_lsn: int = 1,
         drop_oldest: bool = False,
+        repair: RepairSource | None = None,
     ) -> Journal:
         """Open (or create) the journal in ``path`` and recover its state.
 
@@ -370,6 +376,8 @@ class Journal:
         the background flusher. ``start`` and ``start_lsn`` apply only when the
         directory holds no journal yet: a restore continues the LSNs and
         offsets that the bucket already has, so nothing is ever reused.
+        ``repair``: where damage found by the open is rebuilt from (``_repair.py``);
+        without it (or when it cannot), the damage is quarantined.
         """
         t0 = time.perf_counter()
         if start_lsn < 1:
@@ -385,7 +393,7 @@ class Journal:
             raise kind(f"cannot open the journal in {j.path}: {exc}") from exc
         j._next_lsn = start_lsn
         try:
-            _open.recover_into(j, start or Checkpoint({}, {}))
+            _open.recover_into(j, start or Checkpoint({}, {}), repair)
         except BaseException as exc:
             j._release_files()
             j._lock.release()
@@ -1213,6 +1221,10 @@ class Journal:
         """Every range lost to damage and quarantined (``lost.log``), oldest first."""
         return list(self._losses)
 
+    def repairs(self) -> list[Repaired]:
+        """Every damaged range rebuilt from the bucket (``repaired.log``), oldest first."""
+        return list(self._repairs)
+
     def losses_from(self, lsn: int) -> list[Loss]:
         """The losses that cost LSNs from ``lsn`` on, oldest first (the shipper ships
         each as gap markers, in an object that starts at its first LSN)."""
@@ -1552,7 +1564,11 @@ class Journal:
 
 @asynccontextmanager
 async def open_journal(
-    path: str | os.PathLike[str], config: JournalConfig | None = None, *, drop_oldest: bool = False
+    path: str | os.PathLike[str],
+    config: JournalConfig | None = None,
+    *,
+    drop_oldest: bool = False,
+    repair: RepairSource | None = None,
 ) -> AsyncIterator[Journal]:
     """Open the journal (recovery runs in a worker thread) with its background tasks.
 
@@ -1560,7 +1576,7 @@ async def open_journal(
     in its own nursery.
     """
     journal = await trio.to_thread.run_sync(
-        lambda: Journal.open_sync(path, config, drop_oldest=drop_oldest)
+        lambda: Journal.open_sync(path, config, drop_oldest=drop_oldest, repair=repair)
     )
     try:
         async with trio.open_nursery() as nursery:

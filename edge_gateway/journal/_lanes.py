@@ -52,6 +52,7 @@ from edge_gateway.journal._lane import (
     lane_path,
     lanes_on_disk,
 )
+from edge_gateway.journal._repair import RepairSource
 
 log = logging.getLogger("edgegw.journal")
 
@@ -391,15 +392,22 @@ async def open_lanes(
     config: JournalConfig,
     priorities: Iterable[Priority | Lane],
     priority_of: Callable[[str], Priority | Lane],
+    repair: Callable[[Lane], RepairSource | None] | None = None,
 ) -> AsyncIterator[Lanes]:
     """Open the normal lane's journal at ``main`` and one per other lane (or priority)
     in ``priorities`` -- or on disk: a lane that still holds data is always opened,
-    whatever the configuration says now."""
+    whatever the configuration says now. ``repair`` gives each lane's source of
+    damaged, shipped ranges (``_repair.py``)."""
     wanted = lanes_on_disk(main) | {p if isinstance(p, Lane) else Lane(p) for p in priorities}
     async with contextlib.AsyncExitStack() as stack:
         journals = {
             lane: await stack.enter_async_context(
-                open_journal(lane_path(main, lane), config, drop_oldest=lane.drops)
+                open_journal(
+                    lane_path(main, lane),
+                    config,
+                    drop_oldest=lane.drops,
+                    repair=None if repair is None else repair(lane),
+                )
             )
             for lane in sorted(wanted, key=lambda lane: lane.rank)
         }

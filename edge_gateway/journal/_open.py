@@ -7,8 +7,8 @@ fit the segment size to a small disk, complete a drop recorded in
 from their index files (a version 1 file is converted) or, compressed, from
 their directories, the last one — or one whose index file is unusable — by
 a scan, and apply the last segment's checkpoint. The scan itself is
-``_recovery.py``; damage in the middle of a segment is quarantined
-(``_quarantine.py``).
+``_recovery.py``; damage in the middle of a segment is rebuilt from the
+bucket (``_repair.py``) or else quarantined (``_quarantine.py``).
 
 Opening is a procedure, not a part with state of its own: these functions
 fill in a new journal given as :class:`OpenedLog` (its segments, partitions,
@@ -42,6 +42,7 @@ from edge_gateway.journal._index import (
 )
 from edge_gateway.journal._quarantine import Loss, load_losses, quarantine_damage
 from edge_gateway.journal._recovery import DamagedEntry, Scanned, list_segments, scan_segment
+from edge_gateway.journal._repair import Repaired, RepairSource, load_repairs, repair_damage
 from edge_gateway.journal._retention import Retention
 from edge_gateway.journal._rewriter import expand_in_place
 from edge_gateway.journal._segment import INDEX_SUFFIX, Segment, segment_name
@@ -65,6 +66,8 @@ class OpenedLog(Protocol):
     _truncated_on_open: int
     _sources: dict[str, SourceCoords]
     _losses: list[Loss]
+    _repairs: list[Repaired]
+    _repair_source: RepairSource | None
     _space: DiskSpace
     _drop_log: DropLog
     _retention: Retention
@@ -95,13 +98,19 @@ class OpenedLog(Protocol):
     def _map(self, seg: Segment) -> None: ...
 
 
-def recover_into(self: OpenedLog, start: Checkpoint) -> None:
+def recover_into(self: OpenedLog, start: Checkpoint, repair: RepairSource | None = None) -> None:
     """Rebuild a new journal's state from its directory (``start``: the offsets of a
-    journal that holds nothing yet)."""
+    journal that holds nothing yet; ``repair``: where damaged, shipped ranges are
+    rebuilt from, for this open only: it blocks on the bucket)."""
     _fit_disk(self)
     _finish_drops(self)
     self._losses = load_losses(self.path)
-    _recover(self, start)
+    self._repairs = load_repairs(self.path)
+    self._repair_source = repair
+    try:
+        _recover(self, start)
+    finally:
+        self._repair_source = None
 
 
 def _finish_drops(self: OpenedLog) -> None:
@@ -181,13 +190,16 @@ _MAX_LOSSES_PER_SEGMENT = 1000
 
 
 def _scan_quarantining(self: OpenedLog, base: int, path: Path, *, last: bool) -> Scanned:
-    """Scan a segment; damage in its middle is quarantined (``_quarantine.py``) and
-    the scan starts again over the rewritten segment, until it is sound."""
+    """Scan a segment; damage in its middle is rebuilt from the bucket (``_repair.py``)
+    or else quarantined (``_quarantine.py``), and the scan starts again over the
+    rewritten segment, until it is sound."""
     for _ in range(_MAX_LOSSES_PER_SEGMENT):
         try:
             return scan_segment(base, path, last=last)
         except DamagedEntry as exc:
-            quarantine_damage(path, base, exc, last=last, known=self._losses)
+            src, known = self._repair_source, self._repairs
+            if repair_damage(path, base, exc, last=last, source=src, known=known) is None:
+                quarantine_damage(path, base, exc, last=last, known=self._losses)
     raise CorruptData(
         f"more than {_MAX_LOSSES_PER_SEGMENT} damaged ranges: restore the segment", where=str(path)
     )

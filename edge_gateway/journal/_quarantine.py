@@ -53,7 +53,15 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._dropped import append_records, load_records
 from edge_gateway.journal._recovery import DamagedEntry, next_valid_entry
 
-__all__ = ["LOST_NAME", "QUARANTINE_DIR", "LostRange", "Loss", "load_losses", "quarantine_damage"]
+__all__ = [
+    "LOST_NAME",
+    "QUARANTINE_DIR",
+    "LostRange",
+    "Loss",
+    "load_losses",
+    "quarantine_damage",
+    "shipped_lsn",
+]
 
 log = logging.getLogger("edgegw.journal")
 
@@ -110,8 +118,9 @@ class Loss:
     time_ms: int
     reason: str
     #: the bucket has the lost records: the shipper had confirmed these LSNs, or they
-    #: are a mirror topic's (its source's log has them); repair from the bucket is
-    #: not built yet. None when shipper.json could not tell
+    #: are a mirror topic's (its source's log has them), but they were not rebuilt
+    #: (``_repair.py``: the bucket out of reach, or the objects refused). None when
+    #: shipper.json could not tell
     repairable: bool | None
     #: the damaged segment's copy, relative to the data directory
     copy: str
@@ -197,7 +206,7 @@ def _walk(buf: bytes, pos: int, end: int) -> list[tuple[int, atrest.AnyEntry]]:
     return out
 
 
-def _shipped_lsn(journal: Path) -> int | None:
+def shipped_lsn(journal: Path) -> int | None:
     """The LSN through which the bucket confirmed this journal's entries (the main
     lane's shipper.json), None if unknown."""
     try:
@@ -264,7 +273,7 @@ def quarantine_damage(
             ranges.append(LostRange(key[0], key[1], start, start + bound - 1, False))
             if last:
                 skip_to[key] = start + bound
-    shipped = _shipped_lsn(path.parent)
+    shipped = shipped_lsn(path.parent)
     repairable = None if shipped is None else lsn_end - 1 <= shipped
     lost_keys = {(r.topic, r.partition) for r in ranges if r.records}
     if lost_keys and lost_keys <= mirrored:
@@ -346,7 +355,7 @@ def _log_loss(path: Path, loss: Loss, lost_bytes: int) -> None:
         loss.lsn_last,
         loss.copy,
         named or "none known",
-        "the bucket has them (repairable: repair is not built yet)"
+        "the bucket has them (repairable, not rebuilt at this open)"
         if loss.repairable
         else "not shipped: lost for good"
         if loss.repairable is False

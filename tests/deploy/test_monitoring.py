@@ -97,6 +97,7 @@ def test_the_rules_cover_what_an_operator_must_hear_about() -> None:
         "EdgegwJournalDamaged",
         "EdgegwStateFileDamaged",
         "EdgegwJournalEntriesLost",
+        "EdgegwJournalRepaired",
         "EdgegwLinkAllowance",
         "EdgegwLinkAllowanceUsed",
         "EdgegwBucketDenied",

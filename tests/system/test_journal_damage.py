@@ -12,7 +12,9 @@ person came. Now it starts:
   ``quarantine/*-report.json``), and the damaged segment's bytes are in
   ``quarantine/`` as they were;
 * whether the bucket has them says ``repairable`` (shipped, or not: the
-  shipper failing on every run through a fail point);
+  shipper failing on every run through a fail point); a shipped range is
+  rebuilt from the bucket instead (``test_journal_repair.py``), so here the
+  bucket's log is out of reach for the repair (fail point ``repair.fetch``);
 * new produce is taken at once, at offsets after every one handed out
   before (none reused), and shipped;
 * a kill -9 at each step of the quarantine, then a restart, ends in the
@@ -137,6 +139,7 @@ def test_damage_in_the_last_segment_is_quarantined_and_the_site_serves(
     g = _gateway(tmp_path)
     if not shipped:
         g.env = {failpoints.ENV: "shipper.loop=1000000"}
+    no_repair = {failpoints.ENV: "repair.fetch=1000"}
     try:
         g.start()
         acked = _fill(g, "before")
@@ -154,7 +157,7 @@ def test_damage_in_the_last_segment_is_quarantined_and_the_site_serves(
         segment = _last_segment(g)
         _damage(segment, how)
 
-        g.env = {}
+        g.env = no_repair
         g.start()
         lanes = g.status()["lanes"]["lanes"]
         [lane] = [x for x in lanes if x.get("lost")]
@@ -212,11 +215,12 @@ def test_a_kill_during_the_quarantine_ends_in_the_same_state(tmp_path: Path, ste
         acked = _fill(g, "before")
         assert g.stop() == 0
         _damage(_last_segment(g), "flip")
-        g.env = {failpoints.ENV: f"{step}=kill"}
+        # shipped (a graceful stop): the bucket's log kept out of the repair's reach
+        g.env = {failpoints.ENV: f"{step}=kill,repair.fetch=1000"}
         g.spawn()
         assert g.proc is not None
         assert g.proc.wait(timeout=60) == -9
-        g.env = {}
+        g.env = {failpoints.ENV: "repair.fetch=1000"}
         g.start()
         [loss] = [x["lost"] for x in g.status()["lanes"]["lanes"] if x.get("lost")]
         assert len(loss["losses"]) == 1  # recorded once, whatever the kill
