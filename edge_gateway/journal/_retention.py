@@ -406,7 +406,7 @@ class Retention:
         """Roll; if the disk is too full for the new segment, make room and retry.
 
         Room comes from shipped segments, oldest first, then from drop-oldest
-        data (see :meth:`_make_room_unshipped`), then from the reserve file,
+        data (see :meth:`make_room_unshipped`), then from the reserve file,
         which exists for this moment: with it gone, the new segment fits, and
         the sealed one can be deleted once shipped (or dropped, in a
         drop-oldest journal).
