@@ -420,8 +420,15 @@ class AppendRun:
         return self.fsyncs / self.journal_appends if self.journal_appends else math.nan
 
 
+#: ``--no-at-rest``: sealed segments left as written (no background rewrite),
+#: as in code from before ``journal.at_rest``, so that an A/B run against such
+#: code compares the journal alone.
+_CONFIG_DEFAULTS: dict[str, Any] = {}
+
+
 def _config(fsync: str, **kw: Any) -> JournalConfig:
     # A budget large enough that no phase ever hits JournalFull.
+    kw = {**_CONFIG_DEFAULTS, **kw}
     return JournalConfig(fsync=FsyncPolicy(fsync), max_bytes=256 * GiB, **kw)
 
 
@@ -1099,8 +1106,16 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="parent of the scratch directory (default bench/out; not tmpfs)",
     )
+    parser.add_argument(
+        "--no-at-rest",
+        action="store_true",
+        help="journal.at_rest off: no background rewrite of sealed segments (for A/B runs "
+        "against code from before it)",
+    )
     add_baseline_args(parser)
     args = parser.parse_args(argv)
+    if args.no_at_rest and "at_rest" in JournalConfig.__dataclass_fields__:
+        _CONFIG_DEFAULTS["at_rest"] = "off"
     if args.baseline_commit:
         passed = without_baseline_args(sys.argv[1:] if argv is None else argv)
         run_baseline_ab(Path(__file__).resolve(), passed, args.baseline_commit, args.rounds)
