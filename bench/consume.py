@@ -225,7 +225,8 @@ def fetch_times(
                 assert int(r.headers["edgegw-next-offset"]) > offset
             else:
                 got = r.json()["records"]
-                assert got and got[0]["offset"] == offset, (offset, got[:1])
+                assert got, offset
+                assert got[0]["offset"] == offset, (offset, got[:1])
                 assert len(got) == k, (k, len(got))
             lat.append((t1 - t0) * 1e6)
     return lat

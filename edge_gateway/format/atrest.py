@@ -97,6 +97,8 @@ ORIGIN_BLOCK: Final = 3
 _ORIGINS: Final = (ORIGIN_DATA, ORIGIN_MIRROR, ORIGIN_BLOCK)
 #: Kinds of the entries an entry table keeps whole: a checkpoint, a mirror marker.
 _KEPT_WHOLE: Final = (_entry.KIND_CHECKPOINT, _entry.KIND_MIRROR)
+#: The entry kind a frame's origin holds (any other origin: :data:`KIND_BLOCK`).
+_KIND_OF_ORIGIN: Final = {ORIGIN_DATA: _entry.KIND_DATA, ORIGIN_MIRROR: _entry.KIND_MIRROR}
 #: Frame flag: a batch in the frame has the batch flag NULLS.
 FRAME_NULLS: Final = 0x01
 
@@ -1136,56 +1138,67 @@ def decode_entries(
         raise CorruptData(f"{what}: extras add up to {extra_starts[-1]} bytes", where=where)
     times = [(t + _I64_SPAN) % _U64_SPAN - _I64_SPAN for t in accumulate(deltas)]
     first_frame = c.first_frame
-    end_frame = first_frame + c.n_frames
+    n_frames = c.n_frames
     fr = directory.frames
+    chunk_frames = [fr[i] for i in c.frames]
+    # per frame of the chunk: its partition and the entry kind its origin takes
+    frame_parts = [f.part for f in chunk_frames]
+    frame_kinds = [_KIND_OF_ORIGIN.get(f.origin, KIND_BLOCK) for f in chunk_frames]
     # running state per frame of the chunk: entries seen, next offset, raw position
-    seen = [0] * c.n_frames
-    next_off = [fr[i].first_offset for i in c.frames]
-    next_pos = [0] * c.n_frames
+    seen = [0] * n_frames
+    next_off = [f.first_offset for f in chunk_frames]
+    next_pos = [0] * n_frames
     last_frame_of_part: dict[int, int] = {}
     base_offsets = [0] * n
     raw_positions = [0] * n
-    n_parts = len(directory.parts)
-    for i in range(n):
-        kind, fl, part, fno, cnt = kinds[i], flags[i], parts[i], frames[i], counts[i]
+    kind_data = _entry.KIND_DATA
+    not_data_flags = ~_entry.FLAG_PRODUCER
+    not_source_flags = ~_entry.FLAG_END_OF_SOURCE_OBJECT
+    min_source_tail = 2 + _SOURCE_TAIL.size
+    # One pass in Python per entry of the chunk (a cold read decodes a whole
+    # table): the rules as lean as they stay readable, the message built only
+    # when one fails.
+    for i, (kind, fl, part, fno, cnt, rlen, tail_len) in enumerate(
+        zip(kinds, flags, parts, frames, counts, raw_lengths, extra_lengths, strict=True)
+    ):
         if fno == _NONE:
             # not a batch entry: the whole journal entry is in its extras
-            if part != _NONE or cnt or raw_lengths[i] or kind not in _KEPT_WHOLE:
+            if part != _NONE or cnt or rlen or kind not in _KEPT_WHOLE:
                 raise CorruptData(f"{what}: entry {i} (kind {kind}) without a frame", where=where)
             continue
-        if not (first_frame <= fno < end_frame) or part >= n_parts or fr[fno].part != part:
+        k = fno - first_frame
+        if not 0 <= k < n_frames or frame_parts[k] != part:
             raise CorruptData(
                 f"{what}: entry {i}: frame {fno} of partition {part} is not this chunk's",
                 where=where,
             )
-        f = fr[fno]
-        want = {ORIGIN_DATA: _entry.KIND_DATA, ORIGIN_MIRROR: _entry.KIND_MIRROR}.get(
-            f.origin, KIND_BLOCK
-        )
-        ok_flags = (
-            _entry.FLAG_PRODUCER if kind == _entry.KIND_DATA else (_entry.FLAG_END_OF_SOURCE_OBJECT)
-        )
-        if kind != want or fl & ~ok_flags or cnt < 1:
+        if (
+            kind != frame_kinds[k]
+            or fl & (not_data_flags if kind == kind_data else not_source_flags)
+            or cnt < 1
+        ):
             raise CorruptData(
                 f"{what}: entry {i}: kind {kind}, flags 0x{fl:02x}, count {cnt} in a frame of "
-                f"origin {f.origin}",
+                f"origin {fr[fno].origin}",
                 where=where,
             )
-        tail_len = extra_lengths[i]
-        if kind == _entry.KIND_DATA and tail_len != (16 if fl else 0):
-            raise CorruptData(f"{what}: entry {i}: {tail_len} bytes of producer", where=where)
-        if kind != _entry.KIND_DATA and tail_len < 2 + _SOURCE_TAIL.size:
+        if kind == kind_data:
+            if tail_len != (16 if fl else 0):
+                raise CorruptData(f"{what}: entry {i}: {tail_len} bytes of producer", where=where)
+        elif tail_len < min_source_tail:
             raise CorruptData(f"{what}: entry {i}: no source coordinates", where=where)
-        if last_frame_of_part.get(part, fno) > fno:
-            raise CorruptData(f"{what}: entry {i} goes back to an earlier frame", where=where)
-        last_frame_of_part[part] = fno
-        k = fno - first_frame
-        base_offsets[i] = next_off[k]
-        raw_positions[i] = next_pos[k]
-        next_off[k] += cnt
-        next_pos[k] += raw_lengths[i]
-        seen[k] += 1
-        if next_off[k] > f.last_offset + 1 or next_pos[k] > f.raw_length or seen[k] > f.n_entries:
+        if last_frame_of_part.setdefault(part, fno) != fno:
+            if last_frame_of_part[part] > fno:
+                raise CorruptData(f"{what}: entry {i} goes back to an earlier frame", where=where)
+            last_frame_of_part[part] = fno
+        off = next_off[k]
+        base_offsets[i] = off
+        raw_positions[i] = pos = next_pos[k]
+        next_off[k] = off = off + cnt
+        next_pos[k] = pos = pos + rlen
+        seen[k] = s = seen[k] + 1
+        f = chunk_frames[k]
+        if off > f.last_offset + 1 or pos > f.raw_length or s > f.n_entries:
             raise CorruptData(f"{what}: entry {i} overruns frame {fno}", where=where)
     for k, fno in enumerate(c.frames):
         f = fr[fno]

@@ -26,6 +26,7 @@ naming the file, never a zstd or struct error.
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import struct
 from array import array
@@ -51,10 +52,13 @@ Pread = Callable[[int, int], bytes]
 MAGIC: Final = atrest.MAGIC
 #: Suffix of a rewrite's temporary file (``<lsn>.wal.z-tmp``), deleted at open.
 TMP_SUFFIX: Final = ".z-tmp"
-#: Decoded entry tables a journal keeps (:class:`ChunkCache`): a reader moves
-#: through a segment's chunks in order; one table of an 8 MiB chunk of
-#: one-record entries holds ~26,000 entries, a few MB of Python objects.
-CHUNKS_KEPT: Final = 4
+#: Entries of decoded entry tables a journal keeps (:class:`ChunkCache`): a
+#: table's Python objects cost ~100 bytes per entry, so ~10 MB. Bounded by
+#: entries, not by tables: one table of an 8 MiB chunk of one-record entries
+#: holds ~26,000 entries (four such tables fit), a table of a 4 MiB segment of
+#: batched entries a few hundred (hundreds fit, so a consumer's random reads
+#: over a few GB of batched records find theirs decoded once).
+CHUNK_ENTRIES_KEPT: Final = 100_000
 _NONE: Final = 0xFFFFFFFF
 _BATCH_BASE_COUNT: Final = struct.Struct("<8xq4xI")  # a batch's base offset and count
 
@@ -123,19 +127,27 @@ def _pread_exact(pread: Pread, n: int, pos: int, where: str) -> bytes:
 
 
 class ChunkCache:
-    """The journal's last few decoded entry tables, of any compressed segment (LRU by count).
+    """The journal's decoded entry tables, of any compressed segment: an LRU bounded by
+    the entries they hold (the most recent table is kept whatever its size).
 
     Event-loop reads only: a worker thread decodes the tables it needs itself.
     """
 
-    __slots__ = ("_items", "capacity")
+    __slots__ = ("_entries", "_items", "capacity")
 
-    def __init__(self, capacity: int = CHUNKS_KEPT) -> None:
+    def __init__(self, capacity: int = CHUNK_ENTRIES_KEPT) -> None:
+        #: entries held at most, over every table kept
         self.capacity = capacity
+        self._entries = 0
         self._items: OrderedDict[tuple[CompressedFile, int], ChunkView] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def entries(self) -> int:
+        """Entries of the tables held."""
+        return self._entries
 
     def get(self, cf: CompressedFile, chunk_no: int, load: Callable[[], ChunkView]) -> ChunkView:
         key = (cf, chunk_no)
@@ -144,14 +156,16 @@ class ChunkCache:
             self._items.move_to_end(key)
             return found
         view = self._items[key] = load()
-        if len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        self._entries += len(view.lengths)
+        while self._entries > self.capacity and len(self._items) > 1:
+            _, old = self._items.popitem(last=False)
+            self._entries -= len(old.lengths)
         return view
 
     def forget(self, cf: CompressedFile) -> None:
         """Drop the tables of ``cf`` (its file is deleted or replaced)."""
         for key in [k for k in self._items if k[0] is cf]:
-            del self._items[key]
+            self._entries -= len(self._items.pop(key).lengths)
 
 
 class CompressedFile:
@@ -270,20 +284,31 @@ class CompressedFile:
         lengths: list[int] = []
         by_frame: dict[int, list[int]] = {}
         head = fentry.ENTRY_HEADER_SIZE
-        extra = ents.extra_starts
-        for i in range(c.n_entries):
-            fno = ents.frames[i]
-            n_extra = extra[i + 1] - extra[i]
+        topic_lengths = self._topic_lengths
+        frames = d.frames
+        block_desc = atrest.BLOCK_DESC_SIZE
+        kind_block = atrest.KIND_BLOCK
+        for i, (fno, kind, part, n_extra, raw_length) in enumerate(
+            zip(
+                ents.frames,
+                ents.kinds,
+                ents.parts,
+                map(operator.sub, ents.extra_starts[1:], ents.extra_starts),
+                ents.raw_lengths,
+                strict=True,
+            )
+        ):
             if fno == _NONE:
                 lengths.append(n_extra)  # the whole entry is kept
                 continue
-            by_frame.setdefault(fno, []).append(i)
-            if ents.kinds[i] == atrest.KIND_BLOCK:
-                # a block entry keeps the frame's stored bytes behind its descriptor
-                body = atrest.BLOCK_DESC_SIZE + d.frames[fno].stored_length
+            members = by_frame.get(fno)
+            if members is None:
+                by_frame[fno] = [i]
             else:
-                body = ents.raw_lengths[i]
-            lengths.append(head + self._topic_lengths[ents.parts[i]] + n_extra + body)
+                members.append(i)
+            # a block entry keeps the frame's stored bytes behind its descriptor
+            body = block_desc + frames[fno].stored_length if kind == kind_block else raw_length
+            lengths.append(head + topic_lengths[part] + n_extra + body)
         return ChunkView(chunk_no, ents, lengths, by_frame)
 
     def chunk(self, cache: ChunkCache, pread: Pread, chunk_no: int) -> ChunkView:

@@ -505,7 +505,6 @@ def test_the_block_cache_is_the_configured_size(
 def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
     written: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    from edge_gateway.journal._compressed import CHUNKS_KEPT
     from edge_gateway.journal._segment_set import POSITIONS_KEPT
 
     root, _ = _copy(written, tmp_path)
@@ -525,7 +524,9 @@ def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
         assert j.index_memory() > before
         # reads by offset through every compressed segment keep a few entry tables
         _read_everything(j)
-        assert 0 < len(j._segment_set.chunk_cache) <= CHUNKS_KEPT
+        cache = j._segment_set.chunk_cache
+        assert len(cache) > 0
+        assert cache.entries <= cache.capacity
     finally:
         j.close_sync()
 
@@ -552,3 +553,40 @@ def test_a_compressed_last_segment_is_expanded_at_open_to_append_to(
         assert res.lsn == end
     finally:
         j.close_sync()
+
+
+def test_the_entry_table_cache_is_bounded_by_entries_and_keeps_the_newest() -> None:
+    """Many small tables fit where few large ones do; one larger than the bound is kept
+    alone (the read that loaded it is served from it), then dropped for the next."""
+    from edge_gateway.journal._compressed import ChunkCache, ChunkView
+
+    def view(n: int) -> ChunkView:
+        return ChunkView(0, None, [40] * n, {})  # type: ignore[arg-type]  # only lengths count
+
+    files = [object() for _ in range(40)]
+    cache = ChunkCache(capacity=1000)
+    loads = 0
+
+    def get(i: int, n: int) -> ChunkView:
+        def load() -> ChunkView:
+            nonlocal loads
+            loads += 1
+            return view(n)
+
+        return cache.get(files[i], 0, load)  # type: ignore[arg-type]
+
+    for i in range(30):
+        get(i, 30)
+    assert (len(cache), cache.entries, loads) == (30, 900, 30)
+    for i in range(30):  # all held: no table decoded again
+        get(i, 30)
+    assert loads == 30
+    get(30, 300)  # over the bound: the least recently used go first
+    assert cache.entries <= 1000
+    assert len(cache) == 1 + 700 // 30
+    get(31, 5000)  # larger than the bound: kept alone
+    assert (len(cache), cache.entries) == (1, 5000)
+    get(32, 10)
+    assert (len(cache), cache.entries) == (1, 10)
+    cache.forget(files[32])  # type: ignore[arg-type]
+    assert (len(cache), cache.entries) == (0, 0)
