@@ -29,18 +29,25 @@ Each fetch is ``GET /v1/topics/{t}/partitions/{p}/records`` (JSON, and the
 binary batch format: ``Accept: application/vnd.edgegw.batch``) of one record
 at a random offset, and of 10,000 records, measured:
 
-- **cold**: in a freshly started gateway process (no frame cache, no index
+- **cold**: in freshly started gateway processes (no frame cache, no index
   pages cached; the files in the page cache, as for a journal being read),
   each read in its own stretch of the partition, so each touches a frame or
   block no read before it touched;
 - **warm**: the same reads again (the frames now in the cache).
 
 Every figure of ``a`` stands beside ``a0``'s and every figure of ``b``
-beside ``b0``'s, measured in the same run, one gateway at a time, with the
-ratio; target <= 1.5x. Beside them: the in-process figures of
+beside ``b0``'s, measured in the same run with the ratio; target <= 1.5x.
+The two of a pair run at once (the other pair stopped) and each read goes to
+both in turn, so the load of a shared machine falls on both alike.
+
+In process, measured in the same run: the journal level
+(``journal_figures``: ``Journal.read`` and the records decoded, from
+compressed sealed segments against the same journal as written, with one
+record per entry -- a producer of single records -- and 100 per entry; the
+garbage collector settled as ``edgegw serve`` settles it), and the figures of
 ``bench/atrest.py`` (``consume_figures``: a mirror journal's block entries
 against MIRROR entries; ``lookups``: one record from an EGWC segment against
-today's entry), measured in the same run. The last line is one JSON object
+today's entry decoded from memory). The last line is one JSON object
 with all of them.
 """
 
@@ -48,7 +55,9 @@ from __future__ import annotations
 
 import argparse
 import random
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -71,8 +80,10 @@ from atrest import FRAMES, consume_figures, journal_segment, lookups
 from atrest import PARTITIONS as IP_PARTITIONS
 from edgegw_cli._fleet import BATCH_TYPE, Site, high_watermarks
 
+from edge_gateway import pygc
 from edge_gateway.format import atrest
-from edge_gateway.format.batch import encode_batch
+from edge_gateway.format.batch import encode_batch, iter_batches
+from edge_gateway.journal import Journal, JournalConfig, compress_sealed_segment
 from edge_gateway.sample_data import TelemetryGenerator
 
 PARTITIONS = 4
@@ -207,51 +218,132 @@ def picks(rng: random.Random, ends: list[int], n: int, span: int) -> list[tuple[
     return out[:n]
 
 
-def fetch_times(
-    site: Site, topic: str, reads: list[tuple[int, int]], k: int, binary: bool
-) -> list[float]:
-    """Latency (us) of each GET of ``k`` records from each (partition, offset) of ``reads``."""
+def fetch_once(
+    client: httpx.Client, topic: str, partition: int, offset: int, k: int, binary: bool
+) -> float:
+    """Latency (us) of one GET of ``k`` records from (``partition``, ``offset``), checked."""
     headers = {"accept": BATCH_TYPE} if binary else {}
-    lat = []
-    with httpx.Client(base_url=site.url, timeout=60) as c:
-        c.get("/v1/status")  # the connection is open before the first timed GET
-        for p, offset in reads:
-            params = {"offset": offset, "max_records": k, "max_bytes": 64 * MiB}
-            t0 = time.perf_counter()
-            r = c.get(f"/v1/topics/{topic}/partitions/{p}/records", params=params, headers=headers)
-            t1 = time.perf_counter()
-            r.raise_for_status()
-            if binary:
-                assert int(r.headers["edgegw-next-offset"]) > offset
-            else:
-                got = r.json()["records"]
-                assert got, offset
-                assert got[0]["offset"] == offset, (offset, got[:1])
-                assert len(got) == k, (k, len(got))
-            lat.append((t1 - t0) * 1e6)
-    return lat
+    params = {"offset": offset, "max_records": k, "max_bytes": 64 * MiB}
+    t0 = time.perf_counter()
+    r = client.get(
+        f"/v1/topics/{topic}/partitions/{partition}/records", params=params, headers=headers
+    )
+    t1 = time.perf_counter()
+    r.raise_for_status()
+    if binary:
+        assert int(r.headers["edgegw-next-offset"]) > offset
+    else:
+        got = r.json()["records"]
+        assert got, offset
+        assert got[0]["offset"] == offset, (offset, got[:1])
+        assert len(got) == k, (k, len(got))
+    return (t1 - t0) * 1e6
 
 
-def measure(
-    site: Site, topic: str, one: list[tuple[int, int]], many: list[tuple[int, int]]
-) -> dict[str, float]:
-    """Cold then warm p50s of ``site``: restarted before each of the two read sets."""
-    out: dict[str, float] = {}
+def measure_pair(
+    base: Site, test: Site, topic: str, one: list[tuple[int, int]], many: list[tuple[int, int]]
+) -> dict[str, dict[str, float]]:
+    """Cold then warm p50s of ``base`` and ``test``, their reads interleaved.
+
+    Both are started fresh before each of the two read sets (one record,
+    10,000 records), and each read goes to both, one after the other (which
+    one first alternates), so the load of this shared machine falls on both
+    alike. Half the reads are JSON, half binary; every read is cold at its
+    first touch (its own stretch of the partition), then all are read again,
+    warm.
+    """
+    out: dict[str, dict[str, float]] = {base.name: {}, test.name: {}}
+    pair = (base, test)
     for k, reads in ((1, one), (10_000, many)):
         name = "one" if k == 1 else "10k"
-        site.stop()
-        site.start()
-        site.wait_ready()
-        # Half the reads JSON, half binary: each read is cold at its first
-        # touch; then all of them again, warm.
-        half = len(reads) // 2
-        for binary, part in ((False, reads[:half]), (True, reads[half:])):
-            fmt = "bin" if binary else "json"
-            cold = fetch_times(site, topic, part, k, binary)
-            warm = fetch_times(site, topic, part, k, binary)
-            out[f"{name}_{fmt}_cold_p50_us"] = median(cold)
-            out[f"{name}_{fmt}_cold_p90_us"] = percentile(cold, 90)
-            out[f"{name}_{fmt}_warm_p50_us"] = median(warm)
+        for s in pair:
+            s.stop()
+        for s in pair:
+            s.start()
+        for s in pair:
+            s.wait_ready()
+        clients = [httpx.Client(base_url=s.url, timeout=60) for s in pair]
+        try:
+            for c in clients:
+                c.get("/v1/status")  # the connection is open before the first timed GET
+            half = len(reads) // 2
+            for binary, part in ((False, reads[:half]), (True, reads[half:])):
+                fmt = "bin" if binary else "json"
+                for state in ("cold", "warm"):
+                    lat: tuple[list[float], list[float]] = ([], [])
+                    for n, (p, offset) in enumerate(part):
+                        order = (0, 1) if n % 2 == 0 else (1, 0)
+                        for i in order:
+                            lat[i].append(fetch_once(clients[i], topic, p, offset, k, binary))
+                    for s, times in zip(pair, lat, strict=True):
+                        out[s.name][f"{name}_{fmt}_{state}_p50_us"] = median(times)
+                        if state == "cold":
+                            out[s.name][f"{name}_{fmt}_cold_p90_us"] = percentile(times, 90)
+        finally:
+            for c in clients:
+                c.close()
+    return out
+
+
+def journal_figures(records: int, per_entry: int, reads: int, reads_many: int) -> dict[str, float]:
+    """The fetch at the journal level, in process, on a journal of ``per_entry`` records
+    per entry: ``Journal.read`` and the records decoded (what the gateway's fetch does),
+    from compressed sealed segments (``compress_sealed_segment``, default frames and
+    chunks) against the same journal left as written; cold = a journal just opened, each
+    read in its own stretch; warm = the same reads again. p50 in us."""
+    gen = TelemetryGenerator(site="a", sensors=500, seed=13)
+    cfg = JournalConfig(segment_bytes=4 * MiB, max_bytes=1 << 34, reserve_bytes=0)
+    out: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="consume-journal-") as tmp:
+        plain, packed = Path(tmp) / "plain", Path(tmp) / "packed"
+        j = Journal.open_sync(plain, cfg)
+        try:
+            p = 0
+            for _ in range(0, records, per_entry):
+                rs = gen.take(per_entry)
+                batch = encode_batch(
+                    [r.value for r in rs],
+                    keys=[r.key for r in rs],
+                    timestamps=[r.timestamp_ms for r in rs],
+                )
+                j.append_nowait("t", p, batch)
+                p = (p + 1) % PARTITIONS
+            ends = [j.next_offset("t", q) for q in range(PARTITIONS)]
+        finally:
+            j.close_sync()
+        shutil.copytree(plain, packed)
+        segments = sorted(packed.glob("*.wal"))[:-1]  # the last one stays (it is appended to)
+        for seg in segments:
+            compress_sealed_segment(packed, int(seg.name.split(".")[0]))
+        out["segments_compressed"] = len(segments)
+        # As `edgegw serve` does once started: what is alive is frozen, young
+        # collections are rare; otherwise a full collection lands in a read.
+        pygc.settle()
+        rng = random.Random(7)
+        one = picks(rng, ends, reads, 1)
+        many = picks(rng, ends, reads_many, 10_000)
+
+        def fetch(j: Journal, part: int, offset: int, k: int) -> None:
+            got = 0
+            for e in j.read("t", part, offset, max_records=k, max_bytes=64 * MiB):
+                for b in iter_batches(e.payload, where="bench", verify=False):
+                    got += len(b.records(offset))
+            assert got >= k, (got, k)
+
+        for name, root in (("plain", plain), ("compressed", packed)):
+            for k, rd in ((1, one), (10_000, many)):
+                j = Journal.open_sync(root, cfg)
+                try:
+                    for state in ("cold", "warm"):
+                        lat = []
+                        for part, offset in rd:
+                            t0 = time.perf_counter()
+                            fetch(j, part, offset, k)
+                            lat.append((time.perf_counter() - t0) * 1e6)
+                        key = "one" if k == 1 else "10k"
+                        out[f"{name}_{key}_{state}_p50_us"] = median(lat)
+                finally:
+                    j.close_sync()
     return out
 
 
@@ -261,10 +353,11 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=None, help="records produced (per gateway)")
     ap.add_argument("--dir", type=Path, default=None, help="scratch parent directory")
     args = ap.parse_args()
-    records = args.records or (200_000 if args.quick else 600_000)
-    reads_one = 40 if args.quick else 120
-    reads_many = 12 if args.quick else 32
+    records = args.records or (250_000 if args.quick else 800_000)
+    reads_one = 80 if args.quick else 240
+    reads_many = 16 if args.quick else 48
     in_process_n = 60_000 if args.quick else 250_000
+    jrecords = 200_000 if args.quick else 600_000
     figures: dict[str, object] = {"quick": args.quick, "records": records}
     with scratch_dir("consume-", args.dir) as root:
         root = root.resolve()
@@ -300,14 +393,15 @@ def main() -> None:
             one = picks(rng, ends, reads_one, 1)
             many = picks(rng, ends, reads_many, 10_000)
             results: dict[str, dict[str, float]] = {}
-            # Every other gateway is stopped while one is measured: the
-            # machine's two cores are the measured gateway's and this process's.
+            # Only the measured pair runs: the machine's two cores are theirs
+            # and this process's.
             for s in sites:
                 s.stop()
-            for s, topic in ((a0, "t"), (a, "t"), (b0, "a.t"), (b, "a.t")):
-                progress(f"fetching from {s.name} ({topic}) ...")
-                results[s.name] = measure(s, topic, one, many)
-                s.stop()
+            for base, test, topic in ((a0, a, "t"), (b0, b, "a.t")):
+                progress(f"fetching from {base.name} and {test.name} ({topic}) ...")
+                results.update(measure_pair(base, test, topic, one, many))
+                base.stop()
+                test.stop()
         finally:
             for s in sites:
                 s.stop()
@@ -323,6 +417,12 @@ def main() -> None:
     for f in seg.directory.frames:
         offsets[f.partition] = max(offsets[f.partition], f.last_offset + 1)
     look = lookups(seg, wal, positions, offsets, 300 if args.quick else 1000)
+    journal: dict[int, dict[str, float]] = {}
+    for per_entry in (1, PER_REQUEST):
+        progress(f"in process: a journal of {per_entry} record(s) per entry, compressed or not ...")
+        journal[per_entry] = journal_figures(
+            jrecords, per_entry, 40 if args.quick else 120, 8 if args.quick else 24
+        )
 
     rows: list[Row | str] = []
     for label, s, base in (
@@ -350,6 +450,21 @@ def main() -> None:
                         )
                     )
                 figures[f"api_{s}_{k}_{fmt}_cold_p90_us"] = results[s][f"{k}_{fmt}_cold_p90_us"]
+    for per_entry, fig in journal.items():
+        rows.append(
+            f"in process: Journal.read + decode, {per_entry} record(s) per entry, "
+            "compressed segments vs entry logs, p50"
+        )
+        for k in ("one", "10k"):
+            for state in ("cold", "warm"):
+                v = fig[f"compressed_{k}_{state}_p50_us"]
+                bv = fig[f"plain_{k}_{state}_p50_us"]
+                label = "1 record" if k == "one" else "10,000 records"
+                rows.append(
+                    Row(f"{label} {state}", v, "us", "entry logs", bv, "<= 1.5x", v / bv <= 1.5)
+                )
+                figures[f"inproc_journal_{per_entry}_{k}_{state}_ratio"] = v / bv
+        figures.update({f"inproc_journal_{per_entry}_{k}": v for k, v in fig.items()})
     rows.append("in process (bench/atrest.py), p50")
     for k in ("one", "10k"):
         base = inproc[f"consume_{k}_batches_p50_us"]

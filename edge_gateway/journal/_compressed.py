@@ -139,7 +139,8 @@ class ChunkCache:
         #: entries held at most, over every table kept
         self.capacity = capacity
         self._entries = 0
-        self._items: OrderedDict[tuple[CompressedFile, int], ChunkView] = OrderedDict()
+        #: (file, chunk, frame or -1 for the whole table) -> the decoded entries
+        self._items: OrderedDict[tuple[CompressedFile, int, int], ChunkView] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -149,23 +150,30 @@ class ChunkCache:
         """Entries of the tables held."""
         return self._entries
 
-    def get(self, cf: CompressedFile, chunk_no: int, load: Callable[[], ChunkView]) -> ChunkView:
-        key = (cf, chunk_no)
+    def get(
+        self, cf: CompressedFile, chunk_no: int, frame_no: int, load: Callable[[], ChunkView]
+    ) -> ChunkView:
+        """Chunk ``chunk_no``'s entries of frame ``frame_no`` (-1: all of them), loaded once."""
+        key = (cf, chunk_no, frame_no)
         found = self._items.get(key)
         if found is not None:
             self._items.move_to_end(key)
             return found
         view = self._items[key] = load()
-        self._entries += len(view.lengths)
+        self._entries += len(view.entries.kinds)
         while self._entries > self.capacity and len(self._items) > 1:
             _, old = self._items.popitem(last=False)
-            self._entries -= len(old.lengths)
+            self._entries -= len(old.entries.kinds)
         return view
+
+    def peek(self, cf: CompressedFile, chunk_no: int, frame_no: int) -> ChunkView | None:
+        """What :meth:`get` holds for these, or None (nothing loaded, no order changed)."""
+        return self._items.get((cf, chunk_no, frame_no))
 
     def forget(self, cf: CompressedFile) -> None:
         """Drop the tables of ``cf`` (its file is deleted or replaced)."""
         for key in [k for k in self._items if k[0] is cf]:
-            self._entries -= len(self._items.pop(key).lengths)
+            self._entries -= len(self._items.pop(key).entries.kinds)
 
 
 class CompressedFile:
@@ -275,12 +283,10 @@ class CompressedFile:
 
     def load_chunk(self, pread: Pread, chunk_no: int) -> ChunkView:
         """Chunk ``chunk_no``'s entry table, decoded and checked (not kept: thread-safe)."""
+        return self._view(chunk_no, self._load_entries(pread, chunk_no))
+
+    def _view(self, chunk_no: int, ents: ChunkEntries) -> ChunkView:
         d = self.directory
-        c = d.chunks[chunk_no]
-        ents = atrest.decode_entries(
-            d, chunk_no, _pread_exact(pread, c.meta_stored, c.meta_offset, self.where),
-            where=self.where,
-        )  # fmt: skip
         lengths: list[int] = []
         by_frame: dict[int, list[int]] = {}
         head = fentry.ENTRY_HEADER_SIZE
@@ -312,8 +318,38 @@ class CompressedFile:
         return ChunkView(chunk_no, ents, lengths, by_frame)
 
     def chunk(self, cache: ChunkCache, pread: Pread, chunk_no: int) -> ChunkView:
-        """:meth:`load_chunk` through the journal's cache (the event loop's reads only)."""
-        return cache.get(self, chunk_no, lambda: self.load_chunk(pread, chunk_no))
+        """:meth:`load_chunk`, its table through the journal's cache (the event loop's reads
+        only)."""
+        return cache.get(self, chunk_no, -1, lambda: self.load_chunk(pread, chunk_no))
+
+    def _load_entries(self, pread: Pread, chunk_no: int) -> ChunkEntries:
+        d = self.directory
+        c = d.chunks[chunk_no]
+        return atrest.decode_entries(
+            d, chunk_no, _pread_exact(pread, c.meta_stored, c.meta_offset, self.where),
+            where=self.where,
+        )  # fmt: skip
+
+    def frame_entries(
+        self, cache: ChunkCache, pread: Pread, chunk_no: int, frame_no: int
+    ) -> ChunkView:
+        """The entries of frame ``frame_no`` (of chunk ``chunk_no``) alone, through the
+        journal's cache: a read by offset walks those, not the whole table
+        (``atrest.decode_frame_entries``); the whole table when it is held already.
+        Only ``entries`` and ``by_frame[frame_no]`` of the view are set."""
+        whole = cache.peek(self, chunk_no, -1)
+        if whole is not None:
+            return whole
+
+        def load() -> ChunkView:
+            c = self.directory.chunks[chunk_no]
+            stored = _pread_exact(pread, c.meta_stored, c.meta_offset, self.where)
+            ents = atrest.decode_frame_entries(
+                self.directory, chunk_no, stored, frame_no, where=self.where
+            )
+            return ChunkView(chunk_no, ents, [], {frame_no: list(range(len(ents.kinds)))})
+
+        return cache.get(self, chunk_no, frame_no, load)
 
     def forget(self) -> None:
         """Drop the positions it holds (its file is deleted or replaced)."""
@@ -419,7 +455,8 @@ class CompressedFile:
         """The partition's entries here from the one holding ``offset`` (or the next), in order.
 
         One bisect over the partition's frames, each frame through ``cache``,
-        each entry's header from its chunk's entry table; an entry is
+        each entry's header from its chunk's entry table (the frame's entries
+        alone for a read that starts there, :meth:`frame_entries`); an entry is
         rebuilt as its journal bytes and decoded as the journal decodes one
         (CRC and all), so it is the very ``Entry`` the entry log gave.
         """
@@ -435,9 +472,17 @@ class CompressedFile:
         def stored(fno: int) -> bytes:
             return self.stored(pread, fno)
 
-        for fno in numbers[k:]:
+        for j in range(k, len(numbers)):
+            fno = numbers[j]
             ci = bisect.bisect_right(self._chunk_first_frames, fno) - 1
-            view = self.chunk(chunks, pread, ci)
+            if j > k or (j and chunks.peek(self, ci, numbers[j - 1]) is not None):
+                # A reader moving on through the partition (this read, or the one
+                # before it ended in the previous frame): the whole table, once,
+                # serves every frame of the chunk after this one.
+                view = self.chunk(chunks, pread, ci)
+            else:
+                # One frame's entries: a random read walks ~1/frames of the table.
+                view = self.frame_entries(chunks, pread, ci, fno)
             ents = view.entries
             for i in view.by_frame.get(fno, ()):
                 if ents.base_offsets[i] + ents.counts[i] <= offset:

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -561,7 +562,8 @@ def test_the_entry_table_cache_is_bounded_by_entries_and_keeps_the_newest() -> N
     from edge_gateway.journal._compressed import ChunkCache, ChunkView
 
     def view(n: int) -> ChunkView:
-        return ChunkView(0, None, [40] * n, {})  # type: ignore[arg-type]  # only lengths count
+        # only the entries' count matters to the cache
+        return ChunkView(0, SimpleNamespace(kinds=bytes(n)), [], {})  # type: ignore[arg-type]
 
     files = [object() for _ in range(40)]
     cache = ChunkCache(capacity=1000)
@@ -573,7 +575,7 @@ def test_the_entry_table_cache_is_bounded_by_entries_and_keeps_the_newest() -> N
             loads += 1
             return view(n)
 
-        return cache.get(files[i], 0, load)  # type: ignore[arg-type]
+        return cache.get(files[i], 0, -1, load)  # type: ignore[arg-type]
 
     for i in range(30):
         get(i, 30)
@@ -590,3 +592,41 @@ def test_the_entry_table_cache_is_bounded_by_entries_and_keeps_the_newest() -> N
     assert (len(cache), cache.entries) == (1, 10)
     cache.forget(files[32])  # type: ignore[arg-type]
     assert (len(cache), cache.entries) == (0, 0)
+
+
+def test_a_read_that_starts_in_a_frame_decodes_that_frames_entries_only(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A cold read by offset walks the entries of the frame it starts in, not the chunk's
+    whole table; a read that moves on to the next frame decodes the whole table once.
+    Both give exactly what the entry log gave."""
+    from edge_gateway.journal._compressed import ChunkCache
+
+    plain, _ = _copy(written, tmp_path / "plain")
+    root, _ = _copy(written, tmp_path / "z")
+    for base in _sealed(root):
+        compress_sealed_segment(root, base, frame_raw_bytes=1500, chunk_raw_bytes=1 << 20)
+    j = Journal.open_sync(root, CFG)
+    j0 = Journal.open_sync(plain, CFG)
+    sset = j._segment_set
+    try:
+        partial = 0
+        for t, p in j.partitions():
+            lo, hi = j.first_offset(t, p), j.next_offset(t, p)
+            for o in range(lo, hi, 3):
+                sset.chunk_cache = cache = ChunkCache()  # cold
+                got = j.read(t, p, o, max_records=1, max_bytes=1)
+                assert _es(got) == _es(j0.read(t, p, o, max_records=1, max_bytes=1)), (t, p, o)
+                cf = sset.locate(got[0].lsn)[0].compressed
+                if cf is not None:
+                    chunks = range(len(cf.directory.chunks))
+                    assert all(cache.peek(cf, ci, -1) is None for ci in chunks)
+                    partial += 1
+            sset.chunk_cache = cache = ChunkCache()
+            everything = j.read(t, p, lo, max_records=10**6, max_bytes=1 << 30)
+            assert _es(everything) == _es(j0.read(t, p, lo, max_records=10**6, max_bytes=1 << 30))
+            assert any(k[2] == -1 for k in cache._items)  # moved on: whole tables
+        assert partial > 50
+    finally:
+        j.close_sync()
+        j0.close_sync()
