@@ -3,16 +3,19 @@
 What it owns: :class:`CompressedFile`, one compressed segment's directory
 (read at open with three ``pread``s: header, trailer, directory; never the
 data) and, while it is read by LSN, its entries' positions; and
-:class:`ChunkCache`, the journal's last few decoded entry tables. It reads through
-a ``pread(n, pos)`` it is given, so the segment set's cached descriptor
-serves the event loop and a duplicated descriptor a worker thread.
+:class:`ChunkCache`, the journal's decoded entry tables (bounded by the
+entries they hold). It reads through a ``pread(n, pos)`` it is given, so the
+segment set's cached descriptor serves the event loop and a duplicated
+descriptor a worker thread.
 
 Two ways in, as for an entry log (``_reads.py``):
 
 - **by offset** (:meth:`CompressedFile.entries_from`): the directory's frames
   of the partition (one bisect), each frame decompressed once through the
-  journal's :class:`FrameCache`, and the chunk's entry table for what the
-  journal entry holds besides its batch (LSN, append time, producer, source);
+  journal's :class:`FrameCache`, and from the chunk's entry table what the
+  journal entry holds besides its batch (LSN, append time, producer, source):
+  the entries of the frame a read starts in alone, the whole table once a
+  read moves on;
 - **by LSN** (:meth:`CompressedFile.read_wal`): the compressed segment stands
   for the journal segment it replaced. Its entries keep their positions in
   that segment (:meth:`CompressedFile.load_positions`, from the entry tables'
