@@ -258,7 +258,38 @@ def _fix_entry_crcs(raw: bytes) -> bytes:
     return bytes(buf)
 
 
+def _frame_entries_agree(data: bytes) -> None:
+    """One frame's entries (a read by offset) are CorruptData, or exactly the whole table's
+    entries of that frame when the whole table decodes."""
+    try:
+        seg = atrest.CompressedSegment(data, where="fuzz")
+    except CorruptData:
+        return
+    d = seg.directory
+    for ci, c in enumerate(d.chunks):
+        stored = bytes(seg.data[c.meta_offset : c.meta_offset + c.meta_stored])
+        try:
+            whole: atrest.ChunkEntries | None = atrest.decode_entries(d, ci, stored, where="f")
+        except CorruptData:
+            whole = None
+        for fno in c.frames:
+            try:
+                part = atrest.decode_frame_entries(d, ci, stored, fno, where="f")
+            except CorruptData:
+                assert whole is None, "a frame of a table that decodes is refused"
+                continue
+            if whole is not None:
+                idx = [i for i in range(c.n_entries) if whole.frames[i] == fno]
+                assert [part.lsn(k) for k in range(len(idx))] == [whole.lsn(i) for i in idx]
+                assert part.base_offsets == [whole.base_offsets[i] for i in idx]
+                assert part.append_times == [whole.append_times[i] for i in idx]
+                assert [part.extra_bytes(k) for k in range(len(idx))] == [
+                    whole.extra_bytes(i) for i in idx
+                ]
+
+
 def _check_segment(data: bytes, *, crcs_fixed: bool) -> None:
+    _frame_entries_agree(data)
     try:
         wal = atrest.expand_segment(data, where="fuzz")
         seg = atrest.CompressedSegment(data, where="fuzz")

@@ -3,16 +3,19 @@
 What it owns: :class:`CompressedFile`, one compressed segment's directory
 (read at open with three ``pread``s: header, trailer, directory; never the
 data) and, while it is read by LSN, its entries' positions; and
-:class:`ChunkCache`, the journal's last few decoded entry tables. It reads through
-a ``pread(n, pos)`` it is given, so the segment set's cached descriptor
-serves the event loop and a duplicated descriptor a worker thread.
+:class:`ChunkCache`, the journal's decoded entry tables (bounded by the
+entries they hold). It reads through a ``pread(n, pos)`` it is given, so the
+segment set's cached descriptor serves the event loop and a duplicated
+descriptor a worker thread.
 
 Two ways in, as for an entry log (``_reads.py``):
 
 - **by offset** (:meth:`CompressedFile.entries_from`): the directory's frames
   of the partition (one bisect), each frame decompressed once through the
-  journal's :class:`FrameCache`, and the chunk's entry table for what the
-  journal entry holds besides its batch (LSN, append time, producer, source);
+  journal's :class:`FrameCache`, and from the chunk's entry table what the
+  journal entry holds besides its batch (LSN, append time, producer, source):
+  the entries of the frame a read starts in alone, the whole table once a
+  read moves on;
 - **by LSN** (:meth:`CompressedFile.read_wal`): the compressed segment stands
   for the journal segment it replaced. Its entries keep their positions in
   that segment (:meth:`CompressedFile.load_positions`, from the entry tables'
@@ -26,6 +29,7 @@ naming the file, never a zstd or struct error.
 from __future__ import annotations
 
 import bisect
+import operator
 import os
 import struct
 from array import array
@@ -51,10 +55,13 @@ Pread = Callable[[int, int], bytes]
 MAGIC: Final = atrest.MAGIC
 #: Suffix of a rewrite's temporary file (``<lsn>.wal.z-tmp``), deleted at open.
 TMP_SUFFIX: Final = ".z-tmp"
-#: Decoded entry tables a journal keeps (:class:`ChunkCache`): a reader moves
-#: through a segment's chunks in order; one table of an 8 MiB chunk of
-#: one-record entries holds ~26,000 entries, a few MB of Python objects.
-CHUNKS_KEPT: Final = 4
+#: Entries of decoded entry tables a journal keeps (:class:`ChunkCache`): a
+#: table's Python objects cost ~100 bytes per entry, so ~10 MB. Bounded by
+#: entries, not by tables: one table of an 8 MiB chunk of one-record entries
+#: holds ~26,000 entries (four such tables fit), a table of a 4 MiB segment of
+#: batched entries a few hundred (hundreds fit, so a consumer's random reads
+#: over a few GB of batched records find theirs decoded once).
+CHUNK_ENTRIES_KEPT: Final = 100_000
 _NONE: Final = 0xFFFFFFFF
 _BATCH_BASE_COUNT: Final = struct.Struct("<8xq4xI")  # a batch's base offset and count
 
@@ -123,35 +130,53 @@ def _pread_exact(pread: Pread, n: int, pos: int, where: str) -> bytes:
 
 
 class ChunkCache:
-    """The journal's last few decoded entry tables, of any compressed segment (LRU by count).
+    """The journal's decoded entry tables, of any compressed segment: an LRU bounded by
+    the entries they hold (the most recent table is kept whatever its size).
 
     Event-loop reads only: a worker thread decodes the tables it needs itself.
     """
 
-    __slots__ = ("_items", "capacity")
+    __slots__ = ("_entries", "_items", "capacity")
 
-    def __init__(self, capacity: int = CHUNKS_KEPT) -> None:
+    def __init__(self, capacity: int = CHUNK_ENTRIES_KEPT) -> None:
+        #: entries held at most, over every table kept
         self.capacity = capacity
-        self._items: OrderedDict[tuple[CompressedFile, int], ChunkView] = OrderedDict()
+        self._entries = 0
+        #: (file, chunk, frame or -1 for the whole table) -> the decoded entries
+        self._items: OrderedDict[tuple[CompressedFile, int, int], ChunkView] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, cf: CompressedFile, chunk_no: int, load: Callable[[], ChunkView]) -> ChunkView:
-        key = (cf, chunk_no)
+    @property
+    def entries(self) -> int:
+        """Entries of the tables held."""
+        return self._entries
+
+    def get(
+        self, cf: CompressedFile, chunk_no: int, frame_no: int, load: Callable[[], ChunkView]
+    ) -> ChunkView:
+        """Chunk ``chunk_no``'s entries of frame ``frame_no`` (-1: all of them), loaded once."""
+        key = (cf, chunk_no, frame_no)
         found = self._items.get(key)
         if found is not None:
             self._items.move_to_end(key)
             return found
         view = self._items[key] = load()
-        if len(self._items) > self.capacity:
-            self._items.popitem(last=False)
+        self._entries += len(view.entries.kinds)
+        while self._entries > self.capacity and len(self._items) > 1:
+            _, old = self._items.popitem(last=False)
+            self._entries -= len(old.entries.kinds)
         return view
+
+    def peek(self, cf: CompressedFile, chunk_no: int, frame_no: int) -> ChunkView | None:
+        """What :meth:`get` holds for these, or None (nothing loaded, no order changed)."""
+        return self._items.get((cf, chunk_no, frame_no))
 
     def forget(self, cf: CompressedFile) -> None:
         """Drop the tables of ``cf`` (its file is deleted or replaced)."""
         for key in [k for k in self._items if k[0] is cf]:
-            del self._items[key]
+            self._entries -= len(self._items.pop(key).entries.kinds)
 
 
 class CompressedFile:
@@ -261,34 +286,73 @@ class CompressedFile:
 
     def load_chunk(self, pread: Pread, chunk_no: int) -> ChunkView:
         """Chunk ``chunk_no``'s entry table, decoded and checked (not kept: thread-safe)."""
+        return self._view(chunk_no, self._load_entries(pread, chunk_no))
+
+    def _view(self, chunk_no: int, ents: ChunkEntries) -> ChunkView:
         d = self.directory
-        c = d.chunks[chunk_no]
-        ents = atrest.decode_entries(
-            d, chunk_no, _pread_exact(pread, c.meta_stored, c.meta_offset, self.where),
-            where=self.where,
-        )  # fmt: skip
         lengths: list[int] = []
         by_frame: dict[int, list[int]] = {}
         head = fentry.ENTRY_HEADER_SIZE
-        extra = ents.extra_starts
-        for i in range(c.n_entries):
-            fno = ents.frames[i]
-            n_extra = extra[i + 1] - extra[i]
+        topic_lengths = self._topic_lengths
+        frames = d.frames
+        block_desc = atrest.BLOCK_DESC_SIZE
+        kind_block = atrest.KIND_BLOCK
+        for i, (fno, kind, part, n_extra, raw_length) in enumerate(
+            zip(
+                ents.frames,
+                ents.kinds,
+                ents.parts,
+                map(operator.sub, ents.extra_starts[1:], ents.extra_starts),
+                ents.raw_lengths,
+                strict=True,
+            )
+        ):
             if fno == _NONE:
                 lengths.append(n_extra)  # the whole entry is kept
                 continue
-            by_frame.setdefault(fno, []).append(i)
-            if ents.kinds[i] == atrest.KIND_BLOCK:
-                # a block entry keeps the frame's stored bytes behind its descriptor
-                body = atrest.BLOCK_DESC_SIZE + d.frames[fno].stored_length
+            members = by_frame.get(fno)
+            if members is None:
+                by_frame[fno] = [i]
             else:
-                body = ents.raw_lengths[i]
-            lengths.append(head + self._topic_lengths[ents.parts[i]] + n_extra + body)
+                members.append(i)
+            # a block entry keeps the frame's stored bytes behind its descriptor
+            body = block_desc + frames[fno].stored_length if kind == kind_block else raw_length
+            lengths.append(head + topic_lengths[part] + n_extra + body)
         return ChunkView(chunk_no, ents, lengths, by_frame)
 
     def chunk(self, cache: ChunkCache, pread: Pread, chunk_no: int) -> ChunkView:
-        """:meth:`load_chunk` through the journal's cache (the event loop's reads only)."""
-        return cache.get(self, chunk_no, lambda: self.load_chunk(pread, chunk_no))
+        """:meth:`load_chunk`, its table through the journal's cache (the event loop's reads
+        only)."""
+        return cache.get(self, chunk_no, -1, lambda: self.load_chunk(pread, chunk_no))
+
+    def _load_entries(self, pread: Pread, chunk_no: int) -> ChunkEntries:
+        d = self.directory
+        c = d.chunks[chunk_no]
+        return atrest.decode_entries(
+            d, chunk_no, _pread_exact(pread, c.meta_stored, c.meta_offset, self.where),
+            where=self.where,
+        )  # fmt: skip
+
+    def frame_entries(
+        self, cache: ChunkCache, pread: Pread, chunk_no: int, frame_no: int
+    ) -> ChunkView:
+        """The entries of frame ``frame_no`` (of chunk ``chunk_no``) alone, through the
+        journal's cache: a read by offset walks those, not the whole table
+        (``atrest.decode_frame_entries``); the whole table when it is held already.
+        Only ``entries`` and ``by_frame[frame_no]`` of the view are set."""
+        whole = cache.peek(self, chunk_no, -1)
+        if whole is not None:
+            return whole
+
+        def load() -> ChunkView:
+            c = self.directory.chunks[chunk_no]
+            stored = _pread_exact(pread, c.meta_stored, c.meta_offset, self.where)
+            ents = atrest.decode_frame_entries(
+                self.directory, chunk_no, stored, frame_no, where=self.where
+            )
+            return ChunkView(chunk_no, ents, [], {frame_no: list(range(len(ents.kinds)))})
+
+        return cache.get(self, chunk_no, frame_no, load)
 
     def forget(self) -> None:
         """Drop the positions it holds (its file is deleted or replaced)."""
@@ -394,7 +458,8 @@ class CompressedFile:
         """The partition's entries here from the one holding ``offset`` (or the next), in order.
 
         One bisect over the partition's frames, each frame through ``cache``,
-        each entry's header from its chunk's entry table; an entry is
+        each entry's header from its chunk's entry table (the frame's entries
+        alone for a read that starts there, :meth:`frame_entries`); an entry is
         rebuilt as its journal bytes and decoded as the journal decodes one
         (CRC and all), so it is the very ``Entry`` the entry log gave.
         """
@@ -410,9 +475,17 @@ class CompressedFile:
         def stored(fno: int) -> bytes:
             return self.stored(pread, fno)
 
-        for fno in numbers[k:]:
+        for j in range(k, len(numbers)):
+            fno = numbers[j]
             ci = bisect.bisect_right(self._chunk_first_frames, fno) - 1
-            view = self.chunk(chunks, pread, ci)
+            if j > k or (j and chunks.peek(self, ci, numbers[j - 1]) is not None):
+                # A reader moving on through the partition (this read, or the one
+                # before it ended in the previous frame): the whole table, once,
+                # serves every frame of the chunk after this one.
+                view = self.chunk(chunks, pread, ci)
+            else:
+                # One frame's entries: a random read walks ~1/frames of the table.
+                view = self.frame_entries(chunks, pread, ci, fno)
             ents = view.entries
             for i in view.by_frame.get(fno, ()):
                 if ents.base_offsets[i] + ents.counts[i] <= offset:

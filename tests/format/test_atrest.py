@@ -520,6 +520,104 @@ def test_hostile_entry_table() -> None:
         _must_be_corrupt(bad, f"entry table byte {pos} = {value}")
 
 
+def _frame_subset(whole: atrest.ChunkEntries, frame_no: int) -> dict[str, list[object]]:
+    idx = [i for i in range(len(whole.kinds)) if whole.frames[i] == frame_no]
+    return {
+        "lsns": [whole.lsn(i) for i in idx],
+        "kinds": [whole.kinds[i] for i in idx],
+        "flags": [whole.flags[i] for i in idx],
+        "parts": [whole.parts[i] for i in idx],
+        "counts": [whole.counts[i] for i in idx],
+        "raw_lengths": [whole.raw_lengths[i] for i in idx],
+        "append_times": [whole.append_times[i] for i in idx],
+        "base_offsets": [whole.base_offsets[i] for i in idx],
+        "raw_positions": [whole.raw_positions[i] for i in idx],
+        "extras": [whole.extra_bytes(i) for i in idx],
+    }
+
+
+def _frame_view(part: atrest.ChunkEntries) -> dict[str, list[object]]:
+    m = len(part.kinds)
+    return {
+        "lsns": [part.lsn(i) for i in range(m)],
+        "kinds": list(part.kinds),
+        "flags": list(part.flags),
+        "parts": list(part.parts),
+        "counts": list(part.counts),
+        "raw_lengths": list(part.raw_lengths),
+        "append_times": list(part.append_times),
+        "base_offsets": list(part.base_offsets),
+        "raw_positions": list(part.raw_positions),
+        "extras": [part.extra_bytes(i) for i in range(m)],
+    }
+
+
+@pytest.mark.parametrize("source", ["golden", "one-record entries, small frames"])
+def test_one_frames_entries_are_the_whole_tables_entries_of_that_frame(source: str) -> None:
+    """``decode_frame_entries`` (a read by offset) gives, for every frame, exactly the
+    entries ``decode_entries`` gives for it, with their LSNs, and serves the same entries."""
+    if source == "golden":
+        z = (DATA / "atrest_v1.egwc").read_bytes()
+    else:
+        wal = telemetry_wal(900)
+        z = atrest.compress_segment(wal, frame_raw_bytes=2000, chunk_raw_bytes=40_000)
+    seg = CompressedSegment(z)
+    d = seg.directory
+    checked = 0
+
+    def raw_of(n: int) -> bytes:
+        return seg.frame(n).raw
+
+    for ci, c in enumerate(d.chunks):
+        stored = bytes(seg.data[c.meta_offset : c.meta_offset + c.meta_stored])
+        whole = atrest.decode_entries(d, ci, stored, where="t")
+        for fno in c.frames:
+            part = atrest.decode_frame_entries(d, ci, stored, fno, where="t")
+            assert _frame_view(part) == _frame_subset(whole, fno)
+            for k in range(len(part.kinds)):
+                i = part.lsn(k) - c.first_lsn
+                got = atrest.wal_entry(d, part, k, raw_of, seg.stored, where="t")
+                assert got == atrest.wal_entry(d, whole, i, raw_of, seg.stored, where="t")
+            checked += 1
+        with pytest.raises(CorruptData, match="is not chunk"):
+            atrest.decode_frame_entries(d, ci, stored, c.first_frame + c.n_frames, where="t")
+    assert checked == len(d.frames)
+
+
+def test_a_hostile_entry_table_is_corrupt_for_the_frame_it_lies_about() -> None:
+    """The rules of one frame's entries are checked when only those are decoded."""
+    golden = (DATA / "atrest_v1.egwc").read_bytes()
+    seg = CompressedSegment(golden)
+    d = seg.directory
+    c = d.chunks[0]
+    stored = bytes(seg.data[c.meta_offset : c.meta_offset + c.meta_stored])
+    whole = atrest.decode_entries(d, 0, stored, where="t")
+    fno = whole.frames[1]  # the frame of entry 1, which the cases below change
+    probe = BlockIndex(
+        "t", 0, 0, 0, 1, 0, 0, c.meta_offset, c.meta_stored, c.meta_raw, c.meta_codec, c.meta_crc
+    )
+    raw = decode_block(probe, stored, where="t")
+    n = c.n_entries
+    kinds_at, frames_at = 8, 8 + 2 * n + 4 * n
+    cases: list[tuple[int, str, int]] = [
+        (0, "<I", n + 1),  # another entry count
+        (4, "<I", 1),  # extras that do not add up
+        (kinds_at + 1, "<B", 9),  # an unknown kind where a data entry is
+        (kinds_at + n + 1, "<B", 0x80),  # unknown flags on a data entry
+        (frames_at + 4 + 4 * n, "<I", 3),  # a count that overruns the frame
+        (frames_at + 4 + 8 * n, "<I", 3),  # a raw length that does not fill the frame
+        (frames_at + 4 - 4 * n, "<I", 0xFFFF),  # its partition is not its frame's
+    ]
+    for pos, fmt, value in cases:
+        mutated = bytearray(raw)
+        struct.pack_into(fmt, mutated, pos, value)
+        bad = CompressedSegment(_replace_meta(golden, 0, bytes(mutated)))
+        bc = bad.directory.chunks[0]
+        bstored = bytes(bad.data[bc.meta_offset : bc.meta_offset + bc.meta_stored])
+        with pytest.raises(CorruptData):
+            atrest.decode_frame_entries(bad.directory, 0, bstored, fno, where="t")
+
+
 def _replace_meta(z: bytes, chunk_no: int, raw: bytes) -> bytes:
     """``z`` with chunk ``chunk_no``'s entry table stored raw (codec 0) as ``raw``, every
     position after it moved and every CRC made valid: a well-formed file that lies."""

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -505,7 +506,6 @@ def test_the_block_cache_is_the_configured_size(
 def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
     written: tuple[Path, dict[str, Any]], tmp_path: Path
 ) -> None:
-    from edge_gateway.journal._compressed import CHUNKS_KEPT
     from edge_gateway.journal._segment_set import POSITIONS_KEPT
 
     root, _ = _copy(written, tmp_path)
@@ -525,7 +525,9 @@ def test_positions_of_compressed_segments_are_loaded_on_demand_and_bounded(
         assert j.index_memory() > before
         # reads by offset through every compressed segment keep a few entry tables
         _read_everything(j)
-        assert 0 < len(j._segment_set.chunk_cache) <= CHUNKS_KEPT
+        cache = j._segment_set.chunk_cache
+        assert len(cache) > 0
+        assert cache.entries <= cache.capacity
     finally:
         j.close_sync()
 
@@ -552,3 +554,79 @@ def test_a_compressed_last_segment_is_expanded_at_open_to_append_to(
         assert res.lsn == end
     finally:
         j.close_sync()
+
+
+def test_the_entry_table_cache_is_bounded_by_entries_and_keeps_the_newest() -> None:
+    """Many small tables fit where few large ones do; one larger than the bound is kept
+    alone (the read that loaded it is served from it), then dropped for the next."""
+    from edge_gateway.journal._compressed import ChunkCache, ChunkView
+
+    def view(n: int) -> ChunkView:
+        # only the entries' count matters to the cache
+        return ChunkView(0, SimpleNamespace(kinds=bytes(n)), [], {})  # type: ignore[arg-type]
+
+    files = [object() for _ in range(40)]
+    cache = ChunkCache(capacity=1000)
+    loads = 0
+
+    def get(i: int, n: int) -> ChunkView:
+        def load() -> ChunkView:
+            nonlocal loads
+            loads += 1
+            return view(n)
+
+        return cache.get(files[i], 0, -1, load)  # type: ignore[arg-type]
+
+    for i in range(30):
+        get(i, 30)
+    assert (len(cache), cache.entries, loads) == (30, 900, 30)
+    for i in range(30):  # all held: no table decoded again
+        get(i, 30)
+    assert loads == 30
+    get(30, 300)  # over the bound: the least recently used go first
+    assert cache.entries <= 1000
+    assert len(cache) == 1 + 700 // 30
+    get(31, 5000)  # larger than the bound: kept alone
+    assert (len(cache), cache.entries) == (1, 5000)
+    get(32, 10)
+    assert (len(cache), cache.entries) == (1, 10)
+    cache.forget(files[32])  # type: ignore[arg-type]
+    assert (len(cache), cache.entries) == (0, 0)
+
+
+def test_a_read_that_starts_in_a_frame_decodes_that_frames_entries_only(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    """A cold read by offset walks the entries of the frame it starts in, not the chunk's
+    whole table; a read that moves on to the next frame decodes the whole table once.
+    Both give exactly what the entry log gave."""
+    from edge_gateway.journal._compressed import ChunkCache
+
+    plain, _ = _copy(written, tmp_path / "plain")
+    root, _ = _copy(written, tmp_path / "z")
+    for base in _sealed(root):
+        compress_sealed_segment(root, base, frame_raw_bytes=1500, chunk_raw_bytes=1 << 20)
+    j = Journal.open_sync(root, CFG)
+    j0 = Journal.open_sync(plain, CFG)
+    sset = j._segment_set
+    try:
+        partial = 0
+        for t, p in j.partitions():
+            lo, hi = j.first_offset(t, p), j.next_offset(t, p)
+            for o in range(lo, hi, 3):
+                sset.chunk_cache = cache = ChunkCache()  # cold
+                got = j.read(t, p, o, max_records=1, max_bytes=1)
+                assert _es(got) == _es(j0.read(t, p, o, max_records=1, max_bytes=1)), (t, p, o)
+                cf = sset.locate(got[0].lsn)[0].compressed
+                if cf is not None:
+                    chunks = range(len(cf.directory.chunks))
+                    assert all(cache.peek(cf, ci, -1) is None for ci in chunks)
+                    partial += 1
+            sset.chunk_cache = cache = ChunkCache()
+            everything = j.read(t, p, lo, max_records=10**6, max_bytes=1 << 30)
+            assert _es(everything) == _es(j0.read(t, p, lo, max_records=10**6, max_bytes=1 << 30))
+            assert any(k[2] == -1 for k in cache._items)  # moved on: whole tables
+        assert partial > 50
+    finally:
+        j.close_sync()
+        j0.close_sync()
