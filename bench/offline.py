@@ -648,6 +648,9 @@ DIRECT_CHUNK = 20_000
 DIRECT_QUEUED = 64
 #: ``TelemetryGenerator``'s default start (2026-11-18).
 REFERENCE_START_MS = 1_795_000_000_000
+#: Compressed segments after which the directories a process keeps decoded
+#: (32, docs/journal.md "Memory") are all in use: the RSS slope past it is growth.
+DIRECTORIES_SETTLED = 40
 #: Three days at the reference rate (shared/WORKLOADS.md): 1,000 records/s.
 THREE_DAYS_RECORDS = 3 * 86400 * 1000
 
@@ -929,16 +932,21 @@ def direct_main(args: argparse.Namespace, cap: int, target: int) -> None:
     wal_bpr = last.wal_bytes / last.entries
     rss_slope = slope([(p.entries, p.rss_kb) for p in points])
     anon_slope = slope([(p.entries, p.anon_kb) for p in points])
+    # Past the directories a process keeps decoded (32, docs/journal.md "Memory"),
+    # what is left grows with the backlog.
+    late = [p for p in points if p.segments > DIRECTORIES_SETTLED]
+    late_slope = slope([(p.entries, p.rss_kb) for p in late])
     # Extrapolated (printed as such): the last reopen's RSS plus the slope up to three days.
+    growth = late_slope if late_slope is not None else rss_slope
     extra = (
         None
-        if rss_slope is None
-        else last.rss_kb / 1024 + rss_slope * (THREE_DAYS_RECORDS - last.entries) / 1e6
+        if growth is None
+        else last.rss_kb / 1024 + max(0.0, growth) * (THREE_DAYS_RECORDS - last.entries) / 1e6
     )
     extra_drain = (
         None
-        if rss_slope is None
-        else drain_peak_kb / 1024 + rss_slope * (THREE_DAYS_RECORDS - last.entries) / 1e6
+        if growth is None
+        else drain_peak_kb / 1024 + max(0.0, growth) * (THREE_DAYS_RECORDS - last.entries) / 1e6
     )
     reopen_per_gib = max(0.0, last.reopen_s - first_start_s) / (last.compressed_bytes / GiB)
     drain_mb_s = rate(samples, 1)
@@ -997,6 +1005,15 @@ def direct_main(args: argparse.Namespace, cap: int, target: int) -> None:
             OLD_INDEX_MB_PER_MILLION,
             "<= 5",
             rss_slope is not None and rss_slope <= 5,
+        ),
+        Row(
+            f"  the same past {DIRECTORIES_SETTLED} segments",
+            late_slope,
+            "MB",
+            "old in-RAM index (3 x 8 B/entry)",
+            OLD_INDEX_MB_PER_MILLION,
+            "<= 5",
+            late_slope is not None and late_slope <= 5,
         ),
         Row(
             "EXTRAPOLATED peak RSS at 3 days (259.2 M)",
@@ -1061,6 +1078,10 @@ def direct_main(args: argparse.Namespace, cap: int, target: int) -> None:
             "peak_rss_mb": round(peak_mb, 1),
             "rss_mb_per_million_entries": None if rss_slope is None else round(rss_slope, 3),
             "anon_rss_mb_per_million_entries": None if anon_slope is None else round(anon_slope, 3),
+            "rss_mb_per_million_entries_past_settled": (
+                None if late_slope is None else round(late_slope, 3)
+            ),
+            "extrapolated_with": "past_settled" if late_slope is not None else "all_points",
             "extrapolated_reopened_rss_mb_3_days": None if extra is None else round(extra, 1),
             "extrapolated_peak_rss_mb_3_days": None
             if extra_drain is None
