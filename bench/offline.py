@@ -1013,7 +1013,7 @@ def direct_main(args: argparse.Namespace, cap: int, target: int) -> None:
             "old in-RAM index (3 x 8 B/entry)",
             OLD_INDEX_MB_PER_MILLION,
             "<= 5",
-            late_slope is not None and late_slope <= 5,
+            None if late_slope is None else late_slope <= 5,
         ),
         Row(
             "EXTRAPOLATED peak RSS at 3 days (259.2 M)",
