@@ -3,6 +3,7 @@
 Usage::
 
     .venv/bin/python bench/offline.py [--quick] [--cap-mb 4] [--backlog-gib N] [--at-rest-only]
+    .venv/bin/python bench/offline.py --fill direct [--backlog-gib 8] [--max-fill-s S]
 
 One `edgegw serve` process (a real gateway) on a moto S3 bucket reached
 through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
@@ -68,6 +69,28 @@ Figures, each beside its target (issue 16) and a baseline from the same run:
   uncompressed active segment too). ``--at-rest-only`` runs only these
   (``--quick --at-rest-only``: about a minute).
 * ``load_avg``: the machine's load average at the end (other work shares it).
+
+``--fill direct`` (issue 42: the backlog of a three-day outage is ~259 M
+one-record entries, far beyond what HTTP producers write in a session)
+runs a different sequence instead: the gateway starts once with an empty
+journal (its idle RSS: the baseline) and stops; the bench writes that
+journal in-process, in rounds of ``--round-segments`` (16) segments of 64
+MiB, with the journal's own ``Journal.open_sync`` and ``append_nowait``:
+the reference telemetry records (``sample_data``'s readings, 200 sensors,
+one every millisecond, keyed to 16 partitions), each its own entry, made
+by a second process; after each round every sealed segment is rewritten
+by ``compress_sealed_segment`` (the rewriter's ``write_compressed``,
+offline and unpaced) and the real gateway reopens the journal offline:
+reopen time, VmRSS and RssAnon after one second (the points of
+``rss_mb_per_million_entries``, and of ``..._past_settled`` after the 40th
+segment, once the 32 directories a process keeps decoded are all in use).
+The fill stops when the compressed segments hold ``--backlog-gib`` (8: three
+days) or at the first round boundary after ``--max-fill-s``; then the link
+comes up, capped, and the whole backlog drains to moto
+(``drain_peak_rss_mb``, ``drain_mb_per_s`` beside the cap). Printed beside
+the same run's idle gateway and the 150 MB target, with the RSS
+extrapolated to three days (259.2 M entries) from the last reopen and the
+drain's peak plus the slope, labelled as an extrapolation.
 
 The last line is one JSON object with every figure.
 """
