@@ -3,6 +3,7 @@
 Usage::
 
     .venv/bin/python bench/offline.py [--quick] [--cap-mb 4] [--backlog-gib N] [--at-rest-only]
+    .venv/bin/python bench/offline.py --fill direct [--backlog-gib 8] [--max-fill-s S]
 
 One `edgegw serve` process (a real gateway) on a moto S3 bucket reached
 through the project's TCP proxy (``edge_gateway.testing.tcpproxy``):
@@ -69,6 +70,28 @@ Figures, each beside its target (issue 16) and a baseline from the same run:
   (``--quick --at-rest-only``: about a minute).
 * ``load_avg``: the machine's load average at the end (other work shares it).
 
+``--fill direct`` (issue 42: the backlog of a three-day outage is ~259 M
+one-record entries, far beyond what HTTP producers write in a session)
+runs a different sequence instead: the gateway starts once with an empty
+journal (its idle RSS: the baseline) and stops; the bench writes that
+journal in-process, in rounds of ``--round-segments`` (16) segments of 64
+MiB, with the journal's own ``Journal.open_sync`` and ``append_nowait``:
+the reference telemetry records (``sample_data``'s readings, 200 sensors,
+one every millisecond, keyed to 16 partitions), each its own entry, made
+by a second process; after each round every sealed segment is rewritten
+by ``compress_sealed_segment`` (the rewriter's ``write_compressed``,
+offline and unpaced) and the real gateway reopens the journal offline:
+reopen time, VmRSS and RssAnon after one second (the points of
+``rss_mb_per_million_entries``, and of ``..._past_settled`` after the 40th
+segment, once the 32 directories a process keeps decoded are all in use).
+The fill stops when the compressed segments hold ``--backlog-gib`` (8: three
+days) or at the first round boundary after ``--max-fill-s``; then the link
+comes up, capped, and the whole backlog drains to moto
+(``drain_peak_rss_mb``, ``drain_mb_per_s`` beside the cap). Printed beside
+the same run's idle gateway and the 150 MB target, with the RSS
+extrapolated to three days (259.2 M entries) from the last reopen and the
+drain's peak plus the slope, labelled as an extrapolation.
+
 The last line is one JSON object with every figure.
 """
 
@@ -77,12 +100,16 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import multiprocessing
 import os
+import queue as queue_module
+import random
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +131,7 @@ from edge_gateway.api.wire import BATCH_MEDIA_TYPE
 from edge_gateway.config import TopicConfig
 from edge_gateway.format import atrest, logobject
 from edge_gateway.format.batch import encode_batch
+from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, compress_sealed_segment
 from edge_gateway.sample_data import TelemetryGenerator, partition_for
 from edge_gateway.testing.moto import ACCESS_KEY, REGION, SECRET_KEY, s3_client, start_moto_server
 from edge_gateway.testing.tcpproxy import ProxyMode, TcpProxy
@@ -206,10 +234,12 @@ class Gateway:
         return doc
 
 
-def write_config(root: Path, proxy_url: str, cap: int, backlog: int, prio: bool) -> Path:
+def write_config(
+    root: Path, proxy_url: str, cap: int, backlog: int, prio: bool, partitions: int = PARTITIONS
+) -> Path:
     topics = ""
     for name, priority, _ in TOPICS:
-        topics += f'[[topics]]\nname = "{name}"\nhome = "north"\npartitions = {PARTITIONS}\n'
+        topics += f'[[topics]]\nname = "{name}"\nhome = "north"\npartitions = {partitions}\n'
         if prio:
             topics += f'priority = "{priority}"\n'
     config = root / "edgegw.toml"
@@ -631,6 +661,475 @@ def at_rest_rows(f: dict[str, Any]) -> list[Row | str]:
     ]
 
 
+# ------------------------------------------------------------ --fill direct
+
+#: The gateway's default ``journal.segment_bytes``: the direct fill writes its journal with it.
+DIRECT_SEGMENT_BYTES = 64 * MB
+#: Reference records per message from the generating process.
+DIRECT_CHUNK = 20_000
+#: Messages the generating process may run ahead (~420 MB of the bench's memory, not the gateway's).
+DIRECT_QUEUED = 64
+#: ``TelemetryGenerator``'s default start (2026-11-18).
+REFERENCE_START_MS = 1_795_000_000_000
+#: Compressed segments after which the directories a process keeps decoded
+#: (32, docs/journal.md "Memory") are all in use: the RSS slope past it is growth.
+DIRECTORIES_SETTLED = 40
+#: Three days at the reference rate (shared/WORKLOADS.md): 1,000 records/s.
+THREE_DAYS_RECORDS = 3 * 86400 * 1000
+
+
+def reference_readings(sensors: int, seed: int, step_ms: int) -> Iterator[tuple[bytes, bytes, int]]:
+    """``sample_data.TelemetryGenerator``'s readings, byte for byte, ~3x faster.
+
+    The same random stream in the same order, the same rounding and the same
+    JSON (``json.dumps`` writes a float as its ``repr``, as ``%r`` does); the
+    timestamp's text is formatted once per second. Checked against the
+    generator itself (:func:`_check_reference_readings`) before a fill uses it.
+    """
+    rnd = random.Random(seed)
+    gauss = rnd.gauss
+    ids = [f"s-{i:05d}" for i in range(sensors)]
+    keys = [i.encode() for i in ids]
+    temp = [rnd.uniform(15.0, 25.0) for _ in range(sensors)]
+    hum = [rnd.uniform(30.0, 60.0) for _ in range(sensors)]
+    template = (
+        '{"sensor_id": "%s", "site": "north", "ts": "%s%03dZ", "temperature": %r, '
+        '"humidity": %r, "vibration": %r, "pressure_hpa": %r, "battery_v": %r, '
+        '"status": "ok", "seq": %d}'
+    )
+    now = REFERENCE_START_MS
+    second, stamp = -1, ""
+    seq = 0
+    while True:
+        i = seq % sensors
+        temp[i] += gauss(0, 0.02)
+        hum[i] = min(100.0, max(0.0, hum[i] + gauss(0, 0.05)))
+        t = temp[i]
+        if now // 1000 != second:
+            second = now // 1000
+            stamp = datetime.fromtimestamp(now / 1000, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+        value = template % (
+            ids[i],
+            stamp,
+            now % 1000,
+            round(t + gauss(0, 0.05), 2),
+            round(hum[i], 1),
+            round(abs(gauss(0.01, 0.004)), 3),
+            round(1013.25 + (t - 20.0) * 0.8 + gauss(0, 0.1), 2),
+            round(3.7 - seq * 1e-7, 3),
+            seq,
+        )
+        yield keys[i], value.encode(), now
+        seq += 1
+        now += step_ms
+
+
+def _check_reference_readings(n: int = 50_000) -> None:
+    """Refuse to fill unless :func:`reference_readings` equals ``TelemetryGenerator``."""
+    fast = reference_readings(200, 42, 1)
+    slow = TelemetryGenerator(sensors=200, seed=42, step_ms=1, start_ms=REFERENCE_START_MS)
+    for k in range(n):
+        r = next(slow)
+        if next(fast) != (r.key, r.value, r.timestamp_ms):
+            raise SystemExit(f"reference_readings differs from TelemetryGenerator at record {k}")
+
+
+def _generate_batches(queue: Any, partitions: int) -> None:
+    """The generating process of ``--fill direct``: encoded one-record batches, forever.
+
+    The reference telemetry records of shared/WORKLOADS.md (``sample_data``:
+    200 sensors, drifting values, one record every millisecond: 1,000/s),
+    keyed by sensor and partitioned by key hash, each encoded as its own
+    batch, as the API encodes a JSON request's record: one journal entry each.
+    The readings come from :func:`reference_readings` (the same bytes,
+    checked at start). In a process of its own so that generating runs
+    beside the appends and the compression (the queue holds up to
+    ``DIRECT_QUEUED`` messages, ~1.3 M records, so it keeps going while a
+    round's segments are compressed).
+    """
+    _check_reference_readings()
+    readings = reference_readings(200, 42, 1)
+    part_of: dict[bytes, int] = {}
+    while True:
+        out = []
+        for _ in range(DIRECT_CHUNK):
+            key, value, ts = next(readings)
+            p = part_of.get(key)
+            if p is None:
+                p = part_of[key] = partition_for(key, partitions)
+            out.append((p, encode_batch([value], keys=[key], timestamps=ts)))
+        queue.put(out)
+
+
+def _next_chunk(queue: Any, gen: Any) -> list[tuple[int, bytes]]:
+    """The generating process's next message; exit if it died (it would never send one)."""
+    while True:
+        try:
+            chunk: list[tuple[int, bytes]] = queue.get(timeout=10)
+        except queue_module.Empty:
+            if not gen.is_alive():
+                raise SystemExit(f"the generating process exited ({gen.exitcode})") from None
+        else:
+            return chunk
+
+
+@dataclasses.dataclass
+class FillPoint:
+    """The gateway reopened offline after a round of the direct fill."""
+
+    entries: int
+    compressed_bytes: int
+    wal_bytes: int
+    segments: int
+    reopen_s: float
+    rss_kb: int
+    anon_kb: int
+    fill_s: float
+
+
+def direct_fill(
+    journal_dir: Path,
+    target_bytes: int,
+    round_segments: int,
+    on_round: Callable[[int, int, int, int], FillPoint],
+    stop_gateway: Callable[[], None],
+    max_s: float | None = None,
+) -> tuple[list[FillPoint], float, float]:
+    """Fill the gateway's (closed) journal until its compressed segments hold ``target_bytes``.
+
+    Rounds of ``round_segments`` segments: open the journal with its own
+    ``Journal.open_sync``, ``append_nowait`` one-record batches from the
+    generating process, close it, and rewrite every sealed segment with
+    ``compress_sealed_segment`` (the rewriter's ``write_compressed``: the
+    same code and frames as the gateway's background rewrite, offline and
+    unpaced). After each round ``on_round(entries, compressed bytes, their
+    bytes uncompressed, compressed segments)`` reopens the real gateway
+    offline and samples it; ``stop_gateway`` stops it before the next
+    round (one process per journal). The gateway is left running after the
+    last round. With ``max_s``, no round starts after ``max_s`` seconds: the
+    figures are then at the scale reached (the JSON says so). Returns the
+    points, seconds appending and seconds compressing.
+    """
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue(maxsize=DIRECT_QUEUED)
+    gen = ctx.Process(target=_generate_batches, args=(queue, AT_REST_PARTITIONS), daemon=True)
+    gen.start()
+    config = JournalConfig(
+        fsync=FsyncPolicy.NEVER,
+        segment_bytes=DIRECT_SEGMENT_BYTES,
+        max_bytes=target_bytes * 2 + (round_segments + 2) * DIRECT_SEGMENT_BYTES,
+    )
+    points: list[FillPoint] = []
+    append_s = compress_s = 0.0
+    compressed = wal = segments = 0
+    began = time.monotonic()
+    try:
+        while compressed < target_bytes:
+            if points and max_s is not None and time.monotonic() - began > max_s:
+                progress(f"  fill stopped at {max_s:.0f} s (--max-fill-s), below the target")
+                break
+            if points:
+                stop_gateway()
+            t0 = time.monotonic()
+            j = Journal.open_sync(journal_dir, config)
+            try:
+                goal = j.appended_bytes + round_segments * DIRECT_SEGMENT_BYTES
+                while j.appended_bytes < goal:
+                    for partition, batch in _next_chunk(queue, gen):
+                        j.append_nowait("telemetry", partition, batch)
+                entries = j.next_lsn - 1
+            finally:
+                j.close_sync()
+            t1 = time.monotonic()
+            append_s += t1 - t0
+            files = sorted(journal_dir.glob("*.wal"))
+            for f in files[:-1]:  # the last one is the segment the journal appends to
+                with f.open("rb") as fh:
+                    if fh.read(4) == atrest.MAGIC:
+                        continue
+                done = compress_sealed_segment(journal_dir, int(f.name.split(".")[0]))
+                compressed += done.compressed_bytes
+                wal += done.wal_bytes
+                segments += 1
+            compress_s += time.monotonic() - t1
+            progress(
+                f"  fill: {entries:,} entries, {segments} segments compressed to "
+                f"{compressed / GiB:.3f} GiB ({compressed / max(1, wal):.3f} of their "
+                f"{wal / GiB:.2f} GiB), {time.monotonic() - began:.0f} s"
+            )
+            points.append(on_round(entries, compressed, wal, segments))
+    finally:
+        gen.kill()
+        gen.join()
+    return points, append_s, compress_s
+
+
+def direct_main(args: argparse.Namespace, cap: int, target: int) -> None:
+    """``--fill direct``: the backlog written in-process, compressed, then reopened and drained.
+
+    The gateway (``edgegw serve``) starts once with an empty journal (its
+    idle RSS, the baseline) and stops; :func:`direct_fill` writes its journal
+    in rounds, and after each round the gateway reopens it offline (reopen
+    time, RSS: the points of the slope per million entries). Then the link
+    comes up, capped, and the whole compressed backlog drains to moto.
+    """
+    rss = RssSampler()
+    rss.start()
+    with scratch_dir("offline") as root:
+        free = os.statvfs(root)
+        room = target + (args.round_segments + 2) * DIRECT_SEGMENT_BYTES
+        if free.f_bavail * free.f_frsize < room * 1.3:
+            raise SystemExit(f"{root}: not enough free disk for {target / GiB:.1f} GiB compressed")
+        moto = start_moto_server(root / "moto.log")
+        proxy = TcpProxy("127.0.0.1", int(moto.endpoint.rsplit(":", 1)[1])).start()
+        gw = Gateway(
+            root,
+            write_config(root, proxy.url, cap, target, prio=False, partitions=AT_REST_PARTITIONS),
+        )
+        try:
+            s3_client(moto.endpoint).create_bucket(Bucket="fleet")
+            first_start_s = gw.start()
+            assert gw.proc is not None
+            rss.pid = gw.proc.pid
+            wait_claimed(gw)
+            time.sleep(1.0)
+            idle_kb, idle_anon_kb = rss.sample(), rss.anon_kb
+            proxy.set_mode(ProxyMode.REFUSE)
+            gw.stop()
+            rss.pid = None
+            fill_began = time.monotonic()
+
+            def reopen(entries: int, compressed: int, wal: int, segments: int) -> FillPoint:
+                fill_s = time.monotonic() - fill_began
+                reopen_s = gw.start()
+                assert gw.proc is not None
+                rss.pid = gw.proc.pid
+                time.sleep(1.0)
+                point = FillPoint(
+                    entries, compressed, wal, segments, reopen_s, rss.sample(), rss.anon_kb, fill_s
+                )
+                progress(
+                    f"  reopened offline in {reopen_s:.2f} s: RSS {point.rss_kb / 1024:.1f} MB, "
+                    f"anon {point.anon_kb / 1024:.1f} MB"
+                )
+                return point
+
+            def stop_between() -> None:
+                gw.stop()
+                rss.pid = None
+
+            progress(f"link down; direct fill to {target / GiB:.2f} GiB compressed ...")
+            points, append_s, compress_s = direct_fill(
+                root / "data" / "journal",
+                target,
+                args.round_segments,
+                reopen,
+                stop_between,
+                args.max_fill_s,
+            )
+            last = points[-1]
+            # The gateway is running, offline, on the whole backlog (the last point).
+            rss.peak_kb = 0
+            st = gw.status()
+            entries, journal_bytes = journal_totals(st)
+            progress(f"  link up, capped at {cap / MB:.1f} MB/s; draining {entries:,} entries ...")
+            waited0 = st["link"]["waited_s"]
+            anon_peak = [0]
+
+            def watch(doc: dict[str, Any], elapsed: float) -> None:
+                anon_peak[0] = max(anon_peak[0], rss.anon_kb)
+
+            samples, drain_s = drain(gw, proxy, watch)
+            end = gw.status()
+            drain_peak_kb = rss.peak_kb
+            drained_kb, drained_anon_kb = rss.sample(), rss.anon_kb
+            waited_s = end["link"]["waited_s"] - waited0
+            wire_bytes = end["shipper"]["wire_bytes"]
+        finally:
+            gw.stop()
+            rss.stop()
+            proxy.stop()
+            moto.stop()
+
+    bpr = last.compressed_bytes / last.entries
+    wal_bpr = last.wal_bytes / last.entries
+    rss_slope = slope([(p.entries, p.rss_kb) for p in points])
+    anon_slope = slope([(p.entries, p.anon_kb) for p in points])
+    # Past the directories a process keeps decoded (32, docs/journal.md "Memory"),
+    # what is left grows with the backlog.
+    late = [p for p in points if p.segments > DIRECTORIES_SETTLED]
+    late_slope = slope([(p.entries, p.rss_kb) for p in late])
+    # Extrapolated (printed as such): the last reopen's RSS plus the slope up to three days.
+    growth = late_slope if late_slope is not None else rss_slope
+    extra = (
+        None
+        if growth is None
+        else last.rss_kb / 1024 + max(0.0, growth) * (THREE_DAYS_RECORDS - last.entries) / 1e6
+    )
+    extra_drain = (
+        None
+        if growth is None
+        else drain_peak_kb / 1024 + max(0.0, growth) * (THREE_DAYS_RECORDS - last.entries) / 1e6
+    )
+    reopen_per_gib = max(0.0, last.reopen_s - first_start_s) / (last.compressed_bytes / GiB)
+    drain_mb_s = rate(samples, 1)
+    span = moving_span(samples)
+    drain_entries_s = (
+        (samples[span[0]][3] - samples[span[1]][3]) / (samples[span[1]][0] - samples[span[0]][0])
+        if span
+        else None
+    )
+    peak_mb = max(drain_peak_kb, last.rss_kb) / 1024
+    hours = GiB / (bpr * 1000) / 3600
+    rows: list[Row | str] = [
+        f"direct fill: {last.entries:,} reference records, one per entry, in {last.segments} "
+        f"segments of {DIRECT_SEGMENT_BYTES // MB} MiB compressed to "
+        f"{last.compressed_bytes / GiB:.3f} GiB ({append_s:.0f} s appending, {compress_s:.0f} s "
+        f"compressing, {len(points)} rounds)",
+        Row(
+            "bytes per record at rest",
+            bpr,
+            "B",
+            "the same segments uncompressed",
+            wal_bpr,
+            f"<= {AT_REST_TARGET_BYTES:.1f}",
+            bpr <= AT_REST_TARGET_BYTES,
+        ),
+        Row(
+            "offline hours per GiB at 1,000 rec/s",
+            hours,
+            "h",
+            "the same segments uncompressed",
+            GiB / (wal_bpr * 1000) / 3600,
+            ">= 9 (3 days in 8 GiB)",
+            hours >= 9,
+        ),
+        Row(
+            "RSS reopened offline on the backlog",
+            last.rss_kb / 1024,
+            "MB",
+            "same gateway, ready, empty journal",
+            idle_kb / 1024,
+        ),
+        Row(
+            "peak RSS, drain of the backlog",
+            drain_peak_kb / 1024,
+            "MB",
+            "same gateway, ready, empty journal",
+            idle_kb / 1024,
+            f"<= 150 MB ({last.compressed_bytes / GiB:.2f} GiB)",
+            peak_mb <= 150,
+        ),
+        Row(
+            "RSS growth per million entries (reopens)",
+            rss_slope,
+            "MB",
+            "old in-RAM index (3 x 8 B/entry)",
+            OLD_INDEX_MB_PER_MILLION,
+            "<= 5",
+            rss_slope is not None and rss_slope <= 5,
+        ),
+        Row(
+            f"  the same past {DIRECTORIES_SETTLED} segments",
+            late_slope,
+            "MB",
+            "old in-RAM index (3 x 8 B/entry)",
+            OLD_INDEX_MB_PER_MILLION,
+            "<= 5",
+            None if late_slope is None else late_slope <= 5,
+        ),
+        Row(
+            "EXTRAPOLATED peak RSS at 3 days (259.2 M)",
+            extra_drain,
+            "MB",
+            "same gateway, ready, empty journal",
+            idle_kb / 1024,
+            "<= 150 MB (8 GiB)",
+            extra_drain is not None and extra_drain <= 150,
+        ),
+        Row(
+            "reopen with the backlog, per GiB",
+            reopen_per_gib,
+            "s",
+            "first start, empty journal (s)",
+            first_start_s,
+            "<= 2",
+            reopen_per_gib <= 2,
+        ),
+        Row(
+            "drain of the compressed backlog", drain_mb_s, "MB/s", "link.max_bytes_per_s", cap / MB
+        ),
+        f"drain: {drain_entries_s or 0:,.0f} entries/s over {drain_s:.0f} s; transfers waited "
+        f"{waited_s:.0f} s for the cap "
+        f"({'the cap bound' if waited_s > 0.1 * drain_s else 'the cap hardly bound'})",
+        "reopens (entries, RSS MB, anon MB, s): "
+        + "; ".join(
+            f"{p.entries / 1e6:.1f} M {p.rss_kb / 1024:.1f} {p.anon_kb / 1024:.1f} {p.reopen_s:.2f}"
+            for p in points
+        ),
+    ]
+    title = (
+        f"offline, direct fill, {last.compressed_bytes / GiB:.2f} GiB compressed, "
+        f"cap {cap / MB:.1f} MB/s"
+    )
+    print(render_table(title, rows))
+    emit_json(
+        {
+            "bench": "offline",
+            "fill": "direct",
+            "entries": last.entries,
+            "journal_entries_status": entries,
+            "journal_bytes_status": journal_bytes,
+            "target_gib": round(target / GiB, 3),
+            "reached_target": last.compressed_bytes >= target,
+            "compressed_gib": round(last.compressed_bytes / GiB, 4),
+            "uncompressed_gib": round(last.wal_bytes / GiB, 3),
+            "compressed_segments": last.segments,
+            "bytes_per_record_at_rest": round(bpr, 2),
+            "bytes_per_record_uncompressed": round(wal_bpr, 2),
+            "offline_hours_per_gib": round(hours, 2),
+            "fill_append_s": round(append_s, 1),
+            "fill_compress_s": round(compress_s, 1),
+            "idle_rss_mb": round(idle_kb / 1024, 1),
+            "idle_anon_mb": round(idle_anon_kb / 1024, 1),
+            "reopened_rss_mb": round(last.rss_kb / 1024, 1),
+            "reopened_anon_mb": round(last.anon_kb / 1024, 1),
+            "drain_peak_rss_mb": round(drain_peak_kb / 1024, 1),
+            "drain_peak_anon_mb": round(anon_peak[0] / 1024, 1),
+            "drained_rss_mb": round(drained_kb / 1024, 1),
+            "drained_anon_mb": round(drained_anon_kb / 1024, 1),
+            "peak_rss_mb": round(peak_mb, 1),
+            "rss_mb_per_million_entries": None if rss_slope is None else round(rss_slope, 3),
+            "anon_rss_mb_per_million_entries": None if anon_slope is None else round(anon_slope, 3),
+            "rss_mb_per_million_entries_past_settled": (
+                None if late_slope is None else round(late_slope, 3)
+            ),
+            "extrapolated_with": "past_settled" if late_slope is not None else "all_points",
+            "extrapolated_reopened_rss_mb_3_days": None if extra is None else round(extra, 1),
+            "extrapolated_peak_rss_mb_3_days": None
+            if extra_drain is None
+            else round(extra_drain, 1),
+            "reopen_s": round(last.reopen_s, 3),
+            "first_start_s": round(first_start_s, 3),
+            "reopen_s_per_gib": round(reopen_per_gib, 3),
+            "link_cap_mb_per_s": cap / MB,
+            "drain_mb_per_s": None if drain_mb_s is None else round(drain_mb_s, 3),
+            "drain_entries_per_s": None if drain_entries_s is None else round(drain_entries_s),
+            "drain_s": round(drain_s, 1),
+            "link_waited_s": round(waited_s, 1),
+            "wire_mb": round(wire_bytes / MB, 1),
+            "points": [dataclasses.asdict(p) for p in points],
+            "load_avg": list(os.getloadavg()),
+            "targets": {
+                "peak_rss_mb": 150,
+                "rss_mb_per_million_entries": 5,
+                "reopen_s_per_gib": 2,
+                "bytes_per_record_at_rest": round(AT_REST_TARGET_BYTES, 1),
+            },
+        }
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 GiB backlog instead of 8 GiB")
@@ -657,7 +1156,31 @@ def main() -> None:
         default=None,
         help="reference records of the at-rest figures (default 1,000,000; --quick 100,000)",
     )
+    ap.add_argument(
+        "--fill",
+        choices=("http", "direct"),
+        default="http",
+        help="http: producers through the API (the issue 16 run); direct: the journal written "
+        "in-process with its append API and compressed, then reopened and drained (issue 42)",
+    )
+    ap.add_argument(
+        "--round-segments",
+        type=int,
+        default=16,
+        help="--fill direct: segments appended between two reopens of the gateway (default 16)",
+    )
+    ap.add_argument(
+        "--max-fill-s",
+        type=float,
+        default=None,
+        help="--fill direct: start no round after this many seconds (the figures at the scale "
+        "reached)",
+    )
     args = ap.parse_args()
+    if args.fill == "direct":
+        gib = args.backlog_gib or (1.0 if args.quick else 8.0)
+        direct_main(args, int(args.cap_mb * MB), int(gib * GiB))
+        return
     at_rest_records = args.at_rest_records or (100_000 if args.quick else 1_000_000)
     if args.at_rest_only:
         with scratch_dir("offline") as root:

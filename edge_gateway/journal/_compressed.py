@@ -32,6 +32,7 @@ import bisect
 import operator
 import os
 import struct
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -179,37 +180,133 @@ class ChunkCache:
             self._entries -= len(self._items.pop(key).entries.kinds)
 
 
+class _Loaded:
+    """A compressed segment's decoded directory and what reads derive from it.
+
+    Its size grows with the segment's frames (~540 bytes a frame as Python
+    objects: ~140 KB for a 64 MiB segment of one-record entries), so a
+    journal keeps at most :data:`DIRECTORIES_KEPT` of them (:class:`_Directories`).
+    """
+
+    __slots__ = ("chunk_first_frames", "directory", "frames_of", "lasts_of", "topic_lengths")
+
+    def __init__(self, directory: SegmentDirectory) -> None:
+        self.directory = directory
+        frames_of: dict[tuple[str, int], list[int]] = {}
+        for i, f in enumerate(directory.frames):
+            frames_of.setdefault((f.topic, f.partition), []).append(i)
+        #: (topic, partition) -> its frames' numbers, in offset order (the directory's rule)
+        self.frames_of = frames_of
+        self.lasts_of = {
+            key: [directory.frames[i].last_offset for i in numbers]
+            for key, numbers in frames_of.items()
+        }
+        self.chunk_first_frames = [c.first_frame for c in directory.chunks]
+        self.topic_lengths = [len(t.encode("utf-8")) for t, _ in directory.parts]
+
+
+#: Compressed segments whose directory a process keeps decoded (the most recently
+#: used, over every journal): what the directories cost does not grow with the
+#: backlog. A segment whose directory was dropped reads it again (three preads).
+DIRECTORIES_KEPT: Final = 32
+
+
+class _Directories:
+    """The decoded directories kept, least recently used first (thread-safe)."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._items: OrderedDict[CompressedFile, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def used(self, cf: CompressedFile) -> None:
+        with self._lock:
+            items = self._items
+            if cf in items:
+                items.move_to_end(cf)
+                return
+            items[cf] = None
+            while len(items) > self.capacity:
+                old, _ = items.popitem(last=False)
+                old.drop_directory()
+
+    def discard(self, cf: CompressedFile) -> None:
+        with self._lock:
+            self._items.pop(cf, None)
+
+
+DIRECTORIES = _Directories(DIRECTORIES_KEPT)
+
+
 class CompressedFile:
-    """One compressed segment at rest: its directory, and reads of its frames and entries."""
+    """One compressed segment at rest: its directory, and reads of its frames and entries.
+
+    The directory is decoded at open and kept while the segment is among the
+    :data:`DIRECTORIES_KEPT` most recently used; otherwise it is read again
+    from the file when needed. What every segment keeps is its summary
+    (sizes, LSNs, last append time), which does not grow with its frames.
+    """
 
     __slots__ = (
-        "_chunk_first_frames",
-        "_frames_of",
-        "_lasts_of",
-        "_topic_lengths",
-        "directory",
+        "_loaded",
+        "base_lsn",
+        "last_append_time",
+        "n_entries",
         "path",
         "positions",
+        "size",
+        "wal_bytes",
         "where",
     )
 
     def __init__(self, path: Path, directory: SegmentDirectory) -> None:
         self.path = path
         self.where = str(path)
-        self.directory = directory
-        frames_of: dict[tuple[str, int], list[int]] = {}
-        for i, f in enumerate(directory.frames):
-            frames_of.setdefault((f.topic, f.partition), []).append(i)
-        #: (topic, partition) -> its frames' numbers, in offset order (the directory's rule)
-        self._frames_of = frames_of
-        self._lasts_of = {
-            key: [directory.frames[i].last_offset for i in numbers]
-            for key, numbers in frames_of.items()
-        }
-        self._chunk_first_frames = [c.first_frame for c in directory.chunks]
-        self._topic_lengths = [len(t.encode("utf-8")) for t, _ in directory.parts]
+        self.base_lsn = directory.base_lsn
+        #: entries (LSNs) it holds
+        self.n_entries = directory.n_entries
+        #: bytes of the compressed file
+        self.size = directory.file_size
+        #: bytes of the journal segment it replaced
+        self.wal_bytes = directory.wal_bytes
+        self.last_append_time = directory.last_append_time
+        self._loaded: _Loaded | None = _Loaded(directory)
+        DIRECTORIES.used(self)
         #: each entry's position in the journal segment it replaced (loaded on demand)
         self.positions: array[int] | None = None
+
+    def _dir(self) -> _Loaded:
+        loaded = self._loaded
+        if loaded is None:
+            again = CompressedFile.open(self.path, self.base_lsn)
+            d = again.directory
+            DIRECTORIES.discard(again)
+            if (d.file_size, d.wal_bytes, d.n_entries) != (
+                self.size,
+                self.wal_bytes,
+                self.n_entries,
+            ):
+                raise CorruptData(
+                    "the compressed segment changed under the journal: "
+                    f"{d.file_size} bytes for {d.n_entries} entries, was {self.size} for "
+                    f"{self.n_entries}",
+                    where=self.where,
+                )
+            loaded = self._loaded = _Loaded(d)
+        DIRECTORIES.used(self)
+        return loaded
+
+    def drop_directory(self) -> None:
+        """Let go of the decoded directory (read again when next needed)."""
+        self._loaded = None
+
+    @property
+    def directory(self) -> SegmentDirectory:
+        """The segment's directory (read from the file again if it was dropped)."""
+        return self._dir().directory
 
     @classmethod
     def open(cls, path: Path, base_lsn: int) -> CompressedFile:
@@ -253,19 +350,11 @@ class CompressedFile:
 
     # ------------------------------------------------------------ frames
 
-    @property
-    def size(self) -> int:
-        return self.directory.file_size
-
-    @property
-    def wal_bytes(self) -> int:
-        """Bytes of the journal segment it replaced."""
-        return self.directory.wal_bytes
-
     def partitions(self) -> Iterator[tuple[str, int, int]]:
         """(topic, partition, first offset here) of every partition with records here."""
-        frames = self.directory.frames
-        for (topic, partition), numbers in self._frames_of.items():
+        loaded = self._dir()
+        frames = loaded.directory.frames
+        for (topic, partition), numbers in loaded.frames_of.items():
             yield topic, partition, frames[numbers[0]].first_offset
 
     def stored(self, pread: Pread, frame_no: int) -> bytes:
@@ -289,11 +378,12 @@ class CompressedFile:
         return self._view(chunk_no, self._load_entries(pread, chunk_no))
 
     def _view(self, chunk_no: int, ents: ChunkEntries) -> ChunkView:
-        d = self.directory
+        loaded = self._dir()
+        d = loaded.directory
         lengths: list[int] = []
         by_frame: dict[int, list[int]] = {}
         head = fentry.ENTRY_HEADER_SIZE
-        topic_lengths = self._topic_lengths
+        topic_lengths = loaded.topic_lengths
         frames = d.frames
         block_desc = atrest.BLOCK_DESC_SIZE
         kind_block = atrest.KIND_BLOCK
@@ -326,7 +416,7 @@ class CompressedFile:
         return cache.get(self, chunk_no, -1, lambda: self.load_chunk(pread, chunk_no))
 
     def _load_entries(self, pread: Pread, chunk_no: int) -> ChunkEntries:
-        d = self.directory
+        d = self._dir().directory
         c = d.chunks[chunk_no]
         return atrest.decode_entries(
             d, chunk_no, _pread_exact(pread, c.meta_stored, c.meta_offset, self.where),
@@ -345,18 +435,18 @@ class CompressedFile:
             return whole
 
         def load() -> ChunkView:
-            c = self.directory.chunks[chunk_no]
+            d = self._dir().directory
+            c = d.chunks[chunk_no]
             stored = _pread_exact(pread, c.meta_stored, c.meta_offset, self.where)
-            ents = atrest.decode_frame_entries(
-                self.directory, chunk_no, stored, frame_no, where=self.where
-            )
+            ents = atrest.decode_frame_entries(d, chunk_no, stored, frame_no, where=self.where)
             return ChunkView(chunk_no, ents, [], {frame_no: list(range(len(ents.kinds)))})
 
         return cache.get(self, chunk_no, frame_no, load)
 
     def forget(self) -> None:
-        """Drop the positions it holds (its file is deleted or replaced)."""
+        """Drop the positions and the directory it holds (its file is deleted or replaced)."""
         self.positions = None
+        DIRECTORIES.discard(self)
 
     def load_positions(self, pread: Pread) -> array[int]:
         """Each entry's position in the journal segment it replaced (every entry table read).
@@ -463,11 +553,13 @@ class CompressedFile:
         rebuilt as its journal bytes and decoded as the journal decodes one
         (CRC and all), so it is the very ``Entry`` the entry log gave.
         """
-        numbers = self._frames_of.get((topic, partition))
+        loaded = self._dir()
+        numbers = loaded.frames_of.get((topic, partition))
         if not numbers:
             return
-        d = self.directory
-        k = bisect.bisect_left(self._lasts_of[(topic, partition)], offset)
+        d = loaded.directory
+        first_frames = loaded.chunk_first_frames
+        k = bisect.bisect_left(loaded.lasts_of[(topic, partition)], offset)
 
         def raw_of(fno: int) -> bytes:
             return self.frame(cache, pread, fno).raw
@@ -477,7 +569,7 @@ class CompressedFile:
 
         for j in range(k, len(numbers)):
             fno = numbers[j]
-            ci = bisect.bisect_right(self._chunk_first_frames, fno) - 1
+            ci = bisect.bisect_right(first_frames, fno) - 1
             if j > k or (j and chunks.peek(self, ci, numbers[j - 1]) is not None):
                 # A reader moving on through the partition (this read, or the one
                 # before it ended in the previous frame): the whole table, once,

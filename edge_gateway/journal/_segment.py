@@ -66,7 +66,7 @@ class Segment:
     def entries(self) -> int:
         """How many entries the segment holds."""
         if self.compressed is not None:
-            return self.compressed.directory.n_entries
+            return self.compressed.n_entries
         return len(self.positions) if self.index is None else self.index.n
 
     @property

@@ -630,3 +630,56 @@ def test_a_read_that_starts_in_a_frame_decodes_that_frames_entries_only(
     finally:
         j.close_sync()
         j0.close_sync()
+
+
+async def test_a_bounded_number_of_directories_is_kept_and_the_others_are_read_again(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory costs memory per frame: only the most recently used are kept decoded."""
+    from edge_gateway.journal import _compressed
+
+    monkeypatch.setattr(_compressed.DIRECTORIES, "capacity", 2)
+    root, before = _copy(written, tmp_path)
+    sealed = _sealed(root)
+    for base in sealed:
+        compress_sealed_segment(root, base, **SMALL)
+    assert len(sealed) > 2
+    after = await _reading(root)
+    for key in before:
+        assert after[key] == before[key], key
+    j = Journal.open_sync(root, CFG)
+    try:
+        files = [s.compressed for s in j._segments if s.compressed is not None]
+        assert len(files) == len(sealed)
+        assert sum(f._loaded is not None for f in files) <= 2
+        # sizes, LSNs and the budget come from each segment's summary, not its directory
+        assert [s.end_lsn for s in j._segments[:-1]] == [*sealed[1:], j._segments[-1].base_lsn]
+        assert sum(f._loaded is not None for f in files) <= 2
+        _read_everything(j)
+        assert sum(f._loaded is not None for f in files) <= 2
+        assert len(_compressed.DIRECTORIES) <= 2
+    finally:
+        j.close_sync()
+
+
+def test_a_directory_read_again_from_a_replaced_file_is_corrupt_data(
+    written: tuple[Path, dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from edge_gateway.journal import _compressed
+
+    monkeypatch.setattr(_compressed.DIRECTORIES, "capacity", 1)
+    root, _ = _copy(written, tmp_path)
+    sealed = _sealed(root)
+    for base in sealed:
+        compress_sealed_segment(root, base, **SMALL)
+    j = Journal.open_sync(root, CFG)
+    try:
+        first = j._segments[0].compressed
+        assert first is not None
+        assert first._loaded is None  # the later segments' directories pushed it out
+        path = root / f"{sealed[0]:020d}.wal"
+        path.write_bytes((root / f"{sealed[1]:020d}.wal").read_bytes())
+        with pytest.raises(CorruptData, match=path.name):
+            first.directory  # noqa: B018 - the read is the test
+    finally:
+        j.close_sync()
