@@ -533,13 +533,26 @@ async def test_far_behind_plans_from_manifests_and_prefetches_in_bounds(
 
 class SlowHeads(Tracking):
     """HEADs (the head search) slower than GETs, and logged with them in order;
-    with ``fail_heads`` each HEAD fails as an unavailable store would."""
+    with ``fail_heads`` each HEAD fails as an unavailable store would.
+
+    A HEAD answers only once a log entry's GET has begun (or after 10 s): a
+    search that runs beside the fetches is then never done before them,
+    however slow the machine, and one that waits for them shows it.
+    """
 
     def __init__(self, inner: Bucket) -> None:
         super().__init__(inner)
         self.fail_heads = False
+        self.entry_fetched = trio.Event()
+
+    async def _get(self, key: str, start: int, end: int | None) -> GetResult:
+        if "/log/" in key:
+            self.entry_fetched.set()
+        return await super()._get(key, start, end)
 
     async def _head(self, key: str) -> ObjectInfo:
+        with trio.move_on_after(10):
+            await self.entry_fetched.wait()
         await trio.sleep(0.02)
         self.keys.append(f"HEAD {key}")
         if self.fail_heads:
