@@ -83,10 +83,18 @@ def test_kill_9_while_draining_a_compressed_backlog(
         first_c = min(f for f, _ in chunks)
         last_c = max(last for _, last in chunks)
         assert len(chunks) >= 15
-        # 3. the drain, over a slow link, killed and restarted
-        fleet.proxies["a"].set_mode("latency", latency=0.03)
+        # 3. the drain, over a slow link, killed and restarted: the first kill
+        # once the drain has shipped part of the compressed range (whatever the
+        # machine's load), the others at random
+        fleet.proxies["a"].set_mode("latency", latency=0.1)
         a.start()
-        for _ in range(4):
+        wait_until(
+            lambda: int(a.status()["shipper"]["shipped_lsn"]) >= first_c, 60, "the drain to begin"
+        )
+        a.kill()
+        a.start()
+        fleet.proxies["a"].set_mode("latency", latency=0.03)
+        for _ in range(3):
             time.sleep(rnd.uniform(0.3, 1.2))
             a.kill()
             a.start()
