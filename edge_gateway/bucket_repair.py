@@ -28,6 +28,7 @@ from typing import Final
 import trio
 
 from edge_gateway.bucket import Bucket, NotFound
+from edge_gateway.bucket_log import find_head, read_gc_boundary, read_header
 from edge_gateway.errors import CorruptData, Unavailable
 from edge_gateway.failpoints import FailPointError, fail_point
 from edge_gateway.format import logobject
@@ -35,7 +36,6 @@ from edge_gateway.format.crypt import Keyring
 from edge_gateway.format.logobject import LogObjectHeader
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Lane, ShippedObject
-from edge_gateway.bucket_log import find_head, read_gc_boundary, read_header
 
 __all__ = ["DEFAULT_TIMEOUT", "BucketRepairSource", "find_shipped"]
 

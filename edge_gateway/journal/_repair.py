@@ -476,8 +476,14 @@ def repair_damage(
     source: RepairSource | None,
     known: list[Repaired],
     now_ms: int | None = None,
+    work: Path | None = None,
 ) -> Repaired | None:
     """Rebuild the damaged range at ``damage.pos`` of segment ``path`` from ``source``.
+
+    ``work``: the file that holds the segment's entry log and is rewritten
+    (a live repair's copy beside the segment, ``_live_repair.py``); the
+    segment's own file by default. Either way ``path`` names the segment (its
+    lane, the segment after it, the copy's name and the report).
 
     None (nothing written) when there is no source, the bucket does not have
     the range (``shipper.json``), it is out of reach, or :func:`rebuild`
@@ -487,7 +493,8 @@ def repair_damage(
     """
     if source is None:
         return None
-    buf = path.read_bytes()
+    target = path if work is None else work
+    buf = target.read_bytes()
     resync = next_valid_entry(buf, damage.pos, damage.lsn)
     if resync is None:
         return None
@@ -550,7 +557,7 @@ def repair_damage(
     )
     fail_point("repair.recorded")
     # 3. the segment with the rebuilt entries in place of the damaged bytes
-    _replace(path, buf[: damage.pos] + rebuilt.data + buf[resync:])
+    _replace(target, buf[: damage.pos] + rebuilt.data + buf[resync:])
     log.warning(
         "journal: damaged entries in %s (bytes %d-%d: %s): LSN %d-%d repaired from the "
         "bucket (%d entries, %s; objects %s); the damaged copy is %s",

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import trio
-from edge_gateway.bucket_log import encode_gc_boundary
 
 from edge_gateway.bucket import FaultyBucket, LocalBucket
+from edge_gateway.bucket_log import encode_gc_boundary
 from edge_gateway.bucket_repair import BucketRepairSource, find_shipped
 from edge_gateway.errors import CorruptData, Unavailable
 from edge_gateway.format.batch import encode_batch
