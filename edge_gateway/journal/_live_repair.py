@@ -51,6 +51,7 @@ goes when it is repaired or deleted.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import random
@@ -185,8 +186,10 @@ class PreparedRepair:
     #: the index of the copy (not yet written) and its partitions' runs
     index_data: bytes
     runs: list[PartitionRun]
-    #: the ranges rebuilt (``repaired.log``'s new records)
+    #: the ranges rebuilt, and those of them new to ``repaired.log`` (a run killed
+    #: after recording a range recorded it already)
     repairs: list[Repaired]
+    recorded: list[Repaired]
     #: bytes of the file replaced (the compressed one's, if it was)
     old_size: int
 
@@ -211,9 +214,17 @@ _MAX_RANGES = 100
 
 
 def prepare_repair(
-    path: Path, base: int, source: RepairSource, known: list[Repaired]
+    path: Path,
+    base: int,
+    source: RepairSource,
+    known: list[Repaired],
+    *,
+    end: tuple[int, int] | None = None,
 ) -> PreparedRepair | None:
     """Steps 1 (module docstring) for sealed segment ``path``; blocking.
+
+    ``end``: the segment's end LSN and last append time (damage that runs to
+    its end is rebuilt too, bounded by the next segment's checkpoint).
 
     None: the segment scans sound (nothing to repair). Raises
     :class:`NotRepaired` when a damaged range is not rebuilt; the copy is
@@ -227,6 +238,7 @@ def prepare_repair(
         data = path.read_bytes()
     watched = _Watched(source)
     done: list[Repaired] = []
+    new: list[Repaired] = []
     try:
         replace_file(tmp, data, sync_dir=False, ops=_fs.ops)
         del data
@@ -236,7 +248,7 @@ def prepare_repair(
                 break
             except DamagedEntry as exc:
                 r = repair_damage(
-                    path, base, exc, last=False, source=watched, known=known, work=tmp
+                    path, base, exc, last=False, source=watched, known=known, work=tmp, end=end
                 )
                 if r is None:
                     raise NotRepaired(
@@ -245,6 +257,10 @@ def prepare_repair(
                         unavailable=watched.unavailable is not None,
                     ) from None
                 done.append(r)
+                if (
+                    known and known[-1] is r
+                ):  # recorded now (not by a run killed after recording it)
+                    new.append(r)
         else:
             raise NotRepaired(f"more than {_MAX_RANGES} damaged ranges")
         if not done:
@@ -255,7 +271,9 @@ def prepare_repair(
         idx = SegmentIndex(base, seg.size, seg.last_append_time, seg.positions, parts)
         index_data, runs = idx.encode()
         fail_point("live_repair.prepared")
-        return PreparedRepair(tmp, seg.size, seg.last_append_time, index_data, runs, done, old_size)
+        return PreparedRepair(
+            tmp, seg.size, seg.last_append_time, index_data, runs, done, new, old_size
+        )
     except BaseException:
         with contextlib.suppress(OSError):
             _fs.ops.unlink(tmp)
@@ -508,8 +526,10 @@ class LiveRepair:
             return True
         known = self._host.repairs()
         try:
+            end = (seg.end_lsn, seg.last_append_time)
             prepared = await trio.to_thread.run_sync(
-                prepare_repair, seg.path, base, source(), known, limiter=self._limiter
+                functools.partial(prepare_repair, seg.path, base, source(), known, end=end),
+                limiter=self._limiter,
             )
         except NotRepaired as exc:
             await self._failed(seg, exc.reason, unavailable=exc.unavailable)
@@ -523,7 +543,7 @@ class LiveRepair:
             return True
         else:
             await trio.to_thread.run_sync(fsync_dir, self._root, limiter=self._limiter)
-            self._host.repaired(prepared.repairs)
+            self._host.repaired(prepared.recorded)
             self._segments_done += 1
             self._ranges_done += len(prepared.repairs)
             self._host.compress_again()

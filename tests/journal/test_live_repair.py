@@ -104,7 +104,9 @@ def _flip(path: Path, at: int) -> None:
     path.write_bytes(bytes(buf))
 
 
-async def _open_damaged(tmp_path: Path, *, compressed: bool) -> tuple[Journal, Source, dict]:
+async def _open_damaged(
+    tmp_path: Path, *, compressed: bool, at_end: bool = False
+) -> tuple[Journal, Source, dict]:
     root = tmp_path / "journal"
     j = Journal.open_sync(root, SMALL)
     values = _fill(j)
@@ -117,7 +119,13 @@ async def _open_damaged(tmp_path: Path, *, compressed: bool) -> tuple[Journal, S
     seg = j._segments[1]
     assert (seg.compressed is not None) is compressed
     # a byte in the middle of the sealed segment: an entry's payload, or a frame
-    _flip(seg.path, seg.size // 2)
+    at = seg.size // 2
+    if at_end and seg.compressed is not None:  # the last frame (not the directory after it)
+        last = seg.compressed.directory.frames[-1]
+        at = last.offset + last.stored_length // 2
+    elif at_end:
+        at = seg.size - 20  # the last entry's payload
+    _flip(seg.path, at)
     j._segment_set.close_reads()  # the page cache has the flip; no stale descriptor
     return j, Source(entries), values
 
@@ -162,6 +170,22 @@ async def test_damage_is_repair_pending_then_repaired_bit_for_bit(
         assert len(j.repairs()) == len(repairs)
     finally:
         j.close_sync()
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+async def test_damage_to_the_end_of_a_sealed_segment_is_bounded_by_the_next(
+    tmp_path: Path, compressed: bool
+) -> None:
+    """The damage takes the segment's last entry (or its one frame): no intact entry
+    follows it in the segment, and the next segment's checkpoint bounds the lost offsets."""
+    j, source, values = await _open_damaged(tmp_path, compressed=compressed, at_end=True)
+    seg = j._segments[1]
+    j.live_repair.attach(lambda: source)
+    assert j.live_repair.report(seg.path)
+    assert await j.live_repair.repair(seg.base_lsn)
+    assert j.live_repair.statistics().segments_repaired == 1
+    assert _records(j) == values
+    await j.aclose()
 
 
 async def test_a_range_the_bucket_cannot_give_is_tried_a_few_times_then_given_up(
