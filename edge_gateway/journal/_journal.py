@@ -676,6 +676,7 @@ class Journal:
                 p.lsns, p.offsets = array("q"), array("q")
         self._seal(old, parts)
         self.rewriter.sealed()
+        self.live_repair.sealed()
 
     def _map(self, seg: Segment) -> None:
         """Preallocate and map the active segment, if configured (see :meth:`Segment.map`)."""

@@ -50,6 +50,7 @@ goes when it is repaired or deleted.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import json
@@ -73,7 +74,7 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
-from edge_gateway.journal._quarantine import shipped_lsn
+from edge_gateway.journal._quarantine import Loss, shipped_lsn
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, repair_damage
 from edge_gateway.journal._segment import REPAIR_SUFFIX, Segment
@@ -220,11 +221,15 @@ def prepare_repair(
     known: list[Repaired],
     *,
     end: tuple[int, int] | None = None,
+    lost: Sequence[tuple[int, int]] = (),
 ) -> PreparedRepair | None:
     """Steps 1 (module docstring) for sealed segment ``path``; blocking.
 
     ``end``: the segment's end LSN and last append time (damage that runs to
     its end is rebuilt too, bounded by the next segment's checkpoint).
+    ``lost``: LSN ranges an open quarantined (``lost.log``, ``repairable``):
+    the checkpoints that hold them are left as damage in the copy, so that
+    they are rebuilt like any damage.
 
     None: the segment scans sound (nothing to repair). Raises
     :class:`NotRepaired` when a damaged range is not rebuilt; the copy is
@@ -241,6 +246,9 @@ def prepare_repair(
     new: list[Repaired] = []
     try:
         replace_file(tmp, data, sync_dir=False, ops=_fs.ops)
+        if lost:
+            data = _unfill(tmp, base, data, lost)
+            replace_file(tmp, data, sync_dir=False, ops=_fs.ops)
         del data
         for _ in range(_MAX_RANGES):
             try:
@@ -278,6 +286,27 @@ def prepare_repair(
         with contextlib.suppress(OSError):
             _fs.ops.unlink(tmp)
         raise
+
+
+def _unfill(tmp: Path, base: int, data: bytes, lost: Sequence[tuple[int, int]]) -> bytes:
+    """``data`` with the entries of the ``lost`` LSN ranges (the quarantine's
+    checkpoints) left as damage; as it is if the copy does not scan (damage the
+    loop repairs first: the quarantined ranges wait for the next attempt)."""
+    try:
+        scanned = scan_segment(base, tmp, last=False)
+    except CorruptData:
+        return data
+    positions = scanned.segment.positions
+    size = scanned.segment.size
+    out = bytearray(data)
+    for first, last in lost:
+        i, j = first - base, last + 1 - base
+        if i <= 0 or j > len(positions):
+            continue  # not this segment's (or its own checkpoint): left as it is
+        start = positions[i]
+        stop = positions[j] if j < len(positions) else size
+        out[start:stop] = _FILLER * (stop - start)
+    return bytes(out)
 
 
 # ---------------------------------------------------------------- attempts
@@ -352,6 +381,9 @@ class Host(Protocol):
     def repairs(self) -> list[Repaired]:
         """``repaired.log``'s records so far (a copy)."""
 
+    def losses(self) -> list[Loss]:
+        """``lost.log``'s records so far (a copy)."""
+
     def repaired(self, done: list[Repaired]) -> None:
         """New records of ``repaired.log`` (the journal's list, the metrics)."""
 
@@ -413,6 +445,10 @@ class LiveRepair:
         #: off; :meth:`attach`)
         self.source: Callable[[], RepairSource] | None = None
         self._pending: set[int] = set()
+        #: per pending segment, the LSN ranges an open quarantined that the bucket has
+        self._lost: dict[int, list[tuple[int, int]]] = {}
+        #: look for such ranges in sealed segments (at attach, after a roll)
+        self._look = False
         self._attempts: dict[int, _Attempts] | None = None
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(1)
@@ -426,11 +462,31 @@ class LiveRepair:
         attempt (the open's gives up at once after one failure); a stale copy that a
         killed repair left is deleted."""
         self.source = source
+        self.sealed()
         for stale in self._root.glob(f"*{REPAIR_SUFFIX}"):
             with contextlib.suppress(OSError):
                 _fs.ops.unlink(stale)
 
     # ------------------------------------------------------------ reports
+
+    def sealed(self) -> None:
+        """A segment was sealed (or the source attached): a range quarantined at open
+        in it may be repaired now (issue 45 step 2)."""
+        self._look = True
+        self._wake.set()
+
+    def _mark_losses(self) -> None:
+        """Make pending the sealed segments holding quarantined, repairable ranges."""
+        done = {(r.segment, r.lsn_first) for r in self._host.repairs()}
+        sealed = {seg.base_lsn: seg for seg in self._segments.segments[:-1]}
+        for loss in self._host.losses():
+            seg = sealed.get(loss.segment)
+            if seg is None or not loss.repairable or (loss.segment, loss.lsn_first) in done:
+                continue
+            ranges = self._lost.setdefault(seg.base_lsn, [])
+            if (loss.lsn_first, loss.lsn_last) not in ranges:
+                ranges.append((loss.lsn_first, loss.lsn_last))
+            self._mark(seg)
 
     @property
     def attempts(self) -> dict[int, _Attempts]:
@@ -501,6 +557,9 @@ class LiveRepair:
         """Repair pending segments as they are reported, each when its backoff allows."""
         task_status.started()
         while not self._host.closed:
+            if self._look:
+                self._look = False
+                self._mark_losses()
             now = self._wall_ms()
             due = [b for b in sorted(self._pending) if self._due(b) <= now]
             if not due:
@@ -527,8 +586,11 @@ class LiveRepair:
         known = self._host.repairs()
         try:
             end = (seg.end_lsn, seg.last_append_time)
+            lost = tuple(self._lost.get(base, ()))
             prepared = await trio.to_thread.run_sync(
-                functools.partial(prepare_repair, seg.path, base, source(), known, end=end),
+                functools.partial(
+                    prepare_repair, seg.path, base, source(), known, end=end, lost=lost
+                ),
                 limiter=self._limiter,
             )
         except NotRepaired as exc:
@@ -539,15 +601,26 @@ class LiveRepair:
             return False
         if prepared is None:
             log.info("journal: %s reads sound now: nothing to repair", seg.path)
-        elif not self._install(seg, prepared):
-            return True
+            installed = False
         else:
+            try:
+                installed = self._install(seg, prepared)
+            except NotRepaired as exc:
+                with contextlib.suppress(OSError):
+                    _fs.ops.unlink(prepared.tmp)
+                await self._failed(seg, exc.reason, unavailable=False)
+                return False
+            if not installed:
+                return True
+        if installed:
+            assert prepared is not None
             await trio.to_thread.run_sync(fsync_dir, self._root, limiter=self._limiter)
             self._host.repaired(prepared.recorded)
             self._segments_done += 1
             self._ranges_done += len(prepared.repairs)
             self._host.compress_again()
         self._pending.discard(base)
+        self._lost.pop(base, None)
         self._forget_attempts(base)
         return True
 
@@ -566,7 +639,7 @@ class LiveRepair:
             self._pending.discard(seg.base_lsn)
             self._forget_attempts(seg.base_lsn)
             return False
-        slots = self._runs_of(seg, prepared.runs)
+        slots = self._runs_of(seg, prepared.runs)  # before any change (NotRepaired)
         old_index = seg.index
         with contextlib.suppress(FileNotFoundError):
             # first: a crash after the rename must not find the old index beside the
@@ -582,30 +655,44 @@ class LiveRepair:
         self._segments.swap_entry_log(seg, prepared.size)
         seg.last_append_time = prepared.last_append_time
         seg.index = IndexFile.from_bytes(seg.index_path, self._index_cache, prepared.index_data)
-        for (p, k), run in slots:
-            p.seg_at[k] = run.at
-            p.seg_count[k] = run.count
+        for p, k, run in slots:
+            self._put_run(p, k, seg.base_lsn, run)
         self._host.account_bytes(prepared.size - prepared.old_size)
         self._host.index_sealed(seg)
         return True
 
     def _runs_of(
         self, seg: Segment, runs: list[PartitionRun]
-    ) -> list[tuple[tuple[_Partition, int], PartitionRun]]:
-        """Each new run with the place of its partition's run in ``seg``: the same
-        partitions from the same first offsets, or the repair is a bug (raised)."""
-        out = []
+    ) -> list[tuple[_Partition, int | None, PartitionRun]]:
+        """Each new run with its partition and the place of its run in ``seg`` (None: it
+        had none there, every entry of it was quarantined). Raises :class:`NotRepaired`
+        when they do not fit the journal's (a partition it does not know, or one whose
+        run in ``seg`` the repair lost): nothing is changed then."""
+        out: list[tuple[_Partition, int | None, PartitionRun]] = []
         for r in runs:
             p = self._partitions.get((r.topic, r.partition))
-            k = -1 if p is None else _index_of(p.seg_bases, seg.base_lsn)
-            if p is None or k < 0 or p.seg_first[k] != r.first_offset:
-                raise CorruptData(
-                    f"the repaired segment's run of {r.topic}/{r.partition} does not match "
-                    "the journal's",
-                    where=str(seg.path),
-                )
-            out.append(((p, k), r))
+            if p is None:
+                raise NotRepaired(f"the repair holds {r.topic}/{r.partition}, unknown here")
+            k = _index_of(p.seg_bases, seg.base_lsn)
+            out.append((p, None if k < 0 else k, r))
+        kept = {id(p) for p, _, _ in out}
+        for p in self._partitions.values():
+            if id(p) not in kept and _index_of(p.seg_bases, seg.base_lsn) >= 0:
+                raise NotRepaired(f"the repair lost {p.topic}/{p.partition}'s entries")
         return out
+
+    @staticmethod
+    def _put_run(p: _Partition, k: int | None, base: int, r: PartitionRun) -> None:
+        if k is None:
+            k = bisect.bisect_left(p.seg_bases, base)
+            p.seg_bases.insert(k, base)
+            p.seg_first.insert(k, r.first_offset)
+            p.seg_at.insert(k, r.at)
+            p.seg_count.insert(k, r.count)
+            return
+        p.seg_first[k] = r.first_offset  # lower, if its first entries were quarantined
+        p.seg_at[k] = r.at
+        p.seg_count[k] = r.count
 
     async def _failed(self, seg: Segment, reason: str, *, unavailable: bool) -> None:
         base = seg.base_lsn

@@ -250,3 +250,53 @@ async def test_an_unshipped_segment_is_not_pending(tmp_path: Path) -> None:
         _records(j)
     assert not isinstance(got.value, RepairPending)
     await j.aclose()
+
+
+async def test_a_range_quarantined_at_open_is_repaired_once_its_segment_is_sealed(
+    tmp_path: Path,
+) -> None:
+    """Issue 45 step 2: the bucket away at open (no source): the damage in the last
+    segment is quarantined, ``repairable``; once the segment is sealed and the bucket
+    is back, the checkpoints holding the lost LSNs are replaced by the rebuilt entries."""
+    root = tmp_path / "journal"
+    j = Journal.open_sync(root, SMALL)
+    values = _fill(j)
+    entries = _all_entries(j)
+    j.close_sync()
+    _shipped(root, entries[-1].lsn)
+    last = max(root.glob("*.wal"))
+    _flip(last, last.stat().st_size // 2)
+    j = Journal.open_sync(root, SMALL)  # no repair source: quarantined
+    try:
+        [loss] = j.losses()
+        assert loss.repairable is True
+        assert loss.records > 0
+        assert _records(j) != values  # a gap
+        j.live_repair.attach(lambda: Source(entries))
+        j.live_repair._mark_losses()
+        assert j.live_repair.statistics().pending == ()  # not sealed yet
+        more = _fill(j, 240)  # rolls: the quarantined segment is sealed
+        assert int(last.stem) != j._segments[-1].base_lsn
+        _shipped(root, j.next_lsn - 1)
+        j.live_repair._mark_losses()
+        assert j.live_repair.statistics().pending == (loss.segment,)
+        assert await j.live_repair.repair(loss.segment)
+        want = {k: values[k] + more[k] for k in values}
+        assert _records(j) == want
+        [rep] = j.repairs()
+        assert (rep.segment, rep.lsn_first, rep.lsn_last) == (
+            loss.segment,
+            loss.lsn_first,
+            loss.lsn_last,
+        )
+        assert rep.records == loss.records
+    finally:
+        await j.aclose()
+    j = Journal.open_sync(root, SMALL)
+    try:
+        assert _records(j) == want
+        j.live_repair.attach(lambda: Source(entries))
+        j.live_repair._mark_losses()  # repaired already: not again
+        assert j.live_repair.statistics().pending == ()
+    finally:
+        j.close_sync()
