@@ -101,6 +101,9 @@ VERSION: Final = 1
 MAX_ATTEMPTS: Final = 5
 BACKOFF_BASE_S: Final = 2.0
 BACKOFF_CAP_S: Final = 600.0
+#: How often a quarantined range whose sealed segment the bucket has not yet
+#: confirmed whole is looked at again (seconds).
+LOOK_S: Final = 5.0
 #: What a read of a pending range tells the client to wait (seconds).
 RETRY_AFTER_S: Final = 1
 #: Filler for an entry of a compressed segment that does not read back: a length
@@ -449,6 +452,8 @@ class LiveRepair:
         self._lost: dict[int, list[tuple[int, int]]] = {}
         #: look for such ranges in sealed segments (at attach, after a roll)
         self._look = False
+        #: a quarantined range waits for the shipper to confirm its segment
+        self._waiting = False
         self._attempts: dict[int, _Attempts] | None = None
         self._wake = trio.Event()
         self._limiter = trio.CapacityLimiter(1)
@@ -475,8 +480,10 @@ class LiveRepair:
         self._look = True
         self._wake.set()
 
-    def _mark_losses(self) -> None:
-        """Make pending the sealed segments holding quarantined, repairable ranges."""
+    def _mark_losses(self) -> bool:
+        """Make pending the sealed segments holding quarantined, repairable ranges; True
+        if one waits for the shipper to confirm its segment whole (look again soon)."""
+        waiting = False
         done = {(r.segment, r.lsn_first) for r in self._host.repairs()}
         sealed = {seg.base_lsn: seg for seg in self._segments.segments[:-1]}
         for loss in self._host.losses():
@@ -486,7 +493,10 @@ class LiveRepair:
             ranges = self._lost.setdefault(seg.base_lsn, [])
             if (loss.lsn_first, loss.lsn_last) not in ranges:
                 ranges.append((loss.lsn_first, loss.lsn_last))
-            self._mark(seg)
+            a = self.attempts.get(seg.base_lsn)
+            if not self._mark(seg) and self.source is not None and not (a and a.exhausted):
+                waiting = True  # the entries appended after the open are not shipped yet
+        return waiting
 
     @property
     def attempts(self) -> dict[int, _Attempts]:
@@ -559,11 +569,14 @@ class LiveRepair:
         while not self._host.closed:
             if self._look:
                 self._look = False
-                self._mark_losses()
+                self._waiting = self._mark_losses()
             now = self._wall_ms()
             due = [b for b in sorted(self._pending) if self._due(b) <= now]
             if not due:
                 wait = min((self._due(b) for b in self._pending), default=now + 60_000) - now
+                if self._waiting:
+                    wait = min(wait, int(LOOK_S * 1000))
+                    self._look = True
                 with trio.move_on_after(max(wait, 0) / 1000):
                     await self._wake.wait()
                 self._wake = trio.Event()

@@ -206,3 +206,48 @@ def test_a_kill_during_the_live_repair_loses_nothing(tmp_path: Path, step: str) 
         if producer is not None and producer.is_alive():
             producer.stopping.set()
         g.kill()
+
+
+def test_a_range_quarantined_with_the_bucket_away_is_repaired_when_it_returns(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    """Issue 45 step 2 on S3 behind a TCP proxy: the bucket is out of reach at the start,
+    so the damage in the last segment is quarantined (``repairable: true``) and the site
+    serves the rest; once the link heals and the segment is sealed, the live repair
+    rebuilds the quarantined range: every acknowledged record is served again."""
+    from test_journal_damage import _damage, _fill, _last_segment, _produce, _served, _value
+    from test_journal_repair import _s3_site, _ship_all_and_stop
+
+    fleet = _s3_site(tmp_path, moto_endpoint, s3_bucket_name)
+    g = fleet["north"]
+    try:
+        fleet.start()
+        acked = _fill(g, "before")
+        _ship_all_and_stop(g)
+        damaged = _last_segment(g)
+        _damage(damaged, "flip")
+        fleet.proxies["north"].set_mode("blackhole")
+        g.start()
+        [loss] = _lane(g)["lost"]["losses"]  # type: ignore[index]
+        assert loss["repairable"] is True
+        served = _served(g.url)
+        assert len(served) < len(acked)  # the quarantined range is a gap for now
+        fleet.proxies["north"].set_mode("pass")
+        i = 0
+        while _last_segment(g) == damaged:  # produce until the damaged segment is sealed
+            acked |= _produce(g.url, [_value("after", 10 * i + k) for k in range(10)])
+            i += 1
+        wait_until(lambda: bool(_repaired(g)), 120, "the repair of the quarantined range")
+        [one] = _repaired(g)
+        assert (one["segment"], one["lsn_first"], one["lsn_last"]) == (
+            loss["segment"],
+            loss["lsn_first"],
+            loss["lsn_last"],
+        )
+        assert _served(g.url) == acked  # every record, the quarantined ones too
+        assert g.stop() == 0
+        g.start()
+        assert _served(g.url) == acked
+        assert len(_repaired(g)) == 1
+    finally:
+        fleet.close()
