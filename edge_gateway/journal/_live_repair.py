@@ -74,7 +74,7 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
-from edge_gateway.journal._quarantine import Loss, shipped_lsn
+from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss, shipped_lsn
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, repair_damage
 from edge_gateway.journal._segment import REPAIR_SUFFIX, Segment
@@ -242,6 +242,14 @@ def prepare_repair(
     old_size = path.stat().st_size
     if is_compressed(path):
         data, _ = expand_damaged(path, base)
+        # the damaged file as it was (the range's copy is of the expanded entry log)
+        qdir = path.parent.parent / QUARANTINE_DIR
+        qdir.mkdir(exist_ok=True)
+        replace_file(
+            qdir / f"{path.parent.name}-{path.stem}-compressed.damaged",
+            path.read_bytes(),
+            ops=_fs.ops,
+        )
     else:
         data = path.read_bytes()
     watched = _Watched(source)

@@ -157,6 +157,8 @@ async def test_damage_is_repair_pending_then_repaired_bit_for_bit(
     assert repairs
     assert repairs == j.repairs()
     assert (j.path.parent / repairs[0].copy).exists()
+    copies = sorted(p.name for p in (j.path.parent / "quarantine").glob("*.damaged"))
+    assert len(copies) == (2 if compressed else 1)  # a compressed one's file as it was too
     if compressed:  # the rewriter compresses it again
         assert await j.rewriter.rewrite_all() == 1
         assert seg.compressed is not None

@@ -154,6 +154,8 @@ def test_a_damaged_sealed_segment_is_repaired_while_producing(
         assert live["segments_repaired"] == 1
         assert live["pending"] == []
         assert "lost" not in _lane(g)
+        metrics = httpx.get(f"{g.url}/metrics", timeout=10).text
+        assert 'edgegw_journal_repaired_ranges_total{lane="normal"} 1.0' in metrics
         if at_rest == "compressed":  # the rewriter compresses it again
             wait_until(lambda: _compressed(seg), 60, "compressed again")
         time.sleep(0.5)  # produce goes on after the repair
