@@ -18,12 +18,16 @@ log with ``at_rest = "off"``, a compressed segment with the default). Then:
 from __future__ import annotations
 
 import json
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from _serve import Gateway, Producer, TopicSpec, check_acknowledged, wait_until
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "cli"))
+from _cli_support import run_edgegw
 
 from edge_gateway import failpoints
 from edge_gateway.api.wire import BATCH_MEDIA_TYPE, NEXT_OFFSET_HEADER
@@ -156,6 +160,9 @@ def test_a_damaged_sealed_segment_is_repaired_while_producing(
         assert "lost" not in _lane(g)
         metrics = httpx.get(f"{g.url}/metrics", timeout=10).text
         assert 'edgegw_journal_repaired_ranges_total{lane="normal"} 1.0' in metrics
+        out = run_edgegw("status", "--config", g.config)
+        assert out.returncode == 0, out.stderr
+        assert "1 segments repaired while running" in out.stdout, out.stdout
         if at_rest == "compressed":  # the rewriter compresses it again
             wait_until(lambda: _compressed(seg), 60, "compressed again")
         time.sleep(0.5)  # produce goes on after the repair
