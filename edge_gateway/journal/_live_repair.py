@@ -30,6 +30,12 @@ The steps, and where each runs:
 3. the directory is fsynced (worker thread), and the rewriter woken: with
    ``journal.at_rest = "compressed"`` it compresses the segment again.
 
+**A range quarantined at open** (``lost.log``, ``repairable: true``: the
+bucket was out of reach) takes the same path once its segment is sealed and
+the shipper confirmed it whole (:meth:`LiveRepair.sealed`, after each roll;
+looked at again every :data:`LOOK_S` while it waits): the checkpoints that
+hold its LSNs are left as damage in the copy, and rebuilt like any damage.
+
 A kill at any step loses nothing: before the rename the segment is as it was
 (damaged; the next open repairs it, ``repaired.log`` gets no second record of
 a range, and a stale ``.r-tmp`` is deleted); after it the segment is sound,
