@@ -120,6 +120,10 @@ async def _open_damaged(
     assert (seg.compressed is not None) is compressed
     # a byte in the middle of the sealed segment: an entry's payload, or a frame
     at = seg.size // 2
+    if seg.compressed is not None and not at_end:  # the middle frame (not the tables)
+        frames = seg.compressed.directory.frames
+        mid = frames[len(frames) // 2]
+        at = mid.offset + mid.stored_length // 2
     if at_end and seg.compressed is not None:  # the last frame (not the directory after it)
         last = seg.compressed.directory.frames[-1]
         at = last.offset + last.stored_length // 2

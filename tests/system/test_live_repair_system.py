@@ -81,12 +81,17 @@ def _ready_to_damage(g: Gateway, *, compressed: bool) -> Path:
 
 
 def _flip(path: Path) -> None:
-    """One byte in the middle of the file, written in place (the gateway keeps running)."""
+    """One byte in the middle of the entries (of a compressed segment: of its middle
+    frame, not its entry table or directory), written in place: the gateway runs on."""
+    at = path.stat().st_size // 2
+    if _compressed(path):
+        frames = atrest.CompressedSegment(path.read_bytes()).directory.frames
+        frame = frames[len(frames) // 2]
+        at = frame.offset + frame.stored_length // 2
     with path.open("r+b") as f:
-        size = f.seek(0, 2)
-        f.seek(size // 2)
+        f.seek(at)
         b = f.read(1)
-        f.seek(size // 2)
+        f.seek(at)
         f.write(bytes([b[0] ^ 0x5A]))
 
 
