@@ -116,7 +116,7 @@ def _live_repair(d: dict[str, Any]) -> Text:
     if d["given_up"]:
         return _red(
             f"{line}; GIVEN UP for segments at LSN {', '.join(map(str, d['given_up']))} "
-            "(reads answer corrupt_data; a rescan at the next open quarantines them)"
+            "(reads answer corrupt_data; see docs/operations.md, 'A damaged disk')"
         )
     return Text(line)
 

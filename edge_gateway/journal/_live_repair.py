@@ -50,8 +50,9 @@ is retried without end at that pace (the bucket comes back); one where the
 bucket answered but the range could not be rebuilt counts, and after
 :data:`MAX_ATTEMPTS` the segment is given up: logged as an ERROR, reported in
 :meth:`LiveRepair.statistics`, its reads answer ``corrupt_data`` again, and
-the next open quarantines it (``_quarantine.py``). The record of a segment
-goes when it is repaired or deleted.
+nothing is fetched for it any more (an open that rescans it -- its index file
+deleted by the operator -- quarantines the damage, ``_quarantine.py``). The
+record of a segment goes when it is repaired or deleted.
 """
 
 from __future__ import annotations
@@ -738,8 +739,9 @@ class LiveRepair:
             self._pending.discard(base)
             log.error(
                 "journal: %s is damaged and was not repaired from the bucket after %d "
-                "attempts (%s): given up; its reads answer corrupt_data and the next open "
-                'quarantines the damage (docs/operations.md, "A damaged disk")',
+                "attempts (%s): given up; its reads answer corrupt_data (to quarantine the "
+                "damage: stop the gateway, delete the segment's .idx file and start it; "
+                'docs/operations.md, "A damaged disk")',
                 seg.path,
                 a.failures,
                 reason,
