@@ -24,6 +24,7 @@ from edge_gateway.errors import (
     InvalidName,
     JournalFull,
     ReadOnlyTopic,
+    RepairPending,
     Unavailable,
     UnknownTopic,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "InvalidName",
     "JournalFull",
     "ReadOnlyTopic",
+    "RepairPending",
     "Unavailable",
     "UnknownTopic",
     "__version__",

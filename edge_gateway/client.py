@@ -12,7 +12,8 @@ under trio and asyncio alike). Both have the same methods::
 Errors are edgegw's own classes (:mod:`edge_gateway.errors`), chosen by the
 ``code`` of the error response: ``unknown_topic`` -> :class:`UnknownTopic`,
 ``read_only_topic`` -> :class:`ReadOnlyTopic`, ``journal_full`` ->
-:class:`JournalFull`, ``disk_full`` -> :class:`DiskFull`, other 4xx ->
+:class:`JournalFull`, ``disk_full`` -> :class:`DiskFull`, ``repair_pending`` ->
+:class:`RepairPending` (damaged entries being rebuilt from the bucket), other 4xx ->
 :class:`InvalidInput` (and its subclasses), a refused connection, a
 timeout or a 503 -> :class:`Unavailable`. Each error carries a note with
 the HTTP status, the code and, when the gateway sent one, ``Retry-After``.

@@ -29,6 +29,8 @@ so callers only ever handle these kinds::
     │   │                     after shipping frees space
     │   ├── DiskFull          the filesystem under the journal is full
     │   │                     (ENOSPC, EDQUOT); retry when space returns
+    │   ├── RepairPending     the entries asked for are damaged on disk and
+    │   │                     being rebuilt from the bucket; retry shortly
     │   └── Denied            a dependency refuses this gateway (credentials,
     │       │                 policy, a missing bucket, the wrong region or
     │       │                 endpoint): a person must act; keep working
@@ -172,6 +174,15 @@ class DiskFull(Unavailable):
     filled the disk (or the budget exceeds it). The failed write was undone
     and shipped segments were deleted to make room; appends succeed again as
     soon as space returns, without a restart.
+    """
+
+
+class RepairPending(Unavailable):
+    """The entries asked for are damaged on disk and being rebuilt from the bucket.
+
+    The journal found damage in a sealed segment whose entries the bucket
+    holds (issue 45): a background repair is under way; retry after
+    ``Retry-After`` (docs/api.md, ``repair_pending``).
     """
 
 

@@ -71,6 +71,7 @@ from edge_gateway.journal import (
     Lane,
     Lanes,
     Priority,
+    RepairSource,
     Scrubber,
     lane_by_id,
 )
@@ -83,6 +84,8 @@ from edge_gateway.topics import Topic, TopicTable
 from edge_gateway.wiring import GatewayWiring
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from edge_gateway.metadata.agent import MetadataAgent
     from edge_gateway.metadata.routing import RoutingTable
 
@@ -576,6 +579,34 @@ class Gateway:
                 await nursery.start(j.rewriter.run)
             task_status.started()
 
+    async def _repair_live(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Each served lane's journal repairs damaged sealed segments from the bucket
+        as the scrub or a read finds them (``journal/_live_repair.py``)."""
+        bucket = self._bucket
+        async with trio.open_nursery() as nursery:
+            for lane, j in self.lanes.journals.items():
+                if bucket is None or self.wiring.repair_source(lane, bucket) is None:
+                    continue
+                j.live_repair.attach(functools.partial(self._live_repair_source, lane, bucket))
+                await nursery.start(j.live_repair.run)
+            if self.scrub is not None:
+                self.scrub.on_damage = self._scrub_found
+            task_status.started()
+
+    def _live_repair_source(self, lane: Lane, bucket: Bucket) -> RepairSource:
+        source = self.wiring.repair_source(lane, bucket)
+        assert source is not None
+        return source
+
+    def _scrub_found(self, path: Path) -> bool:
+        """The scrub found ``path`` damaged: True if its journal repairs it."""
+        for j in self.lanes.journals.values():
+            if j.path == path.parent:
+                return j.live_repair.report(path)
+        return False
+
     async def run(
         self, *, task_status: trio.TaskStatus[Gateway] = trio.TASK_STATUS_IGNORED
     ) -> None:
@@ -682,6 +713,9 @@ class Gateway:
                         self._workers_started = True
                         if cfg.gc.enabled:
                             await workers.start(functools.partial(sup.supervise, "gc", self.gc.run))
+                        await workers.start(
+                            functools.partial(sup.supervise, "repair", self._repair_live)
+                        )
                         if self.scrub is not None:
                             await workers.start(
                                 functools.partial(sup.supervise, "scrub", self.scrub.run)

@@ -142,9 +142,7 @@ class GatewayWiring:
         def repair_source(lane: Lane) -> BucketRepairSource | None:
             if repair_from is None:
                 return None
-            return BucketRepairSource.for_lane(
-                lane, repair_from, self.key_prefix, self.region, keyring=self.keys.ring
-            )
+            return self.repair_source(lane, repair_from)
 
         return open_lanes(
             cfg.journal_path,
@@ -152,6 +150,13 @@ class GatewayWiring:
             {Lane(t.priority, t.on_full) for t in self.topology if t.home == self.region},
             self.lane_of,
             repair=repair_source,
+        )
+
+    def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource | None:
+        """Where ``lane``'s damaged, shipped ranges are read back from (None: the lane is
+        not served, ``bucket_repair.py``)."""
+        return BucketRepairSource.for_lane(
+            lane, bucket, self.key_prefix, self.region, keyring=self.keys.ring
         )
 
     # ------------------------------------------------------------ shipper, tailers

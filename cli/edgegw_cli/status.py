@@ -106,6 +106,21 @@ def _repaired(d: dict[str, Any]) -> str:
     )
 
 
+def _live_repair(d: dict[str, Any]) -> Text:
+    """The repair of damaged sealed segments while running (``journal/_live_repair.py``)."""
+    line = f"{d['segments_repaired']} segments repaired while running"
+    if d["pending"]:
+        line += f"; {len(d['pending'])} pending (reads of them answer 503 repair_pending)"
+    if d["failures"]:
+        line += f"; {d['failures']} failed attempts, the last: {d['last_error']}"
+    if d["given_up"]:
+        return _red(
+            f"{line}; GIVEN UP for segments at LSN {', '.join(map(str, d['given_up']))} "
+            "(reads answer corrupt_data; see docs/operations.md, 'A damaged disk')"
+        )
+    return Text(line)
+
+
 def _disk(d: dict[str, Any]) -> Text:
     """The filesystem under the journal: free space, and why intake stops if it does."""
     line = f"{human_bytes(d['free_bytes'])} free of {human_bytes(d['size_bytes'])} ({d['path']})"
@@ -355,6 +370,8 @@ def render(doc: dict[str, Any]) -> None:
             head.add_row(f"lost ({lane['lane']})", _red(_lost(lane["lost"])))
         if lane.get("repaired"):
             head.add_row(f"repaired ({lane['lane']})", _repaired(lane["repaired"]))
+        if lane.get("live_repair"):
+            head.add_row(f"repairing ({lane['lane']})", _live_repair(lane["live_repair"]))
     if s.get("last_error"):
         head.add_row("ship error", _red(s["last_error"]))
     enc = doc.get("encryption")

@@ -61,6 +61,7 @@ from edge_gateway.errors import (
     OutOfOrderSequence,
     ProducerFenced,
     ReadOnlyTopic,
+    RepairPending,
     Unavailable,
     UnknownProducer,
     UnknownTopic,
@@ -318,6 +319,8 @@ class ApiApp:
             return error_response(503, "journal_full", message, retry)
         if isinstance(exc, DiskFull):
             return error_response(503, "disk_full", message, retry)
+        if isinstance(exc, RepairPending):
+            return error_response(503, "repair_pending", message, retry)
         if isinstance(exc, Unavailable | ClosedError):
             return error_response(503, "unavailable", message, retry)
         if isinstance(exc, Fenced):

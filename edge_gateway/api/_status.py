@@ -235,6 +235,10 @@ def _lanes_json(gw: Gateway, s: ShipperStats) -> dict[str, Any]:
             row["lost"] = _lost_json(j)
         if j.repairs():
             row["repaired"] = _repaired_json(j)
+        live = j.live_repair.statistics()
+        if live.pending or live.failures or live.segments_repaired:
+            # the repair while running (journal/_live_repair.py)
+            row["live_repair"] = live.to_json()
         out.append(row)
     return {"pending_moves": lanes.pending_moves, "lanes": out}
 

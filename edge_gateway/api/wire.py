@@ -26,6 +26,7 @@ from edge_gateway.errors import (
     OutOfOrderSequence,
     ProducerFenced,
     ReadOnlyTopic,
+    RepairPending,
     Unavailable,
     UnknownProducer,
     UnknownTopic,
@@ -92,6 +93,9 @@ ERROR_CODES: Final[dict[str, tuple[int, type[EdgeGatewayError]]]] = {
     "journal_full": (503, JournalFull),
     #: the disk under the journal is full (not the budget); honour Retry-After
     "disk_full": (503, DiskFull),
+    #: the entries asked for are damaged on disk and being rebuilt from the bucket
+    #: (docs/operations.md, "A damaged disk"); honour Retry-After
+    "repair_pending": (503, RepairPending),
     #: starting, shutting down, or a dependency is away; retry later
     "unavailable": (503, Unavailable),
     #: another gateway took over this region; this one is stopping

@@ -82,6 +82,7 @@ from edge_gateway._crc import crc32c
 from edge_gateway.datadir import DirectoryLock, lock_directory
 from edge_gateway.errors import (
     ClosedError,
+    CorruptData,
     DiskFull,
     InvalidInput,
     JournalFull,
@@ -102,6 +103,7 @@ from edge_gateway.journal._index import (
     PartitionRun,
     SegmentIndex,
 )
+from edge_gateway.journal._live_repair import LiveRepair
 from edge_gateway.journal._mirror_append import MirrorAppends, MirrorBatch, MirrorBlock
 from edge_gateway.journal._quarantine import Loss
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
@@ -345,6 +347,16 @@ class Journal:
             self._unindexed,
             self,
             level=config.at_rest_level,
+        )
+        #: damaged sealed segments rebuilt from the bucket while the journal runs
+        #: (``_live_repair.py``; the gateway attaches the source and runs it)
+        self.live_repair = LiveRepair(
+            path,
+            self._segment_set,
+            self._partitions,
+            self._index_cache,
+            self._unindexed,
+            self,
         )
 
     @property
@@ -664,6 +676,7 @@ class Journal:
                 p.lsns, p.offsets = array("q"), array("q")
         self._seal(old, parts)
         self.rewriter.sealed()
+        self.live_repair.sealed()
 
     def _map(self, seg: Segment) -> None:
         """Preallocate and map the active segment, if configured (see :meth:`Segment.map`)."""
@@ -1225,6 +1238,20 @@ class Journal:
         """Every damaged range rebuilt from the bucket (``repaired.log``), oldest first."""
         return list(self._repairs)
 
+    # The live repair's calls back (``_live_repair.Host``).
+
+    def repaired(self, done: list[Repaired]) -> None:
+        """Ranges the live repair rebuilt (already in ``repaired.log``)."""
+        self._repairs.extend(done)
+
+    def index_sealed(self, seg: Segment) -> None:
+        """Write a sealed segment's index file (or keep it in memory until it can be)."""
+        self._index_sealed(seg)
+
+    def compress_again(self) -> None:
+        """A sealed segment became an entry log again: the rewriter has work."""
+        self.rewriter.sealed()
+
     def losses_from(self, lsn: int) -> list[Loss]:
         """The losses that cost LSNs from ``lsn`` on, oldest first (the shipper ships
         each as gap markers, in an object that starts at its first LSN)."""
@@ -1239,7 +1266,11 @@ class Journal:
 
     def read_entry(self, lsn: int) -> Entry:
         """Read and verify the entry with this LSN (:meth:`Reads.read_entry`)."""
-        return self._reads.read_entry(lsn)
+        try:
+            return self._reads.read_entry(lsn)
+        except CorruptData as exc:
+            self.live_repair.check_read(exc)  # RepairPending if it is being repaired
+            raise
 
     def read(
         self,
@@ -1254,9 +1285,13 @@ class Journal:
 
         An empty list means nothing at or after ``offset`` yet (see :meth:`wait_for`).
         """
-        return self._reads.read(
-            topic, partition, offset, max_records=max_records, max_bytes=max_bytes
-        )
+        try:
+            return self._reads.read(
+                topic, partition, offset, max_records=max_records, max_bytes=max_bytes
+            )
+        except CorruptData as exc:
+            self.live_repair.check_read(exc)  # RepairPending if it is being repaired
+            raise
 
     def only_checkpoints(self, first_lsn: int, last_lsn: int) -> bool:
         """Whether every entry from ``first_lsn`` to ``last_lsn`` is a checkpoint.

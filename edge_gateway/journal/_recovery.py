@@ -26,7 +26,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import TMP_SUFFIX
-from edge_gateway.journal._segment import INDEX_SUFFIX, SEGMENT_SUFFIX, Segment
+from edge_gateway.journal._segment import INDEX_SUFFIX, REPAIR_SUFFIX, SEGMENT_SUFFIX, Segment
 
 log = logging.getLogger("edgegw.journal")
 
@@ -97,11 +97,16 @@ def list_segments(path: Path) -> list[tuple[int, Path]]:
 
     A segment created by a roll that crashed before its checkpoint became
     durable holds nothing acknowledged: it is removed (only ever the last one).
-    Temporary files of a compressed rewrite (``*.wal.z-tmp``) are removed.
+    Temporary files of a compressed rewrite (``*.wal.z-tmp``) and of a live
+    repair (``*.wal.r-tmp``) are removed.
     """
     for tmp in sorted(path.glob(f"*{SEGMENT_SUFFIX}{TMP_SUFFIX}")):
         # a compressed rewrite that did not finish: its segment is intact
         log.info("journal: deleting %s, left by an unfinished rewrite", tmp.name)
+        _fs.ops.unlink(tmp)
+    for tmp in sorted(path.glob(f"*{SEGMENT_SUFFIX}{REPAIR_SUFFIX}")):
+        # a live repair that did not finish: its segment is as it was (damaged)
+        log.info("journal: deleting %s, left by an unfinished repair", tmp.name)
         _fs.ops.unlink(tmp)
     bases: list[tuple[int, Path]] = []
     for f in sorted(path.glob(f"*{SEGMENT_SUFFIX}")):

@@ -276,6 +276,7 @@ def rebuild(
     *,
     last: bool,
     limit: Mapping[Key, int] | None = None,
+    end: tuple[int, int] | None = None,
 ) -> Rebuilt:
     """The entries of the damaged LSNs of segment bytes ``buf``, made again from ``objects``.
 
@@ -283,10 +284,14 @@ def rebuild(
     last (no later segment holds entries of its partitions). ``limit``, for a
     sealed segment: where each partition stood at the next segment's start (its
     checkpoint), so the end of a partition with no entry after the damage is
-    known. Raises :class:`NotRebuilt` unless the objects give exactly the lost
-    offsets.
+    known. ``end``, for a sealed segment whose LSN range is known (the live
+    repair's): ``(its end LSN, its last append time)``, so that damage that
+    runs to the segment's end is rebuilt too (with ``limit``). Raises
+    :class:`NotRebuilt` unless the objects give exactly the lost offsets.
     """
     resync = next_valid_entry(buf, damage.pos, damage.lsn)
+    if resync is None and end is not None and limit is not None and not last:
+        resync = len(buf)  # the damage runs to the end: the next segment bounds it
     if resync is None:
         raise NotRebuilt("no intact entry follows the damage")
     if damage.lsn == fentry.decode_segment_header(buf, where="segment"):
@@ -299,9 +304,16 @@ def rebuild(
     # records are the source's): its LSN is left without one, and the range is
     # refused below. Mirror partitions are never taken from this region's objects.
     mirrored = {(e.topic, e.partition) for e in (*before_entries, *after_entries) if _is_mirror(e)}
-    lsn_first, lsn_end = damage.lsn, after_entries[0].lsn
-    seg_end = after_entries[-1].lsn + 1
-    append_time = after_entries[0].append_time
+    if after_entries:
+        lsn_first, lsn_end = damage.lsn, after_entries[0].lsn
+        seg_end = after_entries[-1].lsn + 1
+        append_time = after_entries[0].append_time
+    elif end is not None:
+        lsn_first, lsn_end = damage.lsn, end[0]
+        seg_end = end[0]
+        append_time = end[1]  # the segment's last: never earlier than a lost entry's
+    else:
+        raise NotRebuilt("no intact entry follows the damage")
     before: dict[Key, int] = dict(damage.next_offsets)
     # Where each partition goes on after the damage: its first entry after it, else
     # (a sealed segment) where it stood at the next segment's start.
@@ -476,8 +488,16 @@ def repair_damage(
     source: RepairSource | None,
     known: list[Repaired],
     now_ms: int | None = None,
+    work: Path | None = None,
+    end: tuple[int, int] | None = None,
 ) -> Repaired | None:
     """Rebuild the damaged range at ``damage.pos`` of segment ``path`` from ``source``.
+
+    ``work``: the file that holds the segment's entry log and is rewritten
+    (a live repair's copy beside the segment, ``_live_repair.py``); the
+    segment's own file by default. Either way ``path`` names the segment (its
+    lane, the segment after it, the copy's name and the report). ``end``: see
+    :func:`rebuild` (a sealed segment whose damage may run to its end).
 
     None (nothing written) when there is no source, the bucket does not have
     the range (``shipper.json``), it is out of reach, or :func:`rebuild`
@@ -487,18 +507,22 @@ def repair_damage(
     """
     if source is None:
         return None
-    buf = path.read_bytes()
+    target = path if work is None else work
+    buf = target.read_bytes()
     resync = next_valid_entry(buf, damage.pos, damage.lsn)
-    if resync is None:
+    if resync is None and end is not None and not last:
+        resync, lsn_end = len(buf), end[0]
+    elif resync is None:
         return None
-    lsn_end = atrest.decode_any_entry(buf, resync).lsn
+    else:
+        lsn_end = atrest.decode_any_entry(buf, resync).lsn
     shipped = shipped_lsn(path.parent)
     if shipped is None or shipped < lsn_end - 1:
         return None  # not (known to be) in the bucket: quarantined, reported lost
     try:
         limit = None if last else _next_checkpoint(path, base)
         objects = source.shipped(damage.lsn, lsn_end - 1)
-        rebuilt = rebuild(buf, damage, objects, last=last, limit=limit)
+        rebuilt = rebuild(buf, damage, objects, last=last, limit=limit, end=end)
     except (NotRebuilt, EdgeGatewayError) as exc:
         log.warning(
             "journal: damaged entries LSN %d-%d in %s are in the bucket but were not "
@@ -550,7 +574,7 @@ def repair_damage(
     )
     fail_point("repair.recorded")
     # 3. the segment with the rebuilt entries in place of the damaged bytes
-    _replace(path, buf[: damage.pos] + rebuilt.data + buf[resync:])
+    _replace(target, buf[: damage.pos] + rebuilt.data + buf[resync:])
     log.warning(
         "journal: damaged entries in %s (bytes %d-%d: %s): LSN %d-%d repaired from the "
         "bucket (%d entries, %s; objects %s); the damaged copy is %s",

@@ -19,7 +19,9 @@ segment replaced by its compressed form mid-read is read whole as it was.
 Findings are kept per file: damage found once is logged once (a WARNING
 naming the file, the byte and the reason), stays in :meth:`Scrubber.statistics`
 while the file stays damaged, and is forgotten when the file is gone or reads
-clean. Repair from the bucket is a later step (issue 45); the scrub reports.
+clean. Each finding goes to :attr:`Scrubber.on_damage` (the gateway's: the
+lane journal's live repair, ``_live_repair.py``, which rebuilds a damaged
+segment the bucket holds); the scrub itself only reads and reports.
 """
 
 from __future__ import annotations
@@ -154,6 +156,9 @@ class Scrubber:
         self._last_pass_bytes = 0
         self._last_pass_segments = 0
         self._damaged: dict[Path, ScrubFinding] = {}
+        #: told of each damaged file found; True: it is being repaired (the gateway
+        #: sets it: the live repair of the file's journal)
+        self.on_damage: Callable[[Path], bool] | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Scrub pass after pass, one starting every ``interval_s`` (or when the last ends)."""
@@ -308,17 +313,21 @@ class Scrubber:
         if damage is None:
             self._forget(path)
             return
+        repairing = self.on_damage is not None and self.on_damage(path)
         known = self._damaged.get(path)
         if known is not None and (known.offset, known.reason) == (damage.offset, damage.reason):
             return  # said once already
         found = ScrubFinding(lane, path, damage.offset, damage.reason, self._wall_ms())
         self._damaged[path] = found
         log.warning(
-            "journal scrub: %s is damaged at byte %d: %s (it stays as it is: repair from the "
-            'bucket is a later step; docs/operations.md, "A damaged disk")',
+            'journal scrub: %s is damaged at byte %d: %s (%s; docs/operations.md, "A damaged '
+            'disk")',
             path,
             damage.offset,
             damage.reason,
+            "being repaired from the bucket"
+            if repairing
+            else "it stays as it is: not repairable from the bucket now",
         )
 
     def _forget(self, path: Path) -> None:

@@ -33,6 +33,8 @@ log = logging.getLogger("edgegw.journal")
 
 SEGMENT_SUFFIX: Final = ".wal"
 INDEX_SUFFIX: Final = ".idx"
+#: A live repair's copy of a segment, beside it (``_live_repair.py``; deleted at open).
+REPAIR_SUFFIX: Final = ".r-tmp"
 #: Written bytes of the active segment's map handed back at a time (``Segment.release_written``).
 RELEASE_BYTES: Final = 4 * 1024 * 1024
 

@@ -119,6 +119,26 @@ class SegmentSet:
         seg.size = cf.size
         seg.index = None
 
+    def swap_entry_log(self, seg: Segment, size: int) -> None:
+        """``seg``'s file was just replaced by a repaired entry log of ``size`` bytes
+        (``_live_repair.py``): its cached descriptor, frames and positions go.
+
+        The caller gives it its new index (its entries' positions may differ).
+        """
+        fd = self._read_fds.pop(seg.base_lsn, None)
+        if fd is not None:
+            os.close(fd)
+        self.frame_cache.forget(seg.base_lsn)  # block entries' frames, by position
+        cf = seg.compressed
+        if cf is not None:
+            self._positions.pop(seg.base_lsn, None)
+            self.frame_cache.forget(cf)
+            self.chunk_cache.forget(cf)
+            cf.forget()
+        seg.compressed = None
+        seg.index = None
+        seg.size = size
+
     def delete_oldest(self) -> tuple[Segment, int] | None:
         """Delete the oldest segment's files and take it off: (it, the bytes freed).
 

@@ -14,6 +14,8 @@ import httpx
 from _cli_support import run_edgegw
 from _serve import Fleet, Producer, TopicSpec, wait_until
 
+from edge_gateway import failpoints
+
 
 def _segments(journal: Path) -> list[Path]:
     return sorted(journal.glob("*.wal"))
@@ -40,6 +42,9 @@ def test_a_flipped_byte_in_a_sealed_segment_is_reported_while_produce_goes_on(
         },
     )
     gw = fleet["north"]
+    # The bucket's log cannot be read for a repair: the damage stays for the scrub to
+    # report (its live repair from the bucket: tests/system/test_live_repair_system.py).
+    gw.env = {failpoints.ENV: "repair.fetch=1000000"}
     gw.start()
     producer = Producer(gw.url, "t", 2, pause=0.005, max_batch=10)
     try:

@@ -108,7 +108,7 @@ async def test_a_flipped_byte_in_a_sealed_segment_is_found_and_said_once(
     assert len(warnings) == 1  # two passes, one warning
     assert str(bad) in warnings[0]
     assert f"at byte {found.offset}" in warnings[0]
-    assert "repair from the bucket is a later step" in warnings[0]
+    assert "not repairable from the bucket now" in warnings[0]
     assert scrub.statistics().segments_checked == 6  # the damaged one is checked each pass
     # Restored from a copy: the next pass forgets it.
     _flip(bad, bad.stat().st_size - 3)

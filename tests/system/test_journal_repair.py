@@ -176,7 +176,7 @@ def test_with_the_bucket_out_of_reach_the_site_starts_and_quarantines(
 ) -> None:
     """The start does not wait for the bucket: the range is quarantined (``repairable``),
     the intact records are served and new produce is taken; it ships once the link heals.
-    (Repairing such a range later is not built: it stays quarantined.)"""
+    (Its repair once the segment is sealed: ``test_live_repair_system.py``.)"""
     fleet = _s3_site(tmp_path, moto_endpoint, s3_bucket_name)
     g = fleet["north"]
     try:
