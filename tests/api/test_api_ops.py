@@ -25,8 +25,10 @@ class FaultyGateway(Gateway):
     def __init__(self, config: GatewayConfig) -> None:
         super().__init__(config)
         self.faulty: FaultyBucket | None = None
+        # The gateway opens its bucket through its wiring (edge_gateway/wiring.py).
+        self.wiring.open_bucket = self._open_faulty  # type: ignore[method-assign]
 
-    async def open_bucket(self) -> Bucket:
+    async def _open_faulty(self, *, create: bool | None = None) -> Bucket:
         inner = await LocalBucket.open(
             self.config.bucket.local_path(self.config.data_dir), create=True
         )
