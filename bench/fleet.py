@@ -281,6 +281,9 @@ class Recorder:
     back: dict[int, dict[str, float]] = field(default_factory=dict)
     #: Watches opened (each one request).
     opens: int = 0
+    #: How late the load process's loop ran a 10 ms timer, in the window (s):
+    #: a line that reached the socket waits about this long to be read.
+    loop_lag: list[float] = field(default_factory=list)
 
     def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
         if self.back_at is not None and t0 >= self.back_at:
@@ -610,9 +613,18 @@ async def run_load(plan: Plan) -> None:
             if gw in shippers:
                 n.start_soon(ship_loop, gw, state)
 
+    async def lag_probe() -> None:
+        while True:
+            t0 = trio.current_time()
+            await trio.sleep(0.01)
+            late = trio.current_time() - t0 - 0.01
+            if plan.measure_from <= time.time() < plan.measure_to:
+                rec.loop_lag.append(late)
+
     shippers = set(plan.shippers)
     await trio.sleep(max(0.0, plan.start_at - time.time()))
     async with trio.open_nursery() as nursery:
+        nursery.start_soon(lag_probe)
         for gw in range(plan.lo, plan.hi):
             nursery.start_soon(gateway, gw)
         progress_file = trio.Path(plan.out_file + ".progress")
@@ -634,6 +646,7 @@ async def run_load(plan: Plan) -> None:
         "wakes": rec.wakes,
         "back": {str(k): v for k, v in rec.back.items()},
         "opens": rec.opens,
+        "loop_lag": sorted(rec.loop_lag),
     }
     await trio.Path(plan.out_file).write_text(json.dumps(out))
 
@@ -933,7 +946,7 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
 
 def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
     """Every replica's /healthz, summed (None if one failed), and the longest it took."""
-    total: dict[str, Any] = {"long_polls": 0, "shed": 0}
+    total: dict[str, Any] = {"long_polls": 0, "shed": 0, "line_latency_counts": None}
     took_max = 0.0
     failed = False
     for port in ports:
@@ -944,6 +957,10 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
         else:
             total["long_polls"] += doc["long_polls"]
             total["shed"] += doc["shed"]
+            counts = doc.get("line_latency_counts")  # absent: a server before it
+            if counts is not None:
+                prev = total["line_latency_counts"] or [0] * len(counts)
+                total["line_latency_counts"] = [a + b for a, b in zip(prev, counts, strict=True)]
     return (None if failed else total), took_max
 
 
@@ -979,9 +996,11 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "wakes": {},
         "back": {},
         "opens": 0,
+        "loop_lag": [],
     }
     for r in results:
         out["opens"] += r["opens"]
+        out["loop_lag"].extend(r["loop_lag"])
         for key in ("count", "errors", "shed"):
             for op in OPS:
                 out[key][op] += r[key][op]
@@ -1088,6 +1107,11 @@ def main() -> None:
         metavar="PATH",
         help="run the server under cProfile: PATH.1 (the measured run), PATH.2 (after the herd)",
     )
+    ap.add_argument(
+        "--profile-load",
+        metavar="PATH",
+        help="run each load process under cProfile: PATH.0, PATH.1, ...",
+    )
     ap.add_argument("--load-plan", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.load_plan:
@@ -1182,18 +1206,21 @@ def main() -> None:
                 path = tmp / f"plan-{p}.json"
                 path.write_text(json.dumps(plan.__dict__))
                 plans.append(plan)
-            loads = [
-                subprocess.Popen(
-                    [sys.executable, __file__, "--load-plan", str(tmp / f"plan-{p}.json")]
-                )
-                for p in range(procs)
-            ]
+            loads = []
+            for p in range(procs):
+                argv = [sys.executable, __file__, "--load-plan", str(tmp / f"plan-{p}.json")]
+                if a.profile_load:
+                    argv = [sys.executable, "-c", _PROFILE_SERVER, f"{a.profile_load}.{p}", *argv]
+                loads.append(subprocess.Popen(argv))
             progress(
                 f"{n} gateways ({n_ship} shipping every {a.ship_ms:g} ms, following {a.follow} "
                 f"each) from {procs} process(es); ramp {ramp:g} s, window {duration:g} s"
             )
             time.sleep(max(0.0, measure_from - time.time()))
+            doc, _ = healthz_all(server.ports)
+            lines0 = (doc or {}).get("line_latency_counts")
             cpu0, w0 = server.cpu_s(), time.time()
+            load_cpu0 = [proc_cpu_s(p.pid) for p in loads]
             held_seen: list[int] = []
             health_lat: list[float] = []
             health_fail = 0
@@ -1206,7 +1233,9 @@ def main() -> None:
                     held_seen.append(doc["long_polls"])
                 time.sleep(0.5)
             cpu1, w1 = server.cpu_s(), time.time()
+            load_cpu1 = [proc_cpu_s(p.pid) for p in loads]
             doc, _ = healthz_all(server.ports)
+            lines1 = (doc or {}).get("line_latency_counts")
             if doc is not None:
                 held_seen.append(doc["long_polls"])
             held_end = held_seen[-1] if held_seen else 0
@@ -1276,6 +1305,20 @@ def main() -> None:
 
     wake, missed = wake_latencies(m["reports"], m["wakes"], follows)
     wake_ms = [w * 1000 for w in wake]
+    # Where a wake's time goes: in the server (report received → its line written
+    # to a watch's socket, the server's histogram over the window) and in the load
+    # processes (how late their loop ran a timer: a line on the socket waits that).
+    server_line_ms: dict[str, float | None] = {"p50": None, "p99": None}
+    if lines0 is not None and lines1 is not None:
+        sys.path.insert(0, str(BENCH_DIR.parent))
+        from edge_gateway.metadata._fanout import LatencyHistogram
+
+        window_counts = [b - a for a, b in zip(lines0, lines1, strict=True)]
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            v = LatencyHistogram.quantile_of(window_counts, q)
+            server_line_ms[name] = None if v is None else v * 1000
+    lag_ms = [x * 1000 for x in sorted(m["loop_lag"])]
+    load_cpu_pct = [(b - c) / (w1 - w0) * 100 for c, b in zip(load_cpu0, load_cpu1, strict=True)]
     # herd: every gateway had a heartbeat and a routing answer, and holds a long poll
     lasts = []
     for gw in range(n):
@@ -1313,6 +1356,12 @@ def main() -> None:
         wake_p50_ms=percentile(wake_ms, 50),
         wake_p99_ms=percentile(wake_ms, 99),
         wake_reports=len(wake_ms),
+        wake_server_line_p50_ms=server_line_ms["p50"],
+        wake_server_line_p99_ms=server_line_ms["p99"],
+        load_loop_lag_p50_ms=percentile(lag_ms, 50) if lag_ms else None,
+        load_loop_lag_p99_ms=percentile(lag_ms, 99) if lag_ms else None,
+        load_cpu_pct=load_cpu_pct,
+        load_cpu_pct_total=sum(load_cpu_pct),
         wake_missed=missed,
         server_rss_mb=rss,
         server_rss_peak_mb=rss_peak,
@@ -1382,6 +1431,27 @@ def main() -> None:
             base["p99_ms"],
             target="<= 250",
             ok=bool(wake_ms) and percentile(wake_ms, 99) <= 250,
+        ),
+        Row(
+            "  server: report → line written (p99)",
+            server_line_ms["p99"],
+            "ms",
+            "p50",
+            server_line_ms["p50"],
+        ),
+        Row(
+            "  load: loop lag, line waits (p99)",
+            figures["load_loop_lag_p99_ms"],
+            "ms",
+            "p50",
+            figures["load_loop_lag_p50_ms"],
+        ),
+        Row(
+            "load processes' CPU",
+            sum(load_cpu_pct),
+            "% of a core",
+            "server CPU",
+            cpu_pct,
         ),
         Row(
             "server RSS",
