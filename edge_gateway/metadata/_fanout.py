@@ -151,8 +151,8 @@ class HeadWatch(_Waiter):
         super().__init__(regions)
         self.since = since
         self.send_nowait = send_nowait
-        #: perf_counter() of the last line written (the keep-alive counts from it).
-        self.last_line_at = time.perf_counter()
+        #: trio.current_time() of the last line written (the keep-alive counts from it).
+        self.last_line_at = trio.current_time()
 
     def rearm(self) -> None:
         """The task is about to park: a new event, and direct lines if the server offers them."""
@@ -225,7 +225,7 @@ class HeadRelay:
     def _fan_out(self, waiters: set[_Waiter], line: bytes, at: float) -> None:
         """``line`` (the latest move) to ``waiters``: written to watches in step, else woken."""
         version = self.version
-        now = 0.0
+        now = clock = 0.0
         for w in waiters:
             if w.direct:  # only a HeadWatch with send_nowait is ever direct
                 watch = cast("HeadWatch", w)
@@ -233,8 +233,8 @@ class HeadRelay:
                 assert send_nowait is not None
                 watch.since = version
                 if not now:
-                    now = time.perf_counter()
-                watch.last_line_at = now
+                    now, clock = time.perf_counter(), trio.current_time()
+                watch.last_line_at = clock
                 if send_nowait(line):
                     self.direct_lines += 1
                     self.line_latency.observe(now - at)
@@ -279,10 +279,9 @@ class HeadRelay:
 
     def line_written(self, watch: HeadWatch) -> None:
         """``watch``'s task wrote a line: what was pending for it is out."""
-        now = time.perf_counter()
-        watch.last_line_at = now
+        watch.last_line_at = trio.current_time()
         if watch.pending_at is not None:
-            self.line_latency.observe(now - watch.pending_at)
+            self.line_latency.observe(time.perf_counter() - watch.pending_at)
             watch.pending_at = None
 
     def add_watch(self, watch: HeadWatch) -> None:

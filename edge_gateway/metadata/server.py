@@ -986,13 +986,13 @@ class _HeadsWatch(Response):
                 # No checkpoint from the check above to here: no move falls between.
                 watch.rearm()
                 while True:
-                    left = self._keepalive_s - (time.perf_counter() - watch.last_line_at)
+                    left = self._keepalive_s - (trio.current_time() - watch.last_line_at)
                     with trio.move_on_after(max(0.0, left)):
                         await watch.event.wait()
                     if watch.event.is_set() or relay.closed:
                         due = False
                         break
-                    if time.perf_counter() - watch.last_line_at >= self._keepalive_s:
+                    if trio.current_time() - watch.last_line_at >= self._keepalive_s:
                         due = True  # no line for keepalive_s: the keep-alive
                         break
                     # Reports wrote lines meanwhile: the keep-alive counts from the last.
