@@ -8,10 +8,14 @@ What runs: a real ``edgegw metadata serve`` process (SQLite; with
 ``--replicas R`` > 1, R of them sharing a PostgreSQL database — a throwaway
 cluster from Debian's ``postgresql``, seeded by ``edgegw metadata migrate`` —
 with gateway i talking to replica i mod R), and P load
-processes (``--procs``) that each simulate a share of N gateways with
-lightweight trio tasks speaking HTTP/1.1 on raw sockets (not N real
-gateways, nor httpx: the load generator must leave the cores to the server).
-Each simulated gateway does what the agent (``edge_gateway.metadata.agent``) does:
+processes (``--procs``, one per core by default) that each simulate a share
+of N gateways on one epoll loop with a heap of timers: no task per gateway,
+requests prepared once as bytes and sent on non-blocking sockets (not N real
+gateways, nor httpx: the load generator must leave the cores to the server;
+the bench reports the load processes' CPU so a reader sees whether a run
+was load-bound). Each simulated gateway does what the agent
+(``edge_gateway.metadata.agent``) does, with the agent's backoff and its
+watch decoder (``edge_gateway.metadata.WatchDecoder``):
 
 * a **heartbeat** every ``--heartbeat-s`` (10 s), starting at a random phase;
 * a **routing refresh** with ``If-None-Match``: every ``--routing-s`` (5 s)
@@ -59,7 +63,14 @@ before) — the bench reports that cost (``token_check_ms``) in either mode.
 Figures, each next to a same-run baseline: per operation the rate and
 p50/p99 latency (baseline: a trivial ASGI endpoint on the same HTTP server,
 ``--server builtin`` or ``hypercorn``, closed loop with ``bench/_load.py``, 32 connections); wake-up
-latency (a head report sent → the last follower's answer received);
+latency (a head report sent → the last follower's answer received) and
+where it goes: the report's wait for a free connection in the load process,
+the server's own part (report received → its line written to a watch's
+socket: the server's histogram, ``/healthz`` ``line_latency_counts``, over
+the window) and the load processes' loop lag (how late they ran a 10 ms
+timer: a line on the socket waits about that long to be read); the
+ceiling (the asked load at the CPU per report measured, against the one
+core a server process has, and the load processes' share);
 server RSS (per held poll, against bare hypercorn holding idle
 connections) and CPU (per 1,000 requests, against the trivial endpoint).
 The machine is shared: figures are noisy; the ratios are the point. The
@@ -238,6 +249,8 @@ class Recorder:
     #: How late the load process's loop ran a 10 ms timer, in the window (s):
     #: a line that reached the socket waits about this long to be read.
     loop_lag: list[float] = field(default_factory=list)
+    #: A report's wait for a free control connection, in the window (s).
+    report_queue: list[float] = field(default_factory=list)
 
     def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
         if self.back_at is not None and t0 >= self.back_at:
@@ -677,6 +690,7 @@ class Gateway:
             self.sent = seq
             if plan.measure_from <= t_sent < plan.measure_to:
                 load.rec.reports.setdefault(self.region, []).append([seq, t_sent])
+                load.rec.report_queue.append(t0 - t_sent)
             self.report()  # the commits made meanwhile: one report of the newest
         else:
             delay = self.report_backoff.delay_after(retry_after(h), load.rand.random())
@@ -832,6 +846,7 @@ class LoadProcess:
             "back": {str(k): v for k, v in rec.back.items()},
             "opens": rec.opens,
             "loop_lag": sorted(rec.loop_lag),
+            "report_queue": sorted(rec.report_queue),
         }
 
 
@@ -1181,10 +1196,12 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "back": {},
         "opens": 0,
         "loop_lag": [],
+        "report_queue": [],
     }
     for r in results:
         out["opens"] += r["opens"]
         out["loop_lag"].extend(r["loop_lag"])
+        out["report_queue"].extend(r["report_queue"])
         for key in ("count", "errors", "shed"):
             for op in OPS:
                 out[key][op] += r[key][op]
@@ -1503,6 +1520,12 @@ def main() -> None:
             v = LatencyHistogram.quantile_of(window_counts, q)
             server_line_ms[name] = None if v is None else v * 1000
     lag_ms = [x * 1000 for x in sorted(m["loop_lag"])]
+    queue_ms = [x * 1000 for x in sorted(m["report_queue"])]
+    # The ceiling: what the asked load would cost at the CPU per report measured
+    # (the server serves one core at most: one trio thread), and the load side's.
+    asked_reports = n_ship * 1000 / a.ship_ms
+    served_reports = m["count"]["head_report"] / (w1 - w0)
+    scale = asked_reports / served_reports if served_reports else math.nan
     load_cpu_pct = [(b - c) / (w1 - w0) * 100 for c, b in zip(load_cpu0, load_cpu1, strict=True)]
     # herd: every gateway had a heartbeat and a routing answer, and holds a long poll
     lasts = []
@@ -1547,6 +1570,13 @@ def main() -> None:
         load_loop_lag_p99_ms=percentile(lag_ms, 99) if lag_ms else None,
         load_cpu_pct=load_cpu_pct,
         load_cpu_pct_total=sum(load_cpu_pct),
+        report_queue_p50_ms=percentile(queue_ms, 50) if queue_ms else None,
+        report_queue_p99_ms=percentile(queue_ms, 99) if queue_ms else None,
+        head_reports_asked_per_s=asked_reports,
+        server_cores_for_asked=cpu_pct / 100 * scale,
+        load_cores_for_asked=sum(load_cpu_pct) / 100 * scale,
+        machine_cores=os.cpu_count(),
+        load_average=os.getloadavg()[0],
         wake_missed=missed,
         server_rss_mb=rss,
         server_rss_peak_mb=rss_peak,
@@ -1632,12 +1662,38 @@ def main() -> None:
             figures["load_loop_lag_p50_ms"],
         ),
         Row(
+            "  load: report waits for a connection (p99)",
+            figures["report_queue_p99_ms"],
+            "ms",
+            "p50",
+            figures["report_queue_p50_ms"],
+        ),
+        Row(
             "load processes' CPU",
             sum(load_cpu_pct),
             "% of a core",
             "server CPU",
             cpu_pct,
         ),
+        "the ceiling: the asked load at the CPU per report measured",
+        Row("head reports asked", asked_reports, "/s", "served", served_reports),
+        Row(
+            "  server cores it needs",
+            figures["server_cores_for_asked"],
+            "cores",
+            "one server has",
+            1.0,
+            target="<= 1",
+            ok=figures["server_cores_for_asked"] <= 1,
+        ),
+        Row(
+            "  load processes' cores",
+            figures["load_cores_for_asked"],
+            "cores",
+            "machine cores",
+            float(os.cpu_count() or 1),
+        ),
+        Row("  machine load average (1 min)", figures["load_average"], "", "cores", os.cpu_count()),
         Row(
             "server RSS",
             rss,
