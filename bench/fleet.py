@@ -251,6 +251,8 @@ class Recorder:
     loop_lag: list[float] = field(default_factory=list)
     #: A report's wait for a free control connection, in the window (s).
     report_queue: list[float] = field(default_factory=list)
+    #: Failures by kind ("heads_poll: ConnectionRefusedError", ...), in the window.
+    failures: dict[str, int] = field(default_factory=dict)
 
     def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
         if self.back_at is not None and t0 >= self.back_at:
@@ -270,9 +272,11 @@ class Recorder:
         if status < 400:
             self.mark_back(gw, op, t0, t1)
 
-    def failed(self, op: str, t0: float) -> None:
+    def failed(self, op: str, t0: float, error: object = None) -> None:
         if self.measure_from <= t0 < self.measure_to:
             self.errors[op] += 1
+            kind = f"{op}: {type(error).__name__} {error}"[:80]
+            self.failures[kind] = self.failures.get(kind, 0) + 1
 
 
 # The load engine: one thread, one epoll selector, one heap of timers; no task
@@ -572,7 +576,7 @@ class Gateway:
         load, plan = self.load, self.load.plan
         t1 = time.time()
         if status is None:
-            load.rec.failed("heartbeat", t0)
+            load.rec.failed("heartbeat", t0, h)
             status, h = 0, b""
         else:
             load.rec.done("heartbeat", t0, t1, status, self.gw)
@@ -606,7 +610,7 @@ class Gateway:
     def _routing_done(self, t0: float, status: int | None, h: Any, answer: bytes) -> None:
         load = self.load
         if status is None:
-            load.rec.failed("routing", t0)
+            load.rec.failed("routing", t0, h)
             status, h = 0, b""
         else:
             load.rec.done("routing", t0, time.time(), status, self.gw)
@@ -681,7 +685,7 @@ class Gateway:
     def _report_done(self, seq: int, t_sent: float, t0: float, status: int | None, h: Any) -> None:
         load, plan = self.load, self.load.plan
         if status is None:
-            load.rec.failed("head_report", t0)
+            load.rec.failed("head_report", t0, h)
             status, h = 0, b""
         else:
             load.rec.done("head_report", t0, time.time(), status, self.gw)
@@ -719,7 +723,7 @@ class Gateway:
     def _poll_done(self, t0: float, status: int | None, h: Any, answer: bytes) -> None:
         load, plan = self.load, self.load.plan
         if status is None:
-            load.rec.failed("heads_poll", t0)
+            load.rec.failed("heads_poll", t0, h)
             load.loop.after(self.heads_backoff.delay_after(None, load.rand.random()), self.heads)
             return
         t1 = time.time()
@@ -746,7 +750,7 @@ class Gateway:
 
         def ended(error: BaseException | None) -> None:
             if state["status"] == 0:
-                load.rec.failed("heads_poll", state["t0"])
+                load.rec.failed("heads_poll", state["t0"], error)
             conn.close()
             delay = self.heads_backoff.delay_after(retry_after(state["h"]), load.rand.random())
             load.loop.after(delay, self.heads)
@@ -847,6 +851,7 @@ class LoadProcess:
             "opens": rec.opens,
             "loop_lag": sorted(rec.loop_lag),
             "report_queue": sorted(rec.report_queue),
+            "failures": rec.failures,
         }
 
 
@@ -1197,8 +1202,11 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "opens": 0,
         "loop_lag": [],
         "report_queue": [],
+        "failures": {},
     }
     for r in results:
+        for kind, k in r["failures"].items():
+            out["failures"][kind] = out["failures"].get(kind, 0) + k
         out["opens"] += r["opens"]
         out["loop_lag"].extend(r["loop_lag"])
         out["report_queue"].extend(r["report_queue"])
@@ -1558,6 +1566,7 @@ def main() -> None:
         requests_per_gateway_s=total_rps / n,
         routing_safety_s=a.routing_safety_s,
         errors={op: m["errors"][op] for op in OPS},
+        load_failures=dict(sorted(m["failures"].items(), key=lambda kv: -kv[1])[:8]),
         shed_503={op: m["shed"][op] for op in OPS},
         long_polls_held=held_end,
         long_polls_held_min=held_min,
