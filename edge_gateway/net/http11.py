@@ -65,6 +65,8 @@ ASGIApp = Callable[
 ]
 
 _READ_SIZE: Final = 64 * 1024
+#: Connections taken from the listen queue after each accept(), without a checkpoint.
+_ACCEPT_BURST: Final = 256
 _ERROR_BODY: Final = b'{"error":{"code":"%s","message":"%s"}}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 #: Seconds a closing TLS connection may take to send its close_notify.
@@ -246,14 +248,34 @@ class Http11Server:
                 await listener.aclose()
 
     async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                self.log.warning("accept failed: %s", exc)
-                await trio.sleep(0.1)
-                continue
-            connections.start_soon(self._connection, stream)
+        # trio's accept() takes one connection per pass of its scheduler: with
+        # thousands of connections busy, a pass takes tens of milliseconds, and
+        # a fleet reconnecting at once (thousands a second) waited in the
+        # listen queue until its clients gave up (bench/fleet.py, 5,000
+        # gateways: watch opens timed out by the thousand). After each
+        # accept() the connections already queued are taken at once, up to
+        # _ACCEPT_BURST, from a duplicate of the listening socket (same queue,
+        # non-blocking).
+        with socket.socket(fileno=os.dup(listener.socket.fileno())) as queued:
+            queued.setblocking(False)
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # EMFILE and friends: back off, keep serving
+                    self.log.warning("accept failed: %s", exc)
+                    await trio.sleep(0.1)
+                    continue
+                connections.start_soon(self._connection, stream)
+                for _ in range(_ACCEPT_BURST):
+                    try:
+                        sock, _ = queued.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:  # the next accept() logs and backs off
+                        self.log.debug("accept failed: %s", exc)
+                        break
+                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                    connections.start_soon(self._connection, stream)
 
     # ------------------------------------------------------------ connections
 

@@ -238,3 +238,28 @@ def test_a_server_writes_report_lines_directly_and_shows_their_latency(tmp_path:
         assert 0 < health["line_latency_p99_ms"] < 1000
     finally:
         server.stop()
+
+
+def test_connections_queued_at_once_are_all_served(tmp_path: Path) -> None:
+    """A burst of connections (a fleet reconnecting) is taken from the listen
+    queue in batches: every one of them is served, and answers on its own socket."""
+    server = MetaServer(tmp_path / "meta.sqlite")
+    try:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        socks = [socket.create_connection((host, int(port)), timeout=30) for _ in range(300)]
+        try:
+            for i, s in enumerate(socks):  # all queued before the server reads any
+                s.sendall(b"GET /healthz?n=%d HTTP/1.1\r\nHost: meta\r\n\r\n" % i)
+            for s in socks:
+                data = b""
+                while b"\r\n\r\n" not in data or not data.rstrip().endswith(b"}"):
+                    chunk = s.recv(65536)
+                    assert chunk, data
+                    data += chunk
+                assert data.startswith(b"HTTP/1.1 200"), data
+        finally:
+            for s in socks:
+                s.close()
+    finally:
+        server.stop()
+    assert "accept failed" not in server.log.read_text()
