@@ -79,6 +79,8 @@ last line is one JSON object.
 ``--profile-server PATH`` runs the server under cProfile, timed by its main
 thread's CPU clock: ``PATH.1`` covers the first run (ramp-up and the measured
 window), ``PATH.2`` the run after the herd; read them with ``pstats``.
+``--profile-load PATH`` does the same for each load process (``PATH.0``,
+``PATH.1``, ...); a profiler slows them several times, so read shares only.
 """
 
 from __future__ import annotations
