@@ -8,10 +8,14 @@ What runs: a real ``edgegw metadata serve`` process (SQLite; with
 ``--replicas R`` > 1, R of them sharing a PostgreSQL database — a throwaway
 cluster from Debian's ``postgresql``, seeded by ``edgegw metadata migrate`` —
 with gateway i talking to replica i mod R), and P load
-processes (``--procs``) that each simulate a share of N gateways with
-lightweight trio tasks speaking HTTP/1.1 on raw sockets (not N real
-gateways, nor httpx: the load generator must leave the cores to the server).
-Each simulated gateway does what the agent (``edge_gateway.metadata.agent``) does:
+processes (``--procs``, one per core by default) that each simulate a share
+of N gateways on one epoll loop with a heap of timers: no task per gateway,
+requests prepared once as bytes and sent on non-blocking sockets (not N real
+gateways, nor httpx: the load generator must leave the cores to the server;
+the bench reports the load processes' CPU so a reader sees whether a run
+was load-bound). Each simulated gateway does what the agent
+(``edge_gateway.metadata.agent``) does, with the agent's backoff and its
+watch decoder (``edge_gateway.metadata.WatchDecoder``):
 
 * a **heartbeat** every ``--heartbeat-s`` (10 s), starting at a random phase;
 * a **routing refresh** with ``If-None-Match``: every ``--routing-s`` (5 s)
@@ -59,7 +63,14 @@ before) — the bench reports that cost (``token_check_ms``) in either mode.
 Figures, each next to a same-run baseline: per operation the rate and
 p50/p99 latency (baseline: a trivial ASGI endpoint on the same HTTP server,
 ``--server builtin`` or ``hypercorn``, closed loop with ``bench/_load.py``, 32 connections); wake-up
-latency (a head report sent → the last follower's answer received);
+latency (a head report sent → the last follower's answer received) and
+where it goes: the report's wait for a free connection in the load process,
+the server's own part (report received → its line written to a watch's
+socket: the server's histogram, ``/healthz`` ``line_latency_counts``, over
+the window) and the load processes' loop lag (how late they ran a 10 ms
+timer: a line on the socket waits about that long to be read); the
+ceiling (the asked load at the CPU per report measured, against the one
+core a server process has, and the load processes' share);
 server RSS (per held poll, against bare hypercorn holding idle
 connections) and CPU (per 1,000 requests, against the trivial endpoint).
 The machine is shared: figures are noisy; the ratios are the point. The
@@ -68,17 +79,23 @@ last line is one JSON object.
 ``--profile-server PATH`` runs the server under cProfile, timed by its main
 thread's CPU clock: ``PATH.1`` covers the first run (ramp-up and the measured
 window), ``PATH.2`` the run after the herd; read them with ``pstats``.
+``--profile-load PATH`` does the same for each load process (``PATH.0``,
+``PATH.1``, ...); a profiler slows them several times, so read shares only.
 """
 
 from __future__ import annotations
 
 import argparse
 import bisect
+import collections
 import contextlib
+import errno
+import heapq
 import json
 import math
 import os
 import random
+import selectors
 import shutil
 import signal
 import socket
@@ -92,6 +109,11 @@ from typing import Any
 
 from _common import BENCH_DIR, OUT_DIR, Row, emit_json, percentile, render_table, scratch_dir
 from _common import progress as _progress
+
+sys.path.insert(0, str(BENCH_DIR.parent))
+from edge_gateway.backoff import Backoff
+from edge_gateway.errors import CorruptData
+from edge_gateway.metadata import WatchDecoder
 
 ADMIN_TOKEN = "fleet-bench-admin-token-0123456789"
 EDGEGW = Path(sys.executable).parent / "edgegw"
@@ -194,61 +216,6 @@ class HttpError(Exception):
     pass
 
 
-class Conn:
-    """One HTTP/1.1 keep-alive connection on a trio socket stream (minimal parsing)."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.stream: Any = None
-        self.buf = b""
-
-    async def close(self) -> None:
-        if self.stream is not None:
-            s, self.stream = self.stream, None
-            self.buf = b""
-            with contextlib.suppress(Exception):  # closing a broken stream
-                await s.aclose()
-
-    async def request(self, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
-        """Send one request, read its response (the head is scanned once, the body
-        read to its length: a 1 MB routing table costs no rescans)."""
-        import trio
-
-        if self.stream is None:
-            self.stream = await trio.open_tcp_stream(self.host, self.port)
-        try:
-            await self.stream.send_all(head + body)
-            buf = bytearray(self.buf)
-            scanned = 0
-            while (end := buf.find(b"\r\n\r\n", scanned)) < 0:
-                scanned = max(0, len(buf) - 3)
-                data = await self.stream.receive_some(65536)
-                if not data:
-                    raise HttpError("closed")
-                buf += data
-            h = bytes(buf[:end])
-            i = h.lower().find(b"content-length:")
-            length = 0
-            if i >= 0:
-                j = h.find(b"\r\n", i)
-                length = int(h[i + 15 : j if j > 0 else len(h)])
-            need = end + 4 + length
-            while len(buf) < need:
-                data = await self.stream.receive_some(max(65536, need - len(buf)))
-                if not data:
-                    raise HttpError("closed")
-                buf += data
-        except BaseException:
-            await self.close()
-            raise
-        status = int(h[9:12])
-        answer = bytes(buf[end + 4 : need])
-        self.buf = bytes(buf[need:])
-        if b"connection: close" in h.lower():
-            await self.close()
-        return status, h, answer
-
-
 def retry_after(head: bytes) -> float | None:
     i = head.lower().find(b"retry-after:")
     if i < 0:
@@ -281,6 +248,13 @@ class Recorder:
     back: dict[int, dict[str, float]] = field(default_factory=dict)
     #: Watches opened (each one request).
     opens: int = 0
+    #: How late the load process's loop ran a 10 ms timer, in the window (s):
+    #: a line that reached the socket waits about this long to be read.
+    loop_lag: list[float] = field(default_factory=list)
+    #: A report's wait for a free control connection, in the window (s).
+    report_queue: list[float] = field(default_factory=list)
+    #: Failures by kind ("heads_poll: ConnectionRefusedError", ...), in the window.
+    failures: dict[str, int] = field(default_factory=dict)
 
     def mark_back(self, gw: int, op: str, t0: float, t1: float) -> None:
         if self.back_at is not None and t0 >= self.back_at:
@@ -300,349 +274,594 @@ class Recorder:
         if status < 400:
             self.mark_back(gw, op, t0, t1)
 
-    def failed(self, op: str, t0: float) -> None:
+    def failed(self, op: str, t0: float, error: object = None) -> None:
         if self.measure_from <= t0 < self.measure_to:
             self.errors[op] += 1
+            kind = f"{op}: {type(error).__name__} {error}"[:80]
+            self.failures[kind] = self.failures.get(kind, 0) + 1
 
 
-async def run_load(plan: Plan) -> None:
-    import trio
+# The load engine: one thread, one epoll selector, one heap of timers; no task
+# per gateway and no async framework. Each simulated gateway is a few fields
+# and callbacks (its heartbeat, routing, reporter and heads loops as the agent
+# runs them); its requests are bytes prepared once, sent on non-blocking
+# sockets. A trio load process spent most of its CPU in trio itself (cancel
+# scopes, scheduling: --profile-load), which on a 2-core machine is CPU the
+# server under test did not get.
 
-    sys.path.insert(0, str(BENCH_DIR.parent))
-    from edge_gateway.backoff import Backoff
-    from edge_gateway.metadata import WatchDecoder
+Callback = Any  # (status, head, body) | (None, error, b"")
 
-    net_errors = (
-        OSError,
-        HttpError,
-        ValueError,
-        trio.TooSlowError,
-        trio.BrokenResourceError,
-        trio.ClosedResourceError,
+
+class Loop:
+    """Timers (a heap: time, order, generation check) and socket readiness (epoll)."""
+
+    def __init__(self) -> None:
+        self.sel = selectors.DefaultSelector()
+        self.timers: list[tuple[float, int, Any, Any]] = []
+        self._order = 0
+
+    def at(self, when: float, fn: Any, arg: Any = None) -> None:
+        self._order += 1
+        heapq.heappush(self.timers, (when, self._order, fn, arg))
+
+    def after(self, delay: float, fn: Any, arg: Any = None) -> None:
+        self.at(time.time() + delay, fn, arg)
+
+    def run(self, stopped: Any) -> None:
+        timers, select = self.timers, self.sel.select
+        while not stopped():
+            now = time.time()
+            while timers and timers[0][0] <= now:
+                _, _, fn, arg = heapq.heappop(timers)
+                fn(arg)
+            wait = min(0.05, timers[0][0] - time.time()) if timers else 0.05
+            for key, mask in select(max(0.0, wait)):
+                key.data(mask)
+
+
+class Conn:
+    """One HTTP/1.1 keep-alive connection, non-blocking: one request at a time,
+    or (``stream``) a response whose chunked body is handed on as it comes."""
+
+    __slots__ = (
+        "cb",
+        "chunked",
+        "deadline_gen",
+        "end",
+        "head",
+        "inbuf",
+        "length",
+        "loop",
+        "on_data",
+        "out",
+        "port",
+        "sock",
+        "writing",
     )
-    rec = Recorder(plan.measure_from, plan.measure_to, plan.away_at)
-    rand = random.Random(plan.seed)
-    host_hdr = f"Host: {plan.host}:{plan.port}\r\n".encode()
-    # A pool of control connections per replica.
-    pools: dict[int, Any] = {}
-    for port in plan.ports:
-        pools[port] = trio.open_memory_channel[Conn](plan.pool)
-        for _ in range(plan.pool):
-            pools[port][0].send_nowait(Conn(plan.host, port))
 
-    def port_of(gw: int) -> int:
-        return plan.ports[gw % len(plan.ports)]
+    def __init__(self, loop: Loop, port: int) -> None:
+        self.loop, self.port = loop, port
+        self.sock: socket.socket | None = None
+        self.out = b""
+        self.inbuf = bytearray()
+        self.cb: Callback = None
+        #: For a streamed response: called with each piece of its (chunked) body.
+        self.on_data: Any = None
+        self.head = b""
+        self.end = -1
+        self.length = 0
+        self.chunked = False
+        self.writing = False
+        self.deadline_gen = 0
 
-    request_timeout = 10.0
+    def request(self, data: bytes, timeout: float, cb: Callback, on_data: Any = None) -> None:
+        self.cb, self.on_data = cb, on_data
+        self.head, self.end, self.chunked = b"", -1, False
+        self.deadline_gen += 1
+        self.loop.after(timeout, self._timed_out, self.deadline_gen)
+        self.out = data
+        if self.sock is None:
+            s = socket.socket()
+            s.setblocking(False)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = s
+            err = s.connect_ex(("127.0.0.1", self.port))
+            if err not in (0, errno.EINPROGRESS):
+                self.fail(OSError(err, os.strerror(err)))
+                return
+            self.writing = True
+            self.loop.sel.register(s, selectors.EVENT_READ | selectors.EVENT_WRITE, self._ready)
+            return
+        self._flush()
 
-    def auth(gw: int) -> bytes:
-        return f"Authorization: Bearer {plan.tokens[gw]}\r\n".encode()
+    def extend(self, timeout: float) -> None:
+        """A streamed response: the next piece is due within ``timeout``."""
+        self.deadline_gen += 1
+        self.loop.after(timeout, self._timed_out, self.deadline_gen)
 
-    async def control(gw: int, op: str, head: bytes, body: bytes = b"") -> tuple[int, bytes, bytes]:
-        pool_send, pool = pools[port_of(gw)]
-        conn = await pool.receive()
-        t0 = time.time()
+    def _timed_out(self, gen: int) -> None:
+        if gen == self.deadline_gen and self.cb is not None:
+            self.fail(HttpError("timed out"))
+
+    def _flush(self) -> None:
+        assert self.sock is not None
         try:
-            with trio.fail_after(request_timeout):
-                status, h, answer = await conn.request(head, body)
-        except net_errors:
-            rec.failed(op, t0)
-            raise
-        finally:
-            pool_send.send_nowait(conn)
-        rec.done(op, t0, time.time(), status, gw)
-        return status, h, answer
+            sent = self.sock.send(self.out)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            self.fail(exc)
+            return
+        self.out = self.out[sent:]
+        want = bool(self.out)
+        if want != self.writing:
+            self.writing = want
+            mask = selectors.EVENT_READ | (selectors.EVENT_WRITE if want else 0)
+            self.loop.sel.modify(self.sock, mask, self._ready)
 
-    def post(gw: int, what: str, doc: object) -> tuple[bytes, bytes]:
-        body = json.dumps(doc, separators=(",", ":")).encode()
-        head = (
-            f"POST /v1/regions/{region_name(gw)}/{what} HTTP/1.1\r\n".encode()
-            + host_hdr
-            + auth(gw)
-            + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    def _ready(self, mask: int) -> None:
+        if self.sock is None:
+            return
+        if mask & selectors.EVENT_WRITE:
+            err = self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if err:
+                self.fail(OSError(err, os.strerror(err)))
+                return
+            self._flush()
+        if mask & selectors.EVENT_READ and self.sock is not None:
+            try:
+                data = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self.fail(exc)
+                return
+            if not data:
+                self.fail(HttpError("closed"))
+                return
+            self._received(data)
+
+    def _received(self, data: bytes) -> None:
+        if self.cb is None:  # nothing asked: the server closes an idle connection
+            self.close()
+            return
+        if self.chunked:
+            self.on_data(data)
+            return
+        buf = self.inbuf
+        buf += data
+        if self.end < 0:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            self.end = end
+            self.head = h = bytes(buf[:end])
+            low = h.lower()
+            i = low.find(b"content-length:")
+            if i >= 0:
+                j = h.find(b"\r\n", i)
+                self.length = int(h[i + 15 : j if j > 0 else len(h)])
+            elif self.on_data is not None and b"transfer-encoding: chunked" in low:
+                self.chunked = True
+                rest = bytes(buf[end + 4 :])
+                buf.clear()
+                cb, self.cb = self.cb, None
+                cb(int(h[9:12]), h, b"")  # the head: the body follows through on_data
+                if self.sock is not None:
+                    self.cb = cb
+                    if rest:
+                        self.on_data(rest)
+                return
+            else:
+                self.length = 0
+        need = self.end + 4 + self.length
+        if len(buf) < need:
+            return
+        h = self.head
+        answer = bytes(buf[self.end + 4 : need])
+        del buf[:need]
+        cb, self.cb = self.cb, None
+        self.deadline_gen += 1
+        if b"connection: close" in h.lower():
+            self.close()
+        cb(int(h[9:12]), h, answer)
+
+    def fail(self, exc: BaseException) -> None:
+        cb, self.cb = self.cb, None
+        self.close()
+        if cb is not None:
+            cb(None, exc, b"")
+
+    def close(self) -> None:
+        self.deadline_gen += 1
+        if self.sock is not None:
+            s, self.sock = self.sock, None
+            with contextlib.suppress(KeyError, ValueError):
+                self.loop.sel.unregister(s)
+            s.close()
+        self.inbuf = bytearray()
+        self.out = b""
+        self.writing = False
+        self.chunked = False
+
+
+class Pool:
+    """The control connections to one server: a request waits for a free one."""
+
+    def __init__(self, loop: Loop, port: int, size: int) -> None:
+        self.idle = [Conn(loop, port) for _ in range(size)]
+        self.waiting: collections.deque[tuple[bytes, Callback]] = collections.deque()
+
+    def request(self, data: bytes, cb: Callback) -> None:
+        if self.idle:
+            self._start(self.idle.pop(), data, cb)
+        else:
+            self.waiting.append((data, cb))
+
+    def _start(self, conn: Conn, data: bytes, cb: Callback) -> None:
+        t0 = time.time()
+
+        def done(status: int | None, h: Any, answer: bytes) -> None:
+            if self.waiting:
+                self._start(conn, *self.waiting.popleft())
+            else:
+                self.idle.append(conn)
+            cb(t0, status, h, answer)
+
+        conn.request(data, REQUEST_TIMEOUT_S, done)
+
+
+REQUEST_TIMEOUT_S = 10.0
+
+
+class Gateway:
+    """One simulated gateway: the agent's loops as callbacks on the :class:`Loop`."""
+
+    def __init__(self, load: LoadProcess, gw: int) -> None:
+        self.load, self.gw = load, gw
+        plan = load.plan
+        self.region = region_name(gw)
+        self.port = plan.ports[gw % len(plan.ports)]
+        self.pool = load.pools[self.port]
+        auth = f"Authorization: Bearer {plan.tokens[gw]}\r\n".encode()
+        host = f"Host: {plan.host}:{self.port}\r\n".encode()
+        post = b"Content-Type: application/json\r\nContent-Length: "
+        self.beat_head = (
+            f"POST /v1/regions/{self.region}/heartbeat HTTP/1.1\r\n".encode() + host + auth + post
         )
-        return head, body
+        self.report_head = (
+            f"POST /v1/regions/{self.region}/head HTTP/1.1\r\n".encode() + host + auth + post
+        )
+        self.routing_req = b"GET /v1/routing HTTP/1.1\r\nAccept-Encoding: gzip\r\n" + host + auth
+        sources = ",".join(region_name(s) for s in plan.follows[gw])
+        watch = "&watch=1" if plan.protocol == "watch" else ""
+        self.heads_query = f"&regions={sources}&wait_ms={plan.wait_ms}{watch} HTTP/1.1\r\n".encode()
+        self.heads_tail = host + auth + b"\r\n"
+        self.seq = -1
+        self.beat_version: int | None = None
+        self.table_version: int | None = None
+        self.etag = b""
+        # heartbeat
+        self.beat_backoff = Backoff(0.5, max(plan.heartbeat_s, 20.0))
+        # routing: the agent's poll, which heartbeats naming the version stand in for
+        self.routing_backoff = Backoff(0.5, max(plan.routing_s, 20.0))
+        self.poll_now = False
+        self.routing_phase = ""  # "long" | "short" | "backoff" while waiting, "" otherwise
+        self.routing_gen = 0
+        # reporter: one report in flight, the newest seq
+        self.report_backoff = Backoff(0.1, 5.0)
+        self.reporting = False
+        self.sent = -1
+        # heads
+        self.heads_backoff = Backoff(0.2, 5.0)
+        self.heads_conn = Conn(load.loop, self.port)
+        self.since = 0
 
-    async def heartbeat_loop(gw: int, state: dict[str, Any]) -> None:
-        backoff = Backoff(0.5, max(plan.heartbeat_s, 20.0))
-        await trio.sleep(rand.random() * plan.ramp_s)
-        while True:
-            doc: dict[str, Any] = {
-                "gateway_version": "bench",
-                "lag": {"shipper_pending_entries": 0.0, "shipper_retries": 0.0},
-            }
-            if state["seq"] >= 0:
-                doc["head_seq"] = state["seq"]
-            head, body = post(gw, "heartbeat", doc)
-            t0 = time.time()
-            try:
-                status, h, answer = await control(gw, "heartbeat", head, body)
-            except net_errors:
-                status, h, answer = 0, b"", b""
+    def start(self) -> None:
+        loop, rand, plan = self.load.loop, self.load.rand, self.load.plan
+        loop.after(rand.random() * plan.ramp_s, self.heartbeat)
+        loop.after(rand.random() * plan.ramp_s, self.routing)
+        loop.after(rand.random() * plan.ramp_s, self.heads)
+        if self.gw in self.load.shippers:
+            loop.after(rand.random() * plan.ship_ms / 1000, self.commit)
+
+    # -------------------------------------------------------------- heartbeat
+
+    def heartbeat(self, _: Any = None) -> None:
+        if self.seq >= 0:
+            body = b'{"gateway_version":"bench","lag":%b,"head_seq":%d}' % (_LAG, self.seq)
+        else:
+            body = b'{"gateway_version":"bench","lag":%b}' % _LAG
+        self.pool.request(b"%b%d\r\n\r\n%b" % (self.beat_head, len(body), body), self._beat_done)
+
+    def _beat_done(self, t0: float, status: int | None, h: Any, answer: bytes) -> None:
+        load, plan = self.load, self.load.plan
+        t1 = time.time()
+        if status is None:
+            load.rec.failed("heartbeat", t0, h)
+            status, h = 0, b""
+        else:
+            load.rec.done("heartbeat", t0, t1, status, self.gw)
+        if status == 200:
+            self.beat_backoff.reset()
+            # As the agent: a version other than the table's fetches it at once.
+            version = json.loads(answer)["routing_version"]
+            self.beat_version = version
+            if version != self.table_version:
+                self.poll_routing_now()
+            elif plan.routing_safety_s:
+                # The server confirmed the table: what a 304 would say.
+                load.rec.mark_back(self.gw, "routing", t0, t1)
+            load.loop.after(plan.heartbeat_s, self.heartbeat)
+        else:
+            if self.beat_version is not None:
+                self.beat_version = None
+                self.poll_routing_now()  # the routing poll takes over
+            delay = self.beat_backoff.delay_after(retry_after(h), load.rand.random())
+            load.loop.after(delay, self.heartbeat)
+
+    # ---------------------------------------------------------------- routing
+
+    def routing(self, _: Any = None) -> None:
+        self.routing_phase = ""
+        data = self.routing_req
+        if self.etag:
+            data += b"If-None-Match: " + self.etag + b"\r\n"
+        self.pool.request(data + b"\r\n", self._routing_done)
+
+    def _routing_done(self, t0: float, status: int | None, h: Any, answer: bytes) -> None:
+        load = self.load
+        if status is None:
+            load.rec.failed("routing", t0, h)
+            status, h = 0, b""
+        else:
+            load.rec.done("routing", t0, time.time(), status, self.gw)
+        if status in (200, 304):
             if status == 200:
-                backoff.reset()
-                # As the agent: a version other than the table's fetches it at once.
-                version = json.loads(answer)["routing_version"]
-                state["beat_version"] = version
-                if version != state["table_version"]:
-                    state["poll_now"].set()
-                elif plan.routing_safety_s:
-                    # The server confirmed the table: what a 304 would say.
-                    rec.mark_back(gw, "routing", t0, time.time())
-                await trio.sleep(plan.heartbeat_s)
-            else:
-                if state["beat_version"] is not None:
-                    state["beat_version"] = None
-                    state["poll_now"].set()  # the routing poll takes over
-                await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+                i = h.lower().find(b"etag:")
+                self.etag = h[i + 5 : h.find(b"\r\n", i)].strip() if i >= 0 else b""
+                self.table_version = int(self.etag.strip(b'"') or 0)
+            self.routing_backoff.reset()
+            self._routing_settle()
+        else:
+            delay = self.routing_backoff.delay_after(retry_after(h), load.rand.random())
+            self._routing_wait(delay, "backoff")
 
-    async def routing_loop(gw: int, state: dict[str, Any]) -> None:
-        backoff = Backoff(0.5, max(plan.routing_s, 20.0))
-        etag = b""
-        await trio.sleep(rand.random() * plan.ramp_s)
+    def _confirmed(self) -> bool:
+        return bool(self.load.plan.routing_safety_s) and self.beat_version == self.table_version
 
-        def confirmed() -> bool:
-            return bool(plan.routing_safety_s) and state["beat_version"] == state["table_version"]
+    def _routing_settle(self) -> None:
+        """The agent's wait after a table: long while heartbeats confirm it, else the poll's."""
+        plan = self.load.plan
+        if self._confirmed():
+            self._routing_wait(max(plan.routing_s, plan.routing_safety_s), "long")
+        else:
+            self._routing_wait(plan.routing_s, "short")
 
-        async def wait(delay: float) -> bool:
-            with trio.move_on_after(delay):
-                await state["poll_now"].wait()
-            called = bool(state["poll_now"].is_set())
-            state["poll_now"] = trio.Event()
-            return called
+    def _routing_wait(self, delay: float, phase: str) -> None:
+        self.routing_phase = phase
+        self.routing_gen += 1
+        if self.poll_now:  # called while busy: the wait ends at once
+            delay = 0.0
+        self.load.loop.after(delay, self._routing_woke, self.routing_gen)
 
-        while True:
-            # As httpx (the gateway's client) asks: the table comes gzipped.
-            head = b"GET /v1/routing HTTP/1.1\r\nAccept-Encoding: gzip\r\n" + host_hdr + auth(gw)
-            if etag:
-                head += b"If-None-Match: " + etag + b"\r\n"
-            try:
-                status, h, _ = await control(gw, "routing", head + b"\r\n")
-            except net_errors:
-                status, h = 0, b""
-            if status in (200, 304):
-                if status == 200:
-                    i = h.lower().find(b"etag:")
-                    etag = h[i + 5 : h.find(b"\r\n", i)].strip() if i >= 0 else b""
-                    state["table_version"] = int(etag.strip(b'"') or 0)
-                backoff.reset()
-                # The agent's loop: heartbeats confirming the version stand in for the poll.
-                while True:
-                    if confirmed():
-                        await wait(max(plan.routing_s, plan.routing_safety_s))
-                        break
-                    if await wait(plan.routing_s) or not confirmed():
-                        break
-            else:
-                await wait(backoff.delay_after(retry_after(h), rand.random()))
+    def poll_routing_now(self) -> None:
+        if self.routing_phase:
+            self.routing_gen += 1
+            self.poll_now = True
+            self._routing_woke(self.routing_gen)
+        else:
+            self.poll_now = True
 
-    async def ship_loop(gw: int, state: dict[str, Any]) -> None:
-        committed = trio.Event()
+    def _routing_woke(self, gen: int) -> None:
+        if gen != self.routing_gen:
+            return
+        called, self.poll_now = self.poll_now, False
+        if self.routing_phase == "short" and not called and self._confirmed():
+            self._routing_settle()
+        else:
+            self.routing()
 
-        async def commits() -> None:
-            nonlocal committed
-            await trio.sleep(rand.random() * plan.ship_ms / 1000)
-            while True:
-                state["seq"] += 1
-                committed.set()
-                await trio.sleep(plan.ship_ms / 1000)
+    # --------------------------------------------------------------- shipping
 
-        async def reporter() -> None:
-            nonlocal committed
-            backoff = Backoff(0.1, 5.0)
-            sent = -1
-            region = region_name(gw)
-            while True:
-                await committed.wait()
-                committed = trio.Event()
-                seq = state["seq"]
-                if seq <= sent:
-                    continue
-                head, body = post(gw, "head", {"seq": seq})
-                t0 = time.time()
-                try:
-                    status, h, _ = await control(gw, "head_report", head, body)
-                except net_errors:
-                    status, h = 0, b""
-                if status == 200:
-                    backoff.reset()
-                    sent = seq
-                    if plan.measure_from <= t0 < plan.measure_to:
-                        rec.reports.setdefault(region, []).append([seq, t0])
-                else:
-                    committed.set()
-                    await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+    def commit(self, _: Any = None) -> None:
+        self.seq += 1
+        if not self.reporting:
+            self.report()
+        self.load.loop.after(self.load.plan.ship_ms / 1000, self.commit)
 
-        async with trio.open_nursery() as n:
-            n.start_soon(commits)
-            n.start_soon(reporter)
+    def report(self, _: Any = None) -> None:
+        seq = self.seq
+        if seq <= self.sent:
+            self.reporting = False
+            return
+        self.reporting = True
+        body = b'{"seq":%d}' % seq
+        t_sent = time.time()
 
-    async def held_request(gw: int, conn: Conn, head: bytes, t0: float) -> tuple[int, bytes, bytes]:
-        """A poll after the restart: "held" once it has waited 1 s unanswered (or answered)."""
+        def done(t0: float, status: int | None, h: Any, answer: bytes) -> None:
+            self._report_done(seq, t_sent, t0, status, h)
 
-        async def mark() -> None:
-            await trio.sleep(1.0)
-            # conservative: held since at most 1 s after it was sent
-            rec.mark_back(gw, "heads_poll", t0, t0 + 1.0)
+        self.pool.request(b"%b%d\r\n\r\n%b" % (self.report_head, len(body), body), done)
 
-        error: BaseException | None = None
-        async with trio.open_nursery() as nn:
-            nn.start_soon(mark)
-            try:
-                result = await conn.request(head)
-            except net_errors as exc:
-                error = exc
-            nn.cancel_scope.cancel()
-        if error is not None:
-            raise error
-        return result
+    def _report_done(self, seq: int, t_sent: float, t0: float, status: int | None, h: Any) -> None:
+        load, plan = self.load, self.load.plan
+        if status is None:
+            load.rec.failed("head_report", t0, h)
+            status, h = 0, b""
+        else:
+            load.rec.done("head_report", t0, time.time(), status, self.gw)
+        if status == 200:
+            self.report_backoff.reset()
+            self.sent = seq
+            if plan.measure_from <= t_sent < plan.measure_to:
+                load.rec.reports.setdefault(self.region, []).append([seq, t_sent])
+                load.rec.report_queue.append(t0 - t_sent)
+            self.report()  # the commits made meanwhile: one report of the newest
+        else:
+            delay = self.report_backoff.delay_after(retry_after(h), load.rand.random())
+            load.loop.after(delay, self.report)
 
-    async def poll_loop(gw: int) -> None:
-        conn = Conn(plan.host, port_of(gw))
-        sources = [region_name(s) for s in plan.follows[gw]]
-        query = f"regions={','.join(sources)}&wait_ms={plan.wait_ms}"
-        backoff = Backoff(0.2, 5.0)
-        since = 0
-        await trio.sleep(rand.random() * plan.ramp_s)
-        while True:
-            head = (
-                f"GET /v1/heads?since={since}&{query} HTTP/1.1\r\n".encode()
-                + host_hdr
-                + auth(gw)
-                + b"\r\n"
-            )
-            t0 = time.time()
-            try:
-                with trio.fail_after(request_timeout + plan.wait_ms / 1000):
-                    if rec.needs_mark(gw, "heads_poll"):
-                        status, h, answer = await held_request(gw, conn, head, t0)
-                    else:
-                        status, h, answer = await conn.request(head)
-            except net_errors:
-                rec.failed("heads_poll", t0)
-                await conn.close()
-                await trio.sleep(backoff.delay_after(None, rand.random()))
-                continue
-            t1 = time.time()
-            rec.done("heads_poll", t0, t1, status, gw)
-            if status != 200:
-                await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
-                continue
-            backoff.reset()
-            doc = json.loads(answer)
-            since = doc["version"]
-            if plan.measure_from <= t1 < plan.away_at:
-                for src, seq in doc["heads"].items():
-                    rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
+    # ------------------------------------------------------------------ heads
 
-    async def watch_loop(gw: int) -> None:
+    def heads(self, _: Any = None) -> None:
+        data = b"GET /v1/heads?since=%d%b%b" % (self.since, self.heads_query, self.heads_tail)
+        t0 = time.time()
+        rec, plan = self.load.rec, self.load.plan
+        if plan.protocol == "watch":
+            self._watch(data, t0)
+            return
+        timeout = REQUEST_TIMEOUT_S + plan.wait_ms / 1000
+        if rec.needs_mark(self.gw, "heads_poll"):
+            # After the restart: "held" once it has waited 1 s unanswered (or answered).
+            self.load.loop.after(1.0, self._mark_held, (self.heads_conn.deadline_gen + 1, t0))
+        self.heads_conn.request(data, timeout, lambda *r: self._poll_done(t0, *r))
+
+    def _mark_held(self, arg: tuple[int, float]) -> None:
+        gen, t0 = arg
+        if self.heads_conn.deadline_gen == gen:  # still the same poll, unanswered
+            self.load.rec.mark_back(self.gw, "heads_poll", t0, t0 + 1.0)
+
+    def _poll_done(self, t0: float, status: int | None, h: Any, answer: bytes) -> None:
+        load, plan = self.load, self.load.plan
+        if status is None:
+            load.rec.failed("heads_poll", t0, h)
+            load.loop.after(self.heads_backoff.delay_after(None, load.rand.random()), self.heads)
+            return
+        t1 = time.time()
+        load.rec.done("heads_poll", t0, t1, status, self.gw)
+        if status != 200:
+            delay = self.heads_backoff.delay_after(retry_after(h), load.rand.random())
+            load.loop.after(delay, self.heads)
+            return
+        self.heads_backoff.reset()
+        doc = json.loads(answer)
+        self.since = doc["version"]
+        if plan.measure_from <= t1 < plan.away_at:
+            for src, seq in doc["heads"].items():
+                load.rec.wakes.setdefault(f"{self.gw}|{src}", []).append([seq, t1])
+        self.heads()
+
+    def _watch(self, data: bytes, t0: float) -> None:
         """The agent's heads watch: one held response, a line per change, resumed
         from the last line's version after a failure (with the agent's backoff)."""
-        sources = [region_name(s) for s in plan.follows[gw]]
-        query = f"regions={','.join(sources)}&wait_ms={plan.wait_ms}&watch=1"
-        backoff = Backoff(0.2, 5.0)
-        since = 0
-        await trio.sleep(rand.random() * plan.ramp_s)
-        while True:
-            head = (
-                f"GET /v1/heads?since={since}&{query} HTTP/1.1\r\n".encode()
-                + host_hdr
-                + auth(gw)
-                + b"\r\n"
-            )
-            t0 = time.time()
-            stream = None
-            status, h = 0, b""
+        load, plan, conn = self.load, self.load.plan, self.heads_conn
+        state: dict[str, Any] = {"t0": t0, "status": 0, "h": b""}
+        dechunk, decoder = Dechunk(), WatchDecoder("bench")
+        between_s = REQUEST_TIMEOUT_S + plan.wait_ms / 1000
+
+        def ended(error: BaseException | None) -> None:
+            if state["status"] == 0:
+                load.rec.failed("heads_poll", state["t0"], error)
+            conn.close()
+            delay = self.heads_backoff.delay_after(retry_after(state["h"]), load.rand.random())
+            load.loop.after(delay, self.heads)
+
+        def on_data(piece: bytes) -> None:
             try:
-                with trio.fail_after(request_timeout):
-                    stream = await trio.open_tcp_stream(plan.host, port_of(gw))
-                    await stream.send_all(head)
-                    buf = bytearray()
-                    while (end := buf.find(b"\r\n\r\n")) < 0:
-                        data = await stream.receive_some(65536)
-                        if not data:
-                            raise HttpError("closed")
-                        buf += data
-                h = bytes(buf[:end])
-                status = int(h[9:12])
-                if status != 200:
-                    rec.done("heads_poll", t0, time.time(), status, gw)
-                    raise HttpError(f"status {status}")
-                if b"transfer-encoding: chunked" not in h.lower():
-                    raise HttpError("not a watch: the server answered a long poll")
-                rec.opens += 1
-                dechunk, decoder = Dechunk(), WatchDecoder("bench")
-                pending = bytes(buf[end + 4 :])
-                while not dechunk.ended:
-                    for version, heads in decoder.feed(dechunk.feed(pending)):
-                        t1 = time.time()
-                        rec.done("heads_poll", t0, t1, 200, gw)
-                        backoff.reset()
-                        since = version
-                        if plan.measure_from <= t1 < plan.away_at:
-                            for src, seq in heads.items():
-                                rec.wakes.setdefault(f"{gw}|{src}", []).append([seq, t1])
-                        t0 = t1
-                    with trio.fail_after(request_timeout + plan.wait_ms / 1000):
-                        pending = await stream.receive_some(65536)
-                    if not pending:
-                        raise HttpError("closed")
-            except net_errors:
-                if status == 0:
-                    rec.failed("heads_poll", t0)
-            finally:
-                if stream is not None:
-                    with contextlib.suppress(Exception):  # closing a broken stream
-                        await stream.aclose()
-            await trio.sleep(backoff.delay_after(retry_after(h), rand.random()))
+                updates = decoder.feed(dechunk.feed(piece))
+            except (ValueError, CorruptData) as exc:
+                conn.cb = None
+                ended(exc)
+                return
+            for version, heads in updates:
+                t1 = time.time()
+                load.rec.done("heads_poll", state["t0"], t1, 200, self.gw)
+                self.heads_backoff.reset()
+                self.since = version
+                if plan.measure_from <= t1 < plan.away_at:
+                    for src, seq in heads.items():
+                        load.rec.wakes.setdefault(f"{self.gw}|{src}", []).append([seq, t1])
+                state["t0"] = t1
+            if dechunk.ended:
+                conn.cb = None
+                ended(None)
+            else:
+                conn.extend(between_s)
 
-    async def gateway(gw: int) -> None:
-        state: dict[str, Any] = {
-            "seq": -1,
-            "beat_version": None,
-            "table_version": None,
-            "poll_now": trio.Event(),
-        }
-        async with trio.open_nursery() as n:
-            n.start_soon(heartbeat_loop, gw, state)
-            n.start_soon(routing_loop, gw, state)
-            n.start_soon(watch_loop if plan.protocol == "watch" else poll_loop, gw)
-            if gw in shippers:
-                n.start_soon(ship_loop, gw, state)
+        def on_head(status: int | None, h: Any, answer: bytes) -> None:
+            if status is None:  # connect, send or read failed; or the stream broke
+                ended(h)
+                return
+            state["status"], state["h"] = status, h
+            if status != 200:
+                load.rec.done("heads_poll", state["t0"], time.time(), status, self.gw)
+                ended(None)
+                return
+            if not conn.chunked:
+                ended(HttpError("not a watch: the server answered a long poll"))
+                return
+            load.rec.opens += 1
+            conn.extend(between_s)
 
-    shippers = set(plan.shippers)
-    await trio.sleep(max(0.0, plan.start_at - time.time()))
-    async with trio.open_nursery() as nursery:
+        conn.request(data, REQUEST_TIMEOUT_S, on_head, on_data)
+
+
+_LAG = b'{"shipper_pending_entries":0.0,"shipper_retries":0.0}'
+
+
+class LoadProcess:
+    """A share of the fleet (gateways ``plan.lo``..``plan.hi``) on one :class:`Loop`."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.loop = Loop()
+        self.rec = Recorder(plan.measure_from, plan.measure_to, plan.away_at)
+        self.rand = random.Random(plan.seed)
+        self.pools = {port: Pool(self.loop, port, plan.pool) for port in plan.ports}
+        self.shippers = set(plan.shippers)
+        self.stop = False
+
+    def run(self) -> None:
+        plan = self.plan
+        time.sleep(max(0.0, plan.start_at - time.time()))
         for gw in range(plan.lo, plan.hi):
-            nursery.start_soon(gateway, gw)
-        progress_file = trio.Path(plan.out_file + ".progress")
-        back_file = trio.Path(plan.back_file)
-        while not await trio.Path(plan.stop_file).exists():
-            if rec.back_at is None and await back_file.exists():
-                rec.back_at = float(await back_file.read_text())
-            if rec.back_at is not None:
-                full = sum(1 for b in rec.back.values() if all(op in b for op in BACK_OPS))
-                await progress_file.write_text(str(full))
-            await trio.sleep(0.25)
-        nursery.cancel_scope.cancel()
-    out = {
-        "count": rec.count,
-        "errors": rec.errors,
-        "shed": rec.shed,
-        "lat": {op: sorted(v) for op, v in rec.lat.items()},
-        "reports": rec.reports,
-        "wakes": rec.wakes,
-        "back": {str(k): v for k, v in rec.back.items()},
-        "opens": rec.opens,
-    }
-    await trio.Path(plan.out_file).write_text(json.dumps(out))
+            Gateway(self, gw).start()
+        self.loop.after(0.01, self._lag_probe, time.time() + 0.01)
+        self.loop.after(0.25, self._check)
+        self.loop.run(lambda: self.stop)
+
+    def _lag_probe(self, due: float) -> None:
+        now = time.time()
+        if self.plan.measure_from <= now < self.plan.measure_to:
+            self.rec.loop_lag.append(now - due)
+        self.loop.at(now + 0.01, self._lag_probe, now + 0.01)
+
+    def _check(self, _: Any = None) -> None:
+        """The parent's files: the stop, the restarted server's time; our progress."""
+        plan, rec = self.plan, self.rec
+        if os.path.exists(plan.stop_file):
+            self.stop = True
+            return
+        if rec.back_at is None and os.path.exists(plan.back_file):
+            rec.back_at = float(Path(plan.back_file).read_text())
+        if rec.back_at is not None:
+            full = sum(1 for b in rec.back.values() if all(op in b for op in BACK_OPS))
+            Path(plan.out_file + ".progress").write_text(str(full))
+        self.loop.after(0.25, self._check)
+
+    def results(self) -> dict[str, Any]:
+        rec = self.rec
+        return {
+            "count": rec.count,
+            "errors": rec.errors,
+            "shed": rec.shed,
+            "lat": {op: sorted(v) for op, v in rec.lat.items()},
+            "reports": rec.reports,
+            "wakes": rec.wakes,
+            "back": {str(k): v for k, v in rec.back.items()},
+            "opens": rec.opens,
+            "loop_lag": sorted(rec.loop_lag),
+            "report_queue": sorted(rec.report_queue),
+            "failures": rec.failures,
+        }
 
 
 def load_main(plan_file: str) -> None:
-    import trio
-
     plan = Plan(**json.loads(Path(plan_file).read_text()))
-    trio.run(run_load, plan)
+    load = LoadProcess(plan)
+    load.run()
+    Path(plan.out_file).write_text(json.dumps(load.results()))
 
 
 # --------------------------------------------------------------- the server
@@ -933,7 +1152,7 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
 
 def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
     """Every replica's /healthz, summed (None if one failed), and the longest it took."""
-    total: dict[str, Any] = {"long_polls": 0, "shed": 0}
+    total: dict[str, Any] = {"long_polls": 0, "shed": 0, "line_latency_counts": None}
     took_max = 0.0
     failed = False
     for port in ports:
@@ -944,6 +1163,10 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
         else:
             total["long_polls"] += doc["long_polls"]
             total["shed"] += doc["shed"]
+            counts = doc.get("line_latency_counts")  # absent: a server before it
+            if counts is not None:
+                prev = total["line_latency_counts"] or [0] * len(counts)
+                total["line_latency_counts"] = [a + b for a, b in zip(prev, counts, strict=True)]
     return (None if failed else total), took_max
 
 
@@ -979,9 +1202,16 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "wakes": {},
         "back": {},
         "opens": 0,
+        "loop_lag": [],
+        "report_queue": [],
+        "failures": {},
     }
     for r in results:
+        for kind, k in r["failures"].items():
+            out["failures"][kind] = out["failures"].get(kind, 0) + k
         out["opens"] += r["opens"]
+        out["loop_lag"].extend(r["loop_lag"])
+        out["report_queue"].extend(r["report_queue"])
         for key in ("count", "errors", "shed"):
             for op in OPS:
                 out[key][op] += r[key][op]
@@ -1070,6 +1300,12 @@ def main() -> None:
         help="control connections per process (default: one per 10 gateways, at least 48)",
     )
     ap.add_argument("--duration-s", type=float, default=None)
+    ap.add_argument(
+        "--ramp-s",
+        type=float,
+        default=None,
+        help="gateways start over this long before the window (default: 10 s, 4 s --quick)",
+    )
     ap.add_argument("--away-s", type=float, default=None, help="server stopped this long")
     ap.add_argument("--herd-timeout-s", type=float, default=None)
     ap.add_argument("--auth", choices=("admin", "region"), default="admin")
@@ -1088,6 +1324,11 @@ def main() -> None:
         metavar="PATH",
         help="run the server under cProfile: PATH.1 (the measured run), PATH.2 (after the herd)",
     )
+    ap.add_argument(
+        "--profile-load",
+        metavar="PATH",
+        help="run each load process under cProfile: PATH.0, PATH.1, ...",
+    )
     ap.add_argument("--load-plan", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.load_plan:
@@ -1099,7 +1340,10 @@ def main() -> None:
     duration = a.duration_s or (8.0 if a.quick else 60.0)
     away = a.away_s if a.away_s is not None else (3.0 if a.quick else 120.0)
     herd_timeout = a.herd_timeout_s or (90.0 if a.quick else 300.0)
-    ramp = min(a.heartbeat_s, 4.0 if a.quick else 10.0)
+    # Gateways start over the ramp: at 10,000, ten seconds is itself a herd
+    # (every gateway opens its watch and fetches the ~100 KB gzipped routing table),
+    # so a steady-state window needs a longer one (--ramp-s).
+    ramp = a.ramp_s if a.ramp_s is not None else min(a.heartbeat_s, 4.0 if a.quick else 10.0)
     rng = random.Random(a.seed)
     n_ship = max(1, round(n * a.ship_share))
     shippers = sorted(rng.sample(range(n), n_ship))
@@ -1182,18 +1426,22 @@ def main() -> None:
                 path = tmp / f"plan-{p}.json"
                 path.write_text(json.dumps(plan.__dict__))
                 plans.append(plan)
-            loads = [
-                subprocess.Popen(
-                    [sys.executable, __file__, "--load-plan", str(tmp / f"plan-{p}.json")]
-                )
-                for p in range(procs)
-            ]
+            loads = []
+            for p in range(procs):
+                argv = [__file__, "--load-plan", str(tmp / f"plan-{p}.json")]
+                if a.profile_load:
+                    argv = ["-c", _PROFILE_SERVER, f"{a.profile_load}.{p}", *argv]
+                argv.insert(0, sys.executable)
+                loads.append(subprocess.Popen(argv))
             progress(
                 f"{n} gateways ({n_ship} shipping every {a.ship_ms:g} ms, following {a.follow} "
                 f"each) from {procs} process(es); ramp {ramp:g} s, window {duration:g} s"
             )
             time.sleep(max(0.0, measure_from - time.time()))
+            doc, _ = healthz_all(server.ports)
+            lines0 = (doc or {}).get("line_latency_counts")
             cpu0, w0 = server.cpu_s(), time.time()
+            load_cpu0 = [proc_cpu_s(p.pid) for p in loads]
             held_seen: list[int] = []
             health_lat: list[float] = []
             health_fail = 0
@@ -1204,9 +1452,15 @@ def main() -> None:
                     health_fail += 1
                 else:
                     held_seen.append(doc["long_polls"])
+                    if lines0 is None:  # the first probe failed: count from this one
+                        lines0 = doc.get("line_latency_counts")
                 time.sleep(0.5)
             cpu1, w1 = server.cpu_s(), time.time()
+            load_cpu1 = [proc_cpu_s(p.pid) for p in loads]
             doc, _ = healthz_all(server.ports)
+            if doc is None:  # a probe failed: the last that answered in the window
+                doc, _ = healthz_all(server.ports)
+            lines1 = (doc or {}).get("line_latency_counts")
             if doc is not None:
                 held_seen.append(doc["long_polls"])
             held_end = held_seen[-1] if held_seen else 0
@@ -1276,6 +1530,30 @@ def main() -> None:
 
     wake, missed = wake_latencies(m["reports"], m["wakes"], follows)
     wake_ms = [w * 1000 for w in wake]
+    # Where a wake's time goes: in the server (report received → its line written
+    # to a watch's socket, the server's histogram over the window) and in the load
+    # processes (how late their loop ran a timer: a line on the socket waits that).
+    server_line_ms: dict[str, float | None] = {"p50": None, "p99": None}
+    if lines0 is not None and lines1 is not None:
+        sys.path.insert(0, str(BENCH_DIR.parent))
+        from edge_gateway.metadata._fanout import LatencyHistogram
+
+        window_counts = [b - a for a, b in zip(lines0, lines1, strict=True)]
+        for name, q in (("p50", 0.5), ("p99", 0.99)):
+            v = LatencyHistogram.quantile_of(window_counts, q)
+            server_line_ms[name] = None if v is None else v * 1000
+    lag_ms = [x * 1000 for x in sorted(m["loop_lag"])]
+    queue_ms = [x * 1000 for x in sorted(m["report_queue"])]
+    # The ceiling: what the asked load would cost at the CPU per report measured
+    # (the server serves one core at most: one trio thread), and the load side's.
+    asked_reports = n_ship * 1000 / a.ship_ms
+    served_reports = m["count"]["head_report"] / (w1 - w0)
+    # Requests asked per second: heartbeats, reports, routing safety polls (the
+    # watch's lines ride on them: their cost is in the CPU per request measured).
+    asked = n / a.heartbeat_s + asked_reports + n / max(a.routing_s, a.routing_safety_s)
+    served = sum(m["count"][op] for op in OPS if not (a.protocol == "watch" and op == "heads_poll"))
+    scale = asked / (served / (w1 - w0)) if served else math.nan
+    load_cpu_pct = [(b - c) / (w1 - w0) * 100 for c, b in zip(load_cpu0, load_cpu1, strict=True)]
     # herd: every gateway had a heartbeat and a routing answer, and holds a long poll
     lasts = []
     for gw in range(n):
@@ -1307,12 +1585,27 @@ def main() -> None:
         requests_per_gateway_s=total_rps / n,
         routing_safety_s=a.routing_safety_s,
         errors={op: m["errors"][op] for op in OPS},
+        load_failures=dict(sorted(m["failures"].items(), key=lambda kv: -kv[1])[:8]),
         shed_503={op: m["shed"][op] for op in OPS},
         long_polls_held=held_end,
         long_polls_held_min=held_min,
         wake_p50_ms=percentile(wake_ms, 50),
         wake_p99_ms=percentile(wake_ms, 99),
         wake_reports=len(wake_ms),
+        wake_server_line_p50_ms=server_line_ms["p50"],
+        wake_server_line_p99_ms=server_line_ms["p99"],
+        load_loop_lag_p50_ms=percentile(lag_ms, 50) if lag_ms else None,
+        load_loop_lag_p99_ms=percentile(lag_ms, 99) if lag_ms else None,
+        load_cpu_pct=load_cpu_pct,
+        load_cpu_pct_total=sum(load_cpu_pct),
+        report_queue_p50_ms=percentile(queue_ms, 50) if queue_ms else None,
+        report_queue_p99_ms=percentile(queue_ms, 99) if queue_ms else None,
+        head_reports_asked_per_s=asked_reports,
+        requests_asked_per_s=asked,
+        server_cores_for_asked=cpu_pct / 100 * scale,
+        load_cores_for_asked=sum(load_cpu_pct) / 100 * scale,
+        machine_cores=os.cpu_count(),
+        load_average=os.getloadavg()[0],
         wake_missed=missed,
         server_rss_mb=rss,
         server_rss_peak_mb=rss_peak,
@@ -1383,6 +1676,54 @@ def main() -> None:
             target="<= 250",
             ok=bool(wake_ms) and percentile(wake_ms, 99) <= 250,
         ),
+        Row(
+            "  server: report → line written (p99)",
+            server_line_ms["p99"],
+            "ms",
+            "p50",
+            server_line_ms["p50"],
+        ),
+        Row(
+            "  load: loop lag, line waits (p99)",
+            figures["load_loop_lag_p99_ms"],
+            "ms",
+            "p50",
+            figures["load_loop_lag_p50_ms"],
+        ),
+        Row(
+            "  load: report waits for a connection (p99)",
+            figures["report_queue_p99_ms"],
+            "ms",
+            "p50",
+            figures["report_queue_p50_ms"],
+        ),
+        Row(
+            "load processes' CPU",
+            sum(load_cpu_pct),
+            "% of a core",
+            "server CPU",
+            cpu_pct,
+        ),
+        "the ceiling: the requests asked at the CPU per request measured",
+        Row("requests asked", asked, "/s", "served", served / (w1 - w0)),
+        Row("  of them head reports", asked_reports, "/s", "served", served_reports),
+        Row(
+            "  server cores it needs",
+            figures["server_cores_for_asked"],
+            "cores",
+            "one server has",
+            1.0,
+            target="<= 1",
+            ok=figures["server_cores_for_asked"] <= 1,
+        ),
+        Row(
+            "  load processes' cores",
+            figures["load_cores_for_asked"],
+            "cores",
+            "machine cores",
+            float(os.cpu_count() or 1),
+        ),
+        Row("  machine load average (1 min)", figures["load_average"], "", "cores", os.cpu_count()),
         Row(
             "server RSS",
             rss,

@@ -2,12 +2,16 @@
 heartbeat write-behind.
 
 * :class:`HeadRelay` — each region's latest log seq and the held ``GET /v1/heads``
-  long polls, indexed by the regions they follow: a head report wakes only
-  the polls that follow that region (O(its followers), not O(all polls)),
-  and a poll woken by several reports before it runs answers once, with the
-  latest heads (coalescing). Checking for moved heads and parking the
+  long polls and watches, indexed by the regions they follow: a head report
+  wakes only the polls that follow that region (O(its followers), not O(all
+  polls)), and a poll woken by several reports before it runs answers once,
+  with the latest heads (coalescing). Checking for moved heads and parking the
   waiter happen with no checkpoint between them, so a report can never fall
-  between the check and the wait (no lost wake-up).
+  between the check and the wait (no lost wake-up). A watch in step (its
+  task parked, every move of its regions written) gets the report's line
+  written by the report itself (:class:`HeadWatch`): one encoding per report,
+  one socket write per follower, no task woken.
+* :class:`LatencyHistogram` — report received → its line written, per watch.
 * :class:`Admission` — the overload answer: past ``max_inflight`` requests in
   progress, ``max_long_polls`` held polls or ``max_verifying`` tokens waiting
   for their check (a store lookup; ~40 ms of scrypt for a hash an earlier
@@ -29,17 +33,21 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, cast
 
 import trio
+
+from edge_gateway.metadata._watch import encode_heads
 
 __all__ = [
     "Admission",
     "AdmissionStatistics",
     "HeadRelay",
+    "HeadWatch",
     "HeadsUpdate",
     "Heartbeat",
     "HeartbeatWriter",
+    "LatencyHistogram",
     "Overloaded",
 ]
 
@@ -57,14 +65,100 @@ class HeadsUpdate:
     heads: dict[str, int]
 
 
+class LatencyHistogram:
+    """Counts of durations in logarithmic buckets (4 per doubling, 16 µs to ~70 s).
+
+    Sans-IO and O(1) per :meth:`observe`; quantiles are read to within a
+    bucket (±9 %). :attr:`counts` is cumulative: two snapshots subtracted
+    give the figures of the time between them (``bench/fleet.py`` does).
+    """
+
+    #: Upper bound of bucket i, in microseconds: 16 * 2 ** (i / 4); the last is unbounded.
+    BOUNDS_US: Final = tuple(round(16 * 2 ** (i / 4)) for i in range(89))
+
+    __slots__ = ("counts",)
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(self.BOUNDS_US) + 1)
+
+    def observe(self, seconds: float) -> None:
+        us = seconds * 1e6
+        if us <= 16:
+            self.counts[0] += 1
+            return
+        i = math.ceil(4 * math.log2(us / 16))
+        self.counts[min(i, len(self.BOUNDS_US))] += 1
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    @classmethod
+    def quantile_of(cls, counts: list[int], q: float) -> float | None:
+        """The ``q`` quantile (0..1) of ``counts``, in seconds (a bucket's upper bound)."""
+        total = sum(counts)
+        if not total:
+            return None
+        rank = max(1, math.ceil(q * total))
+        seen = 0
+        for i, c in enumerate(counts):
+            seen += c
+            if seen >= rank:
+                return cls.BOUNDS_US[min(i, len(cls.BOUNDS_US) - 1)] / 1e6
+        return None  # pragma: no cover (rank <= total)
+
+    def quantile(self, q: float) -> float | None:
+        return self.quantile_of(self.counts, q)
+
+
 class _Waiter:
     """One held long poll: woken (its event set) when a region it follows moves."""
 
-    __slots__ = ("event", "regions")
+    __slots__ = ("direct", "event", "pending_at", "regions")
 
     def __init__(self, regions: frozenset[str] | None) -> None:
         self.regions = regions
         self.event = trio.Event()
+        #: Lines may be written by the relay itself (a :class:`HeadWatch` in step).
+        self.direct = False
+        #: perf_counter() of the oldest report not yet written to it (None: none).
+        self.pending_at: float | None = None
+
+
+class HeadWatch(_Waiter):
+    """One streaming watch, registered with the relay for its whole life.
+
+    Its task writes a line of the heads moved since :attr:`since` whenever
+    woken, then parks with :attr:`direct` set when it can write from other
+    tasks (``send_nowait``, the HTTP server's SEND_NOWAIT). While it is
+    parked and in step, a report writes the report's own line
+    (``{"version": V, "heads": {region: seq}}``, encoded once for all its
+    followers) straight to the socket: nothing of the watch's regions moved
+    since its last line but this, so that line *is* the heads moved after
+    :attr:`since`. Anything else — a socket that did not take the whole
+    line, heads applied from another replica, a watch without
+    ``send_nowait`` — wakes the task, which is the general path.
+    """
+
+    __slots__ = ("last_line_at", "send_nowait", "since")
+
+    def __init__(
+        self,
+        regions: frozenset[str] | None,
+        since: int,
+        send_nowait: Callable[[bytes], bool] | None,
+    ) -> None:
+        super().__init__(regions)
+        self.since = since
+        self.send_nowait = send_nowait
+        #: trio.current_time() of the last line written (the keep-alive counts from it).
+        self.last_line_at = trio.current_time()
+
+    def rearm(self) -> None:
+        """The task is about to park: a new event, and direct lines if the server offers them."""
+        if self.event.is_set():
+            self.event = trio.Event()
+        self.direct = self.send_nowait is not None
 
 
 class HeadRelay:
@@ -87,6 +181,10 @@ class HeadRelay:
         self.reports = 0
         self.moves = 0
         self.wakeups = 0
+        #: Lines the reports wrote to watches themselves (no task woken).
+        self.direct_lines = 0
+        #: Report received → its line written to a watch, per (report, watch).
+        self.line_latency = LatencyHistogram()
 
     @property
     def closed(self) -> bool:
@@ -98,11 +196,14 @@ class HeadRelay:
         """Long polls waiting now."""
         return self._held
 
-    def report(self, region: str, seq: int) -> tuple[int, int]:
+    def report(self, region: str, seq: int, received_at: float | None = None) -> tuple[int, int]:
         """Record ``region``'s head; coalesced: a seq not above the known one changes nothing.
 
-        Returns (head seq, relay version). Wakes the polls that follow
-        ``region`` (each answers once, however many reports arrive before it runs).
+        Returns (head seq, relay version). Writes the move's line to the
+        watches in step that follow ``region`` and wakes the other polls and
+        watches that do (each answers once, however many reports arrive
+        before it runs). ``received_at``: the report's arrival
+        (``time.perf_counter()``) for :attr:`line_latency`.
         """
         self.reports += 1
         current = self._heads.get(region)
@@ -111,9 +212,40 @@ class HeadRelay:
         self.version += 1
         self.moves += 1
         self._heads[region] = (seq, self.version)
-        self._wake(self._followers.get(region, ()))
-        self._wake(self._everything)
+        at = time.perf_counter() if received_at is None else received_at
+        followers = self._followers.get(region)
+        if followers or self._everything:
+            line = encode_heads(self.version, {region: seq})
+            if followers:
+                self._fan_out(followers, line, at)
+            if self._everything:
+                self._fan_out(self._everything, line, at)
         return seq, self.version
+
+    def _fan_out(self, waiters: set[_Waiter], line: bytes, at: float) -> None:
+        """``line`` (the latest move) to ``waiters``: written to watches in step, else woken."""
+        version = self.version
+        now = clock = 0.0
+        for w in waiters:
+            if w.direct:  # only a HeadWatch with send_nowait is ever direct
+                watch = cast("HeadWatch", w)
+                send_nowait = watch.send_nowait
+                assert send_nowait is not None
+                watch.since = version
+                if not now:
+                    now, clock = time.perf_counter(), trio.current_time()
+                watch.last_line_at = clock
+                if send_nowait(line):
+                    self.direct_lines += 1
+                    self.line_latency.observe(now - at)
+                    continue
+                # Part of the line waits in the socket's stead: its task sends it.
+                w.direct = False
+            if w.pending_at is None:
+                w.pending_at = at
+            if not w.event.is_set():
+                w.event.set()
+                self.wakeups += 1
 
     def head(self, region: str) -> int | None:
         current = self._heads.get(region)
@@ -138,9 +270,27 @@ class HeadRelay:
 
     def _wake(self, waiters: set[_Waiter] | tuple[()]) -> None:
         for w in waiters:
+            w.direct = False  # its task writes what moved (heads from another replica)
+            if w.pending_at is None:
+                w.pending_at = time.perf_counter()
             if not w.event.is_set():
                 w.event.set()
                 self.wakeups += 1
+
+    def line_written(self, watch: HeadWatch) -> None:
+        """``watch``'s task wrote a line: what was pending for it is out."""
+        watch.last_line_at = trio.current_time()
+        if watch.pending_at is not None:
+            self.line_latency.observe(time.perf_counter() - watch.pending_at)
+            watch.pending_at = None
+
+    def add_watch(self, watch: HeadWatch) -> None:
+        """Register ``watch`` (counted as held) until :meth:`remove_watch`."""
+        self._park(watch)
+
+    def remove_watch(self, watch: HeadWatch) -> None:
+        watch.direct = False
+        self._unpark(watch)
 
     def heads_since(self, since: int, regions: frozenset[str] | None) -> HeadsUpdate:
         if since > self.version:  # a version from the future: another server run

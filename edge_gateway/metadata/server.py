@@ -55,6 +55,7 @@ from edge_gateway.metadata._db import (
 from edge_gateway.metadata._fanout import (
     Admission,
     HeadRelay,
+    HeadWatch,
     Heartbeat,
     HeartbeatWriter,
     Overloaded,
@@ -70,6 +71,7 @@ from edge_gateway.metadata.routing import (
 from edge_gateway.names import validate_home_topic, validate_region, validate_topic
 from edge_gateway.net.asgi import (
     BUFFERED_BODY,
+    SEND_NOWAIT,
     JSONResponse,
     Message,
     Receive,
@@ -404,11 +406,13 @@ class MetadataApp:
         self._forget_tokens()
         self._admin_hash = await self._db(self.store.admin_token_hash)
 
-    async def _report_head(self, region: str, seq: int) -> tuple[int, int]:
+    async def _report_head(
+        self, region: str, seq: int, received_at: float | None = None
+    ) -> tuple[int, int]:
         """(head seq, relay version) after recording ``region``'s head."""
         if self.replicas is not None:
             return await self.replicas.publish(region, seq)
-        return self.heads.report(region, seq)
+        return self.heads.report(region, seq, received_at)
 
     async def _authenticate(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -565,6 +569,13 @@ class MetadataApp:
                 "watches": self.watches,
                 "inflight": a.inflight,
                 "shed": a.shed,
+                "watch_lines": self.watch_lines + self.heads.direct_lines,
+                "watch_lines_direct": self.heads.direct_lines,
+                # Report received -> its line written to a watch (per watch):
+                # cumulative counts per bucket of LatencyHistogram.BOUNDS_US.
+                "line_latency_counts": self.heads.line_latency.counts,
+                "line_latency_p50_ms": _ms(self.heads.line_latency.quantile(0.5)),
+                "line_latency_p99_ms": _ms(self.heads.line_latency.quantile(0.99)),
             }
         )
 
@@ -731,11 +742,12 @@ class MetadataApp:
         return heartbeat_answer(self._routing.version, _now_ms())
 
     async def report_head(self, request: Request, who: Principal) -> Response:
+        received_at = time.perf_counter()
         region = self._as_region(request, who)
         doc = await self._json_body(request)
         if set(doc) != {"seq"}:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
-        seq, version = await self._report_head(region, _seq(doc["seq"]))
+        seq, version = await self._report_head(region, _seq(doc["seq"]), received_at)
         return head_answer(region, seq, version)
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
@@ -919,9 +931,11 @@ class _HeadsWatch(Response):
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             finished = True
             gone = trio.Event()
+            extensions = scope.get("extensions")
+            send_nowait = extensions.get(SEND_NOWAIT) if extensions else None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(_wait_disconnect, receive, gone, nursery.cancel_scope)
-                finished = await self._stream(send)
+                finished = await self._stream(send, send_nowait)
                 nursery.cancel_scope.cancel()
             if finished and not gone.is_set():
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -931,25 +945,61 @@ class _HeadsWatch(Response):
             app.watches -= 1
             app.admission.unpark()
 
-    async def _stream(self, send: Send) -> bool:
-        """Write lines until the server stops (True) or the client is too slow (False)."""
-        app, relay, since = self._app, self._app.heads, self._since
-        update = relay.heads_since(since, self._regions)
-        while True:
-            line = encode_heads(update.version, update.heads)
-            with trio.move_on_after(_WATCH_SEND_TIMEOUT_S) as timer:
-                await send({"type": "http.response.body", "body": line, "more_body": True})
-            if timer.cancelled_caught:
-                app.watch_dropped += 1
-                log.info(
-                    "heads watch dropped: its client read nothing for %g s", _WATCH_SEND_TIMEOUT_S
-                )
-                return False
-            app.watch_lines += 1
-            since = update.version
-            if relay.closed:
-                return True
-            update = await relay.wait_heads(since, self._regions, self._keepalive_s)
+    async def _stream(self, send: Send, send_nowait: Callable[[bytes], bool] | None) -> bool:
+        """Write lines until the server stops (True) or the client is too slow (False).
+
+        The watch stays registered with the relay throughout: while this task
+        is parked and in step, reports write their lines themselves
+        (:class:`~._fanout.HeadWatch`); this task writes the first line, the
+        keep-alives, and whatever a report could not (a socket that did not
+        take a whole line, heads from another replica).
+        """
+        app, relay = self._app, self._app.heads
+        watch = HeadWatch(self._regions, self._since, send_nowait)
+        relay.add_watch(watch)
+        try:
+            due = True  # the first line goes at once, heads or not
+            while True:
+                update = relay.heads_since(watch.since, self._regions)
+                # Nothing moved and no keep-alive due: an empty chunk sends
+                # what the socket did not take of a report's line (if any).
+                line = encode_heads(update.version, update.heads) if update.heads or due else b""
+                with trio.move_on_after(_WATCH_SEND_TIMEOUT_S) as timer:
+                    await send({"type": "http.response.body", "body": line, "more_body": True})
+                if timer.cancelled_caught:
+                    app.watch_dropped += 1
+                    log.info(
+                        "heads watch dropped: its client read nothing for %g s",
+                        _WATCH_SEND_TIMEOUT_S,
+                    )
+                    return False
+                if line:
+                    app.watch_lines += 1
+                    watch.since = update.version
+                relay.line_written(watch)
+                if relay.closed:
+                    return True
+                if watch.event.is_set():  # moved while the line was written
+                    watch.event = trio.Event()
+                    due = False
+                    continue
+                # No checkpoint from the check above to here: no move falls between.
+                watch.rearm()
+                while True:
+                    left = self._keepalive_s - (trio.current_time() - watch.last_line_at)
+                    with trio.move_on_after(max(0.0, left)):
+                        await watch.event.wait()
+                    if watch.event.is_set() or relay.closed:
+                        due = False
+                        break
+                    if trio.current_time() - watch.last_line_at >= self._keepalive_s:
+                        due = True  # no line for keepalive_s: the keep-alive
+                        break
+                    # Reports wrote lines meanwhile: the keep-alive counts from the last.
+                watch.direct = False
+                watch.event = trio.Event()
+        finally:
+            relay.remove_watch(watch)
 
 
 def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
@@ -1046,6 +1096,10 @@ def _too_large(size: int, limit: int) -> ApiError:
     return ApiError(
         413, "body_too_large", f"request body of {size}+ bytes exceeds the limit of {limit}"
     )
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 3)
 
 
 def _now_ms() -> int:

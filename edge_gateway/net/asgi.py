@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl
 
 __all__ = [
     "BUFFERED_BODY",
+    "SEND_NOWAIT",
     "JSONResponse",
     "Match",
     "Receive",
@@ -44,6 +45,14 @@ Send = Callable[[Message], Awaitable[None]]
 #: read by the builtin server (:mod:`edge_gateway.net.http11`) with the head.
 #: An app may take it without a ``receive()`` (and so without a read deadline).
 BUFFERED_BODY: Final = "edgegw.buffered_body"
+#: ASGI scope extension: ``send_nowait(body) -> bool``, another chunk of a
+#: streamed response body (``more_body``) written from *any* task, without a
+#: checkpoint, once the response has started. It takes the chunk whole: what
+#: the socket does not take at once is held and goes first with the
+#: exchange's next ``send``; False says so (the exchange's own task must send
+#: next, soon: an empty body will do). Only the builtin server offers it, on
+#: plain TCP; an app must work without it (TLS, hypercorn).
+SEND_NOWAIT: Final = "edgegw.send_nowait"
 
 
 class Request:

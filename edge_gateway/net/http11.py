@@ -50,7 +50,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
-from edge_gateway.net.asgi import BUFFERED_BODY
+from edge_gateway.net.asgi import BUFFERED_BODY, SEND_NOWAIT
 from edge_gateway.net.http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
 from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD
 from edge_gateway.net.tlsstream import TlsStream
@@ -65,6 +65,8 @@ ASGIApp = Callable[
 ]
 
 _READ_SIZE: Final = 64 * 1024
+#: Connections taken from the listen queue after each accept(), without a checkpoint.
+_ACCEPT_BURST: Final = 256
 _ERROR_BODY: Final = b'{"error":{"code":"%s","message":"%s"}}'
 _DISCONNECT: Final = {"type": "http.disconnect"}
 #: Seconds a closing TLS connection may take to send its close_notify.
@@ -246,14 +248,34 @@ class Http11Server:
                 await listener.aclose()
 
     async def _accept_loop(self, listener: trio.SocketListener, connections: trio.Nursery) -> None:
-        while True:
-            try:
-                stream = await listener.accept()
-            except OSError as exc:  # EMFILE and friends: back off, keep serving
-                self.log.warning("accept failed: %s", exc)
-                await trio.sleep(0.1)
-                continue
-            connections.start_soon(self._connection, stream)
+        # trio's accept() takes one connection per pass of its scheduler: with
+        # thousands of connections busy, a pass takes tens of milliseconds, and
+        # a fleet reconnecting at once (thousands a second) waited in the
+        # listen queue until its clients gave up (bench/fleet.py, 5,000
+        # gateways: watch opens timed out by the thousand). After each
+        # accept() the connections already queued are taken at once, up to
+        # _ACCEPT_BURST, from a duplicate of the listening socket (same queue,
+        # non-blocking).
+        with socket.socket(fileno=os.dup(listener.socket.fileno())) as queued:
+            queued.setblocking(False)
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # EMFILE and friends: back off, keep serving
+                    self.log.warning("accept failed: %s", exc)
+                    await trio.sleep(0.1)
+                    continue
+                connections.start_soon(self._connection, stream)
+                for _ in range(_ACCEPT_BURST):
+                    try:
+                        sock, _ = queued.accept()
+                    except (BlockingIOError, InterruptedError):
+                        break
+                    except OSError as exc:  # the next accept() logs and backs off
+                        self.log.debug("accept failed: %s", exc)
+                        break
+                    stream = trio.SocketStream(trio.socket.from_stdlib_socket(sock))
+                    connections.start_soon(self._connection, stream)
 
     # ------------------------------------------------------------ connections
 
@@ -426,6 +448,10 @@ class Http11Server:
         }
         received = False
         reply = _Reply(stream, _RawFraming(self.stopping), head_only=method == "HEAD")
+        if method == "GET" and isinstance(stream, trio.SocketStream):
+            # A streamed answer (the metadata server's heads watch) may be fed
+            # from other tasks: one write per line, no task to wake per line.
+            scope["extensions"][SEND_NOWAIT] = reply.send_nowait
         pending: list[bytes] = [rest]
 
         async def receive() -> Message:
@@ -720,9 +746,11 @@ class _Reply:
     """
 
     __slots__ = (
+        "_backlog",
         "_framing",
         "_head_only",
         "_head_sent",
+        "_sending",
         "_status",
         "_stream",
         "cut",
@@ -746,6 +774,9 @@ class _Reply:
         #: A write failed: the client hung up while being answered.
         self.cut = False
         self.headers: list[tuple[bytes, bytes]] = []
+        #: Bytes of :meth:`send_nowait` chunks the socket did not take yet: they go first.
+        self._backlog = b""
+        self._sending = False
 
     async def __call__(self, message: Message) -> None:
         kind = message["type"]
@@ -770,10 +801,49 @@ class _Reply:
         if not more:
             self.finished = True
             parts.append(self._framing.end(self._head_only))
+        if self._backlog:
+            parts.insert(0, self._backlog)
+            self._backlog = b""
+        self._sending = True
         try:
-            await _send_now(self._stream, b"".join(parts))
+            data = b"".join(parts)
+            while data:
+                await _send_now(self._stream, data)
+                # Chunks given to send_nowait while this write waited come next.
+                data, self._backlog = self._backlog, b""
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             self.gone = self.cut = True
+        finally:
+            self._sending = False
+
+    def send_nowait(self, body: bytes) -> bool:
+        """One more chunk of a started, streamed body, written now (SEND_NOWAIT).
+
+        True: the socket took all of it. False: what it did not take is held
+        and goes first with the next ``send`` (which the exchange's task must
+        make soon). Chunks stay in order: while bytes are held, a new chunk
+        joins them. A client gone takes nothing (True: nothing to send).
+        """
+        if not self._head_sent or self.finished or self._head_only:
+            raise RuntimeError("send_nowait needs a started, streamed response")
+        if self.gone:
+            return True
+        data = self._framing.data(body)
+        if self._backlog or self._sending:
+            self._backlog += data
+            return False
+        assert isinstance(self._stream, trio.SocketStream)
+        try:
+            sent = os.write(self._stream.socket.fileno(), data)
+        except BlockingIOError:
+            sent = 0
+        except OSError:  # EPIPE, ECONNRESET: the exchange's next read or send sees it
+            self.gone = self.cut = True
+            return True
+        if sent == len(data):
+            return True
+        self._backlog = data[sent:]
+        return False
 
     async def internal_error(self) -> None:
         """Answer 500 for an app that failed; raise :class:`_ClientGone` if it had begun."""
