@@ -60,7 +60,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-import json
 import logging
 import random
 import time
@@ -87,6 +86,7 @@ from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, 
 from edge_gateway.journal._segment import REPAIR_SUFFIX, Segment
 from edge_gateway.journal._segment_set import SegmentSet
 from edge_gateway.journal._state import _Partition
+from edge_gateway.statefile import seal, unseal
 
 __all__ = [
     "ATTEMPTS_NAME",
@@ -357,7 +357,7 @@ def load_attempts(directory: Path) -> dict[int, _Attempts]:
     ignored: the worst it costs is a few more attempts)."""
     path = directory / ATTEMPTS_NAME
     try:
-        doc = json.loads(path.read_bytes())
+        doc = unseal(path.read_bytes(), where=str(path), legacy_keys=frozenset())
         if doc.get("v") != VERSION:
             raise ValueError(f"unsupported version {doc.get('v')!r}")
         return {
@@ -371,14 +371,14 @@ def load_attempts(directory: Path) -> dict[int, _Attempts]:
         }
     except FileNotFoundError:
         return {}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, CorruptData, ValueError, KeyError, TypeError, AttributeError) as exc:
         log.warning("journal: %s does not read (%s); repair attempts start again", path, exc)
         return {}
 
 
 def _save_attempts(directory: Path, attempts: dict[int, _Attempts]) -> None:
     doc = {"v": VERSION, "segments": {str(k): a.to_json() for k, a in sorted(attempts.items())}}
-    replace_file(directory / ATTEMPTS_NAME, json.dumps(doc).encode() + b"\n", ops=_fs.ops)
+    replace_file(directory / ATTEMPTS_NAME, seal(doc), ops=_fs.ops)
 
 
 # ---------------------------------------------------------------- the part

@@ -246,6 +246,20 @@ async def test_a_bucket_out_of_reach_backs_off_without_giving_up(tmp_path: Path)
     await j.aclose()
 
 
+def test_a_flipped_digit_in_the_attempts_file_is_found_not_trusted(tmp_path: Path) -> None:
+    """The file carries a crc32c (statefile.seal): a digit flipped in valid JSON is not
+    read as fewer failures; the file is ignored and the attempts start again."""
+    from edge_gateway.journal._live_repair import _Attempts, _save_attempts
+
+    _save_attempts(tmp_path, {7: _Attempts(3, 0, 1234, "no such object")})
+    path = tmp_path / ATTEMPTS_NAME
+    assert load_attempts(tmp_path)[7].failures == 3
+    data = path.read_bytes()
+    path.write_bytes(data.replace(b'"failures":3', b'"failures":2'))
+    assert path.read_bytes() != data
+    assert load_attempts(tmp_path) == {}
+
+
 async def test_an_unshipped_segment_is_not_pending(tmp_path: Path) -> None:
     j, source, _ = await _open_damaged(tmp_path, compressed=False)
     seg = j._segments[1]
