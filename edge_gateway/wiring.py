@@ -152,9 +152,9 @@ class GatewayWiring:
             repair=repair_source,
         )
 
-    def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource | None:
-        """Where ``lane``'s damaged, shipped ranges are read back from (None: the lane is
-        not served, ``bucket_repair.py``)."""
+    def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource:
+        """Where ``lane``'s damaged, shipped ranges are read back from (its LSNs in the
+        log objects' lane tables, ``bucket_repair.py``)."""
         return BucketRepairSource.for_lane(
             lane, bucket, self.key_prefix, self.region, keyring=self.keys.ring
         )

@@ -80,7 +80,8 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
-from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss, shipped_lsn
+from edge_gateway.journal._lane_repair import confirmed_lsn
+from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, repair_damage
 from edge_gateway.journal._segment import REPAIR_SUFFIX, Segment
@@ -390,6 +391,11 @@ class Host(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    @property
+    def safe_lsn(self) -> int:
+        """Entries below it are confirmed by the bucket (the lane's shipper watermark)."""
+        ...
+
     def account_bytes(self, delta: int) -> None:
         """Add ``delta`` to the bytes counted against the budget."""
 
@@ -525,7 +531,7 @@ class LiveRepair:
         a = self.attempts.get(seg.base_lsn)
         if a is not None and a.exhausted:
             return False
-        shipped = shipped_lsn(self._root)
+        shipped = confirmed_lsn(self._root, self._host.safe_lsn)
         return shipped is not None and shipped >= seg.end_lsn - 1
 
     def report(self, path: Path) -> bool:
