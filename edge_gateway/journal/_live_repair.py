@@ -78,6 +78,7 @@ from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
+from edge_gateway.journal._compressed_repair import expand_salvaged
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
 from edge_gateway.journal._lane_repair import confirmed_lsn
@@ -249,7 +250,10 @@ def prepare_repair(
     tmp = path.with_name(path.name + REPAIR_SUFFIX)
     old_size = path.stat().st_size
     if is_compressed(path):
-        data, _ = expand_damaged(path, base)
+        try:
+            data, _ = expand_damaged(path, base)
+        except CorruptData:  # an entry table or the directory does not check
+            data = expand_salvaged(path, base)
         # the damaged file as it was (the range's copy is of the expanded entry log)
         qdir = path.parent.parent / QUARANTINE_DIR
         qdir.mkdir(exist_ok=True)
