@@ -142,8 +142,9 @@ def expand_damaged(path: Path, base: int) -> tuple[bytes, int]:
     (every entry in it is rebuilt from the bucket, which has them all: the
     segment was shipped), so that the rebuild sees where each partition goes
     on after it. The entries' lengths come from the entry tables
-    (``load_positions``): a damaged entry table is not repaired here
-    (``CorruptData``).
+    (``load_positions``): a damaged entry table or directory raises
+    ``CorruptData`` here, and :func:`prepare_repair` turns to
+    ``_compressed_repair.expand_salvaged``.
     """
     where = str(path)
     data = path.read_bytes()
