@@ -11,7 +11,9 @@ topic's name in its directory (a field that still decodes: only the CRC
 tells). The scrub finds it; the gateway rebuilds the damaged part from the
 region's log objects (the chunk's entries; with the directory damaged, every
 entry after the checkpoint) and swaps the segment in. Every record reads
-back exactly, nothing is reported lost, and the repair is named.
+back exactly, nothing is reported lost, and the repair is named. The same
+directory damage found by a start (the gateway stopped meanwhile) is rebuilt
+by the open instead of stopping it.
 """
 
 from __future__ import annotations
@@ -79,6 +81,41 @@ def _repairs(g: Gateway) -> list[dict[str, object]]:
     return list(block["repairs"]) if isinstance(block, dict) else []
 
 
+def _ready(g: Gateway) -> tuple[dict[int, str], Path]:
+    """Produce until three segments are sealed; wait until they are shipped and the
+    second is compressed (with two chunks). The records, and the second segment."""
+    acked: dict[int, str] = {}
+    while len(_sealed(g)) < 3:
+        acked |= _produce(g.url, len(acked), 64)
+
+    def ready() -> bool:
+        sealed = _sealed(g)
+        d = _directory(sealed[1])
+        return _shipped_through(g) >= int(sealed[2].stem) - 1 and d is not None
+
+    wait_until(ready, 180, "three sealed segments, shipped, the second compressed")
+    seg = _sealed(g)[1]
+    d = _directory(seg)
+    assert d is not None
+    assert len(d.chunks) >= 2, "the segment should have two chunks"
+    return acked, seg
+
+
+def _flip(seg: Path, where: str) -> None:
+    d = _directory(seg)
+    assert d is not None
+    last = d.chunks[-1]
+    if where == "entry-table":
+        at = last.meta_offset + last.meta_stored // 2
+    else:  # the first character of the topic's name in the directory
+        at = last.meta_offset + last.meta_stored + _DIR_FIXED + 2
+    with seg.open("r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x01]))
+
+
 @pytest.mark.parametrize("where", ["entry-table", "directory"])
 def test_a_damaged_entry_table_or_directory_is_repaired_while_running(
     tmp_path: Path, where: str
@@ -86,30 +123,8 @@ def test_a_damaged_entry_table_or_directory_is_repaired_while_running(
     g = _gateway(tmp_path)
     try:
         g.start()
-        acked: dict[int, str] = {}
-        while len(_sealed(g)) < 3:
-            acked |= _produce(g.url, len(acked), 64)
-
-        def ready() -> bool:
-            sealed = _sealed(g)
-            d = _directory(sealed[1])
-            return _shipped_through(g) >= int(sealed[2].stem) - 1 and d is not None
-
-        wait_until(ready, 180, "three sealed segments, shipped, the second compressed")
-        seg = _sealed(g)[1]
-        d = _directory(seg)
-        assert d is not None
-        assert len(d.chunks) >= 2, "the segment should have two chunks"
-        last = d.chunks[-1]
-        if where == "entry-table":
-            at = last.meta_offset + last.meta_stored // 2
-        else:  # the first character of the topic's name in the directory
-            at = last.meta_offset + last.meta_stored + _DIR_FIXED + 2
-        with seg.open("r+b") as f:
-            f.seek(at)
-            b = f.read(1)
-            f.seek(at)
-            f.write(bytes([b[0] ^ 0x01]))
+        acked, seg = _ready(g)
+        _flip(seg, where)
         wait_until(lambda: bool(_repairs(g)), 120, "the live repair")
         [one] = _repairs(g)
         assert one["segment"] == int(seg.stem)
@@ -129,5 +144,25 @@ def test_a_damaged_entry_table_or_directory_is_repaired_while_running(
         g.start()
         assert _served(g.url) == acked
         assert len(_repairs(g)) == 1
+    finally:
+        g.kill()
+
+
+def test_a_damaged_directory_found_at_start_is_rebuilt(tmp_path: Path) -> None:
+    """The open loads a sealed compressed segment from its directory alone; one whose
+    CRC fails no longer stops the start: the segment is rebuilt from the bucket."""
+    g = _gateway(tmp_path)
+    try:
+        g.start()
+        acked, seg = _ready(g)
+        assert g.stop() == 0
+        _flip(seg, "directory")
+        g.start()
+        assert "rebuilt from the bucket" in g.tail(400)
+        assert _served(g.url) == acked
+        [one] = _repairs(g)
+        assert (one["segment"], one["lsn_first"]) == (int(seg.stem), int(seg.stem) + 1)
+        [lane] = [x for x in g.status()["lanes"]["lanes"] if x["lane"] == "normal"]
+        assert "lost" not in lane
     finally:
         g.kill()
