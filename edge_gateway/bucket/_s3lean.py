@@ -56,6 +56,8 @@ import threading
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Final, cast
 
 import botocore.exceptions
@@ -112,20 +114,31 @@ class LeanAnswer:
     body: bytes
 
     def as_response(self) -> dict[str, Any]:
-        """The fields of botocore's GetObject response that the S3 backend reads."""
-        response: dict[str, Any] = {
-            "ResponseMetadata": {
-                "HTTPStatusCode": self.status,
-                "HTTPHeaders": {k.lower(): v for k, v in self.headers.items()},
-            }
-        }
-        if "etag" in self.headers:
-            response["ETag"] = self.headers["etag"]
-        if "last-modified" in self.headers:
-            response["LastModified"] = parse_timestamp(self.headers["last-modified"])
-        if "content-range" in self.headers:
-            response["ContentRange"] = self.headers["content-range"]
+        """The fields of botocore's GetObject response that the S3 backend's GET reads."""
+        headers = self.headers
+        response: dict[str, Any] = {"ResponseMetadata": {"HTTPStatusCode": self.status}}
+        if "etag" in headers:
+            response["ETag"] = headers["etag"]
+        if "last-modified" in headers:
+            response["LastModified"] = _http_date(headers["last-modified"])
+        if "content-range" in headers:
+            response["ContentRange"] = headers["content-range"]
         return response
+
+
+def _http_date(value: str) -> datetime:
+    """An HTTP date as an aware UTC datetime, as botocore parses it (equal to its value).
+
+    The standard library's RFC 7231 parser first: botocore's ``parse_timestamp``
+    (dateutil) costs ~50 us, ~4% of a lean GET; it takes any other form.
+    """
+    try:
+        parsed = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return parse_timestamp(value)
+    if parsed.tzinfo is None:  # "-0000": no zone given, UTC by RFC 5322
+        return parsed.replace(tzinfo=UTC)
+    return parsed
 
 
 @dataclass(frozen=True, slots=True)
