@@ -259,6 +259,12 @@ async def test_lean_get_off_is_botocore_only(plain: S3Bucket) -> None:
     assert S3Config.from_mapping({"bucket": "bkt", "lean_get": False}).lean_get is False
 
 
+def test_a_get_may_take_one_lean_attempt_more() -> None:
+    # The lean attempt on a silent store, then botocore's attempts.
+    assert S3Config(bucket="edgegw").max_get_seconds == 51 + 5 + 10
+    assert S3Config(bucket="edgegw", lean_get=False).max_get_seconds == 51
+
+
 # -- TLS ------------------------------------------------------------------------
 
 
