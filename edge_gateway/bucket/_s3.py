@@ -66,6 +66,13 @@ because of its credentials (a missing profile, a credential_process that
 fails) does not stop :meth:`S3Bucket.open`: every request tries again and
 raises until it can be built.
 
+GETs take the lean path of :mod:`edge_gateway.bucket._s3lean` when the
+config's ``lean_get`` is on: signed and sent without botocore's per-call
+pipeline, on the client's own connection pool, in the same worker-thread
+call. It hands every answer but a success back to ``client.get_object``
+(404 and 416 excepted: botocore's own parser makes the same ``ClientError``
+of them), so what reaches :func:`translate_error` is what it always was.
+
 Objects larger than ``multipart_threshold`` go up as a multipart upload whose
 parts are sent in parallel; the create-only condition is applied to
 CompleteMultipartUpload (``If-None-Match: *``), which is what makes the whole
