@@ -29,6 +29,9 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     GETs of its objects, CPU per MB and journal bytes per bucket byte beside
     (b)'s (``mirror_bytes_per_bucket_byte``: ``b``'s journal growth over the
     log objects' bytes, target <= 1.2);
+(b'') the same catch-up with every GET through botocore (``[bucket] lean_get =
+    false``, the S3 backend's path before the lean GET path): MB/s beside raw
+    GETs of its objects, and CPU per MB beside (b)'s (``lean_vs_botocore_cpu``);
 (c) idle: requests per second ``b`` makes when nothing happens (S3 polling
     mode, no metadata server), from moto's request log (``a`` has no sources,
     so an idle ``a`` makes none);
@@ -114,6 +117,7 @@ def write_config(
     subscribers: tuple[str, ...] = ("b",),
     mirror_packs: bool | None = None,
     mirror_keep_blocks: bool | None = None,
+    lean_get: bool | None = None,
 ) -> None:
     encryption = ""
     if key_file is not None:  # a seals with it, b opens a's objects with it
@@ -140,6 +144,7 @@ poll_interval_ms = 1000
     packs = "" if mirror_packs is None else f"packs = {'true' if mirror_packs else 'false'}\n"
     if mirror_keep_blocks is not None:
         packs += f"keep_blocks = {'true' if mirror_keep_blocks else 'false'}\n"
+    lean = "" if lean_get is None else f"lean_get = {'true' if lean_get else 'false'}\n"
     site.data_dir.mkdir(parents=True, exist_ok=True)
     site.config = site.data_dir.parent / f"{site.region}.toml"
     site.log_path = site.data_dir.parent / f"{site.region}.log"
@@ -162,7 +167,7 @@ secret_key = "testing"
 connect_timeout = 1.0
 read_timeout = 5.0
 max_attempts = 2
-[gc]
+{lean}[gc]
 enabled = false
 [api]
 listen = "127.0.0.1:0"
@@ -722,6 +727,21 @@ def main() -> None:
                     ),
                 )
 
+                progress("(b'') catch-up again, every GET through botocore (lean_get = false) ...")
+                write_config(b, proxy_b, lean_get=False)
+                _, objects3, wire3, s3_s, cpu3, _, _ = catch_up(a, b, s3, backlog, moto.process.pid)
+                write_config(b, proxy_b)  # the default again at b's next start
+                raw3_s, _ = raw_gets(s3, [k for k, _ in objects3])
+                figures.update(
+                    botocore_catchup_mb_per_s=wire3 / MB / s3_s,
+                    botocore_raw_get_mb_per_s=wire3 / MB / raw3_s,
+                    botocore_catchup_ratio=ratio(wire3 / MB / s3_s, wire3 / MB / raw3_s),
+                    botocore_catchup_cpu_ms_per_mb=cpu3 * 1000 / (wire3 / MB),
+                    lean_vs_botocore_cpu=ratio(
+                        figures["catchup_cpu_ms_per_mb"], cpu3 * 1000 / (wire3 / MB)
+                    ),
+                )
+
                 progress(f"(c) idle requests at b over {idle_s:.0f}s ...")
                 time.sleep(3.0)  # let the last polls settle into the idle backoff
                 mark = moto.log_position()
@@ -942,6 +962,21 @@ def main() -> None:
                 "mirror journal bytes per bucket byte, per batch",
                 f["perbatch_mirror_bytes_per_bucket_byte"],
                 "x",
+            ),
+            "(b'') the same catch-up, every GET through botocore ([bucket] lean_get = false)",
+            Row(
+                "catch-up (log objects), botocore GETs",
+                f["botocore_catchup_mb_per_s"],
+                "MB/s",
+                "raw boto3 GETs, 8 threads",
+                f["botocore_raw_get_mb_per_s"],
+            ),
+            Row(
+                "CPU per MB of log objects, lean GETs",
+                f["catchup_cpu_ms_per_mb"],
+                "ms",
+                "botocore GETs",
+                f["botocore_catchup_cpu_ms_per_mb"],
             ),
             "(c) idle b, S3 polling, no metadata server",
             Row(

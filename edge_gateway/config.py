@@ -109,6 +109,8 @@ class BucketConfig:
     multipart_threshold: int = 16 << 20
     part_size: int = 8 << 20
     part_concurrency: int = 4
+    #: GETs without botocore's per-call pipeline (docs/bucket.md, ``lean_get``).
+    lean_get: bool = True
     # --- azure only (endpoint_url, prefix, timeouts, max_attempts, max_concurrency,
     # multipart_threshold and part_size apply too) ---
     container: str = ""
@@ -201,6 +203,7 @@ class BucketConfig:
             multipart_threshold=self.multipart_threshold,
             part_size=self.part_size,
             part_concurrency=self.part_concurrency,
+            lean_get=self.lean_get,
         )
 
     def describe(self, data_dir: Path) -> str:

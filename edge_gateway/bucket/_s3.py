@@ -66,6 +66,13 @@ because of its credentials (a missing profile, a credential_process that
 fails) does not stop :meth:`S3Bucket.open`: every request tries again and
 raises until it can be built.
 
+GETs take the lean path of :mod:`edge_gateway.bucket._s3lean` when the
+config's ``lean_get`` is on: signed and sent without botocore's per-call
+pipeline, on the client's own connection pool, in the same worker-thread
+call. It hands every answer but a success back to ``client.get_object``
+(404 and 416 excepted: botocore's own parser makes the same ``ClientError``
+of them), so what reaches :func:`translate_error` is what it always was.
+
 Objects larger than ``multipart_threshold`` go up as a multipart upload whose
 parts are sent in parallel; the create-only condition is applied to
 CompleteMultipartUpload (``If-None-Match: *``), which is what makes the whole
@@ -110,6 +117,7 @@ from edge_gateway.bucket._s3config import (
     MAX_PUT_SIZE,
     S3Config,
 )
+from edge_gateway.bucket._s3lean import LeanGet
 from edge_gateway.errors import ConfigError, EdgeGatewayError
 
 if TYPE_CHECKING:
@@ -255,6 +263,8 @@ class _Client:
     key_id: str | None = None
     users: int = 0
     retired: bool = False
+    #: GETs without botocore's request pipeline (``None``: off, or not possible).
+    lean: LeanGet | None = None
 
 
 class S3Bucket(Bucket):
@@ -273,7 +283,12 @@ class S3Bucket(Bucket):
         self._config = config
         self._prefix = config.key_prefix
         self._limiter = trio.CapacityLimiter(config.max_concurrency)
-        self._current: _Client | None = None if client is None else _Client(client)
+        self._current: _Client | None = None if client is None else self._held(client, None)
+        #: The lean GET path of each live client, by ``id(client)``: worker
+        #: threads look theirs up here (one dict read, atomic under the GIL).
+        self._leans: dict[int, LeanGet] = {}
+        if self._current is not None and self._current.lean is not None:
+            self._leans[id(client)] = self._current.lean
         self._retired: set[_Client] = set()
         self._loader: object | None = None
         #: Build a new client before the next request (none yet, or the
@@ -312,6 +327,20 @@ class S3Bucket(Bucket):
         assert bucket._current is not None
         bucket._current.key_id = key_id
         return bucket
+
+    def _held(self, client: S3Client, key_id: str | None) -> _Client:
+        """A new client's record, with its lean GET path when the config asks for one."""
+        lean = LeanGet.attach(client) if self._config.lean_get else None
+        return _Client(client, key_id, lean=lean)
+
+    def _close(self, held: _Client) -> None:
+        self._leans.pop(id(held.client), None)
+        held.client.close()
+
+    @property
+    def lean_get(self) -> LeanGet | None:
+        """The current client's lean GET path (``None``: off), for tests and benches."""
+        return None if self._current is None else self._current.lean
 
     @property
     def _client(self) -> S3Client:
@@ -491,13 +520,22 @@ class S3Bucket(Bucket):
         if start > 0 or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
 
+        range_header: str | None = kwargs.get("Range")
+
         def call(client: S3Client) -> tuple[Mapping[str, Any], bytes] | None:
+            lean = self._leans.get(id(client))
             try:
+                if lean is not None:
+                    answer = lean.get(full_key, range_header)
+                    if answer is not None:
+                        return answer.as_response(), answer.body
                 response = client.get_object(**kwargs)
             except botocore.exceptions.ClientError as exc:
                 if _status(exc) == 416:
                     return None  # the range starts at or past the end
                 raise
+            if lean is not None and not lean.ready:
+                lean.learn(full_key)
             body = response["Body"]
             try:
                 return response, body.read()
@@ -597,7 +635,7 @@ class S3Bucket(Bucket):
         # must happen even if the caller is being cancelled.
         for held in (self._current, *self._retired):
             if held is not None:
-                held.client.close()
+                self._close(held)
         self._retired.clear()
 
     # -- multipart --------------------------------------------------------------
@@ -828,7 +866,7 @@ class S3Bucket(Bucket):
             held.users -= 1
             if held.retired and not held.users:
                 self._retired.discard(held)
-                held.client.close()
+                self._close(held)
 
     def _translate(self, exc: BaseException, operation: str, key: str | None) -> EdgeGatewayError:
         return translate_error(
@@ -873,7 +911,9 @@ class S3Bucket(Bucket):
                 # shared files under it. Refused, never fatal to a running site.
                 error = AccessDenied(str(error), key=key, code=type(exc).__name__)
             raise error from exc
-        old, self._current = self._current, _Client(client, key_id)
+        old, self._current = self._current, self._held(client, key_id)
+        if self._current.lean is not None:
+            self._leans[id(client)] = self._current.lean
         self._loader = loader
         self._stale = False
         if old is not None:
@@ -887,7 +927,7 @@ class S3Bucket(Bucket):
             if old.users:
                 self._retired.add(old)  # closed by the last request running on it
             else:
-                old.client.close()
+                self._close(old)
 
 
 def _build_error(

@@ -51,6 +51,7 @@ _FIELD_TYPES: Final[dict[str, tuple[type, ...]]] = {
     "part_concurrency": (int,),
     "checksums": (str,),
     "list_page_size": (int,),
+    "lean_get": (bool,),
 }
 
 
@@ -108,6 +109,12 @@ class S3Config:
     checksums: Literal["when_supported", "when_required"] = "when_supported"
     #: Keys per ListObjectsV2 page (S3's maximum is 1000).
     list_page_size: int = 1000
+    #: GETs signed by botocore's SigV4 signer and sent on the client's own
+    #: connection pool, without botocore's per-call pipeline (about half the
+    #: CPU per GET); any answer but a success (or a 404/416) and any transport
+    #: failure is sent again through botocore, whose errors and retries are
+    #: unchanged. ``False``: every GET through botocore (docs/bucket.md).
+    lean_get: bool = True
 
     def __post_init__(self) -> None:
         def bad(key: str, why: str) -> ConfigError:
@@ -180,6 +187,14 @@ class S3Config:
         per_attempt = self.connect_timeout + _EXPECT_CONTINUE_WAIT + self.read_timeout
         backoff = sum(min(2.0**i, _BOTOCORE_MAX_BACKOFF) for i in range(self.max_attempts - 1))
         return self.max_attempts * per_attempt + backoff
+
+    @property
+    def max_get_seconds(self) -> float:
+        """:attr:`max_request_seconds` for a GET: with :attr:`lean_get`, a GET
+        whose lean attempt fails on a silent link (``connect_timeout`` or
+        ``read_timeout``) goes through botocore's attempts after it."""
+        lean_attempt = self.connect_timeout + self.read_timeout if self.lean_get else 0.0
+        return self.max_request_seconds + lean_attempt
 
     @property
     def key_prefix(self) -> str:

@@ -155,7 +155,12 @@ def faults(monkeypatch: pytest.MonkeyPatch) -> BodyFaults:
 async def bucket(moto_endpoint: str, s3_bucket_name: str, faults: BodyFaults) -> Any:
     # One attempt: botocore retries some of these on its own (those it
     # translates itself); one attempt makes each injected fault the outcome.
-    config = make_s3_config(moto_endpoint, s3_bucket_name, prefix="p/", max_attempts=1)
+    # Every GET through botocore: its boundary is what is tested here (the
+    # lean GET path hands every such fault back to botocore's call:
+    # tests/bucket/test_s3_lean_get.py).
+    config = make_s3_config(
+        moto_endpoint, s3_bucket_name, prefix="p/", max_attempts=1, lean_get=False
+    )
     async with await S3Bucket.open(config) as opened:
         faults.attach(opened)
         await opened.put("existing", b"0123456789" * 100)
