@@ -31,6 +31,7 @@ from edge_gateway.encryption import Keys
 from edge_gateway.errors import Denied
 from edge_gateway.journal import Journal, Lane, Lanes, open_lanes
 from edge_gateway.mirror import PriorityGate, Tailer, TailerConfig
+from edge_gateway.mirror_repair import MirrorRepairSource
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.topics import TopicTable
 
@@ -154,9 +155,15 @@ class GatewayWiring:
 
     def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource | None:
         """Where ``lane``'s damaged, shipped ranges are read back from (None: the lane is
-        not served, ``bucket_repair.py``)."""
-        return BucketRepairSource.for_lane(
-            lane, bucket, self.key_prefix, self.region, keyring=self.keys.ring
+        not served): this region's log objects (``bucket_repair.py``) and, for mirror
+        entries, the source regions' (``mirror_repair.py``)."""
+        return MirrorRepairSource.for_main_lane(
+            lane,
+            bucket,
+            self.key_prefix,
+            self.region,
+            keyring=self.keys.ring,
+            keep_blocks=self.config.mirror.keep_blocks,
         )
 
     # ------------------------------------------------------------ shipper, tailers

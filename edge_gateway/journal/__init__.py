@@ -33,6 +33,7 @@ from edge_gateway.journal._lane import (
     lanes_on_disk,
 )
 from edge_gateway.journal._lanes import LaneAppended, Lanes, open_lanes
+from edge_gateway.journal._mirror_repair import MirroredObject, MirrorSource
 from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
 from edge_gateway.journal._repair import Repaired, RepairedRange, RepairSource, ShippedObject
@@ -72,6 +73,8 @@ __all__ = [
     "Lanes",
     "MirrorBatch",
     "MirrorBlock",
+    "MirrorSource",
+    "MirroredObject",
     "OffsetOutOfRange",
     "OnFull",
     "Priority",

@@ -80,6 +80,7 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
+from edge_gateway.journal._mirror_repair import MirroredObject, MirrorSource
 from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss, shipped_lsn
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, repair_damage
@@ -220,6 +221,28 @@ class _Watched:
             raise
 
 
+class _WatchedMirror(_Watched):
+    """:class:`_Watched` of a source that also reads other regions' logs (mirror entries)."""
+
+    def __init__(self, source: RepairSource, mirror: MirrorSource) -> None:
+        super().__init__(source)
+        self.mirror = mirror
+        self.keep_blocks = mirror.keep_blocks
+
+    def mirrored(self, region: str, first_seq: int, last_seq: int) -> Sequence[MirroredObject]:
+        try:
+            return self.mirror.mirrored(region, first_seq, last_seq)
+        except Unavailable as exc:
+            self.unavailable = str(exc)
+            raise
+
+
+def _watch(source: RepairSource) -> _Watched:
+    if isinstance(source, MirrorSource):
+        return _WatchedMirror(source, source)
+    return _Watched(source)
+
+
 #: Damaged ranges one segment may have before the live repair gives up on it.
 _MAX_RANGES = 100
 
@@ -259,7 +282,7 @@ def prepare_repair(
         )
     else:
         data = path.read_bytes()
-    watched = _Watched(source)
+    watched = _watch(source)
     done: list[Repaired] = []
     new: list[Repaired] = []
     try:

@@ -69,7 +69,7 @@ from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import read_header
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.journal import _fs
+from edge_gateway.journal import _fs, _mirror_repair
 from edge_gateway.journal._dropped import append_records, load_records
 from edge_gateway.journal._quarantine import QUARANTINE_DIR, shipped_lsn
 from edge_gateway.journal._recovery import DamagedEntry, next_valid_entry
@@ -451,9 +451,9 @@ def _check_entries(data: bytes, lsn_first: int, lsn_end: int) -> None:
 # the repair
 
 
-def _next_checkpoint(path: Path, base: int) -> dict[Key, int] | None:
-    """Where each partition stood at the start of the segment after ``path`` (its
-    checkpoint's next offsets); None if there is none or it does not read."""
+def next_checkpoint(path: Path, base: int) -> Checkpoint | None:
+    """The checkpoint of the segment after ``path`` (where its partitions and sources
+    stood); None if there is none or it does not read."""
     later = sorted(
         int(f.stem)
         for f in path.parent.glob(f"*{path.suffix}")
@@ -470,7 +470,7 @@ def _next_checkpoint(path: Path, base: int) -> dict[Key, int] | None:
             first = atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
         if not isinstance(first, fentry.Entry) or first.kind != fentry.KIND_CHECKPOINT:
             return None
-        return dict(Checkpoint.decode(first.payload, where=str(nxt)).next_offsets)
+        return Checkpoint.decode(first.payload, where=str(nxt))
     except (OSError, CorruptData, StopIteration):
         return None
 
@@ -517,12 +517,18 @@ def repair_damage(
     else:
         lsn_end = atrest.decode_any_entry(buf, resync).lsn
     shipped = shipped_lsn(path.parent)
-    if shipped is None or shipped < lsn_end - 1:
-        return None  # not (known to be) in the bucket: quarantined, reported lost
     try:
-        limit = None if last else _next_checkpoint(path, base)
-        objects = source.shipped(damage.lsn, lsn_end - 1)
-        rebuilt = rebuild(buf, damage, objects, last=last, limit=limit, end=end)
+        nxt = None if last else next_checkpoint(path, base)
+        limit = None if nxt is None else dict(nxt.next_offsets)
+        # Mirror entries: re-fetched from the source region's log (_mirror_repair.py).
+        rebuilt = _mirror_repair.repair_mirrored(
+            buf, damage, resync, source, last=last, next_checkpoint=nxt, end=end
+        )
+        if rebuilt is None:
+            if shipped is None or shipped < lsn_end - 1:
+                return None  # not (known to be) in the bucket: quarantined, reported lost
+            objects = source.shipped(damage.lsn, lsn_end - 1)
+            rebuilt = rebuild(buf, damage, objects, last=last, limit=limit, end=end)
     except (NotRebuilt, EdgeGatewayError) as exc:
         log.warning(
             "journal: damaged entries LSN %d-%d in %s are in the bucket but were not "
