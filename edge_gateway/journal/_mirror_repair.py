@@ -163,27 +163,31 @@ def mirror_range(
     if next_checkpoint is not None:
         for region, c in next_checkpoint.sources.items():
             later.setdefault(region, c)
-    moved = sorted(r for r in before.keys() | later.keys() if before.get(r) != later.get(r))
+    # Entries of a source after the damage do not mean some were lost in it: only a
+    # mirror partition whose offsets move across it (or one with no bound after it) does.
+    # A source with no coordinates on one side cannot be bounded: if entries of it were
+    # lost, the home rebuild refuses the range (an LSN without a batch).
+    limit = None if next_checkpoint is None else next_checkpoint.next_offsets
+    bound = _first_after(after, last=last, limit=limit)
+
+    def lost_some(region: str) -> bool:
+        mine = [
+            k for k in damage.next_offsets.keys() | bound.keys() if k[0].startswith(region + ".")
+        ]
+        return not all(k in bound and bound[k] == damage.next_offsets.get(k, 0) for k in mine)
+
+    moved = sorted(
+        r for r in before.keys() & later.keys() if before[r] != later[r] and lost_some(r)
+    )
     if not moved:
-        return None
+        return None  # none lost: the damage holds home entries (or progress markers)
     if len(moved) > 1:
         raise _repair.NotRebuilt(
             f"the damaged range holds entries of {len(moved)} source regions ({', '.join(moved)}):"
             " their order is not known"
         )
     region = moved[0]
-    # Entries of the source after the damage do not mean some were lost in it: only a
-    # mirror partition whose offsets move across it (or one with no bound after it) does.
-    limit = None if next_checkpoint is None else next_checkpoint.next_offsets
-    bound = _first_after(after, last=last, limit=limit)
-    mine = {k for k in damage.next_offsets.keys() | bound.keys() if k[0].startswith(region + ".")}
-    if all(k in bound and bound[k] == damage.next_offsets.get(k, 0) for k in mine):
-        return None  # none lost: the damage holds home entries (or progress markers)
-    b, a = before.get(region), later.get(region)
-    if b is None:
-        raise _repair.NotRebuilt(f"nothing before the damage says where {region}'s mirror stood")
-    if a is None:
-        raise _repair.NotRebuilt(f"nothing after the damage says where {region}'s mirror went on")
+    b, a = before[region], later[region]
     first_seq = b.seq + 1 if b.end_of_object else b.seq
     return SeqRange(region, first_seq, a.seq, b)
 
@@ -232,10 +236,11 @@ def rebuild_mirrored(
     last: bool,
     limit: Mapping[Key, int] | None = None,
     end: tuple[int, int] | None = None,
-) -> _repair.Rebuilt:
+) -> _repair.Rebuilt | None:
     """The entries of the damaged LSNs, appended again from the source objects ``objects``
-    of ``span`` (module docstring). ``last``, ``limit`` and ``end`` as for
-    :func:`~edge_gateway.journal._repair.rebuild`. Raises
+    of ``span`` (module docstring); None when none of them is a mirror entry (home
+    entries only: the caller rebuilds them from this region's log). ``last``, ``limit``
+    and ``end`` as for :func:`~edge_gateway.journal._repair.rebuild`. Raises
     :class:`~edge_gateway.journal._repair.NotRebuilt` unless they give exactly the lost
     entries."""
     after = _repair._walk(buf, resync, len(buf))
@@ -296,6 +301,8 @@ def rebuild_mirrored(
             out.append(piece.encode(lsn, append_time, coords, obj.nulls))
             got.setdefault(piece.key, []).append((piece.first, piece.first + piece.count))
             lsn += 1
+    if not got:
+        return None  # no mirror entry among the lost ones: a home range
     if lsn != lsn_end:
         raise _repair.NotRebuilt(
             f"LSNs {lsn}..{lsn_end - 1} have no entry in {span.region}'s log entries "
