@@ -4,7 +4,8 @@ Issue 45, item 3, the half the open does not do (``_repair.py`` is the
 open's). When the scrub (``_scrub.py``) or a read meets damage in a sealed
 segment -- an entry log (``EGWJ``) or a compressed segment (``EGWC``) --
 whose entries the bucket holds (the main lane's ``shipper.json`` confirmed
-the whole segment), :meth:`LiveRepair.report` marks the segment *pending*
+the whole segment, or it holds mirror entries: their source region's log has
+them, ``_mirror_repair.py``), :meth:`LiveRepair.report` marks the segment *pending*
 and wakes :meth:`LiveRepair.run`. Until the repair is done, a read that
 meets the damage raises :class:`~edge_gateway.errors.RepairPending` (503
 ``repair_pending`` with ``Retry-After``) instead of ``CorruptData``.
@@ -549,7 +550,20 @@ class LiveRepair:
         if a is not None and a.exhausted:
             return False
         shipped = shipped_lsn(self._root)
-        return shipped is not None and shipped >= seg.end_lsn - 1
+        if shipped is not None and shipped >= seg.end_lsn - 1:
+            return True
+        # Mirror entries are in their source region's log whatever this region shipped
+        # (_mirror_repair.py); a range of home entries not shipped yet fails the attempt
+        # (bounded, as any range not rebuilt).
+        return self._holds_mirror_entries(seg)
+
+    def _holds_mirror_entries(self, seg: Segment) -> bool:
+        """Whether ``seg`` holds entries of a mirror topic (``<region>.<topic>``: a topic
+        homed here has no ``.``, ``names.validate_home_topic``)."""
+        return any(
+            "." in p.topic and _index_of(p.seg_bases, seg.base_lsn) >= 0
+            for p in self._partitions.values()
+        )
 
     def report(self, path: Path) -> bool:
         """Damage was found in the file at ``path`` (the scrub): repair it if it can be.

@@ -87,13 +87,6 @@ def _sealed(g: Gateway) -> list[Path]:
     return sorted(_journal(g).glob("*.wal"))[:-1]
 
 
-def _shipped_through(g: Gateway) -> int:
-    try:
-        return int(json.loads((_journal(g) / "shipper.json").read_text())["log_lsn"])
-    except (OSError, ValueError, KeyError):
-        return 0
-
-
 def _mirror_until(a: Gateway, b: Gateway, done: object) -> dict[int, str]:
     """Produce to ``a`` in rounds, every tenth waiting until ``b`` mirrored it all, until
     ``done()``; the acknowledged records, offset -> value."""
@@ -227,12 +220,10 @@ def test_a_damaged_sealed_mirror_segment_is_refetched_while_running(
     a, b = fleet["a"], fleet["b"]
 
     def ready() -> bool:
+        # b ships nothing of its own (mirror entries only): its segments are repaired from
+        # a's log whatever its shipper.json says
         sealed = _sealed(b)
-        if len(sealed) < 3:
-            return False
-        return _shipped_through(b) >= int(sealed[2].stem) - 1 and (
-            at_rest != "compressed" or _compressed(sealed[1])
-        )
+        return len(sealed) >= 3 and (at_rest != "compressed" or _compressed(sealed[1]))
 
     try:
         fleet.start()
