@@ -46,9 +46,11 @@ A rebuild is refused -- and the range quarantined as before (``_quarantine.py``)
 straddles the damaged range's edge, offsets missing or not continuous with
 the intact neighbours, more batches than LSNs or an LSN without a batch (an
 earlier loss's checkpoint: its offsets are gap markers in the bucket, not
-batches; or a mirror entry: its records are the source region's, and
-re-fetching them from there is not built). Every LSN of the range is a
-rebuilt DATA entry; home entries between mirror entries are rebuilt.
+batches; or a mirror entry: its records are the source region's). Every LSN
+of the range is a rebuilt DATA entry; home entries between mirror entries are
+rebuilt. Lost mirror entries are re-fetched from their source region's log
+instead (``_mirror_repair.py``, tried first by :func:`repair_damage` when the
+source reads other regions' logs).
 """
 
 from __future__ import annotations
@@ -301,8 +303,9 @@ def rebuild(
     before_entries = _walk(buf, header_end, damage.pos)
     after_entries = _walk(buf, resync, len(buf))
     # A mirror entry in the damaged range has no batch in this region's objects (its
-    # records are the source's): its LSN is left without one, and the range is
-    # refused below. Mirror partitions are never taken from this region's objects.
+    # records are the source's: _mirror_repair.py): its LSN is left without one, and
+    # the range is refused below. Mirror partitions are never taken from this
+    # region's objects.
     mirrored = {(e.topic, e.partition) for e in (*before_entries, *after_entries) if _is_mirror(e)}
     if after_entries:
         lsn_first, lsn_end = damage.lsn, after_entries[0].lsn
