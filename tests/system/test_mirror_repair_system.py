@@ -329,3 +329,50 @@ def test_a_source_object_already_collected_is_reported_lost_exactly(
         assert _served(b.url) == served | more
     finally:
         fleet.close()
+
+
+def test_a_range_quarantined_with_the_source_away_is_refetched_once_sealed(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    """The source's log out of reach at the start (once: fail point ``repair.fetch=1``):
+    the damage is quarantined (``repairable: true``), the rest served; once the segment
+    is sealed the live repair re-fetches the quarantined range from ``a``'s log, and every
+    record of ``a.t`` is served again."""
+    fleet = _fleet(tmp_path, moto_endpoint, s3_bucket_name)
+    a, b = fleet["a"], fleet["b"]
+    try:
+        fleet.start()
+        acked = _mirror_until(
+            a, b, lambda: len(_last_segment(b).read_bytes().rstrip(b"\0")) > 7 * PAGE
+        )
+        assert b.stop() == 0
+        damaged = _last_segment(b)
+        _damage(damaged, "flip")
+        b.env = {failpoints.ENV: "repair.fetch=1"}
+        b.start()
+        [loss] = _lane(b)["lost"]["losses"]  # type: ignore[index]
+        assert loss["repairable"] is True
+        assert len(_served(b.url)) < len(acked)  # a gap for now
+        i = 0
+        while _last_segment(b) == damaged:  # until the damaged segment is sealed
+            acked |= _produce(a.url, [_value("after", 10 * i + k) for k in range(10)])
+            i += 1
+            if i % 10 == 0:
+                wait_mirrored(a, TOPIC, b)
+        wait_mirrored(a, TOPIC, b)
+        wait_until(lambda: bool(_repairs(b)), 120, "the repair of the quarantined range")
+        [one] = _repairs(b)
+        assert (one["segment"], one["lsn_first"], one["lsn_last"]) == (
+            loss["segment"],
+            loss["lsn_first"],
+            loss["lsn_last"],
+        )
+        assert _served(b.url) == acked  # the quarantined records too
+        b.env = {}
+        assert b.stop() == 0
+        b.start()
+        assert _served(b.url) == acked
+        assert len(_repairs(b)) == 1
+        _check_mirror_goes_on(a, b, acked)
+    finally:
+        fleet.close()
