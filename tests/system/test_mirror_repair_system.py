@@ -376,3 +376,34 @@ def test_a_range_quarantined_with_the_source_away_is_refetched_once_sealed(
         _check_mirror_goes_on(a, b, acked)
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize("step", ["live_repair.prepared", "live_repair.renamed"])
+def test_a_kill_during_the_live_mirror_repair_loses_nothing(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str, step: str
+) -> None:
+    fleet = _fleet(tmp_path, moto_endpoint, s3_bucket_name, at_rest="off", scrub="off")
+    a, b = fleet["a"], fleet["b"]
+    try:
+        b.env = {failpoints.ENV: f"{step}=kill"}
+        fleet.start()
+        acked = _mirror_until(a, b, lambda: len(_sealed(b)) >= 3)
+        _flip(_sealed(b)[1])
+        # the read reports the damage; the repair's step kills the gateway
+        with pytest.raises(httpx.HTTPError):
+            _served(b.url)
+        assert b.proc is not None
+        assert b.proc.wait(timeout=60) == -9
+        b.env = {}
+        b.start()
+        # killed before the rename: still damaged (a read finds it, the repair runs
+        # again); after it: sound
+        assert _served(b.url) == acked
+        live = _lane(b).get("live_repair")
+        assert not live or not live["pending"]  # type: ignore[index]
+        assert len(_repairs(b)) == 1  # recorded once
+        assert "lost" not in _lane(b)
+        assert not list(_journal(b).glob("*.r-tmp"))
+        _check_mirror_goes_on(a, b, acked)
+    finally:
+        fleet.close()
