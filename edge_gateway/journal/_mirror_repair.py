@@ -270,10 +270,12 @@ def rebuild_mirrored(
     lsn = lsn_first
     for seq in range(span.first_seq, span.last_seq + 1):
         obj = by_seq[seq]
-        if obj.fence or obj.epoch < epoch:
-            continue  # progress only (a marker, if any, is refused by the LSN count)
-        epoch = max(epoch, obj.epoch)
-        # this object's appends as the tailer made them: (local key, block, batches or None)
+        if obj.epoch < epoch:
+            continue  # a zombie writer's entry: skipped (a marker, if any, is refused below)
+        epoch = max(epoch, obj.epoch)  # a fence raises the epoch accepted too
+        if obj.fence:
+            continue
+        # this object's lost appends, as the tailer made them: (local key, block, stored bytes)
         planned: list[tuple[Key, BlockIndex, bytes]] = []
         straddles = False
         for index, stored in obj.blocks:
