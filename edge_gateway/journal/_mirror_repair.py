@@ -141,8 +141,8 @@ def mirror_range(
     next_checkpoint: Checkpoint | None,
 ) -> SeqRange | None:
     """The source region and seqs of the mirror entries lost at ``damage`` (the damaged
-    bytes end at ``resync``), from the intact entries around them; None when no source's
-    progress moves across the damage (no mirror entry was lost there). Raises
+    bytes end at ``resync``), from the intact entries around them; None when no mirror
+    partition lost offsets there (the damage holds home entries). Raises
     :class:`~edge_gateway.journal._repair.NotRebuilt` when the range cannot be bounded."""
     entries = _repair._walk(buf, fentry.SEGMENT_HEADER_SIZE, damage.pos)
     after = _repair._walk(buf, resync, len(buf))
@@ -176,9 +176,8 @@ def mirror_range(
         ]
         return not all(k in bound and bound[k] == damage.next_offsets.get(k, 0) for k in mine)
 
-    moved = sorted(
-        r for r in before.keys() & later.keys() if before[r] != later[r] and lost_some(r)
-    )
+    # (Coordinates equal on both sides: the damage is inside one source object's entries.)
+    moved = sorted(r for r in before.keys() & later.keys() if lost_some(r))
     if not moved:
         return None  # none lost: the damage holds home entries (or progress markers)
     if len(moved) > 1:

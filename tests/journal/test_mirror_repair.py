@@ -55,14 +55,14 @@ def _batch(partition: int, first: int, n: int, rnd: random.Random) -> bytes:
 
 
 async def _mirror(bucket: LocalBucket, tmp_path: Path, *, keep_blocks: bool) -> Path:
-    """Region ``a`` ships 12 objects of topic t (2 partitions) and u; ``b`` mirrors t."""
+    """Region ``a`` ships 12 objects of topic t (3 partitions) and u; ``b`` mirrors t."""
     rnd = random.Random(45)
     src = Journal.open_sync(tmp_path / "a", BIG)
     try:
         s = Shipper(src, bucket, "a", config=SHIP)
         await s.claim()
         for i in range(12):
-            for p in range(2):
+            for p in range(3):
                 for _ in range(1 + (i + p) % 3):
                     first = src.next_offset("t", p)
                     src.append_nowait("t", p, _batch(p, first, 1 + rnd.randrange(6), rnd))
@@ -113,21 +113,33 @@ def _records(j: Journal) -> dict[int, list[tuple[int, bytes]]]:
             (e.base_offset, bytes(e.payload))
             for e in j.read("a.t", p, 0, max_records=100_000, max_bytes=1 << 26)
         ]
-        for p in range(2)
+        for p in range(3)
     }
 
 
+def _inside_one_object(entries: list[tuple[int, atrest.AnyEntry]]) -> int:
+    """An entry whose neighbours are entries of the same source object."""
+    for k in range(2, len(entries) - 1):
+        seqs = {getattr(entries[i][1].source, "seq", None) for i in (k - 1, k, k + 1)}
+        if len(seqs) == 1 and None not in seqs:
+            return k
+    raise AssertionError("no object with three entries")
+
+
+@pytest.mark.parametrize("where", ["across-objects", "inside-one-object"])
 @pytest.mark.parametrize("keep_blocks", [True, False], ids=["blocks", "batches"])
 async def test_lost_mirror_entries_come_back_as_the_tailer_appended_them(
-    bucket: LocalBucket, tmp_path: Path, keep_blocks: bool
+    bucket: LocalBucket, tmp_path: Path, keep_blocks: bool, where: str
 ) -> None:
     seg = await _mirror(bucket, tmp_path, keep_blocks=keep_blocks)
     original = seg.read_bytes()
     entries = _entries(original)
     kinds = {type(e).__name__ if isinstance(e, atrest.BlockEntry) else e.kind for _, e in entries}
     assert ("BlockEntry" in kinds) is keep_blocks
-    # from the middle of one object's entries to the middle of a later one's
-    k, n = 5, len(entries) // 2
+    if where == "across-objects":  # from the middle of one object's entries to a later one's
+        k, n = 5, len(entries) // 2
+    else:  # the source coordinates before and after the damage are the same
+        k, n = _inside_one_object(entries), 1
     damage = _zero(seg, entries, k, n)
     buf = seg.read_bytes()
     resync = next_valid_entry(buf, damage.pos, damage.lsn)
