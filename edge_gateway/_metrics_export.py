@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from edge_gateway import pygc
 from edge_gateway.errors import ClosedError, EdgeGatewayError
+from edge_gateway.journal import later_repairs
 from edge_gateway.metrics import GatewayMetrics, LatencyHistogram, MirrorLag
 from edge_gateway.shipper import SHIPPER_STATES, LaneShipStats
 from edge_gateway.statefile import STATE_FILES
@@ -137,6 +138,18 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
         "Journal entries (LSNs) lost to damage and quarantined.",
         labels=["lane"],
     )
+    still_entries = GaugeMetricFamily(
+        "edgegw_journal_lost_unrepaired_entries",
+        "Journal entries (LSNs) lost to damage and not rebuilt since: the lost entries "
+        "less those a later repair rebuilt from the bucket (it falls when one does).",
+        labels=["lane"],
+    )
+    still_records = GaugeMetricFamily(
+        "edgegw_journal_lost_unrepaired_records",
+        "Records lost to damage and not rebuilt since, per topic (it falls when a later "
+        "repair rebuilds them).",
+        labels=["lane", "topic"],
+    )
     repaired_entries = CounterMetricFamily(
         "edgegw_journal_repaired_entries",
         "Journal entries of damaged ranges rebuilt from the bucket's log objects "
@@ -161,6 +174,14 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
                 lost_per_topic[lr.topic] = lost_per_topic.get(lr.topic, 0) + lr.records
         for topic, records in sorted(lost_per_topic.items()):
             lost.add_metric([str(name), topic], records)
+        still = [x for x in losses if not later_repairs(x, repairs)]
+        still_entries.add_metric([str(name)], sum(x.lsn_last - x.lsn_first + 1 for x in still))
+        still_per_topic = dict.fromkeys(lost_per_topic, 0)
+        for x in still:
+            for lr in x.ranges:
+                still_per_topic[lr.topic] += lr.records
+        for topic, records in sorted(still_per_topic.items()):
+            still_records.add_metric([str(name), topic], records)
         used.add_metric([str(name)], j.disk_bytes)
         per_topic: dict[str, list[int]] = {}
         for d in j.dropped(held=False):
@@ -177,6 +198,8 @@ def _lanes(gw: Gateway, lanes: Sequence[LaneShipStats]) -> Iterator[Metric]:
     yield dropped_bytes
     yield lost
     yield lost_entries
+    yield still_entries
+    yield still_records
     yield repaired_entries
     yield repaired_ranges
 

@@ -9,15 +9,19 @@ under a bound (:data:`DEFAULT_TIMEOUT`): a start never waits long for a
 bucket out of reach (the range is quarantined then, ``repairable: true``).
 
 Finding the objects: the log's head (galloping HEADs), then a binary search
-over seqs on the main lane's ``last_lsn`` (it never goes down along the log:
-a fence carries the highest LSN shipped before it), then the headers forward
+over seqs on the lane's ``last_lsn`` (it never goes down along the log: a
+fence carries the highest LSN shipped before it), then the headers forward
 while they start at or before the range's end. Only the objects with data in
 the range are read whole; their blocks are checked (CRCs, decryption with the
 gateway's keyring, batches against the index) by the format's decoders.
 
-Only the main (normal) lane is served: the other lanes' ranges are in a lane
-table that an object may lack, so no search order is known for them (their
-damage is quarantined as before).
+Every lane is served. The main (normal) lane's LSNs are an object's fixed
+``first_lsn``/``last_lsn``; another lane's are its row of the object's lane
+table (log object version 2: a multi-lane writer puts every lane's row in
+every object and fence, an empty one carrying the lane's watermark), so its
+``last_lsn`` never goes down along the objects that have the row either. An
+object without the row (a writer that had no such lane, a version 1 object)
+holds none of the lane's LSNs: the search steps over it (:func:`lane_lsns`).
 """
 
 from __future__ import annotations
@@ -37,14 +41,15 @@ from edge_gateway.format.logobject import LogObjectHeader
 from edge_gateway.format.manifest import log_key
 from edge_gateway.journal import Lane, ShippedObject
 
-__all__ = ["DEFAULT_TIMEOUT", "BucketRepairSource", "find_shipped"]
+__all__ = ["DEFAULT_TIMEOUT", "BucketRepairSource", "find_shipped", "lane_lsns"]
 
 #: Seconds a repair at open waits for the bucket at most (then: quarantined).
 DEFAULT_TIMEOUT: Final = 10.0
 
 
 class BucketRepairSource:
-    """The region's log objects of the main lane, read for the journal's repair at open."""
+    """The region's log objects of one lane (``lane``: its id in the lane tables, 0 the
+    main lane), read for the journal's repair."""
 
     def __init__(
         self,
@@ -54,12 +59,14 @@ class BucketRepairSource:
         *,
         keyring: Keyring | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        lane: int = 0,
     ) -> None:
         self.bucket = bucket
         self.prefix = prefix
         self.region = region
         self.keyring = keyring
         self.timeout = timeout
+        self.lane = lane
         #: why the bucket was out of reach at an earlier call (then every later
         #: call fails at once: an open with many damaged ranges waits once)
         self.down: str | None = None
@@ -67,9 +74,9 @@ class BucketRepairSource:
     @classmethod
     def for_lane(
         cls, lane: Lane, bucket: Bucket, prefix: str, region: str, *, keyring: Keyring | None
-    ) -> BucketRepairSource | None:
-        """A source for ``lane`` (None for a lane other than the main one: not served)."""
-        return cls(bucket, prefix, region, keyring=keyring) if lane.is_main else None
+    ) -> BucketRepairSource:
+        """A source for ``lane`` (every lane is served: its LSNs are found in the lane tables)."""
+        return cls(bucket, prefix, region, keyring=keyring, lane=lane.id)
 
     def shipped(self, first_lsn: int, last_lsn: int) -> Sequence[ShippedObject]:
         """Blocking: :func:`find_shipped` in the trio loop, bounded by :attr:`timeout`.
@@ -92,7 +99,13 @@ class BucketRepairSource:
             raise Unavailable(f"the bucket is out of reach ({exc})") from None
         with trio.move_on_after(self.timeout):
             return await find_shipped(
-                self.bucket, self.prefix, self.region, first_lsn, last_lsn, keyring=self.keyring
+                self.bucket,
+                self.prefix,
+                self.region,
+                first_lsn,
+                last_lsn,
+                keyring=self.keyring,
+                lane=self.lane,
             )
         raise Unavailable(f"the bucket did not answer within {self.timeout:g} s")
 
@@ -105,10 +118,11 @@ async def find_shipped(
     last_lsn: int,
     *,
     keyring: Keyring | None = None,
+    lane: int = 0,
 ) -> list[ShippedObject]:
-    """The objects of ``region``'s log whose main-lane LSNs meet ``first_lsn..last_lsn``,
-    in seq order, with their batches. :class:`CorruptData` if one does not decode or
-    one was collected by the log's GC; bucket errors propagate."""
+    """The objects of ``region``'s log whose LSNs of ``lane`` (0: the main lane) meet
+    ``first_lsn..last_lsn``, in seq order, with their batches. :class:`CorruptData` if
+    one does not decode or one was collected by the log's GC; bucket errors propagate."""
     low = await read_gc_boundary(bucket, prefix, region) + 1
     head = await find_head(bucket, prefix, region, known=low - 1)  # the log reached the boundary
 
@@ -121,32 +135,55 @@ async def find_shipped(
             )
         return h
 
-    # The first seq whose last LSN reaches first_lsn.
+    # The first seq whose last LSN of the lane reaches first_lsn (or a seq before it
+    # from which only objects without the lane's row lead to it).
     lo, hi = max(low, 1), head + 1
     while lo < hi:
-        mid = (lo + hi) // 2
-        if (await header(mid)).last_lsn >= first_lsn:
+        mid = probe = (lo + hi) // 2
+        lsns = lane_lsns(await header(mid), lane)
+        while lsns is None and probe + 1 < hi:  # no row of the lane: the next object's
+            probe += 1
+            lsns = lane_lsns(await header(probe), lane)
+        if lsns is None or lsns[1] >= first_lsn:
             hi = mid
         else:
-            lo = mid + 1
+            lo = probe + 1
     out: list[ShippedObject] = []
-    seq = lo
+    seq, at_boundary = lo, lo == low > 1
     while seq <= head:
         h = await header(seq)
-        if seq == low > 1 and h.first_lsn > first_lsn:
+        seq += 1
+        lsns = lane_lsns(h, lane)
+        if lsns is None:
+            continue  # none of the lane's LSNs in this object
+        first, last = lsns
+        if at_boundary and first > first_lsn:
             # The search stopped at the GC boundary: LSNs before this object may have
             # been in objects the GC collected.
             raise CorruptData(f"LSN {first_lsn} may be in an object the log's GC collected")
-        if h.first_lsn > last_lsn:
+        at_boundary = False
+        if first > last_lsn:
             break  # (an empty range too: its last_lsn says every LSN up to it shipped before)
-        if h.blocks and h.first_lsn <= h.last_lsn and h.last_lsn >= first_lsn:
-            out.append(await _read_object(bucket, log_key(prefix, region, seq), h, keyring))
-        seq += 1
+        if h.blocks and first <= last and last >= first_lsn:
+            key = log_key(prefix, region, seq - 1)
+            out.append(await _read_object(bucket, key, h, keyring, lane))
     return out
 
 
+def lane_lsns(h: LogObjectHeader, lane: int) -> tuple[int, int] | None:
+    """``(first_lsn, last_lsn)`` of ``lane`` in the object ``h`` (an empty range is
+    ``(w + 1, w)``: the lane had shipped through ``w``); None when the object has no row
+    of that lane (it holds none of its LSNs). Lane 0 is the fixed fields."""
+    if lane == 0:
+        return h.first_lsn, h.last_lsn
+    for r in h.lanes:
+        if r.lane == lane:
+            return r.first_lsn, r.last_lsn
+    return None
+
+
 async def _read_object(
-    bucket: Bucket, key: str, h: LogObjectHeader, keyring: Keyring | None
+    bucket: Bucket, key: str, h: LogObjectHeader, keyring: Keyring | None, lane: int
 ) -> ShippedObject:
     try:
         data = (await bucket.get(key)).data
@@ -163,11 +200,16 @@ async def _read_object(
             n = batch.header.length
             out.append((batch.header.base_offset, bytes(raw[pos : pos + n])))
             pos += n
+    lsns = lane_lsns(h, lane)
+    assert lsns is not None
+    others = [(0, h.first_lsn, h.last_lsn)] if lane else []
+    others += [(r.lane, r.first_lsn, r.last_lsn) for r in h.lanes if r.lane != lane]
     return ShippedObject(
         key,
-        h.first_lsn,
-        h.last_lsn,
+        lsns[0],
+        lsns[1],
         h.created_ms,
         batches,
-        other_lanes=any(r.first_lsn <= r.last_lsn for r in h.lanes),
+        other_lanes=any(first <= last for _, first, last in others),
+        lane=lane,
     )

@@ -587,7 +587,7 @@ class Gateway:
         bucket = self._bucket
         async with trio.open_nursery() as nursery:
             for lane, j in self.lanes.journals.items():
-                if bucket is None or self.wiring.repair_source(lane, bucket) is None:
+                if bucket is None:
                     continue
                 j.live_repair.attach(functools.partial(self._live_repair_source, lane, bucket))
                 await nursery.start(j.live_repair.run)
@@ -596,9 +596,7 @@ class Gateway:
             task_status.started()
 
     def _live_repair_source(self, lane: Lane, bucket: Bucket) -> RepairSource:
-        source = self.wiring.repair_source(lane, bucket)
-        assert source is not None
-        return source
+        return self.wiring.repair_source(lane, bucket)
 
     def _scrub_found(self, path: Path) -> bool:
         """The scrub found ``path`` damaged: True if its journal repairs it."""

@@ -32,13 +32,14 @@ from edge_gateway.failpoints import FailPointError, fail_point
 from edge_gateway.format import atrest, logobject
 from edge_gateway.format.crypt import Keyring
 from edge_gateway.format.manifest import log_key
-from edge_gateway.journal import Lane, MirroredObject
+from edge_gateway.journal import MirroredObject
 
 __all__ = ["MirrorRepairSource", "read_mirrored"]
 
 
 class MirrorRepairSource(BucketRepairSource):
-    """The main lane's repair source: this region's log objects, and the source regions'."""
+    """The main lane's repair source: this region's log objects (of the main lane), and
+    the source regions' (the tailers append to the main lane)."""
 
     def __init__(
         self,
@@ -53,22 +54,6 @@ class MirrorRepairSource(BucketRepairSource):
         super().__init__(bucket, prefix, region, keyring=keyring, timeout=timeout)
         #: the tailers keep fetched blocks as block entries (``mirror.keep_blocks``)
         self.keep_blocks = keep_blocks
-
-    @classmethod
-    def for_main_lane(
-        cls,
-        lane: Lane,
-        bucket: Bucket,
-        prefix: str,
-        region: str,
-        *,
-        keyring: Keyring | None,
-        keep_blocks: bool,
-    ) -> MirrorRepairSource | None:
-        """A source for ``lane`` (None for a lane other than the main one: not served)."""
-        if not lane.is_main:
-            return None
-        return cls(bucket, prefix, region, keyring=keyring, keep_blocks=keep_blocks)
 
     def mirrored(self, region: str, first_seq: int, last_seq: int) -> Sequence[MirroredObject]:
         """Blocking: :func:`read_mirrored` in the trio loop, bounded by :attr:`timeout`

@@ -153,17 +153,21 @@ class GatewayWiring:
             repair=repair_source,
         )
 
-    def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource | None:
-        """Where ``lane``'s damaged, shipped ranges are read back from (None: the lane is
-        not served): this region's log objects (``bucket_repair.py``) and, for mirror
-        entries, the source regions' (``mirror_repair.py``)."""
-        return MirrorRepairSource.for_main_lane(
-            lane,
-            bucket,
-            self.key_prefix,
-            self.region,
-            keyring=self.keys.ring,
-            keep_blocks=self.config.mirror.keep_blocks,
+    def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource:
+        """Where ``lane``'s damaged, shipped ranges are read back from (its LSNs in the
+        log objects' lane tables, ``bucket_repair.py``); the main lane's source also
+        reads the source regions' log objects for its mirror entries (the tailers
+        append to it, ``mirror_repair.py``)."""
+        if lane.is_main:
+            return MirrorRepairSource(
+                bucket,
+                self.key_prefix,
+                self.region,
+                keyring=self.keys.ring,
+                keep_blocks=self.config.mirror.keep_blocks,
+            )
+        return BucketRepairSource.for_lane(
+            lane, bucket, self.key_prefix, self.region, keyring=self.keys.ring
         )
 
     # ------------------------------------------------------------ shipper, tailers

@@ -69,8 +69,9 @@ def _dropped(d: dict[str, Any] | None) -> str:
     )
 
 
-def _lost(d: dict[str, Any]) -> str:
-    """Entries lost to damage and quarantined: the LSNs and offsets of the last losses."""
+def _lost(d: dict[str, Any]) -> Text:
+    """Entries lost to damage and quarantined: the LSNs and offsets of the last losses
+    (in red while one is still lost; a loss a later repair rebuilt says so)."""
     parts = []
     for loss in d["losses"][-5:]:
         ranges = ", ".join(
@@ -80,13 +81,24 @@ def _lost(d: dict[str, Any]) -> str:
             if r["records"]
         )
         shipped = {True: "in the bucket", False: "not shipped", None: "shipped: unknown"}
+        state = shipped[loss["repairable"]]
+        if loss.get("repaired_later"):
+            state = "repaired later from the bucket"
         parts.append(
-            f"LSN {loss['lsn_first']}-{loss['lsn_last']} ({shipped[loss['repairable']]}): "
+            f"LSN {loss['lsn_first']}-{loss['lsn_last']} ({state}): "
             f"{ranges or 'no offsets known'}; copy {loss['copy']}"
         )
-    return (
-        f"DAMAGE: {d['lsns']} journal entries ({d['records']:,} records) lost and quarantined: "
-        + "; ".join(parts)
+    later = d.get("repaired_later_lsns", 0)
+    if d["lsns"] == 0 and later:
+        return Text(
+            f"{later} journal entries ({d.get('repaired_later_records', 0):,} records) lost "
+            "and quarantined earlier, repaired later from the bucket; none lost now: "
+            + "; ".join(parts)
+        )
+    also = f" ({later} more lost earlier were repaired later)" if later else ""
+    return _red(
+        f"DAMAGE: {d['lsns']} journal entries ({d['records']:,} records) lost and "
+        f"quarantined{also}: " + "; ".join(parts)
     )
 
 
@@ -367,7 +379,7 @@ def render(doc: dict[str, Any]) -> None:
             head.add_row(f"lane {lane['lane']}", _lane(lane))
     for lane in lanes:
         if lane.get("lost"):
-            head.add_row(f"lost ({lane['lane']})", _red(_lost(lane["lost"])))
+            head.add_row(f"lost ({lane['lane']})", _lost(lane["lost"]))
         if lane.get("repaired"):
             head.add_row(f"repaired ({lane['lane']})", _repaired(lane["repaired"]))
         if lane.get("live_repair"):

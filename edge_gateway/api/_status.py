@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 from edge_gateway import __version__, heap, pygc
 from edge_gateway.gateway import mirror_task
+from edge_gateway.journal import later_repairs
 
 if TYPE_CHECKING:
     from edge_gateway.gateway import Gateway
-    from edge_gateway.journal import Journal, JournalStats
+    from edge_gateway.journal import Journal, JournalStats, Loss
     from edge_gateway.mirror import Gap, Tailer
     from edge_gateway.shipper import ShipperStats
 
@@ -315,11 +316,33 @@ def _lost_json(j: Journal) -> dict[str, Any]:
     """The ``lost`` block of a lane: entries lost to damage and quarantined (lost.log;
     docs/operations.md, "A damaged disk"), each loss as recorded (the last 50)."""
     losses = j.losses()
+    repairs = j.repairs()
     st = j.statistics()
+
+    def one(x: Loss) -> dict[str, Any]:
+        # a later repair of every LSN of it supersedes the loss (lost.log stays as it is)
+        later = later_repairs(x, repairs)
+        doc = x.to_json()
+        doc["repaired_later"] = (
+            {
+                "time_ms": later[-1].time_ms,
+                "repairs": [
+                    {"segment": r.segment, "lsn_first": r.lsn_first, "lsn_last": r.lsn_last}
+                    for r in later
+                ],
+            }
+            if later
+            else None
+        )
+        return doc
+
     return {
-        "lsns": st.lost_lsns,
-        "records": st.lost_records,
-        "losses": [x.to_json() for x in losses[-50:]],
+        # still lost: what no later repair rebuilt
+        "lsns": st.lost_lsns - st.lost_repaired_lsns,
+        "records": st.lost_records - st.lost_repaired_records,
+        "repaired_later_lsns": st.lost_repaired_lsns,
+        "repaired_later_records": st.lost_repaired_records,
+        "losses": [one(x) for x in losses[-50:]],
     }
 
 

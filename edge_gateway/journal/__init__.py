@@ -33,6 +33,7 @@ from edge_gateway.journal._lane import (
     lanes_on_disk,
 )
 from edge_gateway.journal._lanes import LaneAppended, Lanes, open_lanes
+from edge_gateway.journal._lost_repaired import later_repairs
 from edge_gateway.journal._mirror_repair import MirroredObject, MirrorSource
 from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
@@ -92,6 +93,7 @@ __all__ = [
     "compress_sealed_segment",
     "expand_journal",
     "lane_by_id",
+    "later_repairs",
     "lane_path",
     "lanes_on_disk",
     "open_journal",

@@ -104,6 +104,7 @@ from edge_gateway.journal._index import (
     SegmentIndex,
 )
 from edge_gateway.journal._live_repair import LiveRepair
+from edge_gateway.journal._lost_repaired import still_lost
 from edge_gateway.journal._mirror_append import MirrorAppends, MirrorBatch, MirrorBlock
 from edge_gateway.journal._quarantine import Loss
 from edge_gateway.journal._reads import OffsetOutOfRange, ReadBuffers, Reads
@@ -225,6 +226,10 @@ class JournalStats:
     #: (``exact: false`` ranges count at their bound; docs/operations.md)
     lost_lsns: int = 0
     lost_records: int = 0
+    #: of them, those a later repair rebuilt (``repaired.log`` supersedes the loss,
+    #: ``_lost_repaired.py``): still lost are ``lost_lsns - lost_repaired_lsns``
+    lost_repaired_lsns: int = 0
+    lost_repaired_records: int = 0
 
 
 class Journal:
@@ -1468,6 +1473,8 @@ class Journal:
         compressed = [s.compressed for s in self._segments if s.compressed is not None]
         frames = self._segment_set.frame_cache
         rw = self.rewriter.statistics()
+        still = {id(x) for x in still_lost(self._losses, self._repairs)}
+        repaired_later = [x for x in self._losses if id(x) not in still]
         return JournalStats(
             segments=len(self._segments),
             bytes=self._total_bytes,
@@ -1504,6 +1511,8 @@ class Journal:
             dropped_bytes=dropped_bytes,
             lost_lsns=sum(x.lsn_last - x.lsn_first + 1 for x in self._losses),
             lost_records=sum(x.records for x in self._losses),
+            lost_repaired_lsns=sum(x.lsn_last - x.lsn_first + 1 for x in repaired_later),
+            lost_repaired_records=sum(x.records for x in repaired_later),
             compressed_segments=len(compressed),
             compressed_bytes=sum(c.size for c in compressed),
             compressed_wal_bytes=sum(c.wal_bytes for c in compressed),

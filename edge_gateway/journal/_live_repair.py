@@ -79,10 +79,12 @@ from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
+from edge_gateway.journal._compressed_repair import expand_salvaged
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
+from edge_gateway.journal._lane_repair import confirmed_lsn
 from edge_gateway.journal._mirror_repair import MirroredObject, MirrorSource
-from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss, shipped_lsn
+from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, repair_damage
 from edge_gateway.journal._segment import REPAIR_SUFFIX, Segment
@@ -142,8 +144,9 @@ def expand_damaged(path: Path, base: int) -> tuple[bytes, int]:
     (every entry in it is rebuilt from the bucket, which has them all: the
     segment was shipped), so that the rebuild sees where each partition goes
     on after it. The entries' lengths come from the entry tables
-    (``load_positions``): a damaged entry table is not repaired here
-    (``CorruptData``).
+    (``load_positions``): a damaged entry table or directory raises
+    ``CorruptData`` here, and :func:`prepare_repair` turns to
+    ``_compressed_repair.expand_salvaged``.
     """
     where = str(path)
     data = path.read_bytes()
@@ -272,7 +275,10 @@ def prepare_repair(
     tmp = path.with_name(path.name + REPAIR_SUFFIX)
     old_size = path.stat().st_size
     if is_compressed(path):
-        data, _ = expand_damaged(path, base)
+        try:
+            data, _ = expand_damaged(path, base)
+        except CorruptData:  # an entry table or the directory does not check
+            data = expand_salvaged(path, base)
         # the damaged file as it was (the range's copy is of the expanded entry log)
         qdir = path.parent.parent / QUARANTINE_DIR
         qdir.mkdir(exist_ok=True)
@@ -414,6 +420,11 @@ class Host(Protocol):
     @property
     def closed(self) -> bool: ...
 
+    @property
+    def safe_lsn(self) -> int:
+        """Entries below it are confirmed by the bucket (the lane's shipper watermark)."""
+        ...
+
     def account_bytes(self, delta: int) -> None:
         """Add ``delta`` to the bytes counted against the budget."""
 
@@ -549,7 +560,7 @@ class LiveRepair:
         a = self.attempts.get(seg.base_lsn)
         if a is not None and a.exhausted:
             return False
-        shipped = shipped_lsn(self._root)
+        shipped = confirmed_lsn(self._root, self._host.safe_lsn)
         if shipped is not None and shipped >= seg.end_lsn - 1:
             return True
         # Mirror entries are in their source region's log whatever this region shipped

@@ -30,6 +30,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
+from edge_gateway.journal._compressed_open import repair_at_open
 from edge_gateway.journal._config import JournalConfig
 from edge_gateway.journal._dropped import DropLog
 from edge_gateway.journal._durability import Durability
@@ -173,11 +174,17 @@ def _recover(self: OpenedLog, start: Checkpoint) -> None:
 def _load_segment(self: OpenedLog, base: int, path: Path, *, last: bool) -> Segment:
     if is_compressed(path):
         if not last:
-            return _load_compressed(self, base, path)
-        # Only sealed segments are rewritten, so the segment after it was moved
-        # aside (or lost): the journal appends to an entry log, and this one
-        # becomes one again, byte for byte, then opens as any last segment.
-        expand_in_place(path)
+            try:
+                return _load_compressed(self, base, path)
+            except CorruptData as exc:  # its directory: rebuilt from the bucket, or refused
+                if not repair_at_open(path, base, self._repair_source, self._repairs, exc):
+                    raise
+                # an entry log now, scanned below
+        else:
+            # Only sealed segments are rewritten, so the segment after it was moved
+            # aside (or lost): the journal appends to an entry log, and this one
+            # becomes one again, byte for byte, then opens as any last segment.
+            expand_in_place(path)
     if not last:
         seg = _load_indexed(self, base, path)
         if seg is not None:

@@ -73,7 +73,8 @@ from edge_gateway.format.batch import read_header
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs, _mirror_repair
 from edge_gateway.journal._dropped import append_records, load_records
-from edge_gateway.journal._quarantine import QUARANTINE_DIR, shipped_lsn
+from edge_gateway.journal._lane_repair import bucket_may_hold, lane_partitions
+from edge_gateway.journal._quarantine import QUARANTINE_DIR
 from edge_gateway.journal._recovery import DamagedEntry, next_valid_entry
 from edge_gateway.journal._segment import segment_name
 
@@ -112,6 +113,10 @@ class ShippedObject:
     batches: dict[Key, list[tuple[int, bytes]]]
     #: the object ships other lanes' LSNs too (some partitions are not this lane's)
     other_lanes: bool = False
+    #: the lane whose LSNs ``first_lsn..last_lsn`` are (its id in the lane tables; 0:
+    #: the main lane). Of another lane's object only the partitions with an intact
+    #: entry in the segment are taken (``_lane_repair.py``)
+    lane: int = 0
 
 
 class RepairSource(Protocol):
@@ -307,6 +312,7 @@ def rebuild(
     # the range is refused below. Mirror partitions are never taken from this
     # region's objects.
     mirrored = {(e.topic, e.partition) for e in (*before_entries, *after_entries) if _is_mirror(e)}
+    own = lane_partitions((*before_entries, *after_entries))
     if after_entries:
         lsn_first, lsn_end = damage.lsn, after_entries[0].lsn
         seg_end = after_entries[-1].lsn + 1
@@ -339,6 +345,11 @@ def rebuild(
         for key in sorted(obj.batches):
             if obj.other_lanes and key not in before and key not in first_after:
                 continue  # another lane's partition, as far as this segment tells
+            if obj.lane and key not in own and first_after.get(key, -1) <= before.get(key, 0):
+                # Neither an intact entry nor the next checkpoint says the partition
+                # moved on in this segment: a lane's checkpoint names other lanes'
+                # partitions too (their offsets stand still here).
+                continue
             if key in mirrored:
                 raise NotRebuilt(f"{obj.key} ships {key[0]}/{key[1]}, a mirror partition here")
             start, stop = before.get(key, 0), first_after.get(key)
@@ -519,7 +530,7 @@ def repair_damage(
         return None
     else:
         lsn_end = atrest.decode_any_entry(buf, resync).lsn
-    shipped = shipped_lsn(path.parent)
+    shipped = bucket_may_hold(path.parent)
     try:
         nxt = None if last else next_checkpoint(path, base)
         limit = None if nxt is None else dict(nxt.next_offsets)

@@ -1,7 +1,8 @@
 """Finding a lane's shipped entries in the region's log (``edge_gateway/bucket_repair.py``).
 
 A real local bucket holding log objects built by the format's own builder:
-each object ships two LSNs of the main lane, one batch each.
+each object ships two LSNs of the main lane, one batch each; or (the lanes'
+test) LSNs of the main lane and of the critical lane, named in its lane table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from edge_gateway.bucket_log import encode_gc_boundary
 from edge_gateway.bucket_repair import BucketRepairSource, find_shipped
 from edge_gateway.errors import CorruptData, Unavailable
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.format.logobject import LogObjectBuilder, encode_fence
+from edge_gateway.format.logobject import LaneRange, LogObjectBuilder, encode_fence
 from edge_gateway.format.manifest import gc_boundary_key, log_key
 from edge_gateway.journal import MAIN_LANE, Lane, Priority
 
@@ -99,9 +100,58 @@ async def test_a_silent_bucket_is_waited_for_a_bounded_time(bucket: LocalBucket)
         await trio.to_thread.run_sync(source.shipped, 3, 4)
 
 
-async def test_only_the_main_lane_has_a_source(bucket: LocalBucket) -> None:
-    assert BucketRepairSource.for_lane(MAIN_LANE, bucket, "", REGION, keyring=None) is not None
-    assert (
-        BucketRepairSource.for_lane(Lane(Priority.CRITICAL), bucket, "", REGION, keyring=None)
-        is None
+def _one(offset: int) -> bytes:
+    return encode_batch([f"c{offset}".encode()], timestamps=offset, base_offset=offset)
+
+
+async def _lane_log(bucket: LocalBucket, objects: int) -> None:
+    """Seqs 1..objects of a two-lane writer: seq s ships main-lane LSN s (offset s of
+    m/0) and critical-lane LSNs 2s..2s+1 (offsets 2s, 2s+1 of c/0), except every third
+    object ships no critical LSN (an empty row), seq 5 is a fence and seqs 7-8 come from
+    a writer without the critical lane (no row, version 1: main lane only)."""
+    crit = 1
+    for seq in range(1, objects + 1):
+        key = log_key("", REGION, seq)
+        if seq == 5:
+            await bucket.put(key, encode_fence(REGION, 2, seq, seq - 1, 0, {1: crit}))
+            continue
+        b = LogObjectBuilder()
+        b.add_batch("m", 0, _batch(seq))
+        lanes: tuple[LaneRange, ...] = ()
+        if seq not in (7, 8):
+            if seq % 3:
+                b.add_batch("c", 0, _one(crit + 1))
+                b.add_batch("c", 0, _one(crit + 2))
+                lanes = (LaneRange(1, crit + 1, crit + 2),)
+                crit += 2
+            else:
+                lanes = (LaneRange(1, crit + 1, crit),)
+        await bucket.put(key, b.build(REGION, 2, seq, seq, seq, 7, lanes=lanes))
+
+
+async def test_a_lanes_lsns_are_found_in_the_lane_tables(bucket: LocalBucket) -> None:
+    await _lane_log(bucket, 16)
+    # critical LSNs: seq 1: 2-3, 2: 4-5, 4: 6-7, 10: 8-9, 11: 10-11, 13: 12-13, ...
+    got = await find_shipped(bucket, "", REGION, 5, 9, lane=1)
+    assert [o.key for o in got] == [log_key("", REGION, s) for s in (2, 4, 10)]
+    assert [(o.first_lsn, o.last_lsn) for o in got] == [(4, 5), (6, 7), (8, 9)]
+    assert all(o.lane == 1 and o.other_lanes for o in got)
+    # the object ships the main lane's partition too: rebuild keeps only the lane's
+    assert got[2].batches[("c", 0)] == [(8, _one(8)), (9, _one(9))]
+    assert ("m", 0) in got[2].batches
+    # every start of the search, whatever objects without the row it meets
+    for first in range(2, 16):
+        found = await find_shipped(bucket, "", REGION, first, first, lane=1)
+        assert [(o.first_lsn <= first <= o.last_lsn) for o in found] == [True], first
+    assert await find_shipped(bucket, "", REGION, 100, 120, lane=1) == []
+    # the main lane is searched as before
+    [main] = await find_shipped(bucket, "", REGION, 8, 8)
+    assert (main.first_lsn, main.lane) == (8, 0)
+
+
+async def test_every_lane_has_a_source(bucket: LocalBucket) -> None:
+    assert BucketRepairSource.for_lane(MAIN_LANE, bucket, "", REGION, keyring=None).lane == 0
+    critical = BucketRepairSource.for_lane(
+        Lane(Priority.CRITICAL), bucket, "", REGION, keyring=None
     )
+    assert critical.lane == 1
