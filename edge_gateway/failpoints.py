@@ -27,8 +27,9 @@ the steps of quarantining damage at an open (``journal/_quarantine.py``):
 ``quarantine.recorded`` (``lost.log`` written, the segment not yet rewritten),
 the steps of repairing it from the bucket instead (``journal/_repair.py``):
 ``repair.copied`` and ``repair.recorded`` (``repaired.log`` written, the segment
-not yet rewritten), and ``repair.fetch`` (``edge_gateway/bucket_repair.py``: the
-bucket's log answers a repair as if out of reach, so the damage is quarantined).
+not yet rewritten), and ``repair.fetch`` (``edge_gateway/bucket_repair.py``,
+``edge_gateway/mirror_repair.py``: the bucket's log, or a source region's,
+answers a repair as if out of reach, so the damage is quarantined).
 
 A point armed with ``kill`` instead of a count (``rewriter.renamed=kill``)
 kills the process with SIGKILL when reached: a kill -9 at exactly that step.

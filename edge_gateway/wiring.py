@@ -31,6 +31,7 @@ from edge_gateway.encryption import Keys
 from edge_gateway.errors import Denied
 from edge_gateway.journal import Journal, Lane, Lanes, open_lanes
 from edge_gateway.mirror import PriorityGate, Tailer, TailerConfig
+from edge_gateway.mirror_repair import MirrorRepairSource
 from edge_gateway.shipper import Shipper, ShipperConfig
 from edge_gateway.topics import TopicTable
 
@@ -154,7 +155,17 @@ class GatewayWiring:
 
     def repair_source(self, lane: Lane, bucket: Bucket) -> BucketRepairSource:
         """Where ``lane``'s damaged, shipped ranges are read back from (its LSNs in the
-        log objects' lane tables, ``bucket_repair.py``)."""
+        log objects' lane tables, ``bucket_repair.py``); the main lane's source also
+        reads the source regions' log objects for its mirror entries (the tailers
+        append to it, ``mirror_repair.py``)."""
+        if lane.is_main:
+            return MirrorRepairSource(
+                bucket,
+                self.key_prefix,
+                self.region,
+                keyring=self.keys.ring,
+                keep_blocks=self.config.mirror.keep_blocks,
+            )
         return BucketRepairSource.for_lane(
             lane, bucket, self.key_prefix, self.region, keyring=self.keys.ring
         )

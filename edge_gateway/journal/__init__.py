@@ -34,6 +34,7 @@ from edge_gateway.journal._lane import (
 )
 from edge_gateway.journal._lanes import LaneAppended, Lanes, open_lanes
 from edge_gateway.journal._lost_repaired import later_repairs
+from edge_gateway.journal._mirror_repair import MirroredObject, MirrorSource
 from edge_gateway.journal._quarantine import Loss, LostRange
 from edge_gateway.journal._reads import ReadBuffers
 from edge_gateway.journal._repair import Repaired, RepairedRange, RepairSource, ShippedObject
@@ -73,6 +74,8 @@ __all__ = [
     "Lanes",
     "MirrorBatch",
     "MirrorBlock",
+    "MirrorSource",
+    "MirroredObject",
     "OffsetOutOfRange",
     "OnFull",
     "Priority",

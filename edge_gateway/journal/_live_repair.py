@@ -4,7 +4,8 @@ Issue 45, item 3, the half the open does not do (``_repair.py`` is the
 open's). When the scrub (``_scrub.py``) or a read meets damage in a sealed
 segment -- an entry log (``EGWJ``) or a compressed segment (``EGWC``) --
 whose entries the bucket holds (the main lane's ``shipper.json`` confirmed
-the whole segment), :meth:`LiveRepair.report` marks the segment *pending*
+the whole segment, or it holds mirror entries: their source region's log has
+them, ``_mirror_repair.py``), :meth:`LiveRepair.report` marks the segment *pending*
 and wakes :meth:`LiveRepair.run`. Until the repair is done, a read that
 meets the damage raises :class:`~edge_gateway.errors.RepairPending` (503
 ``repair_pending`` with ``Retry-After``) instead of ``CorruptData``.
@@ -82,6 +83,7 @@ from edge_gateway.journal._compressed_repair import expand_salvaged
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._index import IndexCache, IndexFile, PartitionRun, SegmentIndex
 from edge_gateway.journal._lane_repair import confirmed_lsn
+from edge_gateway.journal._mirror_repair import MirroredObject, MirrorSource
 from edge_gateway.journal._quarantine import QUARANTINE_DIR, Loss
 from edge_gateway.journal._recovery import DamagedEntry, scan_segment
 from edge_gateway.journal._repair import Repaired, RepairSource, ShippedObject, repair_damage
@@ -223,6 +225,28 @@ class _Watched:
             raise
 
 
+class _WatchedMirror(_Watched):
+    """:class:`_Watched` of a source that also reads other regions' logs (mirror entries)."""
+
+    def __init__(self, source: RepairSource, mirror: MirrorSource) -> None:
+        super().__init__(source)
+        self.mirror = mirror
+        self.keep_blocks = mirror.keep_blocks
+
+    def mirrored(self, region: str, first_seq: int, last_seq: int) -> Sequence[MirroredObject]:
+        try:
+            return self.mirror.mirrored(region, first_seq, last_seq)
+        except Unavailable as exc:
+            self.unavailable = str(exc)
+            raise
+
+
+def _watch(source: RepairSource) -> _Watched:
+    if isinstance(source, MirrorSource):
+        return _WatchedMirror(source, source)
+    return _Watched(source)
+
+
 #: Damaged ranges one segment may have before the live repair gives up on it.
 _MAX_RANGES = 100
 
@@ -265,7 +289,7 @@ def prepare_repair(
         )
     else:
         data = path.read_bytes()
-    watched = _Watched(source)
+    watched = _watch(source)
     done: list[Repaired] = []
     new: list[Repaired] = []
     try:
@@ -537,7 +561,20 @@ class LiveRepair:
         if a is not None and a.exhausted:
             return False
         shipped = confirmed_lsn(self._root, self._host.safe_lsn)
-        return shipped is not None and shipped >= seg.end_lsn - 1
+        if shipped is not None and shipped >= seg.end_lsn - 1:
+            return True
+        # Mirror entries are in their source region's log whatever this region shipped
+        # (_mirror_repair.py); a range of home entries not shipped yet fails the attempt
+        # (bounded, as any range not rebuilt).
+        return self._holds_mirror_entries(seg)
+
+    def _holds_mirror_entries(self, seg: Segment) -> bool:
+        """Whether ``seg`` holds entries of a mirror topic (``<region>.<topic>``: a topic
+        homed here has no ``.``, ``names.validate_home_topic``)."""
+        return any(
+            "." in p.topic and _index_of(p.seg_bases, seg.base_lsn) >= 0
+            for p in self._partitions.values()
+        )
 
     def report(self, path: Path) -> bool:
         """Damage was found in the file at ``path`` (the scrub): repair it if it can be.

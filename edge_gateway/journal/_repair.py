@@ -46,9 +46,11 @@ A rebuild is refused -- and the range quarantined as before (``_quarantine.py``)
 straddles the damaged range's edge, offsets missing or not continuous with
 the intact neighbours, more batches than LSNs or an LSN without a batch (an
 earlier loss's checkpoint: its offsets are gap markers in the bucket, not
-batches; or a mirror entry: its records are the source region's, and
-re-fetching them from there is not built). Every LSN of the range is a
-rebuilt DATA entry; home entries between mirror entries are rebuilt.
+batches; or a mirror entry: its records are the source region's). Every LSN
+of the range is a rebuilt DATA entry; home entries between mirror entries are
+rebuilt. Lost mirror entries are re-fetched from their source region's log
+instead (``_mirror_repair.py``, tried first by :func:`repair_damage` when the
+source reads other regions' logs).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.batch import read_header
 from edge_gateway.format.entry import Checkpoint
-from edge_gateway.journal import _fs
+from edge_gateway.journal import _fs, _mirror_repair
 from edge_gateway.journal._dropped import append_records, load_records
 from edge_gateway.journal._lane_repair import bucket_may_hold, lane_partitions
 from edge_gateway.journal._quarantine import QUARANTINE_DIR
@@ -306,8 +308,9 @@ def rebuild(
     before_entries = _walk(buf, header_end, damage.pos)
     after_entries = _walk(buf, resync, len(buf))
     # A mirror entry in the damaged range has no batch in this region's objects (its
-    # records are the source's): its LSN is left without one, and the range is
-    # refused below. Mirror partitions are never taken from this region's objects.
+    # records are the source's: _mirror_repair.py): its LSN is left without one, and
+    # the range is refused below. Mirror partitions are never taken from this
+    # region's objects.
     mirrored = {(e.topic, e.partition) for e in (*before_entries, *after_entries) if _is_mirror(e)}
     own = lane_partitions((*before_entries, *after_entries))
     if after_entries:
@@ -462,9 +465,9 @@ def _check_entries(data: bytes, lsn_first: int, lsn_end: int) -> None:
 # the repair
 
 
-def _next_checkpoint(path: Path, base: int) -> dict[Key, int] | None:
-    """Where each partition stood at the start of the segment after ``path`` (its
-    checkpoint's next offsets); None if there is none or it does not read."""
+def next_checkpoint(path: Path, base: int) -> Checkpoint | None:
+    """The checkpoint of the segment after ``path`` (where its partitions and sources
+    stood); None if there is none or it does not read."""
     later = sorted(
         int(f.stem)
         for f in path.parent.glob(f"*{path.suffix}")
@@ -481,7 +484,7 @@ def _next_checkpoint(path: Path, base: int) -> dict[Key, int] | None:
             first = atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
         if not isinstance(first, fentry.Entry) or first.kind != fentry.KIND_CHECKPOINT:
             return None
-        return dict(Checkpoint.decode(first.payload, where=str(nxt)).next_offsets)
+        return Checkpoint.decode(first.payload, where=str(nxt))
     except (OSError, CorruptData, StopIteration):
         return None
 
@@ -528,12 +531,18 @@ def repair_damage(
     else:
         lsn_end = atrest.decode_any_entry(buf, resync).lsn
     shipped = bucket_may_hold(path.parent)
-    if shipped is None or shipped < lsn_end - 1:
-        return None  # not (known to be) in the bucket: quarantined, reported lost
     try:
-        limit = None if last else _next_checkpoint(path, base)
-        objects = source.shipped(damage.lsn, lsn_end - 1)
-        rebuilt = rebuild(buf, damage, objects, last=last, limit=limit, end=end)
+        nxt = None if last else next_checkpoint(path, base)
+        limit = None if nxt is None else dict(nxt.next_offsets)
+        # Mirror entries: re-fetched from the source region's log (_mirror_repair.py).
+        rebuilt = _mirror_repair.repair_mirrored(
+            buf, damage, resync, source, last=last, next_checkpoint=nxt, end=end
+        )
+        if rebuilt is None:
+            if shipped is None or shipped < lsn_end - 1:
+                return None  # not (known to be) in the bucket: quarantined, reported lost
+            objects = source.shipped(damage.lsn, lsn_end - 1)
+            rebuilt = rebuild(buf, damage, objects, last=last, limit=limit, end=end)
     except (NotRebuilt, EdgeGatewayError) as exc:
         log.warning(
             "journal: damaged entries LSN %d-%d in %s are in the bucket but were not "
