@@ -21,6 +21,7 @@ from edge_gateway.format import atrest
 from edge_gateway.journal import Journal
 from edge_gateway.journal._compressed import is_compressed
 from edge_gateway.journal._quarantine import load_losses
+from edge_gateway.journal._rewriter import _inode
 
 
 def _lost(values: dict, have: dict) -> int:
@@ -105,3 +106,32 @@ async def test_the_checkpoints_table_damaged_still_refuses_with_the_reason(
         Journal.open_sync(j.path, SMALL)
     assert seg.path.read_bytes() == before
     assert load_losses(j.path) == []
+
+
+async def test_a_rewrite_read_before_the_repair_does_not_undo_it(tmp_path: Path) -> None:
+    """The rewriter compressed the quarantined entry log (its checkpoints) while the live
+    repair rebuilt it: its swap is dropped (the file was replaced since it read it), or
+    it would put the lost range back as checkpoints and the records would be gone."""
+    j, source, values = await _compressed(tmp_path)
+    seg = j._segments[1]
+    _flip(seg.path, seg.path.stat().st_size - 2)
+    await j.aclose()
+    j = Journal.open_sync(j.path, SMALL)
+    try:
+        seg = j._segments[1]
+        assert not is_compressed(seg.path)
+        j.rewriter.in_child = False
+        ino = _inode(seg.path)
+        stale = await j.rewriter._prepare(seg, 1.0)  # the rewrite read the checkpoints
+        assert stale is not None
+        j.live_repair.attach(lambda: source)
+        j.live_repair._mark_losses()
+        assert await j.live_repair.repair(seg.base_lsn)
+        assert j.rewriter._install(seg, stale, ino) is None  # dropped
+        assert not stale.tmp.exists()
+        assert _records(j) == values
+        assert await j.rewriter.rewrite_all() >= 1  # the repaired log is compressed later
+        assert is_compressed(seg.path)
+        assert _records(j) == values
+    finally:
+        await j.aclose()
