@@ -18,7 +18,9 @@ be what was lost, else it raises :class:`CorruptData` with the reason:
 * **the mirror sources and the producers' table**: their fields only move
   forward (a source's sequence, producer ids, epochs and sequence numbers),
   so when the previous and the next segment's checkpoints hold the same,
-  this one held the same too. Otherwise they cannot be had: refused.
+  this one held the same too (no table at all -- a journal's first
+  checkpoint -- is the same as an empty one; the next segment's form is
+  taken). Otherwise they cannot be had: refused.
 
 The directory must check (its CRC): it is the second source. The derived
 checkpoint entry's append time is the previous segment's last entry's (no
@@ -28,6 +30,7 @@ later than the true one); it is not compared with anything.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from edge_gateway.errors import CorruptData
 from edge_gateway.format import atrest
@@ -69,6 +72,14 @@ def _checkpoint(e: atrest.AnyEntry, lsn: int, where: str) -> Checkpoint:
     return Checkpoint.decode(e.payload, where=where)
 
 
+def _no_producers(doc: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A producers' table as a state: none (a version 1 checkpoint) is the same as a
+    fresh table's snapshot (no producers, next id 1)."""
+    if doc is None or (doc.get("producers") == [] and doc.get("next_id") == 1):
+        return None
+    return doc
+
+
 def derive_checkpoint(path: Path, base: int, d: atrest.SegmentDirectory) -> bytes:
     """The checkpoint entry of compressed segment ``path`` (base LSN ``base``, its
     directory ``d``, which checked), proven equal to the lost one (module docstring);
@@ -92,7 +103,9 @@ def derive_checkpoint(path: Path, base: int, d: atrest.SegmentDirectory) -> byte
         end = _checkpoint(head, int(nxt.stem), str(nxt))
     except (OSError, StopIteration) as exc:
         raise CorruptData(f"the neighbours do not read ({exc})", where=where) from None
-    if start.sources != end.sources or start.producers != end.producers:
+    if start.sources != end.sources or _no_producers(start.producers) != _no_producers(
+        end.producers
+    ):
         raise CorruptData(
             "the mirror sources or the producers' table changed between the previous and "
             "the next segment's checkpoints: this one's cannot be derived",
@@ -129,7 +142,9 @@ def derive_checkpoint(path: Path, base: int, d: atrest.SegmentDirectory) -> byte
             f"the next segment's checkpoint names partitions unknown here: {sorted(unknown)}",
             where=where,
         )
-    cp = Checkpoint(offsets, dict(start.sources), start.producers)
+    # the next segment's form of the same table: written by a roll, as this one was (the
+    # previous may be the journal's first checkpoint, which has none)
+    cp = Checkpoint(offsets, dict(start.sources), end.producers)
     return fentry.encode_entry(
         lsn=base,
         kind=fentry.KIND_CHECKPOINT,
