@@ -24,6 +24,7 @@ from _serve import Fleet, Gateway, TopicSpec, wait_until
 from test_journal_damage import _served
 from test_journal_repair import _ship_all_and_stop
 
+from edge_gateway import failpoints
 from edge_gateway.format import atrest
 
 TOPIC = "t"
@@ -120,3 +121,44 @@ def test_a_compressed_segment_that_does_not_open_is_quarantined_then_repaired(
         assert _lane(g)["lost"]["lsns"] == 0  # type: ignore[index]
     finally:
         fleet.close()
+
+
+@pytest.mark.parametrize("step", ["quarantine.copied", "quarantine.recorded"])
+def test_a_kill_during_the_quarantine_of_a_compressed_segment(tmp_path: Path, step: str) -> None:
+    """A kill -9 while the open quarantines the segment (the copy made; the loss
+    recorded, the segment not yet rewritten): the next start does it again, records the
+    loss once, and the live repair rebuilds it (``repair.fetch``: the bucket as if out
+    of reach until then)."""
+    bucket = tmp_path / "bucket"
+    bucket.mkdir()
+    g = Gateway(
+        "north",
+        tmp_path,
+        {"type": "local", "path": str(bucket)},
+        [TopicSpec(TOPIC, "north", partitions=1)],
+        {"journal": {"segment_bytes": "256KiB", "at_rest": "compressed"}},
+    )
+    try:
+        g.start()
+        acked: dict[int, str] = {}
+        while len(_sealed(g)) < 3:
+            acked |= _produce(g.url, len(acked), 32)
+        wait_until(lambda: _compressed(_sealed(g)[1]), 120, "the second segment compressed")
+        _ship_all_and_stop(g)
+        seg = _sealed(g)[1]
+        _flip(seg, "trailer")
+        g.env = {failpoints.ENV: f"{step}=kill,repair.fetch=1000"}
+        g.spawn()
+        assert g.proc is not None
+        assert g.proc.wait(timeout=60) == -9
+        assert _compressed(seg)  # not rewritten yet
+        g.env = {failpoints.ENV: "repair.fetch=2"}  # the open's try, the first live one
+        g.start()
+        [loss] = _lane(g)["lost"]["losses"]  # type: ignore[index]
+        assert loss["segment"] == int(seg.stem)
+        wait_until(lambda: _lane(g)["lost"]["lsns"] == 0, 120, "the repair of the range")  # type: ignore[index]
+        assert _served(g.url) == acked
+        assert len(_lane(g)["lost"]["losses"]) == 1  # type: ignore[index]
+        assert g.stop() == 0
+    finally:
+        g.kill()
