@@ -22,7 +22,8 @@ steps of the journal's rewrite of a sealed segment (``journal/_rewriter.py``):
 ``rewriter.written`` (the ``.z-tmp`` written and fsynced), ``rewriter.verified``
 (before the rename), ``rewriter.renamed`` (renamed and swapped in memory, the
 directory not fsynced), ``rewriter.synced`` (before the ``.idx`` is unlinked), and
-the steps of quarantining damage at an open (``journal/_quarantine.py``):
+the steps of quarantining damage at an open (``journal/_quarantine.py``, and
+``journal/_compressed_quarantine.py`` for a compressed segment that does not open):
 ``quarantine.copied`` (the damaged segment copied aside, nothing recorded yet) and
 ``quarantine.recorded`` (``lost.log`` written, the segment not yet rewritten),
 the steps of repairing it from the bucket instead (``journal/_repair.py``):

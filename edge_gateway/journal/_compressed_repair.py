@@ -45,6 +45,7 @@ from edge_gateway.errors import CorruptData
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.atrest import ChunkEntries, SegmentDirectory
+from edge_gateway.journal._checkpoint_derive import derive_checkpoint
 
 __all__ = ["expand_salvaged"]
 
@@ -112,13 +113,30 @@ def expand_salvaged(path: Path, base: int) -> bytes:
     d, trusted = _directory(view, base, wal_version, where)
     out = bytearray(fentry.encode_segment_header(base, wal_version))
     first = _entries(view, d, 0, where)
-    if first is None or first.kinds[0] != fentry.KIND_CHECKPOINT:
+    if first is None and trusted:
+        # the checkpoint is in no bucket: derived from the neighbours when proven equal
+        # (_checkpoint_derive.py), the rest of the chunk left as damage
+        try:
+            checkpoint = derive_checkpoint(path, base, d)
+        except CorruptData as exc:
+            raise CorruptData(
+                "the entry table holding the segment's checkpoint is damaged and the "
+                f"checkpoint is in no bucket; it cannot be derived: {exc.reason}",
+                where=where,
+            ) from None
+        log.warning(
+            "journal: %s: the entry table holding its checkpoint is damaged; the "
+            "checkpoint is derived from the neighbouring segments (proven equal)",
+            path,
+        )
+    elif first is None or first.kinds[0] != fentry.KIND_CHECKPOINT:
         raise CorruptData(
             "the entry table holding the segment's checkpoint is damaged: the checkpoint "
             "is in no bucket, the segment is not rebuilt",
             where=where,
         )
-    checkpoint = first.extra_bytes(0)
+    else:
+        checkpoint = first.extra_bytes(0)
     e = atrest.decode_any_entry(checkpoint, 0, where=f"{where} checkpoint")  # its own CRC
     if e.lsn != base or e.length != len(checkpoint):
         raise CorruptData(f"the checkpoint is LSN {e.lsn}, not {base}", where=where)
@@ -129,6 +147,8 @@ def expand_salvaged(path: Path, base: int) -> bytes:
             path,
         )
         return bytes(out + checkpoint + FILLER * CHUNK_FILLER_BYTES)
+    if first is None:
+        out += checkpoint  # derived: its chunk's other entries are left as damage below
     stored: dict[int, bytes] = {}
     raws: dict[int, bytes | None] = {}
 

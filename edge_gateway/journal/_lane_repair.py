@@ -33,11 +33,19 @@ from pathlib import Path
 
 from edge_gateway.format import atrest
 from edge_gateway.journal._lane import ALL_LANES, Lane
-from edge_gateway.journal._quarantine import shipped_lsn
 
-__all__ = ["bucket_may_hold", "confirmed_lsn", "lane_of_dir", "lane_partitions"]
+__all__ = ["bucket_may_hold", "confirmed_lsn", "lane_of_dir", "lane_partitions", "shipped_lsn"]
 
 _STATE = "shipper.json"
+
+
+def shipped_lsn(journal: Path) -> int | None:
+    """The LSN through which the bucket confirmed this journal's entries (the main
+    lane's shipper.json), None if unknown."""
+    try:
+        return int(json.loads((journal / _STATE).read_bytes())["log_lsn"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def lane_of_dir(journal: Path) -> tuple[Lane, Path] | None:

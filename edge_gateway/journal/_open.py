@@ -31,6 +31,7 @@ from edge_gateway.format.entry import Checkpoint, Entry, SourceCoords
 from edge_gateway.journal import _fs
 from edge_gateway.journal._compressed import CompressedFile, is_compressed
 from edge_gateway.journal._compressed_open import repair_at_open
+from edge_gateway.journal._compressed_quarantine import quarantine_compressed
 from edge_gateway.journal._config import JournalConfig
 from edge_gateway.journal._dropped import DropLog
 from edge_gateway.journal._durability import Durability
@@ -176,9 +177,9 @@ def _load_segment(self: OpenedLog, base: int, path: Path, *, last: bool) -> Segm
         if not last:
             try:
                 return _load_compressed(self, base, path)
-            except CorruptData as exc:  # its directory: rebuilt from the bucket, or refused
+            except CorruptData as exc:  # rebuilt from the bucket, else quarantined
                 if not repair_at_open(path, base, self._repair_source, self._repairs, exc):
-                    raise
+                    quarantine_compressed(path, base, exc, known=self._losses)
                 # an entry log now, scanned below
         else:
             # Only sealed segments are rewritten, so the segment after it was moved

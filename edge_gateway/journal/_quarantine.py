@@ -51,6 +51,7 @@ from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
 from edge_gateway.journal._dropped import append_records, load_records
+from edge_gateway.journal._lane_repair import bucket_may_hold, shipped_lsn
 from edge_gateway.journal._recovery import DamagedEntry, next_valid_entry
 
 __all__ = [
@@ -119,7 +120,9 @@ class Loss:
     reason: str
     #: the bucket has the lost records: the shipper had confirmed these LSNs, or they
     #: are a mirror topic's (its source's log has them), but they were not rebuilt
-    #: (``_repair.py``: the bucket out of reach, or the objects refused). None when
+    #: (``_repair.py``: the bucket out of reach, or the objects refused); for a lane
+    #: other than the main one, its shipper had handed them to a create (its ``sent``
+    #: mark): the bucket may hold them, the live repair asks it. None when
     #: shipper.json could not tell
     repairable: bool | None
     #: the damaged segment's copy, relative to the data directory
@@ -206,15 +209,6 @@ def _walk(buf: bytes, pos: int, end: int) -> list[tuple[int, atrest.AnyEntry]]:
     return out
 
 
-def shipped_lsn(journal: Path) -> int | None:
-    """The LSN through which the bucket confirmed this journal's entries (the main
-    lane's shipper.json), None if unknown."""
-    try:
-        return int(json.loads((journal / "shipper.json").read_bytes())["log_lsn"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def _replace(path: Path, data: bytes) -> None:
     """``data`` to ``path`` whole, through the journal's fault-injection seam."""
     replace_file(path, data, ops=_fs.ops)
@@ -233,7 +227,8 @@ def quarantine_damage(
 
     The copy and the report go to ``quarantine/`` in the data directory
     (the journal directory's parent); whether the bucket has the lost LSNs,
-    to the main lane's ``shipper.json`` (other lanes: unknown). ``known`` is
+    to the main lane's ``shipper.json`` (another lane: its ``sent`` mark there,
+    ``_lane_repair.bucket_may_hold``). ``known`` is
     ``lost.log``'s records: a loss
     recorded by a run that died before its rewrite is not recorded twice.
     Returns the loss; raises ``damage`` itself when no valid entry follows.
@@ -273,7 +268,10 @@ def quarantine_damage(
             ranges.append(LostRange(key[0], key[1], start, start + bound - 1, False))
             if last:
                 skip_to[key] = start + bound
-    shipped = shipped_lsn(path.parent)
+    # the main lane: what the bucket confirmed; another lane: what its shipper handed
+    # to a create (the bucket holds nothing of it above; at or below, the live
+    # repair asks the bucket, which rebuilds only what its objects give whole)
+    shipped = bucket_may_hold(path.parent)
     repairable = None if shipped is None else lsn_end - 1 <= shipped
     lost_keys = {(r.topic, r.partition) for r in ranges if r.records}
     if lost_keys and lost_keys <= mirrored:

@@ -646,6 +646,7 @@ class Rewriter:
         if not self._wants(seg) or seg is self._busy:
             return True
         estimate = self._estimate(seg)
+        ino = _inode(seg.path)
         self._busy = seg
         self._host.account_bytes(estimate)  # the temporary file counts while it exists
         prepared: Prepared | None = None
@@ -658,7 +659,7 @@ class Rewriter:
             if prepared is None:
                 self._skip_version(seg)
                 return True
-            swapped = self._install(seg, prepared)
+            swapped = self._install(seg, prepared, ino)
             prepared = None
             if swapped is None:
                 return True
@@ -747,13 +748,21 @@ class Rewriter:
 
     # ------------------------------------------------------------ the swap
 
-    def _install(self, seg: Segment, prepared: Prepared) -> bool | None:
+    def _install(self, seg: Segment, prepared: Prepared, ino: int | None) -> bool | None:
         """Step 4 on the event loop: rename and swap in memory, with no checkpoint between.
 
-        None: the segment went meanwhile (retention, a drop) or was swapped
-        already; the temporary file is unlinked. False: the rename failed.
+        None: the segment went meanwhile (retention, a drop), was swapped
+        already, or its file was replaced since the rewrite read it (``ino``:
+        the live repair renamed a rebuilt entry log over it -- the compressed
+        copy of the old file must not undo the repair); the temporary file is
+        unlinked. False: the rename failed.
         """
-        if seg.compressed is not None or not self._segments.holds(seg):
+        if (
+            seg.compressed is not None
+            or not self._segments.holds(seg)
+            or ino is None
+            or _inode(seg.path) != ino
+        ):
             with contextlib.suppress(OSError):
                 _fs.ops.unlink(prepared.tmp)
             self._skipped += 1
@@ -831,3 +840,11 @@ class Rewriter:
                 "journal does not compress yet)",
                 seg.path.name,
             )
+
+
+def _inode(path: Path) -> int | None:
+    """Which file ``path`` names now (None: none)."""
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None

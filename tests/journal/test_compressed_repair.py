@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from test_live_repair import SMALL, Source, _all_entries, _fill, _flip, _records, _shipped
 
-from edge_gateway.errors import CorruptData
 from edge_gateway.format import atrest
 from edge_gateway.journal import Journal
 from edge_gateway.journal._compressed import is_compressed
@@ -95,15 +94,40 @@ async def test_a_damaged_table_or_directory_is_rebuilt_bit_for_bit(
         j.close_sync()
 
 
-async def test_the_checkpoints_table_damaged_is_not_rebuilt_and_says_why(tmp_path: Path) -> None:
-    """The first chunk's table holds the segment's checkpoint, which no bucket has."""
-    j, source, _ = await _compressed(tmp_path)
+async def test_the_checkpoints_table_damaged_is_rebuilt_with_a_derived_checkpoint(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first chunk's table holds the segment's checkpoint, which no bucket has: it is
+    derived from the neighbours (_checkpoint_derive.py), the chunk's entries rebuilt."""
+    j, source, values = await _compressed(tmp_path)
     seg = j._segments[1]
+    cp_before = next(atrest.CompressedSegment(seg.path.read_bytes()).entries())
     _damage(j, "first-table")
     j.live_repair.attach(lambda: source)
     assert j.live_repair.report(seg.path)
+    assert await j.live_repair.repair(seg.base_lsn), j.live_repair.statistics().last_error
+    assert _records(j) == values
+    with seg.path.open("rb") as f:
+        f.seek(16)
+        cp_after = atrest.decode_any_entry(f.read(cp_before.length + 64), 0)
+    assert (cp_after.lsn, cp_after.payload) == (cp_before.lsn, cp_before.payload)
+    assert "checkpoint is derived from the neighbouring segments" in caplog.text
+    await j.aclose()
+
+
+async def test_the_checkpoints_table_damaged_is_not_rebuilt_and_says_why(tmp_path: Path) -> None:
+    """The first segment's first table: no previous segment to derive the checkpoint
+    from (it is in no bucket): refused, with the reason."""
+    j, source, _ = await _compressed(tmp_path)
+    seg = j._segments[0]
+    assert seg.compressed is not None
+    c = seg.compressed.directory.chunks[0]
+    _flip(seg.path, c.meta_offset + c.meta_stored // 2)
+    j._segment_set.close_reads()
+    j.live_repair.attach(lambda: source)
+    assert j.live_repair.report(seg.path)
     assert not await j.live_repair.repair(seg.base_lsn)
-    assert "checkpoint" in str(j.live_repair.statistics().last_error)
+    assert "cannot be derived: no previous segment" in str(j.live_repair.statistics().last_error)
     assert load_attempts(j.path)[seg.base_lsn].failures == 1
     assert seg.compressed is not None  # untouched
     assert not list(j.path.glob("*.r-tmp"))
@@ -112,14 +136,12 @@ async def test_the_checkpoints_table_damaged_is_not_rebuilt_and_says_why(tmp_pat
 
 async def test_at_open_a_damaged_directory_is_rebuilt_or_the_open_refuses(tmp_path: Path) -> None:
     """The open loads a sealed compressed segment from its directory alone: one whose CRC
-    fails is rebuilt from the bucket (``_compressed_open.py``), or the open stops as before."""
+    fails is rebuilt from the bucket (``_compressed_open.py``)."""
     j, source, values = await _compressed(tmp_path)
     seg = j._segments[1]
     _damage(j, "dir-topic")
     await j.aclose()
-    with pytest.raises(CorruptData, match="directory CRC mismatch"):
-        Journal.open_sync(j.path, SMALL)  # no source: refused, nothing changed
-    assert is_compressed(seg.path)
+    # (no source: quarantined instead, test_compressed_quarantine.py)
     j = Journal.open_sync(j.path, SMALL, repair=source)
     try:
         assert not is_compressed(seg.path)  # an entry log again

@@ -8,7 +8,9 @@ table is not the one holding the segment's checkpoint. Once three segments
 are sealed, shipped and compressed, one byte of the second one is flipped
 under the running gateway -- in its second chunk's entry table, or in a
 topic's name in its directory (a field that still decodes: only the CRC
-tells). The scrub finds it; the gateway rebuilds the damaged part from the
+tells), or in its first chunk's entry table (the one holding the segment's
+checkpoint, which no bucket has: derived from the neighbouring segments).
+The scrub finds it; the gateway rebuilds the damaged part from the
 region's log objects (the chunk's entries; with the directory damaged, every
 entry after the checkpoint) and swaps the segment in. Every record reads
 back exactly, nothing is reported lost, and the repair is named. The same
@@ -27,6 +29,7 @@ from _serve import Gateway, TopicSpec, wait_until
 from test_journal_damage import _served
 
 from edge_gateway.format import atrest
+from edge_gateway.format import entry as fentry
 
 TOPIC = "t"
 VALUE_BYTES = 8192
@@ -75,6 +78,17 @@ def _directory(path: Path) -> atrest.SegmentDirectory | None:
     return atrest.CompressedSegment(data).directory
 
 
+def _checkpoint(path: Path) -> bytes:
+    """The segment's checkpoint's payload (compressed or an entry log)."""
+    data = path.read_bytes()
+    if data[: len(atrest.MAGIC)] == atrest.MAGIC:
+        e = next(atrest.CompressedSegment(data).entries())
+    else:
+        e = atrest.decode_any_entry(data, 16)
+    assert isinstance(e, fentry.Entry)
+    return bytes(e.payload)
+
+
 def _repairs(g: Gateway) -> list[dict[str, object]]:
     [lane] = [x for x in g.status()["lanes"]["lanes"] if x["lane"] == "normal"]
     block = lane.get("repaired")
@@ -107,6 +121,9 @@ def _flip(seg: Path, where: str) -> None:
     last = d.chunks[-1]
     if where == "entry-table":
         at = last.meta_offset + last.meta_stored // 2
+    elif where == "first-table":  # the table holding the segment's checkpoint
+        first = d.chunks[0]
+        at = first.meta_offset + first.meta_stored // 2
     else:  # the first character of the topic's name in the directory
         at = last.meta_offset + last.meta_stored + _DIR_FIXED + 2
     with seg.open("r+b") as f:
@@ -116,7 +133,7 @@ def _flip(seg: Path, where: str) -> None:
         f.write(bytes([b[0] ^ 0x01]))
 
 
-@pytest.mark.parametrize("where", ["entry-table", "directory"])
+@pytest.mark.parametrize("where", ["entry-table", "directory", "first-table"])
 def test_a_damaged_entry_table_or_directory_is_repaired_while_running(
     tmp_path: Path, where: str
 ) -> None:
@@ -124,6 +141,7 @@ def test_a_damaged_entry_table_or_directory_is_repaired_while_running(
     try:
         g.start()
         acked, seg = _ready(g)
+        checkpoint = _checkpoint(seg)
         _flip(seg, where)
         wait_until(lambda: bool(_repairs(g)), 120, "the live repair")
         [one] = _repairs(g)
@@ -133,6 +151,10 @@ def test_a_damaged_entry_table_or_directory_is_repaired_while_running(
         if where == "directory":
             assert one["lsn_first"] == int(seg.stem) + 1  # all but the checkpoint
             assert "its directory is damaged" in log
+        if where == "first-table":  # the checkpoint derived, the chunk's other entries rebuilt
+            assert one["lsn_first"] == int(seg.stem) + 1
+            assert "derived from the neighbouring segments" in log
+            assert _checkpoint(seg) == checkpoint  # the derived one is the lost one
         copy = g.data_dir / "quarantine" / f"journal-{seg.stem}-compressed.damaged"
         assert copy.exists()
         [lane] = [x for x in g.status()["lanes"]["lanes"] if x["lane"] == "normal"]

@@ -154,3 +154,65 @@ def test_damage_in_a_priority_lanes_last_segment_is_repaired_at_start(
         assert "lost" not in _lane(g, "critical")
     finally:
         fleet.close()
+
+
+def test_a_priority_lanes_range_quarantined_at_start_is_repaired_later(
+    tmp_path: Path, moto_endpoint: str, s3_bucket_name: str
+) -> None:
+    """The bucket out of reach at the start: the damage in the lane's last segment is
+    quarantined, ``repairable`` (the lane's ``sent`` mark covers it: the bucket may hold
+    its records; it used to be ``null`` and never repaired). Once the link heals and the
+    segment is sealed and shipped, the live repair rebuilds it from the lane's LSNs in
+    the objects, and the loss reads "repaired later"."""
+    fleet = _fleet(tmp_path, moto_endpoint, s3_bucket_name)
+    g = fleet["north"]
+    try:
+        fleet.start()
+        producer = Producer(g.url, CRIT, 2, pause=0.001, seed=4, limit=3000)
+        producer.start()
+        producer.join(120)
+        assert producer.error is None, producer.error
+        wait_until(lambda: g.status()["shipper"]["pending_lsns"] == 0, 60, "all shipped")
+        next_lsn = int(str(_lane(g, "critical")["next_lsn"]))
+        wait_until(lambda: _shipped(g) == next_lsn - 1, 60, "the lane shipped")
+        assert g.stop() == 0
+        last = sorted(_lane_dir(g).glob("*.wal"))[-1]
+        data = bytearray(last.read_bytes())
+        end = len(data.rstrip(b"\0"))
+        assert end > 8192, "the last segment holds too little to damage its middle"
+        data[end // 2 : end // 2 + 4096] = bytes(4096)
+        last.write_bytes(bytes(data))
+        fleet.proxies["north"].set_mode("blackhole")
+        g.start()
+        lost = _lane(g, "critical")["lost"]
+        assert isinstance(lost, dict)
+        [loss] = lost["losses"]
+        assert loss["segment"] == int(last.stem)
+        assert loss["repairable"] is True
+        assert lost["lsns"] == loss["lsn_last"] - loss["lsn_first"] + 1
+        assert "lost" not in _lane(g, "normal")
+
+        fleet.proxies["north"].set_mode("pass")
+        more = Producer(g.url, CRIT, 2, pause=0.001, seed=5)
+        more.start()  # until the damaged segment is sealed
+        wait_until(lambda: sorted(_lane_dir(g).glob("*.wal"))[-1] != last, 120, "a roll")
+        more.stop()
+        assert more.error is None, more.error
+
+        def repaired() -> bool:
+            x = _lane(g, "critical")["lost"]
+            return isinstance(x, dict) and x["lsns"] == 0
+
+        wait_until(repaired, 120, "the repair of the quarantined range")
+        [one] = _repairs(g)
+        assert (one["lsn_first"], one["lsn_last"]) == (loss["lsn_first"], loss["lsn_last"])
+        check_acknowledged(producer, g)  # every record, bit for bit
+        check_acknowledged(more, g)
+        assert g.stop() == 0
+        g.start()
+        check_acknowledged(producer, g)
+        x = _lane(g, "critical")["lost"]
+        assert isinstance(x, dict)
+        assert x["lsns"] == 0
+    finally:
+        fleet.close()
