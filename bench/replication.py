@@ -2,7 +2,10 @@
 
 Regions ``a`` and ``b`` run as real ``edgegw serve`` processes; topic ``t`` is
 homed at ``a`` and mirrored by ``b`` (flush 250 ms, poll 100 ms). Each gateway
-reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
+reaches the bucket through its own TCP proxy (a thread of this process), so
+``b`` can be cut off alone -- except during the catch-ups (b), (b'), (b'') and
+(f)'s, where ``b`` reaches moto directly, like the raw GETs they are compared
+with; (b*) runs the same catch-up through the proxy and prints what it costs.
 
 (a) end-to-end latency: single records produced at ``a`` at a steady rate, a
     long-polling consumer at ``b`` on the mirror; latency = visible at b -
@@ -20,7 +23,7 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
     this CPU per byte, every core busy all the time); and the same objects
     fetched with the catch-up's pattern and nothing else (``windowed_gets``:
     the same LIST and manifest GET first, then GETs in seq order, at most 8
-    not yet taken in order, through b's proxy): ``catchup_ratio_window_ceiling``
+    not yet taken in order, direct like b): ``catchup_ratio_window_ceiling``
     = raw GETs' seconds over those, the most ``catchup_ratio`` can be with
     that window and order on this store; ``catchup_vs_windowed`` = the
     catch-up's speed over theirs;
@@ -32,6 +35,15 @@ reaches the bucket through its own TCP proxy, so ``b`` can be cut off alone.
 (b'') the same catch-up with every GET through botocore (``[bucket] lean_get =
     false``, the S3 backend's path before the lean GET path): MB/s beside raw
     GETs of its objects, and CPU per MB beside (b)'s (``lean_vs_botocore_cpu``);
+(b*) the same catch-up with ``b`` behind its TCP proxy (how every catch-up
+    ran before): MB/s beside raw GETs direct and through an identical proxy
+    (``proxied_catchup_ratio`` against direct, the old ``catchup_ratio``;
+    ``proxied_catchup_ratio_vs_proxied_raw`` proxy against proxy;
+    ``proxy_cost_raw_gets`` = raw GETs' speed through the proxy over direct),
+    in-order GETs through b's proxy (``proxied_window_ceiling``), and this
+    process's CPU per MB during the catch-up (the proxies' thread:
+    ``proxied_bench_cpu_ms_per_mb``). With ``--profile-b FILE``, py-spy
+    records ``b`` during (b)'s catch-up (raw collapsed stacks, 250 Hz);
 (c) idle: requests per second ``b`` makes when nothing happens (S3 polling
     mode, no metadata server), from moto's request log (``a`` has no sources,
     so an idle ``a`` makes none);
@@ -73,6 +85,8 @@ import argparse
 import collections
 import concurrent.futures
 import os
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -108,7 +122,7 @@ PARTITIONS = 4
 
 def write_config(
     site: Site,
-    proxy: TcpProxy,
+    proxy: TcpProxy | str,
     metadata: tuple[str, str] | None = None,
     key_file: Path | None = None,
     *,
@@ -159,7 +173,7 @@ poll_interval_ms = 100
 {packs}[bucket]
 type = "s3"
 bucket = "{bucket}"
-endpoint_url = "{proxy.url}"
+endpoint_url = "{proxy if isinstance(proxy, str) else proxy.url}"
 region = "us-east-1"
 path_style = true
 access_key = "testing"
@@ -290,14 +304,17 @@ def journal_bytes(site: Site) -> int:
 
 
 def catch_up(
-    a: Site, b: Site, s3: Any, backlog: int, server_pid: int
-) -> tuple[int, list[tuple[str, int]], int, float, float, float, int]:
+    a: Site, b: Site, s3: Any, backlog: int, server_pid: int, profile: Path | None = None
+) -> tuple[int, list[tuple[str, int]], int, float, float, float, int, float]:
     """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
 
     Returns (record bytes produced, the log objects, their bytes, seconds to
     catch up, CPU seconds of ``b``'s process meanwhile, CPU seconds of the
     server ``server_pid`` -- moto -- meanwhile, the bytes ``b``'s journal grew
-    by: the mirror's bytes at rest for the objects' bytes).
+    by: the mirror's bytes at rest for the objects' bytes, CPU seconds of this
+    process meanwhile: the TCP proxies' thread when ``b`` goes through one).
+    With ``profile``, py-spy records ``b`` during the catch-up into that file
+    (raw: collapsed stacks, one line per stack with its count).
     """
     wait_shipped(a)
     before = head_seq(s3)
@@ -308,16 +325,31 @@ def catch_up(
     objects = log_objects(s3, before)
     wire = sum(size for _, size in objects)
     b.start()
-    b.wait_ready()
     assert b.proc is not None
+    spy = None
+    if profile is not None:
+        # Attached while b imports, before it is ready: b starts mirroring as
+        # soon as it is, and the catch-up must not pass before py-spy is on.
+        time.sleep(0.2)
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [str(Path(sys.executable).parent / "py-spy"), "record", "-p", str(b.proc.pid)]
+        cmd += ["-r", "250", "-f", "raw", "-o", str(profile), "--nonblocking"]
+        spy = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    b.wait_ready()
     c0 = cpu_seconds(b.proc.pid)
     s0 = cpu_seconds(server_pid)
+    p0 = time.process_time()
     t0 = time.perf_counter()
     wait_caught_up(a, b)
     elapsed = time.perf_counter() - t0
     cpu = cpu_seconds(b.proc.pid) - c0
+    own = time.process_time() - p0
+    server = cpu_seconds(server_pid) - s0
+    if spy is not None:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
     grown = journal_bytes(b) - held
-    return produced, objects, wire, elapsed, cpu, cpu_seconds(server_pid) - s0, grown
+    return produced, objects, wire, elapsed, cpu, server, grown, own
 
 
 def log_objects(s3: Any, after_seq: int, bucket: str = BUCKET) -> list[tuple[str, int]]:
@@ -617,6 +649,13 @@ def main() -> None:
     ap.add_argument(
         "--small-link", action="store_true", help="(g)'s readers behind the soak's link"
     )
+    ap.add_argument(
+        "--profile-b",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="py-spy (250 Hz, raw collapsed stacks) on b during (b)'s catch-up into FILE",
+    )
     args = ap.parse_args()
     small_n = args.small_entries or (400 if args.quick else 1500)
     probes, rate = (500, 100.0) if args.quick else (2000, 100.0)
@@ -657,8 +696,12 @@ def main() -> None:
                     figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
                 progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
-                produced, objects, wire, catchup_s, catchup_cpu, server_cpu, grown = catch_up(
-                    a, b, s3, backlog, moto.process.pid
+                # (b), (b') and (b'') reach moto directly, like the raw GETs
+                # they are compared with; b's proxy is only there so (d) can
+                # cut b off. (b*) below runs the catch-up through the proxy.
+                write_config(b, moto.endpoint)
+                produced, objects, wire, catchup_s, catchup_cpu, server_cpu, grown, _ = catch_up(
+                    a, b, s3, backlog, moto.process.pid, args.profile_b
                 )
                 figures["catchup_mirror_journal_mb"] = grown / MB
                 figures["mirror_bytes_per_bucket_byte"] = grown / wire
@@ -674,9 +717,9 @@ def main() -> None:
                 raw_s, raw_cpu = raw_gets(s3, [k for k, _ in objects])
                 raw_server_cpu = cpu_seconds(moto.process.pid) - raw_server0
                 figures["raw_get_mb_per_s"] = wire / MB / raw_s
-                # The same objects fetched in order through b's proxy, window 8,
-                # after the same LIST and manifest GET: the ceiling of the ratio.
-                win_s = windowed_gets(s3_client(proxy_b.url), [k for k, _ in objects])
+                # The same objects fetched in order on b's path (direct), window
+                # 8, after the same LIST and manifest GET: the ceiling of the ratio.
+                win_s = windowed_gets(s3, [k for k, _ in objects])
                 figures["windowed_get_seconds"] = win_s
                 figures["windowed_get_mb_per_s"] = wire / MB / win_s
                 figures["catchup_ratio_window_ceiling"] = raw_s / win_s
@@ -710,11 +753,11 @@ def main() -> None:
                 progress(
                     "(b') catch-up again, b appending batch by batch (keep_blocks = false) ..."
                 )
-                write_config(b, proxy_b, mirror_keep_blocks=False)
-                _, objects2, wire2, s2, cpu2, _, grown2 = catch_up(
+                write_config(b, moto.endpoint, mirror_keep_blocks=False)
+                _, objects2, wire2, s2, cpu2, _, grown2, _ = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
-                write_config(b, proxy_b)  # the default again at b's next start
+                write_config(b, moto.endpoint)  # the default again at b's next start
                 raw2_s, _ = raw_gets(s3, [k for k, _ in objects2])
                 figures.update(
                     perbatch_catchup_mb_per_s=wire2 / MB / s2,
@@ -728,9 +771,10 @@ def main() -> None:
                 )
 
                 progress("(b'') catch-up again, every GET through botocore (lean_get = false) ...")
-                write_config(b, proxy_b, lean_get=False)
-                _, objects3, wire3, s3_s, cpu3, _, _ = catch_up(a, b, s3, backlog, moto.process.pid)
-                write_config(b, proxy_b)  # the default again at b's next start
+                write_config(b, moto.endpoint, lean_get=False)
+                _, objects3, wire3, s3_s, cpu3, _, _, _ = catch_up(
+                    a, b, s3, backlog, moto.process.pid
+                )
                 raw3_s, _ = raw_gets(s3, [k for k, _ in objects3])
                 figures.update(
                     botocore_catchup_mb_per_s=wire3 / MB / s3_s,
@@ -740,6 +784,43 @@ def main() -> None:
                     lean_vs_botocore_cpu=ratio(
                         figures["catchup_cpu_ms_per_mb"], cpu3 * 1000 / (wire3 / MB)
                     ),
+                )
+
+                progress(
+                    "(b*) catch-up again, b through its TCP proxy (as before this run's change) ..."
+                )
+                # What the bench's proxy costs: the same catch-up with b behind
+                # proxy_b, this process's CPU meanwhile (the proxies' thread),
+                # and the raw and in-order GETs through an identical proxy.
+                write_config(b, proxy_b)  # b stays behind its proxy for (c) onwards
+                _, objects4, wire4, s4, cpu4, _, _, own4 = catch_up(
+                    a, b, s3, backlog, moto.process.pid
+                )
+                keys4 = [k for k, _ in objects4]
+                raw4_s, _ = raw_gets(s3, keys4)
+                with TcpProxy("127.0.0.1", moto.port) as link:
+                    p0 = time.process_time()
+                    rawp_s, _ = raw_gets(s3_client(link.url), keys4)
+                    rawp_cpu = time.process_time() - p0
+                winp_s = windowed_gets(s3_client(proxy_b.url), keys4)
+                win4_s = windowed_gets(s3, keys4)
+                figures.update(
+                    proxied_catchup_mb_per_s=wire4 / MB / s4,
+                    proxied_catchup_cpu_ms_per_mb=cpu4 * 1000 / (wire4 / MB),
+                    proxied_bench_cpu_ms_per_mb=own4 * 1000 / (wire4 / MB),
+                    proxied_raw_get_mb_per_s=wire4 / MB / rawp_s,
+                    proxied_raw_get_client_and_proxy_cpu_ms_per_mb=rawp_cpu * 1000 / (wire4 / MB),
+                    proxied_direct_raw_get_mb_per_s=wire4 / MB / raw4_s,
+                    proxied_windowed_get_mb_per_s=wire4 / MB / winp_s,
+                    proxied_direct_windowed_get_mb_per_s=wire4 / MB / win4_s,
+                    # against the raw GETs straight to moto (the old catchup_ratio)
+                    proxied_catchup_ratio=ratio(wire4 / MB / s4, wire4 / MB / raw4_s),
+                    # like for like: both through an identical proxy
+                    proxied_catchup_ratio_vs_proxied_raw=ratio(
+                        wire4 / MB / s4, wire4 / MB / rawp_s
+                    ),
+                    proxied_window_ceiling=raw4_s / winp_s,
+                    proxy_cost_raw_gets=ratio(wire4 / MB / rawp_s, wire4 / MB / raw4_s),
                 )
 
                 progress(f"(c) idle requests at b over {idle_s:.0f}s ...")
@@ -798,7 +879,9 @@ def main() -> None:
                 lat = latency(a, b, probes, rate)
                 for q in (50, 90, 99):
                     figures[f"sealed_e2e_p{q}_ms"] = percentile(lat, q)
-                produced, objects, wire, catchup_s, catchup_cpu, _, grown = catch_up(
+                # b straight to moto, as in (b), whose figure this one is beside
+                write_config(b, moto.endpoint, key_file=key_file)
+                produced, objects, wire, catchup_s, catchup_cpu, _, grown, _ = catch_up(
                     a, b, s3, backlog, moto.process.pid
                 )
                 figures["sealed_mirror_bytes_per_bucket_byte"] = grown / wire
@@ -891,7 +974,7 @@ def main() -> None:
                 ok=ok(f["e2e_p99_ms"], f["e2e_p99_ms"] <= 600),
             ),
             f"(b) catch-up: {f['catchup_objects']} objects, "
-            f"{f['catchup_journal_mb']:.0f} MB of records"
+            f"{f['catchup_journal_mb']:.0f} MB of records, b straight to moto like the raw GETs"
             + (" -- quick: a 32 MiB backlog instead of 256 MiB" if f["quick"] else ""),
             Row(
                 "catch-up (log objects)",
@@ -903,7 +986,7 @@ def main() -> None:
                 ok(f["catchup_ratio"], (f["catchup_ratio"] or 0) >= 0.8),
             ),
             Row(
-                "in-order GETs, window 8, same start, b's proxy",
+                "in-order GETs, window 8, same start, direct (b's path)",
                 f["windowed_get_mb_per_s"],
                 "MB/s",
                 "raw boto3 GETs, 8 threads",
@@ -978,6 +1061,36 @@ def main() -> None:
                 "botocore GETs",
                 f["botocore_catchup_cpu_ms_per_mb"],
             ),
+            "(b*) the same catch-up, b through its TCP proxy (the bench's, in this process)",
+            Row(
+                "catch-up (log objects), proxied",
+                f["proxied_catchup_mb_per_s"],
+                "MB/s",
+                "raw boto3 GETs, direct",
+                f["proxied_direct_raw_get_mb_per_s"],
+            ),
+            Row(
+                "raw boto3 GETs through an identical proxy",
+                f["proxied_raw_get_mb_per_s"],
+                "MB/s",
+                "direct",
+                f["proxied_direct_raw_get_mb_per_s"],
+            ),
+            Row(
+                "in-order GETs, window 8, b's proxy",
+                f["proxied_windowed_get_mb_per_s"],
+                "MB/s",
+                "direct",
+                f["proxied_direct_windowed_get_mb_per_s"],
+            ),
+            Row(
+                "CPU per MB of log objects, proxied b",
+                f["proxied_catchup_cpu_ms_per_mb"],
+                "ms",
+                "direct b (b)",
+                f["catchup_cpu_ms_per_mb"],
+            ),
+            Row("the proxy's CPU per MB (this process)", f["proxied_bench_cpu_ms_per_mb"], "ms"),
             "(c) idle b, S3 polling, no metadata server",
             Row(
                 "GETs/HEADs per second",

@@ -25,6 +25,7 @@ fixture of tests/conftest.py); it exits on SIGTERM like moto's server.
 from __future__ import annotations
 
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -41,6 +42,9 @@ _PRECONDITION = (
     b"<Message>At least one of the pre-conditions you specified did not hold</Message>"
     b"</Error>"
 )
+
+#: One conditional write at a time (see ``quirky``).
+_CONDITIONAL_WRITES = threading.Lock()
 
 StartResponse = Callable[..., Any]
 App = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -76,6 +80,15 @@ def quirky(app: App, quirks: frozenset[str]) -> App:
                         return _precondition_failed(start_response)
                     # moto wants it quoted: the bare value is what matched.
                     environ["HTTP_IF_MATCH"] = f'"{if_match}"'
+            if "HTTP_IF_MATCH" in environ or "HTTP_IF_NONE_MATCH" in environ:
+                # moto checks the condition and writes the object as two steps
+                # with no lock between them (its put_object), so a racer can
+                # pass the check while another's write is in between -- likelier
+                # under CPU load, where a thread is descheduled between the two.
+                # A real store (AWS, Ceph RGW) does both atomically; so does this
+                # one, so the racing tests test the client, not moto's threads.
+                with _CONDITIONAL_WRITES:
+                    return list(app(environ, start_response))
         return app(environ, start_response)
 
     return middleware
