@@ -53,6 +53,7 @@ __all__ = [
     "encode_error",
     "encode_report",
     "protocol_of",
+    "stream_request_headers",
 ]
 
 #: Media type of both directions (newline-delimited JSON).
@@ -68,6 +69,19 @@ MAX_ACK_LINE_BYTES: Final = 4096
 
 _REPORT: Final = re.compile(rb'\{"seq": ?(0|[1-9][0-9]{0,17})\}\r?')
 _MAX_SEQ: Final = 2**63 - 1
+
+
+def stream_request_headers(host: bytes, token: str | None) -> list[tuple[bytes, bytes]]:
+    """The head stream request's headers, as the gateway's client sends them (and the bench)."""
+    headers = [
+        (b"host", host),
+        (b"content-type", STREAM_MEDIA_TYPE.encode()),
+        (b"transfer-encoding", b"chunked"),
+        (b"user-agent", b"edgegw"),
+    ]
+    if token:
+        headers.append((b"authorization", f"Bearer {token}".encode()))
+    return headers
 
 
 def encode_report(seq: int) -> bytes:

@@ -56,11 +56,11 @@ from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
 from edge_gateway.metadata._headstream import (
     HEAD_STREAM_PROTOCOL,
     PROTOCOL_HEADER,
-    STREAM_MEDIA_TYPE,
     Ack,
     AckDecoder,
     encode_report,
     protocol_of,
+    stream_request_headers,
 )
 from edge_gateway.metadata._watch import WatchDecoder, parse_heads
 from edge_gateway.metadata.routing import RoutingTable
@@ -435,14 +435,7 @@ class MetadataClient:
                     stream = tls
                     await tls.do_handshake()
                 conn = h11.Connection(h11.CLIENT)
-                headers = [
-                    (b"host", url.netloc),
-                    (b"content-type", STREAM_MEDIA_TYPE.encode()),
-                    (b"transfer-encoding", b"chunked"),
-                    (b"user-agent", b"edgegw"),
-                ]
-                if self._token:
-                    headers.append((b"authorization", f"Bearer {self._token}".encode()))
+                headers = stream_request_headers(url.netloc, self._token)
                 request = h11.Request(method=b"POST", target=url.raw_path, headers=headers)
                 await stream.send_all(conn.send(request))
                 head = HeadStream(stream, conn, where, self._timeout_s)

@@ -346,6 +346,10 @@ class MetadataApp:
             response = await match.route.endpoint(Request(x.scope, x.receive, match.params))
         except Exception as exc:  # noqa: BLE001 (every error is answered; _error_for logs the unexpected)
             response = self._error_for(exc, method, path)
+        if isinstance(response, _HeadStream):
+            # It bounds its reads itself: one deadline per stream, not a scope per read.
+            await response(x.scope, x.receive_unbounded, x.send)
+            return
         await response(x.scope, x.receive, x.send)
 
     async def _shed(self, exc: Overloaded, x: _Exchange) -> None:
@@ -911,6 +915,15 @@ class _Exchange:
             self.body_done = True
         return message
 
+    async def receive_unbounded(self) -> Message:
+        """:meth:`receive` without its deadline: the caller bounds its reads."""
+        if self._buffered is not None or self.body_done:
+            return await self.receive()
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start" and not self.body_done:
             headers = [*message.get("headers", ()), (b"connection", b"close")]
@@ -1057,7 +1070,8 @@ class _HeadStream(Response):
     changed (a region added, revoked or rotated): a revoked one ends the
     stream with an ``unauthorized`` line. A bad line ends the stream with an
     error line (the lines before it were applied). A stream idle for the
-    read timeout (60 s) ends; so do all of them when the server stops.
+    read timeout (60 s; or whose client reads no acks for as long) ends; so
+    do all of them when the server stops.
     """
 
     __slots__ = ("_app", "_authorization", "_region")
@@ -1086,34 +1100,39 @@ class _HeadStream(Response):
             # The head now: the client knows the stream is taken before its first line.
             await send({"type": "http.response.start", "status": 200, "headers": self.headers})
             await send({"type": "http.response.body", "body": b"", "more_body": True})
-            with trio.CancelScope() as stopping:
-                app._streams.add(stopping)
+            # One scope for the stream: the server's stop cancels it, and its
+            # deadline, moved on by each read, ends a stream idle (or whose
+            # client reads no acks) for the read timeout.
+            with trio.CancelScope() as held:
+                app._streams.add(held)
                 try:
-                    finished = await self._serve_lines(receive, send)
+                    finished = await self._serve_lines(receive, send, held)
                 finally:
-                    app._streams.discard(stopping)
-            if stopping.cancelled_caught:
-                finished = True  # the server stops: end the response, the client reconnects
+                    app._streams.discard(held)
+            if held.cancelled_caught:
+                finished = True  # stopping, or idle: end the response; the client reconnects
             if finished:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                with trio.move_on_after(1.0):  # a client that reads nothing: dropped
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
             # else: the client went away (or reads nothing): the server drops the connection.
         finally:
             app.head_streams -= 1
             app.admission.unpark()
 
-    async def _serve_lines(self, receive: Receive, send: Send) -> bool:
+    async def _serve_lines(self, receive: Receive, send: Send, held: trio.CancelScope) -> bool:
         """Read, apply and ack until the stream ends (True: end the response; False: drop)."""
         app, region = self._app, self._region
         reader = ReportReader()
         acked = 0
         generation = app._token_generation
+        timeout = app.config.read_timeout_s
+        held.deadline = trio.current_time() + timeout
         while True:
-            try:
-                # Bounded by the server's read timeout (--read-timeout-s, 60 s).
-                message = await receive()
-            except ApiError:  # that timeout (408): an idle stream ends
-                return True
+            message = await receive()
             received_at = time.perf_counter()
+            now = trio.current_time()
+            if held.deadline - now < timeout / 2:  # moved on now and then, not per read
+                held.deadline = now + timeout
             if message["type"] != "http.request":
                 return False  # the client went away (a line cut midway is not applied)
             more = message.get("more_body", False)
@@ -1159,8 +1178,7 @@ class _HeadStream(Response):
                 acked += len(seqs)
                 app.stream_lines += len(seqs)
                 app.stream_acks += 1
-                if not await _send_line(send, encode_ack(acked, seq, version)):
-                    return False
+                await _send_line(send, encode_ack(acked, seq, version))
             if error is not None:
                 log.info("head stream of %s: bad line: %s", region, error.decode()[:200])
                 return await _end_with(send, error)
@@ -1168,17 +1186,15 @@ class _HeadStream(Response):
                 return True
 
 
-async def _send_line(send: Send, line: bytes) -> bool:
-    """Write ``line`` of a streamed answer; False if the client took nothing for a while."""
-    with trio.move_on_after(_WATCH_SEND_TIMEOUT_S):
-        await send({"type": "http.response.body", "body": line, "more_body": True})
-        return True
-    return False
+async def _send_line(send: Send, line: bytes) -> None:
+    """Write ``line`` of a head stream (its deadline bounds a client that reads nothing)."""
+    await send({"type": "http.response.body", "body": line, "more_body": True})
 
 
 async def _end_with(send: Send, line: bytes) -> bool:
     """Write the error line that ends a stream; True: end the response after it."""
-    return await _send_line(send, line)
+    await _send_line(send, line)
+    return True
 
 
 def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
