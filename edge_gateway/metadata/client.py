@@ -413,8 +413,17 @@ class MetadataClient:
         HTTP/1.1 through h11, over TLS for an ``https://`` URL with the
         client's ``verify``. Refusals raise as every call does
         (:class:`MetadataRefused`: a 404 from an older server behind the URL;
-        :class:`MetadataOverloaded`, :class:`Unavailable`).
+        :class:`MetadataOverloaded`, :class:`Unavailable`); a 401 takes up a
+        new token from the token file first, as every call does.
         """
+        try:
+            return await self._open_head_stream()
+        except MetadataRefused as exc:
+            if exc.status != 401 or not self._reload_token():
+                raise
+        return await self._open_head_stream()
+
+    async def _open_head_stream(self) -> HeadStream:
         base = self.url
         url = httpx.URL(base + self._region_path("head-stream"))
         where = str(url)

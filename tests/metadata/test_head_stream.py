@@ -472,3 +472,23 @@ def test_ack_lines_round_trip_fed_whole_and_byte_by_byte() -> None:
     for bad in (b"nope\n", b'{"acked": true}\n', b'{"acked": 1, "seq": 2}\n', b"x" * 5000):
         with pytest.raises(CorruptData):
             AckDecoder("t").feed(bad)
+
+
+async def test_a_stream_opened_with_a_rotated_token_takes_up_the_token_file(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    admin(fleet.url, "POST", "/v1/regions", {"id": "west"})
+    rotate = {"keep_previous_s": 0}
+    old = admin(fleet.url, "POST", "/v1/regions/west/token", rotate)["token"]
+    token_file = tmp_path / "token"
+    token_file.write_text(old)
+    async with MetadataClient(fleet.url, token_file=token_file, region="west") as c:
+        stream = await c.open_head_stream()
+        await stream.aclose()
+        token_file.write_text(admin(fleet.url, "POST", "/v1/regions/west/token", rotate)["token"])
+        stream = await c.open_head_stream()  # 401 with the old one: the file's is taken up
+        try:
+            assert await stream.report(3) == 3
+        finally:
+            await stream.aclose()
+        assert c.token_reloads == 1
