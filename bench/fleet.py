@@ -29,7 +29,13 @@ watch decoder (``edge_gateway.metadata.WatchDecoder``):
 * for a ``--ship-share`` of the sites (10 %), a commit every
   ``--ship-ms`` (250 ms) and a **head report** of it, sent as the
   gateway's ``HeadReporter`` sends them: one at a time, the latest seq
-  (so a slow answer coalesces commits);
+  (so a slow answer coalesces commits); the first as a request, and once
+  its answer names protocol 3 (``edgegw-protocol``) as lines of one **head
+  stream** per gateway (``POST .../head-stream``: the client's request head,
+  built by h11 with the client's headers, and its chunked lines; acks read
+  with the client's ``AckDecoder``); a stream that cannot be opened leaves
+  the report to a request, as the client does (``--reports request``: one
+  request per report, as gateways before protocol 3);
 * on a failure, the agent's backoff (``edge_gateway.backoff.Backoff`` with full
   jitter, never sooner than a ``503``'s ``Retry-After``).
 
