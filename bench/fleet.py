@@ -1289,8 +1289,17 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
 
 
 def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
-    """Every replica's /healthz, summed (None if one failed), and the longest it took."""
-    total: dict[str, Any] = {"long_polls": 0, "shed": 0, "line_latency_counts": None}
+    """Every replica's /healthz, summed (None if one failed), and the longest it took.
+
+    ``long_polls``: the polls and watches held (a server counts its head streams
+    among its held requests too: they are ``head_streams``, apart).
+    """
+    total: dict[str, Any] = {
+        "long_polls": 0,
+        "head_streams": 0,
+        "shed": 0,
+        "line_latency_counts": None,
+    }
     took_max = 0.0
     failed = False
     for port in ports:
@@ -1299,7 +1308,9 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
         if doc is None:
             failed = True
         else:
-            total["long_polls"] += doc["long_polls"]
+            streams = doc.get("head_streams", 0)  # absent: a server before protocol 3
+            total["long_polls"] += doc["long_polls"] - streams
+            total["head_streams"] += streams
             total["shed"] += doc["shed"]
             counts = doc.get("line_latency_counts")  # absent: a server before it
             if counts is not None:
@@ -1607,6 +1618,7 @@ def main() -> None:
             if doc is None:  # a probe failed: the last that answered in the window
                 doc, _ = healthz_all(server.ports)
             lines1 = (doc or {}).get("line_latency_counts")
+            streams_end = (doc or {}).get("head_streams")
             if doc is not None:
                 held_seen.append(doc["long_polls"])
             held_end = held_seen[-1] if held_seen else 0
@@ -1734,6 +1746,7 @@ def main() -> None:
         load_failures=dict(sorted(m["failures"].items(), key=lambda kv: -kv[1])[:8]),
         shed_503={op: m["shed"][op] for op in OPS},
         long_polls_held=held_end,
+        head_streams_held=streams_end,
         long_polls_held_min=held_min,
         wake_p50_ms=percentile(wake_ms, 50),
         wake_p99_ms=percentile(wake_ms, 99),
