@@ -29,7 +29,7 @@ import trio
 from _meta_support import ADMIN_TOKEN, Fleet, MetaServer, admin, http
 from _old_code import old_sources
 
-from edge_gateway.errors import CorruptData
+from edge_gateway.errors import CorruptData, Unavailable
 from edge_gateway.metadata import HeadReporter, MetadataClient, MetadataRefused
 from edge_gateway.metadata._headstream import (
     AckDecoder,
@@ -492,3 +492,18 @@ async def test_a_stream_opened_with_a_rotated_token_takes_up_the_token_file(
         finally:
             await stream.aclose()
         assert c.token_reloads == 1
+
+
+async def test_a_stopping_server_ends_its_streams(server: MetaServer) -> None:
+    token = admin(server.url, "POST", "/v1/regions", {"id": "north"})["token"]
+    async with MetadataClient(server.url, token=token, region="north", timeout_s=30) as c:
+        stream = await c.open_head_stream()
+        try:
+            assert await stream.report(1) == 1
+            assert server.stop() == 0  # SIGTERM: a clean stop with a stream open
+            # The next report finds the stream ended (or the connection gone):
+            # Unavailable, which the reporter retries with its backoff.
+            with pytest.raises(Unavailable, match="ended the head stream|unreachable"):
+                await stream.report(2)
+        finally:
+            await stream.aclose()
