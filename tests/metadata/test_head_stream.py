@@ -503,7 +503,7 @@ async def test_a_stopping_server_ends_its_streams(server: MetaServer) -> None:
             assert server.stop() == 0  # SIGTERM: a clean stop with a stream open
             # The next report finds the stream ended (or the connection gone):
             # Unavailable, which the reporter retries with its backoff.
-            with pytest.raises(Unavailable, match="ended the head stream|unreachable"):
+            with pytest.raises(Unavailable, match=r"ended the head stream|unreachable"):
                 await stream.report(2)
         finally:
             await stream.aclose()
