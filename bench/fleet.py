@@ -29,7 +29,13 @@ watch decoder (``edge_gateway.metadata.WatchDecoder``):
 * for a ``--ship-share`` of the sites (10 %), a commit every
   ``--ship-ms`` (250 ms) and a **head report** of it, sent as the
   gateway's ``HeadReporter`` sends them: one at a time, the latest seq
-  (so a slow answer coalesces commits);
+  (so a slow answer coalesces commits); the first as a request, and once
+  its answer names protocol 3 (``edgegw-protocol``) as lines of one **head
+  stream** per gateway (``POST .../head-stream``: the client's request head,
+  built by h11 with the client's headers, and its chunked lines; acks read
+  with the client's ``AckDecoder``); a stream that cannot be opened leaves
+  the report to a request, as the client does (``--reports request``: one
+  request per report, as gateways before protocol 3);
 * on a failure, the agent's backoff (``edge_gateway.backoff.Backoff`` with full
   jitter, never sooner than a ``503``'s ``Retry-After``).
 
@@ -111,9 +117,19 @@ from _common import BENCH_DIR, OUT_DIR, Row, emit_json, percentile, render_table
 from _common import progress as _progress
 
 sys.path.insert(0, str(BENCH_DIR.parent))
+import h11
+
 from edge_gateway.backoff import Backoff
 from edge_gateway.errors import CorruptData
 from edge_gateway.metadata import WatchDecoder
+from edge_gateway.metadata._headstream import (
+    HEAD_STREAM_PROTOCOL,
+    PROTOCOL_HEADER,
+    AckDecoder,
+    encode_report,
+    protocol_of,
+    stream_request_headers,
+)
 
 ADMIN_TOKEN = "fleet-bench-admin-token-0123456789"
 EDGEGW = Path(sys.executable).parent / "edgegw"
@@ -149,6 +165,9 @@ class Plan:
     wait_ms: int
     #: "watch" (one held GET /v1/heads?watch=1, as the agent) or "poll" (long polls, as before).
     protocol: str
+    #: "stream" (one head stream per shipping gateway once the server names
+    #: protocol 3, as the agent's HeadReporter) or "request" (one request each, as before).
+    reports: str
     pool: int
     start_at: float
     ramp_s: float
@@ -379,6 +398,17 @@ class Conn:
         self.deadline_gen += 1
         self.loop.after(timeout, self._timed_out, self.deadline_gen)
 
+    def clear_deadline(self) -> None:
+        """A streamed exchange with nothing due (a head stream between reports)."""
+        self.deadline_gen += 1
+
+    def write(self, data: bytes) -> None:
+        """More of a request body still being sent (a head stream's next line)."""
+        if self.sock is None:
+            return
+        self.out += data
+        self._flush()
+
     def _timed_out(self, gen: int) -> None:
         if gen == self.deadline_gen and self.cb is not None:
             self.fail(HttpError("timed out"))
@@ -552,6 +582,19 @@ class Gateway:
         self.report_backoff = Backoff(0.1, 5.0)
         self.reporting = False
         self.sent = -1
+        # head stream: learnt from a report's answer (PROTOCOL_HEADER), as the client does
+        self.streams = False
+        self.stream_conn = Conn(load.loop, self.port)
+        self.stream_open = False
+        #: The report on the stream awaiting its ack: (seq, sent at), or None.
+        self.stream_pending: tuple[int, float] | None = None
+        self.stream_sent = 0
+        self.stream_h11 = h11.Connection(h11.CLIENT)
+        self.stream_head = b""
+        self.stream_target = f"/v1/regions/{self.region}/head-stream".encode()
+        self.stream_headers = stream_request_headers(
+            f"{plan.host}:{self.port}".encode(), plan.tokens[gw]
+        )
         # heads
         self.heads_backoff = Backoff(0.2, 5.0)
         self.heads_conn = Conn(load.loop, self.port)
@@ -676,8 +719,17 @@ class Gateway:
             self.reporting = False
             return
         self.reporting = True
-        body = b'{"seq":%d}' % seq
         t_sent = time.time()
+        if self.streams and self.load.plan.reports == "stream":
+            if self.stream_open:
+                self._stream_line(seq, t_sent)
+            else:
+                self._open_stream(seq, t_sent)
+            return
+        self._report_request(seq, t_sent)
+
+    def _report_request(self, seq: int, t_sent: float) -> None:
+        body = b'{"seq":%d}' % seq
 
         def done(t0: float, status: int | None, h: Any, answer: bytes) -> None:
             self._report_done(seq, t_sent, t0, status, h)
@@ -685,22 +737,108 @@ class Gateway:
         self.pool.request(b"%b%d\r\n\r\n%b" % (self.report_head, len(body), body), done)
 
     def _report_done(self, seq: int, t_sent: float, t0: float, status: int | None, h: Any) -> None:
-        load, plan = self.load, self.load.plan
+        load = self.load
         if status is None:
             load.rec.failed("head_report", t0, h)
             status, h = 0, b""
         else:
             load.rec.done("head_report", t0, time.time(), status, self.gw)
         if status == 200:
-            self.report_backoff.reset()
-            self.sent = seq
-            if plan.measure_from <= t_sent < plan.measure_to:
-                load.rec.reports.setdefault(self.region, []).append([seq, t_sent])
-                load.rec.report_queue.append(t0 - t_sent)
-            self.report()  # the commits made meanwhile: one report of the newest
+            # As the client: a head report's answer says whether the server streams.
+            i = h.lower().find(PROTOCOL_HEADER.encode() + b":")
+            j = h.find(b"\r\n", i) if i >= 0 else -1
+            value = h[i + len(PROTOCOL_HEADER) + 1 : j if j > 0 else len(h)] if i >= 0 else None
+            self.streams = protocol_of(value) >= HEAD_STREAM_PROTOCOL
+            self._reported(seq, t_sent, t0)
         else:
-            delay = self.report_backoff.delay_after(retry_after(h), load.rand.random())
-            load.loop.after(delay, self.report)
+            self._report_failed(retry_after(h))
+
+    def _reported(self, seq: int, t_sent: float, t0: float) -> None:
+        load, plan = self.load, self.load.plan
+        self.report_backoff.reset()
+        self.sent = seq
+        if plan.measure_from <= t_sent < plan.measure_to:
+            load.rec.reports.setdefault(self.region, []).append([seq, t_sent])
+            load.rec.report_queue.append(t0 - t_sent)
+        self.report()  # the commits made meanwhile: one report of the newest
+
+    def _report_failed(self, after: float | None) -> None:
+        load = self.load
+        delay = self.report_backoff.delay_after(after, load.rand.random())
+        load.loop.after(delay, self.report)
+
+    def _open_stream(self, seq: int, t_sent: float) -> None:
+        """The client's ``open_head_stream``: the request head (h11's bytes, the
+        client's headers), the answer's head at once, then a line per report."""
+        load, conn = self.load, self.stream_conn
+        self.stream_h11 = h11.Connection(h11.CLIENT)
+        head = self.stream_h11.send(
+            h11.Request(method=b"POST", target=self.stream_target, headers=self.stream_headers)
+        )
+        dechunk, decoder = Dechunk(), AckDecoder("bench")
+        t0 = time.time()
+
+        def broken(error: object) -> None:
+            self.stream_open = False
+            conn.cb = None
+            conn.close()
+            pending, self.stream_pending = self.stream_pending, None
+            if pending is not None:
+                load.rec.failed("head_report", pending[1], error)
+                self._report_failed(None)
+
+        def on_head(status: int | None, h: Any, answer: bytes) -> None:
+            if self.stream_open:  # the open stream broke (reset, timeout, closed)
+                broken(h)
+                return
+            if status is None:
+                # As the client: a stream that cannot be opened (the server away)
+                # leaves the report to a request, which fails over or fails.
+                conn.close()
+                self._report_request(seq, t_sent)
+                return
+            if status != 200:
+                conn.cb = None
+                conn.close()
+                load.rec.done("head_report", t0, time.time(), status, self.gw)
+                if status in (404, 405):
+                    self.streams = False
+                    self._report_request(seq, t_sent)
+                else:
+                    self._report_failed(retry_after(h))
+                return
+            self.stream_open = True
+            self.stream_sent = 0
+            self._stream_line(seq, t_sent)
+
+        def on_data(piece: bytes) -> None:
+            try:
+                acks = decoder.feed(dechunk.feed(piece))
+            except (ValueError, CorruptData) as exc:
+                broken(exc)
+                return
+            for ack in acks:
+                if ack.error is not None:
+                    broken(HttpError(ack.error[0]))
+                    return
+                pending = self.stream_pending
+                if pending is not None and ack.acked >= self.stream_sent:
+                    self.stream_pending = None
+                    conn.clear_deadline()
+                    t1 = time.time()
+                    load.rec.done("head_report", pending[1], t1, 200, self.gw)
+                    self._reported(pending[0], pending[1], pending[1])
+            if dechunk.ended:
+                broken(HttpError("the server ended the head stream"))
+
+        conn.request(head, REQUEST_TIMEOUT_S, on_head, on_data)
+
+    def _stream_line(self, seq: int, t_sent: float) -> None:
+        data = self.stream_h11.send(h11.Data(data=encode_report(seq)))
+        self.stream_pending = (seq, t_sent)
+        self.stream_sent += 1
+        self.stream_conn.write(data)
+        self.stream_conn.extend(REQUEST_TIMEOUT_S)
 
     # ------------------------------------------------------------------ heads
 
@@ -1151,8 +1289,17 @@ def baseline(seconds: float, idle_connections: int, server: str) -> dict[str, fl
 
 
 def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
-    """Every replica's /healthz, summed (None if one failed), and the longest it took."""
-    total: dict[str, Any] = {"long_polls": 0, "shed": 0, "line_latency_counts": None}
+    """Every replica's /healthz, summed (None if one failed), and the longest it took.
+
+    ``long_polls``: the polls and watches held (a server counts its head streams
+    among its held requests too: they are ``head_streams``, apart).
+    """
+    total: dict[str, Any] = {
+        "long_polls": 0,
+        "head_streams": 0,
+        "shed": 0,
+        "line_latency_counts": None,
+    }
     took_max = 0.0
     failed = False
     for port in ports:
@@ -1161,7 +1308,9 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
         if doc is None:
             failed = True
         else:
-            total["long_polls"] += doc["long_polls"]
+            streams = doc.get("head_streams", 0)  # absent: a server before protocol 3
+            total["long_polls"] += doc["long_polls"] - streams
+            total["head_streams"] += streams
             total["shed"] += doc["shed"]
             counts = doc.get("line_latency_counts")  # absent: a server before it
             if counts is not None:
@@ -1294,6 +1443,13 @@ def main() -> None:
         "after every answer (as gateways before protocol 2)",
     )
     ap.add_argument(
+        "--reports",
+        choices=("stream", "request"),
+        default="stream",
+        help="head reports: lines of one head stream per gateway once the server names "
+        "protocol 3 (as the agent), or one request each (as gateways before protocol 3)",
+    )
+    ap.add_argument(
         "--pool",
         type=int,
         default=None,
@@ -1412,6 +1568,7 @@ def main() -> None:
                     follows,
                     a.wait_ms,
                     a.protocol,
+                    a.reports,
                     pool,
                     t0,
                     ramp,
@@ -1461,6 +1618,7 @@ def main() -> None:
             if doc is None:  # a probe failed: the last that answered in the window
                 doc, _ = healthz_all(server.ports)
             lines1 = (doc or {}).get("line_latency_counts")
+            streams_end = (doc or {}).get("head_streams")
             if doc is not None:
                 held_seen.append(doc["long_polls"])
             held_end = held_seen[-1] if held_seen else 0
@@ -1588,6 +1746,7 @@ def main() -> None:
         load_failures=dict(sorted(m["failures"].items(), key=lambda kv: -kv[1])[:8]),
         shed_503={op: m["shed"][op] for op in OPS},
         long_polls_held=held_end,
+        head_streams_held=streams_end,
         long_polls_held_min=held_min,
         wake_p50_ms=percentile(wake_ms, 50),
         wake_p99_ms=percentile(wake_ms, 99),

@@ -200,6 +200,21 @@ _SCHEMAS: dict[str, Any] = {
             "version": {"type": "integer"},
         },
     },
+    "HeadAck": {
+        "type": "object",
+        "required": ["acked"],
+        "properties": {
+            "acked": {"type": "integer", "minimum": 0},
+            "seq": {"type": "integer"},
+            "version": {"type": "integer"},
+            "error": {
+                "type": "object",
+                "required": ["code", "message"],
+                "properties": {"code": {"type": "string"}, "message": {"type": "string"}},
+            },
+            "retry_after_s": {"type": "integer"},
+        },
+    },
     "Heads": {
         "type": "object",
         "required": ["version", "heads"],
@@ -290,6 +305,14 @@ def _op(
             responses[code] = {"description": _ERRORS[code], "content": _json("Error")}
     if params:
         op["parameters"] = params
+    return op
+
+
+def _ndjson(op: dict[str, Any]) -> dict[str, Any]:
+    """``op`` with NDJSON bodies both ways (the head stream: one document per line)."""
+    for content in (op["requestBody"]["content"], op["responses"]["200"]["content"]):
+        content["application/x-ndjson"] = content.pop("application/json")
+    op["responses"]["415"]["description"] = "Content-Type is not application/x-ndjson."
     return op
 
 
@@ -424,6 +447,24 @@ def openapi_document() -> dict[str, Any]:
                 errors=("400", "401", "403", "404"),
                 params=region,
                 who=_SELF,
+            )
+        },
+        "/v1/regions/{region}/head-stream": {
+            "post": _ndjson(
+                _op(
+                    "Report the region's heads as lines of one long-lived request (protocol 3)",
+                    (
+                        "200",
+                        "application/x-ndjson, chunked, at once: an ack line per read of "
+                        "report lines (acked: lines applied so far; seq: the head held), or "
+                        "the error line that ends the stream (acked, error)",
+                        "HeadAck",
+                    ),
+                    body="HeadReport",
+                    errors=("401", "403", "404"),
+                    params=region,
+                    who=_SELF,
+                )
             )
         },
         "/v1/heads": {

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import json
 import logging
 import random
 import ssl
@@ -45,12 +46,22 @@ from types import TracebackType
 from typing import Any, Final, Self, cast
 from urllib.parse import quote
 
+import h11
 import httpx
 import trio
 
 from edge_gateway.backoff import Backoff
 from edge_gateway.durable import replace_file
 from edge_gateway.errors import CorruptData, InvalidInput, Unavailable
+from edge_gateway.metadata._headstream import (
+    HEAD_STREAM_PROTOCOL,
+    PROTOCOL_HEADER,
+    Ack,
+    AckDecoder,
+    encode_report,
+    protocol_of,
+    stream_request_headers,
+)
 from edge_gateway.metadata._watch import WatchDecoder, parse_heads
 from edge_gateway.metadata.routing import RoutingTable
 from edge_gateway.names import validate_region
@@ -60,6 +71,7 @@ from edge_gateway.statefile import seal, unseal
 __all__ = [
     "CachedRouting",
     "HeadReporter",
+    "HeadStream",
     "HeadsUpdate",
     "MetadataClient",
     "MetadataOverloaded",
@@ -213,6 +225,12 @@ class MetadataClient:
             transport=transport,
             verify=verify,
         )
+        self._verify = verify
+        #: A transport of the caller's (a test's MockTransport): no head stream,
+        #: which needs a socket of its own.
+        self._own_transport = transport is None
+        #: Base URL -> the protocol its answers named (PROTOCOL_HEADER; 0: none).
+        self._protocols: dict[str, int] = {}
         self._table: RoutingTable | None = None
         self._etag: str | None = None
         #: Requests sent again after their reused connection broke (see the module docstring).
@@ -241,6 +259,24 @@ class MetadataClient:
     def table(self) -> RoutingTable | None:
         """The last routing table fetched (or primed)."""
         return self._table
+
+    @property
+    def streams_heads(self) -> bool:
+        """Whether the server in use takes head reports on a stream (protocol 3,
+        learnt from its answers: :meth:`open_head_stream`)."""
+        return self._own_transport and self._protocols.get(self.url, 0) >= HEAD_STREAM_PROTOCOL
+
+    def head_stream_refused(self) -> None:
+        """The server in use refused a head stream (404: a replica behind the same
+        URL that is older): per-request reports until an answer says otherwise."""
+        self._protocols[self.url] = 0
+
+    def _note_protocol(self, base: str, r: httpx.Response, *, always: bool) -> None:
+        """Learn ``base``'s protocol from an answer that names it; ``always``: an
+        answer of a route every server names it in (so its absence says "older")."""
+        value = r.headers.get(PROTOCOL_HEADER)
+        if value is not None or always:
+            self._protocols[base] = protocol_of(value)
 
     def prime(self, table: RoutingTable, etag: str | None) -> None:
         """Start from a cached table: the next fetch answers *unchanged* if it still holds."""
@@ -274,7 +310,9 @@ class MetadataClient:
         body: dict[str, Any] = {"gateway_version": gateway_version, "lag": dict(lag or {})}
         if head_seq is not None:
             body["head_seq"] = head_seq
-        doc = self._json(await self._request("POST", self._region_path("heartbeat"), json=body))
+        r = await self._request("POST", self._region_path("heartbeat"), json=body)
+        self._note_protocol(self.url, r, always=False)
+        doc = self._json(r)
         version = doc.get("routing_version")
         if not isinstance(version, int):
             raise CorruptData("heartbeat answer without routing_version", where=self.url)
@@ -283,6 +321,7 @@ class MetadataClient:
     async def report_head(self, seq: int) -> int:
         """Report this region's latest committed log seq; returns the head the server holds."""
         r = await self._request("POST", self._region_path("head"), json={"seq": seq})
+        self._note_protocol(self.url, r, always=True)
         head = self._json(r).get("seq")
         if not isinstance(head, int):
             raise CorruptData("head answer without seq", where=self.url)
@@ -338,6 +377,7 @@ class MetadataClient:
             keep_open=True,
         )
         base = self.url
+        self._note_protocol(base, r, always=False)
         decoder = WatchDecoder(base + "/v1/heads")
         chunks = cast(AsyncGenerator[bytes, None], r.aiter_bytes())
         ended = False
@@ -364,6 +404,60 @@ class MetadataClient:
                     with contextlib.suppress(httpx.HTTPError, trio.ClosedResourceError):
                         await anext(chunks, None)
                 await chunks.aclose()
+
+    async def open_head_stream(self) -> HeadStream:
+        """A head stream to the server in use (``POST .../head-stream``, protocol 3).
+
+        Its own connection (httpx sends a request's whole body before it reads
+        the answer; a stream reads acks while its body goes on), speaking
+        HTTP/1.1 through h11, over TLS for an ``https://`` URL with the
+        client's ``verify``. Refusals raise as every call does
+        (:class:`MetadataRefused`: a 404 from an older server behind the URL;
+        :class:`MetadataOverloaded`, :class:`Unavailable`); a 401 takes up a
+        new token from the token file first, as every call does.
+        """
+        try:
+            return await self._open_head_stream()
+        except MetadataRefused as exc:
+            if exc.status != 401 or not self._reload_token():
+                raise
+        return await self._open_head_stream()
+
+    async def _open_head_stream(self) -> HeadStream:
+        base = self.url
+        url = httpx.URL(base + self._region_path("head-stream"))
+        where = str(url)
+        stream: trio.abc.Stream | None = None
+        try:
+            with _stream_errors(where), trio.fail_after(self._timeout_s):
+                port = url.port or (443 if url.scheme == "https" else 80)
+                tcp = await trio.open_tcp_stream(url.host, port)
+                stream = tcp
+                if url.scheme == "https":
+                    verify = self._verify
+                    context = (
+                        verify
+                        if isinstance(verify, ssl.SSLContext)
+                        else httpx.create_ssl_context(verify=verify)
+                    )
+                    tls = trio.SSLStream(tcp, context, server_hostname=url.host)
+                    stream = tls
+                    await tls.do_handshake()
+                conn = h11.Connection(h11.CLIENT)
+                headers = stream_request_headers(url.netloc, self._token)
+                request = h11.Request(method=b"POST", target=url.raw_path, headers=headers)
+                await stream.send_all(conn.send(request))
+                head = HeadStream(stream, conn, where, self._timeout_s)
+                status, answer_headers, body = await head._response()
+            if status != 200:
+                raise _refusal(base, status, answer_headers, body)
+            self._protocols[base] = protocol_of(answer_headers.get(PROTOCOL_HEADER))
+            stream = None  # the HeadStream owns it now
+            return head
+        finally:
+            if stream is not None:
+                with trio.CancelScope(shield=True):
+                    await _close_quietly(stream)
 
     # ------------------------------------------------------------- plumbing
 
@@ -565,6 +659,9 @@ class HeadReporterStatistics:
     sent: int | None
     reports: int
     failures: int
+    #: Of ``reports``, those sent on a head stream; head streams opened.
+    streamed: int = 0
+    streams_opened: int = 0
 
 
 class HeadReporter:
@@ -572,11 +669,22 @@ class HeadReporter:
 
     :meth:`report_nowait` is called right after each commit: it only records
     the seq (O(1), never raises, never blocks). :meth:`run` (a long-lived
-    task) sends the latest recorded seq, one request at a time, so a burst of
-    commits becomes one report; failures are logged and retried with a
-    jittered backoff capped at ``retry_cap_s`` (never sooner than an
-    overloaded server's ``Retry-After``), with the latest seq by then. The
-    relay is a hint: nothing depends on a report arriving.
+    task) sends the latest recorded seq, one at a time (the next once the
+    last is acknowledged), so a burst of commits becomes one report; failures
+    are logged and retried with a jittered backoff capped at ``retry_cap_s``
+    (never sooner than an overloaded server's ``Retry-After``), with the
+    latest seq by then. The relay is a hint: nothing depends on a report
+    arriving.
+
+    Against a server of protocol 3 (its answers say so: the first report
+    goes as a request, as to any server) the reports go as lines of one
+    head stream (:meth:`MetadataClient.open_head_stream`), opened when
+    needed and closed after :data:`~edge_gateway.net.http.CLIENT_KEEPALIVE_EXPIRY_S`
+    without a report. A stream that breaks is dropped; the report is retried
+    with the backoff, on a new stream, or as a request (which also goes on
+    to the next server of the list, and says whether that one streams).
+    Heads only grow, so a report sent twice (its ack lost with the
+    connection) changes nothing.
     """
 
     def __init__(self, client: MetadataClient, *, retry_cap_s: float = 5.0) -> None:
@@ -587,7 +695,10 @@ class HeadReporter:
         self._wake = trio.Event()
         self._reports = 0
         self._failures = 0
+        self._streamed = 0
+        self._streams_opened = 0
         self._rand = random.Random()
+        self._stream: HeadStream | None = None
 
     def report_nowait(self, seq: int) -> None:
         if self._latest is None or seq > self._latest:
@@ -601,28 +712,240 @@ class HeadReporter:
             self._sent = seq
 
     def statistics(self) -> HeadReporterStatistics:
-        return HeadReporterStatistics(self._latest, self._sent, self._reports, self._failures)
+        return HeadReporterStatistics(
+            self._latest,
+            self._sent,
+            self._reports,
+            self._failures,
+            self._streamed,
+            self._streams_opened,
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         backoff = Backoff(0.1, self.retry_cap_s)
-        while True:
-            await self._wake.wait()
-            self._wake = trio.Event()
-            seq = self._latest
-            if seq is None or (self._sent is not None and seq <= self._sent):
-                continue
+        try:
+            while True:
+                with trio.move_on_after(CLIENT_KEEPALIVE_EXPIRY_S) as idle:
+                    await self._wake.wait()
+                if idle.cancelled_caught:
+                    await self._drop_stream()  # idle: the server need not hold it
+                    continue
+                self._wake = trio.Event()
+                seq = self._latest
+                if seq is None or (self._sent is not None and seq <= self._sent):
+                    continue
+                try:
+                    await self._send(seq)
+                except (Unavailable, InvalidInput, CorruptData) as exc:
+                    self._failures += 1
+                    log.debug("head report of seq %d failed: %s", seq, exc)
+                    self._wake.set()  # try again (with the latest seq by then)
+                    await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
+                    continue
+                backoff.reset()
+                self.sent_elsewhere(seq)  # never back: a heartbeat may have carried a newer one
+                self._reports += 1
+        finally:
+            with trio.CancelScope(shield=True):
+                await self._drop_stream()
+
+    async def _send(self, seq: int) -> None:
+        """Report ``seq`` on the head stream when the server takes one, else as a request."""
+        client = self.client
+        if self._stream is None and client.streams_heads:
             try:
-                await self.client.report_head(seq)
-            except (Unavailable, InvalidInput, CorruptData) as exc:
-                self._failures += 1
-                log.debug("head report of seq %d failed: %s", seq, exc)
-                self._wake.set()  # try again (with the latest seq by then)
-                await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
-                continue
-            backoff.reset()
-            self.sent_elsewhere(seq)  # never back: a heartbeat may have carried a newer one
-            self._reports += 1
+                self._stream = await client.open_head_stream()
+                self._streams_opened += 1
+            except MetadataRefused as exc:
+                if exc.status not in (404, 405):
+                    raise
+                client.head_stream_refused()
+            except Unavailable as exc:
+                # Away, or overloaded: the request below goes on to the next
+                # server of the list, or fails and is retried with the backoff.
+                if isinstance(exc, MetadataOverloaded):
+                    raise
+                log.debug("head stream to %s: %s", client.url, exc)
+        if self._stream is not None:
+            try:
+                await self._stream.report(seq)
+            except BaseException:
+                await self._drop_stream()
+                raise
+            self._streamed += 1
+            return
+        await client.report_head(seq)
+
+    async def _drop_stream(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            await stream.aclose()
+
+
+# --------------------------------------------------------------- head stream
+
+
+class HeadStream:
+    """One open head stream (protocol 3): :meth:`report` writes a line and waits for its ack.
+
+    Made by :meth:`MetadataClient.open_head_stream`. One report at a time (the
+    reporter's way); each waits at most the client's timeout for its ack. An
+    error line from the server raises as the same refusal of a request would
+    (:class:`MetadataRefused` for a revoked token or a bad line,
+    :class:`MetadataOverloaded`/:class:`Unavailable`); so does a stream that
+    breaks or that the server ends (it stops, or the stream was idle). After
+    any error the stream is unusable: close it.
+    """
+
+    def __init__(
+        self, stream: trio.abc.Stream, conn: h11.Connection, where: str, timeout_s: float
+    ) -> None:
+        self._stream = stream
+        self._conn = conn
+        self.where = where
+        self._timeout_s = timeout_s
+        self._decoder = AckDecoder(where)
+        self._acks: list[Ack] = []
+        self._broken = False
+        #: Lines sent, and acknowledged, on this stream.
+        self.sent = 0
+        self.acked = 0
+        #: The head the server held at the last ack.
+        self.head: int | None = None
+
+    async def _response(self) -> tuple[int, dict[str, str], bytes]:
+        """The answer's status and headers; a refusal's body read whole (bounded)."""
+        while True:
+            event = await self._next_event()
+            if isinstance(event, h11.Response):
+                break
+            if not isinstance(event, h11.InformationalResponse):
+                raise Unavailable(f"metadata server {self.where}: no answer to the head stream")
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in event.headers}
+        if event.status_code == 200:
+            return 200, headers, b""
+        body = bytearray()
+        while True:
+            part = await self._next_event()
+            if isinstance(part, h11.Data):
+                body += part.data
+                if len(body) > _MAX_REFUSAL_BYTES:
+                    break
+            else:
+                break
+        return event.status_code, headers, bytes(body)
+
+    async def report(self, seq: int) -> int:
+        """Send ``seq``; once acknowledged, the head the server holds."""
+        if self._broken:
+            raise Unavailable(f"head stream to {self.where} is closed")
+        self._broken = True  # until the ack: a cancelled or failed report leaves it unusable
+        with _stream_errors(self.where), trio.fail_after(self._timeout_s):
+            await self._stream.send_all(self._conn.send(h11.Data(data=encode_report(seq))))
+            self.sent += 1
+            while self.acked < self.sent:
+                ack = await self._next_ack()
+                if ack.error is not None:
+                    raise _stream_refusal(self.where, ack)
+                self.acked = ack.acked
+                self.head = ack.seq
+        self._broken = False
+        assert self.head is not None
+        return self.head
+
+    async def _next_ack(self) -> Ack:
+        while not self._acks:
+            event = await self._next_event()
+            if isinstance(event, h11.Data):
+                self._acks += self._decoder.feed(bytes(event.data))
+            else:  # EndOfMessage, ConnectionClosed: the server ended it
+                raise Unavailable(f"metadata server {self.where} ended the head stream")
+        return self._acks.pop(0)
+
+    async def _next_event(self) -> Any:
+        while True:
+            event = self._conn.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self._conn.receive_data(bytes(await self._stream.receive_some(64 * 1024)))
+
+    async def aclose(self) -> None:
+        """End the stream (its body's end, when it is in step) and close the connection."""
+        stream = self._stream
+        with trio.move_on_after(1.0) as scope:
+            scope.shield = True
+            if not self._broken and self._conn.our_state is h11.SEND_BODY:
+                with contextlib.suppress(
+                    trio.BrokenResourceError, trio.ClosedResourceError, h11.LocalProtocolError
+                ):
+                    await stream.send_all(self._conn.send(h11.EndOfMessage()))
+            self._broken = True
+        await _close_quietly(stream)
+
+
+#: A refusal's body read before a head stream's connection is closed.
+_MAX_REFUSAL_BYTES: Final = 64 * 1024
+#: Error codes of a head stream's error line -> the status a request's refusal would have.
+_STREAM_ERROR_STATUS: Final = {
+    "unauthorized": 401,
+    "forbidden": 403,
+    "unknown_region": 404,
+    "invalid_json": 400,
+    "invalid_request": 400,
+}
+
+
+def _stream_refusal(where: str, ack: Ack) -> Exception:
+    """The error a head stream's error line stands for."""
+    assert ack.error is not None
+    code, message = ack.error
+    if code in ("overloaded", "unavailable"):
+        text = f"metadata server {where}: {message} ({code})"
+        if ack.retry_after_s is not None:
+            return MetadataOverloaded(text, min(ack.retry_after_s, MAX_RETRY_AFTER_S))
+        return Unavailable(text)
+    return MetadataRefused(_STREAM_ERROR_STATUS.get(code, 400), code, message)
+
+
+def _refusal(base: str, status: int, headers: Mapping[str, str], body: bytes) -> Exception:
+    """What :meth:`MetadataClient._request` raises for the same answer."""
+    if status in (429, 503):
+        retry_after = parse_retry_after(headers.get("retry-after"))
+        if retry_after is not None:
+            return MetadataOverloaded(
+                f"metadata server {base} is overloaded ({status}); retry after {retry_after:g} s",
+                retry_after,
+            )
+    if status >= 500:
+        return Unavailable(f"metadata server {base} answered {status}")
+    code, message = "error", body[:200].decode("utf-8", "replace")
+    try:
+        err = json.loads(body)["error"]
+        code, message = str(err["code"]), str(err["message"])
+    except (ValueError, KeyError, TypeError):
+        pass
+    return MetadataRefused(status, code, message)
+
+
+@contextmanager
+def _stream_errors(where: str) -> Iterator[None]:
+    """A head stream's broken link (socket, TLS, HTTP framing, timeout) as :class:`Unavailable`."""
+    try:
+        yield
+    except trio.TooSlowError:
+        raise Unavailable(f"metadata server {where}: timed out") from None
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        raise Unavailable(f"metadata server {where} is unreachable: {exc}") from None
+    except (h11.RemoteProtocolError, h11.LocalProtocolError) as exc:
+        raise Unavailable(f"metadata server {where}: broken HTTP ({exc})") from None
+
+
+async def _close_quietly(stream: trio.abc.Stream) -> None:
+    with trio.move_on_after(1.0) as scope:
+        scope.shield = True
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            await stream.aclose()
 
 
 # --------------------------------------------------------------- the cache

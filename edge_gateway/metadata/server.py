@@ -60,6 +60,15 @@ from edge_gateway.metadata._fanout import (
     HeartbeatWriter,
     Overloaded,
 )
+from edge_gateway.metadata._headstream import (
+    HEAD_STREAM_PROTOCOL,
+    PROTOCOL_HEADER,
+    STREAM_MEDIA_TYPE,
+    BadReportLine,
+    ReportReader,
+    encode_ack,
+    encode_error,
+)
 from edge_gateway.metadata._pg import PostgresStore, is_postgres_url
 from edge_gateway.metadata._replicas import ReplicaSync
 from edge_gateway.metadata._watch import WATCH_MEDIA_TYPE, encode_heads
@@ -121,6 +130,11 @@ _WATCH_KEEPALIVE_MS: Final = 25_000
 #: A watch whose line waits this long for the client to read it is dropped:
 #: the server holds one line and the socket's buffer per watch, never a queue.
 _WATCH_SEND_TIMEOUT_S: Final = 10.0
+#: The protocol this server speaks (docs/metadata-api.md, "Protocol versions"),
+#: named in the answers a gateway's client learns it from (heartbeats, head
+#: reports, heads watches): 3 adds the head stream.
+PROTOCOL: Final = HEAD_STREAM_PROTOCOL
+_PROTOCOL: Final = (PROTOCOL_HEADER.encode(), b"%d" % PROTOCOL)
 #: Heartbeats written to the store per worker-thread hop.
 _HEARTBEAT_SLICE: Final = 100
 #: How TLS errors name the certificate settings: the serve command's options.
@@ -249,6 +263,12 @@ class MetadataApp:
         self.watches = 0
         self.watch_lines = 0
         self.watch_dropped = 0
+        #: Head streams open now; their report lines read and ack lines written since the start.
+        self.head_streams = 0
+        self.stream_lines = 0
+        self.stream_acks = 0
+        #: Cancel scopes of the open head streams (a shutdown ends them at once).
+        self._streams: set[trio.CancelScope] = set()
         # A legacy scrypt check takes 16 MiB and ~40 ms: a bounded number at once.
         self._hash_limiter = trio.CapacityLimiter(2)
         #: sha256(token) -> (principal, valid until ms or None), for tokens verified
@@ -266,6 +286,7 @@ class MetadataApp:
         self.routes: list[Route] = [
             self._route("/v1/heads", "GET", self.wait_heads),
             self._route("/v1/regions/{region}/head", "POST", self.report_head),
+            self._route("/v1/regions/{region}/head-stream", "POST", self.head_stream),
             self._route("/v1/regions/{region}/heartbeat", "POST", self.heartbeat),
             self._route("/v1/routing", "GET", self.get_routing),
             Route("/healthz", self.healthz, methods=["GET"]),
@@ -325,6 +346,10 @@ class MetadataApp:
             response = await match.route.endpoint(Request(x.scope, x.receive, match.params))
         except Exception as exc:  # noqa: BLE001 (every error is answered; _error_for logs the unexpected)
             response = self._error_for(exc, method, path)
+        if isinstance(response, _HeadStream):
+            # It bounds its reads itself: one deadline per stream, not a scope per read.
+            await response(x.scope, x.receive_unbounded, x.send)
+            return
         await response(x.scope, x.receive, x.send)
 
     async def _shed(self, exc: Overloaded, x: _Exchange) -> None:
@@ -344,6 +369,8 @@ class MetadataApp:
 
     def begin_shutdown(self) -> None:
         self.heads.close()
+        for scope in list(self._streams):
+            scope.cancel()
 
     async def run_background(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
@@ -567,6 +594,9 @@ class MetadataApp:
                 # Held polls and watches: each gateway holds one or the other.
                 "long_polls": self.admission.long_polls,
                 "watches": self.watches,
+                "head_streams": self.head_streams,
+                "stream_lines": self.stream_lines,
+                "stream_acks": self.stream_acks,
                 "inflight": a.inflight,
                 "shed": a.shed,
                 "watch_lines": self.watch_lines + self.heads.direct_lines,
@@ -709,7 +739,10 @@ class MetadataApp:
         return Response(status_code=204)
 
     def _as_region(self, request: Request, who: Principal) -> str:
-        region = validate_region(request.path_params["region"])
+        return self._as_region_of(validate_region(request.path_params["region"]), who)
+
+    def _as_region_of(self, region: str, who: Principal) -> str:
+        """``region``, if ``who`` may act as it and it is active (else 403 or 404)."""
         if not who.admin and who.region != region:
             raise ApiError(403, "forbidden", f"{who.describe()} cannot act as region {region!r}")
         if region not in self._routing.regions:
@@ -749,6 +782,17 @@ class MetadataApp:
             raise InvalidInput('head: the body is {"seq": <latest committed log seq>}')
         seq, version = await self._report_head(region, _seq(doc["seq"]), received_at)
         return head_answer(region, seq, version)
+
+    async def head_stream(self, request: Request, who: Principal) -> Response:
+        region = self._as_region(request, who)
+        media = request.headers.get("content-type")
+        if media is None or media.split(";", 1)[0].strip().lower() != STREAM_MEDIA_TYPE:
+            raise ApiError(
+                415,
+                "unsupported_media_type",
+                f"a head stream's Content-Type must be {STREAM_MEDIA_TYPE}, not {media}",
+            )
+        return _HeadStream(self, region, request.headers.get("authorization"))
 
     async def wait_heads(self, request: Request, who: Principal) -> Response:
         q = request.query_params
@@ -871,6 +915,15 @@ class _Exchange:
             self.body_done = True
         return message
 
+    async def receive_unbounded(self) -> Message:
+        """:meth:`receive` without its deadline: the caller bounds its reads."""
+        if self._buffered is not None or self.body_done:
+            return await self.receive()
+        message = await self._receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            self.body_done = True
+        return message
+
     async def send(self, message: Message) -> None:
         if message["type"] == "http.response.start" and not self.body_done:
             headers = [*message.get("headers", ()), (b"connection", b"close")]
@@ -913,6 +966,7 @@ class _HeadsWatch(Response):
         self.headers = [
             (b"content-type", WATCH_MEDIA_TYPE.encode()),
             (b"cache-control", b"no-store"),
+            _PROTOCOL,
         ]
         self._app = app
         self._since = since
@@ -1002,6 +1056,147 @@ class _HeadsWatch(Response):
             relay.remove_watch(watch)
 
 
+class _HeadStream(Response):
+    """The answer to ``POST /v1/regions/{region}/head-stream`` (protocol 3): an ack per read.
+
+    Head reports on one long-lived request instead of one request each
+    (docs/metadata.md, "The head stream"): each report line costs a piece of
+    a chunked body read and a small write, not a request head to read,
+    route, authenticate and answer. The lines that arrive together (one read
+    of the socket) are applied as one report of the highest seq (heads only
+    grow: a lower seq changes nothing) and answered with one ack line; on
+    PostgreSQL the report joins the replica's group commit, and the ack is
+    written once it committed. The token is checked again whenever tokens
+    changed (a region added, revoked or rotated): a revoked one ends the
+    stream with an ``unauthorized`` line. A bad line ends the stream with an
+    error line (the lines before it were applied). A stream idle for the
+    read timeout (60 s; or whose client reads no acks for as long) ends; so
+    do all of them when the server stops.
+    """
+
+    __slots__ = ("_app", "_authorization", "_region")
+
+    def __init__(self, app: MetadataApp, region: str, authorization: str | None) -> None:
+        self.status_code = 200
+        self.body = b""
+        self.headers = [
+            (b"content-type", STREAM_MEDIA_TYPE.encode()),
+            (b"cache-control", b"no-store"),
+            _PROTOCOL,
+        ]
+        self._app = app
+        self._region = region
+        self._authorization = authorization
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        app = self._app
+        try:
+            app.admission.park()  # a held request, counted as a long poll
+        except Overloaded as exc:
+            await _overloaded_response(exc)(scope, receive, send)
+            return
+        app.head_streams += 1
+        try:
+            # The head now: the client knows the stream is taken before its first line.
+            await send({"type": "http.response.start", "status": 200, "headers": self.headers})
+            await send({"type": "http.response.body", "body": b"", "more_body": True})
+            # One scope for the stream: the server's stop cancels it, and its
+            # deadline, moved on by each read, ends a stream idle (or whose
+            # client reads no acks) for the read timeout.
+            with trio.CancelScope() as held:
+                app._streams.add(held)
+                try:
+                    finished = await self._serve_lines(receive, send, held)
+                finally:
+                    app._streams.discard(held)
+            if held.cancelled_caught:
+                finished = True  # stopping, or idle: end the response; the client reconnects
+            if finished:
+                with trio.move_on_after(1.0):  # a client that reads nothing: dropped
+                    await send({"type": "http.response.body", "body": b"", "more_body": False})
+            # else: the client went away (or reads nothing): the server drops the connection.
+        finally:
+            app.head_streams -= 1
+            app.admission.unpark()
+
+    async def _serve_lines(self, receive: Receive, send: Send, held: trio.CancelScope) -> bool:
+        """Read, apply and ack until the stream ends (True: end the response; False: drop)."""
+        app, region = self._app, self._region
+        reader = ReportReader()
+        acked = 0
+        generation = app._token_generation
+        timeout = app.config.read_timeout_s
+        held.deadline = trio.current_time() + timeout
+        while True:
+            message = await receive()
+            received_at = time.perf_counter()
+            now = trio.current_time()
+            if held.deadline - now < timeout / 2:  # moved on now and then, not per read
+                held.deadline = now + timeout
+            if message["type"] != "http.request":
+                return False  # the client went away (a line cut midway is not applied)
+            more = message.get("more_body", False)
+            error: bytes | None = None
+            try:
+                seqs = reader.feed(message.get("body", b""))
+                if not more:
+                    reader.end()
+            except BadReportLine as exc:
+                seqs = reader.good
+                error = encode_error(acked + len(seqs), exc.code, exc.message)
+            if seqs and app._token_generation != generation:
+                # Tokens changed since this stream's last check: check again.
+                generation = app._token_generation
+                try:
+                    who = await app._authenticate(self._authorization)
+                    region = app._as_region_of(region, who)
+                except (ApiError, Refused) as exc:
+                    text = exc.message if isinstance(exc, ApiError) else str(exc)
+                    log.info(
+                        "head stream of %s ended: %s (%d %s)", region, text, exc.status, exc.code
+                    )
+                    return await _end_with(send, encode_error(acked, exc.code, text))
+                except Overloaded as exc:
+                    line = encode_error(acked, "overloaded", str(exc), exc.retry_after_s)
+                    return await _end_with(send, line)
+                except Unavailable:
+                    line = encode_error(
+                        acked, "unavailable", "the metadata database is unavailable", 1
+                    )
+                    return await _end_with(send, line)
+            if seqs:
+                try:
+                    seq, version = await app._report_head(region, max(seqs), received_at)
+                except ClosedError:
+                    return True
+                except Unavailable as exc:
+                    log.warning("head stream of %s: %s", region, exc)
+                    line = encode_error(
+                        acked, "unavailable", "the metadata database is unavailable", 1
+                    )
+                    return await _end_with(send, line)
+                acked += len(seqs)
+                app.stream_lines += len(seqs)
+                app.stream_acks += 1
+                await _send_line(send, encode_ack(acked, seq, version))
+            if error is not None:
+                log.info("head stream of %s: bad line: %s", region, error.decode()[:200])
+                return await _end_with(send, error)
+            if not more:
+                return True
+
+
+async def _send_line(send: Send, line: bytes) -> None:
+    """Write ``line`` of a head stream (its deadline bounds a client that reads nothing)."""
+    await send({"type": "http.response.body", "body": line, "more_body": True})
+
+
+async def _end_with(send: Send, line: bytes) -> bool:
+    """Write the error line that ends a stream; True: end the response after it."""
+    await _send_line(send, line)
+    return True
+
+
 def served_routes(app: MetadataApp) -> set[tuple[str, str]]:
     """(path, method) pairs the app serves (for the OpenAPI check)."""
     return {(r.path, m) for r in app.routes for m in r.methods if m != "HEAD"}
@@ -1030,17 +1225,15 @@ def _json_bytes_response(body: bytes) -> Response:
 
 
 def heartbeat_answer(routing_version: int, server_ms: int) -> Response:
-    """``{"routing_version": ..., "server_ms": ...}``."""
-    return _json_bytes_response(
-        b'{"routing_version":%d,"server_ms":%d}' % (routing_version, server_ms)
-    )
+    """``{"routing_version": ..., "server_ms": ...}``, naming the server's protocol."""
+    body = b'{"routing_version":%d,"server_ms":%d}' % (routing_version, server_ms)
+    return Response.of(body, [(b"content-length", b"%d" % len(body)), _JSON_TYPE, _PROTOCOL])
 
 
 def head_answer(region: str, seq: int, version: int) -> Response:
-    """``{"region": ..., "seq": ..., "version": ...}``."""
-    return _json_bytes_response(
-        b'{"region":%b,"seq":%d,"version":%d}' % (_as_json_response(region), seq, version)
-    )
+    """``{"region": ..., "seq": ..., "version": ...}``, naming the server's protocol."""
+    body = b'{"region":%b,"seq":%d,"version":%d}' % (_as_json_response(region), seq, version)
+    return Response.of(body, [(b"content-length", b"%d" % len(body)), _JSON_TYPE, _PROTOCOL])
 
 
 def heads_answer(version: int, heads: Mapping[str, int]) -> Response:
