@@ -48,6 +48,11 @@ from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
 
+# xdist workers have no terminal: rich (the CLI's tables) would fall back to
+# 80 columns and cut short the cells that tests read.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("COLUMNS", "200")
+
 #: Folders whose tests all run on one xdist worker: the Spark session (a JVM)
 #: is one per worker process.
 _ONE_WORKER_FOLDERS = ("tests/pipeline/",)
