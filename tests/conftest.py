@@ -30,6 +30,15 @@ no long module starts last.
 from __future__ import annotations
 
 import os
+
+# An xdist worker is started with COLUMNS=80 and LINES=24 in its environment
+# (the controller's terminal, or execnet's default), which a plain run does not
+# have: the CLI's console (edgegw_cli._common) would then wrap its tables at 80
+# columns and cut the cells that tests read. Drop them before anything imports
+# the CLI, so that a worker sees what a plain run sees.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -48,10 +57,6 @@ from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
 
-# xdist workers have no terminal: rich (the CLI's tables) would fall back to
-# 80 columns and cut short the cells that tests read.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("COLUMNS", "200")
 
 #: Folders whose tests all run on one xdist worker: the Spark session (a JVM)
 #: is one per worker process.
