@@ -115,8 +115,16 @@ postgresql:
 	    echo "postgresql is not installed and this is not root with apt-get: the PostgreSQL tests will skip (apt-get install postgresql)"; \
 	  fi; }
 
+# The suite runs on PYTEST_WORKERS pytest-xdist processes: most tests wait on
+# subprocesses, sockets and sleeps, not on the CPU. Each worker takes whole
+# test modules, those with slow tests first (tests/conftest.py), and starts
+# its own servers on ports of its own (edge_gateway/testing/ports.py).
+# `make pytest PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= 3
+PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
+
 pytest: $(STAMP) faketime deploy-tools azurite mosquitto postgresql
-	$(BIN)/python -m pytest -q -p no:cacheprovider
+	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST)
 
 test: lint typecheck pytest
 

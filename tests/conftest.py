@@ -17,13 +17,31 @@ default); ``rgw_bucket_name`` gives each test a fresh bucket on it.
 and gcp-storage-emulator (GCS) for the session (edge_gateway/testing/emulators.py; about a
 second each); ``azure_container_name`` and ``gcs_bucket_name`` give each
 test a fresh container / bucket.
+
+Under pytest-xdist (``make pytest`` runs ``-n N --dist loadscope``) every
+worker starts its own session servers, on ports of its own slice
+(edge_gateway/testing/ports.py). The hooks below hand out whole modules, in
+file order, so that a module's fixtures start once and its tests run as in a
+plain run; all of tests/pipeline goes to one worker (one Spark JVM, not one
+per worker); and the modules with tests marked ``slow`` go out first, so that
+no long module starts last.
 """
 
 from __future__ import annotations
 
+import os
+
+# An xdist worker is started with COLUMNS=80 and LINES=24 in its environment
+# (the controller's terminal, or execnet's default), which a plain run does not
+# have: the CLI's console (edgegw_cli._common) would then wrap its tables at 80
+# columns and cut the cells that tests read. Drop them before anything imports
+# the CLI, so that a worker sees what a plain run sees.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from _moto_auth import AuthMoto
@@ -38,6 +56,49 @@ from edge_gateway.testing.moto import MotoServer, s3_client, start_moto_server
 
 if TYPE_CHECKING:
     from mypy_boto3_s3.client import S3Client
+
+
+#: Folders whose tests all run on one xdist worker: the Spark session (a JVM)
+#: is one per worker process.
+_ONE_WORKER_FOLDERS = ("tests/pipeline/",)
+
+
+def _work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its module, or one of ``_ONE_WORKER_FOLDERS``."""
+    module = nodeid.split("::", 1)[0]
+    return next((f for f in _ONE_WORKER_FOLDERS if module.startswith(f)), module)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadscope``, by module (not by class), with ``_ONE_WORKER_FOLDERS``.
+
+    (Not ``--dist loadgroup`` with ``xdist_group`` marks: pytest-xdist 3.8
+    renames the marked tests' ``item._nodeid``, which pytest 9.2 no longer
+    reads, so the marks are silently ignored there.)
+    """
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return _work_unit(nodeid)
+
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """On xdist workers: the work units with ``slow`` tests first (a stable sort).
+
+    With ``--no-loadscope-reorder`` the controller hands out the units in
+    this order (by default it sorts them by their number of tests). A plain
+    run keeps pytest's order.
+    """
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow = {_work_unit(item.nodeid) for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: _work_unit(item.nodeid) not in slow)
 
 
 @pytest.fixture(scope="session")

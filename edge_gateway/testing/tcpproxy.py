@@ -142,13 +142,12 @@ from dataclasses import dataclass, field, fields
 from types import TracebackType
 from typing import ClassVar, Final, Self
 
+from edge_gateway.testing.ports import port_range
+
 __all__ = ["LinkShape", "ProxyMode", "ProxyStats", "TcpProxy"]
 
 _CHUNK: Final = 256 * 1024
 _LINGER_RST: Final = struct.pack("ii", 1, 0)
-#: Ports picked for a proxy lie below Linux's ephemeral range, so that no
-#: outgoing connection takes the port in the instant ``refuse`` re-binds it.
-_PORT_RANGE: Final = (20_000, 32_000)
 _COMMAND_TIMEOUT: Final = 10.0
 #: Slow start begins at this fraction of the cap and ramps linearly to all of it.
 _SLOW_START_FLOOR: Final = 0.1
@@ -715,7 +714,10 @@ class TcpProxy:
         candidates = [self._port] if self._port else []
         if not candidates:
             rng = random.Random()
-            candidates = [rng.randrange(*_PORT_RANGE) for _ in range(50)] + [0]
+            # Below Linux's ephemeral range (and in this pytest-xdist worker's
+            # slice of it), so that no outgoing connection takes the port in
+            # the instant ``refuse`` re-binds it.
+            candidates = [rng.randrange(*port_range()) for _ in range(50)] + [0]
         last: OSError | None = None
         for port in candidates:
             sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -362,8 +362,14 @@ def test_install_start_upgrade_uninstall_purge(scratch: Path, service_user: str)
     missing = _install(*paths, "--no-start", python, "--version=9.9.9", env=offline)
     assert missing.returncode == 1
     assert "pip install edgegw==9.9.9 failed" in missing.stderr
+    # As an operator runs it: a PYTHONPATH of the test run (a worktree's
+    # sources) would shadow the installed package.
     still = subprocess.run(
-        [f"{prefix}/bin/edgegw", "--version"], check=False, capture_output=True, text=True
+        [f"{prefix}/bin/edgegw", "--version"],
+        check=False,
+        capture_output=True,
+        text=True,
+        env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
     )
     assert still.returncode == 0, still.stderr
     assert still.stdout == "edgegw 0.1.0.post900\n"
