@@ -46,7 +46,7 @@ def url_of(gw: Gateway) -> str:
     return f"http://{addr[0]}:{addr[1]}"
 
 
-async def quiesce(gw: Gateway) -> None:
+async def quiesce(gw: Gateway, within: float = 5, must: bool = False) -> None:
     """Wait (bounded) until the shipper has shipped every entry.
 
     The API tests shut gateways down right after producing. The shipper as of
@@ -55,7 +55,9 @@ async def quiesce(gw: Gateway) -> None:
     makes the drain ship the same LSN range again at the next seq, which
     fails with "invalid manifest: ... starts at LSN 1, but the previous entry
     shipped up to ...". That is a shipper bug (reported), not an API one, so
-    these tests let the shipper go idle before stopping.
+    these tests let the shipper go idle before stopping. With ``must``, not
+    having shipped everything within ``within`` seconds fails the test (a test
+    that needs the bucket to hold every entry, under a loaded machine).
     """
     if gw.shutdown_requested:
         return
@@ -64,7 +66,7 @@ async def quiesce(gw: Gateway) -> None:
         after = gw.shipper.shipped_lsn + 1
         return bool(gw.journal.read_entries(after, max_bytes=1, durable_only=False))
 
-    with trio.move_on_after(5):
+    with trio.fail_after(within) if must else trio.move_on_after(within):
         # Polling: "nothing left to ship" has no event (wait_shipped needs a data LSN).
         while unshipped():  # noqa: ASYNC110
             await trio.sleep(0.01)
