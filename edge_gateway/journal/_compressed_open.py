@@ -21,13 +21,11 @@ import time
 from pathlib import Path
 
 from edge_gateway.errors import CorruptData, EdgeGatewayError
-from edge_gateway.format import atrest
-from edge_gateway.format import entry as fentry
 from edge_gateway.journal import _fs
 from edge_gateway.journal._fs import fsync_dir
 from edge_gateway.journal._live_repair import NotRepaired, prepare_repair
 from edge_gateway.journal._repair import Repaired, RepairSource
-from edge_gateway.journal._segment import segment_name
+from edge_gateway.journal._segment import first_entry_after
 
 __all__ = ["repair_at_open"]
 
@@ -37,23 +35,14 @@ log = logging.getLogger("edgegw.journal")
 def _next_segment(path: Path, base: int) -> tuple[int, int] | None:
     """The next segment's base LSN and its first entry's append time (None: no next
     segment, or its first entry does not read)."""
-    later = sorted(
-        int(f.stem)
-        for f in path.parent.glob(f"*{path.suffix}")
-        if f.stem.isdigit() and int(f.stem) > base
-    )
-    if not later:
-        return None
-    nxt = path.with_name(segment_name(later[0]))
     try:
-        data = nxt.read_bytes()
-        if data[: len(atrest.MAGIC)] == atrest.MAGIC:
-            first = next(atrest.CompressedSegment(data, where=str(nxt)).entries())
-        else:
-            first = atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
-    except (OSError, CorruptData, StopIteration):
+        found = first_entry_after(path, base)
+    except (OSError, CorruptData):
         return None
-    return later[0], first.append_time
+    if found is None:
+        return None
+    nxt, first = found
+    return int(nxt.stem), first.append_time
 
 
 def repair_at_open(

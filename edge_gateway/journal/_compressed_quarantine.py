@@ -58,7 +58,7 @@ from edge_gateway.journal import _fs
 from edge_gateway.journal._dropped import append_records
 from edge_gateway.journal._lane_repair import bucket_may_hold
 from edge_gateway.journal._quarantine import LOST_NAME, QUARANTINE_DIR, Loss, LostRange
-from edge_gateway.journal._segment import segment_name
+from edge_gateway.journal._segment import first_entry_after
 
 __all__ = ["find_checkpoint", "quarantine_compressed"]
 
@@ -150,28 +150,19 @@ def find_checkpoint(data: bytes, base: int, *, where: str) -> tuple[int, bytes]:
 
 def _next_checkpoint(path: Path, base: int) -> fentry.Entry:
     """The next segment's first entry, its checkpoint (raises :class:`CorruptData`)."""
-    later = sorted(
-        int(f.stem)
-        for f in path.parent.glob(f"*{path.suffix}")
-        if f.stem.isdigit() and int(f.stem) > base
-    )
-    if not later:
-        raise CorruptData("no segment after it says where its LSNs end", where=str(path))
-    nxt = path.with_name(segment_name(later[0]))
     try:
-        data = nxt.read_bytes()
-        if data[: len(atrest.MAGIC)] == atrest.MAGIC:
-            first = next(atrest.CompressedSegment(data, where=str(nxt)).entries())
-        else:
-            first = atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
-    except (OSError, CorruptData, StopIteration) as exc:
+        found = first_entry_after(path, base)
+    except (OSError, CorruptData) as exc:
         raise CorruptData(
             f"the next segment's checkpoint does not read ({exc})", where=str(path)
         ) from None
+    if found is None:
+        raise CorruptData("no segment after it says where its LSNs end", where=str(path))
+    nxt, first = found
     if (
         not isinstance(first, fentry.Entry)
         or first.kind != fentry.KIND_CHECKPOINT
-        or first.lsn != later[0]
+        or first.lsn != int(nxt.stem)
     ):
         raise CorruptData("the next segment does not start with its checkpoint", where=str(nxt))
     return first

@@ -76,7 +76,7 @@ from edge_gateway.journal._dropped import append_records, load_records
 from edge_gateway.journal._lane_repair import bucket_may_hold, lane_partitions
 from edge_gateway.journal._quarantine import QUARANTINE_DIR
 from edge_gateway.journal._recovery import DamagedEntry, next_valid_entry
-from edge_gateway.journal._segment import segment_name
+from edge_gateway.journal._segment import first_entry_after
 
 __all__ = [
     "REPAIRED_NAME",
@@ -468,24 +468,15 @@ def _check_entries(data: bytes, lsn_first: int, lsn_end: int) -> None:
 def next_checkpoint(path: Path, base: int) -> Checkpoint | None:
     """The checkpoint of the segment after ``path`` (where its partitions and sources
     stood); None if there is none or it does not read."""
-    later = sorted(
-        int(f.stem)
-        for f in path.parent.glob(f"*{path.suffix}")
-        if f.stem.isdigit() and int(f.stem) > base
-    )
-    if not later:
-        return None
-    nxt = path.with_name(segment_name(later[0]))
     try:
-        data = nxt.read_bytes()
-        if data[: len(atrest.MAGIC)] == atrest.MAGIC:
-            first = next(atrest.CompressedSegment(data, where=str(nxt)).entries())
-        else:
-            first = atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
+        found = first_entry_after(path, base)
+        if found is None:
+            return None
+        nxt, first = found
         if not isinstance(first, fentry.Entry) or first.kind != fentry.KIND_CHECKPOINT:
             return None
         return Checkpoint.decode(first.payload, where=str(nxt))
-    except (OSError, CorruptData, StopIteration):
+    except (OSError, CorruptData):
         return None
 
 

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from edge_gateway.durable import replace_file
+from edge_gateway.errors import CorruptData
+from edge_gateway.format import atrest
+from edge_gateway.format import entry as fentry
 from edge_gateway.journal import _fs
 from edge_gateway.journal._index import IndexFile, IntSequence
 
@@ -41,6 +44,29 @@ RELEASE_BYTES: Final = 4 * 1024 * 1024
 
 def segment_name(base_lsn: int) -> str:
     return f"{base_lsn:020d}{SEGMENT_SUFFIX}"
+
+
+def first_entry_after(path: Path, base: int) -> tuple[Path, atrest.AnyEntry] | None:
+    """The segment after ``path`` (base LSN ``base``) in its directory and its first
+    entry, an entry log's or a compressed segment's; None if there is no later segment.
+
+    Raises :class:`CorruptData` (or ``OSError``) when that entry does not read.
+    """
+    later = sorted(
+        int(f.stem)
+        for f in path.parent.glob(f"*{path.suffix}")
+        if f.stem.isdigit() and int(f.stem) > base
+    )
+    if not later:
+        return None
+    nxt = path.with_name(segment_name(later[0]))
+    data = nxt.read_bytes()
+    if data[: len(atrest.MAGIC)] == atrest.MAGIC:
+        try:
+            return nxt, next(atrest.CompressedSegment(data, where=str(nxt)).entries())
+        except StopIteration:
+            raise CorruptData("a compressed segment without entries", where=str(nxt)) from None
+    return nxt, atrest.decode_any_entry(data, fentry.SEGMENT_HEADER_SIZE, where=str(nxt))
 
 
 @dataclass(slots=True)
