@@ -40,7 +40,6 @@ gets no second record).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import struct
 import time
@@ -50,14 +49,18 @@ from typing import Final
 from edge_gateway._crc import crc32c
 from edge_gateway.durable import replace_file
 from edge_gateway.errors import CorruptData
-from edge_gateway.failpoints import fail_point
 from edge_gateway.format import atrest
 from edge_gateway.format import entry as fentry
 from edge_gateway.format.entry import Checkpoint
 from edge_gateway.journal import _fs
-from edge_gateway.journal._dropped import append_records
 from edge_gateway.journal._lane_repair import bucket_may_hold
-from edge_gateway.journal._quarantine import LOST_NAME, QUARANTINE_DIR, Loss, LostRange
+from edge_gateway.journal._quarantine import (
+    QUARANTINE_DIR,
+    Loss,
+    LostRange,
+    lost_checkpoints,
+    record_loss,
+)
 from edge_gateway.journal._segment import first_entry_after
 
 __all__ = ["find_checkpoint", "quarantine_compressed"]
@@ -212,45 +215,12 @@ def quarantine_compressed(
         f"{QUARANTINE_DIR}/{copy_name}",
         ranges,
     )
-    # 1. the file as it was
-    replace_file(qdir / copy_name, data, ops=_fs.ops)
-    fail_point("quarantine.copied")
-    # 2. the record (once) and the operator's report
-    if not any(k.segment == base and k.lsn_first == lsn_first for k in known):
-        body = json.dumps(loss.to_json(), separators=(",", ":")).encode()
-        append_records(path.parent, LOST_NAME, [b"%08x " % crc32c(body) + body + b"\n"])
-        known.append(loss)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when / 1000))
-    report = {
-        **loss.to_json(),
-        "journal": str(path.parent),
-        "file": str(path),
-        "lost_bytes": len(data) - fentry.SEGMENT_HEADER_SIZE,
-        "records_lost": loss.records,
-    }
-    replace_file(
-        qdir / f"{stamp}-{lane_dir}-lsn{lsn_first}-report.json",
-        json.dumps(report, indent=2).encode() + b"\n",
-        ops=_fs.ops,
-    )
-    fail_point("quarantine.recorded")
+    record_loss(path, loss, known, data, len(data) - fentry.SEGMENT_HEADER_SIZE)
     # 3. an entry log: the checkpoint, then one checkpoint per lost LSN; their append
     # time the next segment's checkpoint's (never earlier than a lost entry's)
     skip_to = dict(after.next_offsets)
     out = [fentry.encode_segment_header(base, wal_version), checkpoint]
-    for lsn in range(lsn_first, lsn_end):
-        out.append(
-            fentry.encode_entry(
-                lsn=lsn,
-                kind=fentry.KIND_CHECKPOINT,
-                topic=b"",
-                partition=0,
-                base_offset=0,
-                count=0,
-                append_time=nxt.append_time,
-                payload=Checkpoint(skip_to if lsn == lsn_first else {}, {}).encode(),
-            )
-        )
+    out += lost_checkpoints(lsn_first, lsn_end, skip_to, nxt.append_time)
     with contextlib.suppress(FileNotFoundError):
         _fs.ops.unlink(path.with_suffix(".idx"))  # an entry log's it replaced: stale
     replace_file(path, b"".join(out), ops=_fs.ops)

@@ -209,6 +209,55 @@ def _walk(buf: bytes, pos: int, end: int) -> list[tuple[int, atrest.AnyEntry]]:
     return out
 
 
+def record_loss(path: Path, loss: Loss, known: list[Loss], damaged: bytes, lost_bytes: int) -> None:
+    """Steps 1 and 2 of quarantining ``loss`` in segment ``path``: the ``damaged`` bytes
+    copied to ``loss.copy``, the loss recorded in ``lost.log`` (once: ``known`` holds
+    those recorded) and the operator's report written beside the copy."""
+    qdir = path.parent.parent / QUARANTINE_DIR
+    qdir.mkdir(exist_ok=True)
+    # 1. the damaged bytes, as they are
+    _replace(path.parent.parent / loss.copy, damaged)
+    fail_point("quarantine.copied")
+    # 2. the record (once) and the operator's report
+    if not any(k.segment == loss.segment and k.lsn_first == loss.lsn_first for k in known):
+        body = json.dumps(loss.to_json(), separators=(",", ":")).encode()
+        append_records(path.parent, LOST_NAME, [b"%08x " % crc32c(body) + body + b"\n"])
+        known.append(loss)
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(loss.time_ms / 1000))
+    report = {
+        **loss.to_json(),
+        "journal": str(path.parent),
+        "file": str(path),
+        "lost_bytes": lost_bytes,
+        "records_lost": loss.records,
+    }
+    _replace(
+        qdir / f"{stamp}-{path.parent.name}-lsn{loss.lsn_first}-report.json",
+        json.dumps(report, indent=2).encode() + b"\n",
+    )
+    fail_point("quarantine.recorded")
+
+
+def lost_checkpoints(
+    lsn_first: int, lsn_end: int, skip_to: dict[Key, int], append_time: int
+) -> list[bytes]:
+    """The entries that hold the lost LSNs ``[lsn_first, lsn_end)``: one checkpoint each,
+    the first moving the partitions past the lost offsets (``skip_to``)."""
+    return [
+        fentry.encode_entry(
+            lsn=lsn,
+            kind=fentry.KIND_CHECKPOINT,
+            topic=b"",
+            partition=0,
+            base_offset=0,
+            count=0,
+            append_time=append_time,
+            payload=Checkpoint(skip_to if lsn == lsn_first else {}, {}).encode(),
+        )
+        for lsn in range(lsn_first, lsn_end)
+    ]
+
+
 def _replace(path: Path, data: bytes) -> None:
     """``data`` to ``path`` whole, through the journal's fault-injection seam."""
     replace_file(path, data, ops=_fs.ops)
@@ -293,43 +342,9 @@ def quarantine_damage(
         f"{QUARANTINE_DIR}/{copy_name}",
         tuple(ranges),
     )
-    # 1. the damaged bytes, as they are
-    _replace(qdir / copy_name, buf)
-    fail_point("quarantine.copied")
-    # 2. the record (once) and the operator's report
-    if not any(k.segment == base and k.lsn_first == lsn_first for k in known):
-        body = json.dumps(loss.to_json(), separators=(",", ":")).encode()
-        append_records(path.parent, LOST_NAME, [b"%08x " % crc32c(body) + body + b"\n"])
-        known.append(loss)
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(when / 1000))
-    report = {
-        **loss.to_json(),
-        "journal": str(path.parent),
-        "file": str(path),
-        "lost_bytes": lost_bytes,
-        "records_lost": loss.records,
-    }
-    _replace(
-        qdir / f"{stamp}-{lane_dir}-lsn{lsn_first}-report.json",
-        json.dumps(report, indent=2).encode() + b"\n",
-    )
-    fail_point("quarantine.recorded")
+    record_loss(path, loss, known, buf, lost_bytes)
     # 3. the segment without the damage: one checkpoint per lost LSN
-    fillers = []
-    for lsn in range(lsn_first, lsn_end):
-        cp = Checkpoint(skip_to if lsn == lsn_first else {}, {})
-        fillers.append(
-            fentry.encode_entry(
-                lsn=lsn,
-                kind=fentry.KIND_CHECKPOINT,
-                topic=b"",
-                partition=0,
-                base_offset=0,
-                count=0,
-                append_time=when,
-                payload=cp.encode(),
-            )
-        )
+    fillers = lost_checkpoints(lsn_first, lsn_end, skip_to, when)
     _replace(path, buf[: damage.pos] + b"".join(fillers) + buf[resync:])
     _log_loss(path, loss, lost_bytes)
     return loss
