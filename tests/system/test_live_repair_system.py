@@ -34,6 +34,9 @@ from edge_gateway.api.wire import BATCH_MEDIA_TYPE, NEXT_OFFSET_HEADER
 from edge_gateway.format import atrest
 from edge_gateway.format.batch import iter_batches
 
+#: real gateways killed and restarted: handed out first on xdist workers (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 TOPIC = "t"
 
 

@@ -41,6 +41,9 @@ from edge_gateway.format.crypt import generate_key
 from edge_gateway.format.manifest import log_key
 from edge_gateway.testing.moto import s3_client
 
+#: real gateways killed and restarted: handed out first on xdist workers (tests/conftest.py)
+pytestmark = pytest.mark.slow
+
 TOPIC = "t"
 MIRROR = f"a.{TOPIC}"
 
