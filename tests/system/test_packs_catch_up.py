@@ -65,10 +65,16 @@ def backlog_at_a(fleet: Fleet, s3: S3Client, bucket: str) -> Producer:
     wait_until(lambda: log_head(s3, bucket) >= ENTRIES, 60, f"a to write {ENTRIES} entries")
     producer.stop()
     check_acknowledged(producer, a)
-    head = log_head(s3, bucket)
     # The last manifest follows within manifest_interval_ms (1 s): then the
-    # reader's whole backlog is planned from manifests, and packed.
-    wait_until(lambda: manifested(s3, bucket) == head, 30, f"a's manifests to cover seq {head}")
+    # reader's whole backlog is planned from manifests, and packed. The head
+    # is read again each time: records acknowledged just before the producer
+    # stopped may still be shipping (a head read once can be passed, and a
+    # manifest covering the next seq never equals it).
+    def covered() -> bool:
+        head = log_head(s3, bucket)
+        return manifested(s3, bucket) >= head
+
+    wait_until(covered, 30, "a's manifests to cover its log head")
     return producer
 
 
