@@ -29,26 +29,18 @@ records and source objects of the repair. The last line is one JSON object.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
-import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Any
 
 import trio
-from repair import CONFIG, MiB, build, progress
+from repair import CONFIG, MiB, build, measure_opens, progress, report
 
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.journal import Journal
 from edge_gateway.mirror import Tailer, TailerConfig
 from edge_gateway.mirror_repair import MirrorRepairSource
-
-RUNS = 3
-PAGE = 4096
 
 
 async def mirror(root: Path, bucket_dir: Path, *, keep_blocks: bool) -> Path:
@@ -64,41 +56,6 @@ async def mirror(root: Path, bucket_dir: Path, *, keep_blocks: bool) -> Path:
     return path
 
 
-def _copy(journal: Path, to: Path, *, damage: bool) -> Path:
-    shutil.rmtree(to.parent, ignore_errors=True)
-    to.parent.mkdir(parents=True)
-    shutil.copytree(journal, to)
-    if damage:
-        seg = max(to.glob("*.wal"))
-        data = bytearray(seg.read_bytes())
-        at = len(data.rstrip(b"\0")) // 2 // PAGE * PAGE
-        data[at : at + PAGE] = bytes(PAGE)
-        seg.write_bytes(bytes(data))
-    return to
-
-
-async def timed_open(path: Path, bucket_dir: Path | None, *, keep_blocks: bool) -> dict[str, Any]:
-    async with contextlib.AsyncExitStack() as stack:
-        source = None
-        if bucket_dir is not None:
-            bucket = await stack.enter_async_context(await LocalBucket.open(bucket_dir))
-            source = MirrorRepairSource(bucket, "", "south", keep_blocks=keep_blocks)
-        t = time.perf_counter()
-        j = await trio.to_thread.run_sync(lambda: Journal.open_sync(path, CONFIG, repair=source))
-        took = time.perf_counter() - t
-    try:
-        repairs, losses = j.repairs(), j.losses()
-        return {
-            "seconds": took,
-            "repaired_entries": sum(r.entries for r in repairs),
-            "repaired_records": sum(r.records for r in repairs),
-            "objects_read": sum(len(r.objects) for r in repairs),
-            "lost_entries": sum(x.lsn_last - x.lsn_first + 1 for x in losses),
-        }
-    finally:
-        j.close_sync()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="8 MiB of journal instead of 32")
@@ -107,7 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     keep_blocks = not args.batches
     target = (8 if args.quick else 32) * MiB
-    runs: dict[str, list[dict[str, Any]]] = {"intact": [], "quarantine": [], "repair": []}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         root = Path(tmp)
         progress(f"building a journal of {target // MiB} MiB, shipping and mirroring it ...")
@@ -115,45 +71,24 @@ def main(argv: list[str] | None = None) -> int:
         journal = trio.run(lambda: mirror(root, bucket_dir, keep_blocks=keep_blocks))
         last = max(journal.glob("*.wal"))
         mirror_bytes = len(last.read_bytes().rstrip(b"\0"))
-        for k in range(RUNS):
-            progress(f"run {k + 1}/{RUNS}: intact, quarantine, repair")
-            for name, done in runs.items():
-                path = _copy(journal, root / name / "journal", damage=name != "intact")
-                src = bucket_dir if name == "repair" else None
-                opened = trio.run(lambda p=path, s=src: timed_open(p, s, keep_blocks=keep_blocks))
-                done.append(opened)
-    best = {name: min(rs, key=lambda r: r["seconds"]) for name, rs in runs.items()}
-    assert best["repair"]["lost_entries"] == 0, best["repair"]
-    assert best["repair"]["repaired_entries"] > 0
-    assert best["quarantine"]["lost_entries"] > 0
+        opens = measure_opens(
+            journal,
+            root,
+            bucket_dir,
+            lambda bucket: MirrorRepairSource(bucket, "", "south", keep_blocks=keep_blocks),
+        )
     fig = {
         "keep_blocks": keep_blocks,
         "objects_shipped": objects,
         "mirror_segment_mib": mirror_bytes / MiB,
-        "intact_open_seconds": best["intact"]["seconds"],
-        "quarantine_open_seconds": best["quarantine"]["seconds"],
-        "repair_open_seconds": best["repair"]["seconds"],
-        "repaired_entries": best["repair"]["repaired_entries"],
-        "repaired_records": best["repair"]["repaired_records"],
-        "objects_read": best["repair"]["objects_read"],
-        "quarantined_entries": best["quarantine"]["lost_entries"],
-        "ratio": best["intact"]["seconds"] / best["repair"]["seconds"],
-        "ratio_to_quarantine": best["quarantine"]["seconds"] / best["repair"]["seconds"],
-        "runs": runs,
+        **opens,
     }
-    print(
+    report(
+        fig,
         f"source {objects} objects; the mirror's last segment {fig['mirror_segment_mib']:.1f} MiB "
-        f"({'block entries' if keep_blocks else 'one entry per batch'})\n"
-        f"intact      {fig['intact_open_seconds']:6.3f} s  (the open's scan: the baseline)\n"
-        f"quarantine  {fig['quarantine_open_seconds']:6.3f} s  "
-        f"({fig['quarantined_entries']} entries quarantined)\n"
-        f"repair      {fig['repair_open_seconds']:6.3f} s  ({fig['repaired_entries']} entries, "
-        f"{fig['repaired_records']:,} records re-fetched from "
-        f"{fig['objects_read']} source objects)\n"
-        f"ratio       {fig['ratio']:.2f} (intact / repair), "
-        f"{fig['ratio_to_quarantine']:.2f} (quarantine / repair)"
+        f"({'block entries' if keep_blocks else 'one entry per batch'})",
+        "re-fetched from",
     )
-    print(json.dumps(fig))
     return 0
 
 

@@ -35,6 +35,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ import trio
 from edge_gateway.bucket import LocalBucket
 from edge_gateway.bucket_repair import BucketRepairSource
 from edge_gateway.format.batch import encode_batch
-from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, open_journal
+from edge_gateway.journal import FsyncPolicy, Journal, JournalConfig, RepairSource, open_journal
 from edge_gateway.shipper import Shipper, ShipperConfig
 
 MiB = 1024 * 1024
@@ -81,12 +82,14 @@ async def build(root: Path, target: int) -> tuple[Path, Path, int]:
     return journal, bucket_dir, objects
 
 
-def _copy(journal: Path, to: Path, *, damage: bool) -> Path:
+def damaged_copy(journal: Path, to: Path, *, damage: bool) -> Path:
+    """A copy of ``journal`` at ``to``; with ``damage``, a 4 KiB page of zeros
+    in the middle of its last segment (the one an open scans)."""
     shutil.rmtree(to.parent, ignore_errors=True)
     to.parent.mkdir(parents=True)
     shutil.copytree(journal, to)
     if damage:
-        [seg] = to.glob("*.wal")
+        seg = max(to.glob("*.wal"))
         data = bytearray(seg.read_bytes())
         at = len(data.rstrip(b"\0")) // 2 // PAGE * PAGE
         data[at : at + PAGE] = bytes(PAGE)
@@ -94,14 +97,19 @@ def _copy(journal: Path, to: Path, *, damage: bool) -> Path:
     return to
 
 
-async def timed_open(path: Path, bucket_dir: Path | None) -> dict[str, Any]:
+#: What repairs at an open, given the bucket it reads from.
+SourceFactory = Callable[[LocalBucket], RepairSource]
+
+
+async def timed_open(path: Path, bucket_dir: Path | None, source: SourceFactory) -> dict[str, Any]:
+    """Open the journal at ``path`` (repairing from ``bucket_dir`` if given): its figures."""
     async with contextlib.AsyncExitStack() as stack:
-        source = None
+        repair = None
         if bucket_dir is not None:
             bucket = await stack.enter_async_context(await LocalBucket.open(bucket_dir))
-            source = BucketRepairSource(bucket, "", REGION)
+            repair = source(bucket)
         t = time.perf_counter()
-        j = await trio.to_thread.run_sync(lambda: Journal.open_sync(path, CONFIG, repair=source))
+        j = await trio.to_thread.run_sync(lambda: Journal.open_sync(path, CONFIG, repair=repair))
         took = time.perf_counter() - t
     try:
         repairs, losses = j.repairs(), j.losses()
@@ -116,33 +124,22 @@ async def timed_open(path: Path, bucket_dir: Path | None) -> dict[str, Any]:
         j.close_sync()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--quick", action="store_true", help="8 MiB of journal instead of 32")
-    parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one)")
-    args = parser.parse_args(argv)
-    target = (8 if args.quick else 32) * MiB
+def measure_opens(
+    journal: Path, root: Path, bucket_dir: Path, source: SourceFactory
+) -> dict[str, Any]:
+    """RUNS rounds of the three opens, alternating; the best of each, checked, as figures."""
     runs: dict[str, list[dict[str, Any]]] = {"intact": [], "quarantine": [], "repair": []}
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        root = Path(tmp)
-        progress(f"building a journal of {target // MiB} MiB and shipping it ...")
-        journal, bucket_dir, objects = trio.run(build, root, target)
-        # the shipper's state, where the repair looks for what the bucket confirmed
-        assert (journal / "shipper.json").exists()
-        journal_bytes = sum(len(f.read_bytes().rstrip(b"\0")) for f in journal.glob("*.wal"))
-        for k in range(RUNS):
-            progress(f"run {k + 1}/{RUNS}: intact, quarantine, repair")
-            for name, done in runs.items():
-                path = _copy(journal, root / name / "journal", damage=name != "intact")
-                src = bucket_dir if name == "repair" else None
-                done.append(trio.run(timed_open, path, src))
+    for k in range(RUNS):
+        progress(f"run {k + 1}/{RUNS}: intact, quarantine, repair")
+        for name, done in runs.items():
+            path = damaged_copy(journal, root / name / "journal", damage=name != "intact")
+            src = bucket_dir if name == "repair" else None
+            done.append(trio.run(timed_open, path, src, source))
     best = {name: min(rs, key=lambda r: r["seconds"]) for name, rs in runs.items()}
-    assert best["repair"]["lost_entries"] == 0
+    assert best["repair"]["lost_entries"] == 0, best["repair"]
     assert best["repair"]["repaired_entries"] > 0
     assert best["quarantine"]["lost_entries"] > 0
-    fig = {
-        "journal_mib": journal_bytes / MiB,
-        "objects_shipped": objects,
+    return {
         "intact_open_seconds": best["intact"]["seconds"],
         "quarantine_open_seconds": best["quarantine"]["seconds"],
         "repair_open_seconds": best["repair"]["seconds"],
@@ -154,17 +151,45 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_to_quarantine": best["quarantine"]["seconds"] / best["repair"]["seconds"],
         "runs": runs,
     }
+
+
+def report(fig: dict[str, Any], what: str, rebuilt: str) -> None:
+    """The figures, then the JSON line."""
     print(
-        f"journal {fig['journal_mib']:.1f} MiB in one segment, {objects} objects shipped\n"
+        f"{what}\n"
         f"intact      {fig['intact_open_seconds']:6.3f} s  (the open's scan: the baseline)\n"
         f"quarantine  {fig['quarantine_open_seconds']:6.3f} s  "
         f"({fig['quarantined_entries']} entries quarantined)\n"
         f"repair      {fig['repair_open_seconds']:6.3f} s  ({fig['repaired_entries']} entries, "
-        f"{fig['repaired_records']:,} records rebuilt from {fig['objects_read']} objects)\n"
+        f"{fig['repaired_records']:,} records {rebuilt} {fig['objects_read']} objects)\n"
         f"ratio       {fig['ratio']:.2f} (intact / repair), "
         f"{fig['ratio_to_quarantine']:.2f} (quarantine / repair)"
     )
     print(json.dumps(fig))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="8 MiB of journal instead of 32")
+    parser.add_argument("--dir", type=Path, help="work directory (default: a temporary one)")
+    args = parser.parse_args(argv)
+    target = (8 if args.quick else 32) * MiB
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        progress(f"building a journal of {target // MiB} MiB and shipping it ...")
+        journal, bucket_dir, objects = trio.run(build, root, target)
+        # the shipper's state, where the repair looks for what the bucket confirmed
+        assert (journal / "shipper.json").exists()
+        journal_bytes = sum(len(f.read_bytes().rstrip(b"\0")) for f in journal.glob("*.wal"))
+        opens = measure_opens(
+            journal, root, bucket_dir, lambda bucket: BucketRepairSource(bucket, "", REGION)
+        )
+    fig = {"journal_mib": journal_bytes / MiB, "objects_shipped": objects, **opens}
+    report(
+        fig,
+        f"journal {fig['journal_mib']:.1f} MiB in one segment, {objects} objects shipped",
+        "rebuilt from",
+    )
     return 0
 
 
