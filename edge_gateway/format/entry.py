@@ -291,6 +291,20 @@ def encode_entry(
     return ENTRY_LEN_CRC.pack(length, entry_crc(rest, payload)) + rest + payload
 
 
+def encode_checkpoint_entry(*, lsn: int, append_time: int, payload: bytes) -> bytes:
+    """A checkpoint entry: no topic, partition or records, ``payload`` the encoded checkpoint."""
+    return encode_entry(
+        lsn=lsn,
+        kind=KIND_CHECKPOINT,
+        topic=b"",
+        partition=0,
+        base_offset=0,
+        count=0,
+        append_time=append_time,
+        payload=payload,
+    )
+
+
 _NONZERO = re.compile(rb"[^\x00]")
 
 

@@ -145,13 +145,6 @@ def derive_checkpoint(path: Path, base: int, d: atrest.SegmentDirectory) -> byte
     # the next segment's form of the same table: written by a roll, as this one was (the
     # previous may be the journal's first checkpoint, which has none)
     cp = Checkpoint(offsets, dict(start.sources), end.producers)
-    return fentry.encode_entry(
-        lsn=base,
-        kind=fentry.KIND_CHECKPOINT,
-        topic=b"",
-        partition=0,
-        base_offset=0,
-        count=0,
-        append_time=prev_entries[-1].append_time,
-        payload=cp.encode(),
+    return fentry.encode_checkpoint_entry(
+        lsn=base, append_time=prev_entries[-1].append_time, payload=cp.encode()
     )

@@ -594,16 +594,7 @@ class Journal:
         path = self.path / segment_name(base_lsn)
         payload = checkpoint.encode()
         now = _now_ms()
-        entry = fentry.encode_entry(
-            lsn=base_lsn,
-            kind=fentry.KIND_CHECKPOINT,
-            topic=b"",
-            partition=0,
-            base_offset=0,
-            count=0,
-            append_time=now,
-            payload=payload,
-        )
+        entry = fentry.encode_checkpoint_entry(lsn=base_lsn, append_time=now, payload=payload)
         data = fentry.encode_segment_header(base_lsn, self._write_version) + entry
         fd = -1
         try:

@@ -244,13 +244,8 @@ def lost_checkpoints(
     """The entries that hold the lost LSNs ``[lsn_first, lsn_end)``: one checkpoint each,
     the first moving the partitions past the lost offsets (``skip_to``)."""
     return [
-        fentry.encode_entry(
+        fentry.encode_checkpoint_entry(
             lsn=lsn,
-            kind=fentry.KIND_CHECKPOINT,
-            topic=b"",
-            partition=0,
-            base_offset=0,
-            count=0,
             append_time=append_time,
             payload=Checkpoint(skip_to if lsn == lsn_first else {}, {}).encode(),
         )
