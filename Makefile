@@ -124,7 +124,7 @@ PYTEST_WORKERS ?= 3
 PYTEST_XDIST := $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadscope --no-loadscope-reorder)
 
 pytest: $(STAMP) faketime deploy-tools azurite mosquitto postgresql
-	$(BIN)/python -m pytest -q -p no:cacheprovider $(PYTEST_XDIST)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --durations=30 $(PYTEST_XDIST)
 
 test: lint typecheck pytest
 
