@@ -65,6 +65,7 @@ def backlog_at_a(fleet: Fleet, s3: S3Client, bucket: str) -> Producer:
     wait_until(lambda: log_head(s3, bucket) >= ENTRIES, 60, f"a to write {ENTRIES} entries")
     producer.stop()
     check_acknowledged(producer, a)
+
     # The last manifest follows within manifest_interval_ms (1 s): then the
     # reader's whole backlog is planned from manifests, and packed. The head
     # is read again each time: records acknowledged just before the producer
