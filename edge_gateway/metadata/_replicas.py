@@ -32,14 +32,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
 from edge_gateway.errors import Unavailable
 
-__all__ = ["ReplicaSync"]
+__all__ = ["ReplicaSync", "ReplicaSyncStatistics"]
 
 log = logging.getLogger("edgegw.metadata.replicas")
 
@@ -62,6 +64,33 @@ class Relay(Protocol):
     def apply(self, heads: Heads) -> None: ...
 
     def head(self, region: str) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSyncStatistics:
+    """What a replica's sync did since its start (``/healthz`` ``replica_sync``).
+
+    The bench subtracts two readings: batches per second, reports per batch,
+    the wall time a batch and a poll take in the database (their worker
+    thread's whole call: the round trips, the commit, the wait for the
+    advisory lock that orders the replicas' batches).
+    """
+
+    #: Head batches written (one transaction each) and the reports in them.
+    batches: int
+    reports: int
+    #: Regions written (a region reported twice in one batch counts once).
+    batch_moves: int
+    #: Seconds spent writing batches, start to commit (the sum over batches).
+    batch_s: float
+    #: Polls run, and the seconds they took.
+    polls: int
+    poll_s: float
+    #: Notifications from the other replicas that reached this one.
+    notified: int
+    #: Heads from the database applied to the relay (the others' reports and
+    #: this replica's own, as each batch returns them).
+    heads_applied: int
 
 
 class _Batch:
@@ -101,6 +130,20 @@ class ReplicaSync:
         self._failing = False
         #: Figures for tests and the bench: batches written, reports in them, polls.
         self.batches = self.reports = self.polls = 0
+        self._batch_moves = self._notified = self._heads_applied = 0
+        self._batch_s = self._poll_s = 0.0
+
+    def statistics(self) -> ReplicaSyncStatistics:
+        return ReplicaSyncStatistics(
+            batches=self.batches,
+            reports=self.reports,
+            batch_moves=self._batch_moves,
+            batch_s=self._batch_s,
+            polls=self.polls,
+            poll_s=self._poll_s,
+            notified=self._notified,
+            heads_applied=self._heads_applied,
+        )
 
     async def publish(self, region: str, seq: int) -> tuple[int, int]:
         """Record ``region``'s head (through the next batch); (head seq, relay version)."""
@@ -149,6 +192,7 @@ class ReplicaSync:
         stop = threading.Event()
 
         def woken() -> None:
+            self._notified += 1  # one thread writes it; read for figures only
             if not stop.is_set():
                 with contextlib.suppress(trio.RunFinishedError):
                     trio.from_thread.run_sync(self._wake.set)
@@ -170,12 +214,16 @@ class ReplicaSync:
             await self._pending.wait()
             self._pending = trio.Event()
             batch, self._batch = self._batch, _Batch()
+            started = time.perf_counter()
             try:
                 heads = await self._run_db(
                     self._store.publish_heads, batch.moves, self._relay.version
                 )
+                self._batch_s += time.perf_counter() - started
                 self._relay.apply(heads)
                 self.batches += 1
+                self._batch_moves += len(batch.moves)
+                self._heads_applied += len(heads)
             except Unavailable as exc:
                 batch.error = exc
             finally:
@@ -184,8 +232,11 @@ class ReplicaSync:
     async def _poll(self) -> None:
         async with self._poll_lock:
             since = self._relay.version
+            started = time.perf_counter()
             routing, credentials, issued, heads = await self._run_db(self._store.poll, since)
+            self._poll_s += time.perf_counter() - started
             self.polls += 1
+            self._heads_applied += len(heads)
             self._relay.apply(heads)
             if issued < self._relay.version:
                 # The database went back in time (see _pg): new versions must
