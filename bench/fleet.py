@@ -1107,6 +1107,10 @@ class Replicas:
     def cpu_each(self) -> list[float]:
         return [proc_cpu_s(s.pid) for s in self.servers]
 
+    def main_thread_cpu_each(self) -> list[float]:
+        """The trio thread's share (the rest: worker threads, the database calls)."""
+        return [proc_cpu_s(s.pid, s.pid) for s in self.servers]
+
     def rss_mb(self, key: str = "VmRSS") -> float:
         return sum(self.rss_each(key))
 
@@ -1188,8 +1192,10 @@ class PgWatch:
         return top
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def proc_cpu_s(pid: int, thread: int | None = None) -> float:
+    """A process's CPU seconds (or one thread's of it)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -1700,7 +1706,7 @@ def main() -> None:
             if pg_watch is not None:
                 pg_watch.reset()
                 pg_cpu0, pg_commits0 = pg_watch.cpu_s(), pg_watch.commits()
-            each0 = server.cpu_each()
+            each0, main0 = server.cpu_each(), server.main_thread_cpu_each()
             cpu0, w0 = sum(each0), time.time()
             load_cpu0 = [proc_cpu_s(p.pid) for p in loads]
             held_seen: list[int] = []
@@ -1716,7 +1722,7 @@ def main() -> None:
                     if lines0 is None:  # the first probe failed: count from this one
                         lines0 = doc.get("line_latency_counts")
                 time.sleep(0.5)
-            each1 = server.cpu_each()
+            each1, main1 = server.cpu_each(), server.main_thread_cpu_each()
             cpu1, w1 = sum(each1), time.time()
             pg_figures: dict[str, Any] = {}
             if pg_watch is not None:
@@ -1913,6 +1919,9 @@ def main() -> None:
         batches, polls = sync.get("batches", 0), sync.get("polls", 0)
         figures.update(
             replica_cpu_pct=[(b - c) / window * 100 for c, b in zip(each0, each1, strict=True)],
+            replica_main_thread_pct=[
+                (b - c) / window * 100 for c, b in zip(main0, main1, strict=True)
+            ],
             replica_rss_mb=rss_each,
             **pg_figures,
             sync_batches_per_s=batches / window,
@@ -1929,6 +1938,15 @@ def main() -> None:
             zip(figures["replica_cpu_pct"], figures["replica_rss_mb"], strict=True)
         ):
             replica_rows.append(Row(f"replica {i} CPU", c, "% of a core", "RSS MB", r))
+            replica_rows.append(
+                Row(
+                    "  of it the trio thread",
+                    figures["replica_main_thread_pct"][i],
+                    "% of a core",
+                    "threads (db)",
+                    c - figures["replica_main_thread_pct"][i],
+                )
+            )
         if pg_figures:
             replica_rows += [
                 Row("PostgreSQL CPU", pg_figures["pg_cpu_pct"], "% of a core", "replicas", cpu_pct),
