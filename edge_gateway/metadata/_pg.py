@@ -38,8 +38,10 @@ a replica that finds the sequence below its relay's version moves it past
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -62,7 +64,10 @@ CHANNEL: Final = "edgegw_metadata"
 
 #: Migration ``i`` brings ``schema_version`` from ``i`` to ``i + 1``. Append only.
 #: 1 is the SQLite schema at its version 4 (tokens with rotation, topic
-#: priority and on_full); 2 adds the shared head relay.
+#: priority and on_full); 2 adds the shared head relay; 3 writes a head batch in
+#: one round trip (a function). Each runs whole (PostgreSQL's simple query
+#: protocol takes several statements), not split at semicolons: a function's
+#: body has its own.
 PG_MIGRATIONS: Final[tuple[str, ...]] = (
     """
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -102,13 +107,58 @@ PG_MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE SEQUENCE head_versions AS BIGINT;
     SELECT setval('head_versions', (extract(epoch FROM clock_timestamp()) * 1000000)::BIGINT);
     """,
+    # A head batch in one round trip (PostgresStore.publish_heads): the lock, the
+    # upserts, the notification and the heads since the caller's version, in one
+    # statement's transaction. The lock is held for the server-side work only,
+    # not across the replica's round trips, so the replicas' batches queue less
+    # behind each other. Versions are taken under the lock, as before.
+    f"""
+    CREATE FUNCTION edgegw_publish_heads(regions TEXT[], seqs BIGINT[], since BIGINT, sender TEXT)
+    RETURNS TABLE (region TEXT, seq BIGINT, version BIGINT) LANGUAGE plpgsql AS $body$
+    BEGIN
+        PERFORM pg_advisory_xact_lock({HEADS_LOCK});
+        INSERT INTO heads AS h (region, seq, version)
+            SELECT m.region, m.seq, nextval('head_versions')
+            FROM unnest(regions, seqs) AS m (region, seq)
+            ON CONFLICT ON CONSTRAINT heads_pkey DO UPDATE
+            SET seq = excluded.seq, version = excluded.version WHERE h.seq < excluded.seq;
+        PERFORM pg_notify('{CHANNEL}', sender);
+        RETURN QUERY SELECT h.region, h.seq, h.version FROM heads AS h WHERE h.version > since;
+    END
+    $body$;
+    """,  # noqa: S608 - constants of this module, no input
 )
 
-_UPSERT_HEAD: Final = (
-    "INSERT INTO heads (region, seq, version) VALUES (%s, %s, nextval('head_versions'))"
-    " ON CONFLICT (region) DO UPDATE SET seq = excluded.seq, version = excluded.version"
-    " WHERE heads.seq < excluded.seq"
+#: A replica's poll in one round trip (one statement: a snapshot of all four).
+_POLL: Final = (
+    "SELECT (SELECT value FROM meta WHERE key = 'routing_version'),"
+    " (SELECT value FROM meta WHERE key = 'credentials_version'),"
+    " (SELECT last_value FROM head_versions),"
+    " (SELECT json_agg(json_build_array(region, seq, version)) FROM heads WHERE version > %s)"
 )
+
+
+#: A pooled connection used less than this long ago is taken without a check.
+CHECK_IDLE_S: Final = 1.0
+
+
+def _checker(check: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The pool's check of a connection it hands out, for connections idle a while only.
+
+    The check is a round trip (an empty query): on every call it doubled a
+    head batch's round trips. A connection used within :data:`CHECK_IDLE_S`
+    is taken as it is; if PostgreSQL went away meanwhile, the call fails
+    (503: the gateway retries) and the pool drops the broken connection.
+    After a restart, which takes longer than that, the check finds the dead
+    ones as before.
+    """
+
+    def check_if_idle(conn: Any) -> None:
+        used_at = getattr(conn, "_edgegw_used_at", None)
+        if used_at is None or time.monotonic() - used_at >= CHECK_IDLE_S:
+            check(conn)
+
+    return check_if_idle
 
 
 def is_postgres_url(db: str) -> bool:
@@ -164,7 +214,7 @@ class PostgresStore(SqlStore):
             min_size=1,
             max_size=pool_size,
             kwargs={"autocommit": True, "connect_timeout": 5},
-            check=ConnectionPool.check_connection,
+            check=_checker(ConnectionPool.check_connection),
             # Calls never wait for a connection the pool has (the server runs at
             # most pool_size at once): a wait is PostgreSQL being away, so fail
             # soon (503) rather than hold the request.
@@ -207,9 +257,7 @@ class PostgresStore(SqlStore):
                 )
             # PostgreSQL's DDL is transactional: all of it, or none.
             for i in range(version, len(PG_MIGRATIONS)):
-                for statement in PG_MIGRATIONS[i].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                conn.execute(PG_MIGRATIONS[i])
                 conn.execute("UPDATE schema_version SET version = %s", (i + 1,))
                 log.info("metadata database %s: schema version %d", self.describe(), i + 1)
 
@@ -229,7 +277,10 @@ class PostgresStore(SqlStore):
             raise ClosedError("the metadata store is closed")
         try:
             with self._pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    conn._edgegw_used_at = time.monotonic()  # see _checker
         except self._errors as exc:
             raise Unavailable(f"metadata database {self.describe()}: {exc}") from None
         except self._refused as exc:  # a value the schema cannot hold: the request's fault
@@ -249,6 +300,27 @@ class PostgresStore(SqlStore):
             if serialize:  # an admin change (rare): the other replicas poll at once
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
 
+    def heartbeats(self, beats: Sequence[tuple[str, str, Mapping[str, float], int]]) -> None:
+        """Several regions' heartbeats in one transaction, in a pipeline.
+
+        A fleet's write-behind heartbeats (~500 a second per replica at 10,000
+        gateways) one transaction each cost a pool check, BEGIN, UPDATE and
+        COMMIT: four round trips apiece. Here a batch is one. No write lock: each
+        heartbeat touches its own row; an unknown or revoked region updates
+        nothing, as :meth:`SqlStore.heartbeats` skips it.
+        """
+        if not beats:
+            return
+        with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(
+                "UPDATE regions SET last_heartbeat_ms = %s, gateway_version = %s, lag_json = %s"
+                " WHERE id = %s AND revoked_ms IS NULL",
+                [
+                    (now_ms, version, json.dumps(dict(lag), sort_keys=True), region)
+                    for region, version, lag, now_ms in beats
+                ],
+            )
+
     # ---------------------------------------------------------------- heads
 
     def publish_heads(self, moves: Mapping[str, int], since: int) -> list[tuple[str, int, int]]:
@@ -257,15 +329,13 @@ class PostgresStore(SqlStore):
 
         One transaction under :data:`HEADS_LOCK`, so versions commit in order.
         """
-        with self._connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (HEADS_LOCK,))
-            with conn.cursor() as cur:
-                cur.executemany(_UPSERT_HEAD, list(moves.items()))
+        # One round trip (migration 3's function), one notification per batch,
+        # not per report: see the module docstring.
+        with self._connection() as conn:
             rows = conn.execute(
-                "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
+                "SELECT region, seq, version FROM edgegw_publish_heads(%s, %s, %s, %s)",
+                (list(moves), list(moves.values()), since, self.replica_id),
             ).fetchall()
-            # One notification per batch, not per report: see the module docstring.
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
         return [(str(r), int(s), int(v)) for r, s, v in rows]
 
     def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None:
@@ -311,16 +381,6 @@ class PostgresStore(SqlStore):
         """(routing version, credentials version, the last head version issued,
         heads of a version above ``since``)."""
         with self._connection() as conn:
-            meta = dict(
-                conn.execute(
-                    "SELECT key, value FROM meta"
-                    " WHERE key IN ('routing_version', 'credentials_version')"
-                ).fetchall()
-            )
-            rows = conn.execute(
-                "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
-            ).fetchall()
-            (issued,) = conn.execute("SELECT last_value FROM head_versions").fetchone()
-        heads = [(str(r), int(s), int(v)) for r, s, v in rows]
-        routing, credentials = int(meta["routing_version"]), int(meta.get("credentials_version", 0))
-        return routing, credentials, int(issued), heads
+            routing, credentials, issued, rows = conn.execute(_POLL, (since,)).fetchone()
+        heads = [(str(r), int(s), int(v)) for r, s, v in rows or ()]
+        return int(routing), int(credentials or 0), int(issued), heads

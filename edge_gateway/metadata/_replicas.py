@@ -190,12 +190,23 @@ class ReplicaSync:
 
     async def _listen(self) -> None:
         stop = threading.Event()
+        token = trio.lowlevel.current_trio_token()
+        # Set from the listening thread, cleared in trio just before the wake: a
+        # burst of notifications (one per batch of each other replica) costs one
+        # call into trio, not one each; one arriving after the clear calls again,
+        # so none is lost.
+        scheduled = threading.Event()
+
+        def wake() -> None:
+            scheduled.clear()
+            self._wake.set()
 
         def woken() -> None:
             self._notified += 1  # one thread writes it; read for figures only
-            if not stop.is_set():
+            if not stop.is_set() and not scheduled.is_set():
+                scheduled.set()
                 with contextlib.suppress(trio.RunFinishedError):
-                    trio.from_thread.run_sync(self._wake.set)
+                    token.run_sync_soon(wake)
 
         try:
             await trio.to_thread.run_sync(self._store.listen, stop, woken, abandon_on_cancel=True)

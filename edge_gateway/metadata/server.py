@@ -394,9 +394,9 @@ class MetadataApp:
 
     def write_heartbeats_now(self, batch: dict[str, Heartbeat]) -> None:
         """Store ``batch`` (blocking: a worker thread, or the last flush at shutdown)."""
-        for region, beat in batch.items():
-            with contextlib.suppress(Refused):  # revoked since: its heartbeat no longer matters
-                self.store.heartbeat(region, beat.gateway_version, beat.lag, beat.now_ms)
+        self.store.heartbeats(
+            [(region, b.gateway_version, b.lag, b.now_ms) for region, b in batch.items()]
+        )
 
     # ------------------------------------------------------------ plumbing
 
