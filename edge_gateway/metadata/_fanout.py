@@ -135,9 +135,11 @@ class HeadWatch(_Waiter):
     (``{"version": V, "heads": {region: seq}}``, encoded once for all its
     followers) straight to the socket: nothing of the watch's regions moved
     since its last line but this, so that line *is* the heads moved after
-    :attr:`since`. Anything else — a socket that did not take the whole
-    line, heads applied from another replica, a watch without
-    ``send_nowait`` — wakes the task, which is the general path.
+    :attr:`since`. Heads a replica applies from the database (its own
+    batch, another replica's moves: :meth:`HeadRelay.apply`) go the same
+    way, one line per move in version order. Anything else — a socket that
+    did not take the whole line, a watch without ``send_nowait`` — wakes the
+    task, which is the general path.
     """
 
     __slots__ = ("last_line_at", "send_nowait", "since")
