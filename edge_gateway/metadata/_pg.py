@@ -26,9 +26,12 @@ version <= V. Each replica writes the reports it receives in batches (group
 commit: :meth:`PostgresStore.publish_heads`) and reads the others' moves with
 :meth:`PostgresStore.poll` (see :mod:`edge_gateway.metadata._replicas`).
 Each batch (not each report) and each admin change ends with one
-``pg_notify`` on :data:`CHANNEL`, which wakes the other replicas' polls at
-once (:meth:`PostgresStore.listen`): NOTIFY takes a database-wide lock at
-commit, so it is paid per batch, and a batch grows with the report rate.
+``pg_notify`` on :data:`CHANNEL` (:meth:`PostgresStore.listen`): NOTIFY takes
+a database-wide lock at commit, so it is paid per batch, and a batch grows
+with the report rate. A batch's notification carries its moves and its
+range of versions (:func:`parse_note`), so another replica in step applies
+them without a poll; an admin change's, or a batch too big for a payload,
+makes the others poll at once.
 If the database goes back in time (a failover to a standby that had not
 received the last transactions, a restore), versions would be issued again
 below what replicas have seen, and their long polls would miss those heads:
@@ -40,18 +43,27 @@ from __future__ import annotations
 
 import json
 import logging
+import select
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Final, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, Unavailable
 from edge_gateway.metadata._db import Conn, Cursor, SqlStore
 
-__all__ = ["PG_MIGRATIONS", "PostgresStore", "is_postgres_url", "redact_url"]
+__all__ = [
+    "PG_MIGRATIONS",
+    "HeadsNote",
+    "PostgresStore",
+    "is_postgres_url",
+    "parse_note",
+    "redact_url",
+]
 
 log = logging.getLogger("edgegw.metadata.pg")
 
@@ -59,8 +71,11 @@ log = logging.getLogger("edgegw.metadata.pg")
 WRITE_LOCK: Final = 0x6567_7701
 HEADS_LOCK: Final = 0x6567_7702
 MIGRATE_LOCK: Final = 0x6567_7703
-#: The channel replicas NOTIFY after a head batch or an admin change (payload: the sender's id).
+#: The channel replicas NOTIFY after a head batch or an admin change (payload: the
+#: sender's id, then for a batch its heads: :func:`parse_note`).
 CHANNEL: Final = "edgegw_metadata"
+#: A batch's moves longer than this (as JSON) are not put in its notification.
+NOTE_MAX_HEADS_BYTES: Final = 7_000
 
 #: Migration ``i`` brings ``schema_version`` from ``i`` to ``i + 1``. Append only.
 #: 1 is the SQLite schema at its version 4 (tokens with rotation, topic
@@ -111,23 +126,77 @@ PG_MIGRATIONS: Final[tuple[str, ...]] = (
     # upserts, the notification and the heads since the caller's version, in one
     # statement's transaction. The lock is held for the server-side work only,
     # not across the replica's round trips, so the replicas' batches queue less
-    # behind each other. Versions are taken under the lock, as before.
+    # behind each other. Versions are taken under the lock, as before. The
+    # notification carries the batch's moves (see parse_note), unless they would
+    # not fit in a payload (8,000 bytes): then the others poll.
     f"""
     CREATE FUNCTION edgegw_publish_heads(regions TEXT[], seqs BIGINT[], since BIGINT, sender TEXT)
     RETURNS TABLE (region TEXT, seq BIGINT, version BIGINT) LANGUAGE plpgsql AS $body$
+    DECLARE
+        v_after BIGINT;
+        v_upto BIGINT;
+        moved TEXT;
     BEGIN
         PERFORM pg_advisory_xact_lock({HEADS_LOCK});
-        INSERT INTO heads AS h (region, seq, version)
-            SELECT m.region, m.seq, nextval('head_versions')
-            FROM unnest(regions, seqs) AS m (region, seq)
-            ON CONFLICT ON CONSTRAINT heads_pkey DO UPDATE
-            SET seq = excluded.seq, version = excluded.version WHERE h.seq < excluded.seq;
-        PERFORM pg_notify('{CHANNEL}', sender);
+        SELECT s.last_value INTO v_after FROM head_versions AS s;
+        -- A version only for a head that moves (none taken and left unused), so
+        -- the sequence stays at the last committed head's version and the next
+        -- batch's range starts there: replicas in step apply notes, no poll.
+        WITH u AS (
+            SELECT r AS region, s AS seq FROM unnest(regions, seqs) AS x (r, s)
+        ), up AS (
+            UPDATE heads AS h SET seq = u.seq, version = nextval('head_versions')
+            FROM u WHERE h.region = u.region AND h.seq < u.seq
+            RETURNING h.region, h.seq, h.version
+        ), ins AS (
+            INSERT INTO heads (region, seq, version)
+            SELECT u.region, u.seq, nextval('head_versions') FROM u
+            WHERE NOT EXISTS (SELECT 1 FROM heads AS h WHERE h.region = u.region)
+            RETURNING heads.region, heads.seq, heads.version
+        ), m AS (
+            SELECT * FROM up UNION ALL SELECT * FROM ins
+        )
+        SELECT COALESCE(json_agg(json_build_array(m.region, m.seq, m.version)), '[]')::TEXT
+            INTO moved FROM m;
+        SELECT s.last_value INTO v_upto FROM head_versions AS s;
+        IF length(moved) <= {NOTE_MAX_HEADS_BYTES} THEN
+            PERFORM pg_notify('{CHANNEL}', concat_ws(' ', sender, v_after, v_upto, moved));
+        ELSE
+            PERFORM pg_notify('{CHANNEL}', sender);
+        END IF;
         RETURN QUERY SELECT h.region, h.seq, h.version FROM heads AS h WHERE h.version > since;
     END
     $body$;
     """,  # noqa: S608 - constants of this module, no input
 )
+
+
+@dataclass(frozen=True, slots=True)
+class HeadsNote:
+    """A head batch as its notification tells it: every head that moved with a
+    version in (``after``, ``upto``], the batch's whole range of versions."""
+
+    after: int
+    upto: int
+    heads: list[tuple[str, int, int]]
+
+
+def parse_note(payload: str) -> tuple[str, HeadsNote | None]:
+    """(sender, the batch's heads) of a notification on :data:`CHANNEL`.
+
+    ``None``: a change to fetch with a poll (an admin change, a batch too big
+    for a payload, a payload this edgegw does not read).
+    """
+    sender, _, rest = payload.partition(" ")
+    if not rest:
+        return sender, None
+    try:
+        after, upto, moved = rest.split(" ", 2)
+        heads = [(str(r), int(s), int(v)) for r, s, v in json.loads(moved)]
+        return sender, HeadsNote(int(after), int(upto), heads)
+    except (ValueError, TypeError):
+        return sender, None
+
 
 #: A replica's poll in one round trip (one statement: a snapshot of all four).
 _POLL: Final = (
@@ -143,22 +212,28 @@ CHECK_IDLE_S: Final = 1.0
 
 
 def _checker(check: Callable[[Any], None]) -> Callable[[Any], None]:
-    """The pool's check of a connection it hands out, for connections idle a while only.
+    """The pool's check of a connection it hands out, when there is reason to.
 
     The check is a round trip (an empty query): on every call it doubled a
     head batch's round trips. A connection used within :data:`CHECK_IDLE_S`
-    is taken as it is; if PostgreSQL went away meanwhile, the call fails
-    (503: the gateway retries) and the pool drops the broken connection.
-    After a restart, which takes longer than that, the check finds the dead
-    ones as before.
+    whose socket has nothing to read is taken as it is: an idle connection
+    has nothing to read unless the server ended it (a restart, a stop: it
+    sends its error and closes), which a zero-timeout ``select`` sees without
+    a round trip. Otherwise the check runs, and finds a dead one as before.
     """
 
-    def check_if_idle(conn: Any) -> None:
+    def check_if_needed(conn: Any) -> None:
         used_at = getattr(conn, "_edgegw_used_at", None)
-        if used_at is None or time.monotonic() - used_at >= CHECK_IDLE_S:
-            check(conn)
+        if used_at is not None and time.monotonic() - used_at < CHECK_IDLE_S:
+            try:
+                readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            except (OSError, ValueError):  # closed, or no socket: let the check say
+                readable = [True]
+            if not readable:
+                return
+        check(conn)
 
-    return check_if_idle
+    return check_if_needed
 
 
 def is_postgres_url(db: str) -> bool:
@@ -338,13 +413,15 @@ class PostgresStore(SqlStore):
             ).fetchall()
         return [(str(r), int(s), int(v)) for r, s, v in rows]
 
-    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None:
-        """Call ``woken()`` when another replica notifies a change, until ``stop`` is set.
+    def listen(self, stop: threading.Event, woken: Callable[[HeadsNote | None], None]) -> None:
+        """Call ``woken(note)`` when another replica notifies a change, until ``stop`` is set.
 
-        Blocking (a worker thread); its own connection, outside the pool. A
-        lost connection is opened again (every 0.5 s while it fails), and
-        ``woken()`` is called once it is back: notifications sent meanwhile
-        are lost, the poll that follows finds their changes.
+        ``note``: the heads of a batch (:func:`parse_note`), or None for a
+        change to poll for. Blocking (a worker thread); its own connection,
+        outside the pool; notifications come in commit order. A lost
+        connection is opened again (every 0.5 s while it fails), and
+        ``woken(None)`` is called once it is back: notifications sent
+        meanwhile are lost, the poll that follows finds their changes.
         """
         import psycopg
 
@@ -356,11 +433,12 @@ class PostgresStore(SqlStore):
                     if broken:
                         log.info("metadata database: listening for changes again")
                         broken = False
-                        woken()
+                        woken(None)
                     while not stop.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            if note.payload != self.replica_id:
-                                woken()
+                            sender, heads = parse_note(note.payload)
+                            if sender != self.replica_id:
+                                woken(heads)
             except psycopg.Error as exc:
                 if not broken:
                     log.warning("metadata database: not listening for changes: %s", exc)

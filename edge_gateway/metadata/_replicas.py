@@ -16,10 +16,16 @@ changes made through the others:
   round trip: the others' head reports wake this replica's long polls; a new
   routing version reloads the table; a new credentials version forgets
   verified tokens and reloads the admin token. It runs as soon as another
-  replica notifies a batch or an admin change (``LISTEN``, one notification
-  per batch: :mod:`edge_gateway.metadata._pg`), and every ``interval_s``
-  whatever happens, so a lost notification (the listening connection down
-  while PostgreSQL restarts) delays a change by one interval at most.
+  replica notifies an admin change, or a batch this replica cannot apply from
+  the notification alone, and every ``interval_s`` whatever happens, so a
+  lost notification (the listening connection down while PostgreSQL
+  restarts) delays a change by one interval at most.
+* **Notifications** (``LISTEN``, one per batch:
+  :mod:`edge_gateway.metadata._pg`) carry a batch's moves and its range of
+  versions: a replica whose relay has every head below that range applies
+  them at once, in trio's thread, with no poll (at fleet rates, a poll per
+  other replica's batch was a worker-thread call and a round trip each).
+  A gap (a notification lost) is noticed by the range and makes it poll.
 
 Measured (docs/metadata.md, ``bench/metadata_sync.py``): a notification
 wakes the other replica within a few ms, the poll alone in ``interval_s / 2``
@@ -29,6 +35,7 @@ on average; one NOTIFY per batch costs the head batches nothing measurable
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -55,7 +62,20 @@ class SharedStore(Protocol):
 
     def advance_versions(self, seen: int) -> int: ...
 
-    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None: ...
+    def listen(self, stop: threading.Event, woken: Callable[[Note | None], None]) -> None: ...
+
+
+class Note(Protocol):
+    """A head batch as another replica's notification tells it (``_pg.HeadsNote``)."""
+
+    @property
+    def after(self) -> int: ...
+
+    @property
+    def upto(self) -> int: ...
+
+    @property
+    def heads(self) -> Heads: ...
 
 
 class Relay(Protocol):
@@ -86,8 +106,10 @@ class ReplicaSyncStatistics:
     #: Polls run, and the seconds they took.
     polls: int
     poll_s: float
-    #: Notifications from the other replicas that reached this one.
+    #: Notifications from the other replicas that reached this one, and those
+    #: whose heads were applied from the notification itself (no poll).
     notified: int
+    notes_applied: int
     #: Heads from the database applied to the relay (the others' reports and
     #: this replica's own, as each batch returns them).
     heads_applied: int
@@ -130,7 +152,10 @@ class ReplicaSync:
         self._failing = False
         #: Figures for tests and the bench: batches written, reports in them, polls.
         self.batches = self.reports = self.polls = 0
-        self._batch_moves = self._notified = self._heads_applied = 0
+        self._batch_moves = self._notified = self._heads_applied = self._notes_applied = 0
+        #: Notes from the listening thread, taken in trio's (deque: thread-safe ends).
+        self._notes: collections.deque[Note | None] = collections.deque()
+        self._notes_scheduled = threading.Event()
         self._batch_s = self._poll_s = 0.0
 
     def statistics(self) -> ReplicaSyncStatistics:
@@ -142,6 +167,7 @@ class ReplicaSync:
             polls=self.polls,
             poll_s=self._poll_s,
             notified=self._notified,
+            notes_applied=self._notes_applied,
             heads_applied=self._heads_applied,
         )
 
@@ -188,25 +214,41 @@ class ReplicaSync:
                     log.info("metadata database reachable again")
                     self._failing = False
 
+    def _take_notes(self) -> None:
+        """Apply the notes the listener queued, in order (trio's thread, no checkpoint).
+
+        A note is the whole of a batch's versions (``after``, ``upto``]: when
+        this relay has every head up to ``after``, the note's heads bring it to
+        ``upto`` with no poll. Otherwise (a notification lost while the
+        listener reconnected, an admin change, a batch too big to tell) the
+        poll runs, which fetches everything since the relay's version.
+        """
+        self._notes_scheduled.clear()
+        while self._notes:
+            note = self._notes.popleft()
+            if note is not None and self._relay.version >= note.after:
+                self._relay.apply(note.heads)
+                # Every version up to upto is known now: the batch's moves are
+                # these, the numbers it took for heads that did not move are none.
+                self._relay.version = max(self._relay.version, note.upto)
+                self._notes_applied += 1
+            else:
+                self._wake.set()
+
     async def _listen(self) -> None:
         stop = threading.Event()
         token = trio.lowlevel.current_trio_token()
-        # Set from the listening thread, cleared in trio just before the wake: a
-        # burst of notifications (one per batch of each other replica) costs one
-        # call into trio, not one each; one arriving after the clear calls again,
-        # so none is lost.
-        scheduled = threading.Event()
 
-        def wake() -> None:
-            scheduled.clear()
-            self._wake.set()
-
-        def woken() -> None:
+        def woken(note: Note | None) -> None:
+            # The listening thread: queue the note, and call into trio once per
+            # burst (the flag is cleared there before the queue is read, so a
+            # note queued after that calls again: none waits unread).
             self._notified += 1  # one thread writes it; read for figures only
-            if not stop.is_set() and not scheduled.is_set():
-                scheduled.set()
+            self._notes.append(note)
+            if not stop.is_set() and not self._notes_scheduled.is_set():
+                self._notes_scheduled.set()
                 with contextlib.suppress(trio.RunFinishedError):
-                    token.run_sync_soon(wake)
+                    token.run_sync_soon(self._take_notes)
 
         try:
             await trio.to_thread.run_sync(self._store.listen, stop, woken, abandon_on_cancel=True)

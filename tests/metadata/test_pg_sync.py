@@ -13,6 +13,8 @@ relay itself, in version order.
 
 from __future__ import annotations
 
+import itertools
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,15 @@ from _meta_support import new_database
 from edge_gateway.metadata import WatchDecoder
 from edge_gateway.metadata._db import MetadataStore
 from edge_gateway.metadata._fanout import HeadRelay
-from edge_gateway.metadata._pg import CHANNEL, CHECK_IDLE_S, PG_MIGRATIONS, PostgresStore, _checker
+from edge_gateway.metadata._pg import (
+    CHANNEL,
+    CHECK_IDLE_S,
+    NOTE_MAX_HEADS_BYTES,
+    PG_MIGRATIONS,
+    PostgresStore,
+    _checker,
+    parse_note,
+)
 from edge_gateway.metadata._replicas import ReplicaSync
 from edge_gateway.metadata.server import MetadataApp, MetadataServerConfig
 from edge_gateway.net.asgi import SEND_NOWAIT
@@ -59,9 +69,23 @@ def test_a_head_batch_is_one_transaction_with_the_versions_rules(postgres: Postg
                 "south",
                 "east",
             }
-            # One notification per batch, naming the sender.
-            notes = list(listener.notifies(timeout=1.0, stop_after=4))
-            assert [n.payload for n in notes] == [store.replica_id] * 4
+            # One notification per batch, naming the sender, with the batch's moves
+            # and its whole range of versions: the ranges follow each other.
+            notes = [parse_note(n.payload) for n in listener.notifies(timeout=1.0, stop_after=4)]
+            assert [sender for sender, _ in notes] == [store.replica_id] * 4
+            told = [note for _, note in notes]
+            assert all(t is not None for t in told)
+            assert [sorted(t.heads) for t in told if t] == [
+                sorted(first),
+                [],
+                [moved],
+                [h for h in store.poll(0)[3] if h[0] == "east"],
+            ]
+            for before, after in itertools.pairwise(told):
+                assert before
+                assert after
+                assert before.upto == after.after
+                assert all(before.upto < v <= after.upto for _, _, v in after.heads)
             # One transaction per batch (the function's statement): the stats
             # collector flushes lazily, so count a few batches against it.
             before = _statements(probe)
@@ -145,30 +169,44 @@ def test_the_poll_is_one_snapshot_of_versions_and_heads(postgres: Postgres) -> N
         store.close()
 
 
-def test_the_pools_check_skips_connections_used_just_now() -> None:
+def test_the_pools_check_skips_connections_used_just_now_with_nothing_to_read() -> None:
     checked: list[object] = []
     check = _checker(checked.append)
 
     class Conn:
-        pass
+        def __init__(self, sock: socket.socket, used_at: float | None) -> None:
+            self.sock = sock
+            if used_at is not None:
+                self._edgegw_used_at = used_at
 
-    fresh, recent, idle = Conn(), Conn(), Conn()
-    recent._edgegw_used_at = time.monotonic()  # type: ignore[attr-defined]
-    idle._edgegw_used_at = time.monotonic() - CHECK_IDLE_S - 0.1  # type: ignore[attr-defined]
-    for conn in (fresh, recent, idle):
-        check(conn)
-    assert checked == [fresh, idle]
+        def fileno(self) -> int:
+            return self.sock.fileno()
+
+    now = time.monotonic()
+    quiet, ended = socket.socketpair()
+    with quiet, ended:
+        fresh, recent = Conn(quiet, None), Conn(quiet, now)
+        idle = Conn(quiet, now - CHECK_IDLE_S - 0.1)
+        for conn in (fresh, recent, idle):
+            check(conn)
+        assert checked == [fresh, idle]
+        # The server ended it (sent its error, closed): readable, so checked.
+        checked.clear()
+        ended.sendall(b"E")
+        ended.close()
+        check(recent)
+        assert checked == [recent]
 
 
 def test_the_pools_check_still_finds_a_restarted_database(postgres: Postgres) -> None:
-    """After PostgreSQL restarts (longer than CHECK_IDLE_S), calls work again at once."""
+    """Connections used just before PostgreSQL restarts: the next calls work at once."""
     store = PostgresStore(new_database(postgres), pool_size=2)
     try:
         store.publish_heads({"north": 1}, 0)
         postgres.restart()
         postgres.wait_ready()
-        time.sleep(CHECK_IDLE_S)
-        assert store.poll(0)[3][0][:2] == ("north", 1)
+        for _ in range(4):  # every pooled connection, each used within CHECK_IDLE_S
+            assert store.poll(0)[3][0][:2] == ("north", 1)
     finally:
         store.close()
 
@@ -233,7 +271,7 @@ async def test_a_burst_of_batches_reaches_the_other_replica_through_its_notifica
     postgres: Postgres,
 ) -> None:
     """50 batches from replica a: b's relay has the last head without its timed poll
-    (an hour away), and b polled no more often than it was notified."""
+    (an hour away), from the notifications' heads, with no poll."""
     url = new_database(postgres)
     a, b = PostgresStore(url), PostgresStore(url)
     relay = HeadRelay(version=0)
@@ -256,15 +294,103 @@ async def test_a_burst_of_batches_reaches_the_other_replica_through_its_notifica
         async with trio.open_nursery() as nursery:
             await nursery.start(sync.run)
             await trio.sleep(1.0)  # LISTEN in place (its thread connects)
-            polls = sync.statistics().polls
-            for seq in range(1, 51):
+            # b's first poll found no head (its relay at version 0): the first
+            # note is below its range, so b polls, and is in step after.
+            await trio.to_thread.run_sync(a.publish_heads, {"north": 1}, 0)
+            with trio.fail_after(10):
+                while relay.head("north") != 1:  # noqa: ASYNC110 - the relay has no wait
+                    await trio.sleep(0.01)
+            before = sync.statistics()
+            for seq in range(2, 52):
                 await trio.to_thread.run_sync(a.publish_heads, {"north": seq}, 0)
             with trio.fail_after(10):
-                while relay.head("north") != 50:  # noqa: ASYNC110 - the relay has no wait
+                while relay.head("north") != 51:  # noqa: ASYNC110 - the relay has no wait
                     await trio.sleep(0.01)
-            stats = sync.statistics()
-            assert stats.notified >= 1
-            assert 1 <= stats.polls - polls <= stats.notified
+            # In step: every batch from its note, no poll.
+            after = sync.statistics()
+            assert after.notes_applied - before.notes_applied == 50
+            assert after.polls == before.polls
+            nursery.cancel_scope.cancel()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_batch_too_big_for_a_payload_and_an_admin_change_notify_without_heads(
+    postgres: Postgres,
+) -> None:
+    url = new_database(postgres)
+    store = PostgresStore(url)
+    try:
+        with psycopg.connect(url, autocommit=True) as listener:
+            listener.execute(f"LISTEN {CHANNEL}")
+            many = {f"region-{i:05d}": 1 for i in range(NOTE_MAX_HEADS_BYTES // 20)}
+            assert len(store.publish_heads(many, 0)) == len(many)
+            store.add_region("north", 1)
+            notes = [parse_note(n.payload) for n in listener.notifies(timeout=1.0, stop_after=2)]
+            assert notes == [(store.replica_id, None), (store.replica_id, None)]
+    finally:
+        store.close()
+
+
+def test_notes_that_do_not_follow_the_relay_make_it_poll() -> None:
+    """Unreadable payloads and gaps: never applied, a poll instead."""
+    assert parse_note("abc") == ("abc", None)
+    assert parse_note("abc 1 2 [[") == ("abc", None)
+    assert parse_note("abc x 2 []") == ("abc", None)
+    sender, note = parse_note('abc 10 12 [["north", 5, 12]]')
+    assert sender == "abc"
+    assert note is not None
+    assert (note.after, note.upto, note.heads) == (10, 12, [("north", 5, 12)])
+
+
+async def test_a_lost_notification_is_noticed_by_the_next_ones_range(
+    postgres: Postgres,
+) -> None:
+    """b's listener misses a's batch (its relay is behind the next note's range):
+    b polls at once and has every head, without its timed poll (an hour away)."""
+    url = new_database(postgres)
+    a, b = PostgresStore(url), PostgresStore(url)
+    relay = HeadRelay(version=0)
+
+    async def run_db(fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args)
+
+    async def nothing(version: int) -> None:
+        pass
+
+    sync = ReplicaSync(
+        b,
+        relay,
+        run_db=run_db,
+        on_routing_version=nothing,
+        on_credentials_version=nothing,
+        interval_s=3600,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(sync.run)
+            await trio.sleep(1.0)  # LISTEN in place
+            # A batch b's listener does not hear: written by a's store under b's id
+            # (a replica ignores its own notifications).
+            a.replica_id = b.replica_id
+            await trio.to_thread.run_sync(a.publish_heads, {"south": 3}, 0)
+            a.replica_id = "a"
+            polls = sync.statistics().polls
+            await trio.to_thread.run_sync(a.publish_heads, {"north": 1}, 0)
+            with trio.fail_after(10):
+                while relay.head("south") != 3 or relay.head("north") != 1:  # noqa: ASYNC110
+                    await trio.sleep(0.01)
+            assert sync.statistics().polls > polls
+            assert sync.statistics().notes_applied == 0
+            # In step again: the next batch comes from its note, no poll.
+            polls = sync.statistics().polls
+            await trio.to_thread.run_sync(a.publish_heads, {"north": 2}, 0)
+            with trio.fail_after(10):
+                while relay.head("north") != 2:  # noqa: ASYNC110 - the relay has no wait
+                    await trio.sleep(0.01)
+            assert sync.statistics().notes_applied == 1
+            assert sync.statistics().polls == polls
             nursery.cancel_scope.cancel()
     finally:
         a.close()
