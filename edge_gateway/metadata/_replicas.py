@@ -156,6 +156,9 @@ class ReplicaSync:
         #: Notes from the listening thread, taken in trio's (deque: thread-safe ends).
         self._notes: collections.deque[Note | None] = collections.deque()
         self._notes_scheduled = threading.Event()
+        #: A batch of this replica's is in the database; notes held until it returns.
+        self._writing = False
+        self._held: list[Note] = []
         self._batch_s = self._poll_s = 0.0
 
     def statistics(self) -> ReplicaSyncStatistics:
@@ -219,21 +222,40 @@ class ReplicaSync:
 
         A note is the whole of a batch's versions (``after``, ``upto``]: when
         this relay has every head up to ``after``, the note's heads bring it to
-        ``upto`` with no poll. Otherwise (a notification lost while the
-        listener reconnected, an admin change, a batch too big to tell) the
-        poll runs, which fetches everything since the relay's version.
+        ``upto`` with no poll. A note above the relay's version while this
+        replica's own batch is in the database waits for it (most such gaps
+        are that batch, committed just before). Otherwise (a notification
+        lost while the listener reconnected, an admin change, a batch too big
+        to tell) the poll runs, which fetches everything since the relay's
+        version.
         """
         self._notes_scheduled.clear()
         while self._notes:
             note = self._notes.popleft()
-            if note is not None and self._relay.version >= note.after:
-                self._relay.apply(note.heads)
-                # Every version up to upto is known now: the batch's moves are
-                # these, the numbers it took for heads that did not move are none.
-                self._relay.version = max(self._relay.version, note.upto)
-                self._notes_applied += 1
+            if note is not None and (
+                self._held or (self._writing and self._relay.version < note.after)
+            ):
+                # Most gaps are this replica's own batch, committed just before
+                # the other's but not yet returned: held until it is (in order).
+                self._held.append(note)
             else:
-                self._wake.set()
+                self._take_note(note)
+
+    def _take_note(self, note: Note | None) -> None:
+        if note is not None and self._relay.version >= note.after:
+            self._relay.apply(note.heads)
+            # Every version up to upto is known now: the batch's moves are
+            # these, and a batch takes no version for a head that does not move.
+            self._relay.version = max(self._relay.version, note.upto)
+            self._notes_applied += 1
+        else:
+            self._wake.set()
+
+    def _take_held(self) -> None:
+        """This replica's batch returned (or failed): the notes held for it, in order."""
+        held, self._held = self._held, []
+        for note in held:
+            self._take_note(note)
 
     async def _listen(self) -> None:
         stop = threading.Event()
@@ -268,6 +290,7 @@ class ReplicaSync:
             self._pending = trio.Event()
             batch, self._batch = self._batch, _Batch()
             started = time.perf_counter()
+            self._writing = True
             try:
                 heads = await self._run_db(
                     self._store.publish_heads, batch.moves, self._relay.version
@@ -280,6 +303,8 @@ class ReplicaSync:
             except Unavailable as exc:
                 batch.error = exc
             finally:
+                self._writing = False
+                self._take_held()
                 batch.done.set()
 
     async def _poll(self) -> None:

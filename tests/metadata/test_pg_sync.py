@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from edge_gateway.metadata._pg import (
     CHECK_IDLE_S,
     NOTE_MAX_HEADS_BYTES,
     PG_MIGRATIONS,
+    HeadsNote,
     PostgresStore,
     _checker,
     parse_note,
@@ -395,3 +397,77 @@ async def test_a_lost_notification_is_noticed_by_the_next_ones_range(
     finally:
         a.close()
         b.close()
+
+
+class _SlowStore:
+    """A shared store whose head batch waits for the test (a worker thread)."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.batch_heads: list[tuple[str, int, int]] = []
+        self.polls = 0
+
+    def publish_heads(self, moves: dict[str, int], since: int) -> list[tuple[str, int, int]]:
+        self.release.wait(10)
+        return self.batch_heads
+
+    def poll(self, since: int) -> tuple[int, int, int, list[tuple[str, int, int]]]:
+        self.polls += 1
+        return 1, 0, 10, [("x", 1, 10)] if since < 10 else []
+
+    def advance_versions(self, seen: int) -> int:
+        return seen
+
+    def listen(self, stop: Any, woken: Any) -> None:
+        stop.wait()
+
+
+async def _nothing(version: int) -> None:
+    pass
+
+
+async def test_a_note_behind_this_replicas_own_batch_waits_for_it_not_for_a_poll() -> None:
+    """Replica b's batch (versions 11 to 15) commits just before a's (16 to 20), whose note
+    reaches b before b's batch returns: b holds the note until then, and polls only
+    if the gap is still there."""
+    store = _SlowStore()
+    relay = HeadRelay(version=0)
+
+    async def run_db(fn: Any, *args: Any) -> Any:
+        return await trio.to_thread.run_sync(fn, *args)
+
+    sync = ReplicaSync(
+        store,
+        relay,
+        run_db=run_db,
+        on_routing_version=_nothing,
+        on_credentials_version=_nothing,
+        interval_s=3600,
+        notify=False,
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(sync.run)
+        assert relay.version == 10
+        store.batch_heads = [("b-region", 1, 15)]
+        nursery.start_soon(sync.publish, "b-region", 1)
+        await trio.testing.wait_all_tasks_blocked()  # b's batch is in the database
+        sync._notes.append(HeadsNote(15, 20, [("a-region", 7, 20)]))
+        sync._take_notes()
+        await trio.testing.wait_all_tasks_blocked()
+        assert relay.head("a-region") is None  # held, and no poll
+        assert store.polls == 1
+        store.release.set()
+        with trio.fail_after(10):
+            while relay.head("a-region") != 7:  # noqa: ASYNC110 - the relay has no wait
+                await trio.sleep(0.01)
+        assert relay.version == 20
+        assert store.polls == 1
+        assert sync.statistics().notes_applied == 1
+        # A gap that is not this replica's batch: a poll at once.
+        sync._notes.append(HeadsNote(30, 31, [("a-region", 8, 31)]))
+        sync._take_notes()
+        with trio.fail_after(10):
+            while store.polls < 2:  # noqa: ASYNC110 - the store has no wait
+                await trio.sleep(0.01)
+        assert relay.head("a-region") == 7
+        nursery.cancel_scope.cancel()
