@@ -84,7 +84,12 @@ last line is one JSON object.
 
 ``--profile-server PATH`` runs the server under cProfile, timed by its main
 thread's CPU clock: ``PATH.1`` covers the first run (ramp-up and the measured
-window), ``PATH.2`` the run after the herd; read them with ``pstats``.
+window), ``PATH.2`` the run after the herd; read them with ``pstats``. With
+``--replicas``, each replica's: ``PATH.r0.1``, ``PATH.r1.1``, ... Replica runs
+also print each replica's CPU (its event loop apart from its worker threads)
+and RSS, PostgreSQL's CPU, PSS, commits and costliest statements
+(``pg_stat_statements``), and the group commit's figures (``/healthz``
+``replica_sync``).
 ``--profile-load PATH`` does the same for each load process (``PATH.0``,
 ``PATH.1``, ...); a profiler slows them several times, so read shares only.
 """
