@@ -84,7 +84,12 @@ last line is one JSON object.
 
 ``--profile-server PATH`` runs the server under cProfile, timed by its main
 thread's CPU clock: ``PATH.1`` covers the first run (ramp-up and the measured
-window), ``PATH.2`` the run after the herd; read them with ``pstats``.
+window), ``PATH.2`` the run after the herd; read them with ``pstats``. With
+``--replicas``, each replica's: ``PATH.r0.1``, ``PATH.r1.1``, ... Replica runs
+also print each replica's CPU (its event loop apart from its worker threads)
+and RSS, PostgreSQL's CPU, PSS, commits and costliest statements
+(``pg_stat_statements``), and the group commit's figures (``/healthz``
+``replica_sync``).
 ``--profile-load PATH`` does the same for each load process (``PATH.0``,
 ``PATH.1``, ...); a profiler slows them several times, so read shares only.
 """
@@ -1102,14 +1107,100 @@ class Replicas:
             s.stop()
 
     def cpu_s(self) -> float:
-        return sum(proc_cpu_s(s.pid) for s in self.servers)
+        return sum(self.cpu_each())
+
+    def cpu_each(self) -> list[float]:
+        return [proc_cpu_s(s.pid) for s in self.servers]
+
+    def main_thread_cpu_each(self) -> list[float]:
+        """The trio thread's share (the rest: worker threads, the database calls)."""
+        return [proc_cpu_s(s.pid, s.pid) for s in self.servers]
 
     def rss_mb(self, key: str = "VmRSS") -> float:
-        return sum(proc_rss_mb(s.pid, key) for s in self.servers)
+        return sum(self.rss_each(key))
+
+    def rss_each(self, key: str = "VmRSS") -> list[float]:
+        return [proc_rss_mb(s.pid, key) for s in self.servers]
 
 
-def proc_cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+class PgWatch:
+    """The throwaway PostgreSQL of a replica run: its CPU, memory and statements.
+
+    CPU: the postmaster and its children (the replicas' pooled connections are
+    long-lived backends, so a window's difference is theirs). Memory: PSS, not
+    RSS (every backend maps the shared buffers). Statements:
+    ``pg_stat_statements`` (preloaded: the cluster restarts once at setup).
+    """
+
+    def __init__(self, pg: Any, dbname: str) -> None:
+        self.pg, self.dbname = pg, dbname
+        pg.psql("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        pg.restart()
+        pg.psql("CREATE EXTENSION IF NOT EXISTS pg_stat_statements", dbname)
+
+    def pids(self) -> list[int]:
+        main = int((self.pg.data / "postmaster.pid").read_text().split()[0])
+        pids = [main]
+        for d in Path("/proc").iterdir():
+            if d.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError):
+                    stat = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                    if int(stat[1]) == main:
+                        pids.append(int(d.name))
+        return pids
+
+    def cpu_s(self) -> float:
+        total = 0.0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                total += proc_cpu_s(pid)
+        return total
+
+    def pss_mb(self) -> float:
+        total = 0.0
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                    if line.startswith("Pss:"):
+                        total += int(line.split()[1]) / 1024
+        return total
+
+    def commits(self) -> int:
+        return int(
+            self.pg.psql(
+                f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{self.dbname}'"
+            ).strip()
+        )
+
+    def reset(self) -> None:
+        self.pg.psql("SELECT pg_stat_statements_reset()", self.dbname)
+
+    def top(self, window_s: float, k: int = 8) -> list[dict[str, Any]]:
+        """The statements that took the most time since :meth:`reset`."""
+        out = self.pg.psql(
+            "SELECT calls, total_exec_time, rows, regexp_replace(query, '\\s+', ' ', 'g')"
+            " FROM pg_stat_statements ORDER BY total_exec_time DESC LIMIT " + str(k),
+            self.dbname,
+        )
+        top = []
+        for line in out.splitlines():
+            calls, total_ms, rows, query = line.split("|", 3)
+            top.append(
+                {
+                    "query": query[:100],
+                    "calls_per_s": int(calls) / window_s,
+                    "mean_ms": float(total_ms) / max(1, int(calls)),
+                    "ms_per_s": float(total_ms) / window_s,
+                    "rows_per_call": int(rows) / max(1, int(calls)),
+                }
+            )
+        return top
+
+
+def proc_cpu_s(pid: int, thread: int | None = None) -> float:
+    """A process's CPU seconds (or one thread's of it)."""
+    stat = Path(f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -1299,6 +1390,7 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
         "head_streams": 0,
         "shed": 0,
         "line_latency_counts": None,
+        "replica_sync": None,
     }
     took_max = 0.0
     failed = False
@@ -1316,6 +1408,10 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
             if counts is not None:
                 prev = total["line_latency_counts"] or [0] * len(counts)
                 total["line_latency_counts"] = [a + b for a, b in zip(prev, counts, strict=True)]
+            sync = doc.get("replica_sync")  # PostgreSQL replicas only
+            if sync is not None:
+                summed = total["replica_sync"] or dict.fromkeys(sync, 0)
+                total["replica_sync"] = {k: summed[k] + v for k, v in sync.items()}
     return (None if failed else total), took_max
 
 
@@ -1520,20 +1616,34 @@ def main() -> None:
         tokens = seed_db(db, n, follows, a.auth)
         extra = ["--server", a.server, *a.server_arg]
         pg: Any = None
+        pg_watch: PgWatch | None = None
         if a.replicas > 1:
             from edge_gateway.testing.postgres import Postgres
 
             progress(f"PostgreSQL for {a.replicas} replicas; copying the regions into it")
             # Not under the scratch directory: the cluster runs as user postgres.
             pg = Postgres(Path(tempfile.mkdtemp(prefix="edgegw-pg-")))
-            url = pg.create_database("fleet")
-            subprocess.run(
-                [str(EDGEGW), "metadata", "migrate", "--from", str(db), "--to", url],
-                check=True,
-                stdout=subprocess.DEVNULL,
-            )
+            try:
+                url = pg.create_database("fleet")
+                pg_watch = PgWatch(pg, "fleet")
+                subprocess.run(
+                    [str(EDGEGW), "metadata", "migrate", "--from", str(db), "--to", url],
+                    check=True,
+                    stdout=subprocess.DEVNULL,
+                )
+            except BaseException:  # the cluster outlives this process otherwise
+                pg.stop("immediate")
+                shutil.rmtree(pg.root, ignore_errors=True)
+                raise
+            # Each replica its own profile: PATH.r<i>.1, PATH.r<i>.2.
             servers = [
-                Server(url, free_port(), extra, None, files=tmp / f"replica-{i}")
+                Server(
+                    url,
+                    free_port(),
+                    extra,
+                    f"{a.profile_server}.r{i}" if a.profile_server else None,
+                    files=tmp / f"replica-{i}",
+                )
                 for i in range(a.replicas)
             ]
         else:
@@ -1597,7 +1707,12 @@ def main() -> None:
             time.sleep(max(0.0, measure_from - time.time()))
             doc, _ = healthz_all(server.ports)
             lines0 = (doc or {}).get("line_latency_counts")
-            cpu0, w0 = server.cpu_s(), time.time()
+            sync0 = (doc or {}).get("replica_sync")
+            if pg_watch is not None:
+                pg_watch.reset()
+                pg_cpu0, pg_commits0 = pg_watch.cpu_s(), pg_watch.commits()
+            each0, main0 = server.cpu_each(), server.main_thread_cpu_each()
+            cpu0, w0 = sum(each0), time.time()
             load_cpu0 = [proc_cpu_s(p.pid) for p in loads]
             held_seen: list[int] = []
             health_lat: list[float] = []
@@ -1612,19 +1727,30 @@ def main() -> None:
                     if lines0 is None:  # the first probe failed: count from this one
                         lines0 = doc.get("line_latency_counts")
                 time.sleep(0.5)
-            cpu1, w1 = server.cpu_s(), time.time()
+            each1, main1 = server.cpu_each(), server.main_thread_cpu_each()
+            cpu1, w1 = sum(each1), time.time()
+            pg_figures: dict[str, Any] = {}
+            if pg_watch is not None:
+                pg_figures = {
+                    "pg_cpu_pct": (pg_watch.cpu_s() - pg_cpu0) / (w1 - w0) * 100,
+                    "pg_commits_per_s": (pg_watch.commits() - pg_commits0) / (w1 - w0),
+                    "pg_pss_mb": pg_watch.pss_mb(),
+                    "pg_top_statements": pg_watch.top(w1 - w0),
+                }
             load_cpu1 = [proc_cpu_s(p.pid) for p in loads]
             doc, _ = healthz_all(server.ports)
             if doc is None:  # a probe failed: the last that answered in the window
                 doc, _ = healthz_all(server.ports)
             lines1 = (doc or {}).get("line_latency_counts")
+            sync1 = (doc or {}).get("replica_sync")
             streams_end = (doc or {}).get("head_streams")
             if doc is not None:
                 held_seen.append(doc["long_polls"])
             held_end = held_seen[-1] if held_seen else 0
             held_min = min(held_seen) if held_seen else None
             held_max = max(held_seen) if held_seen else 0
-            rss = server.rss_mb()
+            rss_each = server.rss_each()
+            rss = sum(rss_each)
             rss_peak = server.rss_mb("VmHWM")
             cpu_pct = (cpu1 - cpu0) / (w1 - w0) * 100
             # ---- the reconnect herd
@@ -1789,6 +1915,74 @@ def main() -> None:
         restart_token_checks_s=n * check_ms / 1000 / 2 if a.auth == "region" else None,
         baseline=base,
     )
+    replica_rows: list[Row | str] = []
+    if a.replicas > 1:
+        # Per replica, PostgreSQL's share, and the group commit and sync over the window.
+        sync: dict[str, float] = {}
+        if sync0 is not None and sync1 is not None:
+            sync = {k: sync1[k] - sync0[k] for k in sync1}
+        batches, polls = sync.get("batches", 0), sync.get("polls", 0)
+        figures.update(
+            replica_cpu_pct=[(b - c) / window * 100 for c, b in zip(each0, each1, strict=True)],
+            replica_main_thread_pct=[
+                (b - c) / window * 100 for c, b in zip(main0, main1, strict=True)
+            ],
+            replica_rss_mb=rss_each,
+            **pg_figures,
+            sync_batches_per_s=batches / window,
+            sync_reports_per_batch=sync["reports"] / batches if batches else None,
+            sync_regions_per_batch=sync["batch_moves"] / batches if batches else None,
+            sync_batch_ms=sync["batch_s"] / batches * 1000 if batches else None,
+            sync_polls_per_s=polls / window,
+            sync_poll_ms=sync["poll_s"] / polls * 1000 if polls else None,
+            sync_notified_per_s=sync.get("notified", 0) / window,
+            sync_heads_applied_per_s=sync.get("heads_applied", 0) / window,
+        )
+        replica_rows = ["replicas and PostgreSQL (the window)"]
+        for i, (c, r) in enumerate(
+            zip(figures["replica_cpu_pct"], figures["replica_rss_mb"], strict=True)
+        ):
+            replica_rows.append(Row(f"replica {i} CPU", c, "% of a core", "RSS MB", r))
+            replica_rows.append(
+                Row(
+                    "  of it the trio thread",
+                    figures["replica_main_thread_pct"][i],
+                    "% of a core",
+                    "threads (db)",
+                    c - figures["replica_main_thread_pct"][i],
+                )
+            )
+        if pg_figures:
+            replica_rows += [
+                Row("PostgreSQL CPU", pg_figures["pg_cpu_pct"], "% of a core", "replicas", cpu_pct),
+                Row("  PostgreSQL PSS", pg_figures["pg_pss_mb"], "MB", "replicas' RSS", rss),
+                Row(
+                    "  commits", pg_figures["pg_commits_per_s"], "/s", "batches/s", batches / window
+                ),
+            ]
+        replica_rows += [
+            Row("group commit: batches", batches / window, "/s", "reports/s", served_reports),
+            Row(
+                "  reports per batch",
+                figures["sync_reports_per_batch"],
+                "",
+                "regions",
+                figures["sync_regions_per_batch"],
+            ),
+            Row(
+                "  batch, start to commit",
+                figures["sync_batch_ms"],
+                "ms",
+                "poll",
+                figures["sync_poll_ms"],
+            ),
+            Row("polls", polls / window, "/s", "notifications/s", figures["sync_notified_per_s"]),
+        ]
+        for st in pg_figures.get("pg_top_statements", [])[:5]:
+            replica_rows.append(
+                f"  pg: {st['ms_per_s']:7.1f} ms/s {st['calls_per_s']:7.1f} calls/s "
+                f"{st['mean_ms']:.3f} ms {st['query'][:70]}"
+            )
     polling = (
         f"heartbeats stand in, safety {a.routing_safety_s:g} s" if a.routing_safety_s else "always"
     )
@@ -1910,6 +2104,7 @@ def main() -> None:
             "trivial",
             base["cpu_s_per_1k"],
         ),
+        *replica_rows,
         "reconnect herd",
         Row(
             "reconnect_all_s",

@@ -20,6 +20,7 @@ verified and replaced on their first successful check:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import json
@@ -442,6 +443,13 @@ class SqlStore:
             )
             if cur.rowcount == 0:
                 raise _unknown_region(region)
+
+    def heartbeats(self, beats: Sequence[tuple[str, str, Mapping[str, float], int]]) -> None:
+        """Several regions' :meth:`heartbeat` (region, gateway version, lag, now_ms each);
+        a region unknown or revoked since is skipped (its heartbeat no longer matters)."""
+        for region, gateway_version, lag, now_ms in beats:
+            with contextlib.suppress(Refused):
+                self.heartbeat(region, gateway_version, lag, now_ms)
 
     def regions(self) -> list[dict[str, Any]]:
         with self._read() as db:

@@ -135,9 +135,11 @@ class HeadWatch(_Waiter):
     (``{"version": V, "heads": {region: seq}}``, encoded once for all its
     followers) straight to the socket: nothing of the watch's regions moved
     since its last line but this, so that line *is* the heads moved after
-    :attr:`since`. Anything else — a socket that did not take the whole
-    line, heads applied from another replica, a watch without
-    ``send_nowait`` — wakes the task, which is the general path.
+    :attr:`since`. Heads a replica applies from the database (its own
+    batch, another replica's moves: :meth:`HeadRelay.apply`) go the same
+    way, one line per move in version order. Anything else — a socket that
+    did not take the whole line, a watch without ``send_nowait`` — wakes the
+    task, which is the general path.
     """
 
     __slots__ = ("last_line_at", "send_nowait", "since")
@@ -256,17 +258,31 @@ class HeadRelay:
 
         ``heads`` holds every head of a version above :attr:`version` (the
         store's watermark) that the store had: then this relay's version is
-        one too. A seq not above the known one changes nothing; a move wakes
-        the polls that follow its region, as :meth:`report` does.
+        one too. A seq not above the known one changes nothing; a move is
+        written to the watches in step that follow its region, and wakes the
+        other polls and watches that do, as :meth:`report` does. Taken in
+        version order, so a watch written a move's line at version V has had
+        every move of its regions up to V (a replica's batch and poll return
+        heads in any order).
         """
-        for region, seq, version in heads:
+        now = 0.0
+        for region, seq, version in sorted(heads, key=lambda h: h[2]):
             current = self._heads.get(region)
-            if current is None or seq > current[0]:
-                self._heads[region] = (seq, version)
-                self.moves += 1
-                self._wake(self._followers.get(region, ()))
-                self._wake(self._everything)
             self.version = max(self.version, version)
+            if current is not None and seq <= current[0]:
+                continue
+            self._heads[region] = (seq, version)
+            self.moves += 1
+            followers = self._followers.get(region)
+            if followers or self._everything:
+                # The line's latency counts from here: the batch committed, or the
+                # poll found another replica's head.
+                now = now or time.perf_counter()
+                line = encode_heads(self.version, {region: seq})
+                if followers:
+                    self._fan_out(followers, line, now)
+                if self._everything:
+                    self._fan_out(self._everything, line, now)
 
     def _wake(self, waiters: set[_Waiter] | tuple[()]) -> None:
         for w in waiters:

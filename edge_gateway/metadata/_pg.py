@@ -26,9 +26,12 @@ version <= V. Each replica writes the reports it receives in batches (group
 commit: :meth:`PostgresStore.publish_heads`) and reads the others' moves with
 :meth:`PostgresStore.poll` (see :mod:`edge_gateway.metadata._replicas`).
 Each batch (not each report) and each admin change ends with one
-``pg_notify`` on :data:`CHANNEL`, which wakes the other replicas' polls at
-once (:meth:`PostgresStore.listen`): NOTIFY takes a database-wide lock at
-commit, so it is paid per batch, and a batch grows with the report rate.
+``pg_notify`` on :data:`CHANNEL` (:meth:`PostgresStore.listen`): NOTIFY takes
+a database-wide lock at commit, so it is paid per batch, and a batch grows
+with the report rate. A batch's notification carries its moves and its
+range of versions (:func:`parse_note`), so another replica in step applies
+them without a poll; an admin change's, or a batch too big for a payload,
+makes the others poll at once.
 If the database goes back in time (a failover to a standby that had not
 received the last transactions, a restore), versions would be issued again
 below what replicas have seen, and their long polls would miss those heads:
@@ -38,18 +41,29 @@ a replica that finds the sequence below its relay's version moves it past
 
 from __future__ import annotations
 
+import json
 import logging
+import select
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any, Final, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, Unavailable
 from edge_gateway.metadata._db import Conn, Cursor, SqlStore
 
-__all__ = ["PG_MIGRATIONS", "PostgresStore", "is_postgres_url", "redact_url"]
+__all__ = [
+    "PG_MIGRATIONS",
+    "HeadsNote",
+    "PostgresStore",
+    "is_postgres_url",
+    "parse_note",
+    "redact_url",
+]
 
 log = logging.getLogger("edgegw.metadata.pg")
 
@@ -57,12 +71,18 @@ log = logging.getLogger("edgegw.metadata.pg")
 WRITE_LOCK: Final = 0x6567_7701
 HEADS_LOCK: Final = 0x6567_7702
 MIGRATE_LOCK: Final = 0x6567_7703
-#: The channel replicas NOTIFY after a head batch or an admin change (payload: the sender's id).
+#: The channel replicas NOTIFY after a head batch or an admin change (payload: the
+#: sender's id, then for a batch its heads: :func:`parse_note`).
 CHANNEL: Final = "edgegw_metadata"
+#: A batch's moves longer than this (as JSON) are not put in its notification.
+NOTE_MAX_HEADS_BYTES: Final = 7_000
 
 #: Migration ``i`` brings ``schema_version`` from ``i`` to ``i + 1``. Append only.
 #: 1 is the SQLite schema at its version 4 (tokens with rotation, topic
-#: priority and on_full); 2 adds the shared head relay.
+#: priority and on_full); 2 adds the shared head relay; 3 writes a head batch in
+#: one round trip (a function). Each runs whole (PostgreSQL's simple query
+#: protocol takes several statements), not split at semicolons: a function's
+#: body has its own.
 PG_MIGRATIONS: Final[tuple[str, ...]] = (
     """
     CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -102,13 +122,118 @@ PG_MIGRATIONS: Final[tuple[str, ...]] = (
     CREATE SEQUENCE head_versions AS BIGINT;
     SELECT setval('head_versions', (extract(epoch FROM clock_timestamp()) * 1000000)::BIGINT);
     """,
+    # A head batch in one round trip (PostgresStore.publish_heads): the lock, the
+    # upserts, the notification and the heads since the caller's version, in one
+    # statement's transaction. The lock is held for the server-side work only,
+    # not across the replica's round trips, so the replicas' batches queue less
+    # behind each other. Versions are taken under the lock, as before. The
+    # notification carries the batch's moves (see parse_note), unless they would
+    # not fit in a payload (8,000 bytes): then the others poll.
+    f"""
+    CREATE FUNCTION edgegw_publish_heads(regions TEXT[], seqs BIGINT[], since BIGINT, sender TEXT)
+    RETURNS TABLE (region TEXT, seq BIGINT, version BIGINT) LANGUAGE plpgsql AS $body$
+    DECLARE
+        v_after BIGINT;
+        v_upto BIGINT;
+        moved TEXT;
+    BEGIN
+        PERFORM pg_advisory_xact_lock({HEADS_LOCK});
+        SELECT s.last_value INTO v_after FROM head_versions AS s;
+        -- A version only for a head that moves (none taken and left unused), so
+        -- the sequence stays at the last committed head's version and the next
+        -- batch's range starts there: replicas in step apply notes, no poll.
+        WITH u AS (
+            SELECT r AS region, s AS seq FROM unnest(regions, seqs) AS x (r, s)
+        ), up AS (
+            UPDATE heads AS h SET seq = u.seq, version = nextval('head_versions')
+            FROM u WHERE h.region = u.region AND h.seq < u.seq
+            RETURNING h.region, h.seq, h.version
+        ), ins AS (
+            INSERT INTO heads (region, seq, version)
+            SELECT u.region, u.seq, nextval('head_versions') FROM u
+            WHERE NOT EXISTS (SELECT 1 FROM heads AS h WHERE h.region = u.region)
+            RETURNING heads.region, heads.seq, heads.version
+        ), m AS (
+            SELECT * FROM up UNION ALL SELECT * FROM ins
+        )
+        SELECT COALESCE(json_agg(json_build_array(m.region, m.seq, m.version)), '[]')::TEXT
+            INTO moved FROM m;
+        SELECT s.last_value INTO v_upto FROM head_versions AS s;
+        IF length(moved) <= {NOTE_MAX_HEADS_BYTES} THEN
+            PERFORM pg_notify('{CHANNEL}', concat_ws(' ', sender, v_after, v_upto, moved));
+        ELSE
+            PERFORM pg_notify('{CHANNEL}', sender);
+        END IF;
+        RETURN QUERY SELECT h.region, h.seq, h.version FROM heads AS h WHERE h.version > since;
+    END
+    $body$;
+    """,  # noqa: S608 - constants of this module, no input
 )
 
-_UPSERT_HEAD: Final = (
-    "INSERT INTO heads (region, seq, version) VALUES (%s, %s, nextval('head_versions'))"
-    " ON CONFLICT (region) DO UPDATE SET seq = excluded.seq, version = excluded.version"
-    " WHERE heads.seq < excluded.seq"
+
+@dataclass(frozen=True, slots=True)
+class HeadsNote:
+    """A head batch as its notification tells it: every head that moved with a
+    version in (``after``, ``upto``], the batch's whole range of versions."""
+
+    after: int
+    upto: int
+    heads: list[tuple[str, int, int]]
+
+
+def parse_note(payload: str) -> tuple[str, HeadsNote | None]:
+    """(sender, the batch's heads) of a notification on :data:`CHANNEL`.
+
+    ``None``: a change to fetch with a poll (an admin change, a batch too big
+    for a payload, a payload this edgegw does not read).
+    """
+    sender, _, rest = payload.partition(" ")
+    if not rest:
+        return sender, None
+    try:
+        after, upto, moved = rest.split(" ", 2)
+        heads = [(str(r), int(s), int(v)) for r, s, v in json.loads(moved)]
+        return sender, HeadsNote(int(after), int(upto), heads)
+    except (ValueError, TypeError):
+        return sender, None
+
+
+#: A replica's poll in one round trip (one statement: a snapshot of all four).
+_POLL: Final = (
+    "SELECT (SELECT value FROM meta WHERE key = 'routing_version'),"
+    " (SELECT value FROM meta WHERE key = 'credentials_version'),"
+    " (SELECT last_value FROM head_versions),"
+    " (SELECT json_agg(json_build_array(region, seq, version)) FROM heads WHERE version > %s)"
 )
+
+
+#: A pooled connection used less than this long ago is taken without a check.
+CHECK_IDLE_S: Final = 1.0
+
+
+def _checker(check: Callable[[Any], None]) -> Callable[[Any], None]:
+    """The pool's check of a connection it hands out, when there is reason to.
+
+    The check is a round trip (an empty query): on every call it doubled a
+    head batch's round trips. A connection used within :data:`CHECK_IDLE_S`
+    whose socket has nothing to read is taken as it is: an idle connection
+    has nothing to read unless the server ended it (a restart, a stop: it
+    sends its error and closes), which a zero-timeout ``select`` sees without
+    a round trip. Otherwise the check runs, and finds a dead one as before.
+    """
+
+    def check_if_needed(conn: Any) -> None:
+        used_at = getattr(conn, "_edgegw_used_at", None)
+        if used_at is not None and time.monotonic() - used_at < CHECK_IDLE_S:
+            try:
+                readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            except (OSError, ValueError):  # closed, or no socket: let the check say
+                readable = [True]
+            if not readable:
+                return
+        check(conn)
+
+    return check_if_needed
 
 
 def is_postgres_url(db: str) -> bool:
@@ -164,7 +289,7 @@ class PostgresStore(SqlStore):
             min_size=1,
             max_size=pool_size,
             kwargs={"autocommit": True, "connect_timeout": 5},
-            check=ConnectionPool.check_connection,
+            check=_checker(ConnectionPool.check_connection),
             # Calls never wait for a connection the pool has (the server runs at
             # most pool_size at once): a wait is PostgreSQL being away, so fail
             # soon (503) rather than hold the request.
@@ -207,9 +332,7 @@ class PostgresStore(SqlStore):
                 )
             # PostgreSQL's DDL is transactional: all of it, or none.
             for i in range(version, len(PG_MIGRATIONS)):
-                for statement in PG_MIGRATIONS[i].split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                conn.execute(PG_MIGRATIONS[i])
                 conn.execute("UPDATE schema_version SET version = %s", (i + 1,))
                 log.info("metadata database %s: schema version %d", self.describe(), i + 1)
 
@@ -229,7 +352,10 @@ class PostgresStore(SqlStore):
             raise ClosedError("the metadata store is closed")
         try:
             with self._pool.connection() as conn:
-                yield conn
+                try:
+                    yield conn
+                finally:
+                    conn._edgegw_used_at = time.monotonic()  # see _checker
         except self._errors as exc:
             raise Unavailable(f"metadata database {self.describe()}: {exc}") from None
         except self._refused as exc:  # a value the schema cannot hold: the request's fault
@@ -249,6 +375,27 @@ class PostgresStore(SqlStore):
             if serialize:  # an admin change (rare): the other replicas poll at once
                 conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
 
+    def heartbeats(self, beats: Sequence[tuple[str, str, Mapping[str, float], int]]) -> None:
+        """Several regions' heartbeats in one transaction, in a pipeline.
+
+        A fleet's write-behind heartbeats (~500 a second per replica at 10,000
+        gateways) one transaction each cost a pool check, BEGIN, UPDATE and
+        COMMIT: four round trips apiece. Here a batch is one. No write lock: each
+        heartbeat touches its own row; an unknown or revoked region updates
+        nothing, as :meth:`SqlStore.heartbeats` skips it.
+        """
+        if not beats:
+            return
+        with self._connection() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(
+                "UPDATE regions SET last_heartbeat_ms = %s, gateway_version = %s, lag_json = %s"
+                " WHERE id = %s AND revoked_ms IS NULL",
+                [
+                    (now_ms, version, json.dumps(dict(lag), sort_keys=True), region)
+                    for region, version, lag, now_ms in beats
+                ],
+            )
+
     # ---------------------------------------------------------------- heads
 
     def publish_heads(self, moves: Mapping[str, int], since: int) -> list[tuple[str, int, int]]:
@@ -257,24 +404,24 @@ class PostgresStore(SqlStore):
 
         One transaction under :data:`HEADS_LOCK`, so versions commit in order.
         """
-        with self._connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (HEADS_LOCK,))
-            with conn.cursor() as cur:
-                cur.executemany(_UPSERT_HEAD, list(moves.items()))
+        # One round trip (migration 3's function), one notification per batch,
+        # not per report: see the module docstring.
+        with self._connection() as conn:
             rows = conn.execute(
-                "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
+                "SELECT region, seq, version FROM edgegw_publish_heads(%s, %s, %s, %s)",
+                (list(moves), list(moves.values()), since, self.replica_id),
             ).fetchall()
-            # One notification per batch, not per report: see the module docstring.
-            conn.execute("SELECT pg_notify(%s, %s)", (CHANNEL, self.replica_id))
         return [(str(r), int(s), int(v)) for r, s, v in rows]
 
-    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None:
-        """Call ``woken()`` when another replica notifies a change, until ``stop`` is set.
+    def listen(self, stop: threading.Event, woken: Callable[[HeadsNote | None], None]) -> None:
+        """Call ``woken(note)`` when another replica notifies a change, until ``stop`` is set.
 
-        Blocking (a worker thread); its own connection, outside the pool. A
-        lost connection is opened again (every 0.5 s while it fails), and
-        ``woken()`` is called once it is back: notifications sent meanwhile
-        are lost, the poll that follows finds their changes.
+        ``note``: the heads of a batch (:func:`parse_note`), or None for a
+        change to poll for. Blocking (a worker thread); its own connection,
+        outside the pool; notifications come in commit order. A lost
+        connection is opened again (every 0.5 s while it fails), and
+        ``woken(None)`` is called once it is back: notifications sent
+        meanwhile are lost, the poll that follows finds their changes.
         """
         import psycopg
 
@@ -286,11 +433,12 @@ class PostgresStore(SqlStore):
                     if broken:
                         log.info("metadata database: listening for changes again")
                         broken = False
-                        woken()
+                        woken(None)
                     while not stop.is_set():
                         for note in conn.notifies(timeout=0.5):
-                            if note.payload != self.replica_id:
-                                woken()
+                            sender, heads = parse_note(note.payload)
+                            if sender != self.replica_id:
+                                woken(heads)
             except psycopg.Error as exc:
                 if not broken:
                     log.warning("metadata database: not listening for changes: %s", exc)
@@ -311,16 +459,6 @@ class PostgresStore(SqlStore):
         """(routing version, credentials version, the last head version issued,
         heads of a version above ``since``)."""
         with self._connection() as conn:
-            meta = dict(
-                conn.execute(
-                    "SELECT key, value FROM meta"
-                    " WHERE key IN ('routing_version', 'credentials_version')"
-                ).fetchall()
-            )
-            rows = conn.execute(
-                "SELECT region, seq, version FROM heads WHERE version > %s", (since,)
-            ).fetchall()
-            (issued,) = conn.execute("SELECT last_value FROM head_versions").fetchone()
-        heads = [(str(r), int(s), int(v)) for r, s, v in rows]
-        routing, credentials = int(meta["routing_version"]), int(meta.get("credentials_version", 0))
-        return routing, credentials, int(issued), heads
+            routing, credentials, issued, rows = conn.execute(_POLL, (since,)).fetchone()
+        heads = [(str(r), int(s), int(v)) for r, s, v in rows or ()]
+        return int(routing), int(credentials or 0), int(issued), heads

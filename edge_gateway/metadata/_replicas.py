@@ -16,10 +16,16 @@ changes made through the others:
   round trip: the others' head reports wake this replica's long polls; a new
   routing version reloads the table; a new credentials version forgets
   verified tokens and reloads the admin token. It runs as soon as another
-  replica notifies a batch or an admin change (``LISTEN``, one notification
-  per batch: :mod:`edge_gateway.metadata._pg`), and every ``interval_s``
-  whatever happens, so a lost notification (the listening connection down
-  while PostgreSQL restarts) delays a change by one interval at most.
+  replica notifies an admin change, or a batch this replica cannot apply from
+  the notification alone, and every ``interval_s`` whatever happens, so a
+  lost notification (the listening connection down while PostgreSQL
+  restarts) delays a change by one interval at most.
+* **Notifications** (``LISTEN``, one per batch:
+  :mod:`edge_gateway.metadata._pg`) carry a batch's moves and its range of
+  versions: a replica whose relay has every head below that range applies
+  them at once, in trio's thread, with no poll (at fleet rates, a poll per
+  other replica's batch was a worker-thread call and a round trip each).
+  A gap (a notification lost) is noticed by the range and makes it poll.
 
 Measured (docs/metadata.md, ``bench/metadata_sync.py``): a notification
 wakes the other replica within a few ms, the poll alone in ``interval_s / 2``
@@ -29,17 +35,20 @@ on average; one NOTIFY per batch costs the head batches nothing measurable
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import trio
 
 from edge_gateway.errors import Unavailable
 
-__all__ = ["ReplicaSync"]
+__all__ = ["ReplicaSync", "ReplicaSyncStatistics"]
 
 log = logging.getLogger("edgegw.metadata.replicas")
 
@@ -53,7 +62,20 @@ class SharedStore(Protocol):
 
     def advance_versions(self, seen: int) -> int: ...
 
-    def listen(self, stop: threading.Event, woken: Callable[[], None]) -> None: ...
+    def listen(self, stop: threading.Event, woken: Callable[[Note | None], None]) -> None: ...
+
+
+class Note(Protocol):
+    """A head batch as another replica's notification tells it (``_pg.HeadsNote``)."""
+
+    @property
+    def after(self) -> int: ...
+
+    @property
+    def upto(self) -> int: ...
+
+    @property
+    def heads(self) -> Heads: ...
 
 
 class Relay(Protocol):
@@ -62,6 +84,35 @@ class Relay(Protocol):
     def apply(self, heads: Heads) -> None: ...
 
     def head(self, region: str) -> int | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSyncStatistics:
+    """What a replica's sync did since its start (``/healthz`` ``replica_sync``).
+
+    The bench subtracts two readings: batches per second, reports per batch,
+    the wall time a batch and a poll take in the database (their worker
+    thread's whole call: the round trips, the commit, the wait for the
+    advisory lock that orders the replicas' batches).
+    """
+
+    #: Head batches written (one transaction each) and the reports in them.
+    batches: int
+    reports: int
+    #: Regions written (a region reported twice in one batch counts once).
+    batch_moves: int
+    #: Seconds spent writing batches, start to commit (the sum over batches).
+    batch_s: float
+    #: Polls run, and the seconds they took.
+    polls: int
+    poll_s: float
+    #: Notifications from the other replicas that reached this one, and those
+    #: whose heads were applied from the notification itself (no poll).
+    notified: int
+    notes_applied: int
+    #: Heads from the database applied to the relay (the others' reports and
+    #: this replica's own, as each batch returns them).
+    heads_applied: int
 
 
 class _Batch:
@@ -101,6 +152,27 @@ class ReplicaSync:
         self._failing = False
         #: Figures for tests and the bench: batches written, reports in them, polls.
         self.batches = self.reports = self.polls = 0
+        self._batch_moves = self._notified = self._heads_applied = self._notes_applied = 0
+        #: Notes from the listening thread, taken in trio's (deque: thread-safe ends).
+        self._notes: collections.deque[Note | None] = collections.deque()
+        self._notes_scheduled = threading.Event()
+        #: A batch of this replica's is in the database; notes held until it returns.
+        self._writing = False
+        self._held: list[Note] = []
+        self._batch_s = self._poll_s = 0.0
+
+    def statistics(self) -> ReplicaSyncStatistics:
+        return ReplicaSyncStatistics(
+            batches=self.batches,
+            reports=self.reports,
+            batch_moves=self._batch_moves,
+            batch_s=self._batch_s,
+            polls=self.polls,
+            poll_s=self._poll_s,
+            notified=self._notified,
+            notes_applied=self._notes_applied,
+            heads_applied=self._heads_applied,
+        )
 
     async def publish(self, region: str, seq: int) -> tuple[int, int]:
         """Record ``region``'s head (through the next batch); (head seq, relay version)."""
@@ -145,13 +217,60 @@ class ReplicaSync:
                     log.info("metadata database reachable again")
                     self._failing = False
 
+    def _take_notes(self) -> None:
+        """Apply the notes the listener queued, in order (trio's thread, no checkpoint).
+
+        A note is the whole of a batch's versions (``after``, ``upto``]: when
+        this relay has every head up to ``after``, the note's heads bring it to
+        ``upto`` with no poll. A note above the relay's version while this
+        replica's own batch is in the database waits for it (most such gaps
+        are that batch, committed just before). Otherwise (a notification
+        lost while the listener reconnected, an admin change, a batch too big
+        to tell) the poll runs, which fetches everything since the relay's
+        version.
+        """
+        self._notes_scheduled.clear()
+        while self._notes:
+            note = self._notes.popleft()
+            if note is not None and (
+                self._held or (self._writing and self._relay.version < note.after)
+            ):
+                # Most gaps are this replica's own batch, committed just before
+                # the other's but not yet returned: held until it is (in order).
+                self._held.append(note)
+            else:
+                self._take_note(note)
+
+    def _take_note(self, note: Note | None) -> None:
+        if note is not None and self._relay.version >= note.after:
+            self._relay.apply(note.heads)
+            # Every version up to upto is known now: the batch's moves are
+            # these, and a batch takes no version for a head that does not move.
+            self._relay.version = max(self._relay.version, note.upto)
+            self._notes_applied += 1
+        else:
+            self._wake.set()
+
+    def _take_held(self) -> None:
+        """This replica's batch returned (or failed): the notes held for it, in order."""
+        held, self._held = self._held, []
+        for note in held:
+            self._take_note(note)
+
     async def _listen(self) -> None:
         stop = threading.Event()
+        token = trio.lowlevel.current_trio_token()
 
-        def woken() -> None:
-            if not stop.is_set():
+        def woken(note: Note | None) -> None:
+            # The listening thread: queue the note, and call into trio once per
+            # burst (the flag is cleared there before the queue is read, so a
+            # note queued after that calls again: none waits unread).
+            self._notified += 1  # one thread writes it; read for figures only
+            self._notes.append(note)
+            if not stop.is_set() and not self._notes_scheduled.is_set():
+                self._notes_scheduled.set()
                 with contextlib.suppress(trio.RunFinishedError):
-                    trio.from_thread.run_sync(self._wake.set)
+                    token.run_sync_soon(self._take_notes)
 
         try:
             await trio.to_thread.run_sync(self._store.listen, stop, woken, abandon_on_cancel=True)
@@ -170,22 +289,32 @@ class ReplicaSync:
             await self._pending.wait()
             self._pending = trio.Event()
             batch, self._batch = self._batch, _Batch()
+            started = time.perf_counter()
+            self._writing = True
             try:
                 heads = await self._run_db(
                     self._store.publish_heads, batch.moves, self._relay.version
                 )
+                self._batch_s += time.perf_counter() - started
                 self._relay.apply(heads)
                 self.batches += 1
+                self._batch_moves += len(batch.moves)
+                self._heads_applied += len(heads)
             except Unavailable as exc:
                 batch.error = exc
             finally:
+                self._writing = False
+                self._take_held()
                 batch.done.set()
 
     async def _poll(self) -> None:
         async with self._poll_lock:
             since = self._relay.version
+            started = time.perf_counter()
             routing, credentials, issued, heads = await self._run_db(self._store.poll, since)
+            self._poll_s += time.perf_counter() - started
             self.polls += 1
+            self._heads_applied += len(heads)
             self._relay.apply(heads)
             if issued < self._relay.version:
                 # The database went back in time (see _pg): new versions must

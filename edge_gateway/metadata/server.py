@@ -36,7 +36,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
@@ -394,9 +394,9 @@ class MetadataApp:
 
     def write_heartbeats_now(self, batch: dict[str, Heartbeat]) -> None:
         """Store ``batch`` (blocking: a worker thread, or the last flush at shutdown)."""
-        for region, beat in batch.items():
-            with contextlib.suppress(Refused):  # revoked since: its heartbeat no longer matters
-                self.store.heartbeat(region, beat.gateway_version, beat.lag, beat.now_ms)
+        self.store.heartbeats(
+            [(region, b.gateway_version, b.lag, b.now_ms) for region, b in batch.items()]
+        )
 
     # ------------------------------------------------------------ plumbing
 
@@ -606,6 +606,10 @@ class MetadataApp:
                 "line_latency_counts": self.heads.line_latency.counts,
                 "line_latency_p50_ms": _ms(self.heads.line_latency.quantile(0.5)),
                 "line_latency_p99_ms": _ms(self.heads.line_latency.quantile(0.99)),
+                # PostgreSQL replicas: the group commit's and the sync's figures.
+                "replica_sync": (
+                    None if self.replicas is None else asdict(self.replicas.statistics())
+                ),
             }
         )
 
