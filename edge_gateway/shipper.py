@@ -508,8 +508,9 @@ class Shipper:
         #: the next manifest's pack copies; at most ``pack_max_bytes`` of them.
         self._pack_bodies: list[tuple[int, bytes]] = []
         self._pack_held = 0
-        #: The newest manifest in the bucket (GC never deletes it), if any.
-        self._last_manifest_key: str | None = None
+        #: The last seq the newest manifest in the bucket covers, if any (GC
+        #: never deletes that entry: the log-still-there check HEADs it).
+        self._last_manifest_seq: int | None = None
         self._schedule = ManifestSchedule(
             interval_ms=self.config.manifest_interval_ms, max_entries=self.config.manifest_every
         )
@@ -791,11 +792,7 @@ class Shipper:
         self._schedule.first_seq = (
             (state.manifest.last_seq + 1) if state.manifest else self._low_watermark
         )
-        self._last_manifest_key = (
-            manifest_key(self.prefix, self.region, state.manifest.last_seq)
-            if state.manifest
-            else None
-        )
+        self._last_manifest_seq = state.manifest.last_seq if state.manifest else None
         self._schedule.committed(len(self._pending_manifest))
         self._fences += fence is not None
         self._resume = False
@@ -2071,7 +2068,7 @@ class Shipper:
         if await self._create_summary(key, manifest.encode(), "manifest", meanwhile) is None:
             return
         self._manifests += 1
-        self._last_manifest_key = key
+        self._last_manifest_seq = manifest.last_seq
         del self._pending_manifest[: len(entries)]
         self._release_packed(entries[-1].seq)
         self._schedule.written(manifest.last_seq, self._mono_ms())
@@ -2092,11 +2089,16 @@ class Shipper:
 
         A creates-only log cannot tell a wiped bucket from a new one: the next
         create just succeeds. So before each manifest one HEAD looks for the
-        newest manifest (or, before the first, the oldest entry no manifest
-        covers yet): GC never deletes either, so if it is gone, the bucket lost
-        the log. False: the bucket is away, try at the next manifest.
+        last entry the newest manifest covers (or, before the first manifest,
+        the oldest entry no manifest covers yet): GC never deletes it (it keeps
+        the newest manifest and its entries), so if it is gone, the bucket lost
+        the log. The entry, not the manifest: a bucket wiped between this check
+        and the manifest's create receives that manifest, but the entries it
+        covers were created before the check, so they are gone from it.
+        False: the bucket is away, try at the next manifest.
         """
-        key = self._last_manifest_key or log_key(self.prefix, self.region, first_pending)
+        seq = first_pending if self._last_manifest_seq is None else self._last_manifest_seq
+        key = log_key(self.prefix, self.region, seq)
         try:
             await self.bucket.head(key)
         except NotFound:

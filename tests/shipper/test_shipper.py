@@ -15,8 +15,9 @@ from edge_gateway.bucket import (
     ObjectInfo,
     UnsupportedStore,
 )
+from edge_gateway.bucket._delegating import DelegatingBucket
 from edge_gateway.bucket_log import find_head, read_header
-from edge_gateway.errors import Fenced
+from edge_gateway.errors import BucketLost, Fenced
 from edge_gateway.format import logobject
 from edge_gateway.format.batch import encode_batch
 from edge_gateway.format.manifest import Manifest, log_key
@@ -366,6 +367,50 @@ async def test_a_journal_of_only_its_first_checkpoint_counts_as_shipped(tmp_path
                 await s.wait_shipped(j.next_lsn - 1)
             nursery.cancel_scope.cancel()
         assert await log_records(bucket, "north") == expected(1, 10)
+    finally:
+        j.close_sync()
+        await bucket.aclose()
+
+
+class _WipedAfterTheCheck(DelegatingBucket):
+    """Empties itself right after the shipper's first log-still-there HEAD
+    (before the manifest it checks for lands): a bucket wiped in that window."""
+
+    def __init__(self, inner: Bucket) -> None:
+        super().__init__(inner)
+        self.armed = False
+        self.wiped = False
+
+    async def _head(self, key: str) -> ObjectInfo:
+        info = await self.inner.head(key)
+        if self.armed and not self.wiped and "/log/" in key:
+            self.wiped = True
+            for o in await self.inner.list("regions/"):
+                await self.inner.delete(o.key)
+        return info
+
+
+async def test_a_bucket_wiped_between_the_check_and_the_manifest_is_lost_at_the_next_one(
+    tmp_path: Path,
+) -> None:
+    # The manifest written right after the wipe lands in the empty bucket; it
+    # must not vouch for the log at the next check: the entries it covers are
+    # gone (they were created before the check).
+    bucket = _WipedAfterTheCheck(await LocalBucket.open(tmp_path / "b", create=True))
+    j = Journal.open_sync(tmp_path / "j", JCFG)
+    try:
+        s = Shipper(j, bucket, "north", config=FAST)
+        await s.claim()
+        produce(j, "t", 1, 2)
+        bucket.armed = True
+        await s.ship_pending()  # its entries, the check, the wipe, then its manifest
+        assert bucket.wiped
+        left = [o.key for o in await bucket.list("regions/")]
+        assert left == [o.key for o in await bucket.list("regions/north/manifest/")]
+        assert len(left) == 1
+        produce(j, "t", 1, 1)
+        with pytest.raises(BucketLost, match="is gone"):
+            await s.ship_pending()
     finally:
         j.close_sync()
         await bucket.aclose()
