@@ -279,6 +279,9 @@ class MetadataApp:
         self._checking: dict[bytes, trio.Event] = {}
         self._admin_hash = store.admin_token_hash()
         self._routing = store.routing()
+        #: The table's regions as a set: every region request checks it (a
+        #: scan of the table's tuple was ~60 us at 10,000 regions).
+        self._active_regions = frozenset(self._routing.regions)
         self._routing_body = _json_bytes(self._routing.to_json())
         self._routing_gzip = _gzip_body(self._routing_body)
         # The hot routes first: the table is matched in order (docs/metadata.md,
@@ -420,6 +423,7 @@ class MetadataApp:
     async def _changed(self) -> None:
         """Re-read the routing table after a change (and forget verified tokens)."""
         self._routing = await self._db(self.store.routing)
+        self._active_regions = frozenset(self._routing.regions)
         self._routing_body = _json_bytes(self._routing.to_json())
         self._routing_gzip = _gzip_body(self._routing_body)
 
@@ -745,7 +749,7 @@ class MetadataApp:
         """``region``, if ``who`` may act as it and it is active (else 403 or 404)."""
         if not who.admin and who.region != region:
             raise ApiError(403, "forbidden", f"{who.describe()} cannot act as region {region!r}")
-        if region not in self._routing.regions:
+        if region not in self._active_regions:
             raise Refused(404, "unknown_region", f"unknown or revoked region {region!r}")
         return region
 
