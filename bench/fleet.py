@@ -578,6 +578,7 @@ class Gateway:
         self.etag = b""
         # heartbeat
         self.beat_backoff = Backoff(0.5, max(plan.heartbeat_s, 20.0))
+        self.beat_failures = 0  # in a row
         # routing: the agent's poll, which heartbeats naming the version stand in for
         self.routing_backoff = Backoff(0.5, max(plan.routing_s, 20.0))
         self.poll_now = False
@@ -607,8 +608,12 @@ class Gateway:
 
     def start(self) -> None:
         loop, rand, plan = self.load.loop, self.load.rand, self.load.plan
-        loop.after(rand.random() * plan.ramp_s, self.heartbeat)
-        loop.after(rand.random() * plan.ramp_s, self.routing)
+        # As the agent: its routing fetch and its first heartbeat start together
+        # (apart, a gateway polled routing every --routing-s until its first
+        # heartbeat confirmed the table: up to 12 polls each over a 60 s ramp).
+        start = rand.random() * plan.ramp_s
+        loop.after(start, self.heartbeat)
+        loop.after(start, self.routing)
         loop.after(rand.random() * plan.ramp_s, self.heads)
         if self.gw in self.load.shippers:
             loop.after(rand.random() * plan.ship_ms / 1000, self.commit)
@@ -625,12 +630,16 @@ class Gateway:
     def _beat_done(self, t0: float, status: int | None, h: Any, answer: bytes) -> None:
         load, plan = self.load, self.load.plan
         t1 = time.time()
+        late = False
         if status is None:
             load.rec.failed("heartbeat", t0, h)
+            late = "timed out" in str(h)
             status, h = 0, b""
         else:
             load.rec.done("heartbeat", t0, t1, status, self.gw)
+            late = status == 503
         if status == 200:
+            self.beat_failures = 0
             self.beat_backoff.reset()
             # As the agent: a version other than the table's fetches it at once.
             version = json.loads(answer)["routing_version"]
@@ -642,7 +651,10 @@ class Gateway:
                 load.rec.mark_back(self.gw, "routing", t0, t1)
             load.loop.after(plan.heartbeat_s, self.heartbeat)
         else:
-            if self.beat_version is not None:
+            self.beat_failures += 1
+            # As the agent (late_beat_keeps_table): a heartbeat merely late (timed
+            # out, or shed with a 503) once keeps the table confirmed.
+            if self.beat_version is not None and not (late and self.beat_failures == 1):
                 self.beat_version = None
                 self.poll_routing_now()  # the routing poll takes over
             delay = self.beat_backoff.delay_after(retry_after(h), load.rand.random())

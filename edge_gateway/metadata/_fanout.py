@@ -142,19 +142,26 @@ class HeadWatch(_Waiter):
     task, which is the general path.
     """
 
-    __slots__ = ("last_line_at", "send_nowait", "since")
+    __slots__ = ("keepalive_s", "last_line_at", "send_nowait", "since")
 
     def __init__(
         self,
         regions: frozenset[str] | None,
         since: int,
         send_nowait: Callable[[bytes], bool] | None,
+        keepalive_s: float = math.inf,
     ) -> None:
         super().__init__(regions)
         self.since = since
         self.send_nowait = send_nowait
+        #: A line with no heads is due this long after the last line
+        #: (:meth:`HeadRelay.sweep_keepalives` writes it, or wakes the task).
+        self.keepalive_s = keepalive_s
         #: trio.current_time() of the last line written (the keep-alive counts from it).
         self.last_line_at = trio.current_time()
+
+    def keepalive_due(self, now: float) -> bool:
+        return now - self.last_line_at >= self.keepalive_s
 
     def rearm(self) -> None:
         """The task is about to park: a new event, and direct lines if the server offers them."""
@@ -178,6 +185,8 @@ class HeadRelay:
         #: region -> the polls that follow it; polls of every region apart.
         self._followers: dict[str, set[_Waiter]] = {}
         self._everything: set[_Waiter] = set()
+        #: Every registered watch, for the keep-alive sweep.
+        self._watches: set[HeadWatch] = set()
         self._held = 0
         self._closed = False
         self.reports = 0
@@ -185,6 +194,8 @@ class HeadRelay:
         self.wakeups = 0
         #: Lines the reports wrote to watches themselves (no task woken).
         self.direct_lines = 0
+        #: Keep-alive lines the sweep wrote itself (no task woken).
+        self.direct_keepalives = 0
         #: Report received → its line written to a watch, per (report, watch).
         self.line_latency = LatencyHistogram()
 
@@ -303,10 +314,42 @@ class HeadRelay:
     def add_watch(self, watch: HeadWatch) -> None:
         """Register ``watch`` (counted as held) until :meth:`remove_watch`."""
         self._park(watch)
+        self._watches.add(watch)
 
     def remove_watch(self, watch: HeadWatch) -> None:
         watch.direct = False
+        self._watches.discard(watch)
         self._unpark(watch)
+
+    def sweep_keepalives(self, now: float) -> None:
+        """Keep-alive lines for the watches without a line for their ``keepalive_s``.
+
+        One sweep a second for all watches (the server's background task)
+        instead of a timer per watch: a held watch's task parks on its event
+        alone, and at 10,000 watches the timers' expiries (a cancel scope and
+        a ``Cancelled`` raised per keep-alive, one a watch every 25-30 s) were
+        hundreds a second. A watch in step gets the line written here
+        (``{"version": V, "heads": {}}``: nothing of its regions moved since
+        its last line, so ``V`` is the relay's version); the others (a task
+        busy, no ``send_nowait``, a socket that did not take the line whole)
+        are woken, and their task writes it.
+        """
+        line = b""
+        for w in self._watches:
+            if now - w.last_line_at < w.keepalive_s:
+                continue
+            if w.direct and not self._closed:
+                assert w.send_nowait is not None
+                if not line:
+                    line = encode_heads(self.version, {})
+                w.since = self.version
+                w.last_line_at = now
+                if w.send_nowait(line):
+                    self.direct_keepalives += 1
+                    continue
+                w.direct = False  # the rest waits in the socket's stead: its task sends it
+            if not w.event.is_set():
+                w.event.set()
 
     def heads_since(self, since: int, regions: frozenset[str] | None) -> HeadsUpdate:
         if since > self.version:  # a version from the future: another server run

@@ -17,7 +17,9 @@ agent, never the reverse). It
   differs from the table's fetches at once, and while heartbeats succeed
   and name the table's version the separate poll is not needed, so it runs
   only every :data:`ROUTING_SAFETY_REFRESH_S`; without such a heartbeat (at
-  the start, the server away) it runs every ``poll_interval_ms``;
+  the start, the server away) it runs every ``poll_interval_ms`` (a
+  heartbeat merely late, once, keeps the table confirmed:
+  :func:`late_beat_keeps_table`);
 * **heartbeats** every ``heartbeat_interval_ms`` with the gateway's version,
   its log head and lag figures (mirror lag per source, shipper backlog);
 * **relays heads** (``head_relay``): the shipper calls :meth:`report_head`
@@ -57,6 +59,8 @@ from edge_gateway.errors import ClosedError, CorruptData, InvalidInput, Unavaila
 from edge_gateway.metadata.client import (
     HeadReporter,
     MetadataClient,
+    MetadataOverloaded,
+    MetadataTimedOut,
     RoutingCache,
     retry_after_of,
 )
@@ -68,7 +72,7 @@ if TYPE_CHECKING:
     from edge_gateway.shipper import ShipperStats
     from edge_gateway.statefile import StateFiles
 
-__all__ = ["AgentHooks", "MetadataAgent"]
+__all__ = ["AgentHooks", "MetadataAgent", "late_beat_keeps_table"]
 
 log = logging.getLogger("edgegw.metadata.agent")
 
@@ -91,6 +95,21 @@ RETRY_CAP_S = 20.0
 ROUTING_SAFETY_REFRESH_S = 300.0
 
 _ServerTrouble = (Unavailable, InvalidInput, CorruptData)
+
+
+def late_beat_keeps_table(exc: Exception, failures_in_a_row: int) -> bool:
+    """Whether a failed heartbeat leaves the table confirmed (no routing poll yet).
+
+    A heartbeat that was merely late — timed out, or shed by a busy server
+    (``503`` with ``Retry-After``) — right after one that succeeded says
+    nothing about the table: its retry confirms it (or names a new version)
+    a moment later. At 10,000 gateways on a saturated server every late
+    heartbeat fetched the table instead, 119-188 routing requests a second
+    where 33 is the steady state (docs/metadata.md). A second failure in a
+    row, or any other failure (a refused connection: the server is away; a
+    4xx; a malformed answer), hands over to the routing poll at once.
+    """
+    return failures_in_a_row == 1 and isinstance(exc, (MetadataTimedOut, MetadataOverloaded))
 
 
 def _now_ms() -> int:
@@ -336,6 +355,7 @@ class MetadataAgent:
     async def _heartbeat(self) -> None:
         interval = self.settings.heartbeat_interval_ms / 1000
         backoff = Backoff(_RETRY_BASE_S, max(interval, RETRY_CAP_S))
+        failures_in_a_row = 0
         while True:
             head_seq = self._head_seq()
             try:
@@ -344,8 +364,11 @@ class MetadataAgent:
                 )
             except _ServerTrouble as exc:
                 self._heartbeat_failures += 1
+                failures_in_a_row += 1
                 log.debug("heartbeat failed: %s", exc)
-                if self._beat_version is not None:
+                if self._beat_version is not None and not late_beat_keeps_table(
+                    exc, failures_in_a_row
+                ):
                     # Heartbeats no longer vouch for the table: the routing
                     # poll takes over at once (and finds the server away).
                     self._beat_version = None
@@ -353,6 +376,7 @@ class MetadataAgent:
                 await trio.sleep(backoff.delay_after(retry_after_of(exc), self._rand.random()))
                 continue
             backoff.reset()
+            failures_in_a_row = 0
             self._heartbeats += 1
             if head_seq is not None and self.reporter is not None:
                 self.reporter.sent_elsewhere(head_seq)  # a report of it waiting is not sent

@@ -14,7 +14,9 @@ Errors (``edge_gateway.errors``): a refused connection, a timeout or a 5xx
 → :class:`Unavailable` (retry later, run from the cache); a ``503`` or ``429``
 with ``Retry-After`` (the server is overloaded) → :class:`MetadataOverloaded`,
 an :class:`Unavailable` carrying ``retry_after_s``, which every retry loop
-honours (``Backoff.delay_after``: never sooner, then jittered); a 4xx →
+honours (``Backoff.delay_after``: never sooner, then jittered); a timeout →
+:class:`MetadataTimedOut`, an :class:`Unavailable` (the server may be there,
+only late); a 4xx →
 :class:`MetadataRefused` (an :class:`InvalidInput` carrying the HTTP status
 and the server's error code); a malformed answer → :class:`CorruptData`.
 
@@ -76,6 +78,7 @@ __all__ = [
     "MetadataClient",
     "MetadataOverloaded",
     "MetadataRefused",
+    "MetadataTimedOut",
     "RoutingCache",
     "RoutingFetch",
     "RoutingSnapshot",
@@ -98,6 +101,10 @@ class MetadataRefused(InvalidInput):
         super().__init__(f"metadata server: {message} ({status} {code})")
         self.status = status
         self.code = code
+
+
+class MetadataTimedOut(Unavailable):
+    """No answer within the client's timeout: the server may be there, only late (busy)."""
 
 
 class MetadataOverloaded(Unavailable):
@@ -634,7 +641,7 @@ def _unavailable(base: str) -> Iterator[None]:
     try:
         yield
     except httpx.TimeoutException as exc:
-        raise Unavailable(f"metadata server {base}: timed out ({exc!r})") from None
+        raise MetadataTimedOut(f"metadata server {base}: timed out ({exc!r})") from None
     except httpx.TransportError as exc:
         raise Unavailable(f"metadata server {base} is unreachable: {exc}") from None
     except httpx.RequestError as exc:

@@ -50,6 +50,7 @@ from urllib.parse import unquote
 import h11
 import trio
 
+from edge_gateway.net._chunked import ChunkedDecoder, ChunkedError
 from edge_gateway.net.asgi import BUFFERED_BODY, SEND_NOWAIT
 from edge_gateway.net.http import KEEP_ALIVE_TIMEOUT_S, MAX_HEAD_BYTES, head_too_large
 from edge_gateway.net.tls import TLS_HANDSHAKE_RECORD
@@ -107,18 +108,22 @@ class _ClientGone(Exception):
 # * request line ``METHOD SP origin-form SP HTTP/1.1`` (visible ASCII target);
 # * header lines ``token ":" OWS value OWS`` with a visible-ASCII value (no
 #   obs-fold, no obs-text, no control characters);
-# * exactly one ``Host``; at most one ``Content-Length``, all digits; no
-#   ``Transfer-Encoding``, ``Expect``, ``Connection`` or ``Upgrade`` (framing
-#   and connection management stay with h11, so no smuggling ambiguity can
-#   arise between the two parsers);
-# * the whole body already in the buffer (a body still arriving is streamed
-#   by h11, with the app bounding each read).
+# * exactly one ``Host``; at most one ``Content-Length``, all digits, or
+#   one ``Transfer-Encoding: chunked`` (exactly that, lower case) and no
+#   ``Content-Length``; no ``Expect``, ``Connection`` or ``Upgrade``
+#   (connection management stays with h11, and either framing is the one
+#   h11 would read, so no smuggling ambiguity can arise between the two);
+# * a Content-Length body already whole in the buffer (one still arriving
+#   is streamed by h11, with the app bounding each read). A chunked body is
+#   streamed here, decoded by :class:`~edge_gateway.net._chunked.ChunkedDecoder`
+#   (the metadata server's head stream: one long-lived chunked request whose
+#   pieces h11 spent half of a report line's cost un-chunking).
 
 _REQUEST_LINE: Final = re.compile(rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+) (/[\x21-\x7e]*) HTTP/1\.1")
 _HEADER_LINE: Final = re.compile(
     rb"([!#$%&'*+\-.^_`|~0-9A-Za-z]+):[ \t]*((?:[\x21-\x7e](?:[\x20-\x7e\t]*[\x21-\x7e])?)?)[ \t]*"
 )
-_H11_ONLY: Final = frozenset({b"transfer-encoding", b"expect", b"connection", b"upgrade"})
+_H11_ONLY: Final = frozenset({b"expect", b"connection", b"upgrade"})
 _STATUS_LINES: Final = {
     int(s): b"HTTP/1.1 %d %s\r\n" % (int(s), s.phrase.encode("ascii")) for s in HTTPStatus
 }
@@ -132,7 +137,8 @@ class _Head:
     target: bytes
     headers: list[tuple[bytes, bytes]]
     end: int  # offset of the body in the buffer
-    length: int  # Content-Length (0 without one)
+    length: int  # Content-Length (0 without one, and for a chunked body)
+    chunked: bool = False  # Transfer-Encoding: chunked
 
 
 #: :func:`_parse_head`'s answer for a request the fast path leaves to h11.
@@ -158,6 +164,7 @@ def _parse_head(buf: bytes, max_head: int) -> _Head | None:
         return _DECLINE
     headers: list[tuple[bytes, bytes]] = []
     length: int | None = None
+    chunked = False
     hosts = 0
     for line in lines[1:]:
         h = _HEADER_LINE.fullmatch(line)
@@ -171,12 +178,16 @@ def _parse_head(buf: bytes, max_head: int) -> _Head | None:
             length = int(value)
         elif name == b"host":
             hosts += 1
+        elif name == b"transfer-encoding":
+            if chunked or value != b"chunked":
+                return _DECLINE
+            chunked = True
         elif name in _H11_ONLY:
             return _DECLINE
         headers.append((name, value))
-    if hosts != 1:
+    if hosts != 1 or (chunked and length is not None):
         return _DECLINE
-    return _Head(m[1], m[2], headers, end + 4, length or 0)
+    return _Head(m[1], m[2], headers, end + 4, length or 0, chunked)
 
 
 class Http11Server:
@@ -444,7 +455,7 @@ class Http11Server:
             "client": peer,
             "server": local,
             # The body is in hand: the app may take it without a read (or a deadline).
-            "extensions": {BUFFERED_BODY: body},
+            "extensions": {} if request.chunked else {BUFFERED_BODY: body},
         }
         received = False
         reply = _Reply(stream, _RawFraming(self.stopping), head_only=method == "HEAD")
@@ -453,9 +464,44 @@ class Http11Server:
             # from other tasks: one write per line, no task to wake per line.
             scope["extensions"][SEND_NOWAIT] = reply.send_nowait
         pending: list[bytes] = [rest]
+        chunks: ChunkedDecoder | None = None
+        if request.chunked:
+            chunks = ChunkedDecoder()
+            pending = []
+            received = not rest  # False: the body's first bytes came with the head
+
+        async def receive_chunks(chunks: ChunkedDecoder) -> Message:
+            # As the h11 path: the data decoded from what is buffered, or from
+            # the next read when nothing is; no deadline here (the app bounds
+            # its body reads: module docstring).
+            nonlocal received, rest
+            try:
+                while True:
+                    if received:
+                        try:
+                            rest = await _receive_now(stream)
+                        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                            rest = b""
+                        if not rest:  # the peer closed mid-body
+                            reply.gone = True
+                            return _DISCONNECT
+                    received = True
+                    data = chunks.feed(rest)
+                    rest = b""
+                    if chunks.done:
+                        pending.append(chunks.rest)
+                        return {"type": "http.request", "body": data, "more_body": False}
+                    if data:
+                        return {"type": "http.request", "body": data, "more_body": True}
+            except ChunkedError as exc:
+                self.log.debug("malformed chunked body from %s: %s", peer, exc)
+                reply.gone = True  # nothing more is read; the connection closes after
+                return _DISCONNECT
 
         async def receive() -> Message:
             nonlocal received
+            if chunks is not None and not chunks.done and not reply.gone:
+                return await receive_chunks(chunks)
             if not received:
                 received = True
                 return {"type": "http.request", "body": body, "more_body": False}
@@ -485,6 +531,12 @@ class Http11Server:
             self._hung_up(peer, method, scope["path"])
         if not reply.finished:
             raise _ClientGone  # the app ended without a complete response
+        if chunks is not None and not chunks.done and not reply.gone:
+            # The app answered without reading the whole body: take what is
+            # buffered of it; a body still on the wire closes the connection.
+            if not chunks.ends_in(rest):
+                return False, b""
+            pending.append(chunks.rest)
         close = self._stopping or _says_close(reply.headers)
         return not (close or reply.gone), b"".join(pending)
 
@@ -873,6 +925,30 @@ async def _send_now(stream: trio.abc.Stream, data: bytes) -> None:
         raise trio.BrokenResourceError(str(exc)) from exc
     if sent < len(data):
         await stream.send_all(memoryview(data)[sent:])
+
+
+async def _receive_now(stream: trio.abc.Stream) -> bytes:
+    """``stream.receive_some()`` with one scheduler round trip instead of two.
+
+    trio's read tries the socket, parks until it is readable when it was
+    empty, reads, and then checkpoints again before returning: two trips
+    through the run queue per piece of a long-lived body (the head stream's
+    every report line). This waits for readability (the one trip, which is
+    also the fairness point: a client that always has data still yields to
+    the others each read) and then reads without another. The connection's
+    task is the only reader of its socket.
+    """
+    if not isinstance(stream, trio.SocketStream):  # TLS: the SSL object reads
+        return bytes(await stream.receive_some(_READ_SIZE))
+    sock = stream.socket
+    while True:
+        await trio.lowlevel.wait_readable(sock)
+        try:
+            return os.read(sock.fileno(), _READ_SIZE)
+        except BlockingIOError:
+            continue  # woken without data after all: wait again
+        except OSError as exc:  # ECONNRESET, EBADF (closed)
+            raise trio.BrokenResourceError(str(exc)) from exc
 
 
 def _says_close(headers: list[tuple[bytes, bytes]]) -> bool:

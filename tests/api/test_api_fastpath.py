@@ -58,9 +58,13 @@ def test_fed_one_byte_at_a_time_it_waits_for_the_whole_head() -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        # framing and connection management stay with h11
-        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+        # ambiguous framing and connection management stay with h11
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+        b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n",
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
         b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: +5\r\n\r\n",
@@ -89,6 +93,22 @@ def test_fed_one_byte_at_a_time_it_waits_for_the_whole_head() -> None:
 )
 def test_anything_unusual_is_left_to_h11(raw: bytes) -> None:
     assert _parse_head(raw, MAX) is _DECLINE
+
+
+def test_a_chunked_request_is_taken_and_its_body_left_to_the_decoder() -> None:
+    # The metadata server's head stream: h11 reads the same head, no length.
+    raw = (
+        b"POST /v1/regions/r/head-stream HTTP/1.1\r\nhost: m:8480\r\n"
+        b"content-type: application/x-ndjson\r\ntransfer-encoding: chunked\r\n"
+        b"user-agent: edgegw\r\n\r\n"
+    )
+    agrees_with_h11(raw)
+    head = _parse_head(raw + b'b\r\n{"seq":1}\n\r\n', MAX)
+    assert head is not None
+    assert head is not _DECLINE
+    assert head.chunked
+    assert head.length == 0
+    assert head.end == len(raw)
 
 
 def test_an_oversized_head_is_refused_whole_or_arriving() -> None:

@@ -135,6 +135,35 @@ async def test_keep_alive_pipelining_and_framing(tmp_path: Path) -> None:
         assert await raw10.closed()
 
 
+async def test_chunked_bodies_on_the_fast_path(tmp_path: Path) -> None:
+    """Chunked bodies are decoded by the fast path (not h11): in pieces, with a
+    request pipelined after them; a malformed one closes the connection."""
+    async with (
+        running(make_config(tmp_path, api={"server": "builtin"})) as gw,
+        AsyncExitStack() as stack,
+    ):
+        raw = await Raw.open(gw, stack)
+        head = (
+            b"POST /v1/topics/t/records HTTP/1.1\r\nHost: gw\r\ntransfer-encoding: chunked\r\n"
+            b"Content-Type: application/json\r\n\r\n"
+        )
+        await raw.send(head + b'5\r\n{"rec\r\n')
+        await trio.sleep(0.05)  # the rest in another read, with a pipelined request
+        await raw.send(
+            b'16;ext\r\nords":[{"value":"z"}]}\r\n0\r\nX-Trailer: 1\r\n\r\n'
+            b"GET /healthz HTTP/1.1\r\nHost: gw\r\n\r\n"
+        )
+        status, _, body = await raw.response()
+        assert status == 200, body
+        assert json.loads(body)["topic"] == "t"
+        status, _, body = await raw.response()
+        assert status == 200
+        assert json.loads(body)["status"] == "ok"
+        # a bad chunk end: no answer for a body never read whole, and the connection closes
+        await raw.send(head + b'5\r\n{"recXX')
+        assert await raw.closed()
+
+
 async def test_malformed_requests(tmp_path: Path) -> None:
     async with (
         running(make_config(tmp_path, api={"server": "builtin"})) as gw,

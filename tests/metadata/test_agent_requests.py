@@ -3,7 +3,8 @@
 Every heartbeat answer names the server's routing version, so while heartbeats
 succeed and name the table's version the agent does not poll ``GET
 /v1/routing`` (only a slow safety refresh); a heartbeat naming another version
-fetches at once, and a failed heartbeat hands back to the poll. Against a real
+fetches at once, and a failed heartbeat hands back to the poll (unless it was
+merely late, once: timed out or shed). Against a real
 server process; the counts compare heartbeats with fetches, so a slow machine
 slows both alike.
 """
@@ -18,8 +19,14 @@ import trio
 from _meta_support import MetaServer, admin
 
 from edge_gateway.config import MetadataSettings
-from edge_gateway.errors import ClosedError
-from edge_gateway.metadata.agent import ROUTING_SAFETY_REFRESH_S, AgentHooks, MetadataAgent
+from edge_gateway.errors import ClosedError, CorruptData, Unavailable
+from edge_gateway.metadata.agent import (
+    ROUTING_SAFETY_REFRESH_S,
+    AgentHooks,
+    MetadataAgent,
+    late_beat_keeps_table,
+)
+from edge_gateway.metadata.client import MetadataOverloaded, MetadataRefused, MetadataTimedOut
 from edge_gateway.metadata.routing import RoutingTable
 
 
@@ -114,3 +121,18 @@ async def test_without_heartbeat_answers_the_poll_runs_at_its_interval(
             nursery.cancel_scope.cancel()
     finally:
         await agent.aclose()
+
+
+def test_a_heartbeat_merely_late_once_keeps_the_table_confirmed() -> None:
+    """Timed out or shed (503) right after a success: its retry confirms the table."""
+    late = [MetadataTimedOut("timed out"), MetadataOverloaded("busy", 2.0)]
+    away = [
+        Unavailable("metadata server x is unreachable: connection refused"),
+        MetadataRefused(403, "forbidden", "no"),
+        CorruptData("heartbeat answer without routing_version", where="x"),
+    ]
+    for exc in late:
+        assert late_beat_keeps_table(exc, 1)
+        assert not late_beat_keeps_table(exc, 2)  # late twice: the poll takes over
+    for exc in away:
+        assert not late_beat_keeps_table(exc, 1)

@@ -140,6 +140,7 @@ async def test_keep_alive_lines_count_from_the_last_direct_line(
         app = MetadataApp(store, MetadataServerConfig(db=tmp_path / "m.sqlite"))
         sink = _Sink()
         async with trio.open_nursery() as nursery:
+            await nursery.start(app.run_background)  # the keep-alive sweep
             query = b"watch=1&since=0&wait_ms=10000&regions=north"
             nursery.start_soon(app, _scope(query, sink), _never, sink.send)
             await trio.sleep(6)
@@ -148,6 +149,16 @@ async def test_keep_alive_lines_count_from_the_last_direct_line(
             assert [heads for _, heads in sink.decoded()] == [{}, {"north": 1}]
             await trio.sleep(2)  # 17 s: the keep-alive, 10 s after the direct line
             assert [heads for _, heads in sink.decoded()] == [{}, {"north": 1}, {}]
+            # In step: the sweep wrote it (no task woken, no timer per watch).
+            assert [kind for kind, _ in sink.chunks] == ["task", "direct", "direct"]
+            assert app.heads.direct_keepalives == 1
+            # A socket that does not take a keep-alive whole hands it to the task.
+            sink.full = True
+            await trio.sleep(11)
+            sink.full = False
+            await trio.testing.wait_all_tasks_blocked()
+            assert [kind for kind, _ in sink.chunks][-2:] == ["direct", "task"]
+            assert sink.decoded()[-1][1] == {}
             nursery.cancel_scope.cancel()
     finally:
         store.close()
