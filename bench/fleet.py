@@ -1403,6 +1403,11 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
         "shed": 0,
         "line_latency_counts": None,
         "replica_sync": None,
+        # The servers' collector (absent: a server before it): collections and
+        # pause seconds per generation, summed; the longest pause of any.
+        "gc_collections": None,
+        "gc_pause_s": None,
+        "gc_max_pause_ms": None,
     }
     took_max = 0.0
     failed = False
@@ -1420,11 +1425,46 @@ def healthz_all(ports: list[int]) -> tuple[dict[str, Any] | None, float]:
             if counts is not None:
                 prev = total["line_latency_counts"] or [0] * len(counts)
                 total["line_latency_counts"] = [a + b for a, b in zip(prev, counts, strict=True)]
+            pygc = doc.get("python_gc") or {}
+            if "collections" in pygc:
+                for k, v in (("gc_collections", "collections"), ("gc_pause_s", "pause_seconds")):
+                    prev = total[k] or [0] * len(pygc[v])
+                    total[k] = [x + y for x, y in zip(prev, pygc[v], strict=True)]
+                worst = max(pygc["max_pause_ms"])
+                total["gc_max_pause_ms"] = max(total["gc_max_pause_ms"] or 0.0, worst)
             sync = doc.get("replica_sync")  # PostgreSQL replicas only
             if sync is not None:
                 summed = total["replica_sync"] or dict.fromkeys(sync, 0)
                 total["replica_sync"] = {k: summed[k] + v for k, v in sync.items()}
     return (None if failed else total), took_max
+
+
+def gc_window(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The servers' collections and pauses over the window, from two :func:`healthz_all` sums."""
+    c0, c1 = before.get("gc_collections"), after.get("gc_collections")
+    p0, p1 = before.get("gc_pause_s"), after.get("gc_pause_s")
+    if c0 is None or c1 is None or p0 is None or p1 is None:
+        return {}
+    return {
+        "server_gc_collections": [b - a for a, b in zip(c0, c1, strict=True)],
+        "server_gc_pause_ms": [(b - a) * 1000 for a, b in zip(p0, p1, strict=True)],
+        # Since the server listened (the ramp too): a pause this long stops every request.
+        "server_gc_max_pause_ms": after.get("gc_max_pause_ms"),
+    }
+
+
+def gc_rows(figures: dict[str, Any]) -> list[Row | str]:
+    """The servers' collector over the window, if they report it."""
+    if "server_gc_collections" not in figures:
+        return []
+    young, middle, full = figures["server_gc_collections"]
+    pause = figures["server_gc_pause_ms"]
+    return [
+        "the servers' garbage collector (the window)",
+        Row("full collections", full, "", "young and middle", young + middle),
+        Row("  paused in full ones", pause[2], "ms", "in young and middle", pause[0] + pause[1]),
+        Row("  longest pause since listening", figures["server_gc_max_pause_ms"], "ms"),
+    ]
 
 
 def token_check_ms(port: int) -> float:
@@ -1720,6 +1760,7 @@ def main() -> None:
             doc, _ = healthz_all(server.ports)
             lines0 = (doc or {}).get("line_latency_counts")
             sync0 = (doc or {}).get("replica_sync")
+            gc0 = doc or {}
             if pg_watch is not None:
                 pg_watch.reset()
                 pg_cpu0, pg_commits0 = pg_watch.cpu_s(), pg_watch.commits()
@@ -1755,6 +1796,7 @@ def main() -> None:
                 doc, _ = healthz_all(server.ports)
             lines1 = (doc or {}).get("line_latency_counts")
             sync1 = (doc or {}).get("replica_sync")
+            gc1 = doc or {}
             streams_end = (doc or {}).get("head_streams")
             if doc is not None:
                 held_seen.append(doc["long_polls"])
@@ -1926,6 +1968,7 @@ def main() -> None:
         token_check_ms=check_ms,
         restart_token_checks_s=n * check_ms / 1000 / 2 if a.auth == "region" else None,
         baseline=base,
+        **gc_window(gc0, gc1),
     )
     replica_rows: list[Row | str] = []
     if a.replicas > 1:
@@ -2116,6 +2159,7 @@ def main() -> None:
             "trivial",
             base["cpu_s_per_1k"],
         ),
+        *gc_rows(figures),
         *replica_rows,
         "reconnect herd",
         Row(

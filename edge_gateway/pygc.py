@@ -41,7 +41,7 @@ import gc
 import time
 from typing import Any, Final
 
-__all__ = ["GEN0_THRESHOLD", "settle", "statistics"]
+__all__ = ["GEN0_THRESHOLD", "count_pauses", "settle", "statistics"]
 
 #: Net allocations of container objects between young collections (CPython: 700).
 GEN0_THRESHOLD: Final = 20_000
@@ -51,8 +51,10 @@ class _Pauses:
     """Collections and their pause seconds, per generation (a ``gc.callbacks`` hook)."""
 
     def __init__(self) -> None:
-        #: in ``gc.callbacks`` (after :func:`settle`)
+        #: in ``gc.callbacks`` (after :func:`settle` or :func:`count_pauses`)
         self.installed = False
+        #: :func:`settle` ran
+        self.settled = False
         self.started = 0.0
         self.collections = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
@@ -83,6 +85,12 @@ def settle(gen0_threshold: int = GEN0_THRESHOLD) -> None:
     gc.collect()  # nothing to scan: the baseline of later full collections (above) is 0
     _, gen1, gen2 = gc.get_threshold()
     gc.set_threshold(gen0_threshold, gen1, gen2)
+    _PAUSES.settled = True
+    count_pauses()
+
+
+def count_pauses() -> None:
+    """Count the collections and their pauses from now on (:func:`statistics`); once per process."""
     if not _PAUSES.installed:
         _PAUSES.installed = True
         gc.callbacks.append(_PAUSES)
@@ -92,7 +100,7 @@ def statistics() -> dict[str, Any]:
     """What ``edgegw status`` shows under ``python_gc`` (``settled`` false: CPython's defaults)."""
     p = _PAUSES
     doc: dict[str, Any] = {
-        "settled": p.installed,
+        "settled": p.settled,
         "frozen_objects": gc.get_freeze_count(),
         "thresholds": list(gc.get_threshold()),
     }

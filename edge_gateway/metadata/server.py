@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import trio
 
+from edge_gateway import pygc
 from edge_gateway.errors import ClosedError, ConfigError, InvalidInput, InvalidName, Unavailable
 from edge_gateway.metadata._db import (
     MetadataStore,
@@ -620,6 +621,8 @@ class MetadataApp:
                 "line_latency_counts": self.heads.line_latency.counts,
                 "line_latency_p50_ms": _ms(self.heads.line_latency.quantile(0.5)),
                 "line_latency_p99_ms": _ms(self.heads.line_latency.quantile(0.99)),
+                # The collector's pauses since the server listened (edge_gateway.pygc).
+                "python_gc": pygc.statistics(),
                 # PostgreSQL replicas: the group commit's and the sync's figures.
                 "replica_sync": (
                     None if self.replicas is None else asdict(self.replicas.statistics())
@@ -1419,6 +1422,7 @@ async def serve_metadata(
                     await trio.to_thread.run_sync(write_addr_file, config.addr_file, url)
                 mode = " (open mode: no admin token; loopback only)" if app.open_mode else ""
                 log.info("metadata server listening on %s%s", url, mode)
+                pygc.count_pauses()
                 task_status.started(url)
                 await trio.sleep_forever()
             finally:

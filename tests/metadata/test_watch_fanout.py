@@ -247,6 +247,11 @@ def test_a_server_writes_report_lines_directly_and_shows_their_latency(tmp_path:
         assert sum(counts) == 20
         assert health["line_latency_p99_ms"] is not None
         assert 0 < health["line_latency_p99_ms"] < 1000
+        # the collector's pauses are counted from the moment the server listened
+        gc = health["python_gc"]
+        assert gc["settled"] is False, gc
+        assert len(gc["collections"]) == len(gc["max_pause_ms"]) == 3, gc
+        assert sum(gc["collections"]) > 0, gc
     finally:
         server.stop()
 
