@@ -539,6 +539,17 @@ class Tailer:
             await self._pull_lot.park()
         return CatchUpResult(self._entries - entries, self._records - records, self._state.next_seq)
 
+    @property
+    def first_pull_ended(self) -> bool:
+        """Whether :meth:`run`'s first pull has ended: applied everything up to the head it
+        found (a start-up catch-up), failed (retried from then on), or stopped."""
+        return bool(self._pulls_done or self._pull_failed or self._stopped_by is not None)
+
+    async def wait_first_pull(self) -> None:
+        """Wait until :attr:`first_pull_ended` (never, for a tailer that is not run)."""
+        while not self.first_pull_ended:
+            await self._pull_lot.park()
+
     def _pull_ended(self, generation: int, error: str | None) -> None:
         if error is None:
             self._pulls_done = generation

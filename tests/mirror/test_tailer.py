@@ -23,6 +23,7 @@ from _mirror_support import (
     mirror_of,
     produce,
 )
+from edgegw_cli._serve_run import settle_after_first_pulls
 
 from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, ObjectInfo
 from edge_gateway.errors import Unavailable
@@ -787,6 +788,61 @@ async def test_lost_and_failing_reads_never_duplicate(
     source = await log_records(bucket, "a")
     assert mirror_of(journal, "a", source) == source
     assert tailer.statistics().retries > 0
+
+
+async def test_the_first_pull_ends_once_the_start_up_backlog_is_applied(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    """``edgegw serve`` settles the collector only then (``settle_after_first_pulls``):
+    not in the middle of a start-up catch-up's fetches."""
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(20):
+        await log.entry({("t", 0): [2]})
+    tailer = Tailer(journal, bucket, "a", None, "b", QUICK)
+    assert not tailer.first_pull_ended
+    # The mirror's next offset when settle() runs: the whole backlog is in by then.
+    settled_at: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            settle_after_first_pulls,
+            [tailer],
+            lambda: settled_at.append(journal.next_offset("a.t", 0)),
+        )
+        await nursery.start(tailer.run)
+        with trio.fail_after(30):
+            await tailer.wait_first_pull()
+        assert tailer.first_pull_ended
+        assert journal.next_offset("a.t", 0) == 40
+        await eventually(lambda: bool(settled_at))
+        nursery.cancel_scope.cancel()
+    assert settled_at == [40]
+
+
+async def test_a_failed_first_pull_ends_it_too(bucket: FaultyBucket, journal: Journal) -> None:
+    """A bucket that does not answer: the gateway is idle, settling need not wait for it."""
+    log = HandLog(bucket, "a")
+    await log.fence()
+    await log.entry({("t", 0): [2]})
+    bucket.outage = True
+    tailer = Tailer(journal, bucket, "a", None, "b", QUICK)
+    settled: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(settle_after_first_pulls, [tailer], lambda: settled.append(True))
+        await nursery.start(tailer.run)
+        await eventually(lambda: bool(settled))
+        assert tailer.first_pull_ended
+        assert tailer.statistics().state == "retrying"
+        nursery.cancel_scope.cancel()
+
+
+async def test_settling_waits_no_longer_than_its_bound(journal: Journal) -> None:
+    """A tailer whose first pull never ends (here: never run) delays settling ``wait_s`` at most."""
+    tailer = Tailer(journal, None, "a", None, "b", QUICK)  # type: ignore[arg-type]
+    settled: list[bool] = []
+    await settle_after_first_pulls([tailer], lambda: settled.append(True), wait_s=0.05)
+    assert settled == [True]
+    assert not tailer.first_pull_ended
 
 
 def test_a_region_cannot_mirror_itself(journal: Journal) -> None:
