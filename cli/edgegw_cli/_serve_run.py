@@ -183,9 +183,11 @@ async def _serve(cfg: GatewayConfig) -> None:
                 # Not while a mirror catches up from where it stopped: settling
                 # stops the loop (~0.1 s: two full collections) in the middle of
                 # the catch-up's fetches; it waits for the gateway's first idle
-                # moment instead, or SETTLE_WAIT_S at most.
+                # moment instead, or SETTLE_WAIT_S at most (with the young
+                # threshold raised at once: it costs no collection).
                 catching_up = [t for t in gateway.tailers.values() if not t.first_pull_ended]
                 if catching_up:
+                    pygc.raise_young_threshold()
                     nursery.start_soon(settle_after_first_pulls, catching_up, pygc.settle)
                 else:
                     pygc.settle()
