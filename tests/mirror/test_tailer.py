@@ -628,6 +628,32 @@ async def test_a_catch_up_gets_an_unplanned_object_whole_in_one_request(
     assert tailer.statistics().catch_ups == 1
 
 
+async def test_a_catch_up_sizes_its_first_gets_from_the_entries_it_planned(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    # A busier source: objects over 256 KiB. The entries after the newest
+    # manifest come whole with their first GET too, sized from the planned ones.
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(6):
+        await log.entry({("t", 0): [2500], ("t", 1): [2500]})
+    await log.manifest()
+    for _ in range(4):
+        await log.entry({("t", 0): [2500], ("t", 1): [2500]})
+    sizes = [(await bucket.head(f"regions/a/log/{seq:020d}.egw")).size for seq in range(2, 12)]
+    assert all(256 * 1024 < n < 1024 * 1024 for n in sizes)
+    tracking = Tracking(bucket)
+    # A window of 2: the entries past the manifest are launched after planned ones.
+    config = TailerConfig(catch_up_threshold=4, prefetch_objects=2)
+    tailer = Tailer(journal, tracking, "a", None, "b", config)
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+    unplanned = [f"regions/a/log/{seq:020d}.egw" for seq in range(8, 12)]
+    assert [k for k in tracking.keys if k in unplanned] == unplanned  # one GET each
+    assert tailer.statistics().header_reads == 4
+
+
 async def test_unusable_manifest_falls_back_to_header_reads(
     bucket: FaultyBucket, journal: Journal, tmp_path: Path
 ) -> None:
