@@ -1382,6 +1382,11 @@ class Tailer:
                         # until the entry applies
                         self._status = "following"
                     await wait_set(slot.done)
+                    # Its turn has come: the next fetch starts while it is applied
+                    # (its bytes stay in the budget until then). Held until the
+                    # journal's write returned, the slot kept a GET of the window
+                    # idle for every append, in seq order, one after the other.
+                    count.release()
                     try:
                         if isinstance(slot.error, NotFound):
                             # Nothing at this seq (yet), or it was deleted:
@@ -1398,7 +1403,6 @@ class Tailer:
                             self._announce_backlog()
                     finally:
                         budget.release(slot.cost)
-                        count.release()
                     if last is None and self._catch_up_wanted(streak):
                         # Entry after entry exists: far behind, plan from manifests.
                         break

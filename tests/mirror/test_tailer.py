@@ -532,6 +532,52 @@ async def test_far_behind_plans_from_manifests_and_prefetches_in_bounds(
     assert lists == ["LIST regions/a/manifest/", "LIST regions/a/pack/"]
 
 
+async def test_the_next_fetch_starts_while_an_entry_is_appended(
+    bucket: FaultyBucket, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A window of one: the next entry's GET starts when this entry's turn
+    # comes, not once its journal write has returned (a GET of the window
+    # stood idle for every append, one after the other).
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(8):
+        await log.entry({("t", 0): [300], ("t", 1): [300]})
+    await log.manifest()
+    events: list[str] = []
+    tracking = Tracking(bucket)
+    get = tracking._get
+
+    async def logged_get(key: str, start: int, end: int | None) -> GetResult:
+        if "/log/" in key:
+            events.append(f"get {parse_seq(key)}")
+        return await get(key, start, end)
+
+    append = journal.append_mirror_blocks
+
+    async def logged_append(blocks, source, last):  # type: ignore[no-untyped-def]
+        events.append(f"append {last.seq}")
+        await trio.sleep(0.01)  # a write that takes a while
+        out = await append(blocks, source, last)
+        events.append(f"appended {last.seq}")
+        return out
+
+    monkeypatch.setattr(tracking, "_get", logged_get)
+    monkeypatch.setattr(journal, "append_mirror_blocks", logged_append)
+    config = TailerConfig(catch_up_threshold=4, prefetch_objects=1)
+    tailer = Tailer(journal, tracking, "a", None, "b", config)
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+    for seq in range(2, 9):
+        # the GET of the next entry comes before this one's append has returned
+        assert events.index(f"get {seq + 1}") < events.index(f"appended {seq}"), events
+    assert tailer.statistics().prefetch_peak_objects == 1
+
+
+def parse_seq(key: str) -> int:
+    return int(key.rsplit("/", 1)[1].split(".", maxsplit=1)[0])
+
+
 class SlowHeads(Tracking):
     """HEADs (the head search) slower than GETs, and logged with them in order;
     with ``fail_heads`` each HEAD fails as an unavailable store would.
