@@ -12,8 +12,10 @@ with; (b*) runs the same catch-up through the proxy and prints what it costs.
     acknowledged at a (one process, one clock); and b's GETs of log entries
     per entry a wrote, with the 404s among them (the cost of polling and of
     asking ahead);
-(b) catch-up: a backlog produced at ``a`` while ``b`` is stopped; ``b`` starts
-    and mirrors it; MB/s of log objects until caught up, next to raw boto3
+(b) catch-up: a backlog produced at ``a`` while ``b`` is stopped, sized in
+    log-object bytes (256 MB, ``--backlog-mb``; ~2.9 GB of reference records,
+    ``TelemetryBacklog``, the same records for every catch-up phase of a run);
+    ``b`` starts and mirrors it; MB/s of log objects until caught up, next to raw boto3
     GETs of the same objects (8 threads, like the tailer's prefetch); CPU
     seconds of ``b``'s process per MB of log objects, next to the CPU of the
     raw GETs (this process) per MB; and what the CPU alone allows on this
@@ -75,8 +77,8 @@ with; (b*) runs the same catch-up through the proxy and prints what it costs.
     the raw GETs) behind the soak's link: 30 +- 10 ms each way, 8 Mbit/s up,
     16 Mbit/s down (a restored site replaying the others' history).
 
-Usage: python bench/replication.py [--quick] [--small-only] [--small-entries N]
-[--small-link]. Last line: one JSON object.
+Usage: python bench/replication.py [--quick] [--backlog-mb MB] [--profile-b FILE]
+[--small-only] [--small-entries N] [--small-link]. Last line: one JSON object.
 """
 
 from __future__ import annotations
