@@ -1154,9 +1154,21 @@ class Tailer:
         if coords is None:
             return
         mid, last = coords
+        # A plaintext block's stored bytes are those the source's index gives
+        # the CRC of, checked when fetched: the journal need not take it again
+        # on the loop. An opened (sealed) block's CRC is of other bytes.
+        sealed = info.key_id is not None
         await self.journal.append_mirror_blocks(
             [
-                MirrorBlock(a.topic, a.index.partition, a.index, a.stored, info.nulls, a.allow_gap)
+                MirrorBlock(
+                    a.topic,
+                    a.index.partition,
+                    a.index,
+                    a.stored,
+                    info.nulls,
+                    a.allow_gap,
+                    None if sealed else a.index.crc,
+                )
                 for a in appends
             ],
             mid,
