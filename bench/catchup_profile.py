@@ -1,7 +1,7 @@
 """Timeline of one mirror catch-up: where its time goes, beside raw GETs of the same objects.
 
 Gateway ``a`` ships a backlog of reference telemetry (bench/replication.py's
-``produce_backlog``) to a moto server and stops; then a ``Tailer`` in this
+``TelemetryBacklog``) to a moto server and stops; then a ``Tailer`` in this
 process catches a fresh journal up through a TCP proxy (as gateway ``b`` of
 bench/replication.py does), with every bucket GET, HEAD and LIST and every
 journal append timed. Printed per catch-up, each beside the same run's
@@ -35,7 +35,14 @@ from typing import Any
 import trio
 from _common import MB, emit_json, machine_info, percentile, progress, scratch_dir
 from edgegw_cli._fleet import Site
-from replication import BUCKET, log_objects, produce_backlog, wait_shipped, write_config
+from replication import (
+    BUCKET,
+    TelemetryBacklog,
+    log_objects,
+    post_batches,
+    wait_shipped,
+    write_config,
+)
 
 from edge_gateway.bucket._s3 import S3Bucket
 from edge_gateway.bucket._s3config import S3Config
@@ -114,7 +121,9 @@ def main() -> None:
             a.start()
             a.wait_ready()
             progress(f"producing {args.backlog_mb:.0f} MiB at a ...")
-            produce_backlog(a, int(args.backlog_mb * 1024 * 1024))
+            records = TelemetryBacklog(root / "backlog.spool")
+            post_batches(a, records.batches(), int(args.backlog_mb * 1024 * 1024))
+            records.close()
             wait_shipped(a)
             assert a.stop() == 0
             objects = log_objects(s3, 0)

@@ -12,8 +12,10 @@ with; (b*) runs the same catch-up through the proxy and prints what it costs.
     acknowledged at a (one process, one clock); and b's GETs of log entries
     per entry a wrote, with the 404s among them (the cost of polling and of
     asking ahead);
-(b) catch-up: a backlog produced at ``a`` while ``b`` is stopped; ``b`` starts
-    and mirrors it; MB/s of log objects until caught up, next to raw boto3
+(b) catch-up: a backlog produced at ``a`` while ``b`` is stopped, sized in
+    log-object bytes (256 MB, ``--backlog-mb``; ~2.9 GB of reference records,
+    ``TelemetryBacklog``, the same records for every catch-up phase of a run);
+    ``b`` starts and mirrors it; MB/s of log objects until caught up, next to raw boto3
     GETs of the same objects (8 threads, like the tailer's prefetch); CPU
     seconds of ``b``'s process per MB of log objects, next to the CPU of the
     raw GETs (this process) per MB; and what the CPU alone allows on this
@@ -75,8 +77,8 @@ with; (b*) runs the same catch-up through the proxy and prints what it costs.
     the raw GETs) behind the soak's link: 30 +- 10 ms each way, 8 Mbit/s up,
     16 Mbit/s down (a restored site replaying the others' history).
 
-Usage: python bench/replication.py [--quick] [--small-only] [--small-entries N]
-[--small-link]. Last line: one JSON object.
+Usage: python bench/replication.py [--quick] [--backlog-mb MB] [--profile-b FILE]
+[--small-only] [--small-entries N] [--small-link]. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +163,10 @@ poll_interval_ms = 1000
     if mirror_keep_blocks is not None:
         packs += f"keep_blocks = {'true' if mirror_keep_blocks else 'false'}\n"
     lean = "" if lean_get is None else f"lean_get = {'true' if lean_get else 'false'}\n"
+    # b's journal keeps every byte it mirrors in a run (the per-batch phase
+    # alone writes ~3 GB of records): its growth is the mirror's bytes at rest,
+    # which deleting shipped segments past the default retention would hide.
+    journal = '[journal]\nmax_bytes = "16GiB"\n' if site.region == "b" else ""
     site.data_dir.mkdir(parents=True, exist_ok=True)
     site.config = site.data_dir.parent / f"{site.region}.toml"
     site.log_path = site.data_dir.parent / f"{site.region}.log"
@@ -187,7 +195,7 @@ enabled = false
 listen = "127.0.0.1:0"
 [log]
 level = "warning"
-{encryption}{topology}"""
+{journal}{encryption}{topology}"""
     )
 
 
@@ -249,26 +257,146 @@ def wait_relayed(b: Site, timeout: float = 60) -> None:
             time.sleep(0.05)
 
 
-def produce_backlog(a: Site, nbytes: int) -> int:
-    gen = TelemetryGenerator(site="a", sensors=500, seed=11)
+class TelemetryBacklog:
+    """The reference telemetry records of shared/WORKLOADS.md, as encoded batches of 2,000.
+
+    ``TelemetryGenerator``'s model (one reading per sensor in turn, 500
+    sensors; temperature and humidity drifting as random walks, noise on
+    every reading, the battery draining), drawn with numpy a round of sensors
+    at a time: ~45 MB/s of records against ~9 for the generator's per-record
+    loop, which a backlog of ~2.8 GB of records could not wait for. The same
+    distributions, so zstd compresses them alike (14.05x and 14.05x in 1 MiB
+    blocks, level 3, checked when this was written); deterministic from
+    ``seed``.
+
+    The batches are spooled to ``path`` as they are first drawn: every
+    catch-up phase of a run replays the same records from the start (and
+    draws more only when it needs more), so phases compare like for like and
+    the records are drawn once per run.
+    """
+
+    ROUNDS = 4  # rounds of 500 sensors: 2,000 records a batch
+
+    def __init__(self, path: Path, *, sensors: int = 500, seed: int = 11) -> None:
+        import numpy as np
+
+        self._np = np
+        self._rng = np.random.default_rng(seed)
+        self._ids = [f"s-{i:05d}" for i in range(sensors)]
+        self._temp = self._rng.uniform(15.0, 25.0, sensors)
+        self._hum = self._rng.uniform(30.0, 60.0, sensors)
+        self._now = 1_795_000_000_000
+        self._seq = 0
+        self._path = path
+        #: (offset in the spool, batch length, record bytes) per batch drawn so far
+        self._index: list[tuple[int, int, int]] = []
+        self._spool = open(path, "w+b")  # noqa: SIM115 - closed by close()
+
+    def close(self) -> None:
+        self._spool.close()
+
+    def _draw(self) -> tuple[bytes, int]:
+        """The next batch: its encoding and its records' bytes."""
+        np, rng = self._np, self._rng
+        shape = (self.ROUNDS, len(self._ids))
+        temp = self._temp + np.cumsum(rng.normal(0, 0.02, shape), axis=0)
+        hum = np.clip(self._hum + np.cumsum(rng.normal(0, 0.05, shape), axis=0), 0.0, 100.0)
+        self._temp, self._hum = temp[-1].copy(), hum[-1].copy()
+        t_out = np.round(temp + rng.normal(0, 0.05, shape), 2).ravel().tolist()
+        h_out = np.round(hum, 1).ravel().tolist()
+        vib = np.round(np.abs(rng.normal(0.01, 0.004, shape)), 3).ravel().tolist()
+        pres = np.round(1013.25 + (temp - 20.0) * 0.8 + rng.normal(0, 0.1, shape), 2)
+        p_out = pres.ravel().tolist()
+        n = shape[0] * shape[1]
+        bat = np.round(3.7 - (self._seq + np.arange(n)) * 1e-7, 3).tolist()
+        keys, values, stamps = [], [], []
+        second, head = -1, ""
+        for k in range(n):
+            seq, now = self._seq + k, self._now + k * 10
+            if now // 1000 != second:
+                second = now // 1000
+                head = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+            sid = self._ids[k % len(self._ids)]
+            # json.dumps's layout and float repr (TelemetryGenerator's), written out
+            values.append(
+                f'{{"sensor_id": "{sid}", "site": "a", "ts": "{head}{now % 1000:03d}Z", '
+                f'"temperature": {t_out[k]!r}, "humidity": {h_out[k]!r}, '
+                f'"vibration": {vib[k]!r}, "pressure_hpa": {p_out[k]!r}, '
+                f'"battery_v": {bat[k]!r}, "status": "ok", "seq": {seq}}}'.encode()
+            )
+            keys.append(sid.encode())
+            stamps.append(now)
+        self._seq += n
+        self._now += n * 10
+        return encode_batch(values, keys=keys, timestamps=stamps), sum(map(len, values))
+
+    def batches(self) -> Iterator[tuple[bytes, int]]:
+        """The batches from the first, for ever: replayed from the spool, then drawn anew."""
+        i = 0
+        while True:
+            if i == len(self._index):
+                batch, nbytes = self._draw()
+                self._spool.seek(0, os.SEEK_END)
+                self._index.append((self._spool.tell(), len(batch), nbytes))
+                self._spool.write(batch)
+                yield batch, nbytes
+            else:
+                at, size, nbytes = self._index[i]
+                self._spool.seek(at)
+                yield self._spool.read(size), nbytes
+            i += 1
+
+
+def post_batches(a: Site, batches: Iterator[tuple[bytes, int]], nbytes: int) -> int:
+    """POST batches at ``a``, partitions in turn, until ``nbytes`` of records; returns the bytes.
+
+    A ``503 journal_full`` (a's journal full of what it has not shipped yet)
+    is retried after its Retry-After, as a producer would.
+    """
     produced = 0
     with httpx.Client(base_url=a.url, timeout=60) as c:
         p = 0
         while produced < nbytes:
-            rs = gen.take(2000)
-            batch = encode_batch(
-                [r.value for r in rs],
-                keys=[r.key for r in rs],
-                timestamps=[r.timestamp_ms for r in rs],
-            )
-            r = c.post(
-                f"/v1/topics/t/partitions/{p}/batches",
-                content=batch,
-                headers={"content-type": BATCH_TYPE},
-            )
+            batch, size = next(batches)
+            while True:
+                r = c.post(
+                    f"/v1/topics/t/partitions/{p}/batches",
+                    content=batch,
+                    headers={"content-type": BATCH_TYPE},
+                )
+                if r.status_code != 503:
+                    break
+                time.sleep(float(r.headers.get("retry-after", "1")))
             r.raise_for_status()
-            produced += sum(len(x.value) for x in rs)
+            produced += size
             p = (p + 1) % PARTITIONS
+    return produced
+
+
+#: Record bytes per byte of log object assumed before a backlog's first
+#: objects are measured (the reference records compress ~11.4x in log objects).
+_FIRST_GUESS_RATIO = 11.0
+
+
+def produce_backlog(
+    a: Site, s3: Any, after_seq: int, wire_bytes: int, records: TelemetryBacklog
+) -> int:
+    """Produce at ``a`` until its log holds ``wire_bytes`` of new log objects (after
+    ``after_seq``), within a few percent; returns the record bytes produced.
+
+    Sized in log-object bytes, what a catch-up fetches: in rounds, each
+    asking for the bytes still missing at the compression measured so far
+    (a first round of 95% of the target at a guess of 11x), each waiting for
+    a to ship.
+    """
+    batches = records.batches()
+    produced = wire = 0
+    per_wire = _FIRST_GUESS_RATIO * 0.95
+    while wire < wire_bytes * 0.97:
+        produced += post_batches(a, batches, int((wire_bytes - wire) * per_wire))
+        wait_shipped(a)
+        wire = sum(size for _, size in log_objects(s3, after_seq))
+        per_wire = produced / max(1, wire)
     return produced
 
 
@@ -285,16 +413,26 @@ def wait_shipped(site: Site, timeout: float = 120) -> None:
 
 
 def wait_caught_up(a: Site, b: Site, timeout: float = 300) -> None:
+    """Return once ``b``'s mirror holds every record ``a`` holds (polling b's API).
+
+    Every 20 ms, or 0.5% of the time waited so far when that is longer: the
+    end is seen within 0.5% (20 ms at most before 4 s) while b answers fewer
+    polls in a long catch-up (each costs b CPU that a catch-up at a real site
+    does not spend: 10-20% of the busy samples of b's event loop at 50 polls/s in
+    the profiles of docs/mirroring.md).
+    """
     with (
         httpx.Client(base_url=a.url, timeout=30) as ca,
         httpx.Client(base_url=b.url, timeout=30) as cb,
     ):
         want = high_watermarks(ca, "t")
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline = started + timeout
         while high_watermarks(cb, "a.t") != want:
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise SystemExit("b did not catch up in time")
-            time.sleep(0.02)
+            time.sleep(max(0.02, (now - started) * 0.005))
 
 
 def journal_bytes(site: Site) -> int:
@@ -304,9 +442,16 @@ def journal_bytes(site: Site) -> int:
 
 
 def catch_up(
-    a: Site, b: Site, s3: Any, backlog: int, server_pid: int, profile: Path | None = None
+    a: Site,
+    b: Site,
+    s3: Any,
+    backlog: int,
+    records: TelemetryBacklog,
+    server_pid: int,
+    profile: Path | None = None,
 ) -> tuple[int, list[tuple[str, int]], int, float, float, float, int, float]:
-    """A backlog produced at ``a`` while ``b`` is stopped, then ``b`` catches up.
+    """A backlog of ``backlog`` bytes of log objects produced at ``a`` while ``b``
+    is stopped (``records`` from the first), then ``b`` catches up.
 
     Returns (record bytes produced, the log objects, their bytes, seconds to
     catch up, CPU seconds of ``b``'s process meanwhile, CPU seconds of the
@@ -320,8 +465,7 @@ def catch_up(
     before = head_seq(s3)
     held = journal_bytes(b)
     assert b.stop() == 0
-    produced = produce_backlog(a, backlog)
-    wait_shipped(a)
+    produced = produce_backlog(a, s3, before, backlog, records)
     objects = log_objects(s3, before)
     wire = sum(size for _, size in objects)
     b.start()
@@ -640,6 +784,28 @@ def small_rows(f: dict[str, Any]) -> list[Row | str]:
     ]
 
 
+def ceiling_note(f: dict[str, Any]) -> str:
+    """(b)'s same-run ceilings of ``catchup_ratio``, and which one stops it short of 0.8."""
+    cpu, window, got = (
+        f.get("catchup_ratio_cpu_ceiling"),
+        f.get("catchup_ratio_window_ceiling"),
+        f.get("catchup_ratio"),
+    )
+    if cpu is None or window is None or got is None:
+        return "ceilings of catchup_ratio: not measured"
+    note = (
+        f"ceilings of catchup_ratio in this run: CPU {cpu:.2f} (b's and moto's CPU over "
+        f"{f['machine'].get('cpus', '?')} cores), window {window:.2f} (in-order GETs, window 8); "
+        f"the catch-up made {got:.2f}"
+    )
+    if got >= 0.8:
+        return note
+    low, name = min((cpu, "the CPU"), (window, "the window"))
+    if low < 0.8:
+        return f"{note}: {name} stops it short of 0.8 ({low:.2f})"
+    return f"{note}: neither ceiling is under 0.8; the catch-up made {got / low:.2f} of the lower"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="short runs (about 90 s, (g) included)")
@@ -656,13 +822,21 @@ def main() -> None:
         metavar="FILE",
         help="py-spy (250 Hz, raw collapsed stacks) on b during (b)'s catch-up into FILE",
     )
+    ap.add_argument(
+        "--backlog-mb",
+        type=float,
+        default=None,
+        help="each catch-up's backlog in MB of log objects (default 256; 16 with --quick)",
+    )
     args = ap.parse_args()
     small_n = args.small_entries or (400 if args.quick else 1500)
     probes, rate = (500, 100.0) if args.quick else (2000, 100.0)
-    backlog = (32 if args.quick else 256) * 1024 * 1024
+    # Sized in log-object bytes, what a catch-up fetches: ~256 MB of objects
+    # is ~2.9 GB of the reference records, a catch-up of several seconds.
+    backlog = int((args.backlog_mb or (16 if args.quick else 256)) * MB)
     idle_s = 5.0 if args.quick else 10.0
     relay_idle_s = 10.0 if args.quick else 30.0
-    figures: dict[str, Any] = {"quick": args.quick, "probes": probes, "backlog_bytes": backlog}
+    figures: dict[str, Any] = {"quick": args.quick, "probes": probes, "backlog_wire_bytes": backlog}
     figures["small_target_entries"] = small_n
     figures["small_link"] = "soak" if args.small_link else "loopback"
     with scratch_dir("replication-", args.dir) as root:
@@ -675,6 +849,7 @@ def main() -> None:
         a = Site("a", (root / "a").resolve())
         b = Site("b", (root / "b").resolve())
         meta = MetadataProcess(root.resolve())
+        records = TelemetryBacklog(root / "backlog.spool")
         write_config(a, proxy_a)
         write_config(b, proxy_b)
         try:
@@ -695,14 +870,20 @@ def main() -> None:
                 for q in (50, 90, 99):
                     figures[f"e2e_p{q}_ms"] = percentile(lat, q)
 
-                progress(f"(b) catch-up: {backlog / MB:.0f} MB backlog at a while b is stopped ...")
+                progress(f"(b) catch-up: {backlog / MB:.0f} MB of log objects at a, b stopped ...")
                 # (b), (b') and (b'') reach moto directly, like the raw GETs
                 # they are compared with; b's proxy is only there so (d) can
                 # cut b off. (b*) below runs the catch-up through the proxy.
                 write_config(b, moto.endpoint)
+                mark = moto.log_position()
                 produced, objects, wire, catchup_s, catchup_cpu, server_cpu, grown, _ = catch_up(
-                    a, b, s3, backlog, moto.process.pid, args.profile_b
+                    a, b, s3, backlog, records, moto.process.pid, args.profile_b
                 )
+                # b's GETs of log objects per object (moto's log, before the raw
+                # GETs): 1.0 when every entry came whole in one request.
+                time.sleep(0.2)  # moto logs a request after answering it
+                gets, misses = log_gets(moto.requests(since=mark))
+                figures["catchup_log_gets_per_object"] = (gets - misses) / max(1, len(objects))
                 figures["catchup_mirror_journal_mb"] = grown / MB
                 figures["mirror_bytes_per_bucket_byte"] = grown / wire
                 figures.update(
@@ -755,7 +936,7 @@ def main() -> None:
                 )
                 write_config(b, moto.endpoint, mirror_keep_blocks=False)
                 _, objects2, wire2, s2, cpu2, _, grown2, _ = catch_up(
-                    a, b, s3, backlog, moto.process.pid
+                    a, b, s3, backlog, records, moto.process.pid
                 )
                 write_config(b, moto.endpoint)  # the default again at b's next start
                 raw2_s, _ = raw_gets(s3, [k for k, _ in objects2])
@@ -773,7 +954,7 @@ def main() -> None:
                 progress("(b'') catch-up again, every GET through botocore (lean_get = false) ...")
                 write_config(b, moto.endpoint, lean_get=False)
                 _, objects3, wire3, s3_s, cpu3, _, _, _ = catch_up(
-                    a, b, s3, backlog, moto.process.pid
+                    a, b, s3, backlog, records, moto.process.pid
                 )
                 raw3_s, _ = raw_gets(s3, [k for k, _ in objects3])
                 figures.update(
@@ -794,7 +975,7 @@ def main() -> None:
                 # and the raw and in-order GETs through an identical proxy.
                 write_config(b, proxy_b)  # b stays behind its proxy for (c) onwards
                 _, objects4, wire4, s4, cpu4, _, _, own4 = catch_up(
-                    a, b, s3, backlog, moto.process.pid
+                    a, b, s3, backlog, records, moto.process.pid
                 )
                 keys4 = [k for k, _ in objects4]
                 raw4_s, _ = raw_gets(s3, keys4)
@@ -882,7 +1063,7 @@ def main() -> None:
                 # b straight to moto, as in (b), whose figure this one is beside
                 write_config(b, moto.endpoint, key_file=key_file)
                 produced, objects, wire, catchup_s, catchup_cpu, _, grown, _ = catch_up(
-                    a, b, s3, backlog, moto.process.pid
+                    a, b, s3, backlog, records, moto.process.pid
                 )
                 figures["sealed_mirror_bytes_per_bucket_byte"] = grown / wire
                 figures.update(
@@ -945,6 +1126,7 @@ def main() -> None:
             proxy_a.stop()
             proxy_b.stop()
             moto.stop()
+            records.close()
 
     def ok(v: float | None, good: bool) -> bool | None:
         return None if v is None else good
@@ -973,9 +1155,10 @@ def main() -> None:
                 target="<= 600 ms",
                 ok=ok(f["e2e_p99_ms"], f["e2e_p99_ms"] <= 600),
             ),
-            f"(b) catch-up: {f['catchup_objects']} objects, "
-            f"{f['catchup_journal_mb']:.0f} MB of records, b straight to moto like the raw GETs"
-            + (" -- quick: a 32 MiB backlog instead of 256 MiB" if f["quick"] else ""),
+            f"(b) catch-up: {f['catchup_objects']} objects, {f['catchup_wire_mb']:.0f} MB of "
+            f"log objects ({f['catchup_journal_mb']:.0f} MB of records), b straight to moto "
+            "like the raw GETs"
+            + (" -- quick: a smaller backlog than the 256 MB of a full run" if f["quick"] else ""),
             Row(
                 "catch-up (log objects)",
                 f["catchup_mb_per_s"],
@@ -1026,6 +1209,8 @@ def main() -> None:
                 f.get("raw_get_seconds"),
             ),
             Row("fetches in flight at most", f["catchup_fetches_in_flight_peak"], ""),
+            Row("GETs of log objects per object", f["catchup_log_gets_per_object"], "GET"),
+            ceiling_note(f),
             "(b') the same catch-up, b appending batch by batch ([mirror] keep_blocks = false)",
             Row(
                 "catch-up (log objects), per batch",

@@ -9,7 +9,9 @@ connections those full collections were most of the p99
 (``bench/produce.py``'s ``concurrent_p99_ms``; docs/api.md, "Produce
 performance").
 
-:func:`settle` (``edgegw serve`` calls it once the gateway is ready) runs one
+:func:`settle` (``edgegw serve`` calls it once the gateway is ready, or, when
+mirrors catch up at start, once their first pulls are over: its collections
+would stop the loop in the middle of the catch-up's fetches) runs one
 full collection, then ``gc.freeze()``: what is alive then (modules, the
 configuration, the journal's recovered state) lives as long as the process,
 and later collections no longer scan it (a frozen object is still freed
@@ -41,7 +43,7 @@ import gc
 import time
 from typing import Any, Final
 
-__all__ = ["GEN0_THRESHOLD", "count_pauses", "settle", "statistics"]
+__all__ = ["GEN0_THRESHOLD", "count_pauses", "raise_young_threshold", "settle", "statistics"]
 
 #: Net allocations of container objects between young collections (CPython: 700).
 GEN0_THRESHOLD: Final = 20_000
@@ -83,8 +85,7 @@ def settle(gen0_threshold: int = GEN0_THRESHOLD) -> None:
     gc.collect()
     gc.freeze()
     gc.collect()  # nothing to scan: the baseline of later full collections (above) is 0
-    _, gen1, gen2 = gc.get_threshold()
-    gc.set_threshold(gen0_threshold, gen1, gen2)
+    raise_young_threshold(gen0_threshold)
     _PAUSES.settled = True
     count_pauses()
 
@@ -94,6 +95,17 @@ def count_pauses() -> None:
     if not _PAUSES.installed:
         _PAUSES.installed = True
         gc.callbacks.append(_PAUSES)
+
+
+def raise_young_threshold(gen0_threshold: int = GEN0_THRESHOLD) -> None:
+    """The young threshold of :func:`settle` alone: no collection, nothing frozen.
+
+    For a process that puts :func:`settle` off (``edgegw serve`` while its
+    mirrors catch up at start): young collections, and the full ones they
+    lead to, are as rare meanwhile as after it.
+    """
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(gen0_threshold, gen1, gen2)
 
 
 def statistics() -> dict[str, Any]:

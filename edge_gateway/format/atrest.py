@@ -303,6 +303,7 @@ def block_entry_rest(
     index: BlockIndex,
     stored: Buffer,
     nulls: bool = False,
+    crc: int | None = None,
 ) -> bytes:
     """A block entry's bytes after its length and CRC, up to its stored bytes.
 
@@ -312,8 +313,13 @@ def block_entry_rest(
     by the writing thread). Checks what :func:`encode_block_entry` checks:
     the topic, the block's rules as a log-object index entry, its zstd frame
     header, the entry's size; raises :class:`InvalidInput`.
+
+    ``crc`` is the stored bytes' CRC-32C when the caller has it, checked
+    (a mirror's check of the fetched block computed it): computed here
+    otherwise. The entry's own CRC, taken when it is written, covers both.
     """
-    crc = crc32c(stored)
+    if crc is None:
+        crc = crc32c(stored)
     probe = BlockIndex(
         topic,
         partition,

@@ -82,6 +82,9 @@ class MirrorBlock(NamedTuple):
     nulls: bool = False
     #: the block may skip forward over offsets the source no longer has
     allow_gap: bool = False
+    #: the CRC-32C of ``stored`` when the caller has it, checked (None: computed
+    #: here, on the event loop, for the block entry's header)
+    crc: int | None = None
 
 
 class _Reserved:
@@ -242,6 +245,7 @@ def _block_rest(b: MirrorBlock, lsn: int, now: int, source: SourceCoords) -> byt
         index=b.block,
         stored=b.stored,
         nulls=b.nulls,
+        crc=b.crc,
     )
 
 

@@ -333,9 +333,15 @@ class _ManifestsAhead:
             done.set()
 
 
-#: A catch-up's first GET of an entry no manifest planned: a busy source's whole
-#: object (2-400 KB: a flush interval of records, compressed) in one round trip.
+#: A catch-up's first GET of an entry no manifest planned asks for at least this
+#: much: a busy source's whole object (2-400 KB: a flush interval of records,
+#: compressed) in one round trip.
 _CATCH_UP_FIRST_GET: Final = 256 * 1024
+#: ... and for this many times the mean size of the source's entries planned or
+#: read so far, when that is more (a source busier still: its objects are
+#: larger); asking past an object's end costs nothing, the store sends what
+#: there is.
+_CATCH_UP_FIRST_GET_MEANS: Final = 2
 
 
 class _HeadLater:
@@ -445,6 +451,10 @@ class Tailer:
         #: Per source topic: records the source declared dropped (gap markers), this run.
         self._dropped_records: dict[str, int] = {}
         self._avg_entry_bytes = 0.0
+        #: Sizes of the entries planned from manifests or read (their running
+        #: mean over the last ~100): what a catch-up's first GET asks for.
+        self._sizes_seen = 0
+        self._size_mean = 0.0
         self._rate: deque[tuple[float, int]] = deque()
         # counters
         self._entries = self._with_data = self._fences = self._stale = self._resumed = 0
@@ -538,6 +548,17 @@ class Tailer:
                 raise Unavailable(f"mirror {self.source}: {failed[1]}")
             await self._pull_lot.park()
         return CatchUpResult(self._entries - entries, self._records - records, self._state.next_seq)
+
+    @property
+    def first_pull_ended(self) -> bool:
+        """Whether :meth:`run`'s first pull has ended: applied everything up to the head it
+        found (a start-up catch-up), failed (retried from then on), or stopped."""
+        return bool(self._pulls_done or self._pull_failed or self._stopped_by is not None)
+
+    async def wait_first_pull(self) -> None:
+        """Wait until :attr:`first_pull_ended` (never, for a tailer that is not run)."""
+        while not self.first_pull_ended:
+            await self._pull_lot.park()
 
     def _pull_ended(self, generation: int, error: str | None) -> None:
         if error is None:
@@ -898,17 +919,20 @@ class Tailer:
 
         ``catching_up``: the entry is known to exist (a catch-up's, past its
         newest manifest): the first GET asks for up to
-        :data:`_CATCH_UP_FIRST_GET` bytes (never more than an object's share
-        of ``prefetch_bytes``), so that an object no larger (a busy source's,
-        typically) comes whole in one round trip instead of its header and
-        then its blocks, two round trips one after the other.
+        :data:`_CATCH_UP_FIRST_GET` bytes, or twice the mean size of the
+        entries planned or read so far if more (never more than an object's
+        share of ``prefetch_bytes``), so that an object no larger (a busy
+        source's, typically) comes whole in one round trip instead of its
+        header and then its blocks, two round trips one after the other.
         """
         key = log_key(self.prefix, self.source, seq)
         first = HEADER_READ_BYTES
         if catching_up:
             share = self.config.prefetch_bytes // self.config.prefetch_objects
-            first = max(first, min(_CATCH_UP_FIRST_GET, share))
+            want = max(_CATCH_UP_FIRST_GET, int(_CATCH_UP_FIRST_GET_MEANS * self._size_mean))
+            first = max(first, min(want, share))
         read = await read_header(self.bucket, key, first)
+        self._saw_size(read.size)
         self._header_reads += 1
         self._bytes_fetched += len(read.prefix)
         if read.size != read.header.total_length:
@@ -919,6 +943,11 @@ class Tailer:
             )
         self._known_head = max(self._known_head, seq)
         return self._plan_fetch(EntryInfo.from_header(key, read.header), read.prefix)
+
+    def _saw_size(self, size: int) -> None:
+        """An entry's size, planned from a manifest or read from the store."""
+        self._sizes_seen += 1
+        self._size_mean += (size - self._size_mean) / min(self._sizes_seen, 100)
 
     def _plan_fetch(self, info: EntryInfo, have: bytes) -> _FetchPlan:
         wanted: tuple[BlockIndex, ...] = ()
@@ -1125,9 +1154,21 @@ class Tailer:
         if coords is None:
             return
         mid, last = coords
+        # A plaintext block's stored bytes are those the source's index gives
+        # the CRC of, checked when fetched: the journal need not take it again
+        # on the loop. An opened (sealed) block's CRC is of other bytes.
+        sealed = info.key_id is not None
         await self.journal.append_mirror_blocks(
             [
-                MirrorBlock(a.topic, a.index.partition, a.index, a.stored, info.nulls, a.allow_gap)
+                MirrorBlock(
+                    a.topic,
+                    a.index.partition,
+                    a.index,
+                    a.stored,
+                    info.nulls,
+                    a.allow_gap,
+                    None if sealed else a.index.crc,
+                )
                 for a in appends
             ],
             mid,
@@ -1353,6 +1394,11 @@ class Tailer:
                         # until the entry applies
                         self._status = "following"
                     await wait_set(slot.done)
+                    # Its turn has come: the next fetch starts while it is applied
+                    # (its bytes stay in the budget until then). Held until the
+                    # journal's write returned, the slot kept a GET of the window
+                    # idle for every append, in seq order, one after the other.
+                    count.release()
                     try:
                         if isinstance(slot.error, NotFound):
                             # Nothing at this seq (yet), or it was deleted:
@@ -1369,7 +1415,6 @@ class Tailer:
                             self._announce_backlog()
                     finally:
                         budget.release(slot.cost)
-                        count.release()
                     if last is None and self._catch_up_wanted(streak):
                         # Entry after entry exists: far behind, plan from manifests.
                         break
@@ -1481,9 +1526,9 @@ class Tailer:
                             entry = m.entries[seq - m.first_seq]
                             key = log_key(self.prefix, self.source, seq)
                             slot.planned = True
-                            plan = self._plan_fetch(
-                                EntryInfo.from_manifest(key, m.region, entry), b""
-                            )
+                            info = EntryInfo.from_manifest(key, m.region, entry)
+                            self._saw_size(info.size)
+                            plan = self._plan_fetch(info, b"")
                             if self._packs is not None:
                                 plan.pack = self._packs.covering(seq)
                 except Exception as exc:  # noqa: BLE001 - delivered in order by the consumer

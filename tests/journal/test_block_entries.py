@@ -446,3 +446,24 @@ def test_kill_9_mid_block_group_keeps_what_was_acknowledged(tmp_path: Path, writ
             assert j.next_offset("local", 0) == 4
 
     trio.run(check)
+
+
+def test_a_crc_the_caller_has_makes_the_same_header() -> None:
+    """The mirror passes the block's checked CRC-32C (not taken again on the loop):
+    the block entry's header is the one computed from the bytes."""
+    obj, index = source_object(1, entry_batches(1, {}))
+    mid, _ = coords(1)
+    for b in index:
+        stored = obj[b.offset : b.end]
+        kw = {
+            "lsn": 7,
+            "topic": TOPIC,
+            "partition": b.partition,
+            "append_time": 1,
+            "source": mid,
+            "index": b,
+            "stored": stored,
+        }
+        computed = atrest.block_entry_rest(**kw)  # type: ignore[arg-type]
+        assert atrest.block_entry_rest(**kw, crc=crc32c(stored)) == computed  # type: ignore[arg-type]
+        assert atrest.block_entry_rest(**kw, crc=b.crc) == computed  # type: ignore[arg-type]

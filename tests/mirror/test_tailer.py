@@ -23,6 +23,7 @@ from _mirror_support import (
     mirror_of,
     produce,
 )
+from edgegw_cli._serve_run import settle_after_first_pulls
 
 from edge_gateway.bucket import Bucket, FaultyBucket, GetResult, ObjectInfo
 from edge_gateway.errors import Unavailable
@@ -531,6 +532,52 @@ async def test_far_behind_plans_from_manifests_and_prefetches_in_bounds(
     assert lists == ["LIST regions/a/manifest/", "LIST regions/a/pack/"]
 
 
+async def test_the_next_fetch_starts_while_an_entry_is_appended(
+    bucket: FaultyBucket, journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A window of one: the next entry's GET starts when this entry's turn
+    # comes, not once its journal write has returned (a GET of the window
+    # stood idle for every append, one after the other).
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(8):
+        await log.entry({("t", 0): [300], ("t", 1): [300]})
+    await log.manifest()
+    events: list[str] = []
+    tracking = Tracking(bucket)
+    get = tracking._get
+
+    async def logged_get(key: str, start: int, end: int | None) -> GetResult:
+        if "/log/" in key:
+            events.append(f"get {parse_seq(key)}")
+        return await get(key, start, end)
+
+    append = journal.append_mirror_blocks
+
+    async def logged_append(blocks, source, last):  # type: ignore[no-untyped-def]
+        events.append(f"append {last.seq}")
+        await trio.sleep(0.01)  # a write that takes a while
+        out = await append(blocks, source, last)
+        events.append(f"appended {last.seq}")
+        return out
+
+    monkeypatch.setattr(tracking, "_get", logged_get)
+    monkeypatch.setattr(journal, "append_mirror_blocks", logged_append)
+    config = TailerConfig(catch_up_threshold=4, prefetch_objects=1)
+    tailer = Tailer(journal, tracking, "a", None, "b", config)
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+    for seq in range(2, 9):
+        # the GET of the next entry comes before this one's append has returned
+        assert events.index(f"get {seq + 1}") < events.index(f"appended {seq}"), events
+    assert tailer.statistics().prefetch_peak_objects == 1
+
+
+def parse_seq(key: str) -> int:
+    return int(key.rsplit("/", 1)[1].split(".", maxsplit=1)[0])
+
+
 class SlowHeads(Tracking):
     """HEADs (the head search) slower than GETs, and logged with them in order;
     with ``fail_heads`` each HEAD fails as an unavailable store would.
@@ -625,6 +672,32 @@ async def test_a_catch_up_gets_an_unplanned_object_whole_in_one_request(
     log_gets = [k for k in tracking.keys if k in entries]
     assert sorted(log_gets) == entries  # one GET each (then a probe of seq 12)
     assert tailer.statistics().catch_ups == 1
+
+
+async def test_a_catch_up_sizes_its_first_gets_from_the_entries_it_planned(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    # A busier source: objects over 256 KiB. The entries after the newest
+    # manifest come whole with their first GET too, sized from the planned ones.
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(6):
+        await log.entry({("t", 0): [2500], ("t", 1): [2500]})
+    await log.manifest()
+    for _ in range(4):
+        await log.entry({("t", 0): [2500], ("t", 1): [2500]})
+    sizes = [(await bucket.head(f"regions/a/log/{seq:020d}.egw")).size for seq in range(2, 12)]
+    assert all(256 * 1024 < n < 1024 * 1024 for n in sizes)
+    tracking = Tracking(bucket)
+    # A window of 2: the entries past the manifest are launched after planned ones.
+    config = TailerConfig(catch_up_threshold=4, prefetch_objects=2)
+    tailer = Tailer(journal, tracking, "a", None, "b", config)
+    await tailer.catch_up()
+    source = await log_records(bucket, "a")
+    assert mirror_of(journal, "a", source) == source
+    unplanned = [f"regions/a/log/{seq:020d}.egw" for seq in range(8, 12)]
+    assert [k for k in tracking.keys if k in unplanned] == unplanned  # one GET each
+    assert tailer.statistics().header_reads == 4
 
 
 async def test_unusable_manifest_falls_back_to_header_reads(
@@ -787,6 +860,61 @@ async def test_lost_and_failing_reads_never_duplicate(
     source = await log_records(bucket, "a")
     assert mirror_of(journal, "a", source) == source
     assert tailer.statistics().retries > 0
+
+
+async def test_the_first_pull_ends_once_the_start_up_backlog_is_applied(
+    bucket: FaultyBucket, journal: Journal
+) -> None:
+    """``edgegw serve`` settles the collector only then (``settle_after_first_pulls``):
+    not in the middle of a start-up catch-up's fetches."""
+    log = HandLog(bucket, "a")
+    await log.fence()
+    for _ in range(20):
+        await log.entry({("t", 0): [2]})
+    tailer = Tailer(journal, bucket, "a", None, "b", QUICK)
+    assert not tailer.first_pull_ended
+    # The mirror's next offset when settle() runs: the whole backlog is in by then.
+    settled_at: list[int] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(
+            settle_after_first_pulls,
+            [tailer],
+            lambda: settled_at.append(journal.next_offset("a.t", 0)),
+        )
+        await nursery.start(tailer.run)
+        with trio.fail_after(30):
+            await tailer.wait_first_pull()
+        assert tailer.first_pull_ended
+        assert journal.next_offset("a.t", 0) == 40
+        await eventually(lambda: bool(settled_at))
+        nursery.cancel_scope.cancel()
+    assert settled_at == [40]
+
+
+async def test_a_failed_first_pull_ends_it_too(bucket: FaultyBucket, journal: Journal) -> None:
+    """A bucket that does not answer: the gateway is idle, settling need not wait for it."""
+    log = HandLog(bucket, "a")
+    await log.fence()
+    await log.entry({("t", 0): [2]})
+    bucket.outage = True
+    tailer = Tailer(journal, bucket, "a", None, "b", QUICK)
+    settled: list[bool] = []
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(settle_after_first_pulls, [tailer], lambda: settled.append(True))
+        await nursery.start(tailer.run)
+        await eventually(lambda: bool(settled))
+        assert tailer.first_pull_ended
+        assert tailer.statistics().state == "retrying"
+        nursery.cancel_scope.cancel()
+
+
+async def test_settling_waits_no_longer_than_its_bound(journal: Journal) -> None:
+    """A tailer whose first pull never ends (here: never run) delays settling ``wait_s`` at most."""
+    tailer = Tailer(journal, None, "a", None, "b", QUICK)  # type: ignore[arg-type]
+    settled: list[bool] = []
+    await settle_after_first_pulls([tailer], lambda: settled.append(True), wait_s=0.05)
+    assert settled == [True]
+    assert not tailer.first_pull_ended
 
 
 def test_a_region_cannot_mirror_itself(journal: Journal) -> None:

@@ -119,3 +119,28 @@ def test_full_collections_still_run_after_settle() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "ok"
+
+
+def test_raise_young_threshold_collects_and_freezes_nothing() -> None:
+    """What serve does at ready while its mirrors catch up: settle() comes later."""
+    code = textwrap.dedent(
+        """
+        import gc
+        from edge_gateway import pygc
+
+        counts = gc.get_count()
+        pygc.raise_young_threshold()
+        doc = pygc.statistics()
+        assert doc["thresholds"][0] == pygc.GEN0_THRESHOLD, doc
+        assert doc["settled"] is False and doc["frozen_objects"] == 0, doc
+        assert gc.get_count()[2] == counts[2], (counts, gc.get_count())  # no full collection
+        pygc.settle()
+        assert pygc.statistics()["settled"] is True
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
