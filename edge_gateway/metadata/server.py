@@ -1422,6 +1422,7 @@ async def serve_metadata(
                     await trio.to_thread.run_sync(write_addr_file, config.addr_file, url)
                 mode = " (open mode: no admin token; loopback only)" if app.open_mode else ""
                 log.info("metadata server listening on %s%s", url, mode)
+                # (`edgegw metadata serve` settles the collector now: pygc.settle)
                 pygc.count_pauses()
                 task_status.started(url)
                 await trio.sleep_forever()
