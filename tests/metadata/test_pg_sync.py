@@ -269,6 +269,28 @@ async def test_heads_from_the_database_go_to_watches_in_step_in_version_order(
         store.close()
 
 
+async def _run_db(fn: Any, *args: Any) -> Any:
+    return await trio.to_thread.run_sync(fn, *args)
+
+
+async def _nothing(version: int) -> None:
+    pass
+
+
+def _hourly_sync(store: Any, relay: HeadRelay, **kw: Any) -> ReplicaSync:
+    """A replica's sync whose timed poll is an hour away: what it learns, it learns
+    from notifications (or the polls they trigger)."""
+    return ReplicaSync(
+        store,
+        relay,
+        run_db=_run_db,
+        on_routing_version=_nothing,
+        on_credentials_version=_nothing,
+        interval_s=3600,
+        **kw,
+    )
+
+
 async def test_a_burst_of_batches_reaches_the_other_replica_through_its_notifications(
     postgres: Postgres,
 ) -> None:
@@ -278,20 +300,7 @@ async def test_a_burst_of_batches_reaches_the_other_replica_through_its_notifica
     a, b = PostgresStore(url), PostgresStore(url)
     relay = HeadRelay(version=0)
 
-    async def run_db(fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args)
-
-    async def nothing(version: int) -> None:
-        pass
-
-    sync = ReplicaSync(
-        b,
-        relay,
-        run_db=run_db,
-        on_routing_version=nothing,
-        on_credentials_version=nothing,
-        interval_s=3600,
-    )
+    sync = _hourly_sync(b, relay)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sync.run)
@@ -355,20 +364,7 @@ async def test_a_lost_notification_is_noticed_by_the_next_ones_range(
     a, b = PostgresStore(url), PostgresStore(url)
     relay = HeadRelay(version=0)
 
-    async def run_db(fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args)
-
-    async def nothing(version: int) -> None:
-        pass
-
-    sync = ReplicaSync(
-        b,
-        relay,
-        run_db=run_db,
-        on_routing_version=nothing,
-        on_credentials_version=nothing,
-        interval_s=3600,
-    )
+    sync = _hourly_sync(b, relay)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(sync.run)
@@ -422,10 +418,6 @@ class _SlowStore:
         stop.wait()
 
 
-async def _nothing(version: int) -> None:
-    pass
-
-
 async def test_a_note_behind_this_replicas_own_batch_waits_for_it_not_for_a_poll() -> None:
     """Replica b's batch (versions 11 to 15) commits just before a's (16 to 20), whose note
     reaches b before b's batch returns: b holds the note until then, and polls only
@@ -433,18 +425,7 @@ async def test_a_note_behind_this_replicas_own_batch_waits_for_it_not_for_a_poll
     store = _SlowStore()
     relay = HeadRelay(version=0)
 
-    async def run_db(fn: Any, *args: Any) -> Any:
-        return await trio.to_thread.run_sync(fn, *args)
-
-    sync = ReplicaSync(
-        store,
-        relay,
-        run_db=run_db,
-        on_routing_version=_nothing,
-        on_credentials_version=_nothing,
-        interval_s=3600,
-        notify=False,
-    )
+    sync = _hourly_sync(store, relay, notify=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(sync.run)
         assert relay.version == 10
