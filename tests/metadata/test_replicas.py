@@ -213,6 +213,11 @@ def test_kill_9_of_a_replica_gateways_fail_over(
         # Through b: a new topic. Both gateways take it up (routing), north
         # produces to it and south mirrors it, woken by the relay on b.
         admin(b.url, "POST", "/v1/topics", {"name": "y", "home": "north", "subscribers": "*"})
+        # South mirrors y once its routing has it: a newly subscribed topic is
+        # mirrored from the tailer's position, not back-filled (docs/mirroring.md),
+        # so records north shipped before south's table changed (south's routing
+        # can lag north's under load) would be before its start.
+        wait_until(lambda: _topic_known(south, "north.y"), 30, "south to take up y")
         wait_until(lambda: _produce(north, "y", 3).status_code == 200, 30, "y writable")
         wait_until(lambda: _mirrored(north, south, "y"), 60, "y")
         for g in (north, south):
@@ -233,6 +238,10 @@ def _on(g: Any, url: str) -> dict[str, Any] | None:
     """``g``'s metadata status when it is live on ``url``, else None."""
     m: dict[str, Any] = g.status()["metadata"]
     return m if (m["mode"], m["url"]) == ("live", url) else None
+
+
+def _topic_known(g: Any, topic: str) -> bool:
+    return httpx.get(f"{g.url}/v1/topics/{topic}", timeout=30).status_code == 200
 
 
 def _mirrored(home: Any, other: Any, topic: str) -> bool:
