@@ -960,6 +960,21 @@ async def _wait_disconnect(receive: Receive, gone: trio.Event, scope: trio.Cance
     scope.cancel()
 
 
+def _held_headers(media_type: str) -> list[tuple[bytes, bytes]]:
+    """The head of a held response (a watch, a head stream): framed chunked, never cached."""
+    return [(b"content-type", media_type.encode()), (b"cache-control", b"no-store"), _PROTOCOL]
+
+
+async def _park_or_refuse(app: MetadataApp, scope: Scope, receive: Receive, send: Send) -> bool:
+    """Count a held request as a long poll (True), or answer ``503 overloaded`` (False)."""
+    try:
+        app.admission.park()
+    except Overloaded as exc:
+        await _overloaded_response(exc)(scope, receive, send)
+        return False
+    return True
+
+
 class _HeadsWatch(Response):
     """The answer to ``GET /v1/heads?watch=1``: NDJSON lines of heads until the client leaves.
 
@@ -984,11 +999,7 @@ class _HeadsWatch(Response):
         self.status_code = 200
         self.body = b""
         # No content-length: the server frames the body chunked.
-        self.headers = [
-            (b"content-type", WATCH_MEDIA_TYPE.encode()),
-            (b"cache-control", b"no-store"),
-            _PROTOCOL,
-        ]
+        self.headers = _held_headers(WATCH_MEDIA_TYPE)
         self._app = app
         self._since = since
         self._regions = regions
@@ -996,10 +1007,7 @@ class _HeadsWatch(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         app = self._app
-        try:
-            app.admission.park()  # a held response, counted as a long poll
-        except Overloaded as exc:
-            await _overloaded_response(exc)(scope, receive, send)
+        if not await _park_or_refuse(app, scope, receive, send):
             return
         app.watches += 1
         try:
@@ -1093,21 +1101,14 @@ class _HeadStream(Response):
     def __init__(self, app: MetadataApp, region: str, authorization: str | None) -> None:
         self.status_code = 200
         self.body = b""
-        self.headers = [
-            (b"content-type", STREAM_MEDIA_TYPE.encode()),
-            (b"cache-control", b"no-store"),
-            _PROTOCOL,
-        ]
+        self.headers = _held_headers(STREAM_MEDIA_TYPE)
         self._app = app
         self._region = region
         self._authorization = authorization
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         app = self._app
-        try:
-            app.admission.park()  # a held request, counted as a long poll
-        except Overloaded as exc:
-            await _overloaded_response(exc)(scope, receive, send)
+        if not await _park_or_refuse(app, scope, receive, send):
             return
         app.head_streams += 1
         try:
